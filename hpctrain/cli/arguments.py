@@ -1,0 +1,90 @@
+"""Command-line arguments of every subcommand, kept apart from the commands so
+building ``--help`` imports nothing heavy. One function per command module."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _spec_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", help="job spec YAML file, e.g. jobs/quickstart.yaml")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec key, e.g. --set trainer.epochs=5 (repeatable; VALUE is read as YAML)",
+    )
+
+
+def _run_argument(parser: argparse.ArgumentParser, nargs: str | None = None) -> None:
+    parser.add_argument("run", nargs=nargs, help="run directory (OUTPUT_DIR/NAME/RUN_ID) or Slurm job id")
+
+
+def cmd_validate(parser: argparse.ArgumentParser) -> None:
+    _spec_arguments(parser)
+    parser.add_argument("--cluster", help="use this cluster profile instead of the spec's")
+
+
+def cmd_submit(parser: argparse.ArgumentParser) -> None:
+    _spec_arguments(parser)
+    parser.add_argument("--cluster", help="use this cluster profile instead of the spec's")
+    parser.add_argument("--dry-run", action="store_true", help="print the sbatch script and rank table; submit nothing")
+    parser.add_argument("--local", action="store_true", help="run on this machine through submitit's local executor")
+    parser.add_argument("--wait", action="store_true", help="block until the job ends; exit non-zero if it failed")
+    parser.add_argument("--json", action="store_true", help='print {"job_id", "run_dir", "cluster"} as JSON')
+
+
+def cmd_status(parser: argparse.ArgumentParser) -> None:
+    _run_argument(parser, nargs="?")
+    parser.add_argument("--output-dir", default="~/hpctrain-runs", help="where to list runs from (no RUN given)")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def cmd_logs(parser: argparse.ArgumentParser) -> None:
+    _run_argument(parser)
+    parser.add_argument("--rank", type=int, default=0, help="which task's log (default 0)")
+    parser.add_argument("--err", action="store_true", help="show stderr instead of stdout")
+    parser.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the job ends")
+    parser.add_argument("-n", "--lines", type=int, default=50, help="lines from the end (default 50; 0 = all)")
+
+
+def cmd_cancel(parser: argparse.ArgumentParser) -> None:
+    _run_argument(parser)
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the job to end")
+
+
+def cmd_resume(parser: argparse.ArgumentParser) -> None:
+    _run_argument(parser)
+    parser.add_argument("--local", action="store_true", help="resume on this machine")
+    parser.add_argument("--wait", action="store_true", help="block until the job ends")
+    parser.add_argument("--json", action="store_true", help="print the submission as JSON")
+
+
+def cmd_rehearse(parser: argparse.ArgumentParser) -> None:
+    _spec_arguments(parser)
+    parser.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
+
+
+def cmd_init(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", help="job name; writes jobs/NAME.yaml")
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--gpus-per-node", type=int, default=4)
+    parser.add_argument("--arch", default="resnet50")
+    parser.add_argument("--cluster", default="hal")
+    parser.add_argument("--dir", default="jobs", help="directory to write into (default jobs/)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing file")
+
+
+def cmd_schema(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--indent", type=int, default=2)
+
+
+def cmd_make_dataset(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("out", help="directory to create (must not exist, or be empty)")
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--per-class", type=int, default=100, help="training images per class")
+    parser.add_argument("--val-per-class", type=int, default=None)
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)

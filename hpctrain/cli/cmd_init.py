@@ -1,0 +1,60 @@
+"""``hpctrain init NAME``: write ``jobs/NAME.yaml`` from ``templates/job.yaml``."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from hpctrain.errors import UsageError
+from hpctrain.spec.load import load_job
+from hpctrain.spec.models import NAME_PATTERN
+from hpctrain.spec.profiles import load_profile
+from hpctrain.templates import fill, read_template
+
+
+def render_spec(name: str, path: Path, *, nodes: int, gpus_per_node: int, arch: str, cluster: str) -> str:
+    try:
+        profile = load_profile(cluster)
+    except KeyError:
+        raise UsageError(f"--cluster {cluster}: unknown cluster profile", hint="use hal, local, or your own") from None
+    on_gpu = gpus_per_node > 0
+    return fill(
+        read_template("job.yaml"),
+        {
+            "name": name,
+            "path": str(path),
+            "cluster": cluster,
+            "nodes": str(nodes),
+            "gpus_per_node": str(gpus_per_node),
+            "time": "24:00:00" if on_gpu else "01:00:00",
+            "arch": arch,
+            "strategy": "ddp",
+            "precision": "fp16" if on_gpu else "fp32",
+            "epochs": "90" if on_gpu else "10",
+            "batch_size": "256" if on_gpu else "32",
+            "data_root": profile.data_root or "./data/imagenet-mini",
+        },
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if not re.match(NAME_PATTERN, args.name):
+        raise UsageError(f"{args.name!r} is not a job name", hint="use letters, digits, '_', '.', '-'")
+    for flag, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node + 1)):
+        if value < 1:
+            raise UsageError(f"{flag} must be positive")
+    path = Path(args.dir) / f"{args.name}.yaml"
+    if path.exists() and not args.force:
+        raise UsageError(f"{path} already exists", hint="pick another name, or pass --force to overwrite it")
+    text = render_spec(
+        args.name, path, nodes=args.nodes, gpus_per_node=args.gpus_per_node, arch=args.arch, cluster=args.cluster
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    job = load_job(path)  # what we write must validate
+    print(
+        f"wrote {path}: {job.spec.resources.nodes} node(s) x {job.spec.resources.gpus_per_node} GPUs, "
+        f"{job.spec.trainer.arch}; next: hpctrain validate {path}"
+    )
+    return 0

@@ -1,0 +1,131 @@
+"""``hpctrain submit SPEC``: validate, then submit to Slurm, or run here with ``--local``.
+
+``--dry-run`` prints the exact sbatch script (rendered by the same executor a
+real submit uses) and what each rank will see, and touches neither Slurm nor
+the output directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from hpctrain.errors import ClusterError
+from hpctrain.rundir import next_run_dir, read_summary
+from hpctrain.slurm_state import wait_until_done
+from hpctrain.spec.load import LoadedJob, load_job
+from hpctrain.submission import SubmittedRun, backend_for, render_script, submit
+
+
+def run(args: argparse.Namespace) -> int:
+    job = load_job(args.spec, args.overrides, cluster=args.cluster)
+    if args.dry_run:
+        print_dry_run(job, local=args.local)
+        return 0
+    submitted = submit(job, local=args.local)
+    report = {"job_id": submitted.job_id, "run_dir": str(submitted.run_dir), "cluster": submitted.backend}
+    if args.json:
+        print(json.dumps(report), flush=True)
+    else:
+        print_submitted(submitted, job)
+    if submitted.backend == "local":
+        return follow_local(submitted, stream=sys.stderr if args.json else sys.stdout)
+    if args.wait:
+        return wait_slurm(submitted, quiet=args.json)
+    return 0
+
+
+def print_dry_run(job: LoadedJob, *, local: bool) -> None:
+    from hpctrain.runtime.rank_plan import plan_ranks
+
+    run_dir = next_run_dir(job.spec.output_dir, job.spec.name)
+    if backend_for(job, local) == "local":
+        print(f"# cluster '{job.profile.name}' runs on this machine through submitit's local executor:")
+        print(f"# {job.spec.world_size} task(s), run directory {run_dir}; no sbatch script is used.")
+    else:
+        print(render_script(job, run_dir), end="")
+    table = Table(title=f"{job.spec.name}: what each rank will see", title_justify="left")
+    for column in ("rank", "local rank", "node", "device", "master"):
+        table.add_column(column)
+    for plan in plan_ranks(job.spec):
+        table.add_row(str(plan.rank), str(plan.local_rank), plan.node, plan.device, plan.master)
+    Console(file=sys.stdout, width=110).print(table)
+
+
+def print_submitted(submitted: SubmittedRun, job: LoadedJob) -> None:
+    where = "Slurm" if submitted.backend == "slurm" else "this machine (local executor)"
+    print(f"submitted job {submitted.job_id} to {where}, cluster '{job.profile.name}'")
+    print(f"  run dir: {submitted.run_dir}")
+    if submitted.backend == "slurm":
+        print(f"  follow:  hpctrain logs {submitted.run_dir} --follow")
+        print(f"  status:  hpctrain status {submitted.run_dir}")
+        print(f"  cancel:  hpctrain cancel {submitted.run_dir}")
+
+
+def follow_local(submitted: SubmittedRun, stream) -> int:
+    """Run a local job in the foreground, echoing rank 0's log; exit with its status."""
+    job = submitted.jobs[0]
+    log_path = Path(str(job.paths.stdout).replace("%t", "0"))
+    offset = 0
+    try:
+        while True:
+            done = all(j.done() for j in submitted.jobs)
+            offset = _echo_new(log_path, offset, stream)
+            if done:
+                break
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        for j in submitted.jobs:
+            j.cancel(check=False)
+        print(
+            f"\ncancelled; the run directory {submitted.run_dir} keeps its last checkpoint "
+            f"('hpctrain resume {submitted.run_dir} --local' continues it)",
+            file=sys.stderr,
+        )
+        return 130
+    failures = [j for j in submitted.jobs if j.exception() is not None]
+    summary = read_summary(submitted.trial_dirs[0]) or {}
+    if failures:
+        error = str(failures[0].exception()).strip().splitlines()
+        tail = "\n".join(error[-8:])
+        raise ClusterError(f"local job failed:\n{tail}", hint=f"full logs: hpctrain logs {submitted.run_dir} --err")
+    status = summary.get("status", "completed")
+    line = f"finished: status {status}"
+    for key in ("epochs_completed", "val_top1", "val_top5", "wall_s"):
+        if summary.get(key) is not None:
+            value = summary[key]
+            line += f", {key} {value:.2f}" if isinstance(value, float) else f", {key} {value}"
+    print(line, file=stream)
+    print(f"run dir: {submitted.run_dir}", file=stream)
+    return 0 if status in ("completed", "running") else 1
+
+
+def _echo_new(path: Path, offset: int, stream) -> int:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            chunk = handle.read()
+    except FileNotFoundError:
+        return offset
+    if chunk:
+        stream.write(chunk.decode("utf-8", errors="replace"))
+        stream.flush()
+    return offset + len(chunk)
+
+
+def wait_slurm(submitted: SubmittedRun, *, quiet: bool) -> int:
+    state = wait_until_done(submitted.job_id)
+    if not quiet:
+        print(f"job {submitted.job_id} ended: {state}")
+    if state != "COMPLETED":
+        print(
+            f"error: job {submitted.job_id} ended {state}; see hpctrain logs {submitted.run_dir} --err", file=sys.stderr
+        )
+        return 1
+    return 0

@@ -1,0 +1,31 @@
+"""``hpctrain validate SPEC``: check a spec in well under a second, print a one-line summary."""
+
+from __future__ import annotations
+
+import argparse
+
+from hpctrain.spec.load import LoadedJob, load_job
+
+
+def describe(job: LoadedJob) -> str:
+    """One line: where, how big, how much per step."""
+    spec = job.spec
+    gpus = spec.resources.gpus_per_node or 0
+    per_node = f"{gpus} GPUs" if gpus else f"{spec.tasks_per_node} CPU task{'s' if spec.tasks_per_node > 1 else ''}"
+    what = spec.entrypoint or f"{spec.trainer.arch} {spec.trainer.strategy} {spec.trainer.precision}"
+    line = (
+        f"{spec.name} on {job.profile.name}: {spec.resources.nodes} node{'s' if spec.resources.nodes > 1 else ''} "
+        f"x {per_node}, world size {spec.world_size}, "
+    )
+    if spec.entrypoint is None:
+        line += f"global batch {spec.global_batch_size} ({spec.trainer.batch_size} per task), "
+    line += f"{what}, time {spec.resources.time}"
+    if job.is_sweep:
+        line += f", sweep of {len(job.trials)} trials"
+    return line
+
+
+def run(args: argparse.Namespace) -> int:
+    job = load_job(args.spec, args.overrides, cluster=args.cluster)
+    print(f"{args.spec}: OK - {describe(job)}")
+    return 0

@@ -1,0 +1,83 @@
+"""``hpctrain`` command line: one module per subcommand, errors handled here.
+
+Subcommand modules are imported only when chosen, so ``hpctrain validate`` on
+a login node never pays for (or imports) torch. Library code raises
+``HpctrainError``; this is the one place that prints cause + hint and exits
+with the error's code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from hpctrain import __version__
+from hpctrain.errors import HpctrainError
+
+# name -> (module, one-line help). Order is the order in --help.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "validate": ("hpctrain.cli.cmd_validate", "check a job spec and print what it asks for"),
+    "submit": ("hpctrain.cli.cmd_submit", "submit a job spec to Slurm (or run it here with --local)"),
+    "status": ("hpctrain.cli.cmd_status", "show the state and progress of runs"),
+    "logs": ("hpctrain.cli.cmd_logs", "print or follow a run's logs"),
+    "cancel": ("hpctrain.cli.cmd_cancel", "cancel a run and make sure none of its processes survive"),
+    "resume": ("hpctrain.cli.cmd_resume", "continue a stopped run as a new job in the same run directory"),
+    "rehearse": ("hpctrain.cli.cmd_rehearse", "submit a job and force one time-limit requeue to prove resume"),
+    "init": ("hpctrain.cli.cmd_init", "write a new job spec into jobs/ from the template"),
+    "schema": ("hpctrain.cli.cmd_schema", "print the JSON Schema of job specs (for editors)"),
+    "make-dataset": ("hpctrain.cli.cmd_make_dataset", "generate a small real-JPEG ImageFolder dataset"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hpctrain",
+        description="Distributed PyTorch training from a YAML job spec to a resumable Slurm run.",
+        epilog="Start with: hpctrain validate jobs/quickstart.yaml && hpctrain submit jobs/quickstart.yaml",
+    )
+    parser.add_argument("--version", action="version", version=f"hpctrain {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(_module=module)
+        _add_arguments(module, sub)
+    return parser
+
+
+def _add_arguments(module: str, parser: argparse.ArgumentParser) -> None:
+    # Each command module defines add_arguments(parser) and run(args) -> int.
+    # Argument definitions are cheap; importing the module is deferred to run.
+    from hpctrain.cli import arguments
+
+    getattr(arguments, module.rsplit(".", 1)[1])(parser)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_module", None):
+        parser.print_help()
+        return 2
+    try:
+        command = importlib.import_module(args._module)
+        return int(command.run(args) or 0)
+    except HpctrainError as exc:
+        _print_error(exc)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("hpctrain: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `hpctrain submit --dry-run | head`
+        return 0
+
+
+def _print_error(exc: HpctrainError) -> None:
+    print(f"error: {exc.message}", file=sys.stderr)
+    if exc.hint:
+        print(f"hint: {exc.hint}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The project's exception types.
+
+Library code raises these; the CLI (``hpctrain.cli.main``) is the one place
+that turns them into a short message (cause + hint) and an exit code, so a
+user mistake never shows a Python traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class HpctrainError(Exception):
+    """Base class for every error hpctrain reports to a user.
+
+    ``hint`` says what to do about it; ``exit_code`` is what the CLI exits with.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\nHINT: {self.hint}"
+
+
+@dataclass(frozen=True)
+class SpecProblem:
+    """One problem in a job spec: where it is and what is wrong."""
+
+    key: str  # dotted key, e.g. "resources.nodes"; "" for the whole document
+    message: str
+    line: int | None = None
+    column: int | None = None
+
+    def render(self, source: str) -> str:
+        where = source
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.column is not None:
+                where += f":{self.column}"
+        key = f" {self.key}:" if self.key else ""
+        return f"{where}:{key} {self.message}"
+
+
+class SpecError(HpctrainError):
+    """A job spec (or an override, or a cluster profile) is invalid.
+
+    Carries every problem found, so the user fixes them all in one go.
+    """
+
+    exit_code = 2
+
+    def __init__(self, source: str, problems: list[SpecProblem], hint: str | None = None) -> None:
+        self.source = source
+        self.problems = problems
+        lines = [p.render(source) for p in problems]
+        count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+        super().__init__(f"{source}: {count}:\n  " + "\n  ".join(lines), hint)
+
+
+class UsageError(HpctrainError):
+    """The command line itself is wrong (missing file, bad flag combination)."""
+
+    exit_code = 2
+
+
+class ClusterError(HpctrainError):
+    """Slurm is missing, unreachable, or rejected what we asked for."""
+
+    exit_code = 3
+
+
+class RunDirError(HpctrainError):
+    """A run directory is missing, unreadable or not an hpctrain run."""
+
+    exit_code = 2
+
+
+class DistributedSetupError(HpctrainError):
+    """The task environment cannot form a correct process group."""
+
+    exit_code = 4
+
+
+class CheckpointError(HpctrainError):
+    """A checkpoint cannot be read or written safely."""
+
+    exit_code = 5
+
+
+class TrainingConfigError(HpctrainError):
+    """The spec asks the trainer for something this machine cannot do
+    (fp16 on CPU, Apex not installed, missing dataset...)."""
+
+    exit_code = 2

@@ -1,0 +1,79 @@
+"""What one task knows about itself once the runtime has set it up.
+
+``TaskEnv`` is pure data derived from environment variables (see
+``hpctrain.runtime.task_env``). ``TaskContext`` adds what the runtime decided
+for this task (device, run directory, stop requests) and is what the trainer
+and user entry points receive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # torch stays out of login-node imports
+    import torch
+
+    from hpctrain.runtime.stop import StopRequest
+    from hpctrain.spec.models import JobSpec
+
+EnvSource = Literal["slurm", "submitit-local", "torchrun", "single"]
+
+
+@dataclass(frozen=True)
+class TaskEnv:
+    """Rank layout of one task, the same on every rank without talking."""
+
+    global_rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    hostnames: tuple[str, ...]
+    master_addr: str
+    master_port: int
+    job_id: str
+    restart_count: int
+    source: EnvSource
+
+    @property
+    def is_main(self) -> bool:
+        return self.global_rank == 0
+
+    @property
+    def hostname(self) -> str:
+        return self.hostnames[self.node_rank] if self.hostnames else "localhost"
+
+    def torchrun_env(self) -> dict[str, str]:
+        """The variables torchrun-style user code reads."""
+        return {
+            "RANK": str(self.global_rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "GROUP_RANK": str(self.node_rank),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+        }
+
+
+@dataclass
+class TaskContext:
+    """Everything a trainer or entry point needs from the runtime."""
+
+    env: TaskEnv
+    spec: JobSpec
+    run_dir: Path
+    device: torch.device
+    stop: StopRequest
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_main(self) -> bool:
+        return self.env.is_main
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / "checkpoints"

@@ -1,0 +1,1 @@
+"""The YAML job spec: models, loading, cluster profiles."""

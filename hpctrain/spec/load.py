@@ -1,0 +1,285 @@
+"""Load a job spec file into a resolved, validated job: YAML -> ``--set``
+overrides -> pydantic models -> cluster profile -> cross-field checks -> sweep.
+
+Every problem is collected and reported at once in one SpecError.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from hpctrain.errors import SpecError, SpecProblem
+from hpctrain.spec.models import APEX_LEVELS, JobSpec
+from hpctrain.spec.problems import problems_from_validation
+from hpctrain.spec.profiles import ClusterProfile, apply_profile, available_profiles, config_dir, load_profile
+from hpctrain.spec.slurm_time import parse_time_limit
+from hpctrain.spec.yaml_source import _SpecLoader, read_spec_file
+
+
+@dataclass(frozen=True)
+class LoadedJob:
+    """A spec with its profile applied, plus one spec per sweep combination."""
+
+    spec: JobSpec
+    profile: ClusterProfile
+    source: Path
+    trials: tuple[JobSpec, ...]
+    trial_params: tuple[dict[str, Any], ...]
+
+    @property
+    def is_sweep(self) -> bool:
+        return bool(self.spec.sweep)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``a.b=value`` -> ("a.b", parsed value); the value is read as YAML."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise SpecError(
+            "--set", [SpecProblem(key, f"{text!r} is not KEY=VALUE")], hint="write it like --set trainer.epochs=5"
+        )
+    try:
+        value = yaml.load(raw, Loader=_SpecLoader) if raw.strip() else ""  # noqa: S506 - safe loader
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise SpecError("--set", [SpecProblem(key, f"'{part}' is not a section, cannot set a key inside it")])
+        node = child
+    node[parts[-1]] = value
+
+
+def load_job(
+    path: str | Path,
+    overrides: Iterable[str] = (),
+    *,
+    cluster: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> LoadedJob:
+    source = Path(path)
+    data, positions = read_spec_file(source)
+    overridden: set[str] = set()
+    for text in overrides:
+        key, value = parse_override(text)
+        set_dotted(data, key, value)
+        overridden.add(key)
+    if cluster is not None:
+        data["cluster"] = cluster
+        overridden.add("cluster")
+
+    problems: list[SpecProblem] = []
+    spec: JobSpec | None = None
+    try:
+        spec = JobSpec.model_validate(data)
+    except ValidationError as exc:
+        problems += problems_from_validation(exc, positions, JobSpec, overridden)
+
+    profile = _profile_for(data.get("cluster", "local"), environ, positions, problems)
+    resolved = None
+    if spec is not None and profile is not None:
+        resolved = absolute_paths(apply_profile(spec, profile), Path.cwd())
+        problems += [_positioned(p, positions) for p in check_resolved(resolved, profile)]
+    trials: list[JobSpec] = []
+    params: list[dict[str, Any]] = []
+    if resolved is not None and resolved.sweep:
+        trials, params = _expand_sweep(data, resolved, profile, positions, problems)  # type: ignore[arg-type]
+    if problems:
+        raise SpecError(str(source), problems, hint="fix the keys above; 'hpctrain schema' lists every key")
+    assert resolved is not None and profile is not None
+    if not resolved.sweep:
+        trials, params = [resolved], [{}]
+    return LoadedJob(resolved, profile, source, tuple(trials), tuple(params))
+
+
+def absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
+    """Paths in a spec are relative to where ``hpctrain`` runs; tasks start
+    elsewhere, so the resolved spec carries absolute paths."""
+
+    def absolute(path: str | None) -> str | None:
+        if path is None:
+            return None
+        expanded = Path(path).expanduser()
+        return str(expanded if expanded.is_absolute() else (base / expanded).resolve())
+
+    return spec.model_copy(
+        update={
+            "output_dir": absolute(spec.output_dir),
+            "data": spec.data.model_copy(update={"root": absolute(spec.data.root)}),
+            "trainer": spec.trainer.model_copy(update={"weights": absolute(spec.trainer.weights)}),
+        }
+    )
+
+
+def _profile_for(
+    name: Any, environ: Mapping[str, str] | None, positions: dict, problems: list
+) -> ClusterProfile | None:
+    if not isinstance(name, str):
+        return None  # already reported by the model
+    env = dict(environ) if environ is not None else None
+    try:
+        return load_profile(name, env)
+    except KeyError:
+        where = config_dir(env) / "clusters" / f"{name}.yaml"
+        problems.append(
+            _positioned(
+                SpecProblem(
+                    "cluster",
+                    f"unknown cluster profile {name!r}; available: {', '.join(available_profiles(env))} "
+                    f"(or add your own as {where})",
+                ),
+                positions,
+            )
+        )
+        return None
+
+
+def _positioned(problem: SpecProblem, positions: dict[str, tuple[int, int]]) -> SpecProblem:
+    key = problem.key
+    while key and key not in positions:
+        key = key.rpartition(".")[0]
+    line, column = positions.get(key, (None, None))
+    return SpecProblem(problem.key, problem.message, line, column)
+
+
+def check_resolved(spec: JobSpec, profile: ClusterProfile) -> list[SpecProblem]:
+    """Cross-field checks that need the profile applied. Pure: spec in, problems out."""
+    problems: list[SpecProblem] = []
+    res, trainer = spec.resources, spec.trainer
+    gpus = res.gpus_per_node or 0
+    if profile.max_gpus_per_node is not None and gpus > profile.max_gpus_per_node:
+        problems.append(
+            SpecProblem(
+                "resources.gpus_per_node",
+                (
+                    f"{gpus} GPUs per node, but '{profile.name}' nodes have {profile.max_gpus_per_node}; "
+                    f"use at most {profile.max_gpus_per_node} and add nodes instead"
+                ),
+            )
+        )
+    if profile.max_time is not None and res.time_s > parse_time_limit(profile.max_time):
+        problems.append(
+            SpecProblem(
+                "resources.time",
+                (
+                    f"{res.time} exceeds the '{profile.name}' limit of {profile.max_time}; "
+                    "Slurm would reject the job (resume handles longer runs: see docs/preemption.md)"
+                ),
+            )
+        )
+    if spec.signals.signal_delay_s >= res.time_s:
+        problems.append(
+            SpecProblem(
+                "signals.signal_delay_s",
+                (f"{spec.signals.signal_delay_s} s warning is not shorter than the time limit {res.time}"),
+            )
+        )
+    if spec.entrypoint is None:
+        problems += _check_trainer(spec, gpus)
+        if spec.data.root is None:
+            problems.append(
+                SpecProblem(
+                    "data.root",
+                    (
+                        f"required: cluster profile '{profile.name}' has no default data root; "
+                        "point it at an ImageFolder (make a small one with 'hpctrain make-dataset DIR')"
+                    ),
+                )
+            )
+    ddp_on_gpus = gpus and trainer.strategy == "ddp" and spec.entrypoint is None
+    if ddp_on_gpus and res.tasks_per_node is not None and res.tasks_per_node != gpus:
+        problems.append(
+            SpecProblem(
+                "resources.tasks_per_node",
+                (f"ddp runs one task per GPU: set it to gpus_per_node ({gpus}) or remove it"),
+            )
+        )
+    if spec.data.root is not None:
+        data_root = Path(spec.data.root).expanduser().resolve()
+        output = Path(spec.output_dir).expanduser().resolve()
+        if output == data_root or data_root in output.parents:
+            problems.append(
+                SpecProblem(
+                    "output_dir",
+                    (
+                        f"{spec.output_dir} is inside data.root {spec.data.root}; the dataset is shared and "
+                        "read-only to us: write runs elsewhere, e.g. ~/hpctrain-runs"
+                    ),
+                )
+            )
+    return problems
+
+
+def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
+    problems = []
+    trainer, nodes = spec.trainer, spec.resources.nodes
+    if trainer.strategy == "single" and spec.world_size > 1:
+        problems.append(
+            SpecProblem(
+                "trainer.strategy",
+                (
+                    f"'single' runs one process, but the resources give {spec.world_size} tasks; "
+                    "use 'ddp', or nodes: 1 with one task"
+                ),
+            )
+        )
+    if trainer.strategy == "dp" and nodes > 1:
+        problems.append(SpecProblem("trainer.strategy", "'dp' (DataParallel) runs on one node; use 'ddp' for several"))
+    if trainer.strategy == "hogwild":
+        if gpus:
+            problems.append(SpecProblem("trainer.strategy", "'hogwild' trains on CPU; set resources.gpus_per_node: 0"))
+        if nodes > 1:
+            problems.append(SpecProblem("trainer.strategy", "'hogwild' shares memory on one node; use nodes: 1"))
+    if not gpus and (trainer.precision == "fp16" or trainer.precision in APEX_LEVELS):
+        problems.append(
+            SpecProblem(
+                "trainer.precision",
+                (f"{trainer.precision} needs CUDA GPUs but this job has none; use bf16 (or fp32) on CPU"),
+            )
+        )
+    return problems
+
+
+def _expand_sweep(
+    data: dict[str, Any], base: JobSpec, profile: ClusterProfile, positions: dict, problems: list[SpecProblem]
+) -> tuple[list[JobSpec], list[dict[str, Any]]]:
+    keys = list(base.sweep)
+    trials, params = [], []
+    for values in itertools.product(*(base.sweep[k] for k in keys)):
+        combo = dict(zip(keys, values))
+        trial_data = copy.deepcopy(data)
+        trial_data.pop("sweep", None)
+        for key, value in combo.items():
+            try:
+                set_dotted(trial_data, key, value)
+            except SpecError:
+                problems.append(_positioned(SpecProblem(f"sweep.{key}", "does not name a spec key"), positions))
+                return [], []
+        try:
+            trial = absolute_paths(apply_profile(JobSpec.model_validate(trial_data), profile), Path.cwd())
+        except ValidationError as exc:
+            for problem in problems_from_validation(exc, {}, JobSpec):
+                problems.append(
+                    _positioned(SpecProblem(f"sweep.{problem.key}", f"{problem.message} (value {combo})"), positions)
+                )
+            return [], []
+        trials.append(trial)
+        params.append(combo)
+    return trials, params

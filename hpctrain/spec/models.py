@@ -1,0 +1,313 @@
+"""The job spec: one typed, validated pydantic model per YAML section.
+
+Field names are part of the user interface (docs, examples and tests rely on
+them). Units live in the names (``mem_gb``, ``timeout_s``). Every model
+forbids unknown keys so a typo is an error, not a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from hpctrain.spec.slurm_time import ALLOWED_FORMS, parse_time_limit
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+SLURM_OPTION_PATTERN = r"^[a-z][a-z0-9-]*$"
+SLURM_VALUE_PATTERN = r"^[A-Za-z0-9_.,:=/@%+\-\[\]]*$"
+# Partition/account/qos/constraint words; constraints may also use & | ! ( ).
+SLURM_WORD_PATTERN = r"^[A-Za-z0-9_.,:=/@%+\-\[\]&|!()*]+$"
+ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+# Characters that would let a setup line run more than the one command it names.
+_SETUP_FORBIDDEN = re.compile(r"[;&|<>`\n\r\x00]|\$\(")
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+Strategy = Literal["single", "dp", "ddp", "hogwild"]
+Precision = Literal["fp32", "fp16", "bf16", "O0", "O1", "O2", "O3"]
+APEX_LEVELS = ("O0", "O1", "O2", "O3")
+
+
+class Section(BaseModel):
+    """Shared config: unknown keys are errors; assignments are re-validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, str_strip_whitespace=True)
+
+
+def _safe_path(value: str | None) -> str | None:
+    if value is not None and _CONTROL_CHARS.search(value):
+        raise ValueError("paths may not contain control characters or newlines")
+    return value
+
+
+class Resources(Section):
+    """What to ask Slurm for. ``None`` means "take the cluster profile's value"."""
+
+    nodes: Annotated[int, Field(ge=1, le=4096, description="Number of nodes.")] = 1
+    gpus_per_node: Annotated[
+        int | None, Field(ge=0, le=64, description="GPUs per node (0 = CPU job). Default: the profile's.")
+    ] = None
+    tasks_per_node: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=256,
+            description="Slurm tasks per node. Default: one per GPU for ddp, one per node for single/dp/hogwild, "
+            "1 on CPU-only nodes.",
+        ),
+    ] = None
+    cpus_per_task: Annotated[int | None, Field(ge=1, le=1024, description="CPUs per task.")] = None
+    mem_gb: Annotated[float | None, Field(gt=0, description="Memory per node in GiB (--mem).")] = None
+    time: Annotated[str, Field(description=f"Time limit: {ALLOWED_FORMS}.")] = "01:00:00"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclusive: bool = False
+    array_parallelism: Annotated[int, Field(ge=1, description="Max array tasks running at once (sweeps).")] = 64
+    slurm_extra: Annotated[
+        dict[str, str],
+        Field(description="Extra '#SBATCH --KEY=VALUE' lines, e.g. {reservation: myres}."),
+    ] = {}
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time_is_slurm_time(cls, value: object) -> str:
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise ValueError(f"time must be a string such as '24:00:00' ({ALLOWED_FORMS})")
+        parse_time_limit(value)
+        return str(value)
+
+    @field_validator("partition", "account", "qos", "constraint")
+    @classmethod
+    def _slurm_word(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(SLURM_WORD_PATTERN, value):
+            raise ValueError(f"{value!r} has characters Slurm does not accept here")
+        return value
+
+    @field_validator("slurm_extra")
+    @classmethod
+    def _extra_is_safe(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, item in value.items():
+            if not re.match(SLURM_OPTION_PATTERN, key):
+                raise ValueError(f"option name {key!r} must look like 'reservation' or 'mail-type'")
+            if not re.match(SLURM_VALUE_PATTERN, str(item)):
+                raise ValueError(f"value of {key!r} may only contain letters, digits and _.,:=/@%+-[]")
+        return value
+
+    @property
+    def time_s(self) -> int:
+        return parse_time_limit(self.time)
+
+
+class Trainer(Section):
+    """The built-in ImageNet trainer (ignored when ``entrypoint`` is set)."""
+
+    arch: Annotated[str, Field(description="Any torchvision classification model name.")] = "resnet50"
+    weights: Annotated[str | None, Field(description="Local file of initial weights (no downloads).")] = None
+    num_classes: Annotated[int | None, Field(ge=2, description="Default: the number of train classes.")] = None
+    strategy: Strategy = "ddp"
+    hogwild_processes: Annotated[int, Field(ge=1, le=256, description="Worker processes for hogwild.")] = 2
+    precision: Precision = "fp32"
+    channels_last: bool = False
+    epochs: Annotated[int, Field(ge=1)] = 90
+    batch_size: Annotated[int, Field(ge=1, description="Per GPU (per process) batch size.")] = 256
+    lr: Annotated[float, Field(gt=0, description="Base learning rate for a global batch of 256.")] = 0.1
+    lr_scaling: Literal["linear", "none"] = "linear"
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    weight_decay: Annotated[float, Field(ge=0)] = 1e-4
+    no_weight_decay_on_norm: bool = False
+    warmup_epochs: Annotated[float, Field(ge=0)] = 0.0
+    schedule: Literal["step", "cosine", "constant"] = "step"
+    step_epochs: list[Annotated[int, Field(ge=1)]] = [30, 60, 80]
+    step_gamma: Annotated[float, Field(gt=0, le=1)] = 0.1
+    label_smoothing: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    desired_acc: Annotated[
+        float | None, Field(gt=0, le=100, description="Stop once val top-1 (percent) reaches this.")
+    ] = None
+    evaluate_only: bool = False
+    seed: int = 0
+    deterministic: bool = False
+    max_steps_per_epoch: Annotated[int | None, Field(ge=1, description="Cap steps per epoch (smoke runs).")] = None
+    log_every_steps: Annotated[int, Field(ge=1)] = 10
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_path(cls, value: str | None) -> str | None:
+        return _safe_path(value)
+
+    @field_validator("arch")
+    @classmethod
+    def _arch_is_identifier(cls, value: str) -> str:
+        if not re.match(r"^[a-z][a-z0-9_]*$", value):
+            raise ValueError("arch must be a torchvision model name such as 'resnet50'")
+        return value
+
+    @model_validator(mode="after")
+    def _steps_are_increasing(self) -> Trainer:
+        if self.step_epochs != sorted(set(self.step_epochs)):
+            raise ValueError("trainer.step_epochs must be strictly increasing, e.g. [30, 60, 80]")
+        return self
+
+
+class Data(Section):
+    """An ImageFolder dataset: ``root/train/<class>/*.jpg`` and ``root/val/<class>/*.jpg``."""
+
+    root: Annotated[str | None, Field(description="Dataset root. Default: the profile's data root.")] = None
+    train_dir: str = "train"
+    val_dir: str = "val"
+    workers: Annotated[int, Field(ge=0, le=128, description="Data-loader workers per task.")] = 4
+    pin_memory: bool = True
+    persistent_workers: bool = True
+    prefetch_factor: Annotated[int, Field(ge=1)] = 2
+    image_size: Annotated[int, Field(ge=8)] = 224
+    val_resize: Annotated[int, Field(ge=8)] = 256
+
+    @field_validator("root", "train_dir", "val_dir")
+    @classmethod
+    def _paths(cls, value: str | None) -> str | None:
+        return _safe_path(value)
+
+
+class Distributed(Section):
+    """Process-group settings."""
+
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    timeout_s: Annotated[int, Field(ge=10, le=7200, description="Collective timeout.")] = 300
+    master_port: Annotated[int | None, Field(ge=1024, le=65535, description="Default: derived from job id.")] = None
+    nccl_env: Annotated[dict[str, str], Field(description="Extra NCCL_* variables (override defaults).")] = {}
+
+    @field_validator("nccl_env")
+    @classmethod
+    def _nccl_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not re.match(r"^(NCCL|TORCH_NCCL)_[A-Z0-9_]+$", key):
+                raise ValueError(f"{key!r} is not an NCCL variable (NCCL_* or TORCH_NCCL_*)")
+        return value
+
+
+class Checkpoint(Section):
+    """When and how to checkpoint."""
+
+    every_epochs: Annotated[int, Field(ge=1)] = 1
+    every_steps: Annotated[int | None, Field(ge=1, description="Also save every N optimizer steps.")] = None
+    keep_last: Annotated[int, Field(ge=1)] = 2
+    keep_best: bool = True
+    async_save: Annotated[bool, Field(description="Snapshot to CPU, then write in the background.")] = True
+
+
+class Signals(Section):
+    """Time-limit and preemption handling."""
+
+    timeout_signal: Literal["USR1", "USR2"] = "USR2"
+    signal_delay_s: Annotated[
+        int, Field(ge=10, le=3600, description="Seconds before the time limit that Slurm warns the job.")
+    ] = 120
+    requeue_on_timeout: bool = True
+    requeue_on_preemption: bool = True
+    max_requeues: Annotated[int, Field(ge=0)] = 100
+
+
+class JobSpec(Section):
+    """A whole job: what to run, where, and with what resources."""
+
+    name: Annotated[str, Field(pattern=NAME_PATTERN, description="Job name: letters, digits, _ . -")]
+    cluster: Annotated[str, Field(description="Cluster profile; 'local' runs on this machine.")] = "local"
+    output_dir: Annotated[str, Field(description="Runs go to OUTPUT_DIR/NAME/RUN_ID/.")] = "~/hpctrain-runs"
+    entrypoint: Annotated[
+        str | None, Field(description="'package.module:function' to call on every rank instead of the trainer.")
+    ] = None
+    entrypoint_args: dict[str, object] = {}
+    setup: Annotated[
+        list[str], Field(description="Shell lines run before the tasks start, e.g. 'module load cuda'.")
+    ] = []
+    env: Annotated[dict[str, str], Field(description="Environment variables for every task.")] = {}
+    sweep: Annotated[
+        dict[str, list[object]],
+        Field(description="Dotted key -> values; the grid becomes a Slurm array, one task per combination."),
+    ] = {}
+    resources: Resources = Resources()
+    trainer: Trainer = Trainer()
+    data: Data = Data()
+    distributed: Distributed = Distributed()
+    checkpoint: Checkpoint = Checkpoint()
+    signals: Signals = Signals()
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_path(cls, value: str) -> str:
+        return _safe_path(value) or value
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_word(cls, value: str) -> str:
+        if not re.match(NAME_PATTERN, value):
+            raise ValueError("cluster must be a profile name: letters, digits, _ . -")
+        return value
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_form(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(ENTRYPOINT_PATTERN, value):
+            raise ValueError("entrypoint must look like 'package.module:function'")
+        return value
+
+    @field_validator("setup")
+    @classmethod
+    def _setup_single_commands(cls, lines: list[str]) -> list[str]:
+        for line in lines:
+            if _SETUP_FORBIDDEN.search(line):
+                raise ValueError(
+                    f"setup line {line!r} contains ; & | < > ` or $( ; each line must be one command "
+                    "(put anything more complex in a script and 'source' it)"
+                )
+        return lines
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, item in value.items():
+            if not re.match(ENV_NAME_PATTERN, key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+            if _CONTROL_CHARS.search(str(item)):
+                raise ValueError(f"value of {key!r} may not contain control characters")
+        return value
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep_lists(cls, value: dict[str, list[object]]) -> dict[str, list[object]]:
+        for key, values in value.items():
+            if not values:
+                raise ValueError(f"sweep.{key} needs at least one value")
+            if key.split(".")[0] in ("name", "cluster", "output_dir", "resources", "sweep"):
+                raise ValueError(f"sweep.{key}: only trainer/data/entrypoint_args/env keys can be swept")
+        return value
+
+    # Derived values used by submission, the runtime and the docs.
+    @property
+    def tasks_per_node(self) -> int:
+        if self.resources.tasks_per_node is not None:
+            return self.resources.tasks_per_node
+        gpus = self.resources.gpus_per_node or 0
+        if self.entrypoint is None and self.trainer.strategy in ("single", "dp", "hogwild"):
+            return 1
+        return max(1, gpus)
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.nodes * self.tasks_per_node
+
+    @property
+    def global_batch_size(self) -> int:
+        per_task = self.trainer.batch_size
+        if self.trainer.strategy == "dp":
+            per_task *= max(1, self.resources.gpus_per_node or 0)
+        if self.trainer.strategy == "hogwild":
+            per_task *= self.trainer.hogwild_processes
+        return per_task * self.world_size
+
+    @property
+    def uses_gpus(self) -> bool:
+        return bool(self.resources.gpus_per_node)

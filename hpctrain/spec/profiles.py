@@ -1,0 +1,131 @@
+"""Cluster profiles: what a cluster's nodes have and how to ask for them.
+
+Built in: ``hal`` (NCSA HAL: Slurm partition ``gpu``, 4 V100 per node as GRES),
+``slurm`` (any Slurm cluster, nothing assumed) and ``local`` (this machine, no
+Slurm). Users add their own as YAML files named ``NAME.yaml`` in ``$HPCTRAIN_CONFIG_DIR/clusters/`` (default
+``~/.config/hpctrain/clusters/``); a user file with a built-in's name replaces it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, ValidationError
+
+from hpctrain.errors import SpecError
+from hpctrain.spec.models import NAME_PATTERN, JobSpec, Section
+from hpctrain.spec.yaml_source import read_spec_file
+
+
+class ClusterProfile(Section):
+    """Defaults and limits of one cluster. Spec values override profile values."""
+
+    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    description: str = ""
+    scheduler: Literal["slurm", "local"] = "slurm"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    gpus_per_node: Annotated[int, Field(ge=0, description="Default GPUs per node a job asks for.")] = 0
+    max_gpus_per_node: Annotated[int | None, Field(ge=0, description="GPUs the nodes have.")] = None
+    gpu_gres: Annotated[
+        str | None,
+        Field(description="GRES template, e.g. 'gpu:v100:{gpus}'; unset: use --gpus-per-node."),
+    ] = None
+    cpus_per_task: Annotated[int | None, Field(ge=1, description="CPUs per GPU task (or per CPU task).")] = None
+    mem_gb: Annotated[float | None, Field(gt=0)] = None
+    max_time: Annotated[str | None, Field(description="Longest time limit the partition accepts.")] = None
+    data_root: str | None = None
+    setup: list[str] = []
+    env: dict[str, str] = {}
+    slurm_extra: dict[str, str] = {}
+
+
+BUILTIN_PROFILES: dict[str, ClusterProfile] = {
+    "hal": ClusterProfile(
+        name="hal",
+        description="NCSA HAL: IBM AC922 nodes with 4 NVIDIA V100 each, shared read-only ImageNet",
+        scheduler="slurm",
+        partition="gpu",
+        gpus_per_node=4,
+        max_gpus_per_node=4,
+        gpu_gres="gpu:v100:{gpus}",
+        cpus_per_task=40,
+        max_time="24:00:00",
+        data_root="/home/shared/imagenet/raw",
+        setup=["module load opence"],
+    ),
+    "slurm": ClusterProfile(
+        name="slurm",
+        description="Any Slurm cluster: the default partition, no GPUs unless the spec asks for them",
+        scheduler="slurm",
+        gpus_per_node=0,
+    ),
+    "local": ClusterProfile(
+        name="local",
+        description="This machine, through submitit's local executor; no Slurm needed",
+        scheduler="local",
+        gpus_per_node=0,
+    ),
+}
+
+
+def config_dir(environ: dict[str, str] | None = None) -> Path:
+    environ = dict(os.environ) if environ is None else environ
+    if environ.get("HPCTRAIN_CONFIG_DIR"):
+        return Path(environ["HPCTRAIN_CONFIG_DIR"]).expanduser()
+    return Path("~/.config/hpctrain").expanduser()
+
+
+def user_profile_paths(environ: dict[str, str] | None = None) -> dict[str, Path]:
+    directory = config_dir(environ) / "clusters"
+    if not directory.is_dir():
+        return {}
+    return {path.stem: path for path in sorted(directory.glob("*.yaml")) + sorted(directory.glob("*.yml"))}
+
+
+def available_profiles(environ: dict[str, str] | None = None) -> list[str]:
+    return sorted(set(BUILTIN_PROFILES) | set(user_profile_paths(environ)))
+
+
+def load_profile(name: str, environ: dict[str, str] | None = None) -> ClusterProfile:
+    """Return the named profile; SpecError naming the file when a user profile is bad."""
+    user = user_profile_paths(environ)
+    if name in user:
+        path = user[name]
+        data, positions = read_spec_file(path)
+        data.setdefault("name", name)
+        try:
+            return ClusterProfile.model_validate(data)
+        except ValidationError as exc:
+            from hpctrain.spec.problems import problems_from_validation
+
+            raise SpecError(str(path), problems_from_validation(exc, positions, ClusterProfile)) from None
+    if name in BUILTIN_PROFILES:
+        return BUILTIN_PROFILES[name]
+    raise KeyError(name)
+
+
+def apply_profile(spec: JobSpec, profile: ClusterProfile) -> JobSpec:
+    """Fill the spec's unset values from the profile (spec values win)."""
+    resources = spec.resources.model_copy()
+    for key in ("partition", "account", "qos", "constraint", "cpus_per_task", "mem_gb"):
+        if getattr(resources, key) is None and getattr(profile, key) is not None:
+            setattr(resources, key, getattr(profile, key))
+    if resources.gpus_per_node is None:
+        resources.gpus_per_node = profile.gpus_per_node
+    resources.slurm_extra = {**profile.slurm_extra, **resources.slurm_extra}
+    data = spec.data.model_copy()
+    if data.root is None and profile.data_root is not None:
+        data.root = profile.data_root
+    return spec.model_copy(
+        update={
+            "resources": resources,
+            "data": data,
+            "setup": [*profile.setup, *(line for line in spec.setup if line not in profile.setup)],
+            "env": {**profile.env, **spec.env},
+        }
+    )

@@ -1,0 +1,136 @@
+"""Reading untrusted YAML: safe constructors only, duplicate keys rejected,
+and a map from every dotted key to its line and column for error messages.
+
+YAML 1.1 reads ``24:00:00`` as the base-60 integer 86400 — a trap for Slurm
+time limits — so our loader resolves integers and floats the YAML 1.2 way.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpctrain.errors import SpecError, SpecProblem
+
+MAX_SPEC_BYTES = 1_000_000
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """SafeLoader without sexagesimal numbers and with duplicate-key detection."""
+
+
+_SpecLoader.yaml_implicit_resolvers = {
+    first: [
+        (tag, regexp) for tag, regexp in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+    ]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_INT = re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0o?[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$")
+_FLOAT = re.compile(
+    r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
+    r"|\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+)
+_SpecLoader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
+_SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+
+
+def _construct_mapping(loader: _SpecLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: dict[Any, yaml.Node] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            first = seen[key].start_mark.line + 1
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first defined on line {first})", key_node.start_mark
+            )
+        seen[key] = key_node
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_yaml_text(text: str, source: str) -> tuple[Any, dict[str, tuple[int, int]]]:
+    """Parse text; return the data and {dotted key: (line, column)}, 1-based."""
+    try:
+        node = yaml.compose(text, Loader=_SpecLoader)
+        data = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - _SpecLoader is a SafeLoader
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        message = " ".join(str(part) for part in (exc.context, exc.problem) if part)
+        if "could not determine a constructor" in message:
+            message = message.replace("could not determine a constructor for the tag", "YAML tag not allowed:")
+            message += " (specs are plain data; remove the tag)"
+        problem = SpecProblem(
+            "", f"invalid YAML: {message}", mark.line + 1 if mark else None, mark.column + 1 if mark else None
+        )
+        raise SpecError(source, [problem], hint="fix the YAML syntax at that line") from None
+    except yaml.YAMLError as exc:  # scanner errors without marks, etc.
+        raise SpecError(source, [SpecProblem("", f"invalid YAML: {exc}")]) from None
+    positions: dict[str, tuple[int, int]] = {}
+    if node is not None:
+        _collect_positions(node, "", positions)
+    return data, positions
+
+
+def _collect_positions(node: yaml.Node, prefix: str, out: dict[str, tuple[int, int]]) -> None:
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
+            out[key] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+            _collect_positions(value_node, key, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            key = f"{prefix}.{index}"
+            out[key] = (item.start_mark.line + 1, item.start_mark.column + 1)
+            _collect_positions(item, key, out)
+
+
+def read_spec_file(path: Path) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
+    """Read a spec file as a mapping, with friendly errors for every bad-input case."""
+    source = str(path)
+    if not path.exists():
+        raise SpecError(source, [SpecProblem("", "file not found")], hint="check the path; list specs with 'ls jobs/'")
+    if path.is_dir():
+        raise SpecError(
+            source,
+            [SpecProblem("", "is a directory, not a YAML file")],
+            hint=f"pass a file inside it, e.g. {path}/quickstart.yaml",
+        )
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SpecError(source, [SpecProblem("", f"cannot read: {exc.strerror}")]) from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(source, [SpecProblem("", f"is {len(raw)} bytes; a job spec is a small YAML file")])
+    if b"\x00" in raw:
+        raise SpecError(source, [SpecProblem("", "is a binary file, not YAML")], hint="pass a .yaml job spec")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            source, [SpecProblem("", f"is not UTF-8 text (byte {exc.start})")], hint="save the spec as UTF-8"
+        ) from None
+    data, positions = parse_yaml_text(text, source)
+    if data is None:
+        raise SpecError(
+            source,
+            [SpecProblem("", "is empty")],
+            hint="start from an example: 'hpctrain init NAME' or copy jobs/quickstart.yaml",
+        )
+    if not isinstance(data, dict):
+        kind = type(data).__name__
+        raise SpecError(
+            source,
+            [SpecProblem("", f"top level is a {kind}; a job spec is a mapping of keys")],
+            hint="the file should start with 'name: ...', not '- ...'",
+        )
+    return data, positions
+
+
+def dump_yaml(data: Any) -> str:
+    """Stable, human-readable YAML for resolved specs written to run dirs."""
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)

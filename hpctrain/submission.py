@@ -1,0 +1,229 @@
+"""From a loaded job to a submitit executor, its sbatch script, and a submitted run.
+
+There is one code path (TorchX's ``submit = schedule(dryrun(...))``):
+``build_executor`` configures submitit from the spec; ``render_script`` asks
+that executor for the exact text ``sbatch`` receives (what ``--dry-run``
+prints); ``submit`` hands the same executor the per-task callable.
+Spec -> parameters is a pure function, tested against golden files.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import submitit
+from submitit.slurm.slurm import _convert_mem
+
+import hpctrain
+from hpctrain.errors import ClusterError
+from hpctrain.rundir import SPEC_FILE, SUBMITIT_DIR, atomic_write_text, create_run_dir, read_run_info, write_run_info
+from hpctrain.spec.load import LoadedJob
+from hpctrain.spec.models import JobSpec
+from hpctrain.spec.profiles import ClusterProfile
+from hpctrain.spec.slurm_time import seconds_to_minutes
+from hpctrain.spec.yaml_source import dump_yaml
+from hpctrain.templates import render_preamble
+
+Backend = Literal["slurm", "local"]
+# A task that exits non-zero ends the whole step at once instead of leaving the
+# other ranks blocked in a collective until the NCCL/gloo timeout.
+SRUN_ARGS = ("--kill-on-bad-exit=1",)
+
+
+class _SlurmExecutor(submitit.SlurmExecutor):
+    """submitit's executor, constructible without ``srun`` so a login node or a
+    laptop can render the script; ``submit`` checks for ``sbatch`` itself."""
+
+    @classmethod
+    def affinity(cls) -> int:
+        return 1
+
+
+def backend_for(job: LoadedJob, local: bool) -> Backend:
+    return "local" if local or job.profile.scheduler == "local" else "slurm"
+
+
+def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters for a resolved spec. Pure."""
+    res = spec.resources
+    gpus = res.gpus_per_node or 0
+    params: dict[str, Any] = {
+        "job_name": spec.name,
+        "nodes": res.nodes,
+        "ntasks_per_node": spec.tasks_per_node,
+        "time": seconds_to_minutes(res.time_s),
+        "signal_delay_s": spec.signals.signal_delay_s,
+        "srun_args": list(SRUN_ARGS),
+        "setup": render_preamble(spec.setup, spec.env, str(run_dir)),
+        "array_parallelism": res.array_parallelism,
+        "wckey": None,  # submitit's default wckey is rejected where TrackWCKey is enforced
+        "stderr_to_stdout": False,
+    }
+    for key in ("partition", "account", "qos", "constraint", "cpus_per_task"):
+        if getattr(res, key) is not None:
+            params[key] = getattr(res, key)
+    if res.mem_gb is not None:
+        params["mem"] = _convert_mem(res.mem_gb)
+    if res.exclusive:
+        params["exclusive"] = True
+    if gpus and profile.gpu_gres:
+        params["gres"] = profile.gpu_gres.format(gpus=gpus)
+    elif gpus:
+        params["gpus_per_node"] = gpus
+    extra: dict[str, Any] = {}
+    wants_requeue = spec.signals.requeue_on_timeout or spec.signals.requeue_on_preemption
+    extra["requeue" if wants_requeue else "no-requeue"] = True
+    if spec.signals.timeout_signal != "USR2":  # submitit always writes USR2; override it
+        extra["signal"] = f"{spec.signals.timeout_signal}@{spec.signals.signal_delay_s}"
+    extra.update(res.slurm_extra)
+    params["additional_parameters"] = extra
+    return params
+
+
+def local_parameters(spec: JobSpec) -> dict[str, Any]:
+    """submitit LocalExecutor parameters: the whole world as tasks on this machine."""
+    gpus = (spec.resources.gpus_per_node or 0) * spec.resources.nodes
+    return {
+        "tasks_per_node": spec.world_size,
+        "nodes": 1,
+        "timeout_min": seconds_to_minutes(spec.resources.time_s),
+        "gpus_per_node": gpus,
+        "signal_delay_s": spec.signals.signal_delay_s,
+    }
+
+
+def build_executor(job: LoadedJob, backend: Backend, run_dir: Path) -> submitit.Executor:
+    folder = run_dir / SUBMITIT_DIR
+    if backend == "local":
+        executor: submitit.Executor = submitit.LocalExecutor(folder=folder)
+        executor.update_parameters(**local_parameters(job.spec))
+    else:
+        executor = _SlurmExecutor(folder=folder)
+        executor.update_parameters(**slurm_parameters(job.spec, job.profile, run_dir))
+    return executor
+
+
+def render_script(job: LoadedJob, run_dir: Path) -> str:
+    """The exact sbatch script ``submit`` would hand to Slurm for this job."""
+    executor = build_executor(job, "slurm", run_dir)
+    if job.is_sweep:
+        executor.parameters["map_count"] = len(job.trials)
+    text: str = executor._make_submission_file_text(executor._submitit_command_str, "dry-run")
+    return text
+
+
+@dataclass
+class SubmittedRun:
+    job_id: str
+    run_dir: Path
+    backend: Backend
+    jobs: list[submitit.Job]
+    trial_dirs: list[Path]
+
+
+def submit(job: LoadedJob, *, local: bool = False) -> SubmittedRun:
+    """Create the run directory, write the resolved spec, and submit."""
+    backend = backend_for(job, local)
+    if backend == "slurm" and shutil.which("sbatch") is None:
+        raise ClusterError(
+            f"{job.source}: cluster '{job.profile.name}' needs Slurm, but 'sbatch' is not on this machine",
+            hint=f"run it here with 'hpctrain submit {job.source} --local', or submit from a login node",
+        )
+    run_dir = create_run_dir(job.spec.output_dir, job.spec.name)
+    trial_dirs = _write_trials(job, run_dir)
+    try:
+        jobs = _launch(job, backend, run_dir, trial_dirs)
+    except ClusterError:
+        _remove_unsubmitted(run_dir)
+        raise
+    job_id = jobs[0].job_id.split("_")[0] if job.is_sweep else jobs[0].job_id
+    for trial_dir, one in zip(trial_dirs, jobs):
+        _record_submission(trial_dir, job, backend, one.job_id, run_dir / SUBMITIT_DIR)
+    if job.is_sweep:
+        _record_submission(run_dir, job, backend, job_id, run_dir / SUBMITIT_DIR, trials=len(jobs))
+    return SubmittedRun(job_id, run_dir, backend, jobs, trial_dirs)
+
+
+def resubmit(run_dir: Path, job: LoadedJob, *, local: bool = False) -> SubmittedRun:
+    """Continue an existing run as a new job in the same run directory."""
+    backend = backend_for(job, local)
+    if backend == "slurm" and shutil.which("sbatch") is None:
+        raise ClusterError("'sbatch' is not on this machine", hint="resume from a login node, or pass --local")
+    jobs = _launch(job, backend, run_dir, [run_dir])
+    _record_submission(run_dir, job, backend, jobs[0].job_id, run_dir / SUBMITIT_DIR)
+    return SubmittedRun(jobs[0].job_id, run_dir, backend, jobs, [run_dir])
+
+
+def _write_trials(job: LoadedJob, run_dir: Path) -> list[Path]:
+    if not job.is_sweep:
+        atomic_write_text(run_dir / SPEC_FILE, dump_yaml(job.spec.model_dump(mode="json")))
+        return [run_dir]
+    atomic_write_text(run_dir / SPEC_FILE, dump_yaml(job.spec.model_dump(mode="json")))
+    dirs = []
+    for index, (trial, params) in enumerate(zip(job.trials, job.trial_params)):
+        trial_dir = run_dir / f"trial-{index:03d}"
+        trial_dir.mkdir()
+        header = f"# sweep trial {index}: {params}\n"
+        atomic_write_text(trial_dir / SPEC_FILE, header + dump_yaml(trial.model_dump(mode="json")))
+        dirs.append(trial_dir)
+    return dirs
+
+
+def _launch(job: LoadedJob, backend: Backend, run_dir: Path, trial_dirs: list[Path]) -> list[submitit.Job]:
+    from hpctrain.runtime.launcher import TaskLauncher  # light: imports no torch
+
+    executor = build_executor(job, backend, run_dir)
+    specs = job.trials if job.is_sweep and len(trial_dirs) > 1 else (job.spec,)
+    launchers = [TaskLauncher(s.model_dump(mode="json"), str(d)) for s, d in zip(specs, trial_dirs)]
+    try:
+        if len(launchers) == 1:
+            return [executor.submit(launchers[0])]
+        if backend == "local":
+            return [executor.submit(launcher) for launcher in launchers]
+        return list(executor.submit_array(launchers))
+    except (submitit.core.utils.FailedJobError, OSError, RuntimeError) as exc:
+        raise ClusterError(
+            f"Slurm refused the job: {_first_lines(str(exc))}",
+            hint="check partition/account/qos/time against 'sinfo' and 'sacctmgr show assoc'",
+        ) from None
+
+
+def _record_submission(
+    run_dir: Path, job: LoadedJob, backend: Backend, job_id: str, folder: Path, trials: int | None = None
+) -> None:
+    try:
+        info = read_run_info(run_dir)
+    except Exception:
+        info = {
+            "name": job.spec.name,
+            "created_at": time.time(),
+            "hpctrain_version": hpctrain.__version__,
+            "spec_source": str(job.source.resolve()),
+            "job_ids": [],
+        }
+    info.update(
+        {
+            "backend": backend,
+            "cluster": job.profile.name,
+            "job_id": job_id,
+            "submitit_dir": str(folder),
+            "submitted_at": time.time(),
+        }
+    )
+    info["job_ids"] = [*info.get("job_ids", []), job_id]
+    if trials is not None:
+        info["trials"] = trials
+    write_run_info(run_dir, info)
+
+
+def _remove_unsubmitted(run_dir: Path) -> None:
+    """A submission that never reached Slurm leaves nothing behind."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _first_lines(text: str, count: int = 6) -> str:
+    return "\n".join(text.strip().splitlines()[:count])
