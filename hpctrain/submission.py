@@ -19,6 +19,7 @@ import submitit
 from submitit.slurm.slurm import _convert_mem
 
 import hpctrain
+from hpctrain import job_registry
 from hpctrain.errors import ClusterError
 from hpctrain.rundir import SPEC_FILE, SUBMITIT_DIR, atomic_write_text, create_run_dir, read_run_info, write_run_info
 from hpctrain.spec.load import LoadedJob
@@ -218,6 +219,7 @@ def _record_submission(
     if trials is not None:
         info["trials"] = trials
     write_run_info(run_dir, info)
+    job_registry.record(job_id, run_dir)
 
 
 def _remove_unsubmitted(run_dir: Path) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from hpctrain.cli.tail import echo_new
 from hpctrain.errors import ClusterError
 from hpctrain.rundir import next_run_dir, read_summary
 from hpctrain.slurm_state import wait_until_done
@@ -76,7 +77,7 @@ def follow_local(submitted: SubmittedRun, stream) -> int:
     try:
         while True:
             done = all(j.done() for j in submitted.jobs)
-            offset = _echo_new(log_path, offset, stream)
+            offset = echo_new(log_path, offset, stream)
             if done:
                 break
             time.sleep(0.5)
@@ -104,19 +105,6 @@ def follow_local(submitted: SubmittedRun, stream) -> int:
     print(line, file=stream)
     print(f"run dir: {submitted.run_dir}", file=stream)
     return 0 if status in ("completed", "running") else 1
-
-
-def _echo_new(path: Path, offset: int, stream) -> int:
-    try:
-        with path.open("rb") as handle:
-            handle.seek(offset)
-            chunk = handle.read()
-    except FileNotFoundError:
-        return offset
-    if chunk:
-        stream.write(chunk.decode("utf-8", errors="replace"))
-        stream.flush()
-    return offset + len(chunk)
 
 
 def wait_slurm(submitted: SubmittedRun, *, quiet: bool) -> int:

@@ -1,0 +1,51 @@
+"""``hpctrain logs RUN``: print or follow one task's stdout/stderr of a run's latest job."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from hpctrain import job_registry
+from hpctrain.cli.tail import echo_new
+from hpctrain.errors import RunDirError
+from hpctrain.rundir import read_run_info
+from hpctrain.slurm_state import TERMINAL_STATES, job_state
+
+
+def log_path(run_dir: Path, rank: int, err: bool) -> Path:
+    info = read_run_info(run_dir)
+    folder = Path(info.get("submitit_dir", run_dir / "submitit"))
+    suffix = "err" if err else "out"
+    return folder / f"{info.get('job_id')}_{rank}_log.{suffix}"
+
+
+def run(args: argparse.Namespace) -> int:
+    run_dir = job_registry.resolve_run(args.run)
+    path = log_path(run_dir, args.rank, args.err)
+    if not path.exists() and not args.follow:
+        raise RunDirError(f"no log yet at {path}", hint="the job may still be pending: hpctrain status " + args.run)
+    offset = _print_tail(path, args.lines)
+    if not args.follow:
+        return 0
+    info = read_run_info(run_dir)
+    while True:
+        offset = echo_new(path, offset, sys.stdout)
+        done = info.get("backend") == "local" or job_state(info["job_id"]) in TERMINAL_STATES
+        if done:
+            echo_new(path, offset, sys.stdout)
+            return 0
+        time.sleep(1.0)
+
+
+def _print_tail(path: Path, lines: int) -> int:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return 0
+    text = data.decode("utf-8", errors="replace")
+    chunk = text if lines == 0 else "\n".join(text.splitlines()[-lines:]) + ("\n" if text.endswith("\n") else "")
+    sys.stdout.write(chunk)
+    sys.stdout.flush()
+    return len(data)

@@ -1,0 +1,68 @@
+"""Which run directory a Slurm job id belongs to, so commands accept either.
+
+Every submit appends ``{"job_id", "run_dir", "time"}`` to
+``$XDG_STATE_HOME/hpctrain/jobs.jsonl`` (default ``~/.local/state``). Lines
+are small and appended with O_APPEND, so concurrent submits do not interleave.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from hpctrain.errors import RunDirError
+from hpctrain.rundir import RUN_FILE
+
+
+def registry_path() -> Path:
+    state_home = os.environ.get("XDG_STATE_HOME") or str(Path("~/.local/state").expanduser())
+    return Path(state_home) / "hpctrain" / "jobs.jsonl"
+
+
+def record(job_id: str, run_dir: Path) -> None:
+    path = registry_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        line = json.dumps({"job_id": job_id, "run_dir": str(run_dir), "time": time.time()}) + "\n"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # the registry is a convenience; a run dir always works
+
+
+def entries() -> list[dict]:
+    try:
+        lines = registry_path().read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def resolve_run(run: str) -> Path:
+    """A run directory path, or a job id (``123`` or array task ``123_4``) -> run dir."""
+    path = Path(run).expanduser()
+    if path.exists() or not run.replace("_", "").isdigit():
+        if not (path / RUN_FILE).is_file():
+            raise RunDirError(
+                f"{run}: not an hpctrain run directory (no {RUN_FILE})",
+                hint="pass OUTPUT_DIR/NAME/RUN_ID as printed by 'hpctrain submit', or its job id",
+            )
+        return path.resolve()
+    for entry in reversed(entries()):
+        if entry.get("job_id") == run or entry.get("job_id", "").split("_")[0] == run:
+            return Path(entry["run_dir"])
+    raise RunDirError(
+        f"job {run} was not submitted by hpctrain from this account",
+        hint="pass its run directory instead ('hpctrain status' lists recent runs)",
+    )
