@@ -1,0 +1,1 @@
+"""Small entry points that exercise the runtime (``entrypoint: hpctrain.examples.<module>:main``)."""

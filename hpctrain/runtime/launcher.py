@@ -1,0 +1,137 @@
+"""What submitit runs on every task: spec -> task environment -> process group -> user code.
+
+``TaskLauncher`` is pickled on the login node and called on each compute
+task, so importing this module must not import torch; torch comes in with
+``hpctrain.runtime.process_group`` inside ``__call__``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from hpctrain.errors import DistributedSetupError, HpctrainError
+from hpctrain.runtime.context import TaskContext, TaskEnv
+from hpctrain.runtime.master import check_master_address
+from hpctrain.runtime.requeue import job_ids
+from hpctrain.runtime.stop import StopRequest, cancel_marker_paths, install_handlers
+from hpctrain.runtime.task_env import derive_task_env, export_torchrun_env
+from hpctrain.spec.models import JobSpec
+
+# Set to 1 on test clusters whose "nodes" are loopback aliases of one machine.
+ALLOW_LOOPBACK_MASTER_VAR = "HPCTRAIN_ALLOW_LOOPBACK_MASTER"
+
+UserCode = Callable[..., Any]
+
+
+class TaskLauncher:
+    """The callable submitit runs once per task; returns this rank's result."""
+
+    def __init__(self, spec_data: dict[str, Any], run_dir: str) -> None:
+        self.spec_data = spec_data
+        self.run_dir = run_dir
+
+    def __call__(self) -> dict[str, Any]:
+        rank = os.environ.get("SLURM_PROCID") or os.environ.get("SUBMITIT_LOCAL_GLOBALID") or "?"
+        try:
+            spec = JobSpec.model_validate(self.spec_data)
+            os.environ.update(spec.env)
+            env = derive_task_env(os.environ, spec_master_port=spec.distributed.master_port)
+            rank = str(env.global_rank)
+            result = self.run(spec, env)
+        except BaseException as exc:
+            if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                report_failure(rank, exc)
+            raise
+        return {"rank": env.global_rank, "hostname": socket.gethostname(), "result": result}
+
+    def run(self, spec: JobSpec, env: TaskEnv) -> Any:
+        """Set the task up, run the entry point or the trainer, then the post-run hook."""
+        check_world_size(spec, env)
+        export_torchrun_env(env, os.environ)
+        check_master_address(env, allow_loopback=os.environ.get(ALLOW_LOOPBACK_MASTER_VAR) == "1")
+        user_code = load_user_code(spec.entrypoint)  # before the group forms: import errors fail fast
+        stop = StopRequest(cancel_markers=cancel_marker_paths(self.run_dir), job_ids=job_ids(os.environ))
+        install_handlers(stop, spec.signals.timeout_signal)
+        self.start_reaper()
+
+        from hpctrain.runtime.process_group import process_group
+
+        with process_group(env, spec.distributed, use_cuda=spec.uses_gpus) as device:
+            ctx = TaskContext(env=env, spec=spec, run_dir=Path(self.run_dir), device=device, stop=stop)
+            result = user_code(ctx, **(spec.entrypoint_args if spec.entrypoint else {}))
+            self.after_run(ctx, result)
+        return result
+
+    def start_reaper(self) -> None:
+        """Start the watcher that kills this task's leaked processes once it ends.
+
+        A missing safety net is worth a warning, not a failed task.
+        """
+        from hpctrain.runtime.cleanup import ensure_task_token, start_reaper
+
+        try:
+            start_reaper(ensure_task_token())
+        except (RuntimeError, OSError) as exc:
+            print(f"hpctrain: warning: leaked processes will not be cleaned up: {exc}", file=sys.stderr)
+
+    def after_run(self, ctx: TaskContext, result: Any) -> None:
+        """Requeue, wait for Slurm, or just finish, when the trainer stopped early.
+
+        Runs on every rank with the process group still up: the ranks agree on
+        the outcome. Returns only when the job should end normally.
+        """
+        if isinstance(result, dict) and result.get("status") == "stopped":
+            from hpctrain.runtime.requeue import finish_after_stop
+
+            finish_after_stop(result["stop_reason"], ctx.env, ctx.spec.signals, ctx.stop)
+
+
+def check_world_size(spec: JobSpec, env: TaskEnv) -> None:
+    """A job submitted from the spec must have started as many tasks as the spec asked for."""
+    if env.source in ("slurm", "submitit-local") and env.world_size != spec.world_size:
+        raise DistributedSetupError(
+            f"the spec asks for {spec.world_size} tasks ({spec.resources.nodes} nodes x {spec.tasks_per_node}) "
+            f"but {env.world_size} were started",
+            hint="submit with `hpctrain submit` so the Slurm request matches the spec",
+        )
+
+
+def load_user_code(entrypoint: str | None) -> UserCode:
+    """The function to run: ``package.module:function``, or the built-in trainer."""
+    if entrypoint is None:
+        from hpctrain.trainer.trainer import run_training
+
+        return run_training
+    module_name, _, function_name = entrypoint.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        missing = exc.name and (module_name == exc.name or module_name.startswith(exc.name + "."))
+        problem = "is not importable" if missing else f"failed to import ({type(exc).__name__}: {exc})"
+        raise HpctrainError(
+            f"entrypoint {entrypoint!r}: module {module_name!r} {problem} on {socket.gethostname()}",
+            hint="install the package in the job's environment (same venv on every node) or fix `entrypoint`",
+        ) from exc
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise HpctrainError(
+            f"entrypoint {entrypoint!r}: {module_name!r} has no function {function_name!r}",
+            hint=f"define `def {function_name}(ctx, **kwargs)` in {module_name} or fix `entrypoint`",
+        )
+    return function
+
+
+def report_failure(rank: str | int, exc: BaseException, stream: TextIO | None = None) -> None:
+    """One line naming the rank and node, plus the traceback when it is not a user mistake."""
+    stream = stream or sys.stderr
+    print(f"hpctrain: rank {rank} on node {socket.gethostname()} failed: {type(exc).__name__}: {exc}", file=stream)
+    if not isinstance(exc, HpctrainError):
+        traceback.print_exception(exc, file=stream)
+    stream.flush()

@@ -1,0 +1,92 @@
+"""The launcher's torch-free parts: login-node imports, entry-point loading, failure lines."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+from hpctrain.errors import DistributedSetupError, HpctrainError
+from hpctrain.runtime.launcher import TaskLauncher, check_world_size, load_user_code, report_failure
+from hpctrain.runtime.task_env import derive_task_env
+from hpctrain.spec.models import JobSpec
+
+
+def test_login_node_imports_do_not_pull_in_torch() -> None:
+    code = (
+        "import sys\n"
+        "import hpctrain.runtime.launcher, hpctrain.runtime.rank_plan, hpctrain.runtime.task_env\n"
+        "import hpctrain.runtime.master\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_launcher_pickles_by_reference() -> None:
+    launcher = TaskLauncher({"name": "t"}, "/tmp/run")
+    copy = pickle.loads(pickle.dumps(launcher))
+    assert (copy.spec_data, copy.run_dir) == ({"name": "t"}, "/tmp/run")
+
+
+def test_load_user_code() -> None:
+    assert load_user_code("json:dumps")({"a": 1}) == '{"a": 1}'
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "expected"),
+    [
+        ("no_such_package_xyz.module:main", "'no_such_package_xyz.module' is not importable"),
+        ("json:no_such_function", "'json' has no function 'no_such_function'"),
+        ("json:JSONDecodeError.__name__", "has no function"),
+    ],
+)
+def test_load_user_code_errors_are_clear(entrypoint: str, expected: str) -> None:
+    with pytest.raises(HpctrainError, match=expected) as raised:
+        load_user_code(entrypoint)
+    assert raised.value.hint
+
+
+def test_load_user_code_reports_a_broken_module_differently(tmp_path, monkeypatch) -> None:
+    (tmp_path / "broken_entry_mod.py").write_text("import not_installed_dependency_xyz\ndef main(ctx): pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(HpctrainError, match="failed to import .*not_installed_dependency_xyz"):
+        load_user_code("broken_entry_mod:main")
+
+
+def test_world_size_mismatch_is_caught_for_submitted_jobs() -> None:
+    spec = JobSpec.model_validate({"name": "t", "resources": {"nodes": 1, "tasks_per_node": 4}})
+    slurm = {
+        "SLURM_JOB_ID": "1",
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_JOB_NODELIST": "n1",
+    }
+    with pytest.raises(DistributedSetupError, match="asks for 4 tasks .* but 2 were started"):
+        check_world_size(spec, derive_task_env(slurm))
+    check_world_size(spec, derive_task_env({}))  # a single process started by hand is fine
+
+
+def test_failure_line_for_user_mistakes_has_no_traceback() -> None:
+    stream = io.StringIO()
+    report_failure(3, DistributedSetupError("port 1 on n1 is taken", hint="set it"), stream)
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("hpctrain: rank 3 on node ")
+    assert lines[0].endswith("failed: DistributedSetupError: port 1 on n1 is taken")
+    assert lines[1] == "HINT: set it"
+    assert "Traceback" not in stream.getvalue()
+
+
+def test_failure_line_for_bugs_has_the_traceback() -> None:
+    stream = io.StringIO()
+    try:
+        raise ZeroDivisionError("division by zero")
+    except ZeroDivisionError as exc:
+        report_failure(0, exc, stream)
+    assert "failed: ZeroDivisionError: division by zero" in stream.getvalue()
+    assert "Traceback" in stream.getvalue()
