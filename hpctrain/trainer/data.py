@@ -1,0 +1,355 @@
+"""ImageFolder datasets and loaders whose order and augmentation survive a resume.
+
+Three things differ from the pytorch/examples ImageNet loader, all so that a
+requeued job continues exactly where it stopped and evaluation is exact:
+
+* ``SeededAugmentDataset``: each sample's random crop/flip is a pure function of
+  (seed, epoch, sample index), whatever the worker count or rank layout.
+* ``ResumableDistributedSampler``: DistributedSampler's order, plus skipping the
+  samples already consumed in the current epoch (also across a world-size change).
+* ``ExactEvalSampler``: every validation sample is seen exactly once over all
+  ranks (DistributedSampler pads by repeating samples, which skews accuracy).
+
+Call ``Loaders.set_epoch(epoch)`` before iterating each epoch.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator, Sized
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+from torchvision import datasets, transforms
+
+from hpctrain.errors import TrainingConfigError
+from hpctrain.spec.models import Data, Trainer
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+_MAKE_DATASET_HINT = (
+    "point data.root at an ImageFolder dataset (ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg), "
+    "or create a small test dataset with `hpctrain make-dataset DIR`"
+)
+
+
+def train_transform(image_size: int) -> transforms.Compose:
+    return transforms.Compose(
+        [
+            transforms.RandomResizedCrop(image_size),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
+
+
+def val_transform(image_size: int, resize: int) -> transforms.Compose:
+    return transforms.Compose(
+        [
+            transforms.Resize(resize),
+            transforms.CenterCrop(image_size),
+            transforms.ToTensor(),
+            transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A well-mixed 63-bit seed for one sample in one epoch."""
+    words = np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, epoch, index]).generate_state(2, dtype=np.uint32)
+    return (int(words[0]) << 31) ^ int(words[1])
+
+
+class SeededAugmentDataset(Dataset):
+    """Wraps a dataset so ``self[i]`` in epoch ``e`` is a pure function of (seed, e, i).
+
+    The wrapped dataset's transform runs with the torch, Python and NumPy global
+    RNGs seeded for that sample and restored afterwards, so any torchvision v1
+    transform works unchanged. The epoch lives in shared memory so persistent
+    workers see ``set_epoch`` calls made in the main process.
+    """
+
+    def __init__(self, base: Dataset, seed: int) -> None:
+        self.base = base
+        self.seed = seed
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch.fill_(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch.item())
+
+    @property
+    def classes(self) -> list[str]:
+        return self.base.classes
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> Any:
+        seed = sample_seed(self.seed, self.epoch, index)
+        py_state, np_state = random.getstate(), np.random.get_state()
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                random.seed(seed)
+                np.random.seed(seed & 0xFFFFFFFF)
+                return self.base[index]
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+
+class ResumableDistributedSampler(Sampler[int]):
+    """DistributedSampler's order (same permutation, padding and striding), resumable mid-epoch.
+
+    ``consumed_samples`` counts samples of the current epoch's global order already
+    trained on by all ranks together. Skipping in global order (before sharding)
+    makes a resume on the same world size yield exactly the uninterrupted tail,
+    and a resume on another world size still visit every remaining sample once.
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        num_replicas: int,
+        rank: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
+        self.dataset_len = len(dataset)
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        self.consumed_samples = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's order; moving to a new epoch forgets the resume offset."""
+        if epoch != self.epoch:
+            self.consumed_samples = 0
+        self.epoch = epoch
+
+    def set_start_batch(self, batches: int, batch_size: int) -> None:
+        """Skip the first ``batches`` per-rank batches of ``batch_size`` in the current epoch."""
+        self.consumed_samples = batches * batch_size * self.num_replicas
+
+    @property
+    def start_index(self) -> int:
+        """Index into this rank's shard of the uninterrupted epoch where iteration starts."""
+        return self.consumed_samples // self.num_replicas
+
+    def state_dict(self, batches_done: int = 0, batch_size: int = 0) -> dict[str, int]:
+        """Position after this rank took ``batches_done`` batches of ``batch_size`` since ``iter()``."""
+        consumed = self.consumed_samples + batches_done * batch_size * self.num_replicas
+        return {"epoch": self.epoch, "consumed_samples": consumed, "seed": self.seed, "num_replicas": self.num_replicas}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+        self.consumed_samples = int(state["consumed_samples"])
+
+    def _global_order(self) -> list[int]:
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            return torch.randperm(self.dataset_len, generator=generator).tolist()
+        return list(range(self.dataset_len))
+
+    def _remaining(self) -> list[int]:
+        order = self._global_order()
+        remaining = order[self.consumed_samples :]
+        if self.drop_last:
+            return remaining[: len(remaining) // self.num_replicas * self.num_replicas]
+        padding = -len(remaining) % self.num_replicas
+        if padding and order:
+            remaining += (order * math.ceil(padding / len(order)))[:padding]
+        return remaining
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._remaining()[self.rank :: self.num_replicas])
+
+    def __len__(self) -> int:
+        remaining = max(0, self.dataset_len - self.consumed_samples)
+        if self.drop_last:
+            return remaining // self.num_replicas
+        return math.ceil(remaining / self.num_replicas)
+
+
+class ExactEvalSampler(Sampler[int]):
+    """A contiguous shard per rank, no padding: the shards partition the dataset exactly.
+
+    Ranks may get different counts (differing by at most one), so the loop must
+    all-reduce correct and sample counts rather than average per-rank accuracy.
+    """
+
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int) -> None:
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
+        total = len(dataset)
+        self.start = rank * total // num_replicas
+        self.stop = (rank + 1) * total // num_replicas
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.stop))
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+def build_datasets(
+    data_spec: Data, *, train: bool = True, seed: int = 0
+) -> tuple[SeededAugmentDataset | None, Dataset]:
+    """(train, val) ImageFolders; train is None when ``train`` is False (evaluate-only)."""
+    root = _dataset_root(data_spec)
+    if data_spec.val_resize < data_spec.image_size:
+        raise TrainingConfigError(
+            f"data.val_resize: {data_spec.val_resize} is smaller than data.image_size {data_spec.image_size}",
+            hint=f"set data.val_resize >= data.image_size (the reference uses 256 for 224, i.e. "
+            f"{round(data_spec.image_size * 256 / 224)})",
+        )
+    val_tf = val_transform(data_spec.image_size, data_spec.val_resize)
+    val = _image_folder(root, data_spec.val_dir, "data.val_dir", val_tf)
+    if not train:
+        return None, val
+    base = _image_folder(root, data_spec.train_dir, "data.train_dir", train_transform(data_spec.image_size))
+    if base.classes != val.classes:
+        only_train = sorted(set(base.classes) - set(val.classes))[:5]
+        only_val = sorted(set(val.classes) - set(base.classes))[:5]
+        raise TrainingConfigError(
+            f"data.val_dir: the class folders of {root / data_spec.val_dir} differ from {root / data_spec.train_dir} "
+            f"(only in train: {only_train}, only in val: {only_val})",
+            hint="train and val need the same class folders, or labels would not match",
+        )
+    return SeededAugmentDataset(base, seed), val
+
+
+def build_val_loader(
+    val_dataset: Dataset,
+    data_spec: Data,
+    *,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    device_is_cuda: bool,
+    seed: int = 0,
+) -> DataLoader:
+    """Validation over the whole val set, sharded without padding (see ExactEvalSampler)."""
+    sampler = ExactEvalSampler(val_dataset, world_size, rank)
+    kwargs = _loader_kwargs(data_spec, device_is_cuda, seed)
+    return DataLoader(val_dataset, batch_size=batch_size, sampler=sampler, **kwargs)
+
+
+@dataclass
+class Loaders:
+    """What the training loop needs from the data side."""
+
+    train_loader: DataLoader | None
+    val_loader: DataLoader
+    train_sampler: ResumableDistributedSampler | None
+    train_dataset: SeededAugmentDataset | None
+    num_classes: int
+    class_names: list[str]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Call before iterating an epoch: picks its shuffle order and augmentation."""
+        if self.train_sampler is not None:
+            self.train_sampler.set_epoch(epoch)
+        if self.train_dataset is not None:
+            self.train_dataset.set_epoch(epoch)
+
+
+def build_loaders(
+    data_spec: Data,
+    trainer_spec: Trainer,
+    *,
+    rank: int,
+    world_size: int,
+    device_is_cuda: bool,
+    epoch_seed: int,
+    batch_size: int | None = None,
+) -> Loaders:
+    """Train and val loaders for one rank.
+
+    ``epoch_seed`` seeds the shuffle order, the augmentation and the worker RNGs
+    (pass ``trainer.seed``); it is the same on every rank. ``batch_size`` is the
+    per-process batch (default ``trainer.batch_size``; pass batch_size * n_gpus for dp).
+    """
+    batch_size = batch_size or trainer_spec.batch_size
+    train_ds, val_ds = build_datasets(data_spec, train=not trainer_spec.evaluate_only, seed=epoch_seed)
+    val_loader = build_val_loader(
+        val_ds,
+        data_spec,
+        rank=rank,
+        world_size=world_size,
+        batch_size=batch_size,
+        device_is_cuda=device_is_cuda,
+        seed=epoch_seed + 1,
+    )
+    class_names = list((train_ds or val_ds).classes)
+    if train_ds is None:
+        return Loaders(None, val_loader, None, None, len(class_names), class_names)
+    sampler = ResumableDistributedSampler(train_ds, world_size, rank, shuffle=True, seed=epoch_seed)
+    train_loader = DataLoader(
+        train_ds, batch_size=batch_size, sampler=sampler, **_loader_kwargs(data_spec, device_is_cuda, epoch_seed)
+    )
+    return Loaders(train_loader, val_loader, sampler, train_ds, len(class_names), class_names)
+
+
+def seed_worker(worker_id: int) -> None:
+    """Seed Python and NumPy from the per-worker torch seed the DataLoader chose."""
+    worker_seed = torch.initial_seed() % 2**32
+    np.random.seed(worker_seed)
+    random.seed(worker_seed)
+
+
+def _loader_kwargs(data_spec: Data, device_is_cuda: bool, seed: int) -> dict[str, Any]:
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    kwargs: dict[str, Any] = {
+        "num_workers": data_spec.workers,
+        "pin_memory": data_spec.pin_memory and device_is_cuda,
+        "generator": generator,
+        "worker_init_fn": seed_worker,
+    }
+    if data_spec.workers > 0:
+        kwargs["persistent_workers"] = data_spec.persistent_workers
+        kwargs["prefetch_factor"] = data_spec.prefetch_factor
+    return kwargs
+
+
+def _dataset_root(data_spec: Data) -> Path:
+    if data_spec.root is None:
+        raise TrainingConfigError(
+            "data.root: no dataset root is set (neither in the spec nor in the cluster profile)",
+            hint=_MAKE_DATASET_HINT,
+        )
+    root = Path(data_spec.root).expanduser()
+    if not root.is_dir():
+        raise TrainingConfigError(f"data.root: {root} does not exist or is not a directory", hint=_MAKE_DATASET_HINT)
+    return root
+
+
+def _image_folder(root: Path, subdir: str, key: str, transform: transforms.Compose) -> datasets.ImageFolder:
+    path = root / subdir
+    if not path.is_dir():
+        raise TrainingConfigError(
+            f"{key}: {path} does not exist (data.root is {root}, data.{key.split('.')[1]} is {subdir!r})",
+            hint=_MAKE_DATASET_HINT,
+        )
+    try:
+        return datasets.ImageFolder(str(path), transform=transform)
+    except (FileNotFoundError, RuntimeError) as exc:  # no class folders, or a class folder without images
+        raise TrainingConfigError(f"{key}: {path} is not a usable ImageFolder: {exc}", hint=_MAKE_DATASET_HINT) from exc
