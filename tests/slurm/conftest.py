@@ -1,0 +1,233 @@
+"""The Slurm end-to-end tier: every test here runs against a real multi-node cluster.
+
+The session fixture `slurm_cluster` starts the cluster with
+`tests/cluster/slurm-cluster up` (2 nodes, proctrack/cgroup) and stops it at the
+end of the session, unless it was already up before the session or
+HPCTRAIN_KEEP_CLUSTER=1. Without root or namespaces the tier is skipped, except
+under CI (env CI set), where that is a failure: CI must run this tier.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[1]
+SCRIPT = REPO_ROOT / "tests" / "cluster" / "slurm-cluster"
+DEFAULT_STATE_DIR = "/tmp/hpctrain-slurm"
+UP_TIMEOUT_S = 300  # includes an apt-get install on a bare machine
+
+# sacct's terminal states; "CANCELLED by 0" is normalised to "CANCELLED".
+FINAL_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "PREEMPTED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+    }
+)
+
+_cluster: SlurmCluster | None = None  # for the failure-report hook
+
+
+class SlurmCommandError(subprocess.CalledProcessError):
+    """A Slurm client command failed; str() shows its output, unlike the base class."""
+
+    def __str__(self) -> str:
+        return (
+            f"{' '.join(map(str, self.cmd))} exited {self.returncode}\n"
+            f"stdout: {(self.stdout or '').strip()}\nstderr: {(self.stderr or '').strip()}"
+        )
+
+
+@dataclass
+class SlurmCluster:
+    """Handle on the running test cluster, for tests and their subprocesses."""
+
+    state_dir: Path
+    nodes: list[str]
+    env: dict[str, str]
+    proctrack: str = "cgroup"
+    script: Path = field(default=SCRIPT)
+
+    def run(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client command (sinfo, sbatch, srun, sacct, ...) with the cluster's env."""
+        proc = subprocess.run(
+            [str(a) for a in args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+        if check and proc.returncode != 0:
+            raise SlurmCommandError(proc.returncode, proc.args, proc.stdout, proc.stderr)
+        return proc
+
+    def sbatch(self, *args: str) -> str:
+        """Submit with `sbatch --parsable ARGS`; returns the job id."""
+        return self.run("sbatch", "--parsable", *args).stdout.strip().split(";")[0]
+
+    def job_states(self, job_id: str) -> list[str]:
+        """sacct's allocation states of a job (one per array task), normalised."""
+        proc = self.run("sacct", "-X", "-n", "-P", "-o", "State", "-j", str(job_id), check=False)
+        if proc.returncode != 0:
+            return []
+        return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+
+    def wait_state(self, job_id: str, states: Iterable[str] = FINAL_STATES, timeout: float = 60) -> str:
+        """Poll sacct until the job (every array task) is in one of `states`; return that state.
+
+        sacct lags squeue by about a second after a job ends and shows nothing
+        right after submission, so an empty answer just means "ask again".
+        """
+        wanted = {s.upper() for s in states}
+        deadline = time.monotonic() + timeout
+        seen: list[str] = []
+        while time.monotonic() < deadline:
+            seen = self.job_states(job_id)
+            if seen and all(s in wanted for s in seen):
+                return seen[0]
+            time.sleep(0.2)
+        raise AssertionError(
+            f"job {job_id} not in {sorted(wanted)} after {timeout}s (sacct says {seen or 'nothing'})\n"
+            f"{self.run('squeue', '-a', '-j', str(job_id), check=False).stdout}\n"
+            f"{self.log_tail(30)}"
+        )
+
+    def release(self, job_id: str) -> None:
+        """Start a requeued job now; Slurm 22.05 otherwise holds it ~120 s (Reason=BeginTime)."""
+        self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+
+    def set_proctrack(self, mode: str) -> None:
+        """Restart the cluster with ProctrackType=proctrack/<mode>; no-op if already so."""
+        if mode not in ("cgroup", "linuxproc"):
+            raise ValueError(f"proctrack must be 'cgroup' or 'linuxproc', not {mode!r}")
+        _script("up", "--nodes", str(len(self.nodes)), "--proctrack", mode, "--state-dir", str(self.state_dir))
+        self.proctrack = mode
+
+    def log_tail(self, n: int = 50) -> str:
+        """The last `n` lines of every daemon log, for failure messages."""
+        daemons = ["slurmctld", *(f"slurmd-{node}" for node in self.nodes), "slurmdbd", "mariadb", "munged"]
+        parts = []
+        for daemon in daemons:
+            path = self.state_dir / "log" / f"{daemon}.log"
+            if path.exists():
+                lines = path.read_text(errors="replace").splitlines()[-n:]
+                parts.append(f"===== {path} (last {len(lines)} lines)\n" + "\n".join(lines))
+        return "\n".join(parts) or f"(no logs in {self.state_dir / 'log'})"
+
+    def processes_with_env(self, key: str, value: str) -> list[int]:
+        """PIDs of live processes (on any node: namespaces share the PID space) with key=value."""
+        needle = f"{key}={value}".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if needle in environ.split(b"\0"):
+                found.append(int(entry.name))
+        return sorted(found)
+
+
+def _script(*args: str, timeout: float = UP_TIMEOUT_S, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
+    """Run tests/cluster/slurm-cluster (stdlib only, so any python3 runs it)."""
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+    if proc.returncode not in ok:
+        raise RuntimeError(f"slurm-cluster {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+    return proc
+
+
+def _why_no_cluster() -> str | None:
+    if os.geteuid() != 0:
+        return "the Slurm test cluster needs root (namespaces, /etc/hosts)"
+    if shutil.which("unshare") is None:
+        return "unshare (util-linux) is not installed"
+    probe = subprocess.run(["unshare", "--net", "--uts", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"cannot create network/UTS namespaces: {probe.stderr.strip()}"
+    return None
+
+
+def _client_env(state_dir: Path) -> dict[str, str]:
+    # Drop SLURM_* of an enclosing job (CI may itself run under Slurm), keep our own conf.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["SLURM_CONF"] = str(state_dir / "etc" / "slurm.conf")
+    # Jobs import hpctrain and tests.* from this checkout: sbatch exports the environment.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _keep_cluster() -> bool:
+    return os.environ.get("HPCTRAIN_KEEP_CLUSTER", "") not in ("", "0")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slurm: end-to-end test against the Slurm test cluster")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # This hook sees the whole session's items: mark only ours.
+    for item in items:
+        if HERE in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.slurm)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    global _cluster
+    reason = _why_no_cluster()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the Slurm tier, but {reason}", pytrace=False)
+        pytest.skip(reason)
+
+    state_dir = Path(os.environ.get("HPCTRAIN_SLURM_STATE", DEFAULT_STATE_DIR)).resolve()
+    was_up = _script("status", "--state-dir", str(state_dir), timeout=60, ok=(0, 1, 3)).returncode == 0
+    nodes = ["n1", "n2"]
+    try:
+        _script("up", "--nodes", str(len(nodes)), "--proctrack", "cgroup", "--state-dir", str(state_dir))
+    except RuntimeError as exc:
+        if not _keep_cluster():
+            _script("down", "--state-dir", str(state_dir), timeout=120)
+        pytest.fail(str(exc), pytrace=False)
+
+    _cluster = SlurmCluster(state_dir=state_dir, nodes=nodes, env=_client_env(state_dir))
+    try:
+        yield _cluster
+    finally:
+        _cluster = None
+        if _keep_cluster() or was_up:
+            print(
+                f"\nslurm test cluster left up (state dir {state_dir}); "
+                f"stop it with: {SCRIPT} down --state-dir {state_dir}"
+            )
+        else:
+            _script("down", "--state-dir", str(state_dir), timeout=120)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    report = yield
+    if report.failed and report.when == "call" and _cluster is not None:
+        report.sections.append(("slurm daemon logs", _cluster.log_tail()))
+    return report
