@@ -102,6 +102,7 @@ def load_job(
     if resolved is not None and resolved.sweep:
         trials, params = _expand_sweep(data, resolved, profile, positions, problems)  # type: ignore[arg-type]
     if problems:
+        problems.sort(key=lambda p: (p.line is None, p.line or 0, p.column or 0))  # file order
         raise SpecError(str(source), problems, hint="fix the keys above; 'hpctrain schema' lists every key")
     assert resolved is not None and profile is not None
     if not resolved.sweep:

