@@ -13,9 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 from hpctrain.cli.tail import echo_new
 from hpctrain.errors import ClusterError
 from hpctrain.rundir import next_run_dir, read_summary
@@ -43,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_dry_run(job: LoadedJob, *, local: bool) -> None:
-    from hpctrain.runtime.rank_plan import plan_ranks
+    from hpctrain.runtime.rank_plan import plan_ranks, render_rank_table
 
     run_dir = next_run_dir(job.spec.output_dir, job.spec.name)
     if backend_for(job, local) == "local":
@@ -51,12 +48,8 @@ def print_dry_run(job: LoadedJob, *, local: bool) -> None:
         print(f"# {job.spec.world_size} task(s), run directory {run_dir}; no sbatch script is used.")
     else:
         print(render_script(job, run_dir), end="")
-    table = Table(title=f"{job.spec.name}: what each rank will see", title_justify="left")
-    for column in ("rank", "local rank", "node", "device", "master"):
-        table.add_column(column)
-    for plan in plan_ranks(job.spec):
-        table.add_row(str(plan.rank), str(plan.local_rank), plan.node, plan.device, plan.master)
-    Console(file=sys.stdout, width=110).print(table)
+    print(f"\n# {job.spec.name}: what each rank will see")
+    print(render_rank_table(plan_ranks(job.spec), max_rows=64))
 
 
 def print_submitted(submitted: SubmittedRun, job: LoadedJob) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from hpctrain.spec.slurm_time import ALLOWED_FORMS, parse_time_limit
 
@@ -34,6 +34,23 @@ class Section(BaseModel):
     """Shared config: unknown keys are errors; assignments are re-validated."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, str_strip_whitespace=True, strict=True)
+
+
+def scalars_to_str(value: object) -> object:
+    """``env: {OMP_NUM_THREADS: 4}`` means the string "4": environment values,
+    NCCL variables and sbatch options are strings, however YAML typed them."""
+    if isinstance(value, dict):
+        return {
+            key: ("true" if item is True else "false" if item is False else str(item))
+            if isinstance(item, (int, float, bool))
+            else item
+            for key, item in value.items()
+        }
+    return value
+
+
+# A mapping of strings that also accepts YAML numbers/booleans as their text.
+StrMap = Annotated[dict[str, str], BeforeValidator(scalars_to_str)]
 
 
 def _safe_path(value: str | None) -> str | None:
@@ -61,14 +78,14 @@ class Resources(Section):
     cpus_per_task: Annotated[int | None, Field(ge=1, le=1024, description="CPUs per task.")] = None
     mem_gb: Annotated[float | None, Field(gt=0, description="Memory per node in GiB (--mem).")] = None
     time: Annotated[str, Field(description=f"Time limit: {ALLOWED_FORMS}.")] = "01:00:00"
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    exclusive: bool = False
+    partition: Annotated[str | None, Field(description="Slurm partition (--partition). Default: the profile's.")] = None
+    account: Annotated[str | None, Field(description="Slurm account to charge (--account).")] = None
+    qos: Annotated[str | None, Field(description="Slurm quality of service (--qos).")] = None
+    constraint: Annotated[str | None, Field(description="Slurm node features (--constraint), e.g. 'v100&ib'.")] = None
+    exclusive: Annotated[bool, Field(description="Ask for whole nodes (--exclusive).")] = False
     array_parallelism: Annotated[int, Field(ge=1, description="Max array tasks running at once (sweeps).")] = 64
     slurm_extra: Annotated[
-        dict[str, str],
+        StrMap,
         Field(description="Extra '#SBATCH --KEY=VALUE' lines, e.g. {reservation: myres}."),
     ] = {}
 
@@ -108,30 +125,60 @@ class Trainer(Section):
     arch: Annotated[str, Field(description="Any torchvision classification model name.")] = "resnet50"
     weights: Annotated[str | None, Field(description="Local file of initial weights (no downloads).")] = None
     num_classes: Annotated[int | None, Field(ge=2, description="Default: the number of train classes.")] = None
-    strategy: Strategy = "ddp"
+    strategy: Annotated[
+        Strategy,
+        Field(
+            description="single: one device; dp: DataParallel over a node's GPUs; ddp: one process per GPU; "
+            "hogwild: CPU processes sharing one model."
+        ),
+    ] = "ddp"
     hogwild_processes: Annotated[int, Field(ge=1, le=256, description="Worker processes for hogwild.")] = 2
-    precision: Precision = "fp32"
-    channels_last: bool = False
-    epochs: Annotated[int, Field(ge=1)] = 90
+    precision: Annotated[
+        Precision,
+        Field(
+            description="fp32; fp16 (autocast + GradScaler, GPU only); bf16 (autocast); O0-O3: Apex AMP when installed."
+        ),
+    ] = "fp32"
+    channels_last: Annotated[
+        bool, Field(description="Use channels-last memory format (faster convolutions on tensor cores).")
+    ] = False
+    epochs: Annotated[int, Field(ge=1, description="Training epochs.")] = 90
     batch_size: Annotated[int, Field(ge=1, description="Per GPU (per process) batch size.")] = 256
     lr: Annotated[float, Field(gt=0, description="Base learning rate for a global batch of 256.")] = 0.1
-    lr_scaling: Literal["linear", "none"] = "linear"
-    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
-    weight_decay: Annotated[float, Field(ge=0)] = 1e-4
-    no_weight_decay_on_norm: bool = False
-    warmup_epochs: Annotated[float, Field(ge=0)] = 0.0
-    schedule: Literal["step", "cosine", "constant"] = "step"
-    step_epochs: list[Annotated[int, Field(ge=1)]] = [30, 60, 80]
-    step_gamma: Annotated[float, Field(gt=0, le=1)] = 0.1
-    label_smoothing: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    lr_scaling: Annotated[
+        Literal["linear", "none"],
+        Field(description="linear: lr x global batch / 256 (Goyal et al.); none: use lr as given."),
+    ] = "linear"
+    momentum: Annotated[float, Field(ge=0, lt=1, description="SGD momentum.")] = 0.9
+    weight_decay: Annotated[float, Field(ge=0, description="SGD weight decay.")] = 1e-4
+    no_weight_decay_on_norm: Annotated[
+        bool, Field(description="Exempt normalisation layers and biases from weight decay.")
+    ] = False
+    warmup_epochs: Annotated[
+        float, Field(ge=0, description="Linear LR warmup from ~0 over this many epochs (fractions allowed).")
+    ] = 0.0
+    schedule: Annotated[
+        Literal["step", "cosine", "constant"],
+        Field(description="step: x step_gamma at each of step_epochs; cosine: to 0 at the last epoch; constant."),
+    ] = "step"
+    step_epochs: Annotated[
+        list[Annotated[int, Field(ge=1)]],
+        Field(description="Epochs at which the step schedule multiplies the LR by step_gamma."),
+    ] = [30, 60, 80]
+    step_gamma: Annotated[float, Field(gt=0, le=1, description="Factor of the step schedule.")] = 0.1
+    label_smoothing: Annotated[float, Field(ge=0, lt=1, description="Cross-entropy label smoothing.")] = 0.0
     desired_acc: Annotated[
         float | None, Field(gt=0, le=100, description="Stop once val top-1 (percent) reaches this.")
     ] = None
-    evaluate_only: bool = False
-    seed: int = 0
-    deterministic: bool = False
+    evaluate_only: Annotated[
+        bool, Field(description="Only validate (the latest checkpoint, or trainer.weights); no training.")
+    ] = False
+    seed: Annotated[int, Field(description="Seed for model init, data order and augmentation.")] = 0
+    deterministic: Annotated[
+        bool, Field(description="Deterministic algorithms: a resumed run ends bit-identical to an uninterrupted one.")
+    ] = False
     max_steps_per_epoch: Annotated[int | None, Field(ge=1, description="Cap steps per epoch (smoke runs).")] = None
-    log_every_steps: Annotated[int, Field(ge=1)] = 10
+    log_every_steps: Annotated[int, Field(ge=1, description="Log a progress line and metrics every N steps.")] = 10
 
     @field_validator("weights")
     @classmethod
@@ -156,14 +203,18 @@ class Data(Section):
     """An ImageFolder dataset: ``root/train/<class>/*.jpg`` and ``root/val/<class>/*.jpg``."""
 
     root: Annotated[str | None, Field(description="Dataset root. Default: the profile's data root.")] = None
-    train_dir: str = "train"
-    val_dir: str = "val"
+    train_dir: Annotated[str, Field(description="Training split folder under data.root.")] = "train"
+    val_dir: Annotated[str, Field(description="Validation split folder under data.root.")] = "val"
     workers: Annotated[int, Field(ge=0, le=128, description="Data-loader workers per task.")] = 4
-    pin_memory: bool = True
-    persistent_workers: bool = True
-    prefetch_factor: Annotated[int, Field(ge=1)] = 2
-    image_size: Annotated[int, Field(ge=8)] = 224
-    val_resize: Annotated[int, Field(ge=8)] = 256
+    pin_memory: Annotated[bool, Field(description="Pin host memory for faster host-to-GPU copies (GPU jobs only).")] = (
+        True
+    )
+    persistent_workers: Annotated[bool, Field(description="Keep data-loader workers alive between epochs.")] = True
+    prefetch_factor: Annotated[int, Field(ge=1, description="Batches each worker loads ahead.")] = 2
+    image_size: Annotated[int, Field(ge=8, description="Crop size fed to the model.")] = 224
+    val_resize: Annotated[
+        int, Field(ge=8, description="Validation images are resized to this, then center-cropped to image_size.")
+    ] = 256
 
     @field_validator("root", "train_dir", "val_dir")
     @classmethod
@@ -174,10 +225,12 @@ class Data(Section):
 class Distributed(Section):
     """Process-group settings."""
 
-    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    backend: Annotated[
+        Literal["auto", "nccl", "gloo"], Field(description="auto: NCCL when CUDA is available, gloo otherwise.")
+    ] = "auto"
     timeout_s: Annotated[int, Field(ge=10, le=7200, description="Collective timeout.")] = 300
     master_port: Annotated[int | None, Field(ge=1024, le=65535, description="Default: derived from job id.")] = None
-    nccl_env: Annotated[dict[str, str], Field(description="Extra NCCL_* variables (override defaults).")] = {}
+    nccl_env: Annotated[StrMap, Field(description="Extra NCCL_* variables (override defaults).")] = {}
 
     @field_validator("nccl_env")
     @classmethod
@@ -191,23 +244,29 @@ class Distributed(Section):
 class Checkpoint(Section):
     """When and how to checkpoint."""
 
-    every_epochs: Annotated[int, Field(ge=1)] = 1
+    every_epochs: Annotated[int, Field(ge=1, description="Save a checkpoint every N epochs.")] = 1
     every_steps: Annotated[int | None, Field(ge=1, description="Also save every N optimizer steps.")] = None
-    keep_last: Annotated[int, Field(ge=1)] = 2
-    keep_best: bool = True
+    keep_last: Annotated[int, Field(ge=1, description="Keep the newest N checkpoints (plus the best).")] = 2
+    keep_best: Annotated[bool, Field(description="Also keep the checkpoint with the best val top-1.")] = True
     async_save: Annotated[bool, Field(description="Snapshot to CPU, then write in the background.")] = True
 
 
 class Signals(Section):
     """Time-limit and preemption handling."""
 
-    timeout_signal: Literal["USR1", "USR2"] = "USR2"
+    timeout_signal: Annotated[
+        Literal["USR1", "USR2"], Field(description="Signal Slurm sends signal_delay_s before the time limit.")
+    ] = "USR2"
     signal_delay_s: Annotated[
         int, Field(ge=10, le=3600, description="Seconds before the time limit that Slurm warns the job.")
     ] = 120
-    requeue_on_timeout: bool = True
-    requeue_on_preemption: bool = True
-    max_requeues: Annotated[int, Field(ge=0)] = 100
+    requeue_on_timeout: Annotated[
+        bool, Field(description="On the time-limit signal: checkpoint and requeue the job.")
+    ] = True
+    requeue_on_preemption: Annotated[
+        bool, Field(description="On preemption (SIGTERM): checkpoint; Slurm requeues the job.")
+    ] = True
+    max_requeues: Annotated[int, Field(ge=0, description="Stop requeueing after this many restarts.")] = 100
 
 
 class JobSpec(Section):
@@ -219,11 +278,13 @@ class JobSpec(Section):
     entrypoint: Annotated[
         str | None, Field(description="'package.module:function' to call on every rank instead of the trainer.")
     ] = None
-    entrypoint_args: dict[str, object] = {}
+    entrypoint_args: Annotated[
+        dict[str, object], Field(description="Keyword arguments for the entrypoint function.")
+    ] = {}
     setup: Annotated[
         list[str], Field(description="Shell lines run before the tasks start, e.g. 'module load cuda'.")
     ] = []
-    env: Annotated[dict[str, str], Field(description="Environment variables for every task.")] = {}
+    env: Annotated[StrMap, Field(description="Environment variables for every task.")] = {}
     sweep: Annotated[
         dict[str, list[object]],
         Field(description="Dotted key -> values; the grid becomes a Slurm array, one task per combination."),

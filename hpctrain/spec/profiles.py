@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError
 
 from hpctrain.errors import SpecError
-from hpctrain.spec.models import NAME_PATTERN, JobSpec, Section
+from hpctrain.spec.models import NAME_PATTERN, JobSpec, Section, StrMap
 from hpctrain.spec.yaml_source import read_spec_file
 
 
@@ -40,8 +40,8 @@ class ClusterProfile(Section):
     max_time: Annotated[str | None, Field(description="Longest time limit the partition accepts.")] = None
     data_root: str | None = None
     setup: list[str] = []
-    env: dict[str, str] = {}
-    slurm_extra: dict[str, str] = {}
+    env: StrMap = {}
+    slurm_extra: StrMap = {}
 
 
 BUILTIN_PROFILES: dict[str, ClusterProfile] = {

@@ -244,8 +244,9 @@ def split_dry_run(stdout: str) -> tuple[str, list[list[str]]]:
     """The sbatch script, and the rows of the rank table printed after it."""
     lines = stdout.splitlines()
     title = next(i for i, line in enumerate(lines) if RANK_TABLE_TITLE in line)
-    rows = [[cell.strip() for cell in line.strip("│ ").split("│")] for line in lines[title:] if line.startswith("│")]
-    return "\n".join(lines[:title]) + "\n", rows
+    # title line, header line, then one whitespace-separated row per rank
+    rows = [line.split() for line in lines[title + 2 :] if line.strip()]
+    return "\n".join(lines[:title]).rstrip("\n") + "\n", rows
 
 
 def test_dry_run_prints_the_script_and_rank_table(tmp_path: Path, env: dict[str, str]) -> None:

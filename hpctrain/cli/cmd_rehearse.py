@@ -1,0 +1,82 @@
+"""``hpctrain rehearse SPEC``: prove a setup survives a time limit before the real run.
+
+Submits the job, waits for its first complete checkpoint, sends the
+time-limit signal (``scancel --signal=USR2``, exactly what Slurm sends
+``signal_delay_s`` before the limit), releases Slurm's hold on the requeued
+job, and waits until the run reports a restart that resumed from the
+checkpoint. Then it cancels the rehearsal (or leaves it running with
+``--set`` of your choice and ``hpctrain resume``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+from pathlib import Path
+
+from hpctrain.errors import ClusterError
+from hpctrain.rundir import read_summary
+from hpctrain.runtime.stop import write_cancel_marker
+from hpctrain.slurm_state import TERMINAL_STATES, job_state
+from hpctrain.spec.load import load_job
+from hpctrain.submission import submit
+
+
+def run(args: argparse.Namespace) -> int:
+    job = load_job(args.spec, args.overrides)
+    if job.profile.scheduler != "slurm" or job.is_sweep:
+        raise ClusterError("rehearse needs a single (non-sweep) job on a Slurm cluster profile",
+                           hint="use the spec you will submit for real")
+    submitted = submit(job)
+    job_id, run_dir = submitted.job_id, submitted.run_dir
+    deadline = time.monotonic() + args.timeout
+    print(f"rehearsal job {job_id}, run dir {run_dir}")
+
+    step = _wait_for(lambda: _first_checkpoint_step(run_dir), job_id, deadline, "a first checkpoint")
+    print(f"1/3 checkpoint at step {step}; sending {job.spec.signals.timeout_signal} as Slurm does before the limit")
+    _slurm(["scancel", f"--signal={job.spec.signals.timeout_signal}", job_id])
+
+    def restarted() -> dict | None:
+        summary = read_summary(run_dir) or {}
+        if job_state(job_id) == "PENDING":
+            _slurm(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+        return summary if summary.get("restarts", 0) >= 1 and summary.get("status") in ("running", "completed") \
+            else None
+
+    summary = _wait_for(restarted, job_id, deadline, "the requeued job to resume")
+    print(f"2/3 requeued and resumed: restarts {summary['restarts']}, global step {summary.get('global_step')}")
+    write_cancel_marker(run_dir, [job_id])
+    _slurm(["scancel", job_id], check=False)
+    print(f"3/3 rehearsal passed; cancelled it. Submit the real run with: hpctrain submit {args.spec}")
+    print(json.dumps({"job_id": job_id, "run_dir": str(run_dir), "resumed_from_step": step}))
+    return 0
+
+
+def _first_checkpoint_step(run_dir: Path) -> int | None:
+    for meta in sorted((run_dir / "checkpoints").glob("step-*/meta.json")):
+        try:
+            return int(json.loads(meta.read_text()).get("global_step", meta.parent.name.split("-")[1]))
+        except (ValueError, OSError, IndexError):
+            continue
+    return None
+
+
+def _wait_for(probe, job_id: str, deadline: float, what: str):
+    while time.monotonic() < deadline:
+        value = probe()
+        if value is not None:
+            return value
+        state = job_state(job_id)
+        if state in TERMINAL_STATES:
+            raise ClusterError(f"rehearsal job {job_id} ended {state} before {what}",
+                               hint=f"see its logs: hpctrain logs {job_id} --err")
+        time.sleep(2.0)
+    raise ClusterError(f"timed out waiting for {what}", hint="raise --timeout, or check 'hpctrain status'")
+
+
+def _slurm(command: list[str], check: bool = True) -> None:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    if check and result.returncode != 0:
+        raise ClusterError(f"'{' '.join(command)}' failed: {result.stderr.strip()}")
