@@ -1,0 +1,348 @@
+"""What a task does after the trainer stopped early: requeue, wait for Slurm, or finish.
+
+The trainer saves a mid-epoch checkpoint and returns ``{"status": "stopped",
+"stop_reason": ...}``; the launcher then calls :func:`finish_after_stop` on
+every rank, with the process group still up.
+
+Decision (:func:`decide_after_stop`, pure, the same on every rank):
+
+* ``timeout`` (the ``--signal=USR2@N`` warning) -> ``requeue-self``: global
+  rank 0 runs ``scontrol requeue <id>`` (``<array>_<task>`` for array tasks,
+  like submitit's ``JobEnvironment.job_id``);
+* ``preempted`` (SIGTERM, no cancel marker) -> ``slurm-requeues``: with
+  ``PreemptMode=REQUEUE`` slurmctld requeues the job itself once GraceTime is
+  over; rank 0 may do it sooner (below);
+* ``cancelled``, ``requeue_on_timeout``/``requeue_on_preemption`` off,
+  ``max_requeues`` spent, or not under Slurm -> ``stop``.
+
+What Slurm 22.05 does (measured on the test cluster, and in
+``src/interfaces/preempt.c::slurm_job_preempt``): a preempted job gets
+SIGCONT+SIGTERM, and is requeued only when the scheduler next looks at it
+after GraceTime *and it is still running* (then SIGCONT+SIGTERM again, then
+SIGKILL after KillWait). A job that exits during its grace time simply ends
+COMPLETED and is never requeued. ``scontrol requeue`` during the grace time
+requeues at once and the preemptor starts at once. ``scontrol requeue`` on a
+job that ``scancel`` is ending (COMPLETING) *revives* it. Hence rank 0 looks
+at the job (``scontrol show job``: JobState, PreemptTime, Restarts) before it
+requeues anything.
+
+Exit protocol, from submitit 1.5.4's source:
+
+* ``submitit/core/submission.py::process_job`` loads ``<id>_submitted.pkl``,
+  installs ``JobEnvironment._handle_signals`` (replaced by ours, see stop.py),
+  calls the launcher, and writes ``<id>_<rank>_result.pkl`` only when the
+  launcher *returns* ("success") or *raises an Exception* ("error"). A result
+  file is what makes ``Job.done()`` true (``core/core.py::Job.done``).
+* submitit's own requeue (``job_environment.py::SignalHandler.
+  checkpoint_and_try_requeue`` -> ``SlurmJobEnvironment._requeue``) runs
+  ``scontrol requeue`` on rank 0 and then ``sys.exit(-1)``: no result file,
+  and the requeued job's fresh ``process_job`` re-reads the same
+  ``_submitted.pkl``. We do the same, minus ``_checkpoint``'s re-pickling: the
+  ``TaskLauncher`` is unchanged; the resume state is the run's checkpoints.
+
+So every rank, after one all-reduce of rank 0's outcome:
+
+* **finish** (``stop`` decision; a cancel marker; the job already ending
+  without a requeue -- scancel, time limit; a bare ``scancel --signal=TERM``):
+  return; the launcher returns the trainer's result, submitit writes it.
+* **exit** (rank 0 requeued the job, or Slurm already did): ``os._exit(0)``,
+  never returning to submitit, so no result file is written for a job that
+  is coming back. ``os._exit``, not ``sys.exit``: interpreter shutdown can
+  hang in NCCL or data-loader teardown, and slurmctld has recorded the
+  requeue when ``scontrol`` returns. Status 0 keeps ``--kill-on-bad-exit`` quiet.
+* **wait** (a preemption rank 0 could not speed up, or could not look at):
+  stay alive until Slurm ends the job -- the next SIGTERM, which comes after
+  slurmctld requeued it, or SIGKILL -- then ``os._exit(0)``.
+* **fail** (the time-out requeue failed): every rank raises ``ClusterError``;
+  the job FAILS with the reason, the checkpoint stays for ``hpctrain resume``.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Literal
+
+from hpctrain.errors import ClusterError
+from hpctrain.runtime.context import TaskEnv
+from hpctrain.runtime.stop import StopReason, StopRequest, all_reduce_max
+from hpctrain.spec.models import Signals
+
+Decision = Literal["requeue-self", "slurm-requeues", "stop"]
+JobPhase = Literal["running", "preempting", "requeued", "ended", "unknown"]
+
+SCONTROL_TIMEOUT_S = 60.0
+REQUEUE_ATTEMPTS = 3
+REQUEUE_RETRY_DELAY_S = 2.0
+# Rank 0's outcome, shared by an all-reduce MAX: other ranks send EXIT (0).
+EXIT, WAIT, FINISH, FAIL = 0, 1, 2, 3
+
+log = logging.getLogger(__name__)
+
+Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def slurm_job_id(environ: Mapping[str, str]) -> str:
+    """The id ``scontrol`` and ``scancel`` understand for *this* job.
+
+    ``ARRAY_TASK`` (``1234_7``) for an array task: its own SLURM_JOB_ID would
+    do too, except for the last task, whose SLURM_JOB_ID is the array's id --
+    and that id names the whole array.
+    """
+    array_job, array_task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    if array_job and array_task:
+        return f"{array_job}_{array_task}"
+    job_id = environ.get("SLURM_JOB_ID")
+    if not job_id:
+        raise ClusterError("SLURM_JOB_ID is not set: this task is not running in a Slurm job, so it cannot requeue")
+    return job_id
+
+
+def job_ids(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """Every id a user may have used for this job (``hpctrain cancel`` records one)."""
+    ids = [environ.get("SLURM_JOB_ID"), environ.get("SLURM_ARRAY_JOB_ID")]
+    if environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
+        ids.append(f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}")
+    return tuple(dict.fromkeys(i for i in ids if i))
+
+
+def requeue_command(environ: Mapping[str, str]) -> list[str]:
+    return ["scontrol", "requeue", slurm_job_id(environ)]
+
+
+def show_job_command(environ: Mapping[str, str]) -> list[str]:
+    return ["scontrol", "--oneliner", "show", "job", slurm_job_id(environ)]
+
+
+def parse_job_record(text: str) -> dict[str, str]:
+    """The ``Key=Value`` fields of one ``scontrol -o show job`` line we use."""
+    fields = {}
+    for key in ("JobState", "Restarts", "PreemptTime", "Requeue"):
+        match = re.search(rf"(?:^|\s){key}=(\S+)", text)
+        if match:
+            fields[key] = match.group(1)
+    return fields
+
+
+def job_phase(record: Mapping[str, str], restart_count: int) -> JobPhase:
+    """Where the job is, from this task's point of view. Pure.
+
+    ``restart_count`` is this run's SLURM_RESTART_COUNT: a higher Restarts
+    means the job was requeued already, whatever its state shows meanwhile
+    (COMPLETING hides whether the job ends or comes back).
+    """
+    state = record.get("JobState")
+    if not state:
+        return "unknown"
+    restarts = record.get("Restarts", "")
+    if restarts.isdigit() and int(restarts) > restart_count:
+        return "requeued"
+    if state == "RUNNING":
+        preempt_time = record.get("PreemptTime", "None")
+        return "running" if preempt_time in ("None", "Unknown", "") else "preempting"
+    if state in ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"):
+        return "requeued"
+    return "ended"
+
+
+def show_job(environ: Mapping[str, str], *, run: Runner = subprocess.run) -> dict[str, str]:
+    """This job's record from slurmctld; empty when it cannot be had (never raises)."""
+    try:
+        done = run(show_job_command(environ), capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired, ClusterError) as exc:
+        log.warning("could not look at the job: %s", exc)
+        return {}
+    if done.returncode != 0:
+        log.warning("scontrol show job failed: %s", (done.stderr or done.stdout or "").strip())
+        return {}
+    return parse_job_record(done.stdout or "")
+
+
+def requeue_job(
+    environ: Mapping[str, str],
+    *,
+    run: Runner = subprocess.run,
+    restart_count: int | None = None,
+    attempts: int = REQUEUE_ATTEMPTS,
+    retry_delay_s: float | None = None,
+) -> None:
+    """Put this job back into the queue; raise ``ClusterError`` if Slurm refuses.
+
+    Retries a busy controller. Before a retry it looks whether an earlier
+    attempt went through after all (Restarts above ``restart_count``, default
+    SLURM_RESTART_COUNT): requeueing twice would be harmless, reviving a job
+    that meanwhile ended would not.
+    """
+    command = requeue_command(environ)
+    if restart_count is None:
+        restart_count = int(environ.get("SLURM_RESTART_COUNT") or 0)
+    delay_s = REQUEUE_RETRY_DELAY_S if retry_delay_s is None else retry_delay_s
+    problem = ""
+    for attempt in range(1, attempts + 1):
+        if attempt > 1:
+            time.sleep(delay_s * (attempt - 1))
+            phase = job_phase(show_job(environ, run=run), restart_count)
+            if phase == "requeued":
+                log.info("Slurm job %s was requeued by an earlier attempt", command[-1])
+                return
+            if phase == "ended":
+                problem += "; meanwhile the job ended, so it was not requeued"
+                break
+        try:
+            done = run(command, capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S, check=False)
+        except FileNotFoundError:
+            raise ClusterError(
+                "'scontrol' is not on this compute node's PATH, so the job cannot requeue itself",
+                hint="load the Slurm module in the spec's 'setup' lines, or set signals.requeue_on_timeout: false",
+            ) from None
+        except subprocess.TimeoutExpired:
+            problem = f"'{' '.join(command)}' did not answer within {SCONTROL_TIMEOUT_S:.0f} s"
+        else:
+            if done.returncode == 0:
+                log.info("requeued Slurm job %s", command[-1])
+                return
+            output = (done.stderr or done.stdout or "").strip()
+            problem = f"'{' '.join(command)}' failed (exit {done.returncode}): {output or 'no output'}"
+        log.warning("requeue attempt %d/%d: %s", attempt, attempts, problem)
+    raise ClusterError(
+        f"{problem}. The checkpoint is saved, but the job could not requeue itself",
+        hint="resume the run by hand ('hpctrain resume RUN_DIR'); if Slurm says requeue is disabled, "
+        "the cluster runs with JobRequeue=0: submit with --requeue (hpctrain does when a requeue_on_* is on)",
+    )
+
+
+def decide_after_stop(
+    reason: StopReason, env: TaskEnv, signals: Signals, restarts_so_far: int | None = None
+) -> Decision:
+    """What the job does after its ranks agreed to stop for ``reason``. Pure.
+
+    ``restarts_so_far`` defaults to the task's SLURM_RESTART_COUNT, which counts
+    every requeue of this job (time-outs, preemptions, node failures).
+    """
+    restarts = env.restart_count if restarts_so_far is None else restarts_so_far
+    if reason == "cancelled" or env.source != "slurm" or restarts >= signals.max_requeues:
+        return "stop"
+    if reason == "timeout":
+        return "requeue-self" if signals.requeue_on_timeout else "stop"
+    if reason == "preempted":
+        return "slurm-requeues" if signals.requeue_on_preemption else "stop"
+    raise ValueError(f"unknown stop reason {reason!r}")
+
+
+def rank_zero_action(
+    decision: Decision, phase: JobPhase, cancel_requested: bool
+) -> Literal["requeue", "exit", "wait", "finish"]:
+    """What rank 0 does for ``decision`` given where the job is. Pure.
+
+    Requeue only a job that is still running: never one being cancelled,
+    ended by its time limit, or already requeued.
+    """
+    if decision == "stop" or cancel_requested or phase == "ended":
+        return "finish"
+    if phase == "requeued":
+        return "exit"
+    if decision == "requeue-self":
+        return "requeue"  # running, preempting, or unknown: scontrol will say if it cannot
+    if phase == "preempting":
+        return "requeue"  # sooner than Slurm would at the end of GraceTime
+    if phase == "running":
+        return "finish"  # a bare SIGTERM sent by hand: neither a preemption nor a time-out
+    return "wait"
+
+
+def finish_after_stop(
+    reason: StopReason,
+    env: TaskEnv,
+    signals: Signals,
+    stop: StopRequest,
+    *,
+    environ: Mapping[str, str] | None = None,
+    agree: Callable[[int], int] = all_reduce_max,
+    run: Runner = subprocess.run,
+    exit_process: Callable[[int], object] = os._exit,
+    max_wait_s: float | None = None,
+    poll_s: float = 0.2,
+) -> Decision:
+    """Carry out :func:`decide_after_stop` on every rank (all must call it).
+
+    Returns (the decision) only when the job should finish: the launcher then
+    returns the trainer's result. Otherwise the process ends here without
+    returning to submitit (see the module docstring). ``max_wait_s`` bounds a
+    wait for Slurm's kill (default: until killed). The keyword arguments
+    exist for tests.
+    """
+    environ = os.environ if environ is None else environ
+    decision = decide_after_stop(reason, env, signals)
+    log.info("stop reason %s, restart %d of at most %d: %s", reason, env.restart_count, signals.max_requeues, decision)
+    if decision == "stop":
+        return decision
+    outcome, problem = _rank_zero_outcome(decision, env, stop, environ, run) if env.is_main else (EXIT, None)
+    try:
+        shared = agree(outcome)
+    except Exception as exc:  # the process group may be gone; rank 0 still knows
+        log.warning("could not share the outcome with the other ranks: %s", exc)
+        shared = outcome if env.is_main else WAIT
+    if shared == FINISH:
+        return "stop"
+    if shared == FAIL:
+        raise problem or ClusterError(
+            "global rank 0 could not requeue the job (its log says why)",
+            hint="resume the run by hand: 'hpctrain resume RUN_DIR'",
+        )
+    if shared == WAIT:
+        _wait_for_termination(stop, stop.term_signals, max_wait_s, poll_s)
+    _flush_logs()
+    exit_process(0)
+    return decision
+
+
+def _rank_zero_outcome(
+    decision: Decision, env: TaskEnv, stop: StopRequest, environ: Mapping[str, str], run: Runner
+) -> tuple[int, ClusterError | None]:
+    cancel = stop.cancel_requested()
+    phase: JobPhase = "unknown" if cancel else job_phase(show_job(environ, run=run), env.restart_count)
+    action = rank_zero_action(decision, phase, cancel)
+    log.info("job is %s%s: %s", phase, " and being cancelled" if cancel else "", action)
+    if action != "requeue":
+        return {"exit": EXIT, "wait": WAIT, "finish": FINISH}[action], None
+    try:
+        requeue_job(environ, run=run, restart_count=env.restart_count)
+    except ClusterError as exc:
+        if decision == "slurm-requeues":  # Slurm still requeues it when GraceTime is over
+            log.warning("%s; waiting for Slurm to requeue the job", exc)
+            return WAIT, None
+        log.error("%s", exc)
+        return FAIL, exc
+    return EXIT, None
+
+
+def _wait_for_termination(stop: StopRequest, seen: int, max_wait_s: float | None, poll_s: float) -> None:
+    """Sleep until one more SIGTERM arrives (Slurm is ending the job), or ``max_wait_s``."""
+    log.info("waiting for Slurm to end the job (it requeues it when GraceTime is over)")
+    _flush_logs()
+    deadline = None if max_wait_s is None else time.monotonic() + max_wait_s
+    while stop.term_signals <= seen:
+        if deadline is not None and time.monotonic() >= deadline:
+            log.warning("Slurm did not end the job within %.0f s; exiting", max_wait_s)
+            return
+        time.sleep(poll_s)
+
+
+def _flush_logs() -> None:
+    for handler in logging.getLogger().handlers + logging.getLogger("submitit").handlers:
+        try:
+            handler.flush()
+        except Exception:
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass

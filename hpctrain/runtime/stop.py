@@ -1,0 +1,192 @@
+"""Stop requests: signal handlers only set a flag; ranks agree at step boundaries.
+
+A time-limit warning (USR1/USR2) or a preemption/cancel SIGTERM must never
+interrupt a step or a checkpoint write half-way. Handlers record *why* we
+should stop; the training loop calls :meth:`StopRequest.agreed` at each step
+boundary, which (when a process group is up) runs one small all-reduce so
+every rank stops at the same step.
+
+Slurm sends the same SIGTERM for a preemption, a plain ``scancel`` and a
+job that ran past its limit. ``hpctrain cancel`` tells them apart for us: it
+writes a cancel marker into the run directory *before* it calls ``scancel``.
+A SIGTERM while a marker naming this job exists means "cancelled" (never
+requeue); any other SIGTERM means "preempted". The marker is read outside the
+handler, when the loop asks for the reason.
+
+Nothing here imports torch at module level: the CLI imports this module to
+write the marker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Literal
+
+from hpctrain.rundir import atomic_write_text
+
+StopReason = Literal["timeout", "preempted", "cancelled"]
+
+# Higher wins when ranks disagree: a cancel beats a preemption beats a timeout,
+# because a cancelled job must not requeue itself.
+_REASON_CODES: dict[str, int] = {"timeout": 1, "preempted": 2, "cancelled": 3}
+_CODE_REASONS = {code: reason for reason, code in _REASON_CODES.items()}
+
+CONTROL_DIR = ".hpctrain"
+CANCEL_MARKER_NAME = "cancel-requested"
+
+
+def cancel_marker(run_dir: str | Path) -> Path:
+    """Where ``hpctrain cancel`` leaves its marker for the run in ``run_dir``."""
+    return Path(run_dir) / CONTROL_DIR / CANCEL_MARKER_NAME
+
+
+def cancel_marker_paths(run_dir: str | Path) -> tuple[Path, ...]:
+    """The markers a task of ``run_dir`` obeys: its own and its parent's.
+
+    A sweep trial runs in ``SWEEP_DIR/trial-NNN``; cancelling the sweep writes
+    one marker in ``SWEEP_DIR``. Markers name job ids, so a parent marker for
+    another job never applies.
+    """
+    run_dir = Path(run_dir)
+    return (cancel_marker(run_dir), cancel_marker(run_dir.parent))
+
+
+def write_cancel_marker(run_dir: str | Path, job_ids: Collection[str] = ()) -> Path:
+    """Record that the user cancels ``job_ids`` (all jobs of the run if empty).
+
+    Call this *before* ``scancel``: the tasks read it when SIGTERM arrives.
+    """
+    path = cancel_marker(run_dir)
+    payload = {"job_ids": sorted(str(j) for j in job_ids), "time": time.time(), "pid": os.getpid()}
+    atomic_write_text(path, json.dumps(payload) + "\n")
+    return path
+
+
+def clear_cancel_marker(run_dir: str | Path) -> None:
+    """Forget an earlier cancel (``hpctrain resume`` calls this before resubmitting)."""
+    cancel_marker(run_dir).unlink(missing_ok=True)
+
+
+def marker_applies(path: Path, job_ids: Collection[str]) -> bool:
+    """Whether the marker at ``path`` exists and names one of ``job_ids``.
+
+    A marker without job ids (or one we cannot parse: it exists, so someone
+    meant to cancel) applies to every job.
+    """
+    try:
+        text = path.read_text()
+    except OSError:
+        return False
+    try:
+        named = {str(j) for j in json.loads(text).get("job_ids", [])}
+    except (ValueError, AttributeError):
+        return True
+    return not named or bool(named & {str(j) for j in job_ids})
+
+
+class StopRequest:
+    """A signal-safe 'please stop soon' flag with a reason.
+
+    ``cancel_markers`` and ``job_ids`` turn a SIGTERM into "cancelled" when
+    ``hpctrain cancel`` left a marker naming this job (see the module docstring).
+    """
+
+    def __init__(self, cancel_markers: Sequence[Path] = (), job_ids: Collection[str] = ()) -> None:
+        self._code = 0
+        self.cancel_markers = tuple(Path(p) for p in cancel_markers)
+        self.job_ids = tuple(str(j) for j in job_ids)
+        # Signals seen so far, by kind; the exit protocol (requeue.py) waits for
+        # "one more SIGTERM" to know that Slurm is ending the job.
+        self.timeout_signals = 0
+        self.term_signals = 0
+
+    def request(self, reason: StopReason) -> None:
+        # No lock: this runs in signal handlers (main thread, between bytecodes).
+        self._code = max(self._code, _REASON_CODES[reason])
+
+    def note_term(self) -> None:
+        """Handler for SIGTERM: count it and ask to stop as 'preempted' (maybe 'cancelled' later)."""
+        self.term_signals += 1
+        self.request("preempted")
+
+    def note_timeout(self) -> None:
+        """Handler for the time-limit warning signal."""
+        self.timeout_signals += 1
+        self.request("timeout")
+
+    def cancel_requested(self) -> bool:
+        """Whether a cancel marker for this job exists (reads files; never call from a handler)."""
+        return any(marker_applies(path, self.job_ids) for path in self.cancel_markers)
+
+    def _refresh(self) -> int:
+        # A SIGTERM becomes a cancel once the marker is visible. Checked every
+        # call until then: on NFS a new file may take a few seconds to show.
+        if self._code == _REASON_CODES["preempted"] and self.cancel_requested():
+            self.request("cancelled")
+        return self._code
+
+    @property
+    def local_reason(self) -> StopReason | None:
+        """This rank's own reason, without talking to the others."""
+        return _CODE_REASONS.get(self._refresh())  # type: ignore[return-value]
+
+    def agreed(self) -> StopReason | None:
+        """The reason every rank agrees on, or None. Collective when distributed.
+
+        Every rank must call it at the same step boundaries.
+        """
+        code = all_reduce_max(self._refresh())
+        self._code = max(self._code, code)
+        return _CODE_REASONS.get(code)  # type: ignore[return-value]
+
+
+def all_reduce_max(code: int) -> int:
+    """The largest ``code`` over all ranks; ``code`` itself without a process group.
+
+    Collective when distributed: every rank must call it.
+    """
+    import torch.distributed as dist  # only ever called on compute nodes
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return code
+    import torch
+
+    device = torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    flag = torch.tensor([code], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item())
+
+
+def install_handlers(stop: StopRequest, timeout_signal: str = "USR2") -> dict[int, object]:
+    """Route the time-limit signal and SIGTERM to ``stop``; return the old handlers.
+
+    Replaces submitit's own handlers on purpose: submitit checkpoints and
+    requeues inside the signal handler (mid-step, rank 0 only) and ignores
+    SIGTERM, which is the only signal a Slurm 22.05 preemption sends. Must run
+    in the main thread.
+    """
+    timeout_signum = getattr(signal, f"SIG{timeout_signal}")
+
+    def on_timeout(signum: int, frame: object) -> None:
+        stop.note_timeout()
+
+    def on_term(signum: int, frame: object) -> None:
+        stop.note_term()
+
+    previous = {}
+    for signum, handler in ((timeout_signum, on_timeout), (signal.SIGTERM, on_term)):
+        previous[signum] = signal.signal(signum, handler)
+    return previous
+
+
+def restore_handlers(previous: dict[int, object]) -> None:
+    """Put back what :func:`install_handlers` replaced."""
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)  # type: ignore[arg-type]
