@@ -22,6 +22,7 @@ import hpctrain
 from hpctrain import job_registry
 from hpctrain.errors import ClusterError
 from hpctrain.rundir import SPEC_FILE, SUBMITIT_DIR, atomic_write_text, create_run_dir, read_run_info, write_run_info
+from hpctrain.runtime.cleanup import python_command
 from hpctrain.spec.load import LoadedJob
 from hpctrain.spec.models import JobSpec
 from hpctrain.spec.profiles import ClusterProfile
@@ -103,7 +104,9 @@ def build_executor(job: LoadedJob, backend: Backend, run_dir: Path) -> submitit.
         executor: submitit.Executor = submitit.LocalExecutor(folder=folder)
         executor.update_parameters(**local_parameters(job.spec))
     else:
-        executor = _SlurmExecutor(folder=folder)
+        # Each task starts under the reaper's exec wrapper, so everything it
+        # starts carries its token and is cleaned up after it (cleanup.py).
+        executor = _SlurmExecutor(folder=folder, python=python_command())
         executor.update_parameters(**slurm_parameters(job.spec, job.profile, run_dir))
     return executor
 
