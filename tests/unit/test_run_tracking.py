@@ -1,0 +1,136 @@
+"""Run directories, the job-id registry, sacct parsing and the status/logs/cancel
+commands on a run directory, without Slurm (its answers are recorded text)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain import job_registry
+from hpctrain.errors import RunDirError
+from hpctrain.rundir import atomic_write_text, create_run_dir, next_run_dir, read_run_info, write_run_info
+from hpctrain.slurm_state import TERMINAL_STATES, normalise_state, parse_sacct_states
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def private_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+
+
+def fake_run(tmp_path: Path, job_id: str = "4242", backend: str = "slurm") -> Path:
+    run_dir = create_run_dir(str(tmp_path / "runs"), "demo")
+    (run_dir / "submitit").mkdir()
+    write_run_info(
+        run_dir,
+        {
+            "name": "demo",
+            "job_id": job_id,
+            "job_ids": [job_id],
+            "backend": backend,
+            "submitit_dir": str(run_dir / "submitit"),
+            "cluster": "slurm",
+        },
+    )
+    job_registry.record(job_id, run_dir)
+    return run_dir
+
+
+def test_run_dirs_are_never_reused(tmp_path: Path) -> None:
+    first = create_run_dir(str(tmp_path), "job")
+    second = create_run_dir(str(tmp_path), "job")
+    assert first != second and first.parent == second.parent == tmp_path / "job"
+    assert next_run_dir(str(tmp_path), "job") not in (first, second)
+
+
+def test_atomic_write_replaces_whole_file_and_leaves_no_temp(tmp_path: Path) -> None:
+    target = tmp_path / "summary.json"
+    atomic_write_text(target, "old")
+    atomic_write_text(target, "new")
+    assert target.read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+def test_registry_maps_job_ids_and_array_tasks_to_run_dirs(tmp_path: Path) -> None:
+    run_dir = fake_run(tmp_path, job_id="77")
+    sweep_dir = fake_run(tmp_path, job_id="88_3")
+    assert job_registry.resolve_run("77") == run_dir
+    assert job_registry.resolve_run("88_3") == sweep_dir
+    assert job_registry.resolve_run("88") == sweep_dir
+    assert job_registry.resolve_run(str(run_dir)) == run_dir
+    with pytest.raises(RunDirError, match="not submitted by hpctrain"):
+        job_registry.resolve_run("99999")
+    with pytest.raises(RunDirError, match="not an hpctrain run directory"):
+        job_registry.resolve_run(str(tmp_path))
+
+
+def test_unreadable_run_info_is_a_clear_error(tmp_path: Path) -> None:
+    run_dir = fake_run(tmp_path)
+    (run_dir / "run.json").write_text("{not json")
+    with pytest.raises(RunDirError, match="unreadable"):
+        read_run_info(run_dir)
+
+
+@pytest.mark.parametrize(
+    ("raw", "state"),
+    [
+        ("COMPLETED", "COMPLETED"),
+        ("CANCELLED by 0", "CANCELLED"),
+        ("RUNNING", "RUNNING"),
+        ("", "UNKNOWN"),
+        ("FAILED+", "FAILED"),
+    ],
+)
+def test_state_normalisation(raw: str, state: str) -> None:
+    assert normalise_state(raw) == state
+
+
+def test_sacct_parsing_keeps_array_tasks_apart() -> None:
+    output = "12_0|COMPLETED\n12_1|CANCELLED by 0\n12_[2-3]|PENDING\n13|REQUEUED\n"
+    states = parse_sacct_states(output)
+    assert states == {"12_0": "COMPLETED", "12_1": "CANCELLED", "12_[2-3]": "PENDING", "13": "REQUEUED"}
+    assert "REQUEUED" not in TERMINAL_STATES and "PENDING" not in TERMINAL_STATES
+
+
+def cli(*args: str, env_home: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "XDG_STATE_HOME": str(env_home), "HOME": str(env_home)}
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=60
+    )
+
+
+def test_logs_prints_the_tail_of_a_rank_log(tmp_path: Path) -> None:
+    run_dir = fake_run(tmp_path, job_id="55")
+    (run_dir / "submitit" / "55_1_log.out").write_text("".join(f"line {i}\n" for i in range(100)))
+    result = cli("logs", "55", "--rank", "1", "-n", "3", env_home=tmp_path / "state")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "line 97\nline 98\nline 99\n"
+    missing = cli("logs", "55", "--rank", "2", env_home=tmp_path / "state")
+    assert missing.returncode == 2 and "no log yet" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_status_of_a_run_shows_training_progress(tmp_path: Path) -> None:
+    run_dir = fake_run(tmp_path, job_id="66", backend="local")
+    atomic_write_text(
+        run_dir / "summary.json",
+        json.dumps({"status": "stopped", "epochs_completed": 3, "val_top1": 61.25, "restarts": 1}),
+    )
+    result = cli("status", str(run_dir), "--json", env_home=tmp_path / "state")
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout)
+    assert status["status"] == "stopped" and status["epochs_completed"] == 3 and status["restarts"] == 1
+    listing = cli("status", env_home=tmp_path / "state")
+    assert listing.returncode == 0 and "66" in listing.stdout
+
+
+def test_resume_refuses_a_sweep_parent(tmp_path: Path) -> None:
+    run_dir = fake_run(tmp_path, job_id="70")
+    info = read_run_info(run_dir)
+    write_run_info(run_dir, {**info, "trials": 3})
+    result = cli("resume", str(run_dir), env_home=tmp_path / "state")
+    assert result.returncode == 2 and "sweep" in result.stderr and "Traceback" not in result.stderr
