@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from hpctrain.errors import DistributedSetupError, HpctrainError
-from hpctrain.runtime.launcher import TaskLauncher, check_world_size, load_user_code, report_failure
+from hpctrain.runtime.launcher import TaskLauncher, check_world_size, load_user_code, report_failure, thread_env
 from hpctrain.runtime.task_env import derive_task_env
 from hpctrain.spec.models import JobSpec
 
@@ -90,3 +90,16 @@ def test_failure_line_for_bugs_has_the_traceback() -> None:
         report_failure(0, exc, stream)
     assert "failed: ZeroDivisionError: division by zero" in stream.getvalue()
     assert "Traceback" in stream.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({"SLURM_CPUS_PER_TASK": "4"}, {"OMP_NUM_THREADS": "4"}),
+        ({"SLURM_CPUS_PER_TASK": "4", "OMP_NUM_THREADS": "2"}, {}),  # the user's choice wins
+        ({}, {}),  # no Slurm CPU share: torch's default
+        ({"SLURM_CPUS_PER_TASK": "0"}, {}),
+    ],
+)
+def test_threads_follow_the_slurm_cpu_share(environ: dict[str, str], expected: dict[str, str]) -> None:
+    assert thread_env(environ) == expected

@@ -1,0 +1,30 @@
+"""Entry points that the end-to-end tests name in job specs (``entrypoint: MODULE:FUNCTION``).
+
+The launcher imports them by name on the compute nodes, so they live in a
+module, not in a test file: ``tests.slurm.entrypoints`` resolves there because
+``slurm_cluster.env`` puts the checkout on PYTHONPATH and sbatch exports it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+ENTRYPOINT_MODULE = "tests.slurm.entrypoints"
+
+
+def fail_on_rank(ctx: Any, rank: int, hang_s: float = 600.0) -> dict[str, Any]:
+    """Rank ``rank`` raises once the group is up; every other rank hangs for ``hang_s``.
+
+    The survivors sit in a plain sleep, not in a collective that would time
+    out by itself: only Slurm ending the step (``srun --kill-on-bad-exit``)
+    can end them quickly, which is what the test proves.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()  # every rank got this far: the failure is not a start-up failure
+    if ctx.env.global_rank == rank:
+        raise RuntimeError(f"deliberate failure on rank {rank}")
+    time.sleep(hang_s)
+    return {"rank": ctx.env.global_rank, "survived": True}
