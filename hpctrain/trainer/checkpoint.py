@@ -1,0 +1,359 @@
+"""Checkpoints that are complete or absent, written without stalling training.
+
+Layout (torchtitan style)::
+
+    checkpoints/step-00001234/state.pt    # torch.save of plain tensors/dicts/lists/numbers/strings
+    checkpoints/step-00001234/meta.json   # size + sha256 of state.pt; written last
+    checkpoints/best.json                 # pointer to the best step directory (no duplicate copy)
+
+A checkpoint is written into ``.tmp-step-N-<uuid>/``, fsynced, then renamed
+into place, so a reader sees the whole directory or nothing. On load, a
+directory whose meta is missing or does not match ``state.pt`` is skipped
+(with a warning) and the previous one is used. Loading never unpickles
+arbitrary objects (``weights_only=True``).
+
+Async saves copy every tensor into reusable CPU staging buffers (the only
+time the training loop is blocked, see snapshot.py) and write from a
+background thread.
+Only global rank 0 saves; every rank loads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import pickle
+import re
+import shutil
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hpctrain.errors import CheckpointError
+from hpctrain.trainer.snapshot import SAFE_SCALARS, StagingBuffers, refuse_type
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.pt"
+META_FILE = "meta.json"
+BEST_FILE = "best.json"
+FORMAT_VERSION = 1
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+_HASH_CHUNK = 8 << 20
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+class CheckpointManager:
+    """Save, find and load checkpoints under one directory."""
+
+    def __init__(self, directory: Path, keep_last: int = 2, keep_best: bool = True, async_save: bool = True) -> None:
+        if keep_last < 1:
+            raise CheckpointError(f"keep_last must be at least 1 (got {keep_last})", hint="set checkpoint.keep_last")
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+        self.keep_best = keep_best
+        self.async_save = async_save
+        self.last_loaded: Path | None = None
+        self.last_stall_s = 0.0
+        self._staging = StagingBuffers()
+        self._writer: threading.Thread | None = None
+        self._writer_error: BaseException | None = None
+        self._swept_tmp = False
+
+    # -- public API -------------------------------------------------------------------------------------------
+    def save(
+        self, state: dict[str, Any], *, step: int, epoch: int, metric: float | None = None, tag: str = "step"
+    ) -> Path:
+        """Write ``state`` as ``step-<step>/``; return that path (it appears when the write completes).
+
+        With ``async_save`` this blocks only to wait for the previous write and
+        to copy tensors into CPU staging buffers; call :meth:`wait` to be sure
+        the checkpoint is on disk.
+        """
+        started = time.perf_counter()
+        self.wait()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if not self._swept_tmp:
+            self._sweep_leftovers()
+        info = {"step": int(step), "global_step": int(step), "epoch": int(epoch), "metric": metric, "tag": tag}
+        target = self.directory / step_dir_name(step)
+        if not self.async_save:
+            _check_safe_types(state)
+            self._write(state, info)
+            self.last_stall_s = time.perf_counter() - started
+            return target
+        snapshot = self._staging.snapshot(state)
+        self._writer = threading.Thread(target=self._write_in_background, args=(snapshot, info), daemon=False)
+        self._writer.name = f"checkpoint-writer-{step}"
+        self._writer.start()
+        self.last_stall_s = time.perf_counter() - started
+        return target
+
+    def reserve(self, state: dict[str, Any]) -> None:
+        """Allocate staging buffers for a state shaped like ``state`` now, outside the training loop."""
+        if self.async_save:
+            self.wait()
+            self._staging.reserve(state)
+
+    def wait(self) -> None:
+        """Block until the background write (if any) is on disk; re-raise its error."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.join()
+        error, self._writer_error = self._writer_error, None
+        if error is not None:
+            raise CheckpointError(
+                f"writing a checkpoint under {self.directory} failed: {error}",
+                hint="check free space and permissions of the run directory",
+            ) from error
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._staging.release()
+
+    def checkpoints(self) -> list[Path]:
+        """Step directories with readable meta whose state file has the recorded size, oldest first."""
+        found = []
+        if not self.directory.is_dir():
+            return []
+        for child in self.directory.iterdir():
+            match = _STEP_DIR.match(child.name)
+            if match and child.is_dir() and _read_meta(child, quick_check=True) is not None:
+                found.append((int(match.group(1)), child))
+        return [path for _, path in sorted(found)]
+
+    def latest(self) -> Path | None:
+        found = self.checkpoints()
+        return found[-1] if found else None
+
+    def best(self) -> Path | None:
+        pointer = _read_json(self.directory / BEST_FILE)
+        if not pointer or not isinstance(pointer.get("dir"), str):
+            return None
+        path = self.directory / pointer["dir"]
+        return path if _read_meta(path, quick_check=True) is not None else None
+
+    def load(self, path: Path | None = None, map_location: Any = "cpu") -> dict[str, Any] | None:
+        """The newest loadable checkpoint (or exactly ``path``), tensors placed by ``map_location``.
+
+        Corrupt checkpoints found while searching are skipped with a warning;
+        an explicitly named one that is corrupt raises :class:`CheckpointError`.
+        Returns None when there is no checkpoint at all.
+        """
+        if path is not None:
+            try:
+                state = _load_checkpoint(Path(path), map_location)
+            except _Corrupt as exc:
+                raise CheckpointError(
+                    str(exc), hint="load another checkpoint, or none to use the newest intact one"
+                ) from exc
+            self.last_loaded = Path(path)
+            return state
+        for candidate in reversed(self.checkpoints()):
+            try:
+                state = _load_checkpoint(candidate, map_location)
+            except _Corrupt as exc:
+                log.warning("skipping corrupt checkpoint %s: %s; trying the previous one", candidate, exc)
+                continue
+            self.last_loaded = candidate
+            return state
+        return None
+
+    # -- writing ---------------------------------------------------------------------------------------------
+    def _write_in_background(self, snapshot: dict[str, Any], info: dict[str, Any]) -> None:
+        try:
+            self._write(snapshot, info)
+        except BaseException as exc:  # surfaced by wait()
+            log.error("checkpoint write for step %s failed: %s", info["step"], exc)
+            self._writer_error = exc
+
+    def _write(self, state: dict[str, Any], info: dict[str, Any]) -> None:
+        name = step_dir_name(info["step"])
+        tmp = self.directory / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            started = time.perf_counter()
+            state_path = tmp / STATE_FILE
+            torch.save(state, state_path)
+            _fsync_path(state_path)
+            size, digest = _file_digest(state_path)
+            meta = {
+                "format_version": FORMAT_VERSION,
+                **info,
+                "files": {STATE_FILE: {"size": size, "sha256": digest}},
+                "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "write_s": round(time.perf_counter() - started, 3),
+            }
+            _write_file_synced(tmp / META_FILE, json.dumps(meta, indent=2) + "\n")
+            _fsync_path(tmp)
+            self._install(tmp, self.directory / name)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if self.keep_best and info["metric"] is not None:
+            self._update_best(name, info)
+        self._prune()
+
+    def _install(self, tmp: Path, final: Path) -> None:
+        """Rename ``tmp`` to ``final``; an existing ``final`` (same step saved again) is replaced."""
+        old = None
+        if final.exists():
+            old = self.directory / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync_path(self.directory)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _update_best(self, name: str, info: dict[str, Any]) -> None:
+        current = _read_json(self.directory / BEST_FILE)
+        previous = current.get("metric") if current else None
+        still_there = current is not None and (self.directory / str(current.get("dir"))).is_dir()
+        if still_there and isinstance(previous, (int, float)) and previous >= info["metric"] and current["dir"] != name:
+            return
+        pointer = {"dir": name, "step": info["step"], "epoch": info["epoch"], "metric": info["metric"]}
+        _write_json_atomic(self.directory / BEST_FILE, pointer)
+
+    def _prune(self) -> None:
+        keep = set(self.checkpoints()[-self.keep_last :])
+        best = self.best() if self.keep_best else None
+        if best is not None:
+            keep.add(best)
+        for path in self.checkpoints():
+            if path not in keep:
+                trash = self.directory / f".old-{path.name}-{uuid.uuid4().hex[:8]}"
+                os.rename(path, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+
+    def _sweep_leftovers(self) -> None:
+        """Remove half-written directories of crashed writers (only rank 0 ever writes here)."""
+        for child in self.directory.iterdir():
+            if child.is_dir() and child.name.startswith((".tmp-", ".old-")):
+                log.info("removing leftover %s from an interrupted checkpoint write", child)
+                shutil.rmtree(child, ignore_errors=True)
+        self._swept_tmp = True
+
+
+def weights_sha256(state_dict: dict[str, Any]) -> str:
+    """Digest of a model's weights, equal across strategies (DDP/DP ``module.`` prefixes are stripped)."""
+    digest = hashlib.sha256()
+    for key, value in state_dict.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        name = key
+        for prefix in ("module.", "_orig_mod."):
+            while name.startswith(prefix):
+                name = name[len(prefix) :]
+        tensor = value.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(f"{name}:{tensor.dtype}:{tuple(value.shape)};".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+# -- reading ----------------------------------------------------------------------------------------------------
+class _Corrupt(Exception):
+    """A checkpoint that is incomplete or damaged (as opposed to one that is unsafe to load)."""
+
+
+def _load_checkpoint(path: Path, map_location: Any) -> dict[str, Any]:
+    state_path = path / STATE_FILE if path.is_dir() else path
+    if path.is_dir():
+        meta = _read_meta(path, quick_check=False)
+        if meta is None:
+            raise _Corrupt(f"{path} has no valid {META_FILE} matching its {STATE_FILE}")
+    elif not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist", hint="check the path, or remove it to start fresh")
+    try:
+        state = torch.load(state_path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "weights only" in str(exc).lower() or "unsupported global" in str(exc).lower():
+            raise CheckpointError(
+                f"refusing to load {state_path}: it contains objects other than tensors, lists, dicts and numbers",
+                hint="hpctrain never unpickles arbitrary objects; re-save the checkpoint with plain state dicts",
+            ) from exc
+        raise _Corrupt(f"cannot unpickle {state_path}: {exc}") from exc
+    except (RuntimeError, OSError, EOFError, ValueError) as exc:
+        raise _Corrupt(f"cannot read {state_path}: {exc}") from exc
+    if not isinstance(state, dict):
+        raise _Corrupt(f"{state_path} does not hold a dict")
+    return state
+
+
+def _read_meta(path: Path, *, quick_check: bool) -> dict[str, Any] | None:
+    """Meta of a complete checkpoint directory, or None. ``quick_check`` compares sizes but skips the hash."""
+    meta = _read_json(path / META_FILE)
+    if not meta or meta.get("format_version") != FORMAT_VERSION:
+        return None
+    expected = meta.get("files", {}).get(STATE_FILE)
+    state_path = path / STATE_FILE
+    if not isinstance(expected, dict) or not state_path.is_file():
+        return None
+    if state_path.stat().st_size != expected.get("size"):
+        return None
+    if not quick_check and _file_digest(state_path)[1] != expected.get("sha256"):
+        return None
+    return meta
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _check_safe_types(value: Any, path: tuple[Any, ...] = ()) -> None:
+    """Refuse at save time what ``weights_only`` loading would refuse at resume time."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_safe_types(item, (*path, key))
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_safe_types(item, (*path, index))
+    elif not isinstance(value, (torch.Tensor, *SAFE_SCALARS)):
+        refuse_type(value, path)
+
+
+# -- durable file operations ----------------------------------------------------------------------------------
+def _file_digest(path: Path) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file_synced(path: Path, text: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _write_json_atomic(path: Path, value: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    _write_file_synced(tmp, json.dumps(value, indent=2) + "\n")
+    os.replace(tmp, path)
+    _fsync_path(path.parent)

@@ -1,0 +1,233 @@
+"""What a run tells the outside world: metrics.jsonl, TensorBoard, progress lines, summary.json.
+
+Only global rank 0 writes (a ``Reporter(enabled=False)`` on the other ranks
+still builds summary dicts, which ``run_training`` returns on every rank).
+
+* ``metrics.jsonl``: one JSON object per logged step ("train_step"), per epoch
+  ("epoch") and per validation ("val"). After a resume the steps since the
+  last checkpoint appear again; readers keep the last line per global step.
+* ``tb/``: TensorBoard scalars; a resumed run purges events past its checkpoint.
+* stdout: a rich progress bar on a terminal, else one greppable line per log.
+* ``summary.json``: the run's state, rewritten atomically at start, at every
+  epoch end and at exit. ``wall_s`` accumulates over requeues.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpctrain.rundir import SUMMARY_FILE, atomic_write_text, read_summary
+
+if TYPE_CHECKING:
+    from hpctrain.runtime.context import TaskContext
+
+METRICS_FILE = "metrics.jsonl"
+TB_DIR = "tb"
+TRAIN_SCALARS = {
+    "loss": "train/loss",
+    "lr": "train/lr",
+    "top1": "train/top1",
+    "top5": "train/top5",
+    "images_per_s": "perf/images_per_s",
+    "data_s": "perf/data_s",
+    "step_s": "perf/step_s",
+}
+VAL_SCALARS = {"top1": "val/top1", "top5": "val/top5", "loss": "val/loss"}
+
+
+def _now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def run_facts(ctx: TaskContext, global_batch_size: int) -> dict[str, Any]:
+    """The summary fields that do not change during a run attempt."""
+    env, trainer = ctx.env, ctx.spec.trainer
+    return {
+        "name": ctx.spec.name,
+        "job_id": env.job_id,
+        "arch": trainer.arch,
+        "strategy": trainer.strategy,
+        "precision": trainer.precision,
+        "world_size": env.world_size,
+        "num_nodes": env.num_nodes,
+        "hostnames": list(env.hostnames),
+        "device": str(ctx.device),
+        "epochs": trainer.epochs,
+        "batch_size": trainer.batch_size,
+        "global_batch_size": global_batch_size,
+        "deterministic": trainer.deterministic,
+    }
+
+
+def _rate(value: float | None) -> str:
+    return "?" if value is None else f"{value:.1f}"
+
+
+def format_duration(seconds: float) -> str:
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class Reporter:
+    """Metrics, progress and summary for one task of a run."""
+
+    def __init__(self, run_dir: Path, *, enabled: bool, static: dict[str, Any]) -> None:
+        self.run_dir = Path(run_dir)
+        self.enabled = enabled
+        self.static = dict(static)
+        self.started = time.monotonic()
+        previous = read_summary(self.run_dir) or {}
+        self.prior_wall_s = float(previous.get("wall_s") or 0.0)
+        self.prior_restarts = int(previous.get("restarts") or 0)
+        self.started_at = previous.get("started_at") or _now_iso()
+        self.epochs = 1
+        self.steps_per_epoch = 1
+        self._metrics: Any = None
+        self._tb: Any = None
+        self._purge_step: int | None = None
+        self._progress: Any = None
+        self._task: Any = None
+        self._rate_steps = 0
+        self._rate_s = 0.0
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+    def start(self, *, epochs: int, steps_per_epoch: int, global_step: int, resumed: bool) -> None:
+        """Called once the run's shape is known; ``global_step`` > 0 when resuming."""
+        self.epochs, self.steps_per_epoch = epochs, max(1, steps_per_epoch)
+        self._purge_step = global_step if resumed else None
+        if not self.enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._metrics = open(self.run_dir / METRICS_FILE, "a", buffering=1)  # noqa: SIM115 (closed in close())
+        if sys.stdout.isatty():
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                TextColumn("{task.fields[stats]}"),
+                TimeRemainingColumn(),
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(
+                "", total=epochs * self.steps_per_epoch, completed=global_step, stats=""
+            )
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+
+    # -- per step / epoch ------------------------------------------------------------------------------------
+    def train_step(self, *, epoch: int, step: int, global_step: int, values: dict[str, float], steps: int) -> None:
+        """``values`` holds loss, lr, top1, top5, images_per_s, data_s, step_s averaged over the last ``steps``."""
+        self._rate_steps += steps
+        self._rate_s += values["step_s"] * steps
+        if not self.enabled:
+            return
+        self._write_metrics({"kind": "train_step", "epoch": epoch, "step": step, "global_step": global_step, **values})
+        self._scalars(TRAIN_SCALARS, values, global_step)
+        self._show(epoch, step, global_step, values)
+
+    def advance(self, global_step: int) -> None:
+        """Move the progress bar (cheap; called every step)."""
+        if self._progress is not None:
+            self._progress.update(self._task, completed=global_step)
+
+    def epoch_end(self, *, epoch: int, global_step: int, values: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        self._write_metrics(
+            {"kind": "epoch", "epoch": epoch, "step": self.steps_per_epoch, "global_step": global_step, **values}
+        )
+        self._print(
+            f"epoch {epoch + 1}/{self.epochs} train loss {values['loss']:.4f} top1 {values['top1']:.2f} "
+            f"top5 {values['top5']:.2f} img/s {_rate(values.get('images_per_s'))}"
+        )
+
+    def validation(self, *, epoch: int, global_step: int, values: dict[str, float], best_top1: float | None) -> None:
+        if not self.enabled:
+            return
+        self._write_metrics({"kind": "val", "epoch": epoch, "global_step": global_step, **values})
+        self._scalars(VAL_SCALARS, values, global_step)
+        best = f" best {best_top1:.2f}" if best_top1 is not None else ""
+        line = (
+            f"epoch {epoch + 1}/{self.epochs} val top1 {values['top1']:.2f} top5 {values['top5']:.2f} "
+            f"loss {values['loss']:.4f}{best}"
+        )
+        self._print(line)
+
+    def message(self, text: str) -> None:
+        if self.enabled:
+            self._print(text)
+
+    # -- summary ---------------------------------------------------------------------------------------------
+    def summary(self, status: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """The summary dict for ``status``; rank 0 also writes it to summary.json (atomically)."""
+        summary = {
+            **self.static,
+            **fields,
+            "status": status,
+            "wall_s": round(self.prior_wall_s + time.monotonic() - self.started, 3),
+            "started_at": self.started_at,
+            "updated_at": _now_iso(),
+        }
+        if self.enabled:
+            atomic_write_text(self.run_dir / SUMMARY_FILE, json.dumps(summary, indent=2, default=str) + "\n")
+        return summary
+
+    def failed(self, exc: BaseException, fields: dict[str, Any]) -> None:
+        """Write status "failed" with the error; never raises (the original error matters more)."""
+        try:
+            error = {"error": f"{type(exc).__name__}: {exc}", "failed_rank": fields.get("global_rank")}
+            self.summary("failed", {**fields, **error})
+        except Exception as report_error:
+            print(f"hpctrain: could not write the failed summary: {report_error}", file=sys.stderr)
+
+    # -- internals -------------------------------------------------------------------------------------------
+    def _write_metrics(self, record: dict[str, Any]) -> None:
+        if self._metrics is not None:
+            self._metrics.write(json.dumps({**record, "time": time.time()}) + "\n")
+
+    def _scalars(self, names: dict[str, str], values: dict[str, float], step: int) -> None:
+        if self._tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / TB_DIR), purge_step=self._purge_step)
+        for key, tag in names.items():
+            if values.get(key) is not None:
+                self._tb.add_scalar(tag, values[key], step)
+        self._tb.flush()
+
+    def _show(self, epoch: int, step: int, global_step: int, values: dict[str, float]) -> None:
+        remaining = self.epochs * self.steps_per_epoch - global_step
+        eta = format_duration(remaining * self._rate_s / self._rate_steps) if self._rate_steps else "?"
+        if self._progress is not None:
+            stats = f"loss {values['loss']:.4f} top1 {values['top1']:.2f} img/s {_rate(values.get('images_per_s'))}"
+            self._progress.update(
+                self._task, completed=global_step, description=f"epoch {epoch + 1}/{self.epochs}", stats=stats
+            )
+            return
+        self._print(
+            f"epoch {epoch + 1}/{self.epochs} step {step}/{self.steps_per_epoch} loss {values['loss']:.4f} "
+            f"top1 {values['top1']:.2f} img/s {_rate(values.get('images_per_s'))} eta {eta}"
+        )
+
+    def _print(self, line: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(line)
+        else:
+            print(line, flush=True)

@@ -1,0 +1,387 @@
+"""The built-in ImageNet trainer: ``run_training(ctx)`` runs on every task of a job.
+
+``Trainer.fit`` reads top to bottom in the nanoGPT/torchtitan order: seed and
+determinism, data, model, strategy, optimizer/precision, resume, then epochs
+of train -> validate -> checkpoint -> summary. What it fixes over the
+references on shared clusters:
+
+* stop requests (time limit, preemption, cancel) are honoured only at step
+  boundaries, agreed by all ranks, followed by a complete checkpoint;
+* a mid-epoch resume is exact: the sampler skips the consumed batches, every
+  rank gets its RNG state back, so a deterministic run that was interrupted
+  ends with the same weights as one that was not;
+* validation is exact over the whole val set on any number of ranks;
+* checkpoints are atomic and written in the background by rank 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hpctrain.errors import TrainingConfigError
+from hpctrain.runtime.context import TaskContext
+from hpctrain.runtime.stop import StopReason
+from hpctrain.trainer import hogwild
+from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
+from hpctrain.trainer.data import build_loaders
+from hpctrain.trainer.evaluation import Accuracy, all_reduce_sums, batch_sums, evaluate, new_sums
+from hpctrain.trainer.models import build_model, resolve_num_classes
+from hpctrain.trainer.optim import build_optimizer, build_scheduler
+from hpctrain.trainer.precision import Precision, to_memory_format
+from hpctrain.trainer.reporting import Reporter, run_facts
+from hpctrain.trainer.rng_state import deterministic_mode, gather_rng_states, restore_rank_rng_state, seed_everything
+from hpctrain.trainer.state import Progress, StepWindow, checkpoint_payload, restore_checkpoint
+from hpctrain.trainer.strategies import (
+    average_gradients,
+    broadcast_state,
+    check_strategy,
+    devices_per_task,
+    distributed,
+    wrap_model,
+)
+
+log = logging.getLogger(__name__)
+
+
+def run_training(ctx: TaskContext) -> dict[str, Any]:
+    """What the launcher calls on every task; returns this rank's summary (JSON-able)."""
+    return Trainer(ctx).fit()
+
+
+class Trainer:
+    """One task's share of a training run.
+
+    ``on_step(trainer)`` runs after every optimizer step of this process (tests use it to raise stop
+    requests at a chosen step); hogwild's steps run in worker processes and do not call it.
+    """
+
+    def __init__(self, ctx: TaskContext, *, on_step: Callable[[Trainer], None] | None = None) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.spec.trainer
+        self.env = ctx.env
+        self.device = ctx.device
+        self.on_step = on_step
+        self.progress = Progress()
+        # What this task's loader yields per step, and what all tasks (or hogwild workers) take per step.
+        self.batch_size = self.cfg.batch_size * devices_per_task(self.cfg.strategy, self.device)
+        workers = self.cfg.hogwild_processes if self.cfg.strategy == "hogwild" else 1
+        self.global_batch_size = self.batch_size * self.env.world_size * workers
+        self.reporter = Reporter(ctx.run_dir, enabled=ctx.is_main, static=run_facts(ctx, self.global_batch_size))
+        cp = ctx.spec.checkpoint
+        self.checkpoints = CheckpointManager(ctx.checkpoint_dir, cp.keep_last, cp.keep_best, cp.async_save)
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=self.cfg.label_smoothing)
+        self.resumed_from: Path | None = None  # the checkpoint this attempt continues
+        self.epoch_sums = new_sums(self.device)  # this rank's train sums for the current epoch
+        self.extra_summary: dict[str, Any] = {}
+        self.hogwild: hogwild.HogwildRunner | None = None
+        self.iter_start = 0  # the step at which the current train iterator started
+        self._saved_step: int | None = None  # the global step of the newest checkpoint, saved or loaded
+        self._resume_rng: list[dict[str, Any]] | None = None
+        self._partial_epoch = False  # the next epoch continues a checkpoint's partial epoch
+
+    def fit(self) -> dict[str, Any]:
+        with deterministic_mode(self.cfg.deterministic):
+            try:
+                self.setup()
+                return self.evaluate_only() if self.cfg.evaluate_only else self.train()
+            except BaseException as exc:
+                self._report_failure(exc)
+                raise
+            finally:
+                self._close()
+
+    # -- setup, in order ---------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        check_strategy(self.cfg.strategy, self.env, self.device)
+        seed_everything(self.cfg.seed)
+        self.build_data()
+        self.build_model()
+        self.build_optimization()
+        self.resume()
+        torch.manual_seed(self.cfg.seed + 1 + self.env.global_rank)  # per-rank dropout etc. (a resume overrides)
+        if self._resume_rng is not None:
+            restore_rank_rng_state(self._resume_rng, self.env.global_rank, self.env.world_size, self.device)
+
+    def build_data(self) -> None:
+        rank, world = self.env.global_rank, self.env.world_size
+        self.loaders = build_loaders(
+            self.ctx.spec.data,
+            self.cfg,
+            rank=rank,
+            world_size=world,
+            device_is_cuda=self.device.type == "cuda",
+            epoch_seed=self.cfg.seed,
+            batch_size=self.batch_size,
+        )
+        self.full_epoch_steps = len(self.loaders.train_loader) if self.loaders.train_loader is not None else 0
+        self.steps_per_epoch = min(self.full_epoch_steps, self.cfg.max_steps_per_epoch or self.full_epoch_steps)
+        if self.loaders.train_loader is not None and self.steps_per_epoch == 0:
+            raise TrainingConfigError(
+                f"data.root: the train set gives no batches for rank {rank} of {world}",
+                hint="use a larger dataset, a smaller trainer.batch_size, or fewer tasks",
+            )
+
+    def build_model(self) -> None:
+        num_classes = resolve_num_classes(self.cfg, self.loaders.num_classes)
+        model = build_model(self.cfg, num_classes, image_size=self.ctx.spec.data.image_size)
+        self.module = to_memory_format(model.to(self.device), self.cfg.channels_last)
+        if self.cfg.strategy == "hogwild":
+            self.module.share_memory()
+
+    def build_optimization(self) -> None:
+        self.precision = Precision(self.cfg.precision, self.device)
+        self.optimizer = build_optimizer(self.module, self.cfg, self.global_batch_size)
+        self.module, self.optimizer = self.precision.prepare(self.module, self.optimizer)  # Apex: before wrapping
+        self.model = wrap_model(self.module, self.cfg.strategy, self.device)
+        self.scheduler = build_scheduler(self.optimizer, self.cfg, max(1, self.steps_per_epoch))
+        if self.cfg.strategy == "hogwild" and not self.cfg.evaluate_only:
+            self.hogwild = hogwild.HogwildRunner(self)
+        # Multi-node dp does by hand what DDP does: same buffers before each forward, mean gradients after.
+        self._manual_sync = self.cfg.strategy == "dp" and distributed()
+
+    def resume(self) -> None:
+        """Continue from the newest complete checkpoint in the run directory, if there is one."""
+        if self.cfg.evaluate_only and self.cfg.weights:
+            return  # evaluate exactly the weights asked for (build_model loaded them)
+        state = self.checkpoints.load(map_location=self.device)
+        if state is None:
+            if self.cfg.evaluate_only and not self.cfg.weights:
+                raise TrainingConfigError(
+                    f"trainer.evaluate_only: no trainer.weights and no checkpoint under {self.ctx.checkpoint_dir}",
+                    hint="set trainer.weights to a local weights file, or evaluate a run directory with checkpoints",
+                )
+            return
+        restore_checkpoint(self, state, model_only=self.cfg.evaluate_only)
+        self._saved_step = self.progress.global_step
+        log.info(
+            "resumed from %s (epoch %d, step %d)",
+            self.checkpoints.last_loaded,
+            self.progress.epoch + 1,
+            self.progress.step_in_epoch,
+        )
+        if not self.cfg.evaluate_only:
+            self.resumed_from, self._resume_rng, self._partial_epoch = self.checkpoints.last_loaded, state["rng"], True
+
+    # -- the story -------------------------------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        self.reporter.start(
+            epochs=self.cfg.epochs,
+            steps_per_epoch=self._reported_steps_per_epoch(),
+            global_step=self.progress.global_step,
+            resumed=self.resumed_from is not None,
+        )
+        self._reserve_checkpoint_buffers()
+        self.write_summary("running")
+        for epoch in range(self.progress.epoch, self.cfg.epochs):
+            reason = self.train_epoch(epoch)
+            if reason is not None:
+                return self.stop(reason)
+            val = self.validate(epoch)
+            self.end_epoch(epoch, val)
+            if self.cfg.desired_acc is not None and val.top1 >= self.cfg.desired_acc:
+                self.reporter.message(f"val top1 {val.top1:.2f} reached desired_acc {self.cfg.desired_acc}: stopping")
+                return self.finish(reason="desired_acc")
+        return self.finish()
+
+    def train_epoch(self, epoch: int) -> StopReason | None:
+        """Train one epoch (or what is left of it); a stop reason if the ranks agreed to stop."""
+        if self.hogwild is not None:
+            return self.hogwild.train_epoch(epoch)
+        self.loaders.set_epoch(epoch)
+        if not self._partial_epoch:
+            self.loaders.train_sampler.set_start_batch(0, self.batch_size)
+        self._partial_epoch = False
+        start = min(self.steps_per_epoch, self.full_epoch_steps - len(self.loaders.train_loader))
+        self.progress.epoch, self.progress.step_in_epoch, self.iter_start = epoch, start, start
+        self.model.train()
+        window, epoch_timer = StepWindow(), StepWindow()
+        with torch.random.fork_rng(devices=[]):  # starting an iterator must not draw from the global RNG
+            batches = iter(self.loaders.train_loader) if start < self.steps_per_epoch else iter(())
+        for step in range(start, self.steps_per_epoch):
+            reason = self.ctx.stop.agreed()
+            if reason is not None:
+                return reason
+            fetch_started = time.perf_counter()
+            images, targets = next(batches)
+            data_s = time.perf_counter() - fetch_started
+            sums = self.train_step(images, targets)
+            self.epoch_sums += sums
+            window.add(sums, data_s=data_s, images=targets.shape[0])
+            epoch_timer.add(None, data_s=data_s, images=targets.shape[0])
+            self.progress.step_in_epoch, self.progress.global_step = step + 1, self.progress.global_step + 1
+            self._after_step(epoch, step, window)
+        reason = self.ctx.stop.agreed()
+        if reason is not None:
+            return reason
+        self._end_epoch_train_metrics(epoch, epoch_timer)
+        return None
+
+    def train_step(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One optimizer step; returns this batch's [correct1, correct5, loss*n, n] on the device."""
+        images = to_memory_format(images.to(self.device, non_blocking=True), self.cfg.channels_last)
+        targets = targets.to(self.device, non_blocking=True)
+        if self._manual_sync:
+            broadcast_state(self.module, buffers_only=True)
+        with self.precision.autocast():
+            output = self.model(images)
+            loss = self.criterion(output, targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.precision.backward(loss, self.optimizer)
+        if self._manual_sync:
+            average_gradients(self.module)
+        if self.precision.step(self.optimizer):
+            self.scheduler.step()
+        return batch_sums(output.float(), targets, loss.float())
+
+    def validate(self, epoch: int) -> Accuracy:
+        if distributed():
+            broadcast_state(self.module, buffers_only=True)  # every rank evaluates (and saves) rank 0's model
+        # DataParallel's forward is local to the task; DDP's is a collective, and val shards differ in size.
+        model = self.model if isinstance(self.model, nn.DataParallel) else self.module
+        val = evaluate(
+            model,
+            self.loaders.val_loader,
+            device=self.device,
+            precision=self.precision,
+            criterion=self.criterion,
+            channels_last=self.cfg.channels_last,
+        )
+        self.progress.record_val(val)
+        self.reporter.validation(
+            epoch=epoch,
+            global_step=self.progress.global_step,
+            values=val.as_dict(),
+            best_top1=self.progress.best_val_top1,
+        )
+        return val
+
+    def end_epoch(self, epoch: int, val: Accuracy) -> None:
+        self.progress.epochs_completed = epoch + 1
+        self.progress.epoch, self.progress.step_in_epoch = epoch + 1, 0
+        self.epoch_sums.zero_()
+        if (epoch + 1) % self.ctx.spec.checkpoint.every_epochs == 0:
+            self.save_checkpoint(tag="epoch", metric=val.top1)
+        self.write_summary("running")
+
+    def stop(self, reason: StopReason) -> dict[str, Any]:
+        """Stopped at a step boundary: make sure a checkpoint of exactly this step is on disk, then report."""
+        if self._saved_step != self.progress.global_step:
+            self.save_checkpoint(tag="stop")
+        self.checkpoints.wait()
+        self._barrier()
+        self.reporter.message(
+            f"stopping ({reason}) at epoch {self.progress.epoch + 1} step "
+            f"{self.progress.step_in_epoch}; checkpoint saved"
+        )
+        return self.write_summary("stopped", stop_reason=reason, final=True)
+
+    def finish(self, reason: str | None = None) -> dict[str, Any]:
+        if self._saved_step != self.progress.global_step:
+            self.save_checkpoint(tag="final", metric=self.progress.val_top1)
+        self.checkpoints.wait()
+        self._barrier()
+        return self.write_summary("completed", stop_reason=reason, final=True)
+
+    def evaluate_only(self) -> dict[str, Any]:
+        self.reporter.start(
+            epochs=max(1, self.progress.epochs_completed),
+            steps_per_epoch=1,
+            global_step=self.progress.global_step,
+            resumed=False,
+        )
+        self.validate(max(0, self.progress.epochs_completed - 1))
+        return self.write_summary("completed", final=True)
+
+    # -- checkpoints and summaries -------------------------------------------------------------------------------
+    def save_checkpoint(self, *, tag: str, metric: float | None = None) -> None:
+        """Collective (RNG states and epoch sums are gathered); only rank 0 writes."""
+        rng = gather_rng_states(self.device)
+        epoch_sums = all_reduce_sums(self.epoch_sums).cpu()
+        if self.ctx.is_main:
+            state = checkpoint_payload(self, rng=rng, epoch_sums=epoch_sums)
+            self.checkpoints.save(
+                state, step=self.progress.global_step, epoch=self.progress.epoch, metric=metric, tag=tag
+            )
+            log.info(
+                "checkpoint %s at step %d (blocked %.3f s)",
+                tag,
+                self.progress.global_step,
+                self.checkpoints.last_stall_s,
+            )
+        self._saved_step = self.progress.global_step
+
+    def write_summary(self, status: str, *, stop_reason: str | None = None, final: bool = False) -> dict[str, Any]:
+        """summary.json on rank 0; every rank gets the dict. ``final`` adds the weights digest on all ranks."""
+        fields = {**self._progress_fields(), **self.extra_summary, "stop_reason": stop_reason}
+        if final or self.ctx.is_main:
+            fields["weights_sha256"] = weights_sha256(self.module.state_dict())
+        return self.reporter.summary(status, fields)
+
+    def _progress_fields(self) -> dict[str, Any]:
+        fields = {k: v for k, v in asdict(self.progress).items() if k not in ("epoch", "step_in_epoch")}
+        resumes = self.reporter.prior_restarts + (1 if self.resumed_from is not None else 0)
+        return {**fields, "restarts": max(self.env.restart_count, resumes), "global_rank": self.env.global_rank}
+
+    # -- small steps -------------------------------------------------------------------------------------------
+    def _after_step(self, epoch: int, step: int, window: StepWindow) -> None:
+        self.reporter.advance(self.progress.global_step)
+        if self.on_step is not None:
+            self.on_step(self)
+        last = step + 1 == self.steps_per_epoch
+        if (step + 1) % self.cfg.log_every_steps == 0 or last:
+            values = window.values(world_size=self.env.world_size, lr=self.optimizer.param_groups[0]["lr"])
+            self.reporter.train_step(
+                epoch=epoch, step=step + 1, global_step=self.progress.global_step, values=values, steps=window.steps
+            )
+            window.reset()
+        every = self.ctx.spec.checkpoint.every_steps
+        epoch_save_follows = last and (epoch + 1) % self.ctx.spec.checkpoint.every_epochs == 0
+        if every and self.progress.global_step % every == 0 and not epoch_save_follows:
+            self.save_checkpoint(tag="step")
+
+    def _end_epoch_train_metrics(self, epoch: int, timer: StepWindow) -> None:
+        train = Accuracy.from_sums(all_reduce_sums(self.epoch_sums).cpu())
+        images_per_s = timer.images_per_s(self.env.world_size) if timer.images else self.progress.train_images_per_s
+        self.progress.record_train(train, images_per_s)
+        values = {**train.as_dict(), "images_per_s": images_per_s, "lr": self.optimizer.param_groups[0]["lr"]}
+        self.reporter.epoch_end(epoch=epoch, global_step=self.progress.global_step, values=values)
+
+    def _reported_steps_per_epoch(self) -> int:
+        return self.hogwild.steps_per_epoch_total if self.hogwild is not None else self.steps_per_epoch
+
+    def _reserve_checkpoint_buffers(self) -> None:
+        """Allocate the async staging buffers now, so the first checkpoint in the loop only copies."""
+        if not (self.ctx.is_main and self.ctx.spec.checkpoint.async_save and self.hogwild is None):
+            return
+        optimizer = self.optimizer.state_dict()
+        if not optimizer["state"] and self.cfg.momentum > 0:  # SGD creates its momentum at the first step
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            optimizer["state"] = {i: {"momentum_buffer": p.detach()} for i, p in enumerate(params)}
+        self.checkpoints.reserve({"model": self.module.state_dict(), "optimizer": optimizer})
+
+    def _barrier(self) -> None:
+        if distributed():
+            dist.barrier()
+
+    def _report_failure(self, exc: BaseException) -> None:
+        if self.ctx.is_main:
+            self.reporter.failed(exc, {**self._progress_fields(), "failed_node": self.env.hostname})
+
+    def _close(self) -> None:
+        try:
+            self.checkpoints.close()
+        except Exception as exc:
+            log.error("%s", exc)
+        finally:
+            self.reporter.close()
+            if self.hogwild is not None:
+                self.hogwild.close()

@@ -1,0 +1,162 @@
+"""Shared set-up for the trainer tests: a tiny dataset, specs, hand-built task contexts, 2-rank runs.
+
+Multi-rank scenarios live here (not in the test modules) so spawned processes
+can import them by name; each rank writes its results as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hpctrain.runtime.context import TaskContext, TaskEnv
+from hpctrain.runtime.stop import StopRequest
+from hpctrain.spec.models import JobSpec
+from hpctrain.trainer.dataset_gen import make_dataset
+from hpctrain.trainer.trainer import Trainer
+
+DATASET = {"classes": 4, "per_class": 16, "image_size": 32}
+
+
+def make_data(root: Path) -> Path:
+    make_dataset(root, **DATASET)
+    return root
+
+
+def job_spec(data_root: Path, *, trainer: dict | None = None, checkpoint: dict | None = None) -> JobSpec:
+    """A spec for resnet18 on 32 px images, 8 per batch, a few steps per epoch."""
+    trainer_section = {
+        "arch": "resnet18",
+        "strategy": "single",
+        "batch_size": 8,
+        "epochs": 1,
+        "max_steps_per_epoch": 3,
+        "log_every_steps": 2,
+        **(trainer or {}),
+    }
+    return JobSpec.model_validate(
+        {
+            "name": "trainer-test",
+            "trainer": trainer_section,
+            "data": {"root": str(data_root), "image_size": 32, "val_resize": 36, "workers": 0},
+            "checkpoint": checkpoint or {},
+        }
+    )
+
+
+def task_env(rank: int = 0, world_size: int = 1, *, one_task_per_node: bool = False) -> TaskEnv:
+    """Every rank on one node, or (``one_task_per_node``) each rank pretending to be its own node."""
+    nodes = world_size if one_task_per_node else 1
+    return TaskEnv(
+        global_rank=rank,
+        world_size=world_size,
+        local_rank=0 if one_task_per_node else rank,
+        local_world_size=world_size // nodes,
+        node_rank=rank if one_task_per_node else 0,
+        num_nodes=nodes,
+        hostnames=tuple(f"node{i}" for i in range(nodes)) if one_task_per_node else ("localhost",),
+        master_addr="127.0.0.1",
+        master_port=29500,
+        job_id="4242",
+        restart_count=0,
+        source="single" if world_size == 1 else "submitit-local",
+    )
+
+
+def context(
+    run_dir: Path, spec: JobSpec, *, rank: int = 0, world_size: int = 1, device: str = "cpu", **env: bool
+) -> TaskContext:
+    return TaskContext(
+        env=task_env(rank, world_size, **env),
+        spec=spec,
+        run_dir=Path(run_dir),
+        device=torch.device(device),
+        stop=StopRequest(),
+    )
+
+
+def stop_at(global_step: int, reason: str = "timeout", rank: int | None = None) -> Callable[[Trainer], None]:
+    """An on_step hook raising a stop request (on ``rank`` only, or every rank) after ``global_step``."""
+
+    def hook(trainer: Trainer) -> None:
+        if trainer.progress.global_step == global_step and rank in (None, trainer.env.global_rank):
+            trainer.ctx.stop.request(reason)  # type: ignore[arg-type]
+
+    return hook
+
+
+def train(
+    run_dir: Path,
+    spec: JobSpec,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    stop_after: int | None = None,
+    stop_rank: int | None = None,
+) -> dict[str, Any]:
+    hook = stop_at(stop_after, rank=stop_rank) if stop_after is not None else None
+    return Trainer(context(run_dir, spec, rank=rank, world_size=world_size), on_step=hook).fit()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# -- several ranks ----------------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_ranks(scenario: str, world_size: int, out_dir: Path, **kwargs: Any) -> list[Any]:
+    """Run ``scenario(rank, world_size, **kwargs)`` in ``world_size`` spawned gloo ranks; their results."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mp.spawn(_rank_main, args=(world_size, free_port(), scenario, out_dir, kwargs), nprocs=world_size, join=True)
+    return [json.loads((out_dir / f"rank-{rank}.json").read_text()) for rank in range(world_size)]
+
+
+def _rank_main(rank: int, world_size: int, port: int, scenario: str, out_dir: Path, kwargs: dict) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        result = SCENARIOS[scenario](rank, world_size, **kwargs)
+    finally:
+        dist.destroy_process_group()
+    (out_dir / f"rank-{rank}.json").write_text(json.dumps(result))
+
+
+def scenario_ddp(rank: int, world_size: int, *, data_root: str, run_dir: str, dp_run_dir: str) -> dict[str, Any]:
+    """DDP over all ranks, then dp with one task per (pretend) node: gradients averaged by hand."""
+    spec = job_spec(Path(data_root), trainer={"strategy": "ddp", "epochs": 2, "max_steps_per_epoch": 2})
+    ddp = train(Path(run_dir), spec, rank=rank, world_size=world_size)
+    spec = job_spec(Path(data_root), trainer={"strategy": "dp", "epochs": 1, "max_steps_per_epoch": 2})
+    ctx = context(Path(dp_run_dir), spec, rank=rank, world_size=world_size, one_task_per_node=True)
+    return {"ddp": ddp, "dp": Trainer(ctx).fit()}
+
+
+def scenario_resume(rank: int, world_size: int, *, data_root: str, base_dir: str, stop_after: int) -> dict[str, Any]:
+    """Uninterrupted vs stopped (on rank 1 only) and resumed, both deterministic ddp (dropout: RNG matters)."""
+    trainer = {
+        "arch": "mobilenet_v3_small",
+        "strategy": "ddp",
+        "epochs": 2,
+        "deterministic": True,
+        "max_steps_per_epoch": 3,
+    }
+    spec = job_spec(Path(data_root), trainer=trainer)
+    base = Path(base_dir)
+    full = train(base / "full", spec, rank=rank, world_size=world_size)
+    stopped = train(base / "split", spec, rank=rank, world_size=world_size, stop_after=stop_after, stop_rank=1)
+    resumed = train(base / "split", spec, rank=rank, world_size=world_size)
+    return {"full": full, "stopped": stopped, "resumed": resumed}
+
+
+SCENARIOS: dict[str, Callable[..., Any]] = {"ddp": scenario_ddp, "resume": scenario_resume}
