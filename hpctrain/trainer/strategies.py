@@ -64,16 +64,21 @@ def dp_device_ids(device: torch.device) -> list[int]:
 def wrap_model(model: nn.Module, strategy: str, device: torch.device) -> nn.Module:
     """Wrap an on-device model for ``strategy``; ``single`` and ``hogwild`` return it unchanged.
 
-    With deterministic algorithms on (``trainer.deterministic``), DDP sums
-    gradients in rank order (:func:`rank_ordered_allreduce`).
+    With deterministic algorithms on (``trainer.deterministic``), DDP keeps its
+    first gradient-bucket layout. It normally rebuilds its buckets after the
+    first iteration, and an all-reduce sums each element in an order that
+    depends on where it sits in its bucket (ring algorithms chunk the buffer).
+    A resumed run's first step then uses the initial layout where the
+    uninterrupted run used the rebuilt one, and with more than two ranks the
+    weights differ in the last bits (measured: 4 gloo ranks, resnet18).
+    ``find_unused_parameters=True`` is what disables the rebuild; it costs one
+    autograd-graph walk per step, and DDP warns once that it found no unused
+    parameters (expected).
     """
     if strategy == "ddp" and distributed():
         device_ids = [device.index] if device.type == "cuda" else None
-        ddp = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
-        if torch.are_deterministic_algorithms_enabled():
-            # DDP checks a hook's annotations against classes; this module's are strings.
-            ddp.register_comm_hook(None, lambda group, bucket: rank_ordered_allreduce(group, bucket))
-        return ddp
+        fixed_buckets = torch.are_deterministic_algorithms_enabled()
+        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=fixed_buckets)
     if strategy == "ddp":
         log.info("ddp with a single task: training without a DistributedDataParallel wrapper")
     if strategy == "dp":
@@ -87,35 +92,6 @@ def wrap_model(model: nn.Module, strategy: str, device: torch.device) -> nn.Modu
         log.warning("dp without GPUs: DataParallel has nothing to spread over and just calls the model")
         return nn.DataParallel(model)
     return model
-
-
-def rank_ordered_allreduce(
-    process_group: dist.ProcessGroup | None, bucket: dist.GradBucket
-) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook: the mean gradient, each element summed over ranks 0, 1, 2, ... in that order.
-
-    DDP's all-reduce sums an element in an order that depends on where it sits
-    in its bucket (ring algorithms chunk the buffer), and DDP rebuilds its
-    buckets after its first iteration. So the first step after a resume runs
-    on the initial bucket layout where the uninterrupted run used the rebuilt
-    one; with more than two ranks the sums differ in the last bits and the
-    weights drift apart (measured: 4 gloo ranks, resnet18). Gathering the
-    buckets and adding them in rank order makes every sum independent of the
-    layout, for world-size times a bucket's memory (deterministic mode only).
-    """
-    group = process_group if process_group is not None else dist.group.WORLD
-    tensor = bucket.buffer()
-    world = dist.get_world_size(group)
-    gathered = [torch.empty_like(tensor) for _ in range(world)]
-    future = dist.all_gather(gathered, tensor, group=group, async_op=True).get_future()
-
-    def mean_in_rank_order(_: torch.futures.Future) -> torch.Tensor:
-        total = gathered[0].clone()
-        for part in gathered[1:]:
-            total.add_(part)
-        return total.div_(world)
-
-    return future.then(mean_in_rank_order)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
