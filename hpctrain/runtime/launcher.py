@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hpctrain.errors import DistributedSetupError, HpctrainError
+from hpctrain.runtime import failures
 from hpctrain.runtime.context import TaskContext, TaskEnv
 from hpctrain.runtime.master import check_master_address
 from hpctrain.runtime.requeue import job_ids
@@ -48,11 +49,15 @@ class TaskLauncher:
         except BaseException as exc:
             if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 report_failure(rank, exc)
+                self.record_failure(exc)
             raise
         return {"rank": env.global_rank, "hostname": socket.gethostname(), "result": result}
 
     def run(self, spec: JobSpec, env: TaskEnv) -> Any:
         """Set the task up, run the entry point or the trainer, then the post-run hook."""
+        self._env, self._step_log = env, batch_step_log(env)  # before anything can fail: see record_failure
+        if self._step_log is not None:
+            failures.FailureWatch(Path(self.run_dir), self._step_log).start()
         check_world_size(spec, env)
         export_torchrun_env(env, os.environ)
         os.environ.update(thread_env(os.environ))  # before torch is imported: it reads them once
@@ -82,6 +87,21 @@ class TaskLauncher:
         except (RuntimeError, OSError) as exc:
             print(f"hpctrain: warning: leaked processes will not be cleaned up: {exc}", file=sys.stderr)
 
+    def record_failure(self, exc: BaseException) -> None:
+        """Global rank 0 names the task that failed first in summary.json (see runtime/failures.py).
+
+        A rank killed by a signal cannot say so itself; rank 0 sees only a broken
+        collective, so it reads srun's report of the dead task.
+        """
+        env = getattr(self, "_env", None)
+        if env is None or not env.is_main:
+            return
+        try:
+            failure = failures.first_failure(exc, env.global_rank, env.hostname, getattr(self, "_step_log", None))
+            failures.record_failure(Path(self.run_dir), failure, exc)
+        except Exception as error:  # the original error matters more
+            print(f"hpctrain: could not record the failure in summary.json: {error}", file=sys.stderr)
+
     def after_run(self, ctx: TaskContext, result: Any) -> None:
         """Requeue, wait for Slurm, or just finish, when the trainer stopped early.
 
@@ -102,6 +122,22 @@ def check_world_size(spec: JobSpec, env: TaskEnv) -> None:
             f"but {env.world_size} were started",
             hint="submit with `hpctrain submit` so the Slurm request matches the spec",
         )
+
+
+def batch_step_log(env: TaskEnv) -> failures.StepLog | None:
+    """Where srun reports failed tasks, for global rank 0 of a submitit job under Slurm; else None.
+
+    Rank 0's stderr (submitit's ``<job>_0_log.err``) is also the batch step's,
+    so srun's ``srun: error: NODE: task N: ...`` lines land there.
+    """
+    if not env.is_main or env.source != "slurm":
+        return None
+    try:
+        import submitit
+
+        return failures.StepLog(submitit.JobEnvironment().paths.stderr)
+    except Exception:  # not started by submitit: nobody to ask
+        return None
 
 
 def thread_env(environ: Mapping[str, str]) -> dict[str, str]:

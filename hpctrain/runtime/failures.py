@@ -1,0 +1,198 @@
+"""Which task of a job failed first: read from srun's own report, written into summary.json by rank 0.
+
+When one task dies (killed by the OOM killer or ``kill -9``, crashed, exited
+non-zero), the others only see a broken collective ("Connection closed by
+peer") and the dead task can write nothing. ``srun --kill-on-bad-exit`` does
+know: it prints ``srun: error: NODE: task N: REASON`` to the batch step's
+stderr -- submitit's ``<job>_0_log.err``, the same file as rank 0's stderr --
+and then ends the other tasks (SIGTERM, SIGKILL after KillWait). So global
+rank 0 records srun's first such line written since it started in
+``summary.json`` (``status: failed``, ``failed_rank``, ``failed_node``,
+``failed_reason``):
+
+* a background thread (:class:`FailureWatch`) checks the log every 0.5 s,
+  because rank 0's main thread may be stuck in a collective until SIGKILL;
+* when rank 0's own code raises, it looks once more (waiting a little when
+  the error looks like a peer's death); no line means rank 0 failed first.
+
+A job whose rank 0 itself is killed keeps the summary it last wrote. Parsing
+is pure; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpctrain.errors import HpctrainError
+from hpctrain.rundir import SUMMARY_FILE, atomic_write_text, read_summary
+
+# "srun: error: n2: task 3: Killed", "srun: error: n1: tasks 0-1: Exited with exit code 1"
+_SRUN_TASK_ERROR = re.compile(r"^srun: error: (?P<node>[^:\s]+): tasks? (?P<tasks>\d[\d,\-]*): (?P<reason>.+)$", re.M)
+# A collective broken by a peer that died, as gloo, NCCL and the TCPStore word it.
+_PEER_FAILURE_WORDS = (
+    "closed by peer",
+    "reset by peer",
+    "broken pipe",
+    "remote worker",
+    "connection refused",
+    "nccl",
+    "gloo",
+    "socket",
+)
+WATCH_POLL_S = 0.5
+PEER_WAIT_S = 3.0  # srun reports a dead task within milliseconds; KillWait (>= 5 s) bounds what we may spend
+
+
+@dataclass(frozen=True)
+class TaskFailure:
+    rank: int
+    node: str
+    reason: str
+
+
+def parse_task_list(text: str) -> list[int]:
+    """``"3"``, ``"0-1"``, ``"0,2-3"`` -> the task ids, ascending."""
+    ranks: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        if low.isdigit() and (not high or high.isdigit()):
+            ranks.update(range(int(low), int(high or low) + 1))
+    return sorted(ranks)
+
+
+def first_task_failure(text: str) -> TaskFailure | None:
+    """The first task srun reported as failed in ``text`` (its lowest id when a line names several). Pure."""
+    for match in _SRUN_TASK_ERROR.finditer(text):
+        ranks = parse_task_list(match.group("tasks"))
+        if ranks:
+            return TaskFailure(ranks[0], match.group("node"), match.group("reason").strip())
+    return None
+
+
+def looks_like_peer_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` may be the echo of another task's death rather than this task's own fault."""
+    if isinstance(exc, HpctrainError):
+        return False
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & {"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"}:
+        return True
+    message = str(exc).lower()
+    return any(word in message for word in _PEER_FAILURE_WORDS)
+
+
+class StepLog:
+    """The batch step's stderr (where srun reports), from where it ended when this task started.
+
+    Earlier attempts of a requeued job wrote before that point. Reads only
+    what is new on each call; safe to call from several threads.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        try:
+            self._pos = self.path.stat().st_size
+        except OSError:
+            self._pos = 0
+        self._failure: TaskFailure | None = None
+        self._lock = threading.Lock()
+
+    def poll(self) -> TaskFailure | None:
+        """The first failed task srun reported since this task started, or None (so far)."""
+        with self._lock:
+            if self._failure is None:
+                try:
+                    with open(self.path, "rb") as handle:
+                        handle.seek(self._pos)
+                        chunk = handle.read()
+                except OSError:
+                    return None
+                complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written is read next time
+                self._pos += len(complete)
+                self._failure = first_task_failure(complete.decode(errors="replace"))
+            return self._failure
+
+    def wait_for_failure(self, timeout_s: float, poll_s: float = 0.1) -> TaskFailure | None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            failure = self.poll()
+            if failure is not None or time.monotonic() >= deadline:
+                return failure
+            time.sleep(poll_s)
+
+
+class FailureWatch:
+    """Rank 0's background check of srun's report: names a dead task even while training is stuck.
+
+    After a peer dies, rank 0's main thread may wait in a collective on a peer
+    that is alive (and waiting too) and never error before Slurm's SIGKILL,
+    KillWait seconds later (seen on the test cluster). A thread still runs then.
+    """
+
+    def __init__(self, run_dir: Path, step_log: StepLog, poll_s: float = WATCH_POLL_S) -> None:
+        self.run_dir = Path(run_dir)
+        self.step_log = step_log
+        self.poll_s = poll_s
+        self.recorded: TaskFailure | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="hpctrain-failure-watch", daemon=True)
+
+    def start(self) -> FailureWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            failure = self.step_log.poll()
+            if failure is not None:
+                try:
+                    record_failure(self.run_dir, failure)
+                    self.recorded = failure
+                except OSError as exc:
+                    print(f"hpctrain: could not record the failure of task {failure.rank}: {exc}", file=sys.stderr)
+                return
+
+
+def first_failure(
+    exc: BaseException, own_rank: int, own_node: str, step_log: StepLog | None, wait_s: float = PEER_WAIT_S
+) -> TaskFailure:
+    """The task that failed first, as rank 0 sees it while handling ``exc``.
+
+    A peer's death is reported by srun before or just after our collective
+    breaks: wait up to ``wait_s`` for it. Our own error (a bug, a config
+    mistake) needs no wait: no other task has failed yet.
+    """
+    found = None
+    if step_log is not None:
+        found = step_log.wait_for_failure(wait_s if looks_like_peer_failure(exc) else 0.0)
+    if found is not None:
+        return found
+    return TaskFailure(own_rank, own_node, f"{type(exc).__name__}: {exc}")
+
+
+def record_failure(run_dir: Path, failure: TaskFailure, exc: BaseException | None = None) -> None:
+    """Mark the run failed in summary.json, naming the task that failed first (global rank 0 only)."""
+    summary = read_summary(run_dir) or {}
+    summary.update(
+        {
+            "status": "failed",
+            "failed_rank": failure.rank,
+            "failed_node": failure.node,
+            "failed_reason": failure.reason,
+        }
+    )
+    error = (
+        f"{type(exc).__name__}: {exc}"
+        if exc is not None
+        else f"task {failure.rank} on {failure.node}: {failure.reason}"
+    )
+    summary.setdefault("error", error)
+    atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2, default=str) + "\n")

@@ -1,0 +1,220 @@
+"""Helpers for the stop/resume/clean-up tests: a small deterministic training run and ways to poke it.
+
+The run is the 2 x 2 CPU smoke job made long enough to interrupt (3 epochs of
+6 steps, a checkpoint every 2 steps) and deterministic, so an interrupted run
+can be compared bit for bit with an uninterrupted one. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .hpctrain_cli import cli_env, hpctrain, task_logs
+
+if TYPE_CHECKING:
+    from .conftest import SlurmCluster
+
+T = TypeVar("T")
+
+SMOKE_SPEC = "jobs/smoke_2x2_cpu.yaml"
+WORLD_SIZE = 4
+STEPS_PER_EPOCH = 6
+EPOCHS = 3
+# 64 train images / (4 ranks x batch 2) = 8 batches per epoch, 6 of them used.
+TRAIN_SETS = (
+    "trainer.deterministic=true",
+    f"trainer.epochs={EPOCHS}",
+    f"trainer.max_steps_per_epoch={STEPS_PER_EPOCH}",
+    "trainer.batch_size=2",
+    "checkpoint.every_steps=2",
+)
+
+
+@dataclass
+class Workspace:
+    """A private hpctrain state dir, a tiny dataset, and where runs go."""
+
+    env: dict[str, str]
+    data: Path
+    runs: Path
+
+    def sets(self, *extra: str) -> list[str]:
+        """``--set`` arguments for the training run, plus ``extra``."""
+        args = []
+        for item in (f"data.root={self.data}", f"output_dir={self.runs}", *TRAIN_SETS, *extra):
+            args += ["--set", item]
+        return args
+
+
+def make_workspace(cluster: SlurmCluster, tmp: Path) -> Workspace:
+    env = cli_env(cluster, tmp / "state")
+    data = tmp / "data"
+    made = hpctrain(env, "make-dataset", str(data), "--classes", "4", "--per-class", "16", "--image-size", "32")
+    assert made.returncode == 0, made
+    return Workspace(env=env, data=data, runs=tmp / "runs")
+
+
+@dataclass
+class Run:
+    job_id: str
+    run_dir: Path
+
+    def summary(self) -> dict[str, Any]:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+
+def submit(ws: Workspace, *extra_sets: str, timeout: float = 60) -> Run:
+    """``hpctrain submit`` the training run without waiting."""
+    done = hpctrain(ws.env, "submit", SMOKE_SPEC, "--json", *ws.sets(*extra_sets), timeout=timeout)
+    assert done.returncode == 0, done
+    report = done.json()
+    return Run(report["job_id"], Path(report["run_dir"]))
+
+
+def wait_for(
+    probe: Callable[[], T | None], what: str, timeout: float, run: Run | None = None, poll_s: float = 0.1
+) -> T:
+    """Poll ``probe`` until it returns something truthy; return that. Fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(poll_s)
+    logs = task_logs(run.run_dir) if run is not None else ""
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{logs}")
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """Global steps of the complete checkpoints (``step-N/`` with its meta.json), ascending."""
+    steps = []
+    for meta in (run_dir / "checkpoints").glob("step-*/meta.json"):
+        try:
+            steps.append(int(meta.parent.name.split("-", 1)[1]))
+        except ValueError:
+            continue
+    return sorted(steps)
+
+
+def latest_step(run_dir: Path) -> int:
+    steps = checkpoint_steps(run_dir)
+    return steps[-1] if steps else -1
+
+
+def temp_checkpoint_dirs(run_dir: Path, step: int | None = None) -> list[Path]:
+    """Checkpoint directories still being written (or left half-written), of ``step`` if given."""
+    pattern = ".tmp-step-*" if step is None else f".tmp-step-{step:08d}-*"
+    return sorted((run_dir / "checkpoints").glob(pattern))
+
+
+def train_steps_logged(run_dir: Path) -> list[int]:
+    """The global step of every ``train_step`` line of metrics.jsonl, in file order (one per step here)."""
+    steps = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            if record.get("kind") == "train_step":
+                steps.append(int(record["global_step"]))
+    return steps
+
+
+def resume_points(run_dir: Path) -> list[int]:
+    """The checkpoints later attempts resumed from, where they went back: a logged step that does not follow on."""
+    points, previous = [], 0
+    for step in train_steps_logged(run_dir):
+        if step != previous + 1:
+            points.append(step - 1)
+        previous = step
+    return points
+
+
+def job_record(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
+    """``scontrol -o show job``'s Key=Value fields (empty once the job has left slurmctld)."""
+    shown = cluster.run("scontrol", "-o", "show", "job", job_id, check=False)
+    fields = {}
+    for word in shown.stdout.split():
+        key, sep, value = word.partition("=")
+        if sep:
+            fields.setdefault(key, value)
+    return fields
+
+
+def wait_requeued(cluster: SlurmCluster, job_id: str, restarts: int, timeout: float = 60) -> float:
+    """Wait until the job is PENDING again after its ``restarts``-th requeue; return the seconds waited."""
+    started = time.monotonic()
+
+    def requeued() -> bool:
+        record = job_record(cluster, job_id)
+        return record.get("JobState") == "PENDING" and int(record.get("Restarts", "0")) >= restarts
+
+    wait_for(requeued, f"job {job_id} to be requeued (restart {restarts})", timeout, poll_s=0.2)
+    return time.monotonic() - started
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def cmdline_of(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def parent_of(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def rank_pid(cluster: SlurmCluster, job_id: str, rank: int) -> int | None:
+    """The main process of global rank ``rank`` (not its data-loader workers, not the batch step)."""
+    pids = set(cluster.processes_with_env("SLURM_JOB_ID", job_id))
+    found = [
+        pid
+        for pid in pids
+        if environ_of(pid).get("SLURM_PROCID") == str(rank)
+        and "submitit.core._submit" in cmdline_of(pid)
+        and parent_of(pid) not in pids
+    ]
+    return found[0] if len(found) == 1 else None
+
+
+def escapees(cluster: SlurmCluster, job_id: str) -> list[int]:
+    """The job's ``sleep 1000`` processes that init adopted (see stop_entrypoints.spawn_escapee)."""
+    return [
+        pid
+        for pid in cluster.processes_with_env("SLURM_JOB_ID", job_id)
+        if cmdline_of(pid) == ["sleep", "1000"] and parent_of(pid) == 1
+    ]
+
+
+def wait_no_processes(cluster: SlurmCluster, job_id: str, timeout: float) -> tuple[list[int], float]:
+    """(PIDs of the job still alive after ``timeout`` s -- empty as soon as none are left, seconds waited)."""
+    started = time.monotonic()
+    deadline = started + timeout
+    pids = cluster.processes_with_env("SLURM_JOB_ID", job_id)
+    while pids and time.monotonic() < deadline:
+        time.sleep(0.2)
+        pids = cluster.processes_with_env("SLURM_JOB_ID", job_id)
+    return pids, time.monotonic() - started
+
+
+def describe(pids: list[int]) -> str:
+    return "\n".join(f"  {pid} (parent {parent_of(pid)}): {' '.join(cmdline_of(pid))}" for pid in pids)
+
+
+def report_timing(label: str, seconds: float) -> None:
+    """One greppable line per measured interval (shown with ``pytest -s``)."""
+    print(f"\n[timing] {label}: {seconds:.1f} s", flush=True)

@@ -1,0 +1,179 @@
+"""Time limits, preemption, failures and resume of a real training run on the two-node cluster.
+
+All tests train the same small deterministic job (4 gloo ranks on 2 nodes,
+3 epochs x 6 steps, a checkpoint every 2 steps; see stop_helpers.py). One
+uninterrupted run of it, shared by the module, gives the weights that every
+interrupted-and-resumed run must end with, bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from .hpctrain_cli import hpctrain, task_logs
+from .stop_entrypoints import ENTRYPOINT_MODULE
+from .stop_helpers import (
+    EPOCHS,
+    SMOKE_SPEC,
+    STEPS_PER_EPOCH,
+    Run,
+    Workspace,
+    checkpoint_steps,
+    job_record,
+    latest_step,
+    make_workspace,
+    rank_pid,
+    report_timing,
+    resume_points,
+    submit,
+    temp_checkpoint_dirs,
+    train_steps_logged,
+    wait_for,
+    wait_no_processes,
+    wait_requeued,
+)
+
+if TYPE_CHECKING:
+    from .conftest import SlurmCluster
+
+TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
+START_TIMEOUT_S = 90  # submit -> first checkpoint: 4 ranks importing torch on 2 cores
+RUN_TIMEOUT_S = 150
+# A dead rank must end the whole job this fast, not after a collective timeout.
+FAILURE_BUDGET_S = 120
+
+
+@pytest.fixture(scope="module")
+def workspace(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    return make_workspace(slurm_cluster, tmp_path_factory.mktemp("preemption"))
+
+
+@pytest.fixture(scope="module")
+def reference_weights(slurm_cluster: SlurmCluster, workspace: Workspace) -> str:
+    """``weights_sha256`` of the run trained without interruption (same spec, same world size)."""
+    started = time.monotonic()
+    run = submit(workspace, "name=uninterrupted")
+    state = slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    assert state == "COMPLETED", task_logs(run.run_dir)
+    summary = run.summary()
+    assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", TOTAL_STEPS, 0), summary
+    report_timing("uninterrupted reference run", time.monotonic() - started)
+    return summary["weights_sha256"]
+
+
+def test_requeue_then_preemption_resumes_bit_identically(
+    slurm_cluster: SlurmCluster, workspace: Workspace, reference_weights: str, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    run = submit(workspace, "name=requeued_and_preempted")
+
+    # 1. The time-limit signal, as Slurm sends it: the job checkpoints and requeues itself.
+    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+    slurm_cluster.run("scancel", "--signal=USR2", run.job_id)
+    requeue_s = wait_requeued(slurm_cluster, run.job_id, restarts=1)
+    first_stop = latest_step(run.run_dir)
+    assert 2 <= first_stop < TOTAL_STEPS, checkpoint_steps(run.run_dir)
+    slurm_cluster.release(run.job_id)
+
+    # 2. A job in the high-priority partition takes both nodes: SIGTERM; rank 0 requeues at once.
+    wait_for(lambda: latest_step(run.run_dir) > first_stop, "a checkpoint of the second attempt", START_TIMEOUT_S, run)
+    preemptor = slurm_cluster.sbatch(
+        "-p", "urgent", "-N2", "--exclusive", "-o", str(tmp_path / "urgent-%j.out"), "--wrap", "sleep 5"
+    )
+    preempt_s = wait_requeued(slurm_cluster, run.job_id, restarts=2, timeout=90)
+    second_stop = latest_step(run.run_dir)
+    slurm_cluster.release(run.job_id)
+    assert slurm_cluster.wait_state(preemptor, timeout=60) == "COMPLETED"
+
+    # 3. The third attempt finishes the run.
+    assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
+    report_timing(f"USR2 -> job requeued (stopped at step {first_stop})", requeue_s)
+    report_timing(f"preemptor submitted -> job requeued (stopped at step {second_stop})", preempt_s)
+    report_timing("requeued + preempted run, submit to end", time.monotonic() - started)
+
+    summary = run.summary()
+    assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", TOTAL_STEPS, 2), summary
+    # Each attempt continued exactly at the step where the previous one stopped: none repeated, none skipped.
+    assert train_steps_logged(run.run_dir) == list(range(1, TOTAL_STEPS + 1))
+    out = (run.run_dir / "submitit" / f"{run.job_id}_0_log.out").read_text()
+    assert "stopping (timeout)" in out and "stopping (preempted)" in out, out
+    assert summary["weights_sha256"] == reference_weights, (
+        "an interrupted deterministic run must end with the same weights as an uninterrupted one\n"
+        f"{task_logs(run.run_dir)}"
+    )
+
+
+def test_killed_rank_fails_the_job_and_is_named(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
+    run = submit(workspace, "name=killed_rank")
+    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+    pid = wait_for(lambda: rank_pid(slurm_cluster, run.job_id, 3), "rank 3's process", 10, run)
+
+    killed = time.monotonic()
+    os.kill(pid, signal.SIGKILL)  # as the OOM killer would
+    state = slurm_cluster.wait_state(run.job_id, timeout=FAILURE_BUDGET_S)
+    ended_s = time.monotonic() - killed
+    report_timing("kill -9 of rank 3 -> job ended", ended_s)
+
+    assert state == "FAILED", task_logs(run.run_dir)
+    exit_code = slurm_cluster.run("sacct", "-X", "-n", "-P", "-o", "ExitCode", "-j", run.job_id).stdout.strip()
+    assert exit_code != "0:0", exit_code
+    summary = run.summary()
+    failed = {key: summary.get(key) for key in ("status", "failed_rank", "failed_node")}
+    assert failed == {"status": "failed", "failed_rank": 3, "failed_node": "n2"}, f"{summary}\n{task_logs(run.run_dir)}"
+    leftovers, _ = wait_no_processes(slurm_cluster, run.job_id, timeout=30)
+    assert leftovers == [], "processes of the failed job outlived it"
+
+
+def test_rank0_killed_mid_checkpoint_resumes_from_previous(
+    slurm_cluster: SlurmCluster, workspace: Workspace, reference_weights: str
+) -> None:
+    run = submit(
+        workspace,
+        "name=killed_mid_checkpoint",
+        f"entrypoint={ENTRYPOINT_MODULE}:train_holding_checkpoint",
+        "entrypoint_args.hold_step=4",
+    )
+    # Rank 0 has written step 4 into its temp directory and holds it there.
+    temp = wait_for(lambda: temp_checkpoint_dirs(run.run_dir, step=4), "the temp dir of step 4", START_TIMEOUT_S, run)
+    assert checkpoint_steps(run.run_dir) == [2], checkpoint_steps(run.run_dir)
+    pid = wait_for(lambda: rank_pid(slurm_cluster, run.job_id, 0), "rank 0's process", 10, run)
+    killed = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    assert slurm_cluster.wait_state(run.job_id, timeout=FAILURE_BUDGET_S) == "FAILED", task_logs(run.run_dir)
+    report_timing("kill -9 of rank 0 mid-checkpoint -> job ended", time.monotonic() - killed)
+    assert [p.name for p in temp_checkpoint_dirs(run.run_dir)] == [temp[0].name], "the partial write stays behind"
+
+    resumed = hpctrain(workspace.env, "resume", str(run.run_dir), "--wait", "--json", timeout=RUN_TIMEOUT_S + 30)
+    assert resumed.returncode == 0, f"{resumed}\n{task_logs(run.run_dir)}"
+    new_job = resumed.json()["job_id"]
+    assert new_job != run.job_id
+    assert slurm_cluster.wait_state(new_job) == "COMPLETED"
+
+    summary = run.summary()
+    assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", TOTAL_STEPS, 1), summary
+    assert resume_points(run.run_dir) == [2], "the resumed job must continue from step 2, the last complete checkpoint"
+    assert temp_checkpoint_dirs(run.run_dir) == [], "the resumed run sweeps the partial write away"
+    assert summary["weights_sha256"] == reference_weights, task_logs(run.run_dir)
+
+
+def test_rehearse_proves_the_job_resumes(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
+    started = time.monotonic()
+    rehearsal = hpctrain(
+        workspace.env, "rehearse", SMOKE_SPEC, *workspace.sets("name=rehearsal"), "--timeout", "240", timeout=300
+    )
+    report_timing("hpctrain rehearse", time.monotonic() - started)
+    assert rehearsal.returncode == 0, rehearsal
+    assert "requeued and resumed" in rehearsal.stdout, rehearsal
+    assert "rehearsal passed" in rehearsal.stdout, rehearsal
+    report = rehearsal.json()
+    assert report["resumed_from_step"] >= 2, rehearsal
+    # It cancels the rehearsal job (or the job finished first): nothing of it keeps running.
+    assert slurm_cluster.wait_state(report["job_id"], timeout=60) in ("CANCELLED", "COMPLETED")
+    assert int(job_record(slurm_cluster, report["job_id"]).get("Restarts", "1")) >= 1
+    assert Run(report["job_id"], Path(report["run_dir"])).summary()["restarts"] >= 1
