@@ -51,8 +51,10 @@ def _cancel_slurm(job_id: str, timeout_s: float) -> str:
         if state in TERMINAL_STATES:
             return state
         time.sleep(1.0)
-    raise ClusterError(f"job {job_id} is still {state} {timeout_s:.0f} s after scancel",
-                       hint="a node may be unresponsive; ask the admins, or check 'scontrol show job " + job_id + "'")
+    raise ClusterError(
+        f"job {job_id} is still {state} {timeout_s:.0f} s after scancel",
+        hint="a node may be unresponsive; ask the admins, or check 'scontrol show job " + job_id + "'",
+    )
 
 
 def _cancel_local(job_id: str, timeout_s: float) -> str:

@@ -27,8 +27,10 @@ from hpctrain.submission import submit
 def run(args: argparse.Namespace) -> int:
     job = load_job(args.spec, args.overrides)
     if job.profile.scheduler != "slurm" or job.is_sweep:
-        raise ClusterError("rehearse needs a single (non-sweep) job on a Slurm cluster profile",
-                           hint="use the spec you will submit for real")
+        raise ClusterError(
+            "rehearse needs a single (non-sweep) job on a Slurm cluster profile",
+            hint="use the spec you will submit for real",
+        )
     submitted = submit(job)
     job_id, run_dir = submitted.job_id, submitted.run_dir
     deadline = time.monotonic() + args.timeout
@@ -42,8 +44,9 @@ def run(args: argparse.Namespace) -> int:
         summary = read_summary(run_dir) or {}
         if job_state(job_id) == "PENDING":
             _slurm(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
-        return summary if summary.get("restarts", 0) >= 1 and summary.get("status") in ("running", "completed") \
-            else None
+        return (
+            summary if summary.get("restarts", 0) >= 1 and summary.get("status") in ("running", "completed") else None
+        )
 
     summary = _wait_for(restarted, job_id, deadline, "the requeued job to resume")
     print(f"2/3 requeued and resumed: restarts {summary['restarts']}, global step {summary.get('global_step')}")
@@ -70,8 +73,10 @@ def _wait_for(probe, job_id: str, deadline: float, what: str):
             return value
         state = job_state(job_id)
         if state in TERMINAL_STATES:
-            raise ClusterError(f"rehearsal job {job_id} ended {state} before {what}",
-                               hint=f"see its logs: hpctrain logs {job_id} --err")
+            raise ClusterError(
+                f"rehearsal job {job_id} ended {state} before {what}",
+                hint=f"see its logs: hpctrain logs {job_id} --err",
+            )
         time.sleep(2.0)
     raise ClusterError(f"timed out waiting for {what}", hint="raise --timeout, or check 'hpctrain status'")
 

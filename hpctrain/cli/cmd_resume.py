@@ -24,8 +24,10 @@ def run(args: argparse.Namespace) -> int:
     if info.get("backend") == "slurm" and not args.local:
         state = job_state(str(info["job_id"]))
         if state not in TERMINAL_STATES:
-            raise UsageError(f"job {info['job_id']} of this run is still {state}",
-                             hint=f"it resumes by itself; cancel it first with 'hpctrain cancel {run_dir}'")
+            raise UsageError(
+                f"job {info['job_id']} of this run is still {state}",
+                hint=f"it resumes by itself; cancel it first with 'hpctrain cancel {run_dir}'",
+            )
     job = load_job(run_dir / SPEC_FILE)
     clear_cancel_marker(run_dir)
     submitted = resubmit(run_dir, job, local=args.local)
