@@ -36,29 +36,34 @@ def run(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.timeout
     print(f"rehearsal job {job_id}, run dir {run_dir}")
 
-    step = _wait_for(lambda: _first_checkpoint_step(run_dir), job_id, deadline, "a first checkpoint")
-    print(f"1/3 checkpoint at step {step}; sending {job.spec.signals.timeout_signal} as Slurm does before the limit")
-    _slurm(["scancel", f"--signal={job.spec.signals.timeout_signal}", job_id])
+    first = _wait_for(lambda: _latest_checkpoint_step(run_dir), job_id, deadline, "a first checkpoint")
+    signal_name = job.spec.signals.timeout_signal
+    print(f"1/3 checkpoint at step {first}; sending {signal_name} as Slurm does before the time limit")
+    _slurm(["scancel", f"--signal={signal_name}", job_id])
+    stopped_at: list[int | None] = [first]  # refined once the requeued job is seen pending
 
     def restarted() -> dict | None:
         summary = read_summary(run_dir) or {}
-        if job_state(job_id) == "PENDING":
+        if job_state(job_id) == "PENDING":  # requeued and held: its newest checkpoint is the stop checkpoint
+            stopped_at[0] = _latest_checkpoint_step(run_dir)
             _slurm(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
-        return (
-            summary if summary.get("restarts", 0) >= 1 and summary.get("status") in ("running", "completed") else None
-        )
+        resumed = summary.get("restarts", 0) >= 1 and summary.get("status") in ("running", "completed")
+        return summary if resumed else None
 
     summary = _wait_for(restarted, job_id, deadline, "the requeued job to resume")
-    print(f"2/3 requeued and resumed: restarts {summary['restarts']}, global step {summary.get('global_step')}")
+    print(
+        f"2/3 stopped at step {stopped_at[0]}, requeued and resumed: restarts {summary['restarts']}, "
+        f"global step now {summary.get('global_step')}"
+    )
     write_cancel_marker(run_dir, [job_id])
     _slurm(["scancel", job_id], check=False)
     print(f"3/3 rehearsal passed; cancelled it. Submit the real run with: hpctrain submit {args.spec}")
-    print(json.dumps({"job_id": job_id, "run_dir": str(run_dir), "resumed_from_step": step}))
+    print(json.dumps({"job_id": job_id, "run_dir": str(run_dir), "resumed_from_step": stopped_at[0]}))
     return 0
 
 
-def _first_checkpoint_step(run_dir: Path) -> int | None:
-    for meta in sorted((run_dir / "checkpoints").glob("step-*/meta.json")):
+def _latest_checkpoint_step(run_dir: Path) -> int | None:
+    for meta in sorted((run_dir / "checkpoints").glob("step-*/meta.json"), reverse=True):
         try:
             return int(json.loads(meta.read_text()).get("global_step", meta.parent.name.split("-")[1]))
         except (ValueError, OSError, IndexError):

@@ -13,9 +13,11 @@ from rich.console import Console
 from rich.table import Table
 
 from hpctrain import job_registry
-from hpctrain.errors import ClusterError
+from hpctrain.cli.cmd_logs import log_path
+from hpctrain.errors import ClusterError, RunDirError
 from hpctrain.rundir import read_run_info, read_summary
-from hpctrain.slurm_state import job_state
+from hpctrain.runtime.failures import first_task_failure
+from hpctrain.slurm_state import TERMINAL_STATES, job_state
 
 PROGRESS_KEYS = (
     "status",
@@ -28,6 +30,7 @@ PROGRESS_KEYS = (
     "stop_reason",
     "failed_rank",
     "failed_node",
+    "failed_reason",
 )
 
 
@@ -35,6 +38,7 @@ def run_status(run_dir: Path) -> dict:
     info = read_run_info(run_dir)
     summary = read_summary(run_dir) or {}
     state = "local" if info.get("backend") == "local" else _slurm_state(info.get("job_id", ""))
+    summary = reconcile(summary, state, run_dir)
     return {
         "run_dir": str(run_dir),
         "name": info.get("name"),
@@ -44,6 +48,27 @@ def run_status(run_dir: Path) -> dict:
         "slurm_state": state,
         **{key: summary.get(key) for key in PROGRESS_KEYS},
     }
+
+
+def reconcile(summary: dict, slurm_state: str, run_dir: Path) -> dict:
+    """A job that Slurm says has ended but whose summary still says "running"
+    lost its rank 0 (killed, out of memory, node failure): say so, and name the
+    task srun reported as failed first in the batch step's log."""
+    if (
+        slurm_state not in TERMINAL_STATES
+        or slurm_state == "COMPLETED"
+        or summary.get("status") not in (None, "running")
+    ):
+        return summary
+    summary = {**summary, "status": "failed" if slurm_state != "CANCELLED" else "stopped"}
+    if summary.get("failed_rank") is None:
+        try:
+            failure = first_task_failure(log_path(run_dir, 0, err=True).read_text(errors="replace"))
+        except (OSError, RunDirError):
+            failure = None
+        if failure is not None:
+            summary.update(failed_rank=failure.rank, failed_node=failure.node, failed_reason=failure.reason)
+    return summary
 
 
 def _slurm_state(job_id: str) -> str:

@@ -8,6 +8,7 @@ task, so importing this module must not import torch; torch comes in with
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import socket
 import sys
@@ -45,6 +46,7 @@ class TaskLauncher:
             os.environ.update(spec.env)
             env = derive_task_env(os.environ, spec_master_port=spec.distributed.master_port)
             rank = str(env.global_rank)
+            configure_logging(env)
             result = self.run(spec, env)
         except BaseException as exc:
             if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
@@ -60,7 +62,7 @@ class TaskLauncher:
             failures.FailureWatch(Path(self.run_dir), self._step_log).start()
         check_world_size(spec, env)
         export_torchrun_env(env, os.environ)
-        os.environ.update(thread_env(os.environ))  # before torch is imported: it reads them once
+        os.environ.update(thread_env(os.environ, os.cpu_count()))  # before torch is imported: it reads them once
         check_master_address(env, allow_loopback=os.environ.get(ALLOW_LOOPBACK_MASTER_VAR) == "1")
         user_code = load_user_code(spec.entrypoint)  # before the group forms: import errors fail fast
         stop = StopRequest(cancel_markers=cancel_marker_paths(self.run_dir), job_ids=job_ids(os.environ))
@@ -140,16 +142,35 @@ def batch_step_log(env: TaskEnv) -> failures.StepLog | None:
         return None
 
 
-def thread_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """``OMP_NUM_THREADS`` = the task's Slurm CPU share, unless the user set it.
+def configure_logging(env: TaskEnv) -> None:
+    """Send hpctrain's own log records (resumes, checkpoint warnings) to the task's
+    stderr log, tagged with the rank; other libraries' logging is left alone."""
+    logger = logging.getLogger("hpctrain")
+    if logger.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"hpctrain rank {env.global_rank} %(levelname)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+def thread_env(environ: Mapping[str, str], cpu_count: int | None = None) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` = the task's share of the CPUs, unless the user set it.
 
     Otherwise torch starts one thread per core of the node in every task, and
     N tasks per node oversubscribe it N times (the 2x2 CPU smoke job trained
-    10x slower on a 2-core test machine).
+    10x slower on a 2-core test machine). Under Slurm the share is
+    ``SLURM_CPUS_PER_TASK``; on submitit's local executor it is this machine's
+    ``cpu_count`` divided among the local tasks.
     """
+    if "OMP_NUM_THREADS" in environ:
+        return {}
     cpus = environ.get("SLURM_CPUS_PER_TASK", "")
-    if cpus.isdigit() and int(cpus) > 0 and "OMP_NUM_THREADS" not in environ:
+    if cpus.isdigit() and int(cpus) > 0:
         return {"OMP_NUM_THREADS": cpus}
+    local_tasks = environ.get("SUBMITIT_LOCAL_NTASKS", "")
+    if environ.get("SUBMITIT_EXECUTOR") == "local" and local_tasks.isdigit() and int(local_tasks) > 1 and cpu_count:
+        return {"OMP_NUM_THREADS": str(max(1, cpu_count // int(local_tasks)))}
     return {}
 
 

@@ -99,7 +99,10 @@ def test_failure_line_for_bugs_has_the_traceback() -> None:
         ({"SLURM_CPUS_PER_TASK": "4", "OMP_NUM_THREADS": "2"}, {}),  # the user's choice wins
         ({}, {}),  # no Slurm CPU share: torch's default
         ({"SLURM_CPUS_PER_TASK": "0"}, {}),
+        ({"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "2"}, {"OMP_NUM_THREADS": "4"}),
+        ({"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "16"}, {"OMP_NUM_THREADS": "1"}),
+        ({"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "1"}, {}),  # alone: torch's default
     ],
 )
-def test_threads_follow_the_slurm_cpu_share(environ: dict[str, str], expected: dict[str, str]) -> None:
-    assert thread_env(environ) == expected
+def test_threads_follow_the_task_cpu_share(environ: dict[str, str], expected: dict[str, str]) -> None:
+    assert thread_env(environ, cpu_count=8) == expected

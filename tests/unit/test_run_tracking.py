@@ -134,3 +134,20 @@ def test_resume_refuses_a_sweep_parent(tmp_path: Path) -> None:
     write_run_info(run_dir, {**info, "trials": 3})
     result = cli("resume", str(run_dir), env_home=tmp_path / "state")
     assert result.returncode == 2 and "sweep" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_status_names_the_failed_task_when_rank_zero_could_not(tmp_path: Path) -> None:
+    from hpctrain.cli.cmd_status import reconcile
+
+    run_dir = fake_run(tmp_path, job_id="81")
+    (run_dir / "submitit" / "81_0_log.err").write_text(
+        "some warning\nsrun: error: n2: task 3: Killed\nsrun: error: n1: tasks 0-1: Terminated\n"
+    )
+    summary = reconcile({"status": "running", "global_step": 4}, "FAILED", run_dir)
+    assert summary["status"] == "failed" and summary["global_step"] == 4
+    assert (summary["failed_rank"], summary["failed_node"], summary["failed_reason"]) == (3, "n2", "Killed")
+    # what the run itself recorded wins; a finished or still-running job is left alone
+    recorded = {"status": "failed", "failed_rank": 1}
+    assert reconcile(recorded, "FAILED", run_dir) == recorded
+    assert reconcile({"status": "running"}, "RUNNING", run_dir) == {"status": "running"}
+    assert reconcile({"status": "running"}, "CANCELLED", run_dir)["status"] == "stopped"
