@@ -7,22 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_harness import job_spec, make_data, run_ranks, train
+from trainer_harness import job_spec, run_ranks, train
 
 from hpctrain.trainer.checkpoint import CheckpointManager
 
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data(tmp_path_factory.mktemp("data") / "imagefolder")
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> None:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # steady timings on a shared 2-core machine; numerics do not depend on it here
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_stopped_and_resumed_twice_matches_uninterrupted(data_root: Path, tmp_path: Path) -> None:

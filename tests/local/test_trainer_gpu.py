@@ -9,17 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_harness import context, job_spec, make_data, stop_at
+from trainer_harness import context, job_spec, stop_at
 
 from hpctrain.trainer.checkpoint import CheckpointManager
 from hpctrain.trainer.trainer import Trainer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data(tmp_path_factory.mktemp("data") / "imagefolder")
 
 
 def gpu_train(run_dir: Path, spec, stop_after: int | None = None) -> dict:

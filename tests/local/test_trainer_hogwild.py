@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_harness import job_spec, make_data, task_env, train
+from trainer_harness import job_spec, task_env, train
 
 from hpctrain.errors import TrainingConfigError
 from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
@@ -17,11 +17,6 @@ from hpctrain.trainer.models import build_model
 from hpctrain.trainer.strategies import check_strategy
 
 pytestmark = pytest.mark.local_dist
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data(tmp_path_factory.mktemp("data") / "imagefolder")
 
 
 def hogwild_spec(data_root: Path, **trainer: object):

@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 import torch
-from trainer_harness import job_spec, make_data, read_jsonl, train
+from trainer_harness import job_spec, read_jsonl, train
 
 from hpctrain.errors import TrainingConfigError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 SUMMARY_KEYS = {
     "status",
@@ -36,19 +38,6 @@ SUMMARY_KEYS = {
     "started_at",
     "updated_at",
 }
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data(tmp_path_factory.mktemp("data") / "imagefolder")
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> None:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
