@@ -16,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from hpctrain.cli.cmd_validate import print_warnings
 from hpctrain.errors import ClusterError
 from hpctrain.rundir import read_summary
 from hpctrain.runtime.stop import write_cancel_marker
@@ -26,6 +27,7 @@ from hpctrain.submission import submit
 
 def run(args: argparse.Namespace) -> int:
     job = load_job(args.spec, args.overrides)
+    print_warnings(job)
     if job.profile.scheduler != "slurm" or job.is_sweep:
         raise ClusterError(
             "rehearse needs a single (non-sweep) job on a Slurm cluster profile",

@@ -8,6 +8,7 @@ import json
 
 from hpctrain import job_registry
 from hpctrain.cli.cmd_submit import follow_local, print_submitted, wait_slurm
+from hpctrain.cli.cmd_validate import print_warnings
 from hpctrain.errors import UsageError
 from hpctrain.rundir import SPEC_FILE, read_run_info
 from hpctrain.runtime.stop import clear_cancel_marker
@@ -29,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
                 hint=f"it resumes by itself; cancel it first with 'hpctrain cancel {run_dir}'",
             )
     job = load_job(run_dir / SPEC_FILE)
+    print_warnings(job, run_dir)  # measured save times from this run's own checkpoints
     clear_cancel_marker(run_dir)
     submitted = resubmit(run_dir, job, local=args.local)
     if args.json:

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from hpctrain.cli.cmd_validate import print_warnings
 from hpctrain.cli.tail import echo_new
 from hpctrain.errors import ClusterError
 from hpctrain.rundir import next_run_dir, read_summary
@@ -23,6 +24,7 @@ from hpctrain.submission import SubmittedRun, backend_for, render_script, submit
 
 def run(args: argparse.Namespace) -> int:
     job = load_job(args.spec, args.overrides, cluster=args.cluster)
+    print_warnings(job)
     if args.dry_run:
         print_dry_run(job, local=args.local)
         return 0

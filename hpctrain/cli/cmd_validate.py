@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
+from hpctrain.spec.lead_time import lead_time_warning
 from hpctrain.spec.load import LoadedJob, load_job
 
 
@@ -25,7 +28,17 @@ def describe(job: LoadedJob) -> str:
     return line
 
 
+def print_warnings(job: LoadedJob, run_dir: Path | None = None) -> None:
+    """Things that are allowed but likely to hurt; printed to stderr, never fatal."""
+    for spec in {id(t): t for t in job.trials}.values():
+        warning = lead_time_warning(spec, run_dir)
+        if warning:
+            print(f"warning: {job.source}: {warning}", file=sys.stderr)
+            break
+
+
 def run(args: argparse.Namespace) -> int:
     job = load_job(args.spec, args.overrides, cluster=args.cluster)
     print(f"{args.spec}: OK - {describe(job)}")
+    print_warnings(job)
     return 0
