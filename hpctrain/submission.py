@@ -178,11 +178,8 @@ def _write_trials(job: LoadedJob, run_dir: Path) -> list[Path]:
 
 
 def _launch(job: LoadedJob, backend: Backend, run_dir: Path, trial_dirs: list[Path]) -> list[submitit.Job]:
-    from hpctrain.runtime.launcher import TaskLauncher  # light: imports no torch
-
     executor = build_executor(job, backend, run_dir)
-    specs = job.trials if job.is_sweep and len(trial_dirs) > 1 else (job.spec,)
-    launchers = [TaskLauncher(s.model_dump(mode="json"), str(d)) for s, d in zip(specs, trial_dirs)]
+    launchers = task_launchers(job, trial_dirs)
     try:
         if len(launchers) == 1:
             return [executor.submit(launchers[0])]
@@ -194,6 +191,13 @@ def _launch(job: LoadedJob, backend: Backend, run_dir: Path, trial_dirs: list[Pa
             f"Slurm refused the job: {_first_lines(str(exc))}",
             hint="check partition/account/qos/time against 'sinfo' and 'sacctmgr show assoc'",
         ) from None
+
+
+def task_launchers(job: LoadedJob, run_dirs: list[Path]) -> list:
+    """One launcher per trial, each holding that trial's resolved spec (a plain job is one trial)."""
+    from hpctrain.runtime.launcher import TaskLauncher  # light: imports no torch
+
+    return [TaskLauncher(trial.model_dump(mode="json"), str(d)) for trial, d in zip(job.trials, run_dirs, strict=True)]
 
 
 def _record_submission(
