@@ -100,10 +100,3 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
         return json.loads((run_dir / SUMMARY_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         return None
-
-
-def find_runs(output_dir: str) -> list[Path]:
-    """Run directories under an output dir, newest first."""
-    root = Path(output_dir).expanduser()
-    runs = [p.parent for p in root.glob(f"*/*/{RUN_FILE}")]
-    return sorted(runs, key=lambda p: p.stat().st_mtime, reverse=True)

@@ -163,10 +163,9 @@ def resubmit(run_dir: Path, job: LoadedJob, *, local: bool = False) -> Submitted
 
 
 def _write_trials(job: LoadedJob, run_dir: Path) -> list[Path]:
-    if not job.is_sweep:
-        atomic_write_text(run_dir / SPEC_FILE, dump_yaml(job.spec.model_dump(mode="json")))
-        return [run_dir]
     atomic_write_text(run_dir / SPEC_FILE, dump_yaml(job.spec.model_dump(mode="json")))
+    if not job.is_sweep:
+        return [run_dir]
     dirs = []
     for index, (trial, params) in enumerate(zip(job.trials, job.trial_params)):
         trial_dir = run_dir / f"trial-{index:03d}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from hpctrain import job_registry
 from hpctrain.cli.cmd_submit import follow_local, print_submitted, wait_slurm
@@ -38,7 +39,5 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_submitted(submitted, job)
     if submitted.backend == "local":
-        import sys
-
         return follow_local(submitted, stream=sys.stderr if args.json else sys.stdout)
     return wait_slurm(submitted, quiet=args.json) if args.wait else 0

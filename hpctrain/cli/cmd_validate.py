@@ -30,7 +30,7 @@ def describe(job: LoadedJob) -> str:
 
 def print_warnings(job: LoadedJob, run_dir: Path | None = None) -> None:
     """Things that are allowed but likely to hurt; printed to stderr, never fatal."""
-    for spec in {id(t): t for t in job.trials}.values():
+    for spec in job.trials:
         warning = lead_time_warning(spec, run_dir)
         if warning:
             print(f"warning: {job.source}: {warning}", file=sys.stderr)

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from hpctrain.errors import SpecError, SpecProblem
 from hpctrain.spec.models import APEX_LEVELS, JobSpec
-from hpctrain.spec.problems import problems_from_validation
+from hpctrain.spec.problems import position_of, problems_from_validation
 from hpctrain.spec.profiles import ClusterProfile, apply_profile, available_profiles, config_dir, load_profile
 from hpctrain.spec.slurm_time import parse_time_limit
 from hpctrain.spec.yaml_source import _SpecLoader, read_spec_file
@@ -153,11 +153,7 @@ def _profile_for(
 
 
 def _positioned(problem: SpecProblem, positions: dict[str, tuple[int, int]]) -> SpecProblem:
-    key = problem.key
-    while key and key not in positions:
-        key = key.rpartition(".")[0]
-    line, column = positions.get(key, (None, None))
-    return SpecProblem(problem.key, problem.message, line, column)
+    return SpecProblem(problem.key, problem.message, *position_of(problem.key, positions))
 
 
 def check_resolved(spec: JobSpec, profile: ClusterProfile) -> list[SpecProblem]:

@@ -89,7 +89,7 @@ def problems_from_validation(
         loc = tuple(part for part in error["loc"] if not (isinstance(part, str) and part in _UNION_TAGS))
         key = ".".join(str(part) for part in loc)
         message = _describe({**error, "loc": loc}, root)
-        line, column = _position(key, positions)
+        line, column = position_of(key, positions)
         if overridden and any(_from_override(key, o, positions) for o in overridden):
             message += " (from --set)"
             line = column = None
@@ -106,7 +106,8 @@ def _from_override(key: str, override: str, positions: dict[str, tuple[int, int]
 _UNION_TAGS = {"int", "str", "float", "bool", "none", "list[str]", "dict[str,str]"}
 
 
-def _position(key: str, positions: dict[str, tuple[int, int]]) -> tuple[int | None, int | None]:
+def position_of(key: str, positions: dict[str, tuple[int, int]]) -> tuple[int | None, int | None]:
+    """Line and column of ``key``, or of its nearest parent the YAML spelled out."""
     while key:
         if key in positions:
             return positions[key]

@@ -16,6 +16,7 @@ from pydantic import Field, ValidationError
 
 from hpctrain.errors import SpecError
 from hpctrain.spec.models import NAME_PATTERN, JobSpec, Section, StrMap
+from hpctrain.spec.problems import problems_from_validation
 from hpctrain.spec.yaml_source import read_spec_file
 
 
@@ -101,8 +102,6 @@ def load_profile(name: str, environ: dict[str, str] | None = None) -> ClusterPro
         try:
             return ClusterProfile.model_validate(data)
         except ValidationError as exc:
-            from hpctrain.spec.problems import problems_from_validation
-
             raise SpecError(str(path), problems_from_validation(exc, positions, ClusterProfile)) from None
     if name in BUILTIN_PROFILES:
         return BUILTIN_PROFILES[name]
