@@ -21,7 +21,8 @@ def describe(job: LoadedJob) -> str:
         f"x {per_node}, world size {spec.world_size}, "
     )
     if spec.entrypoint is None:
-        line += f"global batch {spec.global_batch_size} ({spec.trainer.batch_size} per task), "
+        layout = spec.batch_layout
+        line += f"global batch {layout.global_batch} ({layout.describe()}), "
     line += f"{what}, time {spec.resources.time}"
     if job.is_sweep:
         line += f", sweep of {len(job.trials)} trials"

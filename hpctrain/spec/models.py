@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from hpctrain.spec.batch import BatchLayout
 from hpctrain.spec.slurm_time import ALLOWED_FORMS, parse_time_limit
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -143,7 +144,10 @@ class Trainer(Section):
         bool, Field(description="Use channels-last memory format (faster convolutions on tensor cores).")
     ] = False
     epochs: Annotated[int, Field(ge=1, description="Training epochs.")] = 90
-    batch_size: Annotated[int, Field(ge=1, description="Per GPU (per process) batch size.")] = 256
+    batch_size: Annotated[
+        int,
+        Field(ge=1, description="Per GPU (or per CPU process, per hogwild worker); a dp task loads it x its GPUs."),
+    ] = 256
     lr: Annotated[float, Field(gt=0, description="Base learning rate for a global batch of 256.")] = 0.1
     lr_scaling: Annotated[
         Literal["linear", "none"],
@@ -361,13 +365,13 @@ class JobSpec(Section):
         return self.resources.nodes * self.tasks_per_node
 
     @property
+    def batch_layout(self) -> BatchLayout:
+        gpus_per_task = (self.resources.gpus_per_node or 0) // self.tasks_per_node
+        return BatchLayout.of(self.trainer, tasks=self.world_size, gpus_per_task=gpus_per_task)
+
+    @property
     def global_batch_size(self) -> int:
-        per_task = self.trainer.batch_size
-        if self.trainer.strategy == "dp":
-            per_task *= max(1, self.resources.gpus_per_node or 0)
-        if self.trainer.strategy == "hogwild":
-            per_task *= self.trainer.hogwild_processes
-        return per_task * self.world_size
+        return self.batch_layout.global_batch
 
     @property
     def uses_gpus(self) -> bool:

@@ -282,15 +282,14 @@ def build_loaders(
     world_size: int,
     device_is_cuda: bool,
     epoch_seed: int,
-    batch_size: int | None = None,
+    batch_size: int,
 ) -> Loaders:
     """Train and val loaders for one rank.
 
     ``epoch_seed`` seeds the shuffle order, the augmentation and the worker RNGs
     (pass ``trainer.seed``); it is the same on every rank. ``batch_size`` is the
-    per-process batch (default ``trainer.batch_size``; pass batch_size * n_gpus for dp).
+    per-process batch (``BatchLayout.per_process``), for train and val alike.
     """
-    batch_size = batch_size or trainer_spec.batch_size
     train_ds, val_ds = build_datasets(data_spec, train=not trainer_spec.evaluate_only, seed=epoch_seed)
     val_loader = build_val_loader(
         val_ds,

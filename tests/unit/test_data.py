@@ -219,7 +219,9 @@ def test_augmentation_is_a_pure_function_of_seed_epoch_and_index(root: Path) -> 
 
 def _epochs(root: Path, workers: int, epochs: range, start_batch: int = 0) -> list[list[torch.Tensor]]:
     data = _spec(root, workers=workers, persistent_workers=True, prefetch_factor=2)
-    loaders = build_loaders(data, Trainer(batch_size=4), rank=0, world_size=1, device_is_cuda=False, epoch_seed=9)
+    loaders = build_loaders(
+        data, Trainer(batch_size=4), rank=0, world_size=1, device_is_cuda=False, epoch_seed=9, batch_size=4
+    )
     out = []
     for epoch in epochs:
         loaders.set_epoch(epoch)
@@ -256,14 +258,16 @@ def test_loader_settings_follow_the_spec(root: Path) -> None:
     assert loaders.train_sampler.rank == 1 and loaders.train_sampler.num_replicas == 2
     assert len(loaders.train_sampler) == 12
 
-    zero = build_loaders(_spec(root), Trainer(), rank=0, world_size=1, device_is_cuda=True, epoch_seed=0)
+    zero = build_loaders(
+        _spec(root), Trainer(), rank=0, world_size=1, device_is_cuda=True, epoch_seed=0, batch_size=256
+    )
     assert zero.train_loader.num_workers == 0 and not zero.train_loader.persistent_workers
     assert zero.train_loader.pin_memory
 
 
 def test_evaluate_only_builds_no_train_loader(root: Path) -> None:
     loaders = build_loaders(
-        _spec(root), Trainer(evaluate_only=True), rank=0, world_size=1, device_is_cuda=False, epoch_seed=0
+        _spec(root), Trainer(evaluate_only=True), rank=0, world_size=1, device_is_cuda=False, epoch_seed=0, batch_size=4
     )
     assert loaders.train_loader is None and loaders.train_sampler is None and loaders.num_classes == 3
     loaders.set_epoch(1)  # harmless without a train side
