@@ -1,33 +1,45 @@
-"""Where training stands, how fast it goes, and what a trainer checkpoint holds.
+"""The trainer's state as checkpoint parts, and how fast training goes.
 
-``Progress`` is the part of the trainer's state that is plain numbers: it goes
-into every checkpoint and (minus the position) into summary.json.
-``checkpoint_payload`` assembles a checkpoint from a trainer and
-``restore_checkpoint`` puts one back; it holds only tensors, dicts, lists,
-numbers and strings, so it loads with ``weights_only``.
+A checkpoint is assembled from named :class:`Stateful` parts (model,
+optimizer, scheduler, precision, sampler, strategy state, progress, epoch
+sums, RNG), each of which saves and restores itself; :func:`checkpoint_payload`
+and :func:`restore_parts` know nothing of the trainer. A payload holds only
+tensors, dicts, lists, numbers and strings, so it loads with ``weights_only``.
+
+Format version 1 (unchanged by the move to parts): the top-level keys are the
+part names above plus ``format``, ``format_version``, ``world_size``,
+``batch_size`` (per process) and ``spec``; a part a strategy does not use is None.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.trainer.evaluation import CORRECT1, CORRECT5, COUNT, LOSS_SUM, Accuracy
-
-if TYPE_CHECKING:
-    from hpctrain.trainer.trainer import Trainer
+from hpctrain.trainer.data import ResumableDistributedSampler
+from hpctrain.trainer.evaluation import CORRECT1, CORRECT5, COUNT, LOSS_SUM, Accuracy, all_reduce_sums, new_sums
+from hpctrain.trainer.rng_state import gather_rng_states, restore_rank_rng_state
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "hpctrain-trainer"
 CHECKPOINT_VERSION = 1
+
+
+class Stateful(Protocol):
+    """A checkpoint part (torch's own modules, optimizers and schedulers qualify)."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
 
 
 @dataclass
@@ -47,10 +59,13 @@ class Progress:
     val_loss: float | None = None
     best_val_top1: float | None = None
 
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> Progress:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in known})
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, values: dict[str, Any]) -> None:
+        fresh = Progress()  # a field the checkpoint lacks starts fresh
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, values.get(f.name, getattr(fresh, f.name)))
 
     def record_val(self, val: Accuracy) -> None:
         self.val_top1, self.val_top5, self.val_loss = val.top1, val.top5, val.loss
@@ -60,6 +75,64 @@ class Progress:
     def record_train(self, train: Accuracy, images_per_s: float | None) -> None:
         self.train_top1, self.train_top5, self.train_loss = train.top1, train.top5, train.loss
         self.train_images_per_s = images_per_s
+
+
+class EpochSums:
+    """This rank's train sums of the current epoch; saving all-reduces them, rank 0 carries them on resume."""
+
+    def __init__(self, device: torch.device, *, is_main: bool) -> None:
+        self.device = device
+        self.is_main = is_main
+        self.sums = new_sums(device)
+
+    def add(self, sums: torch.Tensor) -> None:
+        self.sums += sums
+
+    def zero(self) -> None:
+        self.sums.zero_()
+
+    def total(self) -> torch.Tensor:
+        """Summed over ranks, on the CPU. Collective when distributed."""
+        return all_reduce_sums(self.sums).cpu()
+
+    def state_dict(self) -> torch.Tensor:
+        return self.total()
+
+    def load_state_dict(self, state: torch.Tensor) -> None:
+        if self.is_main:  # rank 0 carries the partial epoch's sums for every rank
+            self.sums = state.to(self.device, torch.float64)
+
+
+class RngStates:
+    """Every rank's generator states: gathered to rank 0 on save, each rank's own restored on load."""
+
+    def __init__(self, device: torch.device, *, rank: int, world_size: int) -> None:
+        self.device, self.rank, self.world_size = device, rank, world_size
+
+    def state_dict(self) -> list[dict[str, Any]] | None:
+        return gather_rng_states(self.device)  # collective; None except on rank 0
+
+    def load_state_dict(self, states: list[dict[str, Any]] | None) -> None:
+        restore_rank_rng_state(states, self.rank, self.world_size, self.device)
+
+
+class SamplerPosition:
+    """The train sampler's position matching ``progress``: the next batch to train on."""
+
+    def __init__(self, sampler: ResumableDistributedSampler, progress: Progress, batch_size: int) -> None:
+        self.sampler, self.progress, self.batch_size = sampler, progress, batch_size
+        self.iter_start = 0  # the step at which the current train iterator started
+
+    def state_dict(self) -> dict[str, int]:
+        sampler, progress = self.sampler, self.progress
+        state = sampler.state_dict()
+        if progress.step_in_epoch == 0 or progress.epoch != sampler.epoch:
+            return {**state, "epoch": progress.epoch, "consumed_samples": 0}
+        done_here = progress.step_in_epoch - self.iter_start
+        return sampler.state_dict(batches_done=done_here, batch_size=self.batch_size)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.sampler.load_state_dict(state)
 
 
 class StepWindow:
@@ -104,60 +177,31 @@ class StepWindow:
         }
 
 
-def checkpoint_payload(trainer: Trainer, *, rng: list[dict[str, Any]] | None, epoch_sums: torch.Tensor) -> dict:
-    """Everything needed to continue ``trainer`` at exactly this step."""
-    hogwild = trainer.hogwild
-    return {
-        "format": CHECKPOINT_FORMAT,
-        "format_version": CHECKPOINT_VERSION,
-        "model": trainer.module.state_dict(),
-        "optimizer": trainer.optimizer.state_dict() if hogwild is None else None,
-        "scheduler": trainer.scheduler.state_dict() if hogwild is None else None,
-        "precision": trainer.precision.state_dict(),
-        "sampler": sampler_state(trainer) if hogwild is None else None,
-        "hogwild": hogwild.state_dict() if hogwild is not None else None,
-        "progress": asdict(trainer.progress),
-        "epoch_sums": epoch_sums,
-        "rng": rng,
-        "world_size": trainer.env.world_size,
-        "batch_size": trainer.batch_size,
-        "spec": json.dumps(trainer.ctx.spec.model_dump(mode="json"), sort_keys=True),
-    }
+def checkpoint_payload(parts: Mapping[str, Stateful | None], **meta: Any) -> dict[str, Any]:
+    """Every part's state under its name (None for an unused part), plus ``meta``.
+
+    Collective when a part's ``state_dict`` is (RNG states, epoch sums): call it on every rank.
+    """
+    payload: dict[str, Any] = {"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_VERSION}
+    for name, part in parts.items():
+        payload[name] = part.state_dict() if part is not None else None
+    return {**payload, **meta}
 
 
-def restore_checkpoint(trainer: Trainer, state: dict[str, Any], *, model_only: bool = False) -> None:
-    """Put a checkpoint back into ``trainer`` (the inverse of :func:`checkpoint_payload`)."""
-    if state.get("format") != CHECKPOINT_FORMAT:
+def restore_parts(state: dict[str, Any], parts: Mapping[str, Stateful | None], *, source: Path | None) -> list[str]:
+    """Load each part from its entry of ``state``, in order; the names of parts the checkpoint lacks."""
+    if state.get("format") != CHECKPOINT_FORMAT or state.get("format_version") != CHECKPOINT_VERSION:
         raise TrainingConfigError(
-            f"{trainer.checkpoints.last_loaded} is not an hpctrain trainer checkpoint",
+            f"{source} is not an hpctrain trainer checkpoint (format {state.get('format')!r} version "
+            f"{state.get('format_version')!r}; this hpctrain reads {CHECKPOINT_FORMAT!r} version {CHECKPOINT_VERSION})",
             hint="start in a new run directory, or move the foreign checkpoints away",
         )
-    trainer.module.load_state_dict(state["model"])
-    trainer.progress = Progress.from_dict(state["progress"])
-    if model_only:
-        return
-    if trainer.hogwild is not None and state.get("hogwild") is not None:
-        trainer.hogwild.load_state_dict(state["hogwild"])
-    elif trainer.hogwild is None and state.get("optimizer") is not None:
-        trainer.optimizer.load_state_dict(state["optimizer"])
-        trainer.scheduler.load_state_dict(state["scheduler"])
-        trainer.loaders.train_sampler.load_state_dict(state["sampler"])
-    else:
-        log.warning(
-            "the checkpoint was written by another strategy than %s: weights and position are restored, "
-            "optimizer state starts fresh and a partial epoch restarts from its beginning",
-            trainer.cfg.strategy,
-        )
-    trainer.precision.load_state_dict(state["precision"])
-    if trainer.ctx.is_main:  # rank 0 carries the partial epoch's sums for every rank
-        trainer.epoch_sums = state["epoch_sums"].to(trainer.device, torch.float64)
-
-
-def sampler_state(trainer: Trainer) -> dict[str, int]:
-    """The train sampler's position matching ``trainer.progress`` (the next batch to train on)."""
-    sampler, progress = trainer.loaders.train_sampler, trainer.progress
-    state = sampler.state_dict()
-    if progress.step_in_epoch == 0 or progress.epoch != sampler.epoch:
-        return {**state, "epoch": progress.epoch, "consumed_samples": 0}
-    done_here = progress.step_in_epoch - trainer.iter_start
-    return sampler.state_dict(batches_done=done_here, batch_size=trainer.batch_size)
+    missing = []
+    for name, part in parts.items():
+        if part is None:
+            continue
+        if state.get(name) is None:
+            missing.append(name)
+            continue
+        part.load_state_dict(state[name])
+    return missing

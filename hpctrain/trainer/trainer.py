@@ -16,6 +16,7 @@ references on shared clusters:
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -30,24 +31,28 @@ from torch import nn
 from hpctrain.errors import TrainingConfigError
 from hpctrain.runtime.context import TaskContext
 from hpctrain.runtime.stop import StopReason
-from hpctrain.trainer import hogwild
+from hpctrain.spec.batch import BatchLayout
 from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
 from hpctrain.trainer.data import build_loaders
-from hpctrain.trainer.evaluation import Accuracy, all_reduce_sums, batch_sums, evaluate, new_sums
+from hpctrain.trainer.evaluation import Accuracy, evaluate
 from hpctrain.trainer.models import build_model, resolve_num_classes
 from hpctrain.trainer.optim import build_optimizer, build_scheduler
 from hpctrain.trainer.precision import Precision, to_memory_format
 from hpctrain.trainer.reporting import Reporter, run_facts
-from hpctrain.trainer.rng_state import deterministic_mode, gather_rng_states, restore_rank_rng_state, seed_everything
-from hpctrain.trainer.state import Progress, StepWindow, checkpoint_payload, restore_checkpoint
-from hpctrain.trainer.strategies import (
-    average_gradients,
-    broadcast_state,
-    check_strategy,
-    devices_per_task,
-    distributed,
-    wrap_model,
+from hpctrain.trainer.rng_state import deterministic_mode, seed_everything
+from hpctrain.trainer.state import (
+    EpochSums,
+    Progress,
+    RngStates,
+    SamplerPosition,
+    Stateful,
+    StepWindow,
+    checkpoint_payload,
+    restore_parts,
 )
+from hpctrain.trainer.step import TrainStep
+from hpctrain.trainer.strategies import EpochHost, EpochWorkers, build_strategy
+from hpctrain.trainer.strategies.collectives import broadcast_state, distributed
 
 log = logging.getLogger(__name__)
 
@@ -71,21 +76,19 @@ class Trainer:
         self.device = ctx.device
         self.on_step = on_step
         self.progress = Progress()
-        # What this task's loader yields per step, and what all tasks (or hogwild workers) take per step.
-        self.batch_size = self.cfg.batch_size * devices_per_task(self.cfg.strategy, self.device)
-        workers = self.cfg.hogwild_processes if self.cfg.strategy == "hogwild" else 1
-        self.global_batch_size = self.batch_size * self.env.world_size * workers
-        self.reporter = Reporter(ctx.run_dir, enabled=ctx.is_main, static=run_facts(ctx, self.global_batch_size))
+        self.strategy = build_strategy(ctx.spec)
+        self.layout = self._batch_layout()  # per device, per process (what a loader yields), global
+        self.reporter = Reporter(ctx.run_dir, enabled=ctx.is_main, static=run_facts(ctx, self.layout.global_batch))
         cp = ctx.spec.checkpoint
         self.checkpoints = CheckpointManager(ctx.checkpoint_dir, cp.keep_last, cp.keep_best, cp.async_save)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=self.cfg.label_smoothing)
         self.resumed_from: Path | None = None  # the checkpoint this attempt continues
-        self.epoch_sums = new_sums(self.device)  # this rank's train sums for the current epoch
+        self.epoch_sums = EpochSums(self.device, is_main=ctx.is_main)  # this rank's train sums of the epoch
+        self.rng = RngStates(self.device, rank=self.env.global_rank, world_size=self.env.world_size)
         self.extra_summary: dict[str, Any] = {}
-        self.hogwild: hogwild.HogwildRunner | None = None
-        self.iter_start = 0  # the step at which the current train iterator started
+        self.workers: EpochWorkers | None = None  # set when the strategy trains epochs in other processes
+        self.sampler_position: SamplerPosition | None = None
         self._saved_step: int | None = None  # the global step of the newest checkpoint, saved or loaded
-        self._resume_rng: list[dict[str, Any]] | None = None
         self._partial_epoch = False  # the next epoch continues a checkpoint's partial epoch
 
     def fit(self) -> dict[str, Any]:
@@ -101,15 +104,13 @@ class Trainer:
 
     # -- setup, in order ---------------------------------------------------------------------------------------
     def setup(self) -> None:
-        check_strategy(self.cfg.strategy, self.env, self.device)
+        self.strategy.check(self.env, self.device)
         seed_everything(self.cfg.seed)
         self.build_data()
         self.build_model()
         self.build_optimization()
-        self.resume()
         torch.manual_seed(self.cfg.seed + 1 + self.env.global_rank)  # per-rank dropout etc. (a resume overrides)
-        if self._resume_rng is not None:
-            restore_rank_rng_state(self._resume_rng, self.env.global_rank, self.env.world_size, self.device)
+        self.resume()
 
     def build_data(self) -> None:
         rank, world = self.env.global_rank, self.env.world_size
@@ -120,7 +121,7 @@ class Trainer:
             world_size=world,
             device_is_cuda=self.device.type == "cuda",
             epoch_seed=self.cfg.seed,
-            batch_size=self.batch_size,
+            batch_size=self.layout.per_process,
         )
         self.full_epoch_steps = len(self.loaders.train_loader) if self.loaders.train_loader is not None else 0
         self.steps_per_epoch = min(self.full_epoch_steps, self.cfg.max_steps_per_epoch or self.full_epoch_steps)
@@ -129,24 +130,33 @@ class Trainer:
                 f"data.root: the train set gives no batches for rank {rank} of {world}",
                 hint="use a larger dataset, a smaller trainer.batch_size, or fewer tasks",
             )
+        if self.loaders.train_sampler is not None:
+            self.sampler_position = SamplerPosition(self.loaders.train_sampler, self.progress, self.layout.per_process)
 
     def build_model(self) -> None:
         num_classes = resolve_num_classes(self.cfg, self.loaders.num_classes)
         model = build_model(self.cfg, num_classes, image_size=self.ctx.spec.data.image_size)
         self.module = to_memory_format(model.to(self.device), self.cfg.channels_last)
-        if self.cfg.strategy == "hogwild":
-            self.module.share_memory()
 
     def build_optimization(self) -> None:
         self.precision = Precision(self.cfg.precision, self.device)
-        self.optimizer = build_optimizer(self.module, self.cfg, self.global_batch_size)
+        self.optimizer = build_optimizer(self.module, self.cfg, self.layout.global_batch)
         self.module, self.optimizer = self.precision.prepare(self.module, self.optimizer)  # Apex: before wrapping
-        self.model = wrap_model(self.module, self.cfg.strategy, self.device)
+        self.model = self.strategy.wrap(self.module, self.device)
         self.scheduler = build_scheduler(self.optimizer, self.cfg, max(1, self.steps_per_epoch))
-        if self.cfg.strategy == "hogwild" and not self.cfg.evaluate_only:
-            self.hogwild = hogwild.HogwildRunner(self)
-        # Multi-node dp does by hand what DDP does: same buffers before each forward, mean gradients after.
-        self._manual_sync = self.cfg.strategy == "dp" and distributed()
+        self.train_step = TrainStep(
+            self.model,
+            self.module,
+            self.optimizer,
+            self.scheduler,
+            self.precision,
+            self.criterion,
+            self.strategy,
+            self.device,
+            self.cfg.channels_last,
+        )
+        if self.loaders.train_dataset is not None:
+            self.workers = self.strategy.epoch_workers(self._epoch_host())
 
     def resume(self) -> None:
         """Continue from the newest complete checkpoint in the run directory, if there is one."""
@@ -160,7 +170,16 @@ class Trainer:
                     hint="set trainer.weights to a local weights file, or evaluate a run directory with checkpoints",
                 )
             return
-        restore_checkpoint(self, state, model_only=self.cfg.evaluate_only)
+        parts = self.checkpoint_parts()
+        if self.cfg.evaluate_only:
+            parts = {"model": self.module, "progress": self.progress}
+        missing = restore_parts(state, parts, source=self.checkpoints.last_loaded)
+        if set(missing) - {"rng", "epoch_sums"}:
+            log.warning(
+                "the checkpoint was written by another strategy than %s: weights and position are restored, "
+                "optimizer state starts fresh and a partial epoch restarts from its beginning",
+                self.cfg.strategy,
+            )
         self._saved_step = self.progress.global_step
         log.info(
             "resumed from %s (epoch %d, step %d)",
@@ -169,7 +188,7 @@ class Trainer:
             self.progress.step_in_epoch,
         )
         if not self.cfg.evaluate_only:
-            self.resumed_from, self._resume_rng, self._partial_epoch = self.checkpoints.last_loaded, state["rng"], True
+            self.resumed_from, self._partial_epoch = self.checkpoints.last_loaded, True
 
     # -- the story -------------------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
@@ -194,14 +213,15 @@ class Trainer:
 
     def train_epoch(self, epoch: int) -> StopReason | None:
         """Train one epoch (or what is left of it); a stop reason if the ranks agreed to stop."""
-        if self.hogwild is not None:
-            return self.hogwild.train_epoch(epoch)
+        if self.workers is not None:
+            return self.workers.train_epoch(epoch)
         self.loaders.set_epoch(epoch)
         if not self._partial_epoch:
-            self.loaders.train_sampler.set_start_batch(0, self.batch_size)
+            self.loaders.train_sampler.set_start_batch(0, self.layout.per_process)
         self._partial_epoch = False
         start = min(self.steps_per_epoch, self.full_epoch_steps - len(self.loaders.train_loader))
-        self.progress.epoch, self.progress.step_in_epoch, self.iter_start = epoch, start, start
+        self.progress.epoch, self.progress.step_in_epoch = epoch, start
+        self.sampler_position.iter_start = start
         self.model.train()
         window, epoch_timer = StepWindow(), StepWindow()
         with torch.random.fork_rng(devices=[]):  # starting an iterator must not draw from the global RNG
@@ -214,7 +234,7 @@ class Trainer:
             images, targets = next(batches)
             data_s = time.perf_counter() - fetch_started
             sums = self.train_step(images, targets)
-            self.epoch_sums += sums
+            self.epoch_sums.add(sums)
             window.add(sums, data_s=data_s, images=targets.shape[0])
             epoch_timer.add(None, data_s=data_s, images=targets.shape[0])
             self.progress.step_in_epoch, self.progress.global_step = step + 1, self.progress.global_step + 1
@@ -225,28 +245,11 @@ class Trainer:
         self._end_epoch_train_metrics(epoch, epoch_timer)
         return None
 
-    def train_step(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """One optimizer step; returns this batch's [correct1, correct5, loss*n, n] on the device."""
-        images = to_memory_format(images.to(self.device, non_blocking=True), self.cfg.channels_last)
-        targets = targets.to(self.device, non_blocking=True)
-        if self._manual_sync:
-            broadcast_state(self.module, buffers_only=True)
-        with self.precision.autocast():
-            output = self.model(images)
-            loss = self.criterion(output, targets)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.precision.backward(loss, self.optimizer)
-        if self._manual_sync:
-            average_gradients(self.module)
-        if self.precision.step(self.optimizer):
-            self.scheduler.step()
-        return batch_sums(output.float(), targets, loss.float())
-
     def validate(self, epoch: int) -> Accuracy:
         if distributed():
             broadcast_state(self.module, buffers_only=True)  # every rank evaluates (and saves) rank 0's model
         # DataParallel's forward is local to the task; DDP's is a collective, and val shards differ in size.
-        model = self.model if isinstance(self.model, nn.DataParallel) else self.module
+        model = self.model if self.strategy.evaluates_wrapped else self.module
         val = evaluate(
             model,
             self.loaders.val_loader,
@@ -267,7 +270,7 @@ class Trainer:
     def end_epoch(self, epoch: int, val: Accuracy) -> None:
         self.progress.epochs_completed = epoch + 1
         self.progress.epoch, self.progress.step_in_epoch = epoch + 1, 0
-        self.epoch_sums.zero_()
+        self.epoch_sums.zero()
         if (epoch + 1) % self.ctx.spec.checkpoint.every_epochs == 0:
             self.save_checkpoint(tag="epoch", metric=val.top1)
         self.write_summary("running")
@@ -304,10 +307,13 @@ class Trainer:
     # -- checkpoints and summaries -------------------------------------------------------------------------------
     def save_checkpoint(self, *, tag: str, metric: float | None = None) -> None:
         """Collective (RNG states and epoch sums are gathered); only rank 0 writes."""
-        rng = gather_rng_states(self.device)
-        epoch_sums = all_reduce_sums(self.epoch_sums).cpu()
+        state = checkpoint_payload(
+            self.checkpoint_parts(),
+            world_size=self.env.world_size,
+            batch_size=self.layout.per_process,
+            spec=json.dumps(self.ctx.spec.model_dump(mode="json"), sort_keys=True),
+        )
         if self.ctx.is_main:
-            state = checkpoint_payload(self, rng=rng, epoch_sums=epoch_sums)
             self.checkpoints.save(
                 state, step=self.progress.global_step, epoch=self.progress.epoch, metric=metric, tag=tag
             )
@@ -318,6 +324,24 @@ class Trainer:
                 self.checkpoints.last_stall_s,
             )
         self._saved_step = self.progress.global_step
+
+    def checkpoint_parts(self) -> dict[str, Stateful | None]:
+        """What a checkpoint holds, part by part, in format version 1's keys and order.
+
+        A strategy that trains in worker processes (hogwild) keeps the optimizers, schedules and data
+        positions itself, in its own part; the trainer's are then not saved.
+        """
+        own = self.workers is None
+        parts: dict[str, Stateful | None] = {
+            "model": self.module,
+            "optimizer": self.optimizer if own else None,
+            "scheduler": self.scheduler if own else None,
+            "precision": self.precision,
+            "sampler": self.sampler_position if own else None,
+            "hogwild": None,
+        }
+        parts.update(self.strategy.state_parts())
+        return {**parts, "progress": self.progress, "epoch_sums": self.epoch_sums, "rng": self.rng}
 
     def write_summary(self, status: str, *, stop_reason: str | None = None, final: bool = False) -> dict[str, Any]:
         """summary.json on rank 0; every rank gets the dict. ``final`` adds the weights digest on all ranks."""
@@ -349,18 +373,37 @@ class Trainer:
             self.save_checkpoint(tag="step")
 
     def _end_epoch_train_metrics(self, epoch: int, timer: StepWindow) -> None:
-        train = Accuracy.from_sums(all_reduce_sums(self.epoch_sums).cpu())
+        train = Accuracy.from_sums(self.epoch_sums.total())
         images_per_s = timer.images_per_s(self.env.world_size) if timer.images else self.progress.train_images_per_s
         self.progress.record_train(train, images_per_s)
         values = {**train.as_dict(), "images_per_s": images_per_s, "lr": self.optimizer.param_groups[0]["lr"]}
         self.reporter.epoch_end(epoch=epoch, global_step=self.progress.global_step, values=values)
 
     def _reported_steps_per_epoch(self) -> int:
-        return self.hogwild.steps_per_epoch_total if self.hogwild is not None else self.steps_per_epoch
+        return self.workers.steps_per_epoch if self.workers is not None else self.steps_per_epoch
+
+    def _batch_layout(self) -> BatchLayout:
+        """The spec's batch layout over this job's tasks and the GPUs this task sees (dp checks they agree)."""
+        gpus_per_task = self.strategy.gpus_per_task(self.device)
+        return BatchLayout.of(self.cfg, tasks=self.env.world_size, gpus_per_task=gpus_per_task)
+
+    def _epoch_host(self) -> EpochHost:
+        return EpochHost(
+            spec=self.ctx.spec,
+            module=self.module,
+            layout=self.layout,
+            train_samples=len(self.loaders.train_dataset),
+            progress=self.progress,
+            epoch_sums=self.epoch_sums,
+            reporter=self.reporter,
+            stop=self.ctx.stop,
+            before_fork=self.checkpoints.wait,
+            summary=self.extra_summary,
+        )
 
     def _reserve_checkpoint_buffers(self) -> None:
         """Allocate the async staging buffers now, so the first checkpoint in the loop only copies."""
-        if not (self.ctx.is_main and self.ctx.spec.checkpoint.async_save and self.hogwild is None):
+        if not (self.ctx.is_main and self.ctx.spec.checkpoint.async_save and self.workers is None):
             return
         optimizer = self.optimizer.state_dict()
         if not optimizer["state"] and self.cfg.momentum > 0:  # SGD creates its momentum at the first step
@@ -383,5 +426,3 @@ class Trainer:
             log.error("%s", exc)
         finally:
             self.reporter.close()
-            if self.hogwild is not None:
-                self.hogwild.close()

@@ -83,7 +83,7 @@ def test_hogwild_refuses_cuda_and_several_tasks() -> None:
 def test_a_failing_worker_fails_the_run_with_its_traceback(
     data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import hpctrain.trainer.hogwild as hogwild
+    import hpctrain.trainer.strategies.hogwild as hogwild
 
     def broken_loaders(*args: object, **kwargs: object) -> None:
         raise ValueError("worker-side failure")

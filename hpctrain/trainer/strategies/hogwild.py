@@ -25,15 +25,21 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.multiprocessing as mp
 
+from hpctrain.errors import TrainingConfigError
 from hpctrain.runtime.stop import StopReason
 from hpctrain.trainer.data import ResumableDistributedSampler, build_loaders
-from hpctrain.trainer.evaluation import Accuracy, batch_sums, new_sums
+from hpctrain.trainer.evaluation import Accuracy, new_sums
 from hpctrain.trainer.optim import build_optimizer, build_scheduler
-from hpctrain.trainer.precision import Precision, to_memory_format
+from hpctrain.trainer.precision import Precision
 from hpctrain.trainer.rng_state import seed_everything
+from hpctrain.trainer.step import TrainStep
+from hpctrain.trainer.strategies.base import EpochHost, Strategy, refuse_several_tasks
 
 if TYPE_CHECKING:
-    from hpctrain.trainer.trainer import Trainer
+    from torch import nn
+
+    from hpctrain.runtime.context import TaskEnv
+    from hpctrain.spec.models import JobSpec
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.2
@@ -50,37 +56,70 @@ class WorkerState:
     report: dict[str, Any] = field(default_factory=dict)
 
 
-class HogwildRunner:
-    """Runs the train part of each epoch in ``trainer.hogwild_processes`` forked workers."""
+class Hogwild(Strategy):
+    """Trains the train part of each epoch in ``trainer.hogwild_processes`` forked workers.
 
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
-        self.processes = trainer.cfg.hogwild_processes
-        self.workers = [WorkerState() for _ in range(self.processes)]
-        dataset = trainer.loaders.train_dataset
-        cap = trainer.cfg.max_steps_per_epoch
+    Its checkpoint part (``state_parts``) is every worker's optimizer, schedule and position.
+    """
+
+    name = "hogwild"
+
+    def __init__(self, processes: int) -> None:
+        self.processes = processes
+        self.workers = [WorkerState() for _ in range(processes)]
+        self.steps: list[int] = []
+        self.steps_per_epoch = 0
+        self._host: EpochHost | None = None
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec) -> Hogwild:
+        return cls(spec.trainer.hogwild_processes)
+
+    def check(self, env: TaskEnv, device: torch.device) -> None:
+        refuse_several_tasks(self.name, env)
+        if device.type == "cuda":
+            raise TrainingConfigError(
+                "trainer.strategy: hogwild is CPU-only (lock-free updates of one shared-memory model)",
+                hint="set resources.gpus_per_node: 0 for hogwild, or use trainer.strategy: ddp on GPUs",
+            )
+        super().check(env, device)
+
+    def wrap(self, module: nn.Module, device: torch.device) -> nn.Module:
+        return module.share_memory()
+
+    def epoch_workers(self, host: EpochHost) -> Hogwild:
+        """Bind to the trainer's run; each worker trains shard i of ``processes`` of the train set."""
+        self._host = host
+        cap = host.spec.trainer.max_steps_per_epoch
         self.steps = []
         for index in range(self.processes):
-            shard = len(ResumableDistributedSampler(dataset, self.processes, index, seed=trainer.cfg.seed))
-            batches = math.ceil(shard / trainer.batch_size)
+            shard = len(ResumableDistributedSampler(range(host.train_samples), self.processes, index))
+            batches = math.ceil(shard / host.layout.per_process)
             self.steps.append(min(batches, cap or batches))
+        self.steps_per_epoch = sum(self.steps)
         self.threads = max(1, len(os.sched_getaffinity(0)) // self.processes)
+        return self
+
+    def state_parts(self) -> dict[str, Any]:
+        return {"hogwild": self}
 
     @property
-    def steps_per_epoch_total(self) -> int:
-        return sum(self.steps)
+    def host(self) -> EpochHost:
+        if self._host is None:
+            raise RuntimeError("Hogwild.epoch_workers(host) must be called before training")
+        return self._host
 
     def train_epoch(self, epoch: int) -> StopReason | None:
-        trainer = self.trainer
-        trainer.progress.epoch = epoch
-        trainer.checkpoints.wait()  # no writer thread may be mid-write while we fork
+        host = self.host
+        host.progress.epoch = epoch
+        host.before_fork()  # no writer thread may be mid-write while we fork
         context = mp.get_context("fork")
         messages, stop_event = context.Queue(), context.Event()
-        base_step = trainer.progress.global_step - sum(w.step_in_epoch for w in self.workers)
+        base_step = host.progress.global_step - sum(w.step_in_epoch for w in self.workers)
         procs = [
             context.Process(
                 target=_worker,
-                args=(index, self._worker_args(epoch, index), trainer.module, messages, stop_event),
+                args=(index, self._worker_args(epoch, index), host.module, messages, stop_event),
                 name=f"hogwild-{index}",
             )
             for index in range(self.processes)
@@ -104,7 +143,7 @@ class HogwildRunner:
         return reason
 
     def _supervise(self, epoch: int, procs: list, messages: Any, stop_event: Any, base_step: int) -> StopReason | None:
-        trainer, reason, finished = self.trainer, None, set()
+        host, reason, finished = self.host, None, set()
         window, epoch_started = _Window(), time.perf_counter()
         images = 0
         steps_done = [w.step_in_epoch for w in self.workers]
@@ -115,7 +154,7 @@ class HogwildRunner:
                 for index, proc in enumerate(procs):
                     if proc.exitcode not in (None, 0) and index not in finished:
                         raise _worker_failure(index, proc.exitcode, messages)
-                if reason is None and (reason := trainer.ctx.stop.agreed()) is not None:
+                if reason is None and (reason := host.stop.agreed()) is not None:
                     stop_event.set()
             try:
                 kind, index, payload = messages.get(timeout=_POLL_S)
@@ -127,13 +166,13 @@ class HogwildRunner:
                 window.add(index, payload, steps=payload["step"] - steps_done[index])
                 images += int(payload["sums"][3])
                 steps_done[index] = payload["step"]
-                trainer.progress.global_step = base_step + sum(steps_done)
-                trainer.reporter.advance(trainer.progress.global_step)
-                if window.steps >= trainer.cfg.log_every_steps:
-                    trainer.reporter.train_step(
+                host.progress.global_step = base_step + sum(steps_done)
+                host.reporter.advance(host.progress.global_step)
+                if window.steps >= host.spec.trainer.log_every_steps:
+                    host.reporter.train_step(
                         epoch=epoch,
                         step=sum(steps_done),
-                        global_step=trainer.progress.global_step,
+                        global_step=host.progress.global_step,
                         values=window.values(),
                         steps=window.steps,
                     )
@@ -142,10 +181,10 @@ class HogwildRunner:
                 self._collect(epoch, index, payload)
                 steps_done[index] = payload["step_in_epoch"]
                 finished.add(index)
-        trainer.progress.step_in_epoch = sum(steps_done)
-        trainer.progress.global_step = base_step + sum(steps_done)
+        host.progress.step_in_epoch = sum(steps_done)
+        host.progress.global_step = base_step + sum(steps_done)
         self._images_per_s = images / max(1e-9, time.perf_counter() - epoch_started)
-        return reason if reason is not None else trainer.ctx.stop.agreed()
+        return reason if reason is not None else host.stop.agreed()
 
     def _collect(self, epoch: int, index: int, payload: dict[str, Any]) -> None:
         worker = self.workers[index]
@@ -153,29 +192,29 @@ class HogwildRunner:
         worker.optimizer = torch.load(io.BytesIO(payload["optimizer"]), weights_only=True)
         worker.scheduler = payload["scheduler"]
         worker.report = {k: payload[k] for k in ("steps", "samples", "indices_sha256", "shard")} | {"epoch": epoch}
-        self.trainer.epoch_sums += torch.tensor(payload["sums"], dtype=torch.float64)
+        self.host.epoch_sums.add(torch.tensor(payload["sums"], dtype=torch.float64))
 
     def _end_epoch(self, epoch: int) -> None:
-        trainer = self.trainer
-        train = Accuracy.from_sums(trainer.epoch_sums.cpu())
-        trainer.progress.record_train(train, self._images_per_s)
-        trainer.extra_summary["hogwild_workers"] = [dict(w.report, worker=i) for i, w in enumerate(self.workers)]
+        host = self.host
+        train = Accuracy.from_sums(host.epoch_sums.sums.cpu())
+        host.progress.record_train(train, self._images_per_s)
+        host.summary["hogwild_workers"] = [dict(w.report, worker=i) for i, w in enumerate(self.workers)]
         for worker in self.workers:
             worker.step_in_epoch = 0  # the next epoch starts every shard from its beginning
         last_lr = (self.workers[0].scheduler or {}).get("_last_lr") or [0.0]
         values = {**train.as_dict(), "images_per_s": self._images_per_s, "lr": last_lr[0]}
-        trainer.reporter.epoch_end(epoch=epoch, global_step=trainer.progress.global_step, values=values)
+        host.reporter.epoch_end(epoch=epoch, global_step=host.progress.global_step, values=values)
 
     def _worker_args(self, epoch: int, index: int) -> dict[str, Any]:
-        trainer, worker = self.trainer, self.workers[index]
+        host, worker = self.host, self.workers[index]
         return {
-            "spec": trainer.ctx.spec,
+            "spec": host.spec,
             "epoch": epoch,
             "start": worker.step_in_epoch,
             "steps": self.steps[index],
             "processes": self.processes,
-            "batch_size": trainer.batch_size,
-            "global_batch_size": trainer.global_batch_size,
+            "batch_size": host.layout.per_process,
+            "global_batch_size": host.layout.global_batch,
             "threads": self.threads,
             "optimizer": worker.optimizer,
             "scheduler": worker.scheduler,
@@ -197,9 +236,6 @@ class HogwildRunner:
             )
             return
         self.workers = [WorkerState(w["step_in_epoch"], w["optimizer"], w["scheduler"]) for w in state["workers"]]
-
-    def close(self) -> None:
-        """Nothing stays running between epochs; kept for symmetry with the other strategies."""
 
 
 def _worker_failure(index: int, exitcode: int, messages: Any) -> RuntimeError:
@@ -277,6 +313,9 @@ def _train_shard(index: int, args: dict[str, Any], model: torch.nn.Module, messa
         optimizer.load_state_dict(args["optimizer"])
         scheduler.load_state_dict(args["scheduler"])
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+    train_step = TrainStep(
+        model, model, optimizer, scheduler, precision, criterion, Strategy(), device, cfg.channels_last
+    )
     indices = list(loaders.train_sampler)
     batches = iter(loaders.train_loader)
     epoch_sums, window_sums, data_s = new_sums(device), new_sums(device), 0.0
@@ -287,15 +326,7 @@ def _train_shard(index: int, args: dict[str, Any], model: torch.nn.Module, messa
         fetch_started = time.perf_counter()
         images, targets = next(batches)
         data_s += time.perf_counter() - fetch_started
-        images = to_memory_format(images, cfg.channels_last)
-        with precision.autocast():
-            output = model(images)
-            loss = criterion(output, targets)
-        optimizer.zero_grad(set_to_none=True)
-        precision.backward(loss, optimizer)
-        if precision.step(optimizer):
-            scheduler.step()
-        sums = batch_sums(output.float(), targets, loss.float())
+        sums = train_step(images, targets)
         epoch_sums += sums
         window_sums += sums
         step += 1

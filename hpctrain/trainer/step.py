@@ -1,0 +1,59 @@
+"""The one train step, shared by every strategy and by each hogwild worker (with its own optimizer).
+
+A strategy takes part in the step only through :class:`StepHooks`: multi-node
+dp broadcasts buffers before the forward and averages gradients after the
+backward; DDP does both inside its wrapper, the others need nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from hpctrain.trainer.batches import batch_to_device
+from hpctrain.trainer.evaluation import batch_sums
+from hpctrain.trainer.precision import Precision
+
+
+class StepHooks(Protocol):
+    """A strategy's share of a train step (both are no-ops for most strategies)."""
+
+    def before_forward(self, module: nn.Module) -> None: ...
+
+    def after_backward(self, module: nn.Module) -> None: ...
+
+
+@dataclass
+class TrainStep:
+    """Forward, backward and optimizer step of ``model`` on one batch; call it with (images, targets).
+
+    ``model`` is what the forward runs (the strategy's wrapper), ``module`` the
+    plain model inside it.
+    """
+
+    model: nn.Module
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    precision: Precision
+    criterion: nn.Module
+    hooks: StepHooks
+    device: torch.device
+    channels_last: bool = False
+
+    def __call__(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One optimizer step; returns this batch's [correct1, correct5, loss*n, n] on the device."""
+        images, targets = batch_to_device(images, targets, self.device, channels_last=self.channels_last)
+        self.hooks.before_forward(self.module)
+        with self.precision.autocast():
+            output = self.model(images)
+            loss = self.criterion(output, targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.precision.backward(loss, self.optimizer)
+        self.hooks.after_backward(self.module)
+        if self.precision.step(self.optimizer):
+            self.scheduler.step()
+        return batch_sums(output.float(), targets, loss.float())

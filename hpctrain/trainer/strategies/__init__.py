@@ -1,0 +1,33 @@
+"""How one model is spread over devices and tasks: one module per ``trainer.strategy``.
+
+Each strategy implements :class:`~hpctrain.trainer.strategies.base.Strategy`
+(refuse bad layouts, wrap the model, its share of the train step, its own
+checkpoint state). Checkpoints and evaluation use the plain module.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hpctrain.runtime.context import TaskEnv
+from hpctrain.spec.models import JobSpec
+from hpctrain.trainer.strategies.base import EpochHost, EpochWorkers, Strategy
+from hpctrain.trainer.strategies.ddp import DDP
+from hpctrain.trainer.strategies.dp import DataParallel
+from hpctrain.trainer.strategies.hogwild import Hogwild
+from hpctrain.trainer.strategies.single import Single
+
+__all__ = ["EpochHost", "EpochWorkers", "Strategy", "build_strategy", "check_strategy"]
+
+
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (Single, DataParallel, DDP, Hogwild)}
+
+
+def build_strategy(spec: JobSpec) -> Strategy:
+    """The strategy ``trainer.strategy`` names, configured from the spec."""
+    return STRATEGIES[spec.trainer.strategy].from_spec(spec)
+
+
+def check_strategy(name: str, env: TaskEnv, device: torch.device) -> None:
+    """Refuse a layout ``name`` (with default settings) cannot run as asked, naming the setting to change."""
+    build_strategy(JobSpec.model_validate({"name": "check", "trainer": {"strategy": name}})).check(env, device)
