@@ -237,8 +237,6 @@ def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
                 ),
             )
         )
-    if trainer.strategy == "dp" and nodes > 1:
-        problems.append(SpecProblem("trainer.strategy", "'dp' (DataParallel) runs on one node; use 'ddp' for several"))
     if trainer.strategy == "hogwild":
         if gpus:
             problems.append(SpecProblem("trainer.strategy", "'hogwild' trains on CPU; set resources.gpus_per_node: 0"))

@@ -11,6 +11,8 @@ import pytest
 import torch
 from trainer_harness import job_spec, make_data, run_ranks, train
 
+from hpctrain.trainer.checkpoint import CheckpointManager
+
 pytestmark = pytest.mark.local_dist
 
 
@@ -40,6 +42,23 @@ def test_ddp_ranks_train_identical_models(two_ranks: tuple[Path, Path, list[dict
     alone = train(run_dir, spec)
     assert alone["val_top1"] == results[0]["val_top1"] and alone["val_top5"] == results[0]["val_top5"]
     assert alone["weights_sha256"] == results[0]["weights_sha256"]
+
+
+def test_multi_node_dp_trains_like_ddp(tmp_path: Path) -> None:
+    """dp across nodes (buffers broadcast, gradients averaged by hand) gives ddp's weights after 4 steps."""
+    data_root = make_data(tmp_path / "data")
+    ranks = run_ranks("dp_like_ddp", 2, tmp_path / "out", data_root=str(data_root), base_dir=str(tmp_path))
+    for result in ranks:
+        assert result["ddp"]["global_step"] == result["dp"]["global_step"] == 4
+        assert result["dp"]["global_batch_size"] == result["ddp"]["global_batch_size"] == 16
+    ddp = CheckpointManager(tmp_path / "ddp" / "checkpoints").load()["model"]
+    dp = CheckpointManager(tmp_path / "dp" / "checkpoints").load()["model"]
+    assert ddp.keys() == dp.keys()
+    for name, tensor in ddp.items():
+        if tensor.is_floating_point():
+            torch.testing.assert_close(dp[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+        else:
+            assert torch.equal(dp[name], tensor), name
 
 
 def test_multi_node_dp_keeps_tasks_in_step(two_ranks: tuple[Path, Path, list[dict[str, Any]]]) -> None:

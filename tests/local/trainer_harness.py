@@ -159,4 +159,19 @@ def scenario_resume(rank: int, world_size: int, *, data_root: str, base_dir: str
     return {"full": full, "stopped": stopped, "resumed": resumed}
 
 
-SCENARIOS: dict[str, Callable[..., Any]] = {"ddp": scenario_ddp, "resume": scenario_resume}
+def scenario_dp_like_ddp(rank: int, world_size: int, *, data_root: str, base_dir: str) -> dict[str, Any]:
+    """The same deterministic training as ddp over all ranks, and as dp with one task per (pretend) node."""
+    trainer = {"epochs": 2, "max_steps_per_epoch": 2, "deterministic": True}
+    base = Path(base_dir)
+    spec = job_spec(Path(data_root), trainer={**trainer, "strategy": "ddp"})
+    ddp = train(base / "ddp", spec, rank=rank, world_size=world_size)
+    spec = job_spec(Path(data_root), trainer={**trainer, "strategy": "dp"})
+    dp = Trainer(context(base / "dp", spec, rank=rank, world_size=world_size, one_task_per_node=True)).fit()
+    return {"ddp": ddp, "dp": dp}
+
+
+SCENARIOS: dict[str, Callable[..., Any]] = {
+    "ddp": scenario_ddp,
+    "resume": scenario_resume,
+    "dp_like_ddp": scenario_dp_like_ddp,
+}

@@ -669,7 +669,6 @@ def test_output_dir_inside_the_profile_data_root_is_refused(tmp_path: Path) -> N
     [
         ("trainer: {precision: fp16}", "trainer.precision", "use bf16"),
         ("trainer: {precision: O2}", "trainer.precision", "needs CUDA"),
-        ("resources: {nodes: 2}\ntrainer: {strategy: dp}", "trainer.strategy", "use 'ddp'"),
         ("resources: {tasks_per_node: 2}\ntrainer: {strategy: single}", "trainer.strategy", "2 tasks"),
         ("resources: {nodes: 2}\ntrainer: {strategy: single}", "trainer.strategy", "'single' runs one process"),
         ("resources: {gpus_per_node: 2}\ntrainer: {strategy: hogwild}", "trainer.strategy", "gpus_per_node: 0"),
@@ -690,6 +689,7 @@ def test_impossible_combinations(tmp_path: Path, text: str, key: str, needle: st
         "trainer: {precision: bf16}",
         "resources: {gpus_per_node: 2}\ntrainer: {precision: fp16}",
         "resources: {gpus_per_node: 2}\ntrainer: {strategy: dp}",
+        "resources: {nodes: 2, gpus_per_node: 2}\ntrainer: {strategy: dp}",  # tasks average gradients by hand
         "trainer: {strategy: hogwild, hogwild_processes: 4}",
         "trainer: {strategy: single}",
     ],
