@@ -69,6 +69,7 @@ class Hogwild(Strategy):
         self.workers = [WorkerState() for _ in range(processes)]
         self.steps: list[int] = []
         self.steps_per_epoch = 0
+        self.threads = 1  # torch threads per worker
         self._host: EpochHost | None = None
 
     @classmethod
