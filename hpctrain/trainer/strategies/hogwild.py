@@ -32,6 +32,7 @@ from hpctrain.trainer.evaluation import Accuracy, new_sums
 from hpctrain.trainer.optim import build_optimizer, build_scheduler
 from hpctrain.trainer.precision import Precision
 from hpctrain.trainer.rng_state import seed_everything
+from hpctrain.trainer.state import StepWindow
 from hpctrain.trainer.step import TrainStep
 from hpctrain.trainer.strategies.base import EpochHost, Strategy, refuse_several_tasks
 
@@ -319,35 +320,23 @@ def _train_shard(index: int, args: dict[str, Any], model: torch.nn.Module, messa
     )
     indices = list(loaders.train_sampler)
     batches = iter(loaders.train_loader)
-    epoch_sums, window_sums, data_s = new_sums(device), new_sums(device), 0.0
+    epoch_sums, window = new_sums(device), StepWindow()
     model.train()
     step = args["start"]
-    window_started = time.perf_counter()
     while step < args["steps"] and not stop_event.is_set():
         fetch_started = time.perf_counter()
         images, targets = next(batches)
-        data_s += time.perf_counter() - fetch_started
+        data_s = time.perf_counter() - fetch_started
         sums = train_step(images, targets)
         epoch_sums += sums
-        window_sums += sums
+        window.add(sums, data_s=data_s, images=targets.shape[0])
         step += 1
         if step % cfg.log_every_steps == 0 or step == args["steps"]:
-            now = time.perf_counter()
-            messages.put(
-                (
-                    "log",
-                    index,
-                    {
-                        "step": step,
-                        "sums": window_sums.tolist(),
-                        "data_s": data_s,
-                        "elapsed_s": now - window_started,
-                        "lr": optimizer.param_groups[0]["lr"],
-                    },
-                )
-            )
-            window_sums.zero_()
-            data_s, window_started = 0.0, now
+            elapsed_s = time.perf_counter() - window.started
+            lr = optimizer.param_groups[0]["lr"]
+            values = {"step": step, "sums": window.sums.tolist(), "data_s": window.data_s, "lr": lr}
+            messages.put(("log", index, {**values, "elapsed_s": elapsed_s}))
+            window.reset()
     samples = min(len(indices), (step - args["start"]) * args["batch_size"])
     buffer = io.BytesIO()
     torch.save(optimizer.state_dict(), buffer)
