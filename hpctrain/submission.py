@@ -79,8 +79,9 @@ def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> d
     extra: dict[str, Any] = {}
     wants_requeue = spec.signals.requeue_on_timeout or spec.signals.requeue_on_preemption
     extra["requeue" if wants_requeue else "no-requeue"] = True
-    if spec.signals.timeout_signal != "USR2":  # submitit always writes USR2; override it
-        extra["signal"] = f"{spec.signals.timeout_signal}@{spec.signals.signal_delay_s}"
+    # Written from the spec, always: submitit's own line takes its signal from
+    # SUBMITIT_PREEMPT_SIGNAL in the submitting shell, which the tasks never see.
+    extra["signal"] = f"{spec.signals.timeout_signal}@{spec.signals.signal_delay_s}"
     extra.update(res.slurm_extra)
     params["additional_parameters"] = extra
     return params

@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = job_registry.resolve_run(args.run)
     info = read_run_info(run_dir)
     if info.get("trials"):
-        raise UsageError(f"{run_dir} is a sweep", hint="resume one trial: hpctrain resume {run_dir}/trial-NNN")
+        raise UsageError(f"{run_dir} is a sweep", hint=f"resume one trial: hpctrain resume {run_dir}/trial-NNN")
     if info.get("backend") == "slurm" and not args.local:
         state = job_state(str(info["job_id"]))
         if state not in TERMINAL_STATES:

@@ -8,9 +8,9 @@ and user entry points receive.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # torch stays out of login-node imports
     import torch
@@ -68,7 +68,6 @@ class TaskContext:
     run_dir: Path
     device: torch.device
     stop: StopRequest
-    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_main(self) -> bool:
