@@ -23,6 +23,7 @@ from hpctrain import job_registry
 from hpctrain.errors import ClusterError
 from hpctrain.rundir import SPEC_FILE, SUBMITIT_DIR, atomic_write_text, create_run_dir, read_run_info, write_run_info
 from hpctrain.runtime.cleanup import python_command
+from hpctrain.slurm import signal_parameter
 from hpctrain.spec.load import LoadedJob
 from hpctrain.spec.models import JobSpec
 from hpctrain.spec.profiles import ClusterProfile
@@ -81,7 +82,7 @@ def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> d
     extra["requeue" if wants_requeue else "no-requeue"] = True
     # Written from the spec, always: submitit's own line takes its signal from
     # SUBMITIT_PREEMPT_SIGNAL in the submitting shell, which the tasks never see.
-    extra["signal"] = f"{spec.signals.timeout_signal}@{spec.signals.signal_delay_s}"
+    extra["signal"] = signal_parameter(spec.signals.timeout_signal, spec.signals.signal_delay_s)
     extra.update(res.slurm_extra)
     params["additional_parameters"] = extra
     return params

@@ -20,7 +20,7 @@ from hpctrain import job_registry
 from hpctrain.errors import ClusterError
 from hpctrain.rundir import read_run_info, read_summary
 from hpctrain.runtime.stop import write_cancel_marker
-from hpctrain.slurm_state import TERMINAL_STATES, job_state
+from hpctrain.slurm import TERMINAL_STATES, job_state
 
 
 def run(args: argparse.Namespace) -> int:

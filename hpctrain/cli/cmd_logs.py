@@ -11,7 +11,7 @@ from hpctrain import job_registry
 from hpctrain.cli.tail import echo_new
 from hpctrain.errors import RunDirError
 from hpctrain.rundir import read_run_info
-from hpctrain.slurm_state import TERMINAL_STATES, job_state
+from hpctrain.slurm import TERMINAL_STATES, job_state
 
 
 def log_path(run_dir: Path, rank: int, err: bool) -> Path:

@@ -13,7 +13,7 @@ from hpctrain.cli.cmd_validate import print_warnings
 from hpctrain.errors import UsageError
 from hpctrain.rundir import SPEC_FILE, read_run_info
 from hpctrain.runtime.stop import clear_cancel_marker
-from hpctrain.slurm_state import TERMINAL_STATES, job_state
+from hpctrain.slurm import TERMINAL_STATES, job_state
 from hpctrain.spec.load import load_job
 from hpctrain.submission import resubmit
 

@@ -17,7 +17,7 @@ from hpctrain.cli.cmd_logs import log_path
 from hpctrain.errors import ClusterError, RunDirError
 from hpctrain.rundir import read_run_info, read_summary
 from hpctrain.runtime.failures import first_task_failure
-from hpctrain.slurm_state import TERMINAL_STATES, job_state
+from hpctrain.slurm import TERMINAL_STATES, job_state
 
 PROGRESS_KEYS = (
     "status",

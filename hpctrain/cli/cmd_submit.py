@@ -17,7 +17,7 @@ from hpctrain.cli.cmd_validate import print_warnings
 from hpctrain.cli.tail import echo_new
 from hpctrain.errors import ClusterError
 from hpctrain.rundir import next_run_dir, read_summary
-from hpctrain.slurm_state import wait_until_done
+from hpctrain.slurm import wait_until_done
 from hpctrain.spec.load import LoadedJob, load_job
 from hpctrain.submission import SubmittedRun, backend_for, render_script, submit
 

@@ -37,10 +37,23 @@ class TaskEnv:
     job_id: str
     restart_count: int
     source: EnvSource
+    # Every id a user may know this job by (``hpctrain cancel`` names one in its
+    # marker): SLURM_JOB_ID, the array's id, ``<array>_<task>``. Empty outside Slurm.
+    job_aliases: tuple[str, ...] = ()
 
     @property
     def is_main(self) -> bool:
         return self.global_rank == 0
+
+    @property
+    def slurm_job_id(self) -> str:
+        """The id ``scontrol``/``scancel`` understand for *this* job ('' outside Slurm).
+
+        ``<array>_<task>`` for an array task: its own SLURM_JOB_ID would do too,
+        except for the last task, whose SLURM_JOB_ID is the array's id -- and
+        that id names the whole array.
+        """
+        return self.job_id if self.source == "slurm" else ""
 
     @property
     def hostname(self) -> str:

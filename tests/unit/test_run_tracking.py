@@ -13,7 +13,7 @@ import pytest
 from hpctrain import job_registry
 from hpctrain.errors import RunDirError
 from hpctrain.rundir import atomic_write_text, create_run_dir, next_run_dir, read_run_info, write_run_info
-from hpctrain.slurm_state import TERMINAL_STATES, normalise_state, parse_sacct_states
+from hpctrain.slurm import TERMINAL_STATES, normalise_state, parse_sacct_states
 
 REPO = Path(__file__).resolve().parents[2]
 
