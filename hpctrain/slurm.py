@@ -30,6 +30,11 @@ TERMINAL_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 )
 COMMAND_TIMEOUT_S = 30.0
+# States in which some process of the job may still run (COMPLETING: the job
+# ended, but slurmd is still waiting for its tasks to exit, at most KillWait).
+ACTIVE_STATES = frozenset(
+    {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING"}
+)
 # slurm.conf's default KillWait: seconds between SIGTERM and SIGKILL when a job ends.
 DEFAULT_KILL_WAIT_S = 30.0
 
@@ -169,6 +174,15 @@ def wait_until_done(job_id: str, *, poll_s: float = 2.0, timeout_s: float | None
         if deadline is not None and time.monotonic() > deadline:
             raise ClusterError(f"job {job_id} is still {state} after {timeout_s:.0f} s")
         time.sleep(poll_s)
+
+
+def processes_may_run(job_id: str, *, runner: Runner = subprocess.run) -> bool:
+    """Whether any process of the job may still be alive (``squeue`` says so, or cannot say)."""
+    try:
+        output = run_slurm(["squeue", "-h", "-t", "all", "-o", "%T", "-j", job_id], runner=runner)
+    except SlurmCommandError as exc:
+        return exc.kind != "unknown-job"  # forgotten by Slurm: long gone
+    return any(normalise_state(line) in ACTIVE_STATES for line in output.splitlines() if line.strip())
 
 
 def show_job(job_id: str, *, runner: Runner = subprocess.run, timeout_s: float = COMMAND_TIMEOUT_S) -> dict[str, str]:

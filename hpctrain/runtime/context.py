@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from hpctrain.rundir import checkpoints_dir
+
 if TYPE_CHECKING:  # torch stays out of login-node imports
     import torch
 
@@ -88,4 +90,4 @@ class TaskContext:
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return checkpoints_dir(self.run_dir)
