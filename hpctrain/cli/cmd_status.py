@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from hpctrain import job_registry
+from hpctrain import job_registry, slurm
 from hpctrain.cli.cmd_logs import log_path
 from hpctrain.errors import ClusterError, RunDirError
 from hpctrain.rundir import Summary, parse_summary, read_run_info, read_summary
@@ -73,7 +72,7 @@ def reconcile(summary: dict[str, Any], slurm_state: str, run_dir: Path) -> dict[
 
 
 def _slurm_state(job_id: str) -> str:
-    if not job_id or shutil.which("sacct") is None:
+    if not job_id or not slurm.available():
         return "unknown (no Slurm here)"
     try:
         return job_state(job_id)
