@@ -83,8 +83,15 @@ def cancel_marker_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / CONTROL_DIR / CANCEL_MARKER_NAME
 
 
-def submitit_dir(run_dir: Path, info: Mapping[str, Any]) -> Path:
-    return Path(info.get("submitit_dir") or Path(run_dir) / SUBMITIT_DIR)
+def trial_dir(sweep_dir: Path, index: int) -> Path:
+    """Where trial ``index`` of a sweep runs (its own run directory)."""
+    return Path(sweep_dir) / f"trial-{index:03d}"
+
+
+def submitit_dir(run_dir: Path, info: Mapping[str, Any] | None = None) -> Path:
+    """submitit's folder (pickles, logs): as ``run.json`` records it, else the default."""
+    recorded = (info or {}).get("submitit_dir")
+    return Path(recorded) if recorded else Path(run_dir) / SUBMITIT_DIR
 
 
 def task_log_path(run_dir: Path, info: Mapping[str, Any], rank: int, *, err: bool) -> Path:

@@ -23,7 +23,7 @@ from hpctrain import job_registry, slurm
 from hpctrain.cli.cmd_submit import follow_local, print_submitted, wait_slurm
 from hpctrain.cli.cmd_validate import print_warnings
 from hpctrain.errors import UsageError
-from hpctrain.rundir import SPEC_FILE, read_run_info
+from hpctrain.rundir import read_run_info, spec_path
 from hpctrain.runtime.stop import clear_cancel_marker
 from hpctrain.slurm import TERMINAL_STATES, job_state
 from hpctrain.spec.load import load_job
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if info.get("trials"):
         raise UsageError(f"{run_dir} is a sweep", hint=f"resume one trial: hpctrain resume {run_dir}/trial-NNN")
     refuse_while_writing(run_dir, info)
-    job = load_job(run_dir / SPEC_FILE)
+    job = load_job(spec_path(run_dir))
     print_warnings(job, run_dir)  # measured save times from this run's own checkpoints
     clear_cancel_marker(run_dir)
     submitted = resubmit(run_dir, job, local=args.local)
