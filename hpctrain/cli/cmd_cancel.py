@@ -9,11 +9,11 @@ workers and anything that called setsid included, also where Slurm's
 
 Slurm says CANCELLED at once, while the ranks are still agreeing on the
 stop step and rank 0 is writing the stop checkpoint. So ``cancel`` then
-waits for the run to settle -- ``summary.json`` final (stopped, completed,
-failed) or no process of the job left -- bounded by Slurm's KillWait (after
-which slurmd kills every task) plus a margin, and only then prints the final
-status and the step of the last complete checkpoint. A ``resume`` typed
-after it never starts beside an attempt that is still writing.
+waits for the run to settle -- no process of the job left (by then
+``summary.json`` is final) -- bounded by Slurm's KillWait (after which slurmd
+kills every task) plus a margin, and only then prints the final status and
+the step of the last complete checkpoint. A ``resume`` typed after it never
+starts beside an attempt that is still writing.
 """
 
 from __future__ import annotations
@@ -64,17 +64,19 @@ def run(args: argparse.Namespace) -> int:
 def wait_to_settle(
     run_dir: Path, processes_may_run: Callable[[], bool], limit_s: float, poll_s: float = 0.5
 ) -> tuple[Summary, bool]:
-    """Wait until the run's summary is final or no process of its job is left, at most ``limit_s``.
+    """Wait until no process of the job is left, at most ``limit_s``; the summary then, and
+    whether the run settled: no process left, or its summary final when time ran out.
 
-    Returns the summary then, and whether the run settled in time.
+    A final summary alone is not enough: its ranks are still exiting (the job is
+    COMPLETING), and a ``resume`` typed then would be refused (seen on the test cluster).
     """
     deadline = time.monotonic() + limit_s
     while True:
-        summary = read_summary(run_dir) or Summary()
-        if summary.is_final or not processes_may_run():
-            return read_summary(run_dir) or summary, True
+        if not processes_may_run():
+            return read_summary(run_dir) or Summary(), True
         if time.monotonic() >= deadline:
-            return summary, False
+            summary = read_summary(run_dir) or Summary()
+            return summary, summary.is_final
         time.sleep(poll_s)
 
 

@@ -182,7 +182,7 @@ def cli_with(bin_dir: Path, *args: str, env_home: Path) -> subprocess.CompletedP
 def test_cancel_waits_for_the_stop_checkpoint_and_prints_the_final_status(tmp_path: Path) -> None:
     run_dir = fake_run(tmp_path, job_id="77")
     atomic_write_text(run_dir / "summary.json", json.dumps({"status": "running", "global_step": 4}))
-    bin_dir, _ = fake_slurm(tmp_path, sacct="RUNNING", squeue="RUNNING")
+    bin_dir, state = fake_slurm(tmp_path, sacct="RUNNING", squeue="RUNNING")
     # The ranks finish the stop checkpoint ~1.5 s after Slurm already says CANCELLED.
     writer = subprocess.Popen(
         [sys.executable, "-c", (
@@ -190,8 +190,9 @@ def test_cancel_waits_for_the_stop_checkpoint_and_prints_the_final_status(tmp_pa
             "step = run / 'checkpoints' / 'step-00000007'; step.mkdir(parents=True); "
             "(step / 'state.pt').write_bytes(b'abc'); (step / 'meta.json').write_text(json.dumps("
             "{'format_version': 1, 'global_step': 7, 'files': {'state.pt': {'size': 3}}})); "
-            "(run / 'summary.json').write_text(json.dumps({'status': 'stopped', 'global_step': 7}))"
-        ), str(run_dir)],
+            "(run / 'summary.json').write_text(json.dumps({'status': 'stopped', 'global_step': 7})); "
+            "time.sleep(0.5); Path(sys.argv[2]).write_text('CANCELLED')"  # the ranks exit: COMPLETING ends
+        ), str(run_dir), str(state / "squeue")],
     )  # fmt: skip
     result = cli_with(bin_dir, "cancel", str(run_dir), env_home=tmp_path / "state")
     writer.wait(timeout=30)
