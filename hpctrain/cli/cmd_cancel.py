@@ -48,7 +48,10 @@ def run(args: argparse.Namespace) -> int:
         limit_s = slurm.kill_wait_s() + SETTLE_MARGIN_S
         summary, settled = wait_to_settle(run_dir, lambda: slurm.processes_may_run(job_id), limit_s)
     step = latest_checkpoint_step(run_dir)
-    print(f"job {job_id}: {state}; run status: {summary.status or 'unknown'}")
+    status = summary.status or "unknown"
+    if settled and not summary.is_final and summary.status is not None:
+        status = f"stopped (the job ended before the run recorded it; its summary still says {summary.status})"
+    print(f"job {job_id}: {state}; run status: {status}")
     if not settled:
         print(
             f"warning: {limit_s:.0f} s after the cancel, some task of job {job_id} may still be writing; "
