@@ -1,19 +1,34 @@
 """Run directories: ``OUTPUT_DIR/NAME/RUN_ID/``, never reused for a new run.
 
-A run directory holds the resolved ``spec.yaml``, ``run.json`` (what was
-submitted where: job ids, cluster, submitit folder), the submitit/Slurm logs,
-and what the trainer writes (checkpoints, tb/, metrics.jsonl, summary.json).
-Every write here is atomic (temp file, fsync, rename).
+The one owner of the folder's layout and of its shared files: the trainer,
+the runtime, ``spec/lead_time`` and every CLI verb find paths, read and write
+only through here. A run directory holds::
+
+    spec.yaml                       the resolved spec (trial-NNN/ for sweeps)
+    run.json                        what was submitted where: job ids, cluster, submitit folder
+    submitit/JOBID_RANK_log.{out,err}   each task's output
+    checkpoints/step-NNNNNNNN/{state.pt,meta.json}, checkpoints/best.json
+    tb/, metrics.jsonl, summary.json    what the trainer reports
+    .hpctrain/cancel-requested      ``hpctrain cancel``'s marker
+
+A checkpoint is complete (its ``meta.json``, written last, records the size
+of ``state.pt``) or it is ignored. ``summary.json`` is read as a typed
+:class:`Summary` that tolerates missing, extra and half-written fields.
+Every write here is atomic (temp file, fsync, rename). Torch-free.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
 from hpctrain.errors import RunDirError
 
@@ -21,6 +36,70 @@ RUN_FILE = "run.json"
 SPEC_FILE = "spec.yaml"
 SUMMARY_FILE = "summary.json"
 SUBMITIT_DIR = "submitit"
+CHECKPOINTS_DIR = "checkpoints"
+TB_DIR = "tb"
+METRICS_FILE = "metrics.jsonl"
+CONTROL_DIR = ".hpctrain"
+CANCEL_MARKER_NAME = "cancel-requested"
+STATE_FILE = "state.pt"
+META_FILE = "meta.json"
+BEST_FILE = "best.json"
+CHECKPOINT_FORMAT_VERSION = 1
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+Status = Literal["running", "completed", "stopped", "failed"]
+FINAL_STATUSES: frozenset[str] = frozenset({"completed", "stopped", "failed"})
+
+
+# ------------------------------------------------------------------ paths
+
+
+def spec_path(run_dir: Path) -> Path:
+    return Path(run_dir) / SPEC_FILE
+
+
+def summary_path(run_dir: Path) -> Path:
+    return Path(run_dir) / SUMMARY_FILE
+
+
+def metrics_path(run_dir: Path) -> Path:
+    return Path(run_dir) / METRICS_FILE
+
+
+def tb_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / TB_DIR
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIR
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def cancel_marker_path(run_dir: str | Path) -> Path:
+    """Where ``hpctrain cancel`` leaves its marker for the run in ``run_dir``."""
+    return Path(run_dir) / CONTROL_DIR / CANCEL_MARKER_NAME
+
+
+def trial_dir(sweep_dir: Path, index: int) -> Path:
+    """Where trial ``index`` of a sweep runs (its own run directory)."""
+    return Path(sweep_dir) / f"trial-{index:03d}"
+
+
+def submitit_dir(run_dir: Path, info: Mapping[str, Any] | None = None) -> Path:
+    """submitit's folder (pickles, logs): as ``run.json`` records it, else the default."""
+    recorded = (info or {}).get("submitit_dir")
+    return Path(recorded) if recorded else Path(run_dir) / SUBMITIT_DIR
+
+
+def task_log_path(run_dir: Path, info: Mapping[str, Any], rank: int, *, err: bool) -> Path:
+    """One task's stdout/stderr of the run's latest job (as submitit names them)."""
+    return submitit_dir(run_dir, info) / f"{info.get('job_id')}_{rank}_log.{'err' if err else 'out'}"
+
+
+# ------------------------------------------------------------------ atomic writes
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -41,6 +120,22 @@ def atomic_write_text(path: Path, text: str) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def write_json_atomic(path: Path, value: Mapping[str, Any], *, sort_keys: bool = False) -> None:
+    """The one JSON writer for shared run files (summary, run.json, best.json)."""
+    atomic_write_text(path, json.dumps(dict(value), indent=2, sort_keys=sort_keys, default=str) + "\n")
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+# ------------------------------------------------------------------ run directories
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -77,7 +172,7 @@ def create_run_dir(output_dir: str, name: str) -> Path:
 
 
 def write_run_info(run_dir: Path, info: dict[str, Any]) -> None:
-    atomic_write_text(run_dir / RUN_FILE, json.dumps(info, indent=2, sort_keys=True) + "\n")
+    write_json_atomic(run_dir / RUN_FILE, info, sort_keys=True)
 
 
 def read_run_info(run_dir: Path) -> dict[str, Any]:
@@ -95,8 +190,140 @@ def read_run_info(run_dir: Path) -> dict[str, Any]:
         raise RunDirError(f"{path}: unreadable ({exc})") from None
 
 
-def read_summary(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((run_dir / SUMMARY_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
+# ------------------------------------------------------------------ summary.json
+
+
+class Summary(BaseModel):
+    """What ``summary.json`` says about a run; every field may be missing.
+
+    The keys are a contract (tests and users' scripts read them): the trainer
+    writes them, ``status``/``submit``/``rehearse``/``cancel`` read them here.
+    Unknown keys are kept (``model_extra``).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    status: Status | None = None
+    job_id: str | None = None
+    epochs_completed: int | None = None
+    global_step: int | None = None
+    val_top1: float | None = None
+    val_top5: float | None = None
+    best_val_top1: float | None = None
+    train_images_per_s: float | None = None
+    restarts: int | None = None
+    stop_reason: str | None = None
+    failed_rank: int | None = None
+    failed_node: str | None = None
+    failed_reason: str | None = None
+    error: str | None = None
+    wall_s: float | None = None
+    started_at: str | None = None
+    updated_at: str | None = None
+    _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @property
+    def is_final(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+    def fields(self) -> dict[str, Any]:
+        """Every key the file had (even one of an unexpected type), for writing back."""
+        return {**self._raw, **self.model_dump(exclude_unset=True)}
+
+
+def parse_summary(data: Any) -> Summary | None:
+    """A Summary from decoded JSON; fields of the wrong type are dropped, never raised."""
+    if not isinstance(data, dict):
         return None
+    raw, data = dict(data), dict(data)
+    for _ in range(len(data) + 1):
+        try:
+            summary = Summary.model_validate(data)
+            summary._raw = raw
+            return summary
+        except ValidationError as exc:
+            bad = {error["loc"][0] for error in exc.errors() if error["loc"]}
+            if not bad & data.keys():
+                return None
+            for key in bad:
+                data.pop(key, None)
+    return None
+
+
+def read_summary(run_dir: Path) -> Summary | None:
+    """The run's summary, or None when there is none (yet) or it cannot be read."""
+    return parse_summary(_read_json(summary_path(run_dir)))
+
+
+def write_summary(run_dir: Path, fields: Mapping[str, Any]) -> None:
+    """Write ``summary.json`` exactly as ``fields`` (rank 0 only); its status must be a known one."""
+    status = fields.get("status")
+    if status is not None and status not in (*FINAL_STATUSES, "running"):
+        raise RunDirError(f"summary status {status!r} is not one of running, completed, stopped, failed")
+    write_json_atomic(summary_path(run_dir), fields)
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+def checkpoint_meta(step_dir: Path) -> dict[str, Any] | None:
+    """``meta.json`` of a complete checkpoint folder (its state file has the recorded size), else None."""
+    meta = _read_json(Path(step_dir) / META_FILE)
+    if not meta or meta.get("format_version") != CHECKPOINT_FORMAT_VERSION:
+        return None
+    expected = meta.get("files", {}).get(STATE_FILE) if isinstance(meta.get("files"), dict) else None
+    state_path = Path(step_dir) / STATE_FILE
+    if not isinstance(expected, dict) or not state_path.is_file():
+        return None
+    if state_path.stat().st_size != expected.get("size"):
+        return None
+    return meta
+
+
+def complete_checkpoints(directory: Path) -> list[Path]:
+    """Complete ``step-N`` folders under a checkpoints directory, oldest first."""
+    found = []
+    if not Path(directory).is_dir():
+        return []
+    for child in Path(directory).iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and child.is_dir() and checkpoint_meta(child) is not None:
+            found.append((int(match.group(1)), child))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    found = complete_checkpoints(directory)
+    return found[-1] if found else None
+
+
+def best_checkpoint(directory: Path) -> Path | None:
+    """The folder ``best.json`` points at, if it is complete."""
+    pointer = _read_json(Path(directory) / BEST_FILE)
+    if not pointer or not isinstance(pointer.get("dir"), str):
+        return None
+    path = Path(directory) / pointer["dir"]
+    return path if checkpoint_meta(path) is not None else None
+
+
+def latest_checkpoint_step(run_dir: Path) -> int | None:
+    """Global step of the run's newest complete checkpoint."""
+    latest = latest_checkpoint(checkpoints_dir(run_dir))
+    if latest is None:
+        return None
+    meta = checkpoint_meta(latest) or {}
+    step = meta.get("global_step")
+    return int(step) if isinstance(step, int) else int(latest.name.split("-")[1])
+
+
+def checkpoint_metas(run_dir: Path, *, complete_only: bool = True) -> list[dict[str, Any]]:
+    """``meta.json`` of every complete checkpoint of a run, oldest first.
+
+    ``complete_only=False`` also returns the meta of folders whose state file
+    is gone or differs: the meta is written last, so it still tells how long
+    that write took (``spec/lead_time`` wants every measured save).
+    """
+    if complete_only:
+        return [meta for path in complete_checkpoints(checkpoints_dir(run_dir)) if (meta := checkpoint_meta(path))]
+    folders = sorted(checkpoints_dir(run_dir).glob("step-*")) if checkpoints_dir(run_dir).is_dir() else []
+    return [meta for folder in folders if _STEP_DIR.match(folder.name) and (meta := _read_json(folder / META_FILE))]

@@ -21,8 +21,17 @@ from submitit.slurm.slurm import _convert_mem
 import hpctrain
 from hpctrain import job_registry
 from hpctrain.errors import ClusterError
-from hpctrain.rundir import SPEC_FILE, SUBMITIT_DIR, atomic_write_text, create_run_dir, read_run_info, write_run_info
+from hpctrain.rundir import (
+    atomic_write_text,
+    create_run_dir,
+    read_run_info,
+    spec_path,
+    submitit_dir,
+    trial_dir,
+    write_run_info,
+)
 from hpctrain.runtime.cleanup import python_command
+from hpctrain.slurm import signal_parameter
 from hpctrain.spec.load import LoadedJob
 from hpctrain.spec.models import JobSpec
 from hpctrain.spec.profiles import ClusterProfile
@@ -79,8 +88,9 @@ def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> d
     extra: dict[str, Any] = {}
     wants_requeue = spec.signals.requeue_on_timeout or spec.signals.requeue_on_preemption
     extra["requeue" if wants_requeue else "no-requeue"] = True
-    if spec.signals.timeout_signal != "USR2":  # submitit always writes USR2; override it
-        extra["signal"] = f"{spec.signals.timeout_signal}@{spec.signals.signal_delay_s}"
+    # Written from the spec, always: submitit's own line takes its signal from
+    # SUBMITIT_PREEMPT_SIGNAL in the submitting shell, which the tasks never see.
+    extra["signal"] = signal_parameter(spec.signals.timeout_signal, spec.signals.signal_delay_s)
     extra.update(res.slurm_extra)
     params["additional_parameters"] = extra
     return params
@@ -99,7 +109,7 @@ def local_parameters(spec: JobSpec) -> dict[str, Any]:
 
 
 def build_executor(job: LoadedJob, backend: Backend, run_dir: Path) -> submitit.Executor:
-    folder = run_dir / SUBMITIT_DIR
+    folder = submitit_dir(run_dir)
     if backend == "local":
         executor: submitit.Executor = submitit.LocalExecutor(folder=folder)
         executor.update_parameters(**local_parameters(job.spec))
@@ -145,10 +155,10 @@ def submit(job: LoadedJob, *, local: bool = False) -> SubmittedRun:
         _remove_unsubmitted(run_dir)
         raise
     job_id = jobs[0].job_id.split("_")[0] if job.is_sweep else jobs[0].job_id
-    for trial_dir, one in zip(trial_dirs, jobs):
-        _record_submission(trial_dir, job, backend, one.job_id, run_dir / SUBMITIT_DIR)
+    for one_dir, one in zip(trial_dirs, jobs):
+        _record_submission(one_dir, job, backend, one.job_id, submitit_dir(run_dir))
     if job.is_sweep:
-        _record_submission(run_dir, job, backend, job_id, run_dir / SUBMITIT_DIR, trials=len(jobs))
+        _record_submission(run_dir, job, backend, job_id, submitit_dir(run_dir), trials=len(jobs))
     return SubmittedRun(job_id, run_dir, backend, jobs, trial_dirs)
 
 
@@ -158,21 +168,21 @@ def resubmit(run_dir: Path, job: LoadedJob, *, local: bool = False) -> Submitted
     if backend == "slurm" and shutil.which("sbatch") is None:
         raise ClusterError("'sbatch' is not on this machine", hint="resume from a login node, or pass --local")
     jobs = _launch(job, backend, run_dir, [run_dir])
-    _record_submission(run_dir, job, backend, jobs[0].job_id, run_dir / SUBMITIT_DIR)
+    _record_submission(run_dir, job, backend, jobs[0].job_id, submitit_dir(run_dir))
     return SubmittedRun(jobs[0].job_id, run_dir, backend, jobs, [run_dir])
 
 
 def _write_trials(job: LoadedJob, run_dir: Path) -> list[Path]:
-    atomic_write_text(run_dir / SPEC_FILE, dump_yaml(job.spec.model_dump(mode="json")))
+    atomic_write_text(spec_path(run_dir), dump_yaml(job.spec.model_dump(mode="json")))
     if not job.is_sweep:
         return [run_dir]
     dirs = []
     for index, (trial, params) in enumerate(zip(job.trials, job.trial_params)):
-        trial_dir = run_dir / f"trial-{index:03d}"
-        trial_dir.mkdir()
+        folder = trial_dir(run_dir, index)
+        folder.mkdir()
         header = f"# sweep trial {index}: {params}\n"
-        atomic_write_text(trial_dir / SPEC_FILE, header + dump_yaml(trial.model_dump(mode="json")))
-        dirs.append(trial_dir)
+        atomic_write_text(spec_path(folder), header + dump_yaml(trial.model_dump(mode="json")))
+        dirs.append(folder)
     return dirs
 
 

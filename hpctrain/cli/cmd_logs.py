@@ -10,15 +10,12 @@ from pathlib import Path
 from hpctrain import job_registry
 from hpctrain.cli.tail import echo_new
 from hpctrain.errors import RunDirError
-from hpctrain.rundir import read_run_info
-from hpctrain.slurm_state import TERMINAL_STATES, job_state
+from hpctrain.rundir import read_run_info, task_log_path
+from hpctrain.slurm import TERMINAL_STATES, job_state
 
 
 def log_path(run_dir: Path, rank: int, err: bool) -> Path:
-    info = read_run_info(run_dir)
-    folder = Path(info.get("submitit_dir", run_dir / "submitit"))
-    suffix = "err" if err else "out"
-    return folder / f"{info.get('job_id')}_{rank}_log.{suffix}"
+    return task_log_path(run_dir, read_run_info(run_dir), rank, err=err)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import time
-from pathlib import Path
 
+from hpctrain import slurm
 from hpctrain.cli.cmd_validate import print_warnings
 from hpctrain.errors import ClusterError
-from hpctrain.rundir import read_summary
+from hpctrain.rundir import Summary, latest_checkpoint_step, read_summary
 from hpctrain.runtime.stop import write_cancel_marker
-from hpctrain.slurm_state import TERMINAL_STATES, job_state
+from hpctrain.slurm import TERMINAL_STATES, job_state
 from hpctrain.spec.load import load_job
 from hpctrain.submission import submit
 
@@ -38,39 +37,36 @@ def run(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.timeout
     print(f"rehearsal job {job_id}, run dir {run_dir}")
 
-    first = _wait_for(lambda: _latest_checkpoint_step(run_dir), job_id, deadline, "a first checkpoint")
+    first = _wait_for(lambda: latest_checkpoint_step(run_dir), job_id, deadline, "a first checkpoint")
     signal_name = job.spec.signals.timeout_signal
     print(f"1/3 checkpoint at step {first}; sending {signal_name} as Slurm does before the time limit")
-    _slurm(["scancel", f"--signal={signal_name}", job_id])
+    slurm.signal_job(job_id, signal_name)
     stopped_at: list[int | None] = [first]  # refined once the requeued job is seen pending
 
-    def restarted() -> dict | None:
-        summary = read_summary(run_dir) or {}
+    def restarted() -> Summary | None:
+        summary = read_summary(run_dir) or Summary()
         if job_state(job_id) == "PENDING":  # requeued and held: its newest checkpoint is the stop checkpoint
-            stopped_at[0] = _latest_checkpoint_step(run_dir)
-            _slurm(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
-        resumed = summary.get("restarts", 0) >= 1 and summary.get("status") in ("running", "completed")
+            stopped_at[0] = latest_checkpoint_step(run_dir)
+            try:
+                slurm.release_job(job_id)
+            except ClusterError:
+                pass  # it may have started meanwhile; the next poll looks again
+        resumed = (summary.restarts or 0) >= 1 and summary.status in ("running", "completed")
         return summary if resumed else None
 
     summary = _wait_for(restarted, job_id, deadline, "the requeued job to resume")
     print(
-        f"2/3 stopped at step {stopped_at[0]}, requeued and resumed: restarts {summary['restarts']}, "
-        f"global step now {summary.get('global_step')}"
+        f"2/3 stopped at step {stopped_at[0]}, requeued and resumed: restarts {summary.restarts}, "
+        f"global step now {summary.global_step}"
     )
     write_cancel_marker(run_dir, [job_id])
-    _slurm(["scancel", job_id], check=False)
+    try:
+        slurm.cancel_job(job_id)
+    except ClusterError as exc:
+        print(f"note: could not cancel the rehearsal job {job_id}: {exc.message}")
     print(f"3/3 rehearsal passed; cancelled it. Submit the real run with: hpctrain submit {args.spec}")
     print(json.dumps({"job_id": job_id, "run_dir": str(run_dir), "resumed_from_step": stopped_at[0]}))
     return 0
-
-
-def _latest_checkpoint_step(run_dir: Path) -> int | None:
-    for meta in sorted((run_dir / "checkpoints").glob("step-*/meta.json"), reverse=True):
-        try:
-            return int(json.loads(meta.read_text()).get("global_step", meta.parent.name.split("-")[1]))
-        except (ValueError, OSError, IndexError):
-            continue
-    return None
 
 
 def _wait_for(probe, job_id: str, deadline: float, what: str):
@@ -86,9 +82,3 @@ def _wait_for(probe, job_id: str, deadline: float, what: str):
             )
         time.sleep(2.0)
     raise ClusterError(f"timed out waiting for {what}", hint="raise --timeout, or check 'hpctrain status'")
-
-
-def _slurm(command: list[str], check: bool = True) -> None:
-    result = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
-    if check and result.returncode != 0:
-        raise ClusterError(f"'{' '.join(command)}' failed: {result.stderr.strip()}")

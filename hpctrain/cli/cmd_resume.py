@@ -1,36 +1,78 @@
 """``hpctrain resume RUN``: continue a stopped, cancelled or failed run as a new
-job in the same run directory; training resumes from its latest valid checkpoint."""
+job in the same run directory; training resumes from its latest valid checkpoint.
+
+Two attempts must never write one run directory at once. So resume refuses
+while the previous attempt may still be writing: its Slurm job has not
+ended, or it has ended but Slurm still has processes of it (COMPLETING: the
+ranks are saving the stop checkpoint, at most KillWait long); for a local
+run, while its submitit controller is alive. Slurm's own view of the job's
+processes is the lock: it needs no file that a killed attempt could leave
+behind, and no lock that a shared file system may not honour across nodes.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
+from typing import Any
 
-from hpctrain import job_registry
+from hpctrain import job_registry, slurm
 from hpctrain.cli.cmd_submit import follow_local, print_submitted, wait_slurm
 from hpctrain.cli.cmd_validate import print_warnings
 from hpctrain.errors import UsageError
-from hpctrain.rundir import SPEC_FILE, read_run_info
+from hpctrain.rundir import read_run_info, spec_path
 from hpctrain.runtime.stop import clear_cancel_marker
-from hpctrain.slurm_state import TERMINAL_STATES, job_state
+from hpctrain.slurm import TERMINAL_STATES, job_state
 from hpctrain.spec.load import load_job
 from hpctrain.submission import resubmit
+
+
+def refuse_while_writing(run_dir: Path, info: dict[str, Any]) -> None:
+    """Raise UsageError while the run's previous attempt may still write into ``run_dir``."""
+    job_id = str(info.get("job_id", ""))
+    if info.get("backend") == "local":
+        if job_id.isdigit() and _pid_alive(int(job_id)):
+            raise UsageError(
+                f"the previous local attempt of this run (pid {job_id}) is still running",
+                hint=f"wait for it, or stop it first with 'hpctrain cancel {run_dir}'",
+            )
+        return
+    if not job_id or not slurm.available():
+        return  # submitted from elsewhere; resubmitting needs Slurm, which will say so
+    state = job_state(job_id)
+    if state not in TERMINAL_STATES:
+        raise UsageError(
+            f"job {job_id} of this run is still {state}",
+            hint=f"it resumes by itself; cancel it first with 'hpctrain cancel {run_dir}'",
+        )
+    if slurm.processes_may_run(job_id):
+        raise UsageError(
+            f"job {job_id} of this run ended ({state}), but its tasks are still stopping and may be writing "
+            "the stop checkpoint",
+            hint=f"try again in a few seconds ('hpctrain cancel {run_dir}' waits for this by itself)",
+        )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def run(args: argparse.Namespace) -> int:
     run_dir = job_registry.resolve_run(args.run)
     info = read_run_info(run_dir)
     if info.get("trials"):
-        raise UsageError(f"{run_dir} is a sweep", hint="resume one trial: hpctrain resume {run_dir}/trial-NNN")
-    if info.get("backend") == "slurm" and not args.local:
-        state = job_state(str(info["job_id"]))
-        if state not in TERMINAL_STATES:
-            raise UsageError(
-                f"job {info['job_id']} of this run is still {state}",
-                hint=f"it resumes by itself; cancel it first with 'hpctrain cancel {run_dir}'",
-            )
-    job = load_job(run_dir / SPEC_FILE)
+        raise UsageError(f"{run_dir} is a sweep", hint=f"resume one trial: hpctrain resume {run_dir}/trial-NNN")
+    refuse_while_writing(run_dir, info)
+    job = load_job(spec_path(run_dir))
     print_warnings(job, run_dir)  # measured save times from this run's own checkpoints
     clear_cancel_marker(run_dir)
     submitted = resubmit(run_dir, job, local=args.local)

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from hpctrain import job_registry
+from hpctrain import job_registry, slurm
 from hpctrain.cli.cmd_logs import log_path
 from hpctrain.errors import ClusterError, RunDirError
-from hpctrain.rundir import read_run_info, read_summary
+from hpctrain.rundir import Summary, parse_summary, read_run_info, read_summary
 from hpctrain.runtime.failures import first_task_failure
-from hpctrain.slurm_state import TERMINAL_STATES, job_state
+from hpctrain.slurm import TERMINAL_STATES, job_state
 
 PROGRESS_KEYS = (
     "status",
@@ -36,9 +36,9 @@ PROGRESS_KEYS = (
 
 def run_status(run_dir: Path) -> dict:
     info = read_run_info(run_dir)
-    summary = read_summary(run_dir) or {}
+    recorded = read_summary(run_dir)
     state = "local" if info.get("backend") == "local" else _slurm_state(info.get("job_id", ""))
-    summary = reconcile(summary, state, run_dir)
+    summary = parse_summary(reconcile(recorded.fields() if recorded else {}, state, run_dir)) or Summary()
     return {
         "run_dir": str(run_dir),
         "name": info.get("name"),
@@ -46,11 +46,11 @@ def run_status(run_dir: Path) -> dict:
         "job_ids": info.get("job_ids", []),
         "cluster": info.get("cluster"),
         "slurm_state": state,
-        **{key: summary.get(key) for key in PROGRESS_KEYS},
+        **{key: getattr(summary, key) for key in PROGRESS_KEYS},
     }
 
 
-def reconcile(summary: dict, slurm_state: str, run_dir: Path) -> dict:
+def reconcile(summary: dict[str, Any], slurm_state: str, run_dir: Path) -> dict[str, Any]:
     """A job that Slurm says has ended but whose summary still says "running"
     lost its rank 0 (killed, out of memory, node failure): say so, and name the
     task srun reported as failed first in the batch step's log."""
@@ -72,7 +72,7 @@ def reconcile(summary: dict, slurm_state: str, run_dir: Path) -> dict:
 
 
 def _slurm_state(job_id: str) -> str:
-    if not job_id or shutil.which("sacct") is None:
+    if not job_id or not slurm.available():
         return "unknown (no Slurm here)"
     try:
         return job_state(job_id)
@@ -100,14 +100,14 @@ def list_recent(args: argparse.Namespace) -> int:
         if run_dir in seen or not run_dir.is_dir():
             continue
         seen.add(run_dir)
-        summary = read_summary(run_dir) or {}
+        summary = read_summary(run_dir) or Summary()
         rows.append(
             (
                 entry["job_id"],
                 time.strftime("%m-%d %H:%M", time.localtime(entry["time"])),
-                summary.get("status", "-"),
-                str(summary.get("epochs_completed", "-")),
-                _fmt(summary.get("val_top1")),
+                summary.status or "-",
+                "-" if summary.epochs_completed is None else str(summary.epochs_completed),
+                _fmt(summary.val_top1),
                 str(run_dir),
             )
         )

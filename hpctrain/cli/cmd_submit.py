@@ -16,8 +16,8 @@ from pathlib import Path
 from hpctrain.cli.cmd_validate import print_warnings
 from hpctrain.cli.tail import echo_new
 from hpctrain.errors import ClusterError
-from hpctrain.rundir import next_run_dir, read_summary
-from hpctrain.slurm_state import wait_until_done
+from hpctrain.rundir import Summary, next_run_dir, read_summary
+from hpctrain.slurm import wait_until_done
 from hpctrain.spec.load import LoadedJob, load_job
 from hpctrain.submission import SubmittedRun, backend_for, render_script, submit
 
@@ -86,16 +86,16 @@ def follow_local(submitted: SubmittedRun, stream) -> int:
         )
         return 130
     failures = [j for j in submitted.jobs if j.exception() is not None]
-    summary = read_summary(submitted.trial_dirs[0]) or {}
+    summary = read_summary(submitted.trial_dirs[0]) or Summary()
     if failures:
         error = str(failures[0].exception()).strip().splitlines()
         tail = "\n".join(error[-8:])
         raise ClusterError(f"local job failed:\n{tail}", hint=f"full logs: hpctrain logs {submitted.run_dir} --err")
-    status = summary.get("status", "completed")
+    status = summary.status or "completed"
     line = f"finished: status {status}"
     for key in ("epochs_completed", "val_top1", "val_top5", "wall_s"):
-        if summary.get(key) is not None:
-            value = summary[key]
+        value = getattr(summary, key)
+        if value is not None:
             line += f", {key} {value:.2f}" if isinstance(value, float) else f", {key} {value}"
     print(line, file=stream)
     print(f"run dir: {submitted.run_dir}", file=stream)

@@ -8,9 +8,11 @@ and user entry points receive.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
+
+from hpctrain.rundir import checkpoints_dir
 
 if TYPE_CHECKING:  # torch stays out of login-node imports
     import torch
@@ -37,10 +39,23 @@ class TaskEnv:
     job_id: str
     restart_count: int
     source: EnvSource
+    # Every id a user may know this job by (``hpctrain cancel`` names one in its
+    # marker): SLURM_JOB_ID, the array's id, ``<array>_<task>``. Empty outside Slurm.
+    job_aliases: tuple[str, ...] = ()
 
     @property
     def is_main(self) -> bool:
         return self.global_rank == 0
+
+    @property
+    def slurm_job_id(self) -> str:
+        """The id ``scontrol``/``scancel`` understand for *this* job ('' outside Slurm).
+
+        ``<array>_<task>`` for an array task: its own SLURM_JOB_ID would do too,
+        except for the last task, whose SLURM_JOB_ID is the array's id -- and
+        that id names the whole array.
+        """
+        return self.job_id if self.source == "slurm" else ""
 
     @property
     def hostname(self) -> str:
@@ -68,7 +83,6 @@ class TaskContext:
     run_dir: Path
     device: torch.device
     stop: StopRequest
-    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_main(self) -> bool:
@@ -76,4 +90,4 @@ class TaskContext:
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return checkpoints_dir(self.run_dir)

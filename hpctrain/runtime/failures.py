@@ -21,7 +21,6 @@ is pure; nothing here imports torch.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import threading
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.errors import HpctrainError
-from hpctrain.rundir import SUMMARY_FILE, atomic_write_text, read_summary
+from hpctrain.rundir import read_summary, write_summary
 
 # "srun: error: n2: task 3: Killed", "srun: error: n1: tasks 0-1: Exited with exit code 1"
 _SRUN_TASK_ERROR = re.compile(r"^srun: error: (?P<node>[^:\s]+): tasks? (?P<tasks>\d[\d,\-]*): (?P<reason>.+)$", re.M)
@@ -180,7 +179,8 @@ def first_failure(
 
 def record_failure(run_dir: Path, failure: TaskFailure, exc: BaseException | None = None) -> None:
     """Mark the run failed in summary.json, naming the task that failed first (global rank 0 only)."""
-    summary = read_summary(run_dir) or {}
+    previous = read_summary(run_dir)
+    summary = previous.fields() if previous is not None else {}
     summary.update(
         {
             "status": "failed",
@@ -195,4 +195,4 @@ def record_failure(run_dir: Path, failure: TaskFailure, exc: BaseException | Non
         else f"task {failure.rank} on {failure.node}: {failure.reason}"
     )
     summary.setdefault("error", error)
-    atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2, default=str) + "\n")
+    write_summary(run_dir, summary)

@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -21,9 +21,8 @@ from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.runtime import failures
 from hpctrain.runtime.context import TaskContext, TaskEnv
 from hpctrain.runtime.master import check_master_address
-from hpctrain.runtime.requeue import job_ids
 from hpctrain.runtime.stop import StopRequest, cancel_marker_paths, install_handlers
-from hpctrain.runtime.task_env import derive_task_env, export_torchrun_env
+from hpctrain.runtime.task_env import derive_task_env, export_torchrun_env, rank_hint, thread_env
 from hpctrain.spec.models import JobSpec
 
 # Set to 1 on test clusters whose "nodes" are loopback aliases of one machine.
@@ -40,7 +39,7 @@ class TaskLauncher:
         self.run_dir = run_dir
 
     def __call__(self) -> dict[str, Any]:
-        rank = os.environ.get("SLURM_PROCID") or os.environ.get("SUBMITIT_LOCAL_GLOBALID") or "?"
+        rank = rank_hint(os.environ)
         try:
             spec = JobSpec.model_validate(self.spec_data)
             os.environ.update(spec.env)
@@ -65,7 +64,7 @@ class TaskLauncher:
         os.environ.update(thread_env(os.environ, os.cpu_count()))  # before torch is imported: it reads them once
         check_master_address(env, allow_loopback=os.environ.get(ALLOW_LOOPBACK_MASTER_VAR) == "1")
         user_code = load_user_code(spec.entrypoint)  # before the group forms: import errors fail fast
-        stop = StopRequest(cancel_markers=cancel_marker_paths(self.run_dir), job_ids=job_ids(os.environ))
+        stop = StopRequest(cancel_markers=cancel_marker_paths(self.run_dir), job_ids=env.job_aliases)
         install_handlers(stop, spec.signals.timeout_signal)
         self.start_reaper()
 
@@ -152,26 +151,6 @@ def configure_logging(env: TaskEnv) -> None:
     handler.setFormatter(logging.Formatter(f"hpctrain rank {env.global_rank} %(levelname)s: %(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
-
-
-def thread_env(environ: Mapping[str, str], cpu_count: int | None = None) -> dict[str, str]:
-    """``OMP_NUM_THREADS`` = the task's share of the CPUs, unless the user set it.
-
-    Otherwise torch starts one thread per core of the node in every task, and
-    N tasks per node oversubscribe it N times (the 2x2 CPU smoke job trained
-    10x slower on a 2-core test machine). Under Slurm the share is
-    ``SLURM_CPUS_PER_TASK``; on submitit's local executor it is this machine's
-    ``cpu_count`` divided among the local tasks.
-    """
-    if "OMP_NUM_THREADS" in environ:
-        return {}
-    cpus = environ.get("SLURM_CPUS_PER_TASK", "")
-    if cpus.isdigit() and int(cpus) > 0:
-        return {"OMP_NUM_THREADS": cpus}
-    local_tasks = environ.get("SUBMITIT_LOCAL_NTASKS", "")
-    if environ.get("SUBMITIT_EXECUTOR") == "local" and local_tasks.isdigit() and int(local_tasks) > 1 and cpu_count:
-        return {"OMP_NUM_THREADS": str(max(1, cpu_count // int(local_tasks)))}
-    return {}
 
 
 def load_user_code(entrypoint: str | None) -> UserCode:

@@ -7,8 +7,9 @@ every rank, with the process group still up.
 Decision (:func:`decide_after_stop`, pure, the same on every rank):
 
 * ``timeout`` (the ``--signal=USR2@N`` warning) -> ``requeue-self``: global
-  rank 0 runs ``scontrol requeue <id>`` (``<array>_<task>`` for array tasks,
-  like submitit's ``JobEnvironment.job_id``);
+  rank 0 runs ``scontrol requeue <id>`` (``TaskEnv.job_id``: ``<array>_<task>``
+  for array tasks, like submitit's ``JobEnvironment.job_id``; the commands
+  themselves are ``hpctrain.slurm``'s);
 * ``preempted`` (SIGTERM, no cancel marker) -> ``slurm-requeues``: with
   ``PreemptMode=REQUEUE`` slurmctld requeues the job itself once GraceTime is
   over; rank 0 may do it sooner (below);
@@ -63,13 +64,13 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Literal
 
+from hpctrain import slurm
 from hpctrain.errors import ClusterError
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.stop import StopReason, StopRequest, all_reduce_max
@@ -87,48 +88,6 @@ EXIT, WAIT, FINISH, FAIL = 0, 1, 2, 3
 log = logging.getLogger(__name__)
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
-
-
-def slurm_job_id(environ: Mapping[str, str]) -> str:
-    """The id ``scontrol`` and ``scancel`` understand for *this* job.
-
-    ``ARRAY_TASK`` (``1234_7``) for an array task: its own SLURM_JOB_ID would
-    do too, except for the last task, whose SLURM_JOB_ID is the array's id --
-    and that id names the whole array.
-    """
-    array_job, array_task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
-    if array_job and array_task:
-        return f"{array_job}_{array_task}"
-    job_id = environ.get("SLURM_JOB_ID")
-    if not job_id:
-        raise ClusterError("SLURM_JOB_ID is not set: this task is not running in a Slurm job, so it cannot requeue")
-    return job_id
-
-
-def job_ids(environ: Mapping[str, str]) -> tuple[str, ...]:
-    """Every id a user may have used for this job (``hpctrain cancel`` records one)."""
-    ids = [environ.get("SLURM_JOB_ID"), environ.get("SLURM_ARRAY_JOB_ID")]
-    if environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
-        ids.append(f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}")
-    return tuple(dict.fromkeys(i for i in ids if i))
-
-
-def requeue_command(environ: Mapping[str, str]) -> list[str]:
-    return ["scontrol", "requeue", slurm_job_id(environ)]
-
-
-def show_job_command(environ: Mapping[str, str]) -> list[str]:
-    return ["scontrol", "--oneliner", "show", "job", slurm_job_id(environ)]
-
-
-def parse_job_record(text: str) -> dict[str, str]:
-    """The ``Key=Value`` fields of one ``scontrol -o show job`` line we use."""
-    fields = {}
-    for key in ("JobState", "Restarts", "PreemptTime", "Requeue"):
-        match = re.search(rf"(?:^|\s){key}=(\S+)", text)
-        if match:
-            fields[key] = match.group(1)
-    return fields
 
 
 def job_phase(record: Mapping[str, str], restart_count: int) -> JobPhase:
@@ -152,64 +111,58 @@ def job_phase(record: Mapping[str, str], restart_count: int) -> JobPhase:
     return "ended"
 
 
-def show_job(environ: Mapping[str, str], *, run: Runner = subprocess.run) -> dict[str, str]:
+def show_job(job_id: str, *, run: Runner = subprocess.run) -> dict[str, str]:
     """This job's record from slurmctld; empty when it cannot be had (never raises)."""
+    if not job_id:
+        return {}
     try:
-        done = run(show_job_command(environ), capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired, ClusterError) as exc:
+        return slurm.show_job(job_id, runner=run, timeout_s=SCONTROL_TIMEOUT_S)
+    except ClusterError as exc:
         log.warning("could not look at the job: %s", exc)
         return {}
-    if done.returncode != 0:
-        log.warning("scontrol show job failed: %s", (done.stderr or done.stdout or "").strip())
-        return {}
-    return parse_job_record(done.stdout or "")
 
 
 def requeue_job(
-    environ: Mapping[str, str],
+    job_id: str,
     *,
     run: Runner = subprocess.run,
-    restart_count: int | None = None,
+    restart_count: int = 0,
     attempts: int = REQUEUE_ATTEMPTS,
     retry_delay_s: float | None = None,
 ) -> None:
     """Put this job back into the queue; raise ``ClusterError`` if Slurm refuses.
 
     Retries a busy controller. Before a retry it looks whether an earlier
-    attempt went through after all (Restarts above ``restart_count``, default
-    SLURM_RESTART_COUNT): requeueing twice would be harmless, reviving a job
-    that meanwhile ended would not.
+    attempt went through after all (Restarts above ``restart_count``, the
+    task's SLURM_RESTART_COUNT): requeueing twice would be harmless, reviving
+    a job that meanwhile ended would not.
     """
-    command = requeue_command(environ)
-    if restart_count is None:
-        restart_count = int(environ.get("SLURM_RESTART_COUNT") or 0)
+    if not job_id:
+        raise ClusterError("this task is not running in a Slurm job, so it cannot requeue")
     delay_s = REQUEUE_RETRY_DELAY_S if retry_delay_s is None else retry_delay_s
     problem = ""
     for attempt in range(1, attempts + 1):
         if attempt > 1:
             time.sleep(delay_s * (attempt - 1))
-            phase = job_phase(show_job(environ, run=run), restart_count)
+            phase = job_phase(show_job(job_id, run=run), restart_count)
             if phase == "requeued":
-                log.info("Slurm job %s was requeued by an earlier attempt", command[-1])
+                log.info("Slurm job %s was requeued by an earlier attempt", job_id)
                 return
             if phase == "ended":
                 problem += "; meanwhile the job ended, so it was not requeued"
                 break
         try:
-            done = run(command, capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S, check=False)
-        except FileNotFoundError:
-            raise ClusterError(
-                "'scontrol' is not on this compute node's PATH, so the job cannot requeue itself",
-                hint="load the Slurm module in the spec's 'setup' lines, or set signals.requeue_on_timeout: false",
-            ) from None
-        except subprocess.TimeoutExpired:
-            problem = f"'{' '.join(command)}' did not answer within {SCONTROL_TIMEOUT_S:.0f} s"
+            slurm.requeue_job(job_id, runner=run, timeout_s=SCONTROL_TIMEOUT_S)
+        except slurm.SlurmCommandError as exc:
+            if exc.kind == "missing":
+                raise ClusterError(
+                    "'scontrol' is not on this compute node's PATH, so the job cannot requeue itself",
+                    hint="load the Slurm module in the spec's 'setup' lines, or set signals.requeue_on_timeout: false",
+                ) from None
+            problem = exc.message
         else:
-            if done.returncode == 0:
-                log.info("requeued Slurm job %s", command[-1])
-                return
-            output = (done.stderr or done.stdout or "").strip()
-            problem = f"'{' '.join(command)}' failed (exit {done.returncode}): {output or 'no output'}"
+            log.info("requeued Slurm job %s", job_id)
+            return
         log.warning("requeue attempt %d/%d: %s", attempt, attempts, problem)
     raise ClusterError(
         f"{problem}. The checkpoint is saved, but the job could not requeue itself",
@@ -263,7 +216,6 @@ def finish_after_stop(
     signals: Signals,
     stop: StopRequest,
     *,
-    environ: Mapping[str, str] | None = None,
     agree: Callable[[int], int] = all_reduce_max,
     run: Runner = subprocess.run,
     exit_process: Callable[[int], object] = os._exit,
@@ -278,12 +230,11 @@ def finish_after_stop(
     wait for Slurm's kill (default: until killed). The keyword arguments
     exist for tests.
     """
-    environ = os.environ if environ is None else environ
     decision = decide_after_stop(reason, env, signals)
     log.info("stop reason %s, restart %d of at most %d: %s", reason, env.restart_count, signals.max_requeues, decision)
     if decision == "stop":
         return decision
-    outcome, problem = _rank_zero_outcome(decision, env, stop, environ, run) if env.is_main else (EXIT, None)
+    outcome, problem = _rank_zero_outcome(decision, env, stop, run) if env.is_main else (EXIT, None)
     try:
         shared = agree(outcome)
     except Exception as exc:  # the process group may be gone; rank 0 still knows
@@ -304,16 +255,16 @@ def finish_after_stop(
 
 
 def _rank_zero_outcome(
-    decision: Decision, env: TaskEnv, stop: StopRequest, environ: Mapping[str, str], run: Runner
+    decision: Decision, env: TaskEnv, stop: StopRequest, run: Runner
 ) -> tuple[int, ClusterError | None]:
     cancel = stop.cancel_requested()
-    phase: JobPhase = "unknown" if cancel else job_phase(show_job(environ, run=run), env.restart_count)
+    phase: JobPhase = "unknown" if cancel else job_phase(show_job(env.slurm_job_id, run=run), env.restart_count)
     action = rank_zero_action(decision, phase, cancel)
     log.info("job is %s%s: %s", phase, " and being cancelled" if cancel else "", action)
     if action != "requeue":
         return {"exit": EXIT, "wait": WAIT, "finish": FINISH}[action], None
     try:
-        requeue_job(environ, run=run, restart_count=env.restart_count)
+        requeue_job(env.slurm_job_id, run=run, restart_count=env.restart_count)
     except ClusterError as exc:
         if decision == "slurm-requeues":  # Slurm still requeues it when GraceTime is over
             log.warning("%s; waiting for Slurm to requeue the job", exc)

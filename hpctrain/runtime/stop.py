@@ -27,7 +27,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Literal
 
-from hpctrain.rundir import atomic_write_text
+from hpctrain.rundir import atomic_write_text, cancel_marker_path
 
 StopReason = Literal["timeout", "preempted", "cancelled"]
 
@@ -36,13 +36,7 @@ StopReason = Literal["timeout", "preempted", "cancelled"]
 _REASON_CODES: dict[str, int] = {"timeout": 1, "preempted": 2, "cancelled": 3}
 _CODE_REASONS = {code: reason for reason, code in _REASON_CODES.items()}
 
-CONTROL_DIR = ".hpctrain"
-CANCEL_MARKER_NAME = "cancel-requested"
-
-
-def cancel_marker(run_dir: str | Path) -> Path:
-    """Where ``hpctrain cancel`` leaves its marker for the run in ``run_dir``."""
-    return Path(run_dir) / CONTROL_DIR / CANCEL_MARKER_NAME
+cancel_marker = cancel_marker_path  # where ``hpctrain cancel`` leaves its marker (rundir owns the layout)
 
 
 def cancel_marker_paths(run_dir: str | Path) -> tuple[Path, ...]:

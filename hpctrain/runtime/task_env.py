@@ -174,6 +174,7 @@ def _from_slurm(environ: Mapping[str, str], spec_master_port: int | None) -> Tas
         job_id=job_id,
         restart_count=restart_count,
         source="slurm",
+        job_aliases=tuple(dict.fromkeys(i for i in (raw_job_id, array_job_id, job_id) if i)),
     )
 
 
@@ -338,3 +339,28 @@ def _check_below(name: str, value: int, limit: int, why: str) -> None:
             f"{name}={value} must be below {limit} ({why}); ranks count from 0",
             hint="the task environment is inconsistent; start tasks with srun inside the job's allocation",
         )
+
+
+def rank_hint(environ: Mapping[str, str]) -> str:
+    """This task's rank for an error report written before the environment could be derived."""
+    return environ.get(SLURM_VARS["global_rank"]) or environ.get(SUBMITIT_LOCAL_VARS["global_rank"]) or "?"
+
+
+def thread_env(environ: Mapping[str, str], cpu_count: int | None = None) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` = the task's share of the CPUs, unless the user set it.
+
+    Otherwise torch starts one thread per core of the node in every task, and
+    N tasks per node oversubscribe it N times (the 2x2 CPU smoke job trained
+    10x slower on a 2-core test machine). Under Slurm the share is
+    ``SLURM_CPUS_PER_TASK``; on submitit's local executor it is this machine's
+    ``cpu_count`` divided among the local tasks.
+    """
+    if "OMP_NUM_THREADS" in environ:
+        return {}
+    cpus = environ.get("SLURM_CPUS_PER_TASK", "")
+    if cpus.isdigit() and int(cpus) > 0:
+        return {"OMP_NUM_THREADS": cpus}
+    local_tasks = environ.get("SUBMITIT_LOCAL_NTASKS", "")
+    if environ.get("SUBMITIT_EXECUTOR") == "local" and local_tasks.isdigit() and int(local_tasks) > 1 and cpu_count:
+        return {"OMP_NUM_THREADS": str(max(1, cpu_count // int(local_tasks)))}
+    return {}

@@ -13,9 +13,9 @@ torchvision models are tabulated instead of building the model.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from hpctrain.rundir import checkpoint_metas
 from hpctrain.spec.models import JobSpec
 
 # Millions of parameters (torchvision's model cards).
@@ -53,10 +53,10 @@ def estimated_save_s(spec: JobSpec) -> tuple[float, str]:
 def measured_save_s(run_dir: Path) -> float | None:
     """The slowest checkpoint write recorded in a run directory, if any."""
     times = []
-    for meta in (run_dir / "checkpoints").glob("step-*/meta.json"):
+    for meta in checkpoint_metas(run_dir, complete_only=False):
         try:
-            times.append(float(json.loads(meta.read_text())["write_s"]))
-        except (OSError, ValueError, KeyError, TypeError):
+            times.append(float(meta["write_s"]))
+        except (ValueError, KeyError, TypeError):
             continue
     return max(times) if times else None
 

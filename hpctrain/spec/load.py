@@ -200,6 +200,17 @@ def check_resolved(spec: JobSpec, profile: ClusterProfile) -> list[SpecProblem]:
                     ),
                 )
             )
+    if spec.data.val_resize < spec.data.image_size:
+        problems.append(
+            SpecProblem(
+                "data.val_resize",
+                (
+                    f"{spec.data.val_resize} is smaller than data.image_size {spec.data.image_size}: validation "
+                    f"crops would not fit; set it to at least {spec.data.image_size} (the reference uses 256 for 224, "
+                    f"i.e. {round(spec.data.image_size * 256 / 224)})"
+                ),
+            )
+        )
     ddp_on_gpus = gpus and trainer.strategy == "ddp" and spec.entrypoint is None
     if ddp_on_gpus and res.tasks_per_node is not None and res.tasks_per_node != gpus:
         problems.append(
@@ -257,6 +268,7 @@ def _expand_sweep(
 ) -> tuple[list[JobSpec], list[dict[str, Any]]]:
     keys = list(base.sweep)
     trials, params = [], []
+    seen = set(check_resolved(base, profile))  # already reported for the base spec
     for values in itertools.product(*(base.sweep[k] for k in keys)):
         combo = dict(zip(keys, values))
         trial_data = copy.deepcopy(data)
@@ -275,6 +287,13 @@ def _expand_sweep(
                     _positioned(SpecProblem(f"sweep.{problem.key}", f"{problem.message} (value {combo})"), positions)
                 )
             return [], []
+        # The cross-field checks, per trial: a swept value can break one the base spec passes.
+        for problem in check_resolved(trial, profile):
+            if problem not in seen:
+                seen.add(problem)
+                problems.append(
+                    _positioned(SpecProblem(problem.key, f"{problem.message} (sweep trial {combo})"), positions)
+                )
         trials.append(trial)
         params.append(combo)
     return trials, params

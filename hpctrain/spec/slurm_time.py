@@ -46,12 +46,3 @@ def parse_time_limit(value: str | int) -> int:
 def seconds_to_minutes(seconds: int) -> int:
     """Slurm (and submitit's ``timeout_min``) counts in whole minutes; round up."""
     return max(1, math.ceil(seconds / 60))
-
-
-def format_time_limit(seconds: int) -> str:
-    """Render seconds as Slurm's ``D-HH:MM:SS`` (or ``HH:MM:SS`` under a day)."""
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    hms = f"{hours:02d}:{minutes:02d}:{secs:02d}"
-    return f"{days}-{hms}" if days else hms

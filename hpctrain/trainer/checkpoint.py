@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import pickle
-import re
 import shutil
 import threading
 import time
@@ -35,21 +34,15 @@ from typing import Any
 
 import torch
 
+from hpctrain import rundir
 from hpctrain.errors import CheckpointError
+from hpctrain.rundir import BEST_FILE, META_FILE, STATE_FILE, step_dir_name
 from hpctrain.trainer.snapshot import SAFE_SCALARS, StagingBuffers, refuse_type
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "state.pt"
-META_FILE = "meta.json"
-BEST_FILE = "best.json"
-FORMAT_VERSION = 1
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+FORMAT_VERSION = rundir.CHECKPOINT_FORMAT_VERSION
 _HASH_CHUNK = 8 << 20
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:08d}"
 
 
 class CheckpointManager:
@@ -124,25 +117,14 @@ class CheckpointManager:
 
     def checkpoints(self) -> list[Path]:
         """Step directories with readable meta whose state file has the recorded size, oldest first."""
-        found = []
-        if not self.directory.is_dir():
-            return []
-        for child in self.directory.iterdir():
-            match = _STEP_DIR.match(child.name)
-            if match and child.is_dir() and _read_meta(child, quick_check=True) is not None:
-                found.append((int(match.group(1)), child))
-        return [path for _, path in sorted(found)]
+        return rundir.complete_checkpoints(self.directory)
 
     def latest(self) -> Path | None:
         found = self.checkpoints()
         return found[-1] if found else None
 
     def best(self) -> Path | None:
-        pointer = _read_json(self.directory / BEST_FILE)
-        if not pointer or not isinstance(pointer.get("dir"), str):
-            return None
-        path = self.directory / pointer["dir"]
-        return path if _read_meta(path, quick_check=True) is not None else None
+        return rundir.best_checkpoint(self.directory)
 
     def load(self, path: Path | None = None, map_location: Any = "cpu") -> dict[str, Any] | None:
         """The newest loadable checkpoint (or exactly ``path``), tensors placed by ``map_location``.
@@ -223,7 +205,7 @@ class CheckpointManager:
         if still_there and isinstance(previous, (int, float)) and previous >= info["metric"] and current["dir"] != name:
             return
         pointer = {"dir": name, "step": info["step"], "epoch": info["epoch"], "metric": info["metric"]}
-        _write_json_atomic(self.directory / BEST_FILE, pointer)
+        rundir.write_json_atomic(self.directory / BEST_FILE, pointer)
 
     def _prune(self) -> None:
         keep = set(self.checkpoints()[-self.keep_last :])
@@ -292,16 +274,10 @@ def _load_checkpoint(path: Path, map_location: Any) -> dict[str, Any]:
 
 def _read_meta(path: Path, *, quick_check: bool) -> dict[str, Any] | None:
     """Meta of a complete checkpoint directory, or None. ``quick_check`` compares sizes but skips the hash."""
-    meta = _read_json(path / META_FILE)
-    if not meta or meta.get("format_version") != FORMAT_VERSION:
+    meta = rundir.checkpoint_meta(path)
+    if meta is None:
         return None
-    expected = meta.get("files", {}).get(STATE_FILE)
-    state_path = path / STATE_FILE
-    if not isinstance(expected, dict) or not state_path.is_file():
-        return None
-    if state_path.stat().st_size != expected.get("size"):
-        return None
-    if not quick_check and _file_digest(state_path)[1] != expected.get("sha256"):
+    if not quick_check and _file_digest(path / STATE_FILE)[1] != meta["files"][STATE_FILE].get("sha256"):
         return None
     return meta
 
@@ -350,10 +326,3 @@ def _write_file_synced(path: Path, text: str) -> None:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
-
-
-def _write_json_atomic(path: Path, value: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    _write_file_synced(tmp, json.dumps(value, indent=2) + "\n")
-    os.replace(tmp, path)
-    _fsync_path(path.parent)

@@ -21,13 +21,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.rundir import SUMMARY_FILE, atomic_write_text, read_summary
+from hpctrain.rundir import Summary, metrics_path, read_summary, tb_dir, write_summary
 
 if TYPE_CHECKING:
     from hpctrain.runtime.context import TaskContext
 
-METRICS_FILE = "metrics.jsonl"
-TB_DIR = "tb"
 TRAIN_SCALARS = {
     "loss": "train/loss",
     "lr": "train/lr",
@@ -83,10 +81,10 @@ class Reporter:
         self.enabled = enabled
         self.static = dict(static)
         self.started = time.monotonic()
-        previous = read_summary(self.run_dir) or {}
-        self.prior_wall_s = float(previous.get("wall_s") or 0.0)
-        self.prior_restarts = int(previous.get("restarts") or 0)
-        self.started_at = previous.get("started_at") or _now_iso()
+        previous = read_summary(self.run_dir) or Summary()
+        self.prior_wall_s = float(previous.wall_s or 0.0)
+        self.prior_restarts = int(previous.restarts or 0)
+        self.started_at = previous.started_at or _now_iso()
         self.epochs = 1
         self.steps_per_epoch = 1
         self._metrics: Any = None
@@ -105,7 +103,7 @@ class Reporter:
         if not self.enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._metrics = open(self.run_dir / METRICS_FILE, "a", buffering=1)  # noqa: SIM115 (closed in close())
+        self._metrics = open(metrics_path(self.run_dir), "a", buffering=1)  # noqa: SIM115 (closed in close())
         if sys.stdout.isatty():
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -186,7 +184,7 @@ class Reporter:
             "updated_at": _now_iso(),
         }
         if self.enabled:
-            atomic_write_text(self.run_dir / SUMMARY_FILE, json.dumps(summary, indent=2, default=str) + "\n")
+            write_summary(self.run_dir, summary)
         return summary
 
     def failed(self, exc: BaseException, fields: dict[str, Any]) -> None:
@@ -206,7 +204,7 @@ class Reporter:
         if self._tb is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / TB_DIR), purge_step=self._purge_step)
+            self._tb = SummaryWriter(log_dir=str(tb_dir(self.run_dir)), purge_step=self._purge_step)
         for key, tag in names.items():
             if values.get(key) is not None:
                 self._tb.add_scalar(tag, values[key], step)

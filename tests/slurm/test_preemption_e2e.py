@@ -109,6 +109,36 @@ def test_requeue_then_preemption_resumes_bit_identically(
     )
 
 
+def test_cancel_settles_before_it_returns_and_an_immediate_resume_continues_exactly(
+    workspace: Workspace, reference_weights: str
+) -> None:
+    """``cancel`` used to return while the ranks were still writing the stop
+    checkpoint (global step 4 at return, 7 ten seconds later); a ``resume``
+    typed then would start a new attempt beside the one still writing."""
+    run = submit(workspace, "name=cancel_then_resume")
+    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+    refused = hpctrain(workspace.env, "resume", str(run.run_dir))
+    assert refused.returncode == 2 and "still RUNNING" in refused.stderr, refused
+
+    started = time.monotonic()
+    cancelled = hpctrain(workspace.env, "cancel", str(run.run_dir), timeout=120)
+    report_timing("hpctrain cancel -> returned with the run settled", time.monotonic() - started)
+    assert cancelled.returncode == 0, cancelled
+    summary = run.summary()  # as it was the moment cancel returned
+    assert (summary["status"], summary["stop_reason"]) == ("stopped", "cancelled"), f"{cancelled}\n{summary}"
+    assert "run status: stopped" in cancelled.stdout, cancelled
+    assert f"last complete checkpoint: step {summary['global_step']}" in cancelled.stdout, cancelled
+    assert latest_step(run.run_dir) == summary["global_step"]
+    assert temp_checkpoint_dirs(run.run_dir) == []
+
+    resumed = hpctrain(workspace.env, "resume", str(run.run_dir), "--wait", "--json", timeout=RUN_TIMEOUT_S + 30)
+    assert resumed.returncode == 0, f"{resumed}\n{task_logs(run.run_dir)}"
+    final = run.summary()
+    assert (final["status"], final["global_step"], final["restarts"]) == ("completed", TOTAL_STEPS, 1), final
+    assert train_steps_logged(run.run_dir) == list(range(1, TOTAL_STEPS + 1)), "no step repeated or skipped"
+    assert final["weights_sha256"] == reference_weights, task_logs(run.run_dir)
+
+
 def test_killed_rank_fails_the_job_and_is_named(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
     run = submit(workspace, "name=killed_rank")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)

@@ -277,6 +277,26 @@ def test_dry_run_prints_the_script_and_rank_table(tmp_path: Path, env: dict[str,
     assert not (tmp_path / "state").exists()
 
 
+def test_dry_run_signal_comes_from_the_spec_not_the_shell(tmp_path: Path, env: dict[str, str]) -> None:
+    """SUBMITIT_PREEMPT_SIGNAL in the login shell changed submitit's --signal
+    line while every task listened for the spec's signal: no time-limit save."""
+    env["SUBMITIT_PREEMPT_SIGNAL"] = "USR1"
+    out = tmp_path / "out"
+    result = hpctrain("submit", "jobs/resnet50_4x4.yaml", "--dry-run", "--set", f"output_dir={out}", env=env)
+    assert result.returncode == 0, result.stderr
+    script, _ = split_dry_run(result.stdout)
+    signal_lines = [line for line in script.splitlines() if line.startswith("#SBATCH --signal")]
+    assert signal_lines == ["#SBATCH --signal=USR2@300"]
+    usr1 = hpctrain(
+        "submit", "jobs/resnet50_4x4.yaml", "--dry-run", "--set", f"output_dir={out}",
+        "--set", "signals.timeout_signal=USR1", env={**env, "SUBMITIT_PREEMPT_SIGNAL": "USR2"},
+    )  # fmt: skip
+    assert usr1.returncode == 0, usr1.stderr
+    assert [line for line in usr1.stdout.splitlines() if line.startswith("#SBATCH --signal")] == [
+        "#SBATCH --signal=USR1@300"
+    ]
+
+
 def test_submit_without_slurm_suggests_local(tmp_path: Path, env: dict[str, str]) -> None:
     empty_bin = tmp_path / "bin"
     empty_bin.mkdir()
@@ -375,3 +395,12 @@ def test_login_node_commands_never_import_torch(
         assert any("not an hpctrain run directory" in line for line in messages)
     else:
         assert result.returncode == 0, "\n".join(messages)
+
+
+def test_resume_of_a_sweep_names_the_trial_folder(tmp_path: Path, env: dict[str, str]) -> None:
+    run_dir = tmp_path / "runs" / "sweep" / "20260101-000000"
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({"job_id": "7", "backend": "slurm", "trials": 2}))
+    result = hpctrain("resume", str(run_dir), env=env)
+    assert_user_error(result, 2, "is a sweep", f"hpctrain resume {run_dir}/trial-NNN")
+    assert "{run_dir}" not in result.stderr

@@ -16,16 +16,14 @@ from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.requeue import (
     decide_after_stop,
     finish_after_stop,
-    job_ids,
     job_phase,
-    parse_job_record,
     rank_zero_action,
-    requeue_command,
     requeue_job,
     show_job,
-    slurm_job_id,
 )
 from hpctrain.runtime.stop import StopRequest, cancel_marker_paths, write_cancel_marker
+from hpctrain.runtime.task_env import derive_task_env
+from hpctrain.slurm import parse_job_record, requeue_command
 from hpctrain.spec.models import Signals
 
 ENV = TaskEnv(
@@ -42,8 +40,12 @@ ENV = TaskEnv(
     restart_count=0,
     source="slurm",
 )
-SLURM = {"SLURM_JOB_ID": "1234", "SLURM_PROCID": "0"}
-ARRAY_TASK = {"SLURM_JOB_ID": "1240", "SLURM_ARRAY_JOB_ID": "1234", "SLURM_ARRAY_TASK_ID": "6"}
+SLURM_BASE = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
+SLURM_BASE |= {"SLURM_JOB_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "1", "SLURM_TASKS_PER_NODE": "1"}
+SLURM = derive_task_env({**SLURM_BASE, "SLURM_JOB_ID": "1234"})
+ARRAY_TASK = derive_task_env(
+    {**SLURM_BASE, "SLURM_JOB_ID": "1240", "SLURM_ARRAY_JOB_ID": "1234", "SLURM_ARRAY_TASK_ID": "6"}
+)
 
 
 class Exited(Exception):
@@ -91,27 +93,28 @@ class FakeRun:
 
 
 def test_plain_job_id() -> None:
-    assert slurm_job_id(SLURM) == "1234"
-    assert requeue_command(SLURM) == ["scontrol", "requeue", "1234"]
+    assert SLURM.slurm_job_id == "1234"
+    assert requeue_command(SLURM.slurm_job_id) == ["scontrol", "requeue", "1234"]
 
 
 def test_array_task_uses_array_and_task_id() -> None:
     # Each array task has its own SLURM_JOB_ID, but the last task's equals the
     # array's id, which names the whole array: always say ARRAY_TASK.
-    assert requeue_command(ARRAY_TASK) == ["scontrol", "requeue", "1234_6"]
-    last = {"SLURM_JOB_ID": "1234", "SLURM_ARRAY_JOB_ID": "1234", "SLURM_ARRAY_TASK_ID": "9"}
-    assert slurm_job_id(last) == "1234_9"
+    assert requeue_command(ARRAY_TASK.slurm_job_id) == ["scontrol", "requeue", "1234_6"]
+    last = {**SLURM_BASE, "SLURM_JOB_ID": "1234", "SLURM_ARRAY_JOB_ID": "1234", "SLURM_ARRAY_TASK_ID": "9"}
+    assert derive_task_env(last).slurm_job_id == "1234_9"
 
 
 def test_no_slurm_no_job_id() -> None:
-    with pytest.raises(ClusterError, match="SLURM_JOB_ID"):
-        slurm_job_id({})
+    assert replace(ENV, source="single").slurm_job_id == ""
+    with pytest.raises(ClusterError, match="not running in a Slurm job"):
+        requeue_job("", run=FakeRun())
 
 
 def test_job_ids_lists_every_alias() -> None:
-    assert job_ids(SLURM) == ("1234",)
-    assert job_ids(ARRAY_TASK) == ("1240", "1234", "1234_6")
-    assert job_ids({}) == ()
+    assert SLURM.job_aliases == ("1234",)
+    assert ARRAY_TASK.job_aliases == ("1240", "1234", "1234_6")
+    assert derive_task_env({}).job_aliases == ()
 
 
 # --- looking at the job ----------------------------------------------------------
@@ -146,10 +149,10 @@ def test_job_phase(record: str, restarts: int, phase: str) -> None:
 
 
 def test_show_job_never_raises() -> None:
-    assert show_job(SLURM, run=FakeRun(show=FileNotFoundError("scontrol"))) == {}
-    assert show_job(SLURM, run=FakeRun(show=subprocess.TimeoutExpired(["scontrol"], 60))) == {}
-    assert show_job(SLURM, run=FakeRun(show=PREEMPTING))["PreemptTime"] != "None"
-    assert show_job({}, run=FakeRun()) == {}
+    assert show_job("1234", run=FakeRun(show=FileNotFoundError("scontrol"))) == {}
+    assert show_job("1234", run=FakeRun(show=subprocess.TimeoutExpired(["scontrol"], 60))) == {}
+    assert show_job("1234", run=FakeRun(show=PREEMPTING))["PreemptTime"] != "None"
+    assert show_job("", run=FakeRun()) == {}
 
 
 # --- requeue_job -----------------------------------------------------------------
@@ -157,34 +160,34 @@ def test_show_job_never_raises() -> None:
 
 def test_requeue_job_success() -> None:
     run = FakeRun((0, ""))
-    requeue_job(SLURM, run=run)
+    requeue_job("1234", run=run)
     assert run.calls == [["scontrol", "requeue", "1234"]]
 
 
 def test_requeue_job_failure_names_slurms_answer() -> None:
     run = FakeRun(*[(1, "slurm_requeue error: Requested operation is presently disabled")] * 3)
     with pytest.raises(ClusterError, match="presently disabled") as info:
-        requeue_job(SLURM, run=run, retry_delay_s=0)
+        requeue_job("1234", run=run, retry_delay_s=0)
     assert len(run.requeues) == 3
     assert info.value.hint and "--requeue" in info.value.hint
 
 
 def test_requeue_job_retry_finds_an_earlier_success() -> None:
     run = FakeRun(subprocess.TimeoutExpired(["scontrol"], 60), show=REQUEUED)
-    requeue_job(SLURM, run=run, retry_delay_s=0)
+    requeue_job("1234", run=run, retry_delay_s=0)
     assert len(run.requeues) == 1
 
 
 def test_requeue_job_never_revives_a_job_that_ended_meanwhile() -> None:
     run = FakeRun((1, "Socket timed out"), show=CANCELLING)
     with pytest.raises(ClusterError, match="meanwhile the job ended"):
-        requeue_job(SLURM, run=run, retry_delay_s=0)
+        requeue_job("1234", run=run, retry_delay_s=0)
     assert len(run.requeues) == 1
 
 
 def test_requeue_job_without_scontrol() -> None:
     with pytest.raises(ClusterError, match="scontrol") as info:
-        requeue_job(SLURM, run=FakeRun(FileNotFoundError("scontrol")))
+        requeue_job("1234", run=FakeRun(FileNotFoundError("scontrol")))
     assert info.value.hint and "requeue_on_timeout" in info.value.hint
 
 
@@ -250,7 +253,6 @@ def test_rank_zero_action(decision: Any, phase: Any, cancel: bool, action: str) 
 
 def finish(reason: Any, env: TaskEnv = ENV, signals: Signals | None = None, **kwargs: Any) -> Any:
     kwargs.setdefault("stop", StopRequest())
-    kwargs.setdefault("environ", SLURM)
     kwargs.setdefault("agree", lambda outcome: outcome)
     kwargs.setdefault("exit_process", fake_exit)
     return finish_after_stop(reason, env, signals or Signals(), **kwargs)
@@ -276,7 +278,7 @@ def test_timeout_rank_zero_requeues_then_exits_zero_without_returning() -> None:
 def test_timeout_array_task_requeues_only_itself() -> None:
     run = FakeRun((0, ""))
     with pytest.raises(Exited):
-        finish("timeout", environ=ARRAY_TASK, run=run)
+        finish("timeout", env=replace(ENV, job_id="1234_6"), run=run)
     assert run.requeues == [["scontrol", "requeue", "1234_6"]]
 
 

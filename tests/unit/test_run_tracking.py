@@ -13,7 +13,7 @@ import pytest
 from hpctrain import job_registry
 from hpctrain.errors import RunDirError
 from hpctrain.rundir import atomic_write_text, create_run_dir, next_run_dir, read_run_info, write_run_info
-from hpctrain.slurm_state import TERMINAL_STATES, normalise_state, parse_sacct_states
+from hpctrain.slurm import TERMINAL_STATES, normalise_state, parse_sacct_states
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -151,3 +151,72 @@ def test_status_names_the_failed_task_when_rank_zero_could_not(tmp_path: Path) -
     assert reconcile(recorded, "FAILED", run_dir) == recorded
     assert reconcile({"status": "running"}, "RUNNING", run_dir) == {"status": "running"}
     assert reconcile({"status": "running"}, "CANCELLED", run_dir)["status"] == "stopped"
+
+
+def fake_slurm(tmp_path: Path, sacct: str, squeue: str) -> tuple[Path, Path]:
+    """sacct/squeue/scancel/scontrol stand-ins that answer from files (scancel turns sacct CANCELLED)."""
+    bin_dir, state = tmp_path / "bin", tmp_path / "slurm-state"
+    bin_dir.mkdir()
+    state.mkdir()
+    (state / "sacct").write_text(sacct)
+    (state / "squeue").write_text(squeue)
+    scripts = {
+        "sacct": f'echo "77|$(cat {state}/sacct)"',
+        "squeue": f"cat {state}/squeue",
+        "scancel": f"echo CANCELLED > {state}/sacct; echo COMPLETING > {state}/squeue",
+        "scontrol": 'echo "KillWait                = 0 sec"',
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return bin_dir, state
+
+
+def cli_with(bin_dir: Path, *args: str, env_home: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "XDG_STATE_HOME": str(env_home), "HOME": str(env_home)}
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=60
+    )
+
+
+def test_cancel_waits_for_the_stop_checkpoint_and_prints_the_final_status(tmp_path: Path) -> None:
+    run_dir = fake_run(tmp_path, job_id="77")
+    atomic_write_text(run_dir / "summary.json", json.dumps({"status": "running", "global_step": 4}))
+    bin_dir, state = fake_slurm(tmp_path, sacct="RUNNING", squeue="RUNNING")
+    # The ranks finish the stop checkpoint ~1.5 s after Slurm already says CANCELLED.
+    writer = subprocess.Popen(
+        [sys.executable, "-c", (
+            "import json, sys, time; from pathlib import Path; time.sleep(1.5); run = Path(sys.argv[1]); "
+            "step = run / 'checkpoints' / 'step-00000007'; step.mkdir(parents=True); "
+            "(step / 'state.pt').write_bytes(b'abc'); (step / 'meta.json').write_text(json.dumps("
+            "{'format_version': 1, 'global_step': 7, 'files': {'state.pt': {'size': 3}}})); "
+            "(run / 'summary.json').write_text(json.dumps({'status': 'stopped', 'global_step': 7})); "
+            "time.sleep(0.5); Path(sys.argv[2]).write_text('CANCELLED')"  # the ranks exit: COMPLETING ends
+        ), str(run_dir), str(state / "squeue")],
+    )  # fmt: skip
+    result = cli_with(bin_dir, "cancel", str(run_dir), env_home=tmp_path / "state")
+    writer.wait(timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert "job 77: CANCELLED; run status: stopped" in result.stdout
+    assert "last complete checkpoint: step 7" in result.stdout
+    assert json.loads((run_dir / ".hpctrain" / "cancel-requested").read_text())["job_ids"] == ["77"]
+
+
+def test_cancel_gives_up_waiting_after_kill_wait_and_says_so(tmp_path: Path) -> None:
+    run_dir = fake_run(tmp_path, job_id="77")
+    atomic_write_text(run_dir / "summary.json", json.dumps({"status": "running", "global_step": 4}))
+    bin_dir, _ = fake_slurm(tmp_path, sacct="RUNNING", squeue="RUNNING")
+    result = cli_with(bin_dir, "cancel", str(run_dir), env_home=tmp_path / "state")
+    assert result.returncode == 0, result.stderr
+    assert "run status: running" in result.stdout and "may still be writing" in result.stdout
+
+
+def test_resume_refuses_while_the_cancelled_job_is_still_stopping(tmp_path: Path) -> None:
+    run_dir = fake_run(tmp_path, job_id="77")
+    bin_dir, state = fake_slurm(tmp_path, sacct="CANCELLED", squeue="COMPLETING")
+    result = cli_with(bin_dir, "resume", str(run_dir), env_home=tmp_path / "state")
+    assert result.returncode == 2 and "still stopping" in result.stderr and "Traceback" not in result.stderr
+    (state / "squeue").write_text("RUNNING\n")
+    (state / "sacct").write_text("RUNNING")
+    running = cli_with(bin_dir, "resume", str(run_dir), env_home=tmp_path / "state")
+    assert running.returncode == 2 and "still RUNNING" in running.stderr

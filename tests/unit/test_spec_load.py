@@ -18,7 +18,7 @@ from hpctrain.errors import SpecError, SpecProblem
 from hpctrain.spec.load import check_resolved, load_job, parse_override
 from hpctrain.spec.models import JobSpec
 from hpctrain.spec.profiles import BUILTIN_PROFILES, apply_profile
-from hpctrain.spec.slurm_time import format_time_limit, parse_time_limit, seconds_to_minutes
+from hpctrain.spec.slurm_time import parse_time_limit, seconds_to_minutes
 from hpctrain.spec.yaml_source import dump_yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -505,8 +505,7 @@ def test_bad_time_in_a_spec_names_the_allowed_forms(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("seconds", [1, 59, 60, 3599, 86400, 90061, 10 * 86400])
-def test_time_formatting_round_trips(seconds: int) -> None:
-    assert parse_time_limit(format_time_limit(seconds)) == seconds
+def test_time_limits_are_whole_minutes_rounded_up(seconds: int) -> None:
     assert seconds_to_minutes(seconds) * 60 >= seconds > (seconds_to_minutes(seconds) - 1) * 60
 
 
@@ -763,6 +762,28 @@ def test_bad_sweeps(tmp_path: Path, sweep: str, key: str, needle: str) -> None:
     problem = problem_at(spec_error(write(tmp_path, VALID + "sweep:\n  " + sweep + "\n")), key)
     assert needle in problem.message
     assert problem.line is not None
+
+
+def test_sweep_trials_get_the_cross_field_checks(tmp_path: Path) -> None:
+    """A CPU sweep over precision used to validate and then fail on the nodes."""
+    text = VALID + "cluster: local\nresources:\n  gpus_per_node: 0\nsweep:\n  trainer.precision: [fp32, fp16]\n"
+    problem = only_problem(spec_error(write(tmp_path, text)))
+    assert problem.key == "trainer.precision"
+    assert "fp16 needs CUDA GPUs" in problem.message
+    assert "sweep trial {'trainer.precision': 'fp16'}" in problem.message
+
+
+def test_a_problem_of_the_base_spec_is_reported_once_for_a_sweep(tmp_path: Path) -> None:
+    text = VALID + "resources:\n  gpus_per_node: 0\ntrainer:\n  precision: fp16\nsweep:\n  trainer.lr: [0.1, 0.2]\n"
+    problem = only_problem(spec_error(write(tmp_path, text)))
+    assert problem.key == "trainer.precision"
+
+
+def test_val_resize_smaller_than_image_size_is_caught_on_the_login_node(tmp_path: Path) -> None:
+    problem = only_problem(spec_error(write(tmp_path, VALID + "  image_size: 224\n  val_resize: 200\n")))
+    assert problem.key == "data.val_resize"
+    assert "at least 224" in problem.message
+    assert problem.line == 5
 
 
 def test_sweep_key_inside_a_scalar(tmp_path: Path) -> None:

@@ -110,10 +110,11 @@ def test_time_is_whole_minutes_rounded_up() -> None:
     assert params("slurm", resources={"time": "2-00:00:00"})["time"] == 2880
 
 
-def test_default_signal_is_submitits_usr2() -> None:
+def test_default_signal_line_is_written_from_the_spec() -> None:
+    # Never left to submitit, whose line follows SUBMITIT_PREEMPT_SIGNAL in the submitting shell.
     result = params("slurm", signals={"signal_delay_s": 300})
     assert result["signal_delay_s"] == 300
-    assert "signal" not in result["additional_parameters"]
+    assert result["additional_parameters"]["signal"] == "USR2@300"
 
 
 def test_usr1_overrides_submitits_signal_line() -> None:

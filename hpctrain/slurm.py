@@ -1,0 +1,220 @@
+"""Every Slurm command hpctrain runs, and what its answers mean.
+
+One runner (:func:`run_slurm`) runs ``squeue``/``sacct``/``scontrol``/``scancel``
+and turns each way they fail -- not installed, no answer, the controller
+unreachable, a job id Slurm does not know, a refusal -- into a
+:class:`SlurmCommandError` (a ``ClusterError`` with a hint). One state table
+(:data:`TERMINAL_STATES`). ``sbatch`` goes through submitit's public executor
+API (``hpctrain.submission``); the ``--signal`` line it carries is written here,
+from the spec, never from the submitting shell's ``SUBMITIT_PREEMPT_SIGNAL``.
+
+Light on purpose: login-node commands (status, cancel, resume, rehearse,
+submit --wait) and the runtime's requeue use it. Parsers are pure and tested
+on recorded output; compute-node code passes a job id from ``TaskEnv`` and
+never reads ``SLURM_*`` here.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Literal
+
+from hpctrain.errors import ClusterError
+
+# States after which a job will not run again by itself. REQUEUED/PREEMPTED jobs come back.
+TERMINAL_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+)
+COMMAND_TIMEOUT_S = 30.0
+# States in which some process of the job may still run (COMPLETING: the job
+# ended, but slurmd is still waiting for its tasks to exit, at most KillWait).
+ACTIVE_STATES = frozenset(
+    {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING"}
+)
+# slurm.conf's default KillWait: seconds between SIGTERM and SIGKILL when a job ends.
+DEFAULT_KILL_WAIT_S = 30.0
+
+Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+FailureKind = Literal["missing", "timeout", "unreachable", "unknown-job", "refused"]
+
+_UNREACHABLE = ("unable to contact slurm controller", "connection refused", "socket timed out", "zero bytes were")
+_UNKNOWN_JOB = ("invalid job id", "job id not found", "no such job")
+
+
+class SlurmCommandError(ClusterError):
+    """A Slurm command failed; ``kind`` says how, so callers can decide to retry."""
+
+    def __init__(self, message: str, kind: FailureKind, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.kind = kind
+
+
+# ------------------------------------------------------------------ pure parts
+
+
+def normalise_state(raw: str) -> str:
+    """'CANCELLED by 0' -> 'CANCELLED'; '' -> 'UNKNOWN'."""
+    word = raw.strip().split(" ")[0].rstrip("+") if raw.strip() else ""
+    return word or "UNKNOWN"
+
+
+def parse_sacct_states(output: str) -> dict[str, str]:
+    """Lines of ``sacct -X -n -P -o JobID,State`` -> {job id: state}."""
+    states = {}
+    for line in output.splitlines():
+        if "|" not in line:
+            continue
+        job_id, _, state = line.partition("|")
+        states[job_id.strip()] = normalise_state(state)
+    return states
+
+
+def parse_job_record(text: str) -> dict[str, str]:
+    """The ``Key=Value`` fields of one ``scontrol -o show job`` line we use."""
+    fields = {}
+    for key in ("JobState", "Restarts", "PreemptTime", "Requeue"):
+        match = re.search(rf"(?:^|\s){key}=(\S+)", text)
+        if match:
+            fields[key] = match.group(1)
+    return fields
+
+
+def parse_kill_wait_s(config: str) -> float | None:
+    """``KillWait = 30 sec`` from ``scontrol show config``; None when absent."""
+    match = re.search(r"^\s*KillWait\s*=\s*(\d+)", config, re.MULTILINE)
+    return float(match.group(1)) if match else None
+
+
+def signal_parameter(timeout_signal: str, signal_delay_s: int) -> str:
+    """The value of sbatch's ``--signal``: the spec's signal, ``signal_delay_s`` before the limit."""
+    return f"{timeout_signal}@{signal_delay_s}"
+
+
+def requeue_command(job_id: str) -> list[str]:
+    return ["scontrol", "requeue", job_id]
+
+
+def show_job_command(job_id: str) -> list[str]:
+    return ["scontrol", "--oneliner", "show", "job", job_id]
+
+
+def classify_failure(command: list[str], returncode: int, output: str) -> SlurmCommandError:
+    """A non-zero exit of a Slurm command as the project's error. Pure."""
+    shown, text = " ".join(command), output.strip() or "no output"
+    lowered = text.lower()
+    if any(needle in lowered for needle in _UNREACHABLE):
+        return SlurmCommandError(
+            f"'{shown}' could not reach the Slurm controller: {text}",
+            "unreachable",
+            hint="slurmctld may be down or restarting; try again in a minute, or ask the admins",
+        )
+    if any(needle in lowered for needle in _UNKNOWN_JOB):
+        return SlurmCommandError(
+            f"'{shown}': Slurm does not know this job ({text})",
+            "unknown-job",
+            hint="Slurm forgets finished jobs after MinJobAge; 'hpctrain status RUN_DIR' still shows the run",
+        )
+    return SlurmCommandError(f"'{shown}' failed (exit {returncode}): {text}", "refused")
+
+
+# ------------------------------------------------------------------ the runner
+
+
+def run_slurm(command: list[str], *, timeout_s: float = COMMAND_TIMEOUT_S, runner: Runner = subprocess.run) -> str:
+    """Run one Slurm command; its stdout, or a :class:`SlurmCommandError`."""
+    try:
+        done = runner(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except FileNotFoundError:
+        raise SlurmCommandError(
+            f"'{command[0]}' is not on this machine", "missing", hint="run this on a Slurm login node"
+        ) from None
+    except OSError as exc:  # not executable, too many processes...
+        raise SlurmCommandError(f"could not run '{command[0]}': {exc}", "missing") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmCommandError(
+            f"'{' '.join(command)}' did not answer in {timeout_s:.0f} s",
+            "timeout",
+            hint="slurmctld may be busy; try again",
+        ) from None
+    if done.returncode != 0:
+        raise classify_failure(command, done.returncode, done.stderr or done.stdout or "")
+    return done.stdout or ""
+
+
+def available() -> bool:
+    """Whether this machine has Slurm's client commands."""
+    return shutil.which("sacct") is not None or shutil.which("squeue") is not None
+
+
+# ------------------------------------------------------------------ questions
+
+
+def job_state(job_id: str) -> str:
+    """Current state of a job (array task ids like 12_3 work too)."""
+    states = parse_sacct_states(run_slurm(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", job_id]))
+    if job_id in states:
+        return states[job_id]
+    queued = run_slurm(["squeue", "-h", "-o", "%T", "-j", job_id]).strip() if shutil.which("squeue") else ""
+    if queued:
+        return normalise_state(queued.splitlines()[0])
+    return next(iter(states.values()), "UNKNOWN")
+
+
+def wait_until_done(job_id: str, *, poll_s: float = 2.0, timeout_s: float | None = None) -> str:
+    """Block until the job reaches a terminal state; return it."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        state = job_state(job_id)
+        if state in TERMINAL_STATES:
+            return state
+        if deadline is not None and time.monotonic() > deadline:
+            raise ClusterError(f"job {job_id} is still {state} after {timeout_s:.0f} s")
+        time.sleep(poll_s)
+
+
+def processes_may_run(job_id: str, *, runner: Runner = subprocess.run) -> bool:
+    """Whether any process of the job may still be alive (``squeue`` says so, or cannot say)."""
+    try:
+        output = run_slurm(["squeue", "-h", "-t", "all", "-o", "%T", "-j", job_id], runner=runner)
+    except SlurmCommandError as exc:
+        return exc.kind != "unknown-job"  # forgotten by Slurm: long gone
+    return any(normalise_state(line) in ACTIVE_STATES for line in output.splitlines() if line.strip())
+
+
+def show_job(job_id: str, *, runner: Runner = subprocess.run, timeout_s: float = COMMAND_TIMEOUT_S) -> dict[str, str]:
+    """The job's record from slurmctld (``scontrol show job``); raises SlurmCommandError."""
+    return parse_job_record(run_slurm(show_job_command(job_id), timeout_s=timeout_s, runner=runner))
+
+
+def kill_wait_s() -> float:
+    """Slurm's KillWait (SIGTERM -> SIGKILL when a job ends); the default when unknown."""
+    try:
+        value = parse_kill_wait_s(run_slurm(["scontrol", "show", "config"]))
+    except ClusterError:
+        value = None
+    return DEFAULT_KILL_WAIT_S if value is None else value
+
+
+# ------------------------------------------------------------------ actions
+
+
+def cancel_job(job_id: str) -> None:
+    run_slurm(["scancel", job_id])
+
+
+def signal_job(job_id: str, signal_name: str) -> None:
+    """Send ``signal_name`` to every task of the job, as Slurm does before the time limit."""
+    run_slurm(["scancel", f"--signal={signal_name}", job_id])
+
+
+def release_job(job_id: str) -> None:
+    """Start a requeued (held until its begin time) job now."""
+    run_slurm(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+
+
+def requeue_job(job_id: str, *, runner: Runner = subprocess.run, timeout_s: float = COMMAND_TIMEOUT_S) -> None:
+    run_slurm(requeue_command(job_id), timeout_s=timeout_s, runner=runner)

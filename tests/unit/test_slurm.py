@@ -1,0 +1,91 @@
+"""hpctrain.slurm: the one runner's failure classes, and the parsers on recorded output."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import pytest
+
+from hpctrain.errors import ClusterError
+from hpctrain.slurm import (
+    SlurmCommandError,
+    classify_failure,
+    parse_kill_wait_s,
+    run_slurm,
+    show_job_command,
+    signal_parameter,
+)
+
+# The shape of ``scontrol show config`` (Slurm 22.05), trimmed.
+CONFIG = """\
+Configuration data as of 2026-11-22T10:00:00
+InactiveLimit           = 0 sec
+KillOnBadExit           = 0
+KillWait                = 5 sec
+LaunchParameters        = (null)
+"""
+
+
+def answer(code: int = 0, out: str = "", err: str = "", raises: BaseException | None = None) -> Any:
+    def runner(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        assert kwargs["timeout"] > 0 and kwargs["check"] is False
+        if raises is not None:
+            raise raises
+        return subprocess.CompletedProcess(command, code, stdout=out, stderr=err)
+
+    return runner
+
+
+def test_stdout_on_success() -> None:
+    assert run_slurm(["squeue"], runner=answer(out="RUNNING\n")) == "RUNNING\n"
+
+
+@pytest.mark.parametrize(
+    ("runner", "kind", "needle"),
+    [
+        (answer(raises=FileNotFoundError("sacct")), "missing", "not on this machine"),
+        (answer(raises=subprocess.TimeoutExpired(["sacct"], 30)), "timeout", "did not answer"),
+        (
+            answer(1, err="sacct: error: slurm_persist_conn_open_without_init: failed to open persistent "
+                   "connection to host:ctl:6819: Connection refused"),
+            "unreachable",
+            "could not reach the Slurm controller",
+        ),
+        (
+            answer(1, err="squeue: error: Unable to contact slurm controller (connect failure)"),
+            "unreachable",
+            "could not reach",
+        ),
+        (
+            answer(1, err="scancel: error: Kill job error on job id 99: Invalid job id specified"),
+            "unknown-job",
+            "does not know",
+        ),
+        (answer(1, err="scontrol: error: Requested operation is presently disabled"), "refused", "presently disabled"),
+        (answer(2), "refused", "no output"),
+    ],
+)  # fmt: skip
+def test_failures_become_cluster_errors_with_a_kind(runner: Any, kind: str, needle: str) -> None:
+    with pytest.raises(SlurmCommandError) as info:
+        run_slurm(["sacct", "-j", "99"], runner=runner)
+    assert isinstance(info.value, ClusterError)
+    assert info.value.kind == kind
+    assert needle in info.value.message
+    assert info.value.hint or kind == "refused"
+
+
+def test_classify_failure_is_pure() -> None:
+    error = classify_failure(["scancel", "7"], 1, "Invalid job id specified")
+    assert (error.kind, error.exit_code) == ("unknown-job", 3)
+    assert "MinJobAge" in (error.hint or "")
+
+
+def test_kill_wait_from_scontrol_show_config() -> None:
+    assert parse_kill_wait_s(CONFIG) == 5.0
+    assert parse_kill_wait_s("garbage") is None
+
+
+def test_signal_parameter_and_commands() -> None:
+    assert signal_parameter("USR1", 300) == "USR1@300"
+    assert show_job_command("12_3") == ["scontrol", "--oneliner", "show", "job", "12_3"]
