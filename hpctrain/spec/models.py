@@ -27,6 +27,7 @@ _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 Strategy = Literal["single", "dp", "ddp", "hogwild"]
 Precision = Literal["fp32", "fp16", "bf16", "O0", "O1", "O2", "O3"]
+Decode = Literal["cpu", "gpu", "dali", "auto"]
 APEX_LEVELS = ("O0", "O1", "O2", "O3")
 
 
@@ -215,6 +216,15 @@ class Data(Section):
     val_resize: Annotated[
         int, Field(ge=8, description="Validation images are resized to this, then center-cropped to image_size.")
     ] = 256
+    decode: Annotated[
+        Decode,
+        Field(
+            description="Where JPEGs are decoded and augmented. cpu: data-loader workers (PIL); gpu: workers read "
+            "bytes, the task's GPU decodes with nvJPEG (torchvision) and crops/resizes there; dali: an NVIDIA DALI "
+            "pipeline on the GPU (pip extra 'dali'), fed by hpctrain's sampler; auto: cpu on CPU jobs, else dali "
+            "when installed, else gpu. Crops are the same pure function of (seed, epoch, index) in every mode.",
+        ),
+    ] = "auto"
 
     @field_validator("root", "train_dir", "val_dir")
     @classmethod
