@@ -20,7 +20,7 @@ import os
 import random
 import signal
 import threading
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,14 @@ from torchvision import datasets, transforms
 
 from hpctrain.errors import TrainingConfigError
 from hpctrain.spec.models import Data, Trainer
+from hpctrain.trainer.gpu_decode import (
+    DeviceBackend,
+    EncodedCollate,
+    EncodedImageDataset,
+    TrainBoxes,
+    resolve_decoder,
+    whole_image,
+)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -248,11 +256,12 @@ def build_val_loader(
     batch_size: int,
     device_is_cuda: bool,
     seed: int = 0,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
 ) -> DataLoader:
     """Validation over the whole val set, sharded without padding (see ExactEvalSampler)."""
     sampler = ExactEvalSampler(val_dataset, world_size, rank)
     kwargs = _loader_kwargs(data_spec, device_is_cuda, seed)
-    return DataLoader(val_dataset, batch_size=batch_size, sampler=sampler, **kwargs)
+    return DataLoader(val_dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, **kwargs)
 
 
 @dataclass
@@ -262,7 +271,7 @@ class Loaders:
     train_loader: DataLoader | None
     val_loader: DataLoader
     train_sampler: ResumableDistributedSampler | None
-    train_dataset: SeededAugmentDataset | None
+    train_dataset: SeededAugmentDataset | EncodedImageDataset | None
     num_classes: int
     class_names: list[str]
 
@@ -292,6 +301,10 @@ def build_loaders(
     """
     batch_size = batch_size or trainer_spec.batch_size
     train_ds, val_ds = build_datasets(data_spec, train=not trainer_spec.evaluate_only, seed=epoch_seed)
+    device = torch.device("cuda") if device_is_cuda else torch.device("cpu")
+    collate = val_collate = None
+    if (decoder := resolve_decoder(data_spec.decode, device)) != "cpu":
+        train_ds, val_ds, collate, val_collate = encoded_datasets(train_ds, val_ds, data_spec, decoder, epoch_seed)
     val_loader = build_val_loader(
         val_ds,
         data_spec,
@@ -300,15 +313,33 @@ def build_loaders(
         batch_size=batch_size,
         device_is_cuda=device_is_cuda,
         seed=epoch_seed + 1,
+        collate_fn=val_collate,
     )
     class_names = list((train_ds or val_ds).classes)
     if train_ds is None:
         return Loaders(None, val_loader, None, None, len(class_names), class_names)
     sampler = ResumableDistributedSampler(train_ds, world_size, rank, shuffle=True, seed=epoch_seed)
     train_loader = DataLoader(
-        train_ds, batch_size=batch_size, sampler=sampler, **_loader_kwargs(data_spec, device_is_cuda, epoch_seed)
+        train_ds,
+        batch_size=batch_size,
+        sampler=sampler,
+        collate_fn=collate,
+        **_loader_kwargs(data_spec, device_is_cuda, epoch_seed),
     )
     return Loaders(train_loader, val_loader, sampler, train_ds, len(class_names), class_names)
+
+
+def encoded_datasets(
+    train: SeededAugmentDataset | None, val: Dataset, data_spec: Data, decoder: DeviceBackend, seed: int
+) -> tuple[EncodedImageDataset | None, EncodedImageDataset, EncodedCollate, EncodedCollate]:
+    """The same samples and crops, as bytes + boxes for decoding on the device (data.decode gpu/dali)."""
+    val_encoded = EncodedImageDataset(val.samples, val.classes, whole_image)  # type: ignore[attr-defined]
+    train_encoded = None
+    if train is not None:
+        train_encoded = EncodedImageDataset(train.base.samples, train.classes, TrainBoxes(seed))  # type: ignore[attr-defined]
+    train_collate = EncodedCollate(data_spec.image_size, decoder)
+    val_collate = EncodedCollate(data_spec.image_size, decoder, resize=data_spec.val_resize)
+    return train_encoded, val_encoded, train_collate, val_collate
 
 
 def seed_worker(worker_id: int) -> None:
