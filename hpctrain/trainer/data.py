@@ -37,8 +37,8 @@ from hpctrain.trainer.gpu_decode import (
     EncodedCollate,
     EncodedImageDataset,
     TrainBoxes,
+    ValBoxes,
     resolve_decoder,
-    whole_image,
 )
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -333,7 +333,8 @@ def encoded_datasets(
     train: SeededAugmentDataset | None, val: Dataset, data_spec: Data, decoder: DeviceBackend, seed: int
 ) -> tuple[EncodedImageDataset | None, EncodedImageDataset, EncodedCollate, EncodedCollate]:
     """The same samples and crops, as bytes + boxes for decoding on the device (data.decode gpu/dali)."""
-    val_encoded = EncodedImageDataset(val.samples, val.classes, whole_image)  # type: ignore[attr-defined]
+    val_boxes = ValBoxes(data_spec.image_size, data_spec.val_resize)
+    val_encoded = EncodedImageDataset(val.samples, val.classes, val_boxes)  # type: ignore[attr-defined]
     train_encoded = None
     if train is not None:
         train_encoded = EncodedImageDataset(train.base.samples, train.classes, TrainBoxes(seed))  # type: ignore[attr-defined]

@@ -101,7 +101,7 @@ class EncodedBatch:
     boxes: torch.Tensor  # [N, 5] int64, columns BOX_FIELDS
     image_size: int
     backend: DeviceBackend = "gpu"
-    resize: int | None = None  # validation: Resize(resize) + CenterCrop(image_size) instead of the boxes
+    resize: int | None = None  # validation: Resize(resize) + CenterCrop(image_size); boxes are ValBoxes
 
     def __len__(self) -> int:
         return len(self.payloads)
@@ -314,6 +314,23 @@ class TrainBoxes:
         return train_box(self.seed, epoch, index, height, width)
 
 
-def whole_image(epoch: int, index: int, height: int, width: int) -> tuple[int, int, int, int, bool]:
-    """``box_for`` of the validation set: the whole image (the batch's ``resize`` does the rest)."""
-    return 0, 0, height, width, False
+@dataclass(frozen=True)
+class ValBoxes:
+    """``box_for`` of the validation set: where Resize(resize) + CenterCrop(image_size) land.
+
+    The box is (crop top, crop left, resized height, resized width, 0), with
+    torchvision's rounding, so a decoder that cannot call torchvision (DALI)
+    reproduces the CPU pipeline's pixels exactly instead of a pixel off.
+    """
+
+    image_size: int
+    resize: int
+
+    def __call__(self, epoch: int, index: int, height: int, width: int) -> tuple[int, int, int, int, bool]:
+        if width <= height:
+            new_w, new_h = self.resize, int(self.resize * height / width)
+        else:
+            new_w, new_h = int(self.resize * width / height), self.resize
+        top = int(round((new_h - self.image_size) / 2.0))
+        left = int(round((new_w - self.image_size) / 2.0))
+        return top, left, new_h, new_w, False

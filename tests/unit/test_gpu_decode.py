@@ -109,9 +109,9 @@ def test_odd_files_are_decoded_in_the_worker_and_never_fail_the_batch(tmp_path: 
         (tmp_path / name).write_bytes(data)
         samples.append((str(tmp_path / name), 0))
 
-    from hpctrain.trainer.gpu_decode import EncodedImageDataset, whole_image
+    from hpctrain.trainer.gpu_decode import EncodedImageDataset, ValBoxes
 
-    dataset = EncodedImageDataset(samples, ["a"], whole_image)
+    dataset = EncodedImageDataset(samples, ["a"], ValBoxes(32, 36))
     items = [dataset[i] for i in range(len(samples))]
     kinds = {name: item[0].dim() for name, item in zip(files, items)}
     assert kinds == {"rgb.jpg": 1, "gray.jpg": 1, "cmyk.jpg": 3, "progressive.jpg": 1, "really_a_png.jpg": 3}
