@@ -95,7 +95,9 @@ def build_pipeline(max_batch_size: int, image_size: int, resize: int | None, dev
     try:
         from nvidia.dali import fn, pipeline_def, types
     except ImportError as exc:
-        raise TrainingConfigError(f"data.decode: 'dali', but NVIDIA DALI cannot be imported ({exc})", hint=DALI_HINT)
+        raise TrainingConfigError(
+            f"data.decode: 'dali', but NVIDIA DALI cannot be imported ({exc})", hint=DALI_HINT
+        ) from None
     decoder_device = "cpu" if device_id is None else "mixed"
 
     @pipeline_def(
