@@ -238,8 +238,7 @@ def check_gpu_decode(device: torch.device) -> None:
     except (RuntimeError, ImportError) as exc:
         raise TrainingConfigError(
             f"data.decode: 'gpu': this torchvision cannot decode JPEGs on {device} ({exc})",
-            hint="install a CUDA build of torchvision (or pip install 'hpctrain[torchcodec]'), "
-            "or set data.decode: cpu",
+            hint="install a CUDA build of torchvision (or pip install 'hpctrain[torchcodec]'), or set data.decode: cpu",
         ) from None
 
 
