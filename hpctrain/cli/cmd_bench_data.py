@@ -88,8 +88,8 @@ def measure(spec: JobSpec, profile: ClusterProfile, options: BenchOptions, sourc
 
     import torch  # only now: a bad spec or data root is reported without paying for torch
 
-    from hpctrain.trainer import decode_bench
-    from hpctrain.trainer.gpu_decode import dali_installed
+    from hpctrain.trainer.data import bench as decode_bench
+    from hpctrain.trainer.data.device_decode import dali_installed
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")

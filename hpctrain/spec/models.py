@@ -216,6 +216,14 @@ class Data(Section):
     val_resize: Annotated[
         int, Field(ge=8, description="Validation images are resized to this, then center-cropped to image_size.")
     ] = 256
+    index_cache_dir: Annotated[
+        str | None,
+        Field(
+            description="Folder for the dataset index cache (file list + labels, keyed by the split's path and "
+            "folder mtimes), so a requeued job does not walk the tree again. Default: no cache file; rank 0 "
+            "still scans once per job and shares the list with every rank."
+        ),
+    ] = None
     decode: Annotated[
         Decode,
         Field(

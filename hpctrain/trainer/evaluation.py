@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpctrain.trainer.precision import Precision, to_memory_format
+from hpctrain.trainer.data.device_input import to_model_input
+from hpctrain.trainer.precision import Precision
 
 # Order of the entries in a sums tensor.
 CORRECT1, CORRECT5, LOSS_SUM, COUNT = range(4)
@@ -91,7 +92,7 @@ def evaluate(
     sums = new_sums(device)
     try:
         for images, targets in batches:
-            images = to_memory_format(images.to(device, non_blocking=True), channels_last)
+            images = to_model_input(images, device, channels_last=channels_last)
             targets = targets.to(device, non_blocking=True)
             with precision.autocast():
                 output = model(images)

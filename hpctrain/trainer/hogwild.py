@@ -27,9 +27,10 @@ import torch.multiprocessing as mp
 
 from hpctrain.runtime.stop import StopReason
 from hpctrain.trainer.data import ResumableDistributedSampler, build_loaders
+from hpctrain.trainer.data.device_input import to_model_input
 from hpctrain.trainer.evaluation import Accuracy, batch_sums, new_sums
 from hpctrain.trainer.optim import build_optimizer, build_scheduler
-from hpctrain.trainer.precision import Precision, to_memory_format
+from hpctrain.trainer.precision import Precision
 from hpctrain.trainer.rng_state import seed_everything
 
 if TYPE_CHECKING:
@@ -287,7 +288,7 @@ def _train_shard(index: int, args: dict[str, Any], model: torch.nn.Module, messa
         fetch_started = time.perf_counter()
         images, targets = next(batches)
         data_s += time.perf_counter() - fetch_started
-        images = to_memory_format(images, cfg.channels_last)
+        images = to_model_input(images, device, channels_last=cfg.channels_last)
         with precision.autocast():
             output = model(images)
             loss = criterion(output, targets)

@@ -33,6 +33,7 @@ from hpctrain.runtime.stop import StopReason
 from hpctrain.trainer import hogwild
 from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
 from hpctrain.trainer.data import build_loaders
+from hpctrain.trainer.data.device_input import to_model_input
 from hpctrain.trainer.evaluation import Accuracy, all_reduce_sums, batch_sums, evaluate, new_sums
 from hpctrain.trainer.models import build_model, resolve_num_classes
 from hpctrain.trainer.optim import build_optimizer, build_scheduler
@@ -227,7 +228,7 @@ class Trainer:
 
     def train_step(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimizer step; returns this batch's [correct1, correct5, loss*n, n] on the device."""
-        images = to_memory_format(images.to(self.device, non_blocking=True), self.cfg.channels_last)
+        images = to_model_input(images, self.device, channels_last=self.cfg.channels_last)
         targets = targets.to(self.device, non_blocking=True)
         if self._manual_sync:
             broadcast_state(self.module, buffers_only=True)
@@ -322,6 +323,7 @@ class Trainer:
     def write_summary(self, status: str, *, stop_reason: str | None = None, final: bool = False) -> dict[str, Any]:
         """summary.json on rank 0; every rank gets the dict. ``final`` adds the weights digest on all ranks."""
         fields = {**self._progress_fields(), **self.extra_summary, "stop_reason": stop_reason}
+        fields["skipped_samples"] = self.loaders.skipped_samples() if hasattr(self, "loaders") else 0
         if final or self.ctx.is_main:
             fields["weights_sha256"] = weights_sha256(self.module.state_dict())
         return self.reporter.summary(status, fields)

@@ -39,9 +39,9 @@ def test_training_on_device_decoded_batches_matches_cpu_decoding(
     device = _train(tmp_path / "gpu-path", _spec(data_root, "gpu", epochs=1))
     cpu = _train(tmp_path / "cpu-path", _spec(data_root, "cpu", epochs=1))
     assert device["status"] == cpu["status"] == "completed" and device["global_step"] == cpu["global_step"] == 3
-    # Same samples, same crops, another resampler: one epoch's losses agree to about 1e-4 (more epochs
-    # at lr 0.1 on 64 images amplify the difference, so only the first is compared).
-    assert device["train_loss"] == pytest.approx(cpu["train_loss"], rel=0.002)
+    # Same samples, same crops, another decoder (the CPU path decodes DCT-scaled) and resampler: one epoch's
+    # losses agree to about 1% (lr 0.1 on 64 images amplifies pixel noise; pixels: tests/unit/test_device_decode.py).
+    assert device["train_loss"] == pytest.approx(cpu["train_loss"], rel=0.02)
 
 
 def test_resume_is_exact_on_the_device_decode_path(data_root: Path, tmp_path: Path, one_thread: None) -> None:

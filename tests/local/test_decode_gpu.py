@@ -1,6 +1,6 @@
 """data.decode gpu/dali on a CUDA device: the trainer trains and resumes exactly with it, and
 the device's decode matches the CPU decode of the same boxes. Skipped without CUDA (DALI
-tests also without DALI); tests/unit/test_gpu_decode.py covers the same code on a CPU device.
+tests also without DALI); tests/unit/test_device_decode.py covers the same code on a CPU device.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from trainer_harness import context, job_spec, stop_at
 
 from hpctrain.spec.models import JobSpec
 from hpctrain.trainer.data import build_datasets, encoded_datasets
-from hpctrain.trainer.gpu_decode import resolve_decoder
+from hpctrain.trainer.data.device_decode import resolve_decoder
 from hpctrain.trainer.trainer import Trainer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -36,7 +36,7 @@ def _train(run_dir: Path, spec: JobSpec, stop_after: int | None = None) -> dict:
 def test_device_decode_matches_the_cpu_decode_of_the_same_boxes(data_root: Path, decode: str) -> None:
     spec = _with_decode(job_spec(data_root), decode)
     train, val = build_datasets(spec.data, seed=3)
-    encoded_train, encoded_val, collate, val_collate = encoded_datasets(train, val, spec.data, decode, seed=3)
+    encoded_train, encoded_val, collate, val_collate = encoded_datasets(train, val, spec.data, decode)
     for dataset, make_batch in ((encoded_train, collate), (encoded_val, val_collate)):
         batch, _ = make_batch([dataset[i] for i in range(8)])
         on_gpu = batch.decode(CUDA).cpu().float()

@@ -7,7 +7,8 @@ order, augmentation and exact resume do not depend on where decoding runs.
 A batch reaches the device as an ``EncodedBatch``; its ``to(device)`` (the
 trainer's existing ``images.to(device)`` call) decodes the batch with nvJPEG,
 crops each image to its box, resizes to ``image_size`` (bilinear,
-antialiased), flips, and normalises.
+antialiased) and flips, giving the uint8 NCHW batch the CPU path gives;
+``device_input.to_model_input`` normalises both alike.
 
 Files nvJPEG cannot take (PNG, CMYK or otherwise odd JPEGs) are decoded by
 PIL in the worker instead and only cropped on the device: one odd file never
@@ -25,18 +26,15 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
 
 from hpctrain.errors import TrainingConfigError
+from hpctrain.trainer.data.augment import CropBox
+from hpctrain.trainer.data.datasets import TrainImages, ValImages
 
 DeviceBackend = Literal["gpu", "dali"]
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 JPEG_MAGIC = b"\xff\xd8\xff"
 # The box columns of a batch: crop top, left, height, width (source pixels) and horizontal flip (0/1).
 BOX_FIELDS = ("top", "left", "height", "width", "flip")
-
-BoxFunction = Callable[[int, int, int, int], tuple[int, int, int, int, bool]]
 
 
 def header_size(data: bytes) -> tuple[int, int, bool]:
@@ -54,39 +52,30 @@ def pil_decode(data: bytes) -> torch.Tensor:
     return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
 
 
-class EncodedImageDataset(Dataset):
-    """``(payload, box, label)`` per sample; payload is the file's bytes (1-D uint8) or, for
-    files nvJPEG cannot decode, the PIL-decoded image (3-D uint8 CHW).
+class _EncodedLoad:
+    """Mixin over TrainImages/ValImages: the sample is (payload, box) instead of decoded pixels.
 
-    ``box_for(epoch, index, height, width)`` draws the crop; it must be pure so
-    that the epoch (kept in shared memory for persistent workers) and the index
-    alone decide it.
+    The payload is the file's bytes (1-D uint8) or, for a file nvJPEG cannot
+    decode, the PIL-decoded image (3-D uint8 CHW). The box comes from the
+    same ``train_crop``/``val_crop`` as the CPU pipeline's, so order, crops,
+    bad-file replacement and exact resume are the parent's.
     """
 
-    def __init__(self, samples: Sequence[tuple[str, int]], classes: list[str], box_for: BoxFunction) -> None:
-        self.samples = list(samples)
-        self.classes = classes
-        self.box_for = box_for
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
-
-    def set_epoch(self, epoch: int) -> None:
-        self._epoch.fill_(epoch)
-
-    @property
-    def epoch(self) -> int:
-        return int(self._epoch.item())
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        path, label = self.samples[index]
+    def load(self, path: str, box_for: Callable[[int, int], CropBox]) -> tuple[torch.Tensor, torch.Tensor]:
         with open(path, "rb") as file:
             data = file.read()
         height, width, gpu_ok = header_size(data)
-        box = torch.tensor(self.box_for(self.epoch, index, height, width), dtype=torch.int64)
+        box = box_for(width, height)
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if gpu_ok else pil_decode(data)
-        return payload, box, label
+        return payload, torch.tensor([box.top, box.left, box.height, box.width, float(box.flip)], dtype=torch.float64)
+
+
+class EncodedTrainImages(_EncodedLoad, TrainImages):
+    """TrainImages whose samples are decoded on the device."""
+
+
+class EncodedValImages(_EncodedLoad, ValImages):
+    """ValImages whose samples are decoded on the device."""
 
 
 @dataclass
@@ -98,10 +87,10 @@ class EncodedBatch:
     """
 
     payloads: list[torch.Tensor]
-    boxes: torch.Tensor  # [N, 5] int64, columns BOX_FIELDS
+    boxes: torch.Tensor  # [N, 5] float64, columns BOX_FIELDS (augment.CropBox)
     image_size: int
     backend: DeviceBackend = "gpu"
-    resize: int | None = None  # validation: Resize(resize) + CenterCrop(image_size); boxes are ValBoxes
+    resize: int | None = None  # validation: Resize(resize) + CenterCrop(image_size) (boxes are val_crop's)
 
     def __len__(self) -> int:
         return len(self.payloads)
@@ -114,12 +103,13 @@ class EncodedBatch:
         return self  # bytes are copied to nvJPEG by the decoder; nothing to gain from pinning them
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> torch.Tensor:
-        return normalize(self.decode(torch.device(device)))
+        """uint8 NCHW on ``device``, like a CPU-decoded batch after its copy (device_input normalises both)."""
+        return self.decode(torch.device(device))
 
     def decode(self, device: torch.device) -> torch.Tensor:
         """uint8 NCHW on ``device``: decoded, cropped to each box, resized, flipped."""
         if self.backend == "dali":
-            from hpctrain.trainer.dali_decode import dali_decode_batch
+            from hpctrain.trainer.data.dali_decode import dali_decode_batch
 
             return dali_decode_batch(self, device)
         return decode_batch(self.payloads, self.boxes, self.image_size, device, self.resize)
@@ -133,10 +123,12 @@ class EncodedCollate:
         self.backend = backend
         self.resize = resize
 
-    def __call__(self, samples: list[tuple[torch.Tensor, torch.Tensor, int]]) -> tuple[EncodedBatch, torch.Tensor]:
-        payloads = [payload for payload, _, _ in samples]
-        boxes = torch.stack([box for _, box, _ in samples]) if samples else torch.empty((0, 5), dtype=torch.int64)
-        labels = torch.tensor([label for _, _, label in samples], dtype=torch.int64)
+    def __call__(
+        self, samples: list[tuple[tuple[torch.Tensor, torch.Tensor], int]]
+    ) -> tuple[EncodedBatch, torch.Tensor]:
+        payloads = [payload for (payload, _), _ in samples]
+        boxes = torch.stack([box for (_, box), _ in samples]) if samples else torch.empty((0, 5), dtype=torch.float64)
+        labels = torch.tensor([label for _, label in samples], dtype=torch.int64)
         return EncodedBatch(payloads, boxes, self.image_size, self.backend, self.resize), labels
 
 
@@ -166,7 +158,7 @@ def crop_resize_flip(image: torch.Tensor, box: Sequence[int], image_size: int) -
     """One uint8 CHW image -> its box, resized to image_size square (antialiased bilinear), maybe flipped."""
     from torchvision.transforms.v2 import functional as F
 
-    top, left, height, width, flip = (int(v) for v in box)
+    top, left, height, width, flip = (int(round(v)) for v in box)  # train_crop's boxes are whole pixels
     out = F.resized_crop(image, top, left, height, width, [image_size, image_size], antialias=True)
     return out.flip(-1) if flip else out
 
@@ -216,13 +208,6 @@ def jpeg_decoder() -> tuple[Callable[..., Any], Any]:
             return tv_decode_jpeg(payloads, mode=mode, device=device)
 
     return decode, ImageReadMode.RGB
-
-
-def normalize(images: torch.Tensor) -> torch.Tensor:
-    """uint8 NCHW in [0, 255] -> float32 normalised with the ImageNet mean/std (what ToTensor+Normalize give)."""
-    mean = torch.tensor(IMAGENET_MEAN, device=images.device).view(1, 3, 1, 1) * 255
-    std = torch.tensor(IMAGENET_STD, device=images.device).view(1, 3, 1, 1) * 255
-    return (images.float() - mean) / std
 
 
 def check_gpu_decode(device: torch.device) -> None:
@@ -286,50 +271,3 @@ def dali_installed() -> bool:
         return importlib.util.find_spec("nvidia.dali") is not None
     except ModuleNotFoundError:
         return False
-
-
-def train_box(seed: int, epoch: int, index: int, height: int, width: int) -> tuple[int, int, int, int, bool]:
-    """RandomResizedCrop's box and RandomHorizontalFlip's coin for one sample, drawn exactly
-    as the CPU pipeline draws them (torch RNG seeded with ``sample_seed``), without the pixels."""
-    from torchvision.transforms import RandomResizedCrop
-
-    from hpctrain.trainer.data import sample_seed
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(sample_seed(seed, epoch, index))
-        shape_only = torch.empty((1, 1, 1)).expand(1, height, width)
-        top, left, h, w = RandomResizedCrop.get_params(shape_only, scale=[0.08, 1.0], ratio=[3 / 4, 4 / 3])
-        flip = bool(torch.rand(1) < 0.5)
-    return top, left, h, w, flip
-
-
-@dataclass(frozen=True)
-class TrainBoxes:
-    """Picklable ``box_for`` of the training set (loader workers get a copy)."""
-
-    seed: int
-
-    def __call__(self, epoch: int, index: int, height: int, width: int) -> tuple[int, int, int, int, bool]:
-        return train_box(self.seed, epoch, index, height, width)
-
-
-@dataclass(frozen=True)
-class ValBoxes:
-    """``box_for`` of the validation set: where Resize(resize) + CenterCrop(image_size) land.
-
-    The box is (crop top, crop left, resized height, resized width, 0), with
-    torchvision's rounding, so a decoder that cannot call torchvision (DALI)
-    reproduces the CPU pipeline's pixels exactly instead of a pixel off.
-    """
-
-    image_size: int
-    resize: int
-
-    def __call__(self, epoch: int, index: int, height: int, width: int) -> tuple[int, int, int, int, bool]:
-        if width <= height:
-            new_w, new_h = self.resize, int(self.resize * height / width)
-        else:
-            new_w, new_h = int(self.resize * width / height), self.resize
-        top = int(round((new_h - self.image_size) / 2.0))
-        left = int(round((new_w - self.image_size) / 2.0))
-        return top, left, new_h, new_w, False

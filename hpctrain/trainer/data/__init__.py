@@ -1,9 +1,13 @@
-"""ImageFolder datasets and loaders whose order and augmentation survive a resume.
+"""ImageFolder datasets and loaders: fast, resumable order and augmentation, exact evaluation.
 
-Three things differ from the pytorch/examples ImageNet loader, all so that a
-requeued job continues exactly where it stopped and evaluation is exact:
+The package: ``augment`` (crop boxes, pure functions), ``index`` (one scan of the
+tree per job), ``decode`` (header size, DCT-scaled decode), ``datasets`` (train
+and val samples as uint8, bad files replaced and counted), ``device_input``
+(uint8 -> normalised float on the device). This module wires them to loaders.
+What differs from the pytorch/examples ImageNet loader, so that a requeued job
+continues exactly where it stopped and evaluation is exact:
 
-* ``SeededAugmentDataset``: each sample's random crop/flip is a pure function of
+* ``TrainImages``: each sample's random crop/flip is a pure function of
   (seed, epoch, sample index), whatever the worker count or rank layout.
 * ``ResumableDistributedSampler``: DistributedSampler's order, plus skipping the
   samples already consumed in the current epoch (also across a world-size change).
@@ -28,18 +32,20 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
-from torchvision import datasets, transforms
+from torchvision import transforms
 
 from hpctrain.errors import TrainingConfigError
 from hpctrain.spec.models import Data, Trainer
-from hpctrain.trainer.gpu_decode import (
+from hpctrain.trainer.data.augment import sample_seed
+from hpctrain.trainer.data.datasets import TrainImages, ValImages
+from hpctrain.trainer.data.device_decode import (
     DeviceBackend,
     EncodedCollate,
-    EncodedImageDataset,
-    TrainBoxes,
-    ValBoxes,
+    EncodedTrainImages,
+    EncodedValImages,
     resolve_decoder,
 )
+from hpctrain.trainer.data.index import DatasetIndex, IndexError_, shared_index, torch_broadcast
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -71,14 +77,11 @@ def val_transform(image_size: int, resize: int) -> transforms.Compose:
     )
 
 
-def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """A well-mixed 63-bit seed for one sample in one epoch."""
-    words = np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, epoch, index]).generate_state(2, dtype=np.uint32)
-    return (int(words[0]) << 31) ^ int(words[1])
-
-
 class SeededAugmentDataset(Dataset):
     """Wraps a dataset so ``self[i]`` in epoch ``e`` is a pure function of (seed, e, i).
+
+    For arbitrary torchvision transforms (the reference pipeline); the trainer
+    uses ``TrainImages``, which needs no global-RNG fork.
 
     The wrapped dataset's transform runs with the torch, Python and NumPy global
     RNGs seeded for that sample and restored afterwards, so any torchvision v1
@@ -221,9 +224,18 @@ class ExactEvalSampler(Sampler[int]):
 
 
 def build_datasets(
-    data_spec: Data, *, train: bool = True, seed: int = 0
-) -> tuple[SeededAugmentDataset | None, Dataset]:
-    """(train, val) ImageFolders; train is None when ``train`` is False (evaluate-only)."""
+    data_spec: Data,
+    *,
+    train: bool = True,
+    seed: int = 0,
+    is_leader: bool = True,
+    broadcast: object | None = None,
+) -> tuple[TrainImages | None, ValImages]:
+    """(train, val); train is None when ``train`` is False (evaluate-only).
+
+    ``train[i]`` is one sample as the trainer consumes it: (uint8 CHW tensor, label).
+    With ``broadcast`` (see ``index.shared_index``) only the leader scans the tree.
+    """
     root = _dataset_root(data_spec)
     if data_spec.val_resize < data_spec.image_size:
         raise TrainingConfigError(
@@ -231,20 +243,21 @@ def build_datasets(
             hint=f"set data.val_resize >= data.image_size (the reference uses 256 for 224, i.e. "
             f"{round(data_spec.image_size * 256 / 224)})",
         )
-    val_tf = val_transform(data_spec.image_size, data_spec.val_resize)
-    val = _image_folder(root, data_spec.val_dir, "data.val_dir", val_tf)
+    share = {"is_leader": is_leader, "broadcast": broadcast, "cache_dir": data_spec.index_cache_dir}
+    val_index = _split_index(root, data_spec.val_dir, "data.val_dir", share)
+    val = ValImages(val_index, data_spec.image_size, data_spec.val_resize)
     if not train:
         return None, val
-    base = _image_folder(root, data_spec.train_dir, "data.train_dir", train_transform(data_spec.image_size))
-    if base.classes != val.classes:
-        only_train = sorted(set(base.classes) - set(val.classes))[:5]
-        only_val = sorted(set(val.classes) - set(base.classes))[:5]
+    train_index = _split_index(root, data_spec.train_dir, "data.train_dir", share)
+    if train_index.classes != val_index.classes:
+        only_train = sorted(set(train_index.classes) - set(val_index.classes))[:5]
+        only_val = sorted(set(val_index.classes) - set(train_index.classes))[:5]
         raise TrainingConfigError(
             f"data.val_dir: the class folders of {root / data_spec.val_dir} differ from {root / data_spec.train_dir} "
             f"(only in train: {only_train}, only in val: {only_val})",
             hint="train and val need the same class folders, or labels would not match",
         )
-    return SeededAugmentDataset(base, seed), val
+    return TrainImages(train_index, data_spec.image_size, seed), val
 
 
 def build_val_loader(
@@ -271,9 +284,14 @@ class Loaders:
     train_loader: DataLoader | None
     val_loader: DataLoader
     train_sampler: ResumableDistributedSampler | None
-    train_dataset: SeededAugmentDataset | EncodedImageDataset | None
+    train_dataset: TrainImages | None
     num_classes: int
     class_names: list[str]
+
+    def skipped_samples(self) -> int:
+        """Samples this process (and its workers) replaced because their file could not be decoded."""
+        datasets = [self.train_dataset, getattr(self.val_loader, "dataset", None)]
+        return sum(d.skipped_samples for d in datasets if d is not None and hasattr(d, "skipped_samples"))
 
     def set_epoch(self, epoch: int) -> None:
         """Call before iterating an epoch: picks its shuffle order and augmentation."""
@@ -300,11 +318,14 @@ def build_loaders(
     per-process batch (default ``trainer.batch_size``; pass batch_size * n_gpus for dp).
     """
     batch_size = batch_size or trainer_spec.batch_size
-    train_ds, val_ds = build_datasets(data_spec, train=not trainer_spec.evaluate_only, seed=epoch_seed)
+    broadcast = torch_broadcast if world_size > 1 and _distributed_ready() else None
+    train_ds, val_ds = build_datasets(
+        data_spec, train=not trainer_spec.evaluate_only, seed=epoch_seed, is_leader=rank == 0, broadcast=broadcast
+    )
     device = torch.device("cuda") if device_is_cuda else torch.device("cpu")
     collate = val_collate = None
     if (decoder := resolve_decoder(data_spec.decode, device)) != "cpu":
-        train_ds, val_ds, collate, val_collate = encoded_datasets(train_ds, val_ds, data_spec, decoder, epoch_seed)
+        train_ds, val_ds, collate, val_collate = encoded_datasets(train_ds, val_ds, data_spec, decoder)
     val_loader = build_val_loader(
         val_ds,
         data_spec,
@@ -330,14 +351,11 @@ def build_loaders(
 
 
 def encoded_datasets(
-    train: SeededAugmentDataset | None, val: Dataset, data_spec: Data, decoder: DeviceBackend, seed: int
-) -> tuple[EncodedImageDataset | None, EncodedImageDataset, EncodedCollate, EncodedCollate]:
+    train: TrainImages | None, val: ValImages, data_spec: Data, decoder: DeviceBackend
+) -> tuple[EncodedTrainImages | None, EncodedValImages, EncodedCollate, EncodedCollate]:
     """The same samples and crops, as bytes + boxes for decoding on the device (data.decode gpu/dali)."""
-    val_boxes = ValBoxes(data_spec.image_size, data_spec.val_resize)
-    val_encoded = EncodedImageDataset(val.samples, val.classes, val_boxes)  # type: ignore[attr-defined]
-    train_encoded = None
-    if train is not None:
-        train_encoded = EncodedImageDataset(train.base.samples, train.classes, TrainBoxes(seed))  # type: ignore[attr-defined]
+    val_encoded = EncodedValImages(val.index, val.image_size, val.resize, val.seed)
+    train_encoded = None if train is None else EncodedTrainImages(train.index, train.image_size, train.seed)
     train_collate = EncodedCollate(data_spec.image_size, decoder)
     val_collate = EncodedCollate(data_spec.image_size, decoder, resize=data_spec.val_resize)
     return train_encoded, val_encoded, train_collate, val_collate
@@ -401,7 +419,11 @@ def _dataset_root(data_spec: Data) -> Path:
     return root
 
 
-def _image_folder(root: Path, subdir: str, key: str, transform: transforms.Compose) -> datasets.ImageFolder:
+def _distributed_ready() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _split_index(root: Path, subdir: str, key: str, share: dict[str, Any]) -> DatasetIndex:
     path = root / subdir
     if not path.is_dir():
         raise TrainingConfigError(
@@ -409,6 +431,6 @@ def _image_folder(root: Path, subdir: str, key: str, transform: transforms.Compo
             hint=_MAKE_DATASET_HINT,
         )
     try:
-        return datasets.ImageFolder(str(path), transform=transform)
-    except (FileNotFoundError, RuntimeError) as exc:  # no class folders, or a class folder without images
+        return shared_index(path, **share)
+    except IndexError_ as exc:
         raise TrainingConfigError(f"{key}: {path} is not a usable ImageFolder: {exc}", hint=_MAKE_DATASET_HINT) from exc

@@ -3,7 +3,7 @@ the CPU pipeline, odd files that never fail a batch, and errors that name the fi
 
 The batch transform is device-agnostic torch code; on a CPU device it decodes
 with libjpeg instead of nvJPEG, which is the correctness proof available
-without a GPU (tests/local/test_trainer_gpu.py runs it on CUDA).
+without a GPU (tests/local/test_decode_gpu.py runs it on CUDA).
 """
 
 from __future__ import annotations
@@ -20,20 +20,26 @@ from torch.utils.data import DataLoader
 from hpctrain.errors import TrainingConfigError
 from hpctrain.spec.models import Data, Trainer
 from hpctrain.trainer.data import build_datasets, build_loaders, encoded_datasets
-from hpctrain.trainer.dataset_gen import make_dataset
-from hpctrain.trainer.gpu_decode import (
+from hpctrain.trainer.data.augment import train_crop
+from hpctrain.trainer.data.device_decode import (
     EncodedBatch,
     EncodedCollate,
+    EncodedValImages,
     decode_batch,
-    normalize,
     resolve_decoder,
-    train_box,
 )
+from hpctrain.trainer.data.device_input import to_model_input
+from hpctrain.trainer.data.index import scan_split
+from hpctrain.trainer.dataset_gen import make_dataset
 
 CPU = torch.device("cpu")
 # PIL's and torch's antialiased bilinear differ by rounding, and libjpeg builds by IDCT details:
 # a few levels of 255 on average (0.05 in normalised units is ~3 levels).
 MEAN_TOLERANCE = 0.05
+
+
+def normalised(images: torch.Tensor) -> torch.Tensor:
+    return to_model_input(images, CPU, channels_last=False)
 
 
 @pytest.fixture(scope="module")
@@ -49,20 +55,24 @@ def _spec(root: Path, **kwargs: object) -> Data:
 
 def _device_images(dataset, indices: list[int], resize: int | None = None) -> torch.Tensor:
     batch, _ = EncodedCollate(32, resize=resize)([dataset[i] for i in indices])
-    return batch.to(CPU)
+    images = batch.to(CPU)
+    assert images.dtype == torch.uint8  # like a CPU-decoded batch: device_input normalises both
+    return normalised(images)
 
 
 @pytest.mark.parametrize("epoch", [0, 3])
 def test_training_crops_match_the_cpu_pipeline(root: Path, epoch: int) -> None:
     train, val = build_datasets(_spec(root), seed=7)
-    encoded_train, _, _, _ = encoded_datasets(train, val, _spec(root), "gpu", seed=7)
+    encoded_train, _, _, _ = encoded_datasets(train, val, _spec(root), "gpu")
     train.set_epoch(epoch)
     encoded_train.set_epoch(epoch)
     indices = list(range(len(train)))
     on_device = _device_images(encoded_train, indices)
-    on_cpu = torch.stack([train[i][0] for i in indices])
+    on_cpu = normalised(torch.stack([train[i][0] for i in indices]))
     assert on_device.shape == on_cpu.shape == (len(indices), 3, 32, 32)
-    assert on_device.dtype == torch.float32
+    for i in indices[:3]:  # the CPU pipeline's own crops
+        width, height = Image.open(train.index.path(i)).size
+        assert encoded_train[i][0][1].tolist() == list(map(float, train_crop(7, epoch, i, width, height)))
     per_image = (on_device - on_cpu).abs().mean(dim=(1, 2, 3))
     assert per_image.max() < MEAN_TOLERANCE, per_image
     # a wrong box or flip would be far off: neighbouring samples differ by much more than the tolerance
@@ -71,19 +81,11 @@ def test_training_crops_match_the_cpu_pipeline(root: Path, epoch: int) -> None:
 
 def test_validation_center_crop_matches_the_cpu_pipeline(root: Path) -> None:
     train, val = build_datasets(_spec(root), seed=0)
-    _, encoded_val, _, _ = encoded_datasets(train, val, _spec(root), "gpu", seed=0)
+    _, encoded_val, _, _ = encoded_datasets(train, val, _spec(root), "gpu")
     indices = list(range(len(val)))
     on_device = _device_images(encoded_val, indices, resize=36)
-    on_cpu = torch.stack([val[i][0] for i in indices])
+    on_cpu = normalised(torch.stack([val[i][0] for i in indices]))
     assert (on_device - on_cpu).abs().mean(dim=(1, 2, 3)).max() < MEAN_TOLERANCE
-
-
-def test_train_box_is_a_pure_function_of_seed_epoch_and_index() -> None:
-    assert train_box(1, 2, 3, 375, 500) == train_box(1, 2, 3, 375, 500)
-    boxes = {train_box(1, epoch, 3, 375, 500) for epoch in range(8)}
-    assert len(boxes) == 8
-    for top, left, height, width, _ in boxes:
-        assert top >= 0 and top + height <= 375 and left >= 0 and left + width <= 500
 
 
 def _jpeg(image: Image.Image, **save: object) -> bytes:
@@ -104,21 +106,18 @@ def test_odd_files_are_decoded_in_the_worker_and_never_fail_the_batch(tmp_path: 
     png = io.BytesIO()
     rgb.save(png, format="PNG")
     files["really_a_png.jpg"] = png.getvalue()
-    samples = []
+    (tmp_path / "a").mkdir()
     for name, data in files.items():
-        (tmp_path / name).write_bytes(data)
-        samples.append((str(tmp_path / name), 0))
-
-    from hpctrain.trainer.gpu_decode import EncodedImageDataset, ValBoxes
-
-    dataset = EncodedImageDataset(samples, ["a"], ValBoxes(32, 36))
-    items = [dataset[i] for i in range(len(samples))]
-    kinds = {name: item[0].dim() for name, item in zip(files, items)}
+        (tmp_path / "a" / name).write_bytes(data)
+    dataset = EncodedValImages(scan_split(tmp_path), 32, 36)
+    names = [Path(path).name for path, _ in dataset.index.samples]
+    items = [dataset[i] for i in range(len(names))]
+    kinds = {name: item[0][0].dim() for name, item in zip(names, items)}
     assert kinds == {"rgb.jpg": 1, "gray.jpg": 1, "cmyk.jpg": 3, "progressive.jpg": 1, "really_a_png.jpg": 3}
     batch, labels = EncodedCollate(32, resize=36)(items)
     images = batch.decode(CPU)
     assert images.shape == (5, 3, 32, 32) and images.dtype == torch.uint8 and labels.tolist() == [0] * 5
-    gray = images[1].float()
+    gray = images[names.index("gray.jpg")].float()
     assert (gray[0] - gray[1]).abs().max() <= 1  # grayscale became RGB with equal channels
 
 
@@ -134,21 +133,13 @@ def test_a_corrupt_jpeg_in_a_batch_falls_back_to_pil(tmp_path: Path) -> None:
 
 def test_batches_survive_loader_workers_and_report_their_shape(root: Path) -> None:
     train, val = build_datasets(_spec(root), seed=0)
-    encoded_train, _, collate, _ = encoded_datasets(train, val, _spec(root), "gpu", seed=0)
+    encoded_train, _, collate, _ = encoded_datasets(train, val, _spec(root), "gpu")
     loader = DataLoader(encoded_train, batch_size=4, num_workers=2, collate_fn=collate)
     batches = list(loader)
     assert [len(batch) for batch, _ in batches] == [4, 4, 4, 4, 2]
     first, labels = batches[0]
     assert isinstance(first, EncodedBatch) and first.shape == (4, 3, 32, 32) and labels.shape == (4,)
-    assert first.to(CPU).shape == (4, 3, 32, 32)
-
-
-def test_normalize_matches_to_tensor_and_normalize() -> None:
-    from torchvision import transforms
-
-    image = torch.randint(0, 256, (3, 5, 5), dtype=torch.uint8)
-    expected = transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))(image.float() / 255)
-    torch.testing.assert_close(normalize(image[None])[0], expected)
+    assert to_model_input(first, CPU, channels_last=True).shape == (4, 3, 32, 32)  # the trainer's call
 
 
 @pytest.mark.parametrize(("decode", "needle"), [("gpu", "needs a CUDA device"), ("dali", "runs on a CUDA device")])

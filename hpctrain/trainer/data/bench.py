@@ -13,17 +13,17 @@ from torch import nn
 
 from hpctrain.spec.models import JobSpec
 from hpctrain.trainer.data import build_datasets, encoded_datasets
-from hpctrain.trainer.gpu_decode import EncodedCollate
+from hpctrain.trainer.data.device_decode import EncodedCollate
 
 
 def decode_rate(spec: JobSpec, decoder: str, *, max_images: int = 200, max_s: float = 10.0) -> tuple[float, str]:
     """(images/s on one core, what that covers) for what one loader worker does per sample."""
     train, val = build_datasets(spec.data, seed=spec.trainer.seed)
     assert train is not None
-    dataset = train if decoder == "cpu" else encoded_datasets(train, val, spec.data, decoder, spec.trainer.seed)[0]
+    dataset = train if decoder == "cpu" else encoded_datasets(train, val, spec.data, decoder)[0]  # type: ignore[arg-type]
     assert dataset is not None
     note = (
-        "read + JPEG decode + crop + resize + flip + normalise in a loader worker"
+        "read + JPEG decode (DCT-scaled) + crop + resize + flip in a loader worker"
         if decoder == "cpu"
         else "a loader worker reads the file and draws the crop; decoding happens on the GPU"
     )
@@ -49,7 +49,7 @@ def gpu_decode_rate(spec: JobSpec, decoder: str, device: torch.device, *, batche
     if decoder == "cpu" or device.type != "cuda":
         return None
     train, val = build_datasets(spec.data, seed=spec.trainer.seed)
-    dataset = encoded_datasets(train, val, spec.data, decoder, spec.trainer.seed)[0]
+    dataset = encoded_datasets(train, val, spec.data, decoder)[0]  # type: ignore[arg-type]
     assert dataset is not None
     size = min(len(dataset), spec.trainer.batch_size)
     batch, _ = EncodedCollate(spec.data.image_size, decoder)([dataset[i] for i in range(size)])  # type: ignore[arg-type]

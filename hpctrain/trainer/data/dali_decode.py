@@ -24,7 +24,7 @@ import torch
 from hpctrain.errors import TrainingConfigError
 
 if TYPE_CHECKING:
-    from hpctrain.trainer.gpu_decode import EncodedBatch
+    from hpctrain.trainer.data.device_decode import EncodedBatch
 
 _PIPELINES: dict[tuple[Any, ...], Any] = {}
 DALI_HINT = (
@@ -34,7 +34,7 @@ DALI_HINT = (
 
 def dali_decode_batch(batch: EncodedBatch, device: torch.device) -> torch.Tensor:
     """uint8 NCHW on ``device``; files decoded in the worker (PNG, CMYK) take the torch path."""
-    from hpctrain.trainer.gpu_decode import crop_resize_flip, resize_center_crop
+    from hpctrain.trainer.data.device_decode import crop_resize_flip, resize_center_crop
 
     out = torch.empty(batch.shape, dtype=torch.uint8, device=device)
     encoded = [i for i, payload in enumerate(batch.payloads) if payload.dim() == 1]
@@ -62,10 +62,13 @@ def run_pipeline(
     """Run one batch through the (cached) pipeline; returns a copy DALI will not overwrite."""
     pipe = _pipeline(len(jpegs), image_size, resize, device)
     pipe.feed_input("jpegs", jpegs)
-    pipe.feed_input("anchor", [box[:2].astype(np.int32) for box in boxes])
-    pipe.feed_input("shape", [box[2:4].astype(np.int32) for box in boxes])
-    if resize is None:
+    if resize is None:  # train_crop: whole pixels, decoded as a region of interest
+        pipe.feed_input("anchor", [np.rint(box[:2]).astype(np.int32) for box in boxes])
+        pipe.feed_input("shape", [np.rint(box[2:4]).astype(np.int32) for box in boxes])
         pipe.feed_input("flip", [np.array(box[4], dtype=np.int32) for box in boxes])
+    else:  # val_crop: a fractional box, resized as one step like the CPU path
+        pipe.feed_input("roi_start", [box[:2].astype(np.float32) for box in boxes])
+        pipe.feed_input("roi_end", [(box[:2] + box[2:4]).astype(np.float32) for box in boxes])
     (images,) = pipe.run()
     dense = images.as_tensor()
     out = torch.empty(tuple(dense.shape()), dtype=torch.uint8, device=device)
@@ -90,8 +93,8 @@ def _pipeline(batch_size: int, image_size: int, resize: int | None, device: torc
 
 def build_pipeline(max_batch_size: int, image_size: int, resize: int | None, device_id: int | None) -> Any:
     """Training (``resize`` None): decode each box, resize to image_size, flip. Validation:
-    decode, resize to the box's resized size, crop image_size at its anchor (see ValBoxes).
-    CHW uint8 out. ``device_id`` None: CPU operators only."""
+    decode, resize the (fractional) val_crop box to image_size. CHW uint8 out.
+    ``device_id`` None: CPU operators only."""
     try:
         from nvidia.dali import fn, pipeline_def, types
     except ImportError as exc:
@@ -108,9 +111,9 @@ def build_pipeline(max_batch_size: int, image_size: int, resize: int | None, dev
     )
     def pipeline() -> Any:
         jpegs = fn.external_source(name="jpegs", dtype=types.UINT8, ndim=1)
-        anchor = fn.external_source(name="anchor", dtype=types.INT32, ndim=1)
-        shape = fn.external_source(name="shape", dtype=types.INT32, ndim=1)
         if resize is None:
+            anchor = fn.external_source(name="anchor", dtype=types.INT32, ndim=1)
+            shape = fn.external_source(name="shape", dtype=types.INT32, ndim=1)
             flip = fn.external_source(name="flip", dtype=types.INT32, ndim=0)
             images = fn.decoders.image_slice(
                 jpegs, anchor, shape, device=decoder_device, output_type=types.RGB, axis_names="HW"
@@ -118,9 +121,17 @@ def build_pipeline(max_batch_size: int, image_size: int, resize: int | None, dev
             images = fn.resize(images, size=[image_size, image_size], interp_type=types.INTERP_LINEAR, antialias=True)
             images = fn.flip(images, horizontal=flip)
         else:
+            roi_start = fn.external_source(name="roi_start", dtype=types.FLOAT, ndim=1)
+            roi_end = fn.external_source(name="roi_end", dtype=types.FLOAT, ndim=1)
             images = fn.decoders.image(jpegs, device=decoder_device, output_type=types.RGB)
-            images = fn.resize(images, size=fn.cast(shape, dtype=types.FLOAT), interp_type=types.INTERP_LINEAR)
-            images = fn.slice(images, anchor, np.array([image_size, image_size], dtype=np.int32), axis_names="HW")
+            images = fn.resize(
+                images,
+                size=[image_size, image_size],
+                roi_start=roi_start,
+                roi_end=roi_end,
+                interp_type=types.INTERP_LINEAR,
+                antialias=True,
+            )
         return fn.transpose(images, perm=[2, 0, 1])
 
     pipe = pipeline()
