@@ -4,8 +4,8 @@ With ``data.decode: gpu`` (or ``dali``) a sample is the file's encoded bytes,
 its crop box and flip, and its label. The box is drawn in the worker by the
 same pure function of (seed, epoch, index) as the CPU pipeline's crop, so
 order, augmentation and exact resume do not depend on where decoding runs.
-A batch reaches the device as an ``EncodedBatch``; its ``to(device)`` (the
-trainer's existing ``images.to(device)`` call) decodes the batch with nvJPEG,
+A batch reaches the device as an ``EncodedBatch``; its ``to(device)`` (called
+by ``device_input.to_model_input``, as for any batch) decodes it with nvJPEG,
 crops each image to its box, resizes to ``image_size`` (bilinear,
 antialiased) and flips, giving the uint8 NCHW batch the CPU path gives;
 ``device_input.to_model_input`` normalises both alike.
