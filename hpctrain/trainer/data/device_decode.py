@@ -197,7 +197,7 @@ def jpeg_decoder() -> tuple[Callable[..., Any], Any]:
         from torchcodec.decoders import decode_jpeg  # type: ignore[import-not-found]
 
         return decode_jpeg, "RGB"
-    except ImportError:
+    except (ImportError, RuntimeError, OSError):  # not installed, or its FFmpeg/CUDA libraries are missing
         pass
     from torchvision.io import ImageReadMode
     from torchvision.io import decode_jpeg as tv_decode_jpeg
