@@ -313,7 +313,7 @@ def build_loaders(
     per-process batch (default ``trainer.batch_size``; pass batch_size * n_gpus for dp).
     """
     batch_size = batch_size or trainer_spec.batch_size
-    broadcast = torch_broadcast if world_size > 1 and _distributed_ready() else None
+    broadcast = torch_broadcast if world_size > 1 and _in_process_group(rank, world_size) else None
     train_ds, val_ds = build_datasets(
         data_spec, train=not trainer_spec.evaluate_only, seed=epoch_seed, is_leader=rank == 0, broadcast=broadcast
     )
@@ -411,8 +411,12 @@ def _stage(
     return val_staged, staged_index(train_index, staged / data_spec.train_dir) if train_index else None
 
 
-def _distributed_ready() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
+def _in_process_group(rank: int, world_size: int) -> bool:
+    """True when (rank, world_size) are the default group's: hogwild's worker processes have their own."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    return dist.get_world_size() == world_size and dist.get_rank() == rank
 
 
 def _split_index(root: Path, subdir: str, key: str, share: dict[str, Any]) -> DatasetIndex:

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -128,7 +129,7 @@ def _same_size(path: Path, size: int) -> bool:
 
 def _copy_file(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(dst.name + ".part")
+    tmp = dst.with_name(f"{dst.name}.part-{os.getpid()}-{threading.get_ident()}")  # concurrent copiers are safe
     shutil.copyfile(src, tmp)
     os.replace(tmp, dst)  # a file is complete or absent: a resumed copy can trust sizes
 
