@@ -224,6 +224,22 @@ class Data(Section):
             "still scans once per job and shares the list with every rank."
         ),
     ] = None
+    stage: Annotated[
+        Literal["none", "node"],
+        Field(
+            description="node: one task per node copies the dataset to node-local disk (data.stage_dir) with "
+            "parallel readers before training, the node's other tasks wait, and all read the copy; a complete "
+            "copy is reused after a requeue. none: read data.root directly."
+        ),
+    ] = "none"
+    stage_dir: Annotated[
+        str | None,
+        Field(
+            description="Node-local folder for data.stage: node; may contain {node} (the node's name) and "
+            "$VARS. Default: $SLURM_TMPDIR, else $TMPDIR, else /tmp."
+        ),
+    ] = None
+    stage_readers: Annotated[int, Field(ge=1, le=256, description="Parallel file copies while staging.")] = 16
     decode: Annotated[
         Decode,
         Field(

@@ -46,6 +46,7 @@ from hpctrain.trainer.data.device_decode import (
     resolve_decoder,
 )
 from hpctrain.trainer.data.index import DatasetIndex, IndexError_, shared_index, torch_broadcast
+from hpctrain.trainer.data.staging import resolve_stage_dir, stage_dataset, staged_index
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -245,10 +246,12 @@ def build_datasets(
         )
     share = {"is_leader": is_leader, "broadcast": broadcast, "cache_dir": data_spec.index_cache_dir}
     val_index = _split_index(root, data_spec.val_dir, "data.val_dir", share)
+    train_index = _split_index(root, data_spec.train_dir, "data.train_dir", share) if train else None
+    if data_spec.stage == "node":
+        val_index, train_index = _stage(root, data_spec, val_index, train_index)
     val = ValImages(val_index, data_spec.image_size, data_spec.val_resize)
-    if not train:
+    if train_index is None:
         return None, val
-    train_index = _split_index(root, data_spec.train_dir, "data.train_dir", share)
     if train_index.classes != val_index.classes:
         only_train = sorted(set(train_index.classes) - set(val_index.classes))[:5]
         only_val = sorted(set(val_index.classes) - set(train_index.classes))[:5]
@@ -318,7 +321,7 @@ def build_loaders(
     per-process batch (default ``trainer.batch_size``; pass batch_size * n_gpus for dp).
     """
     batch_size = batch_size or trainer_spec.batch_size
-    broadcast = torch_broadcast if world_size > 1 and _distributed_ready() else None
+    broadcast = torch_broadcast if world_size > 1 and _in_process_group(rank, world_size) else None
     train_ds, val_ds = build_datasets(
         data_spec, train=not trainer_spec.evaluate_only, seed=epoch_seed, is_leader=rank == 0, broadcast=broadcast
     )
@@ -419,8 +422,29 @@ def _dataset_root(data_spec: Data) -> Path:
     return root
 
 
-def _distributed_ready() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
+def _stage(
+    root: Path, data_spec: Data, val_index: DatasetIndex, train_index: DatasetIndex | None
+) -> tuple[DatasetIndex, DatasetIndex | None]:
+    """Both splits read from the node-local copy (see ``staging``)."""
+    splits = [(data_spec.val_dir, val_index)] + ([(data_spec.train_dir, train_index)] if train_index else [])
+    staged = stage_dataset(
+        root,
+        splits,
+        resolve_stage_dir(data_spec.stage_dir, os.environ),
+        is_node_leader=int(os.environ.get("LOCAL_RANK", "0")) == 0,
+        readers=data_spec.stage_readers,
+    )
+    print(f"hpctrain: data: reading the staged copy in {staged}", flush=True)
+    val_staged = staged_index(val_index, staged / data_spec.val_dir)
+    return val_staged, staged_index(train_index, staged / data_spec.train_dir) if train_index else None
+
+
+def _in_process_group(rank: int, world_size: int) -> bool:
+    """True when (rank, world_size) are the default group's: hogwild's worker processes have their own."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    return dist.get_world_size() == world_size and dist.get_rank() == rank
 
 
 def _split_index(root: Path, subdir: str, key: str, share: dict[str, Any]) -> DatasetIndex:

@@ -34,7 +34,7 @@ DALI_HINT = (
 
 def dali_decode_batch(batch: EncodedBatch, device: torch.device) -> torch.Tensor:
     """uint8 NCHW on ``device``; files decoded in the worker (PNG, CMYK) take the torch path."""
-    from hpctrain.trainer.data.device_decode import crop_resize_flip, resize_center_crop
+    from hpctrain.trainer.data.device_decode import crop_resize_flip
 
     out = torch.empty(batch.shape, dtype=torch.uint8, device=device)
     encoded = [i for i, payload in enumerate(batch.payloads) if payload.dim() == 1]
@@ -48,11 +48,7 @@ def dali_decode_batch(batch: EncodedBatch, device: torch.device) -> torch.Tensor
         )
     for i, payload in enumerate(batch.payloads):
         if payload.dim() == 3:
-            image = payload.to(device)
-            if batch.resize is not None:
-                out[i] = resize_center_crop(image, batch.resize, batch.image_size)
-            else:
-                out[i] = crop_resize_flip(image, batch.boxes[i].tolist(), batch.image_size)
+            out[i] = crop_resize_flip(payload.to(device), batch.boxes[i].tolist(), batch.image_size)
     return out
 
 

@@ -137,37 +137,33 @@ def decode_batch(
     boxes: torch.Tensor,
     image_size: int,
     device: torch.device,
-    resize: int | None = None,
+    resize: int | None = None,  # unused here: the boxes carry the validation transform
 ) -> torch.Tensor:
     """Decode the encoded payloads in one batched nvJPEG call (CPU libjpeg on a CPU device),
-    then crop/resize/flip every image to uint8 [N, 3, image_size, image_size] on ``device``
-    (with ``resize``: the validation transform, Resize(resize) + CenterCrop(image_size))."""
+    then crop/resize/flip every image to its box, uint8 [N, 3, image_size, image_size] on ``device``.
+    Validation boxes are ``val_crop``'s: Resize(resize) + CenterCrop(image_size) as one box."""
     out = torch.empty((len(payloads), 3, image_size, image_size), dtype=torch.uint8, device=device)
     encoded = [i for i, payload in enumerate(payloads) if payload.dim() == 1]
     decoded = dict(zip(encoded, decode_jpegs([payloads[i] for i in encoded], device)))
     for i, payload in enumerate(payloads):
         image = decoded[i] if i in decoded else payload.to(device, non_blocking=True)
-        if resize is not None:
-            out[i] = resize_center_crop(image, resize, image_size)
-        else:
-            out[i] = crop_resize_flip(image, boxes[i].tolist(), image_size)
+        out[i] = crop_resize_flip(image, boxes[i].tolist(), image_size)
     return out
 
 
-def crop_resize_flip(image: torch.Tensor, box: Sequence[int], image_size: int) -> torch.Tensor:
-    """One uint8 CHW image -> its box, resized to image_size square (antialiased bilinear), maybe flipped."""
+def crop_resize_flip(image: torch.Tensor, box: Sequence[float], image_size: int) -> torch.Tensor:
+    """One uint8 CHW image -> its box, resized to image_size square (antialiased bilinear), maybe flipped.
+
+    The box's edges are rounded to whole pixels as ``decode.crop_resize`` (the CPU path) rounds them.
+    """
     from torchvision.transforms.v2 import functional as F
 
-    top, left, height, width, flip = (int(round(v)) for v in box)  # train_crop's boxes are whole pixels
-    out = F.resized_crop(image, top, left, height, width, [image_size, image_size], antialias=True)
+    top_f, left_f, height_f, width_f, flip = (float(v) for v in box)
+    top, left = round(top_f), round(left_f)
+    bottom = max(top + 1, min(image.shape[-2], round(top_f + height_f)))
+    right = max(left + 1, min(image.shape[-1], round(left_f + width_f)))
+    out = F.resized_crop(image, top, left, bottom - top, right - left, [image_size, image_size], antialias=True)
     return out.flip(-1) if flip else out
-
-
-def resize_center_crop(image: torch.Tensor, resize: int, image_size: int) -> torch.Tensor:
-    """The validation transform on a uint8 CHW tensor: short side to ``resize``, center ``image_size`` square."""
-    from torchvision.transforms.v2 import functional as F
-
-    return F.center_crop(F.resize(image, [resize], antialias=True), [image_size, image_size])
 
 
 def decode_jpegs(payloads: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
