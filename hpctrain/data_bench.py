@@ -305,6 +305,32 @@ def read_throughput(root: Path, *, max_files: int = 2000, max_s: float = 10.0, t
     return ReadResult(str(root), len(sizes), sum(sizes), time.perf_counter() - start)
 
 
+def stage_read_throughput(source: Path, stage_dir: Path, *, max_files: int = 2000, max_s: float = 10.0) -> ReadResult:
+    """Read MB/s of the node-local disk data.stage would copy to: copy a sample of the files
+    there (into a scratch folder removed afterwards), then read them back like ``read_throughput``."""
+    import shutil
+    import tempfile
+
+    try:
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix="hpctrain-bench-", dir=stage_dir))
+    except OSError as exc:
+        raise UsageError(
+            f"data.stage_dir: cannot write to {stage_dir} ({exc.strerror})",
+            hint="set data.stage_dir (or --stage-dir) to a writable node-local folder",
+        ) from None
+    try:
+        deadline = time.monotonic() + max_s
+        for i, path in enumerate(image_files(source, max_files)):
+            if time.monotonic() > deadline:
+                break
+            shutil.copyfile(path, scratch / f"{i:06d}{path.suffix}")
+        result = read_throughput(scratch, max_files=max_files, max_s=max_s)
+        return ReadResult(f"{stage_dir} (sample copy)", result.files, result.bytes, result.seconds)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def render_plain(report: BenchReport) -> str:
     lines = [f"{report.spec}: bench-data"]
     lines += [f"  {what}: {value}" if what else f"    {value}" for what, value in report.rows()]

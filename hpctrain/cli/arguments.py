@@ -94,7 +94,9 @@ def cmd_bench_data(parser: argparse.ArgumentParser) -> None:
     _spec_arguments(parser)
     parser.add_argument("--cluster", help="use this cluster profile instead of the spec's")
     parser.add_argument("--slurm", action="store_true", help="measure on a compute node: a short one-task Slurm job")
-    parser.add_argument("--stage-dir", help="also measure reading from this local copy of the dataset")
+    parser.add_argument(
+        "--stage-dir", help="also measure the node-local disk here (default with data.stage: node: data.stage_dir)"
+    )
     parser.add_argument("--gpu", help="GPU model for the demand table (h100, a100, v100); default: from the profile")
     parser.add_argument("--demand", type=float, help="images/s one GPU trains at, if you know it")
     parser.add_argument(

@@ -27,6 +27,7 @@ from hpctrain.data_bench import (
     read_throughput,
     render_plain,
     render_rich,
+    stage_read_throughput,
     table_demand,
 )
 from hpctrain.errors import ClusterError, HpctrainError, UsageError
@@ -75,16 +76,16 @@ def measure(spec: JobSpec, profile: ClusterProfile, options: BenchOptions, sourc
     train_root = _train_root(spec)
     read = read_throughput(train_root, max_files=options.max_files, max_s=options.seconds)
     stage_read = None
-    stage_dir = options.stage_dir or getattr(spec.data, "stage_dir", None)
-    if stage_dir:
-        stage = Path(stage_dir).expanduser() / spec.data.train_dir
-        if not stage.is_dir():
-            stage = Path(stage_dir).expanduser()
-        if not stage.is_dir():
-            raise UsageError(
-                f"--stage-dir: {stage_dir} does not exist", hint="stage the dataset first, or leave it out"
-            )
-        stage_read = read_throughput(stage, max_files=options.max_files, max_s=options.seconds)
+    if options.stage_dir or spec.data.stage == "node":
+        if options.stage_dir:
+            stage_dir = Path(options.stage_dir).expanduser()
+        else:
+            from hpctrain.trainer.data.staging import resolve_stage_dir
+
+            stage_dir = resolve_stage_dir(spec.data.stage_dir, os.environ)
+        stage_read = stage_read_throughput(train_root, stage_dir, max_files=options.max_files, max_s=options.seconds)
+    # Measure decoding on data.root itself: a bench must not stage the whole dataset.
+    spec = spec.model_copy(update={"data": spec.data.model_copy(update={"stage": "none"})})
 
     import torch  # only now: a bad spec or data root is reported without paying for torch
 

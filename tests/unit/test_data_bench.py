@@ -195,3 +195,22 @@ def test_bench_data_with_a_missing_data_root_is_a_clear_error(tmp_path: Path) ->
 def test_bench_data_slurm_without_slurm_says_so(data_root: Path, tmp_path: Path) -> None:
     done = _bench("--set", f"data.root={data_root}", "--slurm", tmp=tmp_path)
     assert done.returncode == 3 and "Traceback" not in done.stderr and "--slurm" in done.stderr
+
+
+def test_bench_data_measures_the_stage_disk_and_leaves_nothing_there(data_root: Path, tmp_path: Path) -> None:
+    stage = tmp_path / "local-disk"
+    args = ["--set", f"data.root={data_root}", "--stage-dir", str(stage), "--demand", "100", "--json"]
+    done = _bench(*args, "--seconds", "2", tmp=tmp_path)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["stage_read"]["files"] == 12 and data["stage_read"]["path"].startswith(str(stage))
+    assert list(stage.iterdir()) == []
+
+
+def test_bench_data_with_data_stage_node_does_not_stage_the_dataset(data_root: Path, tmp_path: Path) -> None:
+    stage = tmp_path / "node-local"
+    args = ["--set", f"data.root={data_root}", "--set", "data.stage=node", "--set", f"data.stage_dir={stage}"]
+    done = _bench(*args, "--demand", "100", "--json", "--seconds", "2", tmp=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["stage_read"]["files"] == 12
+    assert list(stage.iterdir()) == []  # a sample was copied, read back and removed; no staged copy
