@@ -243,7 +243,7 @@ class Data(Section):
     decode: Annotated[
         Decode,
         Field(
-            description="Where JPEGs are decoded and augmented. cpu: data-loader workers (PIL); gpu: workers read "
+            description="Where JPEGs are decoded and augmented. cpu: the data-loader workers; gpu: workers read "
             "bytes, the task's GPU decodes with nvJPEG (torchvision) and crops/resizes there; dali: an NVIDIA DALI "
             "pipeline on the GPU (pip extra 'dali'), fed by hpctrain's sampler; auto: cpu on CPU jobs, else dali "
             "when installed, else gpu. Crops are the same pure function of (seed, epoch, index) in every mode.",
