@@ -88,3 +88,21 @@ def cmd_make_dataset(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--val-per-class", type=int, default=None)
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+
+
+def cmd_bench_data(parser: argparse.ArgumentParser) -> None:
+    _spec_arguments(parser)
+    parser.add_argument("--cluster", help="use this cluster profile instead of the spec's")
+    parser.add_argument("--slurm", action="store_true", help="measure on a compute node: a short one-task Slurm job")
+    parser.add_argument(
+        "--stage-dir", help="also measure the node-local disk here (default with data.stage: node: data.stage_dir)"
+    )
+    parser.add_argument("--gpu", help="GPU model for the demand table (h100, a100, v100); default: from the profile")
+    parser.add_argument("--demand", type=float, help="images/s one GPU trains at, if you know it")
+    parser.add_argument(
+        "--measure-gpu", action="store_true", help="measure the demand with synthetic training steps on this GPU"
+    )
+    parser.add_argument("--max-files", type=int, default=2000, help="read at most this many files (default 2000)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="time budget per measurement (default 10)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="--slurm: give up after this many seconds")
+    parser.add_argument("--json", action="store_true", help="print the measurements and the verdict as JSON")

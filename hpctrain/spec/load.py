@@ -253,6 +253,16 @@ def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
             problems.append(SpecProblem("trainer.strategy", "'hogwild' trains on CPU; set resources.gpus_per_node: 0"))
         if nodes > 1:
             problems.append(SpecProblem("trainer.strategy", "'hogwild' shares memory on one node; use nodes: 1"))
+    if not gpus and spec.data.decode in ("gpu", "dali"):
+        problems.append(
+            SpecProblem(
+                "data.decode",
+                (
+                    f"'{spec.data.decode}' decodes on the GPU but this job has none (resources.gpus_per_node: 0); "
+                    "use 'cpu' or 'auto', or ask for GPUs"
+                ),
+            )
+        )
     if not gpus and (trainer.precision == "fp16" or trainer.precision in APEX_LEVELS):
         problems.append(
             SpecProblem(

@@ -28,6 +28,7 @@ _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 Strategy = Literal["single", "dp", "ddp", "hogwild"]
 Precision = Literal["fp32", "fp16", "bf16", "O0", "O1", "O2", "O3"]
+Decode = Literal["cpu", "gpu", "dali", "auto"]
 APEX_LEVELS = ("O0", "O1", "O2", "O3")
 
 
@@ -219,6 +220,39 @@ class Data(Section):
     val_resize: Annotated[
         int, Field(ge=8, description="Validation images are resized to this, then center-cropped to image_size.")
     ] = 256
+    index_cache_dir: Annotated[
+        str | None,
+        Field(
+            description="Folder for the dataset index cache (file list + labels, keyed by the split's path and "
+            "folder mtimes), so a requeued job does not walk the tree again. Default: no cache file; rank 0 "
+            "still scans once per job and shares the list with every rank."
+        ),
+    ] = None
+    stage: Annotated[
+        Literal["none", "node"],
+        Field(
+            description="node: one task per node copies the dataset to node-local disk (data.stage_dir) with "
+            "parallel readers before training, the node's other tasks wait, and all read the copy; a complete "
+            "copy is reused after a requeue. none: read data.root directly."
+        ),
+    ] = "none"
+    stage_dir: Annotated[
+        str | None,
+        Field(
+            description="Node-local folder for data.stage: node; may contain {node} (the node's name) and "
+            "$VARS. Default: $SLURM_TMPDIR, else $TMPDIR, else /tmp."
+        ),
+    ] = None
+    stage_readers: Annotated[int, Field(ge=1, le=256, description="Parallel file copies while staging.")] = 16
+    decode: Annotated[
+        Decode,
+        Field(
+            description="Where JPEGs are decoded and augmented. cpu: the data-loader workers; gpu: workers read "
+            "bytes, the task's GPU decodes with nvJPEG (torchvision) and crops/resizes there; dali: an NVIDIA DALI "
+            "pipeline on the GPU (pip extra 'dali'), fed by hpctrain's sampler; auto: cpu on CPU jobs, else dali "
+            "when installed, else gpu. Crops are the same pure function of (seed, epoch, index) in every mode.",
+        ),
+    ] = "auto"
 
     @field_validator("root", "train_dir", "val_dir")
     @classmethod

@@ -346,6 +346,7 @@ class Trainer:
     def write_summary(self, status: str, *, stop_reason: str | None = None, final: bool = False) -> dict[str, Any]:
         """summary.json on rank 0; every rank gets the dict. ``final`` adds the weights digest on all ranks."""
         fields = {**self._progress_fields(), **self.extra_summary, "stop_reason": stop_reason}
+        fields["skipped_samples"] = self.loaders.skipped_samples() if hasattr(self, "loaders") else 0
         if final or self.ctx.is_main:
             fields["weights_sha256"] = weights_sha256(self.module.state_dict())
         return self.reporter.summary(status, fields)

@@ -180,3 +180,18 @@ def test_plain_progress_lines_and_accumulated_wall_time(tmp_path: Path, capsys: 
     assert summary["wall_s"] >= 100.0 and summary["started_at"] == "earlier" and summary["arch"] == "resnet50"
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "summary.json", "tb"]
+
+
+def test_bad_images_are_skipped_and_counted_in_the_summary(data_root: Path, tmp_path: Path) -> None:
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(data_root, data)
+    for split in ("train", "val"):
+        victims = sorted((data / split).rglob("*.jpg"))[:2]
+        victims[0].write_bytes(victims[0].read_bytes()[:100])  # truncated
+        victims[1].write_text("not a jpeg")
+    spec = job_spec(data, trainer={"epochs": 1})
+    result = train(tmp_path / "run", spec)
+    assert result["status"] == "completed" and result["skipped_samples"] >= 2  # at least the 2 val files
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["skipped_samples"] == result["skipped_samples"]

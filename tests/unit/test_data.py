@@ -16,11 +16,11 @@ from hpctrain.spec.models import Data, Trainer
 from hpctrain.trainer.data import (
     ExactEvalSampler,
     ResumableDistributedSampler,
-    SeededAugmentDataset,
     build_datasets,
     build_loaders,
     build_val_loader,
 )
+from hpctrain.trainer.data.datasets import TrainImages
 from hpctrain.trainer.dataset_gen import make_dataset
 
 
@@ -38,14 +38,13 @@ def _spec(root: Path, **kwargs: object) -> Data:
 # --- datasets and layout errors ---------------------------------------------------------------
 
 
-def test_datasets_have_the_reference_transforms(root: Path) -> None:
+def test_datasets_hand_over_uint8_crops(root: Path) -> None:
     train, val = build_datasets(_spec(root))
-    assert isinstance(train, SeededAugmentDataset)
+    assert isinstance(train, TrainImages)
     assert train.classes == val.classes == ["class_00", "class_01", "class_02"]
     assert len(train) == 24 and len(val) == 15
     image, label = train[0]
-    assert image.shape == (3, 32, 32) and image.dtype == torch.float32 and label == 0
-    assert image.min() < 0  # normalised with ImageNet mean/std, not raw [0, 1]
+    assert image.shape == (3, 32, 32) and image.dtype == torch.uint8 and label == 0  # normalised on the device
     val_image, _ = val[0]
     assert torch.equal(val_image, val[0][0])  # validation is deterministic
     assert val_image.shape == (3, 32, 32)
@@ -80,13 +79,20 @@ def test_missing_split_names_the_exact_path(root: Path, tmp_path: Path) -> None:
     assert str(partial / "val") in info.value.message and "make-dataset" in info.value.hint
 
 
-def test_class_folder_without_images_is_a_config_error(root: Path, tmp_path: Path) -> None:
+def test_class_folder_without_images_keeps_its_label(root: Path, tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     shutil.copytree(root, broken)
     for image in (broken / "train" / "class_01").iterdir():
         image.unlink()
-    with pytest.raises(TrainingConfigError, match="data.train_dir: .* not a usable ImageFolder"):
-        build_datasets(_spec(broken))
+    train, val = build_datasets(_spec(broken))
+    assert train.classes == val.classes and len(train) == 16 and 1 not in train.targets
+
+
+def test_split_without_any_image_is_a_config_error(tmp_path: Path) -> None:
+    for split in ("train", "val"):
+        (tmp_path / split / "a").mkdir(parents=True)
+    with pytest.raises(TrainingConfigError, match="data.val_dir: .* not a usable ImageFolder"):
+        build_datasets(_spec(tmp_path))
 
 
 def test_train_and_val_classes_must_agree(root: Path, tmp_path: Path) -> None:

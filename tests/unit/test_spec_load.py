@@ -832,3 +832,17 @@ def test_sweep_trials_get_absolute_paths_too(tmp_path: Path) -> None:
     for trial in job.trials:
         assert Path(trial.output_dir).is_absolute()
         assert trial.data.root == str(tmp_path.resolve() / "d")
+
+
+@pytest.mark.parametrize("decoder", ["gpu", "dali"])
+def test_gpu_decoding_without_gpus_names_the_key_and_the_fix(tmp_path: Path, decoder: str) -> None:
+    path = write(tmp_path, f"name: a\ndata:\n  root: /datasets/imagenet\n  decode: {decoder}\n")
+    problem = only_problem(spec_error(path))
+    assert problem.key == "data.decode" and problem.line == 4
+    assert "gpus_per_node: 0" in problem.message and "'cpu' or 'auto'" in problem.message
+
+
+@pytest.mark.parametrize("decoder", ["cpu", "auto", "gpu", "dali"])
+def test_every_decoder_is_accepted_on_a_gpu_job(tmp_path: Path, decoder: str) -> None:
+    text = f"name: a\nresources: {{gpus_per_node: 1}}\ndata:\n  root: /datasets/imagenet\n  decode: {decoder}\n"
+    assert load_job(write(tmp_path, text)).spec.data.decode == decoder

@@ -1,9 +1,13 @@
-"""ImageFolder datasets and loaders whose order and augmentation survive a resume.
+"""ImageFolder datasets and loaders: fast, resumable order and augmentation, exact evaluation.
 
-Three things differ from the pytorch/examples ImageNet loader, all so that a
-requeued job continues exactly where it stopped and evaluation is exact:
+The package: ``augment`` (crop boxes, pure functions), ``index`` (one scan of the
+tree per job), ``decode`` (header size, DCT-scaled decode), ``datasets`` (train
+and val samples as uint8, bad files replaced and counted), ``device_input``
+(uint8 -> normalised float on the device). This module wires them to loaders.
+What differs from the pytorch/examples ImageNet loader, so that a requeued job
+continues exactly where it stopped and evaluation is exact:
 
-* ``SeededAugmentDataset``: each sample's random crop/flip is a pure function of
+* ``TrainImages``: each sample's random crop/flip is a pure function of
   (seed, epoch, sample index), whatever the worker count or rank layout.
 * ``ResumableDistributedSampler``: DistributedSampler's order, plus skipping the
   samples already consumed in the current epoch (also across a world-size change).
@@ -20,7 +24,7 @@ import os
 import random
 import signal
 import threading
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,10 +32,21 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
-from torchvision import datasets, transforms
+from torchvision import transforms
 
 from hpctrain.errors import TrainingConfigError
 from hpctrain.spec.models import Data, Trainer
+from hpctrain.trainer.data.augment import sample_seed
+from hpctrain.trainer.data.datasets import TrainImages, ValImages
+from hpctrain.trainer.data.device_decode import (
+    DeviceBackend,
+    EncodedCollate,
+    EncodedTrainImages,
+    EncodedValImages,
+    resolve_decoder,
+)
+from hpctrain.trainer.data.index import DatasetIndex, IndexError_, shared_index, torch_broadcast
+from hpctrain.trainer.data.staging import resolve_stage_dir, stage_dataset, staged_index
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -63,14 +78,11 @@ def val_transform(image_size: int, resize: int) -> transforms.Compose:
     )
 
 
-def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """A well-mixed 63-bit seed for one sample in one epoch."""
-    words = np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, epoch, index]).generate_state(2, dtype=np.uint32)
-    return (int(words[0]) << 31) ^ int(words[1])
-
-
 class SeededAugmentDataset(Dataset):
     """Wraps a dataset so ``self[i]`` in epoch ``e`` is a pure function of (seed, e, i).
+
+    For arbitrary torchvision transforms (the reference pipeline); the trainer
+    uses ``TrainImages``, which needs no global-RNG fork.
 
     The wrapped dataset's transform runs with the torch, Python and NumPy global
     RNGs seeded for that sample and restored afterwards, so any torchvision v1
@@ -213,9 +225,18 @@ class ExactEvalSampler(Sampler[int]):
 
 
 def build_datasets(
-    data_spec: Data, *, train: bool = True, seed: int = 0
-) -> tuple[SeededAugmentDataset | None, Dataset]:
-    """(train, val) ImageFolders; train is None when ``train`` is False (evaluate-only)."""
+    data_spec: Data,
+    *,
+    train: bool = True,
+    seed: int = 0,
+    is_leader: bool = True,
+    broadcast: object | None = None,
+) -> tuple[TrainImages | None, ValImages]:
+    """(train, val); train is None when ``train`` is False (evaluate-only).
+
+    ``train[i]`` is one sample as the trainer consumes it: (uint8 CHW tensor, label).
+    With ``broadcast`` (see ``index.shared_index``) only the leader scans the tree.
+    """
     root = _dataset_root(data_spec)
     if data_spec.val_resize < data_spec.image_size:
         raise TrainingConfigError(
@@ -223,20 +244,23 @@ def build_datasets(
             hint=f"set data.val_resize >= data.image_size (the reference uses 256 for 224, i.e. "
             f"{round(data_spec.image_size * 256 / 224)})",
         )
-    val_tf = val_transform(data_spec.image_size, data_spec.val_resize)
-    val = _image_folder(root, data_spec.val_dir, "data.val_dir", val_tf)
-    if not train:
+    share = {"is_leader": is_leader, "broadcast": broadcast, "cache_dir": data_spec.index_cache_dir}
+    val_index = _split_index(root, data_spec.val_dir, "data.val_dir", share)
+    train_index = _split_index(root, data_spec.train_dir, "data.train_dir", share) if train else None
+    if data_spec.stage == "node":
+        val_index, train_index = _stage(root, data_spec, val_index, train_index)
+    val = ValImages(val_index, data_spec.image_size, data_spec.val_resize)
+    if train_index is None:
         return None, val
-    base = _image_folder(root, data_spec.train_dir, "data.train_dir", train_transform(data_spec.image_size))
-    if base.classes != val.classes:
-        only_train = sorted(set(base.classes) - set(val.classes))[:5]
-        only_val = sorted(set(val.classes) - set(base.classes))[:5]
+    if train_index.classes != val_index.classes:
+        only_train = sorted(set(train_index.classes) - set(val_index.classes))[:5]
+        only_val = sorted(set(val_index.classes) - set(train_index.classes))[:5]
         raise TrainingConfigError(
             f"data.val_dir: the class folders of {root / data_spec.val_dir} differ from {root / data_spec.train_dir} "
             f"(only in train: {only_train}, only in val: {only_val})",
             hint="train and val need the same class folders, or labels would not match",
         )
-    return SeededAugmentDataset(base, seed), val
+    return TrainImages(train_index, data_spec.image_size, seed), val
 
 
 def build_val_loader(
@@ -248,11 +272,12 @@ def build_val_loader(
     batch_size: int,
     device_is_cuda: bool,
     seed: int = 0,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
 ) -> DataLoader:
     """Validation over the whole val set, sharded without padding (see ExactEvalSampler)."""
     sampler = ExactEvalSampler(val_dataset, world_size, rank)
     kwargs = _loader_kwargs(data_spec, device_is_cuda, seed)
-    return DataLoader(val_dataset, batch_size=batch_size, sampler=sampler, **kwargs)
+    return DataLoader(val_dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, **kwargs)
 
 
 @dataclass
@@ -262,9 +287,14 @@ class Loaders:
     train_loader: DataLoader | None
     val_loader: DataLoader
     train_sampler: ResumableDistributedSampler | None
-    train_dataset: SeededAugmentDataset | None
+    train_dataset: TrainImages | None
     num_classes: int
     class_names: list[str]
+
+    def skipped_samples(self) -> int:
+        """Samples this process (and its workers) replaced because their file could not be decoded."""
+        datasets = [self.train_dataset, getattr(self.val_loader, "dataset", None)]
+        return sum(d.skipped_samples for d in datasets if d is not None and hasattr(d, "skipped_samples"))
 
     def set_epoch(self, epoch: int) -> None:
         """Call before iterating an epoch: picks its shuffle order and augmentation."""
@@ -290,7 +320,14 @@ def build_loaders(
     (pass ``trainer.seed``); it is the same on every rank. ``batch_size`` is the
     per-process batch (``BatchLayout.per_process``), for train and val alike.
     """
-    train_ds, val_ds = build_datasets(data_spec, train=not trainer_spec.evaluate_only, seed=epoch_seed)
+    broadcast = torch_broadcast if world_size > 1 and _in_process_group(rank, world_size) else None
+    train_ds, val_ds = build_datasets(
+        data_spec, train=not trainer_spec.evaluate_only, seed=epoch_seed, is_leader=rank == 0, broadcast=broadcast
+    )
+    device = torch.device("cuda") if device_is_cuda else torch.device("cpu")
+    collate = val_collate = None
+    if (decoder := resolve_decoder(data_spec.decode, device)) != "cpu":
+        train_ds, val_ds, collate, val_collate = encoded_datasets(train_ds, val_ds, data_spec, decoder)
     val_loader = build_val_loader(
         val_ds,
         data_spec,
@@ -299,15 +336,31 @@ def build_loaders(
         batch_size=batch_size,
         device_is_cuda=device_is_cuda,
         seed=epoch_seed + 1,
+        collate_fn=val_collate,
     )
     class_names = list((train_ds or val_ds).classes)
     if train_ds is None:
         return Loaders(None, val_loader, None, None, len(class_names), class_names)
     sampler = ResumableDistributedSampler(train_ds, world_size, rank, shuffle=True, seed=epoch_seed)
     train_loader = DataLoader(
-        train_ds, batch_size=batch_size, sampler=sampler, **_loader_kwargs(data_spec, device_is_cuda, epoch_seed)
+        train_ds,
+        batch_size=batch_size,
+        sampler=sampler,
+        collate_fn=collate,
+        **_loader_kwargs(data_spec, device_is_cuda, epoch_seed),
     )
     return Loaders(train_loader, val_loader, sampler, train_ds, len(class_names), class_names)
+
+
+def encoded_datasets(
+    train: TrainImages | None, val: ValImages, data_spec: Data, decoder: DeviceBackend
+) -> tuple[EncodedTrainImages | None, EncodedValImages, EncodedCollate, EncodedCollate]:
+    """The same samples and crops, as bytes + boxes for decoding on the device (data.decode gpu/dali)."""
+    val_encoded = EncodedValImages(val.index, val.image_size, val.resize, val.seed)
+    train_encoded = None if train is None else EncodedTrainImages(train.index, train.image_size, train.seed)
+    train_collate = EncodedCollate(data_spec.image_size, decoder)
+    val_collate = EncodedCollate(data_spec.image_size, decoder, resize=data_spec.val_resize)
+    return train_encoded, val_encoded, train_collate, val_collate
 
 
 def seed_worker(worker_id: int) -> None:
@@ -368,7 +421,32 @@ def _dataset_root(data_spec: Data) -> Path:
     return root
 
 
-def _image_folder(root: Path, subdir: str, key: str, transform: transforms.Compose) -> datasets.ImageFolder:
+def _stage(
+    root: Path, data_spec: Data, val_index: DatasetIndex, train_index: DatasetIndex | None
+) -> tuple[DatasetIndex, DatasetIndex | None]:
+    """Both splits read from the node-local copy (see ``staging``)."""
+    splits = [(data_spec.val_dir, val_index)] + ([(data_spec.train_dir, train_index)] if train_index else [])
+    staged = stage_dataset(
+        root,
+        splits,
+        resolve_stage_dir(data_spec.stage_dir, os.environ),
+        is_node_leader=int(os.environ.get("LOCAL_RANK", "0")) == 0,
+        readers=data_spec.stage_readers,
+    )
+    print(f"hpctrain: data: reading the staged copy in {staged}", flush=True)
+    val_staged = staged_index(val_index, staged / data_spec.val_dir)
+    return val_staged, staged_index(train_index, staged / data_spec.train_dir) if train_index else None
+
+
+def _in_process_group(rank: int, world_size: int) -> bool:
+    """True when (rank, world_size) are the default group's: hogwild's worker processes have their own."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    return dist.get_world_size() == world_size and dist.get_rank() == rank
+
+
+def _split_index(root: Path, subdir: str, key: str, share: dict[str, Any]) -> DatasetIndex:
     path = root / subdir
     if not path.is_dir():
         raise TrainingConfigError(
@@ -376,6 +454,6 @@ def _image_folder(root: Path, subdir: str, key: str, transform: transforms.Compo
             hint=_MAKE_DATASET_HINT,
         )
     try:
-        return datasets.ImageFolder(str(path), transform=transform)
-    except (FileNotFoundError, RuntimeError) as exc:  # no class folders, or a class folder without images
+        return shared_index(path, **share)
+    except IndexError_ as exc:
         raise TrainingConfigError(f"{key}: {path} is not a usable ImageFolder: {exc}", hint=_MAKE_DATASET_HINT) from exc

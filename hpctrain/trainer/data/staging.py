@@ -1,0 +1,158 @@
+"""Node-local staging: one task per node copies the dataset to local disk, the others wait, all read it.
+
+``data.stage: node`` turns a shared-filesystem dataset (GPFS, Lustre, NFS) into
+a per-node copy: the node's local rank 0 copies the files of the shared index
+(train and val) with parallel readers into ``<stage_dir>/hpctrain-<key>/``,
+checks the free space first, and writes ``STAGED`` last; the node's other
+tasks wait for that marker (or for ``FAILED``, whose message they raise too).
+A requeued job finds the marker and skips the copy; a half-done copy is
+resumed (files already there with the right size are kept).
+
+``data.stage_dir`` may name the node (``{node}``) and use environment
+variables; default ``$SLURM_TMPDIR``, else ``$TMPDIR``, else ``/tmp``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from hpctrain.errors import TrainingConfigError
+from hpctrain.trainer.data.index import DatasetIndex
+
+DONE, FAILED = "STAGED", "FAILED"
+HEADROOM = 1.05  # keep 5% of the needed space spare (filesystem overhead, other users)
+
+
+def node_name(env: Mapping[str, str]) -> str:
+    return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def resolve_stage_dir(template: str | None, env: Mapping[str, str]) -> Path:
+    """The node's staging folder: ``{node}`` and ``$VARS`` expanded; default $SLURM_TMPDIR / $TMPDIR / /tmp."""
+    if not template:
+        template = env.get("SLURM_TMPDIR") or env.get("TMPDIR") or "/tmp"
+    expanded = template.replace("{node}", node_name(env))
+    for name, value in sorted(env.items(), key=lambda kv: -len(kv[0])):
+        expanded = expanded.replace(f"${{{name}}}", value).replace(f"${name}", value)
+    return Path(expanded).expanduser()
+
+
+def stage_key(source_root: Path, indices: Sequence[tuple[str, DatasetIndex]]) -> str:
+    text = "\n".join([str(source_root.resolve())] + [f"{split}:{len(idx.samples)}" for split, idx in indices])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def stage_dataset(
+    source_root: Path,
+    indices: Sequence[tuple[str, DatasetIndex]],
+    stage_dir: Path,
+    *,
+    is_node_leader: bool,
+    readers: int = 8,
+    timeout_s: float = 6 * 3600,
+    log=None,
+) -> Path:
+    """Copy ``indices`` (``(split folder, index)`` pairs) under ``stage_dir``; returns the staged root.
+
+    Raises ``TrainingConfigError`` when the local disk is too small, on every task of the node.
+    """
+    dest = stage_dir / f"hpctrain-{stage_key(source_root, indices)}"
+    if is_node_leader:
+        _copy(source_root, indices, dest, readers, log or _print)
+    else:
+        _wait(dest, timeout_s)
+    return dest
+
+
+def staged_index(index: DatasetIndex, staged_split: Path) -> DatasetIndex:
+    """The same samples, read from the staged copy."""
+    return DatasetIndex(str(staged_split), index.classes, index.samples, index.empty_classes)
+
+
+def _copy(source_root: Path, indices: Sequence[tuple[str, DatasetIndex]], dest: Path, readers: int, log) -> None:
+    if (dest / DONE).exists():
+        log(f"hpctrain: data staged already in {dest} (complete copy found; not copying again)")
+        return
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / FAILED).unlink(missing_ok=True)
+        jobs = [(Path(idx.root) / rel, dest / split / rel) for split, idx in indices for rel, _ in idx.samples]
+        with ThreadPoolExecutor(readers) as pool:
+            sizes = list(pool.map(lambda job: os.stat(job[0]).st_size, jobs))
+        total = sum(sizes)
+        pending = [(job, size) for job, size in zip(jobs, sizes, strict=True) if not _same_size(job[1], size)]
+        needed = sum(size for _, size in pending)
+        free = shutil.disk_usage(dest).free
+        if needed * HEADROOM > free:
+            raise TrainingConfigError(
+                f"data.stage: {dest} has {free / 2**30:.1f} GiB free, the dataset needs {needed / 2**30:.1f} GiB "
+                f"more (+5% headroom) on node {node_name(os.environ)}",
+                hint="set data.stage_dir to a larger node-local disk, stage less data, or set data.stage: none",
+            )
+        log(f"hpctrain: staging {len(jobs)} files ({total / 2**20:.0f} MB, {len(pending)} to copy) to {dest}")
+        started = time.perf_counter()
+        with ThreadPoolExecutor(readers) as pool:
+            list(pool.map(lambda item: _copy_file(*item[0]), pending))
+        seconds = max(1e-9, time.perf_counter() - started)
+        rate = needed / 2**20 / seconds
+        log(f"hpctrain: staged {needed / 2**20:.0f} MB in {seconds:.1f} s ({rate:.0f} MB/s, {readers} readers)")
+        (dest / DONE).write_text(json.dumps({"source": str(source_root), "files": len(jobs), "bytes": total}))
+    except BaseException as exc:
+        message = exc.message if isinstance(exc, TrainingConfigError) else f"{type(exc).__name__}: {exc}"
+        hint = exc.hint if isinstance(exc, TrainingConfigError) else "see the node leader's log"
+        try:
+            (dest / FAILED).write_text(json.dumps({"message": message, "hint": hint}))
+        except OSError:
+            pass
+        raise
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+def _same_size(path: Path, size: int) -> bool:
+    try:
+        return path.stat().st_size == size
+    except OSError:
+        return False
+
+
+def _copy_file(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f"{dst.name}.part-{os.getpid()}-{threading.get_ident()}")  # concurrent copiers are safe
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)  # a file is complete or absent: a resumed copy can trust sizes
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _wait(dest: Path, timeout_s: float) -> None:
+    deadline, started = time.monotonic() + timeout_s, time.time() - 5
+    while not (dest / DONE).exists():
+        if _mtime(dest / FAILED) > started:  # an older FAILED is a previous attempt's
+            try:
+                info = json.loads((dest / FAILED).read_text())
+            except (OSError, ValueError):
+                info = {"message": "the node's staging task failed", "hint": "see its log"}
+            raise TrainingConfigError(info["message"], hint=info["hint"])
+        if time.monotonic() > deadline:
+            raise TrainingConfigError(
+                f"data.stage: waited {timeout_s:.0f} s for the node's copy in {dest}",
+                hint="check the log of the node's first task (local rank 0)",
+            )
+        time.sleep(0.5)

@@ -1,0 +1,217 @@
+"""The fast input pipeline: crop distribution, val equivalence, one scan per job, bad input."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision import transforms
+
+from hpctrain.spec.models import Data
+from hpctrain.trainer.data import build_datasets, val_transform
+from hpctrain.trainer.data.augment import CropBox, train_crop, val_crop
+from hpctrain.trainer.data.decode import decode_crop, header_size
+from hpctrain.trainer.data.device_input import to_model_input
+from hpctrain.trainer.data.index import cached_index, scan_split, shared_index
+from hpctrain.trainer.dataset_gen import make_dataset
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("data") / "ds"
+    make_dataset(out, classes=3, per_class=8, val_per_class=5, image_size=40)
+    return out
+
+
+def _spec(root: Path, **kwargs: object) -> Data:
+    return Data(**{"root": str(root), "image_size": 32, "val_resize": 36, "workers": 0, **kwargs})
+
+
+def _photo(path: Path, size: tuple[int, int], mode: str = "RGB") -> Path:
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0 : size[1], 0 : size[0]]
+    base = np.stack([x * 255 // size[0], y * 255 // size[1], (x + y) * 127 // sum(size)], -1)
+    noise = rng.integers(0, 30, base.shape)
+    Image.fromarray((base + noise).clip(0, 255).astype(np.uint8)).convert(mode).save(path, quality=90)
+    return path
+
+
+# --- crop boxes: same distribution as torchvision --------------------------------------------
+
+
+@pytest.mark.parametrize("size", [(500, 375), (300, 480), (1000, 200)])
+def test_train_crop_has_torchvisions_area_aspect_and_flip_statistics(size: tuple[int, int]) -> None:
+    width, height = size
+    ours = [train_crop(3, 1, i, width, height) for i in range(4000)]
+    torch.manual_seed(0)
+    image = torch.empty(1, height, width)
+    theirs = [transforms.RandomResizedCrop.get_params(image, [0.08, 1.0], [3 / 4, 4 / 3]) for _ in range(4000)]
+
+    def stats(boxes: list[tuple[float, float, float, float]]) -> list[float]:
+        areas = [h * w / (width * height) for _, _, h, w in boxes]
+        aspects = [np.log(w / h) for _, _, h, w in boxes]
+        centres = [(left + w / 2) / width for _, left, _, w in boxes]
+        return [statistics.mean(areas), statistics.stdev(areas), statistics.mean(aspects), statistics.stdev(aspects),
+                statistics.mean(centres)]  # fmt: skip
+
+    for a, b in zip(stats([b[:4] for b in ours]), stats(theirs), strict=True):
+        assert abs(a - b) < 0.02, (stats(ours), stats(theirs))
+    assert 0.47 < sum(b.flip for b in ours) / len(ours) < 0.53
+    assert all(b.top >= 0 and b.top + b.height <= height and b.left >= 0 and b.left + b.width <= width for b in ours)
+
+
+def test_train_crop_is_pure_and_leaves_global_rngs_alone() -> None:
+    torch.manual_seed(1)
+    random.seed(1)
+    first = train_crop(7, 2, 11, 400, 300)
+    after = (torch.rand(1).item(), random.random())
+    torch.manual_seed(1)
+    random.seed(1)
+    assert after == (torch.rand(1).item(), random.random())  # train_crop drew nothing from them
+    assert train_crop(7, 2, 11, 400, 300) == first
+    assert train_crop(7, 3, 11, 400, 300) != first and train_crop(8, 2, 11, 400, 300) != first
+
+
+def test_val_crop_matches_resize_then_center_crop(tmp_path: Path) -> None:
+    for size in [(500, 375), (333, 500), (256, 256)]:
+        path = _photo(tmp_path / "p.jpg", size)
+        with Image.open(path) as image:
+            normalised = val_transform(224, 256)(image.convert("RGB"))
+        std, mean = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1), torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
+        reference = (normalised * std + mean) * 255
+        ours = decode_crop(str(path), lambda w, h: val_crop(w, h, 224, 256), 224).float()
+        assert ours.shape == reference.shape
+        assert (ours - reference).abs().mean() < 4, size  # resampling noise only (DCT-scaled decode)
+
+
+def test_val_crop_box_is_the_centered_reference_box() -> None:
+    box = val_crop(500, 375, 224, 256)
+    assert box.flip is False
+    assert box.height == pytest.approx(224 * 375 / 256) and box.width == pytest.approx(224 * 500 / 341, rel=1e-3)
+    assert box.top == pytest.approx(16 * 375 / 256)
+
+
+def test_train_sample_follows_its_box(tmp_path: Path) -> None:
+    path = _photo(tmp_path / "p.jpg", (480, 360))
+    box = CropBox(40, 60, 200, 200, False)
+    plain = decode_crop(str(path), lambda w, h: box, 100)
+    flipped = decode_crop(str(path), lambda w, h: box._replace(flip=True), 100)
+    assert torch.equal(plain.flip(-1), flipped)
+    with Image.open(path) as image:
+        reference = torch.from_numpy(np.array(image.crop((60, 40, 260, 240)).resize((100, 100), Image.BILINEAR)))
+    assert (plain.permute(1, 2, 0).float() - reference.float()).abs().mean() < 4
+    assert header_size(str(path)) == (480, 360)
+
+
+# --- device input -----------------------------------------------------------------------------
+
+
+def test_to_model_input_normalises_uint8_like_the_reference() -> None:
+    batch = torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8)
+    reference = transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))(batch.float() / 255)
+    out = to_model_input(batch, "cpu", channels_last=True)
+    assert out.dtype == torch.float32 and out.is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(out, reference, atol=1e-5)
+    assert torch.equal(to_model_input(reference, "cpu", channels_last=False), reference)  # float: already normalised
+
+
+# --- index: one scan per job ------------------------------------------------------------------
+
+
+def test_index_matches_imagefolder(root: Path) -> None:
+    from torchvision.datasets import ImageFolder
+
+    index = scan_split(root / "train")
+    folder = ImageFolder(str(root / "train"))
+    assert index.classes == folder.classes
+    assert [(index.path(i), label) for i, (_, label) in enumerate(index.samples)] == folder.samples
+
+
+def _count_listings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    calls: list[str] = []
+    real_scandir, real_walk = os.scandir, os.walk
+
+    def scandir(path: object = ".") -> object:
+        calls.append(str(path))
+        return real_scandir(path)
+
+    def walk(top: object, *args: object, **kwargs: object) -> object:
+        for entry in real_walk(top, *args, **kwargs):
+            calls.append(entry[0])
+            yield entry
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "walk", walk)
+    return calls
+
+
+def test_only_the_leader_lists_directories(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_listings(monkeypatch)
+    mailbox: list[object] = []
+
+    def broadcast(value: object) -> object:  # stands in for torch.distributed.broadcast_object_list
+        if value is not None:
+            mailbox.append(value)
+        return mailbox[0]
+
+    leader = shared_index(root / "train", is_leader=True, broadcast=broadcast)
+    leader_listings = len(calls)
+    assert leader_listings >= 4  # the split + 3 class folders
+    followers = [shared_index(root / "train", is_leader=False, broadcast=broadcast) for _ in range(7)]
+    assert len(calls) == leader_listings  # 7 more ranks, no more listings
+    assert all(f.samples == leader.samples for f in followers)
+
+
+def test_index_cache_skips_the_walk_until_the_tree_changes(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = tmp_path / "tree"
+    shutil.copytree(root / "train", tree)
+    first = cached_index(tree, tmp_path / "cache")
+    calls = _count_listings(monkeypatch)
+    assert cached_index(tree, tmp_path / "cache").samples == first.samples
+    assert len(calls) == 1  # the key: one listing of the split folder (stats of class folders), no walk
+    os.unlink(tree / first.samples[0][0])
+    assert len(cached_index(tree, tmp_path / "cache").samples) == len(first.samples) - 1
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+def test_grayscale_and_cmyk_jpegs_decode_to_rgb(tmp_path: Path) -> None:
+    for mode in ("L", "CMYK"):
+        path = _photo(tmp_path / f"{mode}.jpg", (120, 90), mode)
+        out = decode_crop(str(path), lambda w, h: val_crop(w, h, 32, 36), 32)
+        assert out.shape == (3, 32, 32) and out.dtype == torch.uint8
+        rgb = decode_crop(str(_photo(tmp_path / "rgb.jpg", (120, 90))), lambda w, h: val_crop(w, h, 32, 36), 32)
+        if mode == "CMYK":
+            assert (out.float() - rgb.float()).abs().mean() < 12  # colours survive the round trip
+
+
+def test_bad_files_are_replaced_deterministically_and_counted(
+    root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bad = tmp_path / "bad"
+    shutil.copytree(root, bad)
+    files = sorted((bad / "train" / "class_00").iterdir())
+    files[0].write_bytes(files[0].read_bytes()[:200])  # truncated JPEG
+    files[1].write_text("not an image")  # not a JPEG at all
+    files[2].chmod(0)  # unreadable (as root this still reads: then it simply decodes)
+    _photo(files[3].with_suffix(".png"), (50, 40))  # a PNG decodes through PIL
+    train, _ = build_datasets(_spec(bad), seed=5)
+    train.set_epoch(2)
+    with caplog.at_level("WARNING"):
+        first = [train[i] for i in range(len(train))]
+        again = [train[i] for i in range(len(train))]
+    assert all(x.shape == (3, 32, 32) for x, _ in first)
+    assert all(torch.equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(first, again, strict=True))
+    assert train.skipped_samples >= 4  # two bad files, read twice
+    warned = [r for r in caplog.records if "skipping unreadable image" in r.getMessage()]
+    assert 2 <= len(warned) <= 3  # one line per bad file, not per read
