@@ -238,7 +238,7 @@ class Trainer:
             window.add(sums, data_s=data_s, images=targets.shape[0])
             epoch_timer.add(None, data_s=data_s, images=targets.shape[0])
             self.progress.step_in_epoch, self.progress.global_step = step + 1, self.progress.global_step + 1
-            self._after_step(epoch, step, window)
+            self._after_step(epoch, step, window, epoch_timer)
         reason = self.ctx.stop.agreed()
         if reason is not None:
             return reason
@@ -356,7 +356,7 @@ class Trainer:
         return {**fields, "restarts": max(self.env.restart_count, resumes), "global_rank": self.env.global_rank}
 
     # -- small steps -------------------------------------------------------------------------------------------
-    def _after_step(self, epoch: int, step: int, window: StepWindow) -> None:
+    def _after_step(self, epoch: int, step: int, window: StepWindow, epoch_timer: StepWindow) -> None:
         self.reporter.advance(self.progress.global_step)
         if self.on_step is not None:
             self.on_step(self)
@@ -367,6 +367,7 @@ class Trainer:
                 epoch=epoch, step=step + 1, global_step=self.progress.global_step, values=values, steps=window.steps
             )
             window.reset()
+            self.progress.data_wait_fraction = epoch_timer.data_wait_fraction()  # the epoch's so far, for summaries
         every = self.ctx.spec.checkpoint.every_steps
         epoch_save_follows = last and (epoch + 1) % self.ctx.spec.checkpoint.every_epochs == 0
         if every and self.progress.global_step % every == 0 and not epoch_save_follows:
@@ -375,8 +376,14 @@ class Trainer:
     def _end_epoch_train_metrics(self, epoch: int, timer: StepWindow) -> None:
         train = Accuracy.from_sums(self.epoch_sums.total())
         images_per_s = timer.images_per_s(self.env.world_size) if timer.images else self.progress.train_images_per_s
-        self.progress.record_train(train, images_per_s)
-        values = {**train.as_dict(), "images_per_s": images_per_s, "lr": self.optimizer.param_groups[0]["lr"]}
+        data_wait = timer.data_wait_fraction() if timer.steps else self.progress.data_wait_fraction
+        self.progress.record_train(train, images_per_s, data_wait)
+        values = {
+            **train.as_dict(),
+            "images_per_s": images_per_s,
+            "data_wait_fraction": data_wait,
+            "lr": self.optimizer.param_groups[0]["lr"],
+        }
         self.reporter.epoch_end(epoch=epoch, global_step=self.progress.global_step, values=values)
 
     def _reported_steps_per_epoch(self) -> int:
