@@ -242,6 +242,17 @@ def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
             problems.append(SpecProblem("trainer.strategy", "'hogwild' trains on CPU; set resources.gpus_per_node: 0"))
         if nodes > 1:
             problems.append(SpecProblem("trainer.strategy", "'hogwild' shares memory on one node; use nodes: 1"))
+    if trainer.compile and (trainer.strategy in ("hogwild", "dp") or trainer.precision in APEX_LEVELS):
+        what = f"strategy {trainer.strategy}" if trainer.strategy in ("hogwild", "dp") else "Apex precision"
+        problems.append(
+            SpecProblem(
+                "trainer.compile",
+                (
+                    f"torch.compile does not work with {what} (hogwild forks workers, dp replicates the model, "
+                    "Apex patches it); set trainer.compile: false, or use ddp/single with fp32, bf16 or fp16"
+                ),
+            )
+        )
     if not gpus and (trainer.precision == "fp16" or trainer.precision in APEX_LEVELS):
         problems.append(
             SpecProblem(

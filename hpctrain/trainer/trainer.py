@@ -33,6 +33,7 @@ from hpctrain.runtime.context import TaskContext
 from hpctrain.runtime.stop import StopReason
 from hpctrain.spec.batch import BatchLayout
 from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
+from hpctrain.trainer.compiling import compile_failure, compile_model
 from hpctrain.trainer.data import build_loaders
 from hpctrain.trainer.evaluation import Accuracy, evaluate
 from hpctrain.trainer.models import build_model, resolve_num_classes
@@ -97,7 +98,10 @@ class Trainer:
                 self.setup()
                 return self.evaluate_only() if self.cfg.evaluate_only else self.train()
             except BaseException as exc:
-                self._report_failure(exc)
+                compile_error = compile_failure(exc) if self.cfg.compile else None
+                self._report_failure(compile_error or exc)
+                if compile_error is not None:
+                    raise compile_error from exc
                 raise
             finally:
                 self._close()
@@ -143,6 +147,13 @@ class Trainer:
         self.optimizer = build_optimizer(self.module, self.cfg, self.layout.global_batch)
         self.module, self.optimizer = self.precision.prepare(self.module, self.optimizer)  # Apex: before wrapping
         self.model = self.strategy.wrap(self.module, self.device)
+        if self.cfg.compile:
+            if self.strategy.name in ("hogwild", "dp"):  # the spec check refuses these too
+                raise TrainingConfigError(
+                    f"trainer.compile: torch.compile does not work with trainer.strategy: {self.strategy.name}",
+                    hint="set trainer.compile: false, or use trainer.strategy: ddp",
+                )
+            compile_model(self.model)  # in place: checkpoints keep the plain module's keys
         self.scheduler = build_scheduler(self.optimizer, self.cfg, max(1, self.steps_per_epoch))
         self.train_step = TrainStep(
             self.model,
