@@ -263,6 +263,17 @@ def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
                 ),
             )
         )
+    if trainer.compile and (trainer.strategy in ("hogwild", "dp") or trainer.precision in APEX_LEVELS):
+        what = f"strategy {trainer.strategy}" if trainer.strategy in ("hogwild", "dp") else "Apex precision"
+        problems.append(
+            SpecProblem(
+                "trainer.compile",
+                (
+                    f"torch.compile does not work with {what} (hogwild forks workers, dp replicates the model, "
+                    "Apex patches it); set trainer.compile: false, or use ddp/single with fp32, bf16 or fp16"
+                ),
+            )
+        )
     if not gpus and (trainer.precision == "fp16" or trainer.precision in APEX_LEVELS):
         problems.append(
             SpecProblem(

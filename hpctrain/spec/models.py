@@ -144,6 +144,10 @@ class Trainer(Section):
     channels_last: Annotated[
         bool, Field(description="Use channels-last memory format (faster convolutions on tensor cores).")
     ] = False
+    compile: Annotated[
+        bool,
+        Field(description="torch.compile the model (compiles at the first step; not with hogwild, dp or Apex O0-O3)."),
+    ] = False
     epochs: Annotated[int, Field(ge=1, description="Training epochs.")] = 90
     batch_size: Annotated[
         int,

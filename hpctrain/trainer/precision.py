@@ -6,8 +6,15 @@ One ``Precision`` object hides the difference from the training loop:
     with precision.autocast():
         loss = criterion(model(images), targets)
     precision.backward(loss, optimizer)
-    stepped = precision.step(optimizer)   # False when fp16 found inf/nan grads and skipped
-    if stepped: scheduler.step()
+    precision.step(optimizer)   # fp16 skips the update when it found inf/nan grads
+    scheduler.step()            # every step, skipped or not: no host sync to find out
+
+With fp16 the loss scaler finds inf/nan gradients on the device. Asking
+whether it skipped (``get_scale()``, ``found_inf.item()``) would stall the
+host on the GPU every step, so the LR schedule counts attempted steps, as in
+torch's AMP examples; the fused SGD step (see :mod:`hpctrain.trainer.optim`)
+takes the scaler's found-inf flag on the device, so the step itself does not
+sync either.
 
 Apex levels refuse to run without Apex rather than silently changing numerics;
 the error names the torch.amp setting that does the same job.
@@ -86,15 +93,13 @@ class Precision:
         else:
             self.scaler.scale(loss).backward()
 
-    def step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Step the optimizer; False when fp16 loss scaling skipped the step (inf/nan gradients)."""
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Step the optimizer (fp16: unless the gradients hold inf/nan, decided on the device)."""
         if self.is_apex or not self.scaler.is_enabled():
             optimizer.step()
-            return True
-        scale_before = self.scaler.get_scale()
+            return
         self.scaler.step(optimizer)
         self.scaler.update()
-        return self.scaler.get_scale() >= scale_before
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"precision": self.name, "scaler": self.scaler.state_dict()}

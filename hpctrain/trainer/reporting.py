@@ -34,6 +34,7 @@ TRAIN_SCALARS = {
     "images_per_s": "perf/images_per_s",
     "data_s": "perf/data_s",
     "step_s": "perf/step_s",
+    "data_wait_fraction": "perf/data_wait_fraction",
 }
 VAL_SCALARS = {"top1": "val/top1", "top5": "val/top5", "loss": "val/loss"}
 
@@ -64,6 +65,10 @@ def run_facts(ctx: TaskContext, global_batch_size: int) -> dict[str, Any]:
 
 def _rate(value: float | None) -> str:
     return "?" if value is None else f"{value:.1f}"
+
+
+def _share(value: float | None) -> str:
+    return "?" if value is None else f"{100 * value:.0f}%"
 
 
 def format_duration(seconds: float) -> str:
@@ -131,7 +136,7 @@ class Reporter:
 
     # -- per step / epoch ------------------------------------------------------------------------------------
     def train_step(self, *, epoch: int, step: int, global_step: int, values: dict[str, float], steps: int) -> None:
-        """``values`` holds loss, lr, top1, top5, images_per_s, data_s, step_s averaged over the last ``steps``."""
+        """``values``: loss, lr, top1, top5, images_per_s, data_s, step_s and data_wait_fraction of ``steps``."""
         self._rate_steps += steps
         self._rate_s += values["step_s"] * steps
         if not self.enabled:
@@ -153,7 +158,8 @@ class Reporter:
         )
         self._print(
             f"epoch {epoch + 1}/{self.epochs} train loss {values['loss']:.4f} top1 {values['top1']:.2f} "
-            f"top5 {values['top5']:.2f} img/s {_rate(values.get('images_per_s'))}"
+            f"top5 {values['top5']:.2f} img/s {_rate(values.get('images_per_s'))} "
+            f"data-wait {_share(values.get('data_wait_fraction'))}"
         )
 
     def validation(self, *, epoch: int, global_step: int, values: dict[str, float], best_top1: float | None) -> None:
@@ -214,14 +220,18 @@ class Reporter:
         remaining = self.epochs * self.steps_per_epoch - global_step
         eta = format_duration(remaining * self._rate_s / self._rate_steps) if self._rate_steps else "?"
         if self._progress is not None:
-            stats = f"loss {values['loss']:.4f} top1 {values['top1']:.2f} img/s {_rate(values.get('images_per_s'))}"
+            stats = (
+                f"loss {values['loss']:.4f} top1 {values['top1']:.2f} img/s {_rate(values.get('images_per_s'))} "
+                f"data-wait {_share(values.get('data_wait_fraction'))}"
+            )
             self._progress.update(
                 self._task, completed=global_step, description=f"epoch {epoch + 1}/{self.epochs}", stats=stats
             )
             return
         self._print(
             f"epoch {epoch + 1}/{self.epochs} step {step}/{self.steps_per_epoch} loss {values['loss']:.4f} "
-            f"top1 {values['top1']:.2f} img/s {_rate(values.get('images_per_s'))} eta {eta}"
+            f"top1 {values['top1']:.2f} img/s {_rate(values.get('images_per_s'))} "
+            f"data-wait {_share(values.get('data_wait_fraction'))} eta {eta}"
         )
 
     def _print(self, line: str) -> None:

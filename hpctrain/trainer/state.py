@@ -54,6 +54,7 @@ class Progress:
     train_top5: float | None = None
     train_loss: float | None = None
     train_images_per_s: float | None = None
+    data_wait_fraction: float | None = None  # of the latest (or current) epoch's train time
     val_top1: float | None = None
     val_top5: float | None = None
     val_loss: float | None = None
@@ -72,9 +73,11 @@ class Progress:
         if self.best_val_top1 is None or val.top1 > self.best_val_top1:
             self.best_val_top1 = val.top1
 
-    def record_train(self, train: Accuracy, images_per_s: float | None) -> None:
+    def record_train(self, train: Accuracy, images_per_s: float | None, data_wait_fraction: float | None) -> None:
         self.train_top1, self.train_top5, self.train_loss = train.top1, train.top5, train.loss
         self.train_images_per_s = images_per_s
+        if data_wait_fraction is not None:
+            self.data_wait_fraction = data_wait_fraction
 
 
 class EpochSums:
@@ -155,6 +158,11 @@ class StepWindow:
         self.images += images
         self.data_s += data_s
 
+    def data_wait_fraction(self) -> float:
+        """The share of the wall time since the window started that the loop spent waiting for batches."""
+        elapsed = time.perf_counter() - self.started
+        return min(1.0, self.data_s / elapsed) if elapsed > 0 else 0.0
+
     def images_per_s(self, world_size: int) -> float:
         """Images per second over all ranks (each rank runs the same number of same-size steps)."""
         elapsed = time.perf_counter() - self.started
@@ -174,6 +182,7 @@ class StepWindow:
             "images_per_s": self.images * world_size / elapsed if elapsed > 0 else 0.0,
             "data_s": self.data_s / steps,
             "step_s": elapsed / steps,
+            "data_wait_fraction": min(1.0, self.data_s / elapsed) if elapsed > 0 else 0.0,
         }
 
 

@@ -54,6 +54,6 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
         self.precision.backward(loss, self.optimizer)
         self.hooks.after_backward(self.module)
-        if self.precision.step(self.optimizer):
-            self.scheduler.step()
+        self.precision.step(self.optimizer)
+        self.scheduler.step()
         return batch_sums(output.float(), targets, loss.float())

@@ -33,6 +33,7 @@ from hpctrain.runtime.context import TaskContext
 from hpctrain.runtime.stop import StopReason
 from hpctrain.spec.batch import BatchLayout
 from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
+from hpctrain.trainer.compiling import compile_failure, compile_model
 from hpctrain.trainer.data import build_loaders
 from hpctrain.trainer.evaluation import Accuracy, evaluate
 from hpctrain.trainer.models import build_model, resolve_num_classes
@@ -97,7 +98,10 @@ class Trainer:
                 self.setup()
                 return self.evaluate_only() if self.cfg.evaluate_only else self.train()
             except BaseException as exc:
-                self._report_failure(exc)
+                compile_error = compile_failure(exc) if self.cfg.compile else None
+                self._report_failure(compile_error or exc)
+                if compile_error is not None:
+                    raise compile_error from exc
                 raise
             finally:
                 self._close()
@@ -143,6 +147,13 @@ class Trainer:
         self.optimizer = build_optimizer(self.module, self.cfg, self.layout.global_batch)
         self.module, self.optimizer = self.precision.prepare(self.module, self.optimizer)  # Apex: before wrapping
         self.model = self.strategy.wrap(self.module, self.device)
+        if self.cfg.compile:
+            if self.strategy.name in ("hogwild", "dp"):  # the spec check refuses these too
+                raise TrainingConfigError(
+                    f"trainer.compile: torch.compile does not work with trainer.strategy: {self.strategy.name}",
+                    hint="set trainer.compile: false, or use trainer.strategy: ddp",
+                )
+            compile_model(self.model)  # in place: checkpoints keep the plain module's keys
         self.scheduler = build_scheduler(self.optimizer, self.cfg, max(1, self.steps_per_epoch))
         self.train_step = TrainStep(
             self.model,
@@ -238,7 +249,7 @@ class Trainer:
             window.add(sums, data_s=data_s, images=targets.shape[0])
             epoch_timer.add(None, data_s=data_s, images=targets.shape[0])
             self.progress.step_in_epoch, self.progress.global_step = step + 1, self.progress.global_step + 1
-            self._after_step(epoch, step, window)
+            self._after_step(epoch, step, window, epoch_timer)
         reason = self.ctx.stop.agreed()
         if reason is not None:
             return reason
@@ -357,7 +368,7 @@ class Trainer:
         return {**fields, "restarts": max(self.env.restart_count, resumes), "global_rank": self.env.global_rank}
 
     # -- small steps -------------------------------------------------------------------------------------------
-    def _after_step(self, epoch: int, step: int, window: StepWindow) -> None:
+    def _after_step(self, epoch: int, step: int, window: StepWindow, epoch_timer: StepWindow) -> None:
         self.reporter.advance(self.progress.global_step)
         if self.on_step is not None:
             self.on_step(self)
@@ -368,6 +379,7 @@ class Trainer:
                 epoch=epoch, step=step + 1, global_step=self.progress.global_step, values=values, steps=window.steps
             )
             window.reset()
+            self.progress.data_wait_fraction = epoch_timer.data_wait_fraction()  # the epoch's so far, for summaries
         every = self.ctx.spec.checkpoint.every_steps
         epoch_save_follows = last and (epoch + 1) % self.ctx.spec.checkpoint.every_epochs == 0
         if every and self.progress.global_step % every == 0 and not epoch_save_follows:
@@ -376,8 +388,14 @@ class Trainer:
     def _end_epoch_train_metrics(self, epoch: int, timer: StepWindow) -> None:
         train = Accuracy.from_sums(self.epoch_sums.total())
         images_per_s = timer.images_per_s(self.env.world_size) if timer.images else self.progress.train_images_per_s
-        self.progress.record_train(train, images_per_s)
-        values = {**train.as_dict(), "images_per_s": images_per_s, "lr": self.optimizer.param_groups[0]["lr"]}
+        data_wait = timer.data_wait_fraction() if timer.steps else self.progress.data_wait_fraction
+        self.progress.record_train(train, images_per_s, data_wait)
+        values = {
+            **train.as_dict(),
+            "images_per_s": images_per_s,
+            "data_wait_fraction": data_wait,
+            "lr": self.optimizer.param_groups[0]["lr"],
+        }
         self.reporter.epoch_end(epoch=epoch, global_step=self.progress.global_step, values=values)
 
     def _reported_steps_per_epoch(self) -> int:

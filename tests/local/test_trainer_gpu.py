@@ -56,3 +56,12 @@ def test_dp_on_one_gpu_trains(data_root: Path, tmp_path: Path) -> None:
     result = gpu_train(tmp_path, spec)
     assert result["status"] == "completed" and result["strategy"] == "dp"
     assert result["global_batch_size"] == 8 * torch.cuda.device_count()
+
+
+def test_compiled_fp16_run_trains_with_the_fused_step(data_root: Path, tmp_path: Path) -> None:
+    spec = job_spec(data_root, trainer={"compile": True, "precision": "fp16", "channels_last": True})
+    trainer = Trainer(context(tmp_path, spec, device="cuda:0"))
+    result = trainer.fit()
+    assert result["status"] == "completed" and result["global_step"] == 3
+    assert trainer.module._compiled_call_impl is not None and trainer.optimizer.defaults["fused"] is True
+    assert 0 <= result["data_wait_fraction"] <= 1

@@ -32,6 +32,7 @@ def test_two_workers_train_disjoint_shards(data_root: Path, tmp_path: Path) -> N
     assert result["status"] == "completed" and result["strategy"] == "hogwild"
     assert result["global_step"] == 12 and result["epochs_completed"] == 2  # 2 workers x 3 steps x 2 epochs
     assert result["global_batch_size"] == 16
+    assert 0 < result["data_wait_fraction"] <= 1  # the workers' time waiting for batches, of their train time
 
     # Every worker took its own shard: worker i of 2 consumed the first samples of shard i, no overlap.
     train_len = 4 * 16

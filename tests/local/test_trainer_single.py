@@ -29,6 +29,7 @@ SUMMARY_KEYS = {
     "val_top5",
     "best_val_top1",
     "train_images_per_s",
+    "data_wait_fraction",
     "wall_s",
     "restarts",
     "weights_sha256",
@@ -60,6 +61,7 @@ def test_trains_and_writes_a_sane_summary(finished_run: tuple[Path, dict[str, An
     assert 0 <= summary["val_top1"] <= summary["val_top5"] <= 100 and summary["val_top5"] == 100  # 4 classes
     assert summary["best_val_top1"] >= summary["val_top1"]
     assert summary["train_images_per_s"] > 0 and summary["wall_s"] > 0
+    assert 0 <= summary["data_wait_fraction"] <= 1
     assert len(summary["weights_sha256"]) == 64
 
 
@@ -71,10 +73,12 @@ def test_metrics_jsonl_lines(finished_run: tuple[Path, dict[str, Any]]) -> None:
     steps = [r for r in records if r["kind"] == "train_step"]
     assert [r["global_step"] for r in steps] == [2, 3, 5, 6]  # every 2 steps and at each epoch's end
     for record in steps:
-        assert {"epoch", "step", "loss", "lr", "top1", "top5", "images_per_s", "data_s", "step_s", "time"} <= set(
-            record
-        )
+        keys = {"epoch", "step", "loss", "lr", "top1", "top5", "images_per_s", "data_s", "step_s", "time"}
+        assert keys | {"data_wait_fraction"} <= set(record)
         assert record["loss"] > 0 and record["lr"] > 0 and record["step_s"] > 0
+        assert 0 <= record["data_wait_fraction"] <= 1
+    for record in (r for r in records if r["kind"] == "epoch"):
+        assert 0 <= record["data_wait_fraction"] <= 1
     val = [r for r in records if r["kind"] == "val"]
     assert val[-1]["top1"] == json.loads((run_dir / "summary.json").read_text())["val_top1"]
 
@@ -96,6 +100,7 @@ def test_tensorboard_events_readable(finished_run: tuple[Path, dict[str, Any]]) 
         "perf/images_per_s",
         "perf/data_s",
         "perf/step_s",
+        "perf/data_wait_fraction",
     }
     assert expected <= tags
     assert [e.step for e in events.Scalars("train/loss")] == [2, 3, 5, 6]
@@ -171,12 +176,14 @@ def test_plain_progress_lines_and_accumulated_wall_time(tmp_path: Path, capsys: 
         "images_per_s": 1234.54,
         "data_s": 0.01,
         "step_s": 0.2,
+        "data_wait_fraction": 0.123,
     }
     reporter.train_step(epoch=2, step=120, global_step=10_130, values=values, steps=10)
     summary = reporter.summary("running", {"global_step": 10_130})
     reporter.close()
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert re.fullmatch(r"epoch 3/90 step 120/5005 loss 2\.3412 top1 45\.12 img/s 1234\.5 eta \d+:\d\d:\d\d", line)
+    expected = r"epoch 3/90 step 120/5005 loss 2\.3412 top1 45\.12 img/s 1234\.5 data-wait 12% eta \d+:\d\d:\d\d"
+    assert re.fullmatch(expected, line)
     assert summary["wall_s"] >= 100.0 and summary["started_at"] == "earlier" and summary["arch"] == "resnet50"
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "summary.json", "tb"]

@@ -141,6 +141,20 @@ def test_optimizer_settings() -> None:
     (group,) = optimizer.param_groups
     assert group["lr"] == pytest.approx(0.2) and group["momentum"] == 0.8 and group["weight_decay"] == 5e-4
     assert len(group["params"]) == 6
+    assert group["fused"] is True  # torch has a fused SGD kernel on the CPU (and on CUDA)
+
+
+def test_optimizer_falls_back_to_foreach_without_a_fused_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_sgd = torch.optim.SGD
+
+    def no_fused(params: object, **settings: object) -> torch.optim.SGD:
+        if settings.get("fused"):
+            raise RuntimeError("`fused=True` requires all the params to be floating point Tensors of supported devices")
+        return real_sgd(params, **settings)
+
+    monkeypatch.setattr(torch.optim, "SGD", no_fused)
+    optimizer = build_optimizer(nn.Linear(2, 2), Trainer(), 256)
+    assert optimizer.defaults["foreach"] is True and not optimizer.defaults["fused"]
 
 
 def test_no_weight_decay_on_norm_layers_and_biases() -> None:
@@ -252,7 +266,7 @@ def test_a_training_step_in_bf16_updates_the_weights() -> None:
     with precision.autocast():
         loss = nn.functional.cross_entropy(model(torch.randn(16, 8)), torch.randint(0, 3, (16,)))
     precision.backward(loss, optimizer)
-    assert precision.step(optimizer) is True
+    precision.step(optimizer)
     assert model.weight.dtype == torch.float32 and not torch.equal(model.weight, before)
 
 
@@ -316,7 +330,7 @@ def test_apex_drives_initialize_and_loss_scaling(fake_apex: types.SimpleNamespac
     assert fake_apex.initialize == ["O1"]
     precision.backward(model(torch.ones(1, 2)).sum(), optimizer)
     assert len(fake_apex.scaled) == 1 and model.bias.grad.item() == 2.0  # backward ran on the scaled loss
-    assert precision.step(optimizer) is True
+    precision.step(optimizer)
     assert precision.state_dict()["amp"] == {"loss_scaler0": 1.0}
 
 
@@ -342,13 +356,13 @@ def test_fp16_autocast_and_loss_scaling_on_cuda() -> None:
     assert out.dtype == torch.float16 and model.weight.dtype == torch.float32
     assert precision.scaler.is_enabled()
     precision.backward(out.float().mean() * 1e-3, optimizer)  # small: scaled grads stay finite in fp16
-    assert precision.step(optimizer) is True
+    precision.step(optimizer)
 
     scale = precision.scaler.get_scale()
     optimizer.zero_grad()
     before = model.weight.detach().clone()
     precision.backward(model(torch.full((1, 8), float("inf"), device=device)).sum(), optimizer)
-    assert precision.step(optimizer) is False  # inf gradients: step skipped, scale backed off
+    precision.step(optimizer)  # inf gradients: step skipped, scale backed off
     assert torch.equal(model.weight, before) and precision.scaler.get_scale() < scale
 
     restored = Precision("fp16", device)

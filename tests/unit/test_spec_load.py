@@ -674,6 +674,9 @@ def test_output_dir_inside_the_profile_data_root_is_refused(tmp_path: Path) -> N
         ("resources: {nodes: 2}\ntrainer: {strategy: hogwild}", "trainer.strategy", "nodes: 1"),
         ("resources: {gpus_per_node: 4, tasks_per_node: 2}", "resources.tasks_per_node", "one task per GPU"),
         ("resources: {time: '00:01:00'}\nsignals: {signal_delay_s: 120}", "signals.signal_delay_s", "not shorter"),
+        ("trainer: {strategy: hogwild, compile: true}", "trainer.compile", "compile: false"),
+        ("resources: {gpus_per_node: 2}\ntrainer: {strategy: dp, compile: true}", "trainer.compile", "strategy dp"),
+        ("resources: {gpus_per_node: 2}\ntrainer: {precision: O2, compile: true}", "trainer.compile", "Apex"),
     ],
 )
 def test_impossible_combinations(tmp_path: Path, text: str, key: str, needle: str) -> None:
@@ -691,6 +694,8 @@ def test_impossible_combinations(tmp_path: Path, text: str, key: str, needle: st
         "resources: {nodes: 2, gpus_per_node: 2}\ntrainer: {strategy: dp}",  # tasks average gradients by hand
         "trainer: {strategy: hogwild, hogwild_processes: 4}",
         "trainer: {strategy: single}",
+        "trainer: {strategy: single, compile: true, precision: bf16}",
+        "resources: {gpus_per_node: 2}\ntrainer: {compile: true, precision: fp16}",
     ],
 )
 def test_possible_combinations(tmp_path: Path, text: str) -> None:

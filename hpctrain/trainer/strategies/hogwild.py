@@ -71,6 +71,8 @@ class Hogwild(Strategy):
         self.steps: list[int] = []
         self.steps_per_epoch = 0
         self.threads = 1  # torch threads per worker
+        self._images_per_s = 0.0  # of the last epoch trained
+        self._data_wait_fraction: float | None = None
         self._host: EpochHost | None = None
 
     @classmethod
@@ -146,7 +148,7 @@ class Hogwild(Strategy):
 
     def _supervise(self, epoch: int, procs: list, messages: Any, stop_event: Any, base_step: int) -> StopReason | None:
         host, reason, finished = self.host, None, set()
-        window, epoch_started = _Window(), time.perf_counter()
+        window, epoch_window, epoch_started = _Window(), _Window(), time.perf_counter()
         images = 0
         steps_done = [w.step_in_epoch for w in self.workers]
         checked = time.perf_counter()
@@ -166,6 +168,7 @@ class Hogwild(Strategy):
                 raise RuntimeError(f"hogwild worker {index} failed:\n{payload}")
             if kind == "log":
                 window.add(index, payload, steps=payload["step"] - steps_done[index])
+                epoch_window.add(index, payload, steps=payload["step"] - steps_done[index])
                 images += int(payload["sums"][3])
                 steps_done[index] = payload["step"]
                 host.progress.global_step = base_step + sum(steps_done)
@@ -186,6 +189,9 @@ class Hogwild(Strategy):
         host.progress.step_in_epoch = sum(steps_done)
         host.progress.global_step = base_step + sum(steps_done)
         self._images_per_s = images / max(1e-9, time.perf_counter() - epoch_started)
+        self._data_wait_fraction = epoch_window.data_wait_fraction() if epoch_window.steps else None
+        if self._data_wait_fraction is not None:
+            host.progress.data_wait_fraction = self._data_wait_fraction
         return reason if reason is not None else host.stop.agreed()
 
     def _collect(self, epoch: int, index: int, payload: dict[str, Any]) -> None:
@@ -199,12 +205,17 @@ class Hogwild(Strategy):
     def _end_epoch(self, epoch: int) -> None:
         host = self.host
         train = Accuracy.from_sums(host.epoch_sums.sums.cpu())
-        host.progress.record_train(train, self._images_per_s)
+        host.progress.record_train(train, self._images_per_s, self._data_wait_fraction)
         host.summary["hogwild_workers"] = [dict(w.report, worker=i) for i, w in enumerate(self.workers)]
         for worker in self.workers:
             worker.step_in_epoch = 0  # the next epoch starts every shard from its beginning
         last_lr = (self.workers[0].scheduler or {}).get("_last_lr") or [0.0]
-        values = {**train.as_dict(), "images_per_s": self._images_per_s, "lr": last_lr[0]}
+        values = {
+            **train.as_dict(),
+            "images_per_s": self._images_per_s,
+            "data_wait_fraction": self._data_wait_fraction,
+            "lr": last_lr[0],
+        }
         host.reporter.epoch_end(epoch=epoch, global_step=host.progress.global_step, values=values)
 
     def _worker_args(self, epoch: int, index: int) -> dict[str, Any]:
@@ -280,7 +291,12 @@ class _Window:
             "images_per_s": sum(images / seconds for images, seconds in self.rates.values() if seconds > 0),
             "data_s": self.data_s / steps,
             "step_s": self.busy_s / steps,
+            "data_wait_fraction": self.data_wait_fraction(),
         }
+
+    def data_wait_fraction(self) -> float:
+        """Of the workers' time, summed over workers, the share they spent waiting for their next batch."""
+        return min(1.0, self.data_s / self.busy_s) if self.busy_s > 0 else 0.0
 
 
 def _worker(index: int, args: dict[str, Any], model: torch.nn.Module, messages: Any, stop_event: Any) -> None:
