@@ -832,3 +832,60 @@ def test_sweep_trials_get_absolute_paths_too(tmp_path: Path) -> None:
     for trial in job.trials:
         assert Path(trial.output_dir).is_absolute()
         assert trial.data.root == str(tmp_path.resolve() / "d")
+
+
+# ---------------------------------------------------------------- hostile YAML (issue 12)
+
+
+def _alias_bomb(depth: int = 9, width: int = 9) -> str:
+    lines = ["name: bomb", "a0: &a0 [" + ", ".join(['"lol"'] * width) + "]"]
+    for level in range(1, depth):
+        lines.append(f"a{level}: &a{level} [" + ", ".join([f"*a{level - 1}"] * width) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
+    import time
+
+    start = time.perf_counter()
+    problem = only_problem(spec_error(write(tmp_path, _alias_bomb())))
+    assert time.perf_counter() - start < 0.5
+    assert "aliases" in problem.message and problem.line is not None
+
+
+def test_complex_key_is_a_spec_error(tmp_path: Path) -> None:
+    problem = only_problem(spec_error(write(tmp_path, "name: x\n? [a, b]\n: 1\n")))
+    assert "key must be a plain word" in problem.message and problem.line == 2
+
+
+def test_absurd_nesting_is_refused_without_recursion(tmp_path: Path) -> None:
+    problem = only_problem(spec_error(write(tmp_path, "name: x\nk: " + "[" * 50_000 + "\n")))
+    assert "nested more than" in problem.message and problem.line == 2
+
+
+@pytest.mark.parametrize("make", ["fifo", "device"])
+def test_non_regular_files_are_refused_without_reading(tmp_path: Path, make: str) -> None:
+    import os
+
+    if make == "fifo":
+        path = tmp_path / "pipe.yaml"
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+    assert "not a regular file" in only_problem(spec_error(path)).message
+
+
+def test_merge_keys_and_x_anchor_holders(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """\
+        name: merged
+        x-big: &big {nodes: 2, time: "02:00:00"}
+        data: {root: /datasets/imagenet}
+        resources:
+          <<: *big
+          time: "03:00:00"
+        """,
+    )
+    spec = load_job(path).spec
+    assert (spec.resources.nodes, spec.resources.time) == (2, "03:00:00")
