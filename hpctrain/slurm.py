@@ -37,6 +37,8 @@ ACTIVE_STATES = frozenset(
 )
 # slurm.conf's default KillWait: seconds between SIGTERM and SIGKILL when a job ends.
 DEFAULT_KILL_WAIT_S = 30.0
+# slurm.conf's default MaxArraySize: array task ids run 0..1000.
+DEFAULT_MAX_ARRAY_SIZE = 1001
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 FailureKind = Literal["missing", "timeout", "unreachable", "unknown-job", "refused"]
@@ -87,6 +89,12 @@ def parse_kill_wait_s(config: str) -> float | None:
     """``KillWait = 30 sec`` from ``scontrol show config``; None when absent."""
     match = re.search(r"^\s*KillWait\s*=\s*(\d+)", config, re.MULTILINE)
     return float(match.group(1)) if match else None
+
+
+def parse_max_array_size(config: str) -> int | None:
+    """``MaxArraySize = 1001`` from ``scontrol show config``; None when absent."""
+    match = re.search(r"^\s*MaxArraySize\s*=\s*(\d+)", config, re.MULTILINE)
+    return int(match.group(1)) if match else None
 
 
 def signal_parameter(timeout_signal: str, signal_delay_s: int) -> str:
@@ -197,6 +205,17 @@ def kill_wait_s() -> float:
     except ClusterError:
         value = None
     return DEFAULT_KILL_WAIT_S if value is None else value
+
+
+def max_array_size(*, runner: Runner = subprocess.run) -> int:
+    """Slurm's MaxArraySize (an array may have at most this many tasks); 1001, its default, when unknown."""
+    if runner is subprocess.run and shutil.which("scontrol") is None:
+        return DEFAULT_MAX_ARRAY_SIZE
+    try:
+        value = parse_max_array_size(run_slurm(["scontrol", "show", "config"], timeout_s=5.0, runner=runner))
+    except ClusterError:
+        value = None
+    return DEFAULT_MAX_ARRAY_SIZE if value is None else value
 
 
 # ------------------------------------------------------------------ actions

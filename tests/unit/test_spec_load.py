@@ -889,3 +889,23 @@ def test_merge_keys_and_x_anchor_holders(tmp_path: Path) -> None:
     )
     spec = load_job(path).spec
     assert (spec.resources.nodes, spec.resources.time) == (2, "03:00:00")
+
+
+def test_sweep_above_max_array_size_is_refused_before_expanding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from hpctrain import slurm
+
+    monkeypatch.setattr(slurm, "max_array_size", lambda: 500)
+    values = {"lr": [0.001 * (i + 1) for i in range(400)], "seed": list(range(300))}
+    text = f"name: big\ncluster: slurm\ndata: {{root: /d}}\nsweep:\n  trainer.lr: {values['lr']}\n"
+    text += f"  trainer.seed: {values['seed']}\n"
+    start = time.perf_counter()
+    problem = problem_at(spec_error(write(tmp_path, text)), "sweep")
+    assert time.perf_counter() - start < 2
+    assert "400 x 300 = 120,000" in problem.message and "500" in problem.message
+    # Without Slurm (the local profile) the limit is Slurm's default, 1001.
+    local = write(tmp_path, text.replace("cluster: slurm", "cluster: local"), "local.yaml")
+    assert "1,001" in problem_at(spec_error(local), "sweep").message
