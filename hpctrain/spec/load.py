@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from hpctrain.errors import SpecError, SpecProblem
 from hpctrain.slurm import DEFAULT_MAX_ARRAY_SIZE
+from hpctrain.spec.archs import ARCH_PARAMS_M, unknown_arch_message
 from hpctrain.spec.models import APEX_LEVELS, JobSpec
 from hpctrain.spec.problems import position_of, problems_from_validation
 from hpctrain.spec.profiles import ClusterProfile, apply_profile, available_profiles, config_dir, load_profile
@@ -242,6 +243,29 @@ def check_resolved(spec: JobSpec, profile: ClusterProfile) -> list[SpecProblem]:
 def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
     problems = []
     trainer, nodes = spec.trainer, spec.resources.nodes
+    if trainer.arch not in ARCH_PARAMS_M:
+        problems.append(SpecProblem("trainer.arch", unknown_arch_message(trainer.arch)))
+    if trainer.desired_acc is not None and trainer.desired_acc <= 1:
+        percent = f"{trainer.desired_acc * 100:g}"
+        problems.append(
+            SpecProblem(
+                "trainer.desired_acc",
+                (
+                    f"is a percentage, and {trainer.desired_acc:g} % would stop after the first validation; "
+                    f"for a top-1 of {percent} % write desired_acc: {percent}"
+                ),
+            )
+        )
+    if trainer.strategy == "dp" and spec.tasks_per_node != 1:
+        problems.append(
+            SpecProblem(
+                "resources.tasks_per_node",
+                (
+                    f"dp runs one task per node that drives all its GPUs, not {spec.tasks_per_node}; "
+                    "remove tasks_per_node, or use strategy: ddp for one task per GPU"
+                ),
+            )
+        )
     if trainer.strategy == "single" and spec.world_size > 1:
         problems.append(
             SpecProblem(

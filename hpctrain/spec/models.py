@@ -34,7 +34,9 @@ APEX_LEVELS = ("O0", "O1", "O2", "O3")
 class Section(BaseModel):
     """Shared config: unknown keys are errors; assignments are re-validated."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, str_strip_whitespace=True, strict=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, str_strip_whitespace=True, strict=True, allow_inf_nan=False
+    )
 
 
 def scalars_to_str(value: object) -> object:
@@ -52,6 +54,16 @@ def scalars_to_str(value: object) -> object:
 
 # A mapping of strings that also accepts YAML numbers/booleans as their text.
 StrMap = Annotated[dict[str, str], BeforeValidator(scalars_to_str)]
+
+
+def check_mem_gb(value: float | None) -> float | None:
+    """sbatch gets ``--mem`` in whole MiB, and ``--mem=0`` means all of the node's memory."""
+    if value is not None and value * 1024 < 1:
+        raise ValueError(
+            f"{value} GiB rounds to --mem=0MB, which Slurm reads as the whole node's memory; "
+            "ask for at least 0.001 (1 MiB), or remove mem_gb"
+        )
+    return value
 
 
 def _safe_path(value: str | None) -> str | None:
@@ -97,6 +109,11 @@ class Resources(Section):
             raise ValueError(f"time must be a string such as '24:00:00' ({ALLOWED_FORMS})")
         parse_time_limit(value)
         return str(value)
+
+    @field_validator("mem_gb")
+    @classmethod
+    def _mem_not_zero(cls, value: float | None) -> float | None:
+        return check_mem_gb(value)
 
     @field_validator("partition", "account", "qos", "constraint")
     @classmethod
@@ -146,7 +163,11 @@ class Trainer(Section):
     epochs: Annotated[int, Field(ge=1, description="Training epochs.")] = 90
     batch_size: Annotated[
         int,
-        Field(ge=1, description="Per GPU (or per CPU process, per hogwild worker); a dp task loads it x its GPUs."),
+        Field(
+            ge=1,
+            le=1_048_576,
+            description="Per GPU (or per CPU process, per hogwild worker); a dp task loads it x its GPUs.",
+        ),
     ] = 256
     lr: Annotated[float, Field(gt=0, description="Base learning rate for a global batch of 256.")] = 0.1
     lr_scaling: Annotated[

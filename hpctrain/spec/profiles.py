@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from hpctrain.errors import SpecError
-from hpctrain.spec.models import NAME_PATTERN, JobSpec, Section, StrMap
+from hpctrain.spec.models import NAME_PATTERN, JobSpec, Section, StrMap, check_mem_gb
 from hpctrain.spec.problems import problems_from_validation
 from hpctrain.spec.yaml_source import read_spec_file
 
@@ -43,6 +43,11 @@ class ClusterProfile(Section):
     setup: list[str] = []
     env: StrMap = {}
     slurm_extra: StrMap = {}
+
+    @field_validator("mem_gb")
+    @classmethod
+    def _mem_not_zero(cls, value: float | None) -> float | None:
+        return check_mem_gb(value)
 
 
 BUILTIN_PROFILES: dict[str, ClusterProfile] = {

@@ -909,3 +909,37 @@ def test_sweep_above_max_array_size_is_refused_before_expanding(
     # Without Slurm (the local profile) the limit is Slurm's default, 1001.
     local = write(tmp_path, text.replace("cluster: slurm", "cluster: local"), "local.yaml")
     assert "1,001" in problem_at(spec_error(local), "sweep").message
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "needle"),
+    [
+        ("trainer.arch=resnet5000", "trainer.arch", "did you mean resnet50"),
+        ("trainer.arch=transformer_xl", "trainer.arch", "families: alexnet"),
+        ("resources.mem_gb=0.0001", "resources.mem_gb", "--mem=0MB"),
+        ("resources.mem_gb=.inf", "resources.mem_gb", "finite number"),
+        ("trainer.lr=.inf", "trainer.lr", "finite number"),
+        ("trainer.batch_size=1000000000000000000000000000000", "trainer.batch_size", "less than or equal"),
+        ("trainer.desired_acc=0.75", "trainer.desired_acc", "write desired_acc: 75"),
+    ],
+)
+def test_specs_that_would_fail_after_the_queue(tmp_path: Path, override: str, key: str, needle: str) -> None:
+    problem = problem_at(spec_error(write(tmp_path, VALID), (override,)), key)
+    assert needle in problem.message
+
+
+def test_dp_runs_one_task_per_node(tmp_path: Path) -> None:
+    overrides = ("trainer.strategy=dp", "resources.gpus_per_node=4", "resources.tasks_per_node=4")
+    assert (
+        "one task per node"
+        in problem_at(spec_error(write(tmp_path, VALID), overrides), "resources.tasks_per_node").message
+    )
+    spec = load_job(write(tmp_path, VALID), overrides[:2]).spec
+    assert spec.tasks_per_node == 1
+
+
+def test_arch_table_matches_torchvision() -> None:
+    torchvision = pytest.importorskip("torchvision")
+    from hpctrain.spec.archs import ARCH_PARAMS_M
+
+    assert sorted(ARCH_PARAMS_M) == sorted(torchvision.models.list_models(module=torchvision.models))
