@@ -66,7 +66,42 @@ def check_mem_gb(value: float | None) -> float | None:
     return value
 
 
-def _safe_path(value: str | None) -> str | None:
+def check_slurm_word(value: str | None) -> str | None:
+    if value is not None and not re.match(SLURM_WORD_PATTERN, value):
+        raise ValueError(f"{value!r} has characters Slurm does not accept here")
+    return value
+
+
+def check_slurm_extra(value: dict[str, str]) -> dict[str, str]:
+    for key, item in value.items():
+        if not re.match(SLURM_OPTION_PATTERN, key):
+            raise ValueError(f"option name {key!r} must look like 'reservation' or 'mail-type'")
+        if not re.match(SLURM_VALUE_PATTERN, str(item)):
+            raise ValueError(f"value of {key!r} may only contain letters, digits and _.,:=/@%+-[]")
+    return value
+
+
+def check_setup_lines(lines: list[str]) -> list[str]:
+    """Setup lines go into the sbatch script as they are: each must be one command."""
+    for line in lines:
+        if _SETUP_FORBIDDEN.search(line):
+            raise ValueError(
+                f"setup line {line!r} contains ; & | < > ` or $( ; each line must be one command "
+                "(put anything more complex in a script and 'source' it)"
+            )
+    return lines
+
+
+def check_env(value: dict[str, str]) -> dict[str, str]:
+    for key, item in value.items():
+        if not re.match(ENV_NAME_PATTERN, key):
+            raise ValueError(f"{key!r} is not a valid environment variable name")
+        if _CONTROL_CHARS.search(str(item)):
+            raise ValueError(f"value of {key!r} may not contain control characters")
+    return value
+
+
+def safe_path(value: str | None) -> str | None:
     if value is not None and _CONTROL_CHARS.search(value):
         raise ValueError("paths may not contain control characters or newlines")
     return value
@@ -118,19 +153,12 @@ class Resources(Section):
     @field_validator("partition", "account", "qos", "constraint")
     @classmethod
     def _slurm_word(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(SLURM_WORD_PATTERN, value):
-            raise ValueError(f"{value!r} has characters Slurm does not accept here")
-        return value
+        return check_slurm_word(value)
 
     @field_validator("slurm_extra")
     @classmethod
     def _extra_is_safe(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, item in value.items():
-            if not re.match(SLURM_OPTION_PATTERN, key):
-                raise ValueError(f"option name {key!r} must look like 'reservation' or 'mail-type'")
-            if not re.match(SLURM_VALUE_PATTERN, str(item)):
-                raise ValueError(f"value of {key!r} may only contain letters, digits and _.,:=/@%+-[]")
-        return value
+        return check_slurm_extra(value)
 
     @property
     def time_s(self) -> int:
@@ -208,7 +236,7 @@ class Trainer(Section):
     @field_validator("weights")
     @classmethod
     def _weights_path(cls, value: str | None) -> str | None:
-        return _safe_path(value)
+        return safe_path(value)
 
     @field_validator("arch")
     @classmethod
@@ -244,7 +272,7 @@ class Data(Section):
     @field_validator("root", "train_dir", "val_dir")
     @classmethod
     def _paths(cls, value: str | None) -> str | None:
-        return _safe_path(value)
+        return safe_path(value)
 
 
 class Distributed(Section):
@@ -324,7 +352,7 @@ class JobSpec(Section):
     @field_validator("output_dir")
     @classmethod
     def _output_path(cls, value: str) -> str:
-        return _safe_path(value) or value
+        return safe_path(value) or value
 
     @field_validator("cluster")
     @classmethod
@@ -343,23 +371,12 @@ class JobSpec(Section):
     @field_validator("setup")
     @classmethod
     def _setup_single_commands(cls, lines: list[str]) -> list[str]:
-        for line in lines:
-            if _SETUP_FORBIDDEN.search(line):
-                raise ValueError(
-                    f"setup line {line!r} contains ; & | < > ` or $( ; each line must be one command "
-                    "(put anything more complex in a script and 'source' it)"
-                )
-        return lines
+        return check_setup_lines(lines)
 
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, item in value.items():
-            if not re.match(ENV_NAME_PATTERN, key):
-                raise ValueError(f"{key!r} is not a valid environment variable name")
-            if _CONTROL_CHARS.search(str(item)):
-                raise ValueError(f"value of {key!r} may not contain control characters")
-        return value
+        return check_env(value)
 
     @field_validator("sweep")
     @classmethod

