@@ -232,6 +232,23 @@ def test_init_refuses_to_overwrite_without_force(tmp_path: Path, env: dict[str, 
     assert data["trainer"]["precision"] == "fp32"  # fp16 needs GPUs
 
 
+def test_init_refuses_what_would_not_validate(tmp_path: Path, env: dict[str, str]) -> None:
+    (tmp_path / "afile").touch()
+    results = hpctrain_all(
+        {"gpus": ["init", "big", "--gpus-per-node", "8"], "dir": ["init", "x", "--dir", "afile"]},
+        env=env,
+        cwd={"gpus": tmp_path, "dir": tmp_path},
+    )
+    assert_user_error(results["gpus"], 2, "'hal' nodes have 4 GPUs", "--gpus-per-node 4 --nodes 2")
+    assert_user_error(results["dir"], 2, "--dir afile is a file")
+    assert not any(tmp_path.rglob("*.yaml"))
+
+
+def test_init_on_hal_uses_a_batch_that_fits_a_v100(tmp_path: Path, env: dict[str, str]) -> None:
+    assert hpctrain("init", "hal", env=env, cwd=tmp_path).returncode == 0
+    assert yaml.safe_load((tmp_path / "jobs" / "hal.yaml").read_text())["trainer"]["batch_size"] == 208
+
+
 def test_init_rejects_a_bad_name(tmp_path: Path, env: dict[str, str]) -> None:
     assert_user_error(hpctrain("init", "../evil", env=env, cwd=tmp_path), 2, "not a job name")
     assert not any(tmp_path.rglob("*.yaml"))
