@@ -172,6 +172,17 @@ def job_state(job_id: str) -> str:
     return next(iter(states.values()), "UNKNOWN")
 
 
+def job_states(job_ids: list[str], *, runner: Runner = subprocess.run) -> dict[str, str]:
+    """States of several jobs in one ``sacct`` call ({} when Slurm cannot say); for listings."""
+    if not job_ids or (runner is subprocess.run and not available()):
+        return {}
+    try:
+        output = run_slurm(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)], runner=runner)
+    except ClusterError:
+        return {}
+    return parse_sacct_states(output)
+
+
 def wait_until_done(job_id: str, *, poll_s: float = 2.0, timeout_s: float | None = None) -> str:
     """Block until the job reaches a terminal state; return it."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s

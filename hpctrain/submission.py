@@ -227,6 +227,7 @@ def _record_submission(
             "backend": backend,
             "cluster": job.profile.name,
             "job_id": job_id,
+            "world_size": job.spec.world_size,
             "submitit_dir": str(folder),
             "submitted_at": time.time(),
         }

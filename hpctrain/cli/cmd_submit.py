@@ -29,7 +29,12 @@ def run(args: argparse.Namespace) -> int:
         print_dry_run(job, local=args.local)
         return 0
     submitted = submit(job, local=args.local)
-    report = {"job_id": submitted.job_id, "run_dir": str(submitted.run_dir), "cluster": submitted.backend}
+    report = {
+        "job_id": submitted.job_id,
+        "run_dir": str(submitted.run_dir),
+        "cluster": job.profile.name,
+        "backend": submitted.backend,
+    }
     if args.json:
         print(json.dumps(report), flush=True)
     else:
