@@ -97,6 +97,63 @@ def parse_max_array_size(config: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def parse_partitions(output: str) -> dict[str, dict[str, str]]:
+    """``scontrol -o show partition`` -> {name: {"MaxTime": ..., "Default": ..., "State": ...}}."""
+    partitions = {}
+    for line in output.splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        if "PartitionName" in fields:
+            partitions[fields["PartitionName"]] = fields
+    return partitions
+
+
+# sbatch's refusals ("sbatch: error: Batch job submission failed: ...") -> what to change.
+SBATCH_FAILURES: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (
+        _UNREACHABLE,
+        "the Slurm controller did not answer",
+        "slurmctld may be down or restarting: try again in a minute, or ask the admins; nothing was queued",
+    ),
+    (
+        ("invalid partition",),
+        "the partition does not exist",
+        "set resources.partition (or the profile's partition) to one that 'sinfo -s' lists",
+    ),
+    (
+        ("invalid account", "invalid qos", "association", "account/partition"),
+        "the account or QOS is not valid for you on this partition",
+        "set resources.account / resources.qos to one 'sacctmgr show assoc user=$USER' lists",
+    ),
+    (
+        ("time limit",),
+        "the time limit exceeds what the partition allows",
+        "lower resources.time to the partition's MaxTime ('sinfo -o \"%P %l\"'); resume continues longer runs",
+    ),
+    (
+        (
+            "requested node configuration is not available",
+            "node count specification invalid",
+            "more processors requested than permitted",
+            "invalid generic resource",
+            "memory required by task is not available",
+            "requested partition configuration not available",
+        ),
+        "no node can ever satisfy the request",
+        "ask for fewer resources.nodes, gpus_per_node, cpus_per_task or mem_gb (see 'sinfo -N -l'), "
+        "or another partition",
+    ),
+)
+
+
+def classify_sbatch_failure(text: str) -> tuple[str, str]:
+    """What a refused submission means and what to change. Pure."""
+    lowered = text.lower()
+    for needles, meaning, hint in SBATCH_FAILURES:
+        if any(needle in lowered for needle in needles):
+            return meaning, hint
+    return "Slurm refused the job", "check partition/account/qos/time against 'sinfo' and 'sacctmgr show assoc'"
+
+
 def signal_parameter(timeout_signal: str, signal_delay_s: int) -> str:
     """The value of sbatch's ``--signal``: the spec's signal, ``signal_delay_s`` before the limit."""
     return f"{timeout_signal}@{signal_delay_s}"
@@ -227,6 +284,11 @@ def max_array_size(*, runner: Runner = subprocess.run) -> int:
     except ClusterError:
         value = None
     return DEFAULT_MAX_ARRAY_SIZE if value is None else value
+
+
+def partitions(*, runner: Runner = subprocess.run) -> dict[str, dict[str, str]]:
+    """Every partition's record, from one ``scontrol show partition``; raises SlurmCommandError."""
+    return parse_partitions(run_slurm(["scontrol", "--oneliner", "show", "partition"], timeout_s=10.0, runner=runner))
 
 
 # ------------------------------------------------------------------ actions

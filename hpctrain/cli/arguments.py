@@ -42,6 +42,11 @@ def cmd_submit(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--local", action="store_true", help="run on this machine through submitit's local executor")
     parser.add_argument("--wait", action="store_true", help="block until the job ends; exit non-zero if it failed")
     parser.add_argument("--json", action="store_true", help='print {"job_id", "run_dir", "cluster", "backend"} as JSON')
+    parser.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="skip the checks before queueing (data.root exists, partition and its MaxTime)",
+    )
 
 
 def cmd_status(parser: argparse.ArgumentParser) -> None:

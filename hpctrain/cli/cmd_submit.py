@@ -28,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print_dry_run(job, local=args.local)
         return 0
+    if not args.no_preflight:
+        check_before_queueing(job, local=args.local)
     submitted = submit(job, local=args.local)
     report = {
         "job_id": submitted.job_id,
@@ -44,6 +46,18 @@ def run(args: argparse.Namespace) -> int:
     if args.wait:
         return wait_slurm(submitted, quiet=args.json)
     return 0
+
+
+def check_before_queueing(job: LoadedJob, *, local: bool) -> None:
+    """Refuse what would certainly fail after the queue wait; warn about what might."""
+    from hpctrain import slurm
+    from hpctrain.preflight import raise_for_errors, run_preflight
+
+    findings = run_preflight(job, slurm_backend=backend_for(job, local) == "slurm" and slurm.available())
+    for finding in findings:
+        if finding.level == "warning":
+            print(f"warning: {job.source}: {finding.key}: {finding.message}", file=sys.stderr)
+    raise_for_errors(job, findings)
 
 
 def print_dry_run(job: LoadedJob, *, local: bool) -> None:
