@@ -53,7 +53,10 @@ def check_before_queueing(job: LoadedJob, *, local: bool) -> None:
     from hpctrain import slurm
     from hpctrain.preflight import raise_for_errors, run_preflight
 
-    findings = run_preflight(job, slurm_backend=backend_for(job, local) == "slurm" and slurm.available())
+    slurm_backend = backend_for(job, local) == "slurm"
+    if slurm_backend and not slurm.available():
+        return  # submit() says that this machine cannot submit, which comes first
+    findings = run_preflight(job, slurm_backend=slurm_backend)
     for finding in findings:
         if finding.level == "warning":
             print(f"warning: {job.source}: {finding.key}: {finding.message}", file=sys.stderr)
