@@ -421,3 +421,25 @@ def test_resume_of_a_sweep_names_the_trial_folder(tmp_path: Path, env: dict[str,
     result = hpctrain("resume", str(run_dir), env=env)
     assert_user_error(result, 2, "is a sweep", f"hpctrain resume {run_dir}/trial-NNN")
     assert "{run_dir}" not in result.stderr
+
+
+# ---------------------------------------------------------------- hostile input (issue 12)
+
+
+def test_hostile_yaml_is_refused_fast_by_every_spec_reader(tmp_path: Path, env: dict[str, str]) -> None:
+    bomb = ["name: bomb", "a0: &a0 [" + ", ".join(['"lol"'] * 9) + "]"]
+    bomb += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    (tmp_path / "bomb.yaml").write_text("\n".join(bomb) + "\n")
+    os.mkfifo(tmp_path / "fifo.yaml")
+    calls = {
+        "validate": ["validate", "bomb.yaml"],
+        "dry-run": ["submit", "bomb.yaml", "--dry-run"],
+        "rehearse": ["rehearse", "bomb.yaml"],
+        "fifo": ["validate", "fifo.yaml"],
+        "zero": ["validate", "/dev/zero"],
+    }
+    results = hpctrain_all(calls, env=env, cwd=dict.fromkeys(calls, tmp_path))
+    for key in ("validate", "dry-run", "rehearse"):
+        assert_user_error(results[key], 2, "aliases", "expand to more than")
+    assert_user_error(results["fifo"], 2, "not a regular file")
+    assert_user_error(results["zero"], 2, "not a regular file")
