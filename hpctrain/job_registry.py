@@ -41,11 +41,18 @@ def entries() -> list[dict]:
     except OSError:
         return []
     out = []
-    for line in lines:
+    for line in lines:  # a torn or hand-edited line is skipped, never fatal
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+            entry = json.loads(line)
+        except ValueError:
             continue
+        if (
+            isinstance(entry, dict)
+            and isinstance(entry.get("job_id"), str)
+            and isinstance(entry.get("run_dir"), str)
+            and isinstance(entry.get("time", 0), (int, float))
+        ):
+            out.append(entry)
     return out
 
 

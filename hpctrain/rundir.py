@@ -185,9 +185,15 @@ def read_run_info(run_dir: Path) -> dict[str, Any]:
             hint="pass a directory OUTPUT_DIR/NAME/RUN_ID created by 'hpctrain submit'",
         )
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
         raise RunDirError(f"{path}: unreadable ({exc})") from None
+    if not isinstance(info, dict):
+        raise RunDirError(
+            f"{path}: holds a JSON {type(info).__name__}, not the run's record (an object)",
+            hint="the file was overwritten; the run's logs and checkpoints are still in " + str(run_dir),
+        )
+    return info
 
 
 # ------------------------------------------------------------------ summary.json

@@ -37,6 +37,8 @@ ACTIVE_STATES = frozenset(
 )
 # slurm.conf's default KillWait: seconds between SIGTERM and SIGKILL when a job ends.
 DEFAULT_KILL_WAIT_S = 30.0
+# slurm.conf's default MaxArraySize: array task ids run 0..1000.
+DEFAULT_MAX_ARRAY_SIZE = 1001
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 FailureKind = Literal["missing", "timeout", "unreachable", "unknown-job", "refused"]
@@ -87,6 +89,69 @@ def parse_kill_wait_s(config: str) -> float | None:
     """``KillWait = 30 sec`` from ``scontrol show config``; None when absent."""
     match = re.search(r"^\s*KillWait\s*=\s*(\d+)", config, re.MULTILINE)
     return float(match.group(1)) if match else None
+
+
+def parse_max_array_size(config: str) -> int | None:
+    """``MaxArraySize = 1001`` from ``scontrol show config``; None when absent."""
+    match = re.search(r"^\s*MaxArraySize\s*=\s*(\d+)", config, re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
+def parse_partitions(output: str) -> dict[str, dict[str, str]]:
+    """``scontrol -o show partition`` -> {name: {"MaxTime": ..., "Default": ..., "State": ...}}."""
+    partitions = {}
+    for line in output.splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        if "PartitionName" in fields:
+            partitions[fields["PartitionName"]] = fields
+    return partitions
+
+
+# sbatch's refusals ("sbatch: error: Batch job submission failed: ...") -> what to change.
+SBATCH_FAILURES: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (
+        _UNREACHABLE,
+        "the Slurm controller did not answer",
+        "slurmctld may be down or restarting: try again in a minute, or ask the admins; nothing was queued",
+    ),
+    (
+        ("invalid partition",),
+        "the partition does not exist",
+        "set resources.partition (or the profile's partition) to one that 'sinfo -s' lists",
+    ),
+    (
+        ("invalid account", "invalid qos", "association", "account/partition"),
+        "the account or QOS is not valid for you on this partition",
+        "set resources.account / resources.qos to one 'sacctmgr show assoc user=$USER' lists",
+    ),
+    (
+        ("time limit",),
+        "the time limit exceeds what the partition allows",
+        "lower resources.time to the partition's MaxTime ('sinfo -o \"%P %l\"'); resume continues longer runs",
+    ),
+    (
+        (
+            "requested node configuration is not available",
+            "node count specification invalid",
+            "more processors requested than permitted",
+            "invalid generic resource",
+            "memory required by task is not available",
+            "requested partition configuration not available",
+        ),
+        "no node can ever satisfy the request",
+        "ask for fewer resources.nodes, gpus_per_node, cpus_per_task or mem_gb (see 'sinfo -N -l'), "
+        "or another partition",
+    ),
+)
+
+
+def classify_sbatch_failure(text: str) -> tuple[str, str]:
+    """What a refused submission means and what to change. Pure."""
+    lowered = text.lower()
+    for needles, meaning, hint in SBATCH_FAILURES:
+        if any(needle in lowered for needle in needles):
+            return meaning, hint
+    return "Slurm refused the job", "check partition/account/qos/time against 'sinfo' and 'sacctmgr show assoc'"
 
 
 def signal_parameter(timeout_signal: str, signal_delay_s: int) -> str:
@@ -164,6 +229,17 @@ def job_state(job_id: str) -> str:
     return next(iter(states.values()), "UNKNOWN")
 
 
+def job_states(job_ids: list[str], *, runner: Runner = subprocess.run) -> dict[str, str]:
+    """States of several jobs in one ``sacct`` call ({} when Slurm cannot say); for listings."""
+    if not job_ids or (runner is subprocess.run and not available()):
+        return {}
+    try:
+        output = run_slurm(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)], runner=runner)
+    except ClusterError:
+        return {}
+    return parse_sacct_states(output)
+
+
 def wait_until_done(job_id: str, *, poll_s: float = 2.0, timeout_s: float | None = None) -> str:
     """Block until the job reaches a terminal state; return it."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -197,6 +273,22 @@ def kill_wait_s() -> float:
     except ClusterError:
         value = None
     return DEFAULT_KILL_WAIT_S if value is None else value
+
+
+def max_array_size(*, runner: Runner = subprocess.run) -> int:
+    """Slurm's MaxArraySize (an array may have at most this many tasks); 1001, its default, when unknown."""
+    if runner is subprocess.run and shutil.which("scontrol") is None:
+        return DEFAULT_MAX_ARRAY_SIZE
+    try:
+        value = parse_max_array_size(run_slurm(["scontrol", "show", "config"], timeout_s=5.0, runner=runner))
+    except ClusterError:
+        value = None
+    return DEFAULT_MAX_ARRAY_SIZE if value is None else value
+
+
+def partitions(*, runner: Runner = subprocess.run) -> dict[str, dict[str, str]]:
+    """Every partition's record, from one ``scontrol show partition``; raises SlurmCommandError."""
+    return parse_partitions(run_slurm(["scontrol", "--oneliner", "show", "partition"], timeout_s=10.0, runner=runner))
 
 
 # ------------------------------------------------------------------ actions

@@ -31,7 +31,7 @@ from hpctrain.rundir import (
     write_run_info,
 )
 from hpctrain.runtime.cleanup import python_command
-from hpctrain.slurm import signal_parameter
+from hpctrain.slurm import classify_sbatch_failure, signal_parameter
 from hpctrain.spec.load import LoadedJob
 from hpctrain.spec.models import JobSpec
 from hpctrain.spec.profiles import ClusterProfile
@@ -196,10 +196,8 @@ def _launch(job: LoadedJob, backend: Backend, run_dir: Path, trial_dirs: list[Pa
             return [executor.submit(launcher) for launcher in launchers]
         return list(executor.submit_array(launchers))
     except (submitit.core.utils.FailedJobError, OSError, RuntimeError) as exc:
-        raise ClusterError(
-            f"Slurm refused the job: {_first_lines(str(exc))}",
-            hint="check partition/account/qos/time against 'sinfo' and 'sacctmgr show assoc'",
-        ) from None
+        meaning, hint = classify_sbatch_failure(str(exc))
+        raise ClusterError(f"sbatch: {meaning}: {_first_lines(str(exc))}", hint=hint) from None
 
 
 def task_launchers(job: LoadedJob, run_dirs: list[Path]) -> list:
@@ -227,6 +225,7 @@ def _record_submission(
             "backend": backend,
             "cluster": job.profile.name,
             "job_id": job_id,
+            "world_size": job.spec.world_size,
             "submitit_dir": str(folder),
             "submitted_at": time.time(),
         }

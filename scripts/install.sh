@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install hpctrain with its test extras into it.
-# Idempotent: a second run only checks. torch/torchvision are pinned in setup.cfg.
+# Idempotent: a second run only checks. torch/torchvision are pinned exactly by
+# constraints.txt (setup.cfg only asks for a compatible range, for site installs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -8,12 +9,21 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 if ! .venv/bin/python -c "import hpctrain, torch, torchvision, submitit, pytest" 2>/dev/null \
-   || [ setup.cfg -nt .venv/.hpctrain-installed ]; then
+   || [ setup.cfg -nt .venv/.hpctrain-installed ] || [ constraints.txt -nt .venv/.hpctrain-installed ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip wheel setuptools 2>&1 | grep -v "is ignored" || true
   # compat mode: a plain path entry instead of setuptools' import hook, which
   # costs every hpctrain command ~20-50 ms at start-up (benchmarks/cli_latency.py)
-  .venv/bin/python -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat 2>&1 \
+  .venv/bin/python -m pip install --quiet -c constraints.txt -e '.[test]' --config-settings editable_mode=compat 2>&1 \
     | grep -v "is ignored" || true
   .venv/bin/python -c "import hpctrain, torch, torchvision, submitit, pytest"
+  # exactly the pinned versions (a local label such as +cu130 aside), or fail here rather than in a test
+  .venv/bin/python -c "
+import sys
+from importlib.metadata import version
+for line in open('constraints.txt'):
+    name, _, want = line.split('#')[0].strip().partition('==')
+    if name and version(name).split('+')[0] != want:
+        sys.exit(f'{name} {version(name)} is installed, but constraints.txt pins {want}')
+"
   touch .venv/.hpctrain-installed
 fi

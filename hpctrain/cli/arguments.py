@@ -6,6 +6,14 @@ from __future__ import annotations
 import argparse
 
 
+def _count(text: str) -> int:
+    """A whole number >= 0 (argparse turns the ValueError into 'invalid value', exit 2)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative; give a number >= 0")
+    return value
+
+
 def _spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="job spec YAML file, e.g. jobs/quickstart.yaml")
     parser.add_argument(
@@ -33,21 +41,28 @@ def cmd_submit(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the sbatch script and rank table; submit nothing")
     parser.add_argument("--local", action="store_true", help="run on this machine through submitit's local executor")
     parser.add_argument("--wait", action="store_true", help="block until the job ends; exit non-zero if it failed")
-    parser.add_argument("--json", action="store_true", help='print {"job_id", "run_dir", "cluster"} as JSON')
+    parser.add_argument("--json", action="store_true", help='print {"job_id", "run_dir", "cluster", "backend"} as JSON')
+    parser.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="skip the checks before queueing (data.root exists, partition and its MaxTime)",
+    )
 
 
 def cmd_status(parser: argparse.ArgumentParser) -> None:
     _run_argument(parser, nargs="?")
-    parser.add_argument("--output-dir", default="~/hpctrain-runs", help="where to list runs from (no RUN given)")
+    parser.add_argument(
+        "--output-dir", help="list the runs under this directory (default: the runs this account submitted)"
+    )
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
 
 def cmd_logs(parser: argparse.ArgumentParser) -> None:
     _run_argument(parser)
-    parser.add_argument("--rank", type=int, default=0, help="which task's log (default 0)")
+    parser.add_argument("--rank", type=_count, default=0, help="which task's log (default 0)")
     parser.add_argument("--err", action="store_true", help="show stderr instead of stdout")
     parser.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the job ends")
-    parser.add_argument("-n", "--lines", type=int, default=50, help="lines from the end (default 50; 0 = all)")
+    parser.add_argument("-n", "--lines", type=_count, default=50, help="lines from the end (default 50; 0 = all)")
 
 
 def cmd_cancel(parser: argparse.ArgumentParser) -> None:

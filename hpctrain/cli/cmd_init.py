@@ -12,6 +12,10 @@ from hpctrain.spec.models import NAME_PATTERN
 from hpctrain.spec.profiles import load_profile
 from hpctrain.templates import fill, read_template
 
+# Per-GPU batch that fits: HAL's V100s (16 GB) hold 208 ResNet-50 images in fp16, not 256.
+GPU_BATCH = {"hal": 208}
+DEFAULT_GPU_BATCH = 256
+
 
 def render_spec(name: str, path: Path, *, nodes: int, gpus_per_node: int, arch: str, cluster: str) -> str:
     try:
@@ -19,6 +23,13 @@ def render_spec(name: str, path: Path, *, nodes: int, gpus_per_node: int, arch: 
     except KeyError:
         raise UsageError(f"--cluster {cluster}: unknown cluster profile", hint="use hal, local, or your own") from None
     on_gpu = gpus_per_node > 0
+    if profile.max_gpus_per_node is not None and gpus_per_node > profile.max_gpus_per_node:
+        most = profile.max_gpus_per_node
+        nodes_needed = -(-nodes * gpus_per_node // most)
+        raise UsageError(
+            f"--gpus-per-node {gpus_per_node}: '{cluster}' nodes have {most} GPUs",
+            hint=f"use --gpus-per-node {most} --nodes {nodes_needed} for {nodes * gpus_per_node} GPUs",
+        )
     return fill(
         read_template("job.yaml"),
         {
@@ -32,7 +43,7 @@ def render_spec(name: str, path: Path, *, nodes: int, gpus_per_node: int, arch: 
             "strategy": "ddp",
             "precision": "fp16" if on_gpu else "fp32",
             "epochs": "90" if on_gpu else "10",
-            "batch_size": "256" if on_gpu else "32",
+            "batch_size": str(GPU_BATCH.get(cluster, DEFAULT_GPU_BATCH)) if on_gpu else "32",
             "data_root": profile.data_root or "./data/imagenet-mini",
         },
     )
@@ -44,15 +55,28 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node + 1)):
         if value < 1:
             raise UsageError(f"{flag} must be positive")
-    path = Path(args.dir) / f"{args.name}.yaml"
+    directory = Path(args.dir)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"--dir {args.dir} is a file, not a directory", hint="pass a directory, e.g. --dir jobs")
+    path = directory / f"{args.name}.yaml"
     if path.exists() and not args.force:
         raise UsageError(f"{path} already exists", hint="pick another name, or pass --force to overwrite it")
     text = render_spec(
         args.name, path, nodes=args.nodes, gpus_per_node=args.gpus_per_node, arch=args.arch, cluster=args.cluster
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    job = load_job(path)  # what we write must validate
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        draft = path.with_name(f".{path.name}.draft.yaml")
+        draft.write_text(text)
+    except OSError as exc:
+        hint = "pick a directory you can write with --dir"
+        raise UsageError(f"cannot write {path}: {exc.strerror}", hint=hint) from None
+    try:
+        job = load_job(draft)  # what we write must validate; a spec that does not is never left behind
+    except BaseException:
+        draft.unlink(missing_ok=True)
+        raise
+    draft.replace(path)
     print(
         f"wrote {path}: {job.spec.resources.nodes} node(s) x {job.spec.resources.gpus_per_node} GPUs, "
         f"{job.spec.trainer.arch}; next: hpctrain validate {path}"

@@ -20,13 +20,14 @@ def log_path(run_dir: Path, rank: int, err: bool) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     run_dir = job_registry.resolve_run(args.run)
-    path = log_path(run_dir, args.rank, args.err)
+    info = read_run_info(run_dir)
+    path = task_log_path(run_dir, info, args.rank, err=args.err)
+    _check_rank(args.rank, info)
     if not path.exists() and not args.follow:
         raise RunDirError(f"no log yet at {path}", hint="the job may still be pending: hpctrain status " + args.run)
     offset = _print_tail(path, args.lines)
     if not args.follow:
         return 0
-    info = read_run_info(run_dir)
     while True:
         offset = echo_new(path, offset, sys.stdout)
         done = info.get("backend") == "local" or job_state(info["job_id"]) in TERMINAL_STATES
@@ -34,6 +35,15 @@ def run(args: argparse.Namespace) -> int:
             echo_new(path, offset, sys.stdout)
             return 0
         time.sleep(1.0)
+
+
+def _check_rank(rank: int, info: dict) -> None:
+    """A rank the job does not have is a mistake, not a pending job."""
+    world = info.get("world_size")  # absent in runs submitted before run.json recorded it
+    if isinstance(world, int) and rank >= world:
+        raise RunDirError(
+            f"--rank {rank}: this job has {world} task{'s' if world != 1 else ''}", hint=f"use --rank 0 to {world - 1}"
+        )
 
 
 def _print_tail(path: Path, lines: int) -> int:

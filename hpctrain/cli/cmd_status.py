@@ -15,7 +15,7 @@ from rich.table import Table
 from hpctrain import job_registry, slurm
 from hpctrain.cli.cmd_logs import log_path
 from hpctrain.errors import ClusterError, RunDirError
-from hpctrain.rundir import Summary, parse_summary, read_run_info, read_summary
+from hpctrain.rundir import RUN_FILE, Summary, parse_summary, read_run_info, read_summary
 from hpctrain.runtime.failures import first_task_failure
 from hpctrain.slurm import TERMINAL_STATES, job_state
 
@@ -47,6 +47,7 @@ def run_status(run_dir: Path) -> dict:
         "cluster": info.get("cluster"),
         "slurm_state": state,
         **{key: getattr(summary, key) for key in PROGRESS_KEYS},
+        "status": display_status(summary.status, state),
     }
 
 
@@ -58,6 +59,7 @@ def reconcile(summary: dict[str, Any], slurm_state: str, run_dir: Path) -> dict[
         slurm_state not in TERMINAL_STATES
         or slurm_state == "COMPLETED"
         or summary.get("status") not in (None, "running")
+        or (summary.get("status") is None and slurm_state == "CANCELLED")  # cancelled before it started
     ):
         return summary
     summary = {**summary, "status": "failed" if slurm_state != "CANCELLED" else "stopped"}
@@ -69,6 +71,19 @@ def reconcile(summary: dict[str, Any], slurm_state: str, run_dir: Path) -> dict[
         if failure is not None:
             summary.update(failed_rank=failure.rank, failed_node=failure.node, failed_reason=failure.reason)
     return summary
+
+
+def display_status(status: str | None, slurm_state: str | None) -> str | None:
+    """The run's own status, or what Slurm knows when the run never started (pending, cancelled while queued)."""
+    if status is not None or slurm_state is None:
+        return status
+    if slurm_state == "PENDING":
+        return "pending"
+    if slurm_state == "CANCELLED":
+        return "cancelled"
+    if slurm_state in TERMINAL_STATES and slurm_state != "COMPLETED":
+        return "failed"
+    return None
 
 
 def _slurm_state(job_id: str) -> str:
@@ -93,30 +108,70 @@ def run(args: argparse.Namespace) -> int:
     return list_recent(args)
 
 
-def list_recent(args: argparse.Namespace) -> int:
-    seen, rows = set(), []
+def registry_runs(limit: int = 20) -> list[tuple[str, float, Path]]:
+    """(job id, submitted at, run dir) of the newest runs this account submitted."""
+    seen, runs = set(), []
     for entry in reversed(job_registry.entries()):
         run_dir = Path(entry["run_dir"])
         if run_dir in seen or not run_dir.is_dir():
             continue
         seen.add(run_dir)
-        summary = read_summary(run_dir) or Summary()
+        runs.append((entry["job_id"], float(entry.get("time", 0)), run_dir))
+        if len(runs) >= limit:
+            break
+    return runs
+
+
+def runs_under(output_dir: Path, limit: int = 20) -> list[tuple[str, float, Path]]:
+    """The newest runs in OUTPUT_DIR/NAME/RUN_ID (or NAME/RUN_ID when given a job's folder)."""
+    runs = []
+    for run_file in [*output_dir.glob(f"*/*/{RUN_FILE}"), *output_dir.glob(f"*/{RUN_FILE}")]:
+        try:
+            info = read_run_info(run_file.parent)
+        except RunDirError:
+            continue
+        when = info.get("submitted_at") or info.get("created_at") or 0
+        runs.append(
+            (str(info.get("job_id", "-")), float(when) if isinstance(when, (int, float)) else 0.0, run_file.parent)
+        )
+    return sorted(runs, key=lambda run: run[1], reverse=True)[:limit]
+
+
+def list_recent(args: argparse.Namespace) -> int:
+    if args.output_dir:
+        output_dir = Path(args.output_dir).expanduser()
+        if not output_dir.is_dir():
+            raise RunDirError(f"--output-dir {args.output_dir}: no such directory")
+        runs = runs_under(output_dir)
+    else:
+        runs = registry_runs()
+    summaries = {run_dir: read_summary(run_dir) or Summary() for _, _, run_dir in runs}
+    unfinished = [job_id for job_id, _, run_dir in runs if summaries[run_dir].status in (None, "running")]
+    states = slurm.job_states([job_id for job_id in unfinished if job_id.replace("_", "").isdigit()])
+    rows = []
+    for job_id, when, run_dir in runs:
+        summary = summaries[run_dir]
+        state = states.get(job_id)
+        status = summary.status
+        if status == "running" and state in TERMINAL_STATES and state != "COMPLETED":
+            status = "stopped" if state == "CANCELLED" else "failed"
         rows.append(
             (
-                entry["job_id"],
-                time.strftime("%m-%d %H:%M", time.localtime(entry["time"])),
-                summary.status or "-",
+                job_id,
+                time.strftime("%m-%d %H:%M", time.localtime(when)),
+                display_status(status, state) or "-",
                 "-" if summary.epochs_completed is None else str(summary.epochs_completed),
                 _fmt(summary.val_top1),
                 str(run_dir),
             )
         )
-        if len(rows) >= 20:
-            break
     if args.json:
         print(
             json.dumps([dict(zip(("job_id", "submitted", "status", "epochs", "val_top1", "run_dir"), r)) for r in rows])
         )
+        return 0
+    if not rows and args.output_dir:
+        print(f"no runs under {args.output_dir} (runs are OUTPUT_DIR/NAME/RUN_ID)")
         return 0
     if not rows:
         print("no runs submitted from this account yet; start with: hpctrain submit jobs/quickstart.yaml")

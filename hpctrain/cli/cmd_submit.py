@@ -28,8 +28,15 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print_dry_run(job, local=args.local)
         return 0
+    if not args.no_preflight:
+        check_before_queueing(job, local=args.local)
     submitted = submit(job, local=args.local)
-    report = {"job_id": submitted.job_id, "run_dir": str(submitted.run_dir), "cluster": submitted.backend}
+    report = {
+        "job_id": submitted.job_id,
+        "run_dir": str(submitted.run_dir),
+        "cluster": job.profile.name,
+        "backend": submitted.backend,
+    }
     if args.json:
         print(json.dumps(report), flush=True)
     else:
@@ -39,6 +46,21 @@ def run(args: argparse.Namespace) -> int:
     if args.wait:
         return wait_slurm(submitted, quiet=args.json)
     return 0
+
+
+def check_before_queueing(job: LoadedJob, *, local: bool) -> None:
+    """Refuse what would certainly fail after the queue wait; warn about what might."""
+    from hpctrain import slurm
+    from hpctrain.preflight import raise_for_errors, run_preflight
+
+    slurm_backend = backend_for(job, local) == "slurm"
+    if slurm_backend and not slurm.available():
+        return  # submit() says that this machine cannot submit, which comes first
+    findings = run_preflight(job, slurm_backend=slurm_backend)
+    for finding in findings:
+        if finding.level == "warning":
+            print(f"warning: {job.source}: {finding.key}: {finding.message}", file=sys.stderr)
+    raise_for_errors(job, findings)
 
 
 def print_dry_run(job: LoadedJob, *, local: bool) -> None:

@@ -16,21 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpctrain.rundir import checkpoint_metas
+from hpctrain.spec.archs import ARCH_PARAMS_M
 from hpctrain.spec.models import JobSpec
 
-# Millions of parameters (torchvision's model cards).
-ARCH_PARAMS_M: dict[str, float] = {
-    "alexnet": 61.1, "convnext_tiny": 28.6, "convnext_small": 50.2, "convnext_base": 88.6, "convnext_large": 197.8,
-    "densenet121": 8.0, "densenet161": 28.7, "densenet169": 14.1, "densenet201": 20.0,
-    "efficientnet_b0": 5.3, "efficientnet_b3": 12.2, "efficientnet_b7": 66.3, "efficientnet_v2_s": 21.5,
-    "efficientnet_v2_m": 54.1, "efficientnet_v2_l": 118.5, "googlenet": 6.6, "inception_v3": 27.2,
-    "mobilenet_v2": 3.5, "mobilenet_v3_small": 2.5, "mobilenet_v3_large": 5.5, "regnet_y_16gf": 83.6,
-    "regnet_y_32gf": 145.0, "regnet_y_128gf": 644.8, "resnet18": 11.7, "resnet34": 21.8, "resnet50": 25.6,
-    "resnet101": 44.5, "resnet152": 60.2, "resnext50_32x4d": 25.0, "resnext101_32x8d": 88.8,
-    "resnext101_64x4d": 83.5, "shufflenet_v2_x1_0": 2.3, "squeezenet1_1": 1.2, "swin_t": 28.3, "swin_s": 49.6,
-    "swin_b": 87.8, "vgg11": 132.9, "vgg16": 138.4, "vgg19": 143.7, "vit_b_16": 86.6, "vit_b_32": 88.2,
-    "vit_l_16": 304.3, "vit_l_32": 306.5, "vit_h_14": 632.0, "wide_resnet50_2": 68.9, "wide_resnet101_2": 126.9,
-}  # fmt: skip
 UNKNOWN_ARCH_PARAMS_M = 100.0
 # A shared cluster file system under load; local NVMe is ~10x faster.
 ASSUMED_WRITE_MB_S = 100.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,8 @@ import yaml
 from pydantic import ValidationError
 
 from hpctrain.errors import SpecError, SpecProblem
+from hpctrain.slurm import DEFAULT_MAX_ARRAY_SIZE
+from hpctrain.spec.archs import ARCH_PARAMS_M, unknown_arch_message
 from hpctrain.spec.models import APEX_LEVELS, JobSpec
 from hpctrain.spec.problems import position_of, problems_from_validation
 from hpctrain.spec.profiles import ClusterProfile, apply_profile, available_profiles, config_dir, load_profile
@@ -99,7 +102,9 @@ def load_job(
         problems += [_positioned(p, positions) for p in check_resolved(resolved, profile)]
     trials: list[JobSpec] = []
     params: list[dict[str, Any]] = []
-    if resolved is not None and resolved.sweep:
+    if resolved is not None and resolved.sweep and not _sweep_fits(resolved, profile, positions, problems):
+        pass  # too many trials to expand, let alone submit
+    elif resolved is not None and resolved.sweep:
         trials, params = _expand_sweep(data, resolved, profile, positions, problems)  # type: ignore[arg-type]
     if problems:
         problems.sort(key=lambda p: (p.line is None, p.line or 0, p.column or 0))  # file order
@@ -238,6 +243,29 @@ def check_resolved(spec: JobSpec, profile: ClusterProfile) -> list[SpecProblem]:
 def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
     problems = []
     trainer, nodes = spec.trainer, spec.resources.nodes
+    if trainer.arch not in ARCH_PARAMS_M:
+        problems.append(SpecProblem("trainer.arch", unknown_arch_message(trainer.arch)))
+    if trainer.desired_acc is not None and trainer.desired_acc <= 1:
+        percent = f"{trainer.desired_acc * 100:g}"
+        problems.append(
+            SpecProblem(
+                "trainer.desired_acc",
+                (
+                    f"is a percentage, and {trainer.desired_acc:g} % would stop after the first validation; "
+                    f"for a top-1 of {percent} % write desired_acc: {percent}"
+                ),
+            )
+        )
+    if trainer.strategy == "dp" and spec.tasks_per_node != 1:
+        problems.append(
+            SpecProblem(
+                "resources.tasks_per_node",
+                (
+                    f"dp runs one task per node that drives all its GPUs, not {spec.tasks_per_node}; "
+                    "remove tasks_per_node, or use strategy: ddp for one task per GPU"
+                ),
+            )
+        )
     if trainer.strategy == "single" and spec.world_size > 1:
         problems.append(
             SpecProblem(
@@ -282,6 +310,37 @@ def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
             )
         )
     return problems
+
+
+def sweep_size(sweep: Mapping[str, list[Any]]) -> int:
+    return math.prod(len(values) for values in sweep.values())
+
+
+def _sweep_fits(spec: JobSpec, profile: ClusterProfile, positions: dict, problems: list[SpecProblem]) -> bool:
+    """A sweep is one Slurm array: refuse it before expanding when Slurm would refuse the array."""
+    count = sweep_size(spec.sweep)
+    if count <= 1:
+        return True
+    limit = DEFAULT_MAX_ARRAY_SIZE
+    if profile.scheduler == "slurm":
+        from hpctrain import slurm  # only sweeps on Slurm ask the cluster
+
+        limit = slurm.max_array_size()
+    if count <= limit:
+        return True
+    sizes = " x ".join(str(len(values)) for values in spec.sweep.values())
+    where = "Slurm's MaxArraySize here" if profile.scheduler == "slurm" else "Slurm's default MaxArraySize"
+    problems.append(
+        _positioned(
+            SpecProblem(
+                "sweep",
+                f"{sizes} = {count:,} combinations, but {where} allows {limit:,} array tasks; "
+                "sweep fewer values, or split the grid into several specs",
+            ),
+            positions,
+        )
+    )
+    return False
 
 
 def _expand_sweep(

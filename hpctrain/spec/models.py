@@ -35,7 +35,9 @@ APEX_LEVELS = ("O0", "O1", "O2", "O3")
 class Section(BaseModel):
     """Shared config: unknown keys are errors; assignments are re-validated."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, str_strip_whitespace=True, strict=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, str_strip_whitespace=True, strict=True, allow_inf_nan=False
+    )
 
 
 def scalars_to_str(value: object) -> object:
@@ -55,7 +57,52 @@ def scalars_to_str(value: object) -> object:
 StrMap = Annotated[dict[str, str], BeforeValidator(scalars_to_str)]
 
 
-def _safe_path(value: str | None) -> str | None:
+def check_mem_gb(value: float | None) -> float | None:
+    """sbatch gets ``--mem`` in whole MiB, and ``--mem=0`` means all of the node's memory."""
+    if value is not None and value * 1024 < 1:
+        raise ValueError(
+            f"{value} GiB rounds to --mem=0MB, which Slurm reads as the whole node's memory; "
+            "ask for at least 0.001 (1 MiB), or remove mem_gb"
+        )
+    return value
+
+
+def check_slurm_word(value: str | None) -> str | None:
+    if value is not None and not re.match(SLURM_WORD_PATTERN, value):
+        raise ValueError(f"{value!r} has characters Slurm does not accept here")
+    return value
+
+
+def check_slurm_extra(value: dict[str, str]) -> dict[str, str]:
+    for key, item in value.items():
+        if not re.match(SLURM_OPTION_PATTERN, key):
+            raise ValueError(f"option name {key!r} must look like 'reservation' or 'mail-type'")
+        if not re.match(SLURM_VALUE_PATTERN, str(item)):
+            raise ValueError(f"value of {key!r} may only contain letters, digits and _.,:=/@%+-[]")
+    return value
+
+
+def check_setup_lines(lines: list[str]) -> list[str]:
+    """Setup lines go into the sbatch script as they are: each must be one command."""
+    for line in lines:
+        if _SETUP_FORBIDDEN.search(line):
+            raise ValueError(
+                f"setup line {line!r} contains ; & | < > ` or $( ; each line must be one command "
+                "(put anything more complex in a script and 'source' it)"
+            )
+    return lines
+
+
+def check_env(value: dict[str, str]) -> dict[str, str]:
+    for key, item in value.items():
+        if not re.match(ENV_NAME_PATTERN, key):
+            raise ValueError(f"{key!r} is not a valid environment variable name")
+        if _CONTROL_CHARS.search(str(item)):
+            raise ValueError(f"value of {key!r} may not contain control characters")
+    return value
+
+
+def safe_path(value: str | None) -> str | None:
     if value is not None and _CONTROL_CHARS.search(value):
         raise ValueError("paths may not contain control characters or newlines")
     return value
@@ -99,22 +146,20 @@ class Resources(Section):
         parse_time_limit(value)
         return str(value)
 
+    @field_validator("mem_gb")
+    @classmethod
+    def _mem_not_zero(cls, value: float | None) -> float | None:
+        return check_mem_gb(value)
+
     @field_validator("partition", "account", "qos", "constraint")
     @classmethod
     def _slurm_word(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(SLURM_WORD_PATTERN, value):
-            raise ValueError(f"{value!r} has characters Slurm does not accept here")
-        return value
+        return check_slurm_word(value)
 
     @field_validator("slurm_extra")
     @classmethod
     def _extra_is_safe(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, item in value.items():
-            if not re.match(SLURM_OPTION_PATTERN, key):
-                raise ValueError(f"option name {key!r} must look like 'reservation' or 'mail-type'")
-            if not re.match(SLURM_VALUE_PATTERN, str(item)):
-                raise ValueError(f"value of {key!r} may only contain letters, digits and _.,:=/@%+-[]")
-        return value
+        return check_slurm_extra(value)
 
     @property
     def time_s(self) -> int:
@@ -151,7 +196,11 @@ class Trainer(Section):
     epochs: Annotated[int, Field(ge=1, description="Training epochs.")] = 90
     batch_size: Annotated[
         int,
-        Field(ge=1, description="Per GPU (or per CPU process, per hogwild worker); a dp task loads it x its GPUs."),
+        Field(
+            ge=1,
+            le=1_048_576,
+            description="Per GPU (or per CPU process, per hogwild worker); a dp task loads it x its GPUs.",
+        ),
     ] = 256
     lr: Annotated[float, Field(gt=0, description="Base learning rate for a global batch of 256.")] = 0.1
     lr_scaling: Annotated[
@@ -192,7 +241,7 @@ class Trainer(Section):
     @field_validator("weights")
     @classmethod
     def _weights_path(cls, value: str | None) -> str | None:
-        return _safe_path(value)
+        return safe_path(value)
 
     @field_validator("arch")
     @classmethod
@@ -261,7 +310,7 @@ class Data(Section):
     @field_validator("root", "train_dir", "val_dir")
     @classmethod
     def _paths(cls, value: str | None) -> str | None:
-        return _safe_path(value)
+        return safe_path(value)
 
 
 class Distributed(Section):
@@ -341,7 +390,7 @@ class JobSpec(Section):
     @field_validator("output_dir")
     @classmethod
     def _output_path(cls, value: str) -> str:
-        return _safe_path(value) or value
+        return safe_path(value) or value
 
     @field_validator("cluster")
     @classmethod
@@ -360,23 +409,12 @@ class JobSpec(Section):
     @field_validator("setup")
     @classmethod
     def _setup_single_commands(cls, lines: list[str]) -> list[str]:
-        for line in lines:
-            if _SETUP_FORBIDDEN.search(line):
-                raise ValueError(
-                    f"setup line {line!r} contains ; & | < > ` or $( ; each line must be one command "
-                    "(put anything more complex in a script and 'source' it)"
-                )
-        return lines
+        return check_setup_lines(lines)
 
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, item in value.items():
-            if not re.match(ENV_NAME_PATTERN, key):
-                raise ValueError(f"{key!r} is not a valid environment variable name")
-            if _CONTROL_CHARS.search(str(item)):
-                raise ValueError(f"value of {key!r} may not contain control characters")
-        return value
+        return check_env(value)
 
     @field_validator("sweep")
     @classmethod

@@ -69,6 +69,8 @@ def _describe(error: dict[str, Any], root: type[BaseModel]) -> str:
         return f"{message.lower()} (got {type(got).__name__} {got!r})"
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
         return f"{message.lower()} (got {got!r})"
+    if kind == "finite_number":
+        return f"must be a finite number (got {got!r})"
     if kind == "missing":
         return "required key is missing"
     if kind == "string_pattern_mismatch":

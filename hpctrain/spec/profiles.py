@@ -9,15 +9,31 @@ Slurm). Users add their own as YAML files named ``NAME.yaml`` in ``$HPCTRAIN_CON
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from hpctrain.errors import SpecError
-from hpctrain.spec.models import NAME_PATTERN, JobSpec, Section, StrMap
+from hpctrain.spec.models import (
+    NAME_PATTERN,
+    JobSpec,
+    Section,
+    StrMap,
+    check_env,
+    check_mem_gb,
+    check_setup_lines,
+    check_slurm_extra,
+    check_slurm_word,
+    safe_path,
+)
 from hpctrain.spec.problems import problems_from_validation
+from hpctrain.spec.slurm_time import parse_time_limit
 from hpctrain.spec.yaml_source import read_spec_file
+
+# What a GRES request looks like once {gpus} is filled in: gpu:4, gpu:v100:4, gpu:a100_3g.20gb:1.
+GRES_PATTERN = r"^[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)?:[0-9]+$"
 
 
 class ClusterProfile(Section):
@@ -43,6 +59,55 @@ class ClusterProfile(Section):
     setup: list[str] = []
     env: StrMap = {}
     slurm_extra: StrMap = {}
+
+    @field_validator("mem_gb")
+    @classmethod
+    def _mem_not_zero(cls, value: float | None) -> float | None:
+        return check_mem_gb(value)
+
+    # A site-wide profile directory is shared by many users: its values reach
+    # every sbatch script, so they pass the same checks as a spec's.
+    @field_validator("partition", "account", "qos", "constraint")
+    @classmethod
+    def _slurm_word(cls, value: str | None) -> str | None:
+        return check_slurm_word(value)
+
+    @field_validator("max_time")
+    @classmethod
+    def _max_time(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_time_limit(value)
+        return value
+
+    @field_validator("gpu_gres")
+    @classmethod
+    def _gres_template(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        rendered = value.replace("{gpus}", "4")
+        if "{gpus}" not in value or not re.match(GRES_PATTERN, rendered):
+            raise ValueError(f"{value!r} must look like 'gpu:{{gpus}}' or 'gpu:v100:{{gpus}}' ({{gpus}} is the count)")
+        return value
+
+    @field_validator("data_root")
+    @classmethod
+    def _data_root(cls, value: str | None) -> str | None:
+        return safe_path(value)
+
+    @field_validator("setup")
+    @classmethod
+    def _setup(cls, lines: list[str]) -> list[str]:
+        return check_setup_lines(lines)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_env(value)
+
+    @field_validator("slurm_extra")
+    @classmethod
+    def _slurm_extra(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_slurm_extra(value)
 
 
 BUILTIN_PROFILES: dict[str, ClusterProfile] = {
@@ -102,7 +167,11 @@ def load_profile(name: str, environ: dict[str, str] | None = None) -> ClusterPro
         try:
             return ClusterProfile.model_validate(data)
         except ValidationError as exc:
-            raise SpecError(str(path), problems_from_validation(exc, positions, ClusterProfile)) from None
+            raise SpecError(
+                str(path),
+                problems_from_validation(exc, positions, ClusterProfile),
+                hint=f"fix the cluster profile; every job with 'cluster: {name}' uses it",
+            ) from None
     if name in BUILTIN_PROFILES:
         return BUILTIN_PROFILES[name]
     raise KeyError(name)

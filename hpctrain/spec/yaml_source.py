@@ -8,6 +8,7 @@ time limits — so our loader resolves integers and floats the YAML 1.2 way.
 from __future__ import annotations
 
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,12 @@ import yaml
 from hpctrain.errors import SpecError, SpecProblem
 
 MAX_SPEC_BYTES = 1_000_000
+# Nodes the document may have with every alias expanded. A real spec has a few
+# hundred; nine nested aliases of nine items each ("billion laughs") have 10^9.
+MAX_EXPANDED_NODES = 100_000
+# Nesting depth of flow/block collections. A spec is at most ~5 deep; PyYAML's
+# composer recurses per level, so 50,000 '[' would otherwise be a RecursionError.
+MAX_NESTING = 100
 
 
 class _SpecLoader(yaml.SafeLoader):
@@ -40,6 +47,12 @@ _SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+012
 def _construct_mapping(loader: _SpecLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
     seen: dict[Any, yaml.Node] = {}
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # '<<: *base' merges; keys written here override the merged ones
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise yaml.constructor.ConstructorError(
+                None, None, "a key must be a plain word such as 'nodes', not a list or mapping", key_node.start_mark
+            )
         key = loader.construct_object(key_node, deep=True)
         if key in seen:
             first = seen[key].start_mark.line + 1
@@ -55,9 +68,15 @@ _SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _con
 
 def parse_yaml_text(text: str, source: str) -> tuple[Any, dict[str, tuple[int, int]]]:
     """Parse text; return the data and {dotted key: (line, column)}, 1-based."""
+    _check_nesting(text, source)
+    loader = _SpecLoader(text)
     try:
-        node = yaml.compose(text, Loader=_SpecLoader)
-        data = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - _SpecLoader is a SafeLoader
+        node = loader.get_single_node()
+        if node is not None:
+            _check_expanded_size(node, source)
+            data = loader.construct_document(node)
+        else:
+            data = None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         message = " ".join(str(part) for part in (exc.context, exc.problem) if part)
@@ -70,15 +89,66 @@ def parse_yaml_text(text: str, source: str) -> tuple[Any, dict[str, tuple[int, i
         raise SpecError(source, [problem], hint="fix the YAML syntax at that line") from None
     except yaml.YAMLError as exc:  # scanner errors without marks, etc.
         raise SpecError(source, [SpecProblem("", f"invalid YAML: {exc}")]) from None
+    except RecursionError:  # a nesting _check_nesting could not see (e.g. inside block scalars' neighbours)
+        raise SpecError(source, [SpecProblem("", "invalid YAML: nested too deeply")]) from None
+    finally:
+        loader.dispose()
     positions: dict[str, tuple[int, int]] = {}
     if node is not None:
         _collect_positions(node, "", positions)
     return data, positions
 
 
+def _check_nesting(text: str, source: str) -> None:
+    """Refuse absurd nesting before the recursive composer sees it (cheap upper bound:
+    brackets outside quotes are not tracked, so quoted brackets only make it stricter)."""
+    depth = 0
+    for line_no, line in enumerate(text.splitlines(), 1):
+        for column, char in enumerate(line, 1):
+            if char in "[{":
+                depth += 1
+                if depth > MAX_NESTING:
+                    problem = SpecProblem("", f"invalid YAML: nested more than {MAX_NESTING} deep", line_no, column)
+                    raise SpecError(source, [problem], hint="a job spec is a few levels of plain keys and lists")
+            elif char in "]}":
+                depth = max(0, depth - 1)
+
+
+def _check_expanded_size(root: yaml.Node, source: str) -> None:
+    """Refuse documents whose aliases expand to more than MAX_EXPANDED_NODES nodes."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node, depth: int) -> int:
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        if depth > MAX_NESTING:
+            raise SpecError(source, [SpecProblem("", f"invalid YAML: nested more than {MAX_NESTING} deep")])
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(item, depth + 1) for item in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(k, depth + 1) + size(v, depth + 1) for k, v in node.value)
+        sizes[id(node)] = total
+        if total > MAX_EXPANDED_NODES:
+            mark = node.start_mark
+            problem = SpecProblem(
+                "",
+                f"YAML aliases (*name) expand to more than {MAX_EXPANDED_NODES:,} values",
+                mark.line + 1,
+                mark.column + 1,
+            )
+            raise SpecError(source, [problem], hint="write the values out, or use fewer nested aliases")
+        return total
+
+    size(root, 0)
+
+
 def _collect_positions(node: yaml.Node, prefix: str, out: dict[str, tuple[int, int]]) -> None:
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
             key = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
             out[key] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
             _collect_positions(value_node, key, out)
@@ -101,11 +171,16 @@ def read_spec_file(path: Path) -> tuple[dict[str, Any], dict[str, tuple[int, int
             hint=f"pass a file inside it, e.g. {path}/quickstart.yaml",
         )
     try:
-        raw = path.read_bytes()
+        if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block, /dev/zero never ends
+            raise SpecError(
+                source, [SpecProblem("", "is not a regular file (a device, pipe or socket)")], hint="pass a .yaml file"
+            )
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_SPEC_BYTES + 1)
     except OSError as exc:
         raise SpecError(source, [SpecProblem("", f"cannot read: {exc.strerror}")]) from None
     if len(raw) > MAX_SPEC_BYTES:
-        raise SpecError(source, [SpecProblem("", f"is {len(raw)} bytes; a job spec is a small YAML file")])
+        raise SpecError(source, [SpecProblem("", f"is over {MAX_SPEC_BYTES} bytes; a job spec is a small YAML file")])
     if b"\x00" in raw:
         raise SpecError(source, [SpecProblem("", "is a binary file, not YAML")], hint="pass a .yaml job spec")
     try:
@@ -128,6 +203,9 @@ def read_spec_file(path: Path) -> tuple[dict[str, Any], dict[str, tuple[int, int
             [SpecProblem("", f"top level is a {kind}; a job spec is a mapping of keys")],
             hint="the file should start with 'name: ...', not '- ...'",
         )
+    # Top-level 'x-...' keys hold anchors for '<<: *name' merges (the docker-compose convention).
+    for key in [key for key in data if isinstance(key, str) and key.startswith("x-")]:
+        del data[key]
     return data, positions
 
 

@@ -78,7 +78,7 @@ def test_allreduce_entrypoint_runs_on_two_nodes(slurm_cluster: SlurmCluster, tmp
     run_dir = Path(report["run_dir"])
     assert submitted.returncode == 0, f"{submitted}\n{task_logs(run_dir)}"
     assert run_dir.parent == tmp_path / "runs" / "entrypoint_allreduce"
-    assert report["cluster"] == "slurm"
+    assert report["cluster"] == "slurm" and report["backend"] == "slurm"  # the profile, then how it ran
     assert slurm_cluster.wait_state(report["job_id"]) == "COMPLETED"
 
     results = task_results(run_dir, report["job_id"], WORLD_SIZE)

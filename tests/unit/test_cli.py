@@ -232,6 +232,23 @@ def test_init_refuses_to_overwrite_without_force(tmp_path: Path, env: dict[str, 
     assert data["trainer"]["precision"] == "fp32"  # fp16 needs GPUs
 
 
+def test_init_refuses_what_would_not_validate(tmp_path: Path, env: dict[str, str]) -> None:
+    (tmp_path / "afile").touch()
+    results = hpctrain_all(
+        {"gpus": ["init", "big", "--gpus-per-node", "8"], "dir": ["init", "x", "--dir", "afile"]},
+        env=env,
+        cwd={"gpus": tmp_path, "dir": tmp_path},
+    )
+    assert_user_error(results["gpus"], 2, "'hal' nodes have 4 GPUs", "--gpus-per-node 4 --nodes 2")
+    assert_user_error(results["dir"], 2, "--dir afile is a file")
+    assert not any(tmp_path.rglob("*.yaml"))
+
+
+def test_init_on_hal_uses_a_batch_that_fits_a_v100(tmp_path: Path, env: dict[str, str]) -> None:
+    assert hpctrain("init", "hal", env=env, cwd=tmp_path).returncode == 0
+    assert yaml.safe_load((tmp_path / "jobs" / "hal.yaml").read_text())["trainer"]["batch_size"] == 208
+
+
 def test_init_rejects_a_bad_name(tmp_path: Path, env: dict[str, str]) -> None:
     assert_user_error(hpctrain("init", "../evil", env=env, cwd=tmp_path), 2, "not a job name")
     assert not any(tmp_path.rglob("*.yaml"))
@@ -404,3 +421,25 @@ def test_resume_of_a_sweep_names_the_trial_folder(tmp_path: Path, env: dict[str,
     result = hpctrain("resume", str(run_dir), env=env)
     assert_user_error(result, 2, "is a sweep", f"hpctrain resume {run_dir}/trial-NNN")
     assert "{run_dir}" not in result.stderr
+
+
+# ---------------------------------------------------------------- hostile input (issue 12)
+
+
+def test_hostile_yaml_is_refused_fast_by_every_spec_reader(tmp_path: Path, env: dict[str, str]) -> None:
+    bomb = ["name: bomb", "a0: &a0 [" + ", ".join(['"lol"'] * 9) + "]"]
+    bomb += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    (tmp_path / "bomb.yaml").write_text("\n".join(bomb) + "\n")
+    os.mkfifo(tmp_path / "fifo.yaml")
+    calls = {
+        "validate": ["validate", "bomb.yaml"],
+        "dry-run": ["submit", "bomb.yaml", "--dry-run"],
+        "rehearse": ["rehearse", "bomb.yaml"],
+        "fifo": ["validate", "fifo.yaml"],
+        "zero": ["validate", "/dev/zero"],
+    }
+    results = hpctrain_all(calls, env=env, cwd=dict.fromkeys(calls, tmp_path))
+    for key in ("validate", "dry-run", "rehearse"):
+        assert_user_error(results[key], 2, "aliases", "expand to more than")
+    assert_user_error(results["fifo"], 2, "not a regular file")
+    assert_user_error(results["zero"], 2, "not a regular file")

