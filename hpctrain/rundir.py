@@ -217,6 +217,8 @@ class Summary(BaseModel):
     val_top5: float | None = None
     best_val_top1: float | None = None
     train_images_per_s: float | None = None
+    data_wait_fraction: float | None = None  # time blocked on the next batch / step time (input-bound if high)
+    skipped_samples: int | None = None  # unreadable images replaced this attempt
     restarts: int | None = None
     stop_reason: str | None = None
     failed_rank: int | None = None

@@ -26,6 +26,8 @@ PROGRESS_KEYS = (
     "val_top1",
     "best_val_top1",
     "train_images_per_s",
+    "data_wait_fraction",
+    "skipped_samples",
     "restarts",
     "stop_reason",
     "failed_rank",
