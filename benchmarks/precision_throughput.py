@@ -12,44 +12,21 @@ ResNet-18 at 64 px so it finishes in about a minute.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import torchvision
-from torch import nn
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.trainer.precision import Precision, to_memory_format
+from hpctrain.trainer.data.bench import synthetic_step_rate
 
 
 def images_per_s(
     arch: str, precision: str, channels_last: bool, device: torch.device, batch: int, size: int, steps: int, warmup: int
 ) -> float:
-    model = to_memory_format(torchvision.models.get_model(arch, weights=None).to(device), channels_last)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    amp = Precision(precision, device)
-    model, optimizer = amp.prepare(model, optimizer)
-    loss_fn = nn.CrossEntropyLoss()
-    images = to_memory_format(torch.randn(batch, 3, size, size, device=device), channels_last)
-    labels = torch.randint(0, 1000, (batch,), device=device)
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with amp.autocast():
-            loss = loss_fn(model(images), labels)
-        amp.backward(loss, optimizer)
-        amp.step(optimizer)
-
-    for _ in range(warmup):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return batch * steps / (time.perf_counter() - start)
+    model = torchvision.models.get_model(arch, weights=None)
+    return synthetic_step_rate(
+        model, precision, channels_last, device, batch=batch, size=size, steps=steps, warmup=warmup
+    )
 
 
 def main() -> int:

@@ -127,7 +127,8 @@ def write_json_atomic(path: Path, value: Mapping[str, Any], *, sort_keys: bool =
     atomic_write_text(path, json.dumps(dict(value), indent=2, sort_keys=sort_keys, default=str) + "\n")
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``, or None when missing, unreadable or not an object; never raises."""
     try:
         value = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -260,7 +261,7 @@ def parse_summary(data: Any) -> Summary | None:
 
 def read_summary(run_dir: Path) -> Summary | None:
     """The run's summary, or None when there is none (yet) or it cannot be read."""
-    return parse_summary(_read_json(summary_path(run_dir)))
+    return parse_summary(read_json_object(summary_path(run_dir)))
 
 
 def write_summary(run_dir: Path, fields: Mapping[str, Any]) -> None:
@@ -276,7 +277,7 @@ def write_summary(run_dir: Path, fields: Mapping[str, Any]) -> None:
 
 def checkpoint_meta(step_dir: Path) -> dict[str, Any] | None:
     """``meta.json`` of a complete checkpoint folder (its state file has the recorded size), else None."""
-    meta = _read_json(Path(step_dir) / META_FILE)
+    meta = read_json_object(Path(step_dir) / META_FILE)
     if not meta or meta.get("format_version") != CHECKPOINT_FORMAT_VERSION:
         return None
     expected = meta.get("files", {}).get(STATE_FILE) if isinstance(meta.get("files"), dict) else None
@@ -307,7 +308,7 @@ def latest_checkpoint(directory: Path) -> Path | None:
 
 def best_checkpoint(directory: Path) -> Path | None:
     """The folder ``best.json`` points at, if it is complete."""
-    pointer = _read_json(Path(directory) / BEST_FILE)
+    pointer = read_json_object(Path(directory) / BEST_FILE)
     if not pointer or not isinstance(pointer.get("dir"), str):
         return None
     path = Path(directory) / pointer["dir"]
@@ -334,4 +335,5 @@ def checkpoint_metas(run_dir: Path, *, complete_only: bool = True) -> list[dict[
     if complete_only:
         return [meta for path in complete_checkpoints(checkpoints_dir(run_dir)) if (meta := checkpoint_meta(path))]
     folders = sorted(checkpoints_dir(run_dir).glob("step-*")) if checkpoints_dir(run_dir).is_dir() else []
-    return [meta for folder in folders if _STEP_DIR.match(folder.name) and (meta := _read_json(folder / META_FILE))]
+    metas = (read_json_object(folder / META_FILE) for folder in folders if _STEP_DIR.match(folder.name))
+    return [meta for meta in metas if meta]

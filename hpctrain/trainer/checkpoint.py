@@ -36,7 +36,7 @@ import torch
 
 from hpctrain import rundir
 from hpctrain.errors import CheckpointError
-from hpctrain.rundir import BEST_FILE, META_FILE, STATE_FILE, step_dir_name
+from hpctrain.rundir import BEST_FILE, META_FILE, STATE_FILE, read_json_object, step_dir_name
 from hpctrain.trainer.snapshot import SAFE_SCALARS, StagingBuffers, refuse_type
 
 log = logging.getLogger(__name__)
@@ -199,7 +199,7 @@ class CheckpointManager:
             shutil.rmtree(old, ignore_errors=True)
 
     def _update_best(self, name: str, info: dict[str, Any]) -> None:
-        current = _read_json(self.directory / BEST_FILE)
+        current = read_json_object(self.directory / BEST_FILE)
         previous = current.get("metric") if current else None
         still_there = current is not None and (self.directory / str(current.get("dir"))).is_dir()
         if still_there and isinstance(previous, (int, float)) and previous >= info["metric"] and current["dir"] != name:
@@ -280,14 +280,6 @@ def _read_meta(path: Path, *, quick_check: bool) -> dict[str, Any] | None:
     if not quick_check and _file_digest(path / STATE_FILE)[1] != meta["files"][STATE_FILE].get("sha256"):
         return None
     return meta
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _check_safe_types(value: Any, path: tuple[Any, ...] = ()) -> None:

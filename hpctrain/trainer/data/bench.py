@@ -65,16 +65,35 @@ def gpu_decode_rate(spec: JobSpec, decoder: str, device: torch.device, *, batche
 def training_rate(spec: JobSpec, device: torch.device, *, steps: int = 20, warmup: int = 5) -> float:
     """Images/s of forward + backward + SGD for the spec's arch, precision, memory format and per-GPU batch."""
     from hpctrain.trainer.models import build_model
-    from hpctrain.trainer.precision import Precision, to_memory_format
 
     cfg, size = spec.trainer, spec.data.image_size
-    model = to_memory_format(build_model(cfg, 1000, image_size=size).to(device), cfg.channels_last)
+    model = build_model(cfg, 1000, image_size=size)
+    return synthetic_step_rate(
+        model, cfg.precision, cfg.channels_last, device, batch=cfg.batch_size, size=size, steps=steps, warmup=warmup
+    )
+
+
+def synthetic_step_rate(
+    model: nn.Module,
+    precision: str,
+    channels_last: bool,
+    device: torch.device,
+    *,
+    batch: int,
+    size: int,
+    steps: int,
+    warmup: int,
+) -> float:
+    """Images/s of ``model``'s forward + backward + SGD step on one synthetic batch, through hpctrain's
+    ``Precision`` and memory format (also what benchmarks/precision_throughput.py times)."""
+    from hpctrain.trainer.precision import Precision, to_memory_format
+
+    model = to_memory_format(model.to(device), channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    amp = Precision(cfg.precision, device)
+    amp = Precision(precision, device)
     model, optimizer = amp.prepare(model, optimizer)
     loss_fn = nn.CrossEntropyLoss()
-    batch = cfg.batch_size
-    images = to_memory_format(torch.randn(batch, 3, size, size, device=device), cfg.channels_last)
+    images = to_memory_format(torch.randn(batch, 3, size, size, device=device), channels_last)
     labels = torch.randint(0, 1000, (batch,), device=device)
 
     def step() -> None:
