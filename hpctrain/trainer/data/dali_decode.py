@@ -48,7 +48,9 @@ def dali_decode_batch(batch: EncodedBatch, device: torch.device) -> torch.Tensor
         )
     for i, payload in enumerate(batch.payloads):
         if payload.dim() == 3:
-            out[i] = crop_resize_flip(payload.to(device), batch.boxes[i].tolist(), batch.image_size)
+            out[i] = crop_resize_flip(
+                payload.to(device), batch.boxes[i].tolist(), batch.image_size, whole=batch.resize is not None
+            )
     return out
 
 

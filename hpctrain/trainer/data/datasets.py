@@ -118,3 +118,6 @@ class ValImages(_IndexedImages):
 
     def box_fn(self, epoch: int, index: int) -> Callable[[int, int], CropBox]:
         return lambda width, height: val_crop(width, height, self.image_size, self.resize)
+
+    def load(self, path: str, box_for: Callable[[int, int], CropBox]) -> Any:
+        return decode_crop(path, box_for, self.image_size, whole=True)  # the box's fractional edges kept

@@ -55,8 +55,10 @@ def reduction(box: CropBox, out_size: int) -> int:
     return next((s for s in _SCALES if short / s >= out_size), 1)
 
 
-def decode_crop(path: str, box_fn: BoxFn, out_size: int) -> torch.Tensor:
-    """uint8 (3, out_size, out_size): ``box_fn(width, height) -> CropBox`` picks the box from the header size."""
+def decode_crop(path: str, box_fn: BoxFn, out_size: int, whole: bool = False) -> torch.Tensor:
+    """uint8 (3, out_size, out_size): ``box_fn(width, height) -> CropBox`` picks the box from the header size.
+
+    ``whole``: resize the whole image, then crop (validation; see ``crop_resize``)."""
     if jpeg_decoder() == "simplejpeg":
         with open(path, "rb") as file:
             data = file.read()
@@ -66,40 +68,72 @@ def decode_crop(path: str, box_fn: BoxFn, out_size: int) -> torch.Tensor:
             except ValueError:
                 colorspace = "unreadable"  # let PIL decide: it reads some files TurboJPEG refuses
             if colorspace in ("YCbCr", "Gray"):
-                return _simplejpeg_crop(data, box_fn(width, height), width, height, out_size)
-    return _pil_crop(path, box_fn, out_size)
+                return _simplejpeg_crop(data, box_fn(width, height), width, height, out_size, whole)
+    return _pil_crop(path, box_fn, out_size, whole)
 
 
-def _simplejpeg_crop(data: bytes, box: CropBox, width: int, height: int, out_size: int) -> torch.Tensor:
+def _simplejpeg_crop(data: bytes, box: CropBox, width: int, height: int, out_size: int, whole: bool) -> torch.Tensor:
     factor = reduction(box, out_size)
     pixels = simplejpeg.decode_jpeg(
-        data, "RGB", fastdct=True, min_height=math.ceil(height / factor), min_width=math.ceil(width / factor)
-    )
-    return crop_resize(pixels, box, width, height, out_size)
+        data, "RGB", fastdct=False, min_height=math.ceil(height / factor), min_width=math.ceil(width / factor)
+    )  # fastdct=False: libjpeg's accurate IDCT, PIL's; the fast one shifts colours (R, B about -1.2/255 on average)
+    return crop_resize(pixels, box, width, height, out_size, whole)
 
 
-def crop_resize(pixels: np.ndarray, box: CropBox, width: int, height: int, out_size: int) -> torch.Tensor:
+def crop_resize(
+    pixels: np.ndarray, box: CropBox, width: int, height: int, out_size: int, whole: bool = False
+) -> torch.Tensor:
     """uint8 CHW: ``box`` (in the ``width`` x ``height`` source) of the decoded HWC ``pixels``, resized and flipped.
 
     torch's uint8 antialiased bilinear resize on a channels-last view (the
     algorithm PIL uses, vectorised: about 3x faster than PIL's resize). Box
     edges are rounded to the decoded image's pixels: exact when no DCT
     reduction was used, under half a decoded pixel off otherwise.
+
+    ``whole=True`` (validation: ``val_crop``'s fractional box) resizes the whole
+    image by the box's scale and crops the box from that, i.e. torchvision's
+    Resize + CenterCrop step for step, so the box's fractional edges are kept
+    (rounding them zooms small images: 56.9 -> 56 px at 64/72 is 1.6 %).
     """
-    sx, sy = pixels.shape[1] / width, pixels.shape[0] / height
-    left, top = round(box.left * sx), round(box.top * sy)
-    right = max(left + 1, min(pixels.shape[1], round((box.left + box.width) * sx)))
-    bottom = max(top + 1, min(pixels.shape[0], round((box.top + box.height) * sy)))
     with warnings.catch_warnings():  # PIL's array is read-only; it is only read here
         warnings.simplefilter("ignore", UserWarning)
-        region = torch.from_numpy(pixels).permute(2, 0, 1)[None, :, top:bottom, left:right]  # channels-last view
-    out = torch.nn.functional.interpolate(region, size=(out_size, out_size), mode="bilinear", antialias=True)[0]
+        image = torch.from_numpy(pixels).permute(2, 0, 1)[None]  # channels-last view
+    top, left, bottom, right, resized = pixel_box(box, width, height, pixels.shape[1], pixels.shape[0], out_size, whole)
+    if resized is None:
+        region = image[:, :, top:bottom, left:right]
+        out = torch.nn.functional.interpolate(region, size=(out_size, out_size), mode="bilinear", antialias=True)[0]
+    else:
+        out = torch.nn.functional.interpolate(image, size=resized, mode="bilinear", antialias=True)[0]
+        out = out[:, top:bottom, left:right]
     if box.flip:
         out = out.flip(-1)
     return out.contiguous()
 
 
-def _pil_crop(path: str, box_fn: BoxFn, out_size: int) -> torch.Tensor:
+def pixel_box(
+    box: CropBox, width: int, height: int, image_w: int, image_h: int, out_size: int, whole: bool = False
+) -> tuple[int, int, int, int, tuple[int, int] | None]:
+    """(top, left, bottom, right, resized): where ``box`` (in the ``width`` x ``height`` source) lies in pixels.
+
+    ``resized`` None: the box's edges in the ``image_w`` x ``image_h`` decoded image,
+    rounded, to be resized to ``out_size``. Otherwise ``(h, w)``: the size to resize the
+    whole image to, and the edges are an ``out_size`` square in that resized image.
+    Shared with the device decoders (``device_decode``).
+    """
+    sx, sy = image_w / width, image_h / height
+    if whole:
+        zx, zy = out_size / (box.width * sx), out_size / (box.height * sy)  # resized px per decoded px
+        resized = (max(out_size, round(image_h * zy)), max(out_size, round(image_w * zx)))
+        top = min(resized[0] - out_size, max(0, round(box.top * sy * zy)))
+        left = min(resized[1] - out_size, max(0, round(box.left * sx * zx)))
+        return top, left, top + out_size, left + out_size, resized
+    left, top = round(box.left * sx), round(box.top * sy)
+    right = max(left + 1, min(image_w, round((box.left + box.width) * sx)))
+    bottom = max(top + 1, min(image_h, round((box.top + box.height) * sy)))
+    return top, left, bottom, right, None
+
+
+def _pil_crop(path: str, box_fn: BoxFn, out_size: int, whole: bool) -> torch.Tensor:
     with Image.open(path) as image:
         width, height = image.size
         box = box_fn(width, height)
@@ -109,4 +143,4 @@ def _pil_crop(path: str, box_fn: BoxFn, out_size: int) -> torch.Tensor:
         if image.mode != "RGB":
             image = image.convert("RGB")  # grayscale, CMYK (Adobe-inverted too), palette, RGBA
         pixels = np.asarray(image)
-    return crop_resize(pixels, box, width, height, out_size)
+    return crop_resize(pixels, box, width, height, out_size, whole)

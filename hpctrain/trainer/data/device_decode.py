@@ -137,7 +137,7 @@ def decode_batch(
     boxes: torch.Tensor,
     image_size: int,
     device: torch.device,
-    resize: int | None = None,  # unused here: the boxes carry the validation transform
+    resize: int | None = None,  # set for validation: the whole image is resized, then the box cropped
 ) -> torch.Tensor:
     """Decode the encoded payloads in one batched nvJPEG call (CPU libjpeg on a CPU device),
     then crop/resize/flip every image to its box, uint8 [N, 3, image_size, image_size] on ``device``.
@@ -147,22 +147,28 @@ def decode_batch(
     decoded = dict(zip(encoded, decode_jpegs([payloads[i] for i in encoded], device)))
     for i, payload in enumerate(payloads):
         image = decoded[i] if i in decoded else payload.to(device, non_blocking=True)
-        out[i] = crop_resize_flip(image, boxes[i].tolist(), image_size)
+        out[i] = crop_resize_flip(image, boxes[i].tolist(), image_size, whole=resize is not None)
     return out
 
 
-def crop_resize_flip(image: torch.Tensor, box: Sequence[float], image_size: int) -> torch.Tensor:
+def crop_resize_flip(image: torch.Tensor, box: Sequence[float], image_size: int, whole: bool = False) -> torch.Tensor:
     """One uint8 CHW image -> its box, resized to image_size square (antialiased bilinear), maybe flipped.
 
-    The box's edges are rounded to whole pixels as ``decode.crop_resize`` (the CPU path) rounds them.
+    Pixels as ``decode.crop_resize`` (the CPU path) picks them (``decode.pixel_box``): the box's edges
+    rounded to whole pixels, or with ``whole`` (validation) the whole image resized and the box cropped.
     """
     from torchvision.transforms.v2 import functional as F
 
+    from hpctrain.trainer.data.decode import pixel_box
+
     top_f, left_f, height_f, width_f, flip = (float(v) for v in box)
-    top, left = round(top_f), round(left_f)
-    bottom = max(top + 1, min(image.shape[-2], round(top_f + height_f)))
-    right = max(left + 1, min(image.shape[-1], round(left_f + width_f)))
-    out = F.resized_crop(image, top, left, bottom - top, right - left, [image_size, image_size], antialias=True)
+    box_ = CropBox(top_f, left_f, height_f, width_f, bool(flip))
+    width, height = image.shape[-1], image.shape[-2]
+    top, left, bottom, right, resized = pixel_box(box_, width, height, width, height, image_size, whole)
+    if resized is None:
+        out = F.resized_crop(image, top, left, bottom - top, right - left, [image_size, image_size], antialias=True)
+    else:
+        out = F.resize(image, list(resized), antialias=True)[..., top:bottom, left:right]
     return out.flip(-1) if flip else out
 
 
