@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from data_helpers import data_spec
 from torch.utils.data import DistributedSampler
 
 from hpctrain.errors import TrainingConfigError
@@ -21,25 +22,12 @@ from hpctrain.trainer.data import (
     build_val_loader,
 )
 from hpctrain.trainer.data.datasets import TrainImages
-from hpctrain.trainer.dataset_gen import make_dataset
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("data") / "ds"
-    make_dataset(out, classes=3, per_class=8, val_per_class=5, image_size=40)
-    return out
-
-
-def _spec(root: Path, **kwargs: object) -> Data:
-    return Data(**{"root": str(root), "image_size": 32, "val_resize": 36, "workers": 0, **kwargs})
-
 
 # --- datasets and layout errors ---------------------------------------------------------------
 
 
 def test_datasets_hand_over_uint8_crops(root: Path) -> None:
-    train, val = build_datasets(_spec(root))
+    train, val = build_datasets(data_spec(root))
     assert isinstance(train, TrainImages)
     assert train.classes == val.classes == ["class_00", "class_01", "class_02"]
     assert len(train) == 24 and len(val) == 15
@@ -53,14 +41,14 @@ def test_datasets_hand_over_uint8_crops(root: Path) -> None:
 def test_evaluate_only_needs_no_train_dir(root: Path, tmp_path: Path) -> None:
     only_val = tmp_path / "only_val"
     shutil.copytree(root / "val", only_val / "val")
-    train, val = build_datasets(_spec(only_val), train=False)
+    train, val = build_datasets(data_spec(only_val), train=False)
     assert train is None and len(val) == 15
 
 
 def test_missing_root_names_the_key_the_path_and_the_fix(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
     with pytest.raises(TrainingConfigError) as info:
-        build_datasets(_spec(missing))
+        build_datasets(data_spec(missing))
     assert info.value.message.startswith("data.root:") and str(missing) in info.value.message
     assert "hpctrain make-dataset DIR" in info.value.hint
 
@@ -74,7 +62,7 @@ def test_missing_split_names_the_exact_path(root: Path, tmp_path: Path) -> None:
     partial = tmp_path / "partial"
     shutil.copytree(root / "train", partial / "train")
     with pytest.raises(TrainingConfigError) as info:
-        build_datasets(_spec(partial))
+        build_datasets(data_spec(partial))
     assert info.value.message.startswith("data.val_dir:")
     assert str(partial / "val") in info.value.message and "make-dataset" in info.value.hint
 
@@ -84,7 +72,7 @@ def test_class_folder_without_images_keeps_its_label(root: Path, tmp_path: Path)
     shutil.copytree(root, broken)
     for image in (broken / "train" / "class_01").iterdir():
         image.unlink()
-    train, val = build_datasets(_spec(broken))
+    train, val = build_datasets(data_spec(broken))
     assert train.classes == val.classes and len(train) == 16 and 1 not in train.targets
 
 
@@ -92,7 +80,7 @@ def test_split_without_any_image_is_a_config_error(tmp_path: Path) -> None:
     for split in ("train", "val"):
         (tmp_path / split / "a").mkdir(parents=True)
     with pytest.raises(TrainingConfigError, match="data.val_dir: .* not a usable ImageFolder"):
-        build_datasets(_spec(tmp_path))
+        build_datasets(data_spec(tmp_path))
 
 
 def test_train_and_val_classes_must_agree(root: Path, tmp_path: Path) -> None:
@@ -100,7 +88,7 @@ def test_train_and_val_classes_must_agree(root: Path, tmp_path: Path) -> None:
     shutil.copytree(root, odd)
     shutil.rmtree(odd / "val" / "class_02")
     with pytest.raises(TrainingConfigError, match=r"only in train: \['class_02'\]"):
-        build_datasets(_spec(odd))
+        build_datasets(data_spec(odd))
 
 
 def test_val_resize_below_image_size_is_refused(root: Path) -> None:
@@ -128,12 +116,12 @@ def test_distributed_sampler_would_double_count() -> None:
 
 
 def test_val_loaders_over_ranks_see_the_whole_val_set(root: Path) -> None:
-    _, val = build_datasets(_spec(root))
+    _, val = build_datasets(data_spec(root))
     for world_size in (1, 2, 4):
         labels = []
         for rank in range(world_size):
             loader = build_val_loader(
-                val, _spec(root), rank=rank, world_size=world_size, batch_size=4, device_is_cuda=False
+                val, data_spec(root), rank=rank, world_size=world_size, batch_size=4, device_is_cuda=False
             )
             labels += [int(t) for _, targets in loader for t in targets]
         assert sorted(labels) == sorted(val.targets)
@@ -202,7 +190,7 @@ def test_a_new_epoch_forgets_the_resume_offset() -> None:
 
 
 def test_augmentation_is_a_pure_function_of_seed_epoch_and_index(root: Path) -> None:
-    train, _ = build_datasets(_spec(root), seed=11)
+    train, _ = build_datasets(data_spec(root), seed=11)
     train.set_epoch(4)
     first = train[5][0]
     torch.manual_seed(123)
@@ -218,13 +206,13 @@ def test_augmentation_is_a_pure_function_of_seed_epoch_and_index(root: Path) -> 
 
     train.set_epoch(5)
     assert not torch.equal(first, train[5][0])
-    other_seed, _ = build_datasets(_spec(root), seed=12)
+    other_seed, _ = build_datasets(data_spec(root), seed=12)
     other_seed.set_epoch(4)
     assert not torch.equal(first, other_seed[5][0])
 
 
 def _epochs(root: Path, workers: int, epochs: range, start_batch: int = 0) -> list[list[torch.Tensor]]:
-    data = _spec(root, workers=workers, persistent_workers=True, prefetch_factor=2)
+    data = data_spec(root, workers=workers, persistent_workers=True, prefetch_factor=2)
     loaders = build_loaders(
         data, Trainer(batch_size=4), rank=0, world_size=1, device_is_cuda=False, epoch_seed=9, batch_size=4
     )
@@ -251,7 +239,7 @@ def test_augmented_batches_do_not_depend_on_workers_and_survive_resume(root: Pat
 
 
 def test_loader_settings_follow_the_spec(root: Path) -> None:
-    data = _spec(root, workers=2, prefetch_factor=3, pin_memory=True)
+    data = data_spec(root, workers=2, prefetch_factor=3, pin_memory=True)
     loaders = build_loaders(
         data, Trainer(batch_size=4), rank=1, world_size=2, device_is_cuda=False, epoch_seed=0, batch_size=6
     )
@@ -265,7 +253,7 @@ def test_loader_settings_follow_the_spec(root: Path) -> None:
     assert len(loaders.train_sampler) == 12
 
     zero = build_loaders(
-        _spec(root), Trainer(), rank=0, world_size=1, device_is_cuda=True, epoch_seed=0, batch_size=256
+        data_spec(root), Trainer(), rank=0, world_size=1, device_is_cuda=True, epoch_seed=0, batch_size=256
     )
     assert zero.train_loader.num_workers == 0 and not zero.train_loader.persistent_workers
     assert zero.train_loader.pin_memory
@@ -273,7 +261,13 @@ def test_loader_settings_follow_the_spec(root: Path) -> None:
 
 def test_evaluate_only_builds_no_train_loader(root: Path) -> None:
     loaders = build_loaders(
-        _spec(root), Trainer(evaluate_only=True), rank=0, world_size=1, device_is_cuda=False, epoch_seed=0, batch_size=4
+        data_spec(root),
+        Trainer(evaluate_only=True),
+        rank=0,
+        world_size=1,
+        device_is_cuda=False,
+        epoch_seed=0,
+        batch_size=4,
     )
     assert loaders.train_loader is None and loaders.train_sampler is None and loaders.num_classes == 3
     loaders.set_epoch(1)  # harmless without a train side

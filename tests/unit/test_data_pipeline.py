@@ -11,27 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from data_helpers import data_spec
 from PIL import Image
 from torchvision import transforms
 
-from hpctrain.spec.models import Data
 from hpctrain.trainer.data import build_datasets, val_transform
 from hpctrain.trainer.data.augment import CropBox, train_crop, val_crop
 from hpctrain.trainer.data.decode import decode_crop, header_size
 from hpctrain.trainer.data.device_input import to_model_input
 from hpctrain.trainer.data.index import cached_index, scan_split, shared_index
-from hpctrain.trainer.dataset_gen import make_dataset
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("data") / "ds"
-    make_dataset(out, classes=3, per_class=8, val_per_class=5, image_size=40)
-    return out
-
-
-def _spec(root: Path, **kwargs: object) -> Data:
-    return Data(**{"root": str(root), "image_size": 32, "val_resize": 36, "workers": 0, **kwargs})
 
 
 def _photo(path: Path, size: tuple[int, int], mode: str = "RGB") -> Path:
@@ -237,7 +225,7 @@ def test_bad_files_are_replaced_deterministically_and_counted(
     files[1].write_text("not an image")  # not a JPEG at all
     files[2].chmod(0)  # unreadable (as root this still reads: then it simply decodes)
     _photo(files[3].with_suffix(".png"), (50, 40))  # a PNG decodes through PIL
-    train, _ = build_datasets(_spec(bad), seed=5)
+    train, _ = build_datasets(data_spec(bad), seed=5)
     train.set_epoch(2)
     with caplog.at_level("WARNING"):
         first = [train[i] for i in range(len(train))]

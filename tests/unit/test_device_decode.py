@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from data_helpers import data_spec
 from PIL import Image
 from torch.utils.data import DataLoader
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.spec.models import Data, Trainer
+from hpctrain.spec.models import Trainer
 from hpctrain.trainer.data import build_datasets, build_loaders, encoded_datasets
 from hpctrain.trainer.data.augment import train_crop
 from hpctrain.trainer.data.device_decode import (
@@ -49,10 +50,6 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _spec(root: Path, **kwargs: object) -> Data:
-    return Data(**{"root": str(root), "image_size": 32, "val_resize": 36, "workers": 0, **kwargs})
-
-
 def _device_images(dataset, indices: list[int], resize: int | None = None) -> torch.Tensor:
     batch, _ = EncodedCollate(32, resize=resize)([dataset[i] for i in indices])
     images = batch.to(CPU)
@@ -62,8 +59,8 @@ def _device_images(dataset, indices: list[int], resize: int | None = None) -> to
 
 @pytest.mark.parametrize("epoch", [0, 3])
 def test_training_crops_match_the_cpu_pipeline(root: Path, epoch: int) -> None:
-    train, val = build_datasets(_spec(root), seed=7)
-    encoded_train, _, _, _ = encoded_datasets(train, val, _spec(root), "gpu")
+    train, val = build_datasets(data_spec(root), seed=7)
+    encoded_train, _, _, _ = encoded_datasets(train, val, data_spec(root), "gpu")
     train.set_epoch(epoch)
     encoded_train.set_epoch(epoch)
     indices = list(range(len(train)))
@@ -80,8 +77,8 @@ def test_training_crops_match_the_cpu_pipeline(root: Path, epoch: int) -> None:
 
 
 def test_validation_center_crop_matches_the_cpu_pipeline(root: Path) -> None:
-    train, val = build_datasets(_spec(root), seed=0)
-    _, encoded_val, _, _ = encoded_datasets(train, val, _spec(root), "gpu")
+    train, val = build_datasets(data_spec(root), seed=0)
+    _, encoded_val, _, _ = encoded_datasets(train, val, data_spec(root), "gpu")
     indices = list(range(len(val)))
     on_device = _device_images(encoded_val, indices, resize=36)
     on_cpu = normalised(torch.stack([val[i][0] for i in indices]))
@@ -132,8 +129,8 @@ def test_a_corrupt_jpeg_in_a_batch_falls_back_to_pil(tmp_path: Path) -> None:
 
 
 def test_batches_survive_loader_workers_and_report_their_shape(root: Path) -> None:
-    train, val = build_datasets(_spec(root), seed=0)
-    encoded_train, _, collate, _ = encoded_datasets(train, val, _spec(root), "gpu")
+    train, val = build_datasets(data_spec(root), seed=0)
+    encoded_train, _, collate, _ = encoded_datasets(train, val, data_spec(root), "gpu")
     loader = DataLoader(encoded_train, batch_size=4, num_workers=2, collate_fn=collate)
     batches = list(loader)
     assert [len(batch) for batch, _ in batches] == [4, 4, 4, 4, 2]
@@ -157,5 +154,11 @@ def test_auto_decodes_on_the_cpu_of_a_cpu_task() -> None:
 def test_build_loaders_refuses_gpu_decoding_on_a_cpu_task(root: Path) -> None:
     with pytest.raises(TrainingConfigError, match="data.decode"):
         build_loaders(
-            _spec(root, decode="gpu"), Trainer(), rank=0, world_size=1, device_is_cuda=False, epoch_seed=0, batch_size=4
+            data_spec(root, decode="gpu"),
+            Trainer(),
+            rank=0,
+            world_size=1,
+            device_is_cuda=False,
+            epoch_seed=0,
+            batch_size=4,
         )
