@@ -36,7 +36,6 @@ from torchvision import transforms
 
 from hpctrain.errors import TrainingConfigError
 from hpctrain.spec.models import Data, Trainer
-from hpctrain.trainer.data.augment import sample_seed
 from hpctrain.trainer.data.datasets import TrainImages, ValImages
 from hpctrain.trainer.data.device_decode import (
     DeviceBackend,
@@ -76,51 +75,6 @@ def val_transform(image_size: int, resize: int) -> transforms.Compose:
             transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
         ]
     )
-
-
-class SeededAugmentDataset(Dataset):
-    """Wraps a dataset so ``self[i]`` in epoch ``e`` is a pure function of (seed, e, i).
-
-    For arbitrary torchvision transforms (the reference pipeline); the trainer
-    uses ``TrainImages``, which needs no global-RNG fork.
-
-    The wrapped dataset's transform runs with the torch, Python and NumPy global
-    RNGs seeded for that sample and restored afterwards, so any torchvision v1
-    transform works unchanged. The epoch lives in shared memory so persistent
-    workers see ``set_epoch`` calls made in the main process.
-    """
-
-    def __init__(self, base: Dataset, seed: int) -> None:
-        self.base = base
-        self.seed = seed
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
-
-    def set_epoch(self, epoch: int) -> None:
-        self._epoch.fill_(epoch)
-
-    @property
-    def epoch(self) -> int:
-        return int(self._epoch.item())
-
-    @property
-    def classes(self) -> list[str]:
-        return self.base.classes
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    def __getitem__(self, index: int) -> Any:
-        seed = sample_seed(self.seed, self.epoch, index)
-        py_state, np_state = random.getstate(), np.random.get_state()
-        try:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
-                random.seed(seed)
-                np.random.seed(seed & 0xFFFFFFFF)
-                return self.base[index]
-        finally:
-            random.setstate(py_state)
-            np.random.set_state(np_state)
 
 
 class ResumableDistributedSampler(Sampler[int]):
