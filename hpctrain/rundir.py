@@ -10,6 +10,11 @@ only through here. A run directory holds::
     checkpoints/step-NNNNNNNN/{state.pt,meta.json}, checkpoints/best.json
     tb/, metrics.jsonl, summary.json    what the trainer reports
     .hpctrain/cancel-requested      ``hpctrain cancel``'s marker
+    heartbeats/rank-NNNNN.json      each rank's last step, phase and step times (hang/straggler detection)
+    stacks/rank-NNNNN.txt           each rank's Python stacks, dumped when the job hangs
+
+A study (one Slurm job per resource point) is ``OUTPUT_DIR/NAME/STUDY_ID/``
+with ``study.json`` listing its points and one run directory per point.
 
 A checkpoint is complete (its ``meta.json``, written last, records the size
 of ``state.pt``) or it is ignored. ``summary.json`` is read as a typed
@@ -44,6 +49,9 @@ CANCEL_MARKER_NAME = "cancel-requested"
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
 BEST_FILE = "best.json"
+HEARTBEATS_DIR = "heartbeats"
+STACKS_DIR = "stacks"
+STUDY_FILE = "study.json"
 CHECKPOINT_FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -86,6 +94,33 @@ def cancel_marker_path(run_dir: str | Path) -> Path:
 def trial_dir(sweep_dir: Path, index: int) -> Path:
     """Where trial ``index`` of a sweep runs (its own run directory)."""
     return Path(sweep_dir) / f"trial-{index:03d}"
+
+
+def heartbeats_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / HEARTBEATS_DIR
+
+
+def heartbeat_path(run_dir: Path, rank: int) -> Path:
+    """Rank ``rank``'s heartbeat file (written atomically at a low rate)."""
+    return heartbeats_dir(run_dir) / f"rank-{rank:05d}.json"
+
+
+def stacks_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / STACKS_DIR
+
+
+def stack_dump_path(run_dir: Path, rank: int) -> Path:
+    """Where rank ``rank`` dumps its Python stacks (faulthandler) when the job hangs."""
+    return stacks_dir(run_dir) / f"rank-{rank:05d}.txt"
+
+
+def study_file(study_dir: Path) -> Path:
+    return Path(study_dir) / STUDY_FILE
+
+
+def is_study_dir(path: Path) -> bool:
+    """A study directory holds ``study.json`` (its points are run directories below it)."""
+    return study_file(Path(path)).is_file()
 
 
 def submitit_dir(run_dir: Path, info: Mapping[str, Any] | None = None) -> Path:
@@ -225,6 +260,9 @@ class Summary(BaseModel):
     failed_rank: int | None = None
     failed_node: str | None = None
     failed_reason: str | None = None
+    hung_rank: int | None = None  # the rank that stopped making progress first (hang detection)
+    hung_node: str | None = None
+    hung_phase: str | None = None
     error: str | None = None
     wall_s: float | None = None
     started_at: str | None = None
