@@ -9,6 +9,7 @@ Spec -> parameters is a pure function, tested against golden files.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -19,8 +20,8 @@ import submitit
 from submitit.slurm.slurm import _convert_mem
 
 import hpctrain
-from hpctrain import job_registry
-from hpctrain.errors import ClusterError
+from hpctrain import code_snapshot, job_registry
+from hpctrain.errors import ClusterError, UsageError
 from hpctrain.rundir import (
     atomic_write_text,
     create_run_dir,
@@ -139,8 +140,8 @@ class SubmittedRun:
     trial_dirs: list[Path]
 
 
-def submit(job: LoadedJob, *, local: bool = False) -> SubmittedRun:
-    """Create the run directory, write the resolved spec, and submit."""
+def submit(job: LoadedJob, *, local: bool = False, snapshot: bool = True) -> SubmittedRun:
+    """Create the run directory, write the resolved spec, copy the user's code, and submit."""
     backend = backend_for(job, local)
     if backend == "slurm" and shutil.which("sbatch") is None:
         raise ClusterError(
@@ -150,15 +151,23 @@ def submit(job: LoadedJob, *, local: bool = False) -> SubmittedRun:
     run_dir = create_run_dir(job.spec.output_dir, job.spec.name)
     trial_dirs = _write_trials(job, run_dir)
     try:
-        jobs = _launch(job, backend, run_dir, trial_dirs)
-    except ClusterError:
+        copied = _snapshot_code(job, run_dir) if snapshot else None
+        code_root = str(run_dir / copied.import_root) if copied else None
+        jobs = _launch(job, backend, run_dir, trial_dirs, code_root)
+    except (ClusterError, UsageError):
         _remove_unsubmitted(run_dir)
         raise
     job_id = jobs[0].job_id.split("_")[0] if job.is_sweep else jobs[0].job_id
+    code = {"code_snapshot": copied.as_json()} if copied else {}
     for one_dir, one in zip(trial_dirs, jobs):
-        _record_submission(one_dir, job, backend, one.job_id, submitit_dir(run_dir))
+        trial_code = (
+            {"code_snapshot": {**copied.as_json(), "import_root": os.path.relpath(code_root, one_dir)}}
+            if copied
+            else {}
+        )
+        _record_submission(one_dir, job, backend, one.job_id, submitit_dir(run_dir), extra=trial_code)
     if job.is_sweep:
-        _record_submission(run_dir, job, backend, job_id, submitit_dir(run_dir), trials=len(jobs))
+        _record_submission(run_dir, job, backend, job_id, submitit_dir(run_dir), trials=len(jobs), extra=code)
     return SubmittedRun(job_id, run_dir, backend, jobs, trial_dirs)
 
 
@@ -167,7 +176,8 @@ def resubmit(run_dir: Path, job: LoadedJob, *, local: bool = False) -> Submitted
     backend = backend_for(job, local)
     if backend == "slurm" and shutil.which("sbatch") is None:
         raise ClusterError("'sbatch' is not on this machine", hint="resume from a login node, or pass --local")
-    jobs = _launch(job, backend, run_dir, [run_dir])
+    code_root = code_snapshot.import_root(run_dir, read_run_info(run_dir).get("code_snapshot"))
+    jobs = _launch(job, backend, run_dir, [run_dir], str(code_root) if code_root else None)
     _record_submission(run_dir, job, backend, jobs[0].job_id, submitit_dir(run_dir))
     return SubmittedRun(jobs[0].job_id, run_dir, backend, jobs, [run_dir])
 
@@ -186,9 +196,19 @@ def _write_trials(job: LoadedJob, run_dir: Path) -> list[Path]:
     return dirs
 
 
-def _launch(job: LoadedJob, backend: Backend, run_dir: Path, trial_dirs: list[Path]) -> list[submitit.Job]:
+def _snapshot_code(job: LoadedJob, run_dir: Path) -> code_snapshot.Snapshot | None:
+    """Copy the entry point's code into the run directory (see code_snapshot.py); None without one."""
+    if job.spec.entrypoint is None:
+        return None
+    source = code_snapshot.locate(job.spec.entrypoint)
+    return code_snapshot.take(source, run_dir) if source is not None else None
+
+
+def _launch(
+    job: LoadedJob, backend: Backend, run_dir: Path, trial_dirs: list[Path], code_root: str | None = None
+) -> list[submitit.Job]:
     executor = build_executor(job, backend, run_dir)
-    launchers = task_launchers(job, trial_dirs)
+    launchers = task_launchers(job, trial_dirs, code_root)
     try:
         if len(launchers) == 1:
             return [executor.submit(launchers[0])]
@@ -200,15 +220,24 @@ def _launch(job: LoadedJob, backend: Backend, run_dir: Path, trial_dirs: list[Pa
         raise ClusterError(f"sbatch: {meaning}: {_first_lines(str(exc))}", hint=hint) from None
 
 
-def task_launchers(job: LoadedJob, run_dirs: list[Path]) -> list:
+def task_launchers(job: LoadedJob, run_dirs: list[Path], code_root: str | None = None) -> list:
     """One launcher per trial, each holding that trial's resolved spec (a plain job is one trial)."""
     from hpctrain.runtime.launcher import TaskLauncher  # light: imports no torch
 
-    return [TaskLauncher(trial.model_dump(mode="json"), str(d)) for trial, d in zip(job.trials, run_dirs, strict=True)]
+    return [
+        TaskLauncher(trial.model_dump(mode="json"), str(d), code_root)
+        for trial, d in zip(job.trials, run_dirs, strict=True)
+    ]
 
 
 def _record_submission(
-    run_dir: Path, job: LoadedJob, backend: Backend, job_id: str, folder: Path, trials: int | None = None
+    run_dir: Path,
+    job: LoadedJob,
+    backend: Backend,
+    job_id: str,
+    folder: Path,
+    trials: int | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> None:
     try:
         info = read_run_info(run_dir)
@@ -233,6 +262,7 @@ def _record_submission(
     info["job_ids"] = [*info.get("job_ids", []), job_id]
     if trials is not None:
         info["trials"] = trials
+    info.update(extra or {})
     write_run_info(run_dir, info)
     job_registry.record(job_id, run_dir)
 

@@ -43,6 +43,11 @@ def cmd_submit(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true", help="block until the job ends; exit non-zero if it failed")
     parser.add_argument("--json", action="store_true", help='print {"job_id", "run_dir", "cluster", "backend"} as JSON')
     parser.add_argument(
+        "--no-snapshot",
+        action="store_true",
+        help="do not copy the entrypoint's code into the run directory; every attempt runs the live tree",
+    )
+    parser.add_argument(
         "--no-preflight",
         action="store_true",
         help="skip the checks before queueing (data.root exists, partition and its MaxTime)",

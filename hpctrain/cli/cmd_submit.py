@@ -26,11 +26,11 @@ def run(args: argparse.Namespace) -> int:
     job = load_job(args.spec, args.overrides, cluster=args.cluster)
     print_warnings(job)
     if args.dry_run:
-        print_dry_run(job, local=args.local)
+        print_dry_run(job, local=args.local, snapshot=not args.no_snapshot)
         return 0
     if not args.no_preflight:
         check_before_queueing(job, local=args.local)
-    submitted = submit(job, local=args.local)
+    submitted = submit(job, local=args.local, snapshot=not args.no_snapshot)
     report = {
         "job_id": submitted.job_id,
         "run_dir": str(submitted.run_dir),
@@ -63,7 +63,7 @@ def check_before_queueing(job: LoadedJob, *, local: bool) -> None:
     raise_for_errors(job, findings)
 
 
-def print_dry_run(job: LoadedJob, *, local: bool) -> None:
+def print_dry_run(job: LoadedJob, *, local: bool, snapshot: bool = True) -> None:
     from hpctrain.runtime.rank_plan import plan_ranks, render_rank_table
 
     run_dir = next_run_dir(job.spec.output_dir, job.spec.name)
@@ -72,8 +72,28 @@ def print_dry_run(job: LoadedJob, *, local: bool) -> None:
         print(f"# {job.spec.world_size} task(s), run directory {run_dir}; no sbatch script is used.")
     else:
         print(render_script(job, run_dir), end="")
+    print_snapshot_plan(job, snapshot=snapshot)
     print(f"\n# {job.spec.name}: what each rank will see")
     print(render_rank_table(plan_ranks(job.spec), max_rows=64))
+
+
+def print_snapshot_plan(job: LoadedJob, *, snapshot: bool) -> None:
+    """Say which code every attempt will import the entry point from."""
+    if job.spec.entrypoint is None:
+        return
+    from hpctrain import code_snapshot
+
+    source = code_snapshot.locate(job.spec.entrypoint) if snapshot else None
+    if source is not None:
+        commit, dirty = code_snapshot.git_state(source.git_root) if source.git_root else (None, None)
+        where = f" (git {commit[:12]}{', with uncommitted changes' if dirty else ''})" if commit else ""
+        print(f"\n# code: {source.files_root}{where} is copied into RUN_DIR/code/ and imported from there")
+    elif snapshot and job.spec.entrypoint.startswith("hpctrain."):
+        print("\n# code: the entry point is part of hpctrain; every attempt runs the installed hpctrain")
+    elif snapshot:
+        print(f"\n# code: {job.spec.entrypoint} is not found from here; the nodes import it from their environment")
+    else:
+        print("\n# code: --no-snapshot: every attempt imports the entry point from the live tree")
 
 
 def print_submitted(submitted: SubmittedRun, job: LoadedJob) -> None:

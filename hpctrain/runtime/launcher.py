@@ -34,9 +34,10 @@ UserCode = Callable[..., Any]
 class TaskLauncher:
     """The callable submitit runs once per task; returns this rank's result."""
 
-    def __init__(self, spec_data: dict[str, Any], run_dir: str) -> None:
+    def __init__(self, spec_data: dict[str, Any], run_dir: str, code_root: str | None = None) -> None:
         self.spec_data = spec_data
         self.run_dir = run_dir
+        self.code_root = code_root  # the run's copy of the entry point's code (code_snapshot.py)
 
     def __call__(self) -> dict[str, Any]:
         rank = rank_hint(os.environ)
@@ -63,7 +64,9 @@ class TaskLauncher:
         export_torchrun_env(env, os.environ)
         os.environ.update(thread_env(os.environ, os.cpu_count()))  # before torch is imported: it reads them once
         check_master_address(env, allow_loopback=os.environ.get(ALLOW_LOOPBACK_MASTER_VAR) == "1")
-        user_code = load_user_code(spec.entrypoint)  # before the group forms: import errors fail fast
+        user_code = load_user_code(
+            spec.entrypoint, getattr(self, "code_root", None)
+        )  # before the group forms: import errors fail fast
         stop = StopRequest(cancel_markers=cancel_marker_paths(self.run_dir), job_ids=env.job_aliases)
         install_handlers(stop, spec.signals.timeout_signal)
         self.start_reaper()
@@ -153,12 +156,24 @@ def configure_logging(env: TaskEnv) -> None:
     logger.setLevel(logging.INFO)
 
 
-def load_user_code(entrypoint: str | None) -> UserCode:
-    """The function to run: ``package.module:function``, or the built-in trainer."""
+def load_user_code(entrypoint: str | None, code_root: str | None = None) -> UserCode:
+    """The function to run: ``package.module:function``, or the built-in trainer.
+
+    With a code snapshot, the entry point is imported from the run's copy
+    (first on ``sys.path``), never from the user's live tree.
+    """
     if entrypoint is None:
         from hpctrain.trainer.trainer import run_training
 
         return run_training
+    if code_root is not None:
+        if not Path(code_root).is_dir():
+            raise HpctrainError(
+                f"entrypoint {entrypoint!r}: the run's code snapshot {code_root} is missing",
+                hint="it was copied at submit time; restore it, or submit again (--no-snapshot runs the live tree)",
+            )
+        if code_root not in sys.path:
+            sys.path.insert(0, code_root)
     module_name, _, function_name = entrypoint.partition(":")
     try:
         module = importlib.import_module(module_name)

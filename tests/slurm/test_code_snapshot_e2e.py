@@ -1,0 +1,125 @@
+"""A job runs the code it was submitted with: an edit made while it waits reaches neither it nor its requeue."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .hpctrain_cli import cli_env, hpctrain, task_logs
+from .stop_helpers import job_record, wait_for, wait_requeued
+
+if TYPE_CHECKING:
+    from .conftest import SlurmCluster
+
+ENTRY_SOURCE = '''
+import time
+from pathlib import Path
+
+VERSION = {version!r}
+
+
+def main(ctx, max_s: float = 120.0):
+    """Record which code this attempt runs; wait for a stop on the first attempt, finish on the next."""
+    attempt = ctx.env.restart_count
+    Path(ctx.run_dir, f"seen-{{attempt}}-{{ctx.env.global_rank}}.txt").write_text(VERSION)
+    if attempt > 0:
+        return {{"status": "completed", "version": VERSION}}
+    deadline = time.monotonic() + max_s
+    while time.monotonic() < deadline:
+        reason = ctx.stop.agreed()
+        if reason is not None:
+            return {{"status": "stopped", "stop_reason": reason}}
+        time.sleep(0.2)
+    return {{"status": "completed", "version": VERSION}}
+'''
+
+SPEC = """
+name: snapshot_e2e
+cluster: slurm
+output_dir: {runs}
+entrypoint: snapcase_e2e.job:main
+resources:
+  nodes: 1
+  tasks_per_node: 1
+  gpus_per_node: 0
+  cpus_per_task: 1
+  time: "00:05:00"
+  partition: debug
+  slurm_extra:
+    begin: now+10
+distributed:
+  backend: gloo
+  timeout_s: 60
+signals:
+  signal_delay_s: 30
+"""
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def write_entry(repo: Path, version: str) -> None:
+    (repo / "snapcase_e2e" / "job.py").write_text(ENTRY_SOURCE.format(version=version))
+
+
+def test_edit_after_submit_reaches_neither_the_job_nor_its_requeue(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    repo = tmp_path / "usercode"
+    (repo / "snapcase_e2e").mkdir(parents=True)
+    (repo / "snapcase_e2e" / "__init__.py").write_text("")
+    write_entry(repo, "as-submitted")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "user code")
+    spec = tmp_path / "snapshot.yaml"
+    spec.write_text(SPEC.format(runs=tmp_path / "runs"))
+    # The live tree stays importable on the nodes too: only the copy's place first on sys.path protects the job.
+    env = {**cli_env(slurm_cluster, tmp_path / "state"), "PYTHONPATH": str(repo)}
+
+    submitted = hpctrain(env, "submit", str(spec), "--json")
+    assert submitted.returncode == 0, submitted
+    job_id, run_dir = submitted.json()["job_id"], Path(submitted.json()["run_dir"])
+    write_entry(repo, "edited-after-submit")
+    assert job_record(slurm_cluster, job_id).get("JobState") == "PENDING", "the edit must land while the job waits"
+
+    info = (run_dir / "run.json").read_text()
+    assert git(repo, "rev-parse", "HEAD") in info and '"git_dirty": false' in info
+
+    first = run_dir / "seen-0-0.txt"
+    wait_for(lambda: first.is_file() or None, "the first attempt to start", 120)
+    slurm_cluster.run("scancel", "--signal=USR2", job_id)  # the time-limit warning: stop, checkpoint, requeue
+    wait_requeued(slurm_cluster, job_id, restarts=1, timeout=90)
+    second = run_dir / "seen-1-0.txt"
+    wait_for(lambda: second.is_file() or None, "the requeued attempt to start", 120)
+
+    assert first.read_text() == "as-submitted", task_logs(run_dir)
+    assert second.read_text() == "as-submitted", task_logs(run_dir)
+    assert (run_dir / "code" / "snapcase_e2e" / "job.py").read_text().count("as-submitted") == 1
+
+
+def test_no_snapshot_runs_the_live_tree(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    repo = tmp_path / "usercode"
+    (repo / "snapcase_e2e").mkdir(parents=True)
+    (repo / "snapcase_e2e" / "__init__.py").write_text("")
+    write_entry(repo, "as-submitted")
+    spec = tmp_path / "snapshot.yaml"
+    spec.write_text(SPEC.format(runs=tmp_path / "runs"))
+    env = {**cli_env(slurm_cluster, tmp_path / "state"), "PYTHONPATH": str(repo)}
+
+    submitted = hpctrain(env, "submit", str(spec), "--json", "--no-snapshot")
+    assert submitted.returncode == 0, submitted
+    job_id, run_dir = submitted.json()["job_id"], Path(submitted.json()["run_dir"])
+    write_entry(repo, "edited-after-submit")
+    assert not (run_dir / "code").exists()
+    first = run_dir / "seen-0-0.txt"
+    wait_for(lambda: first.is_file() or None, "the job to start", 120)
+    assert first.read_text() == "edited-after-submit"
+    hpctrain(env, "cancel", str(run_dir))
+    assert job_id

@@ -1,0 +1,141 @@
+"""The code snapshot: what is copied, what run.json records, and where the entry point is imported from."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain import code_snapshot
+from hpctrain.errors import HpctrainError, UsageError
+from hpctrain.runtime.launcher import load_user_code
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A git repository with a src/ layout package, an ignored data folder and a committed HEAD."""
+    root = tmp_path / "repo"
+    write(root / "src" / "snapcase_git" / "__init__.py", "")
+    write(root / "src" / "snapcase_git" / "job.py", "VERSION = 'committed'\ndef main(ctx):\n    return VERSION\n")
+    write(root / ".gitignore", "data/\n")
+    write(root / "data" / "big.bin", "x" * 1000)
+    write(root / "README", "readme\n")
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "first")
+    return root
+
+
+def test_git_tree_is_copied_with_untracked_files_and_without_ignored_ones(repo: Path, tmp_path: Path) -> None:
+    write(repo / "src" / "snapcase_git" / "new_module.py", "X = 1\n")  # not added yet
+    source = code_snapshot.locate("snapcase_git.job:main", [str(repo / "src")])
+    assert source is not None and source.git_root == repo.resolve()
+
+    run_dir = tmp_path / "run"
+    snap = code_snapshot.take(source, run_dir)
+
+    copied = {p.relative_to(run_dir / "code").as_posix() for p in (run_dir / "code").rglob("*") if p.is_file()}
+    assert copied == {".gitignore", "README", "src/snapcase_git/__init__.py", "src/snapcase_git/job.py",
+                      "src/snapcase_git/new_module.py"}  # fmt: skip
+    assert snap.import_root == "code/src"
+    assert snap.git_commit == git(repo, "rev-parse", "HEAD")
+    assert snap.git_dirty is True  # the untracked module
+    assert snap.files == 5 and snap.bytes == sum((run_dir / "code" / name).stat().st_size for name in copied)
+
+
+def test_clean_tree_is_not_dirty_and_the_copy_holds_what_was_on_disk(repo: Path, tmp_path: Path) -> None:
+    source = code_snapshot.locate("snapcase_git.job:main", [str(repo / "src")])
+    snap = code_snapshot.take(source, tmp_path / "run")
+    assert snap.git_dirty is False
+    assert "committed" in (tmp_path / "run" / snap.import_root / "snapcase_git" / "job.py").read_text()
+
+
+def test_package_outside_git_is_copied_alone(tmp_path: Path) -> None:
+    lib = tmp_path / "lib"
+    write(lib / "snapcase_plain" / "__init__.py", "")
+    write(lib / "snapcase_plain" / "sub" / "mod.py", "Y = 2\n")
+    write(lib / "snapcase_plain" / "__pycache__" / "mod.cpython-311.pyc", "junk")
+    write(lib / "unrelated.py", "")
+    source = code_snapshot.locate("snapcase_plain.sub.mod:f", [str(lib)])
+    assert source is not None
+    if source.git_root is not None:
+        pytest.skip("tmp_path lies inside a git work tree on this machine")
+    snap = code_snapshot.take(source, tmp_path / "run")
+    copied = sorted(
+        p.relative_to(tmp_path / "run" / "code").as_posix() for p in (tmp_path / "run" / "code").rglob("*.py")
+    )
+    assert copied == ["snapcase_plain/__init__.py", "snapcase_plain/sub/mod.py"]
+    assert snap.import_root == "code" and snap.git_commit is None
+
+
+def test_single_module_file(tmp_path: Path) -> None:
+    write(tmp_path / "lib" / "snapcase_single.py", "def main(ctx):\n    return 1\n")
+    source = code_snapshot.locate("snapcase_single:main", [str(tmp_path / "lib")])
+    if source.git_root is not None:
+        pytest.skip("tmp_path lies inside a git work tree on this machine")
+    code_snapshot.take(source, tmp_path / "run")
+    assert (tmp_path / "run" / "code" / "snapcase_single.py").is_file()
+
+
+def test_nothing_to_copy_for_hpctrain_installed_or_missing_code(tmp_path: Path) -> None:
+    assert code_snapshot.locate("hpctrain.examples.allreduce_check:main") is None
+    assert code_snapshot.locate("no_such_module_anywhere:main", [str(tmp_path)]) is None
+    site = tmp_path / "site-packages"
+    write(site / "snapcase_installed" / "__init__.py", "")
+    assert code_snapshot.locate("snapcase_installed:main", [str(site)]) is None
+
+
+def test_a_huge_tree_is_refused_with_the_way_out(repo: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(code_snapshot, "MAX_SNAPSHOT_BYTES", 10)
+    source = code_snapshot.locate("snapcase_git.job:main", [str(repo / "src")])
+    with pytest.raises(UsageError) as caught:
+        code_snapshot.take(source, tmp_path / "run")
+    assert "--no-snapshot" in caught.value.hint
+
+
+def test_recorded_import_root_must_stay_inside_the_run(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "r1"
+    (run / "code").mkdir(parents=True)
+    assert code_snapshot.import_root(run, {"import_root": "code"}) == (run / "code").resolve()
+    assert code_snapshot.import_root(run, {"import_root": "../../elsewhere"}) is None
+    assert code_snapshot.import_root(run, None) is None
+    assert code_snapshot.import_root(run, {"import_root": 3}) is None
+    trial = run / "trial-000"
+    assert code_snapshot.import_root(trial, {"import_root": "../code"}) == (run / "code").resolve()
+
+
+def test_entry_point_is_imported_from_the_copy_not_the_live_tree(repo: Path, tmp_path: Path, monkeypatch) -> None:
+    source = code_snapshot.locate("snapcase_git.job:main", [str(repo / "src")])
+    snap = code_snapshot.take(source, tmp_path / "run")
+    write(repo / "src" / "snapcase_git" / "job.py", "VERSION = 'edited'\ndef main(ctx):\n    return VERSION\n")
+    monkeypatch.syspath_prepend(str(repo / "src"))  # the live tree is importable too
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for name in [n for n in sys.modules if n.startswith("snapcase_git")]:
+        monkeypatch.delitem(sys.modules, name)
+
+    main = load_user_code("snapcase_git.job:main", str(tmp_path / "run" / snap.import_root))
+    assert main(None) == "committed"
+
+
+def test_a_missing_copy_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(HpctrainError) as caught:
+        load_user_code("snapcase_gone.job:main", str(tmp_path / "run" / "code"))
+    assert "snapshot" in caught.value.message and "--no-snapshot" in caught.value.hint
