@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from hpctrain import filesystems
 from hpctrain.errors import ClusterError, SpecError, SpecProblem
 from hpctrain.spec.load import LoadedJob
 from hpctrain.spec.models import JobSpec
@@ -91,6 +92,21 @@ def check_partition(spec: JobSpec, partitions: Mapping[str, Mapping[str, str]]) 
     return findings
 
 
+def check_output_dir(spec: JobSpec, mounts_text: str | None = None) -> list[Finding]:
+    """Run directories on tmpfs live in this machine's memory: no compute node ever sees them."""
+    mount = filesystems.mount_of(spec.output_dir, mounts_text)
+    if mount is None or mount.sharing != "memory":
+        return []
+    return [
+        Finding(
+            "error",
+            "output_dir",
+            f"{spec.output_dir} is on {mount.fstype} ({mount.point}), this machine's memory; the job's ranks could "
+            "not write their logs, checkpoints or summary there: set output_dir on the cluster's shared file system",
+        )
+    ]
+
+
 def _seconds(slurm_time: str) -> int:
     try:
         return parse_time_limit(slurm_time)
@@ -113,6 +129,7 @@ def run_preflight(job: LoadedJob, *, slurm_backend: bool) -> list[Finding]:
     partitions = None
     extra: list[Finding] = []
     if slurm_backend:
+        extra += check_output_dir(job.spec)
         from hpctrain import slurm
 
         try:

@@ -126,3 +126,12 @@ def cmd_bench_data(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="time budget per measurement (default 10)")
     parser.add_argument("--timeout", type=float, default=900.0, help="--slurm: give up after this many seconds")
     parser.add_argument("--json", action="store_true", help="print the measurements and the verdict as JSON")
+
+
+def cmd_doctor(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", nargs="?", help="job spec to check against the cluster (optional)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--cluster", help="use this cluster profile instead of the spec's")
+    parser.add_argument("--probe", action="store_true", help="also run a 1-minute job on a compute node and report")
+    parser.add_argument("--probe-timeout", type=float, default=300.0, help="seconds to wait for the probe job")
+    parser.add_argument("--json", action="store_true", help="print the checks as JSON")

@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "init": ("hpctrain.cli.cmd_init", "write a new job spec into jobs/ from the template"),
     "schema": ("hpctrain.cli.cmd_schema", "print the JSON Schema of job specs (for editors)"),
     "make-dataset": ("hpctrain.cli.cmd_make_dataset", "generate a small real-JPEG ImageFolder dataset"),
+    "doctor": ("hpctrain.cli.cmd_doctor", "check that this cluster can run a job spec, with the fix for each problem"),
     "bench-data": ("hpctrain.cli.cmd_bench_data", "measure whether the data pipeline keeps the job's GPUs busy"),
 }
 

@@ -120,6 +120,20 @@ class SlurmCluster:
         _script("up", "--nodes", str(len(self.nodes)), "--proctrack", mode, "--state-dir", str(self.state_dir))
         self.proctrack = mode
 
+    def stop_controller(self) -> None:
+        """Kill slurmctld (as a crash or an outage would); :meth:`repair` brings it back."""
+        pid = int((self.state_dir / "run" / "slurmctld.pid").read_text().split()[0])
+        os.kill(pid, 15)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def repair(self) -> None:
+        """Start whatever daemon is missing (``slurm-cluster up`` repairs a partly-up cluster)."""
+        _script(
+            "up", "--nodes", str(len(self.nodes)), "--proctrack", self.proctrack, "--state-dir", str(self.state_dir)
+        )
+
     def log_tail(self, n: int = 50) -> str:
         """The last `n` lines of every daemon log, for failure messages."""
         daemons = ["slurmctld", *(f"slurmd-{node}" for node in self.nodes), "slurmdbd", "mariadb", "munged"]

@@ -81,7 +81,7 @@ def test_edit_after_submit_reaches_neither_the_job_nor_its_requeue(slurm_cluster
     spec = tmp_path / "snapshot.yaml"
     spec.write_text(SPEC.format(runs=tmp_path / "runs"))
     # The live tree stays importable on the nodes too: only the copy's place first on sys.path protects the job.
-    env = {**cli_env(slurm_cluster, tmp_path / "state"), "PYTHONPATH": str(repo)}
+    env = {**cli_env(slurm_cluster, tmp_path / "state"), "PYTHONPATH": f"{repo}:{slurm_cluster.env['PYTHONPATH']}"}
 
     submitted = hpctrain(env, "submit", str(spec), "--json")
     assert submitted.returncode == 0, submitted
@@ -96,6 +96,7 @@ def test_edit_after_submit_reaches_neither_the_job_nor_its_requeue(slurm_cluster
     wait_for(lambda: first.is_file() or None, "the first attempt to start", 120)
     slurm_cluster.run("scancel", "--signal=USR2", job_id)  # the time-limit warning: stop, checkpoint, requeue
     wait_requeued(slurm_cluster, job_id, restarts=1, timeout=90)
+    slurm_cluster.release(job_id)  # a requeued job waits for its new begin time; no need to here
     second = run_dir / "seen-1-0.txt"
     wait_for(lambda: second.is_file() or None, "the requeued attempt to start", 120)
 
@@ -111,7 +112,7 @@ def test_no_snapshot_runs_the_live_tree(slurm_cluster: SlurmCluster, tmp_path: P
     write_entry(repo, "as-submitted")
     spec = tmp_path / "snapshot.yaml"
     spec.write_text(SPEC.format(runs=tmp_path / "runs"))
-    env = {**cli_env(slurm_cluster, tmp_path / "state"), "PYTHONPATH": str(repo)}
+    env = {**cli_env(slurm_cluster, tmp_path / "state"), "PYTHONPATH": f"{repo}:{slurm_cluster.env['PYTHONPATH']}"}
 
     submitted = hpctrain(env, "submit", str(spec), "--json", "--no-snapshot")
     assert submitted.returncode == 0, submitted

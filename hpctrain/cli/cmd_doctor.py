@@ -1,0 +1,88 @@
+"""``hpctrain doctor [SPEC] [--probe] [--json]``: one table of checks, each ok / warning / error with its fix.
+
+Exit 0 when no check is an error, 1 otherwise. Torch-free (login nodes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from hpctrain import doctor
+from hpctrain.spec.load import LoadedJob, load_job
+
+MARKS = {"ok": "ok  ", "warning": "warn", "error": "FAIL"}
+
+
+def run(args: argparse.Namespace) -> int:
+    job = load_job(args.spec, args.overrides, cluster=args.cluster) if args.spec else None
+    slurm_backend = job is None or job.profile.scheduler == "slurm"
+    checks = doctor.run_checks(job, slurm_backend=slurm_backend)
+    probe = None
+    if args.probe:
+        checks, probe = with_probe(job, checks, timeout_s=args.probe_timeout)
+    report = doctor.summary(checks)
+    if probe is not None:
+        report["probe"] = probe
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_table(checks, probe)
+    return 0 if report["ok"] else 1
+
+
+def with_probe(
+    job: LoadedJob | None, checks: list[doctor.Check], *, timeout_s: float
+) -> tuple[list[doctor.Check], dict | None]:
+    """Run the probe job where the checks so far allow it; add what it found."""
+    from hpctrain.errors import ClusterError
+    from hpctrain.probe import probe_problems, run_probe
+
+    if any(c.level == "error" and c.name in ("slurm clients", "controller") for c in checks):
+        return [*checks, doctor.Check("probe", "error", "not run: Slurm does not answer")], None
+    if job is None or job.profile.scheduler != "slurm":
+        return [*checks, doctor.Check("probe", "warning", "not run: give a spec for a Slurm cluster")], None
+    spec = job.spec
+    gpus = spec.resources.gpus_per_node or 0
+    gres = (
+        job.profile.gpu_gres.format(gpus=gpus) if gpus and job.profile.gpu_gres else (f"gpu:{gpus}" if gpus else None)
+    )
+    try:
+        found = run_probe(
+            output_dir=spec.output_dir,
+            data_root=spec.data.root if spec.entrypoint is None else None,
+            partition=spec.resources.partition,
+            gres=gres,
+            account=spec.resources.account,
+            qos=spec.resources.qos,
+            timeout_s=timeout_s,
+        )
+    except ClusterError as exc:
+        return [
+            *checks,
+            doctor.Check("probe", "error", f"the probe job was refused: {exc.message}", exc.hint or ""),
+        ], None
+    problems = probe_problems(found, wants_gpus=gpus)
+    added = [doctor.Check(name, "error", message, fix) for name, message, fix in problems]
+    if not problems:
+        gpus_seen = ", ".join(found.get("gpus", [])) or "no GPUs"
+        added.append(
+            doctor.Check(
+                "probe",
+                "ok",
+                f"{found['hostname']}: Python {found['python_version']}, torch {found.get('torch')}, "
+                f"CUDA {found.get('cuda')}, NCCL {found.get('nccl', '-')}, {gpus_seen}",
+            )
+        )
+    return [*checks, *added], found
+
+
+def print_table(checks: list[doctor.Check], probe: dict | None) -> None:
+    width = max((len(c.name) for c in checks), default=10)
+    for check in checks:
+        print(f"{MARKS[check.level]}  {check.name:<{width}}  {check.detail}")
+        if check.level != "ok" and check.fix:
+            print(f"      {'':<{width}}  fix: {check.fix}")
+    errors = sum(c.level == "error" for c in checks)
+    warnings = sum(c.level == "warning" for c in checks)
+    print(f"\n{errors} error(s), {warnings} warning(s)" + ("" if errors else ": nothing stops this job from running"))
