@@ -243,7 +243,7 @@ class Summary(BaseModel):
     Unknown keys are kept (``model_extra``).
     """
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
 
     status: Status | None = None
     job_id: str | None = None

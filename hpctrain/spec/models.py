@@ -36,7 +36,12 @@ class Section(BaseModel):
     """Shared config: unknown keys are errors; assignments are re-validated."""
 
     model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, str_strip_whitespace=True, strict=True, allow_inf_nan=False
+        extra="forbid",
+        validate_assignment=True,
+        str_strip_whitespace=True,
+        strict=True,
+        allow_inf_nan=False,
+        defer_build=True,
     )
 
 
