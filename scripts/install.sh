@@ -11,10 +11,10 @@ fi
 if ! .venv/bin/python -c "import hpctrain, torch, torchvision, submitit, pytest" 2>/dev/null \
    || [ setup.cfg -nt .venv/.hpctrain-installed ] || [ constraints.txt -nt .venv/.hpctrain-installed ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip wheel setuptools 2>&1 | grep -v "is ignored" || true
-  # compat mode: a plain path entry instead of setuptools' import hook, which
-  # costs every hpctrain command ~20-50 ms at start-up (benchmarks/cli_latency.py)
-  .venv/bin/python -m pip install --quiet -c constraints.txt -e '.[test]' --config-settings editable_mode=compat 2>&1 \
-    | grep -v "is ignored" || true
+  # setup.cfg's package_dir (=.) makes the editable install a plain .pth path entry
+  # instead of setuptools' import hook, which costs every hpctrain command ~20-50 ms
+  # at start-up (benchmarks/cli_latency.py), without the deprecated compat mode
+  .venv/bin/python -m pip install --quiet -c constraints.txt -e '.[test]' 2>&1 | grep -v "is ignored" || true
   .venv/bin/python -c "import hpctrain, torch, torchvision, submitit, pytest"
   # exactly the pinned versions (a local label such as +cu130 aside), or fail here rather than in a test
   .venv/bin/python -c "
