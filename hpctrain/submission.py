@@ -10,6 +10,7 @@ Spec -> parameters is a pure function, tested against golden files.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import time
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import hpctrain
 from hpctrain import code_snapshot, job_registry
 from hpctrain.errors import ClusterError, UsageError
 from hpctrain.rundir import (
+    CONTROL_DIR,
     atomic_write_text,
     create_run_dir,
     read_run_info,
@@ -38,7 +40,7 @@ from hpctrain.spec.models import JobSpec
 from hpctrain.spec.profiles import ClusterProfile
 from hpctrain.spec.slurm_time import seconds_to_minutes
 from hpctrain.spec.yaml_source import dump_yaml
-from hpctrain.templates import render_preamble
+from hpctrain.templates import render_preamble, render_slurm_relay
 
 Backend = Literal["slurm", "local"]
 # A task that exits non-zero ends the whole step at once instead of leaving the
@@ -94,7 +96,48 @@ def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> d
     extra["signal"] = signal_parameter(spec.signals.timeout_signal, spec.signals.signal_delay_s)
     extra.update(res.slurm_extra)
     params["additional_parameters"] = extra
+    if spec.container is not None:
+        params["setup"] += render_slurm_relay(str(Path(run_dir) / CONTROL_DIR / "slurm-relay"))
+        if spec.container.runtime == "pyxis":
+            params["srun_args"] += pyxis_arguments(spec)
     return params
+
+
+def container_mounts(spec: JobSpec) -> list[str]:
+    """Bind mounts: the spec's, plus output_dir, data.root and the submit directory at their own paths."""
+    own = [str(Path(p).expanduser().resolve()) for p in (spec.output_dir, spec.data.root, Path.cwd()) if p]
+    for path in own:
+        if "," in path or ":" in path:
+            raise UsageError(
+                f"{path} has a ',' or ':', which container mount lists cannot carry",
+                hint="move output_dir / data.root / the submit directory to a path without them",
+            )
+    mounts = list(spec.container.mounts)
+    for path in own:
+        if not any(m.split(":")[0] == path for m in mounts):
+            mounts.append(path)
+    return mounts
+
+
+def pyxis_arguments(spec: JobSpec) -> list[str]:
+    return [
+        f"--container-image={spec.container.image}",
+        f"--container-mounts={','.join(container_mounts(spec))}",
+        f"--container-workdir={Path.cwd().resolve()}",
+    ]
+
+
+def task_python(spec: JobSpec) -> str:
+    """The command srun starts every task with (submitit appends ``-u -m submitit.core._submit DIR``)."""
+    if spec.container is None:
+        return python_command()
+    inner = python_command(spec.container.python)
+    if spec.container.runtime == "pyxis":
+        return inner
+    apptainer = ["apptainer", "exec", "--bind", ",".join(container_mounts(spec)), "--pwd", str(Path.cwd().resolve())]
+    if spec.resources.gpus_per_node:
+        apptainer.insert(2, "--nv")
+    return shlex.join([*apptainer, spec.container.image]) + " " + inner
 
 
 def local_parameters(spec: JobSpec) -> dict[str, Any]:
@@ -117,7 +160,7 @@ def build_executor(job: LoadedJob, backend: Backend, run_dir: Path) -> submitit.
     else:
         # Each task starts under the reaper's exec wrapper, so everything it
         # starts carries its token and is cleaned up after it (cleanup.py).
-        executor = _SlurmExecutor(folder=folder, python=python_command())
+        executor = _SlurmExecutor(folder=folder, python=task_python(job.spec))
         executor.update_parameters(**slurm_parameters(job.spec, job.profile, run_dir))
     return executor
 

@@ -56,3 +56,9 @@ def render_preamble(setup: list[str], env: Mapping[str, str], run_dir: str) -> l
         {"setup": "\n".join(setup), "env": exports, "run_dir": shlex.quote(run_dir)},
     )
     return [line for line in text.splitlines() if line.strip()]
+
+
+def render_slurm_relay(relay_dir: str) -> list[str]:
+    """The batch-step loop that runs scontrol for tasks inside a container (runtime/slurm_relay.py)."""
+    text = fill(read_template("slurm_relay.sh"), {"relay_dir": shlex.quote(relay_dir)})
+    return [line for line in text.splitlines() if line.strip()]

@@ -145,7 +145,9 @@ def table(schema: dict[str, Any], prefix: str, rows: list[tuple[str, dict[str, A
 
 
 def _definition(root: dict[str, Any], prop: dict[str, Any]) -> dict[str, Any] | None:
-    ref = prop.get("$ref")
+    """The section a key holds: ``$ref``, or ``anyOf: [$ref, null]`` for an optional section."""
+    refs = [prop.get("$ref"), *(option.get("$ref") for option in prop.get("anyOf", []))]
+    ref = next((r for r in refs if r), None)
     if ref is None:
         return None
     return root["$defs"][ref.rsplit("/", 1)[1]]
@@ -157,13 +159,14 @@ def render() -> str:
 
     schema = JobSpec.model_json_schema()
     properties = schema["properties"]
-    top = [(key, prop) for key, prop in properties.items() if "$ref" not in prop]
+    top = [(key, prop) for key, prop in properties.items() if _definition(schema, prop) is None]
     out = [INTRO, "## Top level", "", schema.get("description", ""), "", *table(schema, "", top), ""]
     for key, prop in properties.items():
         section = _definition(schema, prop)
         if section is None:
             continue
-        out += [f"## {key}", "", section.get("description", "").strip(), ""]
+        optional = " Optional: leave the section out for none." if "anyOf" in prop else ""
+        out += [f"## {key}", "", section.get("description", "").strip() + optional, ""]
         out += [*table(section, f"{key}.", list(section["properties"].items())), ""]
     profile = ClusterProfile.model_json_schema()
     # load_profile takes the name from the file name; the file need not repeat it.

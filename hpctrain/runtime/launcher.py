@@ -114,8 +114,10 @@ class TaskLauncher:
         """
         if isinstance(result, dict) and result.get("status") == "stopped":
             from hpctrain.runtime.requeue import finish_after_stop
+            from hpctrain.runtime.slurm_relay import slurm_runner
 
-            finish_after_stop(result["stop_reason"], ctx.env, ctx.spec.signals, ctx.stop)
+            # inside a container image, Slurm commands go out through the batch step's relay
+            finish_after_stop(result["stop_reason"], ctx.env, ctx.spec.signals, ctx.stop, run=slurm_runner())
 
 
 def check_world_size(spec: JobSpec, env: TaskEnv) -> None:

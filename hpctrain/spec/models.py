@@ -365,6 +365,42 @@ class Signals(Section):
     max_requeues: Annotated[int, Field(ge=0, description="Stop requeueing after this many restarts.")] = 100
 
 
+CONTAINER_IMAGE_PATTERN = r"^[A-Za-z0-9_.:/#@+\-]+$"
+_MOUNT_PATH = r"/[A-Za-z0-9_.+@%=/\-]*"
+CONTAINER_MOUNT_PATTERN = rf"^{_MOUNT_PATH}(:{_MOUNT_PATH}(:(ro|rw))?)?$"
+
+
+class Container(Section):
+    """Run every task inside a container image; requeue decisions stay outside it."""
+
+    runtime: Annotated[
+        Literal["pyxis", "apptainer"],
+        Field(description="pyxis/enroot ('srun --container-image') or Apptainer/Singularity ('apptainer exec')."),
+    ]
+    image: Annotated[
+        str,
+        Field(
+            pattern=CONTAINER_IMAGE_PATTERN,
+            description="pyxis: an image reference (nvcr.io#nvidia/pytorch:24.05-py3) or a .sqsh file; "
+            "apptainer: a .sif file or a docker:// reference.",
+        ),
+    ]
+    mounts: Annotated[
+        list[Annotated[str, Field(pattern=CONTAINER_MOUNT_PATTERN)]],
+        Field(
+            description="Extra bind mounts SRC[:DST[:ro]]; output_dir, data.root and the submit directory "
+            "are mounted at their own paths always."
+        ),
+    ] = []
+    python: Annotated[
+        str,
+        Field(
+            pattern=r"^[A-Za-z0-9_./+\-]+$",
+            description="The interpreter inside the image (hpctrain and torch must be installed there).",
+        ),
+    ] = "python3"
+
+
 class JobSpec(Section):
     """A whole job: what to run, where, and with what resources."""
 
@@ -391,6 +427,9 @@ class JobSpec(Section):
     distributed: Distributed = Distributed()
     checkpoint: Checkpoint = Checkpoint()
     signals: Signals = Signals()
+    container: Annotated[
+        Container | None, Field(description="Run the tasks inside a container image (pyxis or Apptainer).")
+    ] = None
 
     @field_validator("output_dir")
     @classmethod

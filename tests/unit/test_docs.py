@@ -49,9 +49,11 @@ def schema_keys() -> set[str]:
     keys = set()
     for name, prop in schema["properties"].items():
         keys.add(name)
-        if "$ref" in prop:
-            section = schema["$defs"][prop["$ref"].rsplit("/", 1)[1]]
-            keys.update(f"{name}.{field}" for field in section["properties"])
+        # a section, or an optional one (anyOf: [section, null])
+        for ref in [prop.get("$ref"), *(choice.get("$ref") for choice in prop.get("anyOf", []))]:
+            if ref:
+                section = schema["$defs"][ref.rsplit("/", 1)[1]]
+                keys.update(f"{name}.{field}" for field in section["properties"])
     return keys
 
 

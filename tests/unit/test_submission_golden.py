@@ -32,10 +32,13 @@ def builtin_profiles_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 def normalised(script: str) -> str:
     """The interpreter path differs between machines; everything else must not."""
-    return script.replace(shlex.quote(sys.executable), "PYTHON").replace(sys.executable, "PYTHON")
+    script = script.replace(shlex.quote(sys.executable), "PYTHON").replace(sys.executable, "PYTHON")
+    return script.replace(str(REPO), "REPO")  # container mounts name the submit directory
 
 
-@pytest.mark.parametrize("example", ["resnet50_4x4", "smoke_2x2_cpu", "sweep_lr"])
+@pytest.mark.parametrize(
+    "example", ["resnet50_4x4", "smoke_2x2_cpu", "sweep_lr", "resnet50_pyxis", "smoke_apptainer_cpu"]
+)
 def test_rendered_script_matches_golden_file(example: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)  # the examples' relative paths resolve as they do for a user
     script = normalised(render_script(load_job(REPO / "jobs" / f"{example}.yaml"), RUN_DIR))
@@ -62,6 +65,28 @@ def test_golden_scripts_say_what_the_issue_asks_for() -> None:
     assert "--gres" not in smoke and "--gpus" not in smoke
     assert "#SBATCH --partition=debug" in smoke.splitlines()
     assert "#SBATCH --array=0-5%3" in (GOLDEN / "sweep_lr.sbatch").read_text().splitlines()
+    assert "hpctrain_slurm_relay" not in smoke
+
+
+def test_container_scripts_start_tasks_inside_the_image_and_keep_requeue_outside() -> None:
+    pyxis = (GOLDEN / "resnet50_pyxis.sbatch").read_text()
+    srun = shlex.split(next(line for line in pyxis.splitlines() if line.startswith("srun ")))
+    assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in srun
+    mounts = next(a for a in srun if a.startswith("--container-mounts=")).split("=", 1)[1].split(",")
+    assert "/home/shared/imagenet/raw:/home/shared/imagenet/raw:ro" in mounts and "REPO/runs" in mounts
+    assert srun[srun.index("--container-workdir=REPO") + 1 : srun.index("--container-workdir=REPO") + 3] == [
+        "python3",
+        "-m",
+    ]
+    apptainer = (GOLDEN / "smoke_apptainer_cpu.sbatch").read_text()
+    srun = shlex.split(next(line for line in apptainer.splitlines() if line.startswith("srun ")))
+    start = srun.index("apptainer")
+    assert srun[start : start + 2] == ["apptainer", "exec"] and "--nv" not in srun  # a CPU job
+    assert srun[srun.index("/home/shared/images/hpctrain.sif") + 1] == "python3"
+    for script in (pyxis, apptainer):
+        relay = script.index('hpctrain_slurm_relay "$HPCTRAIN_SLURM_RELAY" &')
+        assert relay < script.index("\nsrun "), "the relay runs in the batch step, outside the image, before srun"
+        assert "PYTHON" not in script  # the host interpreter is not what the tasks run
 
 
 def resolved(profile: ClusterProfile | str, **spec: Any) -> tuple[JobSpec, ClusterProfile]:

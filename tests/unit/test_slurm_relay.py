@@ -1,0 +1,96 @@
+"""The relay that runs scontrol for tasks inside a container: the rendered batch-step loop (real bash,
+a stand-in scontrol) answering the runner the requeue logic uses."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpctrain import slurm
+from hpctrain.runtime.slurm_relay import relay_runner, request_for, slurm_runner
+from hpctrain.templates import render_slurm_relay
+
+FAKE_SCONTROL = """#!/bin/bash
+echo "$*" >> "$CALLS"
+case "$1 $2" in
+  "--oneliner show") echo "JobId=$4 JobName=x JobState=RUNNING Restarts=0" ;;
+  "requeue 404") echo "scontrol: error: Invalid job id specified" >&2; exit 1 ;;
+  requeue*) ;;
+  *) exit 3 ;;
+esac
+"""
+
+
+@pytest.fixture
+def relay(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
+    (bin_dir / "scontrol").chmod(0o755)
+    script = tmp_path / "batch.sh"
+    script.write_text("#!/bin/bash\n" + "\n".join(render_slurm_relay(str(tmp_path / "relay"))) + "\nwait\n")
+    calls = tmp_path / "calls"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77", "CALLS": str(calls)}
+    proc = subprocess.Popen(["bash", str(script)], env=env, start_new_session=True)
+    try:
+        yield tmp_path / "relay" / "77", calls
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_show_and_requeue_go_through_the_relay(relay: tuple[Path, Path]) -> None:
+    folder, calls = relay
+    run = relay_runner(folder)
+    record = slurm.show_job("77", runner=run, timeout_s=20)
+    assert record["JobState"] == "RUNNING"
+    slurm.requeue_job("77", runner=run, timeout_s=20)
+    with pytest.raises(slurm.SlurmCommandError) as caught:
+        slurm.requeue_job("404", runner=run, timeout_s=20)
+    assert caught.value.kind == "unknown-job"
+    assert calls.read_text().splitlines() == ["--oneliner show job 77", "requeue 77", "requeue 404"]
+    assert sorted(p.name for p in folder.iterdir()) == []  # every answer collected
+
+
+def test_the_loop_runs_nothing_else(relay: tuple[Path, Path]) -> None:
+    folder, calls = relay
+    deadline = time.monotonic() + 20
+    while not folder.is_dir() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for name, line in (("a", "requeue 77; touch /tmp/pwned"), ("b", "cancel 77"), ("c", "show $(id)")):
+        (folder / f"{name}.req").write_text(line + "\n")
+    while len(list(folder.glob("*.res"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for name in "abc":
+        code, _, text = (folder / f"{name}.res").read_text().partition("\n")
+        assert code == "2" and "refused" in text
+    assert not calls.exists()
+
+
+def test_only_the_requeue_logics_commands_are_relayed(tmp_path: Path) -> None:
+    assert request_for(slurm.show_job_command("12_3")) == "show 12_3"
+    assert request_for(slurm.requeue_command("12")) == "requeue 12"
+    assert request_for(["scancel", "12"]) is None
+    with pytest.raises(FileNotFoundError):
+        relay_runner(tmp_path)(["sacct", "-j", "1"])
+
+
+def test_a_relay_that_never_answers_times_out(tmp_path: Path) -> None:
+    with pytest.raises(slurm.SlurmCommandError) as caught:
+        slurm.show_job("5", runner=relay_runner(tmp_path / "silent"), timeout_s=0.3)
+    assert caught.value.kind == "timeout"
+    assert not list((tmp_path / "silent").glob("*.req")), "an unanswered request is withdrawn"
+
+
+def test_runner_follows_the_environment(tmp_path: Path) -> None:
+    assert slurm_runner({}) is subprocess.run
+    assert slurm_runner({"HPCTRAIN_SLURM_RELAY": str(tmp_path)}) is not subprocess.run
