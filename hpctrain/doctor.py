@@ -147,7 +147,7 @@ def check_slurm(view: ClusterView) -> list[Check]:
             Check(
                 "controller",
                 "error",
-                f"slurmctld does not answer: {said}",
+                f"slurmctld does not answer: {said.strip().splitlines()[0] if said.strip() else 'no reply'}",
                 "nothing can be queued until it is back: try again in a minute, or ask the admins",
             )
         )
@@ -385,7 +385,7 @@ def check_image_folder(root: Path, train_dir: str, val_dir: str) -> Check:
         try:
             classes = sorted(entry.name for entry in os.scandir(root / split) if entry.is_dir())
         except OSError as exc:
-            return Check("data.root", "error", f"cannot list {root / split}: {exc.strerror}", "fix its permissions")
+            return Check("dataset", "error", f"cannot list {root / split}: {exc.strerror}", "fix its permissions")
         counts[split] = len(classes)
         if not classes:
             problems.append(f"{split}/ has no class folders")
@@ -395,8 +395,9 @@ def check_image_folder(root: Path, train_dir: str, val_dir: str) -> Check:
     if counts.get(train_dir) and counts.get(val_dir) and counts[train_dir] != counts[val_dir]:
         problems.append(f"{train_dir}/ has {counts[train_dir]} classes but {val_dir}/ has {counts[val_dir]}")
     if problems:
-        return Check("data.root", "error", "; ".join(problems), "an ImageFolder is SPLIT/CLASS/IMAGE.jpg")
-    return Check("data.root", "ok", f"ImageFolder: {counts[train_dir]} classes (sampled {SAMPLE_CLASSES})")
+        return Check("dataset", "error", "; ".join(problems), "an ImageFolder is SPLIT/CLASS/IMAGE.jpg")
+    sampled = min(SAMPLE_CLASSES, counts[train_dir])
+    return Check("dataset", "ok", f"an ImageFolder: {counts[train_dir]} classes; {sampled} sampled hold images")
 
 
 def _has_image(folder: Path) -> bool:
