@@ -25,6 +25,9 @@ from hpctrain.submission import SubmittedRun, backend_for, render_script, submit
 def run(args: argparse.Namespace) -> int:
     job = load_job(args.spec, args.overrides, cluster=args.cluster)
     print_warnings(job)
+    if job.spec.container is not None and backend_for(job, args.local) == "local":
+        print(f"warning: {job.source}: container: runs on Slurm only; here the tasks run without the image",
+              file=sys.stderr)  # fmt: skip
     if args.dry_run:
         print_dry_run(job, local=args.local, snapshot=not args.no_snapshot)
         return 0
