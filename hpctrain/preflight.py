@@ -85,10 +85,28 @@ def check_partition(spec: JobSpec, partitions: Mapping[str, Mapping[str, str]]) 
                 "a longer run: docs/preemption.md)",
             )
         )
+    findings += _check_node_count(spec, name, fields)
     state = fields.get("State", "UP")
     if state != "UP":
         findings.append(Finding("warning", "resources.partition", f"partition {name!r} is {state}; the job may wait"))
     return findings
+
+
+def _check_node_count(spec: JobSpec, name: str, fields: Mapping[str, str]) -> list[Finding]:
+    """More nodes than the partition has (or lets one job take) would pend forever or be refused."""
+    nodes = spec.resources.nodes
+    for field, what in (("TotalNodes", "has"), ("MaxNodes", "allows one job")):
+        limit = fields.get(field, "")
+        if limit.isdigit() and nodes > int(limit):
+            return [
+                Finding(
+                    "error",
+                    "resources.nodes",
+                    f"{nodes} nodes, but partition {name!r} {what} {limit}; ask for at most {limit} "
+                    "(or another partition)",
+                )
+            ]
+    return []
 
 
 def _seconds(slurm_time: str) -> int:

@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from hpctrain.cli.cmd_validate import print_warnings
@@ -25,6 +26,10 @@ from hpctrain.submission import SubmittedRun, backend_for, render_script, submit
 def run(args: argparse.Namespace) -> int:
     job = load_job(args.spec, args.overrides, cluster=args.cluster)
     print_warnings(job)
+    if job.is_study:
+        from hpctrain.cli import study_views
+
+        return study_views.submit(job, args)
     if args.dry_run:
         print_dry_run(job, local=args.local)
         return 0
@@ -48,8 +53,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_before_queueing(job: LoadedJob, *, local: bool) -> None:
-    """Refuse what would certainly fail after the queue wait; warn about what might."""
+def check_before_queueing(job: LoadedJob, *, local: bool, label: str | None = None) -> None:
+    """Refuse what would certainly fail after the queue wait; warn about what might.
+    ``label`` names the study point ``job`` is."""
     from hpctrain import slurm
     from hpctrain.preflight import raise_for_errors, run_preflight
 
@@ -57,6 +63,8 @@ def check_before_queueing(job: LoadedJob, *, local: bool) -> None:
     if slurm_backend and not slurm.available():
         return  # submit() says that this machine cannot submit, which comes first
     findings = run_preflight(job, slurm_backend=slurm_backend)
+    if label is not None:
+        findings = [replace(f, message=f"{f.message} (study point {label})") for f in findings]
     for finding in findings:
         if finding.level == "warning":
             print(f"warning: {job.source}: {finding.key}: {finding.message}", file=sys.stderr)
