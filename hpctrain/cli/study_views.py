@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from hpctrain.errors import RunDirError, UsageError
+from hpctrain.errors import HpctrainError, RunDirError, UsageError
 from hpctrain.rundir import is_study_dir, next_run_dir
 from hpctrain.spec.load import LoadedJob
 from hpctrain.study import SubmittedStudy, point_dir, read_study, render_study_plan, submit_study
@@ -164,7 +164,11 @@ def cancel(study_dir: Path, timeout_s: float) -> int:
             print(f"{point.get('label')}: never submitted")
             continue
         print(f"{point.get('label')}:")
-        codes.append(cancel_run(point_dir(study_dir, point), timeout_s))
+        try:
+            codes.append(cancel_run(point_dir(study_dir, point), timeout_s))
+        except HpctrainError as exc:  # one point's trouble does not keep the others running
+            print(f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else ""), file=sys.stderr)
+            codes.append(exc.exit_code)
     return max(codes, default=0)
 
 
