@@ -382,6 +382,8 @@ LIGHT_COMMANDS = {
     "validate": ["validate", "jobs/resnet50_4x4.yaml"],
     "submit-dry-run": ["submit", "jobs/resnet50_4x4.yaml", "--dry-run", "--set", "output_dir=/nonexistent/out"],
     "schema": ["schema"],
+    "validate-study": ["validate", "jobs/scaling_hal.yaml"],
+    "submit-study-dry-run": ["submit", "jobs/scaling_hal.yaml", "--dry-run", "--set", "output_dir=/nonexistent/out"],
     "status-list": ["status"],
     "status": ["status", "/nonexistent/run"],
     "logs": ["logs", "/nonexistent/run"],
