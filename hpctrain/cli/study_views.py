@@ -96,7 +96,7 @@ def wait_all(study: SubmittedStudy, *, quiet: bool) -> int:
 
 # ------------------------------------------------------------------ status
 
-COLUMNS = ("point", "job", "slurm", "status", "world", "epoch", "step", "img/s", "best top-1", "run dir")
+COLUMNS = ("point", "job", "slurm", "status", "world", "epoch", "step", "img/s", "best top-1")
 
 
 def point_statuses(study_dir: Path) -> list[dict[str, Any]]:
@@ -120,7 +120,9 @@ def status(study_dir: Path, *, as_json: bool) -> int:
     if as_json:
         print(json.dumps({"study_dir": str(study_dir), "name": record.get("name"), "points": rows}))
         return 0
-    table = Table(title=f"study {record.get('name')} {study_dir}", title_justify="left")
+    table = Table(
+        title=f"study {record.get('name')} {study_dir} (each point's run dir is STUDY_DIR/POINT)", title_justify="left"
+    )
     for column in COLUMNS:
         table.add_column(column)
     for row in rows:
@@ -143,7 +145,6 @@ def _cells(row: dict[str, Any]) -> tuple[str, ...]:
         _text(row.get("global_step")),
         _text(row.get("train_images_per_s"), "{:.1f}"),
         _text(row.get("best_val_top1"), "{:.2f}"),
-        str(Path(row["run_dir"]).name),
     )
 
 

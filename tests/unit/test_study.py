@@ -359,3 +359,26 @@ def test_preflight_refuses_more_nodes_than_the_partition_has(tmp_path: Path) -> 
     (finding,) = check_partition(big.points[1].job.spec, partitions)
     assert (finding.level, finding.key) == ("error", "resources.nodes")
     assert "partition 'debug' has 2" in finding.message
+
+
+def test_local_points_run_one_after_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    events: list[str] = []
+
+    def submit(job, *, local=False, run_dir=None):  # noqa: ANN001, ANN202
+        assert local
+        run_dir.mkdir(parents=True)
+        events.append(f"submit {run_dir.name}")
+        return SubmittedRun(str(len(events)), run_dir, "local", [], [run_dir])
+
+    def follow_local(submitted, stream):  # noqa: ANN001, ANN202
+        events.append(f"ran {submitted.run_dir.name}")
+        return 0 if submitted.run_dir.name == "nodes-1" else 1
+
+    monkeypatch.setattr(study_module, "submit", submit)
+    monkeypatch.setattr("hpctrain.cli.cmd_submit.follow_local", follow_local)
+    assert main(["submit", str(write(tmp_path, CPU_STUDY)), "--local", "--json", "--no-preflight"]) == 1
+    assert events == ["submit nodes-1", "ran nodes-1", "submit nodes-2", "ran nodes-2"]
+    report = json.loads(capsys.readouterr().out)
+    assert [r["label"] for r in report["runs"]] == ["nodes-1", "nodes-2"]
