@@ -10,6 +10,7 @@ the large parametrized groups start their runs together from a module fixture.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -94,8 +95,10 @@ def test_validate_every_example(spec: Path, example_results: dict[str, subproces
     result = example_results[spec.name]
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert len(lines) == 1
+    points = yaml.safe_load(spec.read_text()).get("study", {})
+    assert len(lines) == 1 + (math.prod(len(v) for v in points.values()) if points else 0)  # a study: a line per point
     assert lines[0].startswith(f"jobs/{spec.name}: OK - ")
+    assert all(line.startswith("  ") and "world size" in line for line in lines[1:])
     assert result.stderr == ""
 
 
