@@ -13,8 +13,8 @@ Pure over its inputs except :func:`run_preflight`, which asks Slurm once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -138,6 +138,21 @@ def run_preflight(job: LoadedJob, *, slurm_backend: bool) -> list[Finding]:
         except ClusterError as exc:
             extra.append(Finding("warning", "resources.partition", f"could not check partitions: {exc.message}"))
     return preflight(job, partitions) + extra
+
+
+def study_findings(per_point: Sequence[tuple[str, list[Finding]]]) -> list[Finding]:
+    """The findings of a study's points, each once, naming the points it concerns unless it is all. Pure."""
+    labels: dict[Finding, list[str]] = {}
+    for label, findings in per_point:
+        for finding in findings:
+            labels.setdefault(finding, []).append(label)
+    merged = []
+    for finding, points in labels.items():
+        if len(points) < len(per_point):
+            many = "s" if len(points) > 1 else ""
+            finding = replace(finding, message=f"{finding.message} (study point{many} {', '.join(points)})")
+        merged.append(finding)
+    return sorted(merged, key=lambda f: f.level != "error")
 
 
 def raise_for_errors(job: LoadedJob, findings: list[Finding]) -> None:

@@ -11,7 +11,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from hpctrain.cli.cmd_validate import print_warnings
@@ -53,18 +52,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_before_queueing(job: LoadedJob, *, local: bool, label: str | None = None) -> None:
-    """Refuse what would certainly fail after the queue wait; warn about what might.
-    ``label`` names the study point ``job`` is."""
+def check_before_queueing(job: LoadedJob, *, local: bool) -> None:
+    """Refuse what would certainly fail after the queue wait; warn about what might."""
     from hpctrain import slurm
-    from hpctrain.preflight import raise_for_errors, run_preflight
+    from hpctrain.preflight import raise_for_errors, run_preflight, study_findings
 
     slurm_backend = backend_for(job, local) == "slurm"
     if slurm_backend and not slurm.available():
         return  # submit() says that this machine cannot submit, which comes first
-    findings = run_preflight(job, slurm_backend=slurm_backend)
-    if label is not None:
-        findings = [replace(f, message=f"{f.message} (study point {label})") for f in findings]
+    if job.is_study:  # every point, each finding once, naming the points it concerns
+        findings = study_findings([(p.label, run_preflight(p.job, slurm_backend=slurm_backend)) for p in job.points])
+    else:
+        findings = run_preflight(job, slurm_backend=slurm_backend)
     for finding in findings:
         if finding.level == "warning":
             print(f"warning: {job.source}: {finding.key}: {finding.message}", file=sys.stderr)

@@ -41,8 +41,7 @@ def submit(job: LoadedJob, args: argparse.Namespace) -> int:
         print(render_study_plan(job, next_run_dir(job.spec.output_dir, job.spec.name), local=args.local), end="")
         return 0
     if not args.no_preflight:
-        for point in job.points:
-            cmd_submit.check_before_queueing(point.job, local=args.local, label=point.label)
+        cmd_submit.check_before_queueing(job, local=args.local)
     out = sys.stderr if args.json else sys.stdout
     codes: list[int] = []
 

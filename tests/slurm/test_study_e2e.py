@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from .hpctrain_cli import hpctrain
-from .study_helpers import SmokeStudy, run_smoke_study
+from .hpctrain_cli import cli_env, hpctrain
+from .study_helpers import STUDY_SPEC, SmokeStudy, run_smoke_study
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -68,3 +68,23 @@ def test_a_study_dir_is_not_resumed_as_a_whole(smoke_study: SmokeStudy) -> None:
     refused = hpctrain(smoke_study.env, "resume", str(smoke_study.study_dir))
     assert refused.returncode != 0
     assert f"hpctrain resume {Path(smoke_study.study_dir) / 'nodes-1'}" in refused.stderr, refused
+
+
+def test_preflight_refuses_a_point_larger_than_the_partition(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    for split in ("train", "val"):
+        (data / split).mkdir(parents=True)
+    refused = hpctrain(
+        cli_env(slurm_cluster, tmp_path / "state"),
+        "submit",
+        STUDY_SPEC,
+        "--set",
+        "study={resources.nodes: [1, 4]}",
+        "--set",
+        f"data.root={data}",
+        "--set",
+        f"output_dir={tmp_path / 'runs'}",
+    )
+    assert refused.returncode == 2, refused
+    assert "4 nodes, but partition 'debug' has 2" in refused.stderr and "(study point nodes-4)" in refused.stderr
+    assert not (tmp_path / "runs").exists()  # nothing was queued, not even the nodes-1 point

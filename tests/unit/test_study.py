@@ -16,7 +16,7 @@ import hpctrain.study as study_module
 from hpctrain.cli import study_views
 from hpctrain.cli.main import main
 from hpctrain.errors import ClusterError, SpecError
-from hpctrain.preflight import check_partition
+from hpctrain.preflight import Finding, check_partition, study_findings
 from hpctrain.rundir import read_json_object, study_file, write_run_info, write_summary
 from hpctrain.spec.load import load_job
 from hpctrain.spec.study_axes import check_axes, combinations, point_label
@@ -382,3 +382,13 @@ def test_local_points_run_one_after_another(
     assert events == ["submit nodes-1", "ran nodes-1", "submit nodes-2", "ran nodes-2"]
     report = json.loads(capsys.readouterr().out)
     assert [r["label"] for r in report["runs"]] == ["nodes-1", "nodes-2"]
+
+
+def test_preflight_of_a_study_names_the_points_a_finding_concerns() -> None:
+    shared = Finding("warning", "data.root", "/d is not visible from this machine")
+    big = Finding("error", "resources.nodes", "16 nodes, but partition 'gpu' has 8")
+    merged = study_findings([("nodes-1", [shared]), ("nodes-8", [shared]), ("nodes-16", [shared, big])])
+    assert merged == [
+        Finding("error", "resources.nodes", "16 nodes, but partition 'gpu' has 8 (study point nodes-16)"),
+        shared,  # every point: said once, without labels
+    ]
