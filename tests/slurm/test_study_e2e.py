@@ -1,17 +1,21 @@
 """A study end to end: the smoke job on 1 and 2 nodes, one Slurm job per point, then ``status``.
 
-One study (two small jobs, a few steps each) is shared by the tests of this module.
+One study (two small jobs, a few steps each) is shared by the first tests; the
+preflight and cancel tests submit their own.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from .hpctrain_cli import cli_env, hpctrain
+from hpctrain.rundir import read_summary
+
+from .hpctrain_cli import cli_env, hpctrain, task_logs
 from .study_helpers import STUDY_SPEC, SmokeStudy, run_smoke_study
 
 if TYPE_CHECKING:
@@ -88,3 +92,42 @@ def test_preflight_refuses_a_point_larger_than_the_partition(slurm_cluster: Slur
     assert refused.returncode == 2, refused
     assert "4 nodes, but partition 'debug' has 2" in refused.stderr and "(study point nodes-4)" in refused.stderr
     assert not (tmp_path / "runs").exists()  # nothing was queued, not even the nodes-1 point
+
+
+def test_cancel_of_a_study_cancels_every_points_job(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    env = cli_env(slurm_cluster, tmp_path / "state")
+    data = tmp_path / "data"
+    made = hpctrain(env, "make-dataset", str(data), "--classes", "4", "--per-class", "16", "--image-size", "32")
+    assert made.returncode == 0, made
+    submitted = hpctrain(
+        env,
+        "submit",
+        STUDY_SPEC,
+        *("--set", f"data.root={data}", "--set", f"output_dir={tmp_path / 'runs'}"),
+        *("--set", "trainer.epochs=100", "--set", "trainer.max_steps_per_epoch=100"),  # still running when cancelled
+        "--json",
+    )
+    assert submitted.returncode == 0, submitted
+    report = submitted.json()
+    first, second = (run["job_id"] for run in report["runs"])
+    wait_until_training(Path(report["runs"][0]["run_dir"]), timeout_s=120)
+
+    cancelled = hpctrain(env, "cancel", report["study_dir"], timeout=300)
+    assert cancelled.returncode == 0, cancelled
+    assert slurm_cluster.wait_state(first) == "CANCELLED"
+    assert slurm_cluster.wait_state(second) == "CANCELLED"
+    shown = hpctrain(env, "status", report["study_dir"], "--json")
+    statuses = {p["label"]: p["status"] for p in shown.json()["points"]}
+    assert statuses["nodes-1"] == "stopped", shown  # it was training: it saved and stopped
+    assert statuses["nodes-2"] in ("cancelled", "stopped"), shown  # pending, starting or training when cancelled
+
+
+def wait_until_training(run_dir: Path, timeout_s: float) -> None:
+    """Until the run's summary says it is training (so a cancel then stops a run, not a start)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        summary = read_summary(run_dir)
+        if summary is not None and summary.status == "running":
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{run_dir} did not start training in {timeout_s:.0f} s\n{task_logs(run_dir)}")
