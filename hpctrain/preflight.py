@@ -13,8 +13,8 @@ Pure over its inputs except :func:`run_preflight`, which asks Slurm once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -86,6 +86,7 @@ def check_partition(spec: JobSpec, partitions: Mapping[str, Mapping[str, str]]) 
                 "a longer run: docs/preemption.md)",
             )
         )
+    findings += _check_node_count(spec, name, fields)
     state = fields.get("State", "UP")
     if state != "UP":
         findings.append(Finding("warning", "resources.partition", f"partition {name!r} is {state}; the job may wait"))
@@ -105,6 +106,23 @@ def check_output_dir(spec: JobSpec, mounts_text: str | None = None) -> list[Find
             "not write their logs, checkpoints or summary there: set output_dir on the cluster's shared file system",
         )
     ]
+
+
+def _check_node_count(spec: JobSpec, name: str, fields: Mapping[str, str]) -> list[Finding]:
+    """More nodes than the partition has (or lets one job take) would pend forever or be refused."""
+    nodes = spec.resources.nodes
+    for field, what in (("TotalNodes", "has"), ("MaxNodes", "allows one job")):
+        limit = fields.get(field, "")
+        if limit.isdigit() and nodes > int(limit):
+            return [
+                Finding(
+                    "error",
+                    "resources.nodes",
+                    f"{nodes} nodes, but partition {name!r} {what} {limit}; ask for at most {limit} "
+                    "(or another partition)",
+                )
+            ]
+    return []
 
 
 def _seconds(slurm_time: str) -> int:
@@ -137,6 +155,21 @@ def run_preflight(job: LoadedJob, *, slurm_backend: bool) -> list[Finding]:
         except ClusterError as exc:
             extra.append(Finding("warning", "resources.partition", f"could not check partitions: {exc.message}"))
     return preflight(job, partitions) + extra
+
+
+def study_findings(per_point: Sequence[tuple[str, list[Finding]]]) -> list[Finding]:
+    """The findings of a study's points, each once, naming the points it concerns unless it is all. Pure."""
+    labels: dict[Finding, list[str]] = {}
+    for label, findings in per_point:
+        for finding in findings:
+            labels.setdefault(finding, []).append(label)
+    merged = []
+    for finding, points in labels.items():
+        if len(points) < len(per_point):
+            many = "s" if len(points) > 1 else ""
+            finding = replace(finding, message=f"{finding.message} (study point{many} {', '.join(points)})")
+        merged.append(finding)
+    return sorted(merged, key=lambda f: f.level != "error")
 
 
 def raise_for_errors(job: LoadedJob, findings: list[Finding]) -> None:

@@ -183,15 +183,19 @@ class SubmittedRun:
     trial_dirs: list[Path]
 
 
-def submit(job: LoadedJob, *, local: bool = False, snapshot: bool = True) -> SubmittedRun:
-    """Create the run directory, write the resolved spec, copy the user's code, and submit."""
+def submit(job: LoadedJob, *, local: bool = False, run_dir: Path | None = None, snapshot: bool = True) -> SubmittedRun:
+    """Create the run directory (a new one, or ``run_dir``: a study's point), write the resolved spec,
+    copy the user's code, and submit."""
     backend = backend_for(job, local)
     if backend == "slurm" and shutil.which("sbatch") is None:
         raise ClusterError(
             f"{job.source}: cluster '{job.profile.name}' needs Slurm, but 'sbatch' is not on this machine",
             hint=f"run it here with 'hpctrain submit {job.source} --local', or submit from a login node",
         )
-    run_dir = create_run_dir(job.spec.output_dir, job.spec.name)
+    if run_dir is None:
+        run_dir = create_run_dir(job.spec.output_dir, job.spec.name)
+    else:
+        run_dir.mkdir(parents=True)
     trial_dirs = _write_trials(job, run_dir)
     try:
         copied = _snapshot_code(job, run_dir) if snapshot else None

@@ -36,15 +36,23 @@ SETTLE_MARGIN_S = 10.0
 
 
 def run(args: argparse.Namespace) -> int:
-    run_dir = job_registry.resolve_run(args.run)
+    from hpctrain.cli import study_views
+
+    if (study_dir := study_views.study_dir_of(args.run)) is not None:
+        return study_views.cancel(study_dir, args.timeout)
+    return cancel_run(job_registry.resolve_run(args.run), args.timeout)
+
+
+def cancel_run(run_dir: Path, timeout_s: float) -> int:
+    """Cancel one run's job, wait until none of its processes is left, print where it stands."""
     info = read_run_info(run_dir)
     job_id = str(info.get("job_id", ""))
     write_cancel_marker(run_dir, [job_id])
     if info.get("backend") == "local":
-        state = _cancel_local(job_id, args.timeout)
+        state = _cancel_local(job_id, timeout_s)
         summary, settled = read_summary(run_dir) or Summary(), True
     else:
-        state = _cancel_slurm(job_id, args.timeout)
+        state = _cancel_slurm(job_id, timeout_s)
         limit_s = slurm.kill_wait_s() + SETTLE_MARGIN_S
         summary, settled = wait_to_settle(run_dir, lambda: slurm.processes_may_run(job_id), limit_s)
     step = latest_checkpoint_step(run_dir)

@@ -67,6 +67,10 @@ def _pid_alive(pid: int) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hpctrain.cli import study_views
+
+    if (study_dir := study_views.study_dir_of(args.run)) is not None:
+        study_views.refuse_resume(study_dir)
     run_dir = job_registry.resolve_run(args.run)
     info = read_run_info(run_dir)
     if info.get("trials"):

@@ -98,6 +98,10 @@ def _slurm_state(job_id: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hpctrain.cli import study_views
+
+    if (study_dir := study_views.study_dir_of(args.run)) is not None:
+        return study_views.status(study_dir, as_json=args.json)
     if args.run:
         status = run_status(job_registry.resolve_run(args.run))
         if args.json:

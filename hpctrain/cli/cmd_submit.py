@@ -25,6 +25,10 @@ from hpctrain.submission import SubmittedRun, backend_for, render_script, submit
 def run(args: argparse.Namespace) -> int:
     job = load_job(args.spec, args.overrides, cluster=args.cluster)
     print_warnings(job)
+    if job.is_study:
+        from hpctrain.cli import study_views
+
+        return study_views.submit(job, args)
     if job.spec.container is not None and backend_for(job, args.local) == "local":
         print(f"warning: {job.source}: container: runs on Slurm only; here the tasks run without the image",
               file=sys.stderr)  # fmt: skip
@@ -54,12 +58,15 @@ def run(args: argparse.Namespace) -> int:
 def check_before_queueing(job: LoadedJob, *, local: bool) -> None:
     """Refuse what would certainly fail after the queue wait; warn about what might."""
     from hpctrain import slurm
-    from hpctrain.preflight import raise_for_errors, run_preflight
+    from hpctrain.preflight import raise_for_errors, run_preflight, study_findings
 
     slurm_backend = backend_for(job, local) == "slurm"
     if slurm_backend and not slurm.available():
         return  # submit() says that this machine cannot submit, which comes first
-    findings = run_preflight(job, slurm_backend=slurm_backend)
+    if job.is_study:  # every point, each finding once, naming the points it concerns
+        findings = study_findings([(p.label, run_preflight(p.job, slurm_backend=slurm_backend)) for p in job.points])
+    else:
+        findings = run_preflight(job, slurm_backend=slurm_backend)
     for finding in findings:
         if finding.level == "warning":
             print(f"warning: {job.source}: {finding.key}: {finding.message}", file=sys.stderr)

@@ -26,6 +26,8 @@ def describe(job: LoadedJob) -> str:
     line += f"{what}, time {spec.resources.time}"
     if job.is_sweep:
         line += f", sweep of {len(job.trials)} trials"
+    if job.is_study:
+        line += f"; study of {len(job.points)} points, one job each"
     return line
 
 
@@ -41,5 +43,10 @@ def print_warnings(job: LoadedJob, run_dir: Path | None = None) -> None:
 def run(args: argparse.Namespace) -> int:
     job = load_job(args.spec, args.overrides, cluster=args.cluster)
     print(f"{args.spec}: OK - {describe(job)}")
+    if job.is_study:
+        from hpctrain.study import describe_point
+
+        for point in job.points:
+            print(f"  {point.label}: {describe_point(point)}")
     print_warnings(job)
     return 0

@@ -15,6 +15,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from hpctrain.spec.models import Trainer
 
+REFERENCE_BATCH = 256
+
+
+def scaled_lr(trainer_spec: Trainer, global_batch: int) -> float:
+    """``trainer.lr`` is for a global batch of 256; the linear rule scales it (Goyal et al., 2017)."""
+    if trainer_spec.lr_scaling == "linear":
+        return trainer_spec.lr * global_batch / REFERENCE_BATCH
+    return trainer_spec.lr
+
 
 @dataclass(frozen=True)
 class BatchLayout:

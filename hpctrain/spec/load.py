@@ -1,5 +1,6 @@
 """Load a job spec file into a resolved, validated job: YAML -> ``--set``
-overrides -> pydantic models -> cluster profile -> cross-field checks -> sweep.
+overrides -> pydantic models -> cluster profile -> cross-field checks -> sweep
+(and, for a ``study:``, the same again for every point's resources).
 
 Every problem is collected and reported at once in one SpecError.
 """
@@ -7,6 +8,7 @@ Every problem is collected and reported at once in one SpecError.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 from collections.abc import Iterable, Mapping
@@ -24,6 +26,7 @@ from hpctrain.spec.models import APEX_LEVELS, JobSpec
 from hpctrain.spec.problems import position_of, problems_from_validation
 from hpctrain.spec.profiles import ClusterProfile, apply_profile, available_profiles, config_dir, load_profile
 from hpctrain.spec.slurm_time import parse_time_limit
+from hpctrain.spec.study_axes import StudyPoint, check_axes, combinations, point_label
 from hpctrain.spec.yaml_source import _SpecLoader, read_spec_file
 
 
@@ -36,10 +39,15 @@ class LoadedJob:
     source: Path
     trials: tuple[JobSpec, ...]
     trial_params: tuple[dict[str, Any], ...]
+    points: tuple[StudyPoint, ...] = ()  # a study's points, each its own job
 
     @property
     def is_sweep(self) -> bool:
         return bool(self.spec.sweep)
+
+    @property
+    def is_study(self) -> bool:
+        return bool(self.points)
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -89,6 +97,28 @@ def load_job(
         overridden.add("cluster")
 
     problems: list[SpecProblem] = []
+    job = _resolve(data, positions, overridden, environ, source, problems)
+    points: tuple[StudyPoint, ...] = ()
+    axis_problems = [_positioned(p, positions) for p in check_axes(data.get("study"))]
+    problems += axis_problems
+    if job is not None and job.spec.study and not axis_problems:
+        points = _expand_study(data, job, positions, environ, problems)
+    if problems:
+        problems.sort(key=lambda p: (p.line is None, p.line or 0, p.column or 0))  # file order
+        raise SpecError(str(source), problems, hint="fix the keys above; 'hpctrain schema' lists every key")
+    assert job is not None
+    return dataclasses.replace(job, points=points)
+
+
+def _resolve(
+    data: dict[str, Any],
+    positions: dict,
+    overridden: set[str],
+    environ: Mapping[str, str] | None,
+    source: Path,
+    problems: list[SpecProblem],
+) -> LoadedJob | None:
+    """Model, profile, cross-field checks and sweep of one spec's data; None if it does not resolve."""
     spec: JobSpec | None = None
     try:
         spec = JobSpec.model_validate(data)
@@ -99,20 +129,46 @@ def load_job(
     resolved = None
     if spec is not None and profile is not None:
         resolved = absolute_paths(apply_profile(spec, profile), Path.cwd())
-        problems += [_positioned(p, positions) for p in check_resolved(resolved, profile)]
+        resolved_problems = check_resolved(resolved, profile)
+        if resolved.study:  # every point sets these itself and is checked with its own values
+            resolved_problems = [p for p in resolved_problems if p.key not in resolved.study]
+        problems += [_positioned(p, positions) for p in resolved_problems]
     trials: list[JobSpec] = []
     params: list[dict[str, Any]] = []
     if resolved is not None and resolved.sweep and not _sweep_fits(resolved, profile, positions, problems):
         pass  # too many trials to expand, let alone submit
     elif resolved is not None and resolved.sweep:
         trials, params = _expand_sweep(data, resolved, profile, positions, problems)  # type: ignore[arg-type]
-    if problems:
-        problems.sort(key=lambda p: (p.line is None, p.line or 0, p.column or 0))  # file order
-        raise SpecError(str(source), problems, hint="fix the keys above; 'hpctrain schema' lists every key")
-    assert resolved is not None and profile is not None
+    if resolved is None or profile is None:
+        return None
     if not resolved.sweep:
         trials, params = [resolved], [{}]
     return LoadedJob(resolved, profile, source, tuple(trials), tuple(params))
+
+
+def _expand_study(
+    data: dict[str, Any], base: LoadedJob, positions: dict, environ: Mapping[str, str] | None, problems: list
+) -> tuple[StudyPoint, ...]:
+    """Resolve each point as a spec of its own (its resources, world size, global batch and LR)."""
+    points = []
+    seen = {(p.key, p.message) for p in problems}
+    for values in combinations(base.spec.study):
+        label = point_label(values)
+        point_data = copy.deepcopy(data)
+        point_data.pop("study", None)
+        for key, value in values.items():
+            set_dotted(point_data, key, value)
+        found: list[SpecProblem] = []
+        job = _resolve(point_data, positions, set(), environ, base.source, found)
+        for problem in found:
+            if (problem.key, problem.message) in seen:
+                continue
+            seen.add((problem.key, problem.message))
+            key = f"study.{problem.key}" if problem.key in values else problem.key
+            problems.append(_positioned(SpecProblem(key, f"{problem.message} (study point {label})"), positions))
+        if job is not None:
+            points.append(StudyPoint(label, values, job))
+    return tuple(points)
 
 
 def absolute_paths(spec: JobSpec, base: Path) -> JobSpec:

@@ -421,6 +421,13 @@ class JobSpec(Section):
         dict[str, list[object]],
         Field(description="Dotted key -> values; the grid becomes a Slurm array, one task per combination."),
     ] = {}
+    study: Annotated[
+        dict[str, list[object]],
+        Field(
+            description="Resource key -> values, e.g. {resources.nodes: [1, 2, 4]}; one Slurm job per combination "
+            "(docs/studies-and-reports.md)."
+        ),
+    ] = {}
     resources: Resources = Resources()
     trainer: Trainer = Trainer()
     data: Data = Data()
@@ -466,7 +473,7 @@ class JobSpec(Section):
         for key, values in value.items():
             if not values:
                 raise ValueError(f"sweep.{key} needs at least one value")
-            if key.split(".")[0] in ("name", "cluster", "output_dir", "resources", "sweep"):
+            if key.split(".")[0] in ("name", "cluster", "output_dir", "resources", "sweep", "study"):
                 raise ValueError(f"sweep.{key}: only trainer/data/entrypoint_args/env keys can be swept")
         return value
 

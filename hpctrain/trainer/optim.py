@@ -16,9 +16,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from hpctrain.spec.batch import REFERENCE_BATCH, scaled_lr  # noqa: F401 - torch-free, re-exported
 from hpctrain.spec.models import Trainer
 
-REFERENCE_BATCH = 256
 _NORM_TYPES: tuple[type[nn.Module], ...] = (
     nn.modules.batchnorm._NormBase,  # BatchNorm*, SyncBatchNorm, InstanceNorm*
     nn.LayerNorm,
@@ -26,13 +26,6 @@ _NORM_TYPES: tuple[type[nn.Module], ...] = (
     nn.LocalResponseNorm,
     nn.RMSNorm,
 )
-
-
-def scaled_lr(trainer_spec: Trainer, global_batch: int) -> float:
-    """``trainer.lr`` is for a global batch of 256; the linear rule scales it (Goyal et al., 2017)."""
-    if trainer_spec.lr_scaling == "linear":
-        return trainer_spec.lr * global_batch / REFERENCE_BATCH
-    return trainer_spec.lr
 
 
 def parameter_groups(model: nn.Module, weight_decay: float, no_decay_on_norm: bool) -> list[dict]:

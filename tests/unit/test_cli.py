@@ -10,6 +10,7 @@ the large parametrized groups start their runs together from a module fixture.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -94,8 +95,10 @@ def test_validate_every_example(spec: Path, example_results: dict[str, subproces
     result = example_results[spec.name]
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert len(lines) == 1
+    points = yaml.safe_load(spec.read_text()).get("study", {})
+    assert len(lines) == 1 + (math.prod(len(v) for v in points.values()) if points else 0)  # a study: a line per point
     assert lines[0].startswith(f"jobs/{spec.name}: OK - ")
+    assert all(line.startswith("  ") and "world size" in line for line in lines[1:])
     assert result.stderr == ""
 
 
@@ -382,6 +385,8 @@ LIGHT_COMMANDS = {
     "validate": ["validate", "jobs/resnet50_4x4.yaml"],
     "submit-dry-run": ["submit", "jobs/resnet50_4x4.yaml", "--dry-run", "--set", "output_dir=/nonexistent/out"],
     "schema": ["schema"],
+    "validate-study": ["validate", "jobs/scaling_hal.yaml"],
+    "submit-study-dry-run": ["submit", "jobs/scaling_hal.yaml", "--dry-run", "--set", "output_dir=/nonexistent/out"],
     "status-list": ["status"],
     "status": ["status", "/nonexistent/run"],
     "logs": ["logs", "/nonexistent/run"],

@@ -58,7 +58,7 @@ def schema_keys() -> set[str]:
 
 
 # Keys whose values are free-form mappings: their own keys are the user's, not the schema's.
-FREE_FORM = {"env", "entrypoint_args", "sweep", "resources.slurm_extra", "distributed.nccl_env"}
+FREE_FORM = {"env", "entrypoint_args", "sweep", "study", "resources.slurm_extra", "distributed.nccl_env"}
 
 
 def used_keys(data: dict[str, Any], prefix: str = "") -> set[str]:
@@ -78,6 +78,8 @@ def test_every_key_in_the_examples_is_in_the_schema(example: Path) -> None:
     assert used_keys(data) <= known, sorted(used_keys(data) - known)
     for swept in data.get("sweep", {}):  # sweep keys are dotted spec keys too
         assert swept in known, f"sweep key {swept!r}"
+    for studied in data.get("study", {}):  # so are study keys
+        assert studied in known, f"study key {studied!r}"
 
 
 def test_cluster_docs_name_every_builtin_profile() -> None:

@@ -169,7 +169,12 @@ def test_image_folder_sample(tmp_path: Path) -> None:
     (root / "train" / "a" / "x.JPEG").unlink()
     (root / "train" / "a" / "notes.txt").write_text("")
     check = doctor.check_image_folder(root, "train", "val")
-    assert check.name == "dataset" and check.level == "error" and "train/a/ has no image" in check.detail and "4" in check.detail
+    assert (
+        check.name == "dataset"
+        and check.level == "error"
+        and "train/a/ has no image" in check.detail
+        and "4" in check.detail
+    )
 
 
 def test_paths_for_a_missing_dataset(tmp_path: Path) -> None:
