@@ -121,3 +121,10 @@ def cmd_bench_data(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="time budget per measurement (default 10)")
     parser.add_argument("--timeout", type=float, default=900.0, help="--slurm: give up after this many seconds")
     parser.add_argument("--json", action="store_true", help="print the measurements and the verdict as JSON")
+
+
+def cmd_report(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", metavar="RUN_OR_STUDY", help="run, sweep or study directories")
+    parser.add_argument("--out", help="directory for report.md, report.html and PNGs (default: RUN_OR_STUDY/report)")
+    parser.add_argument("--baseline", choices=["hal"], help="draw published reference numbers (hal: NCSA HAL V100)")
+    parser.add_argument("--json", action="store_true", help="print the numbers (series summaries, table) as JSON")

@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "schema": ("hpctrain.cli.cmd_schema", "print the JSON Schema of job specs (for editors)"),
     "make-dataset": ("hpctrain.cli.cmd_make_dataset", "generate a small real-JPEG ImageFolder dataset"),
     "bench-data": ("hpctrain.cli.cmd_bench_data", "measure whether the data pipeline keeps the job's GPUs busy"),
+    "report": ("hpctrain.cli.cmd_report", "plots and tables (md + self-contained html) from runs and studies"),
 }
 
 
