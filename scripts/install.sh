@@ -27,3 +27,9 @@ for line in open('constraints.txt'):
 "
   touch .venv/.hpctrain-installed
 fi
+# The report test opens report.html in headless Chromium (tests/unit/test_report_browser.py).
+# As root on Debian/Ubuntu (CI), install it; elsewhere that test skips without it.
+if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium >/dev/null \
+    || { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium >/dev/null; }
+fi

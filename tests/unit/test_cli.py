@@ -386,6 +386,7 @@ LIGHT_COMMANDS = {
     "status": ["status", "/nonexistent/run"],
     "logs": ["logs", "/nonexistent/run"],
     "cancel": ["cancel", "/nonexistent/run"],
+    "report": ["report", "/nonexistent/run"],
 }
 
 
