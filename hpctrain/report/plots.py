@@ -143,19 +143,37 @@ def plot_scaling(rows: list[Row], path: Path, baseline: Baseline | None = None) 
         timed = [r for r in measured if r.time_to_target_s is not None]
         if timed:
             tim.plot(
-                [r.devices for r in timed], [r.time_to_target_s / 60 for r in timed], marker="o", label="to target"
+                [r.devices for r in timed],
+                [r.time_to_target_s / 60 for r in timed],
+                marker="o",
+                color="tab:blue",
+                label="to target",
             )
             tim.set_title(f"time to top-1 >= {timed[0].target_top1:g} % and per epoch (min)")
         epochs = [r for r in measured if r.epoch_s is not None]
         if epochs:
-            tim.plot([r.devices for r in epochs], [r.epoch_s / 60 for r in epochs], marker="s", label="per epoch")
+            tim.plot(
+                [r.devices for r in epochs],
+                [r.epoch_s / 60 for r in epochs],
+                marker="s",
+                ls="--",
+                c="tab:blue",
+                label="per epoch",
+            )
         if not timed:
             tim.set_title("time per epoch (min)")
     if baseline is not None:
         gpus = [p.gpus for p in baseline.points]
         thr.plot(gpus, [p.images_per_s for p in baseline.points], marker="^", color="tab:orange", label=baseline.title)
-        eff.plot(gpus, [100 * baseline.efficiency(p) for p in baseline.points], marker="^", color="tab:orange")
-        tim.plot(gpus, [p.epoch_s / 60 for p in baseline.points], marker="^", color="tab:orange", label="HAL per epoch")
+        own = f"{baseline.name.upper()} (vs its {min(gpus)} GPUs)"
+        eff.plot(gpus, [100 * baseline.efficiency(p) for p in baseline.points], marker="^", c="tab:orange", label=own)
+        tim.plot(
+            gpus,
+            [p.epoch_s / 60 for p in baseline.points],
+            marker="^",
+            color="tab:orange",
+            label=f"{baseline.name.upper()} per epoch",
+        )
         for ax in (thr, tim):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
