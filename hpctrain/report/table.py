@@ -5,8 +5,8 @@ Definitions (docs/studies-and-reports.md repeats them):
 * **img/s** of a run: the median ``images_per_s`` of the steady-state
   train_step records of its last attempt. Steady state leaves out the first
   record of every epoch (data-loader start, the first steps' warm-up, a
-  checkpoint written between epochs) and every record of the first epoch
-  when later epochs were logged (cudnn autotuning, torch.compile, caches
+  checkpoint written between epochs) and every record of the attempt's first
+  epoch when the attempt logged later ones (cudnn autotuning, torch.compile, caches
   filling). When nothing is left, all train_step records of the last attempt
   are used, then summary.json's ``train_images_per_s``; the ``source`` column
   says which. ``images_per_s`` is images per second over all ranks.
@@ -26,6 +26,7 @@ Definitions (docs/studies-and-reports.md repeats them):
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -59,7 +60,7 @@ class Row:
 
 
 def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
 

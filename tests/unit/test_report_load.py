@@ -145,3 +145,24 @@ def test_non_finite_throughput_does_not_reach_the_table(tmp_path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
     (row,) = scaling_table(load_targets([tmp_path / "run"]))
     assert row.images_per_s is not None and math.isfinite(row.images_per_s)
+
+
+def test_a_study_point_that_is_a_sweep_gives_a_row_per_trial(tmp_path: Path) -> None:
+    make_study(tmp_path / "study", {1: 1.0})
+    point = tmp_path / "study" / "nodes-1"
+    for index in range(2):
+        simulate_run(point / f"trial-{index:03d}")
+    runs = load_targets([tmp_path / "study"])
+    assert [run.label for run in runs] == ["nodes-1/trial-000", "nodes-1/trial-001"]
+    assert all(run.point and run.point["label"] == "nodes-1" for run in runs)
+
+
+def test_a_run_with_only_a_summary_reports_the_summary_numbers(tmp_path: Path) -> None:
+    (tmp_path / "summary.json").write_text(
+        json.dumps({"status": "running", "train_images_per_s": 123.0, "world_size": 2, "best_val_top1": float("nan")})
+    )
+    (run,) = load_targets([tmp_path])
+    assert not run.has_metrics and "no metrics.jsonl" in run.notes[0]
+    (row,) = scaling_table([run])
+    assert row.images_per_s == 123.0 and row.source == "summary.json train_images_per_s"
+    assert row.best_top1 is None and row.devices == 2 and row.device_kind == "process"
