@@ -21,7 +21,6 @@ as the remaining starts. Readers keep the last record per global step.
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +41,7 @@ from hpctrain.rundir import (
 )
 
 KINDS = ("train_step", "epoch", "val")
+KEYS = {"train_step": "global_step", "epoch": "epoch", "val": "epoch"}  # what identifies a record of each kind
 _TRIAL = re.compile(r"^trial-\d{3,}$")
 
 
@@ -98,10 +98,17 @@ class RunData:
 # ------------------------------------------------------------------ metrics.jsonl
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+COUNTERS = ("epoch", "step", "global_step")  # whole numbers; every other field but "kind" is a number
+
+
+def _clean(key: str, value: Any) -> Any:
+    """``value`` if it has the field's type (and is finite), else None. Hot: called per field."""
+    kind = type(value)
+    if kind is int:
+        return value
+    if kind is float:
+        return value if key not in COUNTERS and value - value == 0 else None  # inf - inf and nan are not 0
+    return value if key == "kind" else None
 
 
 def parse_metrics(text: str) -> tuple[list[dict[str, Any]], list[str]]:
@@ -121,18 +128,22 @@ def parse_metrics(text: str) -> tuple[list[dict[str, Any]], list[str]]:
         if not isinstance(record, dict) or record.get("kind") not in KINDS:
             bad += 1
             continue
-        time = _finite(record.get("time"))
-        if not isinstance(time, (int, float)) or isinstance(time, bool):
+        if _clean("time", record.get("time")) is None:
             bad += 1
             continue
-        clean = {key: _finite(value) for key, value in record.items()}
+        clean = {key: _clean(key, value) for key, value in record.items()}
+        if clean.get(KEYS[record["kind"]]) is None:  # a record must say which step/epoch it is
+            bad += 1
+            continue
         nonfinite += sum(1 for key in record if clean[key] is None and record[key] is not None)
         records.append(clean)
     notes = []
     if bad:
         notes.append(f"metrics.jsonl: skipped {bad} unreadable line{'s' if bad != 1 else ''}")
     if nonfinite:
-        notes.append(f"metrics.jsonl: {nonfinite} non-finite value{'s' if nonfinite != 1 else ''} (NaN/inf) left out")
+        notes.append(
+            f"metrics.jsonl: {nonfinite} non-finite value{'s' if nonfinite != 1 else ''} (NaN/inf, text) left out"
+        )
     return records, notes
 
 
@@ -165,7 +176,8 @@ def split_attempts(records: list[dict[str, Any]], expected_restarts: int = 0) ->
 def _window_steps(records: list[dict[str, Any]], index: int) -> int:
     """How many optimizer steps the train_step record at ``index`` averages over."""
     step = records[index].get("global_step")
-    for earlier in reversed(records[:index]):
+    for back in range(index - 1, -1, -1):
+        earlier = records[back]
         if earlier["kind"] == "train_step" and isinstance(earlier.get("global_step"), int):
             if isinstance(step, int) and step > earlier["global_step"]:
                 return step - earlier["global_step"]

@@ -33,12 +33,16 @@ def test_garbage_lines_and_non_finite_numbers_are_dropped_and_noted() -> None:
         json.dumps({"kind": "mystery", "time": 3.0}),
         json.dumps({"kind": "train_step", "global_step": 4}),  # no time
         '{"kind": "train_step", "epoch": 0, "step": 2, "global_step": 2, "time": 12.0, "loss": NaN, "lr": Infinity}',
+        json.dumps({"kind": "train_step", "global_step": "three", "time": 13.0}),  # which step?
+        json.dumps(_step(3, 13.0, step_s="slow", top1=[1])),  # numbers that are not numbers
     ]
     records, notes = parse_metrics("\n".join(lines) + "\n")
-    assert [r["global_step"] for r in records] == [1, 2]
+    assert [r["global_step"] for r in records] == [1, 2, 3]
     assert records[1]["loss"] is None and records[1]["lr"] is None
-    assert any("skipped 4 unreadable lines" in note for note in notes)
-    assert any("2 non-finite values" in note for note in notes)
+    assert records[2]["step_s"] is None and records[2]["top1"] is None
+    assert any("skipped 5 unreadable lines" in note for note in notes)
+    assert any("4 non-finite values" in note for note in notes)
+    assert len(split_attempts(records, expected_restarts=1)) == 1  # tolerates the holes
 
 
 def test_a_replayed_step_starts_a_new_attempt() -> None:
