@@ -48,7 +48,7 @@ def _ours(path: Path) -> bool:
     """Whether ``path`` is missing or was written by an earlier report (safe to replace)."""
     try:
         head = path.read_bytes()[:4096]
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return True
     except OSError:
         return False
@@ -84,37 +84,63 @@ def make_report(targets: list[Path], out: Path | None, baseline: str | None = No
         raise UsageError(
             f"cannot create {out_dir}: {exc.strerror}", hint="choose another directory with --out DIR"
         ) from None
-    files = _draw(report, images, out_dir)
-    for name, text in (("report.md", markdown(report, out_dir)), ("report.html", html_page(report))):
-        atomic_write_text(out_dir / name, text)
-        _readable(out_dir / name)
-        files.append(out_dir / name)
+    try:
+        files = _draw(report, images)
+        for name, text in (("report.md", markdown(report, out_dir)), ("report.html", html_page(report))):
+            atomic_write_text(out_dir / name, text)
+            _readable(out_dir / name)
+            files.append(out_dir / name)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write the report into {out_dir}: {exc.strerror or exc}",
+            hint="choose a writable directory with --out DIR",
+        ) from None
     return Written(report, out_dir, files)
 
 
 def _image_paths(runs: list[RunData], out_dir: Path) -> dict[str, Path]:
+    """The PNG of each run with metrics (key: its label) and of the scaling figure (key "")."""
     paths: dict[str, Path] = {"": out_dir / "scaling.png"}
+    taken: set[str] = set()
     for run in runs:
         if run.has_metrics:
-            paths[run.label] = out_dir / f"run-{_slug(run.label)}.png"
+            name, count = f"run-{_slug(run.label)}", 1
+            while name in taken:  # labels that differ only in characters a file name cannot keep
+                count += 1
+                name = f"run-{_slug(run.label)}-{count}"
+            taken.add(name)
+            paths[run.label] = out_dir / f"{name}.png"
     return paths
 
 
-def _draw(report: Report, images: dict[str, Path], out_dir: Path) -> list[Path]:
+def _draw(report: Report, images: dict[str, Path]) -> list[Path]:
     if not plots.available():
         report.notes.append(f"no plots: matplotlib is not installed ({plots.INSTALL_HINT})")
         return []
     files = []
     for run in report.runs:
         path = images.get(run.label)
-        if path is not None:
-            report.run_images[run.label] = plots.plot_run(run, path)
+        if path is not None and _drawn(report, f"the plot of {run.label}", plots.plot_run, run, path):
+            report.run_images[run.label] = path
             files.append(path)
     measured = [row for row in report.rows if row.images_per_s is not None and row.devices]
-    if len(measured) >= 2 or (measured and report.baseline is not None):
-        report.scaling_image = plots.plot_scaling(report.rows, images[""], report.baseline)
+    wanted = len(measured) >= 2 or (measured and report.baseline is not None)
+    if wanted and _drawn(report, "the scaling plot", plots.plot_scaling, report.rows, images[""], report.baseline):
+        report.scaling_image = images[""]
         files.append(images[""])
     return files
+
+
+def _drawn(report: Report, what: str, draw: Any, *args: Any) -> bool:
+    """Draw one figure; data matplotlib cannot draw costs that figure (noted), not the report."""
+    try:
+        draw(*args)
+    except OSError:
+        raise
+    except Exception as exc:  # matplotlib raises many types on odd data; the tables are still worth writing
+        report.notes.append(f"could not draw {what}: {type(exc).__name__}: {exc}")
+        return False
+    return True
 
 
 def _readable(path: Path) -> None:

@@ -156,3 +156,22 @@ def test_a_full_report_never_imports_torch(study: Path, tmp_path: Path) -> None:
     imports = [line for line in result.stderr.splitlines() if line.startswith("import time:")]
     assert any("matplotlib" in line for line in imports)
     assert not [line for line in imports if "torch" in line]
+
+
+def test_a_figure_that_cannot_be_drawn_costs_only_that_figure(
+    study: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(*args: object) -> None:
+        raise ValueError("odd data")
+
+    monkeypatch.setattr(plots, "plot_scaling", broken)
+    monkeypatch.setattr(plots, "plot_run", broken)
+    assert main(["report", str(study), "--out", str(tmp_path)]) == 0
+    assert "could not draw the scaling plot: ValueError: odd data" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.png")) and "<img" not in (tmp_path / "report.html").read_text()
+
+
+def test_an_out_dir_that_cannot_be_written(study: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("x")
+    assert main(["report", str(study / "nodes-1"), "--out", str(tmp_path / "file" / "sub")]) == 2
+    assert "cannot create" in _error(capsys)
