@@ -124,7 +124,7 @@ def cmd_bench_data(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_report(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", nargs="+", metavar="RUN_OR_STUDY", help="run, sweep or study directories")
+    parser.add_argument("runs", nargs="+", metavar="RUN_OR_STUDY", help="run, sweep or study directories (or a job id)")
     parser.add_argument("--out", help="directory for report.md, report.html and PNGs (default: RUN_OR_STUDY/report)")
     parser.add_argument("--baseline", choices=["hal"], help="draw published reference numbers (hal: NCSA HAL V100)")
     parser.add_argument("--json", action="store_true", help="print the numbers (series summaries, table) as JSON")

@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from hpctrain import job_registry
 from hpctrain.errors import RunDirError
 from hpctrain.heartbeats import find_stragglers, read_heartbeats
 from hpctrain.rundir import (
@@ -307,6 +308,8 @@ def load_targets(paths: list[Path]) -> list[RunData]:
     runs: list[RunData] = []
     for raw in paths:
         path = Path(raw).expanduser()
+        if not path.exists() and str(raw).replace("_", "").isdigit():
+            path = job_registry.resolve_run(str(raw))  # a Slurm job id this account submitted
         if not path.exists():
             raise RunDirError(
                 f"{raw}: not an hpctrain run directory (it does not exist)",

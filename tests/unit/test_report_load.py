@@ -170,3 +170,14 @@ def test_a_run_with_only_a_summary_reports_the_summary_numbers(tmp_path: Path) -
     (row,) = scaling_table([run])
     assert row.images_per_s == 123.0 and row.source == "summary.json train_images_per_s"
     assert row.best_top1 is None and row.devices == 2 and row.device_kind == "process"
+
+
+def test_a_job_id_names_its_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpctrain import job_registry
+
+    simulate_run(tmp_path / "run")
+    monkeypatch.setattr(job_registry, "entries", lambda: [{"job_id": "4711", "run_dir": str(tmp_path / "run")}])
+    (run,) = load_targets([Path("4711")])
+    assert run.path == tmp_path / "run" and run.has_metrics
+    with pytest.raises(RunDirError, match="not submitted by hpctrain"):
+        load_targets([Path("4712")])
