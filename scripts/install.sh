@@ -27,3 +27,9 @@ for line in open('constraints.txt'):
 "
   touch .venv/.hpctrain-installed
 fi
+# The report test opens report.html in headless Chromium (tests/unit/test_report_browser.py).
+# As root on Debian/Ubuntu (CI), install it; elsewhere that test skips without it.
+if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } \
+    >/dev/null 2>&1 || echo "install.sh: could not install chromium; the report browser test skips (fails under CI)" >&2
+fi

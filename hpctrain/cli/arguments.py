@@ -135,3 +135,10 @@ def cmd_doctor(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe", action="store_true", help="also run a 1-minute job on a compute node and report")
     parser.add_argument("--probe-timeout", type=float, default=300.0, help="seconds to wait for the probe job")
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+
+
+def cmd_report(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", metavar="RUN_OR_STUDY", help="run, sweep or study directories (or a job id)")
+    parser.add_argument("--out", help="directory for report.md, report.html and PNGs (default: RUN_OR_STUDY/report)")
+    parser.add_argument("--baseline", choices=["hal"], help="draw published reference numbers (hal: NCSA HAL V100)")
+    parser.add_argument("--json", action="store_true", help="print the numbers (series summaries, table) as JSON")

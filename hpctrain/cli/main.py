@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "make-dataset": ("hpctrain.cli.cmd_make_dataset", "generate a small real-JPEG ImageFolder dataset"),
     "doctor": ("hpctrain.cli.cmd_doctor", "check that this cluster can run a job spec, with the fix for each problem"),
     "bench-data": ("hpctrain.cli.cmd_bench_data", "measure whether the data pipeline keeps the job's GPUs busy"),
+    "report": ("hpctrain.cli.cmd_report", "plots and tables (md + self-contained html) from runs and studies"),
 }
 
 

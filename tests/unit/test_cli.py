@@ -392,6 +392,7 @@ LIGHT_COMMANDS = {
     "logs": ["logs", "/nonexistent/run"],
     "cancel": ["cancel", "/nonexistent/run"],
     "doctor": ["doctor", "jobs/quickstart.yaml"],
+    "report": ["report", "/nonexistent/run"],
 }
 
 
