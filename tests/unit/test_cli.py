@@ -384,6 +384,7 @@ LIGHT_COMMANDS = {
     "schema": ["schema"],
     "status-list": ["status"],
     "status": ["status", "/nonexistent/run"],
+    "status-watch": ["status", "/nonexistent/run", "--watch"],
     "logs": ["logs", "/nonexistent/run"],
     "cancel": ["cancel", "/nonexistent/run"],
 }
