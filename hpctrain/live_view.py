@@ -70,7 +70,8 @@ def checkpoint_text(snap: Snapshot) -> str:
 
 def head_text(snap: Snapshot) -> str:
     job = f"job {snap.job_id}" if snap.job_id else "run"
-    return f"{job} {snap.slurm_state}, run {snap.status or '?'}"
+    status = snap.status or ("starting" if snap.slurm_state == "RUNNING" else "?")  # no summary.json yet
+    return f"{job} {snap.slurm_state}, run {status}"
 
 
 def alerts(snap: Snapshot) -> list[str]:
