@@ -88,6 +88,7 @@ class RankView:
     phase: str
     age_s: float
     step_time_median_s: float | None = None
+    gpu_util_pct: float | None = None
     stale: bool = False
     straggler: bool = False
 
@@ -235,6 +236,7 @@ def rank_views(
             phase=beat.phase,
             age_s=beat.age_s(now),
             step_time_median_s=beat.step_time_median_s,
+            gpu_util_pct=beat.gpu_util_pct,
             stale=running and beat.phase != "done" and beat.age_s(now) > stale_after_s,
             straggler=beat.rank in stragglers,
         )

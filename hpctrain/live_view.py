@@ -101,9 +101,10 @@ def _step_time(view: RankView) -> str:
 
 def rank_line(view: RankView) -> str:
     flags = "".join((" STALE" if view.stale else "", " STRAGGLER" if view.straggler else ""))
+    gpu = f", gpu {view.gpu_util_pct:.0f}%" if view.gpu_util_pct is not None else ""
     return (
         f"rank {view.rank} {view.node or '?'} step {view.step} {view.phase} "
-        f"step time {_step_time(view)}, heartbeat {duration(view.age_s)} ago{flags}"
+        f"step time {_step_time(view)}{gpu}, heartbeat {duration(view.age_s)} ago{flags}"
     )
 
 
@@ -208,16 +209,19 @@ def rich_view(snap: Snapshot, *, interval_s: float | None = None) -> RenderableT
 def rank_table(ranks: tuple[RankView, ...], limit: int = RANK_ROWS) -> Table:
     shown, left_out = shown_ranks(ranks, limit)
     table = Table(title="ranks' last heartbeats", title_justify="left", caption_justify="left")
-    for column in ("rank", "node", "step", "phase", "step time", "heartbeat", ""):
+    gpu = any(view.gpu_util_pct is not None for view in ranks)
+    for column in ("rank", "node", "step", "phase", "step time", *(("gpu",) if gpu else ()), "heartbeat", ""):
         table.add_column(column)
     for view in shown:
         flag = " ".join(word for word, on in (("STALE", view.stale), ("STRAGGLER", view.straggler)) if on)
+        util = () if not gpu else ("?" if view.gpu_util_pct is None else f"{view.gpu_util_pct:.0f}%",)
         table.add_row(
             str(view.rank),
             view.node or "?",
             str(view.step),
             view.phase,
             _step_time(view),
+            *util,
             f"{duration(view.age_s)} ago",
             Text(flag, style="bold red") if flag else "",
         )

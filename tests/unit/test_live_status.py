@@ -209,9 +209,9 @@ def test_rank_lines_come_when_ranks_first_report_and_with_show_ranks(tmp_path: P
 def test_final_lines_end_with_how_the_job_ended(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path)
     write_summary(run_dir, status="completed", global_step=8, stop_reason="epochs done")
-    write_beat(run_dir, 0, phase="done")
+    write_beat(run_dir, 0, phase="done", gpu_util_pct=87.4)
     lines = final_lines(snapshot(run_dir, "COMPLETED", final=True))
-    assert "rank 0 n1 step 5 done" in lines[0]
+    assert "rank 0 n1 step 5 done step time ?, gpu 87%, heartbeat" in lines[0]
     assert lines[-1].endswith("job 4242 ended COMPLETED; run status: completed (epochs done)")
     assert "eta" not in lines[-2]
 
@@ -225,7 +225,7 @@ def test_rich_view_renders_on_a_terminal(tmp_path: Path) -> None:
     append_metrics(run_dir, step_record(4, NOW - 10), step_record(5, NOW))
     write_beat(run_dir, 0, step_time_median_s=0.2)
     write_beat(run_dir, 1, step_time_median_s=0.9)
-    write_beat(run_dir, 2, step_time_median_s=0.2)
+    write_beat(run_dir, 2, step_time_median_s=0.2, gpu_util_pct=55.0)
     console = Console(file=io.StringIO(), force_terminal=True, width=120, color_system="truecolor")
     console.print(rich_view(snapshot(run_dir), interval_s=5))
     text = console.file.getvalue()
@@ -235,7 +235,7 @@ def test_rich_view_renders_on_a_terminal(tmp_path: Path) -> None:
     shown = plain.file.getvalue()
     for needle in ("job 4242 RUNNING", "5/8", "100.0 img/s", "25%", "HANG: rank 1 on n1", "straggler: rank 1"):
         assert needle in shown, shown
-    assert "STRAGGLER" in shown and "ranks' last heartbeats" in shown
+    assert "STRAGGLER" in shown and "ranks' last heartbeats" in shown and "55%" in shown
 
 
 # ---------------------------------------------------------------- the watch loop
@@ -395,7 +395,7 @@ def test_status_watch_of_a_finished_local_run_prints_the_final_state(tmp_path: P
     assert result.stdout.splitlines()[-1].endswith(" local run ended; run status: completed")
 
 
-def test_summary_and_inputs_types() -> None:
+def test_a_heartbeat_from_long_ago_is_stale_while_the_job_runs() -> None:
     inputs = RunInputs(
         info={}, summary=Summary(), tail=MetricsTail(Path("/nonexistent")), heartbeats=[Heartbeat(rank=0)]
     )
