@@ -30,6 +30,7 @@ from hpctrain.rundir import (
 
 HEARTBEAT_STALE_S = 120.0  # a running rank whose heartbeat is older than this is flagged
 RATE_WINDOW = 20  # train_step records the step rate (and so the ETA) is measured over
+FIRST_READ_BYTES = 1 << 20  # the first look reads only the end of metrics.jsonl
 
 
 class MetricsTail:
@@ -41,23 +42,30 @@ class MetricsTail:
     repeat steps; the rate window restarts when ``global_step`` goes back.
     """
 
-    def __init__(self, path: Path, window: int = RATE_WINDOW) -> None:
+    def __init__(self, path: Path, window: int = RATE_WINDOW, first_read_bytes: int = FIRST_READ_BYTES) -> None:
         self.path = Path(path)
         self.offset = 0
+        self.first_read_bytes = first_read_bytes
         self.steps: deque[dict[str, Any]] = deque(maxlen=window)
         self.last_epoch: dict[str, Any] | None = None
 
     def read(self) -> None:
         try:
             with self.path.open("rb") as handle:
-                handle.seek(0, 2)
-                if handle.tell() < self.offset:
+                size = handle.seek(0, 2)
+                if size < self.offset:
                     self.offset, self.last_epoch = 0, None
                     self.steps.clear()
+                skip_partial = self.offset == 0 and size > self.first_read_bytes
+                if skip_partial:  # a long run's file: only its end matters
+                    self.offset = size - self.first_read_bytes
                 handle.seek(self.offset)
                 chunk = handle.read()
         except OSError:
             return
+        if skip_partial:
+            start = chunk.find(b"\n") + 1
+            chunk, self.offset = chunk[start:], self.offset + start
         complete = chunk[: chunk.rfind(b"\n") + 1]
         self.offset += len(complete)
         for line in complete.splitlines():

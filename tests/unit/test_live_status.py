@@ -157,6 +157,18 @@ def test_metrics_tail_reads_incrementally_and_waits_for_a_torn_line(tmp_path: Pa
     assert [record["global_step"] for record in tail.steps] == [1]
 
 
+def test_the_first_read_of_a_long_metrics_file_reads_only_its_end(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)
+    append_metrics(run_dir, *(step_record(step, NOW + step) for step in range(1, 201)))
+    tail = MetricsTail(metrics_path(run_dir), window=5, first_read_bytes=1000)
+    tail.read()
+    assert [record["global_step"] for record in tail.steps] == [196, 197, 198, 199, 200]
+    assert tail.offset == metrics_path(run_dir).stat().st_size
+    append_metrics(run_dir, step_record(201, NOW + 201))
+    tail.read()
+    assert tail.steps[-1]["global_step"] == 201
+
+
 def test_steps_per_epoch_comes_from_the_epoch_record_when_the_summary_lacks_it(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path)
     atomic_write_text(run_dir / "summary.json", json.dumps({"status": "running", "epochs": 3}))
