@@ -56,7 +56,9 @@ def cmd_status(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
     parser.add_argument(
-        "--watch", action="store_true", help="RUN: live view until the job ends (exit 0 completed, 1 failed, 3 stopped)"
+        "--watch",
+        action="store_true",
+        help="RUN: live view until the job ends (exit 0 completed, 1 failed, 10 stopped)",
     )
     parser.add_argument(
         "--interval", type=float, default=5.0, metavar="S", help="--watch: seconds between looks (default 5, min 2)"

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from hpctrain import job_registry, slurm
 from hpctrain.cli.cmd_logs import log_path
-from hpctrain.errors import ClusterError, RunDirError
+from hpctrain.errors import ClusterError, RunDirError, UsageError
 from hpctrain.heartbeats import read_heartbeats
 from hpctrain.live_status import RankView, rank_views
 from hpctrain.live_view import rank_table
@@ -106,8 +106,11 @@ def _slurm_state(job_id: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.run and getattr(args, "watch", False):
+    if getattr(args, "watch", False):
         from hpctrain.cli.watch import watch
+
+        if not args.run:
+            raise UsageError("--watch follows one run", hint="hpctrain status RUN --watch (RUN: run dir or job id)")
 
         return watch(job_registry.resolve_run(args.run), interval_s=args.interval, show_ranks=args.ranks)
     if args.run:
@@ -123,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{key:>20}: {value:.2f}" if isinstance(value, float) else f"{key:>20}: {value}")
         if ranks and (args.ranks or len(ranks) <= RANK_TABLE_UP_TO):
             Console(file=sys.stdout).print(rank_table(ranks, limit=len(ranks)))
+        elif ranks:
+            print(f"{'ranks':>20}: {len(ranks)} wrote heartbeats (--ranks shows each)")
         return 0
     return list_recent(args)
 

@@ -6,7 +6,7 @@ tailed from where the last poll stopped. The watch ends when Slurm says the
 job has ended (after up to ``settle_s`` more for the run's final summary), or,
 without Slurm (local runs, no client here), when summary.json is final.
 
-Exit codes: 0 completed, 1 failed, 3 stopped or cancelled (resume continues
+Exit codes: 0 completed, 1 failed, 10 stopped or cancelled (resume continues
 it), 130 on Ctrl-C (quietly). Clock, sleep and the Slurm runner are
 injectable, so tests never wait.
 """
@@ -31,7 +31,8 @@ from hpctrain.rundir import Summary, metrics_path, parse_summary, read_run_info,
 MIN_INTERVAL_S = 2.0
 DEFAULT_INTERVAL_S = 5.0
 SETTLE_S = 30.0  # after Slurm says the job ended, wait at most this long for the run's final summary.json
-EXIT_CODES = {"completed": 0, "failed": 1, "stopped": 3, "cancelled": 3}
+EXIT_STOPPED = 10  # apart from the error codes 1-5 and 130, so a script can tell "resume it" from "broken"
+EXIT_CODES = {"completed": 0, "failed": 1, "stopped": EXIT_STOPPED, "cancelled": EXIT_STOPPED}
 
 
 class JobPoller:

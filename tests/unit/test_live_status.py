@@ -303,7 +303,7 @@ def test_watch_ends_when_the_job_completes(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("state", "summary", "code", "status"),
-    [("FAILED", "running", 1, "failed"), ("CANCELLED", "stopped", 3, "stopped"), ("TIMEOUT", "failed", 1, "failed")],
+    [("FAILED", "running", 1, "failed"), ("CANCELLED", "stopped", 10, "stopped"), ("TIMEOUT", "failed", 1, "failed")],
 )
 def test_watch_exit_code_says_how_the_job_ended(
     tmp_path: Path, state: str, summary: str, code: int, status: str
@@ -355,7 +355,7 @@ def test_watch_of_a_local_run_ends_with_its_summary(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, backend="local")
     write_summary(run_dir, status="stopped", global_step=3, stop_reason="preempted")
     clock, out = Clock(), io.StringIO()
-    assert watch(run_dir, out=out, tty=False, clock=clock, sleep=clock.sleep) == 3
+    assert watch(run_dir, out=out, tty=False, clock=clock, sleep=clock.sleep) == 10
     assert out.getvalue().splitlines()[-1].endswith(" local run ended; run status: stopped (preempted)")
 
 
@@ -395,8 +395,12 @@ def test_status_shows_stragglers_hang_and_the_rank_table(tmp_path: Path) -> None
         and "hung_phase: allreduce" in result.stdout
     )
     assert "ranks' last heartbeats" in result.stdout and "STRAGGLER" in result.stdout
+    for rank in range(3, 10):
+        write_beat(run_dir, rank, step_time_median_s=0.2)
+    many = cli("status", str(run_dir), home=tmp_path).stdout
+    assert "ranks: 10 wrote heartbeats (--ranks shows each)" in many and "ranks' last heartbeats" not in many
     as_json = json.loads(cli("status", str(run_dir), "--json", "--ranks", home=tmp_path).stdout)
-    assert as_json["stragglers"] == [2] and [row["rank"] for row in as_json["ranks"]] == [0, 1, 2]
+    assert as_json["stragglers"] == [2] and [row["rank"] for row in as_json["ranks"]] == list(range(10))
 
 
 def test_status_watch_of_a_finished_local_run_prints_the_final_state(tmp_path: Path) -> None:
@@ -405,6 +409,8 @@ def test_status_watch_of_a_finished_local_run_prints_the_final_state(tmp_path: P
     result = cli("status", str(run_dir), "--watch", "--interval", "2", home=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1].endswith(" local run ended; run status: completed")
+    no_run = cli("status", "--watch", home=tmp_path)
+    assert no_run.returncode == 2 and "--watch follows one run" in no_run.stderr and "Traceback" not in no_run.stderr
 
 
 def test_a_heartbeat_from_long_ago_is_stale_while_the_job_runs() -> None:
