@@ -59,11 +59,19 @@ class JobPoller:
             return "unknown"
 
 
-def job_ended(state: str, summary: Summary) -> bool:
-    """Whether the job will not run again by itself (what Slurm says, or summary.json without Slurm)."""
+def job_ended(state: str, summary: Summary, job_id: str | None = None) -> bool:
+    """Whether the job will not run again by itself: what Slurm says, else a final summary.json of this job.
+
+    "This job": after ``hpctrain resume`` the summary of the previous attempt
+    is final while sacct may not list the new job yet (its summary records the
+    job id; an array task's SLURM_JOB_ID differs from ``123_4``, so those match any).
+    """
     if state in slurm.TERMINAL_STATES:
         return True
-    return (state == "local" or state.lower().startswith("unknown")) and summary.is_final
+    if state == "local":
+        return summary.is_final
+    this_job = summary.job_id is None or not job_id or "_" in job_id or summary.job_id == job_id
+    return state.lower().startswith("unknown") and summary.is_final and this_job
 
 
 def exit_code(snap: Snapshot) -> int:
@@ -78,7 +86,7 @@ def take_snapshot(run_dir: Path, tail: MetricsTail, poller: JobPoller, now: floa
     state = poller.state(info)
     recorded = read_summary(run_dir) or Summary()
     summary = parse_summary(reconcile(recorded.fields(), state, run_dir)) or Summary()
-    ended = job_ended(state, recorded)
+    ended = job_ended(state, recorded, str(info.get("job_id") or ""))
     snap = build_snapshot(read_run(run_dir, info, tail, summary), state, now, final=ended)
     return dataclasses.replace(snap, status=display_status(summary.status, state)), recorded.is_final
 

@@ -341,6 +341,18 @@ def test_watch_falls_back_to_squeue_when_accounting_is_off(tmp_path: Path) -> No
     assert code == 0 and out.getvalue().splitlines()[-1].endswith("ended unknown (unknown-job); run status: completed")
 
 
+def test_a_resumed_run_is_not_over_because_the_last_attempt_stopped() -> None:
+    from hpctrain.cli.watch import job_ended
+
+    stopped = Summary(status="stopped", job_id="41")
+    assert not job_ended("UNKNOWN", stopped, "42")  # sacct does not list the new job yet
+    assert not job_ended("PENDING", stopped, "42") and not job_ended("REQUEUED", stopped, "41")
+    assert job_ended("UNKNOWN", Summary(status="completed", job_id="42"), "42")
+    assert job_ended("unknown (no Slurm here)", Summary(status="completed"), "42")
+    assert job_ended("CANCELLED", Summary(status="running", job_id="42"), "42")
+    assert not job_ended("local", Summary(status="running"))
+
+
 def test_watch_on_a_tty_uses_the_live_view_and_still_ends_with_the_final_line(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path)
     write_summary(run_dir, status="completed", global_step=8)
