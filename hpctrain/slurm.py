@@ -240,6 +240,23 @@ def job_states(job_ids: list[str], *, runner: Runner = subprocess.run) -> dict[s
     return parse_sacct_states(output)
 
 
+def poll_job_state(
+    job_id: str, *, source: Literal["sacct", "squeue"] = "sacct", runner: Runner = subprocess.run
+) -> str:
+    """The job's state from exactly one Slurm command (``status --watch`` polls this).
+
+    ``sacct`` asks slurmdbd, not the controller; ``squeue`` is for clusters
+    without accounting. "UNKNOWN" when the command does not list the job
+    (sacct not caught up yet; squeue forgot a finished job). Raises SlurmCommandError.
+    """
+    if source == "sacct":
+        output = run_slurm(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", job_id], runner=runner)
+        states = parse_sacct_states(output)
+        return states.get(job_id) or next(iter(states.values()), "UNKNOWN")
+    lines = run_slurm(["squeue", "-h", "-o", "%T", "-j", job_id], runner=runner).split()
+    return normalise_state(lines[0]) if lines else "UNKNOWN"
+
+
 def wait_until_done(job_id: str, *, poll_s: float = 2.0, timeout_s: float | None = None) -> str:
     """Block until the job reaches a terminal state; return it."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s

@@ -60,6 +60,15 @@ def cmd_status(parser: argparse.ArgumentParser) -> None:
         "--output-dir", help="list the runs under this directory (default: the runs this account submitted)"
     )
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser.add_argument(
+        "--watch",
+        action="store_true",
+        help="RUN: live view until the job ends (exit 0 completed, 1 failed, 10 stopped)",
+    )
+    parser.add_argument(
+        "--interval", type=float, default=5.0, metavar="S", help="--watch: seconds between looks (default 5, min 2)"
+    )
+    parser.add_argument("--ranks", action="store_true", help="RUN: every rank's last heartbeat (--watch: each change)")
 
 
 def cmd_logs(parser: argparse.ArgumentParser) -> None:

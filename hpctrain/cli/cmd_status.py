@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,10 @@ from rich.table import Table
 
 from hpctrain import job_registry, slurm
 from hpctrain.cli.cmd_logs import log_path
-from hpctrain.errors import ClusterError, RunDirError
+from hpctrain.errors import ClusterError, RunDirError, UsageError
+from hpctrain.heartbeats import read_heartbeats
+from hpctrain.live_status import RankView, rank_views
+from hpctrain.live_view import rank_table
 from hpctrain.rundir import RUN_FILE, Summary, parse_summary, read_run_info, read_summary
 from hpctrain.runtime.failures import first_task_failure
 from hpctrain.slurm import TERMINAL_STATES, job_state
@@ -33,7 +37,11 @@ PROGRESS_KEYS = (
     "failed_rank",
     "failed_node",
     "failed_reason",
+    "hung_rank",
+    "hung_node",
+    "hung_phase",
 )
+RANK_TABLE_UP_TO = 8  # the plain status shows every rank's heartbeat up to this many ranks (or with --ranks)
 
 
 def run_status(run_dir: Path) -> dict:
@@ -101,17 +109,41 @@ def run(args: argparse.Namespace) -> int:
     from hpctrain.cli import study_views
 
     if (study_dir := study_views.study_dir_of(args.run)) is not None:
+        if getattr(args, "watch", False):
+            raise UsageError(
+                "--watch follows one run", hint=f"watch one point: hpctrain status {study_dir}/POINT --watch"
+            )
         return study_views.status(study_dir, as_json=args.json)
+    if getattr(args, "watch", False):
+        from hpctrain.cli.watch import watch
+
+        if not args.run:
+            raise UsageError("--watch follows one run", hint="hpctrain status RUN --watch (RUN: run dir or job id)")
+
+        return watch(job_registry.resolve_run(args.run), interval_s=args.interval, show_ranks=args.ranks)
     if args.run:
-        status = run_status(job_registry.resolve_run(args.run))
+        run_dir = job_registry.resolve_run(args.run)
+        status = run_status(run_dir)
+        ranks = _ranks(run_dir, status)
+        status["stragglers"] = [view.rank for view in ranks if view.straggler]
         if args.json:
-            print(json.dumps(status))
+            print(json.dumps({**status, **({"ranks": [asdict(view) for view in ranks]} if args.ranks else {})}))
             return 0
         for key, value in status.items():
             if value not in (None, [], ""):
                 print(f"{key:>20}: {value:.2f}" if isinstance(value, float) else f"{key:>20}: {value}")
+        if ranks and (args.ranks or len(ranks) <= RANK_TABLE_UP_TO):
+            Console(file=sys.stdout).print(rank_table(ranks, limit=len(ranks)))
+        elif ranks:
+            print(f"{'ranks':>20}: {len(ranks)} wrote heartbeats (--ranks shows each)")
         return 0
     return list_recent(args)
+
+
+def _ranks(run_dir: Path, status: dict) -> tuple[RankView, ...]:
+    """Each rank's last heartbeat (stale ones flagged while the job runs)."""
+    running = status.get("status") == "running" and status.get("slurm_state") not in TERMINAL_STATES
+    return rank_views(read_heartbeats(run_dir), time.time(), running=running)
 
 
 def registry_runs(limit: int = 20) -> list[tuple[str, float, Path]]:

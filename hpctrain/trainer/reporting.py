@@ -184,6 +184,7 @@ class Reporter:
         summary = {
             **self.static,
             **fields,
+            "steps_per_epoch": self.steps_per_epoch,  # with "epochs": the total steps 'status --watch' counts to
             "status": status,
             "wall_s": round(self.prior_wall_s + time.monotonic() - self.started, 3),
             "started_at": self.started_at,

@@ -389,6 +389,7 @@ LIGHT_COMMANDS = {
     "submit-study-dry-run": ["submit", "jobs/scaling_hal.yaml", "--dry-run", "--set", "output_dir=/nonexistent/out"],
     "status-list": ["status"],
     "status": ["status", "/nonexistent/run"],
+    "status-watch": ["status", "/nonexistent/run", "--watch"],
     "logs": ["logs", "/nonexistent/run"],
     "cancel": ["cancel", "/nonexistent/run"],
     "doctor": ["doctor", "jobs/quickstart.yaml"],

@@ -105,3 +105,15 @@ def test_max_array_size_from_scontrol_show_config() -> None:
 
     assert max_array_size(runner=answers) == 77
     assert max_array_size(runner=unreachable) == DEFAULT_MAX_ARRAY_SIZE
+
+
+def test_poll_job_state_is_one_command() -> None:
+    from hpctrain.slurm import poll_job_state
+
+    assert poll_job_state("12_3", runner=answer(out="12_3|CANCELLED by 0\n")) == "CANCELLED"
+    assert poll_job_state("12", runner=answer(out="")) == "UNKNOWN"  # sacct has not caught up yet
+    assert poll_job_state("12", source="squeue", runner=answer(out="RUNNING\n")) == "RUNNING"
+    assert poll_job_state("12", source="squeue", runner=answer(out="")) == "UNKNOWN"
+    with pytest.raises(SlurmCommandError) as raised:
+        poll_job_state("12", source="squeue", runner=answer(code=1, err="Invalid job id specified"))
+    assert raised.value.kind == "unknown-job"
