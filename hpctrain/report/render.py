@@ -84,7 +84,7 @@ def table_cells(row: Row) -> list[str]:
     return [
         row.label,
         _i(row.nodes),
-        "-" if row.devices is None else f"{row.devices} {row.device_kind}{'s' if row.devices != 1 else ''}",
+        "-" if row.devices is None else f"{row.devices} {_plural(row.device_kind, row.devices)}",
         _i(row.global_batch),
         _f(row.images_per_s),
         _f(row.images_per_s_per_device),
@@ -222,3 +222,9 @@ def html_page(report: Report) -> str:
             parts.append(_figure(image, run.label))
     parts += [f"<script>{SCRIPT}</script>", "</body></html>"]
     return "\n".join(parts) + "\n"
+
+
+def _plural(word: str, count: int) -> str:
+    if count == 1:
+        return word
+    return word + ("es" if word.endswith("s") else "s")

@@ -36,7 +36,7 @@ def study(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory)
 def report(study: SmokeStudy) -> tuple[Path, dict]:
     done = hpctrain(study.env, "report", str(study.study_dir), "--baseline", "hal", "--json", timeout=300)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done
-    return study.study_dir / "report", done.json()
+    return study.study_dir / "report", json.loads(done.stdout)
 
 
 def steady_rates(run_dir: Path) -> list[float]:
