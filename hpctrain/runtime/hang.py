@@ -5,10 +5,11 @@ completed step, no phase change and no ``beat()`` for ``distributed.hang_timeout
 seconds. Three exceptions, so that legitimately long waits are not hangs:
 
 * the watchdog is armed only by the rank's first completed step of the
-  attempt: start-up, data-loader warm-up, the first step's compilation and
-  cuDNN autotuning are left to ``distributed.timeout_s``;
-* ``setup``, ``checkpoint`` and ``done`` are paused phases: time spent in them
-  never counts (rank 0 writing a large checkpoint is slow, not stuck);
+  attempt (``heartbeat.step``): start-up, data-loader warm-up, the first
+  step's compilation and cuDNN autotuning are left to ``distributed.timeout_s``;
+* ``checkpoint`` and ``done`` are paused phases: time spent in them never
+  counts (rank 0 writing a large checkpoint is slow, not stuck; a finished
+  rank may wait for Slurm to requeue it);
 * ``validation`` is not paused but beats once per batch, so only a batch that
   takes the whole timeout counts.
 
@@ -51,7 +52,7 @@ from hpctrain.rundir import hang_claim_path, read_summary, stack_dump_path, stac
 from hpctrain.runtime.heartbeat import Recorder
 
 HANG_EXIT_CODE = 87  # distinct from Python's 1 and from signals' 128+N: "ended by the hang watchdog"
-PAUSED_PHASES = frozenset({"setup", "checkpoint", "done"})
+PAUSED_PHASES = frozenset({"checkpoint", "done"})
 GRACE_MIN_S, GRACE_MAX_S = 5.0, 60.0
 REPORT_WAIT_S = 90.0  # how long a rank that lost the claim waits for the winner's summary
 

@@ -104,14 +104,15 @@ class TaskLauncher:
             return None
         from hpctrain.runtime.hang import HangWatchdog
 
-        identity = {"rank": env.global_rank, "node": env.hostname, "pid": os.getpid(), "job_id": env.job_id}
+        node = env.hostname if env.hostnames else socket.gethostname()  # torchrun names no hosts
+        identity = {"rank": env.global_rank, "node": node, "pid": os.getpid(), "job_id": env.job_id}
         dist = spec.distributed
         monitor = heartbeat.Monitor(run_dir, identity, interval_s=dist.heartbeat_interval_s, gpu_metrics=env.is_main)
         if dist.hang_timeout is not None:
             monitor.watchdog = HangWatchdog(
                 run_dir,
                 rank=env.global_rank,
-                node=env.hostname,
+                node=node,
                 job_id=env.job_id,
                 limit_s=dist.hang_timeout,
                 recorder=monitor.recorder,
