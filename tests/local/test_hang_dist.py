@@ -1,4 +1,4 @@
-"""Three gloo ranks through the real TaskLauncher: one gets stuck, the watchdog names it and ends every rank."""
+"""Hang detection on CPU: three gloo ranks through the real TaskLauncher (one gets stuck), and the trainer's phases."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 
 from hpctrain.heartbeats import read_heartbeats
 from hpctrain.rundir import read_summary, stack_dump_path
+from hpctrain.runtime import heartbeat
 from hpctrain.runtime.hang import HANG_EXIT_CODE
 
 pytestmark = pytest.mark.local_dist
@@ -95,3 +96,31 @@ def test_a_stuck_rank_is_named_and_every_rank_ends(tmp_path: Path) -> None:
     assert sorted(beats) == list(range(WORLD))
     assert {beats[r].phase for r in range(WORLD) if r != STUCK} == {"allreduce"}
     assert all(beat.step == 2 and beat.job_id == "hangtest" for beat in beats.values())
+
+
+class PhaseLog(heartbeat.Recorder):
+    """A recorder that also remembers every phase it entered, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered: list[str] = []
+
+    def set_phase(self, name: str) -> str:
+        if name != self.phase_name:
+            self.entered.append(name)
+        return super().set_phase(name)
+
+
+def test_the_trainer_marks_its_phases_and_steps(
+    tmp_path: Path, data_root: Path, monkeypatch: pytest.MonkeyPatch, one_thread: None
+) -> None:
+    from trainer_harness import job_spec, train
+
+    log = PhaseLog()
+    monkeypatch.setattr(heartbeat, "_recorder", log)
+    result = train(tmp_path, job_spec(data_root))
+    assert log.step_no == result["global_step"] == 3 and log.armed
+    assert log.entered[:4] == ["data", "forward_backward", "optimizer", "data"]
+    after_training = log.entered[log.entered.index("validation") :]
+    assert after_training[:2] == ["validation", "checkpoint"]
+    assert len(log.snapshot()["recent_step_times_s"]) == 2
