@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -171,6 +172,43 @@ def test_the_thread_starts_writes_and_stops(tmp_path: Path) -> None:
 )
 def test_the_nvml_device_follows_cuda_visible_devices(visible: str, index: int, expected: int | str) -> None:
     assert gpu_monitor.nvml_device_ref(index, {"CUDA_VISIBLE_DEVICES": visible}) == expected
+
+
+class FakeNvml:
+    """The few pynvml calls the sampler makes, over two fake GPUs named by index and UUID."""
+
+    def __init__(self) -> None:
+        self.opened: list[object] = []
+
+    def nvmlInit(self) -> None:  # noqa: N802 (pynvml's names)
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> object:  # noqa: N802
+        self.opened.append(index)
+        return index
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> object:  # noqa: N802
+        self.opened.append(uuid)
+        return uuid
+
+    def nvmlDeviceGetUtilizationRates(self, handle: object) -> object:  # noqa: N802
+        return type("Util", (), {"gpu": 55})()
+
+    def nvmlDeviceGetMemoryInfo(self, handle: object) -> object:  # noqa: N802
+        return type("Mem", (), {"used": 3 * 2**30})()
+
+
+def test_the_sampler_reads_the_visible_device_through_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    sample = gpu_monitor.gpu_sampler(1, {"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"})
+    assert sample is not None and fake.opened == ["GPU-b"]
+    assert sample() == {"gpu_util_pct": 55.0, "gpu_mem_used_mb": 3072.0}
+
+
+def test_no_sampler_without_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    assert gpu_monitor.gpu_sampler(0, {}) is None
 
 
 @pytest.mark.gpu
