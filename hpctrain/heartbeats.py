@@ -23,7 +23,7 @@ PHASES = ("setup", "data", "forward_backward", "allreduce", "optimizer", "checkp
 
 
 class Heartbeat(BaseModel):
-    """One rank's last heartbeat; the file's keys are a contract (docs/studies-and-reports.md)."""
+    """One rank's last heartbeat; the file's keys are a contract (docs/hangs.md)."""
 
     model_config = ConfigDict(extra="allow", defer_build=True)
 

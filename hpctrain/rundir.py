@@ -114,6 +114,12 @@ def stack_dump_path(run_dir: Path, rank: int) -> Path:
     return stacks_dir(run_dir) / f"rank-{rank:05d}.txt"
 
 
+def hang_claim_path(run_dir: Path, job_id: str) -> Path:
+    """The marker the one rank that reports job ``job_id``'s hang creates (O_EXCL) before writing the summary."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", str(job_id) or "local")
+    return stacks_dir(run_dir) / f".hang-reported-{safe}"
+
+
 def study_file(study_dir: Path) -> Path:
     return Path(study_dir) / STUDY_FILE
 

@@ -178,8 +178,13 @@ def first_failure(
 
 
 def record_failure(run_dir: Path, failure: TaskFailure, exc: BaseException | None = None) -> None:
-    """Mark the run failed in summary.json, naming the task that failed first (global rank 0 only)."""
+    """Mark the run failed in summary.json, naming the task that failed first (global rank 0 only).
+
+    A hang report already there is kept: it names the cause, the exits that followed do not.
+    """
     previous = read_summary(run_dir)
+    if previous is not None and previous.status == "failed" and previous.hung_rank is not None:
+        return  # the hang watchdog ended the job (runtime/hang.py): srun's report of the exits is its echo
     summary = previous.fields() if previous is not None else {}
     summary.update(
         {

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hpctrain.errors import DistributedSetupError, HpctrainError
-from hpctrain.runtime import failures
+from hpctrain.runtime import failures, heartbeat
 from hpctrain.runtime.context import TaskContext, TaskEnv
 from hpctrain.runtime.master import check_master_address
 from hpctrain.runtime.stop import StopRequest, cancel_marker_paths, install_handlers
@@ -60,6 +60,15 @@ class TaskLauncher:
         self._env, self._step_log = env, batch_step_log(env)  # before anything can fail: see record_failure
         if self._step_log is not None:
             failures.FailureWatch(Path(self.run_dir), self._step_log).start()
+        monitor = self.start_heartbeats(spec, env)
+        try:
+            return self._run_monitored(spec, env, monitor)
+        except BaseException:
+            if monitor is not None:
+                monitor.stop(final_phase=None)  # the heartbeat keeps the phase the rank failed in
+            raise
+
+    def _run_monitored(self, spec: JobSpec, env: TaskEnv, monitor: heartbeat.Monitor | None) -> Any:
         check_world_size(spec, env)
         export_torchrun_env(env, os.environ)
         os.environ.update(thread_env(os.environ, os.cpu_count()))  # before torch is imported: it reads them once
@@ -74,10 +83,45 @@ class TaskLauncher:
         from hpctrain.runtime.process_group import process_group
 
         with process_group(env, spec.distributed, use_cuda=spec.uses_gpus) as device:
+            if monitor is not None and device.type == "cuda":
+                from hpctrain.runtime.gpu_monitor import gpu_sampler
+
+                monitor.gpu = gpu_sampler(device.index or 0, os.environ)
             ctx = TaskContext(env=env, spec=spec, run_dir=Path(self.run_dir), device=device, stop=stop)
             result = user_code(ctx, **(spec.entrypoint_args if spec.entrypoint else {}))
+            heartbeat.set_phase("done")  # a requeue's wait for Slurm is not a hang
+            if monitor is not None:
+                monitor.stop()
             self.after_run(ctx, result)
         return result
+
+    def start_heartbeats(self, spec: JobSpec, env: TaskEnv) -> heartbeat.Monitor | None:
+        """Start this rank's heartbeat thread (with the hang watchdog unless it is off); see docs/hangs.md.
+
+        Heartbeats go only into the run directory, which every node shares; where
+        it does not exist on this node, none are written (with a warning).
+        """
+        run_dir = Path(self.run_dir)
+        if not run_dir.is_dir():
+            print(f"hpctrain: warning: no heartbeats: {run_dir} does not exist on this node", file=sys.stderr)
+            return None
+        from hpctrain.runtime.hang import HangWatchdog
+
+        node = env.hostname if env.hostnames else socket.gethostname()  # torchrun names no hosts
+        identity = {"rank": env.global_rank, "node": node, "pid": os.getpid(), "job_id": env.job_id}
+        dist = spec.distributed
+        monitor = heartbeat.Monitor(run_dir, identity, interval_s=dist.heartbeat_interval_s, gpu_metrics=env.is_main)
+        if dist.hang_timeout is not None:
+            monitor.watchdog = HangWatchdog(
+                run_dir,
+                rank=env.global_rank,
+                node=node,
+                job_id=env.job_id,
+                limit_s=dist.hang_timeout,
+                recorder=monitor.recorder,
+                flush=monitor.write,
+            )
+        return monitor.start()
 
     def start_reaper(self) -> None:
         """Start the watcher that kills this task's leaked processes once it ends.

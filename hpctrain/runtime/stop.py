@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 from hpctrain.rundir import atomic_write_text, cancel_marker_path
+from hpctrain.runtime import heartbeat
 
 StopReason = Literal["timeout", "preempted", "cancelled"]
 
@@ -154,7 +155,8 @@ def all_reduce_max(code: int) -> int:
     if dist.get_backend() == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
     flag = torch.tensor([code], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    with heartbeat.phase("allreduce"):
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return int(flag.item())
 
 

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hpctrain.runtime import heartbeat
 from hpctrain.trainer.batches import batch_to_device
 from hpctrain.trainer.precision import Precision
 
@@ -97,6 +98,7 @@ def evaluate(
                 output = model(images)
                 loss = criterion(output, targets)
             sums += batch_sums(output.float(), targets, loss.float())
+            heartbeat.beat()
     finally:
         model.train(was_training)
     return Accuracy.from_sums(all_reduce_sums(sums).cpu())

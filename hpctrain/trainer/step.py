@@ -13,6 +13,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from hpctrain.runtime import heartbeat
 from hpctrain.trainer.batches import batch_to_device
 from hpctrain.trainer.evaluation import batch_sums
 from hpctrain.trainer.precision import Precision
@@ -46,6 +47,7 @@ class TrainStep:
 
     def __call__(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimizer step; returns this batch's [correct1, correct5, loss*n, n] on the device."""
+        heartbeat.set_phase("forward_backward")  # DDP's all-reduce runs inside the backward
         images, targets = batch_to_device(images, targets, self.device, channels_last=self.channels_last)
         self.hooks.before_forward(self.module)
         with self.precision.autocast():
@@ -54,6 +56,7 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
         self.precision.backward(loss, self.optimizer)
         self.hooks.after_backward(self.module)
+        heartbeat.set_phase("optimizer")
         self.precision.step(self.optimizer)
         self.scheduler.step()
         return batch_sums(output.float(), targets, loss.float())

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hpctrain.errors import TrainingConfigError
+from hpctrain.runtime import heartbeat
 from hpctrain.runtime.context import TaskContext
 from hpctrain.runtime.stop import StopReason
 from hpctrain.spec.batch import BatchLayout
@@ -198,6 +199,7 @@ class Trainer:
             self.progress.epoch + 1,
             self.progress.step_in_epoch,
         )
+        heartbeat.recorder().position(self.progress.global_step, self.progress.epoch)
         if not self.cfg.evaluate_only:
             self.resumed_from, self._partial_epoch = self.checkpoints.last_loaded, True
 
@@ -241,14 +243,16 @@ class Trainer:
             reason = self.ctx.stop.agreed()
             if reason is not None:
                 return reason
+            heartbeat.set_phase("data")
             fetch_started = time.perf_counter()
             images, targets = next(batches)
             data_s = time.perf_counter() - fetch_started
-            sums = self.train_step(images, targets)
+            sums = self.train_step(images, targets)  # phases forward_backward, allreduce (dp), optimizer
             self.epoch_sums.add(sums)
             window.add(sums, data_s=data_s, images=targets.shape[0])
             epoch_timer.add(None, data_s=data_s, images=targets.shape[0])
             self.progress.step_in_epoch, self.progress.global_step = step + 1, self.progress.global_step + 1
+            heartbeat.step(self.progress.global_step, epoch)
             self._after_step(epoch, step, window, epoch_timer)
         reason = self.ctx.stop.agreed()
         if reason is not None:
@@ -257,6 +261,7 @@ class Trainer:
         return None
 
     def validate(self, epoch: int) -> Accuracy:
+        heartbeat.set_phase("validation")  # evaluate() beats once per batch
         if distributed():
             broadcast_state(self.module, buffers_only=True)  # every rank evaluates (and saves) rank 0's model
         # DataParallel's forward is local to the task; DDP's is a collective, and val shards differ in size.
@@ -318,6 +323,7 @@ class Trainer:
     # -- checkpoints and summaries -------------------------------------------------------------------------------
     def save_checkpoint(self, *, tag: str, metric: float | None = None) -> None:
         """Collective (RNG states and epoch sums are gathered); only rank 0 writes."""
+        heartbeat.set_phase("checkpoint")  # a paused phase for the hang watchdog (docs/hangs.md)
         state = checkpoint_payload(
             self.checkpoint_parts(),
             world_size=self.env.world_size,

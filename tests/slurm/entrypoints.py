@@ -28,3 +28,32 @@ def fail_on_rank(ctx: Any, rank: int, hang_s: float = 600.0) -> dict[str, Any]:
         raise RuntimeError(f"deliberate failure on rank {rank}")
     time.sleep(hang_s)
     return {"rank": ctx.env.global_rank, "survived": True}
+
+
+def hang_on_rank(ctx: Any, rank: int, steps: int = 3, compute_s: float = 0.3, hang_s: float = 900.0) -> dict[str, Any]:
+    """``steps`` steps of compute + all-reduce on every rank; then rank ``rank`` gets stuck before the next
+    all-reduce while the others wait in it (the hang watchdog's test case).
+
+    Every step's compute takes ``compute_s`` so that the waiting ranks enter the collective measurably
+    later than the stuck rank entered its compute.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from hpctrain.runtime import heartbeat
+
+    value = torch.ones(1)
+    for number in range(1, steps + 2):
+        with heartbeat.phase("forward_backward"):
+            time.sleep(compute_s)
+            if number == steps + 1 and ctx.env.global_rank == rank:
+                _stuck_before_collective(hang_s)
+        with heartbeat.phase("allreduce"):
+            dist.all_reduce(value)
+        heartbeat.step(number)
+    return {"rank": ctx.env.global_rank, "hung": False}
+
+
+def _stuck_before_collective(seconds: float) -> None:
+    """Named so that the stack dump shows where the rank is stuck."""
+    time.sleep(seconds)

@@ -10,6 +10,8 @@ import sys
 import pytest
 
 from hpctrain.errors import DistributedSetupError, HpctrainError
+from hpctrain.heartbeats import read_heartbeats
+from hpctrain.runtime.hang import HangWatchdog
 from hpctrain.runtime.launcher import TaskLauncher, check_world_size, load_user_code, report_failure, thread_env
 from hpctrain.runtime.task_env import derive_task_env
 from hpctrain.spec.models import JobSpec
@@ -19,7 +21,8 @@ def test_login_node_imports_do_not_pull_in_torch() -> None:
     code = (
         "import sys\n"
         "import hpctrain.runtime.launcher, hpctrain.runtime.rank_plan, hpctrain.runtime.task_env\n"
-        "import hpctrain.runtime.master\n"
+        "import hpctrain.runtime.master, hpctrain.runtime.heartbeat, hpctrain.runtime.hang\n"
+        "import hpctrain.runtime.gpu_monitor\n"
         "print('torch' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
@@ -106,3 +109,25 @@ def test_failure_line_for_bugs_has_the_traceback() -> None:
 )
 def test_threads_follow_the_task_cpu_share(environ: dict[str, str], expected: dict[str, str]) -> None:
     assert thread_env(environ, cpu_count=8) == expected
+
+
+def test_heartbeats_start_with_the_watchdog_where_the_run_dir_exists(tmp_path) -> None:
+    spec = JobSpec.model_validate({"name": "t", "distributed": {"timeout_s": 60, "hang_timeout_s": 30}})
+    slurm = {"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
+    env = derive_task_env({**slurm, "SLURM_JOB_NODELIST": "n1"})
+    monitor = TaskLauncher({}, str(tmp_path)).start_heartbeats(spec, env)
+    assert monitor is not None
+    try:
+        assert isinstance(monitor.watchdog, HangWatchdog) and monitor.watchdog.watch.limit_s == 30
+    finally:
+        monitor.stop()
+    [beat] = read_heartbeats(tmp_path)
+    assert (beat.rank, beat.node, beat.job_id, beat.phase) == (0, "n1", "5", "done")
+
+
+def test_no_heartbeats_where_the_run_dir_is_not_shared(tmp_path, capsys) -> None:
+    spec = JobSpec.model_validate({"name": "t", "distributed": {"hang_timeout_s": None}})
+    launcher = TaskLauncher({}, str(tmp_path / "elsewhere"))
+    assert launcher.start_heartbeats(spec, derive_task_env({})) is None
+    assert "does not exist on this node" in capsys.readouterr().err
+    assert not (tmp_path / "elsewhere").exists()

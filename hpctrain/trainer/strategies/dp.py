@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from hpctrain.errors import TrainingConfigError
+from hpctrain.runtime import heartbeat
 from hpctrain.trainer.strategies.base import Strategy
 from hpctrain.trainer.strategies.collectives import average_gradients, broadcast_state, distributed
 
@@ -77,8 +78,10 @@ class DataParallel(Strategy):
 
     def before_forward(self, module: nn.Module) -> None:
         if distributed():
-            broadcast_state(module, buffers_only=True)
+            with heartbeat.phase("allreduce"):
+                broadcast_state(module, buffers_only=True)
 
     def after_backward(self, module: nn.Module) -> None:
         if distributed():
-            average_gradients(module)
+            with heartbeat.phase("allreduce"):
+                average_gradients(module)

@@ -26,6 +26,7 @@ import torch
 import torch.multiprocessing as mp
 
 from hpctrain.errors import TrainingConfigError
+from hpctrain.runtime import heartbeat
 from hpctrain.runtime.stop import StopReason
 from hpctrain.trainer.data import ResumableDistributedSampler, build_loaders
 from hpctrain.trainer.evaluation import Accuracy, new_sums
@@ -116,6 +117,7 @@ class Hogwild(Strategy):
     def train_epoch(self, epoch: int) -> StopReason | None:
         host = self.host
         host.progress.epoch = epoch
+        heartbeat.set_phase("forward_backward")  # the workers train; their reports are this task's steps
         host.before_fork()  # no writer thread may be mid-write while we fork
         context = mp.get_context("fork")
         messages, stop_event = context.Queue(), context.Event()
@@ -172,6 +174,7 @@ class Hogwild(Strategy):
                 images += int(payload["sums"][3])
                 steps_done[index] = payload["step"]
                 host.progress.global_step = base_step + sum(steps_done)
+                heartbeat.step(host.progress.global_step, epoch)  # the workers' steps are this task's progress
                 host.reporter.advance(host.progress.global_step)
                 if window.steps >= host.spec.trainer.log_every_steps:
                     host.reporter.train_step(
