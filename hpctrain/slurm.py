@@ -243,17 +243,25 @@ def job_states(job_ids: list[str], *, runner: Runner = subprocess.run) -> dict[s
 def poll_job_state(
     job_id: str, *, source: Literal["sacct", "squeue"] = "sacct", runner: Runner = subprocess.run
 ) -> str:
-    """The job's state from exactly one Slurm command (``status --watch`` polls this).
+    """The job's state from one Slurm command (``status --watch`` polls this).
 
     ``sacct`` asks slurmdbd, not the controller; ``squeue`` is for clusters
-    without accounting. "UNKNOWN" when the command does not list the job
-    (sacct not caught up yet; squeue forgot a finished job). Raises SlurmCommandError.
+    without accounting. A job sacct does not list yet (slurmdbd catches up a
+    few seconds after submit) is looked up in ``squeue`` too. "UNKNOWN" when
+    neither lists it (squeue forgets a finished job). Raises SlurmCommandError.
     """
     if source == "sacct":
         output = run_slurm(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", job_id], runner=runner)
         states = parse_sacct_states(output)
-        return states.get(job_id) or next(iter(states.values()), "UNKNOWN")
-    lines = run_slurm(["squeue", "-h", "-o", "%T", "-j", job_id], runner=runner).split()
+        state = states.get(job_id) or next(iter(states.values()), None)
+        if state is not None:
+            return state
+    try:
+        lines = run_slurm(["squeue", "-h", "-o", "%T", "-j", job_id], runner=runner).split()
+    except SlurmCommandError as exc:
+        if exc.kind != "unknown-job" or source == "squeue":
+            raise
+        return "UNKNOWN"
     return normalise_state(lines[0]) if lines else "UNKNOWN"
 
 

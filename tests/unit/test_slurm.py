@@ -107,11 +107,18 @@ def test_max_array_size_from_scontrol_show_config() -> None:
     assert max_array_size(runner=unreachable) == DEFAULT_MAX_ARRAY_SIZE
 
 
-def test_poll_job_state_is_one_command() -> None:
+def test_poll_job_state_asks_squeue_only_while_sacct_has_not_caught_up() -> None:
     from hpctrain.slurm import poll_job_state
 
+    asked: list[str] = []
+
+    def fresh_job(command: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        asked.append(command[0])
+        return subprocess.CompletedProcess(command, 0, stdout="" if command[0] == "sacct" else "PENDING\n", stderr="")
+
     assert poll_job_state("12_3", runner=answer(out="12_3|CANCELLED by 0\n")) == "CANCELLED"
-    assert poll_job_state("12", runner=answer(out="")) == "UNKNOWN"  # sacct has not caught up yet
+    assert poll_job_state("12", runner=fresh_job) == "PENDING" and asked == ["sacct", "squeue"]
+    assert poll_job_state("12", runner=answer(out="")) == "UNKNOWN"  # neither lists it
     assert poll_job_state("12", source="squeue", runner=answer(out="RUNNING\n")) == "RUNNING"
     assert poll_job_state("12", source="squeue", runner=answer(out="")) == "UNKNOWN"
     with pytest.raises(SlurmCommandError) as raised:
