@@ -155,6 +155,14 @@ def _check_pipeline(spec: JobSpec) -> list[SpecProblem]:
                 f"{world + stages - world % stages} tasks (stages x data-parallel replicas), or change stages",
             )
         )
+    if pipeline.schedule == "1f1b" and pipeline.microbatches < stages:
+        problems.append(
+            SpecProblem(
+                "trainer.pipeline.microbatches",
+                f"schedule 1f1b needs at least as many micro-batches as stages ({stages}), not "
+                f"{pipeline.microbatches}; raise it, or use schedule: gpipe",
+            )
+        )
     if spec.trainer.batch_size % pipeline.microbatches:
         problems.append(
             SpecProblem(

@@ -78,7 +78,9 @@ def scenario_grads(rank: int, world_size: int, *, stages: int, schedule: str, mi
     stage = strategy.wrap(model, device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0)
-    step = TrainStep(stage, model, optimizer, scheduler, Precision("fp32", device), nn.CrossEntropyLoss(), strategy, device)
+    step = TrainStep(
+        stage, model, optimizer, scheduler, Precision("fp32", device), nn.CrossEntropyLoss(), strategy, device
+    )
     sums = strategy.train_step(step)(*batch(rank // stages))
 
     compared, worst = [], 0.0
@@ -96,18 +98,18 @@ def scenario_grads(rank: int, world_size: int, *, stages: int, schedule: str, mi
     }
 
 
-def scenario_train(rank: int, world_size: int, *, data_root: str, run_dir: str, trainer: dict) -> dict[str, Any]:
-    """Train with the pipeline, then train again in the same run directory with one more epoch (a resume)."""
+def scenario_train(
+    rank: int, world_size: int, *, data_root: str, run_dir: str, trainer: dict, resume: bool = True
+) -> dict[str, Any]:
+    """Train with the pipeline, then (``resume``) again in the same run directory with one more epoch."""
     spec = job_spec(Path(data_root), trainer={"strategy": "pipeline", **trainer})
     first = train(Path(run_dir), spec, rank=rank, world_size=world_size)
+    if not resume:
+        return {"first": first}
     more = {**trainer, "epochs": trainer["epochs"] + 1}
     spec = job_spec(Path(data_root), trainer={"strategy": "pipeline", **more})
     resumed = train(Path(run_dir), spec, rank=rank, world_size=world_size)
     return {"first": first, "resumed": resumed}
-
-
-def scenario_env(rank: int, world_size: int) -> dict[str, Any]:
-    return {"rank": task_env(rank, world_size).global_rank}
 
 
 SCENARIOS: dict[str, Callable[..., Any]] = {"grads": scenario_grads, "train": scenario_train}

@@ -75,6 +75,12 @@ class Pipeline(Strategy):
                 f"{self.batch_size}",
                 hint="make trainer.batch_size a multiple of trainer.pipeline.microbatches",
             )
+        if self.cfg.schedule == "1f1b" and self.cfg.microbatches < stages:
+            raise TrainingConfigError(
+                f"trainer.pipeline.microbatches: schedule 1f1b needs at least {stages} (one per stage), not "
+                f"{self.cfg.microbatches}",
+                hint="raise trainer.pipeline.microbatches, or use trainer.pipeline.schedule: gpipe",
+            )
         super().check(env, device)
         if not dist.is_initialized():
             raise TrainingConfigError(

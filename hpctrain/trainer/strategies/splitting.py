@@ -132,7 +132,7 @@ def measured_weights(blocks: Sequence[Block], sample: torch.Tensor, repeats: int
         for _ in range(repeats):
             inp = x.detach().requires_grad_(x.is_floating_point())
             started = time.perf_counter()
-            out = block.module(inp)
+            out = block.module(inp.clone())  # not the leaf itself: blocks may work in place (ReLU)
             out.float().sum().backward()
             if out.is_cuda:
                 torch.cuda.synchronize(out.device)
