@@ -85,12 +85,17 @@ def test_split_by_params_and_by_names() -> None:
     assert named_starts(blocks, ["layer3.1"], "k") == [0, names.index("layer3.1")]
 
 
-def test_split_by_measured_time_gives_a_valid_split() -> None:
-    blocks = sequential_blocks(model("resnet18"), "resnet18", "pipeline")
+def test_split_by_measured_time_gives_a_valid_split_and_changes_no_weights() -> None:
+    net = model("resnet18").train()
+    before = {key: value.clone() for key, value in net.state_dict().items()}
+    blocks = sequential_blocks(net, "resnet18", "pipeline")
     starts = choose_starts(
         blocks, 4, balance="time", split_points=[], key="trainer.pipeline", sample=torch.randn(2, 3, 32, 32)
     )
     assert starts[0] == 0 and starts == sorted(set(starts)) and len(starts) == 4 and starts[-1] < len(blocks)
+    for key, value in net.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    assert all(p.grad is None for p in net.parameters())
 
 
 @pytest.mark.parametrize(

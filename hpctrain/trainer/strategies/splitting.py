@@ -124,10 +124,14 @@ def named_starts(blocks: Sequence[Block], split_points: Sequence[str], key: str)
 
 
 def measured_weights(blocks: Sequence[Block], sample: torch.Tensor, repeats: int = 2) -> list[float]:
-    """Forward+backward seconds of each block on ``sample`` (the best of ``repeats``), in train mode."""
+    """Forward+backward seconds of each block on ``sample`` (the best of ``repeats``), in train mode.
+
+    The blocks' buffers (BatchNorm statistics) are put back afterwards: measuring trains nothing.
+    """
     weights = []
     x = sample
     for block in blocks:
+        saved = [buffer.clone() for buffer in block.module.buffers()]
         best = float("inf")
         for _ in range(repeats):
             inp = x.detach().requires_grad_(x.is_floating_point())
@@ -138,6 +142,9 @@ def measured_weights(blocks: Sequence[Block], sample: torch.Tensor, repeats: int
                 torch.cuda.synchronize(out.device)
             best = min(best, time.perf_counter() - started)
         block.module.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for buffer, value in zip(block.module.buffers(), saved, strict=True):
+                buffer.copy_(value)
         weights.append(best)
         x = out.detach()
     return weights
