@@ -2,7 +2,8 @@
 
 Baseline: the unsplit model, one process, the same batch (``single``). For each schedule and number of
 micro-batches it prints the pipeline's mean step time, its ratio to single, and the bubble fraction
-(stages - 1) / (microbatches + stages - 1) that the schedule leaves idle. Every process gets
+(stages - 1) / (microbatches + stages - 1) that the schedule leaves idle, and each stage's CPU
+seconds per step (their sum against single's is the pipelining overhead). Every process gets
 ``--threads`` threads, so a 2-stage pipeline uses twice the cores of single: the ideal ratio is
 about 0.5 plus the bubble and the activation sends.
 
@@ -54,29 +55,31 @@ def make_step(args: argparse.Namespace, strategy, rank: int, world: int) -> Trai
     return strategy.train_step(step)
 
 
-def timed(step, args: argparse.Namespace) -> float:  # noqa: ANN001
+def timed(step, args: argparse.Namespace) -> tuple[float, float]:  # noqa: ANN001
+    """Wall and CPU seconds per step of this process (CPU time is what a shared machine's load inflates least)."""
     images = torch.randint(0, 256, (args.batch, 3, args.image_size, args.image_size), dtype=torch.uint8)
     targets = torch.randint(0, 100, (args.batch,))
     for _ in range(args.warmup):
         step(images, targets)
     if dist.is_initialized():
         dist.barrier()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     for _ in range(args.steps):
         step(images, targets)
+    cpu = time.process_time() - cpu_started
     if dist.is_initialized():
         dist.barrier()
-    return (time.perf_counter() - started) / args.steps
+    return (time.perf_counter() - started) / args.steps, cpu / args.steps
 
 
 def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, schedule: str, micro: int, out: str) -> None:
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        strategy = Pipeline(PipelineSpec(stages=world, microbatches=micro, schedule=schedule), args.arch, args.batch, 0)
-        seconds = timed(make_step(args, strategy, rank, world), args)
-        if rank == 0:
-            Path(out).write_text(json.dumps({"step_s": seconds, "split": strategy.split}))
+        cfg = PipelineSpec(stages=world, microbatches=micro, schedule=schedule, balance=args.balance)
+        strategy = Pipeline(cfg, args.arch, args.batch, args.image_size)
+        wall, cpu = timed(make_step(args, strategy, rank, world), args)
+        Path(f"{out}.{rank}").write_text(json.dumps({"step_s": wall, "cpu_s": cpu, "split": strategy.split}))
     finally:
         dist.destroy_process_group()
 
@@ -97,25 +100,34 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--microbatches", default="1,2,4,8")
+    parser.add_argument("--balance", choices=("params", "time"), default="params")
+    parser.add_argument("--schedules", default="gpipe,1f1b")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
-    single = timed(make_step(args, Single(), 0, 1), args)
-    print(f"{args.arch} {args.image_size}px batch {args.batch}, {args.threads} threads per process")
-    print(f"single: {single:.3f} s/step")
-    print("| schedule | micro-batches | s/step | x single | bubble (S-1)/(M+S-1) |")
-    print("|---|---|---|---|---|")
-    for schedule in ("gpipe", "1f1b"):
+    single, single_cpu = timed(make_step(args, Single(), 0, 1), args)
+    print(f"{args.arch} {args.image_size}px batch {args.batch}, {args.threads} threads/process, balance {args.balance}")
+    print(f"single: {single:.3f} s/step wall, {single_cpu:.3f} s/step CPU; load average {os.getloadavg()[0]:.1f}")
+    print("| schedule | micro-batches | s/step | x single | CPU s/step per stage | CPU sum x single | bubble |")
+    print("|---|---|---|---|---|---|---|")
+    for schedule in args.schedules.split(","):
         for micro in (int(m) for m in args.microbatches.split(",")):
             if schedule == "1f1b" and micro < args.stages:
                 continue
             with tempfile.TemporaryDirectory() as tmp:
                 out = str(Path(tmp) / "result.json")
                 mp.spawn(rank_main, args=(args.stages, free_port(), args, schedule, micro, out), nprocs=args.stages)
-                result = json.loads(Path(out).read_text())
+                ranks = [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(args.stages)]
+            result = ranks[0]
             bubble = (args.stages - 1) / (micro + args.stages - 1)
             ratio = result["step_s"] / single
-            print(f"| {schedule} | {micro} | {result['step_s']:.3f} | {ratio:.2f} | {bubble:.2f} |", flush=True)
+            cpus = [rank["cpu_s"] for rank in ranks]
+            per_stage = " / ".join(f"{cpu:.3f}" for cpu in cpus)
+            print(
+                f"| {schedule} | {micro} | {result['step_s']:.3f} | {ratio:.2f} | {per_stage} | "
+                f"{sum(cpus) / single_cpu:.2f} | {bubble:.2f} |",
+                flush=True,
+            )
     print("split:", "; ".join(result["split"]))
 
 
