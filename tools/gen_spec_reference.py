@@ -167,7 +167,13 @@ def render() -> str:
             continue
         optional = " Optional: leave the section out for none." if "anyOf" in prop else ""
         out += [f"## {key}", "", section.get("description", "").strip() + optional, ""]
-        out += [*table(section, f"{key}.", list(section["properties"].items())), ""]
+        fields = [(name, field) for name, field in section["properties"].items() if _definition(schema, field) is None]
+        out += [*table(section, f"{key}.", fields), ""]
+        for name, field in section["properties"].items():  # nested sections, e.g. trainer.pipeline
+            nested = _definition(schema, field)
+            if nested is not None:
+                out += [f"### {key}.{name}", "", nested.get("description", "").strip(), ""]
+                out += [*table(nested, f"{key}.{name}.", list(nested["properties"].items())), ""]
     profile = ClusterProfile.model_json_schema()
     # load_profile takes the name from the file name; the file need not repeat it.
     profile["required"] = [key for key in profile.get("required", []) if key != "name"]

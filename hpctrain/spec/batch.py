@@ -31,14 +31,17 @@ class BatchLayout:
 
     per_device: int  # trainer.batch_size: per GPU, or per CPU process
     devices_per_process: int  # GPUs one dp task spreads its batch over; 1 for every other strategy
-    processes: int  # processes that each load a batch per step: tasks, times the workers of hogwild
+    processes: int  # processes that each load a batch per step: tasks, times the workers of hogwild (pipelines)
 
     @classmethod
     def of(cls, trainer: Trainer, *, tasks: int, gpus_per_task: int) -> BatchLayout:
         """The layout of ``trainer`` run by ``tasks`` tasks that each see ``gpus_per_task`` GPUs."""
         devices = max(1, gpus_per_task) if trainer.strategy == "dp" else 1
         workers = trainer.hogwild_processes if trainer.strategy == "hogwild" else 1
-        return cls(per_device=trainer.batch_size, devices_per_process=devices, processes=tasks * workers)
+        processes = tasks * workers
+        if trainer.strategy == "pipeline":  # the tasks of one pipeline share each batch
+            processes = max(1, tasks // trainer.pipeline.stages)
+        return cls(per_device=trainer.batch_size, devices_per_process=devices, processes=processes)
 
     @property
     def per_process(self) -> int:

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from hpctrain.errors import SpecError, SpecProblem
 from hpctrain.slurm import DEFAULT_MAX_ARRAY_SIZE
 from hpctrain.spec.archs import ARCH_PARAMS_M, unknown_arch_message
+from hpctrain.spec.layer_split import check_layer_split
 from hpctrain.spec.models import APEX_LEVELS, JobSpec
 from hpctrain.spec.problems import position_of, problems_from_validation
 from hpctrain.spec.profiles import ClusterProfile, apply_profile, available_profiles, config_dir, load_profile
@@ -358,6 +359,7 @@ def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
                 ),
             )
         )
+    problems += check_layer_split(spec)
     if not gpus and (trainer.precision == "fp16" or trainer.precision in APEX_LEVELS):
         problems.append(
             SpecProblem(

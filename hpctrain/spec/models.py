@@ -18,6 +18,7 @@ from hpctrain.spec.slurm_time import ALLOWED_FORMS, parse_time_limit
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 SLURM_OPTION_PATTERN = r"^[a-z][a-z0-9-]*$"
+BLOCK_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$"  # a module path such as layer3 or features.7
 SLURM_VALUE_PATTERN = r"^[A-Za-z0-9_.,:=/@%+\-\[\]]*$"
 # Partition/account/qos/constraint words; constraints may also use & | ! ( ).
 SLURM_WORD_PATTERN = r"^[A-Za-z0-9_.,:=/@%+\-\[\]&|!()*]+$"
@@ -26,7 +27,7 @@ ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-
 _SETUP_FORBIDDEN = re.compile(r"[;&|<>`\n\r\x00]|\$\(")
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
-Strategy = Literal["single", "dp", "ddp", "hogwild"]
+Strategy = Literal["single", "dp", "ddp", "hogwild", "pipeline", "model_parallel"]
 Precision = Literal["fp32", "fp16", "bf16", "O0", "O1", "O2", "O3"]
 Decode = Literal["cpu", "gpu", "dali", "auto"]
 APEX_LEVELS = ("O0", "O1", "O2", "O3")
@@ -107,6 +108,15 @@ def check_env(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
+def check_block_names(names: list[str]) -> list[str]:
+    for name in names:
+        if not re.match(BLOCK_NAME_PATTERN, name):
+            raise ValueError(f"{name!r} is not a module name such as 'layer3' or 'features.7'")
+    if len(set(names)) != len(names):
+        raise ValueError("split points must be different blocks")
+    return names
+
+
 def safe_path(value: str | None) -> str | None:
     if value is not None and _CONTROL_CHARS.search(value):
         raise ValueError("paths may not contain control characters or newlines")
@@ -171,6 +181,71 @@ class Resources(Section):
         return parse_time_limit(self.time)
 
 
+class Pipeline(Section):
+    """``trainer.strategy: pipeline``: consecutive stages of the model in different tasks (see docs/strategies/)."""
+
+    stages: Annotated[
+        int,
+        Field(
+            ge=2,
+            le=64,
+            description="Stages per pipeline; the job's tasks must be a multiple (tasks / stages = data-parallel "
+            "replicas, each pipeline trains on its own shard).",
+        ),
+    ] = 2
+    microbatches: Annotated[
+        int, Field(ge=1, le=4096, description="Micro-batches per step; must divide trainer.batch_size.")
+    ] = 4
+    schedule: Annotated[
+        Literal["gpipe", "1f1b"],
+        Field(description="gpipe: all forwards, then all backwards; 1f1b: interleaved (less activation memory)."),
+    ] = "1f1b"
+    balance: Annotated[
+        Literal["params", "time"],
+        Field(description="How split points are chosen: equal parameter counts, or equal forward+backward time."),
+    ] = "params"
+    split_points: Annotated[
+        list[str],
+        Field(
+            description="Explicit split: the blocks where stages 2, 3, ... begin, e.g. [layer2, layer4] "
+            "(stages - 1 names, in forward order); overrides balance."
+        ),
+    ] = []
+
+    @field_validator("split_points")
+    @classmethod
+    def _block_names(cls, value: list[str]) -> list[str]:
+        return check_block_names(value)
+
+
+class ModelParallel(Section):
+    """``trainer.strategy: model_parallel``: one task spreads consecutive layers over its GPUs."""
+
+    devices: Annotated[
+        int | None, Field(ge=2, le=64, description="GPUs to spread the layers over. Default: all the task sees.")
+    ] = None
+    split_size: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="Micro-batch size for in-process pipelining (the GPUs work on different micro-batches at "
+            "once). Default: none, each batch goes through the devices whole.",
+        ),
+    ] = None
+    balance: Annotated[
+        Literal["params", "time"],
+        Field(description="How split points are chosen: equal parameter counts, or equal forward+backward time."),
+    ] = "params"
+    split_points: Annotated[
+        list[str], Field(description="Explicit split: the blocks where devices 2, 3, ... begin; overrides balance.")
+    ] = []
+
+    @field_validator("split_points")
+    @classmethod
+    def _block_names(cls, value: list[str]) -> list[str]:
+        return check_block_names(value)
+
+
 class Trainer(Section):
     """The built-in ImageNet trainer (ignored when ``entrypoint`` is set)."""
 
@@ -181,10 +256,13 @@ class Trainer(Section):
         Strategy,
         Field(
             description="single: one device; dp: DataParallel over a node's GPUs; ddp: one process per GPU; "
-            "hogwild: CPU processes sharing one model."
+            "hogwild: CPU processes sharing one model; pipeline: consecutive stages in different tasks "
+            "(trainer.pipeline); model_parallel: one task spreads the layers over its GPUs (trainer.model_parallel)."
         ),
     ] = "ddp"
     hogwild_processes: Annotated[int, Field(ge=1, le=256, description="Worker processes for hogwild.")] = 2
+    pipeline: Pipeline = Pipeline()
+    model_parallel: ModelParallel = ModelParallel()
     precision: Annotated[
         Precision,
         Field(
@@ -518,7 +596,7 @@ class JobSpec(Section):
         if self.resources.tasks_per_node is not None:
             return self.resources.tasks_per_node
         gpus = self.resources.gpus_per_node or 0
-        if self.entrypoint is None and self.trainer.strategy in ("single", "dp", "hogwild"):
+        if self.entrypoint is None and self.trainer.strategy in ("single", "dp", "hogwild", "model_parallel"):
             return 1
         return max(1, gpus)
 

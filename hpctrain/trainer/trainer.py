@@ -36,7 +36,7 @@ from hpctrain.spec.batch import BatchLayout
 from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
 from hpctrain.trainer.compiling import compile_failure, compile_model
 from hpctrain.trainer.data import build_loaders
-from hpctrain.trainer.evaluation import Accuracy, evaluate
+from hpctrain.trainer.evaluation import Accuracy
 from hpctrain.trainer.models import build_model, resolve_num_classes
 from hpctrain.trainer.optim import build_optimizer, build_scheduler
 from hpctrain.trainer.precision import Precision, to_memory_format
@@ -54,7 +54,7 @@ from hpctrain.trainer.state import (
 )
 from hpctrain.trainer.step import TrainStep
 from hpctrain.trainer.strategies import EpochHost, EpochWorkers, build_strategy
-from hpctrain.trainer.strategies.collectives import broadcast_state, distributed
+from hpctrain.trainer.strategies.collectives import distributed
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class Trainer:
         self.resume()
 
     def build_data(self) -> None:
-        rank, world = self.env.global_rank, self.env.world_size
+        rank, world = self.strategy.data_shard(self.env)
         self.loaders = build_loaders(
             self.ctx.spec.data,
             self.cfg,
@@ -156,7 +156,7 @@ class Trainer:
                 )
             compile_model(self.model)  # in place: checkpoints keep the plain module's keys
         self.scheduler = build_scheduler(self.optimizer, self.cfg, max(1, self.steps_per_epoch))
-        self.train_step = TrainStep(
+        step = TrainStep(
             self.model,
             self.module,
             self.optimizer,
@@ -167,6 +167,7 @@ class Trainer:
             self.device,
             self.cfg.channels_last,
         )
+        self.train_step = self.strategy.train_step(step)
         if self.loaders.train_dataset is not None:
             self.workers = self.strategy.epoch_workers(self._epoch_host())
 
@@ -262,12 +263,9 @@ class Trainer:
 
     def validate(self, epoch: int) -> Accuracy:
         heartbeat.set_phase("validation")  # evaluate() beats once per batch
-        if distributed():
-            broadcast_state(self.module, buffers_only=True)  # every rank evaluates (and saves) rank 0's model
-        # DataParallel's forward is local to the task; DDP's is a collective, and val shards differ in size.
-        model = self.model if self.strategy.evaluates_wrapped else self.module
-        val = evaluate(
-            model,
+        val = self.strategy.evaluate(  # every rank evaluates (and saves) rank 0's model
+            self.model,
+            self.module,
             self.loaders.val_loader,
             device=self.device,
             precision=self.precision,
@@ -380,7 +378,7 @@ class Trainer:
             self.on_step(self)
         last = step + 1 == self.steps_per_epoch
         if (step + 1) % self.cfg.log_every_steps == 0 or last:
-            values = window.values(world_size=self.env.world_size, lr=self.optimizer.param_groups[0]["lr"])
+            values = window.values(world_size=self.layout.processes, lr=self.optimizer.param_groups[0]["lr"])
             self.reporter.train_step(
                 epoch=epoch, step=step + 1, global_step=self.progress.global_step, values=values, steps=window.steps
             )
@@ -393,7 +391,7 @@ class Trainer:
 
     def _end_epoch_train_metrics(self, epoch: int, timer: StepWindow) -> None:
         train = Accuracy.from_sums(self.epoch_sums.total())
-        images_per_s = timer.images_per_s(self.env.world_size) if timer.images else self.progress.train_images_per_s
+        images_per_s = timer.images_per_s(self.layout.processes) if timer.images else self.progress.train_images_per_s
         data_wait = timer.data_wait_fraction() if timer.steps else self.progress.data_wait_fraction
         self.progress.record_train(train, images_per_s, data_wait)
         values = {
@@ -428,7 +426,8 @@ class Trainer:
 
     def _reserve_checkpoint_buffers(self) -> None:
         """Allocate the async staging buffers now, so the first checkpoint in the loop only copies."""
-        if not (self.ctx.is_main and self.ctx.spec.checkpoint.async_save and self.workers is None):
+        own_optimizer = self.checkpoint_parts()["optimizer"] is not None  # not: hogwild, pipeline
+        if not (self.ctx.is_main and self.ctx.spec.checkpoint.async_save and own_optimizer):
             return
         optimizer = self.optimizer.state_dict()
         if not optimizer["state"] and self.cfg.momentum > 0:  # SGD creates its momentum at the first step

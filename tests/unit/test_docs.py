@@ -38,23 +38,28 @@ def test_spec_reference_is_up_to_date() -> None:
 
 def test_spec_reference_lists_every_key() -> None:
     text = (REPO / "docs" / "spec-reference.md").read_text()
-    sections = {key.split(".")[0] for key in schema_keys() if "." in key}
+    sections = {key.rpartition(".")[0] for key in schema_keys() if "." in key}
     for key in schema_keys():
-        assert (f"## {key}\n" if key in sections else f"| `{key}` |") in text, key
+        heading = f"{'#' * (key.count('.') + 2)} {key}\n"
+        assert (heading if key in sections else f"| `{key}` |") in text, key
 
 
 def schema_keys() -> set[str]:
-    """Every dotted key a spec may contain (sections and their fields)."""
+    """Every dotted key a spec may contain (sections, nested sections and their fields)."""
     schema = JobSpec.model_json_schema()
-    keys = set()
-    for name, prop in schema["properties"].items():
-        keys.add(name)
-        # a section, or an optional one (anyOf: [section, null])
-        for ref in [prop.get("$ref"), *(choice.get("$ref") for choice in prop.get("anyOf", []))]:
-            if ref:
-                section = schema["$defs"][ref.rsplit("/", 1)[1]]
-                keys.update(f"{name}.{field}" for field in section["properties"])
-    return keys
+
+    def walk(properties: dict[str, Any], prefix: str) -> set[str]:
+        keys = set()
+        for name, prop in properties.items():
+            keys.add(prefix + name)
+            # a section, or an optional one (anyOf: [section, null])
+            for ref in [prop.get("$ref"), *(choice.get("$ref") for choice in prop.get("anyOf", []))]:
+                if ref:
+                    section = schema["$defs"][ref.rsplit("/", 1)[1]]
+                    keys |= walk(section["properties"], f"{prefix}{name}.")
+        return keys
+
+    return walk(schema["properties"], "")
 
 
 # Keys whose values are free-form mappings: their own keys are the user's, not the schema's.

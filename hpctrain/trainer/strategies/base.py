@@ -6,7 +6,10 @@ A strategy is asked, in the trainer's setup order:
 * ``gpus_per_task(device)``: how many GPUs one task spreads its batch over
   (only dp spreads; this feeds :class:`~hpctrain.spec.batch.BatchLayout`);
 * ``wrap(module, device)``: the model the forward runs;
+* ``data_shard(env)``: which shard of the data this task trains and validates on (pipeline: its pipeline's);
 * ``before_forward`` / ``after_backward``: its share of the one train step (:mod:`hpctrain.trainer.step`);
+* ``train_step(step)``: the callable that trains one batch (pipeline runs its own schedule instead);
+* ``evaluate(...)``: validation over every rank's shard (pipeline passes activations stage to stage);
 * ``epoch_workers(host)``: an :class:`EpochWorkers` that trains whole epochs in other processes
   (hogwild), or None when the trainer's own loop runs the steps;
 * ``state_parts()``: its own checkpoint parts (hogwild: every worker's optimizer and position).
@@ -14,7 +17,7 @@ A strategy is asked, in the trainer's setup order:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -22,7 +25,8 @@ import torch
 from torch import nn
 
 from hpctrain.errors import DistributedSetupError, TrainingConfigError
-from hpctrain.trainer.strategies.collectives import distributed
+from hpctrain.trainer.evaluation import Accuracy, evaluate
+from hpctrain.trainer.strategies.collectives import broadcast_state, distributed
 
 if TYPE_CHECKING:
     from hpctrain.runtime.context import TaskEnv
@@ -31,6 +35,7 @@ if TYPE_CHECKING:
     from hpctrain.spec.models import JobSpec
     from hpctrain.trainer.reporting import Reporter
     from hpctrain.trainer.state import EpochSums, Progress, Stateful
+    from hpctrain.trainer.step import TrainStep
 
 
 @dataclass
@@ -78,8 +83,28 @@ class Strategy:
         """GPUs one task spreads its batch over (only dp spreads)."""
         return 0
 
+    def data_shard(self, env: TaskEnv) -> tuple[int, int]:
+        """(index, count) of the data shard this task loads: one shard per task for most strategies."""
+        return env.global_rank, env.world_size
+
     def wrap(self, module: nn.Module, device: torch.device) -> nn.Module:
         return module
+
+    def train_step(self, step: TrainStep) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """What trains one batch and returns its sums: the shared step, unless the strategy runs its own."""
+        return step
+
+    def evaluate(
+        self, model: nn.Module, module: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], **kwargs: Any
+    ) -> Accuracy:
+        """Accuracy over every rank's validation shard; ``kwargs`` go to :func:`~hpctrain.trainer.evaluation.evaluate`.
+
+        Every rank evaluates rank 0's buffers; dp's forward is local to the task, so it evaluates
+        the wrapper, the others the plain module (DDP's forward is a collective, val shards differ).
+        """
+        if distributed():
+            broadcast_state(module, buffers_only=True)
+        return evaluate(model if self.evaluates_wrapped else module, batches, **kwargs)
 
     def before_forward(self, module: nn.Module) -> None:
         """Runs at the top of every train step, before the forward."""
