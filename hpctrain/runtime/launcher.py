@@ -56,7 +56,7 @@ class TaskLauncher:
 
     def run(self, spec: JobSpec, env: TaskEnv) -> Any:
         """Set the task up, run the entry point or the trainer, then the post-run hook."""
-        self._env, self._step_log = env, batch_step_log(env)  # before anything can fail: see record_failure
+        self._env, self._step_log = env, self.step_log(env)  # before anything can fail: see record_failure
         if self._step_log is not None:
             failures.FailureWatch(Path(self.run_dir), self._step_log).start()
         check_world_size(spec, env)
@@ -75,6 +75,14 @@ class TaskLauncher:
             result = user_code(ctx, **(spec.entrypoint_args if spec.entrypoint else {}))
             self.after_run(ctx, result)
         return result
+
+    def step_log(self, env: TaskEnv) -> failures.StepLog | None:
+        """Where global rank 0 reads which task failed first (see runtime/failures.py)."""
+        return batch_step_log(env)
+
+    def exit_without_result(self, status: int) -> None:
+        """End this process at once, with no result for submitit (the job is coming back)."""
+        os._exit(status)
 
     def start_reaper(self) -> None:
         """Start the watcher that kills this task's leaked processes once it ends.
@@ -112,12 +120,14 @@ class TaskLauncher:
         if isinstance(result, dict) and result.get("status") == "stopped":
             from hpctrain.runtime.requeue import finish_after_stop
 
-            finish_after_stop(result["stop_reason"], ctx.env, ctx.spec.signals, ctx.stop)
+            finish_after_stop(
+                result["stop_reason"], ctx.env, ctx.spec.signals, ctx.stop, exit_process=self.exit_without_result
+            )
 
 
 def check_world_size(spec: JobSpec, env: TaskEnv) -> None:
     """A job submitted from the spec must have started as many tasks as the spec asked for."""
-    if env.source in ("slurm", "submitit-local") and env.world_size != spec.world_size:
+    if env.source in ("slurm", "slurm-torchrun", "submitit-local") and env.world_size != spec.world_size:
         raise DistributedSetupError(
             f"the spec asks for {spec.world_size} tasks ({spec.resources.nodes} nodes x {spec.tasks_per_node}) "
             f"but {env.world_size} were started",

@@ -35,7 +35,7 @@ def normalised(script: str) -> str:
     return script.replace(shlex.quote(sys.executable), "PYTHON").replace(sys.executable, "PYTHON")
 
 
-@pytest.mark.parametrize("example", ["resnet50_4x4", "smoke_2x2_cpu", "sweep_lr"])
+@pytest.mark.parametrize("example", ["resnet50_4x4", "smoke_2x2_cpu", "smoke_2x2_torchrun_cpu", "sweep_lr"])
 def test_rendered_script_matches_golden_file(example: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)  # the examples' relative paths resolve as they do for a user
     script = normalised(render_script(load_job(REPO / "jobs" / f"{example}.yaml"), RUN_DIR))

@@ -1,0 +1,285 @@
+"""``launcher: torchrun``: one Slurm task per node starts torchrun, which starts that node's ranks.
+
+``TorchrunNodeLauncher`` is what submitit runs on every node (``--ntasks-per-node=1``).
+It starts ``python -m torch.distributed.run`` as its child with a c10d
+rendezvous on the first node (``--rdzv-endpoint FIRSTHOST:PORT``, the port
+derived from the job id like srun's master port) and ``--max-restarts 0``:
+Slurm's requeue is the one restart mechanism, because it also gives the job
+new nodes, a new attempt number (SLURM_RESTART_COUNT) and the exact resume
+from the last checkpoint, while a torchrun restart would rerun the ranks on
+the same nodes behind Slurm's back. torchrun runs
+``python -m hpctrain.runtime.torchrun_worker`` once per process; a worker is
+an ordinary hpctrain task (TaskEnv from torchrun's variables plus the node
+task's SLURM_*), so training, stop signals, the requeue decision (global rank
+0, once per job), the exact resume and clean-up are those of srun tasks.
+
+Signals. Slurm (proctrack/cgroup or linuxproc) signals every process of the
+step -- node task, torchrun and workers alike -- for the time-limit warning,
+a preemption or a cancel. The workers handle them as srun tasks do. Forwarding
+them as well would deliver each twice, and torchrun's own handling (SIGTERM:
+SIGTERM the workers, SIGKILL them after a timeout, exit; USR1/USR2: die)
+would cut the checkpoint-and-requeue protocol short. So the node task ignores
+SIGTERM and the time-limit signal, and starts torchrun with them ignored and
+``--signals-to-handle`` limited to SIGINT,SIGHUP,SIGQUIT; the workers install
+their own handlers (``stop.install_handlers``). Slurm ends a node task, if
+ever needed, with SIGKILL after KillWait.
+
+What comes back: a worker that returns leaves its result in a node-local
+state folder; one that ends without a result (the job was requeued) leaves a
+marker, and then the node task ends without a result too (requeue.py's exit
+protocol). When torchrun fails, its report names the first failed rank; the
+node task writes it to the run's ``torchrun-failures.log`` in srun's words
+(failures.py), where global rank 0 looks, then fails so that srun ends the
+other nodes (``--kill-on-bad-exit``). Importing this module imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpctrain.errors import DistributedSetupError, HpctrainError
+from hpctrain.rundir import torchrun_failures_path
+from hpctrain.runtime.context import TaskEnv
+from hpctrain.runtime.failures import PEER_WAIT_S
+from hpctrain.runtime.launcher import ALLOW_LOOPBACK_MASTER_VAR, configure_logging, report_failure
+from hpctrain.runtime.master import check_master_address, check_port_free
+from hpctrain.runtime.task_env import LAUNCHER_VAR, derive_task_env, rank_hint
+from hpctrain.spec.models import JobSpec
+
+WORKER_MODULE = "hpctrain.runtime.torchrun_worker"
+SPEC_FILE = "spec.json"
+# torchrun waits this long for a failed node's other workers before SIGKILL (its default: 30 s).
+SHUTDOWN_TIMEOUT_S = 5
+# The signals torchrun may handle itself: none that Slurm uses to stop a job.
+TORCHRUN_SIGNALS = "SIGINT,SIGHUP,SIGQUIT"
+# A worker whose error looks like a peer's death exits with this (torchrun_worker.py):
+# its node reports it after the others had time to report the real cause.
+PEER_FAILURE_EXIT = 3
+
+_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):\s*\[\d+\]:.*?"
+    r"rank\s*:\s*(?P<rank>\d+) \(local_rank: (?P<local_rank>\d+)\)\s*"
+    r"exitcode\s*:\s*(?P<exitcode>-?\d+)(?:\s*\(pid: \d+\))?(?:[ \t]*\((?P<signal>SIG\w+)\))?",
+    re.S,
+)
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """torchrun's "first observed failure" on this node."""
+
+    rank: int
+    local_rank: int
+    exitcode: int
+    signal_name: str
+
+    @property
+    def reason(self) -> str:
+        """In srun's words ("Killed", "Exited with exit code 1")."""
+        if self.exitcode < 0:
+            return "Killed" if self.signal_name == "SIGKILL" else f"Killed by {self.signal_name or -self.exitcode}"
+        return f"Exited with exit code {self.exitcode}"
+
+
+def torchrun_command(env: TaskEnv, spec: JobSpec, state_dir: Path, python: str = sys.executable) -> list[str]:
+    """The torchrun command of the node task ``env`` (a Slurm task, one per node). Pure.
+
+    The rendezvous store lives on the first node (``is_host`` says so rather
+    than torchrun guessing from host names); joining may take as long as the
+    spec's collective timeout.
+    """
+    is_host = 1 if env.node_rank == 0 else 0
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={env.num_nodes}",
+        f"--nproc-per-node={spec.tasks_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={env.master_addr}:{env.master_port}",
+        f"--rdzv-id={env.job_id}",
+        f"--rdzv-conf=is_host={is_host},join_timeout={spec.distributed.timeout_s}",
+        "--max-restarts=0",
+        f"--signals-to-handle={TORCHRUN_SIGNALS}",
+        f"--shutdown-timeout={SHUTDOWN_TIMEOUT_S}",
+        f"--log-dir={state_dir / 'torchrun-logs'}",
+        "-m",
+        WORKER_MODULE,
+        str(state_dir),
+    ]
+
+
+def worker_environ(environ: dict[str, str], tasks_per_node: int) -> dict[str, str]:
+    """torchrun's environment: the node task's, marked, with each worker's share of the CPUs. Pure."""
+    child = dict(environ)
+    child[LAUNCHER_VAR] = "torchrun"
+    cpus = environ.get("SLURM_CPUS_PER_TASK", "")
+    if "OMP_NUM_THREADS" not in environ and cpus.isdigit() and int(cpus) > 0:
+        child["OMP_NUM_THREADS"] = str(max(1, int(cpus) // tasks_per_node))
+    return child
+
+
+def root_cause(text: str) -> WorkerFailure | None:
+    """The first failed worker in torchrun's ``ChildFailedError`` report, or None. Pure."""
+    matches = list(_ROOT_CAUSE.finditer(text))
+    if not matches:
+        return None
+    found = matches[-1]  # the report of this attempt comes last in an appended log
+    return WorkerFailure(
+        int(found.group("rank")),
+        int(found.group("local_rank")),
+        int(found.group("exitcode")),
+        found.group("signal") or "",
+    )
+
+
+def failure_line(node: str, failure: WorkerFailure) -> str:
+    """One line of ``torchrun-failures.log``, parsed like srun's report (failures.py)."""
+    return f"torchrun: error: {node}: task {failure.rank}: {failure.reason}\n"
+
+
+class TorchrunNodeLauncher:
+    """The callable submitit runs once per node; returns the results of the node's ranks."""
+
+    def __init__(self, spec_data: dict[str, Any], run_dir: str) -> None:
+        self.spec_data = spec_data
+        self.run_dir = run_dir
+
+    def __call__(self) -> list[dict[str, Any]]:
+        try:
+            spec = JobSpec.model_validate(self.spec_data)
+            os.environ.update(spec.env)
+            env = node_env(spec)
+            configure_logging(env)
+            return self.run(spec, env)
+        except BaseException as exc:
+            if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                report_failure(f"node task {rank_hint(os.environ)}", exc)
+            raise
+
+    def run(self, spec: JobSpec, env: TaskEnv) -> list[dict[str, Any]]:
+        check_master_address(env, allow_loopback=os.environ.get(ALLOW_LOOPBACK_MASTER_VAR) == "1")
+        if env.node_rank == 0:
+            check_port_free(env.master_port)
+        ignore_stop_signals(spec.signals.timeout_signal)
+        self.start_reaper()
+        state_dir = Path(tempfile.mkdtemp(prefix="hpctrain-torchrun-"))
+        try:
+            (state_dir / SPEC_FILE).write_text(json.dumps({"spec": self.spec_data, "run_dir": self.run_dir}))
+            log_start = _own_stderr_size()
+            command = torchrun_command(env, spec, state_dir)
+            print(f"hpctrain: node {env.hostname}: {' '.join(command)}", file=sys.stderr, flush=True)
+            code = subprocess.run(command, env=worker_environ(dict(os.environ), spec.tasks_per_node)).returncode
+            if code == 0 and any(state_dir.glob("exit-*")):
+                _end_without_result(state_dir)
+            if code != 0:
+                raise self.failed(env, code, _own_stderr_since(log_start))
+            results = [pickle.loads(path.read_bytes()) for path in state_dir.glob("result-*.pkl")]
+            return sorted(results, key=lambda result: result["rank"])
+        finally:
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+    def failed(self, env: TaskEnv, code: int, log_text: str) -> HpctrainError:
+        """Report the node's first failed rank to rank 0 (torchrun-failures.log); the error to raise."""
+        failure = root_cause(log_text)
+        if failure is None:
+            return HpctrainError(f"torchrun on node {env.hostname} exited with status {code}")
+        if failure.exitcode == PEER_FAILURE_EXIT:
+            time.sleep(PEER_WAIT_S)  # a peer's death echoed here: let its own node report it first
+        path = torchrun_failures_path(self.run_dir)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as handle:
+                handle.write(failure_line(env.hostname, failure))
+        except OSError as exc:
+            print(f"hpctrain: could not report the failure of rank {failure.rank}: {exc}", file=sys.stderr)
+        return HpctrainError(
+            f"torchrun on node {env.hostname} failed: rank {failure.rank} "
+            f"(local rank {failure.local_rank}): {failure.reason}",
+            hint="the rank's own error is above in this log",
+        )
+
+    def start_reaper(self) -> None:
+        """The node's reaper: torchrun and the workers carry this task's token (cleanup.py)."""
+        from hpctrain.runtime.cleanup import ensure_task_token, start_reaper
+
+        try:
+            start_reaper(ensure_task_token())
+        except (RuntimeError, OSError) as exc:
+            print(f"hpctrain: warning: leaked processes will not be cleaned up: {exc}", file=sys.stderr)
+
+
+def node_env(spec: JobSpec) -> TaskEnv:
+    """This node task's TaskEnv (one Slurm task per node); a clear error anywhere else."""
+    env = derive_task_env(os.environ, spec_master_port=spec.distributed.master_port)
+    if env.source != "slurm":
+        raise DistributedSetupError(
+            f"launcher: torchrun runs in a Slurm job, but this task was started by {env.source}",
+            hint="submit with `hpctrain submit` to a Slurm cluster, or use --local (which starts the ranks itself)",
+        )
+    if env.local_world_size != 1:
+        raise DistributedSetupError(
+            f"launcher: torchrun needs one Slurm task per node, but this node runs {env.local_world_size}",
+            hint="submit with `hpctrain submit` so the Slurm request matches the spec",
+        )
+    return env
+
+
+def ignore_stop_signals(timeout_signal: str) -> None:
+    """SIGTERM and the time-limit signal are the workers' to handle (see the module docstring).
+
+    Ignored, not caught: torchrun and its workers inherit "ignored", so none
+    dies of them before the worker's own handlers are installed.
+    """
+    for signum in (signal.SIGTERM, getattr(signal, f"SIG{timeout_signal}")):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _own_stderr_size() -> int:
+    path = _own_stderr()
+    try:
+        return path.stat().st_size if path else 0
+    except OSError:
+        return 0
+
+
+def _own_stderr_since(offset: int) -> str:
+    """What this node task's log (torchrun's and the workers' stderr) got since ``offset``."""
+    path = _own_stderr()
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _own_stderr() -> Path | None:
+    try:
+        import submitit
+
+        return Path(submitit.JobEnvironment().paths.stderr)
+    except Exception:  # not started by submitit
+        return None
+
+
+def _end_without_result(state_dir: Path) -> None:
+    """The ranks ended for a requeue: no result file, like an srun task (requeue.py)."""
+    shutil.rmtree(state_dir, ignore_errors=True)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
