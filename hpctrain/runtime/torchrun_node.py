@@ -13,16 +13,18 @@ an ordinary hpctrain task (TaskEnv from torchrun's variables plus the node
 task's SLURM_*), so training, stop signals, the requeue decision (global rank
 0, once per job), the exact resume and clean-up are those of srun tasks.
 
-Signals. Slurm (proctrack/cgroup or linuxproc) signals every process of the
-step -- node task, torchrun and workers alike -- for the time-limit warning,
-a preemption or a cancel. The workers handle them as srun tasks do. Forwarding
-them as well would deliver each twice, and torchrun's own handling (SIGTERM:
-SIGTERM the workers, SIGKILL them after a timeout, exit; USR1/USR2: die)
-would cut the checkpoint-and-requeue protocol short. So the node task ignores
-SIGTERM and the time-limit signal, and starts torchrun with them ignored and
-``--signals-to-handle`` limited to SIGINT,SIGHUP,SIGQUIT; the workers install
-their own handlers (``stop.install_handlers``). Slurm ends a node task, if
-ever needed, with SIGKILL after KillWait.
+Signals. With proctrack/cgroup Slurm sends the time-limit warning, a
+preemption's SIGCONT+SIGTERM and a cancel's SIGTERM only to its tasks -- here
+the node tasks (``proctrack_p_signal`` signals "slurm tasks unless SIGKILL";
+measured on the test cluster: torchrun's workers never saw a USR2). So the
+node task forwards each of them to the workers, torchrun's children, which
+handle them as srun tasks do. Not through torchrun: torchrun's own handling
+(SIGTERM: SIGTERM the workers, SIGKILL them after a timeout, exit; USR1/USR2:
+die) would cut the checkpoint-and-requeue protocol short. torchrun is started
+with those signals ignored and ``--signals-to-handle`` limited to
+SIGINT,SIGHUP,SIGQUIT. With proctrack/linuxproc Slurm signals every
+descendant as well, so a worker may see a signal twice; its stop flags do
+not count duplicates twice in any way that matters (stop.py, requeue.py).
 
 What comes back: a worker that returns leaves its result in a node-local
 state folder; one that ends without a result (the job was requeued) leaves a
@@ -48,6 +50,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.rundir import torchrun_failures_path
@@ -173,7 +177,9 @@ class TorchrunNodeLauncher:
         check_master_address(env, allow_loopback=os.environ.get(ALLOW_LOOPBACK_MASTER_VAR) == "1")
         if env.node_rank == 0:
             check_port_free(env.master_port)
-        ignore_stop_signals(spec.signals.timeout_signal)
+        forwarded = stop_signals(spec.signals.timeout_signal)
+        for signum in forwarded:  # torchrun inherits "ignored" (see the module docstring)
+            signal.signal(signum, signal.SIG_IGN)
         self.start_reaper()
         state_dir = Path(tempfile.mkdtemp(prefix="hpctrain-torchrun-"))
         try:
@@ -181,7 +187,9 @@ class TorchrunNodeLauncher:
             log_start = _own_stderr_size()
             command = torchrun_command(env, spec, state_dir)
             print(f"hpctrain: node {env.hostname}: {' '.join(command)}", file=sys.stderr, flush=True)
-            code = subprocess.run(command, env=worker_environ(dict(os.environ), spec.tasks_per_node)).returncode
+            torchrun = subprocess.Popen(command, env=worker_environ(dict(os.environ), spec.tasks_per_node))
+            forward_signals(torchrun.pid, forwarded)
+            code = torchrun.wait()
             if code == 0 and any(state_dir.glob("exit-*")):
                 _end_without_result(state_dir)
             if code != 0:
@@ -237,14 +245,36 @@ def node_env(spec: JobSpec) -> TaskEnv:
     return env
 
 
-def ignore_stop_signals(timeout_signal: str) -> None:
-    """SIGTERM and the time-limit signal are the workers' to handle (see the module docstring).
+def stop_signals(timeout_signal: str) -> tuple[signal.Signals, ...]:
+    """What Slurm sends the node task to stop or warn the ranks (docs/preemption.md)."""
+    return (signal.SIGTERM, signal.SIGCONT, signal.Signals[f"SIG{timeout_signal}"])
 
-    Ignored, not caught: torchrun and its workers inherit "ignored", so none
-    dies of them before the worker's own handlers are installed.
+
+def forward_signals(torchrun_pid: int, signals: tuple[signal.Signals, ...]) -> None:
+    """From now on, pass each of ``signals`` on to torchrun's children, the workers.
+
+    The node task itself only forwards: it waits for torchrun whatever comes,
+    and Slurm ends it, if ever needed, with SIGKILL after KillWait.
     """
-    for signum in (signal.SIGTERM, getattr(signal, f"SIG{timeout_signal}")):
-        signal.signal(signum, signal.SIG_IGN)
+
+    def forward(signum: int, frame: object) -> None:
+        # SIGCONT and SIGTERM come together: this may run inside itself. Nothing here may raise.
+        for pid in worker_pids(torchrun_pid):
+            try:
+                os.kill(pid, signum)
+            except OSError:
+                pass
+
+    for signum in signals:
+        signal.signal(signum, forward)
+
+
+def worker_pids(torchrun_pid: int) -> list[int]:
+    """torchrun's children: one worker per local rank (empty once torchrun is gone)."""
+    try:
+        return [child.pid for child in psutil.Process(torchrun_pid).children()]
+    except psutil.Error:
+        return []
 
 
 def _own_stderr_size() -> int:
