@@ -29,10 +29,15 @@ not count duplicates twice in any way that matters (stop.py, requeue.py).
 What comes back: a worker that returns leaves its result in a node-local
 state folder; one that ends without a result (the job was requeued) leaves a
 marker, and then the node task ends without a result too (requeue.py's exit
-protocol). When torchrun fails, its report names the first failed rank; the
-node task writes it to the run's ``torchrun-failures.log`` in srun's words
-(failures.py), where global rank 0 looks, then fails so that srun ends the
-other nodes (``--kill-on-bad-exit``). Importing this module imports no torch.
+protocol). Which rank failed first: a thread of the node task
+(:class:`WorkerWatch`) sees a worker end without a result, an exit marker or
+a peer's-death marker, and at once writes it to the run's
+``torchrun-failures.log`` in srun's words (failures.py), where global rank 0
+looks, as it reads srun's report under srun. torchrun's own report comes only
+after it has torn the node's other workers down (up to 30 s), too late for
+rank 0; the node task still reads it (:func:`root_cause`) for its error
+message, and fails so that srun ends the other nodes (``--kill-on-bad-exit``).
+Importing this module imports no torch.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +62,6 @@ import psutil
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.rundir import torchrun_failures_path
 from hpctrain.runtime.context import TaskEnv
-from hpctrain.runtime.failures import PEER_WAIT_S
 from hpctrain.runtime.launcher import ALLOW_LOOPBACK_MASTER_VAR, configure_logging, report_failure
 from hpctrain.runtime.master import check_master_address, check_port_free
 from hpctrain.runtime.task_env import LAUNCHER_VAR, derive_task_env, rank_hint
@@ -68,9 +73,11 @@ SPEC_FILE = "spec.json"
 SHUTDOWN_TIMEOUT_S = 5
 # The signals torchrun may handle itself: none that Slurm uses to stop a job.
 TORCHRUN_SIGNALS = "SIGINT,SIGHUP,SIGQUIT"
-# A worker whose error looks like a peer's death exits with this (torchrun_worker.py):
-# its node reports it after the others had time to report the real cause.
+# A worker whose error looks like a peer's death exits with this and says so in
+# its failure marker (torchrun_worker.py): it is nobody's first failure.
 PEER_FAILURE_EXIT = 3
+PEER_FAILURE = "peer"
+WATCH_POLL_S = 0.2
 
 _ROOT_CAUSE = re.compile(
     r"Root Cause \(first observed failure\):\s*\[\d+\]:.*?"
@@ -149,9 +156,68 @@ def root_cause(text: str) -> WorkerFailure | None:
     )
 
 
-def failure_line(node: str, failure: WorkerFailure) -> str:
+def failure_line(node: str, rank: int, reason: str) -> str:
     """One line of ``torchrun-failures.log``, parsed like srun's report (failures.py)."""
-    return f"torchrun: error: {node}: task {failure.rank}: {failure.reason}\n"
+    return f"torchrun: error: {node}: task {rank}: {' '.join(reason.split())}\n"
+
+
+def death_reason(state_dir: Path, rank: int) -> str | None:
+    """Why worker ``rank``, now gone, ended; None when it is no one's first failure.
+
+    A result or an exit marker: it finished. A failure marker says what it
+    raised, or "peer" when that was the echo of another rank's death. No word
+    at all: it was killed (the OOM killer, ``kill -9``) or exited abruptly.
+    """
+    if (state_dir / f"result-{rank}.pkl").exists() or (state_dir / f"exit-{rank}").exists():
+        return None
+    try:
+        said = (state_dir / f"failed-{rank}").read_text().strip()
+    except OSError:
+        return "Killed (ended without a result or an error)"
+    return None if said == PEER_FAILURE else said or "Failed"
+
+
+class WorkerWatch:
+    """Reports the first worker of this node that ends without finishing, as it happens."""
+
+    def __init__(
+        self, torchrun_pid: int, state_dir: Path, report: Callable[[int, str], None], poll_s: float = WATCH_POLL_S
+    ) -> None:
+        self.torchrun_pid, self.state_dir, self.report, self.poll_s = torchrun_pid, state_dir, report, poll_s
+        self.reported = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="hpctrain-worker-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _watch(self) -> None:
+        known: dict[int, int] = {}  # pid -> global rank
+        while not self._stop.wait(self.poll_s):
+            alive = set(worker_pids(self.torchrun_pid, running=True))
+            for pid in alive - known.keys():
+                rank = _rank_of(pid)
+                if rank is not None:
+                    known[pid] = rank
+            for pid in [pid for pid in known if pid not in alive]:
+                rank = known.pop(pid)
+                reason = death_reason(self.state_dir, rank)
+                if reason is not None:
+                    self.report(rank, reason)
+                    self.reported = True
+                    return  # the first failure is what rank 0 needs
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        rank = psutil.Process(pid).environ().get("RANK", "")
+    except psutil.Error:
+        return None
+    return int(rank) if rank.isdigit() else None
 
 
 class TorchrunNodeLauncher:
@@ -189,35 +255,43 @@ class TorchrunNodeLauncher:
             print(f"hpctrain: node {env.hostname}: {' '.join(command)}", file=sys.stderr, flush=True)
             torchrun = subprocess.Popen(command, env=worker_environ(dict(os.environ), spec.tasks_per_node))
             forward_signals(torchrun.pid, forwarded)
+            watch = WorkerWatch(torchrun.pid, state_dir, lambda rank, why: self.report(env.hostname, rank, why))
+            watch.start()
             code = torchrun.wait()
+            watch.stop()
             if code == 0 and any(state_dir.glob("exit-*")):
                 _end_without_result(state_dir)
             if code != 0:
-                raise self.failed(env, code, _own_stderr_since(log_start))
+                error, failure = self.failed(env, code, _own_stderr_since(log_start))
+                if failure is not None and not watch.reported and failure.exitcode != PEER_FAILURE_EXIT:
+                    self.report(env.hostname, failure.rank, failure.reason)  # died before the watch saw it
+                raise error
             results = [pickle.loads(path.read_bytes()) for path in state_dir.glob("result-*.pkl")]
             return sorted(results, key=lambda result: result["rank"])
         finally:
             shutil.rmtree(state_dir, ignore_errors=True)
 
-    def failed(self, env: TaskEnv, code: int, log_text: str) -> HpctrainError:
-        """Report the node's first failed rank to rank 0 (torchrun-failures.log); the error to raise."""
+    def failed(self, env: TaskEnv, code: int, log_text: str) -> tuple[HpctrainError, WorkerFailure | None]:
+        """The error to raise for torchrun's failure, and its first failed worker, from its own report."""
         failure = root_cause(log_text)
         if failure is None:
-            return HpctrainError(f"torchrun on node {env.hostname} exited with status {code}")
-        if failure.exitcode == PEER_FAILURE_EXIT:
-            time.sleep(PEER_WAIT_S)  # a peer's death echoed here: let its own node report it first
-        path = torchrun_failures_path(self.run_dir)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a") as handle:
-                handle.write(failure_line(env.hostname, failure))
-        except OSError as exc:
-            print(f"hpctrain: could not report the failure of rank {failure.rank}: {exc}", file=sys.stderr)
-        return HpctrainError(
+            return HpctrainError(f"torchrun on node {env.hostname} exited with status {code}"), None
+        error = HpctrainError(
             f"torchrun on node {env.hostname} failed: rank {failure.rank} "
             f"(local rank {failure.local_rank}): {failure.reason}",
             hint="the rank's own error is above in this log",
         )
+        return error, failure
+
+    def report(self, node: str, rank: int, reason: str) -> None:
+        """Tell global rank 0 that ``rank`` failed (torchrun-failures.log, srun's words)."""
+        path = torchrun_failures_path(self.run_dir)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as handle:
+                handle.write(failure_line(node, rank, reason))
+        except OSError as exc:
+            print(f"hpctrain: could not report the failure of rank {rank}: {exc}", file=sys.stderr)
 
     def start_reaper(self) -> None:
         """The node's reaper: torchrun and the workers carry this task's token (cleanup.py)."""
@@ -269,12 +343,23 @@ def forward_signals(torchrun_pid: int, signals: tuple[signal.Signals, ...]) -> N
         signal.signal(signum, forward)
 
 
-def worker_pids(torchrun_pid: int) -> list[int]:
-    """torchrun's children: one worker per local rank (empty once torchrun is gone)."""
+def worker_pids(torchrun_pid: int, *, running: bool = False) -> list[int]:
+    """torchrun's children: one worker per local rank (empty once torchrun is gone).
+
+    ``running``: without the dead ones torchrun has not reaped yet.
+    """
     try:
-        return [child.pid for child in psutil.Process(torchrun_pid).children()]
+        children = psutil.Process(torchrun_pid).children()
     except psutil.Error:
         return []
+    pids = []
+    for child in children:
+        try:
+            if not running or child.status() != psutil.STATUS_ZOMBIE:
+                pids.append(child.pid)
+        except psutil.Error:
+            continue
+    return pids
 
 
 def _own_stderr_size() -> int:

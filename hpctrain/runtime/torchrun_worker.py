@@ -10,9 +10,10 @@ reaches submitit, which runs the node task and not this process:
 * a result is pickled to ``STATE_DIR/result-RANK.pkl`` for the node task;
 * ending without a result (the job was requeued: requeue.py) leaves
   ``STATE_DIR/exit-RANK``, so the node task ends without one too;
-* an error exits non-zero (``PEER_FAILURE_EXIT`` when it looks like the echo
-  of another rank's death), and global rank 0 reads the first failed rank
-  from the run's ``torchrun-failures.log`` instead of srun's report;
+* an error leaves ``STATE_DIR/failed-RANK`` (what was raised, or "peer"
+  when it looks like the echo of another rank's death) and exits non-zero;
+  global rank 0 reads the first failed rank from the run's
+  ``torchrun-failures.log`` (written by the node tasks) instead of srun's report;
 * no reaper of its own: the node task's reaper covers every process of the
   node (one reaper per worker would kill the worker's siblings, which carry
   the same token).
@@ -31,7 +32,7 @@ from hpctrain.rundir import torchrun_failures_path
 from hpctrain.runtime import failures
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.launcher import TaskLauncher
-from hpctrain.runtime.torchrun_node import PEER_FAILURE_EXIT, SPEC_FILE
+from hpctrain.runtime.torchrun_node import PEER_FAILURE, PEER_FAILURE_EXIT, SPEC_FILE
 
 
 class TorchrunWorker(TaskLauncher):
@@ -56,6 +57,14 @@ class TorchrunWorker(TaskLauncher):
     def start_reaper(self) -> None:
         """The node task's reaper covers this process (see the module docstring)."""
 
+    def save_failure(self, what: str) -> None:
+        """Tell the node task why this rank is about to exit (torchrun_node.death_reason)."""
+        rank = os.environ.get("RANK", str(os.getpid()))
+        try:
+            (self.state_dir / f"failed-{rank}").write_text(what)
+        except OSError:
+            pass
+
     def save_result(self, result: dict[str, Any]) -> None:
         path = self.state_dir / f"result-{result['rank']}.pkl"
         temp = path.with_suffix(".tmp")
@@ -73,8 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     worker = TorchrunWorker(payload["spec"], payload["run_dir"], state_dir)
     try:
         result = worker()
-    except Exception as exc:  # reported by the launcher already
-        return PEER_FAILURE_EXIT if failures.looks_like_peer_failure(exc) else 1
+    except Exception as exc:  # reported by the launcher already; the marker is for the node task
+        peer = failures.looks_like_peer_failure(exc)
+        worker.save_failure(PEER_FAILURE if peer else f"{type(exc).__name__}: {exc}")
+        return PEER_FAILURE_EXIT if peer else 1
     worker.save_result(result)
     return 0
 

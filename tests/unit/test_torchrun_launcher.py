@@ -6,8 +6,13 @@ runs in tests/slurm/test_torchrun_e2e.py.
 
 from __future__ import annotations
 
+import os
 import pickle
 import shlex
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +23,17 @@ from hpctrain.runtime.failures import first_task_failure
 from hpctrain.runtime.launcher import TaskLauncher
 from hpctrain.runtime.task_env import derive_task_env
 from hpctrain.runtime.torchrun_node import (
+    PEER_FAILURE,
     PEER_FAILURE_EXIT,
     TorchrunNodeLauncher,
     WorkerFailure,
+    WorkerWatch,
+    death_reason,
     failure_line,
     root_cause,
     torchrun_command,
     worker_environ,
+    worker_pids,
 )
 from hpctrain.spec.load import load_job
 from hpctrain.spec.models import JobSpec
@@ -141,7 +150,7 @@ def test_workers_get_their_share_of_the_node_tasks_cpus() -> None:
 def test_torchruns_root_cause_becomes_a_line_rank_0_understands() -> None:
     failure = root_cause("earlier attempt noise\n" + TORCHRUN_REPORT)
     assert failure == WorkerFailure(rank=3, local_rank=1, exitcode=-9, signal_name="SIGKILL")
-    parsed = first_task_failure(failure_line("n2", failure))
+    parsed = first_task_failure(failure_line("n2", failure.rank, failure.reason))
     assert parsed is not None
     assert (parsed.rank, parsed.node, parsed.reason) == (3, "n2", "Killed")
 
@@ -180,3 +189,50 @@ def test_an_entrypoint_may_use_torchrun_and_launcher_cannot_be_swept(tmp_path: P
     with pytest.raises(SpecError) as raised:
         load_job(EXAMPLE, ["sweep={launcher: [srun, torchrun]}", f"data.root={tmp_path}"])
     assert "sweep.launcher: only" in str(raised.value)
+
+
+def test_why_a_worker_ended(tmp_path: Path) -> None:
+    (tmp_path / "result-0.pkl").write_bytes(b"")
+    (tmp_path / "exit-1").touch()
+    (tmp_path / "failed-2").write_text(PEER_FAILURE)
+    (tmp_path / "failed-3").write_text("ValueError: bad\nvalue")
+    assert [death_reason(tmp_path, rank) for rank in range(4)] == [None, None, None, "ValueError: bad\nvalue"]
+    assert death_reason(tmp_path, 4) == "Killed (ended without a result or an error)"
+    parsed = first_task_failure(failure_line("n1", 3, "ValueError: bad\nvalue"))
+    assert parsed is not None and (parsed.rank, parsed.reason) == (3, "ValueError: bad value")
+
+
+FAKE_TORCHRUN = """
+import os, subprocess, sys, time
+workers = [
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, "RANK": str(rank)})
+    for rank in (6, 7)
+]
+print(" ".join(str(w.pid) for w in workers), flush=True)
+for worker in workers:
+    worker.wait()
+"""
+
+
+def test_the_watch_names_the_first_worker_that_dies_without_a_word(tmp_path: Path) -> None:
+    """A stand-in for torchrun with two workers; rank 6 finishes, rank 7 is killed."""
+    torchrun = subprocess.Popen([sys.executable, "-c", FAKE_TORCHRUN], stdout=subprocess.PIPE, text=True)
+    try:
+        assert torchrun.stdout is not None
+        six, seven = (int(pid) for pid in torchrun.stdout.readline().split())
+        reports: list[tuple[int, str]] = []
+        watch = WorkerWatch(torchrun.pid, tmp_path, lambda rank, why: reports.append((rank, why)), poll_s=0.05)
+        watch.start()
+        deadline = time.monotonic() + 10
+        while sorted(worker_pids(torchrun.pid)) != sorted([six, seven]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # the watch has seen both
+        (tmp_path / "result-6.pkl").write_bytes(b"")
+        os.kill(six, signal.SIGKILL)  # ended after leaving its result: not a failure
+        os.kill(seven, signal.SIGKILL)
+        torchrun.wait(timeout=10)
+        watch.stop()
+    finally:
+        torchrun.kill()
+        torchrun.wait()
+    assert reports == [(7, "Killed (ended without a result or an error)")] and watch.reported
