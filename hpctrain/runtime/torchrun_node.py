@@ -197,7 +197,9 @@ class WorkerWatch:
 
     def _watch(self) -> None:
         known: dict[int, int] = {}  # pid -> global rank
-        while not self._stop.wait(self.poll_s):
+        stopping = False
+        while not stopping:
+            stopping = self._stop.wait(self.poll_s)  # one last look after stop(): torchrun is gone by then
             alive = set(worker_pids(self.torchrun_pid, running=True))
             for pid in alive - known.keys():
                 rank = _rank_of(pid)
