@@ -10,6 +10,7 @@ only through here. A run directory holds::
     checkpoints/step-NNNNNNNN/{state.pt,meta.json}, checkpoints/best.json
     tb/, metrics.jsonl, summary.json    what the trainer reports
     .hpctrain/cancel-requested      ``hpctrain cancel``'s marker
+    .hpctrain/torchrun-failures.log launcher torchrun: each node's first failed rank, for rank 0
     heartbeats/rank-NNNNN.json      each rank's last step, phase and step times (hang/straggler detection)
     stacks/rank-NNNNN.txt           each rank's Python stacks, dumped when the job hangs
 
@@ -46,6 +47,7 @@ TB_DIR = "tb"
 METRICS_FILE = "metrics.jsonl"
 CONTROL_DIR = ".hpctrain"
 CANCEL_MARKER_NAME = "cancel-requested"
+TORCHRUN_FAILURES_NAME = "torchrun-failures.log"
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
 BEST_FILE = "best.json"
@@ -89,6 +91,11 @@ def step_dir_name(step: int) -> str:
 def cancel_marker_path(run_dir: str | Path) -> Path:
     """Where ``hpctrain cancel`` leaves its marker for the run in ``run_dir``."""
     return Path(run_dir) / CONTROL_DIR / CANCEL_MARKER_NAME
+
+
+def torchrun_failures_path(run_dir: str | Path) -> Path:
+    """Where the torchrun launcher's node tasks report failed ranks (srun's report, in srun's words)."""
+    return Path(run_dir) / CONTROL_DIR / TORCHRUN_FAILURES_NAME
 
 
 def trial_dir(sweep_dir: Path, index: int) -> Path:

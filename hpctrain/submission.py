@@ -80,6 +80,11 @@ def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> d
     for key in ("partition", "account", "qos", "constraint", "cpus_per_task"):
         if getattr(res, key) is not None:
             params[key] = getattr(res, key)
+    if spec.launcher == "torchrun":
+        # One Slurm task per node, holding the CPUs of all the processes torchrun starts there.
+        params["ntasks_per_node"] = 1
+        if res.cpus_per_task is not None:
+            params["cpus_per_task"] = res.cpus_per_task * spec.tasks_per_node
     if res.mem_gb is not None:
         params["mem"] = _convert_mem(res.mem_gb)
     if res.exclusive:
@@ -255,7 +260,7 @@ def _launch(
     job: LoadedJob, backend: Backend, run_dir: Path, trial_dirs: list[Path], code_root: str | None = None
 ) -> list[submitit.Job]:
     executor = build_executor(job, backend, run_dir)
-    launchers = task_launchers(job, trial_dirs, code_root)
+    launchers = task_launchers(job, trial_dirs, backend, code_root)
     try:
         if len(launchers) == 1:
             return [executor.submit(launchers[0])]
@@ -267,12 +272,20 @@ def _launch(
         raise ClusterError(f"sbatch: {meaning}: {_first_lines(str(exc))}", hint=hint) from None
 
 
-def task_launchers(job: LoadedJob, run_dirs: list[Path], code_root: str | None = None) -> list:
-    """One launcher per trial, each holding that trial's resolved spec (a plain job is one trial)."""
-    from hpctrain.runtime.launcher import TaskLauncher  # light: imports no torch
+def task_launchers(
+    job: LoadedJob, run_dirs: list[Path], backend: Backend = "slurm", code_root: str | None = None
+) -> list:
+    """One launcher per trial, each holding that trial's resolved spec (a plain job is one trial).
 
+    ``launcher: torchrun`` under Slurm runs a node task per node (runtime/torchrun_node.py);
+    a local run starts its processes as always (submitit's local executor).
+    """
+    from hpctrain.runtime.launcher import TaskLauncher  # light: imports no torch
+    from hpctrain.runtime.torchrun_node import TorchrunNodeLauncher
+
+    launcher = TorchrunNodeLauncher if backend == "slurm" and job.spec.launcher == "torchrun" else TaskLauncher
     return [
-        TaskLauncher(trial.model_dump(mode="json"), str(d), code_root)
+        launcher(trial.model_dump(mode="json"), str(d), code_root)
         for trial, d in zip(job.trials, run_dirs, strict=True)
     ]
 

@@ -20,7 +20,9 @@ if TYPE_CHECKING:  # torch stays out of login-node imports
     from hpctrain.runtime.stop import StopRequest
     from hpctrain.spec.models import JobSpec
 
-EnvSource = Literal["slurm", "submitit-local", "torchrun", "single"]
+EnvSource = Literal["slurm", "slurm-torchrun", "submitit-local", "torchrun", "single"]
+# Sources whose job is a Slurm job hpctrain submitted: it may requeue itself.
+SLURM_SOURCES = ("slurm", "slurm-torchrun")
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,9 @@ class TaskEnv:
     # Every id a user may know this job by (``hpctrain cancel`` names one in its
     # marker): SLURM_JOB_ID, the array's id, ``<array>_<task>``. Empty outside Slurm.
     job_aliases: tuple[str, ...] = ()
+    # This task's Slurm node, where ``hostnames[node_rank]`` may not be it:
+    # torchrun's rendezvous numbers nodes in its own order ("" = that entry).
+    node_name: str = ""
 
     @property
     def is_main(self) -> bool:
@@ -55,10 +60,17 @@ class TaskEnv:
         except for the last task, whose SLURM_JOB_ID is the array's id -- and
         that id names the whole array.
         """
-        return self.job_id if self.source == "slurm" else ""
+        return self.job_id if self.under_slurm else ""
+
+    @property
+    def under_slurm(self) -> bool:
+        """Whether this task runs in a Slurm job hpctrain submitted (srun or torchrun launcher)."""
+        return self.source in SLURM_SOURCES
 
     @property
     def hostname(self) -> str:
+        if self.node_name:
+            return self.node_name
         return self.hostnames[self.node_rank] if self.hostnames else "localhost"
 
     def torchrun_env(self) -> dict[str, str]:

@@ -31,8 +31,11 @@ from pathlib import Path
 from hpctrain.errors import HpctrainError
 from hpctrain.rundir import read_summary, write_summary
 
-# "srun: error: n2: task 3: Killed", "srun: error: n1: tasks 0-1: Exited with exit code 1"
-_SRUN_TASK_ERROR = re.compile(r"^srun: error: (?P<node>[^:\s]+): tasks? (?P<tasks>\d[\d,\-]*): (?P<reason>.+)$", re.M)
+# "srun: error: n2: task 3: Killed", "srun: error: n1: tasks 0-1: Exited with exit code 1";
+# the torchrun launcher's node tasks write the same with "torchrun:" and global ranks.
+_SRUN_TASK_ERROR = re.compile(
+    r"^(?:srun|torchrun): error: (?P<node>[^:\s]+): tasks? (?P<tasks>\d[\d,\-]*): (?P<reason>.+)$", re.M
+)
 # A collective broken by a peer that died, as gloo, NCCL and the TCPStore word it.
 _PEER_FAILURE_WORDS = (
     "closed by peer",

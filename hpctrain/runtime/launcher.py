@@ -57,7 +57,7 @@ class TaskLauncher:
 
     def run(self, spec: JobSpec, env: TaskEnv) -> Any:
         """Set the task up, run the entry point or the trainer, then the post-run hook."""
-        self._env, self._step_log = env, batch_step_log(env)  # before anything can fail: see record_failure
+        self._env, self._step_log = env, self.step_log(env)  # before anything can fail: see record_failure
         if self._step_log is not None:
             failures.FailureWatch(Path(self.run_dir), self._step_log).start()
         monitor = self.start_heartbeats(spec, env)
@@ -123,6 +123,14 @@ class TaskLauncher:
             )
         return monitor.start()
 
+    def step_log(self, env: TaskEnv) -> failures.StepLog | None:
+        """Where global rank 0 reads which task failed first (see runtime/failures.py)."""
+        return batch_step_log(env)
+
+    def exit_without_result(self, status: int) -> None:
+        """End this process at once, with no result for submitit (the job is coming back)."""
+        os._exit(status)
+
     def start_reaper(self) -> None:
         """Start the watcher that kills this task's leaked processes once it ends.
 
@@ -161,12 +169,19 @@ class TaskLauncher:
             from hpctrain.runtime.slurm_relay import slurm_runner
 
             # inside a container image, Slurm commands go out through the batch step's relay
-            finish_after_stop(result["stop_reason"], ctx.env, ctx.spec.signals, ctx.stop, run=slurm_runner())
+            finish_after_stop(
+                result["stop_reason"],
+                ctx.env,
+                ctx.spec.signals,
+                ctx.stop,
+                run=slurm_runner(),
+                exit_process=self.exit_without_result,
+            )
 
 
 def check_world_size(spec: JobSpec, env: TaskEnv) -> None:
     """A job submitted from the spec must have started as many tasks as the spec asked for."""
-    if env.source in ("slurm", "submitit-local") and env.world_size != spec.world_size:
+    if env.source in ("slurm", "slurm-torchrun", "submitit-local") and env.world_size != spec.world_size:
         raise DistributedSetupError(
             f"the spec asks for {spec.world_size} tasks ({spec.resources.nodes} nodes x {spec.tasks_per_node}) "
             f"but {env.world_size} were started",

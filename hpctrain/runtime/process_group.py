@@ -98,14 +98,15 @@ def start_process_group(
 ) -> None:
     """Join the default process group (any world size, even 1).
 
-    Under torchrun, its ``env://`` rendezvous is used (its agent may already
-    host the store). Otherwise rank 0 checks the port is free and hosts a
-    TCPStore; the others connect within ``connect_timeout_s``. The store then
-    takes the collective timeout, which gloo's and NCCL's set-up also wait on.
+    Under torchrun (started by hand or by hpctrain's torchrun launcher), its
+    ``env://`` rendezvous is used (its agent may already host the store).
+    Otherwise rank 0 checks the port is free and hosts a TCPStore; the
+    others connect within ``connect_timeout_s``. The store then takes the
+    collective timeout, which gloo's and NCCL's set-up also wait on.
     """
     timeout = timedelta(seconds=timeout_s)
     device_id = device if backend == "nccl" else None
-    if env.source == "torchrun":
+    if env.source in ("torchrun", "slurm-torchrun"):
         export_torchrun_env(env, os.environ)
         dist.init_process_group(backend, init_method="env://", timeout=timeout, device_id=device_id)
         return

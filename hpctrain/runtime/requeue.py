@@ -180,7 +180,7 @@ def decide_after_stop(
     every requeue of this job (time-outs, preemptions, node failures).
     """
     restarts = env.restart_count if restarts_so_far is None else restarts_so_far
-    if reason == "cancelled" or env.source != "slurm" or restarts >= signals.max_requeues:
+    if reason == "cancelled" or not env.under_slurm or restarts >= signals.max_requeues:
         return "stop"
     if reason == "timeout":
         return "requeue-self" if signals.requeue_on_timeout else "stop"

@@ -6,11 +6,14 @@ it sets, like submitit's ``_env`` tables. Sources, first match wins:
 
 1. submitit's local executor (``SUBMITIT_EXECUTOR=local``) -- checked first
    because a local run started inside an ``salloc`` shell also sees SLURM_*;
-2. torchrun (``TORCHELASTIC_RUN_ID`` set): it started this very process, so
+2. hpctrain's torchrun launcher (``HPCTRAIN_LAUNCHER=torchrun``, torchrun's
+   variables and the node task's SLURM_*): ranks from torchrun, the job (id,
+   restarts, nodes) from Slurm -- so it requeues like an srun task;
+3. torchrun (``TORCHELASTIC_RUN_ID`` set): it started this very process, so
    its ranks are the truth even inside a Slurm step;
-3. Slurm (``SLURM_JOB_ID`` and ``SLURM_PROCID``);
-4. torchrun-style variables set by hand (``RANK`` and ``WORLD_SIZE``);
-5. otherwise a single process.
+4. Slurm (``SLURM_JOB_ID`` and ``SLURM_PROCID``);
+5. torchrun-style variables set by hand (``RANK`` and ``WORLD_SIZE``);
+6. otherwise a single process.
 
 A missing, malformed or contradictory variable is a ``DistributedSetupError``
 that names it and its value: a wrong rank layout otherwise shows up as a hang.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, MutableMapping
+from dataclasses import replace
 
 from submitit.slurm.slurm import SlurmParseException, _parse_node_list
 
@@ -70,6 +74,9 @@ TORCHRUN_VARS = {
     "restart_count": "TORCHELASTIC_RESTART_COUNT",
 }
 
+# Set by hpctrain's node task (runtime/torchrun_node.py) for the torchrun it starts.
+LAUNCHER_VAR = "HPCTRAIN_LAUNCHER"
+
 _TASKS_PER_NODE_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 
@@ -78,7 +85,8 @@ def detect_source(environ: Mapping[str, str]) -> EnvSource:
     if environ.get("SUBMITIT_EXECUTOR") == "local" and SUBMITIT_LOCAL_VARS["job_id"] in environ:
         return "submitit-local"
     if "TORCHELASTIC_RUN_ID" in environ:
-        return "torchrun"
+        ours = environ.get(LAUNCHER_VAR) == "torchrun" and "SLURM_JOB_ID" in environ
+        return "slurm-torchrun" if ours else "torchrun"
     if "SLURM_JOB_ID" in environ and "SLURM_PROCID" in environ:
         return "slurm"
     if SUBMITIT_LOCAL_VARS["job_id"] in environ:
@@ -102,6 +110,8 @@ def derive_task_env(environ: Mapping[str, str], *, spec_master_port: int | None 
         return _from_submitit_local(environ, spec_master_port)
     if source == "torchrun":
         return _from_torchrun(environ)
+    if source == "slurm-torchrun":
+        return _from_slurm_torchrun(environ)
     job_id = "single"
     return _one_node_env("single", 0, 1, 0, job_id, _master_port(environ, spec_master_port, job_id, 0))
 
@@ -156,11 +166,7 @@ def _from_slurm(environ: Mapping[str, str], spec_master_port: int | None) -> Tas
     local_world_size, why = _slurm_local_world_size(environ, node_rank, len(hostnames), world_size)
     _check_below(names["local_rank"], local_rank, local_world_size, why)
 
-    array_job_id = environ.get(names["array_job_id"])
-    array_task_id = environ.get(names["array_task_id"])
-    # Named like submitit's job.job_id (what users see); the port uses the raw
-    # SLURM_JOB_ID, which differs per array task.
-    job_id = f"{array_job_id}_{array_task_id}" if array_job_id and array_task_id else raw_job_id
+    job_id, aliases = _slurm_job_ids(environ)
     return TaskEnv(
         global_rank=global_rank,
         world_size=world_size,
@@ -174,8 +180,19 @@ def _from_slurm(environ: Mapping[str, str], spec_master_port: int | None) -> Tas
         job_id=job_id,
         restart_count=restart_count,
         source="slurm",
-        job_aliases=tuple(dict.fromkeys(i for i in (raw_job_id, array_job_id, job_id) if i)),
+        job_aliases=aliases,
     )
+
+
+def _slurm_job_ids(environ: Mapping[str, str]) -> tuple[str, tuple[str, ...]]:
+    """This job's id as users know it, and every id that names it (see ``TaskEnv.job_aliases``)."""
+    raw_job_id = _require(environ, SLURM_VARS["job_id"])
+    array_job_id = environ.get(SLURM_VARS["array_job_id"])
+    array_task_id = environ.get(SLURM_VARS["array_task_id"])
+    # Named like submitit's job.job_id (what users see); the port uses the raw
+    # SLURM_JOB_ID, which differs per array task.
+    job_id = f"{array_job_id}_{array_task_id}" if array_job_id and array_task_id else raw_job_id
+    return job_id, tuple(dict.fromkeys(i for i in (raw_job_id, array_job_id, job_id) if i))
 
 
 def _slurm_hostnames(environ: Mapping[str, str]) -> tuple[list[str], str]:
@@ -296,6 +313,35 @@ def _from_torchrun(environ: Mapping[str, str]) -> TaskEnv:
     )
 
 
+def _from_slurm_torchrun(environ: Mapping[str, str]) -> TaskEnv:
+    """A worker of the torchrun that hpctrain's node task started in a Slurm job.
+
+    torchrun knows the ranks and the rendezvous endpoint; Slurm knows the job:
+    its id (requeue, cancel markers), SLURM_RESTART_COUNT (torchrun itself
+    never restarts: ``--max-restarts 0``), the nodes and which one this is.
+    """
+    ranks = _from_torchrun(environ)
+    job_id, aliases = _slurm_job_ids(environ)
+    hostnames, list_var = _slurm_hostnames(environ)
+    if ranks.num_nodes != len(hostnames):
+        raise DistributedSetupError(
+            f"torchrun's {TORCHRUN_VARS['num_nodes']}={ranks.num_nodes} but {list_var}={environ[list_var]!r} "
+            f"names {len(hostnames)} hosts",
+            hint="torchrun must run once on every node of the job (one Slurm task per node)",
+        )
+    slurm_node = _int(environ, SLURM_VARS["node_rank"])
+    _check_below(SLURM_VARS["node_rank"], slurm_node, len(hostnames), f"{list_var} names {len(hostnames)} hosts")
+    return replace(
+        ranks,
+        hostnames=tuple(hostnames),
+        node_name=hostnames[slurm_node],
+        job_id=job_id,
+        restart_count=_int(environ, SLURM_VARS["restart_count"], default=0),
+        source="slurm-torchrun",
+        job_aliases=aliases,
+    )
+
+
 def _master_port(environ: Mapping[str, str], spec_master_port: int | None, job_id: str, restart_count: int) -> int:
     if spec_master_port is not None:
         return spec_master_port
@@ -343,6 +389,8 @@ def _check_below(name: str, value: int, limit: int, why: str) -> None:
 
 def rank_hint(environ: Mapping[str, str]) -> str:
     """This task's rank for an error report written before the environment could be derived."""
+    if "TORCHELASTIC_RUN_ID" in environ:  # a torchrun worker also inherits its node task's SLURM_PROCID
+        return environ.get(TORCHRUN_VARS["global_rank"]) or "?"
     return environ.get(SLURM_VARS["global_rank"]) or environ.get(SUBMITIT_LOCAL_VARS["global_rank"]) or "?"
 
 

@@ -333,6 +333,16 @@ def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
                 ),
             )
         )
+    if spec.launcher == "torchrun" and trainer.strategy in ("single", "dp", "hogwild"):
+        problems.append(
+            SpecProblem(
+                "launcher",
+                (
+                    f"strategy {trainer.strategy} runs one process per node, which srun starts directly; "
+                    "torchrun is for several processes per node: use launcher: srun, or strategy: ddp"
+                ),
+            )
+        )
     if trainer.strategy == "hogwild":
         if gpus:
             problems.append(SpecProblem("trainer.strategy", "'hogwild' trains on CPU; set resources.gpus_per_node: 0"))

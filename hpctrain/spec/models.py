@@ -530,6 +530,13 @@ class JobSpec(Section):
         list[str], Field(description="Shell lines run before the tasks start, e.g. 'module load cuda'.")
     ] = []
     env: Annotated[StrMap, Field(description="Environment variables for every task.")] = {}
+    launcher: Annotated[
+        Literal["srun", "torchrun"],
+        Field(
+            description="srun: one Slurm task per process; torchrun: one Slurm task per node that starts "
+            "torchrun, which starts resources.tasks_per_node processes (docs/launchers.md)."
+        ),
+    ] = "srun"
     sweep: Annotated[
         dict[str, list[object]],
         Field(description="Dotted key -> values; the grid becomes a Slurm array, one task per combination."),
@@ -586,7 +593,7 @@ class JobSpec(Section):
         for key, values in value.items():
             if not values:
                 raise ValueError(f"sweep.{key} needs at least one value")
-            if key.split(".")[0] in ("name", "cluster", "output_dir", "resources", "sweep", "study"):
+            if key.split(".")[0] in ("name", "cluster", "output_dir", "resources", "sweep", "study", "launcher"):
                 raise ValueError(f"sweep.{key}: only trainer/data/entrypoint_args/env keys can be swept")
         return value
 

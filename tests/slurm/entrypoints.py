@@ -57,3 +57,27 @@ def hang_on_rank(ctx: Any, rank: int, steps: int = 3, compute_s: float = 0.3, ha
 def _stuck_before_collective(seconds: float) -> None:
     """Named so that the stack dump shows where the rank is stuck."""
     time.sleep(seconds)
+
+
+def rank_layout(ctx: Any) -> dict[str, Any]:
+    """Where this rank runs and how it was started, after one all-reduce proves the group works."""
+    import os
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    total = torch.tensor([1.0])
+    dist.all_reduce(total)
+    env = ctx.env
+    return {
+        "global_rank": env.global_rank,
+        "local_rank": env.local_rank,
+        "world_size": env.world_size,
+        "node": env.hostname,
+        "host": socket.gethostname(),
+        "source": env.source,
+        "slurm_job_id": env.slurm_job_id,
+        "torchrun_rank": os.environ.get("RANK"),
+        "ranks_seen": int(total.item()),
+    }

@@ -278,3 +278,88 @@ def test_export_torchrun_env_round_trips() -> None:
     assert environ["MASTER_PORT"] == str(env.master_port) and environ["PATH"] == "/bin"
     # The exported variables are consistent with Slurm's: deriving again gives the same layout.
     assert derive_task_env(slurm_env() | environ) == env
+
+
+def hpctrain_torchrun_env(**overrides: str) -> dict[str, str]:
+    """Worker 3 (node 1, local rank 1) of hpctrain's torchrun launcher, 2 nodes x 2 processes.
+
+    torchrun's variables over what the worker inherits from its node task: the
+    Slurm task of node 1 (one task per node), restarted once by a requeue.
+    """
+    node_task = slurm_env(
+        SLURM_PROCID="1",
+        SLURM_NTASKS="2",
+        SLURM_LOCALID="0",
+        SLURM_NODEID="1",
+        SLURM_TASKS_PER_NODE="1(x2)",
+        SLURM_RESTART_COUNT="1",
+        SLURM_CPUS_PER_TASK="2",
+    )
+    worker = torchrun_env(
+        RANK="3",
+        WORLD_SIZE="4",
+        LOCAL_RANK="1",
+        LOCAL_WORLD_SIZE="2",
+        GROUP_RANK="1",
+        GROUP_WORLD_SIZE="2",
+        MASTER_ADDR="n1",
+        MASTER_PORT="23456",
+        TORCHELASTIC_RUN_ID="1234",
+        TORCHELASTIC_RESTART_COUNT="0",
+    )
+    env = node_task | worker | {"HPCTRAIN_LAUNCHER": "torchrun"}
+    env.update(overrides)
+    return {key: value for key, value in env.items() if value != "<unset>"}
+
+
+def test_hpctrain_torchrun_worker_takes_ranks_from_torchrun_and_the_job_from_slurm() -> None:
+    env = derive_task_env(hpctrain_torchrun_env(), spec_master_port=20000)
+    assert env.source == "slurm-torchrun" and env.under_slurm
+    assert (env.global_rank, env.world_size, env.local_rank, env.local_world_size) == (3, 4, 1, 2)
+    assert (env.node_rank, env.num_nodes, env.hostnames, env.hostname) == (1, 2, ("n1", "n2"), "n2")
+    assert (env.master_addr, env.master_port) == ("n1", 23456)  # torchrun's store, not the spec's port
+    # Slurm's restart count (requeues), not torchrun's (always 0: --max-restarts 0).
+    assert (env.job_id, env.slurm_job_id, env.restart_count, env.job_aliases) == ("1234", "1234", 1, ("1234",))
+
+
+def test_hpctrain_torchrun_worker_names_its_own_node_whatever_order_torchrun_chose() -> None:
+    # c10d numbers nodes by sorted address: node1, node10, node2 -- not Slurm's order.
+    environ = hpctrain_torchrun_env(
+        SLURM_JOB_NODELIST="node[1-3]", SLURM_JOB_NUM_NODES="3", SLURM_NODEID="2", SLURM_TASKS_PER_NODE="1(x3)"
+    ) | {"GROUP_WORLD_SIZE": "3", "GROUP_RANK": "1", "RANK": "3", "WORLD_SIZE": "6"}
+    env = derive_task_env(environ)
+    assert (env.node_rank, env.hostname) == (1, "node3")
+
+
+def test_hpctrain_torchrun_worker_of_an_array_task() -> None:
+    env = derive_task_env(hpctrain_torchrun_env(SLURM_ARRAY_JOB_ID="1200", SLURM_ARRAY_TASK_ID="34"))
+    assert (env.job_id, env.slurm_job_id) == ("1200_34", "1200_34")
+    assert env.job_aliases == ("1234", "1200", "1200_34")
+
+
+def test_torchrun_without_hpctrains_marker_stays_plain_torchrun() -> None:
+    environ = hpctrain_torchrun_env(HPCTRAIN_LAUNCHER="<unset>")
+    assert detect_source(environ) == "torchrun"
+    assert not derive_task_env(environ).under_slurm
+
+
+@pytest.mark.parametrize(
+    ("overrides", "variable"),
+    [
+        ({"GROUP_WORLD_SIZE": "3", "WORLD_SIZE": "6"}, "GROUP_WORLD_SIZE=3"),
+        ({"SLURM_NODEID": "2"}, "SLURM_NODEID=2"),
+        ({"SLURM_JOB_NODELIST": "<unset>"}, "SLURM_JOB_NODELIST"),
+        ({"RANK": "4"}, "RANK=4"),
+    ],
+)
+def test_hpctrain_torchrun_inconsistencies_name_the_variable(overrides: dict[str, str], variable: str) -> None:
+    with pytest.raises(DistributedSetupError) as raised:
+        derive_task_env(hpctrain_torchrun_env(**overrides))
+    assert variable in raised.value.message
+
+
+def test_rank_hint_of_a_torchrun_worker_is_its_global_rank() -> None:
+    from hpctrain.runtime.task_env import rank_hint
+
+    assert rank_hint(hpctrain_torchrun_env()) == "3"
+    assert rank_hint(slurm_env()) == "3"

@@ -1,0 +1,407 @@
+"""``launcher: torchrun``: one Slurm task per node starts torchrun, which starts that node's ranks.
+
+``TorchrunNodeLauncher`` is what submitit runs on every node (``--ntasks-per-node=1``).
+It starts ``python -m torch.distributed.run`` as its child with a c10d
+rendezvous on the first node (``--rdzv-endpoint FIRSTHOST:PORT``, the port
+derived from the job id like srun's master port) and ``--max-restarts 0``:
+Slurm's requeue is the one restart mechanism, because it also gives the job
+new nodes, a new attempt number (SLURM_RESTART_COUNT) and the exact resume
+from the last checkpoint, while a torchrun restart would rerun the ranks on
+the same nodes behind Slurm's back. torchrun runs
+``python -m hpctrain.runtime.torchrun_worker`` once per process; a worker is
+an ordinary hpctrain task (TaskEnv from torchrun's variables plus the node
+task's SLURM_*), so training, stop signals, the requeue decision (global rank
+0, once per job), the exact resume and clean-up are those of srun tasks.
+
+Signals. With proctrack/cgroup Slurm sends the time-limit warning, a
+preemption's SIGCONT+SIGTERM and a cancel's SIGTERM only to its tasks -- here
+the node tasks (``proctrack_p_signal`` signals "slurm tasks unless SIGKILL";
+measured on the test cluster: torchrun's workers never saw a USR2). So the
+node task forwards each of them to the workers, torchrun's children, which
+handle them as srun tasks do. Not through torchrun: torchrun's own handling
+(SIGTERM: SIGTERM the workers, SIGKILL them after a timeout, exit; USR1/USR2:
+die) would cut the checkpoint-and-requeue protocol short. torchrun is started
+with those signals ignored and ``--signals-to-handle`` limited to
+SIGINT,SIGHUP,SIGQUIT. With proctrack/linuxproc Slurm signals every
+descendant as well, so a worker may see a signal twice; its stop flags do
+not count duplicates twice in any way that matters (stop.py, requeue.py).
+
+What comes back: a worker that returns leaves its result in a node-local
+state folder; one that ends without a result (the job was requeued) leaves a
+marker, and then the node task ends without a result too (requeue.py's exit
+protocol). Which rank failed first: a thread of the node task
+(:class:`WorkerWatch`) sees a worker end without a result, an exit marker or
+a peer's-death marker, and at once writes it to the run's
+``torchrun-failures.log`` in srun's words (failures.py), where global rank 0
+looks, as it reads srun's report under srun. torchrun's own report comes only
+after it has torn the node's other workers down (up to 30 s), too late for
+rank 0; the node task still reads it (:func:`root_cause`) for its error
+message, and fails so that srun ends the other nodes (``--kill-on-bad-exit``).
+Importing this module imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from hpctrain.errors import DistributedSetupError, HpctrainError
+from hpctrain.rundir import torchrun_failures_path
+from hpctrain.runtime.context import TaskEnv
+from hpctrain.runtime.launcher import ALLOW_LOOPBACK_MASTER_VAR, configure_logging, report_failure
+from hpctrain.runtime.master import check_master_address, check_port_free
+from hpctrain.runtime.task_env import LAUNCHER_VAR, derive_task_env, rank_hint
+from hpctrain.spec.models import JobSpec
+
+WORKER_MODULE = "hpctrain.runtime.torchrun_worker"
+SPEC_FILE = "spec.json"
+# torchrun waits this long for a failed node's other workers before SIGKILL (its default: 30 s).
+SHUTDOWN_TIMEOUT_S = 5
+# The signals torchrun may handle itself: none that Slurm uses to stop a job.
+TORCHRUN_SIGNALS = "SIGINT,SIGHUP,SIGQUIT"
+# A worker whose error looks like a peer's death exits with this and says so in
+# its failure marker (torchrun_worker.py): it is nobody's first failure.
+PEER_FAILURE_EXIT = 3
+PEER_FAILURE = "peer"
+WATCH_POLL_S = 0.2
+
+_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):\s*\[\d+\]:.*?"
+    r"rank\s*:\s*(?P<rank>\d+) \(local_rank: (?P<local_rank>\d+)\)\s*"
+    r"exitcode\s*:\s*(?P<exitcode>-?\d+)(?:\s*\(pid: \d+\))?(?:[ \t]*\((?P<signal>SIG\w+)\))?",
+    re.S,
+)
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """torchrun's "first observed failure" on this node."""
+
+    rank: int
+    local_rank: int
+    exitcode: int
+    signal_name: str
+
+    @property
+    def reason(self) -> str:
+        """In srun's words ("Killed", "Exited with exit code 1")."""
+        if self.exitcode < 0:
+            return "Killed" if self.signal_name == "SIGKILL" else f"Killed by {self.signal_name or -self.exitcode}"
+        return f"Exited with exit code {self.exitcode}"
+
+
+def torchrun_command(env: TaskEnv, spec: JobSpec, state_dir: Path, python: str = sys.executable) -> list[str]:
+    """The torchrun command of the node task ``env`` (a Slurm task, one per node). Pure.
+
+    The rendezvous store lives on the first node (``is_host`` says so rather
+    than torchrun guessing from host names); joining may take as long as the
+    spec's collective timeout.
+    """
+    is_host = 1 if env.node_rank == 0 else 0
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={env.num_nodes}",
+        f"--nproc-per-node={spec.tasks_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={env.master_addr}:{env.master_port}",
+        f"--rdzv-id={env.job_id}",
+        f"--rdzv-conf=is_host={is_host},join_timeout={spec.distributed.timeout_s}",
+        "--max-restarts=0",
+        f"--signals-to-handle={TORCHRUN_SIGNALS}",
+        f"--shutdown-timeout={SHUTDOWN_TIMEOUT_S}",
+        f"--log-dir={state_dir / 'torchrun-logs'}",
+        "-m",
+        WORKER_MODULE,
+        str(state_dir),
+    ]
+
+
+def worker_environ(environ: dict[str, str], tasks_per_node: int) -> dict[str, str]:
+    """torchrun's environment: the node task's, marked, with each worker's share of the CPUs. Pure."""
+    child = dict(environ)
+    child[LAUNCHER_VAR] = "torchrun"
+    cpus = environ.get("SLURM_CPUS_PER_TASK", "")
+    if "OMP_NUM_THREADS" not in environ and cpus.isdigit() and int(cpus) > 0:
+        child["OMP_NUM_THREADS"] = str(max(1, int(cpus) // tasks_per_node))
+    return child
+
+
+def root_cause(text: str) -> WorkerFailure | None:
+    """The first failed worker in torchrun's ``ChildFailedError`` report, or None. Pure."""
+    matches = list(_ROOT_CAUSE.finditer(text))
+    if not matches:
+        return None
+    found = matches[-1]  # the report of this attempt comes last in an appended log
+    return WorkerFailure(
+        int(found.group("rank")),
+        int(found.group("local_rank")),
+        int(found.group("exitcode")),
+        found.group("signal") or "",
+    )
+
+
+def failure_line(node: str, rank: int, reason: str) -> str:
+    """One line of ``torchrun-failures.log``, parsed like srun's report (failures.py)."""
+    return f"torchrun: error: {node}: task {rank}: {' '.join(reason.split())}\n"
+
+
+def death_reason(state_dir: Path, rank: int) -> str | None:
+    """Why worker ``rank``, now gone, ended; None when it is no one's first failure.
+
+    A result or an exit marker: it finished. A failure marker says what it
+    raised, or "peer" when that was the echo of another rank's death. No word
+    at all: it was killed (the OOM killer, ``kill -9``) or exited abruptly.
+    """
+    if (state_dir / f"result-{rank}.pkl").exists() or (state_dir / f"exit-{rank}").exists():
+        return None
+    try:
+        said = (state_dir / f"failed-{rank}").read_text().strip()
+    except OSError:
+        return "Killed (ended without a result or an error)"
+    return None if said == PEER_FAILURE else said or "Failed"
+
+
+class WorkerWatch:
+    """Reports the first worker of this node that ends without finishing, as it happens."""
+
+    def __init__(
+        self, torchrun_pid: int, state_dir: Path, report: Callable[[int, str], None], poll_s: float = WATCH_POLL_S
+    ) -> None:
+        self.torchrun_pid, self.state_dir, self.report, self.poll_s = torchrun_pid, state_dir, report, poll_s
+        self.reported = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="hpctrain-worker-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _watch(self) -> None:
+        known: dict[int, int] = {}  # pid -> global rank
+        stopping = False
+        while not stopping:
+            stopping = self._stop.wait(self.poll_s)  # one last look after stop(): torchrun is gone by then
+            alive = set(worker_pids(self.torchrun_pid, running=True))
+            for pid in alive - known.keys():
+                rank = _rank_of(pid)
+                if rank is not None:
+                    known[pid] = rank
+            for pid in [pid for pid in known if pid not in alive]:
+                rank = known.pop(pid)
+                reason = death_reason(self.state_dir, rank)
+                if reason is not None:
+                    self.report(rank, reason)
+                    self.reported = True
+                    return  # the first failure is what rank 0 needs
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        rank = psutil.Process(pid).environ().get("RANK", "")
+    except psutil.Error:
+        return None
+    return int(rank) if rank.isdigit() else None
+
+
+class TorchrunNodeLauncher:
+    """The callable submitit runs once per node; returns the results of the node's ranks."""
+
+    def __init__(self, spec_data: dict[str, Any], run_dir: str, code_root: str | None = None) -> None:
+        self.spec_data = spec_data
+        self.run_dir = run_dir
+        self.code_root = code_root  # the run's copy of the entry point's code, for the workers
+
+    def __call__(self) -> list[dict[str, Any]]:
+        try:
+            spec = JobSpec.model_validate(self.spec_data)
+            os.environ.update(spec.env)
+            env = node_env(spec)
+            configure_logging(env)
+            return self.run(spec, env)
+        except BaseException as exc:
+            if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                report_failure(f"node task {rank_hint(os.environ)}", exc)
+            raise
+
+    def run(self, spec: JobSpec, env: TaskEnv) -> list[dict[str, Any]]:
+        check_master_address(env, allow_loopback=os.environ.get(ALLOW_LOOPBACK_MASTER_VAR) == "1")
+        if env.node_rank == 0:
+            check_port_free(env.master_port)
+        forwarded = stop_signals(spec.signals.timeout_signal)
+        for signum in forwarded:  # torchrun inherits "ignored" (see the module docstring)
+            signal.signal(signum, signal.SIG_IGN)
+        self.start_reaper()
+        state_dir = Path(tempfile.mkdtemp(prefix="hpctrain-torchrun-"))
+        try:
+            (state_dir / SPEC_FILE).write_text(
+                json.dumps(
+                    {"spec": self.spec_data, "run_dir": self.run_dir, "code_root": getattr(self, "code_root", None)}
+                )
+            )
+            log_start = _own_stderr_size()
+            command = torchrun_command(env, spec, state_dir)
+            print(f"hpctrain: node {env.hostname}: {' '.join(command)}", file=sys.stderr, flush=True)
+            torchrun = subprocess.Popen(command, env=worker_environ(dict(os.environ), spec.tasks_per_node))
+            forward_signals(torchrun.pid, forwarded)
+            watch = WorkerWatch(torchrun.pid, state_dir, lambda rank, why: self.report(env.hostname, rank, why))
+            watch.start()
+            code = torchrun.wait()
+            watch.stop()
+            if code == 0 and any(state_dir.glob("exit-*")):
+                _end_without_result(state_dir)
+            if code != 0:
+                error, failure = self.failed(env, code, _own_stderr_since(log_start))
+                if failure is not None and not watch.reported and failure.exitcode != PEER_FAILURE_EXIT:
+                    self.report(env.hostname, failure.rank, failure.reason)  # died before the watch saw it
+                raise error
+            results = [pickle.loads(path.read_bytes()) for path in state_dir.glob("result-*.pkl")]
+            return sorted(results, key=lambda result: result["rank"])
+        finally:
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+    def failed(self, env: TaskEnv, code: int, log_text: str) -> tuple[HpctrainError, WorkerFailure | None]:
+        """The error to raise for torchrun's failure, and its first failed worker, from its own report."""
+        failure = root_cause(log_text)
+        if failure is None:
+            return HpctrainError(f"torchrun on node {env.hostname} exited with status {code}"), None
+        error = HpctrainError(
+            f"torchrun on node {env.hostname} failed: rank {failure.rank} "
+            f"(local rank {failure.local_rank}): {failure.reason}",
+            hint="the rank's own error is above in this log",
+        )
+        return error, failure
+
+    def report(self, node: str, rank: int, reason: str) -> None:
+        """Tell global rank 0 that ``rank`` failed (torchrun-failures.log, srun's words)."""
+        path = torchrun_failures_path(self.run_dir)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as handle:
+                handle.write(failure_line(node, rank, reason))
+        except OSError as exc:
+            print(f"hpctrain: could not report the failure of rank {rank}: {exc}", file=sys.stderr)
+
+    def start_reaper(self) -> None:
+        """The node's reaper: torchrun and the workers carry this task's token (cleanup.py)."""
+        from hpctrain.runtime.cleanup import ensure_task_token, start_reaper
+
+        try:
+            start_reaper(ensure_task_token())
+        except (RuntimeError, OSError) as exc:
+            print(f"hpctrain: warning: leaked processes will not be cleaned up: {exc}", file=sys.stderr)
+
+
+def node_env(spec: JobSpec) -> TaskEnv:
+    """This node task's TaskEnv (one Slurm task per node); a clear error anywhere else."""
+    env = derive_task_env(os.environ, spec_master_port=spec.distributed.master_port)
+    if env.source != "slurm":
+        raise DistributedSetupError(
+            f"launcher: torchrun runs in a Slurm job, but this task was started by {env.source}",
+            hint="submit with `hpctrain submit` to a Slurm cluster, or use --local (which starts the ranks itself)",
+        )
+    if env.local_world_size != 1:
+        raise DistributedSetupError(
+            f"launcher: torchrun needs one Slurm task per node, but this node runs {env.local_world_size}",
+            hint="submit with `hpctrain submit` so the Slurm request matches the spec",
+        )
+    return env
+
+
+def stop_signals(timeout_signal: str) -> tuple[signal.Signals, ...]:
+    """What Slurm sends the node task to stop or warn the ranks (docs/preemption.md)."""
+    return (signal.SIGTERM, signal.SIGCONT, signal.Signals[f"SIG{timeout_signal}"])
+
+
+def forward_signals(torchrun_pid: int, signals: tuple[signal.Signals, ...]) -> None:
+    """From now on, pass each of ``signals`` on to torchrun's children, the workers.
+
+    The node task itself only forwards: it waits for torchrun whatever comes,
+    and Slurm ends it, if ever needed, with SIGKILL after KillWait.
+    """
+
+    def forward(signum: int, frame: object) -> None:
+        # SIGCONT and SIGTERM come together: this may run inside itself. Nothing here may raise.
+        for pid in worker_pids(torchrun_pid):
+            try:
+                os.kill(pid, signum)
+            except OSError:
+                pass
+
+    for signum in signals:
+        signal.signal(signum, forward)
+
+
+def worker_pids(torchrun_pid: int, *, running: bool = False) -> list[int]:
+    """torchrun's children: one worker per local rank (empty once torchrun is gone).
+
+    ``running``: without the dead ones torchrun has not reaped yet.
+    """
+    try:
+        children = psutil.Process(torchrun_pid).children()
+    except psutil.Error:
+        return []
+    pids = []
+    for child in children:
+        try:
+            if not running or child.status() != psutil.STATUS_ZOMBIE:
+                pids.append(child.pid)
+        except psutil.Error:
+            continue
+    return pids
+
+
+def _own_stderr_size() -> int:
+    path = _own_stderr()
+    try:
+        return path.stat().st_size if path else 0
+    except OSError:
+        return 0
+
+
+def _own_stderr_since(offset: int) -> str:
+    """What this node task's log (torchrun's and the workers' stderr) got since ``offset``."""
+    path = _own_stderr()
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _own_stderr() -> Path | None:
+    try:
+        import submitit
+
+        return Path(submitit.JobEnvironment().paths.stderr)
+    except Exception:  # not started by submitit
+        return None
+
+
+def _end_without_result(state_dir: Path) -> None:
+    """The ranks ended for a requeue: no result file, like an srun task (requeue.py)."""
+    shutil.rmtree(state_dir, ignore_errors=True)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)

@@ -1,0 +1,94 @@
+"""One rank under ``launcher: torchrun``: what torchrun runs, ``python -m hpctrain.runtime.torchrun_worker STATE_DIR``.
+
+The node task (torchrun_node.py) leaves the spec and the run directory in
+``STATE_DIR/spec.json``. A worker is an ordinary hpctrain task
+(``TaskLauncher``): its TaskEnv comes from torchrun's variables and the node
+task's SLURM_* (task_env.py, source ``slurm-torchrun``), so it trains, stops,
+requeues and resumes like an srun task. What differs is how its outcome
+reaches submitit, which runs the node task and not this process:
+
+* a result is pickled to ``STATE_DIR/result-RANK.pkl`` for the node task;
+* ending without a result (the job was requeued: requeue.py) leaves
+  ``STATE_DIR/exit-RANK``, so the node task ends without one too;
+* an error leaves ``STATE_DIR/failed-RANK`` (what was raised, or "peer"
+  when it looks like the echo of another rank's death) and exits non-zero;
+  global rank 0 reads the first failed rank from the run's
+  ``torchrun-failures.log`` (written by the node tasks) instead of srun's report;
+* no reaper of its own: the node task's reaper covers every process of the
+  node (one reaper per worker would kill the worker's siblings, which carry
+  the same token).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+from hpctrain.rundir import torchrun_failures_path
+from hpctrain.runtime import failures
+from hpctrain.runtime.context import TaskEnv
+from hpctrain.runtime.launcher import TaskLauncher
+from hpctrain.runtime.torchrun_node import PEER_FAILURE, PEER_FAILURE_EXIT, SPEC_FILE
+
+
+class TorchrunWorker(TaskLauncher):
+    """``TaskLauncher`` for a process torchrun started; see the module docstring."""
+
+    def __init__(self, spec_data: dict[str, Any], run_dir: str, state_dir: Path, code_root: str | None = None) -> None:
+        super().__init__(spec_data, run_dir, code_root)
+        self.state_dir = Path(state_dir)
+
+    def step_log(self, env: TaskEnv) -> failures.StepLog | None:
+        if not env.is_main:
+            return None
+        path = torchrun_failures_path(self.run_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return failures.StepLog(path)
+
+    def exit_without_result(self, status: int) -> None:
+        rank = getattr(self, "_env", None)
+        (self.state_dir / f"exit-{rank.global_rank if rank else os.getpid()}").touch()
+        super().exit_without_result(status)
+
+    def start_reaper(self) -> None:
+        """The node task's reaper covers this process (see the module docstring)."""
+
+    def save_failure(self, what: str) -> None:
+        """Tell the node task why this rank is about to exit (torchrun_node.death_reason)."""
+        rank = os.environ.get("RANK", str(os.getpid()))
+        try:
+            (self.state_dir / f"failed-{rank}").write_text(what)
+        except OSError:
+            pass
+
+    def save_result(self, result: dict[str, Any]) -> None:
+        path = self.state_dir / f"result-{result['rank']}.pkl"
+        temp = path.with_suffix(".tmp")
+        temp.write_bytes(pickle.dumps(result))
+        os.replace(temp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print(f"usage: python -m {__spec__.name if __spec__ else 'torchrun_worker'} STATE_DIR", file=sys.stderr)
+        return 2
+    state_dir = Path(args[0])
+    payload = json.loads((state_dir / SPEC_FILE).read_text())
+    worker = TorchrunWorker(payload["spec"], payload["run_dir"], state_dir, payload.get("code_root"))
+    try:
+        result = worker()
+    except Exception as exc:  # reported by the launcher already; the marker is for the node task
+        peer = failures.looks_like_peer_failure(exc)
+        worker.save_failure(PEER_FAILURE if peer else f"{type(exc).__name__}: {exc}")
+        return PEER_FAILURE_EXIT if peer else 1
+    worker.save_result(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

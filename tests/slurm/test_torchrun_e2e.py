@@ -1,0 +1,151 @@
+"""``launcher: torchrun`` on the two-node cluster: one Slurm task per node runs torchrun, which starts 2 ranks.
+
+The same 2 x 2 gloo jobs as the srun tests (stop_helpers.py), submitted with
+``--set launcher=torchrun``: the ranks come out where srun would put them, a
+time-limit requeue and a preemption resume bit-identically, ``hpctrain
+cancel`` leaves no process on either node, and a killed rank is named.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from submitit.core.utils import pickle_load
+
+from .entrypoints import ENTRYPOINT_MODULE
+from .hpctrain_cli import hpctrain, task_logs
+from .stop_helpers import (
+    EPOCHS,
+    STEPS_PER_EPOCH,
+    Workspace,
+    cmdline_of,
+    describe,
+    environ_of,
+    latest_step,
+    make_workspace,
+    parent_of,
+    report_timing,
+    submit,
+    train_steps_logged,
+    wait_for,
+    wait_no_processes,
+    wait_requeued,
+)
+
+if TYPE_CHECKING:
+    from .conftest import SlurmCluster
+
+TORCHRUN = "launcher=torchrun"
+TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
+START_TIMEOUT_S = 120  # submit -> first checkpoint: 2 torchruns and 4 ranks importing torch on 2 cores
+RUN_TIMEOUT_S = 180
+LEFTOVER_BUDGET_S = 30
+
+
+@pytest.fixture(scope="module")
+def workspace(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    return make_workspace(slurm_cluster, tmp_path_factory.mktemp("torchrun"))
+
+
+@pytest.fixture(scope="module")
+def reference_weights(slurm_cluster: SlurmCluster, workspace: Workspace) -> str:
+    """``weights_sha256`` of the torchrun run trained without interruption."""
+    run = submit(workspace, TORCHRUN, "name=torchrun_uninterrupted")
+    assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
+    summary = run.summary()
+    assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", TOTAL_STEPS, 0), summary
+    assert (summary["world_size"], summary["hostnames"]) == (4, ["n1", "n2"]), summary
+    return summary["weights_sha256"]
+
+
+def worker_pid(cluster: SlurmCluster, job_id: str, rank: int) -> int | None:
+    """The process torchrun started for global rank ``rank`` (not its data-loader workers)."""
+    found = [
+        pid
+        for pid in cluster.processes_with_env("SLURM_JOB_ID", job_id)
+        if environ_of(pid).get("RANK") == str(rank)
+        and "hpctrain.runtime.torchrun_worker" in cmdline_of(pid)
+        and "torch.distributed.run" in cmdline_of(parent_of(pid))  # torchrun's child, not a data-loader worker
+    ]
+    return found[0] if len(found) == 1 else None
+
+
+def test_ranks_0_to_3_run_two_per_node(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
+    run = submit(workspace, TORCHRUN, "name=torchrun_layout", f"entrypoint={ENTRYPOINT_MODULE}:rank_layout")
+    assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
+    layout = []
+    for node_task in (0, 1):  # one Slurm task per node, each returning its node's ranks
+        outcome, ranks = pickle_load(run.run_dir / "submitit" / f"{run.job_id}_{node_task}_result.pkl")
+        assert outcome == "success", ranks
+        layout += [(r["rank"], r["result"]["local_rank"], r["result"]["node"], r["result"]["host"]) for r in ranks]
+        for r in ranks:
+            result = r["result"]
+            assert (result["source"], result["slurm_job_id"], result["world_size"]) == ("slurm-torchrun", run.job_id, 4)
+            assert (result["torchrun_rank"], result["ranks_seen"]) == (str(r["rank"]), 4)
+    assert layout == [(0, 0, "n1", "n1"), (1, 1, "n1", "n1"), (2, 0, "n2", "n2"), (3, 1, "n2", "n2")]
+    sacct = slurm_cluster.run("sacct", "-n", "-P", "-o", "JobID,NTasks", "-j", run.job_id).stdout
+    assert f"{run.job_id}.0|2" in sacct.split(), f"one srun step of 2 tasks (one per node):\n{sacct}"
+
+
+def test_timeout_requeue_and_preemption_resume_bit_identically(
+    slurm_cluster: SlurmCluster, workspace: Workspace, reference_weights: str, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    run = submit(workspace, TORCHRUN, "name=torchrun_requeued")
+
+    # The time-limit signal reaches every process of the step; the ranks checkpoint, rank 0 requeues.
+    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+    slurm_cluster.run("scancel", "--signal=USR2", run.job_id)
+    wait_requeued(slurm_cluster, run.job_id, restarts=1)
+    first_stop = latest_step(run.run_dir)
+    assert 2 <= first_stop < TOTAL_STEPS
+    slurm_cluster.release(run.job_id)
+
+    # A preemption: SIGTERM to everything, which neither the node task nor torchrun may act on.
+    wait_for(lambda: latest_step(run.run_dir) > first_stop, "a checkpoint of attempt 2", START_TIMEOUT_S, run)
+    preemptor = slurm_cluster.sbatch(
+        "-p", "urgent", "-N2", "--exclusive", "-o", str(tmp_path / "urgent-%j.out"), "--wrap", "sleep 5"
+    )
+    wait_requeued(slurm_cluster, run.job_id, restarts=2, timeout=90)
+    slurm_cluster.release(run.job_id)
+    assert slurm_cluster.wait_state(preemptor, timeout=60) == "COMPLETED"
+
+    assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
+    report_timing("torchrun: requeued + preempted run, submit to end", time.monotonic() - started)
+    summary = run.summary()
+    assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", TOTAL_STEPS, 2), summary
+    assert train_steps_logged(run.run_dir) == list(range(1, TOTAL_STEPS + 1)), "no step repeated or skipped"
+    assert summary["weights_sha256"] == reference_weights, task_logs(run.run_dir)
+
+
+def test_hpctrain_cancel_leaves_no_process_on_either_node(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
+    run = submit(workspace, TORCHRUN, "name=torchrun_cancelled")
+    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+    started = time.monotonic()
+    cancelled = hpctrain(workspace.env, "cancel", str(run.run_dir), timeout=120)
+    assert cancelled.returncode == 0, cancelled
+    left, _ = wait_no_processes(slurm_cluster, run.job_id, timeout=LEFTOVER_BUDGET_S)
+    report_timing("torchrun: hpctrain cancel -> no process of the job on any node", time.monotonic() - started)
+    assert left == [], f"left behind by job {run.job_id}:\n{describe(left)}"
+    assert slurm_cluster.wait_state(run.job_id) == "CANCELLED"
+    summary = run.summary()
+    assert (summary["status"], summary["stop_reason"]) == ("stopped", "cancelled"), summary
+    assert latest_step(run.run_dir) == summary["global_step"]
+
+
+def test_killed_rank_fails_the_job_and_is_named(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
+    run = submit(workspace, TORCHRUN, "name=torchrun_killed_rank")
+    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+    pid = wait_for(lambda: worker_pid(slurm_cluster, run.job_id, 3), "rank 3's process", 10, run)
+    os.kill(pid, signal.SIGKILL)  # as the OOM killer would
+    assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "FAILED", task_logs(run.run_dir)
+    summary = run.summary()
+    failed = {key: summary.get(key) for key in ("status", "failed_rank", "failed_node")}
+    assert failed == {"status": "failed", "failed_rank": 3, "failed_node": "n2"}, f"{summary}\n{task_logs(run.run_dir)}"
+    left, _ = wait_no_processes(slurm_cluster, run.job_id, timeout=LEFTOVER_BUDGET_S)
+    assert left == [], f"processes of the failed job outlived it:\n{describe(left)}"
