@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from tests.git_helpers import git
 
 from .hpctrain_cli import cli_env, hpctrain, task_logs
 from .stop_helpers import job_record, wait_for, wait_requeued
@@ -54,16 +55,6 @@ distributed:
 signals:
   signal_delay_s: 30
 """
-
-
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip()
 
 
 def write_entry(repo: Path, version: str) -> None:

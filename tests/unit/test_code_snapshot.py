@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,16 +10,7 @@ import pytest
 from hpctrain import code_snapshot
 from hpctrain.errors import HpctrainError, UsageError
 from hpctrain.runtime.launcher import load_user_code
-
-
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip()
+from tests.git_helpers import git
 
 
 def write(path: Path, text: str) -> Path:
