@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torchvision
+import trainer_harness
 from torch import nn
-from trainer_harness import free_port, job_spec, task_env, train
+from trainer_harness import job_spec, task_env, train
 
 from hpctrain.spec.models import Pipeline as PipelineSpec
 from hpctrain.trainer.precision import Precision
@@ -24,19 +22,8 @@ BATCH, IMAGE, CLASSES = 8, 32, 4
 
 
 def run_ranks(scenario: str, world_size: int, out_dir: Path, **kwargs: Any) -> list[Any]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_rank_main, args=(world_size, free_port(), scenario, out_dir, kwargs), nprocs=world_size, join=True)
-    return [json.loads((out_dir / f"rank-{rank}.json").read_text()) for rank in range(world_size)]
-
-
-def _rank_main(rank: int, world_size: int, port: int, scenario: str, out_dir: Path, kwargs: dict) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    try:
-        result = SCENARIOS[scenario](rank, world_size, **kwargs)
-    finally:
-        dist.destroy_process_group()
-    (out_dir / f"rank-{rank}.json").write_text(json.dumps(result))
+    """Run one of this module's SCENARIOS in ``world_size`` spawned gloo ranks (trainer_harness.run_ranks)."""
+    return trainer_harness.run_ranks(SCENARIOS[scenario], world_size, out_dir, **kwargs)
 
 
 def batch(replica: int) -> tuple[torch.Tensor, torch.Tensor]:

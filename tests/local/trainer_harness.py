@@ -116,18 +116,24 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def run_ranks(scenario: str, world_size: int, out_dir: Path, **kwargs: Any) -> list[Any]:
-    """Run ``scenario(rank, world_size, **kwargs)`` in ``world_size`` spawned gloo ranks; their results."""
+def run_ranks(scenario: str | Callable[..., Any], world_size: int, out_dir: Path, **kwargs: Any) -> list[Any]:
+    """Run ``scenario(rank, world_size, **kwargs)`` in ``world_size`` spawned gloo ranks; their results.
+
+    ``scenario`` names one of this module's SCENARIOS, or is a module-level function of another harness.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     mp.spawn(_rank_main, args=(world_size, free_port(), scenario, out_dir, kwargs), nprocs=world_size, join=True)
     return [json.loads((out_dir / f"rank-{rank}.json").read_text()) for rank in range(world_size)]
 
 
-def _rank_main(rank: int, world_size: int, port: int, scenario: str, out_dir: Path, kwargs: dict) -> None:
+def _rank_main(
+    rank: int, world_size: int, port: int, scenario: str | Callable[..., Any], out_dir: Path, kwargs: dict
+) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
-        result = SCENARIOS[scenario](rank, world_size, **kwargs)
+        run = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
+        result = run(rank, world_size, **kwargs)
     finally:
         dist.destroy_process_group()
     (out_dir / f"rank-{rank}.json").write_text(json.dumps(result))
