@@ -26,7 +26,7 @@ ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-
 _SETUP_FORBIDDEN = re.compile(r"[;&|<>`\n\r\x00]|\$\(")
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
-Strategy = Literal["single", "dp", "ddp", "hogwild"]
+Strategy = Literal["single", "dp", "ddp", "hogwild", "ps"]
 Precision = Literal["fp32", "fp16", "bf16", "O0", "O1", "O2", "O3"]
 Decode = Literal["cpu", "gpu", "dali", "auto"]
 APEX_LEVELS = ("O0", "O1", "O2", "O3")
@@ -166,6 +166,29 @@ class Resources(Section):
         return parse_time_limit(self.time)
 
 
+class ParameterServer(Section):
+    """``trainer.strategy: ps``: the first ``servers`` tasks hold the parameters, the others compute gradients."""
+
+    servers: Annotated[
+        int, Field(ge=1, le=1024, description="Server tasks (the first ranks); every other task is a worker.")
+    ] = 1
+    mode: Annotated[
+        Literal["sync", "async"],
+        Field(
+            description="sync: each server applies the average of all workers' gradients once per step (trains "
+            "like ddp); async: each worker's push is applied on arrival."
+        ),
+    ] = "sync"
+    max_staleness: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            description="async: a push computed on parameters more than this many updates old is rejected "
+            "(not applied; the reply carries fresh parameters). Default: no limit.",
+        ),
+    ] = None
+
+
 class Trainer(Section):
     """The built-in ImageNet trainer (ignored when ``entrypoint`` is set)."""
 
@@ -176,10 +199,13 @@ class Trainer(Section):
         Strategy,
         Field(
             description="single: one device; dp: DataParallel over a node's GPUs; ddp: one process per GPU; "
-            "hogwild: CPU processes sharing one model."
+            "hogwild: CPU processes sharing one model; ps: parameter servers and workers (trainer.ps)."
         ),
     ] = "ddp"
     hogwild_processes: Annotated[int, Field(ge=1, le=256, description="Worker processes for hogwild.")] = 2
+    ps: Annotated[ParameterServer, Field(description="Parameter-server settings (trainer.strategy: ps).")] = (
+        ParameterServer()
+    )
     precision: Annotated[
         Precision,
         Field(
