@@ -151,6 +151,19 @@ def _definition(root: dict[str, Any], prop: dict[str, Any]) -> dict[str, Any] | 
     return root["$defs"][ref.rsplit("/", 1)[1]]
 
 
+def _rows(root: dict[str, Any], section: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A section's fields; a nested section (``trainer.ps``) is one row, then a row per field of it."""
+    rows = []
+    for key, prop in section["properties"].items():
+        nested = _definition(root, prop)
+        if nested is None:
+            rows.append((key, prop))
+            continue
+        rows.append((key, {**prop, "type": "object"}))
+        rows += [(f"{key}.{field}", sub) for field, sub in nested["properties"].items()]
+    return rows
+
+
 def render() -> str:
     from hpctrain.spec.models import JobSpec
     from hpctrain.spec.profiles import ClusterProfile
@@ -164,7 +177,7 @@ def render() -> str:
         if section is None:
             continue
         out += [f"## {key}", "", section.get("description", "").strip(), ""]
-        out += [*table(section, f"{key}.", list(section["properties"].items())), ""]
+        out += [*table(section, f"{key}.", _rows(schema, section)), ""]
     profile = ClusterProfile.model_json_schema()
     # load_profile takes the name from the file name; the file need not repeat it.
     profile["required"] = [key for key in profile.get("required", []) if key != "name"]

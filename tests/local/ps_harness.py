@@ -74,14 +74,15 @@ def scenario_ddp(
 
 
 def scenario_async(rank: int, world_size: int, *, data_root: str, base_dir: str, ports: list[int]) -> dict[str, Any]:
-    """ps async with two servers, long enough to learn the generated classes."""
+    """ps async with two servers and two workers, long enough to learn the generated classes."""
     trainer = {
         "arch": "resnet18",
         "strategy": "ps",
         "ps": {"servers": 2, "mode": "async", "max_staleness": 1},
-        "epochs": 4,
-        "lr": 0.2,
-        "schedule": "constant",
+        "epochs": 6,
+        "lr": 0.8,
+        "warmup_epochs": 1,
+        "schedule": "cosine",
     }
     return train_ps(Path(base_dir) / "ps-async", trainer, rank, world_size, port=ports[0], data_root=data_root)
 

@@ -52,6 +52,10 @@ def schema_keys() -> set[str]:
         if "$ref" in prop:
             section = schema["$defs"][prop["$ref"].rsplit("/", 1)[1]]
             keys.update(f"{name}.{field}" for field in section["properties"])
+            for field, sub in section["properties"].items():  # nested sections, e.g. trainer.ps
+                if "$ref" in sub:
+                    nested = schema["$defs"][sub["$ref"].rsplit("/", 1)[1]]
+                    keys.update(f"{name}.{field}.{key}" for key in nested["properties"])
     return keys
 
 
