@@ -80,9 +80,9 @@ def scenario_async(rank: int, world_size: int, *, data_root: str, base_dir: str,
         "strategy": "ps",
         "ps": {"servers": 2, "mode": "async", "max_staleness": 1},
         "epochs": 6,
-        "lr": 0.8,
-        "warmup_epochs": 1,
-        "schedule": "cosine",
+        "max_steps_per_epoch": None,
+        "lr": 0.05,
+        "schedule": "constant",
     }
     return train_ps(Path(base_dir) / "ps-async", trainer, rank, world_size, port=ports[0], data_root=data_root)
 
