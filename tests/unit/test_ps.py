@@ -118,6 +118,12 @@ def test_strategy_refuses_a_job_without_workers_or_on_gpus() -> None:
         build_strategy(ps_spec()).check(env(0, 2), torch.device("cuda", 0))
 
 
+def test_more_servers_than_parameter_tensors_is_refused() -> None:
+    strategy = build_strategy(ps_spec(servers=3))
+    with pytest.raises(TrainingConfigError, match="at most 2"):
+        strategy.wrap(torch.nn.Linear(2, 2), torch.device("cpu"))
+
+
 def test_workers_shard_the_train_set_among_themselves() -> None:
     strategy = build_strategy(ps_spec(servers=2))
     assert [strategy.data_shard(env(rank, 5)) for rank in range(5)] == [(0, 3), (0, 3), (0, 3), (1, 3), (2, 3)]

@@ -114,6 +114,12 @@ class ParameterServer(Strategy):
     def wrap(self, module: nn.Module, device: torch.device) -> nn.Module:
         self.module = module
         self.params = list(module.parameters())
+        if self.servers > len(self.params):
+            raise TrainingConfigError(
+                f"trainer.ps.servers: {self.servers} servers, but {self.spec.trainer.arch} has only "
+                f"{len(self.params)} parameter tensors (servers own whole tensors)",
+                hint=f"set trainer.ps.servers to at most {len(self.params)}",
+            )
         self.owner = ps_server.shard_parameters([p.numel() for p in self.params], self.servers)
         self.versions = [0] * self.servers
         return module
@@ -215,6 +221,9 @@ class ParameterServer(Strategy):
         if self.shard is None:
             raise RuntimeError("serve_step on a task that is not a parameter server")
         sums = self.shard.wait_round(self.timeout_s)
+        if self.template is not None:  # the trainer logs its optimizer's rate: show the one the servers apply
+            for group in self.template.param_groups:
+                group["lr"] = self.shard.optimizer.param_groups[0]["lr"]
         if self.summary is not None and self.mode == "async":
             self.summary["ps_rejected_pushes"] = self.shard.rejected
         return sums
