@@ -164,3 +164,9 @@ def test_a_server_waiting_for_pushes_gives_up_with_the_timeout() -> None:
     shard.push(0, 0, [torch.ones(2)], torch.zeros(4))
     with pytest.raises(DistributedSetupError, match="1 of 2 pushed"):
         shard.wait_round(0.05)
+
+
+def test_the_rpc_rendezvous_uses_the_port_next_to_the_process_groups() -> None:
+    from hpctrain.trainer.strategies.ps import rpc_port
+
+    assert rpc_port(29400) == 29401 and rpc_port(65535) == 65534

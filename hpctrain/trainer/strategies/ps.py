@@ -42,7 +42,11 @@ if TYPE_CHECKING:
     from hpctrain.trainer.strategies.base import EpochWorkers
 
 log = logging.getLogger(__name__)
-RPC_PORT_OFFSET = 1  # the RPC rendezvous listens on distributed.master_port + 1
+
+
+def rpc_port(master_port: int) -> int:
+    """The RPC rendezvous port: the one after the process group's (before it, for 65535)."""
+    return master_port + 1 if master_port < 65535 else master_port - 1
 
 
 class ParameterServer(Strategy):
@@ -61,6 +65,7 @@ class ParameterServer(Strategy):
         self.template: torch.optim.Optimizer | None = None  # the trainer's full-model optimizer (checkpoint layout)
         self.summary: dict[str, Any] | None = None
         self.module: nn.Module | None = None
+        self.trainer_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self._grads: list[torch.Tensor] = []
         self._rpc_up = False
 
@@ -167,8 +172,9 @@ class ParameterServer(Strategy):
         if env is None:
             raise RuntimeError("ParameterServer.check(env, device) must run before attach()")
         name = f"server-{self.rank}" if self.is_server else f"worker-{self.worker_index}"
+        port = rpc_port(env.master_port)
         options = rpc.TensorPipeRpcBackendOptions(
-            init_method=f"tcp://{env.master_addr}:{env.master_port + RPC_PORT_OFFSET}",
+            init_method=f"tcp://{env.master_addr}:{port}",
             rpc_timeout=self.timeout_s,
             _transports=["uv"],  # TCP, also between tasks of one node
             _channels=["basic"],
@@ -177,9 +183,8 @@ class ParameterServer(Strategy):
             rpc.init_rpc(name, rank=env.global_rank, world_size=env.world_size, rpc_backend_options=options)
         except RuntimeError as exc:
             raise DistributedSetupError(
-                f"{name} could not join the parameter-server RPC group at {env.master_addr}:"
-                f"{env.master_port + RPC_PORT_OFFSET}: {exc}",
-                hint=f"port {env.master_port + RPC_PORT_OFFSET} (distributed.master_port + 1) must be free on "
+                f"{name} could not join the parameter-server RPC group at {env.master_addr}:{port}: {exc}",
+                hint=f"port {port} (distributed.master_port + 1) must be free on "
                 "rank 0's node and reachable from every node",
             ) from exc
         self._rpc_up = True
@@ -310,7 +315,8 @@ class _ServerSchedule:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.ps.shard is not None:
             self.ps.shard.scheduler.load_state_dict(state)
-        self.ps.trainer_scheduler.load_state_dict(state)
+        if self.ps.trainer_scheduler is not None:
+            self.ps.trainer_scheduler.load_state_dict(state)
 
 
 @torch.no_grad()
