@@ -65,7 +65,7 @@ def scenario_sync(rank: int, world_size: int, *, data_root: str, base_dir: str, 
     return {"full": full, "stopped": stopped, "resumed": resumed}
 
 
-def scenario_ddp(
+def scenario_run(
     rank: int, world_size: int, *, data_root: str, base_dir: str, ports: list[int], strategy: str = "ddp", **more: Any
 ) -> dict[str, Any]:
     """One run of PS_TRAINER (with ``more`` settings) under ``strategy``."""
@@ -87,7 +87,7 @@ def scenario_async(rank: int, world_size: int, *, data_root: str, base_dir: str,
     return train_ps(Path(base_dir) / "ps-async", trainer, rank, world_size, port=ports[0], data_root=data_root)
 
 
-SCENARIOS = {"sync": scenario_sync, "ddp": scenario_ddp, "async": scenario_async}
+SCENARIOS = {"sync": scenario_sync, "run": scenario_run, "async": scenario_async}
 
 
 def run_ranks(scenario: str, world_size: int, out_dir: Path, runs: int = 1, **kwargs: Any) -> list[Any]:

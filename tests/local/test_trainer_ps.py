@@ -33,8 +33,8 @@ def test_sync_ps_trains_the_same_model_as_ddp(data_root: Path, tmp_path: Path) -
     rounding about 30x per step, hence two steps.
     """
     settings = {"epochs": 2, "max_steps_per_epoch": 1, "data_root": str(data_root), "base_dir": str(tmp_path)}
-    ddp = run_ranks("ddp", 3, tmp_path / "out-ddp", strategy="ddp", **settings)
-    ps = run_ranks("ddp", 4, tmp_path / "out-ps", strategy="ps", **settings)
+    ddp = run_ranks("run", 3, tmp_path / "out-ddp", strategy="ddp", **settings)
+    ps = run_ranks("run", 4, tmp_path / "out-ps", strategy="ps", **settings)
     assert {r["global_batch_size"] for r in ddp + ps} == {24}
     assert {r["global_step"] for r in ddp + ps} == {2}
     assert len({r["weights_sha256"] for r in ps}) == 1  # servers and workers end with one model
@@ -66,7 +66,7 @@ def test_sync_ps_stopped_on_one_worker_resumes_exactly(data_root: Path, tmp_path
 
 
 def test_a_ps_checkpoint_is_a_whole_model_that_single_evaluates(data_root: Path, tmp_path: Path) -> None:
-    run_ranks("ddp", 3, tmp_path / "out", strategy="ps", epochs=1, data_root=str(data_root), base_dir=str(tmp_path))
+    run_ranks("run", 3, tmp_path / "out", strategy="ps", epochs=1, data_root=str(data_root), base_dir=str(tmp_path))
     torch.set_num_threads(1)
     spec = job_spec(data_root, trainer={"evaluate_only": True, "arch": "resnet18"})
     alone: dict[str, Any] = train(tmp_path / "ps", spec)
