@@ -3,7 +3,8 @@
 ``trainer.batch_size`` is what one device computes on per step: one GPU, or
 the CPU of a CPU process. A process's loader yields ``per_process`` images
 (dp spreads them over the GPUs of its task), and one optimizer step of the
-whole job takes ``global_batch`` images (hogwild: one step of every worker).
+whole job takes ``global_batch`` images (hogwild: one step of every worker;
+ps: one batch of every worker task, the parameter servers load nothing).
 Torch-free, so login-node commands can use it.
 """
 
@@ -38,6 +39,8 @@ class BatchLayout:
         """The layout of ``trainer`` run by ``tasks`` tasks that each see ``gpus_per_task`` GPUs."""
         devices = max(1, gpus_per_task) if trainer.strategy == "dp" else 1
         workers = trainer.hogwild_processes if trainer.strategy == "hogwild" else 1
+        if trainer.strategy == "ps":  # parameter servers load no data: the global batch is over the workers
+            tasks = max(1, tasks - trainer.ps.servers)
         processes = tasks * workers
         if trainer.strategy == "pipeline":  # the tasks of one pipeline share each batch
             processes = max(1, tasks // trainer.pipeline.stages)

@@ -348,6 +348,8 @@ def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
             problems.append(SpecProblem("trainer.strategy", "'hogwild' trains on CPU; set resources.gpus_per_node: 0"))
         if nodes > 1:
             problems.append(SpecProblem("trainer.strategy", "'hogwild' shares memory on one node; use nodes: 1"))
+    if trainer.strategy == "ps":
+        problems.extend(_check_ps(spec, gpus))
     if not gpus and spec.data.decode in ("gpu", "dali"):
         problems.append(
             SpecProblem(
@@ -375,6 +377,35 @@ def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
             SpecProblem(
                 "trainer.precision",
                 (f"{trainer.precision} needs CUDA GPUs but this job has none; use bf16 (or fp32) on CPU"),
+            )
+        )
+    return problems
+
+
+def _check_ps(spec: JobSpec, gpus: int) -> list[SpecProblem]:
+    """A parameter-server job needs a worker besides its servers; it runs on CPU in fp32 or bf16."""
+    problems = []
+    servers, world = spec.trainer.ps.servers, spec.world_size
+    if world <= servers:
+        problems.append(
+            SpecProblem(
+                "trainer.ps.servers",
+                (
+                    f"{servers} server(s) but the job has {world} task(s), so no task is left to be a worker; "
+                    f"give it at least {servers + 1} tasks (resources.nodes x resources.tasks_per_node) "
+                    "or fewer servers"
+                ),
+            )
+        )
+    if gpus:
+        problems.append(SpecProblem("trainer.strategy", "'ps' runs on CPU tasks; set resources.gpus_per_node: 0"))
+    if spec.trainer.precision == "fp16" or spec.trainer.precision in APEX_LEVELS:
+        problems.append(SpecProblem("trainer.precision", "'ps' trains in fp32 or bf16 (the servers apply plain SGD)"))
+    if spec.trainer.ps.mode == "sync" and spec.trainer.ps.max_staleness is not None:
+        problems.append(
+            SpecProblem(
+                "trainer.ps.max_staleness",
+                "only applies to trainer.ps.mode: async (sync workers always push fresh gradients); remove it",
             )
         )
     return problems

@@ -27,7 +27,7 @@ ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-
 _SETUP_FORBIDDEN = re.compile(r"[;&|<>`\n\r\x00]|\$\(")
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
-Strategy = Literal["single", "dp", "ddp", "hogwild", "pipeline", "model_parallel"]
+Strategy = Literal["single", "dp", "ddp", "hogwild", "ps", "pipeline", "model_parallel"]
 Precision = Literal["fp32", "fp16", "bf16", "O0", "O1", "O2", "O3"]
 Decode = Literal["cpu", "gpu", "dali", "auto"]
 APEX_LEVELS = ("O0", "O1", "O2", "O3")
@@ -246,6 +246,29 @@ class ModelParallel(Section):
         return check_block_names(value)
 
 
+class ParameterServer(Section):
+    """``trainer.strategy: ps``: the first ``servers`` tasks hold the parameters, the others compute gradients."""
+
+    servers: Annotated[
+        int, Field(ge=1, le=1024, description="Server tasks (the first ranks); every other task is a worker.")
+    ] = 1
+    mode: Annotated[
+        Literal["sync", "async"],
+        Field(
+            description="sync: each server applies the average of all workers' gradients once per step (trains "
+            "like ddp); async: each worker's push is applied on arrival."
+        ),
+    ] = "sync"
+    max_staleness: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            description="async: a push computed on parameters more than this many updates old is rejected "
+            "(not applied; the reply carries fresh parameters). Default: no limit.",
+        ),
+    ] = None
+
+
 class Trainer(Section):
     """The built-in ImageNet trainer (ignored when ``entrypoint`` is set)."""
 
@@ -256,11 +279,15 @@ class Trainer(Section):
         Strategy,
         Field(
             description="single: one device; dp: DataParallel over a node's GPUs; ddp: one process per GPU; "
-            "hogwild: CPU processes sharing one model; pipeline: consecutive stages in different tasks "
-            "(trainer.pipeline); model_parallel: one task spreads the layers over its GPUs (trainer.model_parallel)."
+            "hogwild: CPU processes sharing one model; ps: parameter servers and workers (trainer.ps); "
+            "pipeline: consecutive stages in different tasks (trainer.pipeline); model_parallel: one task spreads "
+            "the layers over its GPUs (trainer.model_parallel)."
         ),
     ] = "ddp"
     hogwild_processes: Annotated[int, Field(ge=1, le=256, description="Worker processes for hogwild.")] = 2
+    ps: Annotated[ParameterServer, Field(description="Parameter-server settings (trainer.strategy: ps).")] = (
+        ParameterServer()
+    )
     pipeline: Pipeline = Pipeline()
     model_parallel: ModelParallel = ModelParallel()
     precision: Annotated[

@@ -46,12 +46,18 @@ def parameter_groups(model: nn.Module, weight_decay: float, no_decay_on_norm: bo
     return [g for g in groups if g["params"]]
 
 
-def build_optimizer(model: nn.Module, trainer_spec: Trainer, global_batch_size: int) -> torch.optim.SGD:
+def build_optimizer(
+    model: nn.Module, trainer_spec: Trainer, global_batch_size: int, *, only: set[int] | None = None
+) -> torch.optim.SGD:
     """SGD with one fused kernel over all parameters where torch has one for their device, else foreach.
 
     The fused step also takes fp16's found-inf flag on the device, so a GradScaler step needs no host sync.
+    ``only`` (ids of parameters) keeps a shard of the model's parameters, in the same groups (ps servers).
     """
     groups = parameter_groups(model, trainer_spec.weight_decay, trainer_spec.no_weight_decay_on_norm)
+    if only is not None:
+        groups = [{**g, "params": [p for p in g["params"] if id(p) in only]} for g in groups]
+        groups = [g for g in groups if g["params"]]
     settings = {
         "lr": scaled_lr(trainer_spec, global_batch_size),
         "momentum": trainer_spec.momentum,

@@ -92,6 +92,7 @@ class Trainer:
         self.sampler_position: SamplerPosition | None = None
         self._saved_step: int | None = None  # the global step of the newest checkpoint, saved or loaded
         self._partial_epoch = False  # the next epoch continues a checkpoint's partial epoch
+        self._failed = False
 
     def fit(self) -> dict[str, Any]:
         with deterministic_mode(self.cfg.deterministic):
@@ -99,6 +100,7 @@ class Trainer:
                 self.setup()
                 return self.evaluate_only() if self.cfg.evaluate_only else self.train()
             except BaseException as exc:
+                self._failed = True
                 compile_error = compile_failure(exc) if self.cfg.compile else None
                 self._report_failure(compile_error or exc)
                 if compile_error is not None:
@@ -127,6 +129,7 @@ class Trainer:
             device_is_cuda=self.device.type == "cuda",
             epoch_seed=self.cfg.seed,
             batch_size=self.layout.per_process,
+            train_shard=self.strategy.train_shard(self.env),
         )
         self.full_epoch_steps = len(self.loaders.train_loader) if self.loaders.train_loader is not None else 0
         self.steps_per_epoch = min(self.full_epoch_steps, self.cfg.max_steps_per_epoch or self.full_epoch_steps)
@@ -168,6 +171,7 @@ class Trainer:
             self.cfg.channels_last,
         )
         self.train_step = self.strategy.train_step(step)
+        self.strategy.attach(self.optimizer, self.scheduler, max(1, self.steps_per_epoch))
         if self.loaders.train_dataset is not None:
             self.workers = self.strategy.epoch_workers(self._epoch_host())
 
@@ -238,20 +242,17 @@ class Trainer:
         self.sampler_position.iter_start = start
         self.model.train()
         window, epoch_timer = StepWindow(), StepWindow()
+        loads = start < self.steps_per_epoch and self.strategy.loads_data
         with torch.random.fork_rng(devices=[]):  # starting an iterator must not draw from the global RNG
-            batches = iter(self.loaders.train_loader) if start < self.steps_per_epoch else iter(())
+            batches = iter(self.loaders.train_loader) if loads else iter(())
         for step in range(start, self.steps_per_epoch):
             reason = self.ctx.stop.agreed()
             if reason is not None:
                 return reason
             heartbeat.set_phase("data")
-            fetch_started = time.perf_counter()
-            images, targets = next(batches)
-            data_s = time.perf_counter() - fetch_started
-            sums = self.train_step(images, targets)  # phases forward_backward, allreduce (dp), optimizer
-            self.epoch_sums.add(sums)
-            window.add(sums, data_s=data_s, images=targets.shape[0])
-            epoch_timer.add(None, data_s=data_s, images=targets.shape[0])
+            sums, data_s, images = self._one_step(batches)  # phases forward_backward, allreduce (dp), optimizer
+            window.add(sums, data_s=data_s, images=images)
+            epoch_timer.add(None, data_s=data_s, images=images)
             self.progress.step_in_epoch, self.progress.global_step = step + 1, self.progress.global_step + 1
             heartbeat.step(self.progress.global_step, epoch)
             self._after_step(epoch, step, window, epoch_timer)
@@ -263,6 +264,7 @@ class Trainer:
 
     def validate(self, epoch: int) -> Accuracy:
         heartbeat.set_phase("validation")  # evaluate() beats once per batch
+        self.strategy.sync_model(self.module)
         val = self.strategy.evaluate(  # every rank evaluates (and saves) rank 0's model
             self.model,
             self.module,
@@ -322,6 +324,7 @@ class Trainer:
     def save_checkpoint(self, *, tag: str, metric: float | None = None) -> None:
         """Collective (RNG states and epoch sums are gathered); only rank 0 writes."""
         heartbeat.set_phase("checkpoint")  # a paused phase for the hang watchdog (docs/hangs.md)
+        self.strategy.sync_model(self.module)
         state = checkpoint_payload(
             self.checkpoint_parts(),
             world_size=self.env.world_size,
@@ -372,6 +375,19 @@ class Trainer:
         return {**fields, "restarts": max(self.env.restart_count, resumes), "global_rank": self.env.global_rank}
 
     # -- small steps -------------------------------------------------------------------------------------------
+    def _one_step(self, batches: Any) -> tuple[torch.Tensor, float, int]:
+        """Train on the next batch (or, on a ps server, serve the step): the sums to log, data wait, images."""
+        if not self.strategy.loads_data:
+            sums = self.strategy.serve_step()  # worker 0's batch, for the log lines
+            return sums, 0.0, int(sums[-1].item())
+        fetch_started = time.perf_counter()
+        images, targets = next(batches)
+        data_s = time.perf_counter() - fetch_started
+        sums = self.train_step(images, targets)
+        self.strategy.after_step(sums)
+        self.epoch_sums.add(sums)
+        return sums, data_s, targets.shape[0]
+
     def _after_step(self, epoch: int, step: int, window: StepWindow, epoch_timer: StepWindow) -> None:
         self.reporter.advance(self.progress.global_step)
         if self.on_step is not None:
@@ -449,4 +465,5 @@ class Trainer:
         except Exception as exc:
             log.error("%s", exc)
         finally:
+            self.strategy.close(failed=self._failed)
             self.reporter.close()

@@ -267,12 +267,15 @@ def build_loaders(
     device_is_cuda: bool,
     epoch_seed: int,
     batch_size: int,
+    train_shard: tuple[int, int] | None = None,
 ) -> Loaders:
     """Train and val loaders for one rank.
 
     ``epoch_seed`` seeds the shuffle order, the augmentation and the worker RNGs
     (pass ``trainer.seed``); it is the same on every rank. ``batch_size`` is the
     per-process batch (``BatchLayout.per_process``), for train and val alike.
+    ``train_shard`` (shard, shards) splits the train set other than over the
+    ranks (ps: over the worker tasks only); validation is always over all ranks.
     """
     broadcast = torch_broadcast if world_size > 1 and _in_process_group(rank, world_size) else None
     train_ds, val_ds = build_datasets(
@@ -295,7 +298,8 @@ def build_loaders(
     class_names = list((train_ds or val_ds).classes)
     if train_ds is None:
         return Loaders(None, val_loader, None, None, len(class_names), class_names)
-    sampler = ResumableDistributedSampler(train_ds, world_size, rank, shuffle=True, seed=epoch_seed)
+    shard, shards = train_shard if train_shard is not None else (rank, world_size)
+    sampler = ResumableDistributedSampler(train_ds, shards, shard, shuffle=True, seed=epoch_seed)
     train_loader = DataLoader(
         train_ds,
         batch_size=batch_size,

@@ -17,13 +17,14 @@ from hpctrain.trainer.strategies.dp import DataParallel
 from hpctrain.trainer.strategies.hogwild import Hogwild
 from hpctrain.trainer.strategies.model_parallel import ModelParallel
 from hpctrain.trainer.strategies.pipeline import Pipeline
+from hpctrain.trainer.strategies.ps import ParameterServer
 from hpctrain.trainer.strategies.single import Single
 
 __all__ = ["EpochHost", "EpochWorkers", "Strategy", "build_strategy", "check_strategy"]
 
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (Single, DataParallel, DDP, Hogwild, Pipeline, ModelParallel)
+    cls.name: cls for cls in (Single, DataParallel, DDP, Hogwild, ParameterServer, Pipeline, ModelParallel)
 }
 
 

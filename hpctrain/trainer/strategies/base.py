@@ -13,6 +13,11 @@ A strategy is asked, in the trainer's setup order:
 * ``epoch_workers(host)``: an :class:`EpochWorkers` that trains whole epochs in other processes
   (hogwild), or None when the trainer's own loop runs the steps;
 * ``state_parts()``: its own checkpoint parts (hogwild: every worker's optimizer and position).
+
+The parameter server (ps) also uses the hooks below; every other strategy keeps their defaults:
+``train_shard`` (the train shard a task loads), ``loads_data`` (False: the task serves instead of
+training, see ``serve_step``), ``attach`` (after the optimizer and schedule exist), ``after_step``,
+``sync_model`` (before validation and checkpoints: every rank gets the current model) and ``close``.
 """
 
 from __future__ import annotations
@@ -117,6 +122,34 @@ class Strategy:
 
     def state_parts(self) -> dict[str, Stateful]:
         return {}
+
+    # -- hooks only the parameter server uses ----------------------------------------------------------------
+    loads_data: bool = True  # False: this task trains no batches; the loop calls serve_step() instead
+
+    def train_shard(self, env: TaskEnv) -> tuple[int, int] | None:
+        """(shard, shards) of the train set this task loads; None: as :meth:`data_shard` says."""
+        return None
+
+    def attach(
+        self,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        steps_per_epoch: int,
+    ) -> None:
+        """Called once the optimizer and its schedule exist (before any resume)."""
+
+    def after_step(self, sums: torch.Tensor) -> None:
+        """Runs after each train step of a task that loads data, with the batch's sums."""
+
+    def serve_step(self) -> torch.Tensor:
+        """A task that loads no data: wait for this step's update; the sums to log for it."""
+        raise NotImplementedError(f"{self.name} trains on every task")
+
+    def sync_model(self, module: nn.Module) -> None:
+        """Before validation and checkpoints: make every rank's module the current model. Collective."""
+
+    def close(self, *, failed: bool) -> None:
+        """Release what the strategy started (after the run, or after a failure)."""
 
 
 def refuse_several_tasks(name: str, env: TaskEnv) -> None:
