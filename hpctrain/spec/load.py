@@ -266,6 +266,16 @@ def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
                 ),
             )
         )
+    if trainer.dp_parallel_loss and trainer.strategy != "dp":
+        problems.append(
+            SpecProblem(
+                "trainer.dp_parallel_loss",
+                (
+                    f"computes the loss per GPU inside DataParallel, which strategy '{trainer.strategy}' does not "
+                    "use; set trainer.strategy: dp, or remove dp_parallel_loss"
+                ),
+            )
+        )
     if trainer.strategy == "single" and spec.world_size > 1:
         problems.append(
             SpecProblem(

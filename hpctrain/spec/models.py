@@ -180,6 +180,13 @@ class Trainer(Section):
         ),
     ] = "ddp"
     hogwild_processes: Annotated[int, Field(ge=1, le=256, description="Worker processes for hogwild.")] = 2
+    dp_parallel_loss: Annotated[
+        bool,
+        Field(
+            description="dp only: keep each GPU's outputs on it and compute the loss per GPU (less memory on "
+            "GPU 0 for large outputs); same loss and gradients as plain dp. See docs/strategies.md."
+        ),
+    ] = False
     precision: Annotated[
         Precision,
         Field(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from hpctrain.errors import TrainingConfigError
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.spec.models import JobSpec
 from hpctrain.trainer.strategies.base import EpochHost, EpochWorkers, Strategy
@@ -25,6 +26,11 @@ STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (Single, DataP
 
 def build_strategy(spec: JobSpec) -> Strategy:
     """The strategy ``trainer.strategy`` names, configured from the spec."""
+    if spec.trainer.dp_parallel_loss and spec.trainer.strategy != "dp":  # the spec check refuses it too
+        raise TrainingConfigError(
+            f"trainer.dp_parallel_loss: only dp computes the loss per GPU, not {spec.trainer.strategy}",
+            hint="set trainer.strategy: dp, or remove trainer.dp_parallel_loss",
+        )
     return STRATEGIES[spec.trainer.strategy].from_spec(spec)
 
 

@@ -6,7 +6,8 @@ A strategy is asked, in the trainer's setup order:
 * ``gpus_per_task(device)``: how many GPUs one task spreads its batch over
   (only dp spreads; this feeds :class:`~hpctrain.spec.batch.BatchLayout`);
 * ``wrap(module, device)``: the model the forward runs;
-* ``before_forward`` / ``after_backward``: its share of the one train step (:mod:`hpctrain.trainer.step`);
+* ``before_forward`` / ``after_backward`` / ``loss`` / ``sums``: its share of the one train step
+  (:mod:`hpctrain.trainer.step`);
 * ``epoch_workers(host)``: an :class:`EpochWorkers` that trains whole epochs in other processes
   (hogwild), or None when the trainer's own loop runs the steps;
 * ``state_parts()``: its own checkpoint parts (hogwild: every worker's optimizer and position).
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from hpctrain.errors import DistributedSetupError, TrainingConfigError
+from hpctrain.trainer.evaluation import batch_sums
 from hpctrain.trainer.strategies.collectives import distributed
 
 if TYPE_CHECKING:
@@ -86,6 +88,14 @@ class Strategy:
 
     def after_backward(self, module: nn.Module) -> None:
         """Runs after the backward, before the optimizer step."""
+
+    def loss(self, criterion: nn.Module, output: Any, targets: torch.Tensor) -> torch.Tensor:
+        """The train batch's mean loss from what the wrapped model returned (dp's parallel loss: one output per GPU)."""
+        return criterion(output, targets)
+
+    def sums(self, output: Any, targets: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+        """The train batch's [correct1, correct5, loss*n, n] on the device."""
+        return batch_sums(output.float(), targets, loss.float())
 
     def epoch_workers(self, host: EpochHost) -> EpochWorkers | None:
         return None
