@@ -7,6 +7,10 @@ multi-GPU comparison with plain DataParallel is in tests/local/test_dp_parallel_
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -109,3 +113,11 @@ def test_other_strategies_refuse_it(strategy: str) -> None:
     assert problems and "trainer.strategy: dp" in problems[0].message
     with pytest.raises(TrainingConfigError, match="only dp computes the loss per GPU"):
         build_strategy(bad)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="with 2 GPUs the benchmark measures")
+def test_the_benchmark_says_it_needs_two_gpus() -> None:
+    script = Path(__file__).parents[2] / "benchmarks" / "dp_parallel_loss.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=False)
+    assert done.returncode == 2
+    assert "needs >= 2 CUDA devices" in done.stderr and "nothing measured" in done.stderr
