@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from hpctrain.errors import SpecError, SpecProblem
 from hpctrain.slurm import DEFAULT_MAX_ARRAY_SIZE
 from hpctrain.spec.archs import ARCH_PARAMS_M, unknown_arch_message
+from hpctrain.spec.horovod import horovod_refusal
 from hpctrain.spec.models import APEX_LEVELS, JobSpec
 from hpctrain.spec.problems import position_of, problems_from_validation
 from hpctrain.spec.profiles import ClusterProfile, apply_profile, available_profiles, config_dir, load_profile
@@ -266,6 +267,8 @@ def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
                 ),
             )
         )
+    if trainer.strategy == "horovod":
+        problems.append(SpecProblem("trainer.strategy", f"'horovod': {horovod_refusal()}"))
     if trainer.dp_parallel_loss and trainer.strategy != "dp":
         problems.append(
             SpecProblem(

@@ -26,7 +26,7 @@ ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-
 _SETUP_FORBIDDEN = re.compile(r"[;&|<>`\n\r\x00]|\$\(")
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
-Strategy = Literal["single", "dp", "ddp", "hogwild"]
+Strategy = Literal["single", "dp", "ddp", "hogwild", "horovod"]
 Precision = Literal["fp32", "fp16", "bf16", "O0", "O1", "O2", "O3"]
 Decode = Literal["cpu", "gpu", "dali", "auto"]
 APEX_LEVELS = ("O0", "O1", "O2", "O3")
@@ -176,7 +176,8 @@ class Trainer(Section):
         Strategy,
         Field(
             description="single: one device; dp: DataParallel over a node's GPUs; ddp: one process per GPU; "
-            "hogwild: CPU processes sharing one model."
+            "hogwild: CPU processes sharing one model; horovod: refused (does not build here, see "
+            "docs/strategies.md)."
         ),
     ] = "ddp"
     hogwild_processes: Annotated[int, Field(ge=1, le=256, description="Worker processes for hogwild.")] = 2

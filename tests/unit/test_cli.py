@@ -381,6 +381,7 @@ def test_spec_strings_reach_the_script_only_shell_quoted(tmp_path: Path, env: di
 LIGHT_COMMANDS = {
     "validate": ["validate", "jobs/resnet50_4x4.yaml"],
     "submit-dry-run": ["submit", "jobs/resnet50_4x4.yaml", "--dry-run", "--set", "output_dir=/nonexistent/out"],
+    "validate-horovod": ["validate", "jobs/resnet50_4x4.yaml", "--set", "trainer.strategy=horovod"],  # refused
     "schema": ["schema"],
     "status-list": ["status"],
     "status": ["status", "/nonexistent/run"],
@@ -410,6 +411,9 @@ def test_login_node_commands_never_import_torch(
     if "/nonexistent/run" in args:
         assert result.returncode == 2
         assert any("not an hpctrain run directory" in line for line in messages)
+    elif "trainer.strategy=horovod" in args:
+        assert result.returncode == 2
+        assert any("trainer.strategy: 'horovod'" in line for line in messages)
     else:
         assert result.returncode == 0, "\n".join(messages)
 

@@ -195,7 +195,7 @@ def test_unknown_keys_at_every_depth_suggest_the_closest(tmp_path: Path) -> None
         ("resources", "time: [1, 2]", "resources.time", "time must be a string"),
         ("trainer", "lr: fast", "trainer.lr", "valid number"),
         ("trainer", "epochs: 1.5", "trainer.epochs", "valid integer (got float 1.5)"),
-        ("trainer", "strategy: fsdp", "trainer.strategy", "choose one of 'single', 'dp', 'ddp' or 'hogwild'"),
+        ("trainer", "strategy: fsdp", "trainer.strategy", "'ddp', 'hogwild' or 'horovod'"),
         ("trainer", "precision: fp8", "trainer.precision", "choose one of 'fp32', 'fp16', 'bf16'"),
         ("trainer", "step_epochs: 30", "trainer.step_epochs", "valid list"),
         ("data", "root: [a]", "data.root", "valid string"),

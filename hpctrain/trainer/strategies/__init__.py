@@ -16,12 +16,13 @@ from hpctrain.trainer.strategies.base import EpochHost, EpochWorkers, Strategy
 from hpctrain.trainer.strategies.ddp import DDP
 from hpctrain.trainer.strategies.dp import DataParallel
 from hpctrain.trainer.strategies.hogwild import Hogwild
+from hpctrain.trainer.strategies.horovod import Horovod
 from hpctrain.trainer.strategies.single import Single
 
 __all__ = ["EpochHost", "EpochWorkers", "Strategy", "build_strategy", "check_strategy"]
 
 
-STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (Single, DataParallel, DDP, Hogwild)}
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (Single, DataParallel, DDP, Hogwild, Horovod)}
 
 
 def build_strategy(spec: JobSpec) -> Strategy:
