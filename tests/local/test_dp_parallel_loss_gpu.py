@@ -7,14 +7,18 @@ an odd batch makes the last GPU's chunk smaller (what the weighting is for).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torchvision
 from torch import nn
+from trainer_harness import context, job_spec, read_jsonl
 
 from hpctrain.trainer.evaluation import batch_sums
 from hpctrain.trainer.strategies.dp import dp_device_ids
 from hpctrain.trainer.strategies.dp_loss import DataParallelModel, parallel_loss, parallel_sums
+from hpctrain.trainer.trainer import Trainer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -49,3 +53,21 @@ def test_parallel_loss_equals_plain_dp() -> None:
     torch.testing.assert_close(plain_sums, batch_sums(plain_out.float(), targets, plain_loss.float()))
     for grad, plain_grad in zip(grads, plain_grads, strict=True):
         torch.testing.assert_close(grad, plain_grad, rtol=1e-4, atol=1e-6)
+
+
+def test_the_trainer_trains_the_same_model_with_and_without_it(data_root: Path, tmp_path: Path) -> None:
+    """Whole runs through the trainer (fp16: the GradScaler scales the reduced loss), on every visible GPU."""
+    common = {"strategy": "dp", "precision": "fp16", "max_steps_per_epoch": 2}
+    runs = {}
+    for name, extra in {"plain": {}, "parallel": {"dp_parallel_loss": True}}.items():
+        spec = job_spec(data_root, trainer={**common, **extra})
+        runs[name] = Trainer(context(tmp_path / name, spec, device="cuda:0")).fit()
+    assert runs["parallel"]["status"] == "completed"
+    assert runs["parallel"]["global_batch_size"] == 8 * torch.cuda.device_count()
+    first = [
+        next(r for r in read_jsonl(tmp_path / name / "metrics.jsonl") if r["kind"] == "train_step")
+        for name in ("plain", "parallel")
+    ]
+    assert first[1]["step"] == first[0]["step"]
+    assert first[1]["loss"] == pytest.approx(first[0]["loss"], rel=1e-2)  # fp16, and a second step after an update
+    assert first[1]["top1"] == pytest.approx(first[0]["top1"], abs=100 / 16)  # at most one of 16 images differs
