@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from hpctrain.errors import SpecError, SpecProblem
 from hpctrain.slurm import DEFAULT_MAX_ARRAY_SIZE
 from hpctrain.spec.archs import ARCH_PARAMS_M, unknown_arch_message
+from hpctrain.spec.horovod import horovod_refusal
 from hpctrain.spec.layer_split import check_layer_split
 from hpctrain.spec.models import APEX_LEVELS, JobSpec
 from hpctrain.spec.problems import position_of, problems_from_validation
@@ -320,6 +321,18 @@ def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
                 (
                     f"dp runs one task per node that drives all its GPUs, not {spec.tasks_per_node}; "
                     "remove tasks_per_node, or use strategy: ddp for one task per GPU"
+                ),
+            )
+        )
+    if trainer.strategy == "horovod":
+        problems.append(SpecProblem("trainer.strategy", f"'horovod': {horovod_refusal()}"))
+    if trainer.dp_parallel_loss and trainer.strategy != "dp":
+        problems.append(
+            SpecProblem(
+                "trainer.dp_parallel_loss",
+                (
+                    f"computes the loss per GPU inside DataParallel, which strategy '{trainer.strategy}' does not "
+                    "use; set trainer.strategy: dp, or remove dp_parallel_loss"
                 ),
             )
         )

@@ -27,7 +27,7 @@ ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-
 _SETUP_FORBIDDEN = re.compile(r"[;&|<>`\n\r\x00]|\$\(")
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
-Strategy = Literal["single", "dp", "ddp", "hogwild", "ps", "pipeline", "model_parallel"]
+Strategy = Literal["single", "dp", "ddp", "hogwild", "ps", "pipeline", "model_parallel", "horovod"]
 Precision = Literal["fp32", "fp16", "bf16", "O0", "O1", "O2", "O3"]
 Decode = Literal["cpu", "gpu", "dali", "auto"]
 APEX_LEVELS = ("O0", "O1", "O2", "O3")
@@ -281,7 +281,8 @@ class Trainer(Section):
             description="single: one device; dp: DataParallel over a node's GPUs; ddp: one process per GPU; "
             "hogwild: CPU processes sharing one model; ps: parameter servers and workers (trainer.ps); "
             "pipeline: consecutive stages in different tasks (trainer.pipeline); model_parallel: one task spreads "
-            "the layers over its GPUs (trainer.model_parallel)."
+            "the layers over its GPUs (trainer.model_parallel); horovod: refused (does not build here, see "
+            "docs/strategies.md)."
         ),
     ] = "ddp"
     hogwild_processes: Annotated[int, Field(ge=1, le=256, description="Worker processes for hogwild.")] = 2
@@ -290,6 +291,13 @@ class Trainer(Section):
     )
     pipeline: Pipeline = Pipeline()
     model_parallel: ModelParallel = ModelParallel()
+    dp_parallel_loss: Annotated[
+        bool,
+        Field(
+            description="dp only: keep each GPU's outputs on it and compute the loss per GPU (less memory on "
+            "GPU 0 for large outputs); same loss and gradients as plain dp. See docs/strategies.md."
+        ),
+    ] = False
     precision: Annotated[
         Precision,
         Field(

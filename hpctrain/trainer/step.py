@@ -2,20 +2,21 @@
 
 A strategy takes part in the step only through :class:`StepHooks`: multi-node
 dp broadcasts buffers before the forward and averages gradients after the
-backward; DDP does both inside its wrapper, the others need nothing.
+backward; DDP does both inside its wrapper, the others need nothing. dp with
+``trainer.dp_parallel_loss`` also computes the loss and the accuracy counts
+on each GPU (its model returns one output per GPU).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from hpctrain.runtime import heartbeat
 from hpctrain.trainer.batches import batch_to_device
-from hpctrain.trainer.evaluation import batch_sums
 from hpctrain.trainer.precision import Precision
 
 
@@ -25,6 +26,10 @@ class StepHooks(Protocol):
     def before_forward(self, module: nn.Module) -> None: ...
 
     def after_backward(self, module: nn.Module) -> None: ...
+
+    def loss(self, criterion: nn.Module, output: Any, targets: torch.Tensor) -> torch.Tensor: ...
+
+    def sums(self, output: Any, targets: torch.Tensor, loss: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass
@@ -52,11 +57,11 @@ class TrainStep:
         self.hooks.before_forward(self.module)
         with self.precision.autocast():
             output = self.model(images)
-            loss = self.criterion(output, targets)
+            loss = self.hooks.loss(self.criterion, output, targets)
         self.optimizer.zero_grad(set_to_none=True)
         self.precision.backward(loss, self.optimizer)
         self.hooks.after_backward(self.module)
         heartbeat.set_phase("optimizer")
         self.precision.step(self.optimizer)
         self.scheduler.step()
-        return batch_sums(output.float(), targets, loss.float())
+        return self.hooks.sums(output, targets, loss)

@@ -384,6 +384,7 @@ def test_spec_strings_reach_the_script_only_shell_quoted(tmp_path: Path, env: di
 LIGHT_COMMANDS = {
     "validate": ["validate", "jobs/resnet50_4x4.yaml"],
     "submit-dry-run": ["submit", "jobs/resnet50_4x4.yaml", "--dry-run", "--set", "output_dir=/nonexistent/out"],
+    "validate-horovod": ["validate", "jobs/resnet50_4x4.yaml", "--set", "trainer.strategy=horovod"],  # refused
     "schema": ["schema"],
     "validate-study": ["validate", "jobs/scaling_hal.yaml"],
     "submit-study-dry-run": ["submit", "jobs/scaling_hal.yaml", "--dry-run", "--set", "output_dir=/nonexistent/out"],
@@ -418,6 +419,9 @@ def test_login_node_commands_never_import_torch(
     if "/nonexistent/run" in args:
         assert result.returncode == 2
         assert any("not an hpctrain run directory" in line for line in messages)
+    elif "trainer.strategy=horovod" in args:
+        assert result.returncode == 2
+        assert any("trainer.strategy: 'horovod'" in line for line in messages)
     else:
         assert result.returncode == 0, "\n".join(messages)
 

@@ -677,6 +677,7 @@ def test_output_dir_inside_the_profile_data_root_is_refused(tmp_path: Path) -> N
         ("trainer: {strategy: hogwild, compile: true}", "trainer.compile", "compile: false"),
         ("resources: {gpus_per_node: 2}\ntrainer: {strategy: dp, compile: true}", "trainer.compile", "strategy dp"),
         ("resources: {gpus_per_node: 2}\ntrainer: {precision: O2, compile: true}", "trainer.compile", "Apex"),
+        ("trainer: {strategy: ddp, dp_parallel_loss: true}", "trainer.dp_parallel_loss", "strategy: dp"),
     ],
 )
 def test_impossible_combinations(tmp_path: Path, text: str, key: str, needle: str) -> None:
@@ -692,6 +693,7 @@ def test_impossible_combinations(tmp_path: Path, text: str, key: str, needle: st
         "resources: {gpus_per_node: 2}\ntrainer: {precision: fp16}",
         "resources: {gpus_per_node: 2}\ntrainer: {strategy: dp}",
         "resources: {nodes: 2, gpus_per_node: 2}\ntrainer: {strategy: dp}",  # tasks average gradients by hand
+        "resources: {gpus_per_node: 2}\ntrainer: {strategy: dp, dp_parallel_loss: true}",
         "trainer: {strategy: hogwild, hogwild_processes: 4}",
         "trainer: {strategy: single}",
         "trainer: {strategy: single, compile: true, precision: bf16}",

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import torch
 
+from hpctrain.errors import TrainingConfigError
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.spec.models import JobSpec
 from hpctrain.trainer.strategies.base import EpochHost, EpochWorkers, Strategy
 from hpctrain.trainer.strategies.ddp import DDP
 from hpctrain.trainer.strategies.dp import DataParallel
 from hpctrain.trainer.strategies.hogwild import Hogwild
+from hpctrain.trainer.strategies.horovod import Horovod
 from hpctrain.trainer.strategies.model_parallel import ModelParallel
 from hpctrain.trainer.strategies.pipeline import Pipeline
 from hpctrain.trainer.strategies.ps import ParameterServer
@@ -24,12 +26,17 @@ __all__ = ["EpochHost", "EpochWorkers", "Strategy", "build_strategy", "check_str
 
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (Single, DataParallel, DDP, Hogwild, ParameterServer, Pipeline, ModelParallel)
+    cls.name: cls for cls in (Single, DataParallel, DDP, Hogwild, ParameterServer, Pipeline, ModelParallel, Horovod)
 }
 
 
 def build_strategy(spec: JobSpec) -> Strategy:
     """The strategy ``trainer.strategy`` names, configured from the spec."""
+    if spec.trainer.dp_parallel_loss and spec.trainer.strategy != "dp":  # the spec check refuses it too
+        raise TrainingConfigError(
+            f"trainer.dp_parallel_loss: only dp computes the loss per GPU, not {spec.trainer.strategy}",
+            hint="set trainer.strategy: dp, or remove trainer.dp_parallel_loss",
+        )
     return STRATEGIES[spec.trainer.strategy].from_spec(spec)
 
 

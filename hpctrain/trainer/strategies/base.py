@@ -7,7 +7,8 @@ A strategy is asked, in the trainer's setup order:
   (only dp spreads; this feeds :class:`~hpctrain.spec.batch.BatchLayout`);
 * ``wrap(module, device)``: the model the forward runs;
 * ``data_shard(env)``: which shard of the data this task trains and validates on (pipeline: its pipeline's);
-* ``before_forward`` / ``after_backward``: its share of the one train step (:mod:`hpctrain.trainer.step`);
+* ``before_forward`` / ``after_backward`` / ``loss`` / ``sums``: its share of the one train step
+  (:mod:`hpctrain.trainer.step`);
 * ``train_step(step)``: the callable that trains one batch (pipeline runs its own schedule instead);
 * ``evaluate(...)``: validation over every rank's shard (pipeline passes activations stage to stage);
 * ``epoch_workers(host)``: an :class:`EpochWorkers` that trains whole epochs in other processes
@@ -30,7 +31,7 @@ import torch
 from torch import nn
 
 from hpctrain.errors import DistributedSetupError, TrainingConfigError
-from hpctrain.trainer.evaluation import Accuracy, evaluate
+from hpctrain.trainer.evaluation import Accuracy, batch_sums, evaluate
 from hpctrain.trainer.strategies.collectives import broadcast_state, distributed
 
 if TYPE_CHECKING:
@@ -116,6 +117,14 @@ class Strategy:
 
     def after_backward(self, module: nn.Module) -> None:
         """Runs after the backward, before the optimizer step."""
+
+    def loss(self, criterion: nn.Module, output: Any, targets: torch.Tensor) -> torch.Tensor:
+        """The train batch's mean loss from what the wrapped model returned (dp's parallel loss: one output per GPU)."""
+        return criterion(output, targets)
+
+    def sums(self, output: Any, targets: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+        """The train batch's [correct1, correct5, loss*n, n] on the device."""
+        return batch_sums(output.float(), targets, loss.float())
 
     def epoch_workers(self, host: EpochHost) -> EpochWorkers | None:
         return None

@@ -3,12 +3,15 @@
 Across nodes the tasks do by hand what DDP does: every forward starts from
 rank 0's buffers, and gradients are averaged over tasks before the optimizer
 step, so multi-node dp trains the same model as ddp with the same global batch.
+
+With ``trainer.dp_parallel_loss`` the outputs stay on their GPUs and the loss
+is computed per GPU (:mod:`hpctrain.trainer.strategies.dp_loss`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -17,6 +20,7 @@ from hpctrain.errors import TrainingConfigError
 from hpctrain.runtime import heartbeat
 from hpctrain.trainer.strategies.base import Strategy
 from hpctrain.trainer.strategies.collectives import average_gradients, broadcast_state, distributed
+from hpctrain.trainer.strategies.dp_loss import DataParallelModel, parallel_loss, parallel_sums
 
 if TYPE_CHECKING:
     from hpctrain.runtime.context import TaskEnv
@@ -37,13 +41,15 @@ class DataParallel(Strategy):
     name = "dp"
     evaluates_wrapped = True  # its forward is local to the task, so ranks may validate different shard sizes
 
-    def __init__(self, promised_gpus: int | None = None) -> None:
+    def __init__(self, promised_gpus: int | None = None, *, parallel_loss: bool = False) -> None:
         self.promised_gpus = promised_gpus  # per task, from the spec; None for a spec no profile resolved
+        self.parallel_loss = parallel_loss  # trainer.dp_parallel_loss
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> DataParallel:
         gpus = spec.resources.gpus_per_node
-        return cls(None if gpus is None else gpus // spec.tasks_per_node)
+        promised = None if gpus is None else gpus // spec.tasks_per_node
+        return cls(promised, parallel_loss=spec.trainer.dp_parallel_loss)
 
     def check(self, env: TaskEnv, device: torch.device) -> None:
         if env.local_world_size > 1:
@@ -69,12 +75,19 @@ class DataParallel(Strategy):
     def wrap(self, module: nn.Module, device: torch.device) -> nn.Module:
         broadcast_state(module)  # every task starts from rank 0's weights
         if device.type == "cuda":
-            return nn.DataParallel(module, device_ids=dp_device_ids(device), output_device=device)
+            wrapper = DataParallelModel if self.parallel_loss else nn.DataParallel
+            return wrapper(module, device_ids=dp_device_ids(device), output_device=device)
         if torch.cuda.is_available():
             log.warning("dp on a CPU device of a node with GPUs: training unwrapped on the CPU")
             return module
         log.warning("dp without GPUs: DataParallel has nothing to spread over and just calls the model")
         return nn.DataParallel(module)
+
+    def loss(self, criterion: nn.Module, output: Any, targets: torch.Tensor) -> torch.Tensor:
+        return parallel_loss(criterion, output, targets)  # one tensor (plain dp, one GPU): the plain call
+
+    def sums(self, output: Any, targets: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+        return parallel_sums(output, targets, loss)
 
     def before_forward(self, module: nn.Module) -> None:
         if distributed():
