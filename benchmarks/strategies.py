@@ -32,6 +32,7 @@ import torch.multiprocessing as mp
 
 from hpctrain.runtime.context import TaskContext, TaskEnv
 from hpctrain.runtime.stop import StopRequest
+from hpctrain.runtime.task_env import one_node_env
 from hpctrain.spec.models import JobSpec
 from hpctrain.trainer.dataset_gen import make_dataset
 from hpctrain.trainer.trainer import Trainer
@@ -55,20 +56,7 @@ def job_spec(args: argparse.Namespace, data_root: Path, strategy: str) -> JobSpe
 
 
 def task_env(rank: int, world_size: int, port: int) -> TaskEnv:
-    return TaskEnv(
-        global_rank=rank,
-        world_size=world_size,
-        local_rank=rank,
-        local_world_size=world_size,
-        node_rank=0,
-        num_nodes=1,
-        hostnames=("localhost",),
-        master_addr="127.0.0.1",
-        master_port=port,
-        job_id="bench",
-        restart_count=0,
-        source="single" if world_size == 1 else "submitit-local",
-    )
+    return one_node_env("single" if world_size == 1 else "submitit-local", rank, world_size, rank, "bench", port)
 
 
 def _rank_main(rank: int, world_size: int, port: int, spec: JobSpec, run_dir: str, threads: int) -> None:

@@ -73,9 +73,8 @@ class TaskLauncher:
         export_torchrun_env(env, os.environ)
         os.environ.update(thread_env(os.environ, os.cpu_count()))  # before torch is imported: it reads them once
         check_master_address(env, allow_loopback=os.environ.get(ALLOW_LOOPBACK_MASTER_VAR) == "1")
-        user_code = load_user_code(
-            spec.entrypoint, getattr(self, "code_root", None)
-        )  # before the group forms: import errors fail fast
+        # before the group forms: import errors fail fast
+        user_code = load_user_code(spec.entrypoint, getattr(self, "code_root", None))
         stop = StopRequest(cancel_markers=cancel_marker_paths(self.run_dir), job_ids=env.job_aliases)
         install_handlers(stop, spec.signals.timeout_signal)
         self.start_reaper()
@@ -181,7 +180,7 @@ class TaskLauncher:
 
 def check_world_size(spec: JobSpec, env: TaskEnv) -> None:
     """A job submitted from the spec must have started as many tasks as the spec asked for."""
-    if env.source in ("slurm", "slurm-torchrun", "submitit-local") and env.world_size != spec.world_size:
+    if (env.under_slurm or env.source == "submitit-local") and env.world_size != spec.world_size:
         raise DistributedSetupError(
             f"the spec asks for {spec.world_size} tasks ({spec.resources.nodes} nodes x {spec.tasks_per_node}) "
             f"but {env.world_size} were started",

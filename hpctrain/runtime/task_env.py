@@ -113,7 +113,7 @@ def derive_task_env(environ: Mapping[str, str], *, spec_master_port: int | None 
     if source == "slurm-torchrun":
         return _from_slurm_torchrun(environ)
     job_id = "single"
-    return _one_node_env("single", 0, 1, 0, job_id, _master_port(environ, spec_master_port, job_id, 0))
+    return one_node_env("single", 0, 1, 0, job_id, _master_port(environ, spec_master_port, job_id, 0))
 
 
 def export_torchrun_env(env: TaskEnv, environ: MutableMapping[str, str]) -> None:
@@ -253,10 +253,10 @@ def _from_submitit_local(environ: Mapping[str, str], spec_master_port: int | Non
     _check_below(names["node_rank"], node_rank, num_nodes, f"{names['num_nodes']}={num_nodes}")
     _check_below(names["local_rank"], local_rank, world_size, f"{names['world_size']}={world_size}")
     master_port = _master_port(environ, spec_master_port, job_id, 0)
-    return _one_node_env("submitit-local", global_rank, world_size, local_rank, job_id, master_port)
+    return one_node_env("submitit-local", global_rank, world_size, local_rank, job_id, master_port)
 
 
-def _one_node_env(
+def one_node_env(
     source: EnvSource, global_rank: int, world_size: int, local_rank: int, job_id: str, master_port: int
 ) -> TaskEnv:
     """Every rank on this machine: one node, master on localhost, never restarted."""

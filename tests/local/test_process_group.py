@@ -17,6 +17,7 @@ import submitit
 from hpctrain.errors import DistributedSetupError
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.launcher import TaskLauncher
+from hpctrain.runtime.task_env import one_node_env
 from hpctrain.spec.models import Distributed
 
 pytestmark = pytest.mark.local_dist
@@ -92,20 +93,7 @@ def test_torchrun_style_env_two_ranks_agree(tmp_path: Path) -> None:
 
 
 def make_env(rank: int, world_size: int, port: int) -> TaskEnv:
-    return TaskEnv(
-        global_rank=rank,
-        world_size=world_size,
-        local_rank=rank,
-        local_world_size=world_size,
-        node_rank=0,
-        num_nodes=1,
-        hostnames=("localhost",),
-        master_addr="127.0.0.1",
-        master_port=port,
-        job_id="1",
-        restart_count=0,
-        source="submitit-local",
-    )
+    return one_node_env("submitit-local", rank, world_size, rank, "1", port)
 
 
 def test_taken_master_port_fails_fast_on_rank_0() -> None:
