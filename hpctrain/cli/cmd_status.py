@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -44,10 +45,13 @@ PROGRESS_KEYS = (
 RANK_TABLE_UP_TO = 8  # the plain status shows every rank's heartbeat up to this many ranks (or with --ranks)
 
 
-def run_status(run_dir: Path) -> dict:
+def run_status(run_dir: Path, known_states: Mapping[str, str] | None = None) -> dict:
+    """The run's state and progress; ``known_states``: job id -> Slurm state, where the caller asked already."""
     info = read_run_info(run_dir)
     recorded = read_summary(run_dir)
-    state = "local" if info.get("backend") == "local" else _slurm_state(info.get("job_id", ""))
+    job_id = str(info.get("job_id", ""))
+    known = (known_states or {}).get(job_id)
+    state = "local" if info.get("backend") == "local" else known or _slurm_state(job_id)
     summary = parse_summary(reconcile(recorded.fields() if recorded else {}, state, run_dir)) or Summary()
     return {
         "run_dir": str(run_dir),

@@ -16,8 +16,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from hpctrain import slurm
 from hpctrain.errors import HpctrainError, RunDirError, UsageError
-from hpctrain.rundir import is_study_dir, next_run_dir
+from hpctrain.rundir import is_study_dir, next_run_dir, read_run_info
 from hpctrain.spec.load import LoadedJob
 from hpctrain.study import SubmittedStudy, point_dir, read_study, render_study_plan, submit_study
 
@@ -99,18 +100,32 @@ COLUMNS = ("point", "job", "slurm", "status", "world", "epoch", "step", "img/s",
 
 
 def point_statuses(study_dir: Path) -> list[dict[str, Any]]:
-    """Each point's record from study.json joined with its run's status (Slurm state, summary)."""
+    """Each point's record from study.json joined with its run's status (Slurm state, summary).
+
+    The points' states come from one ``sacct`` call (for each run's latest job, which ``resume`` of a
+    point changes); a job it does not list yet is asked about alone.
+    """
     from hpctrain.cli.cmd_status import run_status
 
+    points = read_study(study_dir)["points"]
+    states = slurm.job_states([job for p in points if p.get("job_id") and (job := _latest_job(study_dir, p))])
     rows = []
-    for point in read_study(study_dir)["points"]:
+    for point in points:
         run_dir = point_dir(study_dir, point)
         try:
-            status = run_status(run_dir) if point.get("job_id") else {}
+            status = run_status(run_dir, states) if point.get("job_id") else {}
         except RunDirError:
             status = {}
         rows.append({**point, **status, "label": point.get("label"), "run_dir": str(run_dir)})
     return rows
+
+
+def _latest_job(study_dir: Path, point: dict[str, Any]) -> str | None:
+    try:
+        job_id = read_run_info(point_dir(study_dir, point)).get("job_id")
+    except RunDirError:
+        return None
+    return str(job_id) if job_id else None
 
 
 def status(study_dir: Path, *, as_json: bool) -> int:

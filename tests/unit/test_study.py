@@ -17,7 +17,7 @@ from hpctrain.cli import study_views
 from hpctrain.cli.main import main
 from hpctrain.errors import ClusterError, SpecError
 from hpctrain.preflight import Finding, check_partition, study_findings
-from hpctrain.rundir import read_json_object, study_file, write_run_info, write_summary
+from hpctrain.rundir import read_json_object, read_run_info, study_file, write_run_info, write_summary
 from hpctrain.spec.load import load_job
 from hpctrain.spec.study_axes import check_axes, combinations, point_label
 from hpctrain.study import point_record, read_study, render_study_plan, study_record, submit_study
@@ -330,6 +330,24 @@ def test_status_of_a_study_lists_every_point(
     assert main(["status", str(study_dir)]) == 0
     table = capsys.readouterr().out
     assert "nodes-2" in table and "60.25" in table and "2/90" in table
+
+
+def test_status_of_a_study_asks_slurm_once_for_all_points(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    study_dir = made_study(tmp_path, monkeypatch)
+    for point in ("nodes-1", "nodes-2"):
+        info = read_run_info(study_dir / point)
+        write_run_info(study_dir / point, {**info, "backend": "slurm"})
+    batched: list[list[str]] = []
+    alone: list[str] = []
+    monkeypatch.setattr("hpctrain.slurm.job_states", lambda ids: batched.append(ids) or {"100": "RUNNING"})
+    monkeypatch.setattr("hpctrain.slurm.available", lambda: True)
+    monkeypatch.setattr("hpctrain.cli.cmd_status.job_state", lambda job_id: alone.append(job_id) or "PENDING")
+    assert main(["status", str(study_dir), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["points"]
+    assert [(r["label"], r["slurm_state"]) for r in rows] == [("nodes-1", "RUNNING"), ("nodes-2", "PENDING")]
+    assert batched == [["100", "101"]] and alone == ["101"]  # one sacct call; a job it did not list, alone
 
 
 def test_cancel_of_a_study_cancels_every_point_through_the_run_cancel(
