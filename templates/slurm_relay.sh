@@ -5,12 +5,14 @@
 # for job ids of digits (and _digits), are ever run.
 hpctrain_slurm_relay() {
   local dir=$1 req base verb id out rc
-  mkdir -p "$dir" || return
   while :; do
     for req in "$dir"/*.req; do
       [ -e "$req" ] || continue
       base=${req%.req}
-      read -r verb id < "$req"
+      # Claim the request before running it: "scontrol requeue" ends this very
+      # step, and a request still lying here would requeue the next start too.
+      mv -f "$req" "$base.run" 2>/dev/null || continue
+      read -r verb id < "$base.run"
       if [[ $id =~ ^[0-9]+(_[0-9]+)?$ && ( $verb == show || $verb == requeue ) ]]; then
         if [ "$verb" = show ]; then out=$(scontrol --oneliner show job "$id" 2>&1); rc=$?
         else out=$(scontrol requeue "$id" 2>&1); rc=$?; fi
@@ -18,11 +20,15 @@ hpctrain_slurm_relay() {
         out="hpctrain relay: refused '$verb $id'"; rc=2
       fi
       printf '%s\n%s' "$rc" "$out" > "$base.tmp" && mv -f "$base.tmp" "$base.res"
-      rm -f "$req"
+      rm -f "$base.run"
     done
     sleep 0.2
   done
 }
 export HPCTRAIN_SLURM_RELAY={{relay_dir}}/"$SLURM_JOB_ID"
+# Whatever an earlier start of this job left here (it was requeued mid-request)
+# is stale: drop it before any task can ask anything.
+mkdir -p "$HPCTRAIN_SLURM_RELAY" && rm -f "$HPCTRAIN_SLURM_RELAY"/*.req "$HPCTRAIN_SLURM_RELAY"/*.run \
+  "$HPCTRAIN_SLURM_RELAY"/*.res "$HPCTRAIN_SLURM_RELAY"/*.tmp "$HPCTRAIN_SLURM_RELAY"/.*.tmp
 hpctrain_slurm_relay "$HPCTRAIN_SLURM_RELAY" &
 # ---- end of hpctrain Slurm relay ----

@@ -239,6 +239,23 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
             _script("down", "--state-dir", str(state_dir), timeout=120)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_job_outlives_its_file(slurm_cluster: SlurmCluster) -> Iterator[None]:
+    """Cancel what a file's failed test left queued, so its failure does not become the next file's.
+
+    Tests that care assert an empty queue themselves; this only stops the cascade.
+    """
+    yield
+    left = slurm_cluster.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
+    if not left:
+        return
+    print(f"\ncancelling jobs a failed test left queued: {' '.join(left)}")
+    slurm_cluster.run("scancel", *left, check=False)
+    deadline = time.monotonic() + 60
+    while slurm_cluster.run("squeue", "-h", "-o", "%i", check=False).stdout.split() and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
     report = yield

@@ -28,24 +28,43 @@ esac
 """
 
 
-@pytest.fixture
-def relay(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+def start_relay(tmp_path: Path) -> subprocess.Popen[bytes]:
+    """The rendered batch-step loop for job 77, with a stand-in scontrol that records its calls."""
     if shutil.which("bash") is None:
         pytest.skip("no bash")
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(exist_ok=True)
     (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
     (bin_dir / "scontrol").chmod(0o755)
     script = tmp_path / "batch.sh"
     script.write_text("#!/bin/bash\n" + "\n".join(render_slurm_relay(str(tmp_path / "relay"))) + "\nwait\n")
-    calls = tmp_path / "calls"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77", "CALLS": str(calls)}
-    proc = subprocess.Popen(["bash", str(script)], env=env, start_new_session=True)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "77",
+        "CALLS": str(tmp_path / "calls"),
+    }
+    return subprocess.Popen(["bash", str(script)], env=env, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.fixture
+def relay(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    folder = tmp_path / "relay" / "77"
+    folder.mkdir(parents=True)
+    (folder / "stale.res").write_text("0\n")  # gone once the loop has tidied up and a task may ask
+    proc = start_relay(tmp_path)
     try:
-        yield tmp_path / "relay" / "77", calls
+        deadline = time.monotonic() + 20
+        while (folder / "stale.res").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        yield folder, tmp_path / "calls"
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        stop(proc)
 
 
 def test_show_and_requeue_go_through_the_relay(relay: tuple[Path, Path]) -> None:
@@ -64,8 +83,6 @@ def test_show_and_requeue_go_through_the_relay(relay: tuple[Path, Path]) -> None
 def test_the_loop_runs_nothing_else(relay: tuple[Path, Path]) -> None:
     folder, calls = relay
     deadline = time.monotonic() + 20
-    while not folder.is_dir() and time.monotonic() < deadline:
-        time.sleep(0.05)
     for name, line in (("a", "requeue 77; touch /tmp/pwned"), ("b", "cancel 77"), ("c", "show $(id)")):
         (folder / f"{name}.req").write_text(line + "\n")
     while len(list(folder.glob("*.res"))) < 3 and time.monotonic() < deadline:
@@ -74,6 +91,25 @@ def test_the_loop_runs_nothing_else(relay: tuple[Path, Path]) -> None:
         code, _, text = (folder / f"{name}.res").read_text().partition("\n")
         assert code == "2" and "refused" in text
     assert not calls.exists()
+
+
+def test_a_request_left_by_an_earlier_start_is_dropped_not_run(tmp_path: Path) -> None:
+    # "scontrol requeue" ends the batch step that runs it, maybe before the loop
+    # tidies up; the job's next start must not requeue itself again (and again).
+    folder = tmp_path / "relay" / "77"
+    folder.mkdir(parents=True)
+    for name in ("old.req", "older.run", "old.res", ".half.tmp"):
+        (folder / name).write_text("requeue 77\n")
+    proc = start_relay(tmp_path)
+    try:
+        deadline = time.monotonic() + 20
+        while list(folder.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(folder.iterdir()) == []
+        assert slurm.show_job("77", runner=relay_runner(folder), timeout_s=20)["JobState"] == "RUNNING"
+        assert (tmp_path / "calls").read_text().splitlines() == ["--oneliner show job 77"]
+    finally:
+        stop(proc)
 
 
 def test_only_the_requeue_logics_commands_are_relayed(tmp_path: Path) -> None:
