@@ -1,10 +1,11 @@
 """From a loaded job to a submitit executor, its sbatch script, and a submitted run.
 
-There is one code path (TorchX's ``submit = schedule(dryrun(...))``):
-``build_executor`` configures submitit from the spec; ``render_script`` asks
-that executor for the exact text ``sbatch`` receives (what ``--dry-run``
-prints); ``submit`` hands the same executor the per-task callable.
-Spec -> parameters is a pure function, tested against golden files.
+There is one script (TorchX's ``submit = schedule(dryrun(...))``): spec ->
+executor parameters is the pure ``slurm_parameters``, tested against golden
+files, and ``sbatch_script.render_sbatch`` turns those parameters into the text
+``sbatch`` receives. ``render_script`` prints it for ``--dry-run`` without
+importing submitit; ``build_executor``'s submitit executor writes the same
+text when ``submit`` hands it the per-task callable.
 """
 
 from __future__ import annotations
@@ -15,10 +16,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import submitit
-from submitit.slurm.slurm import _convert_mem
+from typing import TYPE_CHECKING, Any, Literal
 
 import hpctrain
 from hpctrain import code_snapshot, job_registry
@@ -34,6 +32,7 @@ from hpctrain.rundir import (
     write_run_info,
 )
 from hpctrain.runtime.cleanup import python_command
+from hpctrain.sbatch_script import render_sbatch, slurm_mem, task_command
 from hpctrain.slurm import classify_sbatch_failure, signal_parameter
 from hpctrain.spec.load import LoadedJob
 from hpctrain.spec.models import JobSpec
@@ -42,19 +41,13 @@ from hpctrain.spec.slurm_time import seconds_to_minutes
 from hpctrain.spec.yaml_source import dump_yaml
 from hpctrain.templates import render_preamble, render_slurm_relay
 
+if TYPE_CHECKING:
+    import submitit
+
 Backend = Literal["slurm", "local"]
 # A task that exits non-zero ends the whole step at once instead of leaving the
 # other ranks blocked in a collective until the NCCL/gloo timeout.
 SRUN_ARGS = ("--kill-on-bad-exit=1",)
-
-
-class _SlurmExecutor(submitit.SlurmExecutor):
-    """submitit's executor, constructible without ``srun`` so a login node or a
-    laptop can render the script; ``submit`` checks for ``sbatch`` itself."""
-
-    @classmethod
-    def affinity(cls) -> int:
-        return 1
 
 
 def backend_for(job: LoadedJob, local: bool) -> Backend:
@@ -86,7 +79,7 @@ def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> d
         if res.cpus_per_task is not None:
             params["cpus_per_task"] = res.cpus_per_task * spec.tasks_per_node
     if res.mem_gb is not None:
-        params["mem"] = _convert_mem(res.mem_gb)
+        params["mem"] = slurm_mem(res.mem_gb)
     if res.exclusive:
         params["exclusive"] = True
     if gpus and profile.gpu_gres:
@@ -158,6 +151,10 @@ def local_parameters(spec: JobSpec) -> dict[str, Any]:
 
 
 def build_executor(job: LoadedJob, backend: Backend, run_dir: Path) -> submitit.Executor:
+    import submitit  # here, not at the top: it imports asyncio, a third of a login-node command's time
+
+    from hpctrain.submitit_executor import SlurmExecutor
+
     folder = submitit_dir(run_dir)
     if backend == "local":
         executor: submitit.Executor = submitit.LocalExecutor(folder=folder)
@@ -165,18 +162,18 @@ def build_executor(job: LoadedJob, backend: Backend, run_dir: Path) -> submitit.
     else:
         # Each task starts under the reaper's exec wrapper, so everything it
         # starts carries its token and is cleaned up after it (cleanup.py).
-        executor = _SlurmExecutor(folder=folder, python=task_python(job.spec))
+        executor = SlurmExecutor(folder=folder, python=task_python(job.spec))
         executor.update_parameters(**slurm_parameters(job.spec, job.profile, run_dir))
     return executor
 
 
 def render_script(job: LoadedJob, run_dir: Path) -> str:
-    """The exact sbatch script ``submit`` would hand to Slurm for this job."""
-    executor = build_executor(job, "slurm", run_dir)
+    """The exact sbatch script ``submit`` would hand to Slurm for this job (without importing submitit)."""
+    parameters = slurm_parameters(job.spec, job.profile, run_dir)
     if job.is_sweep:
-        executor.parameters["map_count"] = len(job.trials)
-    text: str = executor._make_submission_file_text(executor._submitit_command_str, "dry-run")
-    return text
+        parameters["map_count"] = len(job.trials)
+    folder = submitit_dir(run_dir)
+    return render_sbatch(parameters, folder, task_command(task_python(job.spec), folder))
 
 
 @dataclass
@@ -259,6 +256,8 @@ def _snapshot_code(job: LoadedJob, run_dir: Path) -> code_snapshot.Snapshot | No
 def _launch(
     job: LoadedJob, backend: Backend, run_dir: Path, trial_dirs: list[Path], code_root: str | None = None
 ) -> list[submitit.Job]:
+    from submitit.core.utils import FailedJobError
+
     executor = build_executor(job, backend, run_dir)
     launchers = task_launchers(job, trial_dirs, backend, code_root)
     try:
@@ -267,7 +266,7 @@ def _launch(
         if backend == "local":
             return [executor.submit(launcher) for launcher in launchers]
         return list(executor.submit_array(launchers))
-    except (submitit.core.utils.FailedJobError, OSError, RuntimeError) as exc:
+    except (FailedJobError, OSError, RuntimeError) as exc:
         meaning, hint = classify_sbatch_failure(str(exc))
         raise ClusterError(f"sbatch: {meaning}: {_first_lines(str(exc))}", hint=hint) from None
 

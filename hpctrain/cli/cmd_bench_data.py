@@ -191,7 +191,7 @@ def _run_on_slurm(
     spec: JobSpec, profile: ClusterProfile, options: BenchOptions, source: str, *, timeout_s: float
 ) -> BenchReport:
     from hpctrain.runtime.cleanup import python_command
-    from hpctrain.submission import _SlurmExecutor
+    from hpctrain.submitit_executor import SlurmExecutor
 
     if profile.scheduler != "slurm" or shutil.which("sbatch") is None:
         raise ClusterError(
@@ -201,7 +201,7 @@ def _run_on_slurm(
         )
     folder = Path(spec.output_dir).expanduser() / spec.name / "bench-data" / time.strftime("%Y%m%d-%H%M%S")
     folder.mkdir(parents=True, exist_ok=True)
-    executor = _SlurmExecutor(folder=folder, python=python_command())
+    executor = SlurmExecutor(folder=folder, python=python_command())
     executor.update_parameters(**bench_slurm_parameters(spec, profile, folder, time_min=max(2, int(timeout_s // 60))))
     spec_data, profile_data = spec.model_dump(mode="json"), profile.model_dump(mode="json")
     try:
