@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from hpctrain import __version__
+from hpctrain.cli.pydantic_plugins import skip_plugin_search
 from hpctrain.errors import HpctrainError
 
 # name -> (module, one-line help). Order is the order in --help.
@@ -34,7 +35,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser for every command, or for ``only`` (what the command line names; cheaper)."""
     parser = argparse.ArgumentParser(
         prog="hpctrain",
         description="Distributed PyTorch training from a YAML job spec to a resumable Slurm run.",
@@ -43,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hpctrain {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
+        if only is not None and name != only:
+            continue
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
         sub.set_defaults(_module=module)
         _add_arguments(module, sub)
@@ -58,11 +62,14 @@ def _add_arguments(module: str, parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    named = next((arg for arg in argv if not arg.startswith("-")), None)
+    parser = build_parser(named if named in COMMANDS else None)
     args = parser.parse_args(argv)
     if not getattr(args, "_module", None):
         parser.print_help()
         return 2
+    skip_plugin_search()
     try:
         command = importlib.import_module(args._module)
         return int(command.run(args) or 0)

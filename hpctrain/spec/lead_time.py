@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpctrain.rundir import checkpoint_metas
 from hpctrain.spec.archs import ARCH_PARAMS_M
 from hpctrain.spec.models import JobSpec
 
@@ -40,6 +39,8 @@ def estimated_save_s(spec: JobSpec) -> tuple[float, str]:
 
 def measured_save_s(run_dir: Path) -> float | None:
     """The slowest checkpoint write recorded in a run directory, if any."""
+    from hpctrain.rundir import checkpoint_metas  # only with a run: validate need not load it
+
     times = []
     for meta in checkpoint_metas(run_dir, complete_only=False):
         try:

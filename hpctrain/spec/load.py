@@ -20,7 +20,6 @@ import yaml
 from pydantic import ValidationError
 
 from hpctrain.errors import SpecError, SpecProblem
-from hpctrain.slurm import DEFAULT_MAX_ARRAY_SIZE
 from hpctrain.spec.archs import ARCH_PARAMS_M, unknown_arch_message
 from hpctrain.spec.horovod import horovod_refusal
 from hpctrain.spec.layer_split import check_layer_split
@@ -433,11 +432,9 @@ def _sweep_fits(spec: JobSpec, profile: ClusterProfile, positions: dict, problem
     count = sweep_size(spec.sweep)
     if count <= 1:
         return True
-    limit = DEFAULT_MAX_ARRAY_SIZE
-    if profile.scheduler == "slurm":
-        from hpctrain import slurm  # only sweeps on Slurm ask the cluster
+    from hpctrain import slurm  # only sweeps need it (and only sweeps on Slurm ask the cluster)
 
-        limit = slurm.max_array_size()
+    limit = slurm.max_array_size() if profile.scheduler == "slurm" else slurm.DEFAULT_MAX_ARRAY_SIZE
     if count <= limit:
         return True
     sizes = " x ".join(str(len(values)) for values in spec.sweep.values())

@@ -426,6 +426,17 @@ def test_login_node_commands_never_import_torch(
         assert result.returncode == 0, "\n".join(messages)
 
 
+@pytest.mark.parametrize("command", ["validate", "submit-dry-run", "validate-study", "submit-study-dry-run"])
+def test_spec_commands_leave_the_slow_imports_out(
+    command: str, import_results: dict[str, subprocess.CompletedProcess[str]]
+) -> None:
+    """submitit imports asyncio, about a fifth of these commands' time (--dry-run renders the script
+    itself); pydantic's plugin search imports importlib.metadata, another eighth (cli/pydantic_plugins.py)."""
+    imported = [line.rsplit("|", 1)[-1].strip() for line in import_results[command].stderr.splitlines()]
+    slow = [name for name in imported if name.split(".")[0] in ("submitit", "asyncio", "torch")]
+    assert not slow + [name for name in imported if name.startswith("importlib.metadata")]
+
+
 def test_resume_of_a_sweep_names_the_trial_folder(tmp_path: Path, env: dict[str, str]) -> None:
     run_dir = tmp_path / "runs" / "sweep" / "20260101-000000"
     run_dir.mkdir(parents=True)
@@ -443,8 +454,12 @@ def test_hostile_yaml_is_refused_fast_by_every_spec_reader(tmp_path: Path, env: 
     bomb += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
     (tmp_path / "bomb.yaml").write_text("\n".join(bomb) + "\n")
     os.mkfifo(tmp_path / "fifo.yaml")
+    # Block sequences nested 200,000 deep on one line: no brackets to count, and
+    # libyaml's C composer (CSafeLoader) dies of a stack overflow on it.
+    (tmp_path / "deep.yaml").write_text("name: deep\nb:\n" + "- " * 200_000 + "x\n")
     calls = {
         "validate": ["validate", "bomb.yaml"],
+        "deep": ["validate", "deep.yaml"],
         "dry-run": ["submit", "bomb.yaml", "--dry-run"],
         "rehearse": ["rehearse", "bomb.yaml"],
         "fifo": ["validate", "fifo.yaml"],
@@ -453,5 +468,6 @@ def test_hostile_yaml_is_refused_fast_by_every_spec_reader(tmp_path: Path, env: 
     results = hpctrain_all(calls, env=env, cwd=dict.fromkeys(calls, tmp_path))
     for key in ("validate", "dry-run", "rehearse"):
         assert_user_error(results[key], 2, "aliases", "expand to more than")
+    assert_user_error(results["deep"], 2, "nested too deeply")
     assert_user_error(results["fifo"], 2, "not a regular file")
     assert_user_error(results["zero"], 2, "not a regular file")
