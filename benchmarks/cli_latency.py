@@ -53,21 +53,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=0.10, help="largest allowed ratio (default 0.10)")
     args = parser.parse_args(argv)
 
-    torch_s = statistics.median(wall_times(["-c", "import torch"], args.torch_runs))
-    bare_s = statistics.median(wall_times(["-c", "pass"], args.runs))
-    rows = [("python -c 'import torch'", torch_s, None), ("python -c 'pass'", bare_s, bare_s / torch_s)]
+    torch_times = wall_times(["-c", "import torch"], args.torch_runs)
+    torch_s = statistics.median(torch_times)
+    bare = wall_times(["-c", "pass"], args.runs)
+    rows = [
+        ("python -c 'import torch'", torch_times, None),
+        ("python -c 'pass'", bare, statistics.median(bare) / torch_s),
+    ]
     failed = []
     for name, command in COMMANDS.items():
-        median = statistics.median(wall_times(command, args.runs))
-        ratio = median / torch_s
-        rows.append((name, median, ratio))
+        times = wall_times(command, args.runs)
+        ratio = statistics.median(times) / torch_s
+        rows.append((name, times, ratio))
         if ratio > args.target:
             failed.append(name)
 
-    print(f"{'command':<28} {'median s':>9} {'x torch':>8}")
-    for name, seconds, ratio in rows:
+    # The minimum is the run least disturbed by the rest of the machine; the target uses medians.
+    print(f"{'command':<28} {'median s':>9} {'min s':>7} {'x torch':>8}")
+    for name, times, ratio in rows:
         shown = "-" if ratio is None else f"{ratio:.3f}"
-        print(f"{name:<28} {seconds:>9.3f} {shown:>8}")
+        print(f"{name:<28} {statistics.median(times):>9.3f} {min(times):>7.3f} {shown:>8}")
     print(f"target: each hpctrain command at most {args.target:.2f} x the torch import (spec {SPEC})")
     if failed:
         print(f"FAIL: above target: {', '.join(failed)}", file=sys.stderr)

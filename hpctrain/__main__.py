@@ -1,7 +1,5 @@
 """``python -m hpctrain`` is the ``hpctrain`` command."""
 
-import sys
+from hpctrain.cli.main import command_line
 
-from hpctrain.cli.main import main
-
-sys.exit(main())
+command_line()

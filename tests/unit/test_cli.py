@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -435,6 +436,26 @@ def test_spec_commands_leave_the_slow_imports_out(
     imported = [line.rsplit("|", 1)[-1].strip() for line in import_results[command].stderr.splitlines()]
     slow = [name for name in imported if name.split(".")[0] in ("submitit", "asyncio", "torch")]
     assert not slow + [name for name in imported if name.startswith("importlib.metadata")]
+
+
+def test_read_only_commands_end_fast_with_all_their_output(env: dict[str, str], tmp_path: Path) -> None:
+    """validate / schema / --dry-run leave with os._exit (no interpreter teardown): output and exit code intact."""
+    from hpctrain.cli.main import only_reads, parse
+
+    assert only_reads(parse(["validate", "x.yaml"])) and only_reads(parse(["submit", "x.yaml", "--dry-run"]))
+    assert not only_reads(parse(["submit", "x.yaml"])) and not only_reads(parse(["status"]))
+    sweep = ["submit", "jobs/sweep_lr.yaml", "--dry-run", "--set", f"output_dir={tmp_path}"]
+    done = hpctrain(*sweep, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("#!/bin/bash") and "what each rank will see" in done.stdout
+    assert done.stdout.endswith("\n") and len(done.stdout.splitlines()) > 30
+    with (tmp_path / "out.txt").open("w") as out:  # a file, not a pipe: block-buffered until the flush
+        subprocess.run([sys.executable, "-m", "hpctrain", *sweep], cwd=REPO, env=env, stdout=out, timeout=60)
+    run_id = re.compile(r"\d{8}-\d{6}")  # the next run directory's name: the time of the call
+    assert run_id.sub("RUN", (tmp_path / "out.txt").read_text()) == run_id.sub("RUN", done.stdout)
+    schema = hpctrain("schema", env=env)
+    assert schema.returncode == 0 and json.loads(schema.stdout)["title"]
+    assert_user_error(hpctrain("validate", str(tmp_path / "missing.yaml"), env=env), 2, "file not found")
 
 
 def test_resume_of_a_sweep_names_the_trial_folder(tmp_path: Path, env: dict[str, str]) -> None:
