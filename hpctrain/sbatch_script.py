@@ -60,6 +60,11 @@ def slurm_mem(mem_gb: float) -> str:
     return f"{int(mem_gb)}GB" if mem_gb == int(mem_gb) else f"{int(mem_gb * 1024)}MB"
 
 
+def signal_parameter(timeout_signal: str, signal_delay_s: int) -> str:
+    """The value of sbatch's ``--signal``: the spec's signal, ``signal_delay_s`` before the limit."""
+    return f"{timeout_signal}@{signal_delay_s}"
+
+
 def sbatch_flag(key: str, value: Any) -> str:
     key = key.replace("_", "-")
     return f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={shlex.quote(str(value))}"

@@ -154,11 +154,6 @@ def classify_sbatch_failure(text: str) -> tuple[str, str]:
     return "Slurm refused the job", "check partition/account/qos/time against 'sinfo' and 'sacctmgr show assoc'"
 
 
-def signal_parameter(timeout_signal: str, signal_delay_s: int) -> str:
-    """The value of sbatch's ``--signal``: the spec's signal, ``signal_delay_s`` before the limit."""
-    return f"{timeout_signal}@{signal_delay_s}"
-
-
 def requeue_command(job_id: str) -> list[str]:
     return ["scontrol", "requeue", job_id]
 

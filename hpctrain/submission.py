@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import hpctrain
-from hpctrain import code_snapshot, job_registry
+from hpctrain import job_registry
 from hpctrain.errors import ClusterError, UsageError
 from hpctrain.rundir import (
     CONTROL_DIR,
@@ -32,8 +32,7 @@ from hpctrain.rundir import (
     write_run_info,
 )
 from hpctrain.runtime.cleanup import python_command
-from hpctrain.sbatch_script import render_sbatch, slurm_mem, task_command
-from hpctrain.slurm import classify_sbatch_failure, signal_parameter
+from hpctrain.sbatch_script import render_sbatch, signal_parameter, slurm_mem, task_command
 from hpctrain.spec.load import LoadedJob
 from hpctrain.spec.models import JobSpec
 from hpctrain.spec.profiles import ClusterProfile
@@ -43,6 +42,8 @@ from hpctrain.templates import render_preamble, render_slurm_relay
 
 if TYPE_CHECKING:
     import submitit
+
+    from hpctrain import code_snapshot
 
 Backend = Literal["slurm", "local"]
 # A task that exits non-zero ends the whole step at once instead of leaving the
@@ -225,6 +226,8 @@ def resubmit(run_dir: Path, job: LoadedJob, *, local: bool = False) -> Submitted
     backend = backend_for(job, local)
     if backend == "slurm" and shutil.which("sbatch") is None:
         raise ClusterError("'sbatch' is not on this machine", hint="resume from a login node, or pass --local")
+    from hpctrain import code_snapshot  # here: --dry-run need not load it
+
     code_root = code_snapshot.import_root(run_dir, read_run_info(run_dir).get("code_snapshot"))
     jobs = _launch(job, backend, run_dir, [run_dir], str(code_root) if code_root else None)
     _record_submission(run_dir, job, backend, jobs[0].job_id, submitit_dir(run_dir))
@@ -249,6 +252,8 @@ def _snapshot_code(job: LoadedJob, run_dir: Path) -> code_snapshot.Snapshot | No
     """Copy the entry point's code into the run directory (see code_snapshot.py); None without one."""
     if job.spec.entrypoint is None:
         return None
+    from hpctrain import code_snapshot  # here: --dry-run need not load it
+
     source = code_snapshot.locate(job.spec.entrypoint)
     return code_snapshot.take(source, run_dir) if source is not None else None
 
@@ -257,6 +262,8 @@ def _launch(
     job: LoadedJob, backend: Backend, run_dir: Path, trial_dirs: list[Path], code_root: str | None = None
 ) -> list[submitit.Job]:
     from submitit.core.utils import FailedJobError
+
+    from hpctrain.slurm import classify_sbatch_failure
 
     executor = build_executor(job, backend, run_dir)
     launchers = task_launchers(job, trial_dirs, backend, code_root)

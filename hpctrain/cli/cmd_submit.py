@@ -17,7 +17,6 @@ from hpctrain.cli.cmd_validate import print_warnings
 from hpctrain.cli.tail import echo_new
 from hpctrain.errors import ClusterError
 from hpctrain.rundir import Summary, next_run_dir, read_summary
-from hpctrain.slurm import wait_until_done
 from hpctrain.spec.load import LoadedJob, load_job
 from hpctrain.submission import SubmittedRun, backend_for, render_script, submit
 
@@ -155,6 +154,8 @@ def follow_local(submitted: SubmittedRun, stream) -> int:
 
 
 def wait_slurm(submitted: SubmittedRun, *, quiet: bool) -> int:
+    from hpctrain.slurm import wait_until_done
+
     state = wait_until_done(submitted.job_id)
     if not quiet:
         print(f"job {submitted.job_id} ended: {state}")

@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 
 from hpctrain.errors import ClusterError
+from hpctrain.sbatch_script import signal_parameter
 from hpctrain.slurm import (
     SlurmCommandError,
     classify_failure,
     parse_kill_wait_s,
     run_slurm,
     show_job_command,
-    signal_parameter,
 )
 
 # The shape of ``scontrol show config`` (Slurm 22.05), trimmed.
