@@ -7,7 +7,7 @@ writes, so its job side finds what it expects: ``SUBMITIT_EXECUTOR=slurm``
 and the per-task logs ``FOLDER/%j_%t_log.out`` (``%A_%a`` for arrays).
 ``hpctrain.submission``'s executor hands submitit this text, and
 ``submit --dry-run`` prints the same text without importing submitit, which
-would cost a login-node command about a third of its time (it imports asyncio).
+would cost a login-node command about a fifth of its time (it imports asyncio).
 ``tests/unit/test_sbatch_script.py`` checks the layout against submitit's
 renderer for every example job. Pure and torch-free.
 """
@@ -74,7 +74,7 @@ def render_sbatch(parameters: Mapping[str, Any], folder: str | Path, command: st
     """The script for executor ``parameters`` (submitit's names), logs under ``folder``."""
     given = {k: v for k, v in {**DEFAULTS, **parameters}.items() if v is not None}  # None: leave it out
     sbatch = {k: v for k, v in given.items() if k not in NOT_SBATCH}
-    sbatch["signal"] = f"USR2@{given['signal_delay_s']}"
+    sbatch["signal"] = signal_parameter("USR2", given["signal_delay_s"])  # submitit default; hpctrain overrides it
     logs = executor_folder(folder)
     stdout, stderr = str(logs / "%j_%t_log.out"), str(logs / "%j_%t_log.err")
     map_count = given.get("map_count")

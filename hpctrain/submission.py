@@ -152,7 +152,7 @@ def local_parameters(spec: JobSpec) -> dict[str, Any]:
 
 
 def build_executor(job: LoadedJob, backend: Backend, run_dir: Path) -> submitit.Executor:
-    import submitit  # here, not at the top: it imports asyncio, a third of a login-node command's time
+    import submitit  # here, not at the top: it imports asyncio, a fifth of a login-node command's time
 
     from hpctrain.submitit_executor import SlurmExecutor
 

@@ -6,8 +6,6 @@ loads it only to submit, never for ``--dry-run``.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import submitit
 
 from hpctrain.sbatch_script import render_sbatch
@@ -22,4 +20,4 @@ class SlurmExecutor(submitit.SlurmExecutor):
         return 1
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
-        return render_sbatch(self.parameters, Path(self.folder), command)
+        return render_sbatch(self.parameters, self.folder, command)
