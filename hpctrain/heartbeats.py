@@ -39,6 +39,7 @@ class Heartbeat(BaseModel):
     step_time_median_s: float | None = None
     recent_step_times_s: list[float] = []
     time: float = 0.0  # unix time the file was written
+    interval_s: float | None = None  # how often the rank's heartbeat thread writes (None: older files)
     gpu_util_pct: float | None = None
     gpu_mem_used_mb: float | None = None
 

@@ -276,6 +276,7 @@ class Summary(BaseModel):
     hung_rank: int | None = None  # the rank that stopped making progress first (hang detection)
     hung_node: str | None = None
     hung_phase: str | None = None
+    hung_frozen_s: float | None = None  # the hung rank's whole process froze: its heartbeat was silent this long
     error: str | None = None
     wall_s: float | None = None
     started_at: str | None = None

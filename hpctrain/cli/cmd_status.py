@@ -41,6 +41,7 @@ PROGRESS_KEYS = (
     "hung_rank",
     "hung_node",
     "hung_phase",
+    "hung_frozen_s",
 )
 RANK_TABLE_UP_TO = 8  # the plain status shows every rank's heartbeat up to this many ranks (or with --ranks)
 

@@ -21,9 +21,8 @@ other. Each one then, in its own heartbeat thread:
    (``faulthandler``) to ``stacks/rank-NNNNN.txt``;
 2. tries to create the job's claim marker with ``O_EXCL``: exactly one rank wins;
 3. the winner waits a grace period (the others dump meanwhile), reads every
-   heartbeat of this job, names the rank that stopped first
-   (``hpctrain.heartbeats.first_stopped``: lowest step, then oldest phase) and
-   writes ``status: failed``, ``hung_rank``, ``hung_node``, ``hung_phase``,
+   heartbeat of this job, names the culprit (:func:`culprit`) and writes
+   ``status: failed``, ``hung_rank``, ``hung_node``, ``hung_phase``,
    ``failed_reason`` and ``stack_dumps`` into ``summary.json``; the others
    wait (bounded) until that summary is there;
 4. every rank ends with ``os._exit(HANG_EXIT_CODE)``: no interpreter shutdown
@@ -33,6 +32,14 @@ other. Each one then, in its own heartbeat thread:
    never a stop: nothing requeues it (``runtime/requeue.py`` handles only the
    trainer's stop results) and ``runtime/failures.py`` keeps the hang report
    when srun then reports the exited tasks.
+
+**Who is the culprit.** A rank whose heartbeat thread stopped writing while
+the others' went on is *frozen* as a whole process (stopped by SIGSTOP, blocked
+in the kernel, stuck in native code that holds the GIL, or on a node that no
+longer answers): its file is older than its own write interval allows, so the
+step and phase in it are only its last recorded ones, and the report says so
+(``hung_frozen_s``). Otherwise the rank that stopped first is named
+(``hpctrain.heartbeats.first_stopped``: lowest step, then oldest phase).
 
 Torch-free.
 """
@@ -55,6 +62,7 @@ HANG_EXIT_CODE = 87  # distinct from Python's 1 and from signals' 128+N: "ended 
 PAUSED_PHASES = frozenset({"checkpoint", "done"})
 GRACE_MIN_S, GRACE_MAX_S = 5.0, 60.0
 REPORT_WAIT_S = 90.0  # how long a rank that lost the claim waits for the winner's summary
+SILENT_MARGIN_S = 5.0  # beyond two write intervals: a live heartbeat thread is never this late
 
 
 class ProgressWatch:
@@ -86,24 +94,59 @@ def grace_s(step_times: Iterable[float]) -> float:
     return min(GRACE_MAX_S, GRACE_MIN_S + 2 * median)
 
 
-def hang_report(beats: Iterable[Heartbeat], job_id: str | None, now: float, run_dir: Path) -> dict[str, Any] | None:
-    """The summary fields naming the rank that stopped first among job ``job_id``'s heartbeats. Pure."""
-    mine = [beat for beat in beats if job_id is None or beat.job_id == job_id]
-    culprit = first_stopped(mine)
-    if culprit is None:
+def silent_s(beat: Heartbeat, now: float) -> float | None:
+    """How long ``beat``'s heartbeat thread has been silent beyond what its interval allows, or None.
+
+    A live thread rewrites the file at least every ``interval_s``; one that has
+    not for two intervals and a margin is frozen with its process. Files that do
+    not record their interval, and finished ranks, are never called silent.
+    """
+    if beat.interval_s is None or beat.phase == "done":
         return None
-    stalled = max(0.0, now - max(culprit.phase_since, culprit.last_progress))
-    reason = (
-        f"hang: rank {culprit.rank} on node {culprit.node} made no progress in phase {culprit.phase} "
-        f"for {stalled:.0f} s (step {culprit.step})"
-    )
+    age = now - beat.time
+    return age if age > 2 * beat.interval_s + SILENT_MARGIN_S else None
+
+
+def culprit(beats: list[Heartbeat], now: float) -> tuple[Heartbeat, float | None] | None:
+    """The rank to blame and, when its whole process froze, for how long its heartbeat has been silent.
+
+    A frozen rank is blamed before any rank that is merely waiting: the others
+    wait for it, and what its file says is older than what theirs say. Among
+    several frozen ranks, the one that went silent first.
+    """
+    frozen = [(beat, silent) for beat in beats if (silent := silent_s(beat, now)) is not None]
+    if frozen:
+        return max(frozen, key=lambda pair: (pair[1], -pair[0].rank))
+    stopped = first_stopped(beats)
+    return None if stopped is None else (stopped, None)
+
+
+def hang_report(beats: Iterable[Heartbeat], job_id: str | None, now: float, run_dir: Path) -> dict[str, Any] | None:
+    """The summary fields naming the culprit among job ``job_id``'s heartbeats. Pure."""
+    mine = [beat for beat in beats if job_id is None or beat.job_id == job_id]
+    found = culprit(mine, now)
+    if found is None:
+        return None
+    beat, frozen_s = found
+    where = f"rank {beat.rank} on node {beat.node}"
+    if frozen_s is not None:
+        reason = (
+            f"hang: {where} stopped responding: its heartbeat has been silent for {frozen_s:.0f} s (the whole "
+            "process is frozen: stopped by a signal, blocked in the kernel or in native code holding the GIL, "
+            f"or its node no longer answers); last recorded: phase {beat.phase} at step {beat.step}"
+        )
+    else:
+        stalled = max(0.0, now - max(beat.phase_since, beat.last_progress))
+        reason = f"hang: {where} made no progress in phase {beat.phase} for {stalled:.0f} s (step {beat.step})"
     return {
         "status": "failed",
-        "hung_rank": culprit.rank,
-        "hung_node": culprit.node,
-        "hung_phase": culprit.phase,
-        "failed_rank": culprit.rank,
-        "failed_node": culprit.node,
+        "hung_rank": beat.rank,
+        "hung_node": beat.node,
+        "hung_phase": beat.phase,
+        "hung_step": beat.step,
+        "hung_frozen_s": None if frozen_s is None else round(frozen_s, 1),
+        "failed_rank": beat.rank,
+        "failed_node": beat.node,
         "failed_reason": reason,
         "error": reason,
         "stack_dumps": str(stacks_dir(run_dir)),

@@ -14,9 +14,10 @@ several times per step::
 :class:`Monitor` is one daemon thread per rank, started by the launcher for the
 trainer and for custom entry points alike. Every ``poll_s`` it asks the hang
 watchdog (``hpctrain.runtime.hang``) whether the rank stopped making progress
-and, every ``distributed.heartbeat_interval_s``, writes
-``heartbeats/rank-NNNNN.json`` (the fields of :class:`hpctrain.heartbeats.Heartbeat`)
-atomically into the run directory, which is shared by all nodes. It never
+and, every ``distributed.heartbeat_interval_s`` and at once after a milestone
+(the first step of an attempt, a new epoch, entering or leaving a checkpoint,
+validation or the end), writes ``heartbeats/rank-NNNNN.json`` (the fields of
+:class:`hpctrain.heartbeats.Heartbeat`) atomically into the run directory, which is shared by all nodes. It never
 creates the run directory (a path that does not exist on this node is not the
 shared one) and never raises: an error is logged once and the thread goes on.
 Torch-free.
@@ -41,6 +42,9 @@ log = logging.getLogger(__name__)
 
 RECENT_STEPS = 20  # step times kept for the median
 POLL_S = 1.0  # how often the thread looks at the recorder (hang checks; writes when due)
+# Phases whose start and end are milestones: the file is rewritten at once, so that what it says
+# before a rank freezes (SIGSTOP, a dead node) is at most one poll old at these points, not an interval.
+MILESTONE_PHASES = frozenset({"checkpoint", "validation", "done"})
 
 
 class Recorder:
@@ -87,6 +91,11 @@ class Recorder:
     def beat(self) -> None:
         """Progress that is not a step (a validation batch, a hogwild worker's report)."""
         self.changes += 1
+
+    def milestone(self) -> tuple[bool, int | None, str]:
+        """What changes rarely and matters to a reader: armed, epoch, and a milestone phase or ``train``."""
+        phase = self.phase_name if self.phase_name in MILESTONE_PHASES else "train"
+        return (self.armed, self.epoch, phase)
 
     def snapshot(self) -> dict[str, Any]:
         """The heartbeat fields this recorder knows (read from another thread; copies first)."""
@@ -179,6 +188,7 @@ class Monitor:
         self.path = heartbeat_path(self.run_dir, int(identity["rank"]))
         self.writes = 0
         self._last_write: float | None = None
+        self._written_milestone: tuple[bool, int | None, str] | None = None
         self._gpu_sample: dict[str, float] = {}
         self._warned: set[str] = set()
         self._stop = threading.Event()
@@ -199,22 +209,31 @@ class Monitor:
         self.write(self.clock())
 
     def tick(self, now: float) -> None:
-        """One round: the watchdog, then the heartbeat (and GPU sample) when one is due."""
+        """One round: the watchdog, then the heartbeat (and GPU sample) when due or after a milestone."""
         if self.watchdog is not None:
             self._guard("watchdog", self.watchdog, now)
         if self._last_write is None or now - self._last_write >= self.interval_s:
             if self.gpu is not None:
                 self._guard("gpu", self._sample_gpu, now)
             self.write(now)
+        elif self.recorder.milestone() != self._written_milestone:
+            self.write(now)
 
     def write(self, now: float) -> None:
         """Write the heartbeat file now (atomic); errors are logged once, never raised."""
         self._last_write = now
+        self._written_milestone = self.recorder.milestone()
         if self._guard("write", self._write, now):
             self.writes += 1
 
     def heartbeat(self, now: float) -> dict[str, Any]:
-        return {**self.identity, **self.recorder.snapshot(), **self._gpu_sample, "time": now}
+        return {
+            **self.identity,
+            **self.recorder.snapshot(),
+            **self._gpu_sample,
+            "interval_s": self.interval_s,  # lets a reader tell a silent (frozen) rank from a quiet one
+            "time": now,
+        }
 
     def _write(self, now: float) -> None:
         if not self.run_dir.is_dir():

@@ -35,16 +35,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_a_stuck_rank_is_named_and_every_rank_ends(tmp_path: Path) -> None:
-    pytest.importorskip("torch.distributed")
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    spec = {
-        "name": "hang",
-        "entrypoint": "tests.slurm.entrypoints:hang_on_rank",
-        "entrypoint_args": {"rank": STUCK, "steps": 2, "compute_s": 0.3, "hang_s": 300},
-        "distributed": {"backend": "gloo", "timeout_s": 120, "hang_timeout_s": 3, "heartbeat_interval_s": 1},
-    }
+def start_ranks(tmp_path: Path, run_dir: Path, spec: dict) -> list[subprocess.Popen]:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     port = str(free_port())
@@ -58,7 +49,7 @@ def test_a_stuck_rank_is_named_and_every_rank_ends(tmp_path: Path) -> None:
         TORCHELASTIC_RUN_ID="hangtest",
         HPCTRAIN_ALLOW_LOOPBACK_MASTER="1",
     )
-    procs = [
+    return [
         subprocess.Popen(
             [sys.executable, str(script), str(run_dir), json.dumps(spec)],
             env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
@@ -68,6 +59,22 @@ def test_a_stuck_rank_is_named_and_every_rank_ends(tmp_path: Path) -> None:
         )
         for rank in range(WORLD)
     ]
+
+
+def hang_spec(**args: object) -> dict:
+    return {
+        "name": "hang",
+        "entrypoint": "tests.slurm.entrypoints:hang_on_rank",
+        "entrypoint_args": {"rank": STUCK, "steps": 2, "compute_s": 0.3, "hang_s": 300, **args},
+        "distributed": {"backend": "gloo", "timeout_s": 120, "hang_timeout_s": 3, "heartbeat_interval_s": 0.5},
+    }
+
+
+def test_a_stuck_rank_is_named_and_every_rank_ends(tmp_path: Path) -> None:
+    pytest.importorskip("torch.distributed")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    procs = start_ranks(tmp_path, run_dir, hang_spec())
     errs = []
     try:
         for proc in procs:
@@ -96,6 +103,34 @@ def test_a_stuck_rank_is_named_and_every_rank_ends(tmp_path: Path) -> None:
     assert sorted(beats) == list(range(WORLD))
     assert {beats[r].phase for r in range(WORLD) if r != STUCK} == {"allreduce"}
     assert all(beat.step == 2 and beat.job_id == "hangtest" for beat in beats.values())
+    assert summary.hung_frozen_s is None  # stuck in Python: its heartbeat thread went on writing
+
+
+def test_a_frozen_rank_is_named_with_the_phase_its_own_heartbeat_last_recorded(tmp_path: Path) -> None:
+    """SIGSTOP of a rank's process stops its heartbeat thread too: the report must not trust its file's age."""
+    pytest.importorskip("torch.distributed")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    procs = start_ranks(tmp_path, run_dir, hang_spec(freeze=True))
+    errs = []
+    try:
+        for rank, proc in enumerate(procs):
+            if rank != STUCK:
+                _, err = proc.communicate(timeout=110)
+                errs.append(err.decode(errors="replace"))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    logs = "\n".join(errs)
+    assert [proc.returncode for rank, proc in enumerate(procs) if rank != STUCK] == [HANG_EXIT_CODE] * (WORLD - 1)
+    summary = read_summary(run_dir)
+    assert summary is not None and summary.status == "failed", logs
+    own = {beat.rank: beat for beat in read_heartbeats(run_dir)}[STUCK]
+    assert (summary.hung_rank, summary.hung_phase) == (STUCK, own.phase), logs
+    assert summary.hung_frozen_s is not None and summary.hung_frozen_s > 0, logs
+    assert f"hang: rank {STUCK} on node " in summary.failed_reason and "stopped responding" in summary.failed_reason
 
 
 class PhaseLog(heartbeat.Recorder):

@@ -30,9 +30,12 @@ def fail_on_rank(ctx: Any, rank: int, hang_s: float = 600.0) -> dict[str, Any]:
     return {"rank": ctx.env.global_rank, "survived": True}
 
 
-def hang_on_rank(ctx: Any, rank: int, steps: int = 3, compute_s: float = 0.3, hang_s: float = 900.0) -> dict[str, Any]:
+def hang_on_rank(
+    ctx: Any, rank: int, steps: int = 3, compute_s: float = 0.3, hang_s: float = 900.0, freeze: bool = False
+) -> dict[str, Any]:
     """``steps`` steps of compute + all-reduce on every rank; then rank ``rank`` gets stuck before the next
-    all-reduce while the others wait in it (the hang watchdog's test case).
+    all-reduce while the others wait in it (the hang watchdog's test case). ``freeze``: the rank stops its
+    whole process with SIGSTOP instead (heartbeat thread included), as a frozen process or a dead node would.
 
     Every step's compute takes ``compute_s`` so that the waiting ranks enter the collective measurably
     later than the stuck rank entered its compute.
@@ -47,6 +50,11 @@ def hang_on_rank(ctx: Any, rank: int, steps: int = 3, compute_s: float = 0.3, ha
         with heartbeat.phase("forward_backward"):
             time.sleep(compute_s)
             if number == steps + 1 and ctx.env.global_rank == rank:
+                if freeze:
+                    import os
+                    import signal
+
+                    os.kill(os.getpid(), signal.SIGSTOP)
                 _stuck_before_collective(hang_s)
         with heartbeat.phase("allreduce"):
             dist.all_reduce(value)

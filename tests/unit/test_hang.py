@@ -254,3 +254,102 @@ def test_hang_timeout_must_be_shorter_than_the_collective_timeout() -> None:
 def test_hang_timeout_rejects_other_values(bad: object) -> None:
     with pytest.raises(ValidationError, match="'auto', or null/0"):
         Distributed(hang_timeout_s=bad)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- a rank frozen as a whole process
+
+
+def written(rank: int, node: str, step: int, phase: str, at: float, interval_s: float | None = 10.0) -> Heartbeat:
+    return Heartbeat(
+        rank=rank, node=node, job_id="9", step=step, phase=phase, phase_since=at, last_progress=at,
+        time=at, interval_s=interval_s,
+    )  # fmt: skip
+
+
+def test_a_frozen_rank_is_named_with_its_last_recorded_phase_and_how_long_it_was_silent(tmp_path: Path) -> None:
+    # rank 2 was SIGSTOPped at 1000 in forward_backward of step 5; the others wait in the
+    # all-reduce of step 5 and their heartbeat threads go on writing
+    beats = [
+        written(0, "n1", 5, "allreduce", 1001.0).model_copy(update={"time": 1042.0}),
+        written(1, "n1", 5, "allreduce", 1001.0).model_copy(update={"time": 1042.5}),
+        written(2, "n2", 5, "forward_backward", 999.0),
+        written(3, "n2", 5, "allreduce", 1001.2).model_copy(update={"time": 1041.0}),
+    ]
+    fields = hang_report(beats, "9", now=1043.0, run_dir=tmp_path)
+    assert fields is not None
+    assert (fields["hung_rank"], fields["hung_node"], fields["hung_phase"], fields["hung_step"]) == (
+        2,
+        "n2",
+        "forward_backward",
+        5,
+    )
+    assert fields["hung_frozen_s"] == 44.0
+    assert "silent for 44 s" in fields["failed_reason"]
+    assert "last recorded: phase forward_backward at step 5" in fields["failed_reason"]
+
+
+def test_a_frozen_rank_is_blamed_before_a_waiting_rank_with_a_lower_step(tmp_path: Path) -> None:
+    beats = [
+        written(0, "n1", 4, "data", 1040.0),  # behind, but its thread is alive
+        written(1, "n2", 5, "optimizer", 1000.0),  # silent for 42 s with a 10 s interval
+    ]
+    assert hang_report(beats, "9", now=1042.0, run_dir=tmp_path)["hung_rank"] == 1  # type: ignore[index]
+
+
+def test_silence_within_two_intervals_or_without_a_recorded_interval_is_not_frozen(tmp_path: Path) -> None:
+    quiet = [written(0, "n1", 8, "allreduce", 1030.0), written(1, "n1", 7, "data", 1020.0)]  # 25 s: allowed
+    fields = hang_report(quiet, "9", now=1045.0, run_dir=tmp_path)
+    assert fields is not None and fields["hung_rank"] == 1 and fields["hung_frozen_s"] is None
+    old_files = [written(0, "n1", 8, "allreduce", 900.0, None), written(1, "n1", 7, "data", 1040.0, None)]
+    fields = hang_report(old_files, "9", now=1045.0, run_dir=tmp_path)
+    assert fields is not None and fields["hung_rank"] == 1 and fields["hung_frozen_s"] is None
+
+
+def test_the_summary_agrees_with_the_frozen_ranks_own_file(tmp_path: Path) -> None:
+    """The smoke-job case: a rank stopped soon after its first checkpoint, before its next interval write."""
+    from hpctrain.heartbeats import read_heartbeats
+    from hpctrain.runtime.heartbeat import Monitor
+
+    clock = Clock(1000.0)
+    recs = {rank: Recorder(clock) for rank in range(2)}
+    mons = {
+        rank: Monitor(
+            tmp_path,
+            {"rank": rank, "node": f"n{rank + 1}", "pid": 1, "job_id": "9"},
+            interval_s=10.0,
+            recorder=rec,
+            clock=clock,
+        )  # fmt: skip
+        for rank, rec in recs.items()
+    }
+
+    def poll() -> None:
+        for mon in mons.values():
+            mon.tick(clock.now)
+
+    poll()  # both write "setup, step 0"
+    for step in range(1, 5):
+        for rec in recs.values():
+            rec.set_phase("forward_backward")
+            rec.step(step, epoch=0)
+        clock.now += 0.5
+        poll()
+    for rec in recs.values():
+        rec.set_phase("checkpoint")
+    clock.now += 0.5
+    poll()
+    for rec in recs.values():
+        rec.set_phase("forward_backward")
+        rec.step(5, epoch=1)
+    clock.now += 1.0
+    poll()  # rank 1 is stopped right after this poll: its thread never runs again
+    del mons[1]
+    recs[0].set_phase("allreduce")
+    for _ in range(43):
+        clock.now += 1.0
+        poll()
+    fields = hang_report(read_heartbeats(tmp_path), "9", now=clock.now, run_dir=tmp_path)
+    own = read_heartbeats(tmp_path)[1]
+    assert fields is not None and fields["hung_rank"] == 1
+    assert (fields["hung_phase"], fields["hung_step"]) == (own.phase, own.step) == ("forward_backward", 5)
+    assert fields["hung_frozen_s"] is not None and fields["hung_frozen_s"] >= 43

@@ -223,3 +223,30 @@ def test_nvml_samples_this_ranks_gpu() -> None:
     assert sample is not None
     values = sample()
     assert values is not None and 0.0 <= values["gpu_util_pct"] <= 100.0 and values["gpu_mem_used_mb"] > 0
+
+
+def test_milestones_are_written_at_once_and_ordinary_steps_wait_for_the_interval(tmp_path: Path) -> None:
+    clock = Clock()
+    rec = Recorder(clock)
+    mon = monitor(tmp_path, rec, clock)
+    mon.tick(clock.now)  # setup, step 0
+    rec.set_phase("forward_backward")
+    rec.step(1, epoch=0)  # the first step arms the watchdog: a milestone
+    clock.now += 1.0
+    mon.tick(clock.now)
+    assert mon.writes == 2 and read_heartbeats(tmp_path)[0].step == 1
+    rec.step(2, epoch=0)  # an ordinary step: no write before the interval
+    rec.set_phase("allreduce")
+    clock.now += 1.0
+    mon.tick(clock.now)
+    assert mon.writes == 2
+    rec.set_phase("checkpoint")  # entering and leaving a checkpoint are milestones
+    clock.now += 1.0
+    mon.tick(clock.now)
+    rec.set_phase("data")
+    rec.step(3, epoch=1)
+    clock.now += 1.0
+    mon.tick(clock.now)
+    assert mon.writes == 4
+    [beat] = read_heartbeats(tmp_path)
+    assert (beat.step, beat.epoch, beat.phase, beat.interval_s) == (3, 1, "data", 10.0)
