@@ -96,6 +96,8 @@ def type_name(prop: dict[str, Any]) -> str:
         name = f"list of {type_name(items)}" if items else "list"
     elif inner.get("type") == "object":
         values = inner.get("additionalProperties")
+        if not isinstance(values, dict) or not values:  # keys with a pattern: {pattern: value schema}
+            values = next(iter((inner.get("patternProperties") or {}).values()), None)
         name = f"mapping to {type_name(values)}" if isinstance(values, dict) and values else "mapping"
     elif "enum" in inner:
         name = inner.get("type", "value")

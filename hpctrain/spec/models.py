@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from hpctrain.spec.batch import BatchLayout
 from hpctrain.spec.slurm_time import ALLOWED_FORMS, parse_time_limit
@@ -20,8 +20,9 @@ ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 SLURM_OPTION_PATTERN = r"^[a-z][a-z0-9-]*$"
 BLOCK_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$"  # a module path such as layer3 or features.7
 SLURM_VALUE_PATTERN = r"^[A-Za-z0-9_.,:=/@%+\-\[\]]*$"
-# Partition/account/qos/constraint words; constraints may also use & | ! ( ).
-SLURM_WORD_PATTERN = r"^[A-Za-z0-9_.,:=/@%+\-\[\]&|!()*]+$"
+# Partition/account/qos/constraint words; constraints may also use & | ! ( ). Never a leading '-'.
+SLURM_WORD_PATTERN = r"^[A-Za-z0-9_.,:=/@%+\[\]&|!()*][A-Za-z0-9_.,:=/@%+\-\[\]&|!()*]*$"
+NCCL_NAME_PATTERN = r"^(NCCL|TORCH_NCCL)_[A-Z0-9_]+$"
 ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 # Characters that would let a setup line run more than the one command it names.
 _SETUP_FORBIDDEN = re.compile(r"[;&|<>`\n\r\x00]|\$\(")
@@ -75,43 +76,27 @@ def check_mem_gb(value: float | None) -> float | None:
 
 def check_slurm_word(value: str | None) -> str | None:
     if value is not None and not re.match(SLURM_WORD_PATTERN, value):
-        raise ValueError(f"{value!r} has characters Slurm does not accept here")
+        raise ValueError(f"{value!r} {PATTERN_RULES[SLURM_WORD_PATTERN]}")
     return value
 
 
-def check_slurm_extra(value: dict[str, str]) -> dict[str, str]:
-    for key, item in value.items():
-        if not re.match(SLURM_OPTION_PATTERN, key):
-            raise ValueError(f"option name {key!r} must look like 'reservation' or 'mail-type'")
-        if not re.match(SLURM_VALUE_PATTERN, str(item)):
-            raise ValueError(f"value of {key!r} may only contain letters, digits and _.,:=/@%+-[]")
-    return value
-
-
-def check_setup_lines(lines: list[str]) -> list[str]:
+def check_setup_line(line: str) -> str:
     """Setup lines go into the sbatch script as they are: each must be one command."""
-    for line in lines:
-        if _SETUP_FORBIDDEN.search(line):
-            raise ValueError(
-                f"setup line {line!r} contains ; & | < > ` or $( ; each line must be one command "
-                "(put anything more complex in a script and 'source' it)"
-            )
-    return lines
+    if _SETUP_FORBIDDEN.search(line):
+        raise ValueError(
+            f"setup line {line!r} contains ; & | < > ` or $( ; each line must be one command "
+            "(put anything more complex in a script and 'source' it)"
+        )
+    return line
 
 
-def check_env(value: dict[str, str]) -> dict[str, str]:
-    for key, item in value.items():
-        if not re.match(ENV_NAME_PATTERN, key):
-            raise ValueError(f"{key!r} is not a valid environment variable name")
-        if _CONTROL_CHARS.search(str(item)):
-            raise ValueError(f"value of {key!r} may not contain control characters")
+def check_no_control_chars(value: str) -> str:
+    if _CONTROL_CHARS.search(value):
+        raise ValueError(f"{value!r} contains control characters (a newline, tab or escape); write it on one line")
     return value
 
 
 def check_block_names(names: list[str]) -> list[str]:
-    for name in names:
-        if not re.match(BLOCK_NAME_PATTERN, name):
-            raise ValueError(f"{name!r} is not a module name such as 'layer3' or 'features.7'")
     if len(set(names)) != len(names):
         raise ValueError("split points must be different blocks")
     return names
@@ -121,6 +106,24 @@ def safe_path(value: str | None) -> str | None:
     if value is not None and _CONTROL_CHARS.search(value):
         raise ValueError("paths may not contain control characters or newlines")
     return value
+
+
+# Mappings and lists whose every entry is checked on its own, so every bad entry is
+# reported at once (a validator over the whole mapping stops at the first).
+EnvMap = Annotated[
+    dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], Annotated[str, AfterValidator(check_no_control_chars)]],
+    BeforeValidator(scalars_to_str),
+]
+NcclEnvMap = Annotated[
+    dict[Annotated[str, Field(pattern=NCCL_NAME_PATTERN)], Annotated[str, AfterValidator(check_no_control_chars)]],
+    BeforeValidator(scalars_to_str),
+]
+SlurmExtraMap = Annotated[
+    dict[Annotated[str, Field(pattern=SLURM_OPTION_PATTERN)], Annotated[str, Field(pattern=SLURM_VALUE_PATTERN)]],
+    BeforeValidator(scalars_to_str),
+]
+SetupLines = list[Annotated[str, AfterValidator(check_setup_line)]]
+BlockNames = Annotated[list[Annotated[str, Field(pattern=BLOCK_NAME_PATTERN)]], AfterValidator(check_block_names)]
 
 
 class Resources(Section):
@@ -149,7 +152,7 @@ class Resources(Section):
     exclusive: Annotated[bool, Field(description="Ask for whole nodes (--exclusive).")] = False
     array_parallelism: Annotated[int, Field(ge=1, description="Max array tasks running at once (sweeps).")] = 64
     slurm_extra: Annotated[
-        StrMap,
+        SlurmExtraMap,
         Field(description="Extra '#SBATCH --KEY=VALUE' lines, e.g. {reservation: myres}."),
     ] = {}
 
@@ -170,11 +173,6 @@ class Resources(Section):
     @classmethod
     def _slurm_word(cls, value: str | None) -> str | None:
         return check_slurm_word(value)
-
-    @field_validator("slurm_extra")
-    @classmethod
-    def _extra_is_safe(cls, value: dict[str, str]) -> dict[str, str]:
-        return check_slurm_extra(value)
 
     @property
     def time_s(self) -> int:
@@ -205,17 +203,12 @@ class Pipeline(Section):
         Field(description="How split points are chosen: equal parameter counts, or equal forward+backward time."),
     ] = "params"
     split_points: Annotated[
-        list[str],
+        BlockNames,
         Field(
             description="Explicit split: the blocks where stages 2, 3, ... begin, e.g. [layer2, layer4] "
             "(stages - 1 names, in forward order); overrides balance."
         ),
     ] = []
-
-    @field_validator("split_points")
-    @classmethod
-    def _block_names(cls, value: list[str]) -> list[str]:
-        return check_block_names(value)
 
 
 class ModelParallel(Section):
@@ -237,13 +230,8 @@ class ModelParallel(Section):
         Field(description="How split points are chosen: equal parameter counts, or equal forward+backward time."),
     ] = "params"
     split_points: Annotated[
-        list[str], Field(description="Explicit split: the blocks where devices 2, 3, ... begin; overrides balance.")
+        BlockNames, Field(description="Explicit split: the blocks where devices 2, 3, ... begin; overrides balance.")
     ] = []
-
-    @field_validator("split_points")
-    @classmethod
-    def _block_names(cls, value: list[str]) -> list[str]:
-        return check_block_names(value)
 
 
 class ParameterServer(Section):
@@ -439,7 +427,7 @@ class Distributed(Section):
     ] = "auto"
     timeout_s: Annotated[int, Field(ge=10, le=7200, description="Collective timeout.")] = 300
     master_port: Annotated[int | None, Field(ge=1024, le=65535, description="Default: derived from job id.")] = None
-    nccl_env: Annotated[StrMap, Field(description="Extra NCCL_* variables (override defaults).")] = {}
+    nccl_env: Annotated[NcclEnvMap, Field(description="Extra NCCL_* variables (override defaults).")] = {}
     heartbeat_interval_s: Annotated[
         float, Field(gt=0, le=600, description="How often each rank writes heartbeats/rank-N.json (docs/hangs.md).")
     ] = 10.0
@@ -450,14 +438,6 @@ class Distributed(Section):
             "below timeout_s; auto: 80% of timeout_s; null or 0: off (docs/hangs.md)."
         ),
     ] = "auto"
-
-    @field_validator("nccl_env")
-    @classmethod
-    def _nccl_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            if not re.match(r"^(NCCL|TORCH_NCCL)_[A-Z0-9_]+$", key):
-                raise ValueError(f"{key!r} is not an NCCL variable (NCCL_* or TORCH_NCCL_*)")
-        return value
 
     @field_validator("hang_timeout_s", mode="before")
     @classmethod
@@ -513,9 +493,11 @@ class Signals(Section):
     max_requeues: Annotated[int, Field(ge=0, description="Stop requeueing after this many restarts.")] = 100
 
 
-CONTAINER_IMAGE_PATTERN = r"^[A-Za-z0-9_.:/#@+\-]+$"
+# Image and interpreter become words of 'apptainer exec' / 'srun' command lines: never a leading '-'.
+CONTAINER_IMAGE_PATTERN = r"^[A-Za-z0-9_.:/#@+][A-Za-z0-9_.:/#@+\-]*$"
 _MOUNT_PATH = r"/[A-Za-z0-9_.+@%=/\-]*"
 CONTAINER_MOUNT_PATTERN = rf"^{_MOUNT_PATH}(:{_MOUNT_PATH}(:(ro|rw))?)?$"
+CONTAINER_PYTHON_PATTERN = r"^[A-Za-z0-9_./+][A-Za-z0-9_./+\-]*$"
 
 
 class Container(Section):
@@ -543,7 +525,7 @@ class Container(Section):
     python: Annotated[
         str,
         Field(
-            pattern=r"^[A-Za-z0-9_./+\-]+$",
+            pattern=CONTAINER_PYTHON_PATTERN,
             description="The interpreter inside the image (hpctrain and torch must be installed there).",
         ),
     ] = "python3"
@@ -562,9 +544,9 @@ class JobSpec(Section):
         dict[str, object], Field(description="Keyword arguments for the entrypoint function.")
     ] = {}
     setup: Annotated[
-        list[str], Field(description="Shell lines run before the tasks start, e.g. 'module load cuda'.")
+        SetupLines, Field(description="Shell lines run before the tasks start, e.g. 'module load cuda'.")
     ] = []
-    env: Annotated[StrMap, Field(description="Environment variables for every task.")] = {}
+    env: Annotated[EnvMap, Field(description="Environment variables for every task.")] = {}
     launcher: Annotated[
         Literal["srun", "torchrun"],
         Field(
@@ -612,16 +594,6 @@ class JobSpec(Section):
             raise ValueError("entrypoint must look like 'package.module:function'")
         return value
 
-    @field_validator("setup")
-    @classmethod
-    def _setup_single_commands(cls, lines: list[str]) -> list[str]:
-        return check_setup_lines(lines)
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        return check_env(value)
-
     @field_validator("sweep")
     @classmethod
     def _sweep_lists(cls, value: dict[str, list[object]]) -> dict[str, list[object]]:
@@ -658,3 +630,23 @@ class JobSpec(Section):
     @property
     def uses_gpus(self) -> bool:
         return bool(self.resources.gpus_per_node)
+
+
+# What each pattern allows, in words: the message when a value does not match it
+# (spec/problems.py looks the pattern up here; a pattern without a rule is quoted).
+PATTERN_RULES: dict[str, str] = {
+    NAME_PATTERN: "may only contain letters, digits, '_', '.', '-' (at most 64, starting with a letter or digit)",
+    ENV_NAME_PATTERN: "is not a valid environment variable name: letters, digits and '_', not starting with a digit",
+    NCCL_NAME_PATTERN: "is not an NCCL variable: NCCL_* or TORCH_NCCL_* in capitals, digits and '_'",
+    SLURM_OPTION_PATTERN: "is not an sbatch option name: write it like 'reservation' or 'mail-type' (no leading --)",
+    SLURM_VALUE_PATTERN: "may only contain letters, digits and _ . , : = / @ % + - [ ] (no spaces or quotes)",
+    SLURM_WORD_PATTERN: "may only contain letters, digits and _ . , : = / @ % + - [ ] & | ! ( ) *, "
+    "and may not start with '-'",
+    BLOCK_NAME_PATTERN: "is not a module name such as 'layer3' or 'features.7'",
+    CONTAINER_IMAGE_PATTERN: "is not an image: write a reference or file such as nvcr.io#nvidia/pytorch:24.05-py3, "
+    "docker://ubuntu:22.04 or /images/torch.sif (letters, digits and _ . : / # @ + -, not starting with '-')",
+    CONTAINER_MOUNT_PATTERN: "is not a bind mount: write SRC[:DST[:ro|rw]] with absolute paths, e.g. "
+    "/scratch/me:/scratch:ro (paths of letters, digits and _ . + @ % = / -; no ',' or spaces)",
+    CONTAINER_PYTHON_PATTERN: "is not an interpreter: write a name or path such as python3 or /opt/conda/bin/python "
+    "(letters, digits and _ . / + -, not starting with '-')",
+}

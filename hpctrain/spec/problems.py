@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from hpctrain.errors import SpecProblem
+from hpctrain.spec.models import PATTERN_RULES
 
 
 def _submodel(model: type[BaseModel], key: str) -> type[BaseModel] | None:
@@ -74,7 +75,8 @@ def _describe(error: dict[str, Any], root: type[BaseModel]) -> str:
     if kind == "missing":
         return "required key is missing"
     if kind == "string_pattern_mismatch":
-        return f"{got!r} may only contain letters, digits, '_', '.', '-' (at most 64, starting with a letter or digit)"
+        pattern = str(error.get("ctx", {}).get("pattern", ""))
+        return f"{got!r} {PATTERN_RULES.get(pattern, f'does not match the pattern {pattern}')}"
     return message
 
 
@@ -89,6 +91,7 @@ def problems_from_validation(
     for error in exc.errors(include_url=False):
         # pydantic appends the union member / validator name for unions, e.g. ('x', 'int'); drop them.
         loc = tuple(part for part in error["loc"] if not (isinstance(part, str) and part in _UNION_TAGS))
+        loc = loc[:-1] if loc[-1:] == ("[key]",) else loc  # a bad mapping key: reported at the key itself
         key = ".".join(str(part) for part in loc)
         message = _describe({**error, "loc": loc}, root)
         line, column = position_of(key, positions)

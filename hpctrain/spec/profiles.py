@@ -18,13 +18,12 @@ from pydantic import Field, ValidationError, field_validator
 from hpctrain.errors import SpecError
 from hpctrain.spec.models import (
     NAME_PATTERN,
+    EnvMap,
     JobSpec,
     Section,
-    StrMap,
-    check_env,
+    SetupLines,
+    SlurmExtraMap,
     check_mem_gb,
-    check_setup_lines,
-    check_slurm_extra,
     check_slurm_word,
     safe_path,
 )
@@ -56,9 +55,9 @@ class ClusterProfile(Section):
     mem_gb: Annotated[float | None, Field(gt=0)] = None
     max_time: Annotated[str | None, Field(description="Longest time limit the partition accepts.")] = None
     data_root: str | None = None
-    setup: list[str] = []
-    env: StrMap = {}
-    slurm_extra: StrMap = {}
+    setup: SetupLines = []
+    env: EnvMap = {}
+    slurm_extra: SlurmExtraMap = {}
 
     @field_validator("mem_gb")
     @classmethod
@@ -93,21 +92,6 @@ class ClusterProfile(Section):
     @classmethod
     def _data_root(cls, value: str | None) -> str | None:
         return safe_path(value)
-
-    @field_validator("setup")
-    @classmethod
-    def _setup(cls, lines: list[str]) -> list[str]:
-        return check_setup_lines(lines)
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        return check_env(value)
-
-    @field_validator("slurm_extra")
-    @classmethod
-    def _slurm_extra(cls, value: dict[str, str]) -> dict[str, str]:
-        return check_slurm_extra(value)
 
 
 BUILTIN_PROFILES: dict[str, ClusterProfile] = {

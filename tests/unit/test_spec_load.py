@@ -318,7 +318,7 @@ def test_every_problem_is_reported_at_once_in_file_order(tmp_path: Path) -> None
 def test_setup_lines_cannot_chain_commands(tmp_path: Path, line: str) -> None:
     text = VALID + "setup:\n  - module load cuda\n  - " + json.dumps(line) + "\n"
     problem = only_problem(spec_error(write(tmp_path, text)))
-    assert problem.key == "setup"
+    assert problem.key == "setup.1"  # the line itself
     assert "one command" in problem.message
     assert "source" in problem.message
 
@@ -338,14 +338,14 @@ def test_plain_setup_lines_are_fine(tmp_path: Path) -> None:
     [
         ("name: 'a b'", "name"),
         ("name: '$(id)'", "name"),
-        ("env:\n  BAD-NAME: x", "env"),
-        ('env:\n  A: "two\\nlines"', "env"),
+        ("env:\n  BAD-NAME: x", "env.BAD-NAME"),
+        ('env:\n  A: "two\\nlines"', "env.A"),
         ("resources:\n  partition: 'gpu; rm -rf ~'", "resources.partition"),
-        ("resources:\n  slurm_extra:\n    reservation: 'a b'", "resources.slurm_extra"),
-        ("resources:\n  slurm_extra:\n    'x --y': z", "resources.slurm_extra"),
+        ("resources:\n  slurm_extra:\n    reservation: 'a b'", "resources.slurm_extra.reservation"),
+        ("resources:\n  slurm_extra:\n    'x --y': z", "resources.slurm_extra.x --y"),
         ('output_dir: "/tmp/a\\nb"', "output_dir"),
         ("entrypoint: 'os:system; id'", "entrypoint"),
-        ("distributed:\n  nccl_env:\n    LD_PRELOAD: /x.so", "distributed.nccl_env"),
+        ("distributed:\n  nccl_env:\n    LD_PRELOAD: /x.so", "distributed.nccl_env.LD_PRELOAD"),
     ],
 )
 def test_strings_that_could_reach_a_shell_are_checked(tmp_path: Path, text: str, key: str) -> None:
@@ -353,6 +353,64 @@ def test_strings_that_could_reach_a_shell_are_checked(tmp_path: Path, text: str,
     if text.startswith("name:"):
         base = "data:\n  root: /d\n"
     problem_at(spec_error(write(tmp_path, base + text + "\n")), key)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "needle"),
+    [
+        ("container: {runtime: apptainer, image: --writable-tmpfs}", "container.image", "not starting with '-'"),
+        ("container: {runtime: pyxis, image: -x}", "container.image", "docker://ubuntu:22.04"),
+        ("container: {runtime: apptainer, image: a.sif, python: -c}", "container.python", "/opt/conda/bin/python"),
+        ("container: {runtime: apptainer, image: 'a b.sif'}", "container.image", "is not an image"),
+        ("container: {runtime: apptainer, image: a.sif, mounts: [rel/x]}", "container.mounts.0", "SRC[:DST[:ro|rw]]"),
+        ("container: {runtime: apptainer, image: a.sif, mounts: ['/a,/b']}", "container.mounts.0", "no ','"),
+        ("resources: {partition: --wrap=id}", "resources.partition", "may not start with '-'"),
+    ],
+)
+def test_command_line_words_refuse_a_leading_dash_and_say_what_is_allowed(
+    tmp_path: Path, text: str, key: str, needle: str
+) -> None:
+    """An image of '--writable-tmpfs' became an option of 'apptainer exec'; each pattern had the
+    job-name rule as its message (issue 19)."""
+    problem = only_problem(spec_error(write(tmp_path, VALID + text + "\n")))
+    assert problem.key == key and needle in problem.message, problem.message
+    assert "at most 64" not in problem.message  # the job-name rule belongs to name: only
+
+
+def test_every_bad_entry_of_a_mapping_or_list_is_reported_at_once(tmp_path: Path) -> None:
+    text = VALID + textwrap.dedent(
+        """\
+        env: {GOOD: 1, bad-name: x, 1X: y, CTRL: "a\\nb"}
+        setup: ["echo a; b", "module load x", "x | y"]
+        resources:
+          slurm_extra: {--foo: 1, mail-type: "a b", reservation: ok}
+        distributed:
+          nccl_env: {nccl_x: 1, NCCL_OK: "a\\tb", NCCL_DEBUG: INFO}
+        """
+    )
+    found = {p.key: p.message for p in spec_error(write(tmp_path, text)).problems}
+    assert set(found) == {
+        "env.bad-name",
+        "env.1X",
+        "env.CTRL",
+        "setup.0",
+        "setup.2",
+        "resources.slurm_extra.--foo",
+        "resources.slurm_extra.mail-type",
+        "distributed.nccl_env.nccl_x",
+        "distributed.nccl_env.NCCL_OK",
+    }
+    assert "not a valid environment variable name" in found["env.1X"]
+    assert "control characters" in found["env.CTRL"] and "control characters" in found["distributed.nccl_env.NCCL_OK"]
+    assert "no leading --" in found["resources.slurm_extra.--foo"]
+    assert "NCCL_*" in found["distributed.nccl_env.nccl_x"]
+
+
+def test_a_pattern_without_its_own_rule_is_quoted_not_given_the_job_name_rule() -> None:
+    from hpctrain.spec.problems import _describe
+
+    error = {"type": "string_pattern_mismatch", "loc": ("x",), "msg": "", "input": "?", "ctx": {"pattern": "^a$"}}
+    assert _describe(error, JobSpec) == "'?' does not match the pattern ^a$"
 
 
 # ---------------------------------------------------------------- --set overrides
@@ -984,7 +1042,7 @@ def test_cluster_profiles_pass_the_same_checks_as_specs(tmp_path: Path, isolated
     error = spec_error(write(tmp_path, VALID + "cluster: site\n"))
     assert error.source.endswith("site.yaml")
     keys = {p.key for p in error.problems}
-    assert keys == {"partition", "max_time", "gpu_gres", "mem_gb", "setup", "env", "slurm_extra"}
+    assert keys == {"partition", "max_time", "gpu_gres", "mem_gb", "setup.0", "env.A B", "slurm_extra.x y"}
     assert all(p.line is not None for p in error.problems)
     assert "cluster: site" in (error.hint or "")
 
