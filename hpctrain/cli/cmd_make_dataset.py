@@ -5,21 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hpctrain.errors import UsageError
-
 
 def run(args: argparse.Namespace) -> int:
-    from hpctrain.trainer.dataset_gen import make_dataset  # PIL + numpy only
+    from hpctrain.trainer.dataset_gen import make_dataset  # PIL + numpy only; checks every bound first
 
-    for flag, value in (
-        ("--classes", args.classes),
-        ("--per-class", args.per_class),
-        ("--image-size", args.image_size),
-    ):
-        if value < 1:
-            raise UsageError(f"{flag} must be positive")
-    if args.classes < 2:
-        raise UsageError("--classes must be at least 2")
     manifest = make_dataset(
         Path(args.out),
         classes=args.classes,
