@@ -30,35 +30,25 @@ def _whole(low: int, high: int) -> Callable[[str], int]:
     return whole
 
 
-def _seconds(low: float, high: float, *, zero: bool = False) -> Callable[[str], float]:
-    """An argparse type: finite seconds in [low, high] (or exactly 0 where ``zero``); nan, inf refused."""
+def _finite(low: float, high: float, *, above: bool = False, unit: str = "") -> Callable[[str], float]:
+    """An argparse type: a finite number in [low, high] ((low, high] when ``above``); nan and inf refused."""
+    span = f"a number above {low:g} and at most {high:g}{unit}" if above else f"{low:g} to {high:g}{unit}"
 
-    def seconds(text: str) -> float:
+    def finite(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-        if not math.isfinite(value) or not (low <= value <= high or (zero and value == 0)):
-            least = f"0 or {low:g}" if zero else f"{low:g}"
-            raise argparse.ArgumentTypeError(f"{text} is out of range; give {least} to {high:g} seconds")
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number; give {span}") from None
+        inside = low < value <= high if above else low <= value <= high
+        if not math.isfinite(value) or not inside:
+            raise argparse.ArgumentTypeError(f"{text} is out of range; give {span}")
         return value
 
-    return seconds
+    return finite
 
 
-def _rate(high: float) -> Callable[[str], float]:
-    """An argparse type: a finite rate above 0 and at most ``high``."""
-
-    def rate(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not math.isfinite(value) or not 0 < value <= high:
-            raise argparse.ArgumentTypeError(f"{text} is out of range; give a number above 0 and at most {high:g}")
-        return value
-
-    return rate
+def _seconds(low: float, high: float) -> Callable[[str], float]:
+    return _finite(low, high, unit=" seconds")
 
 
 def _spec_arguments(parser: argparse.ArgumentParser) -> None:
@@ -186,7 +176,9 @@ def cmd_bench_data(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--gpu", help="GPU model for the demand table (h100, a100, v100); default: from the profile")
     parser.add_argument(
-        "--demand", type=_rate(1_000_000), help="images/s one GPU trains at, if you know it (up to 1,000,000)"
+        "--demand",
+        type=_finite(0, 1_000_000, above=True),
+        help="images/s one GPU trains at, if you know it (up to 1,000,000)",
     )
     parser.add_argument(
         "--measure-gpu", action="store_true", help="measure the demand with synthetic training steps on this GPU"

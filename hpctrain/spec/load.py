@@ -68,6 +68,8 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     parts = key.split(".")
+    if parts[0] in ("sweep", "study") and len(parts) > 1:  # their keys are dotted themselves
+        parts = [parts[0], ".".join(parts[1:])]
     node = data
     for part in parts[:-1]:
         child = node.get(part)

@@ -8,6 +8,7 @@ forbids unknown keys so a typo is an error, not a silently ignored setting.
 from __future__ import annotations
 
 import re
+import reprlib
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -27,6 +28,9 @@ ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-
 # Characters that would let a setup line run more than the one command it names.
 _SETUP_FORBIDDEN = re.compile(r"[;&|<>`\n\r\x00]|\$\(")
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+_REPR = reprlib.Repr()
+_REPR.maxlist = _REPR.maxdict = 4
+_REPR.maxstring = _REPR.maxother = 40
 
 Strategy = Literal["single", "dp", "ddp", "hogwild", "ps", "pipeline", "model_parallel", "horovod"]
 Precision = Literal["fp32", "fp16", "bf16", "O0", "O1", "O2", "O3"]
@@ -96,6 +100,33 @@ def check_no_control_chars(value: str) -> str:
     return value
 
 
+def check_sweep_key(key: str) -> str:
+    if key.split(".")[0] in ("name", "cluster", "output_dir", "resources", "sweep", "study", "launcher"):
+        raise ValueError(f"{key!r}: only trainer/data/entrypoint_args/env keys can be swept (resources go in study:)")
+    return key
+
+
+def values_list(value: object) -> object:
+    """A sweep's values are a list whatever YAML gave: a scalar, null or mapping gets the way out."""
+    if isinstance(value, list):
+        return value
+    raise ValueError(
+        f"must be a list of values such as [0.1, 0.2], not {shown_value(value)} "
+        "(one value belongs in the key itself, outside sweep:)"
+    )
+
+
+def shown_value(value: object) -> str:
+    """A value as a message quotes it: short, whatever its size."""
+    return _REPR.repr(value) if value is not None else "null (an empty value)"
+
+
+def check_non_empty(values: list[object]) -> list[object]:
+    if not values:
+        raise ValueError("needs at least one value")
+    return values
+
+
 def check_block_names(names: list[str]) -> list[str]:
     if len(set(names)) != len(names):
         raise ValueError("split points must be different blocks")
@@ -122,6 +153,7 @@ SlurmExtraMap = Annotated[
     dict[Annotated[str, Field(pattern=SLURM_OPTION_PATTERN)], Annotated[str, Field(pattern=SLURM_VALUE_PATTERN)]],
     BeforeValidator(scalars_to_str),
 ]
+SweepValues = Annotated[list[object], BeforeValidator(values_list), AfterValidator(check_non_empty)]
 SetupLines = list[Annotated[str, AfterValidator(check_setup_line)]]
 BlockNames = Annotated[list[Annotated[str, Field(pattern=BLOCK_NAME_PATTERN)]], AfterValidator(check_block_names)]
 
@@ -555,7 +587,7 @@ class JobSpec(Section):
         ),
     ] = "srun"
     sweep: Annotated[
-        dict[str, list[object]],
+        dict[Annotated[str, AfterValidator(check_sweep_key)], SweepValues],
         Field(description="Dotted key -> values; the grid becomes a Slurm array, one task per combination."),
     ] = {}
     study: Annotated[
@@ -592,16 +624,6 @@ class JobSpec(Section):
     def _entrypoint_form(cls, value: str | None) -> str | None:
         if value is not None and not re.match(ENTRYPOINT_PATTERN, value):
             raise ValueError("entrypoint must look like 'package.module:function'")
-        return value
-
-    @field_validator("sweep")
-    @classmethod
-    def _sweep_lists(cls, value: dict[str, list[object]]) -> dict[str, list[object]]:
-        for key, values in value.items():
-            if not values:
-                raise ValueError(f"sweep.{key} needs at least one value")
-            if key.split(".")[0] in ("name", "cluster", "output_dir", "resources", "sweep", "study", "launcher"):
-                raise ValueError(f"sweep.{key}: only trainer/data/entrypoint_args/env keys can be swept")
         return value
 
     # Derived values used by submission, the runtime and the docs.

@@ -10,13 +10,13 @@ spec with these helpers, ``hpctrain/study.py`` submits and records them.
 from __future__ import annotations
 
 import itertools
-import reprlib
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.errors import SpecProblem
+from hpctrain.spec.models import shown_value
 
 if TYPE_CHECKING:
     from hpctrain.spec.load import LoadedJob
@@ -30,9 +30,6 @@ STUDY_KEYS: tuple[str, ...] = (
     "resources.cpus_per_task",
 )
 MAX_POINTS = 256  # one Slurm job each; more is a typo or a job for a sweep
-_REPR = reprlib.Repr()
-_REPR.maxlist = _REPR.maxdict = 4
-_REPR.maxstring = _REPR.maxother = 40
 
 
 @dataclass(frozen=True)
@@ -71,25 +68,20 @@ def _axis_problem(key: object, values: object) -> str | None:
         )
     if not isinstance(values, list):
         one = f"; to run one size only, set {key}: {values} instead" if type(values) is int else ""
-        return f"must be a list of values such as [1, 2, 4], not {_shown(values)}{one}"
+        return f"must be a list of values such as [1, 2, 4], not {shown_value(values)}{one}"
     if not values:
         return "needs at least one value, e.g. [1, 2, 4]"
     if len(values) > MAX_POINTS:
         return f"{len(values):,} values, but a study submits at most {MAX_POINTS} jobs (one per point); use fewer"
     bad = [v for v in values if type(v) is not int]  # bool is an int subclass; true is not a size
     if bad:
-        return f"values must be whole numbers such as 4, not {_shown(bad[0])}" + (
+        return f"values must be whole numbers such as 4, not {shown_value(bad[0])}" + (
             f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         )
     repeated = sorted(value for value, count in Counter(values).items() if count > 1)
     if repeated:
         return f"lists {', '.join(map(str, repeated))} more than once; each point runs once"
     return None
-
-
-def _shown(value: object) -> str:
-    """A value as the message quotes it: short, whatever its size."""
-    return _REPR.repr(value) if value is not None else "null (an empty value)"
 
 
 def study_size(axes: Mapping[str, list[Any]]) -> int:

@@ -817,16 +817,36 @@ def test_no_sweep_is_one_trial(tmp_path: Path) -> None:
         ("trainer.lrx: [1, 2]", "sweep.trainer.lrx", "did you mean 'lr'"),
         ("trainer.lr: [0.1, -2]", "sweep.trainer.lr", "greater than 0"),
         ("trainer.lr.x: [1]", "sweep.trainer.lr", "valid number"),
-        ("name.x: [1]", "sweep", "can be swept"),
-        ("resources.nodes: [1, 2]", "sweep", "can be swept"),
-        ("trainer.lr: []", "sweep", "at least one value"),
-        ("trainer.lr: 0.1", "sweep.trainer.lr", "valid list"),
+        ("name.x: [1]", "sweep.name.x", "can be swept"),
+        ("resources.nodes: [1, 2]", "sweep.resources.nodes", "resources go in study:"),
+        ("trainer.lr: []", "sweep.trainer.lr", "at least one value"),
+        ("trainer.lr: 0.1", "sweep.trainer.lr", "must be a list of values such as [0.1, 0.2], not 0.1"),
+        ("trainer.lr: null", "sweep.trainer.lr", "not null"),
+        ("trainer.lr: {a: 1}", "sweep.trainer.lr", "not {'a': 1}"),
     ],
 )
 def test_bad_sweeps(tmp_path: Path, sweep: str, key: str, needle: str) -> None:
     problem = problem_at(spec_error(write(tmp_path, VALID + "sweep:\n  " + sweep + "\n")), key)
     assert needle in problem.message
     assert problem.line is not None
+
+
+def test_every_bad_sweep_key_is_reported_at_once(tmp_path: Path) -> None:
+    text = VALID + "sweep:\n  trainer.lr: 0.1\n  resources.nodes: [1]\n  trainer.epochs: []\n"
+    assert {p.key for p in spec_error(write(tmp_path, text)).problems} == {
+        "sweep.trainer.lr",
+        "sweep.resources.nodes",
+        "sweep.trainer.epochs",
+    }
+
+
+def test_set_reaches_study_and_sweep_keys_which_are_dotted_themselves(tmp_path: Path) -> None:
+    """--set study.resources.nodes=... used to build study: {resources: {nodes: ...}}."""
+    path = write(tmp_path, VALID)
+    job = load_job(path, ["study.resources.nodes=[1, 2]", "sweep.trainer.lr=[0.1, 0.2]"])
+    assert [p.label for p in job.points] == ["nodes-1", "nodes-2"] and len(job.trials) == 2
+    problem = only_problem(spec_error(path, ("study.resources.nodes=4",)))
+    assert problem.key == "study.resources.nodes" and "set resources.nodes: 4 instead" in problem.message
 
 
 def test_sweep_trials_get_the_cross_field_checks(tmp_path: Path) -> None:
