@@ -215,7 +215,7 @@ def _check_params(classes: int, per_class: int, val_per_class: int, image_size: 
     if problems:
         raise UsageError(
             "make-dataset: " + "; ".join(problems),
-            hint="lower --classes, --per-class, --val-per-class or --image-size (limits: docs/data.md)",
+            hint="give --classes, --per-class, --val-per-class and --image-size within these limits (docs/trainer.md)",
         )
 
 
