@@ -162,7 +162,7 @@ def cmd_make_dataset(parser: argparse.ArgumentParser) -> None:
     # The bounds belong to dataset_gen (checked there, all at once, before anything is written).
     parser.add_argument("--classes", type=int, default=10, help="2 to 100,000 (default 10)")
     parser.add_argument("--per-class", type=int, default=100, help="training images per class (1 to 100,000)")
-    parser.add_argument("--val-per-class", type=int, default=None, help="default max(10, per-class / 5)")
+    parser.add_argument("--val-per-class", type=int, default=None, help="1 to 100,000 (default max(10, per-class / 5))")
     parser.add_argument("--image-size", type=int, default=64, help="pixels a side, 8 to 2048 (default 64)")
     parser.add_argument("--seed", type=int, default=0, help="any whole number (default 0)")
 

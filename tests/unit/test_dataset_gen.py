@@ -243,3 +243,22 @@ def test_the_command_answers_absurd_sizes_in_one_line(
     err = capsys.readouterr().err
     assert code == 2 and needle in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP"])
+def test_a_terminated_command_removes_its_temp_folder(tmp_path: Path, signum: str) -> None:
+    """SIGTERM or a closed terminal half way: exit 130 as for Ctrl-C, nothing left behind."""
+    import os
+    import signal
+    import time
+
+    command = [sys.executable, "-m", "hpctrain", "make-dataset", str(tmp_path / "new" / "ds")]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    process = subprocess.Popen([*command, "--per-class", "5000", "--image-size", "64"], env=env, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("new/.ds.tmp-*/train/*/*.jpg")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(getattr(signal, signum))
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130 and b"interrupted" in err and b"Traceback" not in err
+    assert list(tmp_path.iterdir()) == []

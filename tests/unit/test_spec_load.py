@@ -406,6 +406,23 @@ def test_every_bad_entry_of_a_mapping_or_list_is_reported_at_once(tmp_path: Path
     assert "NCCL_*" in found["distributed.nccl_env.nccl_x"]
 
 
+def test_every_pattern_of_specs_and_profiles_has_its_own_rule_in_words() -> None:
+    from hpctrain.spec.models import PATTERN_RULES
+    from hpctrain.spec.profiles import ClusterProfile
+
+    def patterns(node: object) -> set[str]:
+        if isinstance(node, dict):
+            found = {node["pattern"]} if isinstance(node.get("pattern"), str) else set()
+            found |= set(node.get("patternProperties", {}))
+            return found.union(*(patterns(value) for value in node.values()))
+        if isinstance(node, list):
+            return set().union(*(patterns(item) for item in node))
+        return set()
+
+    used = patterns(JobSpec.model_json_schema()) | patterns(ClusterProfile.model_json_schema())
+    assert len(used) >= 9 and used <= set(PATTERN_RULES), used - set(PATTERN_RULES)
+
+
 def test_a_pattern_without_its_own_rule_is_quoted_not_given_the_job_name_rule() -> None:
     from hpctrain.spec.problems import _describe
 
