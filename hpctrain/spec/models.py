@@ -80,7 +80,7 @@ def check_mem_gb(value: float | None) -> float | None:
 
 def check_slurm_word(value: str | None) -> str | None:
     if value is not None and not re.match(SLURM_WORD_PATTERN, value):
-        raise ValueError(f"{value!r} {PATTERN_RULES[SLURM_WORD_PATTERN]}")
+        raise ValueError(f"{shown_value(value)} {PATTERN_RULES[SLURM_WORD_PATTERN]}")
     return value
 
 
@@ -88,7 +88,7 @@ def check_setup_line(line: str) -> str:
     """Setup lines go into the sbatch script as they are: each must be one command."""
     if _SETUP_FORBIDDEN.search(line):
         raise ValueError(
-            f"setup line {line!r} contains ; & | < > ` or $( ; each line must be one command "
+            f"setup line {shown_value(line)} contains ; & | < > ` or $( ; each line must be one command "
             "(put anything more complex in a script and 'source' it)"
         )
     return line
@@ -96,7 +96,9 @@ def check_setup_line(line: str) -> str:
 
 def check_no_control_chars(value: str) -> str:
     if _CONTROL_CHARS.search(value):
-        raise ValueError(f"{value!r} contains control characters (a newline, tab or escape); write it on one line")
+        raise ValueError(
+            f"{shown_value(value)} contains control characters (a newline, tab or escape); write it on one line"
+        )
     return value
 
 
@@ -118,7 +120,7 @@ def values_list(value: object) -> object:
 
 def shown_value(value: object) -> str:
     """A value as a message quotes it: short, whatever its size."""
-    return _REPR.repr(value) if value is not None else "null (an empty value)"
+    return _REPR.repr(value) if value is not None else "null"
 
 
 def check_non_empty(values: list[object]) -> list[object]:

@@ -66,6 +66,28 @@ def _construct_mapping(loader: _SpecLoader, node: yaml.MappingNode, deep: bool =
 _SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+def _refusing_bad_scalars(kind: str, construct: Any) -> Any:
+    """A scalar constructor whose ValueError (a date like 2026-13-45, an integer of more than
+    4300 digits) becomes a YAML error at the value's line, not a traceback."""
+
+    def checked(loader: _SpecLoader, node: yaml.ScalarNode) -> Any:
+        try:
+            return construct(loader, node)
+        except (ValueError, OverflowError) as exc:
+            shown = node.value if len(node.value) <= 40 else f"{node.value[:37]}... ({len(node.value)} characters)"
+            reason = "too many digits" if "digits" in str(exc) else str(exc)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{shown!r} is not a valid {kind} ({reason}); quote it to keep it as text", node.start_mark
+            ) from None
+
+    return checked
+
+
+for _tag, _kind in (("int", "whole number"), ("float", "number"), ("timestamp", "date")):
+    _tag = f"tag:yaml.org,2002:{_tag}"
+    _SpecLoader.add_constructor(_tag, _refusing_bad_scalars(_kind, yaml.SafeLoader.yaml_constructors[_tag]))
+
+
 def parse_yaml_text(text: str, source: str) -> tuple[Any, dict[str, tuple[int, int]]]:
     """Parse text; return the data and {dotted key: (line, column)}, 1-based."""
     _check_nesting(text, source)

@@ -969,6 +969,24 @@ def test_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
     assert "aliases" in problem.message and problem.line is not None
 
 
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [("2026-13-45", "not a valid date (month must be in 1..12)"), ("1" * 5000, "not a valid whole number")],
+    ids=["date", "digits"],
+)
+def test_a_scalar_python_cannot_build_is_a_spec_error_at_its_line(tmp_path: Path, value: str, needle: str) -> None:
+    """Both were a ValueError traceback from PyYAML's constructors."""
+    problem = only_problem(spec_error(write(tmp_path, VALID + f"entrypoint: a.b:c\nentrypoint_args: {{d: {value}}}\n")))
+    assert needle in problem.message and "quote it" in problem.message and problem.line == 5
+    assert len(problem.message) < 200  # the value is shortened, not echoed whole
+
+
+def test_a_huge_value_is_quoted_short_in_every_message(tmp_path: Path) -> None:
+    error = spec_error(write(tmp_path, VALID), (f"trainer.epochs={'1' * 5000}", f"name={'x' * 100_000}"))
+    assert {p.key for p in error.problems} == {"trainer.epochs", "name"}
+    assert all(len(p.message) < 300 for p in error.problems), error.message[:500]
+
+
 def test_complex_key_is_a_spec_error(tmp_path: Path) -> None:
     problem = only_problem(spec_error(write(tmp_path, "name: x\n? [a, b]\n: 1\n")))
     assert "key must be a plain word" in problem.message and problem.line == 2
