@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from hpctrain.errors import SpecProblem
-from hpctrain.spec.models import PATTERN_RULES, shown_value
+from hpctrain.spec.fields import PATTERN_RULES, shown_value
 
 
 def _submodel(model: type[BaseModel], key: str) -> type[BaseModel] | None:

@@ -16,17 +16,16 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError, field_validator
 
 from hpctrain.errors import SpecError
-from hpctrain.spec.models import (
+from hpctrain.spec.fields import (
     NAME_PATTERN,
     EnvMap,
-    JobSpec,
-    Section,
     SetupLines,
     SlurmExtraMap,
     check_mem_gb,
     check_slurm_word,
     safe_path,
 )
+from hpctrain.spec.models import JobSpec, Section
 from hpctrain.spec.problems import problems_from_validation
 from hpctrain.spec.slurm_time import parse_time_limit
 from hpctrain.spec.yaml_source import read_spec_file

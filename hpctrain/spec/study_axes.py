@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.errors import SpecProblem
-from hpctrain.spec.models import shown_value
+from hpctrain.spec.fields import shown_value
 
 if TYPE_CHECKING:
     from hpctrain.spec.load import LoadedJob

@@ -407,7 +407,7 @@ def test_every_bad_entry_of_a_mapping_or_list_is_reported_at_once(tmp_path: Path
 
 
 def test_every_pattern_of_specs_and_profiles_has_its_own_rule_in_words() -> None:
-    from hpctrain.spec.models import PATTERN_RULES
+    from hpctrain.spec.fields import PATTERN_RULES
     from hpctrain.spec.profiles import ClusterProfile
 
     def patterns(node: object) -> set[str]:
