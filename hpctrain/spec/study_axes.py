@@ -63,11 +63,11 @@ def check_axes(axes: object) -> list[SpecProblem]:
 def _axis_problem(key: object, values: object) -> str | None:
     """What is wrong with one axis, or None. Every shape YAML can give is answered here."""
     if key not in STUDY_KEYS:
-        return f"a study varies resources only; {key!r} is not one of {', '.join(STUDY_KEYS)}" + (
+        return f"a study varies resources only; {shown_value(key)} is not one of {', '.join(STUDY_KEYS)}" + (
             " (training settings go in sweep:)" if not str(key).startswith("resources.") else ""
         )
     if not isinstance(values, list):
-        one = f"; to run one size only, set {key}: {values} instead" if type(values) is int else ""
+        one = f"; to run one size only, set {key}: {shown_value(values)} instead" if type(values) is int else ""
         return f"must be a list of values such as [1, 2, 4], not {shown_value(values)}{one}"
     if not values:
         return "needs at least one value, e.g. [1, 2, 4]"
@@ -80,7 +80,7 @@ def _axis_problem(key: object, values: object) -> str | None:
         )
     repeated = sorted(value for value, count in Counter(values).items() if count > 1)
     if repeated:
-        return f"lists {', '.join(map(str, repeated))} more than once; each point runs once"
+        return f"lists {shown_value(repeated)[1:-1]} more than once; each point runs once"
     return None
 
 
