@@ -145,8 +145,9 @@ def cmd_rehearse(parser: argparse.ArgumentParser) -> None:
 
 def cmd_init(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="job name; writes jobs/NAME.yaml")
-    parser.add_argument("--nodes", type=_whole(1, 4096), default=1)
-    parser.add_argument("--gpus-per-node", type=_whole(0, 64), default=4)
+    # Their bounds are the spec's (resources.*): init validates the spec it writes.
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--gpus-per-node", type=int, default=4)
     parser.add_argument("--arch", default="resnet50")
     parser.add_argument("--cluster", default="hal")
     parser.add_argument("--dir", default="jobs", help="directory to write into (default jobs/)")
