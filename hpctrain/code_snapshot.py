@@ -66,7 +66,9 @@ def locate(entrypoint: str, search_path: Sequence[str] | None = None) -> CodeSou
     """The code behind ``package.module:function``, found as ``python -m`` on a node would find it.
 
     None when the package is not found from here (it may be installed on the
-    nodes only) or is hpctrain itself.
+    nodes only), is hpctrain itself, or belongs to the Python environment
+    (site-packages or the standard library: copying ``json`` and putting the copy
+    first on ``sys.path`` would shadow the nodes' own).
     """
     package = entrypoint.partition(":")[0].split(".")[0]
     if package == "hpctrain":
@@ -82,8 +84,8 @@ def locate(entrypoint: str, search_path: Sequence[str] | None = None) -> CodeSou
     else:
         return None
     import_dir = location.parent
-    if _is_site_packages(import_dir):
-        return None  # an installed distribution: the environment's, not the user's tree
+    if in_environment(import_dir):
+        return None  # an installed distribution or the standard library: the environment's, not the user's tree
     git_root = git_toplevel(import_dir)
     files_root = git_root if git_root is not None else location
     return CodeSource(package=package, import_dir=import_dir, files_root=files_root, git_root=git_root)
@@ -194,8 +196,20 @@ def _check_size(base: Path, files: Sequence[Path], source: CodeSource) -> int:
     return total
 
 
-def _is_site_packages(directory: Path) -> bool:
-    return directory.name in ("site-packages", "dist-packages")
+def in_environment(directory: Path) -> bool:
+    """Whether modules imported from ``directory`` belong to the Python environment, not to the
+    user's tree: site-packages, or the standard library (stdlib, platstdlib, lib-dynload)."""
+    if directory.name in ("site-packages", "dist-packages"):
+        return True
+    directory = directory.resolve()
+    return any(directory == root or root in directory.parents for root in _stdlib_roots())
+
+
+def _stdlib_roots() -> set[Path]:
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return {Path(paths[key]).resolve() for key in ("stdlib", "platstdlib") if paths.get(key)}
 
 
 def _sys_path() -> list[str]:

@@ -17,6 +17,7 @@ except ``read_throughput``, so the verdict is unit-tested with plain numbers.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -307,18 +308,27 @@ def read_throughput(root: Path, *, max_files: int = 2000, max_s: float = 10.0, t
 
 def stage_read_throughput(source: Path, stage_dir: Path, *, max_files: int = 2000, max_s: float = 10.0) -> ReadResult:
     """Read MB/s of the node-local disk data.stage would copy to: copy a sample of the files
-    there (into a scratch folder removed afterwards), then read them back like ``read_throughput``."""
+    there (into a scratch folder removed afterwards), then read them back like ``read_throughput``.
+
+    ``stage_dir``'s parent must exist: a missing ``stage_dir`` itself is created and removed
+    again afterwards, so the measurement leaves the disk as it found it (no directory tree
+    made from a typo)."""
     import shutil
     import tempfile
 
+    hint = "pass --stage-dir (or set data.stage_dir) to a writable folder on the node-local disk, e.g. /tmp"
+    if not stage_dir.parent.is_dir():
+        raise UsageError(f"stage dir {stage_dir}: {stage_dir.parent} does not exist", hint=hint)
+    created = False
     try:
-        stage_dir.mkdir(parents=True, exist_ok=True)
+        if not stage_dir.exists():
+            stage_dir.mkdir()
+            created = True
         scratch = Path(tempfile.mkdtemp(prefix="hpctrain-bench-", dir=stage_dir))
     except OSError as exc:
-        raise UsageError(
-            f"data.stage_dir: cannot write to {stage_dir} ({exc.strerror})",
-            hint="set data.stage_dir (or --stage-dir) to a writable node-local folder",
-        ) from None
+        if created:
+            stage_dir.rmdir()
+        raise UsageError(f"stage dir {stage_dir}: cannot write there ({exc.strerror or exc})", hint=hint) from None
     try:
         deadline = time.monotonic() + max_s
         for i, path in enumerate(image_files(source, max_files)):
@@ -327,8 +337,15 @@ def stage_read_throughput(source: Path, stage_dir: Path, *, max_files: int = 200
             shutil.copyfile(path, scratch / f"{i:06d}{path.suffix}")
         result = read_throughput(scratch, max_files=max_files, max_s=max_s)
         return ReadResult(f"{stage_dir} (sample copy)", result.files, result.bytes, result.seconds)
+    except OSError as exc:  # the disk filled up, or the folder went away
+        raise UsageError(
+            f"stage dir {stage_dir}: copying the sample failed ({exc.strerror or exc})", hint=hint
+        ) from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        if created:
+            with contextlib.suppress(OSError):
+                stage_dir.rmdir()
 
 
 def render_plain(report: BenchReport) -> str:

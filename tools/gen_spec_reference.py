@@ -47,7 +47,15 @@ How to read the tables:
 - Units are in the names: `mem_gb`, `timeout_s`, `signal_delay_s`.
 - Unknown keys are errors, at every depth, and the message names the closest
   valid key. Relative paths are resolved against the directory you run
-  `hpctrain` in, and `~` is expanded.
+  `hpctrain` in, and `~` is expanded. Each entry of a mapping or list (`env`, `setup`, `slurm_extra`,
+  `nccl_env`, `container.mounts`, `study`) is checked on its own, so every bad
+  one is named at once (`env.1X: ... not a valid environment variable name`).
+- A value that becomes a word of an `sbatch`, `srun` or `apptainer` command line
+  (`container.image`, `container.python`, `partition`, `account`, `qos`,
+  `constraint`) may not start with `-`; a value that does not match its
+  pattern gets that key's own rule in the message (what is allowed, with an
+  example). An `entrypoint` found in the standard library or site-packages is
+  the environment's: it is not copied into the run's code snapshot.
 - Time limits use Slurm's forms: `MM`, `MM:SS`, `HH:MM:SS`, `D-HH`,
   `D-HH:MM`, `D-HH:MM:SS`. Quote them in YAML (`time: "24:00:00"`).
 - Editors can complete and check specs against the JSON Schema:
@@ -96,6 +104,8 @@ def type_name(prop: dict[str, Any]) -> str:
         name = f"list of {type_name(items)}" if items else "list"
     elif inner.get("type") == "object":
         values = inner.get("additionalProperties")
+        if not isinstance(values, dict) or not values:  # keys with a pattern: {pattern: value schema}
+            values = next(iter((inner.get("patternProperties") or {}).values()), None)
         name = f"mapping to {type_name(values)}" if isinstance(values, dict) and values else "mapping"
     elif "enum" in inner:
         name = inner.get("type", "value")

@@ -4,14 +4,51 @@ building ``--help`` imports nothing heavy. One function per command module."""
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
+
+# The largest job: 4096 nodes x 256 tasks (the spec's resources bounds).
+MAX_RANK = 4096 * 256 - 1
+DAY_S = 24 * 3600.0
 
 
-def _count(text: str) -> int:
-    """A whole number >= 0 (argparse turns the ValueError into 'invalid value', exit 2)."""
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is negative; give a number >= 0")
-    return value
+def _whole(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in [low, high]; anything else is one line and exit 2."""
+
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a whole number; give one from {low:,} to {high:,}"
+            ) from None
+        if not low <= value <= high:
+            what = "negative" if value < 0 <= low else "out of range"
+            raise argparse.ArgumentTypeError(f"{text} is {what}; give a whole number from {low:,} to {high:,}")
+        return value
+
+    return whole
+
+
+def _finite(low: float, high: float, *, above: bool = False, unit: str = "") -> Callable[[str], float]:
+    """An argparse type: a finite number in [low, high] ((low, high] when ``above``); nan and inf refused."""
+    span = f"a number above {low:g} and at most {high:g}{unit}" if above else f"{low:g} to {high:g}{unit}"
+
+    def finite(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number; give {span}") from None
+        inside = low < value <= high if above else low <= value <= high
+        if not math.isfinite(value) or not inside:
+            raise argparse.ArgumentTypeError(f"{text} is out of range; give {span}")
+        return value
+
+    return finite
+
+
+def _seconds(low: float, high: float) -> Callable[[str], float]:
+    return _finite(low, high, unit=" seconds")
 
 
 def _spec_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,22 +103,30 @@ def cmd_status(parser: argparse.ArgumentParser) -> None:
         help="RUN: live view until the job ends (exit 0 completed, 1 failed, 10 stopped)",
     )
     parser.add_argument(
-        "--interval", type=float, default=5.0, metavar="S", help="--watch: seconds between looks (default 5, min 2)"
+        "--interval",
+        type=_seconds(2, 3600),
+        default=5.0,
+        metavar="S",
+        help="--watch: seconds between looks (default 5; 2 to 3600)",
     )
     parser.add_argument("--ranks", action="store_true", help="RUN: every rank's last heartbeat (--watch: each change)")
 
 
 def cmd_logs(parser: argparse.ArgumentParser) -> None:
     _run_argument(parser)
-    parser.add_argument("--rank", type=_count, default=0, help="which task's log (default 0)")
+    parser.add_argument("--rank", type=_whole(0, MAX_RANK), default=0, help="which task's log (default 0)")
     parser.add_argument("--err", action="store_true", help="show stderr instead of stdout")
     parser.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the job ends")
-    parser.add_argument("-n", "--lines", type=_count, default=50, help="lines from the end (default 50; 0 = all)")
+    parser.add_argument(
+        "-n", "--lines", type=_whole(0, 1_000_000), default=50, help="lines from the end (default 50; 0 = all)"
+    )
 
 
 def cmd_cancel(parser: argparse.ArgumentParser) -> None:
     _run_argument(parser)
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the job to end")
+    parser.add_argument(
+        "--timeout", type=_seconds(0, DAY_S), default=60.0, help="seconds to wait for the job to end (0 to 86400)"
+    )
 
 
 def cmd_resume(parser: argparse.ArgumentParser) -> None:
@@ -93,11 +138,14 @@ def cmd_resume(parser: argparse.ArgumentParser) -> None:
 
 def cmd_rehearse(parser: argparse.ArgumentParser) -> None:
     _spec_arguments(parser)
-    parser.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
+    parser.add_argument(
+        "--timeout", type=_seconds(1, 7 * DAY_S), default=900.0, help="give up after this many seconds (up to 7 days)"
+    )
 
 
 def cmd_init(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="job name; writes jobs/NAME.yaml")
+    # Their bounds are the spec's (resources.*): init validates the spec it writes.
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--gpus-per-node", type=int, default=4)
     parser.add_argument("--arch", default="resnet50")
@@ -107,16 +155,17 @@ def cmd_init(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_schema(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--indent", type=int, default=2)
+    parser.add_argument("--indent", type=_whole(0, 16), default=2)
 
 
 def cmd_make_dataset(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out", help="directory to create (must not exist, or be empty)")
-    parser.add_argument("--classes", type=int, default=10)
-    parser.add_argument("--per-class", type=int, default=100, help="training images per class")
-    parser.add_argument("--val-per-class", type=int, default=None)
-    parser.add_argument("--image-size", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
+    # The bounds belong to dataset_gen (checked there, all at once, before anything is written).
+    parser.add_argument("--classes", type=int, default=10, help="2 to 100,000 (default 10)")
+    parser.add_argument("--per-class", type=int, default=100, help="training images per class (1 to 100,000)")
+    parser.add_argument("--val-per-class", type=int, default=None, help="1 to 100,000 (default max(10, per-class / 5))")
+    parser.add_argument("--image-size", type=int, default=64, help="pixels a side, 8 to 2048 (default 64)")
+    parser.add_argument("--seed", type=int, default=0, help="any whole number (default 0)")
 
 
 def cmd_bench_data(parser: argparse.ArgumentParser) -> None:
@@ -127,13 +176,23 @@ def cmd_bench_data(parser: argparse.ArgumentParser) -> None:
         "--stage-dir", help="also measure the node-local disk here (default with data.stage: node: data.stage_dir)"
     )
     parser.add_argument("--gpu", help="GPU model for the demand table (h100, a100, v100); default: from the profile")
-    parser.add_argument("--demand", type=float, help="images/s one GPU trains at, if you know it")
+    parser.add_argument(
+        "--demand",
+        type=_finite(0, 1_000_000, above=True),
+        help="images/s one GPU trains at, if you know it (up to 1,000,000)",
+    )
     parser.add_argument(
         "--measure-gpu", action="store_true", help="measure the demand with synthetic training steps on this GPU"
     )
-    parser.add_argument("--max-files", type=int, default=2000, help="read at most this many files (default 2000)")
-    parser.add_argument("--seconds", type=float, default=10.0, help="time budget per measurement (default 10)")
-    parser.add_argument("--timeout", type=float, default=900.0, help="--slurm: give up after this many seconds")
+    parser.add_argument(
+        "--max-files", type=_whole(1, 1_000_000), default=2000, help="read at most this many files (default 2000)"
+    )
+    parser.add_argument(
+        "--seconds", type=_seconds(1, 3600), default=10.0, help="time budget per measurement (default 10; 1 to 3600)"
+    )
+    parser.add_argument(
+        "--timeout", type=_seconds(60, DAY_S), default=900.0, help="--slurm: give up after this many seconds"
+    )
     parser.add_argument("--json", action="store_true", help="print the measurements and the verdict as JSON")
 
 
@@ -142,7 +201,9 @@ def cmd_doctor(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--cluster", help="use this cluster profile instead of the spec's")
     parser.add_argument("--probe", action="store_true", help="also run a 1-minute job on a compute node and report")
-    parser.add_argument("--probe-timeout", type=float, default=300.0, help="seconds to wait for the probe job")
+    parser.add_argument(
+        "--probe-timeout", type=_seconds(1, DAY_S), default=300.0, help="seconds to wait for the probe job"
+    )
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
 
 

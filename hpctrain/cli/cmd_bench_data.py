@@ -56,8 +56,6 @@ def run(args: argparse.Namespace) -> int:
         max_files=args.max_files,
         seconds=args.seconds,
     )
-    if options.demand is not None and options.demand <= 0:
-        raise UsageError("--demand must be a positive number of images/s per GPU")
     if args.slurm:
         report = _run_on_slurm(job.spec, job.profile, options, str(job.source), timeout_s=args.timeout)
     else:

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 from hpctrain.errors import UsageError
+from hpctrain.spec.fields import NAME_PATTERN
 from hpctrain.spec.load import load_job
-from hpctrain.spec.models import NAME_PATTERN
 from hpctrain.spec.profiles import load_profile
 from hpctrain.templates import fill, read_template
 

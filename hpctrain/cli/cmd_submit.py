@@ -100,7 +100,10 @@ def print_snapshot_plan(job: LoadedJob, *, snapshot: bool) -> None:
     elif snapshot and job.spec.entrypoint.startswith("hpctrain."):
         print("\n# code: the entry point is part of hpctrain; every attempt runs the installed hpctrain")
     elif snapshot:
-        print(f"\n# code: {job.spec.entrypoint} is not found from here; the nodes import it from their environment")
+        print(
+            f"\n# code: {job.spec.entrypoint} is not copied (not found from here, or part of the Python environment:"
+            " site-packages or the standard library); the nodes import it from their environment"
+        )
     else:
         print("\n# code: --no-snapshot: every attempt imports the entry point from the live tree")
 

@@ -68,6 +68,8 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     parts = key.split(".")
+    if parts[0] in ("sweep", "study") and len(parts) > 1:  # their keys are dotted themselves
+        parts = [parts[0], ".".join(parts[1:])]
     node = data
     for part in parts[:-1]:
         child = node.get(part)
@@ -101,7 +103,9 @@ def load_job(
     job = _resolve(data, positions, overridden, environ, source, problems)
     points: tuple[StudyPoint, ...] = ()
     axis_problems = [_positioned(p, positions) for p in check_axes(data.get("study"))]
-    problems += axis_problems
+    # An axis check says more than the model's "input should be a valid list" about the same key.
+    answered = {p.key for p in axis_problems}
+    problems[:] = [p for p in problems if p.key not in answered] + axis_problems
     if job is not None and job.spec.study and not axis_problems:
         points = _expand_study(data, job, positions, environ, problems)
     if problems:

@@ -10,22 +10,27 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hpctrain.spec.batch import BatchLayout
+from hpctrain.spec.fields import (
+    CONTAINER_IMAGE_PATTERN,
+    CONTAINER_MOUNT_PATTERN,
+    CONTAINER_PYTHON_PATTERN,
+    ENTRYPOINT_PATTERN,
+    NAME_PATTERN,
+    BlockNames,
+    EnvMap,
+    NcclEnvMap,
+    SetupLines,
+    SlurmExtraMap,
+    SweepKey,
+    SweepValues,
+    check_mem_gb,
+    check_slurm_word,
+    safe_path,
+)
 from hpctrain.spec.slurm_time import ALLOWED_FORMS, parse_time_limit
-
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-SLURM_OPTION_PATTERN = r"^[a-z][a-z0-9-]*$"
-BLOCK_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$"  # a module path such as layer3 or features.7
-SLURM_VALUE_PATTERN = r"^[A-Za-z0-9_.,:=/@%+\-\[\]]*$"
-# Partition/account/qos/constraint words; constraints may also use & | ! ( ).
-SLURM_WORD_PATTERN = r"^[A-Za-z0-9_.,:=/@%+\-\[\]&|!()*]+$"
-ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
-# Characters that would let a setup line run more than the one command it names.
-_SETUP_FORBIDDEN = re.compile(r"[;&|<>`\n\r\x00]|\$\(")
-_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 Strategy = Literal["single", "dp", "ddp", "hogwild", "ps", "pipeline", "model_parallel", "horovod"]
 Precision = Literal["fp32", "fp16", "bf16", "O0", "O1", "O2", "O3"]
@@ -44,83 +49,6 @@ class Section(BaseModel):
         allow_inf_nan=False,
         defer_build=True,
     )
-
-
-def scalars_to_str(value: object) -> object:
-    """``env: {OMP_NUM_THREADS: 4}`` means the string "4": environment values,
-    NCCL variables and sbatch options are strings, however YAML typed them."""
-    if isinstance(value, dict):
-        return {
-            key: ("true" if item is True else "false" if item is False else str(item))
-            if isinstance(item, (int, float, bool))
-            else item
-            for key, item in value.items()
-        }
-    return value
-
-
-# A mapping of strings that also accepts YAML numbers/booleans as their text.
-StrMap = Annotated[dict[str, str], BeforeValidator(scalars_to_str)]
-
-
-def check_mem_gb(value: float | None) -> float | None:
-    """sbatch gets ``--mem`` in whole MiB, and ``--mem=0`` means all of the node's memory."""
-    if value is not None and value * 1024 < 1:
-        raise ValueError(
-            f"{value} GiB rounds to --mem=0MB, which Slurm reads as the whole node's memory; "
-            "ask for at least 0.001 (1 MiB), or remove mem_gb"
-        )
-    return value
-
-
-def check_slurm_word(value: str | None) -> str | None:
-    if value is not None and not re.match(SLURM_WORD_PATTERN, value):
-        raise ValueError(f"{value!r} has characters Slurm does not accept here")
-    return value
-
-
-def check_slurm_extra(value: dict[str, str]) -> dict[str, str]:
-    for key, item in value.items():
-        if not re.match(SLURM_OPTION_PATTERN, key):
-            raise ValueError(f"option name {key!r} must look like 'reservation' or 'mail-type'")
-        if not re.match(SLURM_VALUE_PATTERN, str(item)):
-            raise ValueError(f"value of {key!r} may only contain letters, digits and _.,:=/@%+-[]")
-    return value
-
-
-def check_setup_lines(lines: list[str]) -> list[str]:
-    """Setup lines go into the sbatch script as they are: each must be one command."""
-    for line in lines:
-        if _SETUP_FORBIDDEN.search(line):
-            raise ValueError(
-                f"setup line {line!r} contains ; & | < > ` or $( ; each line must be one command "
-                "(put anything more complex in a script and 'source' it)"
-            )
-    return lines
-
-
-def check_env(value: dict[str, str]) -> dict[str, str]:
-    for key, item in value.items():
-        if not re.match(ENV_NAME_PATTERN, key):
-            raise ValueError(f"{key!r} is not a valid environment variable name")
-        if _CONTROL_CHARS.search(str(item)):
-            raise ValueError(f"value of {key!r} may not contain control characters")
-    return value
-
-
-def check_block_names(names: list[str]) -> list[str]:
-    for name in names:
-        if not re.match(BLOCK_NAME_PATTERN, name):
-            raise ValueError(f"{name!r} is not a module name such as 'layer3' or 'features.7'")
-    if len(set(names)) != len(names):
-        raise ValueError("split points must be different blocks")
-    return names
-
-
-def safe_path(value: str | None) -> str | None:
-    if value is not None and _CONTROL_CHARS.search(value):
-        raise ValueError("paths may not contain control characters or newlines")
-    return value
 
 
 class Resources(Section):
@@ -149,7 +77,7 @@ class Resources(Section):
     exclusive: Annotated[bool, Field(description="Ask for whole nodes (--exclusive).")] = False
     array_parallelism: Annotated[int, Field(ge=1, description="Max array tasks running at once (sweeps).")] = 64
     slurm_extra: Annotated[
-        StrMap,
+        SlurmExtraMap,
         Field(description="Extra '#SBATCH --KEY=VALUE' lines, e.g. {reservation: myres}."),
     ] = {}
 
@@ -170,11 +98,6 @@ class Resources(Section):
     @classmethod
     def _slurm_word(cls, value: str | None) -> str | None:
         return check_slurm_word(value)
-
-    @field_validator("slurm_extra")
-    @classmethod
-    def _extra_is_safe(cls, value: dict[str, str]) -> dict[str, str]:
-        return check_slurm_extra(value)
 
     @property
     def time_s(self) -> int:
@@ -205,17 +128,12 @@ class Pipeline(Section):
         Field(description="How split points are chosen: equal parameter counts, or equal forward+backward time."),
     ] = "params"
     split_points: Annotated[
-        list[str],
+        BlockNames,
         Field(
             description="Explicit split: the blocks where stages 2, 3, ... begin, e.g. [layer2, layer4] "
             "(stages - 1 names, in forward order); overrides balance."
         ),
     ] = []
-
-    @field_validator("split_points")
-    @classmethod
-    def _block_names(cls, value: list[str]) -> list[str]:
-        return check_block_names(value)
 
 
 class ModelParallel(Section):
@@ -237,13 +155,8 @@ class ModelParallel(Section):
         Field(description="How split points are chosen: equal parameter counts, or equal forward+backward time."),
     ] = "params"
     split_points: Annotated[
-        list[str], Field(description="Explicit split: the blocks where devices 2, 3, ... begin; overrides balance.")
+        BlockNames, Field(description="Explicit split: the blocks where devices 2, 3, ... begin; overrides balance.")
     ] = []
-
-    @field_validator("split_points")
-    @classmethod
-    def _block_names(cls, value: list[str]) -> list[str]:
-        return check_block_names(value)
 
 
 class ParameterServer(Section):
@@ -439,7 +352,7 @@ class Distributed(Section):
     ] = "auto"
     timeout_s: Annotated[int, Field(ge=10, le=7200, description="Collective timeout.")] = 300
     master_port: Annotated[int | None, Field(ge=1024, le=65535, description="Default: derived from job id.")] = None
-    nccl_env: Annotated[StrMap, Field(description="Extra NCCL_* variables (override defaults).")] = {}
+    nccl_env: Annotated[NcclEnvMap, Field(description="Extra NCCL_* variables (override defaults).")] = {}
     heartbeat_interval_s: Annotated[
         float, Field(gt=0, le=600, description="How often each rank writes heartbeats/rank-N.json (docs/hangs.md).")
     ] = 10.0
@@ -450,14 +363,6 @@ class Distributed(Section):
             "below timeout_s; auto: 80% of timeout_s; null or 0: off (docs/hangs.md)."
         ),
     ] = "auto"
-
-    @field_validator("nccl_env")
-    @classmethod
-    def _nccl_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            if not re.match(r"^(NCCL|TORCH_NCCL)_[A-Z0-9_]+$", key):
-                raise ValueError(f"{key!r} is not an NCCL variable (NCCL_* or TORCH_NCCL_*)")
-        return value
 
     @field_validator("hang_timeout_s", mode="before")
     @classmethod
@@ -513,11 +418,6 @@ class Signals(Section):
     max_requeues: Annotated[int, Field(ge=0, description="Stop requeueing after this many restarts.")] = 100
 
 
-CONTAINER_IMAGE_PATTERN = r"^[A-Za-z0-9_.:/#@+\-]+$"
-_MOUNT_PATH = r"/[A-Za-z0-9_.+@%=/\-]*"
-CONTAINER_MOUNT_PATTERN = rf"^{_MOUNT_PATH}(:{_MOUNT_PATH}(:(ro|rw))?)?$"
-
-
 class Container(Section):
     """Run every task inside a container image; requeue decisions stay outside it."""
 
@@ -543,7 +443,7 @@ class Container(Section):
     python: Annotated[
         str,
         Field(
-            pattern=r"^[A-Za-z0-9_./+\-]+$",
+            pattern=CONTAINER_PYTHON_PATTERN,
             description="The interpreter inside the image (hpctrain and torch must be installed there).",
         ),
     ] = "python3"
@@ -562,9 +462,9 @@ class JobSpec(Section):
         dict[str, object], Field(description="Keyword arguments for the entrypoint function.")
     ] = {}
     setup: Annotated[
-        list[str], Field(description="Shell lines run before the tasks start, e.g. 'module load cuda'.")
+        SetupLines, Field(description="Shell lines run before the tasks start, e.g. 'module load cuda'.")
     ] = []
-    env: Annotated[StrMap, Field(description="Environment variables for every task.")] = {}
+    env: Annotated[EnvMap, Field(description="Environment variables for every task.")] = {}
     launcher: Annotated[
         Literal["srun", "torchrun"],
         Field(
@@ -573,7 +473,7 @@ class JobSpec(Section):
         ),
     ] = "srun"
     sweep: Annotated[
-        dict[str, list[object]],
+        dict[SweepKey, SweepValues],
         Field(description="Dotted key -> values; the grid becomes a Slurm array, one task per combination."),
     ] = {}
     study: Annotated[
@@ -610,26 +510,6 @@ class JobSpec(Section):
     def _entrypoint_form(cls, value: str | None) -> str | None:
         if value is not None and not re.match(ENTRYPOINT_PATTERN, value):
             raise ValueError("entrypoint must look like 'package.module:function'")
-        return value
-
-    @field_validator("setup")
-    @classmethod
-    def _setup_single_commands(cls, lines: list[str]) -> list[str]:
-        return check_setup_lines(lines)
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        return check_env(value)
-
-    @field_validator("sweep")
-    @classmethod
-    def _sweep_lists(cls, value: dict[str, list[object]]) -> dict[str, list[object]]:
-        for key, values in value.items():
-            if not values:
-                raise ValueError(f"sweep.{key} needs at least one value")
-            if key.split(".")[0] in ("name", "cluster", "output_dir", "resources", "sweep", "study", "launcher"):
-                raise ValueError(f"sweep.{key}: only trainer/data/entrypoint_args/env keys can be swept")
         return value
 
     # Derived values used by submission, the runtime and the docs.

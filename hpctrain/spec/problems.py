@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from hpctrain.errors import SpecProblem
+from hpctrain.spec.fields import PATTERN_RULES, shown_value
 
 
 def _submodel(model: type[BaseModel], key: str) -> type[BaseModel] | None:
@@ -62,19 +63,20 @@ def _describe(error: dict[str, Any], root: type[BaseModel]) -> str:
     message = str(error["msg"])
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]
-    got = error.get("input")
+    got = shown_value(error.get("input"))  # bounded: the input may be a megabyte of text
     if kind in ("literal_error", "enum") and "ctx" in error:
-        return f"{got!r} is not allowed; choose one of {error['ctx'].get('expected')}"
+        return f"{got} is not allowed; choose one of {error['ctx'].get('expected')}"
     if kind.endswith("_type") or kind.endswith("_parsing") or kind == "int_from_float":
-        return f"{message.lower()} (got {type(got).__name__} {got!r})"
+        return f"{message.lower()} (got {type(error.get('input')).__name__} {got})"
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
-        return f"{message.lower()} (got {got!r})"
+        return f"{message.lower()} (got {got})"
     if kind == "finite_number":
-        return f"must be a finite number (got {got!r})"
+        return f"must be a finite number (got {got})"
     if kind == "missing":
         return "required key is missing"
     if kind == "string_pattern_mismatch":
-        return f"{got!r} may only contain letters, digits, '_', '.', '-' (at most 64, starting with a letter or digit)"
+        pattern = str(error.get("ctx", {}).get("pattern", ""))
+        return f"{got} {PATTERN_RULES.get(pattern, f'does not match the pattern {pattern}')}"
     return message
 
 
@@ -89,6 +91,7 @@ def problems_from_validation(
     for error in exc.errors(include_url=False):
         # pydantic appends the union member / validator name for unions, e.g. ('x', 'int'); drop them.
         loc = tuple(part for part in error["loc"] if not (isinstance(part, str) and part in _UNION_TAGS))
+        loc = loc[:-1] if loc[-1:] == ("[key]",) else loc  # a bad mapping key: reported at the key itself
         key = ".".join(str(part) for part in loc)
         message = _describe({**error, "loc": loc}, root)
         line, column = position_of(key, positions)

@@ -16,18 +16,16 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError, field_validator
 
 from hpctrain.errors import SpecError
-from hpctrain.spec.models import (
+from hpctrain.spec.fields import (
     NAME_PATTERN,
-    JobSpec,
-    Section,
-    StrMap,
-    check_env,
+    EnvMap,
+    SetupLines,
+    SlurmExtraMap,
     check_mem_gb,
-    check_setup_lines,
-    check_slurm_extra,
     check_slurm_word,
     safe_path,
 )
+from hpctrain.spec.models import JobSpec, Section
 from hpctrain.spec.problems import problems_from_validation
 from hpctrain.spec.slurm_time import parse_time_limit
 from hpctrain.spec.yaml_source import read_spec_file
@@ -56,9 +54,9 @@ class ClusterProfile(Section):
     mem_gb: Annotated[float | None, Field(gt=0)] = None
     max_time: Annotated[str | None, Field(description="Longest time limit the partition accepts.")] = None
     data_root: str | None = None
-    setup: list[str] = []
-    env: StrMap = {}
-    slurm_extra: StrMap = {}
+    setup: SetupLines = []
+    env: EnvMap = {}
+    slurm_extra: SlurmExtraMap = {}
 
     @field_validator("mem_gb")
     @classmethod
@@ -93,21 +91,6 @@ class ClusterProfile(Section):
     @classmethod
     def _data_root(cls, value: str | None) -> str | None:
         return safe_path(value)
-
-    @field_validator("setup")
-    @classmethod
-    def _setup(cls, lines: list[str]) -> list[str]:
-        return check_setup_lines(lines)
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        return check_env(value)
-
-    @field_validator("slurm_extra")
-    @classmethod
-    def _slurm_extra(cls, value: dict[str, str]) -> dict[str, str]:
-        return check_slurm_extra(value)
 
 
 BUILTIN_PROFILES: dict[str, ClusterProfile] = {

@@ -10,11 +10,13 @@ spec with these helpers, ``hpctrain/study.py`` submits and records them.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.errors import SpecProblem
+from hpctrain.spec.fields import shown_value
 
 if TYPE_CHECKING:
     from hpctrain.spec.load import LoadedJob
@@ -40,35 +42,15 @@ class StudyPoint:
 
 
 def check_axes(axes: object) -> list[SpecProblem]:
-    """Every problem with a ``study:`` mapping at once, each naming its key. Pure."""
+    """Every problem with a ``study:`` mapping at once, each naming its key. Pure, and linear in
+    the number of values (a list longer than the point cap is refused before it is looked into)."""
     if not isinstance(axes, Mapping):
         return []  # the model reports the wrong type
     problems = []
     for key, values in axes.items():
-        where = f"study.{key}"
-        if key not in STUDY_KEYS:
-            problems.append(
-                SpecProblem(
-                    where,
-                    f"a study varies resources only; {key!r} is not one of {', '.join(STUDY_KEYS)}"
-                    + (" (training settings go in sweep:)" if not str(key).startswith("resources.") else ""),
-                )
-            )
-            continue
-        if not isinstance(values, list):
-            continue  # the model reports the wrong type
-        if not values:
-            problems.append(SpecProblem(where, "needs at least one value, e.g. [1, 2, 4]"))
-            continue
-        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int)]
-        if bad:
-            problems.append(SpecProblem(where, f"values must be whole numbers, not {bad[0]!r}"))
-            continue
-        repeated = sorted({v for v in values if values.count(v) > 1})
-        if repeated:
-            problems.append(
-                SpecProblem(where, f"lists {', '.join(map(str, repeated))} more than once; each point runs once")
-            )
+        message = _axis_problem(key, values)
+        if message is not None:
+            problems.append(SpecProblem(f"study.{key}", message))
     if not problems:
         count = study_size(axes)
         if count > MAX_POINTS:
@@ -76,6 +58,30 @@ def check_axes(axes: object) -> list[SpecProblem]:
                 SpecProblem("study", f"{count} points, but a study submits at most {MAX_POINTS} jobs; use fewer values")
             )
     return problems
+
+
+def _axis_problem(key: object, values: object) -> str | None:
+    """What is wrong with one axis, or None. Every shape YAML can give is answered here."""
+    if key not in STUDY_KEYS:
+        return f"a study varies resources only; {shown_value(key)} is not one of {', '.join(STUDY_KEYS)}" + (
+            " (training settings go in sweep:)" if not str(key).startswith("resources.") else ""
+        )
+    if not isinstance(values, list):
+        one = f"; to run one size only, set {key}: {shown_value(values)} instead" if type(values) is int else ""
+        return f"must be a list of values such as [1, 2, 4], not {shown_value(values)}{one}"
+    if not values:
+        return "needs at least one value, e.g. [1, 2, 4]"
+    if len(values) > MAX_POINTS:
+        return f"{len(values):,} values, but a study submits at most {MAX_POINTS} jobs (one per point); use fewer"
+    bad = [v for v in values if type(v) is not int]  # bool is an int subclass; true is not a size
+    if bad:
+        return f"values must be whole numbers such as 4, not {shown_value(bad[0])}" + (
+            f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        )
+    repeated = sorted(value for value, count in Counter(values).items() if count > 1)
+    if repeated:
+        return f"lists {shown_value(repeated)[1:-1]} more than once; each point runs once"
+    return None
 
 
 def study_size(axes: Mapping[str, list[Any]]) -> int:

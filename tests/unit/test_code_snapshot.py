@@ -93,6 +93,25 @@ def test_nothing_to_copy_for_hpctrain_installed_or_missing_code(tmp_path: Path) 
     assert code_snapshot.locate("snapcase_installed:main", [str(site)]) is None
 
 
+@pytest.mark.parametrize("entrypoint", ["json:main", "os:getcwd", "json.tool:main", "_json:make_scanner"])
+def test_a_standard_library_entry_point_is_neither_copied_nor_put_first_on_sys_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entrypoint: str
+) -> None:
+    """A copy of json/ first on the nodes' sys.path would shadow their own Python's json (issue 19)."""
+    monkeypatch.chdir(tmp_path)
+    assert code_snapshot.locate(entrypoint) is None
+    stdlib = Path(__import__("sysconfig").get_paths()["stdlib"])
+    assert code_snapshot.in_environment(stdlib) and code_snapshot.in_environment(stdlib / "json")
+    assert not code_snapshot.in_environment(tmp_path)
+
+
+def test_a_users_package_named_like_a_standard_module_is_still_copied(tmp_path: Path) -> None:
+    """Where it lies decides, not its name: the user's own code/ package in the tree is theirs."""
+    write(tmp_path / "tree" / "code" / "__init__.py", "def main(ctx):\n    return 1\n")
+    source = code_snapshot.locate("code:main", [str(tmp_path / "tree")])
+    assert source is not None and source.import_dir == (tmp_path / "tree").resolve()
+
+
 def test_a_huge_tree_is_refused_with_the_way_out(repo: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(code_snapshot, "MAX_SNAPSHOT_BYTES", 10)
     source = code_snapshot.locate("snapcase_git.job:main", [str(repo / "src")])

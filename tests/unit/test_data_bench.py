@@ -25,6 +25,7 @@ from hpctrain.data_bench import (
     render_plain,
     table_demand,
 )
+from hpctrain.errors import UsageError
 from hpctrain.spec.models import JobSpec
 from hpctrain.spec.profiles import BUILTIN_PROFILES, apply_profile
 from hpctrain.trainer.dataset_gen import make_dataset
@@ -204,7 +205,7 @@ def test_bench_data_measures_the_stage_disk_and_leaves_nothing_there(data_root: 
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["stage_read"]["files"] == 12 and data["stage_read"]["path"].startswith(str(stage))
-    assert list(stage.iterdir()) == []
+    assert not stage.exists()  # it created the missing folder for the sample and removed it again
 
 
 def test_bench_data_with_data_stage_node_does_not_stage_the_dataset(data_root: Path, tmp_path: Path) -> None:
@@ -213,4 +214,32 @@ def test_bench_data_with_data_stage_node_does_not_stage_the_dataset(data_root: P
     done = _bench(*args, "--demand", "100", "--json", "--seconds", "2", tmp=tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["stage_read"]["files"] == 12
-    assert list(stage.iterdir()) == []  # a sample was copied, read back and removed; no staged copy
+    assert not stage.exists()  # a sample was copied, read back and removed; no staged copy, no folder left
+
+
+def test_stage_dir_under_a_missing_parent_is_refused_and_nothing_is_created(data_root: Path, tmp_path: Path) -> None:
+    """--stage-dir made any missing tree and left it (issue 19): only the last folder may be missing."""
+    from hpctrain.data_bench import stage_read_throughput
+
+    with pytest.raises(UsageError, match="does not exist") as info:
+        stage_read_throughput(data_root / "train", tmp_path / "typo" / "deep" / "stage", max_files=4, max_s=5)
+    assert "--stage-dir" in (info.value.hint or "")
+    assert not (tmp_path / "typo").exists()
+
+
+def test_an_existing_stage_dir_is_kept_and_left_as_it_was(data_root: Path, tmp_path: Path) -> None:
+    from hpctrain.data_bench import stage_read_throughput
+
+    stage = tmp_path / "scratch"
+    stage.mkdir()
+    (stage / "mine.txt").write_text("keep")
+    result = stage_read_throughput(data_root / "train", stage, max_files=4, max_s=5)
+    assert result.files == 4 and [p.name for p in stage.iterdir()] == ["mine.txt"]
+
+
+def test_an_unwritable_stage_dir_is_one_message() -> None:
+    from hpctrain.data_bench import stage_read_throughput
+
+    with pytest.raises(UsageError, match="cannot write there"):
+        stage_read_throughput(Path("/nonexistent-src"), Path("/sys/hpctrain-stage"), max_files=1, max_s=1)
+    assert not Path("/sys/hpctrain-stage").exists()

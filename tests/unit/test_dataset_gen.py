@@ -153,3 +153,112 @@ def test_classes_are_learnable_but_not_trivial(tmp_path: Path) -> None:
         bias -= 0.5 * grad.sum(0)
     accuracy = float(((x_val @ weights + bias).argmax(1) == y_val).mean())
     assert 0.4 < accuracy < 1.0, accuracy
+
+
+# ---------------------------------------------------------------- hostile arguments (issue 19)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"classes": 1_000_000_000}, "classes must be between 2 and 100,000"),
+        ({"image_size": 100_000}, "image_size must be between 8 and 2,048"),
+        ({"per_class": 10**12}, "per_class must be between 1 and 100,000"),
+        ({"val_per_class": 100_001}, "val_per_class must be between 1 and 100,000"),
+        ({"classes": 100_000, "per_class": 100}, "images in all"),
+        ({"classes": 1000, "per_class": 1000, "image_size": 2048}, "pixels in all"),
+        ({"classes": 2.5}, "whole number"),
+    ],
+    ids=lambda value: str(value)[:40],
+)
+def test_absurd_sizes_are_refused_before_anything_is_written(tmp_path: Path, kwargs: dict, needle: str) -> None:
+    """--classes 1e9 ran 53 s, was OOM-killed and left a temp folder; --image-size 100000 a traceback."""
+    with pytest.raises(UsageError, match="make-dataset") as info:
+        make_dataset(tmp_path / "deep" / "ds", **kwargs)
+    assert needle in info.value.message and "--classes" in (info.value.hint or "")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_bad_size_is_named_at_once(tmp_path: Path) -> None:
+    with pytest.raises(UsageError) as info:
+        make_dataset(tmp_path / "ds", classes=0, per_class=0, image_size=5000)
+    assert all(name in info.value.message for name in ("classes", "per_class", "image_size"))
+
+
+def test_an_unwritable_parent_is_one_message_and_leaves_nothing() -> None:
+    """sysfs refuses new folders even to root, so this holds for any user."""
+    with pytest.raises(UsageError, match=r"cannot write /sys/hpctrain-ds: Operation not permitted") as info:
+        make_dataset(Path("/sys/hpctrain-ds"), classes=2, per_class=1, image_size=16)
+    assert "write to" in (info.value.hint or "")
+    assert not Path("/sys/hpctrain-ds").exists()
+
+
+def test_missing_parents_it_created_are_removed_when_a_write_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk half way: the temp folder and the parent folders it made are gone, the user's are kept."""
+    (tmp_path / "mine").mkdir()
+    calls = []
+
+    def full_disk(self: Image.Image, fp: object, *args: object, **kwargs: object) -> None:
+        calls.append(fp)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        Path(str(fp)).write_bytes(b"x")
+
+    monkeypatch.setattr(Image.Image, "save", full_disk)
+    with pytest.raises(UsageError, match="No space left on device"):
+        make_dataset(tmp_path / "mine" / "a" / "b" / "ds", classes=2, per_class=2, image_size=16)
+    assert list(tmp_path.iterdir()) == [tmp_path / "mine"] and list((tmp_path / "mine").iterdir()) == []
+
+
+def test_ctrl_c_leaves_neither_temp_folder_nor_created_parents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(*args: object) -> np.ndarray:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dataset_gen, "render_image", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        make_dataset(tmp_path / "new" / "ds", classes=2, per_class=1, image_size=16)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--classes", "1000000000"], "classes must be between 2 and 100,000"),
+        (["--image-size", "100000"], "image_size must be between 8 and 2,048"),
+        (["--classes", "1e9"], "invalid int value: '1e9'"),
+        (["--per-class", "nan"], "invalid int value: 'nan'"),
+    ],
+)
+def test_the_command_answers_absurd_sizes_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
+) -> None:
+    from hpctrain.cli.main import main
+
+    try:
+        code = main(["make-dataset", str(tmp_path / "ds"), *argv])
+    except SystemExit as exit_:  # argparse's own refusal
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP"])
+def test_a_terminated_command_removes_its_temp_folder(tmp_path: Path, signum: str) -> None:
+    """SIGTERM or a closed terminal half way: exit 130 as for Ctrl-C, nothing left behind."""
+    import os
+    import signal
+    import time
+
+    command = [sys.executable, "-m", "hpctrain", "make-dataset", str(tmp_path / "new" / "ds")]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    process = subprocess.Popen([*command, "--per-class", "5000", "--image-size", "64"], env=env, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("new/.ds.tmp-*/train/*/*.jpg")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(getattr(signal, signum))
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130 and b"interrupted" in err and b"Traceback" not in err
+    assert list(tmp_path.iterdir()) == []

@@ -217,7 +217,7 @@ def test_load_job_reports_pipeline_problems_with_their_lines(tmp_path: Path, mon
     with pytest.raises(SpecError) as info:
         load_job(path)
     keys = {p.key: p.line for p in info.value.problems}
-    assert keys == {"trainer.pipeline.split_points": 12}  # a malformed name stops the model before cross checks
+    assert keys == {"trainer.pipeline.split_points.0": 12}  # a malformed name stops the model before cross checks
     path.write_text(path.read_text().replace("[layer2.x-y]", "[layer3]"))
     with pytest.raises(SpecError) as info:
         load_job(path)

@@ -318,7 +318,7 @@ def test_every_problem_is_reported_at_once_in_file_order(tmp_path: Path) -> None
 def test_setup_lines_cannot_chain_commands(tmp_path: Path, line: str) -> None:
     text = VALID + "setup:\n  - module load cuda\n  - " + json.dumps(line) + "\n"
     problem = only_problem(spec_error(write(tmp_path, text)))
-    assert problem.key == "setup"
+    assert problem.key == "setup.1"  # the line itself
     assert "one command" in problem.message
     assert "source" in problem.message
 
@@ -338,14 +338,14 @@ def test_plain_setup_lines_are_fine(tmp_path: Path) -> None:
     [
         ("name: 'a b'", "name"),
         ("name: '$(id)'", "name"),
-        ("env:\n  BAD-NAME: x", "env"),
-        ('env:\n  A: "two\\nlines"', "env"),
+        ("env:\n  BAD-NAME: x", "env.BAD-NAME"),
+        ('env:\n  A: "two\\nlines"', "env.A"),
         ("resources:\n  partition: 'gpu; rm -rf ~'", "resources.partition"),
-        ("resources:\n  slurm_extra:\n    reservation: 'a b'", "resources.slurm_extra"),
-        ("resources:\n  slurm_extra:\n    'x --y': z", "resources.slurm_extra"),
+        ("resources:\n  slurm_extra:\n    reservation: 'a b'", "resources.slurm_extra.reservation"),
+        ("resources:\n  slurm_extra:\n    'x --y': z", "resources.slurm_extra.x --y"),
         ('output_dir: "/tmp/a\\nb"', "output_dir"),
         ("entrypoint: 'os:system; id'", "entrypoint"),
-        ("distributed:\n  nccl_env:\n    LD_PRELOAD: /x.so", "distributed.nccl_env"),
+        ("distributed:\n  nccl_env:\n    LD_PRELOAD: /x.so", "distributed.nccl_env.LD_PRELOAD"),
     ],
 )
 def test_strings_that_could_reach_a_shell_are_checked(tmp_path: Path, text: str, key: str) -> None:
@@ -353,6 +353,81 @@ def test_strings_that_could_reach_a_shell_are_checked(tmp_path: Path, text: str,
     if text.startswith("name:"):
         base = "data:\n  root: /d\n"
     problem_at(spec_error(write(tmp_path, base + text + "\n")), key)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "needle"),
+    [
+        ("container: {runtime: apptainer, image: --writable-tmpfs}", "container.image", "not starting with '-'"),
+        ("container: {runtime: pyxis, image: -x}", "container.image", "docker://ubuntu:22.04"),
+        ("container: {runtime: apptainer, image: a.sif, python: -c}", "container.python", "/opt/conda/bin/python"),
+        ("container: {runtime: apptainer, image: 'a b.sif'}", "container.image", "is not an image"),
+        ("container: {runtime: apptainer, image: a.sif, mounts: [rel/x]}", "container.mounts.0", "SRC[:DST[:ro|rw]]"),
+        ("container: {runtime: apptainer, image: a.sif, mounts: ['/a,/b']}", "container.mounts.0", "no ','"),
+        ("resources: {partition: --wrap=id}", "resources.partition", "may not start with '-'"),
+    ],
+)
+def test_command_line_words_refuse_a_leading_dash_and_say_what_is_allowed(
+    tmp_path: Path, text: str, key: str, needle: str
+) -> None:
+    """An image of '--writable-tmpfs' became an option of 'apptainer exec'; each pattern had the
+    job-name rule as its message (issue 19)."""
+    problem = only_problem(spec_error(write(tmp_path, VALID + text + "\n")))
+    assert problem.key == key and needle in problem.message, problem.message
+    assert "at most 64" not in problem.message  # the job-name rule belongs to name: only
+
+
+def test_every_bad_entry_of_a_mapping_or_list_is_reported_at_once(tmp_path: Path) -> None:
+    text = VALID + textwrap.dedent(
+        """\
+        env: {GOOD: 1, bad-name: x, 1X: y, CTRL: "a\\nb"}
+        setup: ["echo a; b", "module load x", "x | y"]
+        resources:
+          slurm_extra: {--foo: 1, mail-type: "a b", reservation: ok}
+        distributed:
+          nccl_env: {nccl_x: 1, NCCL_OK: "a\\tb", NCCL_DEBUG: INFO}
+        """
+    )
+    found = {p.key: p.message for p in spec_error(write(tmp_path, text)).problems}
+    assert set(found) == {
+        "env.bad-name",
+        "env.1X",
+        "env.CTRL",
+        "setup.0",
+        "setup.2",
+        "resources.slurm_extra.--foo",
+        "resources.slurm_extra.mail-type",
+        "distributed.nccl_env.nccl_x",
+        "distributed.nccl_env.NCCL_OK",
+    }
+    assert "not a valid environment variable name" in found["env.1X"]
+    assert "control characters" in found["env.CTRL"] and "control characters" in found["distributed.nccl_env.NCCL_OK"]
+    assert "no leading --" in found["resources.slurm_extra.--foo"]
+    assert "NCCL_*" in found["distributed.nccl_env.nccl_x"]
+
+
+def test_every_pattern_of_specs_and_profiles_has_its_own_rule_in_words() -> None:
+    from hpctrain.spec.fields import PATTERN_RULES
+    from hpctrain.spec.profiles import ClusterProfile
+
+    def patterns(node: object) -> set[str]:
+        if isinstance(node, dict):
+            found = {node["pattern"]} if isinstance(node.get("pattern"), str) else set()
+            found |= set(node.get("patternProperties", {}))
+            return found.union(*(patterns(value) for value in node.values()))
+        if isinstance(node, list):
+            return set().union(*(patterns(item) for item in node))
+        return set()
+
+    used = patterns(JobSpec.model_json_schema()) | patterns(ClusterProfile.model_json_schema())
+    assert len(used) >= 9 and used <= set(PATTERN_RULES), used - set(PATTERN_RULES)
+
+
+def test_a_pattern_without_its_own_rule_is_quoted_not_given_the_job_name_rule() -> None:
+    from hpctrain.spec.problems import _describe
+
+    error = {"type": "string_pattern_mismatch", "loc": ("x",), "msg": "", "input": "?", "ctx": {"pattern": "^a$"}}
+    assert _describe(error, JobSpec) == "'?' does not match the pattern ^a$"
 
 
 # ---------------------------------------------------------------- --set overrides
@@ -759,16 +834,36 @@ def test_no_sweep_is_one_trial(tmp_path: Path) -> None:
         ("trainer.lrx: [1, 2]", "sweep.trainer.lrx", "did you mean 'lr'"),
         ("trainer.lr: [0.1, -2]", "sweep.trainer.lr", "greater than 0"),
         ("trainer.lr.x: [1]", "sweep.trainer.lr", "valid number"),
-        ("name.x: [1]", "sweep", "can be swept"),
-        ("resources.nodes: [1, 2]", "sweep", "can be swept"),
-        ("trainer.lr: []", "sweep", "at least one value"),
-        ("trainer.lr: 0.1", "sweep.trainer.lr", "valid list"),
+        ("name.x: [1]", "sweep.name.x", "can be swept"),
+        ("resources.nodes: [1, 2]", "sweep.resources.nodes", "resources go in study:"),
+        ("trainer.lr: []", "sweep.trainer.lr", "at least one value"),
+        ("trainer.lr: 0.1", "sweep.trainer.lr", "must be a list of values such as [0.1, 0.2], not 0.1"),
+        ("trainer.lr: null", "sweep.trainer.lr", "not null"),
+        ("trainer.lr: {a: 1}", "sweep.trainer.lr", "not {'a': 1}"),
     ],
 )
 def test_bad_sweeps(tmp_path: Path, sweep: str, key: str, needle: str) -> None:
     problem = problem_at(spec_error(write(tmp_path, VALID + "sweep:\n  " + sweep + "\n")), key)
     assert needle in problem.message
     assert problem.line is not None
+
+
+def test_every_bad_sweep_key_is_reported_at_once(tmp_path: Path) -> None:
+    text = VALID + "sweep:\n  trainer.lr: 0.1\n  resources.nodes: [1]\n  trainer.epochs: []\n"
+    assert {p.key for p in spec_error(write(tmp_path, text)).problems} == {
+        "sweep.trainer.lr",
+        "sweep.resources.nodes",
+        "sweep.trainer.epochs",
+    }
+
+
+def test_set_reaches_study_and_sweep_keys_which_are_dotted_themselves(tmp_path: Path) -> None:
+    """--set study.resources.nodes=... used to build study: {resources: {nodes: ...}}."""
+    path = write(tmp_path, VALID)
+    job = load_job(path, ["study.resources.nodes=[1, 2]", "sweep.trainer.lr=[0.1, 0.2]"])
+    assert [p.label for p in job.points] == ["nodes-1", "nodes-2"] and len(job.trials) == 2
+    problem = only_problem(spec_error(path, ("study.resources.nodes=4",)))
+    assert problem.key == "study.resources.nodes" and "set resources.nodes: 4 instead" in problem.message
 
 
 def test_sweep_trials_get_the_cross_field_checks(tmp_path: Path) -> None:
@@ -872,6 +967,24 @@ def test_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
     problem = only_problem(spec_error(write(tmp_path, _alias_bomb())))
     assert time.perf_counter() - start < 0.5
     assert "aliases" in problem.message and problem.line is not None
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [("2026-13-45", "not a valid date (month must be in 1..12)"), ("1" * 5000, "not a valid whole number")],
+    ids=["date", "digits"],
+)
+def test_a_scalar_python_cannot_build_is_a_spec_error_at_its_line(tmp_path: Path, value: str, needle: str) -> None:
+    """Both were a ValueError traceback from PyYAML's constructors."""
+    problem = only_problem(spec_error(write(tmp_path, VALID + f"entrypoint: a.b:c\nentrypoint_args: {{d: {value}}}\n")))
+    assert needle in problem.message and "quote it" in problem.message and problem.line == 5
+    assert len(problem.message) < 200  # the value is shortened, not echoed whole
+
+
+def test_a_huge_value_is_quoted_short_in_every_message(tmp_path: Path) -> None:
+    error = spec_error(write(tmp_path, VALID), (f"trainer.epochs={'1' * 5000}", f"name={'x' * 100_000}"))
+    assert {p.key for p in error.problems} == {"trainer.epochs", "name"}
+    assert all(len(p.message) < 300 for p in error.problems), error.message[:500]
 
 
 def test_complex_key_is_a_spec_error(tmp_path: Path) -> None:
@@ -984,7 +1097,7 @@ def test_cluster_profiles_pass_the_same_checks_as_specs(tmp_path: Path, isolated
     error = spec_error(write(tmp_path, VALID + "cluster: site\n"))
     assert error.source.endswith("site.yaml")
     keys = {p.key for p in error.problems}
-    assert keys == {"partition", "max_time", "gpu_gres", "mem_gb", "setup", "env", "slurm_extra"}
+    assert keys == {"partition", "max_time", "gpu_gres", "mem_gb", "setup.0", "env.A B", "slurm_extra.x y"}
     assert all(p.line is not None for p in error.problems)
     assert "cluster: site" in (error.hint or "")
 

@@ -110,6 +110,58 @@ def test_too_many_points_are_refused() -> None:
     assert [p.key for p in check_axes(axes)] == ["study"]
 
 
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ("4", "not 4; to run one size only, set resources.nodes: 4 instead"),
+        ("2.5", "not 2.5"),
+        ("null", "not null"),
+        ("{a: 1}", "not {'a': 1}"),
+        ("[[1, 2], [3]]", "whole numbers such as 4, not [1, 2] (and 1 more)"),
+        ("[true, 2]", "whole numbers such as 4, not True"),
+    ],
+)
+def test_every_shape_of_an_axis_is_one_message_at_its_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str, needle: str
+) -> None:
+    """A scalar, null, mapping, nested list or bool axis: one line naming the key, exit 2, no traceback (issue 19)."""
+    path = tmp_path / "study.yaml"
+    path.write_text(f"name: st\ndata: {{root: /d}}\nstudy:\n  resources.nodes: {value}\n")
+    found = problems(path)
+    assert list(found) == ["study.resources.nodes"] and needle in found["study.resources.nodes"]
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and needle in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("count", [99_000, 100_000])
+def test_a_huge_axis_is_refused_at_the_study_cap_not_as_an_alias_bomb(tmp_path: Path, count: int) -> None:
+    """99k values took 108 s (a quadratic duplicate check before the cap); 100k were called a YAML
+    alias problem. Now the cap answers first; parsing the 600 kB file is most of the time."""
+    import time
+
+    values = ", ".join(str(1 + i % 7) for i in range(count))  # duplicates too: the cap speaks first
+    path = tmp_path / "study.yaml"
+    path.write_text(f"name: st\ndata: {{root: /d}}\nstudy:\n  resources.nodes: [{values}]\n")
+    start = time.monotonic()
+    found = problems(path)
+    assert time.monotonic() - start < 60  # hang guard only (was minutes)
+    assert list(found) == ["study.resources.nodes"]
+    assert f"{count:,} values, but a study submits at most 256 jobs" in found["study.resources.nodes"]
+    start = time.monotonic()
+    assert [p.key for p in check_axes({"resources.nodes": list(range(count))})] == ["study.resources.nodes"]
+    assert [p.key for p in check_axes({"resources.nodes": [1, 2] * 128})] == ["study.resources.nodes"]
+    assert time.monotonic() - start < 10  # hang guard: linear now
+
+
+def test_an_alias_bomb_is_still_an_alias_problem_next_to_a_long_list(tmp_path: Path) -> None:
+    bomb = ["x-0: &b0 [" + ", ".join(["1"] * 10) + "]"]
+    bomb += [f"x-{i}: &b{i} [" + ", ".join([f"*b{i - 1}"] * 10) + "]" for i in range(1, 7)]
+    path = tmp_path / "study.yaml"
+    path.write_text("name: st\nstudy:\n  resources.nodes: [1, 2]\n" + "\n".join(bomb) + "\n")
+    assert "aliases (*name) expand to more than" in problems(path)[""]
+
+
 def test_a_value_failing_resource_validation_names_the_study_key_and_point(tmp_path: Path) -> None:
     path = write(
         tmp_path,
