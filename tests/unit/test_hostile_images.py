@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import os
+import pickle
 import shutil
 import struct
 import subprocess
@@ -315,6 +316,7 @@ def test_an_unreadable_class_folder_stops_the_job_with_the_fix(
         scan_split(tree / "train")
     assert "class_02" in str(raised.value) and "Permission denied" in str(raised.value)
     assert "chmod" in raised.value.hint
+    assert pickle.loads(pickle.dumps(raised.value)).hint == raised.value.hint  # what other ranks receive
     with pytest.raises(TrainingConfigError) as config:
         build_datasets(data_spec(tree), seed=0)
     assert "class_02" in config.value.message and "chmod" in (config.value.hint or "")

@@ -41,6 +41,9 @@ class IndexError_(ValueError):
         super().__init__(message)
         self.hint = hint
 
+    def __reduce__(self) -> tuple[type, tuple[str, str | None]]:  # the hint survives shared_index's broadcast
+        return type(self), (str(self), self.hint)
+
 
 def printable(value: object) -> str:
     """``str(value)`` with control and bidi characters shown as ``\\xNN``: a file name cannot forge log lines."""
