@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import shutil
 import struct
 import subprocess
@@ -383,3 +384,18 @@ def test_a_newline_in_a_file_name_cannot_forge_log_lines(
             train[i]
     [line] = [r.getMessage() for r in caplog.records if "skipping unreadable image" in r.getMessage()]
     assert "\n" not in line and "x.jpg\\nhpctrain: epoch" in line
+
+
+@pytest.mark.timeout(120)
+def test_bench_data_decode_rate_survives_bombs_and_says_so(root: Path, tmp_path: Path) -> None:
+    from hpctrain.spec.models import JobSpec
+    from hpctrain.trainer.data.bench import decode_rate
+
+    hostile = {name: path.read_bytes() for name, path in bombs(tmp_path / "made").items()}
+    tree = _tree_with(root, tmp_path, hostile)
+    spec = JobSpec.model_validate(
+        {"name": "bench", "data": {"root": str(tree), "image_size": 32, "val_resize": 36, "workers": 0}}
+    )
+    rate, note = decode_rate(spec, "cpu", max_images=1000, max_s=60)
+    skipped = re.search(r"(\d+) unreadable or oversized images skipped", note)
+    assert rate > 0 and skipped and int(skipped.group(1)) >= len(hostile)  # a bomb may also be drawn as a stand-in

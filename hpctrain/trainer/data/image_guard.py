@@ -20,7 +20,7 @@ The limits, from ``data.max_image_pixels`` (P, default 2**27 = 134 MP, e.g.
 * a file at most 3 x P bytes (never more than its own decoded pixels);
 * a Huffman-coded JPEG at least one bit per 8 x 8 block: a file that claims
   more blocks than its bytes can hold is truncated or has patched
-  dimensions (libjpeg would fill the rest with grey; PIL does, silently).
+  dimensions (libjpeg fills the rest with grey, and PIL decodes it so silently).
 
 Nothing here imports torch.
 """
