@@ -288,6 +288,9 @@ class Trainer(Section):
         return self
 
 
+MAX_IMAGE_PIXELS = 2**27  # data.max_image_pixels' default: 2.8x ImageNet's largest image (about 48 MP)
+
+
 class Data(Section):
     """An ImageFolder dataset: ``root/train/<class>/*.jpg`` and ``root/val/<class>/*.jpg``."""
 
@@ -337,6 +340,17 @@ class Data(Section):
             "when installed, else gpu. Crops are the same pure function of (seed, epoch, index) in every mode.",
         ),
     ] = "auto"
+
+    max_image_pixels: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=2**34,
+            description="Largest image (width x height) a loader decodes; larger ones, and progressive JPEGs "
+            "whose coefficients (W x H x components x 2 bytes) exceed 3 bytes x this, are skipped, counted and "
+            "named in the log, so one file cannot exhaust a worker's memory. Default 2**27 (134 MP, 16384 x 8192).",
+        ),
+    ] = MAX_IMAGE_PIXELS
 
     @field_validator("root", "train_dir", "val_dir")
     @classmethod

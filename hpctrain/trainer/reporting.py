@@ -168,9 +168,10 @@ class Reporter:
         self._write_metrics({"kind": "val", "epoch": epoch, "global_step": global_step, **values})
         self._scalars(VAL_SCALARS, values, global_step)
         best = f" best {best_top1:.2f}" if best_top1 is not None else ""
+        skipped = f" ({values['skipped']} val images could not be decoded, not scored)" if values.get("skipped") else ""
         line = (
             f"epoch {epoch + 1}/{self.epochs} val top1 {values['top1']:.2f} top5 {values['top5']:.2f} "
-            f"loss {values['loss']:.4f}{best}"
+            f"loss {values['loss']:.4f}{best}{skipped}"
         )
         self._print(line)
 

@@ -202,3 +202,41 @@ def test_bad_images_are_skipped_and_counted_in_the_summary(data_root: Path, tmp_
     result = train(tmp_path / "run", spec)
     assert result["status"] == "completed" and result["skipped_samples"] >= 2  # at least the 2 val files
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["skipped_samples"] == result["skipped_samples"]
+
+
+def _png_bomb() -> bytes:
+    """A valid PNG header (IHDR, correct CRC) claiming 65000 x 65000: 12.7 GB decoded, 80 bytes on disk."""
+    import io
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(out, "PNG")
+    data = out.getvalue()
+    chunk = b"IHDR" + struct.pack(">II", 65000, 65000) + data[24:29]
+    return data[:8] + struct.pack(">I", 13) + chunk + struct.pack(">I", zlib.crc32(chunk)) + data[33:]
+
+
+def test_image_bombs_are_skipped_in_training_and_left_out_of_validation(data_root: Path, tmp_path: Path) -> None:
+    import resource
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(data_root, data)
+    for split in ("train", "val"):
+        for folder in sorted(p for p in (data / split).iterdir() if p.is_dir()):
+            (folder / "bomb.png").write_bytes(_png_bomb())
+    spec = job_spec(data, trainer={"epochs": 1})
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    mapped = int(Path("/proc/self/status").read_text().split("VmSize:")[1].split()[0]) * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + 3 * 2**30, hard))  # a regression fails here, not the machine
+    try:
+        result = train(tmp_path / "run", spec)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    classes = len(list((data / "val").iterdir()))
+    assert result["status"] == "completed" and result["skipped_samples"] >= classes
+    [val] = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r.get("kind") == "val"]
+    assert val["skipped"] == classes  # each val bomb left out once, none replaced by an image scored twice

@@ -81,3 +81,19 @@ def test_datasets_read_the_staged_copy(root: Path, tmp_path: Path) -> None:
     train, val = build_datasets(spec)
     assert train.index.root.startswith(str(tmp_path)) and val.index.root.startswith(str(tmp_path))
     assert train[0][0].shape == (3, 32, 32) and len(val) == 15
+
+
+@pytest.mark.timeout(60)
+def test_fifos_devices_and_broken_links_are_not_staged(root: Path, tmp_path: Path) -> None:
+    import os
+
+    tree = tmp_path / "tree"
+    shutil.copytree(root, tree)
+    folder = tree / "train" / "class_00"
+    os.mkfifo(folder / "fifo.jpg")  # copying it would wait for a writer forever
+    (folder / "zero.jpg").symlink_to("/dev/zero")  # copying it would fill the disk
+    (folder / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    lines: list[str] = []
+    dest = stage_dataset(tree, _indices(tree), tmp_path / "stage", is_node_leader=True, log=lines.append)
+    assert (dest / DONE).exists() and not (dest / "train" / "class_00" / "fifo.jpg").exists()
+    assert any("not staging 3 entries" in line for line in lines)

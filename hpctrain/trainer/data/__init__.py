@@ -203,7 +203,8 @@ def build_datasets(
     train_index = _split_index(root, data_spec.train_dir, "data.train_dir", share) if train else None
     if data_spec.stage == "node":
         val_index, train_index = _stage(root, data_spec, val_index, train_index)
-    val = ValImages(val_index, data_spec.image_size, data_spec.val_resize)
+    limit = data_spec.max_image_pixels
+    val = ValImages(val_index, data_spec.image_size, data_spec.val_resize, max_pixels=limit)
     if train_index is None:
         return None, val
     if train_index.classes != val_index.classes:
@@ -214,7 +215,7 @@ def build_datasets(
             f"(only in train: {only_train}, only in val: {only_val})",
             hint="train and val need the same class folders, or labels would not match",
         )
-    return TrainImages(train_index, data_spec.image_size, seed), val
+    return TrainImages(train_index, data_spec.image_size, seed, max_pixels=limit), val
 
 
 def build_val_loader(
@@ -246,7 +247,8 @@ class Loaders:
     class_names: list[str]
 
     def skipped_samples(self) -> int:
-        """Samples this process (and its workers) replaced because their file could not be decoded."""
+        """Samples this process (and its workers) skipped because their file could not be decoded
+        (replaced in training, left out of validation)."""
         datasets = [self.train_dataset, getattr(self.val_loader, "dataset", None)]
         return sum(d.skipped_samples for d in datasets if d is not None and hasattr(d, "skipped_samples"))
 
@@ -314,10 +316,13 @@ def encoded_datasets(
     train: TrainImages | None, val: ValImages, data_spec: Data, decoder: DeviceBackend
 ) -> tuple[EncodedTrainImages | None, EncodedValImages, EncodedCollate, EncodedCollate]:
     """The same samples and crops, as bytes + boxes for decoding on the device (data.decode gpu/dali)."""
-    val_encoded = EncodedValImages(val.index, val.image_size, val.resize, val.seed)
-    train_encoded = None if train is None else EncodedTrainImages(train.index, train.image_size, train.seed)
-    train_collate = EncodedCollate(data_spec.image_size, decoder)
-    val_collate = EncodedCollate(data_spec.image_size, decoder, resize=data_spec.val_resize)
+    val_encoded = EncodedValImages(val.index, val.image_size, val.resize, val.seed, val.max_pixels)
+    train_encoded = (
+        None if train is None else EncodedTrainImages(train.index, train.image_size, train.seed, train.max_pixels)
+    )
+    limit = data_spec.max_image_pixels
+    train_collate = EncodedCollate(data_spec.image_size, decoder, max_pixels=limit)
+    val_collate = EncodedCollate(data_spec.image_size, decoder, resize=data_spec.val_resize, max_pixels=limit)
     return train_encoded, val_encoded, train_collate, val_collate
 
 
@@ -414,4 +419,6 @@ def _split_index(root: Path, subdir: str, key: str, share: dict[str, Any]) -> Da
     try:
         return shared_index(path, **share)
     except IndexError_ as exc:
-        raise TrainingConfigError(f"{key}: {path} is not a usable ImageFolder: {exc}", hint=_MAKE_DATASET_HINT) from exc
+        raise TrainingConfigError(
+            f"{key}: {path} is not a usable ImageFolder: {exc}", hint=exc.hint or _MAKE_DATASET_HINT
+        ) from None

@@ -39,7 +39,10 @@ def decode_rate(spec: JobSpec, decoder: str, *, max_images: int = 200, max_s: fl
             done += 1
             if time.monotonic() > deadline:
                 break
-        return done / (time.perf_counter() - start), note
+        rate = done / (time.perf_counter() - start)
+        if dataset.skipped_samples:
+            note += f"; {dataset.skipped_samples} unreadable or oversized images skipped (named in the log)"
+        return rate, note
     finally:
         torch.set_num_threads(threads)
 

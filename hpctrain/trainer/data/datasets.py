@@ -5,10 +5,14 @@ flip come from ``augment.train_crop``, which draws from a local generator, so
 no process-wide RNG is forked or touched. Samples are uint8 CHW; the trainer
 converts, normalises and lays them out on the device (``device_input``).
 
-A file that cannot be decoded (truncated, not an image, unreadable) is replaced
-by another sample chosen from (seed, epoch, index), so batch shapes and the
-sampler's order are unchanged and a resume repeats the same replacement. Each
-process logs one warning per bad file and counts every skip in shared memory.
+A file that cannot be decoded (truncated, not an image, unreadable, or refused
+by ``image_guard`` because decoding it would take unbounded memory) is skipped:
+each process logs one warning per bad file, naming it (escaped), and counts
+every skip in shared memory. In training another sample, chosen from (seed,
+epoch, index), takes its place, so batch shapes and the sampler's order are
+unchanged and a resume repeats the same replacement. In validation no other
+image is scored in its place (that one would count twice): the sample becomes
+a blank image labelled ``SKIPPED_LABEL``, which evaluation leaves out and counts.
 """
 
 from __future__ import annotations
@@ -21,12 +25,15 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from hpctrain.errors import TrainingConfigError
 from hpctrain.trainer.data.augment import CropBox, sample_rng, train_crop, val_crop
 from hpctrain.trainer.data.decode import decode_crop
-from hpctrain.trainer.data.index import DatasetIndex
+from hpctrain.trainer.data.image_guard import DEFAULT_MAX_PIXELS
+from hpctrain.trainer.data.index import DatasetIndex, printable
 
 log = logging.getLogger(__name__)
 MAX_REPLACEMENTS = 16
+SKIPPED_LABEL = -1  # a validation sample whose image could not be decoded: scored by no one
 
 
 class SkipCounter:
@@ -42,7 +49,12 @@ class SkipCounter:
             self._count += 1
         if path not in self._warned:
             self._warned.add(path)
-            log.warning("hpctrain: skipping unreadable image %s (%s: %s)", path, type(exc).__name__, exc)
+            log.warning(
+                "hpctrain: skipping unreadable image %s (%s: %s)",
+                repr(path),
+                type(exc).__name__,
+                printable(exc),
+            )
 
     @property
     def count(self) -> int:
@@ -50,10 +62,11 @@ class SkipCounter:
 
 
 class _IndexedImages(Dataset):
-    def __init__(self, index: DatasetIndex, image_size: int, seed: int) -> None:
+    def __init__(self, index: DatasetIndex, image_size: int, seed: int, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
         self.index = index
         self.image_size = image_size
         self.seed = seed
+        self.max_pixels = max_pixels
         self.skips = SkipCounter()
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
 
@@ -84,7 +97,7 @@ class _IndexedImages(Dataset):
 
     def load(self, path: str, box_for: Callable[[int, int], CropBox]) -> Any:
         """One sample's payload from its file (data.decode gpu/dali hand over bytes instead: device_decode)."""
-        return decode_crop(path, box_for, self.image_size)
+        return decode_crop(path, box_for, self.image_size, max_pixels=self.max_pixels)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         epoch = self.epoch
@@ -97,8 +110,9 @@ class _IndexedImages(Dataset):
                 self.skips.skip(path, exc)
             rng = rng or sample_rng(self.seed ^ 0x5EED, epoch, index)
             candidate = rng.randrange(len(self))
-        raise RuntimeError(
-            f"{MAX_REPLACEMENTS} images in a row could not be decoded (last: {path}); is the dataset readable?"
+        raise TrainingConfigError(
+            f"data: {MAX_REPLACEMENTS} images in a row could not be decoded (last: {path!r})",
+            hint="check that the dataset is readable; each skipped file is named in the log above",
         )
 
 
@@ -110,14 +124,30 @@ class TrainImages(_IndexedImages):
 
 
 class ValImages(_IndexedImages):
-    """Resize(val_resize) + CenterCrop(image_size), as one box; deterministic."""
+    """Resize(val_resize) + CenterCrop(image_size), as one box; deterministic.
 
-    def __init__(self, index: DatasetIndex, image_size: int, resize: int, seed: int = 0) -> None:
-        super().__init__(index, image_size, seed)
+    A sample whose image cannot be decoded is not replaced (see the module docstring)."""
+
+    def __init__(
+        self, index: DatasetIndex, image_size: int, resize: int, seed: int = 0, max_pixels: int = DEFAULT_MAX_PIXELS
+    ) -> None:
+        super().__init__(index, image_size, seed, max_pixels)
         self.resize = resize
 
     def box_fn(self, epoch: int, index: int) -> Callable[[int, int], CropBox]:
         return lambda width, height: val_crop(width, height, self.image_size, self.resize)
 
     def load(self, path: str, box_for: Callable[[int, int], CropBox]) -> Any:
-        return decode_crop(path, box_for, self.image_size, whole=True)  # the box's fractional edges kept
+        return decode_crop(path, box_for, self.image_size, whole=True, max_pixels=self.max_pixels)  # fractional box
+
+    def blank(self) -> Any:
+        """The payload of a skipped sample: any image of the right shape (it is never scored)."""
+        return torch.zeros((3, self.image_size, self.image_size), dtype=torch.uint8)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        path = self.index.path(index)
+        try:
+            return self.load(path, self.box_fn(0, index)), self.index.samples[index][1]
+        except Exception as exc:  # noqa: BLE001 - one bad file must never end a job
+            self.skips.skip(path, exc)
+        return self.blank(), SKIPPED_LABEL

@@ -11,6 +11,11 @@ Decoder: simplejpeg (libjpeg-turbo's TurboJPEG API, about 1.5-2x faster than
 PIL's decode of the same file) when installed and the JPEG is YCbCr or gray;
 otherwise PIL with ``draft`` (same scales). simplejpeg has no ppc64le wheels,
 so the PIL path is the portable fallback. ``HPCTRAIN_JPEG_DECODER=pil`` forces PIL.
+
+Every path reads the file and checks its header first (``image_guard``): a
+file larger than ``data.max_image_pixels`` allows, or one whose header promises
+more than its bytes hold, raises ``ImageRefused`` before anything is decoded.
+16-bit images (PNG ``I;16``/``I``) are scaled to 8 bits, not clipped.
 """
 
 from __future__ import annotations
@@ -25,13 +30,14 @@ import torch
 from PIL import Image
 
 from hpctrain.trainer.data.augment import CropBox
+from hpctrain.trainer.data.image_guard import DEFAULT_MAX_PIXELS, JPEG_SOI, check_jpeg, open_image, read_image_file
 
 try:
     import simplejpeg
 except ImportError:  # no wheel for this platform (ppc64le): PIL decodes everything
     simplejpeg = None
 
-Image.MAX_IMAGE_PIXELS = None  # trusted training data; a huge scan is not a decompression bomb
+Image.MAX_IMAGE_PIXELS = DEFAULT_MAX_PIXELS  # PIL's own guard; image_guard.open_image sets the spec's limit
 BoxFn = Callable[[int, int], CropBox]
 _SCALES = (8, 4, 2)  # libjpeg-turbo's SIMD-accelerated reductions; 3/8, 5/8, ... are slower than full
 
@@ -55,21 +61,23 @@ def reduction(box: CropBox, out_size: int) -> int:
     return next((s for s in _SCALES if short / s >= out_size), 1)
 
 
-def decode_crop(path: str, box_fn: BoxFn, out_size: int, whole: bool = False) -> torch.Tensor:
+def decode_crop(
+    path: str, box_fn: BoxFn, out_size: int, whole: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> torch.Tensor:
     """uint8 (3, out_size, out_size): ``box_fn(width, height) -> CropBox`` picks the box from the header size.
 
-    ``whole``: resize the whole image, then crop (validation; see ``crop_resize``)."""
-    if jpeg_decoder() == "simplejpeg":
-        with open(path, "rb") as file:
-            data = file.read()
-        if data[:2] == b"\xff\xd8":
-            try:
-                height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-            except ValueError:
-                colorspace = "unreadable"  # let PIL decide: it reads some files TurboJPEG refuses
-            if colorspace in ("YCbCr", "Gray"):
-                return _simplejpeg_crop(data, box_fn(width, height), width, height, out_size, whole)
-    return _pil_crop(path, box_fn, out_size, whole)
+    ``whole``: resize the whole image, then crop (validation; see ``crop_resize``).
+    ``ImageRefused`` for a file over the limits (``image_guard``), before any decoding."""
+    data = read_image_file(path, max_pixels)
+    if data.startswith(JPEG_SOI) and jpeg_decoder() == "simplejpeg":
+        check_jpeg(data, max_pixels)
+        try:
+            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        except ValueError:
+            colorspace = "unreadable"  # let PIL decide: it reads some files TurboJPEG refuses
+        if colorspace in ("YCbCr", "Gray"):
+            return _simplejpeg_crop(data, box_fn(width, height), width, height, out_size, whole)
+    return _pil_crop(data, box_fn, out_size, whole, max_pixels)
 
 
 def _simplejpeg_crop(data: bytes, box: CropBox, width: int, height: int, out_size: int, whole: bool) -> torch.Tensor:
@@ -133,14 +141,24 @@ def pixel_box(
     return top, left, bottom, right, None
 
 
-def _pil_crop(path: str, box_fn: BoxFn, out_size: int, whole: bool) -> torch.Tensor:
-    with Image.open(path) as image:
+def _pil_crop(data: bytes, box_fn: BoxFn, out_size: int, whole: bool, max_pixels: int) -> torch.Tensor:
+    with open_image(data, max_pixels) as image:
         width, height = image.size
         box = box_fn(width, height)
         factor = reduction(box, out_size)
         if image.format == "JPEG" and factor > 1:
             image.draft("RGB", (math.ceil(width / factor), math.ceil(height / factor)))
-        if image.mode != "RGB":
-            image = image.convert("RGB")  # grayscale, CMYK (Adobe-inverted too), palette, RGBA
-        pixels = np.asarray(image)
+        pixels = rgb_pixels(image)
     return crop_resize(pixels, box, width, height, out_size, whole)
+
+
+def rgb_pixels(image: Image.Image) -> np.ndarray:
+    """uint8 HWC RGB of any image PIL opens: 16-bit and 32-bit integer grey scaled to 8 bits (PIL's
+    ``convert`` clips them, so a 16-bit PNG comes out white); grey, CMYK, palette, RGBA converted."""
+    if image.mode in ("I", "I;16", "I;16L", "I;16B", "I;16N"):
+        wide = np.asarray(image).astype(np.int64, copy=False)
+        grey = ((np.clip(wide, 0, 65535) + 128) // 257).astype(np.uint8)  # 65535 -> 255, 257 k -> k
+        return np.repeat(grey[:, :, None], 3, axis=2)
+    if image.mode != "RGB":
+        image = image.convert("RGB")  # grayscale, CMYK (Adobe-inverted too), palette, RGBA
+    return np.asarray(image)

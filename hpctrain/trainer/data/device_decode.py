@@ -12,7 +12,8 @@ antialiased) and flips, giving the uint8 NCHW batch the CPU path gives;
 
 Files nvJPEG cannot take (PNG, CMYK or otherwise odd JPEGs) are decoded by
 PIL in the worker instead and only cropped on the device: one odd file never
-fails a batch.
+fails a batch. The worker reads and checks every file as the CPU path does
+(``image_guard``), so nothing over ``data.max_image_pixels`` reaches a decoder.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from PIL import Image
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.trainer.data.augment import CropBox
+from hpctrain.trainer.data.augment import CropBox, val_crop
 from hpctrain.trainer.data.datasets import TrainImages, ValImages
+from hpctrain.trainer.data.decode import rgb_pixels
+from hpctrain.trainer.data.image_guard import DEFAULT_MAX_PIXELS, open_image, read_image_file
 
 DeviceBackend = Literal["gpu", "dali"]
 JPEG_MAGIC = b"\xff\xd8\xff"
@@ -37,18 +39,19 @@ JPEG_MAGIC = b"\xff\xd8\xff"
 BOX_FIELDS = ("top", "left", "height", "width", "flip")
 
 
-def header_size(data: bytes) -> tuple[int, int, bool]:
-    """(height, width, nvjpeg_can_decode) from the file header alone (PIL reads no pixels here)."""
-    with Image.open(io.BytesIO(data)) as image:
+def header_size(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int, bool]:
+    """(height, width, nvjpeg_can_decode) from the file header alone (PIL reads no pixels here);
+    ``ImageRefused`` for a file over the limits (``image_guard``)."""
+    with open_image(data, max_pixels) as image:
         width, height = image.size
         gpu_ok = data.startswith(JPEG_MAGIC) and image.format == "JPEG" and image.mode in ("RGB", "L")
     return height, width, gpu_ok
 
 
-def pil_decode(data: bytes) -> torch.Tensor:
+def pil_decode(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> torch.Tensor:
     """Any image PIL reads, as uint8 RGB CHW (the fallback for what nvJPEG cannot decode)."""
-    with Image.open(io.BytesIO(data)) as image:
-        array = np.asarray(image.convert("RGB"))
+    with open_image(data, max_pixels) as image:
+        array = rgb_pixels(image)
     return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
 
 
@@ -61,13 +64,24 @@ class _EncodedLoad:
     bad-file replacement and exact resume are the parent's.
     """
 
+    image_size: int
+    max_pixels: int
+
     def load(self, path: str, box_for: Callable[[int, int], CropBox]) -> tuple[torch.Tensor, torch.Tensor]:
-        with open(path, "rb") as file:
-            data = file.read()
-        height, width, gpu_ok = header_size(data)
+        data = read_image_file(path, self.max_pixels)
+        height, width, gpu_ok = header_size(data, self.max_pixels)
         box = box_for(width, height)
-        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if gpu_ok else pil_decode(data)
-        return payload, torch.tensor([box.top, box.left, box.height, box.width, float(box.flip)], dtype=torch.float64)
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if gpu_ok else pil_decode(data, self.max_pixels)
+        return payload, _box_tensor(box)
+
+    def blank(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A skipped validation sample: a decoded blank image and its val box (never scored)."""
+        size = self.image_size
+        return torch.zeros((3, size, size), dtype=torch.uint8), _box_tensor(val_crop(size, size, size, size))
+
+
+def _box_tensor(box: CropBox) -> torch.Tensor:
+    return torch.tensor([box.top, box.left, box.height, box.width, float(box.flip)], dtype=torch.float64)
 
 
 class EncodedTrainImages(_EncodedLoad, TrainImages):
@@ -91,6 +105,7 @@ class EncodedBatch:
     image_size: int
     backend: DeviceBackend = "gpu"
     resize: int | None = None  # validation: Resize(resize) + CenterCrop(image_size) (boxes are val_crop's)
+    max_pixels: int = DEFAULT_MAX_PIXELS  # data.max_image_pixels, for the PIL fallback
 
     def __len__(self) -> int:
         return len(self.payloads)
@@ -112,16 +127,23 @@ class EncodedBatch:
             from hpctrain.trainer.data.dali_decode import dali_decode_batch
 
             return dali_decode_batch(self, device)
-        return decode_batch(self.payloads, self.boxes, self.image_size, device, self.resize)
+        return decode_batch(self.payloads, self.boxes, self.image_size, device, self.resize, self.max_pixels)
 
 
 class EncodedCollate:
     """DataLoader ``collate_fn``: keeps the byte tensors as a list (they differ in length)."""
 
-    def __init__(self, image_size: int, backend: DeviceBackend = "gpu", resize: int | None = None) -> None:
+    def __init__(
+        self,
+        image_size: int,
+        backend: DeviceBackend = "gpu",
+        resize: int | None = None,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+    ) -> None:
         self.image_size = image_size
         self.backend = backend
         self.resize = resize
+        self.max_pixels = max_pixels
 
     def __call__(
         self, samples: list[tuple[tuple[torch.Tensor, torch.Tensor], int]]
@@ -129,7 +151,8 @@ class EncodedCollate:
         payloads = [payload for (payload, _), _ in samples]
         boxes = torch.stack([box for (_, box), _ in samples]) if samples else torch.empty((0, 5), dtype=torch.float64)
         labels = torch.tensor([label for _, label in samples], dtype=torch.int64)
-        return EncodedBatch(payloads, boxes, self.image_size, self.backend, self.resize), labels
+        batch = EncodedBatch(payloads, boxes, self.image_size, self.backend, self.resize, self.max_pixels)
+        return batch, labels
 
 
 def decode_batch(
@@ -138,13 +161,14 @@ def decode_batch(
     image_size: int,
     device: torch.device,
     resize: int | None = None,  # set for validation: the whole image is resized, then the box cropped
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> torch.Tensor:
     """Decode the encoded payloads in one batched nvJPEG call (CPU libjpeg on a CPU device),
     then crop/resize/flip every image to its box, uint8 [N, 3, image_size, image_size] on ``device``.
     Validation boxes are ``val_crop``'s: Resize(resize) + CenterCrop(image_size) as one box."""
     out = torch.empty((len(payloads), 3, image_size, image_size), dtype=torch.uint8, device=device)
     encoded = [i for i, payload in enumerate(payloads) if payload.dim() == 1]
-    decoded = dict(zip(encoded, decode_jpegs([payloads[i] for i in encoded], device)))
+    decoded = dict(zip(encoded, decode_jpegs([payloads[i] for i in encoded], device, max_pixels)))
     for i, payload in enumerate(payloads):
         image = decoded[i] if i in decoded else payload.to(device, non_blocking=True)
         out[i] = crop_resize_flip(image, boxes[i].tolist(), image_size, whole=resize is not None)
@@ -172,7 +196,9 @@ def crop_resize_flip(image: torch.Tensor, box: Sequence[float], image_size: int,
     return out.flip(-1) if flip else out
 
 
-def decode_jpegs(payloads: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+def decode_jpegs(
+    payloads: list[torch.Tensor], device: torch.device, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> list[torch.Tensor]:
     """uint8 RGB CHW images on ``device``; one batched call, image by image if the batch fails.
 
     A file that neither nvJPEG nor libjpeg accepts goes through PIL, so the
@@ -189,7 +215,7 @@ def decode_jpegs(payloads: list[torch.Tensor], device: torch.device) -> list[tor
             try:
                 images.append(decode([payload], mode=rgb, device=device)[0])
             except RuntimeError:
-                images.append(pil_decode(payload.numpy().tobytes()).to(device))
+                images.append(pil_decode(payload.numpy().tobytes(), max_pixels).to(device))
         return images
 
 

@@ -5,6 +5,12 @@ the cache) and the others receive the list (``shared_index``). The cache file
 is keyed by the split's absolute path and the mtimes of the split folder and
 its class folders (adding or removing an image changes its folder's mtime), so
 a requeued job reads the index back instead of walking GPFS again.
+
+The walk follows symlinked folders (as ImageFolder does) but enters each
+folder of a class once: a link back to a folder above it (``loop -> .``) or
+to a folder already scanned is skipped with a warning naming it. A folder
+that cannot be listed stops the job with its name and the fix, rather than
+dropping its images (a class without them would still train, silently).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,8 +31,23 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 INDEX_VERSION = 1
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
+
+
 class IndexError_(ValueError):
-    """The split has no class folders, or no images at all."""
+    """The split has no class folders, no images at all, or a folder that cannot be read."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+    def __reduce__(self) -> tuple[type, tuple[str, str | None]]:  # the hint survives shared_index's broadcast
+        return type(self), (str(self), self.hint)
+
+
+def printable(value: object) -> str:
+    """``str(value)`` with control and bidi characters shown as ``\\xNN``: a file name cannot forge log lines."""
+    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", str(value))
 
 
 @dataclass
@@ -67,34 +89,90 @@ def scan_split(root: str | Path) -> DatasetIndex:
     """One walk of ``root/<class>/...``: torchvision ImageFolder's classes, order and extensions.
 
     A class folder without images keeps its label (so train and val labels still
-    match) and is listed in ``empty_classes``; no class folders, or no image at
-    all, raises ``IndexError_``.
+    match) and is listed in ``empty_classes``; no class folders, no image at all,
+    or a folder that cannot be listed raises ``IndexError_``.
     """
     root = str(Path(root).resolve())
-    with os.scandir(root) as entries:
-        classes = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+    classes = sorted(e.name for e in _entries(root) if _is_dir(e) and not e.name.startswith("."))
     if not classes:
-        raise IndexError_(f"no class folders in {root}")
+        raise IndexError_(f"no class folders in {root!r}")
     samples: list[tuple[str, int]] = []
     empty: list[str] = []
     for label, name in enumerate(classes):
-        found = 0
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, name), followlinks=True):
-            dirnames.sort()
-            rel = os.path.relpath(dirpath, root)
-            for fname in sorted(filenames):
-                if fname.lower().endswith(IMG_EXTENSIONS):
-                    samples.append((os.path.join(rel, fname), label))
-                    found += 1
+        found = [(path, label) for path in _class_files(root, name)]
+        samples += found
         if not found:
             empty.append(name)
     if not samples:
-        raise IndexError_(f"no images ({', '.join(IMG_EXTENSIONS)}) under {root}")
+        raise IndexError_(f"no images ({', '.join(IMG_EXTENSIONS)}) under {root!r}")
     for name in empty:
         log.warning(
-            "hpctrain: class folder %s has no images; its label is kept, no sample uses it", os.path.join(root, name)
+            "hpctrain: class folder %r has no images; its label is kept, no sample uses it", os.path.join(root, name)
         )
     return DatasetIndex(root, classes, samples, empty)
+
+
+def _class_files(root: str, name: str) -> list[str]:
+    """Image paths (relative to ``root``) under ``root/name``, depth first, sorted per folder.
+
+    Symlinked folders are followed; each real folder (device, inode) is entered once per class.
+    """
+    found: list[str] = []
+    seen: set[tuple[int, int]] = set()
+    stack: list[tuple[str, tuple[tuple[int, int], ...]]] = [(os.path.join(root, name), ())]
+    while stack:
+        folder, above = stack.pop()
+        identity = _identity(folder)
+        if identity in seen:
+            what = "a folder above it (a loop)" if identity in above else "a folder of this class already scanned"
+            log.warning("hpctrain: not following %r: it leads back to %s", folder, what)
+            continue
+        seen.add(identity)
+        entries = _entries(folder)
+        rel = os.path.relpath(folder, root)
+        found += [os.path.join(rel, e.name) for e in sorted(entries, key=_name) if _is_image(e)]
+        subfolders = sorted((e for e in entries if _is_dir(e)), key=_name, reverse=True)
+        stack += [(e.path, (*above, identity)) for e in subfolders]  # reversed: popped in sorted order
+    return found
+
+
+def _name(entry: os.DirEntry) -> str:
+    return entry.name
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()  # follows symlinks
+    except OSError:
+        return False
+
+
+def _is_image(entry: os.DirEntry) -> bool:
+    return entry.name.lower().endswith(IMG_EXTENSIONS) and not _is_dir(entry)
+
+
+def _identity(folder: str) -> tuple[int, int]:
+    try:
+        info = os.stat(folder)
+    except OSError as exc:
+        raise _unreadable(folder, exc) from None
+    return info.st_dev, info.st_ino
+
+
+def _entries(folder: str) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as entries:
+            return list(entries)
+    except OSError as exc:
+        raise _unreadable(folder, exc) from None
+
+
+def _unreadable(folder: str, exc: OSError) -> IndexError_:
+    return IndexError_(
+        f"cannot list {folder!r} ({exc.strerror or exc})",
+        hint=f"make it readable to the job (chmod -R a+rX {printable(folder)!r}) or move it out of the split: "
+        "without its images the class would still train, without telling you",
+    )
 
 
 def cache_key(root: str | Path) -> str:
@@ -112,7 +190,10 @@ def cached_index(root: str | Path, cache_dir: str | Path | None) -> DatasetIndex
     """``scan_split`` through a cache file in ``cache_dir`` (None: always scan)."""
     if cache_dir is None:
         return scan_split(root)
-    key = cache_key(root)
+    try:
+        key = cache_key(root)
+    except OSError:
+        return scan_split(root)  # which names what cannot be read
     path = Path(cache_dir) / f"index-{key}.json"
     try:
         data = json.loads(path.read_text())
@@ -129,7 +210,7 @@ def cached_index(root: str | Path, cache_dir: str | Path | None) -> DatasetIndex
             os.fsync(tmp.fileno())
         os.replace(tmp.name, path)
     except OSError as exc:  # a read-only cache is no reason to stop
-        log.warning("hpctrain: could not write the dataset index cache %s: %s", path, exc)
+        log.warning("hpctrain: could not write the dataset index cache %r: %s", str(path), printable(exc))
     return index
 
 

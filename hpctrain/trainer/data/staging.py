@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -85,9 +86,16 @@ def _copy(source_root: Path, indices: Sequence[tuple[str, DatasetIndex]], dest: 
     try:
         dest.mkdir(parents=True, exist_ok=True)
         (dest / FAILED).unlink(missing_ok=True)
-        jobs = [(Path(idx.root) / rel, dest / split / rel) for split, idx in indices for rel, _ in idx.samples]
+        listed = [(Path(idx.root) / rel, dest / split / rel) for split, idx in indices for rel, _ in idx.samples]
         with ThreadPoolExecutor(readers) as pool:
-            sizes = list(pool.map(lambda job: os.stat(job[0]).st_size, jobs))
+            sizes = list(pool.map(lambda job: _regular_size(job[0]), listed))
+        jobs = [job for job, size in zip(listed, sizes, strict=True) if size is not None]
+        sizes = [size for size in sizes if size is not None]
+        if len(jobs) < len(listed):  # a FIFO or /dev/zero named x.jpg would block or fill the disk
+            log(
+                f"hpctrain: not staging {len(listed) - len(jobs)} entries that are not readable regular files "
+                "(FIFOs, devices, broken links); training skips and counts them"
+            )
         total = sum(sizes)
         pending = [(job, size) for job, size in zip(jobs, sizes, strict=True) if not _same_size(job[1], size)]
         needed = sum(size for _, size in pending)
@@ -118,6 +126,14 @@ def _copy(source_root: Path, indices: Sequence[tuple[str, DatasetIndex]], dest: 
 
 def _print(line: str) -> None:
     print(line, flush=True)
+
+
+def _regular_size(path: Path) -> int | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
 
 
 def _same_size(path: Path, size: int) -> bool:

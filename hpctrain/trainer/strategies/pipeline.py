@@ -23,7 +23,15 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from hpctrain.errors import TrainingConfigError
 from hpctrain.runtime import heartbeat
 from hpctrain.trainer.batches import batch_to_device
-from hpctrain.trainer.evaluation import Accuracy, all_reduce_sums, batch_sums, new_sums
+from hpctrain.trainer.evaluation import (
+    Accuracy,
+    all_reduce_sums,
+    batch_sums,
+    kept_samples,
+    new_sums,
+    new_val_sums,
+    val_batch_sums,
+)
 from hpctrain.trainer.strategies.base import Strategy
 from hpctrain.trainer.strategies.splitting import choose_starts, describe, parts_of, sequential_blocks
 from hpctrain.trainer.strategies.stage_comm import (
@@ -144,11 +152,12 @@ class Pipeline(Strategy):
         sync_replica_buffers(self.stage_module, layout, self.groups, self.device)
         was_training = self.stage_module.training
         self.stage_module.eval()
-        sums = new_sums(device)
+        sums = new_val_sums(device)
         try:
             with torch.no_grad():
                 for images, targets in batches:
                     heartbeat.beat()  # validation makes progress batch by batch (the hang watchdog)
+                    kept = kept_samples(targets)
                     images, targets = batch_to_device(images, targets, device, channels_last=kwargs["channels_last"])
                     x = images if layout.is_first else recv_activation(layout.rank_of(layout.stage - 1), device)
                     with kwargs["precision"].autocast():
@@ -156,8 +165,7 @@ class Pipeline(Strategy):
                     if not layout.is_last:
                         send_activation(y, layout.rank_of(layout.stage + 1))
                         continue
-                    loss = kwargs["criterion"](y.float(), targets)
-                    sums += batch_sums(y.float(), targets, loss.float())
+                    sums += val_batch_sums(y.float(), targets, kept, kwargs["criterion"])
         finally:
             self.stage_module.train(was_training)
         return Accuracy.from_sums(all_reduce_sums(sums).cpu())
