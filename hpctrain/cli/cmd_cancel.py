@@ -133,7 +133,7 @@ def _cancel_local(run_dir: Path, info: dict, timeout_s: float) -> str:
             "with 'ps -o pid,lstart,args -p PID' before killing it yourself",
         )
     if local_run.run_process(record) is None and not local_run.run_processes(record):
-        return "already ended"
+        return f"already ended (process {record.pid} is gone or no longer the run's)"
     write_cancel_marker(run_dir, [str(record.pid)])  # the tasks read the SIGTERM as a cancel: save, stop
     outcome = local_run.stop([record], timeout_s)
     return {"ended": "CANCELLED", "killed": "CANCELLED (killed)", "gone": "already ended"}[outcome]

@@ -117,9 +117,19 @@ def run_process(record: LocalProcess) -> psutil.Process | None:
             return None
         if proc.uids().real != os.getuid() or proc.status() == psutil.STATUS_ZOMBIE:
             return None
-        return proc if proc.environ().get(RUN_TOKEN_ENV) == record.token else None
+        return proc if _environ(proc).get(RUN_TOKEN_ENV) == record.token else None
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
+
+
+def _environ(proc: psutil.Process, tries: int = 20) -> dict[str, str]:
+    """``proc``'s exec-time environment. Just after ``exec`` the kernel shows an empty one for a moment
+    (the new image's environment is set up after the old one is released), so an empty one is read again."""
+    for _ in range(tries):
+        if environ := proc.environ():
+            return environ
+        time.sleep(0.005)
+    return {}
 
 
 def liveness(info: Mapping[str, Any]) -> Liveness:
