@@ -74,10 +74,8 @@ def training_started(run_root: Path) -> Path | None:
     return None
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
-def test_a_terminated_local_submit_leaves_no_process_of_the_run(
-    tmp_path: Path, data_root: Path, signum: signal.Signals
-) -> None:
+def start_training(tmp_path: Path, data_root: Path) -> tuple[subprocess.Popen[str], Path, str, list[int]]:
+    """``submit --local`` of a run that trains long; returns once every process of it runs."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")}
     env["HPCTRAIN_CONFIG_DIR"] = str(tmp_path / "config")
     command = [sys.executable, "-m", "hpctrain", "submit", str(write_spec(tmp_path, data_root)), "--local"]
@@ -94,6 +92,19 @@ def test_a_terminated_local_submit_leaves_no_process_of_the_run(
         token = json.loads((run_dir / "run.json").read_text())["local_process"]["token"]
         # controller, two tasks, a loader worker each (the per-task reapers do not carry it)
         before = wait_for(lambda: (found := processes_with(token)) and len(found) >= 5 and found, 120, "workers")
+    except BaseException:
+        os.killpg(submitter.pid, signal.SIGKILL)
+        submitter.wait()
+        raise
+    return submitter, run_dir, token, before
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_terminated_local_submit_leaves_no_process_of_the_run(
+    tmp_path: Path, data_root: Path, signum: signal.Signals
+) -> None:
+    submitter, run_dir, token, before = start_training(tmp_path, data_root)
+    try:
         submitter.send_signal(signum)
         out, err = submitter.communicate(timeout=240)
     finally:
@@ -106,3 +117,17 @@ def test_a_terminated_local_submit_leaves_no_process_of_the_run(
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary.get("stop_reason") == "cancelled", summary
     assert any(run_dir.glob("checkpoints/*")), "the stop checkpoint is kept"
+
+
+def test_a_killed_local_submit_takes_its_run_along(tmp_path: Path, data_root: Path) -> None:
+    """SIGKILL leaves no handler a chance: the controller's parent-death signal stops the run."""
+    submitter, run_dir, token, before = start_training(tmp_path, data_root)
+    submitter.kill()
+    submitter.communicate(timeout=60)
+    try:
+        wait_for(lambda: not processes_with(token), 240, "the run to stop after its submitter died")
+    finally:
+        for pid in processes_with(token):
+            os.kill(pid, signal.SIGKILL)  # carries the run's token: the test's own run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "stopped", summary  # saved and stopped, as after a preemption
