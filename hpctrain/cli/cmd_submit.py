@@ -149,7 +149,8 @@ def follow_local(submitted: SubmittedRun, stream) -> int:
         return 130
     except _Terminated as exc:
         print(f"\n{exc.name}: stopping the run's processes (up to {LOCAL_STOP_TIMEOUT_S:.0f} s)", file=sys.stderr)
-        stop_local(submitted, LOCAL_STOP_TIMEOUT_S)
+        with _terminations_ignored():  # a second SIGTERM must not cut the stop short
+            stop_local(submitted, LOCAL_STOP_TIMEOUT_S)
         print(
             f"stopped; the run directory {submitted.run_dir} keeps its last checkpoint "
             f"('hpctrain resume {submitted.run_dir} --local' continues it)",
@@ -192,17 +193,25 @@ class _Terminated(Exception):
         self.name = signal.Signals(signum).name
 
 
-@contextlib.contextmanager
-def _terminations_raise() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise :class:`_Terminated` in the main thread (once: a second one is ignored
-    while the run is being stopped); the previous handlers are back afterwards."""
+def _terminations_raise() -> contextlib.AbstractContextManager[None]:
+    """SIGTERM and SIGHUP raise :class:`_Terminated` in the main thread (the first one: the next ones
+    are ignored until the block is left); the previous handlers are back afterwards."""
 
     def handler(signum: int, _frame: object) -> None:
         for one in TERMINATIONS:
             signal.signal(one, signal.SIG_IGN)
         raise _Terminated(signum)
 
-    previous = {one: signal.signal(one, handler) for one in TERMINATIONS}
+    return _handling(TERMINATIONS, handler)
+
+
+def _terminations_ignored() -> contextlib.AbstractContextManager[None]:
+    return _handling(TERMINATIONS, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _handling(signums: tuple[signal.Signals, ...], handler: object) -> Iterator[None]:
+    previous = {one: signal.signal(one, handler) for one in signums}  # type: ignore[arg-type]
     try:
         yield
     finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -233,3 +234,37 @@ def test_a_local_job_carries_its_token_and_stop_ends_all_of_it(tmp_path: Path) -
     assert local_run.stop([record], timeout_s=30) in ("ended", "killed")
     assert local_run.run_processes(record) == [] and local_run.run_process(record) is None
     assert job.done()
+
+
+# ---------------------------------------------------------------- submit --local under SIGTERM/SIGHUP
+
+
+class EndlessJob:
+    """A local job that runs until signalled: ``done()`` sends this process the signal under test."""
+
+    job_id = "4242"
+
+    def __init__(self, tmp_path: Path, signum: int) -> None:
+        self.paths = type("Paths", (), {"stdout": tmp_path / "4242_%t_log.out"})()
+        self.signum = signum
+
+    def done(self) -> bool:
+        os.kill(os.getpid(), self.signum)  # the handler under test turns this into _Terminated
+        return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_submit_local_stops_its_run_on_sigterm_and_sighup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], signum: int
+) -> None:
+    from hpctrain.cli import cmd_submit
+    from hpctrain.submission import SubmittedRun
+
+    stopped: list[SubmittedRun] = []
+    monkeypatch.setattr(cmd_submit, "stop_local", lambda submitted, timeout_s: stopped.append(submitted))
+    before = {one: signal.getsignal(one) for one in cmd_submit.TERMINATIONS}
+    submitted = SubmittedRun("4242", tmp_path, "local", [EndlessJob(tmp_path, signum)], [tmp_path])
+    assert cmd_submit.follow_local(submitted, stream=io.StringIO()) == 128 + signum
+    assert stopped == [submitted]
+    assert {one: signal.getsignal(one) for one in cmd_submit.TERMINATIONS} == before
+    assert "keeps its last checkpoint" in capsys.readouterr().err
