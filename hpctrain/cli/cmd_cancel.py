@@ -30,13 +30,14 @@ from pathlib import Path
 
 from hpctrain import job_registry, slurm
 from hpctrain.errors import ClusterError, RunDirError
-from hpctrain.rundir import RUN_FILE, Summary, latest_checkpoint_step, read_run_info, read_summary
+from hpctrain.rundir import RUN_FILE, Summary, latest_checkpoint_step, read_run_info, read_summary, trial_dir
 from hpctrain.runtime import local_run
 from hpctrain.runtime.stop import write_cancel_marker
 from hpctrain.slurm import TERMINAL_STATES, job_state
 
 # Beyond KillWait: slurmd's epilog, and rank 0 writing summary.json after the checkpoint.
 SETTLE_MARGIN_S = 10.0
+MAX_LOCAL_TRIALS = 1000  # a local sweep starts every trial at once on one machine: never near this
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,7 +53,7 @@ def cancel_run(run_dir: Path, timeout_s: float) -> int:
     info = read_run_info(run_dir)
     job_id = str(info.get("job_id", ""))
     if info.get("backend") == "local":
-        state = _cancel_local(run_dir, info, timeout_s)
+        state = _cancel_local_trials(run_dir, info, timeout_s)
         summary, settled = read_summary(run_dir) or Summary(), True
     else:
         write_cancel_marker(run_dir, [job_id])
@@ -110,6 +111,21 @@ def _cancel_slurm(job_id: str, timeout_s: float) -> str:
         f"job {job_id} is still {state} {timeout_s:.0f} s after scancel",
         hint="a node may be unresponsive; ask the admins, or check 'scontrol show job " + job_id + "'",
     )
+
+
+def _cancel_local_trials(run_dir: Path, info: dict, timeout_s: float) -> str:
+    """A local sweep runs one controller per trial: stop each (a plain run is its own one trial)."""
+    trials = info.get("trials")
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
+        return _cancel_local(run_dir, info, timeout_s)
+    states = []
+    for index in range(min(trials, MAX_LOCAL_TRIALS)):
+        one_dir = trial_dir(run_dir, index)
+        try:
+            states.append(f"{one_dir.name}: {_cancel_local(one_dir, read_run_info(one_dir), timeout_s)}")
+        except RunDirError as exc:
+            states.append(f"{one_dir.name}: not signalled ({exc.message})")
+    return "; ".join(states)
 
 
 def _cancel_local(run_dir: Path, info: dict, timeout_s: float) -> str:

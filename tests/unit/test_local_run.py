@@ -22,7 +22,7 @@ from hpctrain.cli import cmd_cancel
 from hpctrain.cli.cmd_status import run_status
 from hpctrain.cli.watch import watch
 from hpctrain.errors import RunDirError
-from hpctrain.rundir import atomic_write_text, cancel_marker_path, write_run_info
+from hpctrain.rundir import atomic_write_text, cancel_marker_path, trial_dir, write_run_info
 from hpctrain.runtime import local_run
 from hpctrain.runtime.cleanup import RUN_TOKEN_ENV, reaper_environ
 
@@ -188,6 +188,23 @@ def test_cancel_stops_a_proven_run_and_what_carries_its_token(
     assert bystander.poll() is None
     assert "CANCELLED" in capsys.readouterr().out
     assert json.loads(cancel_marker_path(run_dir).read_text())["job_ids"] == [str(controller.pid)]
+
+
+def test_cancel_of_a_local_sweep_stops_every_trial(
+    tmp_path: Path, sleepers: list, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    for index in range(2):
+        sleepers.append(proc := start_sleeper(f"{index}" * 32))
+        trial = local_run_dir(tmp_path / f"t{index}", str(proc.pid), record_of(proc, f"{index}" * 32))
+        write_summary(trial, "running")
+        trial.rename(trial_dir(sweep, index))
+    first = sleepers[0]
+    write_run_info(sweep, {"name": "demo", "job_id": str(first.pid), "backend": "local", "trials": 2})
+    assert cmd_cancel.cancel_run(sweep, timeout_s=10) == 0
+    assert all(proc.wait(timeout=10) is not None for proc in sleepers)
+    assert "trial-000: CANCELLED" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- status of a dead local run
