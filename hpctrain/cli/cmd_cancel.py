@@ -148,6 +148,12 @@ def _cancel_local(run_dir: Path, info: dict, timeout_s: float) -> str:
             hint="if the run is still going, stop it where it runs (Ctrl-C in its terminal), or check the process "
             "with 'ps -o pid,lstart,args -p PID' before killing it yourself",
         )
+    if local_run.liveness(info) == "unproven":
+        raise RunDirError(
+            f"{run_dir / RUN_FILE}: process {record.pid} started when the run's did, but it is not yours "
+            "to inspect, so nothing proves it is the run's; not signalled",
+            hint="only the user who started a local run can cancel it",
+        )
     if local_run.run_process(record) is None and not local_run.run_processes(record):
         return f"already ended (process {record.pid} is gone or no longer the run's)"
     write_cancel_marker(run_dir, [str(record.pid)])  # the tasks read the SIGTERM as a cancel: save, stop

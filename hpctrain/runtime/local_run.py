@@ -106,20 +106,33 @@ def parse_record(info: Mapping[str, Any]) -> LocalProcess | None:
 
 def run_process(record: LocalProcess) -> psutil.Process | None:
     """The live process ``record`` names, if it is provably the run's: same PID, same start time,
-    same owner, the run's token in its environment. None otherwise (gone, reused, a zombie)."""
+    same owner, the run's token in its environment. None otherwise (gone, reused, a zombie, another
+    user's)."""
+    proc, verdict = _examine(record)
+    return proc if verdict == "running" else None
+
+
+def _examine(record: LocalProcess) -> tuple[psutil.Process | None, Liveness]:
+    """``running`` (proven), ``gone`` (no such process, a zombie, or certainly another one: its start
+    time or token differs), or ``unproven`` (its start time matches but its environment is not ours
+    to read: another user's run, looked at by someone else)."""
     import psutil
 
     if valid_pid(record.pid) is None:
-        return None
+        return None, "gone"
     try:
         proc = psutil.Process(record.pid)
         if abs(proc.create_time() - record.start_time) > START_TIME_TOLERANCE_S:
-            return None
-        if proc.uids().real != os.getuid() or proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return proc if _environ(proc).get(RUN_TOKEN_ENV) == record.token else None
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return None
+            return None, "gone"
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None, "gone"
+        if proc.uids().real != os.getuid():
+            return None, "unproven"
+        return (proc, "running") if _environ(proc).get(RUN_TOKEN_ENV) == record.token else (None, "gone")
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None, "gone"
+    except psutil.AccessDenied:
+        return None, "unproven"
 
 
 def _environ(proc: psutil.Process, tries: int = 20) -> dict[str, str]:
@@ -134,10 +147,10 @@ def _environ(proc: psutil.Process, tries: int = 20) -> dict[str, str]:
 
 def liveness(info: Mapping[str, Any]) -> Liveness:
     """Whether a local run's controller still runs: ``running`` (proven), ``gone``, or ``unproven``
-    (run.json has no proof and its PID names some live process, which may or may not be the run's)."""
+    (a live process that may be the run's: run.json has no proof, or the process is not ours to read)."""
     record = parse_record(info)
     if record is not None:
-        return "running" if run_process(record) is not None else "gone"
+        return _examine(record)[1]
     pid = valid_pid(info.get("job_id"))
     if pid is None or not _pid_exists(pid):
         return "gone"

@@ -207,6 +207,23 @@ def test_cancel_of_a_local_sweep_stops_every_trial(
     assert "trial-000: CANCELLED" in capsys.readouterr().out
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="starts a process as another user")
+def test_another_users_run_is_neither_failed_nor_signalled(tmp_path: Path, no_signals: list) -> None:
+    env = {**os.environ, RUN_TOKEN_ENV: TOKEN}
+    proc = subprocess.Popen(["sleep", "300"], env=env, user=65534)  # nobody
+    try:
+        run_dir = local_run_dir(tmp_path, str(proc.pid), record_of(proc))
+        write_summary(run_dir, "running")
+        assert local_run.run_process(record_of(proc)) is None  # not ours: never proven
+        assert run_status(run_dir)["status"] == "running"  # but not shown as dead either
+        with pytest.raises(RunDirError, match="not yours"):
+            cmd_cancel.cancel_run(run_dir, timeout_s=1)
+        assert no_signals == [] and proc.poll() is None
+    finally:
+        subprocess.run(["kill", "-KILL", str(proc.pid)], check=True)  # os.kill is stubbed here
+        proc.wait(timeout=10)
+
+
 # ---------------------------------------------------------------- status of a dead local run
 
 
