@@ -131,3 +131,34 @@ def test_a_killed_local_submit_takes_its_run_along(tmp_path: Path, data_root: Pa
             os.kill(pid, signal.SIGKILL)  # carries the run's token: the test's own run
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "stopped", summary  # saved and stopped, as after a preemption
+
+
+def test_a_local_run_whose_rank_zero_was_killed_is_failed_and_the_watch_ends(tmp_path: Path, data_root: Path) -> None:
+    """As after the out-of-memory killer: rank 0 cannot write its summary, which stays 'running'."""
+    import psutil
+
+    submitter, run_dir, token, _ = start_training(tmp_path, data_root)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")}
+    try:
+        controller = psutil.Process(int(json.loads((run_dir / "run.json").read_text())["job_id"]))
+        (rank0,) = [t for t in controller.children() if t.environ().get("SUBMITIT_LOCAL_GLOBALID") == "0"]
+        rank0.kill()
+        watch = subprocess.run(
+            [sys.executable, "-m", "hpctrain", "status", str(run_dir), "--watch", "--interval", "2"],
+            capture_output=True, text=True, env=env, timeout=240,
+        )  # fmt: skip
+        status = subprocess.run(
+            [sys.executable, "-m", "hpctrain", "status", str(run_dir), "--json"],
+            capture_output=True, text=True, env=env, timeout=60,
+        )  # fmt: skip
+        submitter.communicate(timeout=120)
+    finally:
+        if submitter.poll() is None:
+            os.killpg(submitter.pid, signal.SIGKILL)
+            submitter.wait()
+    assert watch.returncode == 1 and watch.stdout.rstrip().endswith("run status: failed"), watch.stdout + watch.stderr
+    shown = json.loads(status.stdout)
+    assert shown["status"] == "failed" and "killed" in shown["failed_reason"]
+    left = run_dir / "summary.json"  # what rank 0 left: no final word
+    assert not left.exists() or json.loads(left.read_text())["status"] == "running"
+    assert processes_with(token) == []
