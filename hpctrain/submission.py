@@ -152,13 +152,13 @@ def local_parameters(spec: JobSpec) -> dict[str, Any]:
 
 
 def build_executor(job: LoadedJob, backend: Backend, run_dir: Path) -> submitit.Executor:
-    import submitit  # here, not at the top: it imports asyncio, a fifth of a login-node command's time
-
-    from hpctrain.submitit_executor import SlurmExecutor
+    # here, not at the top: submitit imports asyncio, a fifth of a login-node command's time
+    from hpctrain.submitit_executor import LocalExecutor, SlurmExecutor
 
     folder = submitit_dir(run_dir)
     if backend == "local":
-        executor: submitit.Executor = submitit.LocalExecutor(folder=folder)
+        # Its controller carries a run token; run.json records what proves it (runtime/local_run.py).
+        executor: submitit.Executor = LocalExecutor(folder=folder)
         executor.update_parameters(**local_parameters(job.spec))
     else:
         # Each task starts under the reaper's exec wrapper, so everything it
@@ -215,9 +215,11 @@ def submit(job: LoadedJob, *, local: bool = False, run_dir: Path | None = None, 
             if copied
             else {}
         )
-        _record_submission(one_dir, job, backend, one.job_id, submitit_dir(run_dir), extra=trial_code)
+        extra = {**trial_code, **_local_record(one)}
+        _record_submission(one_dir, job, backend, one.job_id, submitit_dir(run_dir), extra=extra)
     if job.is_sweep:
-        _record_submission(run_dir, job, backend, job_id, submitit_dir(run_dir), trials=len(jobs), extra=code)
+        extra = {**code, **_local_record(jobs[0])}
+        _record_submission(run_dir, job, backend, job_id, submitit_dir(run_dir), trials=len(jobs), extra=extra)
     return SubmittedRun(job_id, run_dir, backend, jobs, trial_dirs)
 
 
@@ -230,7 +232,7 @@ def resubmit(run_dir: Path, job: LoadedJob, *, local: bool = False) -> Submitted
 
     code_root = code_snapshot.import_root(run_dir, read_run_info(run_dir).get("code_snapshot"))
     jobs = _launch(job, backend, run_dir, [run_dir], str(code_root) if code_root else None)
-    _record_submission(run_dir, job, backend, jobs[0].job_id, submitit_dir(run_dir))
+    _record_submission(run_dir, job, backend, jobs[0].job_id, submitit_dir(run_dir), extra=_local_record(jobs[0]))
     return SubmittedRun(jobs[0].job_id, run_dir, backend, jobs, [run_dir])
 
 
@@ -331,6 +333,17 @@ def _record_submission(
     info.update(extra or {})
     write_run_info(run_dir, info)
     job_registry.record(job_id, run_dir)
+
+
+def _local_record(job: submitit.Job) -> dict[str, Any]:
+    """run.json's proof of a local job's controller (``local_process``); nothing for a Slurm job.
+
+    A resumed run replaces the record of its previous attempt, whose controller has ended.
+    """
+    from hpctrain.runtime.local_run import RECORD_KEY
+
+    record = getattr(job, "local_process", None)
+    return {RECORD_KEY: record.as_json()} if record is not None else {}
 
 
 def _remove_unsubmitted(run_dir: Path) -> None:

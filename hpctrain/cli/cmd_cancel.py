@@ -14,25 +14,30 @@ waits for the run to settle -- no process of the job left (by then
 kills every task) plus a margin, and only then prints the final status and
 the step of the last complete checkpoint. A ``resume`` typed after it never
 starts beside an attempt that is still writing.
+
+A local run is stopped by signalling its controller, and only once
+``runtime/local_run.py`` has proven the PID in run.json to be the run's (start
+time and run token); a run whose summary is final, or whose run.json lacks
+that proof, is never signalled.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from hpctrain import job_registry, slurm
-from hpctrain.errors import ClusterError
-from hpctrain.rundir import Summary, latest_checkpoint_step, read_run_info, read_summary
+from hpctrain.errors import ClusterError, RunDirError
+from hpctrain.rundir import RUN_FILE, Summary, latest_checkpoint_step, read_run_info, read_summary, trial_dir
+from hpctrain.runtime import local_run
 from hpctrain.runtime.stop import write_cancel_marker
 from hpctrain.slurm import TERMINAL_STATES, job_state
 
 # Beyond KillWait: slurmd's epilog, and rank 0 writing summary.json after the checkpoint.
 SETTLE_MARGIN_S = 10.0
+MAX_LOCAL_TRIALS = 1000  # a local sweep starts every trial at once on one machine: never near this
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,11 +52,11 @@ def cancel_run(run_dir: Path, timeout_s: float) -> int:
     """Cancel one run's job, wait until none of its processes is left, print where it stands."""
     info = read_run_info(run_dir)
     job_id = str(info.get("job_id", ""))
-    write_cancel_marker(run_dir, [job_id])
     if info.get("backend") == "local":
-        state = _cancel_local(job_id, timeout_s)
+        state = _cancel_local_trials(run_dir, info, timeout_s)
         summary, settled = read_summary(run_dir) or Summary(), True
     else:
+        write_cancel_marker(run_dir, [job_id])
         state = _cancel_slurm(job_id, timeout_s)
         limit_s = slurm.kill_wait_s() + SETTLE_MARGIN_S
         summary, settled = wait_to_settle(run_dir, lambda: slurm.processes_may_run(job_id), limit_s)
@@ -108,19 +113,49 @@ def _cancel_slurm(job_id: str, timeout_s: float) -> str:
     )
 
 
-def _cancel_local(job_id: str, timeout_s: float) -> str:
-    """Local jobs: job id is the pid of submitit's local controller."""
-    try:
-        pid = int(job_id)
-        os.kill(pid, signal.SIGTERM)
-    except (ValueError, ProcessLookupError):
-        return "already ended"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def _cancel_local_trials(run_dir: Path, info: dict, timeout_s: float) -> str:
+    """A local sweep runs one controller per trial: stop each (a plain run is its own one trial)."""
+    trials = info.get("trials")
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
+        return _cancel_local(run_dir, info, timeout_s)
+    states = []
+    for index in range(min(trials, MAX_LOCAL_TRIALS)):
+        one_dir = trial_dir(run_dir, index)
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return "CANCELLED"
-        time.sleep(0.5)
-    os.kill(pid, signal.SIGKILL)
-    return "CANCELLED (killed)"
+            states.append(f"{one_dir.name}: {_cancel_local(one_dir, read_run_info(one_dir), timeout_s)}")
+        except RunDirError as exc:
+            states.append(f"{one_dir.name}: not signalled ({exc.message})")
+    return "; ".join(states)
+
+
+def _cancel_local(run_dir: Path, info: dict, timeout_s: float) -> str:
+    """Stop a local run's controller (and through it its tasks), proven to be the run's first."""
+    if (read_summary(run_dir) or Summary()).is_final:
+        return "already ended (its summary is final)"
+    if local_run.valid_pid(info.get("job_id")) is None:
+        raise RunDirError(
+            f"{run_dir / RUN_FILE}: job_id {str(info.get('job_id'))[:40]!r} is not the process id of a local run "
+            "(a whole number above 1); not signalled",
+            hint="this run.json was edited or damaged; nothing was stopped",
+        )
+    record = local_run.parse_record(info)
+    if record is None:
+        if local_run.liveness(info) == "gone":
+            return "already ended"
+        raise RunDirError(
+            f"{run_dir / RUN_FILE}: nothing proves that process {str(info.get('job_id'))[:40]!r} is this local run's "
+            "(no start time and run token recorded: an older hpctrain wrote it, or it was edited); not signalled",
+            hint="if the run is still going, stop it where it runs (Ctrl-C in its terminal), or check the process "
+            "with 'ps -o pid,lstart,args -p PID' before killing it yourself",
+        )
+    if local_run.liveness(info) == "unproven":
+        raise RunDirError(
+            f"{run_dir / RUN_FILE}: process {record.pid} started when the run's did, but it is not yours "
+            "to inspect, so nothing proves it is the run's; not signalled",
+            hint="only the user who started a local run can cancel it",
+        )
+    if local_run.run_process(record) is None and not local_run.run_processes(record):
+        return f"already ended (process {record.pid} is gone or no longer the run's)"
+    write_cancel_marker(run_dir, [str(record.pid)])  # the tasks read the SIGTERM as a cancel: save, stop
+    outcome = local_run.stop([record], timeout_s)
+    return {"ended": "CANCELLED", "killed": "CANCELLED (killed)", "gone": "already ended"}[outcome]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from hpctrain.cli.cmd_submit import follow_local, print_submitted, wait_slurm
 from hpctrain.cli.cmd_validate import print_warnings
 from hpctrain.errors import UsageError
 from hpctrain.rundir import read_run_info, spec_path
+from hpctrain.runtime import local_run
 from hpctrain.runtime.stop import clear_cancel_marker
 from hpctrain.slurm import TERMINAL_STATES, job_state
 from hpctrain.spec.load import load_job
@@ -34,9 +34,9 @@ def refuse_while_writing(run_dir: Path, info: dict[str, Any]) -> None:
     """Raise UsageError while the run's previous attempt may still write into ``run_dir``."""
     job_id = str(info.get("job_id", ""))
     if info.get("backend") == "local":
-        if job_id.isdigit() and _pid_alive(int(job_id)):
+        if local_run.liveness(info) != "gone":  # proven to run, or a live PID nothing proves is another's
             raise UsageError(
-                f"the previous local attempt of this run (pid {job_id}) is still running",
+                f"the previous local attempt of this run (pid {job_id}) may still be running",
                 hint=f"wait for it, or stop it first with 'hpctrain cancel {run_dir}'",
             )
         return
@@ -54,16 +54,6 @@ def refuse_while_writing(run_dir: Path, info: dict[str, Any]) -> None:
             "the stop checkpoint",
             hint=f"try again in a few seconds ('hpctrain cancel {run_dir}' waits for this by itself)",
         )
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def run(args: argparse.Namespace) -> int:

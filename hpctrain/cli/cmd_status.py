@@ -21,6 +21,7 @@ from hpctrain.heartbeats import read_heartbeats
 from hpctrain.live_status import RankView, rank_views
 from hpctrain.live_view import rank_table
 from hpctrain.rundir import RUN_FILE, Summary, parse_summary, read_run_info, read_summary
+from hpctrain.runtime import local_run
 from hpctrain.runtime.failures import first_task_failure
 from hpctrain.slurm import TERMINAL_STATES, job_state
 
@@ -52,7 +53,10 @@ def run_status(run_dir: Path, known_states: Mapping[str, str] | None = None) -> 
     recorded = read_summary(run_dir)
     job_id = str(info.get("job_id", ""))
     known = (known_states or {}).get(job_id)
-    state = "local" if info.get("backend") == "local" else known or _slurm_state(job_id)
+    if info.get("backend") == "local":
+        state = local_run.state(info, summary_final=bool(recorded and recorded.is_final))
+    else:
+        state = known or _slurm_state(job_id)
     summary = parse_summary(reconcile(recorded.fields() if recorded else {}, state, run_dir)) or Summary()
     return {
         "run_dir": str(run_dir),
@@ -67,11 +71,11 @@ def run_status(run_dir: Path, known_states: Mapping[str, str] | None = None) -> 
 
 
 def reconcile(summary: dict[str, Any], slurm_state: str, run_dir: Path) -> dict[str, Any]:
-    """A job that Slurm says has ended but whose summary still says "running"
-    lost its rank 0 (killed, out of memory, node failure): say so, and name the
-    task srun reported as failed first in the batch step's log."""
+    """A job that Slurm says has ended (or a local run whose processes are gone) but whose summary
+    still says "running" lost its rank 0 (killed, out of memory, node failure): say so, and name
+    the task srun reported as failed first in the batch step's log."""
     if (
-        slurm_state not in TERMINAL_STATES
+        (slurm_state not in TERMINAL_STATES and slurm_state != local_run.GONE_STATE)
         or slurm_state == "COMPLETED"
         or summary.get("status") not in (None, "running")
         or (summary.get("status") is None and slurm_state == "CANCELLED")  # cancelled before it started
@@ -85,6 +89,8 @@ def reconcile(summary: dict[str, Any], slurm_state: str, run_dir: Path) -> dict[
             failure = None
         if failure is not None:
             summary.update(failed_rank=failure.rank, failed_node=failure.node, failed_reason=failure.reason)
+        elif slurm_state == local_run.GONE_STATE and summary.get("failed_reason") is None:
+            summary["failed_reason"] = "its processes ended without recording an end (killed, e.g. out of memory)"
     return summary
 
 
@@ -96,7 +102,7 @@ def display_status(status: str | None, slurm_state: str | None) -> str | None:
         return "pending"
     if slurm_state == "CANCELLED":
         return "cancelled"
-    if slurm_state in TERMINAL_STATES and slurm_state != "COMPLETED":
+    if (slurm_state in TERMINAL_STATES and slurm_state != "COMPLETED") or slurm_state == local_run.GONE_STATE:
         return "failed"
     return None
 
@@ -189,15 +195,19 @@ def list_recent(args: argparse.Namespace) -> int:
     else:
         runs = registry_runs()
     summaries = {run_dir: read_summary(run_dir) or Summary() for _, _, run_dir in runs}
-    unfinished = [job_id for job_id, _, run_dir in runs if summaries[run_dir].status in (None, "running")]
-    states = slurm.job_states([job_id for job_id in unfinished if job_id.replace("_", "").isdigit()])
+    unfinished = [(job_id, run_dir) for job_id, _, run_dir in runs if summaries[run_dir].status in (None, "running")]
+    local_states = _local_states([run_dir for _, run_dir in unfinished])
+    slurm_ids = [job_id for job_id, run_dir in unfinished if run_dir not in local_states]
+    states = slurm.job_states([job_id for job_id in slurm_ids if job_id.replace("_", "").isdigit()])
     rows = []
     for job_id, when, run_dir in runs:
         summary = summaries[run_dir]
-        state = states.get(job_id)
+        state = local_states.get(run_dir) or states.get(job_id)
         status = summary.status
         if status == "running" and state in TERMINAL_STATES and state != "COMPLETED":
             status = "stopped" if state == "CANCELLED" else "failed"
+        elif status == "running" and state == local_run.GONE_STATE:
+            status = "failed"
         rows.append(
             (
                 job_id,
@@ -226,6 +236,20 @@ def list_recent(args: argparse.Namespace) -> int:
         table.add_row(*row)
     Console(file=sys.stdout).print(table)
     return 0
+
+
+def _local_states(run_dirs: list[Path]) -> dict[Path, str]:
+    """The state of each local run among ``run_dirs``, unfinished ones (its process alive or gone);
+    Slurm is not asked about them."""
+    states = {}
+    for run_dir in run_dirs:
+        try:
+            info = read_run_info(run_dir)
+        except RunDirError:
+            continue
+        if info.get("backend") == "local":
+            states[run_dir] = local_run.state(info, summary_final=False)
+    return states
 
 
 def _fmt(value: object) -> str:

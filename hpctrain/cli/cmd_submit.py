@@ -8,9 +8,12 @@ the output directory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from hpctrain.cli.cmd_validate import print_warnings
@@ -19,6 +22,9 @@ from hpctrain.errors import ClusterError
 from hpctrain.rundir import Summary, next_run_dir, read_summary
 from hpctrain.spec.load import LoadedJob, load_job
 from hpctrain.submission import SubmittedRun, backend_for, render_script, submit
+
+TERMINATIONS = (signal.SIGTERM, signal.SIGHUP)
+LOCAL_STOP_TIMEOUT_S = 60.0  # as 'hpctrain cancel --timeout': time for the tasks to write their stop checkpoint
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,17 +125,22 @@ def print_submitted(submitted: SubmittedRun, job: LoadedJob) -> None:
 
 
 def follow_local(submitted: SubmittedRun, stream) -> int:
-    """Run a local job in the foreground, echoing rank 0's log; exit with its status."""
+    """Run a local job in the foreground, echoing rank 0's log; exit with its status.
+
+    SIGTERM or SIGHUP (a closed terminal, ``kill``, a session manager) stops
+    the whole run, as ``hpctrain cancel`` would, before this command exits.
+    """
     job = submitted.jobs[0]
     log_path = Path(str(job.paths.stdout).replace("%t", "0"))
     offset = 0
     try:
-        while True:
-            done = all(j.done() for j in submitted.jobs)
-            offset = echo_new(log_path, offset, stream)
-            if done:
-                break
-            time.sleep(0.5)
+        with _terminations_raise():
+            while True:
+                done = all(j.done() for j in submitted.jobs)
+                offset = echo_new(log_path, offset, stream)
+                if done:
+                    break
+                time.sleep(0.5)
     except KeyboardInterrupt:
         for j in submitted.jobs:
             j.cancel(check=False)
@@ -139,6 +150,16 @@ def follow_local(submitted: SubmittedRun, stream) -> int:
             file=sys.stderr,
         )
         return 130
+    except _Terminated as exc:
+        print(f"\n{exc.name}: stopping the run's processes (up to {LOCAL_STOP_TIMEOUT_S:.0f} s)", file=sys.stderr)
+        with _terminations_ignored():  # a second SIGTERM must not cut the stop short
+            stop_local(submitted, LOCAL_STOP_TIMEOUT_S)
+        print(
+            f"stopped; the run directory {submitted.run_dir} keeps its last checkpoint "
+            f"('hpctrain resume {submitted.run_dir} --local' continues it)",
+            file=sys.stderr,
+        )
+        return 128 + exc.signum
     failures = [j for j in submitted.jobs if j.exception() is not None]
     summary = read_summary(submitted.trial_dirs[0]) or Summary()
     if failures:
@@ -154,6 +175,51 @@ def follow_local(submitted: SubmittedRun, stream) -> int:
     print(line, file=stream)
     print(f"run dir: {submitted.run_dir}", file=stream)
     return 0 if status in ("completed", "running") else 1
+
+
+def stop_local(submitted: SubmittedRun, timeout_s: float) -> None:
+    """Cancel a local submission from inside: cancel markers first (the tasks then save and stop rather
+    than take the SIGTERM for a preemption), then every controller and whatever carries its run token."""
+    from hpctrain.runtime import local_run
+    from hpctrain.runtime.stop import write_cancel_marker
+
+    records = [r for j in submitted.jobs if (r := getattr(j, "local_process", None)) is not None]
+    for one_dir, one in zip(submitted.trial_dirs, submitted.jobs):
+        write_cancel_marker(one_dir, [one.job_id])
+    local_run.stop(records, timeout_s)
+
+
+class _Terminated(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+
+
+def _terminations_raise() -> contextlib.AbstractContextManager[None]:
+    """SIGTERM and SIGHUP raise :class:`_Terminated` in the main thread (the first one: the next ones
+    are ignored until the block is left); the previous handlers are back afterwards."""
+
+    def handler(signum: int, _frame: object) -> None:
+        for one in TERMINATIONS:
+            signal.signal(one, signal.SIG_IGN)
+        raise _Terminated(signum)
+
+    return _handling(TERMINATIONS, handler)
+
+
+def _terminations_ignored() -> contextlib.AbstractContextManager[None]:
+    return _handling(TERMINATIONS, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _handling(signums: tuple[signal.Signals, ...], handler: object) -> Iterator[None]:
+    previous = {one: signal.signal(one, handler) for one in signums}  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        for one, old in previous.items():
+            signal.signal(one, old)
 
 
 def wait_slurm(submitted: SubmittedRun, *, quiet: bool) -> int:

@@ -50,6 +50,9 @@ def submit(job: LoadedJob, args: argparse.Namespace) -> int:
         if submitted.backend == "local":
             print(f"# study point {point.label} (world size {point.job.spec.world_size})", file=out, flush=True)
             codes.append(cmd_submit.follow_local(submitted, stream=out))
+            if codes[-1] >= 128:  # interrupted or terminated: the points after it are not started
+                print(f"study stopped at point {point.label}; later points were not started", file=sys.stderr)
+                raise SystemExit(codes[-1])
 
     study = submit_study(job, local=args.local, snapshot=not args.no_snapshot, after_each=follow)
     if args.json:

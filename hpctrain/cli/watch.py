@@ -4,7 +4,8 @@ Each poll makes at most one Slurm call (``sacct``, or ``squeue`` on a cluster
 without accounting) and reads the run directory once; ``metrics.jsonl`` is
 tailed from where the last poll stopped. The watch ends when Slurm says the
 job has ended (after up to ``settle_s`` more for the run's final summary), or,
-without Slurm (local runs, no client here), when summary.json is final.
+without Slurm (local runs, no client here), when summary.json is final; a
+local run also ends when its process is gone (killed), shown as failed.
 
 Exit codes: 0 completed, 1 failed, 10 stopped or cancelled (resume continues
 it), 130 on Ctrl-C (quietly). Clock, sleep and the Slurm runner are
@@ -27,6 +28,7 @@ from hpctrain.errors import ClusterError
 from hpctrain.live_status import MetricsTail, Snapshot, build_snapshot, read_run
 from hpctrain.live_view import final_lines, plain_changes, rich_view
 from hpctrain.rundir import Summary, metrics_path, parse_summary, read_run_info, read_summary
+from hpctrain.runtime import local_run
 
 MIN_INTERVAL_S = 2.0
 DEFAULT_INTERVAL_S = 5.0
@@ -43,9 +45,9 @@ class JobPoller:
         self.source: Literal["sacct", "squeue"] = "sacct"
         self.have_slurm = slurm.available() if have_slurm is None else have_slurm
 
-    def state(self, info: dict) -> str:
+    def state(self, info: dict, *, summary_final: bool = False) -> str:
         if info.get("backend") == "local":
-            return "local"
+            return local_run.state(info, summary_final=summary_final)
         job_id = str(info.get("job_id") or "")
         if not job_id or not self.have_slurm:
             return "unknown (no Slurm here)"
@@ -66,9 +68,9 @@ def job_ended(state: str, summary: Summary, job_id: str | None = None) -> bool:
     is final while sacct may not list the new job yet (its summary records the
     job id; an array task's SLURM_JOB_ID differs from ``123_4``, so those match any).
     """
-    if state in slurm.TERMINAL_STATES:
+    if state in slurm.TERMINAL_STATES or state == local_run.GONE_STATE:
         return True
-    if state == "local":
+    if state == local_run.STATE:
         return summary.is_final
     this_job = summary.job_id is None or not job_id or "_" in job_id or summary.job_id == job_id
     return state.lower().startswith("unknown") and summary.is_final and this_job
@@ -83,8 +85,8 @@ def exit_code(snap: Snapshot) -> int:
 def take_snapshot(run_dir: Path, tail: MetricsTail, poller: JobPoller, now: float) -> tuple[Snapshot, bool]:
     """(the snapshot, whether summary.json is final) at ``now``; one Slurm call at most."""
     info = read_run_info(run_dir)  # read again each time: 'hpctrain resume' records a new job id
-    state = poller.state(info)
     recorded = read_summary(run_dir) or Summary()
+    state = poller.state(info, summary_final=recorded.is_final)
     summary = parse_summary(reconcile(recorded.fields(), state, run_dir)) or Summary()
     ended = job_ended(state, recorded, str(info.get("job_id") or ""))
     snap = build_snapshot(read_run(run_dir, info, tail, summary), state, now, final=ended)
@@ -123,7 +125,9 @@ def watch(
             snap, summary_final = take_snapshot(run_dir, tail, poller, now)
             if snap.final and ended_at is None:
                 ended_at = now
-            done = snap.final and (summary_final or now - (ended_at or now) >= settle_s)
+            # a local run whose process is gone writes nothing more: no wait for its summary
+            gone = snap.slurm_state == local_run.GONE_STATE
+            done = snap.final and (summary_final or gone or now - (ended_at or now) >= settle_s)
             if live is not None:
                 live.update(rich_view(snap, interval_s=interval_s), refresh=True)
                 if done:

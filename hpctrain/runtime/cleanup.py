@@ -48,6 +48,9 @@ if TYPE_CHECKING:
     import psutil
 
 TOKEN_ENV = "HPCTRAIN_TASK_TOKEN"
+# A local run's token (runtime/local_run.py): one per submitit local controller, inherited by
+# its tasks and their workers. Owned here because the watcher must not carry it (see reaper_environ).
+RUN_TOKEN_ENV = "HPCTRAIN_RUN_TOKEN"
 POLL_S = 0.5
 GRACE_S = 5.0
 KILL_WAIT_S = 2.0
@@ -79,7 +82,8 @@ def ensure_task_token(environ: MutableMapping[str, str] | None = None) -> str:
 
 def reaper_environ(environ: Mapping[str, str], token: str) -> dict[str, str]:
     """The watcher's environment: never its own target, never taken for part of the job."""
-    return {k: v for k, v in environ.items() if k != TOKEN_ENV and not k.startswith("SLURM_") and token not in v}
+    own = (TOKEN_ENV, RUN_TOKEN_ENV)
+    return {k: v for k, v in environ.items() if k not in own and not k.startswith("SLURM_") and token not in v}
 
 
 def start_reaper(
@@ -130,8 +134,9 @@ def find_token_processes(
     exclude_pids: Iterable[int] = (),
     forked_from: Mapping[str, str] | None = None,
     created_after: float = 0.0,
+    env_var: str = TOKEN_ENV,
 ) -> list[psutil.Process]:
-    """Live processes of this user whose exec-time environment holds ``token``.
+    """Live processes of this user whose exec-time environment holds ``token`` (in ``env_var``).
 
     With ``forked_from`` (the exec-time environment of a task started without
     the token), also those whose environment is exactly that one and that
@@ -148,7 +153,7 @@ def find_token_processes(
                 continue
             environ = proc.environ()
             forked = forked_from is not None and proc.info["create_time"] >= created_after and environ == forked_from
-            if (forked or environ.get(TOKEN_ENV) == token) and _alive(proc):
+            if (forked or environ.get(env_var) == token) and _alive(proc):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -163,20 +168,23 @@ def kill_token_processes(
     exclude_pids: Iterable[int] = (),
     forked_from: Mapping[str, str] | None = None,
     created_after: float = 0.0,
+    env_var: str = TOKEN_ENV,
     log: _Log | None = None,
 ) -> list[int]:
     """SIGTERM every process carrying ``token`` (and ``extra``), SIGKILL survivors after ``grace_s``.
 
     Re-scans while waiting, so a process forked during shutdown is caught too.
     Returns the PIDs it signalled. Never touches this process or its ancestors.
-    ``forked_from``/``created_after``: see :func:`find_token_processes`.
+    ``forked_from``/``created_after``/``env_var``: see :func:`find_token_processes`.
     """
     log = log or _Log(None)
     excluded = set(exclude_pids)
     targets: dict[int, psutil.Process] = {}
 
     def rescan() -> list[psutil.Process]:
-        found = find_token_processes(token, exclude_pids=excluded, forked_from=forked_from, created_after=created_after)
+        found = find_token_processes(
+            token, exclude_pids=excluded, forked_from=forked_from, created_after=created_after, env_var=env_var
+        )
         new = [p for p in found if _key(p) not in _keys(targets)]
         new += [p for p in extra if p.pid not in excluded and _alive(p) and _key(p) not in _keys(targets)]
         for proc in new:

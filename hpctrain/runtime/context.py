@@ -42,7 +42,8 @@ class TaskEnv:
     restart_count: int
     source: EnvSource
     # Every id a user may know this job by (``hpctrain cancel`` names one in its
-    # marker): SLURM_JOB_ID, the array's id, ``<array>_<task>``. Empty outside Slurm.
+    # marker): SLURM_JOB_ID, the array's id, ``<array>_<task>``; a local run's controller
+    # PID. Empty for a single process.
     job_aliases: tuple[str, ...] = ()
     # This task's Slurm node, where ``hostnames[node_rank]`` may not be it:
     # torchrun's rendezvous numbers nodes in its own order ("" = that entry).

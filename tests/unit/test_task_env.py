@@ -191,6 +191,7 @@ def test_submitit_local() -> None:
     assert (env.global_rank, env.world_size, env.local_rank, env.local_world_size) == (1, 3, 1, 3)
     assert (env.num_nodes, env.master_addr, env.job_id) == (1, "127.0.0.1", "4242")
     assert env.master_port == derive_master_port("4242", 0)
+    assert env.job_aliases == ("4242",)  # a cancel marker naming the controller's PID applies
 
 
 def test_submitit_local_wins_inside_an_salloc_shell() -> None:
