@@ -63,7 +63,7 @@ def resolve_run(run: str) -> Path:
     """A run directory path, or a job id (``123`` or array task ``123_4``) -> run dir."""
     path = Path(run).expanduser()
     if path.exists() or not run.replace("_", "").isdigit():
-        if not (path / RUN_FILE).is_file():
+        if not (path / RUN_FILE).exists():  # a run.json that is not a file is refused when read
             raise RunDirError(
                 f"{run}: not an hpctrain run directory (no {RUN_FILE})",
                 hint="pass OUTPUT_DIR/NAME/RUN_ID as printed by 'hpctrain submit', or its job id",

@@ -392,8 +392,8 @@ def latest_checkpoint(directory: Path) -> Path | None:
 def best_checkpoint(directory: Path) -> Path | None:
     """The folder ``best.json`` points at, if it is complete."""
     pointer = read_json_object(Path(directory) / BEST_FILE)
-    if not pointer or not isinstance(pointer.get("dir"), str):
-        return None
+    if not pointer or not isinstance(pointer.get("dir"), str) or not _STEP_DIR.match(pointer["dir"]):
+        return None  # only a step-N folder beside it, never a path out of the run
     path = Path(directory) / pointer["dir"]
     return path if checkpoint_meta(path) is not None else None
 
