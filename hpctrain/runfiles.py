@@ -21,6 +21,7 @@ login node. So every reader of its files goes through here:
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import os
@@ -200,10 +201,12 @@ def copy_out(path: str | Path, start: int, out: TextIO, max_bytes: int | None = 
             start = 0
         handle.seek(start)
         left = size - start if max_bytes is None else min(max_bytes, size - start)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character split between blocks
         while left > 0 and (block := handle.read(min(BLOCK_BYTES * 16, left))):
-            out.write(block.decode("utf-8", errors="replace"))
+            out.write(decoder.decode(block))
             start += len(block)
             left -= len(block)
+        out.write(decoder.decode(b"", final=True))
     out.flush()
     return start
 
