@@ -37,7 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from hpctrain.errors import RunDirError
-from hpctrain.runfiles import RunFileError, read_json
+from hpctrain.runfiles import RunFileError, printable, read_json
 
 RUN_FILE = "run.json"
 SPEC_FILE = "spec.yaml"
@@ -58,6 +58,7 @@ STUDY_FILE = "study.json"
 CHECKPOINT_FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 TRIAL_DIR = re.compile(r"^trial-\d{3,}$")
+_JOB_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z_.-]{0,63}$")
 
 Status = Literal["running", "completed", "stopped", "failed"]
 FINAL_STATUSES: frozenset[str] = frozenset({"completed", "stopped", "failed"})
@@ -173,8 +174,17 @@ def _inside(path: Path, root: Path) -> bool:
 
 
 def task_log_path(run_dir: Path, info: Mapping[str, Any], rank: int, *, err: bool) -> Path:
-    """One task's stdout/stderr of the run's latest job (as submitit names them)."""
-    return submitit_dir(run_dir, info) / f"{info.get('job_id')}_{rank}_log.{'err' if err else 'out'}"
+    """One task's stdout/stderr of the run's latest job (as submitit names them).
+
+    The job id becomes part of a file name, so it must be one (``123``, ``123_4``, a pid).
+    """
+    job_id = str(info.get("job_id"))
+    if not _JOB_ID.match(job_id):
+        raise RunDirError(
+            f"{Path(run_dir) / RUN_FILE}: job_id {printable(job_id)!r} is not a job id; its logs are not looked for",
+            hint="run.json was edited or damaged; the logs are in " + str(submitit_dir(run_dir, info)),
+        )
+    return submitit_dir(run_dir, info) / f"{job_id}_{rank}_log.{'err' if err else 'out'}"
 
 
 # ------------------------------------------------------------------ atomic writes

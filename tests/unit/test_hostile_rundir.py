@@ -222,6 +222,16 @@ def test_logs_do_not_follow_a_submitit_dir_outside_the_run(tmp_path: Path) -> No
     assert submitit_dir(trial, {"submitit_dir": str(run_dir / "submitit")}) == run_dir / "submitit"
 
 
+def test_a_job_id_that_is_a_path_is_not_followed(tmp_path: Path) -> None:
+    secret = tmp_path / "secret_0_log.out"
+    secret.write_text("not this run's\n")
+    run_dir = make_run(tmp_path, job_id="../../secret")
+    (run_dir / "submitit").mkdir()
+    result = cli("logs", str(run_dir), home=tmp_path)
+    no_traceback(result)
+    assert result.returncode == 2 and "is not a job id" in result.stderr and "not this run" not in result.stdout
+
+
 def test_logs_follow_a_running_local_run_until_its_summary_is_final(tmp_path: Path) -> None:
     controller = subprocess.Popen(["sleep", "300"])
     try:
