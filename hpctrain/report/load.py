@@ -28,10 +28,8 @@ from pathlib import Path
 from sys import intern
 from typing import Any
 
-import yaml
-
 from hpctrain import job_registry
-from hpctrain.errors import RunDirError
+from hpctrain.errors import RunDirError, SpecError
 from hpctrain.heartbeats import read_heartbeats, straggler_medians
 from hpctrain.rundir import (
     RUN_FILE,
@@ -41,8 +39,8 @@ from hpctrain.rundir import (
     spec_path,
     summary_path,
 )
-from hpctrain.runfiles import MAX_MAGNITUDE, RunFileError, iter_lines, plausible, printable, read_bounded
-from hpctrain.spec.yaml_source import MAX_SPEC_BYTES
+from hpctrain.runfiles import MAX_MAGNITUDE, RunFileError, iter_lines, plausible, printable
+from hpctrain.spec.yaml_source import read_spec_file
 
 KINDS = ("train_step", "epoch", "val")
 KEYS = {"train_step": "global_step", "epoch": "epoch", "val": "epoch"}  # what identifies a record of each kind
@@ -235,11 +233,12 @@ def _int(value: Any) -> int:
 
 
 def _read_spec(path: Path) -> dict[str, Any]:
+    """The run's resolved spec.yaml as plain data (the spec reader's bounds: size, aliases, nesting), else {}."""
     try:
-        data = yaml.safe_load(read_bounded(path, MAX_SPEC_BYTES))
-    except (OSError, RunFileError, yaml.YAMLError):
+        data, _positions = read_spec_file(path)
+    except SpecError:
         return {}
-    return data if isinstance(data, dict) else {}
+    return data
 
 
 def load_run(

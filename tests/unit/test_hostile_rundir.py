@@ -438,3 +438,14 @@ def test_best_json_cannot_point_out_of_the_checkpoints(tmp_path: Path) -> None:
 
     write_json(tmp_path / "checkpoints" / "best.json", {"dir": "../../elsewhere/step-00000001"})
     assert best_checkpoint(tmp_path / "checkpoints") is None
+
+
+def test_report_of_a_run_whose_spec_yaml_is_an_alias_bomb(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)
+    write_json(run_dir / "summary.json", {"status": "completed"})
+    levels = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    levels += [f"a{n}: &a{n} [{', '.join([f'*a{n - 1}'] * 10)}]" for n in range(1, 10)]
+    (run_dir / "spec.yaml").write_text("\n".join(levels) + "\n")
+    result = cli("report", str(run_dir), "--out", str(tmp_path / "r"), home=tmp_path)
+    no_traceback(result)
+    assert result.returncode == 0, result.stderr
