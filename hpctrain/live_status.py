@@ -26,7 +26,7 @@ from hpctrain.rundir import (
     latest_checkpoint,
     read_summary,
 )
-from hpctrain.runfiles import RunFileError, load_json, open_regular, printable
+from hpctrain.runfiles import MAX_MAGNITUDE, RunFileError, load_json, open_regular, printable
 
 HEARTBEAT_STALE_S = 120.0  # a running rank whose heartbeat is older than this is flagged
 RATE_WINDOW = 20  # train_step records the step rate (and so the ETA) is measured over
@@ -211,10 +211,10 @@ def build_snapshot(
         steps_per_epoch=steps_per_epoch,
         global_step=global_step,
         total_steps=total,
-        images_per_s=_float(last.get("images_per_s")) if last else summary.train_images_per_s,
+        images_per_s=_within(last.get("images_per_s"), 0.0, MAX_MAGNITUDE) if last else summary.train_images_per_s,
         steps_per_s=rate,
         eta_s=eta,
-        data_wait_fraction=_float(last.get("data_wait_fraction")) if last else summary.data_wait_fraction,
+        data_wait_fraction=_within(last.get("data_wait_fraction"), 0.0, 1.0) if last else summary.data_wait_fraction,
         val_top1=summary.val_top1,
         best_val_top1=summary.best_val_top1,
         checkpoint_step=inputs.checkpoint[0] if inputs.checkpoint else None,
@@ -287,8 +287,11 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _float(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def _within(value: Any, low: float, high: float) -> float | None:
+    """A number of the range a field can have (a share 0-1, a rate >= 0), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        return None
+    return float(value)
 
 
 def _text(value: Any) -> str | None:

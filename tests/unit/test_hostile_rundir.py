@@ -449,3 +449,21 @@ def test_report_of_a_run_whose_spec_yaml_is_an_alias_bomb(tmp_path: Path) -> Non
     result = cli("report", str(run_dir), "--out", str(tmp_path / "r"), home=tmp_path)
     no_traceback(result)
     assert result.returncode == 0, result.stderr
+
+
+def test_absurd_finite_values_are_not_shown_as_measurements(tmp_path: Path) -> None:
+    from hpctrain.live_status import build_snapshot, read_run
+    from hpctrain.live_view import progress_text
+
+    run_dir = make_run(tmp_path)
+    write_json(run_dir / "summary.json", {"status": "running", "val_top1": 1e17, "best_val_top1": -5.0})
+    records = [
+        {"kind": "train_step", "global_step": n, "images_per_s": -3.0, "data_wait_fraction": 1e17, "time": 10.0 + n}
+        for n in (1, 2)
+    ]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    tail = MetricsTail(run_dir / "metrics.jsonl")
+    snap = build_snapshot(read_run(run_dir, {}, tail), "RUNNING", 20.0, final=False)
+    assert snap.val_top1 is None and snap.best_val_top1 is None
+    assert snap.images_per_s is None and snap.data_wait_fraction is None
+    assert "e+" not in progress_text(snap) and "100000" not in progress_text(snap)
