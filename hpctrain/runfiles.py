@@ -171,6 +171,8 @@ def tail_lines(path: str | Path, count: int, max_bytes: int = MAX_TAIL_BYTES) ->
     """
     with open_regular(path) as handle:
         size = handle.seek(0, os.SEEK_END)
+        if count <= 0:
+            return b"", size
         data, position = b"", size
         while position > 0 and size - position < max_bytes:
             step = min(BLOCK_BYTES, position, max_bytes - (size - position))
