@@ -8,11 +8,11 @@ mistyped file is skipped, never raised.
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Iterable
+import bisect
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hpctrain.rundir import heartbeats_dir, read_json_object
 
@@ -25,15 +25,15 @@ PHASES = ("setup", "data", "forward_backward", "allreduce", "optimizer", "checkp
 class Heartbeat(BaseModel):
     """One rank's last heartbeat; the file's keys are a contract (docs/hangs.md)."""
 
-    model_config = ConfigDict(extra="allow", defer_build=True)
+    model_config = ConfigDict(extra="allow", defer_build=True, allow_inf_nan=False)
 
-    rank: int
-    node: str = ""
+    rank: int = Field(ge=0)
+    node: str = Field("", max_length=255)
     pid: int | None = None
     job_id: str | None = None
     epoch: int | None = None
     step: int = 0  # global optimizer step the rank is working on
-    phase: str = "setup"
+    phase: str = Field("setup", max_length=64)
     phase_since: float = 0.0  # unix time the rank entered ``phase``
     last_progress: float = 0.0  # unix time ``step`` last advanced (or the rank started)
     step_time_median_s: float | None = None
@@ -71,15 +71,38 @@ def find_stragglers(beats: Iterable[Heartbeat], factor: float = STRAGGLER_FACTOR
 
     Needs at least two ranks with a measured median; a single rank is never a straggler.
     """
+    return [beat for beat, _typical in straggler_medians(beats, factor)]
+
+
+def straggler_medians(beats: Iterable[Heartbeat], factor: float = STRAGGLER_FACTOR) -> list[tuple[Heartbeat, float]]:
+    """Each straggler with the median of the other ranks' medians it was compared with.
+
+    One sort, then O(log n) per rank: ``status --watch`` polls this for
+    every rank of a job of thousands.
+    """
     timed = [beat for beat in beats if beat.step_time_median_s]
     if len(timed) < 2:
         return []
+    values = sorted(beat.step_time_median_s or 0.0 for beat in timed)
     slow = []
     for beat in timed:
-        others = statistics.median(other.step_time_median_s for other in timed if other is not beat)
-        if others > 0 and beat.step_time_median_s > factor * others:
-            slow.append(beat)
+        own = beat.step_time_median_s or 0.0
+        others = _median_without(values, own)
+        if others > 0 and own > factor * others:
+            slow.append((beat, others))
     return slow
+
+
+def _median_without(values: Sequence[float], value: float) -> float:
+    """The median of sorted ``values`` less one occurrence of ``value`` (which it holds)."""
+    gone = bisect.bisect_left(values, value)
+    count = len(values) - 1
+
+    def at(index: int) -> float:
+        return values[index if index < gone else index + 1]
+
+    middle = count // 2
+    return at(middle) if count % 2 else (at(middle - 1) + at(middle)) / 2
 
 
 def first_stopped(beats: Iterable[Heartbeat]) -> Heartbeat | None:

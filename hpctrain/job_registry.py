@@ -14,6 +14,9 @@ from pathlib import Path
 
 from hpctrain.errors import RunDirError
 from hpctrain.rundir import RUN_FILE
+from hpctrain.runfiles import RunFileError, iter_lines, load_json, plausible
+
+MAX_ENTRY_BYTES = 64 << 10  # an entry is a job id, a path and a time
 
 
 def registry_path() -> Path:
@@ -36,23 +39,23 @@ def record(job_id: str, run_dir: Path) -> None:
 
 
 def entries() -> list[dict]:
-    try:
-        lines = registry_path().read_text().splitlines()
-    except OSError:
-        return []
+    """The registry's entries, oldest first; streamed, and a torn, hand-edited or huge line is skipped."""
     out = []
-    for line in lines:  # a torn or hand-edited line is skipped, never fatal
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if (
-            isinstance(entry, dict)
-            and isinstance(entry.get("job_id"), str)
-            and isinstance(entry.get("run_dir"), str)
-            and isinstance(entry.get("time", 0), (int, float))
-        ):
-            out.append(entry)
+    try:
+        for line in iter_lines(registry_path(), max_line_bytes=MAX_ENTRY_BYTES):
+            try:
+                entry = load_json(line)
+            except ValueError:
+                continue
+            if (
+                isinstance(entry, dict)
+                and isinstance(entry.get("job_id"), str)
+                and isinstance(entry.get("run_dir"), str)
+                and (entry.get("time") is None or plausible(entry.get("time")))
+            ):
+                out.append(entry)
+    except (OSError, RunFileError):
+        pass  # no registry (yet), or not a file: job ids cannot be resolved, run dirs still work
     return out
 
 
@@ -60,7 +63,7 @@ def resolve_run(run: str) -> Path:
     """A run directory path, or a job id (``123`` or array task ``123_4``) -> run dir."""
     path = Path(run).expanduser()
     if path.exists() or not run.replace("_", "").isdigit():
-        if not (path / RUN_FILE).is_file():
+        if not (path / RUN_FILE).exists():  # a run.json that is not a file is refused when read
             raise RunDirError(
                 f"{run}: not an hpctrain run directory (no {RUN_FILE})",
                 hint="pass OUTPUT_DIR/NAME/RUN_ID as printed by 'hpctrain submit', or its job id",

@@ -12,7 +12,6 @@ half-written last line waits for its newline.
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from hpctrain.rundir import (
     latest_checkpoint,
     read_summary,
 )
+from hpctrain.runfiles import MAX_MAGNITUDE, RunFileError, load_json, open_regular, printable
 
 HEARTBEAT_STALE_S = 120.0  # a running rank whose heartbeat is older than this is flagged
 RATE_WINDOW = 20  # train_step records the step rate (and so the ETA) is measured over
@@ -38,8 +38,10 @@ class MetricsTail:
 
     Each :meth:`read` continues from the byte offset where the last one stopped;
     a last line without its newline is left for the next read. A file that
-    shrank (replaced) is read again from the start. Records after a resume
-    repeat steps; the rate window restarts when ``global_step`` goes back.
+    shrank (replaced) is read again from the start; of more than
+    ``first_read_bytes`` new since the last read (a long run's file, a burst)
+    only the end is read. Records after a resume repeat steps; the rate
+    window restarts when ``global_step`` goes back.
     """
 
     def __init__(self, path: Path, window: int = RATE_WINDOW, first_read_bytes: int = FIRST_READ_BYTES) -> None:
@@ -51,17 +53,17 @@ class MetricsTail:
 
     def read(self) -> None:
         try:
-            with self.path.open("rb") as handle:
+            with open_regular(self.path) as handle:
                 size = handle.seek(0, 2)
                 if size < self.offset:
                     self.offset, self.last_epoch = 0, None
                     self.steps.clear()
-                skip_partial = self.offset == 0 and size > self.first_read_bytes
-                if skip_partial:  # a long run's file: only its end matters
+                skip_partial = size - self.offset > self.first_read_bytes
+                if skip_partial:  # a long run's file (or a burst since the last poll): only its end matters
                     self.offset = size - self.first_read_bytes
                 handle.seek(self.offset)
-                chunk = handle.read()
-        except OSError:
+                chunk = handle.read(size - self.offset)
+        except (OSError, RunFileError):
             return
         if skip_partial:
             start = chunk.find(b"\n") + 1
@@ -73,7 +75,7 @@ class MetricsTail:
 
     def _take(self, line: bytes) -> None:
         try:
-            record = json.loads(line)
+            record = load_json(line)
         except ValueError:
             return  # a torn or foreign line is skipped
         if not isinstance(record, dict) or not isinstance(record.get("global_step"), int):
@@ -198,8 +200,8 @@ def build_snapshot(
     ranks = rank_views(inputs.heartbeats, now, running=running, stale_after_s=stale_after_s)
     return Snapshot(
         now=now,
-        name=inputs.info.get("name"),
-        job_id=_str(inputs.info.get("job_id")),
+        name=_text(inputs.info.get("name")),
+        job_id=_text(inputs.info.get("job_id")),
         slurm_state=slurm_state,
         status=summary.status,
         final=final,
@@ -209,10 +211,10 @@ def build_snapshot(
         steps_per_epoch=steps_per_epoch,
         global_step=global_step,
         total_steps=total,
-        images_per_s=_float(last.get("images_per_s")) if last else summary.train_images_per_s,
+        images_per_s=_within(last.get("images_per_s"), 0.0, MAX_MAGNITUDE) if last else summary.train_images_per_s,
         steps_per_s=rate,
         eta_s=eta,
-        data_wait_fraction=_float(last.get("data_wait_fraction")) if last else summary.data_wait_fraction,
+        data_wait_fraction=_within(last.get("data_wait_fraction"), 0.0, 1.0) if last else summary.data_wait_fraction,
         val_top1=summary.val_top1,
         best_val_top1=summary.best_val_top1,
         checkpoint_step=inputs.checkpoint[0] if inputs.checkpoint else None,
@@ -222,12 +224,12 @@ def build_snapshot(
         stragglers=tuple(view.rank for view in ranks if view.straggler),
         stale_ranks=tuple(view.rank for view in ranks if view.stale),
         hung_rank=summary.hung_rank,
-        hung_node=summary.hung_node,
-        hung_phase=summary.hung_phase,
+        hung_node=_text(summary.hung_node),
+        hung_phase=_text(summary.hung_phase),
         failed_rank=summary.failed_rank,
-        failed_node=summary.failed_node,
-        failed_reason=summary.failed_reason,
-        stop_reason=summary.stop_reason,
+        failed_node=_text(summary.failed_node),
+        failed_reason=_text(summary.failed_reason),
+        stop_reason=_text(summary.stop_reason),
     )
 
 
@@ -239,9 +241,9 @@ def rank_views(
     return tuple(
         RankView(
             rank=beat.rank,
-            node=beat.node,
+            node=printable(beat.node),
             step=beat.step,
-            phase=beat.phase,
+            phase=printable(beat.phase),
             age_s=beat.age_s(now),
             step_time_median_s=beat.step_time_median_s,
             gpu_util_pct=beat.gpu_util_pct,
@@ -285,9 +287,13 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _float(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def _within(value: Any, low: float, high: float) -> float | None:
+    """A number of the range a field can have (a share 0-1, a rate >= 0), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        return None
+    return float(value)
 
 
-def _str(value: Any) -> str | None:
-    return None if value is None else str(value)
+def _text(value: Any) -> str | None:
+    """A string from a run file, safe to print (no terminal escapes); None stays None."""
+    return None if value is None else printable(value)

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hpctrain.live_status import RankView, Snapshot
+from hpctrain.runfiles import for_rich
 
 RANK_ROWS = 16  # the rank table shows at most this many ranks (flagged ones first), then "N more"
 
@@ -217,9 +218,9 @@ def rank_table(ranks: tuple[RankView, ...], limit: int = RANK_ROWS) -> Table:
         util = () if not gpu else ("?" if view.gpu_util_pct is None else f"{view.gpu_util_pct:.0f}%",)
         table.add_row(
             str(view.rank),
-            view.node or "?",
+            for_rich(view.node or "?"),
             str(view.step),
-            view.phase,
+            for_rich(view.phase),
             _step_time(view),
             *util,
             f"{duration(view.age_s)} ago",

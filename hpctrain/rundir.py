@@ -34,9 +34,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from hpctrain.errors import RunDirError
+from hpctrain.runfiles import RunFileError, printable, read_json
 
 RUN_FILE = "run.json"
 SPEC_FILE = "spec.yaml"
@@ -56,6 +57,8 @@ STACKS_DIR = "stacks"
 STUDY_FILE = "study.json"
 CHECKPOINT_FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+TRIAL_DIR = re.compile(r"^trial-\d{3,}$")
+_JOB_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z_.-]{0,63}$")
 
 Status = Literal["running", "completed", "stopped", "failed"]
 FINAL_STATUSES: frozenset[str] = frozenset({"completed", "stopped", "failed"})
@@ -137,14 +140,51 @@ def is_study_dir(path: Path) -> bool:
 
 
 def submitit_dir(run_dir: Path, info: Mapping[str, Any] | None = None) -> Path:
-    """submitit's folder (pickles, logs): as ``run.json`` records it, else the default."""
+    """submitit's folder (pickles, logs): as ``run.json`` records it, if that lies inside the run.
+
+    "Inside" is the run directory, or for a sweep's trial the sweep's directory
+    (its one array shares a folder). A recorded folder elsewhere -- a run copied
+    or moved, or a crafted run.json -- is not followed: the folder has the same
+    place in this copy, so that place is used.
+    """
+    run_dir = Path(run_dir)
+    home = run_dir.parent if TRIAL_DIR.match(run_dir.name) else run_dir
     recorded = (info or {}).get("submitit_dir")
-    return Path(recorded) if recorded else Path(run_dir) / SUBMITIT_DIR
+    if isinstance(recorded, str) and recorded:
+        path = run_dir / recorded  # an absolute path replaces run_dir
+        if _inside(path, home):
+            return path
+        return home / SUBMITIT_DIR
+    return run_dir / SUBMITIT_DIR
+
+
+def submitit_dir_ignored(run_dir: Path, info: Mapping[str, Any]) -> str | None:
+    """run.json's ``submitit_dir`` when :func:`submitit_dir` did not follow it (for a note), else None."""
+    recorded = info.get("submitit_dir")
+    if not isinstance(recorded, str) or not recorded:
+        return None
+    return None if submitit_dir(run_dir, info) == Path(run_dir) / recorded else recorded
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError, ValueError):
+        return False
 
 
 def task_log_path(run_dir: Path, info: Mapping[str, Any], rank: int, *, err: bool) -> Path:
-    """One task's stdout/stderr of the run's latest job (as submitit names them)."""
-    return submitit_dir(run_dir, info) / f"{info.get('job_id')}_{rank}_log.{'err' if err else 'out'}"
+    """One task's stdout/stderr of the run's latest job (as submitit names them).
+
+    The job id becomes part of a file name, so it must be one (``123``, ``123_4``, a pid).
+    """
+    job_id = str(info.get("job_id"))
+    if not _JOB_ID.match(job_id):
+        raise RunDirError(
+            f"{Path(run_dir) / RUN_FILE}: job_id {printable(job_id)!r} is not a job id; its logs are not looked for",
+            hint="run.json was edited or damaged; the logs are in " + str(submitit_dir(run_dir, info)),
+        )
+    return submitit_dir(run_dir, info) / f"{job_id}_{rank}_log.{'err' if err else 'out'}"
 
 
 # ------------------------------------------------------------------ atomic writes
@@ -178,8 +218,8 @@ def write_json_atomic(path: Path, value: Mapping[str, Any], *, sort_keys: bool =
 def read_json_object(path: Path) -> dict[str, Any] | None:
     """A JSON object from ``path``, or None when missing, unreadable or not an object; never raises."""
     try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
+        value = read_json(path)
+    except (OSError, ValueError, RunFileError):
         return None
     return value if isinstance(value, dict) else None
 
@@ -228,13 +268,13 @@ def read_run_info(run_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_FILE
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: no such run directory", hint="'hpctrain status' lists recent runs")
-    if not path.is_file():
+    if not path.exists():
         raise RunDirError(
             f"{run_dir}: not an hpctrain run directory (no {RUN_FILE})",
             hint="pass a directory OUTPUT_DIR/NAME/RUN_ID created by 'hpctrain submit'",
         )
     try:
-        info = json.loads(path.read_text())
+        info = read_json(path)
     except (OSError, ValueError) as exc:
         raise RunDirError(f"{path}: unreadable ({exc})") from None
     if not isinstance(info, dict):
@@ -256,17 +296,19 @@ class Summary(BaseModel):
     Unknown keys are kept (``model_extra``).
     """
 
-    model_config = ConfigDict(extra="allow", defer_build=True)
+    model_config = ConfigDict(extra="allow", defer_build=True, allow_inf_nan=False)
 
     status: Status | None = None
     job_id: str | None = None
     epochs_completed: int | None = None
     global_step: int | None = None
-    val_top1: float | None = None
-    val_top5: float | None = None
-    best_val_top1: float | None = None
-    train_images_per_s: float | None = None
-    data_wait_fraction: float | None = None  # time blocked on the next batch / step time (input-bound if high)
+    val_top1: float | None = Field(None, ge=0, le=100)  # percent
+    val_top5: float | None = Field(None, ge=0, le=100)  # percent
+    best_val_top1: float | None = Field(None, ge=0, le=100)  # percent
+    train_images_per_s: float | None = Field(None, ge=0)
+    data_wait_fraction: float | None = Field(
+        None, ge=0, le=1
+    )  # time blocked on the next batch / step time (input-bound if high)
     skipped_samples: int | None = None  # unreadable images replaced this attempt
     restarts: int | None = None
     stop_reason: str | None = None
@@ -361,8 +403,8 @@ def latest_checkpoint(directory: Path) -> Path | None:
 def best_checkpoint(directory: Path) -> Path | None:
     """The folder ``best.json`` points at, if it is complete."""
     pointer = read_json_object(Path(directory) / BEST_FILE)
-    if not pointer or not isinstance(pointer.get("dir"), str):
-        return None
+    if not pointer or not isinstance(pointer.get("dir"), str) or not _STEP_DIR.match(pointer["dir"]):
+        return None  # only a step-N folder beside it, never a path out of the run
     path = Path(directory) / pointer["dir"]
     return path if checkpoint_meta(path) is not None else None
 

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import ClusterError, RunDirError, UsageError
-from hpctrain.rundir import create_run_dir, is_study_dir, read_json_object, study_file, write_json_atomic
+from hpctrain.rundir import create_run_dir, is_study_dir, study_file, write_json_atomic
+from hpctrain.runfiles import printable, read_json
 from hpctrain.spec.batch import scaled_lr
 from hpctrain.spec.load import LoadedJob
-from hpctrain.spec.study_axes import StudyPoint
+from hpctrain.spec.study_axes import MAX_POINTS, StudyPoint
 from hpctrain.submission import SubmittedRun, render_script, submit
 
 STUDY_VERSION = 1
@@ -82,22 +83,56 @@ def write_study(study_dir: Path, record: dict[str, Any]) -> None:
 
 
 def read_study(study_dir: Path) -> dict[str, Any]:
-    """``study.json`` of ``study_dir``, checked enough to list its points; raises RunDirError."""
+    """``study.json`` of ``study_dir``, checked enough to list its points; raises RunDirError.
+
+    The file is input like any other in a shared directory: at most
+    :data:`MAX_POINTS` points (what ``submit`` allows), and each point's
+    ``run_dir`` a folder inside the study directory, so ``status``, ``report``
+    and ``cancel`` of a study never reach ``../../etc`` or ``/``.
+    """
+    path = study_file(study_dir)
     if not is_study_dir(study_dir):
         raise RunDirError(
             f"{study_dir}: not a study directory (no study.json)",
             hint="pass OUTPUT_DIR/NAME/STUDY_ID as printed by 'hpctrain submit' of a spec with study:",
         )
-    record = read_json_object(study_file(study_dir))
-    points = record.get("points") if record else None
-    if not record or record.get("kind") != "study" or not isinstance(points, list):
-        raise RunDirError(f"{study_file(study_dir)}: unreadable or not a study record")
-    if not all(isinstance(p, dict) and isinstance(p.get("run_dir"), str) for p in points):
-        raise RunDirError(f"{study_file(study_dir)}: a point has no run_dir")
+    try:
+        record = read_json(path)
+    except (OSError, ValueError) as exc:
+        raise RunDirError(f"{path}: unreadable ({exc})") from None
+    points = record.get("points") if isinstance(record, dict) else None
+    if not isinstance(record, dict) or record.get("kind") != "study" or not isinstance(points, list):
+        raise RunDirError(f"{path}: unreadable or not a study record")
+    if len(points) > MAX_POINTS:
+        raise RunDirError(
+            f"{path}: {len(points)} points, but a study has at most {MAX_POINTS}; not written by hpctrain",
+            hint="report, watch or cancel the points' run directories one by one",
+        )
+    for index, point in enumerate(points, 1):
+        if not isinstance(point, dict) or not isinstance(point.get("run_dir"), str):
+            raise RunDirError(f"{path}: point {index} has no run_dir")
+        if not _inside_study(study_dir, point["run_dir"]):
+            raise RunDirError(
+                f"{path}: point {index}'s run_dir {printable(point['run_dir'])!r} is not a folder inside the study "
+                "directory; not followed",
+                hint="each point's run_dir is its label, a folder of the study directory: fix or remove study.json",
+            )
     return record
 
 
+def _inside_study(study_dir: Path, run_dir: str) -> bool:
+    """Whether ``run_dir`` names a folder below ``study_dir`` (relative, no '..', and not out through a link)."""
+    relative = Path(run_dir)
+    if not run_dir or relative.is_absolute() or ".." in relative.parts or relative == Path("."):
+        return False
+    try:
+        return (Path(study_dir) / relative).resolve().is_relative_to(Path(study_dir).resolve())
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
 def point_dir(study_dir: Path, point: dict[str, Any]) -> Path:
+    """A point's run directory (``point`` from :func:`read_study`, which confines it to the study)."""
     return Path(study_dir) / point["run_dir"]
 
 

@@ -1,8 +1,14 @@
-"""``hpctrain logs RUN``: print or follow one task's stdout/stderr of a run's latest job."""
+"""``hpctrain logs RUN``: print or follow one task's stdout/stderr of a run's latest job.
+
+The log is read from its end (``-n`` lines) and then in blocks, never whole,
+so a log of gigabytes costs what is printed. It is looked for inside the run
+directory only: run.json's ``submitit_dir`` is followed when it lies there.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -10,8 +16,11 @@ from pathlib import Path
 from hpctrain import job_registry
 from hpctrain.cli.tail import echo_new
 from hpctrain.errors import RunDirError
-from hpctrain.rundir import read_run_info, task_log_path
+from hpctrain.rundir import read_run_info, read_summary, submitit_dir_ignored, task_log_path
+from hpctrain.runfiles import copy_out, printable, tail_lines
 from hpctrain.slurm import TERMINAL_STATES, job_state
+
+FOLLOW_POLL_S = 1.0
 
 
 def log_path(run_dir: Path, rank: int, err: bool) -> Path:
@@ -23,6 +32,13 @@ def run(args: argparse.Namespace) -> int:
     info = read_run_info(run_dir)
     path = task_log_path(run_dir, info, args.rank, err=args.err)
     _check_rank(args.rank, info)
+    ignored = submitit_dir_ignored(run_dir, info)
+    if ignored is not None:
+        print(
+            f"note: run.json's submitit_dir {printable(ignored)} is outside this run directory; "
+            f"reading {path.parent} instead",
+            file=sys.stderr,
+        )
     if not path.exists() and not args.follow:
         raise RunDirError(f"no log yet at {path}", hint="the job may still be pending: hpctrain status " + args.run)
     offset = _print_tail(path, args.lines)
@@ -30,11 +46,32 @@ def run(args: argparse.Namespace) -> int:
         return 0
     while True:
         offset = echo_new(path, offset, sys.stdout)
-        done = info.get("backend") == "local" or job_state(info["job_id"]) in TERMINAL_STATES
-        if done:
+        if _ended(run_dir, info):
             echo_new(path, offset, sys.stdout)
             return 0
-        time.sleep(1.0)
+        time.sleep(FOLLOW_POLL_S)
+
+
+def _ended(run_dir: Path, info: dict) -> bool:
+    """Whether the job will write no more: Slurm says it ended; a local run's summary is final or its pid is gone."""
+    job_id = str(info.get("job_id") or "")
+    if info.get("backend") != "local":
+        return job_state(job_id) in TERMINAL_STATES
+    summary = read_summary(run_dir)
+    return (summary is not None and summary.is_final) or not _process_exists(job_id)
+
+
+def _process_exists(job_id: str) -> bool:
+    """Whether the local run's controller (its job id is the pid) may still run; signal 0 sends nothing."""
+    if not job_id.isdigit() or int(job_id) <= 1:
+        return False
+    try:
+        os.kill(int(job_id), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return False
+    return True
 
 
 def _check_rank(rank: int, info: dict) -> None:
@@ -47,12 +84,13 @@ def _check_rank(rank: int, info: dict) -> None:
 
 
 def _print_tail(path: Path, lines: int) -> int:
+    """Print the last ``lines`` lines (0: all, streamed); the offset to follow from."""
+    if lines == 0:
+        return copy_out(path, 0, sys.stdout)
     try:
-        data = path.read_bytes()
+        data, size = tail_lines(path, lines)
     except FileNotFoundError:
         return 0
-    text = data.decode("utf-8", errors="replace")
-    chunk = text if lines == 0 else "\n".join(text.splitlines()[-lines:]) + ("\n" if text.endswith("\n") else "")
-    sys.stdout.write(chunk)
+    sys.stdout.write(data.decode("utf-8", errors="replace"))
     sys.stdout.flush()
-    return len(data)
+    return size

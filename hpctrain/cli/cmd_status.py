@@ -21,6 +21,7 @@ from hpctrain.heartbeats import read_heartbeats
 from hpctrain.live_status import RankView, rank_views
 from hpctrain.live_view import rank_table
 from hpctrain.rundir import RUN_FILE, Summary, parse_summary, read_run_info, read_summary
+from hpctrain.runfiles import for_rich, json_safe, plausible, printable, read_tail
 from hpctrain.runtime import local_run
 from hpctrain.runtime.failures import first_task_failure
 from hpctrain.slurm import TERMINAL_STATES, job_state
@@ -45,6 +46,7 @@ PROGRESS_KEYS = (
     "hung_frozen_s",
 )
 RANK_TABLE_UP_TO = 8  # the plain status shows every rank's heartbeat up to this many ranks (or with --ranks)
+FAILURE_LOG_TAIL_BYTES = 4 << 20  # srun reports a failed task at the end of the batch step's log
 
 
 def run_status(run_dir: Path, known_states: Mapping[str, str] | None = None) -> dict:
@@ -84,7 +86,8 @@ def reconcile(summary: dict[str, Any], slurm_state: str, run_dir: Path) -> dict[
     summary = {**summary, "status": "failed" if slurm_state != "CANCELLED" else "stopped"}
     if summary.get("failed_rank") is None:
         try:
-            failure = first_task_failure(log_path(run_dir, 0, err=True).read_text(errors="replace"))
+            tail = read_tail(log_path(run_dir, 0, err=True), FAILURE_LOG_TAIL_BYTES)
+            failure = first_task_failure(tail.decode("utf-8", errors="replace"))
         except (OSError, RunDirError):
             failure = None
         if failure is not None:
@@ -138,11 +141,12 @@ def run(args: argparse.Namespace) -> int:
         ranks = _ranks(run_dir, status)
         status["stragglers"] = [view.rank for view in ranks if view.straggler]
         if args.json:
-            print(json.dumps({**status, **({"ranks": [asdict(view) for view in ranks]} if args.ranks else {})}))
+            shown = {**status, **({"ranks": [asdict(view) for view in ranks]} if args.ranks else {})}
+            print(json.dumps(json_safe(shown), allow_nan=False))
             return 0
         for key, value in status.items():
             if value not in (None, [], ""):
-                print(f"{key:>20}: {value:.2f}" if isinstance(value, float) else f"{key:>20}: {value}")
+                print(f"{key:>20}: {value:.2f}" if isinstance(value, float) else f"{key:>20}: {printable(value)}")
         if ranks and (args.ranks or len(ranks) <= RANK_TABLE_UP_TO):
             Console(file=sys.stdout).print(rank_table(ranks, limit=len(ranks)))
         elif ranks:
@@ -165,7 +169,8 @@ def registry_runs(limit: int = 20) -> list[tuple[str, float, Path]]:
         if run_dir in seen or not run_dir.is_dir():
             continue
         seen.add(run_dir)
-        runs.append((entry["job_id"], float(entry.get("time", 0)), run_dir))
+        when = entry.get("time")
+        runs.append((entry["job_id"], float(when) if plausible(when) else 0.0, run_dir))
         if len(runs) >= limit:
             break
     return runs
@@ -180,9 +185,7 @@ def runs_under(output_dir: Path, limit: int = 20) -> list[tuple[str, float, Path
         except RunDirError:
             continue
         when = info.get("submitted_at") or info.get("created_at") or 0
-        runs.append(
-            (str(info.get("job_id", "-")), float(when) if isinstance(when, (int, float)) else 0.0, run_file.parent)
-        )
+        runs.append((str(info.get("job_id", "-")), float(when) if plausible(when) else 0.0, run_file.parent))
     return sorted(runs, key=lambda run: run[1], reverse=True)[:limit]
 
 
@@ -211,7 +214,7 @@ def list_recent(args: argparse.Namespace) -> int:
         rows.append(
             (
                 job_id,
-                time.strftime("%m-%d %H:%M", time.localtime(when)),
+                _when(when),
                 display_status(status, state) or "-",
                 "-" if summary.epochs_completed is None else str(summary.epochs_completed),
                 _fmt(summary.val_top1),
@@ -219,9 +222,8 @@ def list_recent(args: argparse.Namespace) -> int:
             )
         )
     if args.json:
-        print(
-            json.dumps([dict(zip(("job_id", "submitted", "status", "epochs", "val_top1", "run_dir"), r)) for r in rows])
-        )
+        keys = ("job_id", "submitted", "status", "epochs", "val_top1", "run_dir")
+        print(json.dumps([dict(zip(keys, row)) for row in rows]))
         return 0
     if not rows and args.output_dir:
         print(f"no runs under {args.output_dir} (runs are OUTPUT_DIR/NAME/RUN_ID)")
@@ -233,7 +235,7 @@ def list_recent(args: argparse.Namespace) -> int:
     for column in ("job", "submitted", "status", "epochs", "val top-1", "run dir"):
         table.add_column(column)
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(for_rich(cell) for cell in row))
     Console(file=sys.stdout).print(table)
     return 0
 
@@ -250,6 +252,14 @@ def _local_states(run_dirs: list[Path]) -> dict[Path, str]:
         if info.get("backend") == "local":
             states[run_dir] = local_run.state(info, summary_final=False)
     return states
+
+
+def _when(unix_time: float) -> str:
+    """``MM-DD HH:MM``, or '?' for a time no clock shows (a registry or run.json edited by hand)."""
+    try:
+        return time.strftime("%m-%d %H:%M", time.localtime(unix_time)) if unix_time else "?"
+    except (OverflowError, OSError, ValueError):
+        return "?"
 
 
 def _fmt(value: object) -> str:

@@ -19,6 +19,7 @@ from rich.table import Table
 from hpctrain import slurm
 from hpctrain.errors import HpctrainError, RunDirError, UsageError
 from hpctrain.rundir import is_study_dir, next_run_dir, read_run_info
+from hpctrain.runfiles import for_rich, json_safe, printable
 from hpctrain.spec.load import LoadedJob
 from hpctrain.study import SubmittedStudy, point_dir, read_study, render_study_plan, submit_study
 
@@ -135,15 +136,17 @@ def status(study_dir: Path, *, as_json: bool) -> int:
     record = read_study(study_dir)
     rows = point_statuses(study_dir)
     if as_json:
-        print(json.dumps({"study_dir": str(study_dir), "name": record.get("name"), "points": rows}))
+        document = {"study_dir": str(study_dir), "name": record.get("name"), "points": rows}
+        print(json.dumps(json_safe(document), allow_nan=False))
         return 0
     table = Table(
-        title=f"study {record.get('name')} {study_dir} (each point's run dir is STUDY_DIR/POINT)", title_justify="left"
+        title=for_rich(f"study {record.get('name')} {study_dir} (each point's run dir is STUDY_DIR/POINT)"),
+        title_justify="left",
     )
     for column in COLUMNS:
         table.add_column(column)
     for row in rows:
-        table.add_row(*_cells(row))
+        table.add_row(*(for_rich(cell) for cell in _cells(row)))
     Console(file=sys.stdout, width=200).print(table)
     return 0
 
@@ -179,9 +182,9 @@ def cancel(study_dir: Path, timeout_s: float) -> int:
     codes = []
     for point in read_study(study_dir)["points"]:
         if not point.get("job_id"):
-            print(f"{point.get('label')}: never submitted")
+            print(f"{printable(point.get('label'))}: never submitted")
             continue
-        print(f"{point.get('label')}:")
+        print(f"{printable(point.get('label'))}:")
         try:
             codes.append(cancel_run(point_dir(study_dir, point), timeout_s))
         except HpctrainError as exc:  # one point's trouble does not keep the others running
@@ -191,7 +194,7 @@ def cancel(study_dir: Path, timeout_s: float) -> int:
 
 
 def refuse_resume(study_dir: Path) -> None:
-    labels = [p.get("label") for p in read_study(study_dir)["points"]]
+    labels = [printable(p.get("label")) for p in read_study(study_dir)["points"]]
     example = study_dir / str(labels[0]) if labels else study_dir / "POINT"
     raise UsageError(
         f"{study_dir} is a study of {len(labels)} points ({', '.join(map(str, labels))}); each point is its own run",

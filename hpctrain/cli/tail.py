@@ -5,16 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TextIO
 
+from hpctrain.runfiles import copy_out
+
 
 def echo_new(path: Path, offset: int, stream: TextIO) -> int:
-    """Write the bytes of ``path`` after ``offset`` to ``stream``; return the new offset."""
-    try:
-        with path.open("rb") as handle:
-            handle.seek(offset)
-            chunk = handle.read()
-    except FileNotFoundError:
-        return offset
-    if chunk:
-        stream.write(chunk.decode("utf-8", errors="replace"))
-        stream.flush()
-    return offset + len(chunk)
+    """Write the bytes of ``path`` after ``offset`` to ``stream`` (in blocks, regular files only); the new offset."""
+    return copy_out(path, offset, stream)

@@ -21,6 +21,7 @@ from hpctrain.report.load import RunData, load_targets
 from hpctrain.report.render import MARKER, Report, html_page, markdown
 from hpctrain.report.table import scaling_table, series_summary
 from hpctrain.rundir import atomic_write_text
+from hpctrain.runfiles import RunFileError, open_regular
 
 PNG_TAG = plots.PNG_SOFTWARE.encode()  # in each PNG's Software text chunk (near the start)
 
@@ -47,10 +48,11 @@ def _slug(label: str) -> str:
 def _ours(path: Path) -> bool:
     """Whether ``path`` is missing or was written by an earlier report (safe to replace)."""
     try:
-        head = path.read_bytes()[:4096]
+        with open_regular(path) as handle:  # a FIFO or a device under the name is not ours, and is not read
+            head = handle.read(4096)
     except (FileNotFoundError, NotADirectoryError):
         return True
-    except OSError:
+    except (OSError, RunFileError):
         return False
     return MARKER.encode() in head or PNG_TAG in head
 

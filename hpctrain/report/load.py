@@ -22,24 +22,25 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from sys import intern
 from typing import Any
 
-import yaml
-
 from hpctrain import job_registry
-from hpctrain.errors import RunDirError
-from hpctrain.heartbeats import find_stragglers, read_heartbeats
+from hpctrain.errors import RunDirError, SpecError
+from hpctrain.heartbeats import read_heartbeats, straggler_medians
 from hpctrain.rundir import (
     RUN_FILE,
     is_study_dir,
     metrics_path,
     read_json_object,
     spec_path,
-    study_file,
     summary_path,
 )
+from hpctrain.runfiles import MAX_MAGNITUDE, RunFileError, iter_lines, plausible, printable
+from hpctrain.spec.yaml_source import read_spec_file
 
 KINDS = ("train_step", "epoch", "val")
 KEYS = {"train_step": "global_step", "epoch": "epoch", "val": "epoch"}  # what identifies a record of each kind
@@ -92,8 +93,9 @@ class RunData:
 
     @property
     def desired_acc(self) -> float | None:
-        value = (self.spec.get("trainer") or {}).get("desired_acc")
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        trainer = self.spec.get("trainer")
+        value = trainer.get("desired_acc") if isinstance(trainer, dict) else None
+        return float(value) if plausible(value) else None
 
 
 # ------------------------------------------------------------------ metrics.jsonl
@@ -103,28 +105,35 @@ COUNTERS = ("epoch", "step", "global_step")  # whole numbers; every other field 
 
 
 def _clean(key: str, value: Any) -> Any:
-    """``value`` if it has the field's type (and is finite), else None. Hot: called per field."""
+    """``value`` if it has the field's type and is plausible (finite, within +-1e18), else None. Hot: per field."""
     kind = type(value)
     if kind is int:
-        return value
+        return value if -MAX_MAGNITUDE <= value <= MAX_MAGNITUDE else None
     if kind is float:
-        return value if key not in COUNTERS and value - value == 0 else None  # inf - inf and nan are not 0
+        return value if key not in COUNTERS and -MAX_MAGNITUDE <= value <= MAX_MAGNITUDE else None  # not NaN/inf
     return value if key == "kind" else None
 
 
 def parse_metrics(text: str) -> tuple[list[dict[str, Any]], list[str]]:
     """The metric records of ``text`` in file order, and notes on what was skipped."""
-    records, bad, nonfinite = [], 0, 0
-    lines = text.splitlines()
-    for number, line in enumerate(lines, 1):
+    return parse_metric_lines(text.encode().splitlines(keepends=True))
+
+
+def parse_metric_lines(lines: Iterable[bytes]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The metric records of metrics.jsonl's ``lines`` (each with its newline), and notes on what was skipped.
+
+    A last line without its newline that does not parse is being written right now: not counted.
+    """
+    records, bad, nonfinite, torn = [], 0, 0, False
+    for line in lines:
+        torn = False
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except ValueError:
-            if number == len(lines) and not text.endswith("\n"):
-                continue  # the trainer is writing it right now
             bad += 1
+            torn = not line.endswith(b"\n")
             continue
         if not isinstance(record, dict) or record.get("kind") not in KINDS:
             bad += 1
@@ -132,18 +141,20 @@ def parse_metrics(text: str) -> tuple[list[dict[str, Any]], list[str]]:
         if _clean("time", record.get("time")) is None:
             bad += 1
             continue
-        clean = {key: _clean(key, value) for key, value in record.items()}
+        clean = {intern(key): _clean(key, value) for key, value in record.items()}  # one key object per name
         if clean.get(KEYS[record["kind"]]) is None:  # a record must say which step/epoch it is
             bad += 1
             continue
         nonfinite += sum(1 for key in record if clean[key] is None and record[key] is not None)
         records.append(clean)
+    bad -= torn
     notes = []
     if bad:
         notes.append(f"metrics.jsonl: skipped {bad} unreadable line{'s' if bad != 1 else ''}")
     if nonfinite:
         notes.append(
-            f"metrics.jsonl: {nonfinite} non-finite value{'s' if nonfinite != 1 else ''} (NaN/inf, text) left out"
+            f"metrics.jsonl: {nonfinite} non-finite value{'s' if nonfinite != 1 else ''} "
+            "(NaN/inf, beyond +-1e18, text) left out"
         )
     return records, notes
 
@@ -194,11 +205,12 @@ def _latest_per_key(records: list[dict[str, Any]], key: str) -> list[dict[str, A
     return sorted(latest.values(), key=lambda r: r["time"])
 
 
-def attach_metrics(run: RunData, text: str) -> None:
-    """Fill ``run``'s series, attempts and restart count from metrics.jsonl's ``text``."""
-    records, notes = parse_metrics(text)
+def attach_metrics(run: RunData, lines: Iterable[bytes]) -> None:
+    """Fill ``run``'s series, attempts and restart count from metrics.jsonl's ``lines``."""
+    records, notes = parse_metric_lines(lines)
     run.notes.extend(notes)
-    expected = max(_int(run.summary.get("restarts")), len(run.info.get("job_ids") or []) - 1, 0)
+    job_ids = run.info.get("job_ids")
+    expected = max(_int(run.summary.get("restarts")), len(job_ids) - 1 if isinstance(job_ids, list) else 0, 0)
     starts = split_attempts(records, expected)
     attempt, boundaries = 0, set(starts)
     for index, record in enumerate(records):
@@ -214,18 +226,19 @@ def attach_metrics(run: RunData, text: str) -> None:
 
 
 def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return value if isinstance(value, int) and plausible(value) else 0
 
 
 # ------------------------------------------------------------------ one run
 
 
 def _read_spec(path: Path) -> dict[str, Any]:
+    """The run's resolved spec.yaml as plain data (the spec reader's bounds: size, aliases, nesting), else {}."""
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
+        data, _positions = read_spec_file(path)
+    except SpecError:
         return {}
-    return data if isinstance(data, dict) else {}
+    return data
 
 
 def load_run(
@@ -235,27 +248,27 @@ def load_run(
     run = RunData(path=path, label=label, info=dict(info or {}), point=point)
     run.summary = read_json_object(summary_path(path)) or {}
     run.spec = _read_spec(spec_path(path))
-    metrics = metrics_path(path)
-    try:
-        text = metrics.read_text(errors="replace")
-    except FileNotFoundError:
-        run.notes.append("no metrics.jsonl yet: the run has not logged a training step")
-        text = ""
-    except OSError as exc:
-        run.notes.append(f"metrics.jsonl unreadable: {exc.strerror}")
-        text = ""
-    attach_metrics(run, text)
+    attach_metrics(run, _metric_lines(run, metrics_path(path)))
     if not run.summary and summary_path(path).exists():
         run.notes.append("summary.json unreadable")
-    beats = read_heartbeats(path)
-    for beat in find_stragglers(beats):
-        others = [b.step_time_median_s for b in beats if b is not beat and b.step_time_median_s]
-        typical = sorted(others)[len(others) // 2] if others else None
+    for beat, typical in straggler_medians(read_heartbeats(path)):
         run.stragglers.append(
-            f"rank {beat.rank} on {beat.node or '?'}: median step {beat.step_time_median_s:.3f} s"
-            + (f" vs {typical:.3f} s on the other ranks" if typical else "")
+            f"rank {beat.rank} on {printable(beat.node or '?')}: median step {beat.step_time_median_s:.3f} s"
+            f" vs {typical:.3f} s on the other ranks"
         )
     return run
+
+
+def _metric_lines(run: RunData, path: Path) -> Iterator[bytes]:
+    """metrics.jsonl streamed line by line (a note on ``run`` when it cannot be read)."""
+    try:
+        yield from iter_lines(path)
+    except FileNotFoundError:
+        run.notes.append("no metrics.jsonl yet: the run has not logged a training step")
+    except OSError as exc:
+        run.notes.append(f"metrics.jsonl unreadable: {exc.strerror}")
+    except RunFileError as exc:
+        run.notes.append(f"metrics.jsonl not read: {exc.message}")
 
 
 # ------------------------------------------------------------------ arguments -> runs
@@ -281,19 +294,12 @@ def _run_or_sweep(path: Path, label: str, point: dict[str, Any] | None = None) -
 
 
 def _load_study(path: Path) -> list[RunData]:
-    study = read_json_object(study_file(path))
-    points = study.get("points") if study else None
-    if not isinstance(points, list):
-        raise RunDirError(
-            f"{study_file(path)}: unreadable or has no 'points' list",
-            hint="the study's run directories can still be reported one by one: hpctrain report DIR1 DIR2 ...",
-        )
+    from hpctrain.study import point_dir, read_study
+
     runs: list[RunData] = []
-    for index, point in enumerate(points):
-        if not isinstance(point, dict):
-            continue
+    for index, point in enumerate(read_study(path)["points"]):
         label = str(point.get("label") or f"point-{index}")
-        run_dir = path / str(point.get("run_dir") or label)
+        run_dir = point_dir(path, point)
         if not run_dir.is_dir():
             missing = RunData(path=run_dir, label=label, point=point)
             missing.notes.append(f"{run_dir.name}/ does not exist (the point was never submitted or was removed)")

@@ -21,6 +21,8 @@ from hpctrain.report.table import Row
 
 INSTALL_HINT = "pip install 'hpctrain[plots]'"
 DPI = 80
+MAX_CURVE_POINTS = 4000  # per curve; longer series are drawn thinned (every k-th record)
+MAX_RESTART_MARKS = 200  # restarts marked on the time axes (a file of replays could claim a million)
 PNG_SOFTWARE = "hpctrain report"  # PNG Software text: how a later report knows the file is its own
 
 
@@ -60,8 +62,17 @@ def _points(records: list[dict[str, Any]], x: Any, key: str) -> tuple[list[float
     return xs, ys
 
 
+def _thin(records: list[dict[str, Any]], most: int = MAX_CURVE_POINTS) -> list[dict[str, Any]]:
+    """Every k-th record (and the last) when there are more than ``most``: a curve a few hundred pixels
+    wide shows no more, and drawing a 1M-record run point by point takes matplotlib half a minute."""
+    if len(records) <= most:
+        return records
+    stride = math.ceil(len(records) / most)
+    return [*records[::stride], records[-1]]
+
+
 def _plot(ax: Any, records: list[dict[str, Any]], x: Any, key: str, **style: Any) -> bool:
-    xs, ys = _points(records, x, key)
+    xs, ys = _points(_thin(records), x, key)
     if xs:
         ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, **style)
     return bool(xs)
@@ -107,7 +118,7 @@ def plot_run(run: RunData, path: Path) -> Path:
             ax.set_xlabel(xlabel)
             ax.grid(alpha=0.3)
     for ax in axes[1]:
-        for index, (end, start) in enumerate(run.downtimes):
+        for index, (end, start) in enumerate(run.downtimes[:MAX_RESTART_MARKS]):
             ax.axvspan((end - t0) / scale, (start - t0) / scale, color="0.85")
             ax.axvline((start - t0) / scale, color="black", linestyle=":", label="restart" if index == 0 else None)
     for ax in (axes[0][0], axes[0][1], axes[1][1]):

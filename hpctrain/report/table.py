@@ -26,12 +26,12 @@ Definitions (docs/studies-and-reports.md repeats them):
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from hpctrain.report.load import RunData
+from hpctrain.runfiles import plausible
 
 
 @dataclass
@@ -60,13 +60,11 @@ class Row:
 
 
 def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
+    return float(value) if plausible(value) else None
 
 
 def _whole(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if isinstance(value, int) and plausible(value) else None
 
 
 def steady_images_per_s(run: RunData) -> tuple[float | None, str]:
@@ -80,8 +78,12 @@ def steady_images_per_s(run: RunData) -> tuple[float | None, str]:
             and _num(r.get("images_per_s")) is not None
             and _whole(r.get("global_step")) is not None
         ]
-        epochs = sorted({r.get("epoch") for r in records if isinstance(r.get("epoch"), int)})
-        first_of_epoch = {min(r["global_step"] for r in records if r.get("epoch") == e) for e in epochs}
+        first_step: dict[int, int] = {}  # epoch -> its first logged global step (one pass: 1M records are common)
+        for r in records:
+            epoch = r.get("epoch")
+            if isinstance(epoch, int) and r["global_step"] < first_step.get(epoch, r["global_step"] + 1):
+                first_step[epoch] = r["global_step"]
+        epochs, first_of_epoch = sorted(first_step), set(first_step.values())
         steady = [
             r
             for r in records
@@ -124,18 +126,24 @@ def epoch_seconds(run: RunData) -> tuple[float | None, bool]:
     return None, False
 
 
+def _percent(value: Any) -> float | None:
+    """A top-1/top-5 accuracy in percent, or None when it cannot be one."""
+    number = _num(value)
+    return number if number is not None and 0.0 <= number <= 100.0 else None
+
+
 def best_top1(run: RunData) -> float | None:
-    values = [v for v in (_num(r.get("top1")) for r in run.vals) if v is not None]
+    values = [v for v in (_percent(r.get("top1")) for r in run.vals) if v is not None]
     if values:
         return max(values)
-    return _num(run.summary.get("best_val_top1"))
+    return _percent(run.summary.get("best_val_top1"))
 
 
 def time_to_target(run: RunData, target: float | None) -> float | None:
     if target is None:
         return None
     for record in run.vals:
-        top1 = _num(record.get("top1"))
+        top1 = _percent(record.get("top1"))
         if top1 is not None and top1 >= target:
             return run.active_s(record["time"])
     return None
@@ -144,7 +152,8 @@ def time_to_target(run: RunData, target: float | None) -> float | None:
 def resources(run: RunData) -> tuple[int | None, int | None, str, int | None]:
     """(nodes, devices, device kind, global batch) from the study point, summary.json and spec.yaml."""
     point, summary = run.point or {}, run.summary
-    spec_res = run.spec.get("resources") or {}
+    spec_res = run.spec.get("resources")
+    spec_res = spec_res if isinstance(spec_res, dict) else {}
     nodes = _whole(point.get("nodes")) or _whole(summary.get("num_nodes")) or _whole(spec_res.get("nodes"))
     world = _whole(point.get("world_size")) or _whole(summary.get("world_size"))
     gpn = _whole(point.get("gpus_per_node"))

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 from hpctrain.rundir import atomic_write_text, cancel_marker_path
+from hpctrain.runfiles import RunFileError, read_bounded
 from hpctrain.runtime import heartbeat
 
 StopReason = Literal["timeout", "preempted", "cancelled"]
@@ -35,6 +36,7 @@ StopReason = Literal["timeout", "preempted", "cancelled"]
 # Higher wins when ranks disagree: a cancel beats a preemption beats a timeout,
 # because a cancelled job must not requeue itself.
 _REASON_CODES: dict[str, int] = {"timeout": 1, "preempted": 2, "cancelled": 3}
+MARKER_MAX_BYTES = 64 << 10  # the marker names a few job ids
 _CODE_REASONS = {code: reason for reason, code in _REASON_CODES.items()}
 
 cancel_marker = cancel_marker_path  # where ``hpctrain cancel`` leaves its marker (rundir owns the layout)
@@ -74,12 +76,14 @@ def marker_applies(path: Path, job_ids: Collection[str]) -> bool:
     meant to cancel) applies to every job.
     """
     try:
-        text = path.read_text()
+        text = read_bounded(path, MARKER_MAX_BYTES)
     except OSError:
         return False
+    except RunFileError:
+        return True  # it exists, so someone meant to cancel; a FIFO or a huge file is not read
     try:
         named = {str(j) for j in json.loads(text).get("job_ids", [])}
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, TypeError):
         return True
     return not named or bool(named & {str(j) for j in job_ids})
 
