@@ -45,6 +45,9 @@ FailureKind = Literal["missing", "timeout", "unreachable", "unknown-job", "refus
 
 _UNREACHABLE = ("unable to contact slurm controller", "connection refused", "socket timed out", "zero bytes were")
 _UNKNOWN_JOB = ("invalid job id", "job id not found", "no such job")
+# A job id as hpctrain records one: 123, an array task 123_4, a het-job component 123+1. Anything else
+# (``--user=me``, ``-1``, a list) would become an option or a wider target of scancel/scontrol/sacct.
+_JOB_ID = re.compile(r"[0-9]{1,20}(_[0-9]{1,10})?(\+[0-9]{1,6})?")
 
 
 class SlurmCommandError(ClusterError):
@@ -56,6 +59,23 @@ class SlurmCommandError(ClusterError):
 
 
 # ------------------------------------------------------------------ pure parts
+
+
+def checked_job_id(job_id: object) -> str:
+    """``job_id`` if it names one job (or array task, or het-job component); else a refusal.
+
+    Job ids come from run.json, study.json and the registry, files anyone may
+    edit: every command that names a job checks it here first.
+    """
+    text = str(job_id).strip()
+    if not _JOB_ID.fullmatch(text):
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise SlurmCommandError(
+            f"{shown!r} is not a Slurm job id",
+            kind="unknown-job",
+            hint="the run's run.json names its job as a number such as 48121 or 48121_3; was it edited?",
+        )
+    return text
 
 
 def normalise_state(raw: str) -> str:
@@ -155,11 +175,11 @@ def classify_sbatch_failure(text: str) -> tuple[str, str]:
 
 
 def requeue_command(job_id: str) -> list[str]:
-    return ["scontrol", "requeue", job_id]
+    return ["scontrol", "requeue", checked_job_id(job_id)]
 
 
 def show_job_command(job_id: str) -> list[str]:
-    return ["scontrol", "--oneliner", "show", "job", job_id]
+    return ["scontrol", "--oneliner", "show", "job", checked_job_id(job_id)]
 
 
 def classify_failure(command: list[str], returncode: int, output: str) -> SlurmCommandError:
@@ -215,6 +235,7 @@ def available() -> bool:
 
 def job_state(job_id: str) -> str:
     """Current state of a job (array task ids like 12_3 work too)."""
+    job_id = checked_job_id(job_id)
     states = parse_sacct_states(run_slurm(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", job_id]))
     if job_id in states:
         return states[job_id]
@@ -226,6 +247,7 @@ def job_state(job_id: str) -> str:
 
 def job_states(job_ids: list[str], *, runner: Runner = subprocess.run) -> dict[str, str]:
     """States of several jobs in one ``sacct`` call ({} when Slurm cannot say); for listings."""
+    job_ids = [job_id for job_id in job_ids if _JOB_ID.fullmatch(str(job_id).strip())]  # others: not Slurm's
     if not job_ids or (runner is subprocess.run and not available()):
         return {}
     try:
@@ -245,6 +267,7 @@ def poll_job_state(
     few seconds after submit) is looked up in ``squeue`` too. "UNKNOWN" when
     neither lists it (squeue forgets a finished job). Raises SlurmCommandError.
     """
+    job_id = checked_job_id(job_id)
     if source == "sacct":
         output = run_slurm(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", job_id], runner=runner)
         states = parse_sacct_states(output)
@@ -274,6 +297,7 @@ def wait_until_done(job_id: str, *, poll_s: float = 2.0, timeout_s: float | None
 
 def processes_may_run(job_id: str, *, runner: Runner = subprocess.run) -> bool:
     """Whether any process of the job may still be alive (``squeue`` says so, or cannot say)."""
+    job_id = checked_job_id(job_id)
     try:
         output = run_slurm(["squeue", "-h", "-t", "all", "-o", "%T", "-j", job_id], runner=runner)
     except SlurmCommandError as exc:
@@ -315,17 +339,17 @@ def partitions(*, runner: Runner = subprocess.run) -> dict[str, dict[str, str]]:
 
 
 def cancel_job(job_id: str) -> None:
-    run_slurm(["scancel", job_id])
+    run_slurm(["scancel", checked_job_id(job_id)])
 
 
 def signal_job(job_id: str, signal_name: str) -> None:
     """Send ``signal_name`` to every task of the job, as Slurm does before the time limit."""
-    run_slurm(["scancel", f"--signal={signal_name}", job_id])
+    run_slurm(["scancel", f"--signal={signal_name}", checked_job_id(job_id)])
 
 
 def release_job(job_id: str) -> None:
     """Start a requeued (held until its begin time) job now."""
-    run_slurm(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    run_slurm(["scontrol", "update", f"JobId={checked_job_id(job_id)}", "StartTime=now"])
 
 
 def requeue_job(job_id: str, *, runner: Runner = subprocess.run, timeout_s: float = COMMAND_TIMEOUT_S) -> None:

@@ -56,6 +56,7 @@ def cancel_run(run_dir: Path, timeout_s: float) -> int:
         state = _cancel_local_trials(run_dir, info, timeout_s)
         summary, settled = read_summary(run_dir) or Summary(), True
     else:
+        job_id = _slurm_job_id(run_dir, job_id)  # before anything is written or sent
         write_cancel_marker(run_dir, [job_id])
         state = _cancel_slurm(job_id, timeout_s)
         limit_s = slurm.kill_wait_s() + SETTLE_MARGIN_S
@@ -94,6 +95,14 @@ def wait_to_settle(
             summary = read_summary(run_dir) or Summary()
             return summary, summary.is_final
         time.sleep(poll_s)
+
+
+def _slurm_job_id(run_dir: Path, job_id: str) -> str:
+    """run.json's job id, refused (naming the file) unless it names exactly one Slurm job."""
+    try:
+        return slurm.checked_job_id(job_id)
+    except slurm.SlurmCommandError as exc:
+        raise RunDirError(f"{run_dir / RUN_FILE}: {exc}", hint=exc.hint) from None
 
 
 def _cancel_slurm(job_id: str, timeout_s: float) -> str:

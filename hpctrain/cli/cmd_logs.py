@@ -8,7 +8,6 @@ directory only: run.json's ``submitit_dir`` is followed when it lies there.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from hpctrain.cli.tail import echo_new
 from hpctrain.errors import RunDirError
 from hpctrain.rundir import read_run_info, read_summary, submitit_dir_ignored, task_log_path
 from hpctrain.runfiles import copy_out, printable, tail_lines
+from hpctrain.runtime import local_run
 from hpctrain.slurm import TERMINAL_STATES, job_state
 
 FOLLOW_POLL_S = 1.0
@@ -53,25 +53,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _ended(run_dir: Path, info: dict) -> bool:
-    """Whether the job will write no more: Slurm says it ended; a local run's summary is final or its pid is gone."""
-    job_id = str(info.get("job_id") or "")
+    """Whether the job will write no more: Slurm says it ended; a local run's summary is final or its
+    controller is provably gone (``runtime.local_run``: the PID alone proves nothing)."""
     if info.get("backend") != "local":
-        return job_state(job_id) in TERMINAL_STATES
+        return job_state(str(info.get("job_id") or "")) in TERMINAL_STATES
     summary = read_summary(run_dir)
-    return (summary is not None and summary.is_final) or not _process_exists(job_id)
-
-
-def _process_exists(job_id: str) -> bool:
-    """Whether the local run's controller (its job id is the pid) may still run; signal 0 sends nothing."""
-    if not job_id.isdigit() or int(job_id) <= 1:
-        return False
-    try:
-        os.kill(int(job_id), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return False
-    return True
+    return (summary is not None and summary.is_final) or local_run.liveness(info) == "gone"
 
 
 def _check_rank(rank: int, info: dict) -> None:

@@ -27,9 +27,9 @@ POLL_S = 0.05
 
 def request_for(command: list[str]) -> str | None:
     """The relay's request line for one of the requeue logic's commands; None for any other."""
-    if len(command) == 5 and command[:4] == show_job_command("")[:4]:
+    if len(command) == 5 and command[:4] == show_job_command("0")[:4]:
         return f"show {command[4]}"
-    if len(command) == 3 and command[:2] == requeue_command("")[:2]:
+    if len(command) == 3 and command[:2] == requeue_command("0")[:2]:
         return f"requeue {command[2]}"
     return None
 

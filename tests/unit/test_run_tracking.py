@@ -269,3 +269,19 @@ def test_status_words_from_slurm_when_the_run_never_started() -> None:
     assert display_status(None, "NODE_FAIL") == "failed"
     assert display_status("stopped", "CANCELLED") == "stopped"
     assert display_status(None, None) is None
+
+
+@pytest.mark.parametrize("job_id", ["--user=root", "-1", "77,78", "77 78", "", "all", "77_[1-3]"])
+def test_cancel_of_a_run_json_naming_no_single_job_sends_nothing(tmp_path: Path, job_id: str) -> None:
+    """run.json is a file anyone may edit: '--user=root' would have become an option of scancel."""
+    run_dir = fake_run(tmp_path, job_id="77")
+    info = json.loads((run_dir / "run.json").read_text())
+    atomic_write_text(run_dir / "run.json", json.dumps({**info, "job_id": job_id}))
+    bin_dir, state = fake_slurm(tmp_path, sacct="RUNNING", squeue="RUNNING")
+    log = tmp_path / "scancel-called"
+    (bin_dir / "scancel").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    result = cli_with(bin_dir, "cancel", str(run_dir), env_home=tmp_path / "state")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "run.json" in result.stderr and "is not a Slurm job id" in result.stderr
+    assert not log.exists()
+    assert not (run_dir / ".hpctrain" / "cancel-requested").exists()

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from hpctrain import slurm
 from hpctrain.errors import ClusterError
 from hpctrain.sbatch_script import signal_parameter
 from hpctrain.slurm import (
@@ -124,3 +125,24 @@ def test_poll_job_state_asks_squeue_only_while_sacct_has_not_caught_up() -> None
     with pytest.raises(SlurmCommandError) as raised:
         poll_job_state("12", source="squeue", runner=answer(code=1, err="Invalid job id specified"))
     assert raised.value.kind == "unknown-job"
+
+
+@pytest.mark.parametrize("good", ["48121", "48121_3", "48121+1", " 48121 "])
+def test_a_job_id_names_one_job(good: str) -> None:
+    assert slurm.checked_job_id(good) == good.strip()
+
+
+@pytest.mark.parametrize("bad", ["--user=root", "-1", "1,2", "1 2", "", "12_[1-3]", "abc", "1" * 30, None])
+def test_anything_else_is_refused_before_a_command_runs(bad: object) -> None:
+    calls: list[list[str]] = []
+
+    def runner(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    with pytest.raises(slurm.SlurmCommandError, match="is not a Slurm job id"):
+        slurm.checked_job_id(bad)
+    for ask in (slurm.show_job, slurm.poll_job_state, slurm.processes_may_run):
+        with pytest.raises(slurm.SlurmCommandError):
+            ask(bad, runner=runner)  # type: ignore[operator]
+    assert slurm.job_states([str(bad)], runner=runner) == {} and calls == []

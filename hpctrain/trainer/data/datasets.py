@@ -26,10 +26,11 @@ import torch
 from torch.utils.data import Dataset
 
 from hpctrain.errors import TrainingConfigError
+from hpctrain.runfiles import printable
 from hpctrain.trainer.data.augment import CropBox, sample_rng, train_crop, val_crop
 from hpctrain.trainer.data.decode import decode_crop
 from hpctrain.trainer.data.image_guard import DEFAULT_MAX_PIXELS
-from hpctrain.trainer.data.index import DatasetIndex, printable
+from hpctrain.trainer.data.index import DatasetIndex
 
 log = logging.getLogger(__name__)
 MAX_REPLACEMENTS = 16

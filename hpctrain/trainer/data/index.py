@@ -19,19 +19,17 @@ import hashlib
 import json
 import logging
 import os
-import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpctrain.runfiles import printable
+
 log = logging.getLogger(__name__)
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 INDEX_VERSION = 1
-
-
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
 
 
 class IndexError_(ValueError):
@@ -43,11 +41,6 @@ class IndexError_(ValueError):
 
     def __reduce__(self) -> tuple[type, tuple[str, str | None]]:  # the hint survives shared_index's broadcast
         return type(self), (str(self), self.hint)
-
-
-def printable(value: object) -> str:
-    """``str(value)`` with control and bidi characters shown as ``\\xNN``: a file name cannot forge log lines."""
-    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", str(value))
 
 
 @dataclass
