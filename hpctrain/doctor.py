@@ -491,7 +491,7 @@ def check_file_rate(job: LoadedJob, rate: FileRate, where: str) -> Check:
         minutes = rate.files_estimate / served / 60
         numbers["stage_minutes"] = round(minutes, 1)
         detail = (
-            f"{measured}; data.stage: node opens its ~{rate.files_estimate:,} files once per node: "
+            f"{measured}; data.stage: node opens its ~{rate.files_estimate:,} training files once per node: "
             f"~{minutes:,.1f} min at this rate, longer while {nodes} node(s) share the metadata server"
         )
         return row("warning" if minutes > SLOW_STAGE_MIN else "ok", detail, pack)

@@ -163,7 +163,7 @@ def test_the_row_compares_the_tree_with_the_jobs_demand(tmp_path: Path) -> None:
 
 def test_staging_is_weighed_by_the_trees_file_count(tmp_path: Path) -> None:
     staged = doctor.check_file_rate(hal_job(tmp_path, "data.stage=node"), rate_of(1000.0), "from n1")
-    assert staged.level == "warning" and "1,281,167 files once per node" in staged.detail  # ~21 min
+    assert staged.level == "warning" and "1,281,167 training files once per node" in staged.detail  # ~21 min
     assert staged.numbers and staged.numbers["stage_minutes"] == pytest.approx(21.4, abs=0.1)
     quick = doctor.check_file_rate(hal_job(tmp_path, "data.stage=node"), rate_of(100_000.0), "from n1")
     assert quick.level == "ok"
