@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UsageError
+from hpctrain.filesystems import entry_kind
 from hpctrain.spec.models import JobSpec
 from hpctrain.spec.profiles import ClusterProfile
 
@@ -209,6 +210,13 @@ def table_demand(gpu: str, arch: str, precision: str, channels_last: bool, image
     )
 
 
+def spec_demand(spec: JobSpec, gpu: str) -> Demand:
+    """One ``gpu``'s training images/s for the spec's model, precision, memory format and image size:
+    the one figure bench-data and doctor compare the data path with."""
+    trainer = spec.trainer
+    return table_demand(gpu, trainer.arch, trainer.precision, trainer.channels_last, spec.data.image_size)
+
+
 def gpu_type(spec: JobSpec, profile: ClusterProfile) -> str | None:
     """The GPU model named by the profile's GRES ('gpu:v100:{gpus}') or the spec's constraint."""
     known = {key[0] for key in GPU_DEMAND}
@@ -248,7 +256,7 @@ def image_files(root: Path, limit: int) -> Iterator[Path]:
     without listing a million-file tree first."""
     if not root.is_dir():
         return
-    classes = sorted(entry.path for entry in os.scandir(root) if entry.is_dir())
+    classes = sorted(entry.path for entry in os.scandir(root) if entry_kind(entry) == "dir")
     iterators = [_files_in(Path(path)) for path in classes] or [_files_in(root)]
     taken = 0
     while iterators and taken < limit:
@@ -268,7 +276,7 @@ def image_files(root: Path, limit: int) -> Iterator[Path]:
 def _files_in(directory: Path) -> Iterator[Path]:
     with os.scandir(directory) as entries:
         for entry in entries:
-            if entry.is_file() and entry.name.endswith(IMAGE_SUFFIXES):
+            if entry_kind(entry) == "file" and entry.name.endswith(IMAGE_SUFFIXES):
                 yield Path(entry.path)
 
 

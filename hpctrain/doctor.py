@@ -12,8 +12,11 @@ file system answered (:class:`ClusterView` asks, once per question):
   the permissions the job needs and sit on a file system compute nodes share;
   ``data.root`` looks like an ImageFolder (a sample, never a full scan).
 
-``--probe`` (``hpctrain/probe.py``) runs a one-minute job on the spec's
-partition that reports what a compute node really sees.
+``--probe`` (``hpctrain/probe.py``) runs a short job on the spec's
+partition that reports what a compute node really sees, including how many
+files per second ``data.root`` serves it; :func:`check_file_rate` weighs that
+against the images/s the job will ask for. For a local cluster the job runs
+here, so the same measurement runs here.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hpctrain import filesystems
+from hpctrain.data_bench import gpu_type, spec_demand
 from hpctrain.errors import ClusterError
+from hpctrain.filesystems import FileRate
 from hpctrain.preflight import check_data_root, check_partition
 from hpctrain.slurm import Runner, parse_partitions, run_slurm
 from hpctrain.spec.lead_time import STOP_OVERHEAD_S, estimated_save_s, lead_time_warning
@@ -41,6 +46,8 @@ CLIENTS = ("sbatch", "squeue", "sacct", "scontrol", "scancel")
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp"})
 SAMPLE_CLASSES = 5
 SAMPLE_FILES = 20
+FAR_BELOW = 4  # the tree serves under a quarter of what the job asks: its GPUs would mostly wait
+SLOW_STAGE_MIN = 10.0  # data.stage: node spending longer than this opening files deserves a pack
 
 
 @dataclass(frozen=True)
@@ -49,9 +56,13 @@ class Check:
     level: Level
     detail: str
     fix: str = ""
+    numbers: dict[str, Any] | None = None  # what a measuring check measured, for --json
 
-    def as_json(self) -> dict[str, str]:
-        return asdict(self)
+    def as_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        if self.numbers is None:
+            del out["numbers"]
+        return out
 
 
 # ------------------------------------------------------------------ what Slurm says
@@ -383,7 +394,7 @@ def check_image_folder(root: Path, train_dir: str, val_dir: str) -> Check:
     counts, problems = {}, []
     for split in (train_dir, val_dir):
         try:
-            classes = sorted(entry.name for entry in os.scandir(root / split) if entry.is_dir())
+            classes = sorted(e.name for e in os.scandir(root / split) if filesystems.entry_kind(e) == "dir")
         except OSError as exc:
             return Check("dataset", "error", f"cannot list {root / split}: {exc.strerror}", "fix its permissions")
         counts[split] = len(classes)
@@ -406,17 +417,132 @@ def _has_image(folder: Path) -> bool:
             for index, entry in enumerate(entries):
                 if index >= SAMPLE_FILES:
                     return False
-                if entry.is_file() and Path(entry.name).suffix.lower() in IMAGE_SUFFIXES:
+                if filesystems.entry_kind(entry) == "file" and Path(entry.name).suffix.lower() in IMAGE_SUFFIXES:
                     return True
     except OSError:
         return False
     return False
 
 
+# ------------------------------------------------------------------ how fast data.root serves files
+
+
+@dataclass(frozen=True)
+class MeasureBounds:
+    """Bounds of one file-rate measurement (``doctor --measure-files/--measure-seconds``)."""
+
+    max_files: int = 2000
+    max_s: float = 10.0
+
+
+def measure_threads(job: LoadedJob) -> int:
+    """Threads standing in for one node's loader workers (tasks x data.workers, 1 to 32)."""
+    return max(1, min(32, job.spec.data.workers * job.spec.tasks_per_node))
+
+
+def measured_split(job: LoadedJob) -> Path | None:
+    """The training split a measurement reads, when the job reads an ImageFolder at all."""
+    data = job.spec.data
+    if job.spec.entrypoint is not None or data.root is None:
+        return None
+    return Path(os.path.expanduser(data.root)) / data.train_dir
+
+
+def file_rate_level(served_per_node: float, asked_per_node: float | None) -> Level:
+    """ok when one node's measured samples/s covers one node's demand; error when far below. Pure."""
+    if asked_per_node is None or served_per_node >= asked_per_node:
+        return "ok"
+    return "warning" if served_per_node * FAR_BELOW >= asked_per_node else "error"
+
+
+def node_demand(job: LoadedJob) -> tuple[float | None, str]:
+    """Images/s one node of the job asks for (each one stat and one open per epoch), and where it comes from."""
+    spec = job.spec
+    gpus = spec.resources.gpus_per_node or 0
+    if not gpus:
+        return None, "a CPU job: no GPU rate to compare with"
+    gpu = gpu_type(spec, job.profile)
+    if gpu is None:
+        return None, "GPU model unknown: name it in the profile's gpu_gres (gpu:v100:{gpus}) or resources.constraint"
+    demand = spec_demand(spec, gpu)
+    if demand.img_s_per_gpu is None:
+        return None, f"no table rate for {spec.trainer.arch} on {gpu} ('hpctrain bench-data SPEC --measure-gpu')"
+    return demand.img_s_per_gpu * gpus, f"{demand.img_s_per_gpu:,.0f} img/s per GPU x {gpus} GPUs ({demand.source})"
+
+
+def check_file_rate(job: LoadedJob, rate: FileRate, where: str) -> Check:
+    """The measured rate against the job's demand (or, with data.stage: node, against staging's file count)."""
+    spec, nodes = job.spec, job.spec.resources.nodes
+    served = rate.samples_per_s
+    asked, how = node_demand(job)
+    numbers = {"measured": where, **rate.as_json(), "node_demand_img_s": asked, "nodes": nodes, "demand": how}
+    numbers["job_demand_img_s"] = None if asked is None else round(asked * nodes, 1)
+
+    def row(level: Level, detail: str, fix: str = "") -> Check:
+        return Check("data.root rate", level, detail, fix, numbers)
+
+    measured = f"{where}: {rate.describe()}"
+    if rate.stats + rate.opens < 50:
+        measured += f" (only {rate.stats + rate.opens} files: rough)"
+    if served <= 0:
+        return row("warning", f"{measured}: no file could be read", "check data.root's permissions")
+    pack = f"pack it: 'hpctrain pack {spec.data.root} IMAGE.sqsh', then set data.root to IMAGE.sqsh (docs/data.md)"
+    if spec.data.stage == "node":
+        minutes = rate.files_estimate / served / 60
+        numbers["stage_minutes"] = round(minutes, 1)
+        detail = (
+            f"{measured}; data.stage: node opens its ~{rate.files_estimate:,} training files once per node: "
+            f"~{minutes:,.1f} min at this rate, longer while {nodes} node(s) share the metadata server"
+        )
+        return row("warning" if minutes > SLOW_STAGE_MIN else "ok", detail, pack)
+    if asked is None:
+        return row("ok", f"{measured}; one node fetches ~{served:,.0f} samples/s; demand unknown: {how}")
+    detail = (
+        f"{measured}; the job asks ~{asked * nodes:,.0f} opens/s and as many stats/s ({how}, x {nodes} node(s)); "
+        f"one node gets ~{served:,.0f} samples/s, {nodes} node(s) ~{served * nodes:,.0f} only if the metadata "
+        "server scales (an estimate: it is shared); random files, yet caches may flatter a repeated run"
+    )
+    level = file_rate_level(served, asked)
+    return row(level, detail, f"the tree serves ~{served:,.0f} samples/s per node, the job asks ~{asked:,.0f}; {pack}")
+
+
+def file_rate_checks(job: LoadedJob, reported: Any, where: str) -> list[Check]:
+    """The row for a probe's ``file_rate`` report (a dict, an error text, or nothing)."""
+    if reported is None:
+        return []
+    rate = FileRate.from_json(reported)
+    if rate is None:
+        said = reported.get("error") if isinstance(reported, dict) else None
+        shown = str(said)[:300] if said else "an unreadable report"
+        return [Check("data.root rate", "warning", f"{where}: not measured: {shown}", "check data.root's permissions")]
+    return [check_file_rate(job, rate, where)]
+
+
+def measure_here(job: LoadedJob, bounds: MeasureBounds) -> list[Check]:
+    """For a local cluster: the job runs on this machine, so measure data.root here."""
+    split = measured_split(job)
+    if split is None or not split.is_dir():
+        return []
+    try:
+        rate = filesystems.measure_file_rate(
+            split, max_files=bounds.max_files, max_s=bounds.max_s, threads=measure_threads(job)
+        )
+    except OSError as exc:
+        return file_rate_checks(job, {"error": exc.strerror or str(exc)}, "on this machine")
+    return [check_file_rate(job, rate, "on this machine")]
+
+
 # ------------------------------------------------------------------ all together
 
 
-def run_checks(job: LoadedJob | None, *, slurm_backend: bool, view: ClusterView | None = None) -> list[Check]:
+def run_checks(
+    job: LoadedJob | None,
+    *,
+    slurm_backend: bool,
+    view: ClusterView | None = None,
+    bounds: MeasureBounds | None = None,
+) -> list[Check]:
+    """Every check; for a local cluster also the file rate of data.root (the job will run here)."""
     view = view or ClusterView()
     checks: list[Check] = []
     if slurm_backend:
@@ -428,6 +554,8 @@ def run_checks(job: LoadedJob | None, *, slurm_backend: bool, view: ClusterView 
         if job.spec.entrypoint is None:
             checks += check_lead_time(job)
         checks += check_paths(job, slurm_backend=slurm_backend)
+        if not slurm_backend:
+            checks += measure_here(job, bounds or MeasureBounds())
     else:
         checks.append(_sharing_check("python", sys.prefix, slurm_backend, None, "the job's Python environment"))
     return checks

@@ -1,10 +1,12 @@
-"""``hpctrain doctor --probe``: a one-minute job that reports what a compute node sees.
+"""``hpctrain doctor --probe``: a short job that reports what a compute node sees.
 
 The login node submits ``python -m hpctrain.probe`` to one node of the spec's
 partition (with the spec's GPUs, account and QOS) and reads the one JSON line
 it prints: hostname, Python, torch and CUDA versions, visible GPUs, NCCL's
-version, and whether ``data.root`` is readable and ``output_dir`` writable
-from there. The job's output file lies in ``output_dir``: if the login node
+version, whether ``data.root`` is readable and ``output_dir`` writable
+from there, and how many files per second ``data.root`` serves it
+(:func:`hpctrain.filesystems.measure_file_rate`, bounded in files and
+time). The job's output file lies in ``output_dir``: if the login node
 cannot read it afterwards, the node does not share that file system.
 
 The login side (:func:`run_probe`) is torch-free; the node side
@@ -22,9 +24,11 @@ import socket
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpctrain.filesystems import measure_file_rate
 from hpctrain.slurm import TERMINAL_STATES, job_state, run_slurm
 
 PROBE_DIR = ".hpctrain-probe"
@@ -34,18 +38,34 @@ MARKER = "HPCTRAIN-PROBE "
 # ------------------------------------------------------------------ login node
 
 
-def probe_command(python: str, data_root: str | None, output_dir: str) -> str:
+@dataclass(frozen=True)
+class Measure:
+    """Where and how long the node measures files/s: a folder (data.root's training split) and its bounds."""
+
+    folder: str
+    max_files: int = 2000
+    max_s: float = 10.0
+    threads: int = 8
+
+    def argv(self) -> list[str]:
+        return ["--measure", self.folder, "--measure-files", str(self.max_files),
+                "--measure-seconds", str(self.max_s), "--measure-threads", str(self.threads)]  # fmt: skip
+
+
+def probe_command(python: str, data_root: str | None, output_dir: str, measure: Measure | None = None) -> str:
     """The shell line sbatch --wrap runs; every part quoted."""
     argv = [python, "-m", "hpctrain.probe", "--output-dir", output_dir]
     if data_root:
         argv += ["--data-root", data_root]
+    if measure is not None:
+        argv += measure.argv()
     return shlex.join(argv)
 
 
 def sbatch_args(
     *, partition: str | None, gres: str | None, account: str | None, qos: str | None, output: Path, wrap: str
 ) -> list[str]:
-    args = ["sbatch", "--parsable", "--job-name=hpctrain-probe", "--nodes=1", "--ntasks=1", "--time=1"]
+    args = ["sbatch", "--parsable", "--job-name=hpctrain-probe", "--nodes=1", "--ntasks=1", "--time=2"]
     args += [f"--output={output}", "--no-requeue"]
     for option, value in (("partition", partition), ("gres", gres), ("account", account), ("qos", qos)):
         if value:
@@ -62,12 +82,13 @@ def run_probe(
     account: str | None = None,
     qos: str | None = None,
     timeout_s: float = 300.0,
+    measure: Measure | None = None,
 ) -> dict[str, Any]:
     """Submit the probe, wait for it, and return what it reported (or why it could not)."""
     folder = Path(os.path.expanduser(output_dir)) / PROBE_DIR
     folder.mkdir(parents=True, exist_ok=True)
     output = folder / "probe-%j.out"
-    wrap = probe_command(sys.executable, data_root, str(Path(os.path.expanduser(output_dir)).resolve()))
+    wrap = probe_command(sys.executable, data_root, str(Path(os.path.expanduser(output_dir)).resolve()), measure)
     job_id = run_slurm(sbatch_args(partition=partition, gres=gres, account=account, qos=qos, output=output, wrap=wrap))
     job_id = job_id.strip().split(";")[0]
     deadline = time.monotonic() + timeout_s
@@ -100,7 +121,7 @@ def run_probe(
 # ------------------------------------------------------------------ compute node
 
 
-def report(data_root: str | None, output_dir: str) -> dict[str, Any]:
+def report(data_root: str | None, output_dir: str, measure: Measure | None = None) -> dict[str, Any]:
     found: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "python": sys.executable,
@@ -124,6 +145,8 @@ def report(data_root: str | None, output_dir: str) -> dict[str, Any]:
         except OSError as exc:
             found["data_root_readable"] = False
             found["data_root_error"] = exc.strerror
+    if measure is not None and found.get("data_root_readable"):
+        found["file_rate"] = file_rate(measure)
     try:
         with tempfile.NamedTemporaryFile(dir=output_dir, prefix=".probe-", delete=True):
             pass
@@ -134,12 +157,29 @@ def report(data_root: str | None, output_dir: str) -> dict[str, Any]:
     return found
 
 
+def file_rate(measure: Measure) -> dict[str, Any]:
+    """The measurement's numbers, or why there are none."""
+    try:
+        rate = measure_file_rate(measure.folder, max_files=measure.max_files, max_s=measure.max_s,
+                                 threads=measure.threads)  # fmt: skip
+    except OSError as exc:
+        return {"error": f"cannot list {measure.folder}: {exc.strerror or exc}"}
+    return rate.as_json()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpctrain.probe")
     parser.add_argument("--data-root")
     parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--measure", help="folder whose files/s to measure (data.root's training split)")
+    parser.add_argument("--measure-files", type=int, default=2000)
+    parser.add_argument("--measure-seconds", type=float, default=10.0)
+    parser.add_argument("--measure-threads", type=int, default=8)
     args = parser.parse_args(argv)
-    print(MARKER + json.dumps(report(args.data_root, args.output_dir)), flush=True)
+    measure = None
+    if args.measure:
+        measure = Measure(args.measure, args.measure_files, args.measure_seconds, args.measure_threads)
+    print(MARKER + json.dumps(report(args.data_root, args.output_dir, measure)), flush=True)
     return 0
 
 

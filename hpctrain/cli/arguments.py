@@ -200,9 +200,21 @@ def cmd_doctor(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", nargs="?", help="job spec to check against the cluster (optional)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--cluster", help="use this cluster profile instead of the spec's")
-    parser.add_argument("--probe", action="store_true", help="also run a 1-minute job on a compute node and report")
+    parser.add_argument("--probe", action="store_true", help="also run a 2-minute job on a compute node and report")
     parser.add_argument(
         "--probe-timeout", type=_seconds(1, DAY_S), default=300.0, help="seconds to wait for the probe job"
+    )
+    parser.add_argument(
+        "--measure-files",
+        type=_whole(10, 100_000),
+        default=2000,
+        help="files of data.root the file-rate measurement touches at most (10 to 100,000; default 2000)",
+    )
+    parser.add_argument(
+        "--measure-seconds",
+        type=_seconds(1, 60),
+        default=10.0,
+        help="time box of the file-rate measurement (1 to 60; default 10)",
     )
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
 

@@ -27,8 +27,8 @@ from hpctrain.data_bench import (
     read_throughput,
     render_plain,
     render_rich,
+    spec_demand,
     stage_read_throughput,
-    table_demand,
 )
 from hpctrain.errors import ClusterError, HpctrainError, UsageError
 from hpctrain.spec.load import load_job
@@ -114,8 +114,7 @@ def measure(spec: JobSpec, profile: ClusterProfile, options: BenchOptions, sourc
     elif gpu is None:
         demand = Demand(None, "unknown GPU model: pass --gpu (h100, a100, v100), --demand IMG_S or --measure-gpu")
     else:
-        trainer = spec.trainer
-        demand = table_demand(gpu, trainer.arch, trainer.precision, trainer.channels_last, spec.data.image_size)
+        demand = spec_demand(spec, gpu)
     gpu_decode = decode_bench.gpu_decode_rate(spec, decoder, device) if options.measure_gpu else None
     if not spec.uses_gpus:
         notes.append("the spec asks for no GPUs: figures are per GPU of the model named above, as if it had them")

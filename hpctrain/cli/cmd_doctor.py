@@ -17,10 +17,11 @@ MARKS = {"ok": "ok  ", "warning": "warn", "error": "FAIL"}
 def run(args: argparse.Namespace) -> int:
     job = load_job(args.spec, args.overrides, cluster=args.cluster) if args.spec else None
     slurm_backend = job is None or job.profile.scheduler == "slurm"
-    checks = doctor.run_checks(job, slurm_backend=slurm_backend)
+    bounds = doctor.MeasureBounds(max_files=args.measure_files, max_s=args.measure_seconds)
+    checks = doctor.run_checks(job, slurm_backend=slurm_backend, bounds=bounds)
     probe = None
     if args.probe:
-        checks, probe = with_probe(job, checks, timeout_s=args.probe_timeout)
+        checks, probe = with_probe(job, checks, timeout_s=args.probe_timeout, bounds=bounds)
     report = doctor.summary(checks)
     if probe is not None:
         report["probe"] = probe
@@ -32,11 +33,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def with_probe(
-    job: LoadedJob | None, checks: list[doctor.Check], *, timeout_s: float
+    job: LoadedJob | None, checks: list[doctor.Check], *, timeout_s: float, bounds: doctor.MeasureBounds
 ) -> tuple[list[doctor.Check], dict | None]:
     """Run the probe job where the checks so far allow it; add what it found."""
     from hpctrain.errors import ClusterError
-    from hpctrain.probe import probe_problems, run_probe
+    from hpctrain.probe import Measure, probe_problems, run_probe
 
     if any(c.level == "error" and c.name in ("slurm clients", "controller") for c in checks):
         return [*checks, doctor.Check("probe", "error", "not run: Slurm does not answer")], None
@@ -47,6 +48,10 @@ def with_probe(
     gres = (
         job.profile.gpu_gres.format(gpus=gpus) if gpus and job.profile.gpu_gres else (f"gpu:{gpus}" if gpus else None)
     )
+    split = doctor.measured_split(job)
+    measure = None
+    if split is not None:
+        measure = Measure(str(split), bounds.max_files, bounds.max_s, doctor.measure_threads(job))
     try:
         found = run_probe(
             output_dir=spec.output_dir,
@@ -56,6 +61,7 @@ def with_probe(
             account=spec.resources.account,
             qos=spec.resources.qos,
             timeout_s=timeout_s,
+            measure=measure,
         )
     except ClusterError as exc:
         return [
@@ -74,6 +80,7 @@ def with_probe(
                 f"CUDA {found.get('cuda')}, NCCL {found.get('nccl', '-')}, {gpus_seen}",
             )
         )
+    added += doctor.file_rate_checks(job, found.get("file_rate"), f"from {found.get('hostname', 'the node')}")
     return [*checks, *added], found
 
 

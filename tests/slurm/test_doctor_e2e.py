@@ -1,5 +1,6 @@
 """``hpctrain doctor`` and ``submit``'s preflight against the real cluster: each doomed job is caught
-before anything is queued, with the fix named; the probe job reports from a compute node."""
+before anything is queued, with the fix named; the probe job reports from a compute node, including
+how many files per second data.root serves it."""
 
 from __future__ import annotations
 
@@ -66,6 +67,11 @@ def test_a_sound_spec_passes_and_the_probe_reports_from_a_node(workspace: dict, 
     probe = report["probe"]
     assert probe["hostname"] in slurm_cluster.nodes and probe["state"] == "COMPLETED", probe
     assert probe["data_root_readable"] and probe["output_dir_writable"] and probe["torch"]
+    # make-dataset wrote 2 classes x 4 images: the node measured every training file, once each
+    rate = next(check for check in report["checks"] if check["name"] == "data.root rate")
+    assert rate["level"] == "ok" and rate["detail"].startswith(f"from {probe['hostname']}"), rate
+    assert rate["numbers"]["stats"] + rate["numbers"]["opens"] == 8 and rate["numbers"]["stopped_by"] == "tree"
+    assert probe["file_rate"]["classes"] == 2 and probe["file_rate"]["samples_per_s"] > 0
 
 
 def test_time_above_max_time(workspace: dict, slurm_cluster: SlurmCluster) -> None:
