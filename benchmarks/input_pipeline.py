@@ -13,9 +13,14 @@ timing ``dataset[i]`` over the same files:
 * reference val:   ImageFolder + Resize(256) + CenterCrop(224) + ToTensor + Normalize
 * hpctrain: ``build_datasets(Data(root=...))`` -> (train, val), uint8 samples (normalised on the device)
 
-    python benchmarks/input_pipeline.py [--images 300 --repeats 3]
+    python benchmarks/input_pipeline.py [--images 300 --repeats 3] [--decoder simplejpeg|turbojpeg|pil]
 
-Goal: train >= 2.0x, val >= 1.5x. Needs scikit-image (``pip install hpctrain[bench]``).
+``--decoder`` picks hpctrain's JPEG decoder (default: the fastest installed).
+For ``turbojpeg`` and ``pil`` simplejpeg is made unimportable in this process
+first, as on a platform without its wheels (ppc64le); nothing is uninstalled.
+
+Goal: train >= 2.0x, val >= 1.5x, with any decoder but PIL. Needs scikit-image
+(``pip install hpctrain[bench]``); ``turbojpeg`` needs libturbojpeg and PyTurboJPEG.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,10 +38,7 @@ import torch
 from PIL import Image
 from torchvision import datasets
 
-from hpctrain.spec.models import Data
-from hpctrain.trainer.data import build_datasets, train_transform, val_transform
-from hpctrain.trainer.data.decode import jpeg_decoder
-
+DECODERS = ("simplejpeg", "turbojpeg", "pil")
 SKIMAGE_PHOTOS = ["astronaut.png", "chelsea.png", "coffee.png", "hubble_deep_field.jpg", "retina.jpg", "rocket.jpg",
                   "motorcycle_left.png", "motorcycle_right.png"]  # fmt: skip
 
@@ -104,7 +107,16 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=300, help="photos in the set")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per pipeline (interleaved)")
     parser.add_argument("--photos", type=Path, default=None, help="cache folder for the photo set")
+    parser.add_argument("--decoder", choices=DECODERS, default=None, help="hpctrain's JPEG decoder (default: fastest)")
     args = parser.parse_args()
+    if args.decoder is not None:
+        os.environ["HPCTRAIN_JPEG_DECODER"] = args.decoder
+        if args.decoder != "simplejpeg":
+            sys.modules["simplejpeg"] = None  # type: ignore[assignment]  # import fails: simplejpeg "uninstalled"
+    from hpctrain.spec.models import Data
+    from hpctrain.trainer.data import build_datasets, train_transform, val_transform
+    from hpctrain.trainer.data.decode import jpeg_decoder
+
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     root = args.photos or Path(tempfile.gettempdir()) / "hpctrain-bench-photos"

@@ -27,9 +27,16 @@ for line in open('constraints.txt'):
 "
   touch .venv/.hpctrain-installed
 fi
-# The report test opens report.html in headless Chromium (tests/unit/test_report_browser.py).
-# As root on Debian/Ubuntu (CI), install it; elsewhere that test skips without it.
-if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } \
-    >/dev/null 2>&1 || echo "install.sh: could not install chromium; the report browser test skips (fails under CI)" >&2
+# The report test opens report.html in headless Chromium (tests/unit/test_report_browser.py), and
+# the decode tests run the turbojpeg decoder over libturbojpeg (ppc64le's fast path; PyTurboJPEG is
+# in the test extra). As root on Debian/Ubuntu (CI), install both; elsewhere those tests skip without them.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  if [ ! -x /usr/bin/chromium ]; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } \
+      >/dev/null 2>&1 || echo "install.sh: could not install chromium; the report browser test skips (fails under CI)" >&2
+  fi
+  if ! ldconfig -p 2>/dev/null | grep -q 'libturbojpeg\.so'; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libturbojpeg0; } \
+      >/dev/null 2>&1 || echo "install.sh: could not install libturbojpeg0; the turbojpeg decode tests skip (fail under CI)" >&2
+  fi
 fi

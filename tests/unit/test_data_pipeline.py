@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import shutil
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from data_helpers import data_spec
+from data_helpers import JPEG_DECODERS, data_spec, use_jpeg_decoder
 from PIL import Image
 from torchvision import transforms
 
-from hpctrain.trainer.data import build_datasets, val_transform
+from hpctrain.errors import TrainingConfigError
+from hpctrain.trainer.data import build_datasets, decode, val_transform
 from hpctrain.trainer.data.augment import CropBox, train_crop, val_crop
 from hpctrain.trainer.data.decode import decode_crop, header_size
 from hpctrain.trainer.data.device_input import to_model_input
@@ -79,7 +83,7 @@ def test_val_crop_matches_resize_then_center_crop(tmp_path: Path) -> None:
         assert (ours - reference).abs().mean() < 1, size  # rounding noise only
 
 
-@pytest.mark.parametrize("decoder", ["simplejpeg", "pil"])
+@pytest.mark.parametrize("decoder", JPEG_DECODERS)
 @pytest.mark.parametrize("size", [(74, 64), (64, 64), (56, 64)])
 def test_small_val_sample_equals_torchvision_resize_center_crop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, decoder: str, size: tuple[int, int]
@@ -89,7 +93,7 @@ def test_small_val_sample_equals_torchvision_resize_center_crop(
     Rounding val_crop's fractional box to whole pixels cropped 56 px instead of 56.9 (a 1.6 % zoom, up to 90/255
     off per pixel); simplejpeg's fast IDCT shifted red and blue by about -1.2/255 on average.
     """
-    monkeypatch.setenv("HPCTRAIN_JPEG_DECODER", decoder)
+    use_jpeg_decoder(monkeypatch, decoder)
     path = _photo(tmp_path / "small.jpg", size)
     with Image.open(path) as image:
         reference = transforms.Compose([transforms.Resize(72), transforms.CenterCrop(64), transforms.PILToTensor()])(
@@ -100,15 +104,94 @@ def test_small_val_sample_equals_torchvision_resize_center_crop(
     assert diff.max() <= 2 and diff.mean() < 0.1, (decoder, size, diff.max(), diff.mean())
 
 
-@pytest.mark.parametrize("decoder", ["simplejpeg", "pil"])
+@pytest.mark.parametrize("decoder", JPEG_DECODERS)
 def test_decoders_match_pils_pixels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, decoder: str) -> None:
     """Same pixels as PIL's decode (libjpeg's accurate IDCT): train and val see what the reference pipeline saw."""
-    monkeypatch.setenv("HPCTRAIN_JPEG_DECODER", decoder)
+    use_jpeg_decoder(monkeypatch, decoder)
     path = _photo(tmp_path / "p.jpg", (48, 48))
     with Image.open(path) as image:
         reference = torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1)
     ours = decode_crop(str(path), lambda w, h: CropBox(0, 0, h, w, False), 48)
     assert torch.equal(ours, reference)
+
+
+@pytest.mark.parametrize("decoder", JPEG_DECODERS)
+@pytest.mark.parametrize("whole", [False, True])
+def test_dct_scaled_crops_agree_with_pils_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, decoder: str, whole: bool
+) -> None:
+    """A box small enough for 1/2 and 1/4 decodes: same shape, dtype and pixels (within IDCT noise) as PIL's draft."""
+    path = _photo(tmp_path / "big.jpg", (1200, 900))
+    grey = _photo(tmp_path / "grey.jpg", (1200, 900), "L")
+    boxes = [CropBox(100, 200, 460, 500, True), CropBox(50, 60, 240, 230, False), CropBox(0, 0, 900, 1200, False)]
+    for image in (path, grey):
+        for box in boxes:
+            monkeypatch.setenv("HPCTRAIN_JPEG_DECODER", "pil")
+            reference = decode_crop(str(image), lambda w, h: box, 56, whole=whole)  # noqa: B023
+            use_jpeg_decoder(monkeypatch, decoder)
+            ours = decode_crop(str(image), lambda w, h: box, 56, whole=whole)  # noqa: B023
+            assert ours.shape == reference.shape == (3, 56, 56) and ours.dtype == reference.dtype == torch.uint8
+            diff = (ours.float() - reference.float()).abs()
+            assert diff.mean() < 1 and diff.max() <= 16, (decoder, image.name, box, diff.mean(), diff.max())
+
+
+def test_an_unknown_or_missing_decoder_stops_the_task_with_the_choices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, root: Path
+) -> None:
+    monkeypatch.setenv("HPCTRAIN_JPEG_DECODER", "libjpeg")
+    with pytest.raises(TrainingConfigError) as error:
+        build_datasets(data_spec(root), seed=0)
+    assert "HPCTRAIN_JPEG_DECODER='libjpeg'" in error.value.message
+    assert error.value.hint is not None and "simplejpeg, turbojpeg, pil" in error.value.hint
+    monkeypatch.setenv("HPCTRAIN_JPEG_DECODER", "PIL")  # case does not matter
+    build_datasets(data_spec(root), seed=0)
+
+
+def test_without_libturbojpeg_turbojpeg_is_refused_and_pil_takes_over_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No .so (PyTurboJPEG raises when it loads the library): forced -> error with the fix; default -> PIL, one line."""
+    turbojpeg = pytest.importorskip("turbojpeg", reason="PyTurboJPEG is not installed")
+
+    def no_library(*args: object, **kwargs: object) -> None:
+        raise OSError("libturbojpeg.so.0: cannot open shared object file: No such file or directory")
+
+    monkeypatch.setattr(turbojpeg, "TurboJPEG", no_library)
+    monkeypatch.setattr(decode, "simplejpeg", None)
+    decode.turbojpeg_status.cache_clear()
+    try:
+        monkeypatch.setenv("HPCTRAIN_JPEG_DECODER", "turbojpeg")
+        with pytest.raises(TrainingConfigError) as error:
+            decode.jpeg_decoder()
+        assert "cannot use libturbojpeg (libturbojpeg.so.0: cannot open" in error.value.message
+        assert error.value.hint is not None and "libturbojpeg0" in error.value.hint
+        monkeypatch.setenv("HPCTRAIN_JPEG_DECODER", "simplejpeg")
+        with pytest.raises(TrainingConfigError, match="simplejpeg is not installed"):
+            decode.jpeg_decoder()
+        monkeypatch.delenv("HPCTRAIN_JPEG_DECODER")
+        assert decode.jpeg_decoder() == "pil"
+        with caplog.at_level(logging.WARNING):
+            decode._warn_if_pil_only()
+        [line] = [r.getMessage() for r in caplog.records]
+        assert "decoded by PIL" in line and "cannot open shared object" in line and "hpctrain[turbojpeg]" in line
+    finally:
+        decode.turbojpeg_status.cache_clear()
+
+
+def test_without_simplejpeg_the_default_is_turbojpeg(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a ppc64le node with libturbojpeg gets (simplejpeg hidden in a child, as the benchmark does)."""
+    use_jpeg_decoder(monkeypatch, "turbojpeg")
+    monkeypatch.delenv("HPCTRAIN_JPEG_DECODER")
+    code = "import sys; sys.modules['simplejpeg'] = None\nfrom hpctrain.trainer.data.decode import jpeg_decoder\n"
+    child = subprocess.run(
+        [sys.executable, "-c", code + "print(jpeg_decoder())"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        timeout=120,
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.split() == ["turbojpeg"] and "decoded by PIL" not in child.stderr
 
 
 def test_val_crop_box_is_the_centered_reference_box() -> None:
@@ -205,7 +288,10 @@ def test_index_cache_skips_the_walk_until_the_tree_changes(
 # --- bad input --------------------------------------------------------------------------------
 
 
-def test_grayscale_and_cmyk_jpegs_decode_to_rgb(tmp_path: Path) -> None:
+@pytest.mark.parametrize("decoder", JPEG_DECODERS)
+def test_grayscale_and_cmyk_jpegs_decode_to_rgb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, decoder: str) -> None:
+    """Grey comes out as RGB from every decoder; CMYK, which TurboJPEG cannot turn into RGB, goes to PIL."""
+    use_jpeg_decoder(monkeypatch, decoder)
     for mode in ("L", "CMYK"):
         path = _photo(tmp_path / f"{mode}.jpg", (120, 90), mode)
         out = decode_crop(str(path), lambda w, h: val_crop(w, h, 32, 36), 32)

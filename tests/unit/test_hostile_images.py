@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from data_helpers import data_spec
+from data_helpers import JPEG_DECODERS, available_jpeg_decoders, data_spec, use_jpeg_decoder
 from PIL import Image
 
 from hpctrain.errors import TrainingConfigError
@@ -91,9 +91,9 @@ def _val_box(width: int, height: int):  # noqa: ANN202 - a CropBox
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("decoder", ["simplejpeg", "pil"])
+@pytest.mark.parametrize("decoder", JPEG_DECODERS)
 def test_bombs_are_refused_before_decoding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, decoder: str) -> None:
-    monkeypatch.setenv("HPCTRAIN_JPEG_DECODER", decoder)
+    use_jpeg_decoder(monkeypatch, decoder)
     for name, path in bombs(tmp_path).items():
         with pytest.raises(ImageRefused) as refused:
             decode_crop(str(path), _val_box, 32)
@@ -142,7 +142,7 @@ def test_files_over_the_size_limit_and_fifos_are_refused_without_reading(tmp_pat
 def test_a_truncated_jpeg_is_an_error_not_grey(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "cut.jpg"
     path.write_bytes(jpeg_bytes((400, 300))[:-3000])
-    for decoder in ("simplejpeg", "pil"):
+    for decoder in available_jpeg_decoders():
         monkeypatch.setenv("HPCTRAIN_JPEG_DECODER", decoder)
         with pytest.raises(Exception):  # noqa: B017 - each decoder words it its own way; it must not decode
             decode_crop(str(path), _val_box, 32)
@@ -197,7 +197,7 @@ _CHILD = textwrap.dedent(
     from hpctrain.trainer.data.device_decode import EncodedTrainImages
     from hpctrain.trainer.data.image_guard import ImageRefused
 
-    tree, files = sys.argv[1], json.loads(sys.argv[2])
+    tree, files, decoders = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
     status = open("/proc/self/status").read()
     vm = int(status.split("VmSize:")[1].split()[0]) * 1024
     limit = vm + 1536 * 2**20  # what torch has mapped, plus 1.5 GiB
@@ -205,7 +205,7 @@ _CHILD = textwrap.dedent(
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     box = lambda w, h: val_crop(w, h, 32, 36)
     refused = {}
-    for decoder in ("simplejpeg", "pil"):
+    for decoder in decoders:
         import os
         os.environ["HPCTRAIN_JPEG_DECODER"] = decoder
         for path in files:
@@ -237,7 +237,7 @@ def test_bombs_stay_within_bounded_memory_in_every_decoder_path(root: Path, tmp_
     files = [str(path) for path in hostile.values()]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     child = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(tree), json.dumps(files)],
+        [sys.executable, "-c", _CHILD, str(tree), json.dumps(files), json.dumps(available_jpeg_decoders())],
         capture_output=True,
         text=True,
         env=env,

@@ -37,6 +37,7 @@ from torchvision import transforms
 from hpctrain.errors import TrainingConfigError
 from hpctrain.spec.models import Data, Trainer
 from hpctrain.trainer.data.datasets import TrainImages, ValImages
+from hpctrain.trainer.data.decode import jpeg_decoder
 from hpctrain.trainer.data.device_decode import (
     DeviceBackend,
     EncodedCollate,
@@ -192,6 +193,7 @@ def build_datasets(
     With ``broadcast`` (see ``index.shared_index``) only the leader scans the tree.
     """
     root = _dataset_root(data_spec)
+    jpeg_decoder()  # HPCTRAIN_JPEG_DECODER names a decoder this machine has, or the task stops here with the fix
     if data_spec.val_resize < data_spec.image_size:
         raise TrainingConfigError(
             f"data.val_resize: {data_spec.val_resize} is smaller than data.image_size {data_spec.image_size}",
@@ -287,6 +289,8 @@ def build_loaders(
     collate = val_collate = None
     if (decoder := resolve_decoder(data_spec.decode, device)) != "cpu":
         train_ds, val_ds, collate, val_collate = encoded_datasets(train_ds, val_ds, data_spec, decoder)
+    elif rank == 0:
+        print(f"hpctrain: data: loader workers decode JPEGs with {jpeg_decoder()}", flush=True)
     val_loader = build_val_loader(
         val_ds,
         data_spec,

@@ -13,6 +13,7 @@ from torch import nn
 
 from hpctrain.spec.models import JobSpec
 from hpctrain.trainer.data import build_datasets, encoded_datasets
+from hpctrain.trainer.data.decode import jpeg_decoder
 from hpctrain.trainer.data.device_decode import EncodedCollate
 
 
@@ -23,7 +24,7 @@ def decode_rate(spec: JobSpec, decoder: str, *, max_images: int = 200, max_s: fl
     dataset = train if decoder == "cpu" else encoded_datasets(train, val, spec.data, decoder)[0]  # type: ignore[arg-type]
     assert dataset is not None
     note = (
-        "read + JPEG decode (DCT-scaled) + crop + resize + flip in a loader worker"
+        f"read + JPEG decode ({jpeg_decoder()}, DCT-scaled) + crop + resize + flip in a loader worker"
         if decoder == "cpu"
         else "a loader worker reads the file and draws the crop; decoding happens on the GPU"
     )

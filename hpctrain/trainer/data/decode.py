@@ -7,10 +7,13 @@ still a downscale (or the identity) and the result matches the reference up to
 resampling noise. Other formats (PNG, ...) decode in full through PIL.
 Grayscale and CMYK JPEGs come out as RGB.
 
-Decoder: simplejpeg (libjpeg-turbo's TurboJPEG API, about 1.5-2x faster than
-PIL's decode of the same file) when installed and the JPEG is YCbCr or gray;
-otherwise PIL with ``draft`` (same scales). simplejpeg has no ppc64le wheels,
-so the PIL path is the portable fallback. ``HPCTRAIN_JPEG_DECODER=pil`` forces PIL.
+Decoder for plain JPEGs (``jpeg_decoder``), the first this machine has:
+simplejpeg (libjpeg-turbo's TurboJPEG API, wheels for x86_64 and aarch64), then
+libjpeg-turbo's own ``libturbojpeg`` through PyTurboJPEG (ppc64le and any
+platform without simplejpeg wheels; probed once), then PIL with ``draft``
+(same scales; about 1.5x slower per core). ``HPCTRAIN_JPEG_DECODER`` =
+simplejpeg | turbojpeg | pil forces one. The TurboJPEG decoders take YCbCr and
+grey JPEGs; CMYK and others go to PIL.
 
 Every path reads the file and checks its header first (``image_guard``): a
 file larger than ``data.max_image_pixels`` allows, or one whose header promises
@@ -20,15 +23,20 @@ more than its bytes hold, raises ``ImageRefused`` before anything is decoded.
 
 from __future__ import annotations
 
+import functools
+import io
+import logging
 import math
 import os
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
 
+from hpctrain.errors import TrainingConfigError
 from hpctrain.trainer.data.augment import CropBox
 from hpctrain.trainer.data.image_guard import DEFAULT_MAX_PIXELS, JPEG_SOI, check_jpeg, open_image, read_image_file
 
@@ -40,13 +48,80 @@ except ImportError:  # no wheel for this platform (ppc64le): PIL decodes everyth
 Image.MAX_IMAGE_PIXELS = DEFAULT_MAX_PIXELS  # PIL's own guard; image_guard.open_image sets the spec's limit
 BoxFn = Callable[[int, int], CropBox]
 _SCALES = (8, 4, 2)  # libjpeg-turbo's SIMD-accelerated reductions; 3/8, 5/8, ... are slower than full
+DECODERS = ("simplejpeg", "turbojpeg", "pil")
+DECODER_ENV = "HPCTRAIN_JPEG_DECODER"
+TURBOJPEG_FIX = (
+    "install libjpeg-turbo's TurboJPEG library (Debian/Ubuntu: apt install libturbojpeg0; RHEL: dnf install "
+    "turbojpeg; conda: conda install -c conda-forge libjpeg-turbo) and pip install 'hpctrain[turbojpeg]'"
+)
+_TJPF_RGB, _TJFLAG_ACCURATEDCT = 0, 4096  # turbojpeg.h; the same in PyTurboJPEG 1.x and 2.x
+_TJCS_DECODED = frozenset({1, 2})  # TJCS_YCbCr, TJCS_GRAY: what TurboJPEG turns into RGB itself
+log = logging.getLogger(__name__)
 
 
 def jpeg_decoder() -> str:
-    """The decoder ``decode_crop`` uses for plain JPEGs: "simplejpeg" or "pil"."""
-    if simplejpeg is not None and os.environ.get("HPCTRAIN_JPEG_DECODER", "").lower() != "pil":
-        return "simplejpeg"
-    return "pil"
+    """The decoder ``decode_crop`` uses for plain JPEGs: one of ``DECODERS``.
+
+    ``HPCTRAIN_JPEG_DECODER`` if set, else the fastest this machine has. A value
+    that is not a decoder, or names one that is missing here, is a
+    ``TrainingConfigError`` with the fix (``build_datasets`` asks once at start).
+    """
+    wanted = os.environ.get(DECODER_ENV, "").strip().lower()
+    if not wanted:
+        return "simplejpeg" if simplejpeg is not None else "turbojpeg" if turbojpeg_status()[0] else "pil"
+    if wanted not in DECODERS:
+        raise TrainingConfigError(
+            f"{DECODER_ENV}={wanted[:40]!r} is not a JPEG decoder",
+            hint=f"set it to one of {', '.join(DECODERS)}, or unset it to use the fastest installed",
+        )
+    if wanted == "simplejpeg" and simplejpeg is None:
+        raise TrainingConfigError(
+            f"{DECODER_ENV}=simplejpeg, but simplejpeg is not installed",
+            hint="pip install simplejpeg (wheels for x86_64 and aarch64), or unset it",
+        )
+    if wanted == "turbojpeg" and not turbojpeg_status()[0]:
+        raise TrainingConfigError(f"{DECODER_ENV}=turbojpeg, but {turbojpeg_status()[1]}", hint=TURBOJPEG_FIX)
+    return wanted
+
+
+@functools.cache
+def turbojpeg_status() -> tuple[Any, str]:
+    """(a working PyTurboJPEG ``TurboJPEG``, "") or (None, why not): loads libturbojpeg once and decodes a tiny JPEG.
+
+    PyTurboJPEG 1.x speaks the TurboJPEG API of libjpeg-turbo 1.4 to 3.x; 2.x
+    needs libjpeg-turbo >= 3.0 (most distributions ship 2.1), hence the extra's ``<2``.
+    """
+    try:
+        import turbojpeg
+    except ImportError:
+        return None, "PyTurboJPEG is not installed"
+    version = getattr(turbojpeg, "__version__", "?")
+    try:
+        decoder = turbojpeg.TurboJPEG()
+        tiny = io.BytesIO()
+        Image.new("RGB", (16, 16), (120, 60, 30)).save(tiny, format="JPEG")
+        decoder.decode(tiny.getvalue(), pixel_format=_TJPF_RGB, scaling_factor=(1, 2), flags=_TJFLAG_ACCURATEDCT)
+    except Exception as exc:  # noqa: BLE001 - no .so (OSError/RuntimeError), an old or new one (RuntimeError), ...
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return None, f"PyTurboJPEG {version} cannot use libturbojpeg ({reason[:200]})"
+    return decoder, ""
+
+
+def _warn_if_pil_only() -> None:
+    """One line at import where JPEGs would silently take the slow path (no simplejpeg, no libturbojpeg)."""
+    if simplejpeg is not None or os.environ.get(DECODER_ENV, "").strip().lower() == "pil":
+        return
+    decoder, why = turbojpeg_status()
+    if decoder is None:
+        log.warning(
+            "hpctrain: JPEGs are decoded by PIL (about 1.5x slower per core): simplejpeg is not installed and %s; "
+            "fix: %s",
+            why,
+            TURBOJPEG_FIX,
+        )
+
+
+_warn_if_pil_only()
 
 
 def header_size(path: str) -> tuple[int, int]:
@@ -69,22 +144,49 @@ def decode_crop(
     ``whole``: resize the whole image, then crop (validation; see ``crop_resize``).
     ``ImageRefused`` for a file over the limits (``image_guard``), before any decoding."""
     data = read_image_file(path, max_pixels)
-    if data.startswith(JPEG_SOI) and jpeg_decoder() == "simplejpeg":
+    if data.startswith(JPEG_SOI) and (decoder := jpeg_decoder()) != "pil":
         check_jpeg(data, max_pixels)
-        try:
-            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-        except ValueError:
-            colorspace = "unreadable"  # let PIL decide: it reads some files TurboJPEG refuses
-        if colorspace in ("YCbCr", "Gray"):
-            return _simplejpeg_crop(data, box_fn(width, height), width, height, out_size, whole)
+        fast = _simplejpeg_crop if decoder == "simplejpeg" else _turbojpeg_crop
+        if (out := fast(data, box_fn, out_size, whole)) is not None:
+            return out
     return _pil_crop(data, box_fn, out_size, whole, max_pixels)
 
 
-def _simplejpeg_crop(data: bytes, box: CropBox, width: int, height: int, out_size: int, whole: bool) -> torch.Tensor:
+def _simplejpeg_crop(data: bytes, box_fn: BoxFn, out_size: int, whole: bool) -> torch.Tensor | None:
+    """None for a JPEG it leaves to PIL (CMYK, RGB, one TurboJPEG cannot parse)."""
+    try:
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError:
+        return None  # let PIL decide: it reads some files TurboJPEG refuses
+    if colorspace not in ("YCbCr", "Gray"):
+        return None
+    box = box_fn(width, height)
     factor = reduction(box, out_size)
     pixels = simplejpeg.decode_jpeg(
         data, "RGB", fastdct=False, min_height=math.ceil(height / factor), min_width=math.ceil(width / factor)
     )  # fastdct=False: libjpeg's accurate IDCT, PIL's; the fast one shifts colours (R, B about -1.2/255 on average)
+    return crop_resize(pixels, box, width, height, out_size, whole)
+
+
+def _turbojpeg_crop(data: bytes, box_fn: BoxFn, out_size: int, whole: bool) -> torch.Tensor | None:
+    """The simplejpeg path through PyTurboJPEG: same scale, accurate IDCT, warnings (corrupt data) are errors."""
+    decoder = turbojpeg_status()[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # PyTurboJPEG only warns where libjpeg recovers (a grey remainder)
+        try:
+            width, height, _, colorspace = decoder.decode_header(data)
+        except (OSError, UserWarning):
+            return None  # let PIL decide, as for simplejpeg
+        if colorspace not in _TJCS_DECODED:
+            return None
+        box = box_fn(width, height)
+        factor = reduction(box, out_size)
+        try:
+            pixels = decoder.decode(
+                data, _TJPF_RGB, scaling_factor=None if factor == 1 else (1, factor), flags=_TJFLAG_ACCURATEDCT
+            )
+        except UserWarning as exc:  # truncated or corrupt: an error, as in simplejpeg and PIL
+            raise ValueError(f"corrupt JPEG: {exc}") from None
     return crop_resize(pixels, box, width, height, out_size, whole)
 
 
@@ -94,7 +196,9 @@ def crop_resize(
     """uint8 CHW: ``box`` (in the ``width`` x ``height`` source) of the decoded HWC ``pixels``, resized and flipped.
 
     torch's uint8 antialiased bilinear resize on a channels-last view (the
-    algorithm PIL uses, vectorised: about 3x faster than PIL's resize). Box
+    algorithm PIL uses, vectorised: about 3x faster than PIL's resize). The box
+    is copied to a contiguous channels-last tensor first: a strided crop falls
+    off the vectorised uint8 path (same pixels, about 1.5x slower). Box
     edges are rounded to the decoded image's pixels: exact when no DCT
     reduction was used, under half a decoded pixel off otherwise.
 
@@ -108,7 +212,7 @@ def crop_resize(
         image = torch.from_numpy(pixels).permute(2, 0, 1)[None]  # channels-last view
     top, left, bottom, right, resized = pixel_box(box, width, height, pixels.shape[1], pixels.shape[0], out_size, whole)
     if resized is None:
-        region = image[:, :, top:bottom, left:right]
+        region = image[:, :, top:bottom, left:right].contiguous(memory_format=torch.channels_last)  # see below
         out = torch.nn.functional.interpolate(region, size=(out_size, out_size), mode="bilinear", antialias=True)[0]
     else:
         out = torch.nn.functional.interpolate(image, size=resized, mode="bilinear", antialias=True)[0]
