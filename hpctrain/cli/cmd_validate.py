@@ -49,4 +49,17 @@ def run(args: argparse.Namespace) -> int:
         for point in job.points:
             print(f"  {point.label}: {describe_point(point)}")
     print_warnings(job)
-    return 0
+    return check_images(job)
+
+
+def check_images(job: LoadedJob) -> int:
+    """A data.root that names an image file is read (never mounted): a broken image fails here, not in the job."""
+    from hpctrain.preflight import check_data_root
+
+    findings = []
+    for spec in job.trials:
+        if spec.entrypoint is None and spec.data.root and Path(spec.data.root).expanduser().is_file():
+            findings += [f for f in check_data_root(spec) if f not in findings]
+    for finding in findings:
+        print(f"{finding.level}: {job.source}: {finding.key}: {finding.message}", file=sys.stderr)
+    return 2 if any(f.level == "error" for f in findings) else 0
