@@ -321,3 +321,32 @@ def test_is_mounted_reads_escaped_paths(tmp_path: Path) -> None:
     table.write_text("squashfuse /tmp/a\\040b fuse.squashfuse rw 0 0\n")
     assert mount.is_mounted(Path("/tmp/a b"), str(table))
     assert not mount.is_mounted(Path("/tmp/a"), str(table))
+
+
+def test_apptainer_tasks_get_the_image_as_an_image_backed_bind(image: Path) -> None:
+    import shlex
+
+    from hpctrain.spec.load import load_job
+    from hpctrain.submission import task_python
+
+    job = load_job(REPO / "jobs" / "smoke_apptainer_cpu.yaml", [f"data.root={image}"])
+    command = shlex.split(task_python(job.spec))
+    binds = [command[i + 1] for i, arg in enumerate(command) if arg == "--bind"]
+    assert f"{image}:{squashfs.APPTAINER_BIND}:image-src=/" in binds
+    assert command[command.index("--env") + 1] == f"{squashfs.BIND_ENV}={squashfs.APPTAINER_BIND}"
+    assert command.index("--env") < command.index(job.spec.container.image)  # apptainer's options, not the task's
+    folder = load_job(REPO / "jobs" / "smoke_apptainer_cpu.yaml", [f"data.root={image.parent}"])
+    assert "image-src" not in task_python(folder.spec) and "--env" not in task_python(folder.spec)
+
+
+def test_a_task_reads_the_containers_bind_instead_of_mounting(image: Path, tmp_path: Path, monkeypatch) -> None:
+    from data_helpers import data_spec
+
+    from hpctrain.trainer.data import build_datasets
+
+    bound = tmp_path / "bound"
+    subprocess.run(["unsquashfs", "-d", str(bound), str(image)], capture_output=True, check=True)
+    monkeypatch.setenv(squashfs.BIND_ENV, str(bound))
+    monkeypatch.setattr(mount, "open_image", lambda *a, **k: pytest.fail("mounted although the container had"))
+    train, val = build_datasets(data_spec(image))
+    assert train is not None and train.index.root == str(bound / "train") and len(val.index.samples) == 9

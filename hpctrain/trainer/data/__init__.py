@@ -390,7 +390,11 @@ def _dataset_root(data_spec: Data) -> Path:
 
 
 def _open_image(image: Path, data_spec: Data) -> Path:
-    """The node's mount of a packed image (see ``hpctrain.dataset.mount``) and the index stored in it."""
+    """Where the packed image's tree is: Apptainer's image-backed bind, else the node's squashfuse mount."""
+    bound = os.environ.get(squashfs.BIND_ENV)
+    if bound and Path(bound).is_dir():
+        print(f"hpctrain: data: reading the image {image} bound by the container at {bound}", flush=True)
+        return Path(bound)
     try:
         point = mount.open_image(
             image,
