@@ -38,6 +38,7 @@ from hpctrain.dataset.squashfs import INDEX_NAME, ImageError, read_superblock, r
 MOUNT_TIMEOUT_S = 60.0
 UNMOUNT_TRIES = 5
 COPY_CHUNK = 16 * 2**20
+MAX_INDEX_BYTES = 2**31  # ImageNet-1k's is about 70 MB
 # Who started us, by table: the job id and attempt of each launcher (see runtime/task_env.py).
 JOB_VARS = (
     ("SLURM_JOB_ID", "SLURM_RESTART_COUNT"),
@@ -89,31 +90,67 @@ def open_image(
     ready, failed = base / f"READY-{attempt}", base / f"FAILED-{attempt}"
     if is_node_leader:
         try:
-            base.mkdir(parents=True, exist_ok=True)
+            register_user(base, os.getpid())  # before the mount exists: the watcher waits for every user
             mounted = _mount_as_leader(image, stage_dir, base, attempt, stage, log)
             _write_json(ready, {"point": str(mounted.point), "pid": mounted.daemon_pid, "image": str(mounted.image)})
         except BaseException as exc:
-            message = exc.message if isinstance(exc, ImageError) else f"{type(exc).__name__}: {exc}"
-            hint = exc.hint if isinstance(exc, ImageError) else "see the log of the node's first task"
+            error = _as_image_error(exc, stage_dir)
             try:
-                _write_json(failed, {"message": message, "hint": hint})
+                _write_json(failed, {"message": error.message, "hint": error.hint})
             except OSError:
                 pass
-            raise
-        point = mounted.point
-    else:
-        point = Path(_wait(ready, failed, timeout_s)["point"])
-    register_user(base, os.getpid())
-    return point
+            if error is exc or not isinstance(exc, OSError):
+                raise
+            raise error from exc
+        return mounted.point
+    try:
+        register_user(base, os.getpid())
+    except OSError as exc:
+        raise _as_image_error(exc, stage_dir) from exc
+    return Path(_wait(ready, failed, timeout_s)["point"])
+
+
+def _as_image_error(exc: BaseException, stage_dir: Path) -> ImageError:
+    if isinstance(exc, ImageError):
+        return exc
+    if isinstance(exc, OSError):
+        return ImageError(
+            f"cannot mount under {stage_dir}: {exc.strerror or exc}",
+            "set data.stage_dir to a writable node-local folder",
+        )
+    return ImageError(f"{type(exc).__name__}: {exc}", "see the log of the node's first task")
 
 
 def packed_index(point: Path) -> dict | None:
-    """The index ``hpctrain pack`` stored in the image (None for an image packed otherwise)."""
+    """The index ``hpctrain pack`` stored in the image (None for an image packed otherwise).
+
+    The image is input like any other: a malformed index, or one naming a path
+    outside its split (absolute, ``..``), is an ``ImageError``, never followed.
+    """
+    path = point / INDEX_NAME
     try:
-        data = json.loads((point / INDEX_NAME).read_text())
-    except (OSError, ValueError):
+        if path.stat().st_size > MAX_INDEX_BYTES:
+            raise ImageError(f"{path} is larger than {MAX_INDEX_BYTES} bytes", "pack the dataset again")
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
         return None
-    return data if isinstance(data, dict) and isinstance(data.get("splits"), dict) else None
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, ImageError):
+            raise
+        raise ImageError(f"cannot read the index {path}: {exc}", "pack the dataset again") from exc
+    try:
+        for split in data["splits"].values():
+            classes = split["classes"]
+            if not all(isinstance(c, str) for c in classes):
+                raise ValueError("a class name is not a string")
+            for rel, label in split["samples"]:
+                if not (isinstance(rel, str) and isinstance(label, int) and 0 <= label < len(classes)):
+                    raise ValueError(f"bad sample {rel!r}, {label!r}")
+                if rel.startswith("/") or ".." in rel.split("/"):
+                    raise ValueError(f"sample path {rel!r} leaves its split")
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ImageError(f"the index {path} is malformed: {exc}", "pack the dataset again") from None
+    return data
 
 
 def register_user(base: Path, pid: int) -> None:

@@ -350,3 +350,15 @@ def test_a_task_reads_the_containers_bind_instead_of_mounting(image: Path, tmp_p
     monkeypatch.setattr(mount, "open_image", lambda *a, **k: pytest.fail("mounted although the container had"))
     train, val = build_datasets(data_spec(image))
     assert train is not None and train.index.root == str(bound / "train") and len(val.index.samples) == 9
+
+
+@pytest.mark.parametrize(
+    "samples", [[["../../etc/passwd", 0]], [["/etc/passwd", 0]], [["a/x.jpg", 5]], [["a/x.jpg", "0"]]], ids=str
+)
+def test_an_index_that_leaves_its_split_or_lies_is_refused(samples: list, tmp_path: Path) -> None:
+    index = {"splits": {"train": {"classes": ["a"], "samples": samples}}}
+    (tmp_path / squashfs.INDEX_NAME).write_text(json.dumps(index))
+    with pytest.raises(squashfs.ImageError, match="malformed") as caught:
+        mount.packed_index(tmp_path)
+    assert "pack the dataset again" in caught.value.hint
+    assert mount.packed_index(tmp_path / "nothing-here") is None

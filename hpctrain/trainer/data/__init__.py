@@ -453,7 +453,10 @@ def _split_index(root: Path, subdir: str, key: str, share: dict[str, Any]) -> Da
 
 @functools.cache
 def _packed_splits(point: Path) -> dict[str, Any]:
-    return (mount.packed_index(point) or {}).get("splits", {})
+    try:
+        return (mount.packed_index(point) or {}).get("splits", {})
+    except squashfs.ImageError as exc:  # every rank must raise it (see shared_index), not only the leader
+        raise IndexError_(f"{exc.message} ({exc.hint})") from exc
 
 
 def _packed_split(point: Path, subdir: str) -> DatasetIndex | None:
