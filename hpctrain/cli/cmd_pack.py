@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 
 from hpctrain.errors import UsageError
 
 
 def run(args: argparse.Namespace) -> int:
     from hpctrain.dataset.pack import PackError, pack
+
+    # a SIGTERM (scancel of a packing job, kill) unwinds like Ctrl-C: mksquashfs is stopped, the temporary removed
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     try:
         result = pack(args.data_root, args.out, force=args.force, strict=args.strict, processors=args.processors)

@@ -362,3 +362,25 @@ def test_an_index_that_leaves_its_split_or_lies_is_refused(samples: list, tmp_pa
         mount.packed_index(tmp_path)
     assert "pack the dataset again" in caught.value.hint
     assert mount.packed_index(tmp_path / "nothing-here") is None
+
+
+def test_a_terminated_pack_removes_its_temporary_and_keeps_the_old_image(tree: Path, tmp_path: Path, env) -> None:
+    require_pack_tools()
+    out = tmp_path / "out.sqsh"
+    out.write_text("mine")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "mksquashfs").write_text("#!/bin/sh\nexec sleep 60\n")
+    (fake / "mksquashfs").chmod(0o755)
+    env["PATH"] = f"{fake}:{env['PATH']}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "pack", str(tree), str(out), "--force"], cwd=REPO, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not list(tmp_path.glob(".hpctrain-pack-*/.hpctrain-index.json")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=HANG_GUARD_S)
+    assert proc.returncode != 0
+    assert out.read_text() == "mine" and not list(tmp_path.glob(".hpctrain-pack-*"))
