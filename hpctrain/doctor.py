@@ -446,9 +446,12 @@ def measure_threads(job: LoadedJob) -> int:
 
 
 def measured_split(job: LoadedJob) -> Path | None:
-    """The training split a measurement reads, when the job reads an ImageFolder at all."""
+    """The training split a measurement reads, when the job reads an ImageFolder folder at all.
+
+    None for a packed image (a file): each node reads that one file, not the tree's files.
+    """
     data = job.spec.data
-    if job.spec.entrypoint is not None or data.root is None:
+    if job.spec.entrypoint is not None or data.root is None or Path(os.path.expanduser(data.root)).is_file():
         return None
     return Path(os.path.expanduser(data.root)) / data.train_dir
 

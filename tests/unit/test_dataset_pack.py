@@ -202,6 +202,7 @@ def test_doctor_accepts_an_image_root(image: Path) -> None:
     job = load_job(REPO / "jobs" / "quickstart.yaml", [f"data.root={image}"])
     checks = {c.name: c for c in doctor.check_paths(job, slurm_backend=False)}
     assert checks["dataset"].level == "ok" and "SquashFS image" in checks["dataset"].detail
+    assert doctor.measured_split(job) is None  # --probe measures no tree: each node reads the one file
 
 
 # ------------------------------------------------------------------ a node's mount, and its release

@@ -456,7 +456,7 @@ def _packed_splits(point: Path) -> dict[str, Any]:
     try:
         return (mount.packed_index(point) or {}).get("splits", {})
     except squashfs.ImageError as exc:  # every rank must raise it (see shared_index), not only the leader
-        raise IndexError_(f"{exc.message} ({exc.hint})") from exc
+        raise IndexError_(exc.message, hint=exc.hint) from exc
 
 
 def _packed_split(point: Path, subdir: str) -> DatasetIndex | None:
