@@ -385,3 +385,13 @@ def test_a_terminated_pack_removes_its_temporary_and_keeps_the_old_image(tree: P
     proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode != 0
     assert out.read_text() == "mine" and not list(tmp_path.glob(".hpctrain-pack-*"))
+
+
+def test_release_never_signals_a_process_that_is_not_that_mounts_squashfuse(tmp_path: Path) -> None:
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        assert mount.release(tmp_path / "mnt", sleeper.pid, grace_s=0.1)  # nothing mounted there: done
+        assert sleeper.poll() is None  # a PID that is not squashfuse on that mount point is left alone
+    finally:
+        sleeper.kill()
+        sleeper.wait()
