@@ -350,9 +350,14 @@ def check_paths(job: LoadedJob, *, slurm_backend: bool, mounts_text: str | None 
     checks.append(_sharing_check("python", sys.prefix, slurm_backend, mounts_text, "the job's Python environment"))
     data_findings = [f for trial in job.trials for f in check_data_root(trial)]
     if spec.entrypoint is None and spec.data.root is not None:
+        is_image = Path(spec.data.root).is_file()
         if data_findings:
             checks += [Check(f.key, f.level, f.message, "make the dataset, or fix data.root") for f in data_findings]
-        else:
+        if is_image and not any(f.level == "error" for f in data_findings):
+            checks.append(_sharing_check("data.root", spec.data.root, slurm_backend, mounts_text, "the dataset"))
+            where = f"{spec.data.train_dir}/ and {spec.data.val_dir}/"
+            checks.append(Check("dataset", "ok", f"a SquashFS image holding {where} (each node mounts it)"))
+        elif not data_findings:
             checks.append(_sharing_check("data.root", spec.data.root, slurm_backend, mounts_text, "the dataset"))
             checks.append(check_image_folder(Path(spec.data.root), spec.data.train_dir, spec.data.val_dir))
     return checks
@@ -441,9 +446,12 @@ def measure_threads(job: LoadedJob) -> int:
 
 
 def measured_split(job: LoadedJob) -> Path | None:
-    """The training split a measurement reads, when the job reads an ImageFolder at all."""
+    """The training split a measurement reads, when the job reads an ImageFolder folder at all.
+
+    None for a packed image (a file): each node reads that one file, not the tree's files.
+    """
     data = job.spec.data
-    if job.spec.entrypoint is not None or data.root is None:
+    if job.spec.entrypoint is not None or data.root is None or Path(os.path.expanduser(data.root)).is_file():
         return None
     return Path(os.path.expanduser(data.root)) / data.train_dir
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from hpctrain import filesystems
+from hpctrain.dataset import squashfs
 from hpctrain.errors import ClusterError, SpecError, SpecProblem
 from hpctrain.spec.load import LoadedJob
 from hpctrain.spec.models import JobSpec
@@ -53,7 +54,7 @@ def check_data_root(spec: JobSpec) -> list[Finding]:
             ]
         return []
     if root.exists():
-        return [Finding("error", "data.root", f"{root} is a file, not a dataset folder")]
+        return check_data_image(root, spec.data.train_dir, spec.data.val_dir)
     if root.parent.is_dir():
         return [Finding("error", "data.root", f"{root} does not exist (its folder {root.parent} does)")]
     return [
@@ -63,6 +64,24 @@ def check_data_root(spec: JobSpec) -> list[Finding]:
             f"{root} is not visible from this machine; the job fails at start unless the compute nodes mount it",
         )
     ]
+
+
+def check_data_image(image: Path, train_dir: str, val_dir: str) -> list[Finding]:
+    """A packed image as data.root: SquashFS, complete, holding both splits; and what mounting needs.
+
+    What this machine lacks to mount it (squashfuse, /dev/fuse) is a warning:
+    the compute nodes may have it where the login node does not.
+    """
+    if not image.is_file():
+        return [Finding("error", "data.root", f"{image} is neither a dataset folder nor a SquashFS image file")]
+    problems = squashfs.check_image(image, (train_dir, val_dir))
+    findings = [Finding("error", "data.root", f"{p.message}; {p.hint}") for p in problems]
+    if not problems:
+        findings += [
+            Finding("warning", "data.root", f"cannot mount {image} from this machine: {p.message}; {p.hint}")
+            for p in squashfs.mount_problems()
+        ]
+    return findings
 
 
 def check_partition(spec: JobSpec, partitions: Mapping[str, Mapping[str, str]]) -> list[Finding]:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import hpctrain
 from hpctrain import job_registry
+from hpctrain.dataset import squashfs
 from hpctrain.errors import ClusterError, UsageError
 from hpctrain.rundir import (
     CONTROL_DIR,
@@ -134,6 +135,10 @@ def task_python(spec: JobSpec) -> str:
     if spec.container.runtime == "pyxis":
         return inner
     apptainer = ["apptainer", "exec", "--bind", ",".join(container_mounts(spec)), "--pwd", str(Path.cwd().resolve())]
+    if spec.data.root and squashfs.is_image(Path(spec.data.root).expanduser()):  # a packed dataset image
+        image = str(Path(spec.data.root).expanduser().resolve())
+        apptainer += ["--bind", f"{image}:{squashfs.APPTAINER_BIND}:image-src=/"]
+        apptainer += ["--env", f"{squashfs.BIND_ENV}={squashfs.APPTAINER_BIND}"]
     if spec.resources.gpus_per_node:
         apptainer.insert(2, "--nv")
     return shlex.join([*apptainer, spec.container.image]) + " " + inner

@@ -40,3 +40,13 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
       >/dev/null 2>&1 || echo "install.sh: could not install libturbojpeg0; the turbojpeg decode tests skip (fail under CI)" >&2
   fi
 fi
+# The packed-dataset tests pack, mount and unmount SquashFS images (tests/unit/test_dataset_pack.py,
+# tests/local/test_packed_data.py). As root on Debian/Ubuntu (CI), install the tools; elsewhere
+# those tests skip without them.
+if ! command -v mksquashfs >/dev/null || ! command -v squashfuse >/dev/null || ! command -v fusermount3 >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        squashfs-tools squashfuse fuse3; } >/dev/null 2>&1 \
+      || echo "install.sh: could not install squashfs-tools/squashfuse; the packed-dataset tests skip (fail under CI)" >&2
+  fi
+fi

@@ -168,6 +168,14 @@ def cmd_make_dataset(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="any whole number (default 0)")
 
 
+def cmd_pack(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("data_root", metavar="DATA_ROOT", help="the ImageFolder root (holds train/ and val/)")
+    parser.add_argument("out", metavar="OUT.sqsh", help="the image file to write")
+    parser.add_argument("--force", action="store_true", help="replace OUT if it exists (only once the new one is good)")
+    parser.add_argument("--strict", action="store_true", help="fail on unreadable files instead of leaving them out")
+    parser.add_argument("--processors", type=int, default=None, help="mksquashfs threads (default: all cores)")
+
+
 def cmd_bench_data(parser: argparse.ArgumentParser) -> None:
     _spec_arguments(parser)
     parser.add_argument("--cluster", help="use this cluster profile instead of the spec's")

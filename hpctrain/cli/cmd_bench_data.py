@@ -141,6 +141,11 @@ def _train_root(spec: JobSpec) -> Path:
     if spec.data.root is None:
         raise UsageError("data.root is not set", hint="set data.root in the spec or pass --set data.root=DIR")
     root = Path(spec.data.root).expanduser()
+    if root.is_file():
+        raise UsageError(
+            f"data.root: {root} is a file (a packed image?); bench-data reads a dataset folder",
+            hint="pass --set data.root=DIR with the folder the image was packed from",
+        )
     if not root.is_dir():
         raise UsageError(
             f"data.root: {root} does not exist or is not a directory",

@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from hpctrain.errors import SpecError, SpecProblem
 from hpctrain.spec.lead_time import lead_time_warning
 from hpctrain.spec.load import LoadedJob, load_job
+
+if TYPE_CHECKING:
+    from hpctrain.preflight import Finding
 
 
 def describe(job: LoadedJob) -> str:
@@ -42,6 +47,10 @@ def print_warnings(job: LoadedJob, run_dir: Path | None = None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     job = load_job(args.spec, args.overrides, cluster=args.cluster)
+    findings = image_findings(job)
+    errors = [f for f in findings if f.level == "error"]
+    if errors:
+        raise SpecError(str(job.source), [SpecProblem(f.key, f.message) for f in errors])
     print(f"{args.spec}: OK - {describe(job)}")
     if job.is_study:
         from hpctrain.study import describe_point
@@ -49,4 +58,17 @@ def run(args: argparse.Namespace) -> int:
         for point in job.points:
             print(f"  {point.label}: {describe_point(point)}")
     print_warnings(job)
+    for finding in findings:
+        print(f"warning: {job.source}: {finding.key}: {finding.message}", file=sys.stderr)
     return 0
+
+
+def image_findings(job: LoadedJob) -> list[Finding]:
+    """A data.root that names an image file is read (never mounted): a broken image fails here, not in the job."""
+    from hpctrain.preflight import check_data_root
+
+    findings: list[Finding] = []
+    for spec in job.trials:
+        if spec.entrypoint is None and spec.data.root and Path(spec.data.root).expanduser().is_file():
+            findings += [f for f in check_data_root(spec) if f not in findings]
+    return findings

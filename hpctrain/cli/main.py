@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "init": ("hpctrain.cli.cmd_init", "write a new job spec into jobs/ from the template"),
     "schema": ("hpctrain.cli.cmd_schema", "print the JSON Schema of job specs (for editors)"),
     "make-dataset": ("hpctrain.cli.cmd_make_dataset", "generate a small real-JPEG ImageFolder dataset"),
+    "pack": ("hpctrain.cli.cmd_pack", "pack an ImageFolder dataset into one SquashFS image file for data.root"),
     "doctor": ("hpctrain.cli.cmd_doctor", "check that this cluster can run a job spec, with the fix for each problem"),
     "bench-data": ("hpctrain.cli.cmd_bench_data", "measure whether the data pipeline keeps the job's GPUs busy"),
     "report": ("hpctrain.cli.cmd_report", "plots and tables (md + self-contained html) from runs and studies"),

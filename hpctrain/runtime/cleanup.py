@@ -16,6 +16,12 @@ the task is gone it sends SIGTERM to every process of the same user whose
 group holds nothing else), SIGKILLs what is left after a grace period, and
 exits. Processes are found by token, never by name.
 
+A watcher started with ``--unmount`` releases a dataset image the task
+mounted for its node (``hpctrain.dataset.mount``) instead: once the task and
+every task registered in ``--users-dir`` have ended, it stops that squashfuse
+(``--daemon-pid``) and unmounts, whatever way the tasks ended. It reaps
+nothing (the task's own watcher does).
+
 ``/proc/PID/environ`` shows a process's environment *as it was at exec*.
 Setting ``os.environ`` later reaches children that exec, but not children
 that only fork (data-loader workers). Two answers, both used:
@@ -95,8 +101,14 @@ def start_reaper(
     log_path: str | Path | None = None,
     python: str = sys.executable,
     timeout_s: float = 30.0,
+    unmount: str | Path | None = None,
+    daemon_pid: int | None = None,
+    users_dir: str | Path | None = None,
 ) -> int:
     """Start the detached watcher for ``watched_pid`` (default: this process); return its PID.
+
+    ``unmount``, ``daemon_pid``, ``users_dir``: release that mount afterwards, and reap nothing
+    (see the module docstring).
 
     Raises ``RuntimeError`` if it did not start: the caller decides whether a
     missing safety net is worth failing the task for.
@@ -106,6 +118,10 @@ def start_reaper(
     command += ["--grace-s", str(grace_s), "--poll-s", str(poll_s), "--detach"]
     if log_path is not None:
         command += ["--log", str(Path(log_path).absolute())]
+    if unmount is not None:
+        command += ["--unmount", str(Path(unmount).absolute())]
+        command += ["--daemon-pid", str(daemon_pid)] if daemon_pid is not None else []
+        command += ["--users-dir", str(Path(users_dir).absolute())] if users_dir is not None else []
     proc = subprocess.Popen(
         command,
         env=reaper_environ(os.environ, token),
@@ -253,6 +269,30 @@ def watch(token: str, watched_pid: int, *, poll_s: float = POLL_S, grace_s: floa
     )
     log(f"ended {len(pids)} leftover process(es): {pids}")
     return 0
+
+
+def release_mount(
+    watched_pid: int, point: str, daemon_pid: int | None, users_dir: str | None, *, poll_s: float, log: _Log
+) -> None:
+    """Once the task and the mount's other users have ended (see hpctrain.dataset.mount), unmount."""
+    import psutil
+
+    from hpctrain.dataset.mount import live_users, release
+
+    try:
+        watched = psutil.Process(watched_pid)
+        while _alive(watched):
+            time.sleep(poll_s)
+    except psutil.NoSuchProcess:
+        pass
+    log(f"task {watched_pid} ended")
+    said = False
+    while users_dir and (users := live_users(Path(users_dir))):
+        if not said:
+            log(f"waiting for {len(users)} task(s) still using {point}: {users[:8]}")
+            said = True
+        time.sleep(poll_s)
+    release(Path(point), daemon_pid, log=log)
 
 
 def exec_with_token(argv: Sequence[str]) -> NoReturn:
@@ -413,6 +453,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--log", default=None, help="append what was done to this file")
     watch_p.add_argument("--poll-s", type=float, default=POLL_S)
     watch_p.add_argument("--detach", action="store_true", help="fork, print the watcher's PID, exit")
+    watch_p.add_argument("--unmount", default=None, help="then unmount this dataset image mount point")
+    watch_p.add_argument("--daemon-pid", type=int, default=None, help="the squashfuse serving --unmount")
+    watch_p.add_argument("--users-dir", default=None, help="tasks registered here must end first")
     args = parser.parse_args(argv)
     if args.command == "kill":
         log = _Log(open(args.log, "a") if args.log else sys.stderr)  # noqa: SIM115
@@ -427,6 +470,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     log(f"watching task {args.pid}")
+    if args.unmount:
+        release_mount(args.pid, args.unmount, args.daemon_pid, args.users_dir, poll_s=args.poll_s, log=log)
+        return 0
     return watch(args.token, args.pid, poll_s=args.poll_s, grace_s=args.grace_s, log=log)
 
 

@@ -294,7 +294,13 @@ MAX_IMAGE_PIXELS = 2**27  # data.max_image_pixels' default: 2.8x ImageNet's larg
 class Data(Section):
     """An ImageFolder dataset: ``root/train/<class>/*.jpg`` and ``root/val/<class>/*.jpg``."""
 
-    root: Annotated[str | None, Field(description="Dataset root. Default: the profile's data root.")] = None
+    root: Annotated[
+        str | None,
+        Field(
+            description="Dataset root: a folder, or a SquashFS image of it written by `hpctrain pack` (each node "
+            "mounts it once; docs/data.md). Default: the profile's data root."
+        ),
+    ] = None
     train_dir: Annotated[str, Field(description="Training split folder under data.root.")] = "train"
     val_dir: Annotated[str, Field(description="Validation split folder under data.root.")] = "val"
     workers: Annotated[int, Field(ge=0, le=128, description="Data-loader workers per task.")] = 4
@@ -319,8 +325,9 @@ class Data(Section):
         Literal["none", "node"],
         Field(
             description="node: one task per node copies the dataset to node-local disk (data.stage_dir) with "
-            "parallel readers before training, the node's other tasks wait, and all read the copy; a complete "
-            "copy is reused after a requeue. none: read data.root directly."
+            "parallel readers before training (a packed image: as one file, then mounted from there), the "
+            "node's other tasks wait, and all read the copy; a complete copy is reused after a requeue. none: "
+            "read data.root directly."
         ),
     ] = "none"
     stage_dir: Annotated[

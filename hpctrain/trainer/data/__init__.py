@@ -19,6 +19,7 @@ Call ``Loaders.set_epoch(epoch)`` before iterating each epoch.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import random
@@ -34,6 +35,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision import transforms
 
+from hpctrain.dataset import mount, squashfs
 from hpctrain.errors import TrainingConfigError
 from hpctrain.spec.models import Data, Trainer
 from hpctrain.trainer.data.datasets import TrainImages, ValImages
@@ -45,7 +47,7 @@ from hpctrain.trainer.data.device_decode import (
     EncodedValImages,
     resolve_decoder,
 )
-from hpctrain.trainer.data.index import DatasetIndex, IndexError_, shared_index, torch_broadcast
+from hpctrain.trainer.data.index import DatasetIndex, IndexError_, cached_index, shared_index, torch_broadcast
 from hpctrain.trainer.data.staging import resolve_stage_dir, stage_dataset, staged_index
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -194,16 +196,19 @@ def build_datasets(
     """
     root = _dataset_root(data_spec)
     jpeg_decoder()  # HPCTRAIN_JPEG_DECODER names a decoder this machine has, or the task stops here with the fix
+    packed = None
+    if squashfs.is_image(root):
+        root = packed = _open_image(root, data_spec)
     if data_spec.val_resize < data_spec.image_size:
         raise TrainingConfigError(
             f"data.val_resize: {data_spec.val_resize} is smaller than data.image_size {data_spec.image_size}",
             hint=f"set data.val_resize >= data.image_size (the reference uses 256 for 224, i.e. "
             f"{round(data_spec.image_size * 256 / 224)})",
         )
-    share = {"is_leader": is_leader, "broadcast": broadcast, "cache_dir": data_spec.index_cache_dir}
+    share = {"is_leader": is_leader, "broadcast": broadcast, "cache_dir": data_spec.index_cache_dir, "packed": packed}
     val_index = _split_index(root, data_spec.val_dir, "data.val_dir", share)
     train_index = _split_index(root, data_spec.train_dir, "data.train_dir", share) if train else None
-    if data_spec.stage == "node":
+    if data_spec.stage == "node" and packed is None:
         val_index, train_index = _stage(root, data_spec, val_index, train_index)
     limit = data_spec.max_image_pixels
     val = ValImages(val_index, data_spec.image_size, data_spec.val_resize, max_pixels=limit)
@@ -383,9 +388,28 @@ def _dataset_root(data_spec: Data) -> Path:
             hint=_MAKE_DATASET_HINT,
         )
     root = Path(data_spec.root).expanduser()
-    if not root.is_dir():
+    if not root.is_dir() and not squashfs.is_image(root):
         raise TrainingConfigError(f"data.root: {root} does not exist or is not a directory", hint=_MAKE_DATASET_HINT)
     return root
+
+
+def _open_image(image: Path, data_spec: Data) -> Path:
+    """Where the packed image's tree is: Apptainer's image-backed bind, else the node's squashfuse mount."""
+    bound = os.environ.get(squashfs.BIND_ENV)
+    if bound and Path(bound).is_dir():
+        print(f"hpctrain: data: reading the image {image} bound by the container at {bound}", flush=True)
+        return Path(bound)
+    try:
+        point = mount.open_image(
+            image,
+            resolve_stage_dir(data_spec.stage_dir, os.environ),
+            is_node_leader=int(os.environ.get("LOCAL_RANK", "0")) == 0,
+            stage=data_spec.stage == "node",
+        )
+    except squashfs.ImageError as exc:
+        raise TrainingConfigError(f"data.root: {exc.message}", hint=exc.hint) from exc
+    print(f"hpctrain: data: reading the image {image} mounted at {point}", flush=True)
+    return point
 
 
 def _stage(
@@ -420,9 +444,28 @@ def _split_index(root: Path, subdir: str, key: str, share: dict[str, Any]) -> Da
             f"{key}: {path} does not exist (data.root is {root}, data.{key.split('.')[1]} is {subdir!r})",
             hint=_MAKE_DATASET_HINT,
         )
+    packed, share = share.get("packed"), {k: v for k, v in share.items() if k != "packed"}
+    if packed is not None:  # the leader reads the index stored in the image: nothing to list
+        share["load"] = lambda: _packed_split(packed, subdir) or cached_index(path, share["cache_dir"])
     try:
         return shared_index(path, **share)
     except IndexError_ as exc:
         raise TrainingConfigError(
             f"{key}: {path} is not a usable ImageFolder: {exc}", hint=exc.hint or _MAKE_DATASET_HINT
         ) from None
+
+
+@functools.cache
+def _packed_splits(point: Path) -> dict[str, Any]:
+    try:
+        return (mount.packed_index(point) or {}).get("splits", {})
+    except squashfs.ImageError as exc:  # every rank must raise it (see shared_index), not only the leader
+        raise IndexError_(exc.message, hint=exc.hint) from exc
+
+
+def _packed_split(point: Path, subdir: str) -> DatasetIndex | None:
+    split = _packed_splits(point).get(subdir)
+    if split is None:
+        return None
+    samples = [(rel, int(label)) for rel, label in split["samples"]]
+    return DatasetIndex(str(point / subdir), list(split["classes"]), samples, list(split.get("empty_classes", [])))

@@ -1,0 +1,6 @@
+"""Datasets on disk, torch-free: the ImageFolder index, packed SquashFS images (pack, check, mount).
+
+``index`` (one scan of a split), ``squashfs`` (what an image file is and holds,
+read without mounting it), ``pack`` (``hpctrain pack``), ``mount`` (a node
+mounts an image once for its tasks, and unmounts it when they end).
+"""

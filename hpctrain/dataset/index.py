@@ -1,0 +1,248 @@
+"""The dataset index: every (relative path, label) of an ImageFolder split and its class names.
+
+Built by one scan of the tree per job, not one per rank: rank 0 scans (or reads
+the cache) and the others receive the list (``shared_index``). The cache file
+is keyed by the split's absolute path and the mtimes of the split folder and
+its class folders (adding or removing an image changes its folder's mtime), so
+a requeued job reads the index back instead of walking GPFS again.
+
+The walk follows symlinked folders (as ImageFolder does) but enters each
+folder of a class once: a link back to a folder above it (``loop -> .``) or
+to a folder already scanned is skipped with a warning naming it. A folder
+that cannot be listed stops the job with its name and the fix, rather than
+dropping its images (a class without them would still train, silently).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpctrain.runfiles import printable
+
+log = logging.getLogger(__name__)
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+INDEX_VERSION = 1
+
+
+class IndexError_(ValueError):
+    """The split has no class folders, no images at all, or a folder that cannot be read."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+    def __reduce__(self) -> tuple[type, tuple[str, str | None]]:  # the hint survives shared_index's broadcast
+        return type(self), (str(self), self.hint)
+
+
+@dataclass
+class DatasetIndex:
+    """One split: ``samples[i] = (path relative to root, label)``; labels index ``classes``."""
+
+    root: str
+    classes: list[str]
+    samples: list[tuple[str, int]]
+    empty_classes: list[str] = field(default_factory=list)
+
+    def path(self, i: int) -> str:
+        return os.path.join(self.root, self.samples[i][0])
+
+    @property
+    def targets(self) -> list[int]:
+        return [label for _, label in self.samples]
+
+    def to_json(self) -> dict:
+        return {
+            "version": INDEX_VERSION,
+            "root": self.root,
+            "classes": self.classes,
+            "samples": self.samples,
+            "empty_classes": self.empty_classes,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> DatasetIndex:
+        return cls(
+            data["root"],
+            list(data["classes"]),
+            [(p, int(label)) for p, label in data["samples"]],
+            list(data.get("empty_classes", [])),
+        )
+
+
+def scan_split(root: str | Path) -> DatasetIndex:
+    """One walk of ``root/<class>/...``: torchvision ImageFolder's classes, order and extensions.
+
+    A class folder without images keeps its label (so train and val labels still
+    match) and is listed in ``empty_classes``; no class folders, no image at all,
+    or a folder that cannot be listed raises ``IndexError_``.
+    """
+    root = str(Path(root).resolve())
+    classes = sorted(e.name for e in _entries(root) if _is_dir(e) and not e.name.startswith("."))
+    if not classes:
+        raise IndexError_(f"no class folders in {root!r}")
+    samples: list[tuple[str, int]] = []
+    empty: list[str] = []
+    for label, name in enumerate(classes):
+        found = [(path, label) for path in _class_files(root, name)]
+        samples += found
+        if not found:
+            empty.append(name)
+    if not samples:
+        raise IndexError_(f"no images ({', '.join(IMG_EXTENSIONS)}) under {root!r}")
+    for name in empty:
+        log.warning(
+            "hpctrain: class folder %r has no images; its label is kept, no sample uses it", os.path.join(root, name)
+        )
+    return DatasetIndex(root, classes, samples, empty)
+
+
+def _class_files(root: str, name: str) -> list[str]:
+    """Image paths (relative to ``root``) under ``root/name``, depth first, sorted per folder.
+
+    Symlinked folders are followed; each real folder (device, inode) is entered once per class.
+    """
+    found: list[str] = []
+    seen: set[tuple[int, int]] = set()
+    stack: list[tuple[str, tuple[tuple[int, int], ...]]] = [(os.path.join(root, name), ())]
+    while stack:
+        folder, above = stack.pop()
+        identity = _identity(folder)
+        if identity in seen:
+            what = "a folder above it (a loop)" if identity in above else "a folder of this class already scanned"
+            log.warning("hpctrain: not following %r: it leads back to %s", folder, what)
+            continue
+        seen.add(identity)
+        entries = _entries(folder)
+        rel = os.path.relpath(folder, root)
+        found += [os.path.join(rel, e.name) for e in sorted(entries, key=_name) if _is_image(e)]
+        subfolders = sorted((e for e in entries if _is_dir(e)), key=_name, reverse=True)
+        stack += [(e.path, (*above, identity)) for e in subfolders]  # reversed: popped in sorted order
+    return found
+
+
+def _name(entry: os.DirEntry) -> str:
+    return entry.name
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()  # follows symlinks
+    except OSError:
+        return False
+
+
+def _is_image(entry: os.DirEntry) -> bool:
+    return entry.name.lower().endswith(IMG_EXTENSIONS) and not _is_dir(entry)
+
+
+def _identity(folder: str) -> tuple[int, int]:
+    try:
+        info = os.stat(folder)
+    except OSError as exc:
+        raise _unreadable(folder, exc) from None
+    return info.st_dev, info.st_ino
+
+
+def _entries(folder: str) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as entries:
+            return list(entries)
+    except OSError as exc:
+        raise _unreadable(folder, exc) from None
+
+
+def _unreadable(folder: str, exc: OSError) -> IndexError_:
+    return IndexError_(
+        f"cannot list {folder!r} ({exc.strerror or exc})",
+        hint=f"make it readable to the job (chmod -R a+rX {printable(folder)!r}) or move it out of the split: "
+        "without its images the class would still train, without telling you",
+    )
+
+
+def cache_key(root: str | Path) -> str:
+    """Path + mtimes of the split folder and its class folders (stats, not listings of the images)."""
+    root = str(Path(root).resolve())
+    parts = [root, str(os.stat(root).st_mtime_ns)]
+    with os.scandir(root) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            if entry.is_dir():
+                parts.append(f"{entry.name}:{entry.stat().st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def cached_index(root: str | Path, cache_dir: str | Path | None) -> DatasetIndex:
+    """``scan_split`` through a cache file in ``cache_dir`` (None: always scan)."""
+    if cache_dir is None:
+        return scan_split(root)
+    try:
+        key = cache_key(root)
+    except OSError:
+        return scan_split(root)  # which names what cannot be read
+    path = Path(cache_dir) / f"index-{key}.json"
+    try:
+        data = json.loads(path.read_text())
+        if data.get("version") == INDEX_VERSION:
+            return DatasetIndex.from_json(data)
+    except (OSError, ValueError, KeyError):
+        pass
+    index = scan_split(root)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
+            json.dump(index.to_json(), tmp)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.replace(tmp.name, path)
+    except OSError as exc:  # a read-only cache is no reason to stop
+        log.warning("hpctrain: could not write the dataset index cache %r: %s", str(path), printable(exc))
+    return index
+
+
+Broadcast = Callable[[DatasetIndex | None], DatasetIndex]
+
+
+def shared_index(
+    root: str | Path,
+    *,
+    cache_dir: str | Path | None = None,
+    is_leader: bool = True,
+    broadcast: Broadcast | None = None,
+    load: Callable[[], DatasetIndex] | None = None,
+) -> DatasetIndex:
+    """The split's index, scanned by the leader only and handed to every rank by ``broadcast``.
+
+    ``broadcast(index_or_None)`` returns the leader's index on every rank (see
+    ``torch_broadcast``). Without it (one process) the caller scans itself.
+    ``load`` replaces the scan (e.g. the index stored in a packed image).
+    """
+    load = load or (lambda: cached_index(root, cache_dir))
+    if broadcast is None:
+        return load()
+    result: DatasetIndex | BaseException | None = None
+    if is_leader:
+        try:
+            result = load()
+        except (OSError, IndexError_) as exc:  # every rank must raise, not only the leader
+            result = exc
+    shared = broadcast(result)
+    if isinstance(shared, BaseException):
+        raise shared
+    return shared
+
+
+def torch_broadcast(value: object) -> object:
+    """Rank 0's ``value`` on every rank of the default process group (pickled, on the CPU)."""
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -1,0 +1,88 @@
+"""A packed dataset image on the real cluster: each node mounts it once, nothing stays mounted.
+
+NOT RUN YET: written while another engineer held the Slurm test cluster
+(issue 21); run it with the rest of the Slurm tier before relying on it.
+
+The test cluster's nodes share this machine's disk, so the stage dir names
+the node (``{node}``): each node mounts under its own folder, as on a real
+cluster where ``$SLURM_TMPDIR`` is a node's local disk. /proc/mounts is read
+on this machine, which the nodes' mounts share.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tests.squashfs_tools import require_mount
+
+from .hpctrain_cli import cli_env, hpctrain, task_logs
+
+if TYPE_CHECKING:
+    from .conftest import SlurmCluster
+
+SMOKE_SPEC = "jobs/smoke_2x2_cpu.yaml"
+UNMOUNT_BUDGET_S = 60  # after the job ended (or was cancelled), its mounts are gone this much later
+
+
+def _mounts_under(folder: Path) -> list[str]:
+    return [line for line in Path("/proc/mounts").read_text().splitlines() if str(folder) in line]
+
+
+def _wait_no_mounts(folder: Path) -> None:
+    deadline = time.monotonic() + UNMOUNT_BUDGET_S
+    while _mounts_under(folder) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not _mounts_under(folder), _mounts_under(folder)
+
+
+def _task_output(run_dir: Path) -> str:
+    return "\n".join(
+        p.read_text(errors="replace") for p in sorted(run_dir.rglob("*.out")) + sorted(run_dir.rglob("*.err"))
+    )
+
+
+def test_two_nodes_train_on_a_packed_image_and_leave_nothing_mounted(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    require_mount()
+    env = cli_env(slurm_cluster, tmp_path / "state")
+    data, image, stage = tmp_path / "data", tmp_path / "data.sqsh", tmp_path / "stage"
+    made = hpctrain(env, "make-dataset", str(data), "--classes", "4", "--per-class", "16", "--image-size", "32")
+    assert made.returncode == 0, made
+    packed = hpctrain(env, "pack", str(data), str(image))
+    assert packed.returncode == 0, packed
+    data.rename(tmp_path / "moved-away")  # the job must read the image only
+
+    def submit(*extra: str, wait: bool = True) -> Path:
+        done = hpctrain(
+            env, "submit", SMOKE_SPEC, "--set", f"data.root={image}", "--set", f"output_dir={tmp_path / 'runs'}",
+            "--set", f"data.stage_dir={stage}/{{node}}", *extra, *(["--wait"] if wait else []), "--json",
+            timeout=300,
+        )  # fmt: skip
+        run_dir = Path(done.json()["run_dir"])
+        assert done.returncode == 0, f"{done}\n{task_logs(run_dir)}"
+        return run_dir
+
+    run = submit("--set", "trainer.epochs=1")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["skipped_samples"] == 0, summary
+    output = _task_output(run)
+    assert output.count("hpctrain: data: mounted") == 2, output  # once per node, by its first task
+    assert output.count("reading the image") == 4, output  # every rank reads the mount
+    assert sorted(p.name for p in stage.iterdir()) == ["n1", "n2"]
+    _wait_no_mounts(stage)
+    for log in stage.glob("*/hpctrain-image-*/mnt-*.watch.log"):
+        assert "unmounted" in log.read_text(), log.read_text()
+
+    # Cancelled while training: the watchers still unmount on both nodes.
+    long_run = submit("--set", "trainer.epochs=50", "--set", "trainer.max_steps_per_epoch=1000", wait=False)
+    deadline = time.monotonic() + 180
+    while _task_output(long_run).count("hpctrain: data: mounted") < 2 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert len(_mounts_under(stage)) == 2, _task_output(long_run)
+    cancelled = hpctrain(env, "cancel", str(long_run), timeout=120)
+    assert cancelled.returncode == 0, cancelled
+    _wait_no_mounts(stage)

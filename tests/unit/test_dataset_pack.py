@@ -1,0 +1,397 @@
+"""Packed dataset images: ``hpctrain pack``, the login-node checks, and a node's mount and its release.
+
+The mount tests start real tasks (subprocesses) that mount with squashfuse,
+kill them with SIGKILL, and read /proc/mounts: nothing may stay mounted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from test_cli import REPO, assert_user_error, hpctrain, isolated_env
+
+from hpctrain.dataset import mount, pack, squashfs
+from hpctrain.dataset.index import scan_split
+from hpctrain.trainer.dataset_gen import make_dataset
+from tests.squashfs_tools import require_mount, require_pack_tools
+
+HANG_GUARD_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tree") / "data"
+    make_dataset(root, classes=3, per_class=6, val_per_class=3, image_size=24)
+    return root
+
+
+@pytest.fixture(scope="module")
+def image(tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    require_pack_tools()
+    out = tmp_path_factory.mktemp("image") / "data.sqsh"
+    pack.pack(tree, out, log=lambda line: None)
+    return out
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return isolated_env(tmp_path)
+
+
+def _index(image: Path, tmp_path: Path) -> dict:
+    done = subprocess.run(
+        ["unsquashfs", "-d", str(tmp_path / "x"), str(image), squashfs.INDEX_NAME], capture_output=True, check=True
+    )
+    assert done.returncode == 0
+    return json.loads((tmp_path / "x" / squashfs.INDEX_NAME).read_text())
+
+
+# ------------------------------------------------------------------ pack
+
+
+def test_pack_writes_the_tree_and_its_index_and_says_what_it_did(tree: Path, tmp_path: Path, env) -> None:
+    require_pack_tools()
+    out = tmp_path / "out.sqsh"
+    done = hpctrain("pack", str(tree), str(out), env=env)
+    assert done.returncode == 0, done.stderr
+    files = sum(1 for p in tree.rglob("*") if p.is_file())
+    assert f"packed {files} files" in done.stdout and " s" in done.stdout and "MiB" in done.stdout
+    assert squashfs.is_image(out) and squashfs.check_image(out) == []
+    assert not [p for p in tmp_path.iterdir() if p.name != "out.sqsh"]  # no temporary left behind
+    index = _index(out, tmp_path)
+    for split in ("train", "val"):
+        scanned = scan_split(tree / split)
+        assert index["splits"][split]["classes"] == scanned.classes
+        assert [tuple(s) for s in index["splits"][split]["samples"]] == scanned.samples
+
+
+def test_pack_refuses_an_existing_out_and_force_replaces_it(tree: Path, tmp_path: Path, env) -> None:
+    require_pack_tools()
+    out = tmp_path / "out.sqsh"
+    out.write_text("mine")
+    assert_user_error(hpctrain("pack", str(tree), str(out), env=env), 2, str(out), "--force")
+    assert out.read_text() == "mine"
+    assert hpctrain("pack", str(tree), str(out), "--force", env=env).returncode == 0
+    assert squashfs.is_image(out)
+
+
+def test_a_failed_pack_leaves_the_old_image_and_no_temporary(tree: Path, tmp_path: Path, env) -> None:
+    require_pack_tools()
+    out = tmp_path / "out.sqsh"
+    out.write_text("mine")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "mksquashfs").write_text("#!/bin/sh\necho 'FATAL ERROR: disk on fire' >&2\nexit 1\n")
+    (fake / "mksquashfs").chmod(0o755)
+    env["PATH"] = f"{fake}:{env['PATH']}"
+    done = hpctrain("pack", str(tree), str(out), "--force", env=env)
+    assert_user_error(done, 2, "disk on fire")
+    assert out.read_text() == "mine"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".hpctrain-pack")]
+
+
+@pytest.mark.parametrize("case", ["no-val", "no-folder", "inside", "no-mksquashfs"])
+def test_pack_bad_input_is_one_line_and_writes_nothing(case: str, tree: Path, tmp_path: Path, env) -> None:
+    root, out = tree, tmp_path / "out.sqsh"
+    needle = {"no-val": "val/", "no-folder": "not a folder", "inside": "inside", "no-mksquashfs": "squashfs-tools"}
+    if case == "no-val":
+        root = tmp_path / "half"
+        (root / "train" / "a").mkdir(parents=True)
+    elif case == "no-folder":
+        root = tmp_path / "nothing"
+    elif case == "inside":
+        out = tree / "data.sqsh"
+    else:
+        env["PATH"] = str(tmp_path)  # no squashfs-tools there
+    done = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "pack", str(root), str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert_user_error(done, 2, needle[case])
+    assert len(done.stderr.strip().splitlines()) == 2  # error + hint
+    assert not out.exists()
+
+
+def test_pack_refuses_when_the_disk_is_too_small(tree: Path, tmp_path: Path, monkeypatch) -> None:
+    require_pack_tools()
+    monkeypatch.setattr(pack.shutil, "disk_usage", lambda path: SimpleNamespace(total=100, used=90, free=10))
+    with pytest.raises(pack.PackError, match="GiB free") as caught:
+        pack.pack(tree, tmp_path / "out.sqsh", log=lambda line: None)
+    assert str(tmp_path) in caught.value.message
+    assert not (tmp_path / "out.sqsh").exists()
+
+
+def test_pack_lists_unreadable_files_and_strict_refuses(tree: Path, tmp_path: Path) -> None:
+    require_pack_tools()
+    root = tmp_path / "data"
+    make_dataset(root, classes=2, per_class=3, val_per_class=2, image_size=16)
+    (root / "train" / "class_00" / "zz_gone.jpg").symlink_to("/nonexistent/x.jpg")
+    lines: list[str] = []
+    with pytest.raises(pack.PackError, match="cannot go into the image"):
+        pack.pack(root, tmp_path / "strict.sqsh", strict=True, log=lines.append)
+    assert any("zz_gone.jpg" in line for line in lines) and not (tmp_path / "strict.sqsh").exists()
+    result = pack.pack(root, tmp_path / "out.sqsh", log=lines.append)
+    assert [rel for rel, _ in result.skipped] == ["train/class_00/zz_gone.jpg"]
+    samples = [rel for rel, _ in _index(tmp_path / "out.sqsh", tmp_path)["splits"]["train"]["samples"]]
+    assert "class_00/zz_gone.jpg" not in samples and len(samples) == 6
+
+
+def test_pack_imports_no_torch(tree: Path, tmp_path: Path, env) -> None:
+    require_pack_tools()
+    done = hpctrain("pack", str(tree), str(tmp_path / "o.sqsh"), env=env, importtime=True)
+    assert done.returncode == 0
+    assert not [line for line in done.stderr.splitlines() if "torch" in line]
+
+
+# ------------------------------------------------------------------ checks before a job
+
+
+def test_image_checks_name_the_path_and_the_fix(image: Path, tmp_path: Path) -> None:
+    assert squashfs.check_image(image) == []
+    not_image = tmp_path / "notes.sqsh"
+    not_image.write_bytes(b"PK\x03\x04" + b"\0" * 200)
+    cut = tmp_path / "cut.sqsh"
+    cut.write_bytes(image.read_bytes()[:4096])
+    half = tmp_path / "half"
+    (half / "train" / "a").mkdir(parents=True)
+    (half / "train" / "a" / "x.jpg").write_bytes(b"x")
+    no_val = tmp_path / "noval.sqsh"
+    subprocess.run(["mksquashfs", str(half), str(no_val), "-no-progress"], capture_output=True, check=True)
+    for path, needle in ((not_image, "not a SquashFS image"), (cut, "truncated"), (no_val, "no val/")):
+        (problem,) = squashfs.check_image(path)
+        assert needle in problem.message and str(path) in problem.message and problem.hint
+
+
+def test_validate_reads_an_image_root_and_fails_on_a_broken_one(image: Path, tmp_path: Path, env) -> None:
+    good = hpctrain("validate", "jobs/quickstart.yaml", "--set", f"data.root={image}", env=env)
+    assert good.returncode == 0, good.stderr
+    cut = tmp_path / "cut.sqsh"
+    cut.write_bytes(image.read_bytes()[:4096])
+    bad = hpctrain("validate", "jobs/quickstart.yaml", "--set", f"data.root={cut}", env=env)
+    assert bad.returncode == 2 and "truncated" in bad.stderr and str(cut) in bad.stderr
+    assert "Traceback" not in bad.stderr and "OK" not in bad.stdout
+
+
+def test_preflight_warns_what_mounting_needs(image: Path, monkeypatch) -> None:
+    from hpctrain import preflight
+
+    monkeypatch.setattr(squashfs.shutil, "which", lambda name: None if name == "squashfuse" else f"/usr/bin/{name}")
+    monkeypatch.setattr(squashfs.os.path, "exists", lambda path: path != "/dev/fuse")
+    findings = preflight.check_data_image(image, "train", "val")
+    assert [f.level for f in findings] == ["warning", "warning"]
+    assert "squashfuse is not installed" in findings[0].message and "apt install squashfuse" in findings[0].message
+    assert "/dev/fuse" in findings[1].message
+
+
+def test_doctor_accepts_an_image_root(image: Path) -> None:
+    from hpctrain import doctor
+    from hpctrain.spec.load import load_job
+
+    job = load_job(REPO / "jobs" / "quickstart.yaml", [f"data.root={image}"])
+    checks = {c.name: c for c in doctor.check_paths(job, slurm_backend=False)}
+    assert checks["dataset"].level == "ok" and "SquashFS image" in checks["dataset"].detail
+    assert doctor.measured_split(job) is None  # --probe measures no tree: each node reads the one file
+
+
+# ------------------------------------------------------------------ a node's mount, and its release
+
+TASK = """
+import sys, time
+from pathlib import Path
+from hpctrain.dataset.mount import open_image
+point = open_image(Path(sys.argv[1]), Path(sys.argv[2]), is_node_leader=sys.argv[3] == "1",
+                   stage=sys.argv[4] == "1", environ={"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": sys.argv[5]})
+print("POINT", point, sorted(p.name for p in point.iterdir()), flush=True)
+time.sleep(600)
+"""
+
+
+def _task(image: Path, stage_dir: Path, *, leader: bool, stage: bool = False, attempt: int = 0) -> subprocess.Popen:
+    args = [str(image), str(stage_dir), "1" if leader else "0", "1" if stage else "0", str(attempt)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, "-c", TASK, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+
+
+def _point(task: subprocess.Popen) -> Path:
+    assert task.stdout is not None
+    for line in task.stdout:
+        if line.startswith("POINT"):
+            assert "train" in line and "val" in line and squashfs.INDEX_NAME in line
+            return Path(line.split()[1])
+    raise AssertionError(f"the task did not mount: {task.stderr.read() if task.stderr else ''}")
+
+
+def _wait_unmounted(point: Path) -> None:
+    deadline = time.monotonic() + HANG_GUARD_S
+    while mount.is_mounted(point) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not mount.is_mounted(point), f"{point} is still in /proc/mounts"
+
+
+def _kill(task: subprocess.Popen) -> None:
+    task.send_signal(signal.SIGKILL)
+    task.wait(timeout=HANG_GUARD_S)
+
+
+def test_a_node_mounts_once_and_unmounts_after_its_last_task_is_killed(image: Path, tmp_path: Path) -> None:
+    require_mount()
+    leader = _task(image, tmp_path, leader=True)
+    point = _point(leader)
+    other = _task(image, tmp_path, leader=False)
+    assert _point(other) == point
+    assert mount.is_mounted(point)
+    _kill(leader)
+    time.sleep(1.0)  # the watcher has seen the leader go; the other task still reads
+    assert mount.is_mounted(point) and (point / "train").is_dir()
+    _kill(other)
+    _wait_unmounted(point)
+    squashfuse = subprocess.run(["pgrep", "-f", f"squashfuse -f .* {point}"], capture_output=True, text=True)
+    assert squashfuse.stdout.strip() == ""
+
+
+def test_a_stale_mount_of_an_earlier_attempt_is_unmounted_first(image: Path, tmp_path: Path) -> None:
+    require_mount()
+    first = _task(image, tmp_path, leader=True, attempt=0)
+    old = _point(first)
+    base = old.parent
+    ready = json.loads((base / "READY-0").read_text())
+    # The whole node dies at once: the watcher and squashfuse too, the mount stays behind, stale.
+    watcher = subprocess.run(["pgrep", "-f", "--", f"--unmount {old}"], capture_output=True, text=True).stdout.split()
+    for pid in [*watcher, str(ready["pid"])]:
+        os.kill(int(pid), signal.SIGKILL)
+    _kill(first)
+    assert mount.is_mounted(old)
+    second = _task(image, tmp_path, leader=True, attempt=1)
+    new = _point(second)
+    assert new != old and not mount.is_mounted(old)
+    _kill(second)
+    _wait_unmounted(new)
+
+
+def test_a_follower_gets_the_leaders_error(tmp_path: Path) -> None:
+    require_mount()
+    bogus = tmp_path / "bogus.sqsh"
+    bogus.write_bytes(b"hsqs" + b"\0" * 20)
+    with pytest.raises(squashfs.ImageError, match="truncated"):
+        mount.open_image(bogus, tmp_path, is_node_leader=True, stage=False, environ={"SLURM_JOB_ID": "5"})
+    with pytest.raises(squashfs.ImageError, match="truncated"):
+        mount.open_image(
+            bogus, tmp_path, is_node_leader=False, stage=False, environ={"SLURM_JOB_ID": "5"}, timeout_s=30
+        )
+
+
+def test_stage_copies_the_image_once_and_resumes_a_cut_copy(image: Path, tmp_path: Path) -> None:
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    size = image.stat().st_size
+    first = mount.copy_image(image, stage, log=lambda line: None)
+    assert first.read_bytes() == image.read_bytes()
+    first.rename(first.with_name(first.name + ".part"))  # a copy cut off ...
+    with open(first.with_name(first.name + ".part"), "r+b") as part:
+        part.truncate(size // 2)
+    lines: list[str] = []
+    again = mount.copy_image(image, stage, log=lines.append)
+    assert again == first and again.read_bytes() == image.read_bytes()
+    assert any(f"from byte {size // 2}" in line for line in lines)  # ... is resumed, not redone
+    assert mount.copy_image(image, stage, log=lines.append) == first and "staged already" in lines[-1]
+
+
+def test_attempt_names_keep_jobs_array_tasks_and_attempts_apart() -> None:
+    assert mount.attempt_names({"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "2"}) == ("12", "2")
+    assert mount.attempt_names({"SLURM_JOB_ID": "13"}) == ("13", "0")
+    assert mount.attempt_names({"TORCHELASTIC_RUN_ID": "a/b", "TORCHELASTIC_RESTART_COUNT": "1"}) == ("a_b", "1")
+    assert mount.attempt_names({})[0].startswith("pid")
+
+
+def test_is_mounted_reads_escaped_paths(tmp_path: Path) -> None:
+    table = tmp_path / "mounts"
+    table.write_text("squashfuse /tmp/a\\040b fuse.squashfuse rw 0 0\n")
+    assert mount.is_mounted(Path("/tmp/a b"), str(table))
+    assert not mount.is_mounted(Path("/tmp/a"), str(table))
+
+
+def test_apptainer_tasks_get_the_image_as_an_image_backed_bind(image: Path) -> None:
+    import shlex
+
+    from hpctrain.spec.load import load_job
+    from hpctrain.submission import task_python
+
+    job = load_job(REPO / "jobs" / "smoke_apptainer_cpu.yaml", [f"data.root={image}"])
+    command = shlex.split(task_python(job.spec))
+    binds = [command[i + 1] for i, arg in enumerate(command) if arg == "--bind"]
+    assert f"{image}:{squashfs.APPTAINER_BIND}:image-src=/" in binds
+    assert command[command.index("--env") + 1] == f"{squashfs.BIND_ENV}={squashfs.APPTAINER_BIND}"
+    assert command.index("--env") < command.index(job.spec.container.image)  # apptainer's options, not the task's
+    folder = load_job(REPO / "jobs" / "smoke_apptainer_cpu.yaml", [f"data.root={image.parent}"])
+    assert "image-src" not in task_python(folder.spec) and "--env" not in task_python(folder.spec)
+
+
+def test_a_task_reads_the_containers_bind_instead_of_mounting(image: Path, tmp_path: Path, monkeypatch) -> None:
+    from data_helpers import data_spec
+
+    from hpctrain.trainer.data import build_datasets
+
+    bound = tmp_path / "bound"
+    subprocess.run(["unsquashfs", "-d", str(bound), str(image)], capture_output=True, check=True)
+    monkeypatch.setenv(squashfs.BIND_ENV, str(bound))
+    monkeypatch.setattr(mount, "open_image", lambda *a, **k: pytest.fail("mounted although the container had"))
+    train, val = build_datasets(data_spec(image))
+    assert train is not None and train.index.root == str(bound / "train") and len(val.index.samples) == 9
+
+
+@pytest.mark.parametrize(
+    "samples", [[["../../etc/passwd", 0]], [["/etc/passwd", 0]], [["a/x.jpg", 5]], [["a/x.jpg", "0"]]], ids=str
+)
+def test_an_index_that_leaves_its_split_or_lies_is_refused(samples: list, tmp_path: Path) -> None:
+    index = {"splits": {"train": {"classes": ["a"], "samples": samples}}}
+    (tmp_path / squashfs.INDEX_NAME).write_text(json.dumps(index))
+    with pytest.raises(squashfs.ImageError, match="malformed") as caught:
+        mount.packed_index(tmp_path)
+    assert "pack the dataset again" in caught.value.hint
+    assert mount.packed_index(tmp_path / "nothing-here") is None
+
+
+def test_a_terminated_pack_removes_its_temporary_and_keeps_the_old_image(tree: Path, tmp_path: Path, env) -> None:
+    require_pack_tools()
+    out = tmp_path / "out.sqsh"
+    out.write_text("mine")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "mksquashfs").write_text("#!/bin/sh\nexec sleep 60\n")
+    (fake / "mksquashfs").chmod(0o755)
+    env["PATH"] = f"{fake}:{env['PATH']}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "pack", str(tree), str(out), "--force"], cwd=REPO, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not list(tmp_path.glob(".hpctrain-pack-*/.hpctrain-index.json")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=HANG_GUARD_S)
+    assert proc.returncode != 0
+    assert out.read_text() == "mine" and not list(tmp_path.glob(".hpctrain-pack-*"))
+
+
+def test_release_never_signals_a_process_that_is_not_that_mounts_squashfuse(tmp_path: Path) -> None:
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        assert mount.release(tmp_path / "mnt", sleeper.pid, grace_s=0.1)  # nothing mounted there: done
+        assert sleeper.poll() is None  # a PID that is not squashfuse on that mount point is left alone
+    finally:
+        sleeper.kill()
+        sleeper.wait()
