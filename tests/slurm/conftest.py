@@ -13,6 +13,8 @@ this tier. Tests marked `slurm_contract` are the subset every version must pass
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -32,9 +34,23 @@ UP_TIMEOUT_S = 300  # includes an apt-get install on a bare machine
 # Building a newer version's root filesystem (first use only) adds ~30 s with a good mirror.
 FIRST_UP_TIMEOUT_S = 1800
 SLURM_VERSION_ENV = "HPCTRAIN_TEST_SLURM"
-DEFAULT_SLURM = "22.05"
 # slurm-cluster's exit status when the version's root filesystem cannot be made here.
 ROOTFS_UNAVAILABLE = 4
+
+
+def _cluster_script_module() -> object:
+    """tests/cluster/slurm-cluster as a module (it owns the list of offered Slurm versions)."""
+    loader = importlib.machinery.SourceFileLoader("slurm_cluster_script", str(SCRIPT))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+_SCRIPT_MODULE = _cluster_script_module()
+DEFAULT_SLURM: str = _SCRIPT_MODULE.DEFAULT_SLURM  # type: ignore[attr-defined]
+SLURM_VERSIONS: dict[str, str | None] = _SCRIPT_MODULE.SLURM_VERSIONS  # type: ignore[attr-defined]
 
 # sacct's terminal states; "CANCELLED by 0" is normalised to "CANCELLED".
 FINAL_STATES = frozenset(
@@ -215,6 +231,11 @@ def _keep_cluster() -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    wanted = os.environ.get(SLURM_VERSION_ENV, "")
+    if wanted and wanted not in SLURM_VERSIONS:
+        raise pytest.UsageError(
+            f"{SLURM_VERSION_ENV}={wanted} is not offered; choose one of {', '.join(SLURM_VERSIONS)}"
+        )
     config.addinivalue_line("markers", "slurm: end-to-end test against the Slurm test cluster")
     config.addinivalue_line(
         "markers", "slurm_contract: the Slurm tests every supported Slurm version must pass (the CI matrix's subset)"
