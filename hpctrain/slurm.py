@@ -117,6 +117,12 @@ def parse_max_array_size(config: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def parse_version(text: str) -> tuple[int, int] | None:
+    """``slurm 24.11.5`` (any client's ``--version``; Debian says ``slurm-wlm``) -> (24, 11); None if absent."""
+    match = re.search(r"(?:^|\s)(\d{2})\.(\d{2})(?:\.\d+)?", text)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
 def parse_partitions(output: str) -> dict[str, dict[str, str]]:
     """``scontrol -o show partition`` -> {name: {"MaxTime": ..., "Default": ..., "State": ...}}."""
     partitions = {}
@@ -308,6 +314,14 @@ def processes_may_run(job_id: str, *, runner: Runner = subprocess.run) -> bool:
 def show_job(job_id: str, *, runner: Runner = subprocess.run, timeout_s: float = COMMAND_TIMEOUT_S) -> dict[str, str]:
     """The job's record from slurmctld (``scontrol show job``); raises SlurmCommandError."""
     return parse_job_record(run_slurm(show_job_command(job_id), timeout_s=timeout_s, runner=runner))
+
+
+def client_version(*, runner: Runner = subprocess.run) -> tuple[int, int] | None:
+    """This machine's Slurm release, (major, minor), from ``scontrol --version``; None when unknown."""
+    try:
+        return parse_version(run_slurm(["scontrol", "--version"], timeout_s=10.0, runner=runner))
+    except ClusterError:
+        return None
 
 
 def kill_wait_s() -> float:

@@ -27,6 +27,17 @@ job that ``scancel`` is ending (COMPLETING) *revives* it. Hence rank 0 looks
 at the job (``scontrol show job``: JobState, PreemptTime, Restarts) before it
 requeues anything.
 
+Slurm 24.05 changed this (SchedMD commit a689104, "Treat jobs completing
+after being signalled for GraceTime as preempted"; measured on 24.11.5 and
+26.05.5): the preemption's SIGTERM also sets a job flag, and a job whose
+batch script ends while that flag is set is requeued by Slurm at once
+(``PreemptMode=REQUEUE``) and the flag cleared. Only that path clears it: a
+job requeued by ``scontrol requeue`` during the grace time, or by Slurm at
+its end, keeps the flag, and its *next* run is requeued once more when it
+completes (``requeue ... per user/system request``), or ends PREEMPTED
+instead of COMPLETED. So from 24.05 on rank 0 does not requeue a preempting
+job: every rank exits and Slurm requeues it (:data:`GRACE_EXIT_REQUEUES_FROM`).
+
 Exit protocol, from submitit 1.5.4's source:
 
 * ``submitit/core/submission.py::process_job`` loads ``<id>_submitted.pkl``,
@@ -80,6 +91,8 @@ Decision = Literal["requeue-self", "slurm-requeues", "stop"]
 JobPhase = Literal["running", "preempting", "requeued", "ended", "unknown"]
 
 SCONTROL_TIMEOUT_S = 60.0
+# From this Slurm release on, a job that ends during its preemption grace time is requeued by Slurm.
+GRACE_EXIT_REQUEUES_FROM = (24, 5)
 REQUEUE_ATTEMPTS = 3
 REQUEUE_RETRY_DELAY_S = 2.0
 # Rank 0's outcome, shared by an all-reduce MAX: other ranks send EXIT (0).
@@ -190,17 +203,24 @@ def decide_after_stop(
 
 
 def rank_zero_action(
-    decision: Decision, phase: JobPhase, cancel_requested: bool
+    decision: Decision,
+    phase: JobPhase,
+    cancel_requested: bool,
+    slurm_version: tuple[int, int] | None = None,
 ) -> Literal["requeue", "exit", "wait", "finish"]:
     """What rank 0 does for ``decision`` given where the job is. Pure.
 
     Requeue only a job that is still running: never one being cancelled,
-    ended by its time limit, or already requeued.
+    ended by its time limit, or already requeued. ``slurm_version`` matters
+    only while the job is preempting (see the module docstring); unknown
+    means "before 24.05".
     """
     if decision == "stop" or cancel_requested or phase == "ended":
         return "finish"
     if phase == "requeued":
         return "exit"
+    if phase == "preempting" and slurm_version is not None and slurm_version >= GRACE_EXIT_REQUEUES_FROM:
+        return "exit"  # Slurm requeues a job that ends in its grace time; requeueing it ourselves would not
     if decision == "requeue-self":
         return "requeue"  # running, preempting, or unknown: scontrol will say if it cannot
     if phase == "preempting":
@@ -259,8 +279,10 @@ def _rank_zero_outcome(
 ) -> tuple[int, ClusterError | None]:
     cancel = stop.cancel_requested()
     phase: JobPhase = "unknown" if cancel else job_phase(show_job(env.slurm_job_id, run=run), env.restart_count)
-    action = rank_zero_action(decision, phase, cancel)
-    log.info("job is %s%s: %s", phase, " and being cancelled" if cancel else "", action)
+    version = slurm.client_version(runner=run) if phase == "preempting" else None
+    action = rank_zero_action(decision, phase, cancel, version)
+    shown = f" (Slurm {version[0]}.{version[1]:02d})" if version else ""
+    log.info("job is %s%s%s: %s", phase, shown, " and being cancelled" if cancel else "", action)
     if action != "requeue":
         return {"exit": EXIT, "wait": WAIT, "finish": FINISH}[action], None
     try:

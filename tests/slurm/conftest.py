@@ -1,14 +1,20 @@
 """The Slurm end-to-end tier: every test here runs against a real multi-node cluster.
 
 The session fixture `slurm_cluster` starts the cluster with
-`tests/cluster/slurm-cluster up` (2 nodes, proctrack/cgroup) and stops it at the
+`tests/cluster/slurm-cluster up` (2 nodes, proctrack/cgroup, Slurm
+$HPCTRAIN_TEST_SLURM: 22.05 by default, or 24.11 / 26.05) and stops it at the
 end of the session, unless it was already up before the session or
-HPCTRAIN_KEEP_CLUSTER=1. Without root or namespaces the tier is skipped, except
-under CI (env CI set), where that is a failure: CI must run this tier.
+HPCTRAIN_KEEP_CLUSTER=1. Without root or namespaces, or where that Slurm
+version's root filesystem cannot be made (no package registry), the tier is
+skipped, except under CI (env CI set), where that is a failure: CI must run
+this tier. Tests marked `slurm_contract` are the subset every version must pass
+(`-m slurm_contract`).
 """
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -25,6 +31,26 @@ REPO_ROOT = HERE.parents[1]
 SCRIPT = REPO_ROOT / "tests" / "cluster" / "slurm-cluster"
 DEFAULT_STATE_DIR = "/tmp/hpctrain-slurm"
 UP_TIMEOUT_S = 300  # includes an apt-get install on a bare machine
+# Building a newer version's root filesystem (first use only) adds ~30 s with a good mirror.
+FIRST_UP_TIMEOUT_S = 1800
+SLURM_VERSION_ENV = "HPCTRAIN_TEST_SLURM"
+# slurm-cluster's exit status when the version's root filesystem cannot be made here.
+ROOTFS_UNAVAILABLE = 4
+
+
+def _cluster_script_module() -> object:
+    """tests/cluster/slurm-cluster as a module (it owns the list of offered Slurm versions)."""
+    loader = importlib.machinery.SourceFileLoader("slurm_cluster_script", str(SCRIPT))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+_SCRIPT_MODULE = _cluster_script_module()
+DEFAULT_SLURM: str = _SCRIPT_MODULE.DEFAULT_SLURM  # type: ignore[attr-defined]
+SLURM_VERSIONS: dict[str, str | None] = _SCRIPT_MODULE.SLURM_VERSIONS  # type: ignore[attr-defined]
 
 # sacct's terminal states; "CANCELLED by 0" is normalised to "CANCELLED".
 FINAL_STATES = frozenset(
@@ -62,6 +88,7 @@ class SlurmCluster:
     nodes: list[str]
     env: dict[str, str]
     proctrack: str = "cgroup"
+    slurm: str = DEFAULT_SLURM
     script: Path = field(default=SCRIPT)
 
     def run(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -110,14 +137,14 @@ class SlurmCluster:
         )
 
     def release(self, job_id: str) -> None:
-        """Start a requeued job now; Slurm 22.05 otherwise holds it ~120 s (Reason=BeginTime)."""
+        """Start a requeued job now; Slurm otherwise holds it ~120 s (Reason=BeginTime; 22.05 to 26.05)."""
         self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
 
     def set_proctrack(self, mode: str) -> None:
         """Restart the cluster with ProctrackType=proctrack/<mode>; no-op if already so."""
         if mode not in ("cgroup", "linuxproc"):
             raise ValueError(f"proctrack must be 'cgroup' or 'linuxproc', not {mode!r}")
-        _script("up", "--nodes", str(len(self.nodes)), "--proctrack", mode, "--state-dir", str(self.state_dir))
+        _script("up", *_up_args(self.slurm, len(self.nodes), mode, self.state_dir))
         self.proctrack = mode
 
     def stop_controller(self) -> None:
@@ -130,9 +157,7 @@ class SlurmCluster:
 
     def repair(self) -> None:
         """Start whatever daemon is missing (``slurm-cluster up`` repairs a partly-up cluster)."""
-        _script(
-            "up", "--nodes", str(len(self.nodes)), "--proctrack", self.proctrack, "--state-dir", str(self.state_dir)
-        )
+        _script("up", *_up_args(self.slurm, len(self.nodes), self.proctrack, self.state_dir))
 
     def log_tail(self, n: int = 50) -> str:
         """The last `n` lines of every daemon log, for failure messages."""
@@ -171,6 +196,10 @@ def _script(*args: str, timeout: float = UP_TIMEOUT_S, ok: tuple[int, ...] = (0,
     return proc
 
 
+def _up_args(slurm: str, nodes: int, proctrack: str, state_dir: Path) -> list[str]:
+    return ["--slurm", slurm, "--nodes", str(nodes), "--proctrack", proctrack, "--state-dir", str(state_dir)]
+
+
 def _why_no_cluster() -> str | None:
     if os.geteuid() != 0:
         return "the Slurm test cluster needs root (namespaces, /etc/hosts)"
@@ -191,12 +220,26 @@ def _client_env(state_dir: Path) -> dict[str, str]:
     return env
 
 
+def _skip_or_fail(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must run the Slurm tier, but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 def _keep_cluster() -> bool:
     return os.environ.get("HPCTRAIN_KEEP_CLUSTER", "") not in ("", "0")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    wanted = os.environ.get(SLURM_VERSION_ENV, "")
+    if wanted and wanted not in SLURM_VERSIONS:
+        raise pytest.UsageError(
+            f"{SLURM_VERSION_ENV}={wanted} is not offered; choose one of {', '.join(SLURM_VERSIONS)}"
+        )
     config.addinivalue_line("markers", "slurm: end-to-end test against the Slurm test cluster")
+    config.addinivalue_line(
+        "markers", "slurm_contract: the Slurm tests every supported Slurm version must pass (the CI matrix's subset)"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -211,21 +254,24 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     global _cluster
     reason = _why_no_cluster()
     if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the Slurm tier, but {reason}", pytrace=False)
-        pytest.skip(reason)
+        _skip_or_fail(reason)
 
+    slurm = os.environ.get(SLURM_VERSION_ENV, "") or DEFAULT_SLURM
     state_dir = Path(os.environ.get("HPCTRAIN_SLURM_STATE", DEFAULT_STATE_DIR)).resolve()
-    was_up = _script("status", "--state-dir", str(state_dir), timeout=60, ok=(0, 1, 3)).returncode == 0
+    status = _script("status", "--state-dir", str(state_dir), timeout=60, ok=(0, 1, 3))
+    was_up = status.returncode == 0 and f"slurm={slurm} " in status.stdout
     nodes = ["n1", "n2"]
     try:
-        _script("up", "--nodes", str(len(nodes)), "--proctrack", "cgroup", "--state-dir", str(state_dir))
+        up_args = _up_args(slurm, len(nodes), "cgroup", state_dir)
+        up = _script("up", *up_args, timeout=FIRST_UP_TIMEOUT_S, ok=(0, ROOTFS_UNAVAILABLE))
     except RuntimeError as exc:
         if not _keep_cluster():
             _script("down", "--state-dir", str(state_dir), timeout=120)
         pytest.fail(str(exc), pytrace=False)
+    if up.returncode == ROOTFS_UNAVAILABLE:
+        _skip_or_fail(f"Slurm {slurm} is not available here: {up.stderr.strip()}")
 
-    _cluster = SlurmCluster(state_dir=state_dir, nodes=nodes, env=_client_env(state_dir))
+    _cluster = SlurmCluster(state_dir=state_dir, nodes=nodes, env=_client_env(state_dir), slurm=slurm)
     try:
         yield _cluster
     finally:

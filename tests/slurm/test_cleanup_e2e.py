@@ -102,6 +102,7 @@ def test_setsid_escapee_survives_scancel_under_linuxproc(linuxproc: SlurmCluster
                 pass
 
 
+@pytest.mark.slurm_contract
 def test_hpctrain_cancel_leaves_nothing_and_the_run_resumes(linuxproc: SlurmCluster, workspace: Workspace) -> None:
     run = submit(
         workspace,
@@ -138,6 +139,7 @@ def test_hpctrain_cancel_leaves_nothing_and_the_run_resumes(linuxproc: SlurmClus
     assert left == [], f"left behind by the resumed job {new_job}:\n{describe(left)}"
 
 
+@pytest.mark.slurm_contract
 def test_plain_scancel_leaves_nothing(linuxproc: SlurmCluster, workspace: Workspace) -> None:
     run = submit(workspace, "name=scancel_under_linuxproc", f"entrypoint={ENTRYPOINT_MODULE}:escape_and_wait")
     leaked = wait_for(

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
 import submitit
 
 from . import jobfuncs
@@ -33,11 +34,13 @@ def _results(job: submitit.Job, cluster: SlurmCluster, timeout: float = 60) -> l
     return job.results()
 
 
+@pytest.mark.slurm_contract
 def test_srun_spans_two_named_nodes(slurm_cluster: SlurmCluster) -> None:
     out = slurm_cluster.run("srun", "-N2", "hostname").stdout.split()
     assert sorted(out) == ["n1", "n2"]
 
 
+@pytest.mark.slurm_contract
 def test_partitions_preempt_by_priority_tier(slurm_cluster: SlurmCluster) -> None:
     debug = slurm_cluster.run("scontrol", "show", "partition", "debug").stdout
     urgent = slurm_cluster.run("scontrol", "show", "partition", "urgent").stdout
@@ -46,6 +49,7 @@ def test_partitions_preempt_by_priority_tier(slurm_cluster: SlurmCluster) -> Non
     assert "PriorityTier=10 " in urgent and "PreemptMode=OFF" in urgent
 
 
+@pytest.mark.slurm_contract
 def test_submitit_two_nodes_two_tasks_each(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     executor = _executor(tmp_path, nodes=2, ntasks_per_node=2)
     job = executor.submit(jobfuncs.whoami)
@@ -55,6 +59,7 @@ def test_submitit_two_nodes_two_tasks_each(slurm_cluster: SlurmCluster, tmp_path
     assert sorted(r["localid"] for r in results) == [0, 0, 1, 1]
 
 
+@pytest.mark.slurm_contract
 def test_array_tasks_have_distinct_job_ids(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     executor = _executor(tmp_path, nodes=1, ntasks_per_node=1)
     jobs = executor.map_array(jobfuncs.whoami_indexed, [0, 1, 2])
@@ -64,6 +69,7 @@ def test_array_tasks_have_distinct_job_ids(slurm_cluster: SlurmCluster, tmp_path
     assert len({r["job_id"] for r in results}) == 3
 
 
+@pytest.mark.slurm_contract
 def test_sacct_reports_completed_and_failed(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     ok = slurm_cluster.sbatch(f"--chdir={tmp_path}", "--wrap", "true")
     bad = slurm_cluster.sbatch(f"--chdir={tmp_path}", "--wrap", "exit 1")
@@ -71,12 +77,14 @@ def test_sacct_reports_completed_and_failed(slurm_cluster: SlurmCluster, tmp_pat
     assert slurm_cluster.wait_state(bad) == "FAILED"
 
 
+@pytest.mark.slurm_contract
 def test_jobs_resolve_node_names(slurm_cluster: SlurmCluster) -> None:
     # torch's TCPStore connects to the master by name: every node must resolve every node.
     out = slurm_cluster.run("srun", "-N2", "getent", "hosts", "n1", "n2").stdout
     assert out.count("10.213.7.11") == 2 and out.count("10.213.7.12") == 2
 
 
+@pytest.mark.slurm_contract
 def test_processes_with_env_sees_job_processes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     job_id = slurm_cluster.sbatch(f"--chdir={tmp_path}", "-N2", "--wrap", "srun sleep 30")
     try:

@@ -14,6 +14,8 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
+
 from hpctrain.heartbeats import read_heartbeats
 from hpctrain.rundir import read_summary, stack_dump_path
 from hpctrain.runtime.hang import HANG_EXIT_CODE
@@ -31,6 +33,7 @@ STUCK_RANK = 2
 END_BUDGET_S = HANG_TIMEOUT_S + 60  # from the job's start: the watchdog, not gloo's 300 s, ends it
 
 
+@pytest.mark.slurm_contract
 def test_a_hung_rank_is_named_and_the_job_fails_fast(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     env = cli_env(slurm_cluster, tmp_path / "state")
     name = f"hang-{uuid.uuid4().hex[:6]}"

@@ -67,6 +67,7 @@ def reference_weights(slurm_cluster: SlurmCluster, workspace: Workspace) -> str:
     return summary["weights_sha256"]
 
 
+@pytest.mark.slurm_contract
 def test_requeue_then_preemption_resumes_bit_identically(
     slurm_cluster: SlurmCluster, workspace: Workspace, reference_weights: str, tmp_path: Path
 ) -> None:
@@ -109,6 +110,7 @@ def test_requeue_then_preemption_resumes_bit_identically(
     )
 
 
+@pytest.mark.slurm_contract
 def test_cancel_settles_before_it_returns_and_an_immediate_resume_continues_exactly(
     workspace: Workspace, reference_weights: str
 ) -> None:
@@ -139,6 +141,7 @@ def test_cancel_settles_before_it_returns_and_an_immediate_resume_continues_exac
     assert final["weights_sha256"] == reference_weights, task_logs(run.run_dir)
 
 
+@pytest.mark.slurm_contract
 def test_killed_rank_fails_the_job_and_is_named(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
     run = submit(workspace, "name=killed_rank")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)

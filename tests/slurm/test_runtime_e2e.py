@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
 from submitit.core.utils import pickle_load
 
 from .entrypoints import ENTRYPOINT_MODULE
@@ -69,6 +70,7 @@ def parse_rank_table(text: str) -> list[dict[str, str]]:
     return rows
 
 
+@pytest.mark.slurm_contract
 def test_allreduce_entrypoint_runs_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     env = cli_env(slurm_cluster, tmp_path / "state")
     submitted = hpctrain(

@@ -27,6 +27,7 @@ def smoke_study(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFa
     return run_smoke_study(tmp_path_factory.mktemp("study_e2e"), slurm_cluster)
 
 
+@pytest.mark.slurm_contract
 def test_every_point_is_its_own_completed_job(slurm_cluster: SlurmCluster, smoke_study: SmokeStudy) -> None:
     smoke_study.check_submitted()
     record = json.loads((smoke_study.study_dir / "study.json").read_text())

@@ -75,6 +75,7 @@ def worker_pid(cluster: SlurmCluster, job_id: str, rank: int) -> int | None:
     return found[0] if len(found) == 1 else None
 
 
+@pytest.mark.slurm_contract
 def test_ranks_0_to_3_run_two_per_node(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
     run = submit(workspace, TORCHRUN, "name=torchrun_layout", f"entrypoint={ENTRYPOINT_MODULE}:rank_layout")
     assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
@@ -123,6 +124,7 @@ def test_timeout_requeue_and_preemption_resume_bit_identically(
     assert summary["weights_sha256"] == reference_weights, task_logs(run.run_dir)
 
 
+@pytest.mark.slurm_contract
 def test_hpctrain_cancel_leaves_no_process_on_either_node(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
     run = submit(workspace, TORCHRUN, "name=torchrun_cancelled")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)

@@ -64,16 +64,20 @@ REQUEUED = CANCELLING.replace("Restarts=0", "Restarts=1")
 
 
 class FakeRun:
-    """Stands in for subprocess.run: answers ``scontrol show job`` with ``show`` and
-    ``scontrol requeue`` from ``answers``: (returncode, output) pairs or exceptions."""
+    """Stands in for subprocess.run: answers ``scontrol show job`` with ``show``,
+    ``scontrol --version`` with ``version``, and ``scontrol requeue`` from
+    ``answers``: (returncode, output) pairs or exceptions."""
 
-    def __init__(self, *answers: Any, show: str | BaseException = RUNNING) -> None:
+    def __init__(self, *answers: Any, show: str | BaseException = RUNNING, version: str = "slurm-wlm 22.05.8") -> None:
         self.answers = list(answers)
         self.show = show
+        self.version = version
         self.calls: list[list[str]] = []
 
     def __call__(self, command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         self.calls.append(command)
+        if "--version" in command:
+            return subprocess.CompletedProcess(command, 0, stdout=self.version + "\n", stderr="")
         if "show" in command:
             if isinstance(self.show, BaseException):
                 raise self.show
@@ -249,6 +253,23 @@ def test_restarts_default_to_the_task_restart_count() -> None:
 )
 def test_rank_zero_action(decision: Any, phase: Any, cancel: bool, action: str) -> None:
     assert rank_zero_action(decision, phase, cancel) == action
+    assert rank_zero_action(decision, phase, cancel, (23, 11)) == action  # before 24.05: the same
+
+
+@pytest.mark.parametrize(
+    ("decision", "phase", "cancel", "action"),
+    [
+        ("slurm-requeues", "preempting", False, "exit"),  # Slurm requeues a job that ends in its grace time
+        ("requeue-self", "preempting", False, "exit"),
+        ("slurm-requeues", "preempting", True, "finish"),
+        ("requeue-self", "running", False, "requeue"),
+        ("slurm-requeues", "running", False, "finish"),
+        ("slurm-requeues", "unknown", False, "wait"),
+    ],
+)
+def test_rank_zero_action_from_slurm_24_05(decision: Any, phase: Any, cancel: bool, action: str) -> None:
+    assert rank_zero_action(decision, phase, cancel, (24, 5)) == action
+    assert rank_zero_action(decision, phase, cancel, (26, 5)) == action
 
 
 # --- finish_after_stop -------------------------------------------------------------
@@ -334,6 +355,16 @@ def test_preemption_is_requeued_at_once_by_rank_zero() -> None:
     with pytest.raises(Exited) as info:
         finish("preempted", run=run)
     assert info.value.code == 0 and run.requeues == [["scontrol", "requeue", "1234"]]
+
+
+@pytest.mark.parametrize("version", ["slurm 24.11.5", "slurm-wlm 26.05.5"])
+def test_preemption_from_slurm_24_05_is_left_to_slurm(version: str) -> None:
+    # A job that ends in its grace time is requeued by Slurm itself; our own requeue
+    # would leave Slurm's preemption flag set and requeue the next run once more.
+    run = FakeRun(show=PREEMPTING, version=version)
+    with pytest.raises(Exited) as info:
+        finish("preempted", run=run)
+    assert info.value.code == 0 and run.requeues == []
 
 
 def test_preemption_already_requeued_by_slurm_just_exits() -> None:
