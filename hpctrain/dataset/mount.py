@@ -9,19 +9,29 @@ mounts it with ``squashfuse -f`` (no root needed) at
 ``FAILED-<attempt>``, whose message they raise too), as in ``staging``.
 Every task that reads the mount registers its PID under ``users/``.
 
-Release: the leader starts a detached watcher (``runtime.cleanup``'s, with
-``--unmount``) that waits for the leader to end, then for every registered
-task, then stops squashfuse and unmounts (``fusermount3 -u``, ``fusermount
--u``, or ``umount`` as root; lazily if busy). The leader, the node's tasks and
-their reapers may die in any way (cancel, preemption, a crash, SIGKILL): the
-watcher ignores the job's SIGTERM and outlives them. squashfuse runs without
-the task token, so the task reaper does not stop it under the other tasks.
+Release, first: every task that ends in any way it can still act (done, a
+stop for a requeue, an exception, the hang watchdog) calls :func:`leave`,
+which removes its registration under a lock and, for the node's last task,
+stops squashfuse and unmounts (``fusermount3 -u``, ``fusermount -u``, or
+``umount`` as root; lazily if busy) before the task exits. It must happen
+then: when a step's tasks have ended, Slurm (proctrack/cgroup) kills whatever
+else the step started at once, squashfuse included, which would leave a dead
+FUSE mount ("Transport endpoint is not connected") behind.
+
+Release, second: the leader also starts a detached watcher (``runtime.cleanup``'s,
+with ``--unmount``) for tasks that cannot act (SIGKILL): it waits for the
+leader and every registered task to be gone, then releases the mount. It
+ignores the job's SIGTERM, but a cgroup kill of the whole step ends it too;
+then the next attempt of the job on that node unmounts the stale mount first.
+squashfuse runs without the task token, so the task reaper does not stop it
+under the other tasks.
 
 torch-free and stdlib-only, apart from psutil (which the reaper uses already).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -45,6 +55,9 @@ JOB_VARS = (
     ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"),
     ("SUBMITIT_LOCAL_JOB_ID", None),
 )
+
+
+_JOINED: list[tuple[Path, Path]] = []  # (base, READY marker) of each mount this process registered for
 
 
 @dataclass(frozen=True)
@@ -93,6 +106,7 @@ def open_image(
             register_user(base, os.getpid())  # before the mount exists: the watcher waits for every user
             mounted = _mount_as_leader(image, stage_dir, base, attempt, stage, log)
             _write_json(ready, {"point": str(mounted.point), "pid": mounted.daemon_pid, "image": str(mounted.image)})
+            _JOINED.append((base, ready))
         except BaseException as exc:
             error = _as_image_error(exc, stage_dir)
             try:
@@ -107,7 +121,32 @@ def open_image(
         register_user(base, os.getpid())
     except OSError as exc:
         raise _as_image_error(exc, stage_dir) from exc
-    return Path(_wait(ready, failed, timeout_s)["point"])
+    point = Path(_wait(ready, failed, timeout_s)["point"])
+    _JOINED.append((base, ready))
+    return point
+
+
+def leave(log: Callable[[str], None] | None = None) -> None:
+    """This task is done with the node's mount: unregister, and release it if no other task still uses it.
+
+    Never raises: a task's end must not fail on its clean-up (the watcher remains).
+    """
+    log = log or _print
+    while _JOINED:
+        base, ready = _JOINED.pop()
+        try:
+            with _users_lock(base):
+                _user_entry(base, os.getpid()).unlink(missing_ok=True)
+                if live_users(base / "users"):
+                    continue
+                marker = json.loads(ready.read_text())
+                point, pid = Path(marker["point"]), marker.get("pid")
+                if is_mounted(point):
+                    gone = release(point, pid if isinstance(pid, int) else None)
+                    what = "unmounted" if gone else "could not unmount"
+                    log(f"hpctrain: data: {what} {point} (the node's last task to end)")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log(f"hpctrain: data: could not release the dataset mount under {base}: {exc} (the watcher will)")
 
 
 def _as_image_error(exc: BaseException, stage_dir: Path) -> ImageError:
@@ -154,9 +193,27 @@ def packed_index(point: Path) -> dict | None:
 
 
 def register_user(base: Path, pid: int) -> None:
-    users = base / "users"
-    users.mkdir(parents=True, exist_ok=True)
-    (users / f"{pid}-{_start_time(pid)}").touch()
+    (base / "users").mkdir(parents=True, exist_ok=True)
+    with _users_lock(base):
+        _user_entry(base, pid).touch()
+
+
+def _user_entry(base: Path, pid: int) -> Path:
+    return base / "users" / f"{pid}-{_start_time(pid)}"
+
+
+class _users_lock:  # noqa: N801 (used like a function: ``with _users_lock(base):``)
+    """An exclusive lock over the node's user registrations (the last one to leave releases the mount)."""
+
+    def __init__(self, base: Path) -> None:
+        self.path = base / "users.lock"
+
+    def __enter__(self) -> None:
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)  # closing drops the lock
 
 
 def live_users(users_dir: Path) -> list[int]:

@@ -243,6 +243,9 @@ class HangWatchdog:
             self._report()
         except Exception as exc:  # the job must still end
             _say(f"hpctrain: rank {self.rank}: could not record the hang in summary.json: {exc}")
+        from hpctrain.runtime.launcher import leave_dataset_mount
+
+        leave_dataset_mount()  # os._exit skips every clean-up: the node's last task still unmounts
         _flush_stdio()
         self.exit(HANG_EXIT_CODE)
 

@@ -67,6 +67,8 @@ class TaskLauncher:
             if monitor is not None:
                 monitor.stop(final_phase=None)  # the heartbeat keeps the phase the rank failed in
             raise
+        finally:
+            leave_dataset_mount()
 
     def _run_monitored(self, spec: JobSpec, env: TaskEnv, monitor: heartbeat.Monitor | None) -> Any:
         check_world_size(spec, env)
@@ -128,6 +130,7 @@ class TaskLauncher:
 
     def exit_without_result(self, status: int) -> None:
         """End this process at once, with no result for submitit (the job is coming back)."""
+        leave_dataset_mount()
         os._exit(status)
 
     def start_reaper(self) -> None:
@@ -260,3 +263,14 @@ def report_failure(rank: str | int, exc: BaseException, stream: TextIO | None = 
     if not isinstance(exc, HpctrainError):
         traceback.print_exception(exc, file=stream)
     stream.flush()
+
+
+def leave_dataset_mount() -> None:
+    """This task is done with its node's packed-dataset mount, if it read one (``hpctrain.dataset.mount``).
+
+    The node's last task unmounts it before it exits: once a step's tasks are
+    gone, Slurm kills squashfuse with the rest of the step.
+    """
+    mount = sys.modules.get("hpctrain.dataset.mount")  # imported only by a task that opened an image
+    if mount is not None:
+        mount.leave()

@@ -74,10 +74,10 @@ def test_two_nodes_train_on_a_packed_image_and_leave_nothing_mounted(
     assert output.count("reading the image") == 4, output  # every rank reads the mount
     assert sorted(p.name for p in stage.iterdir()) == ["n1", "n2"]
     _wait_no_mounts(stage)
-    for log in stage.glob("*/hpctrain-image-*/mnt-*.watch.log"):
-        assert "unmounted" in log.read_text(), log.read_text()
+    # each node's last task unmounted before it exited (the step's end kills squashfuse with the rest)
+    assert output.count("(the node's last task to end)") == 2, output
 
-    # Cancelled while training: the watchers still unmount on both nodes.
+    # Cancelled while training: the mounts are gone on both nodes too.
     long_run = submit("--set", "trainer.epochs=50", "--set", "trainer.max_steps_per_epoch=1000", wait=False)
     deadline = time.monotonic() + 180
     while _task_output(long_run).count("hpctrain: data: mounted") < 2 and time.monotonic() < deadline:

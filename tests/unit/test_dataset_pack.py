@@ -395,3 +395,46 @@ def test_release_never_signals_a_process_that_is_not_that_mounts_squashfuse(tmp_
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+LEAVING_TASK = """
+import sys, time
+from pathlib import Path
+from hpctrain.dataset import mount
+point = mount.open_image(Path(sys.argv[1]), Path(sys.argv[2]), is_node_leader=False, stage=False,
+                         environ={"SLURM_JOB_ID": "78", "SLURM_RESTART_COUNT": "0"})
+print("POINT", point, sorted(p.name for p in point.iterdir()), flush=True)
+sys.stdin.readline()
+mount.leave()
+print("LEFT", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_nodes_last_task_to_end_unmounts_before_it_exits(image: Path, tmp_path: Path) -> None:
+    """Slurm kills squashfuse with the rest of a step once its tasks are gone: the last task must not
+    leave the unmount to the watcher (which waits for this test's own process, the leader, to end)."""
+    require_mount()
+    environ = {"SLURM_JOB_ID": "78", "SLURM_RESTART_COUNT": "0"}
+    point = mount.open_image(image, tmp_path, is_node_leader=True, stage=False, environ=environ)
+    follower = subprocess.Popen(
+        [sys.executable, "-c", LEAVING_TASK, str(image), str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert _point(follower) == point
+        mount.leave()  # the leader ends first: the follower still reads
+        assert mount.is_mounted(point) and (point / "train").is_dir()
+        assert follower.stdin is not None and follower.stdout is not None
+        follower.stdin.write("leave\n")
+        follower.stdin.flush()
+        said = [follower.stdout.readline().strip() for _ in range(2)]
+        assert said == [f"hpctrain: data: unmounted {point} (the node's last task to end)", "LEFT"]
+        assert not mount.is_mounted(point)  # at once, by the follower, not later by the watcher
+        ready = json.loads((point.parent / "READY-0").read_text())
+        assert not mount._is_our_daemon(ready["pid"], point)
+    finally:
+        _kill(follower)
