@@ -328,10 +328,12 @@ def _record_submission(
             "cluster": job.profile.name,
             "job_id": job_id,
             "world_size": job.spec.world_size,
+            "nodes": job.spec.resources.nodes,  # a resume may change it (resume --set resources.nodes=K)
             "submitit_dir": str(folder),
             "submitted_at": time.time(),
         }
     )
+    info.setdefault("global_batch_size", job.spec.global_batch_size)  # as first submitted: resumes keep it
     info["job_ids"] = [*info.get("job_ids", []), job_id]
     if trials is not None:
         info["trials"] = trials

@@ -53,14 +53,11 @@ def _seconds(low: float, high: float) -> Callable[[str], float]:
 
 def _spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="job spec YAML file, e.g. jobs/quickstart.yaml")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a spec key, e.g. --set trainer.epochs=5 (repeatable; VALUE is read as YAML)",
-    )
+    _set_argument(parser, "override a spec key, e.g. --set trainer.epochs=5 (repeatable; VALUE is read as YAML)")
+
+
+def _set_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help_text)
 
 
 def _run_argument(parser: argparse.ArgumentParser, nargs: str | None = None) -> None:
@@ -132,6 +129,11 @@ def cmd_cancel(parser: argparse.ArgumentParser) -> None:
 def cmd_resume(parser: argparse.ArgumentParser) -> None:
     _run_argument(parser)
     parser.add_argument("--local", action="store_true", help="resume on this machine")
+    _set_argument(
+        parser,
+        "resume on other resources, e.g. --set resources.nodes=2 (resources.* keys only; the global batch "
+        "stays the run's)",
+    )
     parser.add_argument("--wait", action="store_true", help="block until the job ends")
     parser.add_argument("--json", action="store_true", help="print the submission as JSON")
 

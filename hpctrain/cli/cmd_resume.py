@@ -8,6 +8,9 @@ ranks are saving the stop checkpoint, at most KillWait long); for a local
 run, while its submitit controller is alive. Slurm's own view of the job's
 processes is the lock: it needs no file that a killed attempt could leave
 behind, and no lock that a shared file system may not honour across nodes.
+
+``--set resources.nodes=K`` resumes on another shape; the trainer keeps the run's global batch
+(docs/preemption.md), so only shapes that can split it are accepted.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from hpctrain.rundir import read_run_info, spec_path
 from hpctrain.runtime import local_run
 from hpctrain.runtime.stop import clear_cancel_marker
 from hpctrain.slurm import TERMINAL_STATES, job_state
-from hpctrain.spec.load import load_job
+from hpctrain.spec.batch import reshape_problem
+from hpctrain.spec.load import LoadedJob, load_job, parse_override
 from hpctrain.submission import resubmit
 
 
@@ -56,6 +60,21 @@ def refuse_while_writing(run_dir: Path, info: dict[str, Any]) -> None:
         )
 
 
+def reshaped(run_dir: Path, job: LoadedJob, overrides: list[str]) -> LoadedJob:
+    """The run's job on other resources (``--set resources.KEY=VALUE``), refused unless it keeps the global batch."""
+    for text in overrides:
+        if not parse_override(text)[0].startswith("resources."):
+            raise UsageError(
+                f"--set {text}: resume changes only resources.* keys; the rest of a run's spec is fixed",
+                hint="start a new run with 'hpctrain submit' to change anything else",
+            )
+    after = load_job(spec_path(run_dir), overrides)
+    problem = reshape_problem(job.spec, after.spec)
+    if problem is not None:
+        raise UsageError(problem, hint=f"choose another resources.nodes, or resume {run_dir} on its own shape")
+    return after
+
+
 def run(args: argparse.Namespace) -> int:
     from hpctrain.cli import study_views
 
@@ -67,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{run_dir} is a sweep", hint=f"resume one trial: hpctrain resume {run_dir}/trial-NNN")
     refuse_while_writing(run_dir, info)
     job = load_job(spec_path(run_dir))
+    if args.overrides:
+        job = reshaped(run_dir, job, args.overrides)
     print_warnings(job, run_dir)  # measured save times from this run's own checkpoints
     clear_cancel_marker(run_dir)
     submitted = resubmit(run_dir, job, local=args.local)

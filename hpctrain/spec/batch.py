@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hpctrain.spec.models import Trainer
+    from hpctrain.spec.models import JobSpec, Trainer
 
 REFERENCE_BATCH = 256
 
@@ -63,3 +63,59 @@ class BatchLayout:
         else:
             parts = [f"{self.per_device} per process"]
         return " x ".join([*parts, f"{self.processes} process{'es' if self.processes > 1 else ''}"])
+
+
+# -- canonical micro-batches: the global batch, whatever the number of ranks -------------------------------------
+ELASTIC_STRATEGIES = ("ddp", "single")  # where a rank may compute several micro-batches of one step
+
+
+def micro_batch_positions(step: int, micro_batch: int, *, micro_batches: int, batch_size: int, length: int) -> range:
+    """Positions, in an epoch's (padded) global sample order, of micro-batch ``micro_batch`` of ``step``.
+
+    Step ``k`` takes the ``micro_batches * batch_size`` positions from ``k * global``; micro-batch ``j``
+    of them is every ``micro_batches``-th from ``j``. With one micro-batch per rank this is exactly
+    DistributedSampler's shard of rank ``j`` cut into batches, so runs that never change shape keep
+    their order. ``length`` (a multiple of ``micro_batches``) shortens the last step's micro-batches alike.
+    """
+    start = step * micro_batches * batch_size + micro_batch
+    return range(start, min(length, (step + 1) * micro_batches * batch_size), micro_batches)
+
+
+def rank_micro_batches(rank: int, ranks: int, micro_batches: int) -> range:
+    """The micro-batches of every step that ``rank`` of ``ranks`` computes: ``rank``, ``rank + ranks``, ..."""
+    return range(rank, micro_batches, ranks)
+
+
+def micro_batch_problem(micro_batches: int, ranks: int, *, strategy: str) -> str | None:
+    """Why a global batch of ``micro_batches`` canonical micro-batches cannot run on ``ranks`` ranks; None if it can."""
+    if ranks == micro_batches:
+        return None
+    if strategy not in ELASTIC_STRATEGIES:
+        return (
+            f"trainer.strategy: {strategy} cannot resume on another shape: the run's global batch is "
+            f"{micro_batches} micro-batches over {micro_batches} processes, this job has {ranks}"
+        )
+    if micro_batches % ranks:
+        working = ", ".join(str(n) for n in range(1, micro_batches + 1) if micro_batches % n == 0)
+        return (
+            f"the run's global batch is {micro_batches} micro-batches of trainer.batch_size, which {ranks} ranks "
+            f"cannot share equally (rank counts that can: {working})"
+        )
+    return None
+
+
+def reshape_problem(before: JobSpec, after: JobSpec) -> str | None:
+    """Why ``after`` (a resume with other resources) cannot keep the global batch of ``before``'s run."""
+    old, new = before.batch_layout, after.batch_layout
+    if new.per_process != old.per_process:
+        return (
+            f"resources: each process would load {new.per_process} images per step instead of the run's "
+            f"{old.per_process} (trainer.strategy: {after.trainer.strategy} spreads its batch over a task's GPUs)"
+        )
+    problem = micro_batch_problem(old.processes, new.processes, strategy=after.trainer.strategy)
+    if problem is None:
+        return None
+    per_node = after.tasks_per_node
+    nodes = [n for n in range(1, old.processes + 1) if old.processes % (n * per_node) == 0]
+    works = ", ".join(map(str, nodes)) if after.trainer.strategy in ELASTIC_STRATEGIES and nodes else "none other"
+    return f"resources.nodes: {after.resources.nodes}: {problem}; node counts that keep it: {works}"

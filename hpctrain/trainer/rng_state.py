@@ -129,7 +129,7 @@ def restore_rank_rng_state(
     if not states or len(states) != world_size:
         log.warning(
             "checkpoint holds RNG states for %s ranks, this run has %d: keeping freshly seeded RNGs "
-            "(the run continues, but not bit-identically)",
+            "(data order, augmentation and global batch are kept; per-rank randomness such as dropout is not)",
             len(states) if states else 0,
             world_size,
         )

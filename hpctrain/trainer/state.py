@@ -8,7 +8,9 @@ tensors, dicts, lists, numbers and strings, so it loads with ``weights_only``.
 
 Format version 1 (unchanged by the move to parts): the top-level keys are the
 part names above plus ``format``, ``format_version``, ``world_size``,
-``batch_size`` (per process) and ``spec``; a part a strategy does not use is None.
+``batch_size`` (per process), ``micro_batches`` (per step, each of ``batch_size``: the run's
+global batch, kept across a resume on another number of ranks; absent in older checkpoints)
+and ``spec``; a part a strategy does not use is None.
 """
 
 from __future__ import annotations

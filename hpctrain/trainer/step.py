@@ -4,11 +4,16 @@ A strategy takes part in the step only through :class:`StepHooks`: multi-node
 dp broadcasts buffers before the forward and averages gradients after the
 backward; DDP does both inside its wrapper, the others need nothing. dp with
 ``trainer.dp_parallel_loss`` also computes the loss and the accuracy counts
-on each GPU (its model returns one output per GPU).
+on each GPU (its model returns one output per GPU). A rank that computes several
+canonical micro-batches of a step (a resume on fewer ranks) accumulates their gradients.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,16 +57,31 @@ class TrainStep:
 
     def __call__(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimizer step; returns this batch's [correct1, correct5, loss*n, n] on the device."""
+        return self.accumulate([(images, targets)])
+
+    def accumulate(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """One optimizer step on the gradients of several micro-batches; their summed sums.
+
+        Each micro-batch's loss is divided by their count, so that with DDP averaging over the ranks the
+        gradient is the mean over the whole global batch (equal-size micro-batches, docs/preemption.md).
+        DDP's all-reduce runs in the last backward only.
+        """
         heartbeat.set_phase("forward_backward")  # DDP's all-reduce runs inside the backward
-        images, targets = batch_to_device(images, targets, self.device, channels_last=self.channels_last)
-        self.hooks.before_forward(self.module)
-        with self.precision.autocast():
-            output = self.model(images)
-            loss = self.hooks.loss(self.criterion, output, targets)
         self.optimizer.zero_grad(set_to_none=True)
-        self.precision.backward(loss, self.optimizer)
+        parts = []
+        for index, (images, targets) in enumerate(batches):
+            last = index == len(batches) - 1
+            sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") else self.model.no_sync()
+            images, targets = batch_to_device(images, targets, self.device, channels_last=self.channels_last)
+            self.hooks.before_forward(self.module)
+            with sync:
+                with self.precision.autocast():
+                    output = self.model(images)
+                    loss = self.hooks.loss(self.criterion, output, targets)
+                self.precision.backward(loss if len(batches) == 1 else loss / len(batches), self.optimizer)
+            parts.append(self.hooks.sums(output, targets, loss))
         self.hooks.after_backward(self.module)
         heartbeat.set_phase("optimizer")
         self.precision.step(self.optimizer)
         self.scheduler.step()
-        return self.hooks.sums(output, targets, loss)
+        return functools.reduce(operator.add, parts)

@@ -9,7 +9,8 @@ references on shared clusters:
   boundaries, agreed by all ranks, followed by a complete checkpoint;
 * a mid-epoch resume is exact: the sampler skips the consumed batches, every
   rank gets its RNG state back, so a deterministic run that was interrupted
-  ends with the same weights as one that was not;
+  ends with the same weights as one that was not; on another number of ranks
+  (ddp) it keeps the global batch in canonical micro-batches (elastic.py);
 * validation is exact over the whole val set on any number of ranks;
 * checkpoints are atomic and written in the background by rank 0.
 """
@@ -36,6 +37,7 @@ from hpctrain.spec.batch import BatchLayout
 from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
 from hpctrain.trainer.compiling import compile_failure, compile_model
 from hpctrain.trainer.data import build_loaders
+from hpctrain.trainer.elastic import run_micro_batches
 from hpctrain.trainer.evaluation import Accuracy
 from hpctrain.trainer.models import build_model, resolve_num_classes
 from hpctrain.trainer.optim import build_optimizer, build_scheduler
@@ -80,6 +82,7 @@ class Trainer:
         self.progress = Progress()
         self.strategy = build_strategy(ctx.spec)
         self.layout = self._batch_layout()  # per device, per process (what a loader yields), global
+        self.micro_batches = self.layout.processes  # per step; a resume keeps its checkpoint's (elastic.py)
         self.reporter = Reporter(ctx.run_dir, enabled=ctx.is_main, static=run_facts(ctx, self.layout.global_batch))
         cp = ctx.spec.checkpoint
         self.checkpoints = CheckpointManager(ctx.checkpoint_dir, cp.keep_last, cp.keep_best, cp.async_save)
@@ -90,6 +93,7 @@ class Trainer:
         self.extra_summary: dict[str, Any] = {}
         self.workers: EpochWorkers | None = None  # set when the strategy trains epochs in other processes
         self.sampler_position: SamplerPosition | None = None
+        self._checkpoint: dict[str, Any] | None = None  # loaded in setup, restored (and dropped) by resume
         self._saved_step: int | None = None  # the global step of the newest checkpoint, saved or loaded
         self._partial_epoch = False  # the next epoch continues a checkpoint's partial epoch
         self._failed = False
@@ -113,11 +117,33 @@ class Trainer:
     def setup(self) -> None:
         self.strategy.check(self.env, self.device)
         seed_everything(self.cfg.seed)
+        self._checkpoint = self.load_checkpoint()  # before the data: the run's global batch is the checkpoint's
         self.build_data()
         self.build_model()
         self.build_optimization()
         torch.manual_seed(self.cfg.seed + 1 + self.env.global_rank)  # per-rank dropout etc. (a resume overrides)
         self.resume()
+
+    def load_checkpoint(self) -> dict[str, Any] | None:
+        """The newest complete checkpoint, if a resume is due; fixes the run's micro-batches per step."""
+        if self.cfg.evaluate_only and self.cfg.weights:
+            return None  # evaluate exactly the weights asked for (build_model loads them)
+        state = self.checkpoints.load(map_location=self.device)
+        if state is not None and not self.cfg.evaluate_only:
+            self.micro_batches = run_micro_batches(
+                state,
+                processes=self.layout.processes,
+                world_size=self.env.world_size,
+                strategy=self.strategy.name,
+                source=self.checkpoints.last_loaded,
+            )
+            self.reporter.static["global_batch_size"] = self.global_batch
+        return state
+
+    @property
+    def global_batch(self) -> int:
+        """Images per optimizer step, whatever the number of ranks: what the learning rate follows."""
+        return self.micro_batches * self.layout.per_process
 
     def build_data(self) -> None:
         rank, world = self.strategy.data_shard(self.env)
@@ -131,7 +157,17 @@ class Trainer:
             batch_size=self.layout.per_process,
             train_shard=self.strategy.train_shard(self.env),
         )
-        self.full_epoch_steps = len(self.loaders.train_loader) if self.loaders.train_loader is not None else 0
+        self.accumulation = 1  # micro-batches this rank computes per step
+        if self.loaders.train_sampler is not None and self.micro_batches != self.layout.processes:
+            self.loaders.train_sampler.set_micro_batches(self.micro_batches)  # elastic: run_micro_batches checked
+            self.accumulation = self.loaders.train_sampler.per_rank
+            log.info(
+                "the run's global batch is %d micro-batches of %d; this rank computes %d of them per step",
+                self.micro_batches,
+                self.layout.per_process,
+                self.accumulation,
+            )
+        self.full_epoch_steps = self._loader_steps()
         self.steps_per_epoch = min(self.full_epoch_steps, self.cfg.max_steps_per_epoch or self.full_epoch_steps)
         if self.loaders.train_loader is not None and self.steps_per_epoch == 0:
             raise TrainingConfigError(
@@ -148,7 +184,7 @@ class Trainer:
 
     def build_optimization(self) -> None:
         self.precision = Precision(self.cfg.precision, self.device)
-        self.optimizer = build_optimizer(self.module, self.cfg, self.layout.global_batch)
+        self.optimizer = build_optimizer(self.module, self.cfg, self.global_batch)
         self.module, self.optimizer = self.precision.prepare(self.module, self.optimizer)  # Apex: before wrapping
         self.model = self.strategy.wrap(self.module, self.device)
         if self.cfg.compile:
@@ -170,6 +206,7 @@ class Trainer:
             self.device,
             self.cfg.channels_last,
         )
+        self.shared_step = step  # gradient accumulation (elastic resume) uses it directly
         self.train_step = self.strategy.train_step(step)
         self.strategy.attach(self.optimizer, self.scheduler, max(1, self.steps_per_epoch))
         if self.loaders.train_dataset is not None:
@@ -179,7 +216,7 @@ class Trainer:
         """Continue from the newest complete checkpoint in the run directory, if there is one."""
         if self.cfg.evaluate_only and self.cfg.weights:
             return  # evaluate exactly the weights asked for (build_model loaded them)
-        state = self.checkpoints.load(map_location=self.device)
+        state, self._checkpoint = self._checkpoint, None
         if state is None:
             if self.cfg.evaluate_only and not self.cfg.weights:
                 raise TrainingConfigError(
@@ -237,7 +274,7 @@ class Trainer:
         if not self._partial_epoch:
             self.loaders.train_sampler.set_start_batch(0, self.layout.per_process)
         self._partial_epoch = False
-        start = min(self.steps_per_epoch, self.full_epoch_steps - len(self.loaders.train_loader))
+        start = min(self.steps_per_epoch, self.full_epoch_steps - self._loader_steps())
         self.progress.epoch, self.progress.step_in_epoch = epoch, start
         self.sampler_position.iter_start = start
         self.model.train()
@@ -329,6 +366,7 @@ class Trainer:
             self.checkpoint_parts(),
             world_size=self.env.world_size,
             batch_size=self.layout.per_process,
+            micro_batches=self.micro_batches,
             spec=json.dumps(self.ctx.spec.model_dump(mode="json"), sort_keys=True),
         )
         if self.ctx.is_main:
@@ -381,12 +419,12 @@ class Trainer:
             sums = self.strategy.serve_step()  # worker 0's batch, for the log lines
             return sums, 0.0, int(sums[-1].item())
         fetch_started = time.perf_counter()
-        images, targets = next(batches)
+        micro = [next(batches) for _ in range(self.accumulation)]
         data_s = time.perf_counter() - fetch_started
-        sums = self.train_step(images, targets)
+        sums = self.train_step(*micro[0]) if len(micro) == 1 else self.shared_step.accumulate(micro)
         self.strategy.after_step(sums)
         self.epoch_sums.add(sums)
-        return sums, data_s, targets.shape[0]
+        return sums, data_s, sum(targets.shape[0] for _, targets in micro)
 
     def _after_step(self, epoch: int, step: int, window: StepWindow, epoch_timer: StepWindow) -> None:
         self.reporter.advance(self.progress.global_step)
@@ -417,6 +455,11 @@ class Trainer:
             "lr": self.optimizer.param_groups[0]["lr"],
         }
         self.reporter.epoch_end(epoch=epoch, global_step=self.progress.global_step, values=values)
+
+    def _loader_steps(self) -> int:
+        """Steps the train loader has left in this epoch (each takes ``accumulation`` of its batches)."""
+        loader = self.loaders.train_loader
+        return len(loader) // self.accumulation if loader is not None else 0
 
     def _reported_steps_per_epoch(self) -> int:
         return self.workers.steps_per_epoch if self.workers is not None else self.steps_per_epoch

@@ -176,7 +176,43 @@ def scenario_dp_like_ddp(rank: int, world_size: int, *, data_root: str, base_dir
     return {"ddp": ddp, "dp": dp}
 
 
+def scenario_elastic(
+    rank: int, world_size: int, *, data_root: str, run_dir: str, stop_after: int | None = None
+) -> dict[str, Any]:
+    """One attempt of a deterministic ddp run in float64; also the samples of every (epoch, step) this rank saw.
+
+    float64, so that what differs by summation order alone stays far below a tight tolerance: resnet18's
+    BatchNorm over 4 samples of 1x1 maps amplifies float32 rounding a hundredfold per step.
+    """
+    from hpctrain.trainer import batches, data
+
+    to_model_input = batches.to_model_input
+    batches.to_model_input = lambda *args, **kwargs: to_model_input(*args, **kwargs).double()  # type: ignore[assignment]
+    torch.set_default_dtype(torch.float64)
+
+    trainer = {"strategy": "ddp", "epochs": 2, "batch_size": 4, "max_steps_per_epoch": 4, "deterministic": True}
+    spec = job_spec(Path(data_root), trainer=trainer, checkpoint={"every_steps": 100})
+    seen: list[list[int]] = []
+    original = data.ResumableDistributedSampler.batches
+
+    def recording(sampler: data.ResumableDistributedSampler) -> Any:
+        first = sampler.consumed_samples // (sampler.micro_batches * sampler.batch_size)
+        for index, batch in enumerate(original(sampler)):
+            seen.append([sampler.epoch, first + index // sampler.per_rank, *batch])
+            yield batch
+
+    data.ResumableDistributedSampler.batches = recording  # type: ignore[method-assign]
+    try:
+        summary = train(Path(run_dir), spec, rank=rank, world_size=world_size, stop_after=stop_after)
+    finally:
+        data.ResumableDistributedSampler.batches = original  # type: ignore[method-assign]
+        batches.to_model_input = to_model_input  # type: ignore[assignment]
+        torch.set_default_dtype(torch.float32)
+    return {"summary": summary, "seen": seen}
+
+
 SCENARIOS: dict[str, Callable[..., Any]] = {
+    "elastic": scenario_elastic,
     "ddp": scenario_ddp,
     "resume": scenario_resume,
     "dp_like_ddp": scenario_dp_like_ddp,

@@ -244,7 +244,7 @@ def test_loader_settings_follow_the_spec(root: Path) -> None:
         data, Trainer(batch_size=4), rank=1, world_size=2, device_is_cuda=False, epoch_seed=0, batch_size=6
     )
     train = loaders.train_loader
-    assert train.batch_size == 6 and loaders.val_loader.batch_size == 6
+    assert [len(batch) for batch in train.batch_sampler][:1] == [6] and loaders.val_loader.batch_size == 6
     assert train.num_workers == 2 and train.prefetch_factor == 3 and train.persistent_workers
     assert not train.pin_memory  # only pinned for CUDA
     assert train.generator is not None and train.worker_init_fn is not None

@@ -10,7 +10,8 @@ continues exactly where it stopped and evaluation is exact:
 * ``TrainImages``: each sample's random crop/flip is a pure function of
   (seed, epoch, sample index), whatever the worker count or rank layout.
 * ``ResumableDistributedSampler``: DistributedSampler's order, plus skipping the
-  samples already consumed in the current epoch (also across a world-size change).
+  samples already consumed in the current epoch, in canonical micro-batches that
+  keep each step's global batch whatever the number of ranks (docs/preemption.md).
 * ``ExactEvalSampler``: every validation sample is seen exactly once over all
   ranks (DistributedSampler pads by repeating samples, which skews accuracy).
 
@@ -37,6 +38,7 @@ from torchvision import transforms
 
 from hpctrain.dataset import mount, squashfs
 from hpctrain.errors import TrainingConfigError
+from hpctrain.spec.batch import micro_batch_positions, rank_micro_batches
 from hpctrain.spec.models import Data, Trainer
 from hpctrain.trainer.data.datasets import TrainImages, ValImages
 from hpctrain.trainer.data.decode import jpeg_decoder
@@ -81,12 +83,18 @@ def val_transform(image_size: int, resize: int) -> transforms.Compose:
 
 
 class ResumableDistributedSampler(Sampler[int]):
-    """DistributedSampler's order (same permutation, padding and striding), resumable mid-epoch.
+    """DistributedSampler's order (same permutation, padding and striding), resumable mid-epoch and elastic.
 
     ``consumed_samples`` counts samples of the current epoch's global order already
     trained on by all ranks together. Skipping in global order (before sharding)
-    makes a resume on the same world size yield exactly the uninterrupted tail,
-    and a resume on another world size still visit every remaining sample once.
+    makes a resume yield exactly the uninterrupted tail.
+
+    Each step's global batch is ``micro_batches`` canonical micro-batches of ``batch_size``
+    (:func:`~hpctrain.spec.batch.micro_batch_positions`), a function of (seed, epoch, step)
+    alone; rank ``r`` of ``num_replicas`` takes micro-batches ``r, r + num_replicas, ...``
+    of every step. ``micro_batches`` defaults to ``num_replicas`` (one each: DistributedSampler's
+    shards); a run resumed on fewer ranks keeps its own and accumulates gradients.
+    :meth:`batches` yields the micro-batches as lists of indices (see :class:`MicroBatchSampler`).
     """
 
     def __init__(
@@ -97,6 +105,9 @@ class ResumableDistributedSampler(Sampler[int]):
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
+        *,
+        batch_size: int = 1,
+        micro_batches: int | None = None,
     ) -> None:
         if num_replicas < 1 or not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
@@ -106,8 +117,22 @@ class ResumableDistributedSampler(Sampler[int]):
         self.shuffle = shuffle
         self.seed = seed
         self.drop_last = drop_last
+        self.batch_size = batch_size
+        self.micro_batches = num_replicas
+        self.set_micro_batches(micro_batches or num_replicas)
         self.epoch = 0
         self.consumed_samples = 0
+
+    def set_micro_batches(self, micro_batches: int) -> None:
+        """Split every step's global batch into ``micro_batches`` (a multiple of the ranks)."""
+        if micro_batches < 1 or micro_batches % self.num_replicas:
+            raise ValueError(f"{micro_batches} micro-batches cannot be shared by {self.num_replicas} ranks")
+        self.micro_batches = micro_batches
+
+    @property
+    def per_rank(self) -> int:
+        """Micro-batches this rank computes per step (gradient accumulation when more than one)."""
+        return self.micro_batches // self.num_replicas
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's order; moving to a new epoch forgets the resume offset."""
@@ -116,17 +141,17 @@ class ResumableDistributedSampler(Sampler[int]):
         self.epoch = epoch
 
     def set_start_batch(self, batches: int, batch_size: int) -> None:
-        """Skip the first ``batches`` per-rank batches of ``batch_size`` in the current epoch."""
-        self.consumed_samples = batches * batch_size * self.num_replicas
+        """Skip the first ``batches`` steps of ``batch_size`` per micro-batch in the current epoch."""
+        self.consumed_samples = batches * batch_size * self.micro_batches
 
     @property
     def start_index(self) -> int:
         """Index into this rank's shard of the uninterrupted epoch where iteration starts."""
-        return self.consumed_samples // self.num_replicas
+        return self.consumed_samples // self.micro_batches * self.per_rank
 
     def state_dict(self, batches_done: int = 0, batch_size: int = 0) -> dict[str, int]:
-        """Position after this rank took ``batches_done`` batches of ``batch_size`` since ``iter()``."""
-        consumed = self.consumed_samples + batches_done * batch_size * self.num_replicas
+        """Position after ``batches_done`` steps of ``batch_size`` per micro-batch since ``iter()``."""
+        consumed = self.consumed_samples + batches_done * batch_size * self.micro_batches
         return {"epoch": self.epoch, "consumed_samples": consumed, "seed": self.seed, "num_replicas": self.num_replicas}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
@@ -141,23 +166,52 @@ class ResumableDistributedSampler(Sampler[int]):
         return list(range(self.dataset_len))
 
     def _remaining(self) -> list[int]:
+        """The rest of the epoch's global order, cut or padded to whole micro-batch rows."""
         order = self._global_order()
         remaining = order[self.consumed_samples :]
         if self.drop_last:
-            return remaining[: len(remaining) // self.num_replicas * self.num_replicas]
-        padding = -len(remaining) % self.num_replicas
+            return remaining[: len(remaining) // self.micro_batches * self.micro_batches]
+        padding = -len(remaining) % self.micro_batches
         if padding and order:
             remaining += (order * math.ceil(padding / len(order)))[:padding]
         return remaining
 
+    def batches(self) -> Iterator[list[int]]:
+        """This rank's micro-batches, step by step, each step's in micro-batch order."""
+        remaining = self._remaining()
+        mine = rank_micro_batches(self.rank, self.num_replicas, self.micro_batches)
+        size, count = self.batch_size, self.micro_batches
+        for step in range(math.ceil(len(remaining) / (count * size))):
+            for j in mine:
+                positions = micro_batch_positions(step, j, micro_batches=count, batch_size=size, length=len(remaining))
+                yield [remaining[p] for p in positions]
+
+    def batches_len(self) -> int:
+        """How many micro-batches :meth:`batches` yields."""
+        rows = len(self) * self.num_replicas // self.micro_batches  # samples per micro-batch over the epoch's rest
+        return math.ceil(rows / self.batch_size) * self.per_rank
+
     def __iter__(self) -> Iterator[int]:
-        return iter(self._remaining()[self.rank :: self.num_replicas])
+        return (index for batch in self.batches() for index in batch)
 
     def __len__(self) -> int:
         remaining = max(0, self.dataset_len - self.consumed_samples)
         if self.drop_last:
-            return remaining // self.num_replicas
-        return math.ceil(remaining / self.num_replicas)
+            return remaining // self.micro_batches * self.per_rank
+        return math.ceil(remaining / self.micro_batches) * self.per_rank
+
+
+class MicroBatchSampler(Sampler[list[int]]):
+    """The train loader's batch sampler: one canonical micro-batch per loader batch."""
+
+    def __init__(self, sampler: ResumableDistributedSampler) -> None:
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self.sampler.batches()
+
+    def __len__(self) -> int:
+        return self.sampler.batches_len()
 
 
 class ExactEvalSampler(Sampler[int]):
@@ -310,11 +364,10 @@ def build_loaders(
     if train_ds is None:
         return Loaders(None, val_loader, None, None, len(class_names), class_names)
     shard, shards = train_shard if train_shard is not None else (rank, world_size)
-    sampler = ResumableDistributedSampler(train_ds, shards, shard, shuffle=True, seed=epoch_seed)
+    sampler = ResumableDistributedSampler(train_ds, shards, shard, shuffle=True, seed=epoch_seed, batch_size=batch_size)
     train_loader = DataLoader(
         train_ds,
-        batch_size=batch_size,
-        sampler=sampler,
+        batch_sampler=MicroBatchSampler(sampler),
         collate_fn=collate,
         **_loader_kwargs(data_spec, device_is_cuda, epoch_seed),
     )
