@@ -296,11 +296,14 @@ def _start_squashfuse(squashfuse: str, image: Path, point: Path) -> Mounted:
 
 
 def _start_watcher(base: Path, mounted: Mounted) -> None:
-    from hpctrain.runtime.cleanup import ensure_task_token, start_reaper
+    from hpctrain.runtime.cleanup import TOKEN_ENV, new_token, start_reaper
 
+    # This watcher reaps nothing, so it needs no token of its own; setting one in os.environ (where
+    # the process has none, e.g. a trainer run in-process) would hand it to every later child.
+    token = os.environ.get(TOKEN_ENV) or new_token()
     try:
         start_reaper(
-            ensure_task_token(),
+            token,
             unmount=mounted.point,
             daemon_pid=mounted.daemon_pid,
             users_dir=base / "users",

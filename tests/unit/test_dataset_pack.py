@@ -438,3 +438,20 @@ def test_the_nodes_last_task_to_end_unmounts_before_it_exits(image: Path, tmp_pa
         assert not mount._is_our_daemon(ready["pid"], point)
     finally:
         _kill(follower)
+
+
+def test_mounting_in_a_process_without_a_task_token_sets_none(image: Path, tmp_path: Path, monkeypatch) -> None:
+    """A token left in the environment is inherited by every later child, and a task reaper kills what carries
+    its token: a test session that trained in-process on an image had later jobs killed that way."""
+    from hpctrain.runtime.cleanup import TOKEN_ENV
+
+    require_mount()
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    point = mount.open_image(
+        image, tmp_path, is_node_leader=True, stage=False, environ={"SLURM_JOB_ID": "79", "SLURM_RESTART_COUNT": "0"}
+    )
+    try:
+        assert TOKEN_ENV not in os.environ
+    finally:
+        mount.leave(log=lambda line: None)
+    assert not mount.is_mounted(point)
