@@ -132,8 +132,16 @@ def test_printable_and_for_rich_make_file_text_inert() -> None:
 # ------------------------------------------------------------------ item 7: files of any type
 
 
+def dead_pid() -> int:
+    """The PID of a process that has just ended (a fixed number may name a live process on the machine)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
 def test_status_and_report_of_a_run_whose_files_are_dev_zero_and_fifos(tmp_path: Path) -> None:
-    run_dir = make_run(tmp_path)
+    pid = dead_pid()
+    run_dir = make_run(tmp_path, job_id=str(pid))
     (run_dir / "summary.json").symlink_to("/dev/zero")
     (run_dir / "metrics.jsonl").symlink_to("/dev/zero")
     beat = heartbeat_path(run_dir, 0)
@@ -152,7 +160,7 @@ def test_status_and_report_of_a_run_whose_files_are_dev_zero_and_fifos(tmp_path:
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT)),
     )
     out, err = watch.communicate(timeout=HANG_GUARD_S)
-    assert watch.returncode == 1 and "job 4242 local, process gone" in out and "Traceback" not in err, (out, err)
+    assert watch.returncode == 1 and f"job {pid} local, process gone" in out and "Traceback" not in err, (out, err)
     report = cli("report", str(run_dir), "--out", str(tmp_path / "r"), home=tmp_path)
     no_traceback(report)
     assert report.returncode == 2 and "nothing to report" in report.stderr
