@@ -113,7 +113,7 @@ def main() -> None:
         os.environ["HPCTRAIN_JPEG_DECODER"] = args.decoder
         if args.decoder != "simplejpeg":
             sys.modules["simplejpeg"] = None  # type: ignore[assignment]  # import fails: simplejpeg "uninstalled"
-    from hpctrain.spec.models import Data
+    from hpctrain.jobspec.models import Data
     from hpctrain.trainer.data import build_datasets, train_transform, val_transform
     from hpctrain.trainer.data.decode import jpeg_decoder
 

@@ -30,7 +30,7 @@ CHILD = """
 import json, sys, time
 from pathlib import Path
 started = time.perf_counter()
-from hpctrain.spec.models import Data
+from hpctrain.jobspec.models import Data
 from hpctrain.trainer.data import build_datasets
 spec = Data(root=sys.argv[1], image_size=32, val_resize=36, workers=0, stage_dir=sys.argv[2])
 imported = time.perf_counter()

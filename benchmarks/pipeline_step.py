@@ -29,8 +29,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hpctrain.jobspec.models import Pipeline as PipelineSpec  # noqa: E402
 from hpctrain.runtime.context import TaskEnv  # noqa: E402
-from hpctrain.spec.models import Pipeline as PipelineSpec  # noqa: E402
 from hpctrain.trainer.precision import Precision  # noqa: E402
 from hpctrain.trainer.step import TrainStep  # noqa: E402
 from hpctrain.trainer.strategies.pipeline import Pipeline  # noqa: E402

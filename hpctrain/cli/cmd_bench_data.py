@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctrain.data_bench import (
+from hpctrain.diagnose.data_bench import (
     BenchReport,
     Demand,
     cores_per_gpu,
@@ -31,9 +31,9 @@ from hpctrain.data_bench import (
     stage_read_throughput,
 )
 from hpctrain.errors import ClusterError, HpctrainError, UsageError
-from hpctrain.spec.load import load_job
-from hpctrain.spec.models import JobSpec
-from hpctrain.spec.profiles import ClusterProfile
+from hpctrain.jobspec.load import load_job
+from hpctrain.jobspec.models import JobSpec
+from hpctrain.jobspec.profiles import ClusterProfile
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def _train_root(spec: JobSpec) -> Path:
 
 def bench_slurm_parameters(spec: JobSpec, profile: ClusterProfile, folder: Path, time_min: int) -> dict[str, Any]:
     """The job's own sbatch parameters, cut down to one node, one task and at most one GPU. Pure."""
-    from hpctrain.submission import slurm_parameters
+    from hpctrain.launch.submission import slurm_parameters
 
     params = slurm_parameters(spec, profile, folder)
     params.update(job_name=f"{spec.name}-bench-data", nodes=1, ntasks_per_node=1, time=time_min)
@@ -192,8 +192,8 @@ def remote_measure(spec_data: dict[str, Any], profile_data: dict[str, Any], opti
 def _run_on_slurm(
     spec: JobSpec, profile: ClusterProfile, options: BenchOptions, source: str, *, timeout_s: float
 ) -> BenchReport:
+    from hpctrain.launch.submitit_executor import SlurmExecutor
     from hpctrain.runtime.cleanup import python_command
-    from hpctrain.submitit_executor import SlurmExecutor
 
     if profile.scheduler != "slurm" or shutil.which("sbatch") is None:
         raise ClusterError(

@@ -28,12 +28,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hpctrain import job_registry, slurm
+from hpctrain.contract import job_registry, slurm
+from hpctrain.contract.rundir import RUN_FILE, Summary, latest_checkpoint_step, read_run_info, read_summary, trial_dir
+from hpctrain.contract.slurm import TERMINAL_STATES, job_state
 from hpctrain.errors import ClusterError, RunDirError
-from hpctrain.rundir import RUN_FILE, Summary, latest_checkpoint_step, read_run_info, read_summary, trial_dir
 from hpctrain.runtime import local_run
 from hpctrain.runtime.stop import write_cancel_marker
-from hpctrain.slurm import TERMINAL_STATES, job_state
 
 # Beyond KillWait: slurmd's epilog, and rank 0 writing summary.json after the checkpoint.
 SETTLE_MARGIN_S = 10.0

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from hpctrain import doctor
-from hpctrain.spec.load import LoadedJob, load_job
+from hpctrain.diagnose import doctor
+from hpctrain.jobspec.load import LoadedJob, load_job
 
 MARKS = {"ok": "ok  ", "warning": "warn", "error": "FAIL"}
 
@@ -36,8 +36,8 @@ def with_probe(
     job: LoadedJob | None, checks: list[doctor.Check], *, timeout_s: float, bounds: doctor.MeasureBounds
 ) -> tuple[list[doctor.Check], dict | None]:
     """Run the probe job where the checks so far allow it; add what it found."""
+    from hpctrain.diagnose.probe import Measure, probe_problems, run_probe
     from hpctrain.errors import ClusterError
-    from hpctrain.probe import Measure, probe_problems, run_probe
 
     if any(c.level == "error" and c.name in ("slurm clients", "controller") for c in checks):
         return [*checks, doctor.Check("probe", "error", "not run: Slurm does not answer")], None

@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 
 from hpctrain.errors import UsageError
-from hpctrain.spec.fields import NAME_PATTERN
-from hpctrain.spec.load import load_job
-from hpctrain.spec.profiles import load_profile
-from hpctrain.templates import fill, read_template
+from hpctrain.jobspec.fields import NAME_PATTERN
+from hpctrain.jobspec.load import load_job
+from hpctrain.jobspec.profiles import load_profile
+from hpctrain.launch.templates import fill, read_template
 
 # Per-GPU batch that fits: HAL's V100s (16 GB) hold 208 ResNet-50 images in fp16, not 256.
 GPU_BATCH = {"hal": 208}

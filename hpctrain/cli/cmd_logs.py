@@ -12,13 +12,13 @@ import sys
 import time
 from pathlib import Path
 
-from hpctrain import job_registry
 from hpctrain.cli.tail import echo_new
+from hpctrain.contract import job_registry
+from hpctrain.contract.rundir import read_run_info, read_summary, submitit_dir_ignored, task_log_path
+from hpctrain.contract.runfiles import copy_out, printable, tail_lines
+from hpctrain.contract.slurm import TERMINAL_STATES, job_state
 from hpctrain.errors import RunDirError
-from hpctrain.rundir import read_run_info, read_summary, submitit_dir_ignored, task_log_path
-from hpctrain.runfiles import copy_out, printable, tail_lines
 from hpctrain.runtime import local_run
-from hpctrain.slurm import TERMINAL_STATES, job_state
 
 FOLLOW_POLL_S = 1.0
 

@@ -14,14 +14,14 @@ import argparse
 import json
 import time
 
-from hpctrain import slurm
 from hpctrain.cli.cmd_validate import print_warnings
+from hpctrain.contract import slurm
+from hpctrain.contract.rundir import Summary, latest_checkpoint_step, read_summary
+from hpctrain.contract.slurm import TERMINAL_STATES, job_state
 from hpctrain.errors import ClusterError
-from hpctrain.rundir import Summary, latest_checkpoint_step, read_summary
+from hpctrain.jobspec.load import load_job
+from hpctrain.launch.submission import submit
 from hpctrain.runtime.stop import write_cancel_marker
-from hpctrain.slurm import TERMINAL_STATES, job_state
-from hpctrain.spec.load import load_job
-from hpctrain.submission import submit
 
 
 def run(args: argparse.Namespace) -> int:

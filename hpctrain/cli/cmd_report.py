@@ -1,6 +1,6 @@
 """``hpctrain report RUN_OR_STUDY... [--out DIR] [--baseline hal] [--json]``: plots and tables from runs.
 
-Thin: hpctrain.report does the work. Runs on a login node (no torch).
+Thin: hpctrain.observe.report does the work. Runs on a login node (no torch).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-from hpctrain.report.build import as_json, make_report
-from hpctrain.runfiles import json_safe, printable
+from hpctrain.contract.runfiles import json_safe, printable
+from hpctrain.observe.report.build import as_json, make_report
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,17 +21,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpctrain import job_registry, slurm
 from hpctrain.cli.cmd_submit import follow_local, print_submitted, wait_slurm
 from hpctrain.cli.cmd_validate import print_warnings
+from hpctrain.contract import job_registry, slurm
+from hpctrain.contract.rundir import read_run_info, spec_path
+from hpctrain.contract.slurm import TERMINAL_STATES, job_state
 from hpctrain.errors import UsageError
-from hpctrain.rundir import read_run_info, spec_path
+from hpctrain.jobspec.batch import reshape_problem
+from hpctrain.jobspec.load import LoadedJob, load_job, parse_override
+from hpctrain.launch.submission import resubmit
 from hpctrain.runtime import local_run
 from hpctrain.runtime.stop import clear_cancel_marker
-from hpctrain.slurm import TERMINAL_STATES, job_state
-from hpctrain.spec.batch import reshape_problem
-from hpctrain.spec.load import LoadedJob, load_job, parse_override
-from hpctrain.submission import resubmit
 
 
 def refuse_while_writing(run_dir: Path, info: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from hpctrain.spec.models import JobSpec
+from hpctrain.jobspec.models import JobSpec
 
 
 def spec_schema() -> dict:

@@ -14,17 +14,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from hpctrain import job_registry, slurm
 from hpctrain.cli.cmd_logs import log_path
+from hpctrain.contract import job_registry, slurm
+from hpctrain.contract.heartbeat_files import read_heartbeats
+from hpctrain.contract.rundir import RUN_FILE, Summary, parse_summary, read_run_info, read_summary
+from hpctrain.contract.runfiles import for_rich, json_safe, plausible, printable, read_tail
+from hpctrain.contract.slurm import TERMINAL_STATES, job_state
 from hpctrain.errors import ClusterError, RunDirError, UsageError
-from hpctrain.heartbeats import read_heartbeats
-from hpctrain.live_status import RankView, rank_views
-from hpctrain.live_view import rank_table
-from hpctrain.rundir import RUN_FILE, Summary, parse_summary, read_run_info, read_summary
-from hpctrain.runfiles import for_rich, json_safe, plausible, printable, read_tail
+from hpctrain.observe.live_status import RankView, rank_views
+from hpctrain.observe.live_view import rank_table
 from hpctrain.runtime import local_run
 from hpctrain.runtime.failures import first_task_failure
-from hpctrain.slurm import TERMINAL_STATES, job_state
 
 PROGRESS_KEYS = (
     "status",

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from hpctrain.cli.cmd_validate import print_warnings
 from hpctrain.cli.tail import echo_new
+from hpctrain.contract.rundir import Summary, next_run_dir, read_summary
 from hpctrain.errors import ClusterError
-from hpctrain.rundir import Summary, next_run_dir, read_summary
-from hpctrain.spec.load import LoadedJob, load_job
-from hpctrain.submission import SubmittedRun, backend_for, render_script, submit
+from hpctrain.jobspec.load import LoadedJob, load_job
+from hpctrain.launch.submission import SubmittedRun, backend_for, render_script, submit
 
 TERMINATIONS = (signal.SIGTERM, signal.SIGHUP)
 LOCAL_STOP_TIMEOUT_S = 60.0  # as 'hpctrain cancel --timeout': time for the tasks to write their stop checkpoint
@@ -62,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
 
 def check_before_queueing(job: LoadedJob, *, local: bool) -> None:
     """Refuse what would certainly fail after the queue wait; warn about what might."""
-    from hpctrain import slurm
-    from hpctrain.preflight import raise_for_errors, run_preflight, study_findings
+    from hpctrain.contract import slurm
+    from hpctrain.diagnose.preflight import raise_for_errors, run_preflight, study_findings
 
     slurm_backend = backend_for(job, local) == "slurm"
     if slurm_backend and not slurm.available():
@@ -96,7 +96,7 @@ def print_snapshot_plan(job: LoadedJob, *, snapshot: bool) -> None:
     """Say which code every attempt will import the entry point from."""
     if job.spec.entrypoint is None:
         return
-    from hpctrain import code_snapshot
+    from hpctrain.launch import code_snapshot
 
     source = code_snapshot.locate(job.spec.entrypoint) if snapshot else None
     if source is not None:
@@ -223,7 +223,7 @@ def _handling(signums: tuple[signal.Signals, ...], handler: object) -> Iterator[
 
 
 def wait_slurm(submitted: SubmittedRun, *, quiet: bool) -> int:
-    from hpctrain.slurm import wait_until_done
+    from hpctrain.contract.slurm import wait_until_done
 
     state = wait_until_done(submitted.job_id)
     if not quiet:

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain.errors import SpecError, SpecProblem
-from hpctrain.spec.lead_time import lead_time_warning
-from hpctrain.spec.load import LoadedJob, load_job
+from hpctrain.jobspec.lead_time import lead_time_warning
+from hpctrain.jobspec.load import LoadedJob, load_job
 
 if TYPE_CHECKING:
-    from hpctrain.preflight import Finding
+    from hpctrain.diagnose.preflight import Finding
 
 
 def describe(job: LoadedJob) -> str:
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError(str(job.source), [SpecProblem(f.key, f.message) for f in errors])
     print(f"{args.spec}: OK - {describe(job)}")
     if job.is_study:
-        from hpctrain.study import describe_point
+        from hpctrain.launch.study import describe_point
 
         for point in job.points:
             print(f"  {point.label}: {describe_point(point)}")
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
 def image_findings(job: LoadedJob) -> list[Finding]:
     """A data.root that names an image file is read (never mounted): a broken image fails here, not in the job."""
-    from hpctrain.preflight import check_data_root
+    from hpctrain.diagnose.preflight import check_data_root
 
     findings: list[Finding] = []
     for spec in job.trials:

@@ -2,7 +2,7 @@
 
 The verbs' own modules call in here when they are given a study (a spec with
 ``study:``, or a directory holding ``study.json``); the logic of expanding and
-recording points is in ``hpctrain/study.py``. Torch-free.
+recording points is in ``hpctrain/launch/study.py``. Torch-free.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from hpctrain import slurm
+from hpctrain.contract import slurm
+from hpctrain.contract.rundir import is_study_dir, next_run_dir, read_run_info
+from hpctrain.contract.runfiles import for_rich, json_safe, printable
 from hpctrain.errors import HpctrainError, RunDirError, UsageError
-from hpctrain.rundir import is_study_dir, next_run_dir, read_run_info
-from hpctrain.runfiles import for_rich, json_safe, printable
-from hpctrain.spec.load import LoadedJob
-from hpctrain.study import SubmittedStudy, point_dir, read_study, render_study_plan, submit_study
+from hpctrain.jobspec.load import LoadedJob
+from hpctrain.launch.study import SubmittedStudy, point_dir, read_study, render_study_plan, submit_study
 
 
 def study_dir_of(run: str | None) -> Path | None:

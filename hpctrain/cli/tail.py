@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TextIO
 
-from hpctrain.runfiles import copy_out
+from hpctrain.contract.runfiles import copy_out
 
 
 def echo_new(path: Path, offset: int, stream: TextIO) -> int:

@@ -22,12 +22,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, TextIO
 
-from hpctrain import slurm
 from hpctrain.cli.cmd_status import display_status, reconcile
+from hpctrain.contract import slurm
+from hpctrain.contract.rundir import Summary, metrics_path, parse_summary, read_run_info, read_summary
 from hpctrain.errors import ClusterError
-from hpctrain.live_status import MetricsTail, Snapshot, build_snapshot, read_run
-from hpctrain.live_view import final_lines, plain_changes, rich_view
-from hpctrain.rundir import Summary, metrics_path, parse_summary, read_run_info, read_summary
+from hpctrain.observe.live_status import MetricsTail, Snapshot, build_snapshot, read_run
+from hpctrain.observe.live_view import final_lines, plain_changes, rich_view
 from hpctrain.runtime import local_run
 
 MIN_INTERVAL_S = 2.0

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpctrain.runfiles import printable
+from hpctrain.contract.runfiles import printable
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ MAGIC = b"hsqs"
 SUPERBLOCK = struct.Struct("<IIIIIHHHHHHQQQQQQQQ")  # squashfs 4.0 superblock, 96 bytes
 INDEX_NAME = ".hpctrain-index.json"
 # Under Apptainer the container runtime mounts a packed data.root itself (an image-backed bind,
-# rendered by hpctrain.submission) here, and tells the task so in this variable.
+# rendered by hpctrain.launch.submission) here, and tells the task so in this variable.
 APPTAINER_BIND = "/hpctrain-data"
 BIND_ENV = "HPCTRAIN_DATA_IMAGE_BIND"
 LIST_TIMEOUT_S = 60.0

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from hpctrain.rundir import checkpoints_dir
+from hpctrain.contract.rundir import checkpoints_dir
 
 if TYPE_CHECKING:  # torch stays out of login-node imports
     import torch
 
+    from hpctrain.jobspec.models import JobSpec
     from hpctrain.runtime.stop import StopRequest
-    from hpctrain.spec.models import JobSpec
 
 EnvSource = Literal["slurm", "slurm-torchrun", "submitit-local", "torchrun", "single"]
 # Sources whose job is a Slurm job hpctrain submitted: it may requeue itself.

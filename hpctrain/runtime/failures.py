@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain.contract.rundir import read_summary, write_summary
 from hpctrain.errors import HpctrainError
-from hpctrain.rundir import read_summary, write_summary
 
 # "srun: error: n2: task 3: Killed", "srun: error: n1: tasks 0-1: Exited with exit code 1";
 # the torchrun launcher's node tasks write the same with "torchrun:" and global ranks.

@@ -39,7 +39,7 @@ in the kernel, stuck in native code that holds the GIL, or on a node that no
 longer answers): its file is older than its own write interval allows, so the
 step and phase in it are only its last recorded ones, and the report says so
 (``hung_frozen_s``). Otherwise the rank that stopped first is named
-(``hpctrain.heartbeats.first_stopped``: lowest step, then oldest phase).
+(``hpctrain.contract.heartbeat_files.first_stopped``: lowest step, then oldest phase).
 
 Torch-free.
 """
@@ -54,8 +54,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from hpctrain.heartbeats import Heartbeat, first_stopped, read_heartbeats
-from hpctrain.rundir import hang_claim_path, read_summary, stack_dump_path, stacks_dir, write_summary
+from hpctrain.contract.heartbeat_files import Heartbeat, first_stopped, read_heartbeats
+from hpctrain.contract.rundir import hang_claim_path, read_summary, stack_dump_path, stacks_dir, write_summary
 from hpctrain.runtime.heartbeat import Recorder
 
 HANG_EXIT_CODE = 87  # distinct from Python's 1 and from signals' 128+N: "ended by the hang watchdog"

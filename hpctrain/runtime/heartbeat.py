@@ -17,7 +17,8 @@ watchdog (``hpctrain.runtime.hang``) whether the rank stopped making progress
 and, every ``distributed.heartbeat_interval_s`` and at once after a milestone
 (the first step of an attempt, a new epoch, entering or leaving a checkpoint,
 validation or the end), writes ``heartbeats/rank-NNNNN.json`` (the fields of
-:class:`hpctrain.heartbeats.Heartbeat`) atomically into the run directory, which is shared by all nodes. It never
+:class:`hpctrain.contract.heartbeat_files.Heartbeat`) atomically into the run directory,
+which is shared by all nodes. It never
 creates the run directory (a path that does not exist on this node is not the
 shared one) and never raises: an error is logged once and the thread goes on.
 Torch-free.
@@ -36,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hpctrain.rundir import heartbeat_path, metrics_path, write_json_atomic
+from hpctrain.contract.rundir import heartbeat_path, metrics_path, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ class phase:  # noqa: N801 (used like a function: ``with phase("allreduce"):``)
 
 
 def set_phase(name: str) -> None:
-    """Enter phase ``name`` (one of hpctrain.heartbeats.PHASES, or your own word)."""
+    """Enter phase ``name`` (one of hpctrain.contract.heartbeat_files.PHASES, or your own word)."""
     _recorder.set_phase(name)
 
 

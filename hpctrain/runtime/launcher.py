@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hpctrain.errors import DistributedSetupError, HpctrainError
+from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime import failures, heartbeat
 from hpctrain.runtime.context import TaskContext, TaskEnv
 from hpctrain.runtime.master import check_master_address
 from hpctrain.runtime.stop import StopRequest, cancel_marker_paths, install_handlers
 from hpctrain.runtime.task_env import derive_task_env, export_torchrun_env, rank_hint, thread_env
-from hpctrain.spec.models import JobSpec
 
 # Set to 1 on test clusters whose "nodes" are loopback aliases of one machine.
 ALLOW_LOOPBACK_MASTER_VAR = "HPCTRAIN_ALLOW_LOOPBACK_MASTER"

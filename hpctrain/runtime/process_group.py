@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.errors import DistributedSetupError
+from hpctrain.jobspec.models import Distributed
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.master import check_port_free
 from hpctrain.runtime.rank_plan import Backend, choose_backend, select_device_index
 from hpctrain.runtime.task_env import export_torchrun_env
-from hpctrain.spec.models import Distributed
 
 __all__ = ["NCCL_DEFAULTS", "export_torchrun_env", "nccl_environment", "process_group", "start_process_group"]
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 from hpctrain.errors import DistributedSetupError
 
 if TYPE_CHECKING:
-    from hpctrain.spec.models import JobSpec
+    from hpctrain.jobspec.models import JobSpec
 
 Backend = Literal["nccl", "gloo"]
 # Shown instead of a port before the job id exists; see hpctrain.runtime.master.

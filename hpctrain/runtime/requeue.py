@@ -9,7 +9,7 @@ Decision (:func:`decide_after_stop`, pure, the same on every rank):
 * ``timeout`` (the ``--signal=USR2@N`` warning) -> ``requeue-self``: global
   rank 0 runs ``scontrol requeue <id>`` (``TaskEnv.job_id``: ``<array>_<task>``
   for array tasks, like submitit's ``JobEnvironment.job_id``; the commands
-  themselves are ``hpctrain.slurm``'s);
+  themselves are ``hpctrain.contract.slurm``'s);
 * ``preempted`` (SIGTERM, no cancel marker) -> ``slurm-requeues``: with
   ``PreemptMode=REQUEUE`` slurmctld requeues the job itself once GraceTime is
   over; rank 0 may do it sooner (below);
@@ -81,11 +81,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from hpctrain import slurm
+from hpctrain.contract import slurm
 from hpctrain.errors import ClusterError
+from hpctrain.jobspec.models import Signals
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.stop import StopReason, StopRequest, all_reduce_max
-from hpctrain.spec.models import Signals
 
 Decision = Literal["requeue-self", "slurm-requeues", "stop"]
 JobPhase = Literal["running", "preempting", "requeued", "ended", "unknown"]

@@ -4,7 +4,7 @@ An image need not carry Slurm's clients, and ``scontrol`` inside it would not
 talk to this cluster's controller anyway. With a ``container:`` the batch
 script starts a small shell loop (``templates/slurm_relay.sh``) before ``srun``
 and exports its folder as ``HPCTRAIN_SLURM_RELAY``. :func:`relay_runner` is a
-drop-in for ``subprocess.run`` in ``hpctrain.slurm``'s runner: it writes the
+drop-in for ``subprocess.run`` in ``hpctrain.contract.slurm``'s runner: it writes the
 request (``show JOBID`` or ``requeue JOBID``, the only two the requeue logic
 needs) into that folder and waits for the loop's answer. So rank 0 decides
 and requeues exactly as without a container (``requeue.py``). Torch-free.
@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpctrain.slurm import Runner, requeue_command, show_job_command
+from hpctrain.contract.slurm import Runner, requeue_command, show_job_command
 
 RELAY_VAR = "HPCTRAIN_SLURM_RELAY"
 POLL_S = 0.05

@@ -27,8 +27,8 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Literal
 
-from hpctrain.rundir import atomic_write_text, cancel_marker_path
-from hpctrain.runfiles import RunFileError, read_bounded
+from hpctrain.contract.rundir import atomic_write_text, cancel_marker_path
+from hpctrain.contract.runfiles import RunFileError, read_bounded
 from hpctrain.runtime import heartbeat
 
 StopReason = Literal["timeout", "preempted", "cancelled"]

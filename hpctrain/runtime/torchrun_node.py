@@ -59,13 +59,13 @@ from typing import Any
 
 import psutil
 
+from hpctrain.contract.rundir import torchrun_failures_path
 from hpctrain.errors import DistributedSetupError, HpctrainError
-from hpctrain.rundir import torchrun_failures_path
+from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.launcher import ALLOW_LOOPBACK_MASTER_VAR, configure_logging, report_failure
 from hpctrain.runtime.master import check_master_address, check_port_free
 from hpctrain.runtime.task_env import LAUNCHER_VAR, derive_task_env, rank_hint
-from hpctrain.spec.models import JobSpec
 
 WORKER_MODULE = "hpctrain.runtime.torchrun_worker"
 SPEC_FILE = "spec.json"

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpctrain.rundir import torchrun_failures_path
+from hpctrain.contract.rundir import torchrun_failures_path
 from hpctrain.runtime import failures
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.launcher import TaskLauncher

@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-from hpctrain import rundir
+from hpctrain.contract import rundir
+from hpctrain.contract.rundir import BEST_FILE, META_FILE, STATE_FILE, read_json_object, step_dir_name
 from hpctrain.errors import CheckpointError
-from hpctrain.rundir import BEST_FILE, META_FILE, STATE_FILE, read_json_object, step_dir_name
 from hpctrain.trainer.snapshot import SAFE_SCALARS, StagingBuffers, refuse_type
 
 log = logging.getLogger(__name__)

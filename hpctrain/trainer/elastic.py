@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.spec.batch import ELASTIC_STRATEGIES, micro_batch_problem
+from hpctrain.jobspec.batch import ELASTIC_STRATEGIES, micro_batch_problem
 
 
 def run_micro_batches(

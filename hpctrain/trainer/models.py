@@ -23,7 +23,7 @@ import torchvision
 from torch import nn
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.spec.models import Trainer
+from hpctrain.jobspec.models import Trainer
 
 log = logging.getLogger(__name__)
 

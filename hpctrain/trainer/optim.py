@@ -16,8 +16,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from hpctrain.spec.batch import REFERENCE_BATCH, scaled_lr  # noqa: F401 - torch-free, re-exported
-from hpctrain.spec.models import Trainer
+from hpctrain.jobspec.batch import REFERENCE_BATCH, scaled_lr  # noqa: F401 - torch-free, re-exported
+from hpctrain.jobspec.models import Trainer
 
 _NORM_TYPES: tuple[type[nn.Module], ...] = (
     nn.modules.batchnorm._NormBase,  # BatchNorm*, SyncBatchNorm, InstanceNorm*

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.spec.models import APEX_LEVELS
+from hpctrain.jobspec.models import APEX_LEVELS
 
 _APEX_EQUIVALENT = {
     "O0": "fp32",

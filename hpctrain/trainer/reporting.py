@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.rundir import Summary, metrics_path, read_summary, tb_dir, write_summary
+from hpctrain.contract.rundir import Summary, metrics_path, read_summary, tb_dir, write_summary
 
 if TYPE_CHECKING:
     from hpctrain.runtime.context import TaskContext

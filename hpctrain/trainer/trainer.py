@@ -30,10 +30,10 @@ import torch.distributed as dist
 from torch import nn
 
 from hpctrain.errors import TrainingConfigError
+from hpctrain.jobspec.batch import BatchLayout
 from hpctrain.runtime import heartbeat
 from hpctrain.runtime.context import TaskContext
 from hpctrain.runtime.stop import StopReason
-from hpctrain.spec.batch import BatchLayout
 from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
 from hpctrain.trainer.compiling import compile_failure, compile_model
 from hpctrain.trainer.data import build_loaders

@@ -13,7 +13,7 @@ import trainer_harness
 from torch import nn
 from trainer_harness import job_spec, task_env, train
 
-from hpctrain.spec.models import Pipeline as PipelineSpec
+from hpctrain.jobspec.models import Pipeline as PipelineSpec
 from hpctrain.trainer.precision import Precision
 from hpctrain.trainer.step import TrainStep
 from hpctrain.trainer.strategies.pipeline import Pipeline

@@ -12,7 +12,7 @@ import pytest
 import torch
 from trainer_harness import context, job_spec, stop_at
 
-from hpctrain.spec.models import JobSpec
+from hpctrain.jobspec.models import JobSpec
 from hpctrain.trainer.data import build_datasets, encoded_datasets
 from hpctrain.trainer.data.device_decode import resolve_decoder
 from hpctrain.trainer.trainer import Trainer

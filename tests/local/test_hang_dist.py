@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.heartbeats import read_heartbeats
-from hpctrain.rundir import read_summary, stack_dump_path
+from hpctrain.contract.heartbeat_files import read_heartbeats
+from hpctrain.contract.rundir import read_summary, stack_dump_path
 from hpctrain.runtime import heartbeat
 from hpctrain.runtime.hang import HANG_EXIT_CODE
 

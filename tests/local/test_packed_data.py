@@ -17,7 +17,7 @@ from trainer_harness import job_spec, train
 from hpctrain.dataset import index as index_module
 from hpctrain.dataset import mount
 from hpctrain.dataset.pack import pack
-from hpctrain.spec.models import JobSpec
+from hpctrain.jobspec.models import JobSpec
 from tests.squashfs_tools import require_mount
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -15,10 +15,10 @@ import pytest
 import submitit
 
 from hpctrain.errors import DistributedSetupError
+from hpctrain.jobspec.models import Distributed
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.launcher import TaskLauncher
 from hpctrain.runtime.task_env import one_node_env
-from hpctrain.spec.models import Distributed
 
 pytestmark = pytest.mark.local_dist
 
@@ -27,7 +27,7 @@ import json, os
 import torch, torch.distributed as dist
 from hpctrain.runtime.process_group import process_group
 from hpctrain.runtime.task_env import derive_task_env
-from hpctrain.spec.models import Distributed
+from hpctrain.jobspec.models import Distributed
 
 env = derive_task_env(os.environ)
 with process_group(env, Distributed(timeout_s=30), use_cuda=False, connect_timeout_s=20) as device:

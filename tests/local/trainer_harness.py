@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime.context import TaskContext, TaskEnv
 from hpctrain.runtime.stop import StopRequest
-from hpctrain.spec.models import JobSpec
 from hpctrain.trainer.dataset_gen import make_dataset
 from hpctrain.trainer.trainer import Trainer
 

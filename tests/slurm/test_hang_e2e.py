@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from hpctrain.heartbeats import read_heartbeats
-from hpctrain.rundir import read_summary, stack_dump_path
+from hpctrain.contract.heartbeat_files import read_heartbeats
+from hpctrain.contract.rundir import read_summary, stack_dump_path
 from hpctrain.runtime.hang import HANG_EXIT_CODE
 
 from .entrypoints import ENTRYPOINT_MODULE

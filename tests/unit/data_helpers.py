@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.spec.models import Data
+from hpctrain.jobspec.models import Data
 from hpctrain.trainer.data.decode import DECODERS, jpeg_decoder
 
 JPEG_DECODERS = DECODERS  # what the decode tests run over: simplejpeg, turbojpeg, pil

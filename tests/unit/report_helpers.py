@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from hpctrain.rundir import heartbeat_path, write_run_info
+from hpctrain.contract.rundir import heartbeat_path, write_run_info
 from hpctrain.trainer.reporting import Reporter
 
 START = 1_760_000_000.0

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.spec.batch import BatchLayout
-from hpctrain.spec.models import JobSpec
+from hpctrain.jobspec.batch import BatchLayout
+from hpctrain.jobspec.models import JobSpec
 
 
 def spec(resources: dict, trainer: dict) -> JobSpec:
@@ -41,7 +41,7 @@ def test_describe_names_gpus_and_processes() -> None:
 
 def test_validate_summary_line_shows_the_layout(tmp_path: Path) -> None:
     from hpctrain.cli.cmd_validate import describe
-    from hpctrain.spec.load import load_job
+    from hpctrain.jobspec.load import load_job
 
     path = tmp_path / "dp.yaml"
     text = "name: a\ncluster: hal\nresources: {nodes: 2, gpus_per_node: 4}\ntrainer: {strategy: dp, batch_size: 64}\n"

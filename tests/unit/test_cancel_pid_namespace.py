@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from hpctrain.rundir import atomic_write_text, write_run_info
+from hpctrain.contract.rundir import atomic_write_text, write_run_info
 from hpctrain.runtime.cleanup import RUN_TOKEN_ENV
 
 root = Path(sys.argv[1])

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain import code_snapshot
 from hpctrain.errors import HpctrainError, UsageError
+from hpctrain.launch import code_snapshot
 from hpctrain.runtime.launcher import load_user_code
 from tests.git_helpers import git
 

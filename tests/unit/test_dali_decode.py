@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpctrain.spec.models import Data
+from hpctrain.jobspec.models import Data
 from hpctrain.trainer.data import build_datasets, encoded_datasets
 from hpctrain.trainer.data.device_input import to_model_input
 from hpctrain.trainer.dataset_gen import make_dataset

@@ -13,7 +13,7 @@ from data_helpers import data_spec
 from torch.utils.data import DistributedSampler
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.spec.models import Data, Trainer
+from hpctrain.jobspec.models import Data, Trainer
 from hpctrain.trainer.data import (
     ExactEvalSampler,
     ResumableDistributedSampler,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.cli.cmd_bench_data import bench_slurm_parameters
-from hpctrain.data_bench import (
+from hpctrain.diagnose.data_bench import (
     BenchReport,
     Demand,
     ReadResult,
@@ -26,8 +26,8 @@ from hpctrain.data_bench import (
     table_demand,
 )
 from hpctrain.errors import UsageError
-from hpctrain.spec.models import JobSpec
-from hpctrain.spec.profiles import BUILTIN_PROFILES, apply_profile
+from hpctrain.jobspec.models import JobSpec
+from hpctrain.jobspec.profiles import BUILTIN_PROFILES, apply_profile
 from hpctrain.trainer.dataset_gen import make_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -219,7 +219,7 @@ def test_bench_data_with_data_stage_node_does_not_stage_the_dataset(data_root: P
 
 def test_stage_dir_under_a_missing_parent_is_refused_and_nothing_is_created(data_root: Path, tmp_path: Path) -> None:
     """--stage-dir made any missing tree and left it (issue 19): only the last folder may be missing."""
-    from hpctrain.data_bench import stage_read_throughput
+    from hpctrain.diagnose.data_bench import stage_read_throughput
 
     with pytest.raises(UsageError, match="does not exist") as info:
         stage_read_throughput(data_root / "train", tmp_path / "typo" / "deep" / "stage", max_files=4, max_s=5)
@@ -228,7 +228,7 @@ def test_stage_dir_under_a_missing_parent_is_refused_and_nothing_is_created(data
 
 
 def test_an_existing_stage_dir_is_kept_and_left_as_it_was(data_root: Path, tmp_path: Path) -> None:
-    from hpctrain.data_bench import stage_read_throughput
+    from hpctrain.diagnose.data_bench import stage_read_throughput
 
     stage = tmp_path / "scratch"
     stage.mkdir()
@@ -238,7 +238,7 @@ def test_an_existing_stage_dir_is_kept_and_left_as_it_was(data_root: Path, tmp_p
 
 
 def test_an_unwritable_stage_dir_is_one_message() -> None:
-    from hpctrain.data_bench import stage_read_throughput
+    from hpctrain.diagnose.data_bench import stage_read_throughput
 
     with pytest.raises(UsageError, match="cannot write there"):
         stage_read_throughput(Path("/nonexistent-src"), Path("/sys/hpctrain-stage"), max_files=1, max_s=1)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.spec.models import Data
+from hpctrain.jobspec.models import Data
 from hpctrain.trainer.data import build_datasets
 from hpctrain.trainer.data.index import scan_split
 from hpctrain.trainer.data.staging import DONE, resolve_stage_dir, stage_dataset

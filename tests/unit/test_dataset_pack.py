@@ -185,7 +185,7 @@ def test_validate_reads_an_image_root_and_fails_on_a_broken_one(image: Path, tmp
 
 
 def test_preflight_warns_what_mounting_needs(image: Path, monkeypatch) -> None:
-    from hpctrain import preflight
+    from hpctrain.diagnose import preflight
 
     monkeypatch.setattr(squashfs.shutil, "which", lambda name: None if name == "squashfuse" else f"/usr/bin/{name}")
     monkeypatch.setattr(squashfs.os.path, "exists", lambda path: path != "/dev/fuse")
@@ -196,8 +196,8 @@ def test_preflight_warns_what_mounting_needs(image: Path, monkeypatch) -> None:
 
 
 def test_doctor_accepts_an_image_root(image: Path) -> None:
-    from hpctrain import doctor
-    from hpctrain.spec.load import load_job
+    from hpctrain.diagnose import doctor
+    from hpctrain.jobspec.load import load_job
 
     job = load_job(REPO / "jobs" / "quickstart.yaml", [f"data.root={image}"])
     checks = {c.name: c for c in doctor.check_paths(job, slurm_backend=False)}
@@ -327,8 +327,8 @@ def test_is_mounted_reads_escaped_paths(tmp_path: Path) -> None:
 def test_apptainer_tasks_get_the_image_as_an_image_backed_bind(image: Path) -> None:
     import shlex
 
-    from hpctrain.spec.load import load_job
-    from hpctrain.submission import task_python
+    from hpctrain.jobspec.load import load_job
+    from hpctrain.launch.submission import task_python
 
     job = load_job(REPO / "jobs" / "smoke_apptainer_cpu.yaml", [f"data.root={image}"])
     command = shlex.split(task_python(job.spec))

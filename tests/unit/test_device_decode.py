@@ -19,7 +19,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.spec.models import Trainer
+from hpctrain.jobspec.models import Trainer
 from hpctrain.trainer.data import build_datasets, build_loaders, encoded_datasets
 from hpctrain.trainer.data.augment import train_crop
 from hpctrain.trainer.data.device_decode import (

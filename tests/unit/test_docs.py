@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from hpctrain.spec.models import JobSpec
-from hpctrain.spec.profiles import BUILTIN_PROFILES
+from hpctrain.jobspec.models import JobSpec
+from hpctrain.jobspec.profiles import BUILTIN_PROFILES
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "jobs").glob("*.yaml"))

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from hpctrain import doctor, filesystems, preflight
-from hpctrain.probe import probe_command, probe_problems, report, sbatch_args
-from hpctrain.spec.load import load_job
+from hpctrain.diagnose import doctor, filesystems, preflight
+from hpctrain.diagnose.probe import probe_command, probe_problems, report, sbatch_args
+from hpctrain.jobspec.load import load_job
 
 PARTITIONS = """\
 PartitionName=debug Default=YES MaxTime=UNLIMITED State=UP PreemptMode=REQUEUE GraceTime=60

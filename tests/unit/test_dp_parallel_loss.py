@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.spec.load import check_resolved
-from hpctrain.spec.models import JobSpec
-from hpctrain.spec.profiles import BUILTIN_PROFILES
+from hpctrain.jobspec.load import check_resolved
+from hpctrain.jobspec.models import JobSpec
+from hpctrain.jobspec.profiles import BUILTIN_PROFILES
 from hpctrain.trainer.evaluation import batch_sums
 from hpctrain.trainer.strategies import build_strategy
 from hpctrain.trainer.strategies.dp import DataParallel

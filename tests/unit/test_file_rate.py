@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain import doctor, filesystems
-from hpctrain.filesystems import FIRST_BLOCK, FileRate, measure_file_rate
-from hpctrain.probe import Measure, probe_command, report
-from hpctrain.spec.load import load_job
+from hpctrain.diagnose import doctor, filesystems
+from hpctrain.diagnose.filesystems import FIRST_BLOCK, FileRate, measure_file_rate
+from hpctrain.diagnose.probe import Measure, probe_command, report
+from hpctrain.jobspec.load import load_job
 
 MOUNTS = "overlay / overlay rw 0 0\nserver:/data /data nfs4 rw 0 0\n"
 
@@ -214,7 +214,7 @@ def test_doctor_measures_here_for_a_local_cluster(tmp_path: Path, capsys: pytest
 
 def test_a_looping_link_in_the_tree_is_skipped_by_every_sampler(tmp_path: Path) -> None:
     """A link that points at itself makes DirEntry.is_file() raise ELOOP: skipped, not an error."""
-    from hpctrain.data_bench import image_files
+    from hpctrain.diagnose.data_bench import image_files
 
     for split in ("train", "val"):
         make_tree(tmp_path / split, classes=2, per_class=3)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from hpctrain.heartbeats import Heartbeat
-from hpctrain.rundir import (
+from hpctrain.contract.heartbeat_files import Heartbeat
+from hpctrain.contract.rundir import (
     hang_claim_path,
     heartbeat_path,
     read_summary,
@@ -16,6 +16,7 @@ from hpctrain.rundir import (
     write_json_atomic,
     write_summary,
 )
+from hpctrain.jobspec.models import Distributed
 from hpctrain.runtime import failures
 from hpctrain.runtime.hang import (
     HANG_EXIT_CODE,
@@ -26,7 +27,6 @@ from hpctrain.runtime.hang import (
     record_hang,
 )
 from hpctrain.runtime.heartbeat import Recorder
-from hpctrain.spec.models import Distributed
 
 
 class Clock:
@@ -307,7 +307,7 @@ def test_silence_within_two_intervals_or_without_a_recorded_interval_is_not_froz
 
 def test_the_summary_agrees_with_the_frozen_ranks_own_file(tmp_path: Path) -> None:
     """The smoke-job case: a rank stopped soon after its first checkpoint, before its next interval write."""
-    from hpctrain.heartbeats import read_heartbeats
+    from hpctrain.contract.heartbeat_files import read_heartbeats
     from hpctrain.runtime.heartbeat import Monitor
 
     clock = Clock(1000.0)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.heartbeats import Heartbeat, read_heartbeats
-from hpctrain.rundir import heartbeat_path, metrics_path
+from hpctrain.contract.heartbeat_files import Heartbeat, read_heartbeats
+from hpctrain.contract.rundir import heartbeat_path, metrics_path
 from hpctrain.runtime import gpu_monitor, heartbeat
 from hpctrain.runtime.heartbeat import Monitor, Recorder
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from hpctrain.errors import SpecError, TrainingConfigError
-from hpctrain.spec.horovod import INSTALL_COMMAND, horovod_refusal
-from hpctrain.spec.load import load_job
-from hpctrain.spec.models import JobSpec
+from hpctrain.jobspec.horovod import INSTALL_COMMAND, horovod_refusal
+from hpctrain.jobspec.load import load_job
+from hpctrain.jobspec.models import JobSpec
 from hpctrain.trainer.strategies import build_strategy
 
 

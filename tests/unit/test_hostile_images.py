@@ -190,7 +190,7 @@ _CHILD = textwrap.dedent(
     import torch
     torch.set_num_threads(1)
     from torch.utils.data import DataLoader
-    from hpctrain.spec.models import Data
+    from hpctrain.jobspec.models import Data
     from hpctrain.trainer.data import build_datasets, encoded_datasets
     from hpctrain.trainer.data.augment import val_crop
     from hpctrain.trainer.data.decode import decode_crop
@@ -388,7 +388,7 @@ def test_a_newline_in_a_file_name_cannot_forge_log_lines(
 
 @pytest.mark.timeout(120)
 def test_bench_data_decode_rate_survives_bombs_and_says_so(root: Path, tmp_path: Path) -> None:
-    from hpctrain.spec.models import JobSpec
+    from hpctrain.jobspec.models import JobSpec
     from hpctrain.trainer.data.bench import decode_rate
 
     hostile = {name: path.read_bytes() for name, path in bombs(tmp_path / "made").items()}

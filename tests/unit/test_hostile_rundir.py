@@ -20,10 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.heartbeats import Heartbeat, find_stragglers, straggler_medians
-from hpctrain.live_status import MetricsTail
-from hpctrain.rundir import heartbeat_path, read_json_object, read_summary, submitit_dir, write_run_info
-from hpctrain.runfiles import (
+from hpctrain.contract.heartbeat_files import Heartbeat, find_stragglers, straggler_medians
+from hpctrain.contract.rundir import heartbeat_path, read_json_object, read_summary, submitit_dir, write_run_info
+from hpctrain.contract.runfiles import (
     RunFileError,
     for_rich,
     iter_lines,
@@ -33,6 +32,7 @@ from hpctrain.runfiles import (
     read_bounded,
     tail_lines,
 )
+from hpctrain.observe.live_status import MetricsTail
 
 REPO = Path(__file__).resolve().parents[2]
 MEMORY_LIMIT = 1 << 30
@@ -439,7 +439,7 @@ def test_report_md_escapes_labels_statuses_and_host_names(tmp_path: Path) -> Non
 
 
 def test_best_json_cannot_point_out_of_the_checkpoints(tmp_path: Path) -> None:
-    from hpctrain.rundir import best_checkpoint
+    from hpctrain.contract.rundir import best_checkpoint
 
     write_json(tmp_path / "checkpoints" / "best.json", {"dir": "../../elsewhere/step-00000001"})
     assert best_checkpoint(tmp_path / "checkpoints") is None
@@ -457,8 +457,8 @@ def test_report_of_a_run_whose_spec_yaml_is_an_alias_bomb(tmp_path: Path) -> Non
 
 
 def test_absurd_finite_values_are_not_shown_as_measurements(tmp_path: Path) -> None:
-    from hpctrain.live_status import build_snapshot, read_run
-    from hpctrain.live_view import progress_text
+    from hpctrain.observe.live_status import build_snapshot, read_run
+    from hpctrain.observe.live_view import progress_text
 
     run_dir = make_run(tmp_path)
     write_json(run_dir / "summary.json", {"status": "running", "val_top1": 1e17, "best_val_top1": -5.0})

@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
+from hpctrain.contract.heartbeat_files import read_heartbeats
 from hpctrain.errors import DistributedSetupError, HpctrainError
-from hpctrain.heartbeats import read_heartbeats
+from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime.hang import HangWatchdog
 from hpctrain.runtime.launcher import TaskLauncher, check_world_size, load_user_code, report_failure, thread_env
 from hpctrain.runtime.task_env import derive_task_env
-from hpctrain.spec.models import JobSpec
 
 
 def test_login_node_imports_do_not_pull_in_torch() -> None:

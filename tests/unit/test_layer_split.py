@@ -11,9 +11,9 @@ import torch
 import torchvision
 
 from hpctrain.errors import SpecError, TrainingConfigError
-from hpctrain.spec.layer_split import BLOCKS, check_layer_split, family_of
-from hpctrain.spec.load import load_job
-from hpctrain.spec.models import JobSpec
+from hpctrain.jobspec.layer_split import BLOCKS, check_layer_split, family_of
+from hpctrain.jobspec.load import load_job
+from hpctrain.jobspec.models import JobSpec
 from hpctrain.trainer.strategies.splitting import (
     balanced_starts,
     choose_starts,

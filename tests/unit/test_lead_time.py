@@ -7,14 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpctrain.spec.lead_time import (
+from hpctrain.jobspec.lead_time import (
     ARCH_PARAMS_M,
     STOP_OVERHEAD_S,
     estimated_save_s,
     lead_time_warning,
     measured_save_s,
 )
-from hpctrain.spec.models import JobSpec
+from hpctrain.jobspec.models import JobSpec
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,10 +15,8 @@ import pytest
 from rich.console import Console
 
 from hpctrain.cli.watch import JobPoller, watch
-from hpctrain.heartbeats import Heartbeat
-from hpctrain.live_status import MetricsTail, RunInputs, build_snapshot, read_run
-from hpctrain.live_view import final_lines, plain_changes, rich_view
-from hpctrain.rundir import (
+from hpctrain.contract.heartbeat_files import Heartbeat
+from hpctrain.contract.rundir import (
     Summary,
     atomic_write_text,
     heartbeat_path,
@@ -26,6 +24,8 @@ from hpctrain.rundir import (
     read_run_info,
     write_run_info,
 )
+from hpctrain.observe.live_status import MetricsTail, RunInputs, build_snapshot, read_run
+from hpctrain.observe.live_view import final_lines, plain_changes, rich_view
 
 REPO = Path(__file__).resolve().parents[2]
 NOW = 1_800_000_000.0

@@ -21,8 +21,8 @@ import pytest
 from hpctrain.cli import cmd_cancel
 from hpctrain.cli.cmd_status import run_status
 from hpctrain.cli.watch import watch
+from hpctrain.contract.rundir import atomic_write_text, cancel_marker_path, trial_dir, write_run_info
 from hpctrain.errors import RunDirError
-from hpctrain.rundir import atomic_write_text, cancel_marker_path, trial_dir, write_run_info
 from hpctrain.runtime import local_run
 from hpctrain.runtime.cleanup import RUN_TOKEN_ENV, reaper_environ
 
@@ -254,7 +254,7 @@ def test_a_live_local_run_stays_running(tmp_path: Path, sleepers: list) -> None:
 def test_a_local_job_carries_its_token_and_stop_ends_all_of_it(tmp_path: Path) -> None:
     import time
 
-    from hpctrain.submitit_executor import LocalExecutor
+    from hpctrain.launch.submitit_executor import LocalExecutor
 
     executor = LocalExecutor(folder=tmp_path / "submitit")
     executor.update_parameters(tasks_per_node=2, timeout_min=5)
@@ -292,7 +292,7 @@ def test_submit_local_stops_its_run_on_sigterm_and_sighup(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], signum: int
 ) -> None:
     from hpctrain.cli import cmd_submit
-    from hpctrain.submission import SubmittedRun
+    from hpctrain.launch.submission import SubmittedRun
 
     stopped: list[SubmittedRun] = []
     monkeypatch.setattr(cmd_submit, "stop_local", lambda submitted, timeout_s: stopped.append(submitted))

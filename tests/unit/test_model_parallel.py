@@ -8,8 +8,8 @@ import torch
 import torchvision
 
 from hpctrain.errors import TrainingConfigError
+from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime.context import TaskEnv
-from hpctrain.spec.models import JobSpec
 from hpctrain.trainer.strategies import build_strategy
 from hpctrain.trainer.strategies.model_parallel import ModelParallel, SplitModel
 from hpctrain.trainer.strategies.splitting import balanced_starts, parts_of, sequential_blocks

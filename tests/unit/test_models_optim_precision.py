@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.spec.models import Trainer
+from hpctrain.jobspec.models import Trainer
 from hpctrain.trainer.models import build_model, resolve_num_classes
 from hpctrain.trainer.optim import build_optimizer, build_scheduler, lr_factor, scaled_lr
 from hpctrain.trainer.precision import Precision, to_memory_format

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.contract.slurm import classify_sbatch_failure, parse_partitions
+from hpctrain.diagnose.preflight import check_data_root, check_partition, preflight, raise_for_errors
 from hpctrain.errors import SpecError
-from hpctrain.preflight import check_data_root, check_partition, preflight, raise_for_errors
-from hpctrain.slurm import classify_sbatch_failure, parse_partitions
-from hpctrain.spec.load import load_job
+from hpctrain.jobspec.load import load_job
 
 PARTITIONS = """\
 PartitionName=debug AllowGroups=ALL Default=YES MaxTime=UNLIMITED State=UP TotalNodes=2

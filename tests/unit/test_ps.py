@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from hpctrain.errors import DistributedSetupError, SpecError, TrainingConfigError
+from hpctrain.jobspec.load import load_job
+from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime.context import TaskEnv
-from hpctrain.spec.load import load_job
-from hpctrain.spec.models import JobSpec
 from hpctrain.trainer.strategies import build_strategy
 from hpctrain.trainer.strategies.ps_server import ShardServer, shard_parameters
 

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from hpctrain.errors import DistributedSetupError
+from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime.rank_plan import (
     DERIVED_PORT_TEXT,
     choose_backend,
@@ -14,7 +15,6 @@ from hpctrain.runtime.rank_plan import (
     render_rank_table,
     select_device_index,
 )
-from hpctrain.spec.models import JobSpec
 
 
 def make_spec(**sections: Any) -> JobSpec:

@@ -12,7 +12,7 @@ from PIL import Image
 from report_helpers import make_study, simulate_run
 
 from hpctrain.cli.main import main
-from hpctrain.report import plots
+from hpctrain.observe.report import plots
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""hpctrain.report.load and .table: reading damaged metrics, attempts, stragglers, the scaling numbers."""
+"""hpctrain.observe.report.load and .table: reading damaged metrics, attempts, stragglers, the scaling numbers."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from report_helpers import make_study, simulate_run, write_heartbeats
 
 from hpctrain.errors import RunDirError
-from hpctrain.report.load import load_targets, parse_metrics, split_attempts
-from hpctrain.report.table import scaling_table
+from hpctrain.observe.report.load import load_targets, parse_metrics, split_attempts
+from hpctrain.observe.report.table import scaling_table
 
 
 def _step(global_step: int, time: float, **extra: float) -> dict:
@@ -173,7 +173,7 @@ def test_a_run_with_only_a_summary_reports_the_summary_numbers(tmp_path: Path) -
 
 
 def test_a_job_id_names_its_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from hpctrain import job_registry
+    from hpctrain.contract import job_registry
 
     simulate_run(tmp_path / "run")
     monkeypatch.setattr(job_registry, "entries", lambda: [{"job_id": "4711", "run_dir": str(tmp_path / "run")}])

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from hpctrain.contract.slurm import parse_job_record, requeue_command
 from hpctrain.errors import ClusterError
+from hpctrain.jobspec.models import Signals
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.requeue import (
     decide_after_stop,
@@ -23,8 +25,6 @@ from hpctrain.runtime.requeue import (
 )
 from hpctrain.runtime.stop import StopRequest, cancel_marker_paths, write_cancel_marker
 from hpctrain.runtime.task_env import derive_task_env
-from hpctrain.slurm import parse_job_record, requeue_command
-from hpctrain.spec.models import Signals
 
 ENV = TaskEnv(
     global_rank=0,

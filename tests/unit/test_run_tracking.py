@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain import job_registry
+from hpctrain.contract import job_registry
+from hpctrain.contract.rundir import atomic_write_text, create_run_dir, next_run_dir, read_run_info, write_run_info
+from hpctrain.contract.slurm import TERMINAL_STATES, normalise_state, parse_sacct_states
 from hpctrain.errors import RunDirError
-from hpctrain.rundir import atomic_write_text, create_run_dir, next_run_dir, read_run_info, write_run_info
-from hpctrain.slurm import TERMINAL_STATES, normalise_state, parse_sacct_states
 
 REPO = Path(__file__).resolve().parents[2]
 

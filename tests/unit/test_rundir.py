@@ -1,4 +1,4 @@
-"""hpctrain.rundir: the typed summary (tolerant reader, strict writer) and the checkpoint listing."""
+"""hpctrain.contract.rundir: the typed summary (tolerant reader, strict writer) and the checkpoint listing."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.errors import RunDirError
-from hpctrain.rundir import (
+from hpctrain.contract.rundir import (
     best_checkpoint,
     cancel_marker_path,
     checkpoints_dir,
@@ -20,6 +19,7 @@ from hpctrain.rundir import (
     write_json_atomic,
     write_summary,
 )
+from hpctrain.errors import RunDirError
 
 
 def test_summary_reads_known_fields_typed_and_keeps_the_rest(tmp_path: Path) -> None:

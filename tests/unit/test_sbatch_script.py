@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from submitit.slurm.slurm import _make_sbatch_string
 
-from hpctrain.sbatch_script import render_sbatch, slurm_mem, task_command
-from hpctrain.spec.load import load_job
-from hpctrain.submission import build_executor, render_script, slurm_parameters
+from hpctrain.jobspec.load import load_job
+from hpctrain.launch.sbatch_script import render_sbatch, slurm_mem, task_command
+from hpctrain.launch.submission import build_executor, render_script, slurm_parameters
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_DIR = Path("/runs/X")

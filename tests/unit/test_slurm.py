@@ -1,4 +1,4 @@
-"""hpctrain.slurm: the one runner's failure classes, and the parsers on recorded output."""
+"""hpctrain.contract.slurm: the one runner's failure classes, and the parsers on recorded output."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 
-from hpctrain import slurm
-from hpctrain.errors import ClusterError
-from hpctrain.sbatch_script import signal_parameter
-from hpctrain.slurm import (
+from hpctrain.contract import slurm
+from hpctrain.contract.slurm import (
     SlurmCommandError,
     classify_failure,
     parse_kill_wait_s,
     run_slurm,
     show_job_command,
 )
+from hpctrain.errors import ClusterError
+from hpctrain.launch.sbatch_script import signal_parameter
 
 # The shape of ``scontrol show config`` (Slurm 22.05), trimmed.
 CONFIG = """\
@@ -93,7 +93,7 @@ def test_signal_parameter_and_commands() -> None:
 
 
 def test_max_array_size_from_scontrol_show_config() -> None:
-    from hpctrain.slurm import DEFAULT_MAX_ARRAY_SIZE, max_array_size, parse_max_array_size
+    from hpctrain.contract.slurm import DEFAULT_MAX_ARRAY_SIZE, max_array_size, parse_max_array_size
 
     assert parse_max_array_size("KillWait                = 30 sec\nMaxArraySize            = 40001\n") == 40001
     assert parse_max_array_size("KillWait = 30 sec\n") is None
@@ -109,7 +109,7 @@ def test_max_array_size_from_scontrol_show_config() -> None:
 
 
 def test_poll_job_state_asks_squeue_only_while_sacct_has_not_caught_up() -> None:
-    from hpctrain.slurm import poll_job_state
+    from hpctrain.contract.slurm import poll_job_state
 
     asked: list[str] = []
 

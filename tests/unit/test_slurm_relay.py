@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain import slurm
+from hpctrain.contract import slurm
+from hpctrain.launch.templates import render_slurm_relay
 from hpctrain.runtime.slurm_relay import relay_runner, request_for, slurm_runner
-from hpctrain.templates import render_slurm_relay
 
 FAKE_SCONTROL = """#!/bin/bash
 echo "$*" >> "$CALLS"

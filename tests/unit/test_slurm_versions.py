@@ -14,10 +14,7 @@ from typing import Any
 
 import pytest
 
-from hpctrain.doctor import ClusterView, check_slurm
-from hpctrain.runtime.requeue import job_phase, rank_zero_action
-from hpctrain.runtime.task_env import derive_task_env
-from hpctrain.slurm import (
+from hpctrain.contract.slurm import (
     ACTIVE_STATES,
     TERMINAL_STATES,
     classify_failure,
@@ -30,6 +27,9 @@ from hpctrain.slurm import (
     parse_sacct_states,
     parse_version,
 )
+from hpctrain.diagnose.doctor import ClusterView, check_slurm
+from hpctrain.runtime.requeue import job_phase, rank_zero_action
+from hpctrain.runtime.task_env import derive_task_env
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
 VERSIONS = ["22.05", "24.11", "26.05"]

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import SpecError, SpecProblem
-from hpctrain.spec.load import check_resolved, load_job, parse_override
-from hpctrain.spec.models import JobSpec
-from hpctrain.spec.profiles import BUILTIN_PROFILES, apply_profile
-from hpctrain.spec.slurm_time import parse_time_limit, seconds_to_minutes
-from hpctrain.spec.yaml_source import dump_yaml
+from hpctrain.jobspec.load import check_resolved, load_job, parse_override
+from hpctrain.jobspec.models import JobSpec
+from hpctrain.jobspec.profiles import BUILTIN_PROFILES, apply_profile
+from hpctrain.jobspec.slurm_time import parse_time_limit, seconds_to_minutes
+from hpctrain.jobspec.yaml_source import dump_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 VALID = """\
@@ -407,8 +407,8 @@ def test_every_bad_entry_of_a_mapping_or_list_is_reported_at_once(tmp_path: Path
 
 
 def test_every_pattern_of_specs_and_profiles_has_its_own_rule_in_words() -> None:
-    from hpctrain.spec.fields import PATTERN_RULES
-    from hpctrain.spec.profiles import ClusterProfile
+    from hpctrain.jobspec.fields import PATTERN_RULES
+    from hpctrain.jobspec.profiles import ClusterProfile
 
     def patterns(node: object) -> set[str]:
         if isinstance(node, dict):
@@ -424,7 +424,7 @@ def test_every_pattern_of_specs_and_profiles_has_its_own_rule_in_words() -> None
 
 
 def test_a_pattern_without_its_own_rule_is_quoted_not_given_the_job_name_rule() -> None:
-    from hpctrain.spec.problems import _describe
+    from hpctrain.jobspec.problems import _describe
 
     error = {"type": "string_pattern_mismatch", "loc": ("x",), "msg": "", "input": "?", "ctx": {"pattern": "^a$"}}
     assert _describe(error, JobSpec) == "'?' does not match the pattern ^a$"
@@ -1030,7 +1030,7 @@ def test_sweep_above_max_array_size_is_refused_before_expanding(
 ) -> None:
     import time
 
-    from hpctrain import slurm
+    from hpctrain.contract import slurm
 
     monkeypatch.setattr(slurm, "max_array_size", lambda: 500)
     values = {"lr": [0.001 * (i + 1) for i in range(400)], "seed": list(range(300))}
@@ -1074,7 +1074,7 @@ def test_dp_runs_one_task_per_node(tmp_path: Path) -> None:
 
 def test_arch_table_matches_torchvision() -> None:
     torchvision = pytest.importorskip("torchvision")
-    from hpctrain.spec.archs import ARCH_PARAMS_M
+    from hpctrain.jobspec.archs import ARCH_PARAMS_M
 
     assert sorted(ARCH_PARAMS_M) == sorted(torchvision.models.list_models(module=torchvision.models))
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from hpctrain.spec.models import Trainer
+from hpctrain.jobspec.models import Trainer
 from hpctrain.trainer.optim import build_optimizer, build_scheduler
 from hpctrain.trainer.precision import Precision
 from hpctrain.trainer.state import EpochSums, StepWindow

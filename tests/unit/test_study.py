@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-import hpctrain.study as study_module
+import hpctrain.launch.study as study_module
 from hpctrain.cli import study_views
 from hpctrain.cli.main import main
+from hpctrain.contract.rundir import read_json_object, read_run_info, study_file, write_run_info, write_summary
+from hpctrain.diagnose.preflight import Finding, check_partition, study_findings
 from hpctrain.errors import ClusterError, SpecError
-from hpctrain.preflight import Finding, check_partition, study_findings
-from hpctrain.rundir import read_json_object, read_run_info, study_file, write_run_info, write_summary
-from hpctrain.spec.load import load_job
-from hpctrain.spec.study_axes import check_axes, combinations, point_label
-from hpctrain.study import point_record, read_study, render_study_plan, study_record, submit_study
-from hpctrain.submission import SubmittedRun
+from hpctrain.jobspec.load import load_job
+from hpctrain.jobspec.study_axes import check_axes, combinations, point_label
+from hpctrain.launch.study import point_record, read_study, render_study_plan, study_record, submit_study
+from hpctrain.launch.submission import SubmittedRun
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -393,8 +393,8 @@ def test_status_of_a_study_asks_slurm_once_for_all_points(
         write_run_info(study_dir / point, {**info, "backend": "slurm"})
     batched: list[list[str]] = []
     alone: list[str] = []
-    monkeypatch.setattr("hpctrain.slurm.job_states", lambda ids: batched.append(ids) or {"100": "RUNNING"})
-    monkeypatch.setattr("hpctrain.slurm.available", lambda: True)
+    monkeypatch.setattr("hpctrain.contract.slurm.job_states", lambda ids: batched.append(ids) or {"100": "RUNNING"})
+    monkeypatch.setattr("hpctrain.contract.slurm.available", lambda: True)
     monkeypatch.setattr("hpctrain.cli.cmd_status.job_state", lambda job_id: alone.append(job_id) or "PENDING")
     assert main(["status", str(study_dir), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["points"]

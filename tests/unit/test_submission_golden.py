@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from hpctrain.spec.load import load_job
-from hpctrain.spec.models import JobSpec
-from hpctrain.spec.profiles import BUILTIN_PROFILES, ClusterProfile, apply_profile
-from hpctrain.submission import local_parameters, render_script, slurm_parameters
+from hpctrain.jobspec.load import load_job
+from hpctrain.jobspec.models import JobSpec
+from hpctrain.jobspec.profiles import BUILTIN_PROFILES, ClusterProfile, apply_profile
+from hpctrain.launch.submission import local_parameters, render_script, slurm_parameters
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -221,8 +221,8 @@ def test_local_parameters_put_the_whole_world_on_this_machine(spec: dict, expect
 
 
 def test_every_trial_runs_its_own_spec_even_a_sweep_of_one(tmp_path: Path) -> None:
-    from hpctrain.spec.load import load_job
-    from hpctrain.submission import task_launchers
+    from hpctrain.jobspec.load import load_job
+    from hpctrain.launch.submission import task_launchers
 
     spec = tmp_path / "one.yaml"
     spec.write_text(

@@ -19,6 +19,10 @@ from typing import Any
 import pytest
 
 from hpctrain.errors import SpecError
+from hpctrain.jobspec.load import load_job
+from hpctrain.jobspec.models import JobSpec
+from hpctrain.jobspec.profiles import BUILTIN_PROFILES, apply_profile
+from hpctrain.launch.submission import slurm_parameters, task_launchers
 from hpctrain.runtime.failures import first_task_failure
 from hpctrain.runtime.launcher import TaskLauncher
 from hpctrain.runtime.task_env import derive_task_env
@@ -35,10 +39,6 @@ from hpctrain.runtime.torchrun_node import (
     worker_environ,
     worker_pids,
 )
-from hpctrain.spec.load import load_job
-from hpctrain.spec.models import JobSpec
-from hpctrain.spec.profiles import BUILTIN_PROFILES, apply_profile
-from hpctrain.submission import slurm_parameters, task_launchers
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"

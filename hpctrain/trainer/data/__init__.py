@@ -38,8 +38,8 @@ from torchvision import transforms
 
 from hpctrain.dataset import mount, squashfs
 from hpctrain.errors import TrainingConfigError
-from hpctrain.spec.batch import micro_batch_positions, rank_micro_batches
-from hpctrain.spec.models import Data, Trainer
+from hpctrain.jobspec.batch import micro_batch_positions, rank_micro_batches
+from hpctrain.jobspec.models import Data, Trainer
 from hpctrain.trainer.data.datasets import TrainImages, ValImages
 from hpctrain.trainer.data.decode import jpeg_decoder
 from hpctrain.trainer.data.device_decode import (
@@ -90,7 +90,7 @@ class ResumableDistributedSampler(Sampler[int]):
     makes a resume yield exactly the uninterrupted tail.
 
     Each step's global batch is ``micro_batches`` canonical micro-batches of ``batch_size``
-    (:func:`~hpctrain.spec.batch.micro_batch_positions`), a function of (seed, epoch, step)
+    (:func:`~hpctrain.jobspec.batch.micro_batch_positions`), a function of (seed, epoch, step)
     alone; rank ``r`` of ``num_replicas`` takes micro-batches ``r, r + num_replicas, ...``
     of every step. ``micro_batches`` defaults to ``num_replicas`` (one each: DistributedSampler's
     shards); a run resumed on fewer ranks keeps its own and accumulates gradients.

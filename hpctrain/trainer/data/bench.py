@@ -11,7 +11,7 @@ import time
 import torch
 from torch import nn
 
-from hpctrain.spec.models import JobSpec
+from hpctrain.jobspec.models import JobSpec
 from hpctrain.trainer.data import build_datasets, encoded_datasets
 from hpctrain.trainer.data.decode import jpeg_decoder
 from hpctrain.trainer.data.device_decode import EncodedCollate

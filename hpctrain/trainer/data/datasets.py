@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from hpctrain.contract.runfiles import printable
 from hpctrain.errors import TrainingConfigError
-from hpctrain.runfiles import printable
 from hpctrain.trainer.data.augment import CropBox, sample_rng, train_crop, val_crop
 from hpctrain.trainer.data.decode import decode_crop
 from hpctrain.trainer.data.image_guard import DEFAULT_MAX_PIXELS

@@ -34,7 +34,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hpctrain.spec.models import MAX_IMAGE_PIXELS
+from hpctrain.jobspec.models import MAX_IMAGE_PIXELS
 
 if TYPE_CHECKING:
     from PIL import Image as PILImage

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from hpctrain.errors import TrainingConfigError
+from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime.context import TaskEnv
-from hpctrain.spec.models import JobSpec
 from hpctrain.trainer.strategies.base import EpochHost, EpochWorkers, Strategy
 from hpctrain.trainer.strategies.ddp import DDP
 from hpctrain.trainer.strategies.dp import DataParallel

@@ -4,7 +4,7 @@ A strategy is asked, in the trainer's setup order:
 
 * ``check(env, device)``: refuse a task layout it cannot run, naming the setting to change;
 * ``gpus_per_task(device)``: how many GPUs one task spreads its batch over
-  (only dp spreads; this feeds :class:`~hpctrain.spec.batch.BatchLayout`);
+  (only dp spreads; this feeds :class:`~hpctrain.jobspec.batch.BatchLayout`);
 * ``wrap(module, device)``: the model the forward runs;
 * ``data_shard(env)``: which shard of the data this task trains and validates on (pipeline: its pipeline's);
 * ``before_forward`` / ``after_backward`` / ``loss`` / ``sums``: its share of the one train step
@@ -35,10 +35,10 @@ from hpctrain.trainer.evaluation import Accuracy, batch_sums, evaluate
 from hpctrain.trainer.strategies.collectives import broadcast_state, distributed
 
 if TYPE_CHECKING:
+    from hpctrain.jobspec.batch import BatchLayout
+    from hpctrain.jobspec.models import JobSpec
     from hpctrain.runtime.context import TaskEnv
     from hpctrain.runtime.stop import StopReason, StopRequest
-    from hpctrain.spec.batch import BatchLayout
-    from hpctrain.spec.models import JobSpec
     from hpctrain.trainer.reporting import Reporter
     from hpctrain.trainer.state import EpochSums, Progress, Stateful
     from hpctrain.trainer.step import TrainStep

@@ -23,8 +23,8 @@ from hpctrain.trainer.strategies.collectives import average_gradients, broadcast
 from hpctrain.trainer.strategies.dp_loss import DataParallelModel, parallel_loss, parallel_sums
 
 if TYPE_CHECKING:
+    from hpctrain.jobspec.models import JobSpec
     from hpctrain.runtime.context import TaskEnv
-    from hpctrain.spec.models import JobSpec
 
 log = logging.getLogger(__name__)
 

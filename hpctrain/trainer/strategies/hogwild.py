@@ -40,8 +40,8 @@ from hpctrain.trainer.strategies.base import EpochHost, Strategy, refuse_several
 if TYPE_CHECKING:
     from torch import nn
 
+    from hpctrain.jobspec.models import JobSpec
     from hpctrain.runtime.context import TaskEnv
-    from hpctrain.spec.models import JobSpec
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.2

@@ -1,4 +1,4 @@
-"""``horovod``: refused by the trainer too (a spec built in Python skips ``validate``); see hpctrain.spec.horovod."""
+"""``horovod``: refused by the trainer too (a spec built in Python skips ``validate``); see hpctrain.jobspec.horovod."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.spec.horovod import ALTERNATIVE, horovod_refusal
+from hpctrain.jobspec.horovod import ALTERNATIVE, horovod_refusal
 from hpctrain.trainer.strategies.base import Strategy
 
 if TYPE_CHECKING:

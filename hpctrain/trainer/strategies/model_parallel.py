@@ -22,9 +22,9 @@ from hpctrain.trainer.strategies.base import Strategy, refuse_several_tasks
 from hpctrain.trainer.strategies.splitting import choose_starts, describe, parts_of, sequential_blocks
 
 if TYPE_CHECKING:
+    from hpctrain.jobspec.models import JobSpec
+    from hpctrain.jobspec.models import ModelParallel as ModelParallelSpec
     from hpctrain.runtime.context import TaskEnv
-    from hpctrain.spec.models import JobSpec
-    from hpctrain.spec.models import ModelParallel as ModelParallelSpec
 
 log = logging.getLogger(__name__)
 

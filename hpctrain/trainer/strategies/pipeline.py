@@ -48,9 +48,9 @@ from hpctrain.trainer.strategies.stage_comm import (
 )
 
 if TYPE_CHECKING:
+    from hpctrain.jobspec.models import JobSpec
+    from hpctrain.jobspec.models import Pipeline as PipelineSpec
     from hpctrain.runtime.context import TaskEnv
-    from hpctrain.spec.models import JobSpec
-    from hpctrain.spec.models import Pipeline as PipelineSpec
     from hpctrain.trainer.state import Stateful
     from hpctrain.trainer.step import TrainStep
 

@@ -37,8 +37,8 @@ from hpctrain.trainer.strategies.base import EpochHost, Strategy
 from hpctrain.trainer.strategies.collectives import distributed
 
 if TYPE_CHECKING:
+    from hpctrain.jobspec.models import JobSpec
     from hpctrain.runtime.context import TaskEnv
-    from hpctrain.spec.models import JobSpec
     from hpctrain.trainer.strategies.base import EpochWorkers
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Cut a torchvision model into consecutive parts: shared by ``pipeline`` (one task per stage) and
 ``model_parallel`` (one GPU per part).
 
-The model's *sequential form* (:mod:`hpctrain.spec.layer_split`) is a list of
+The model's *sequential form* (:mod:`hpctrain.jobspec.layer_split`) is a list of
 named blocks whose composition is the model's forward. A part is an
 ``nn.Sequential`` of blocks that are the model's own submodules, so the whole
 model keeps its torchvision state-dict keys: checkpoints of a cut model load
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.spec.layer_split import FLATTEN, POOL, RECIPES, RELU, family_of, unsplittable_message
+from hpctrain.jobspec.layer_split import FLATTEN, POOL, RECIPES, RELU, family_of, unsplittable_message
 
 
 class Flatten(nn.Module):

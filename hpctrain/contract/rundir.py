@@ -1,0 +1,433 @@
+"""Run directories: ``OUTPUT_DIR/NAME/RUN_ID/``, never reused for a new run.
+
+The one owner of the folder's layout and of its shared files: the trainer,
+the runtime, ``spec/lead_time`` and every CLI verb find paths, read and write
+only through here. A run directory holds::
+
+    spec.yaml                       the resolved spec (trial-NNN/ for sweeps)
+    run.json                        what was submitted where: job ids, cluster, submitit folder
+    submitit/JOBID_RANK_log.{out,err}   each task's output
+    checkpoints/step-NNNNNNNN/{state.pt,meta.json}, checkpoints/best.json
+    tb/, metrics.jsonl, summary.json    what the trainer reports
+    .hpctrain/cancel-requested      ``hpctrain cancel``'s marker
+    .hpctrain/torchrun-failures.log launcher torchrun: each node's first failed rank, for rank 0
+    heartbeats/rank-NNNNN.json      each rank's last step, phase and step times (hang/straggler detection)
+    stacks/rank-NNNNN.txt           each rank's Python stacks, dumped when the job hangs
+
+A study (one Slurm job per resource point) is ``OUTPUT_DIR/NAME/STUDY_ID/``
+with ``study.json`` listing its points and one run directory per point.
+
+A checkpoint is complete (its ``meta.json``, written last, records the size
+of ``state.pt``) or it is ignored. ``summary.json`` is read as a typed
+:class:`Summary` that tolerates missing, extra and half-written fields.
+Every write here is atomic (temp file, fsync, rename). Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+
+from hpctrain.contract.runfiles import RunFileError, printable, read_json
+from hpctrain.errors import RunDirError
+
+RUN_FILE = "run.json"
+SPEC_FILE = "spec.yaml"
+SUMMARY_FILE = "summary.json"
+SUBMITIT_DIR = "submitit"
+CHECKPOINTS_DIR = "checkpoints"
+TB_DIR = "tb"
+METRICS_FILE = "metrics.jsonl"
+CONTROL_DIR = ".hpctrain"
+CANCEL_MARKER_NAME = "cancel-requested"
+TORCHRUN_FAILURES_NAME = "torchrun-failures.log"
+STATE_FILE = "state.pt"
+META_FILE = "meta.json"
+BEST_FILE = "best.json"
+HEARTBEATS_DIR = "heartbeats"
+STACKS_DIR = "stacks"
+STUDY_FILE = "study.json"
+CHECKPOINT_FORMAT_VERSION = 1
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+TRIAL_DIR = re.compile(r"^trial-\d{3,}$")
+_JOB_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z_.-]{0,63}$")
+
+Status = Literal["running", "completed", "stopped", "failed"]
+FINAL_STATUSES: frozenset[str] = frozenset({"completed", "stopped", "failed"})
+
+
+# ------------------------------------------------------------------ paths
+
+
+def spec_path(run_dir: Path) -> Path:
+    return Path(run_dir) / SPEC_FILE
+
+
+def summary_path(run_dir: Path) -> Path:
+    return Path(run_dir) / SUMMARY_FILE
+
+
+def metrics_path(run_dir: Path) -> Path:
+    return Path(run_dir) / METRICS_FILE
+
+
+def tb_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / TB_DIR
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIR
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def cancel_marker_path(run_dir: str | Path) -> Path:
+    """Where ``hpctrain cancel`` leaves its marker for the run in ``run_dir``."""
+    return Path(run_dir) / CONTROL_DIR / CANCEL_MARKER_NAME
+
+
+def torchrun_failures_path(run_dir: str | Path) -> Path:
+    """Where the torchrun launcher's node tasks report failed ranks (srun's report, in srun's words)."""
+    return Path(run_dir) / CONTROL_DIR / TORCHRUN_FAILURES_NAME
+
+
+def trial_dir(sweep_dir: Path, index: int) -> Path:
+    """Where trial ``index`` of a sweep runs (its own run directory)."""
+    return Path(sweep_dir) / f"trial-{index:03d}"
+
+
+def heartbeats_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / HEARTBEATS_DIR
+
+
+def heartbeat_path(run_dir: Path, rank: int) -> Path:
+    """Rank ``rank``'s heartbeat file (written atomically at a low rate)."""
+    return heartbeats_dir(run_dir) / f"rank-{rank:05d}.json"
+
+
+def stacks_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / STACKS_DIR
+
+
+def stack_dump_path(run_dir: Path, rank: int) -> Path:
+    """Where rank ``rank`` dumps its Python stacks (faulthandler) when the job hangs."""
+    return stacks_dir(run_dir) / f"rank-{rank:05d}.txt"
+
+
+def hang_claim_path(run_dir: Path, job_id: str) -> Path:
+    """The marker the one rank that reports job ``job_id``'s hang creates (O_EXCL) before writing the summary."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", str(job_id) or "local")
+    return stacks_dir(run_dir) / f".hang-reported-{safe}"
+
+
+def study_file(study_dir: Path) -> Path:
+    return Path(study_dir) / STUDY_FILE
+
+
+def is_study_dir(path: Path) -> bool:
+    """A study directory holds ``study.json`` (its points are run directories below it)."""
+    return study_file(Path(path)).is_file()
+
+
+def submitit_dir(run_dir: Path, info: Mapping[str, Any] | None = None) -> Path:
+    """submitit's folder (pickles, logs): as ``run.json`` records it, if that lies inside the run.
+
+    "Inside" is the run directory, or for a sweep's trial the sweep's directory
+    (its one array shares a folder). A recorded folder elsewhere -- a run copied
+    or moved, or a crafted run.json -- is not followed: the folder has the same
+    place in this copy, so that place is used.
+    """
+    run_dir = Path(run_dir)
+    home = run_dir.parent if TRIAL_DIR.match(run_dir.name) else run_dir
+    recorded = (info or {}).get("submitit_dir")
+    if isinstance(recorded, str) and recorded:
+        path = run_dir / recorded  # an absolute path replaces run_dir
+        if _inside(path, home):
+            return path
+        return home / SUBMITIT_DIR
+    return run_dir / SUBMITIT_DIR
+
+
+def submitit_dir_ignored(run_dir: Path, info: Mapping[str, Any]) -> str | None:
+    """run.json's ``submitit_dir`` when :func:`submitit_dir` did not follow it (for a note), else None."""
+    recorded = info.get("submitit_dir")
+    if not isinstance(recorded, str) or not recorded:
+        return None
+    return None if submitit_dir(run_dir, info) == Path(run_dir) / recorded else recorded
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
+def task_log_path(run_dir: Path, info: Mapping[str, Any], rank: int, *, err: bool) -> Path:
+    """One task's stdout/stderr of the run's latest job (as submitit names them).
+
+    The job id becomes part of a file name, so it must be one (``123``, ``123_4``, a pid).
+    """
+    job_id = str(info.get("job_id"))
+    if not _JOB_ID.match(job_id):
+        raise RunDirError(
+            f"{Path(run_dir) / RUN_FILE}: job_id {printable(job_id)!r} is not a job id; its logs are not looked for",
+            hint="run.json was edited or damaged; the logs are in " + str(submitit_dir(run_dir, info)),
+        )
+    return submitit_dir(run_dir, info) / f"{job_id}_{rank}_log.{'err' if err else 'out'}"
+
+
+# ------------------------------------------------------------------ atomic writes
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` so readers see the old file or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_json_atomic(path: Path, value: Mapping[str, Any], *, sort_keys: bool = False) -> None:
+    """The one JSON writer for shared run files (summary, run.json, best.json)."""
+    atomic_write_text(path, json.dumps(dict(value), indent=2, sort_keys=sort_keys, default=str) + "\n")
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``, or None when missing, unreadable or not an object; never raises."""
+    try:
+        value = read_json(path)
+    except (OSError, ValueError, RunFileError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+# ------------------------------------------------------------------ run directories
+
+
+def new_run_id(now: float | None = None) -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+
+
+def next_run_dir(output_dir: str, name: str, now: float | None = None) -> Path:
+    """The directory a new run would get (not created): a dry run shows this."""
+    base = Path(output_dir).expanduser().resolve() / name
+    run_id = new_run_id(now)
+    candidate, suffix = base / run_id, 1
+    while candidate.exists():
+        suffix += 1
+        candidate = base / f"{run_id}-{suffix}"
+    return candidate
+
+
+def create_run_dir(output_dir: str, name: str) -> Path:
+    """Create a fresh run directory; a concurrent submit never gets the same one."""
+    for _ in range(100):
+        candidate = next_run_dir(output_dir, name)
+        try:
+            candidate.parent.mkdir(parents=True, exist_ok=True)
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise RunDirError(
+                f"cannot create run directory under {candidate.parent}: {exc.strerror}",
+                hint="set output_dir in the spec (or --set output_dir=DIR) to a writable directory",
+            ) from None
+    raise RunDirError(f"could not find a free run directory under {Path(output_dir).expanduser() / name}")
+
+
+def write_run_info(run_dir: Path, info: dict[str, Any]) -> None:
+    write_json_atomic(run_dir / RUN_FILE, info, sort_keys=True)
+
+
+def read_run_info(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / RUN_FILE
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir}: no such run directory", hint="'hpctrain status' lists recent runs")
+    if not path.exists():
+        raise RunDirError(
+            f"{run_dir}: not an hpctrain run directory (no {RUN_FILE})",
+            hint="pass a directory OUTPUT_DIR/NAME/RUN_ID created by 'hpctrain submit'",
+        )
+    try:
+        info = read_json(path)
+    except (OSError, ValueError) as exc:
+        raise RunDirError(f"{path}: unreadable ({exc})") from None
+    if not isinstance(info, dict):
+        raise RunDirError(
+            f"{path}: holds a JSON {type(info).__name__}, not the run's record (an object)",
+            hint="the file was overwritten; the run's logs and checkpoints are still in " + str(run_dir),
+        )
+    return info
+
+
+# ------------------------------------------------------------------ summary.json
+
+
+class Summary(BaseModel):
+    """What ``summary.json`` says about a run; every field may be missing.
+
+    The keys are a contract (tests and users' scripts read them): the trainer
+    writes them, ``status``/``submit``/``rehearse``/``cancel`` read them here.
+    Unknown keys are kept (``model_extra``).
+    """
+
+    model_config = ConfigDict(extra="allow", defer_build=True, allow_inf_nan=False)
+
+    status: Status | None = None
+    job_id: str | None = None
+    epochs_completed: int | None = None
+    global_step: int | None = None
+    val_top1: float | None = Field(None, ge=0, le=100)  # percent
+    val_top5: float | None = Field(None, ge=0, le=100)  # percent
+    best_val_top1: float | None = Field(None, ge=0, le=100)  # percent
+    train_images_per_s: float | None = Field(None, ge=0)
+    data_wait_fraction: float | None = Field(
+        None, ge=0, le=1
+    )  # time blocked on the next batch / step time (input-bound if high)
+    skipped_samples: int | None = None  # unreadable images replaced this attempt
+    restarts: int | None = None
+    stop_reason: str | None = None
+    failed_rank: int | None = None
+    failed_node: str | None = None
+    failed_reason: str | None = None
+    hung_rank: int | None = None  # the rank that stopped making progress first (hang detection)
+    hung_node: str | None = None
+    hung_phase: str | None = None
+    hung_frozen_s: float | None = None  # the hung rank's whole process froze: its heartbeat was silent this long
+    error: str | None = None
+    wall_s: float | None = None
+    started_at: str | None = None
+    updated_at: str | None = None
+    _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @property
+    def is_final(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+    def fields(self) -> dict[str, Any]:
+        """Every key the file had (even one of an unexpected type), for writing back."""
+        return {**self._raw, **self.model_dump(exclude_unset=True)}
+
+
+def parse_summary(data: Any) -> Summary | None:
+    """A Summary from decoded JSON; fields of the wrong type are dropped, never raised."""
+    if not isinstance(data, dict):
+        return None
+    raw, data = dict(data), dict(data)
+    for _ in range(len(data) + 1):
+        try:
+            summary = Summary.model_validate(data)
+            summary._raw = raw
+            return summary
+        except ValidationError as exc:
+            bad = {error["loc"][0] for error in exc.errors() if error["loc"]}
+            if not bad & data.keys():
+                return None
+            for key in bad:
+                data.pop(key, None)
+    return None
+
+
+def read_summary(run_dir: Path) -> Summary | None:
+    """The run's summary, or None when there is none (yet) or it cannot be read."""
+    return parse_summary(read_json_object(summary_path(run_dir)))
+
+
+def write_summary(run_dir: Path, fields: Mapping[str, Any]) -> None:
+    """Write ``summary.json`` exactly as ``fields`` (rank 0 only); its status must be a known one."""
+    status = fields.get("status")
+    if status is not None and status not in (*FINAL_STATUSES, "running"):
+        raise RunDirError(f"summary status {status!r} is not one of running, completed, stopped, failed")
+    write_json_atomic(summary_path(run_dir), fields)
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+def checkpoint_meta(step_dir: Path) -> dict[str, Any] | None:
+    """``meta.json`` of a complete checkpoint folder (its state file has the recorded size), else None."""
+    meta = read_json_object(Path(step_dir) / META_FILE)
+    if not meta or meta.get("format_version") != CHECKPOINT_FORMAT_VERSION:
+        return None
+    expected = meta.get("files", {}).get(STATE_FILE) if isinstance(meta.get("files"), dict) else None
+    state_path = Path(step_dir) / STATE_FILE
+    if not isinstance(expected, dict) or not state_path.is_file():
+        return None
+    if state_path.stat().st_size != expected.get("size"):
+        return None
+    return meta
+
+
+def complete_checkpoints(directory: Path) -> list[Path]:
+    """Complete ``step-N`` folders under a checkpoints directory, oldest first."""
+    found = []
+    if not Path(directory).is_dir():
+        return []
+    for child in Path(directory).iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and child.is_dir() and checkpoint_meta(child) is not None:
+            found.append((int(match.group(1)), child))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    found = complete_checkpoints(directory)
+    return found[-1] if found else None
+
+
+def best_checkpoint(directory: Path) -> Path | None:
+    """The folder ``best.json`` points at, if it is complete."""
+    pointer = read_json_object(Path(directory) / BEST_FILE)
+    if not pointer or not isinstance(pointer.get("dir"), str) or not _STEP_DIR.match(pointer["dir"]):
+        return None  # only a step-N folder beside it, never a path out of the run
+    path = Path(directory) / pointer["dir"]
+    return path if checkpoint_meta(path) is not None else None
+
+
+def latest_checkpoint_step(run_dir: Path) -> int | None:
+    """Global step of the run's newest complete checkpoint."""
+    latest = latest_checkpoint(checkpoints_dir(run_dir))
+    if latest is None:
+        return None
+    meta = checkpoint_meta(latest) or {}
+    step = meta.get("global_step")
+    return int(step) if isinstance(step, int) else int(latest.name.split("-")[1])
+
+
+def checkpoint_metas(run_dir: Path, *, complete_only: bool = True) -> list[dict[str, Any]]:
+    """``meta.json`` of every complete checkpoint of a run, oldest first.
+
+    ``complete_only=False`` also returns the meta of folders whose state file
+    is gone or differs: the meta is written last, so it still tells how long
+    that write took (``spec/lead_time`` wants every measured save).
+    """
+    if complete_only:
+        return [meta for path in complete_checkpoints(checkpoints_dir(run_dir)) if (meta := checkpoint_meta(path))]
+    folders = sorted(checkpoints_dir(run_dir).glob("step-*")) if checkpoints_dir(run_dir).is_dir() else []
+    metas = (read_json_object(folder / META_FILE) for folder in folders if _STEP_DIR.match(folder.name))
+    return [meta for meta in metas if meta]

@@ -1,0 +1,1 @@
+"""Finding what is wrong before and after a job: doctor, preflight, probes, data benchmarks."""

@@ -1,0 +1,207 @@
+"""``hpctrain doctor --probe``: a short job that reports what a compute node sees.
+
+The login node submits ``python -m hpctrain.diagnose.probe`` to one node of the spec's
+partition (with the spec's GPUs, account and QOS) and reads the one JSON line
+it prints: hostname, Python, torch and CUDA versions, visible GPUs, NCCL's
+version, whether ``data.root`` is readable and ``output_dir`` writable
+from there, and how many files per second ``data.root`` serves it
+(:func:`hpctrain.diagnose.filesystems.measure_file_rate`, bounded in files and
+time). The job's output file lies in ``output_dir``: if the login node
+cannot read it afterwards, the node does not share that file system.
+
+The login side (:func:`run_probe`) is torch-free; the node side
+(:func:`report`) imports torch only to describe it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpctrain.contract.slurm import TERMINAL_STATES, job_state, run_slurm
+from hpctrain.diagnose.filesystems import measure_file_rate
+
+PROBE_DIR = ".hpctrain-probe"
+MARKER = "HPCTRAIN-PROBE "
+
+
+# ------------------------------------------------------------------ login node
+
+
+@dataclass(frozen=True)
+class Measure:
+    """Where and how long the node measures files/s: a folder (data.root's training split) and its bounds."""
+
+    folder: str
+    max_files: int = 2000
+    max_s: float = 10.0
+    threads: int = 8
+
+    def argv(self) -> list[str]:
+        return ["--measure", self.folder, "--measure-files", str(self.max_files),
+                "--measure-seconds", str(self.max_s), "--measure-threads", str(self.threads)]  # fmt: skip
+
+
+def probe_command(python: str, data_root: str | None, output_dir: str, measure: Measure | None = None) -> str:
+    """The shell line sbatch --wrap runs; every part quoted."""
+    argv = [python, "-m", "hpctrain.diagnose.probe", "--output-dir", output_dir]
+    if data_root:
+        argv += ["--data-root", data_root]
+    if measure is not None:
+        argv += measure.argv()
+    return shlex.join(argv)
+
+
+def sbatch_args(
+    *, partition: str | None, gres: str | None, account: str | None, qos: str | None, output: Path, wrap: str
+) -> list[str]:
+    args = ["sbatch", "--parsable", "--job-name=hpctrain-probe", "--nodes=1", "--ntasks=1", "--time=2"]
+    args += [f"--output={output}", "--no-requeue"]
+    for option, value in (("partition", partition), ("gres", gres), ("account", account), ("qos", qos)):
+        if value:
+            args.append(f"--{option}={value}")
+    return [*args, "--wrap", wrap]
+
+
+def run_probe(
+    *,
+    output_dir: str,
+    data_root: str | None,
+    partition: str | None,
+    gres: str | None = None,
+    account: str | None = None,
+    qos: str | None = None,
+    timeout_s: float = 300.0,
+    measure: Measure | None = None,
+) -> dict[str, Any]:
+    """Submit the probe, wait for it, and return what it reported (or why it could not)."""
+    folder = Path(os.path.expanduser(output_dir)) / PROBE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    output = folder / "probe-%j.out"
+    wrap = probe_command(sys.executable, data_root, str(Path(os.path.expanduser(output_dir)).resolve()), measure)
+    job_id = run_slurm(sbatch_args(partition=partition, gres=gres, account=account, qos=qos, output=output, wrap=wrap))
+    job_id = job_id.strip().split(";")[0]
+    deadline = time.monotonic() + timeout_s
+    state = job_state(job_id)
+    while state not in TERMINAL_STATES:
+        if time.monotonic() > deadline:
+            run_slurm(["scancel", job_id])
+            return {"job_id": job_id, "state": state, "error": f"still {state} after {timeout_s:.0f} s; cancelled"}
+        time.sleep(2.0)
+        state = job_state(job_id)
+    out_file = folder / f"probe-{job_id}.out"
+    result: dict[str, Any] = {"job_id": job_id, "state": state}
+    try:
+        text = out_file.read_text(errors="replace")
+    except OSError:
+        result["error"] = (
+            f"the probe's output {out_file} is not visible here: the node does not share output_dir's file system"
+        )
+        return result
+    for line in text.splitlines():
+        if line.startswith(MARKER):
+            result.update(json.loads(line[len(MARKER) :]))
+            break
+    else:
+        result["error"] = "the probe did not report: " + " | ".join(text.strip().splitlines()[-3:])
+    out_file.unlink(missing_ok=True)
+    return result
+
+
+# ------------------------------------------------------------------ compute node
+
+
+def report(data_root: str | None, output_dir: str, measure: Measure | None = None) -> dict[str, Any]:
+    found: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "python": sys.executable,
+        "python_version": platform.python_version(),
+    }
+    try:
+        import torch
+
+        found["torch"] = torch.__version__
+        found["cuda"] = torch.version.cuda
+        found["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if torch.cuda.is_available():
+            found["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception as exc:  # report what is broken instead of failing
+        found["torch_error"] = f"{type(exc).__name__}: {exc}"
+    if data_root:
+        try:
+            entries = sorted(os.listdir(data_root))
+            found["data_root_readable"] = True
+            found["data_root_entries"] = entries[:10]
+        except OSError as exc:
+            found["data_root_readable"] = False
+            found["data_root_error"] = exc.strerror
+    if measure is not None and found.get("data_root_readable"):
+        found["file_rate"] = file_rate(measure)
+    try:
+        with tempfile.NamedTemporaryFile(dir=output_dir, prefix=".probe-", delete=True):
+            pass
+        found["output_dir_writable"] = True
+    except OSError as exc:
+        found["output_dir_writable"] = False
+        found["output_dir_error"] = exc.strerror
+    return found
+
+
+def file_rate(measure: Measure) -> dict[str, Any]:
+    """The measurement's numbers, or why there are none."""
+    try:
+        rate = measure_file_rate(measure.folder, max_files=measure.max_files, max_s=measure.max_s,
+                                 threads=measure.threads)  # fmt: skip
+    except OSError as exc:
+        return {"error": f"cannot list {measure.folder}: {exc.strerror or exc}"}
+    return rate.as_json()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hpctrain.diagnose.probe")
+    parser.add_argument("--data-root")
+    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--measure", help="folder whose files/s to measure (data.root's training split)")
+    parser.add_argument("--measure-files", type=int, default=2000)
+    parser.add_argument("--measure-seconds", type=float, default=10.0)
+    parser.add_argument("--measure-threads", type=int, default=8)
+    args = parser.parse_args(argv)
+    measure = None
+    if args.measure:
+        measure = Measure(args.measure, args.measure_files, args.measure_seconds, args.measure_threads)
+    print(MARKER + json.dumps(report(args.data_root, args.output_dir, measure)), flush=True)
+    return 0
+
+
+def probe_problems(found: dict[str, Any], *, wants_gpus: int) -> list[tuple[str, str, str]]:
+    """(name, message, fix) for every problem the probe found; pure."""
+    problems = []
+    if "error" in found:
+        return [("probe", found["error"], "run it again; check 'hpctrain doctor' without --probe first")]
+    if "torch_error" in found:
+        problems.append(("python", f"torch does not import on {found['hostname']}: {found['torch_error']}",
+                         "install the environment where compute nodes see it (a shared venv)"))  # fmt: skip
+    if wants_gpus and len(found.get("gpus", [])) < wants_gpus:
+        problems.append(("resources.gpus_per_node", f"{found['hostname']} shows {len(found.get('gpus', []))} GPU(s), "
+                         f"the spec asks for {wants_gpus}", "check the profile's gpu_gres template"))  # fmt: skip
+    if found.get("data_root_readable") is False:
+        problems.append(("data.root", f"{found['hostname']} cannot read it: {found.get('data_root_error')}",
+                         "put the dataset where compute nodes mount it"))  # fmt: skip
+    if found.get("output_dir_writable") is False:
+        problems.append(("output_dir", f"{found['hostname']} cannot write it: {found.get('output_dir_error')}",
+                         "put output_dir on the shared file system"))  # fmt: skip
+    return problems
+
+
+if __name__ == "__main__":
+    sys.exit(main())

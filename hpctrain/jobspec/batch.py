@@ -1,0 +1,121 @@
+"""The one definition of the global batch, shared by ``hpctrain validate``, the trainer and hogwild.
+
+``trainer.batch_size`` is what one device computes on per step: one GPU, or
+the CPU of a CPU process. A process's loader yields ``per_process`` images
+(dp spreads them over the GPUs of its task), and one optimizer step of the
+whole job takes ``global_batch`` images (hogwild: one step of every worker;
+ps: one batch of every worker task, the parameter servers load nothing).
+Torch-free, so login-node commands can use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hpctrain.jobspec.models import JobSpec, Trainer
+
+REFERENCE_BATCH = 256
+
+
+def scaled_lr(trainer_spec: Trainer, global_batch: int) -> float:
+    """``trainer.lr`` is for a global batch of 256; the linear rule scales it (Goyal et al., 2017)."""
+    if trainer_spec.lr_scaling == "linear":
+        return trainer_spec.lr * global_batch / REFERENCE_BATCH
+    return trainer_spec.lr
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """Images per device, per process and per step of the whole job."""
+
+    per_device: int  # trainer.batch_size: per GPU, or per CPU process
+    devices_per_process: int  # GPUs one dp task spreads its batch over; 1 for every other strategy
+    processes: int  # processes that each load a batch per step: tasks, times the workers of hogwild (pipelines)
+
+    @classmethod
+    def of(cls, trainer: Trainer, *, tasks: int, gpus_per_task: int) -> BatchLayout:
+        """The layout of ``trainer`` run by ``tasks`` tasks that each see ``gpus_per_task`` GPUs."""
+        devices = max(1, gpus_per_task) if trainer.strategy == "dp" else 1
+        workers = trainer.hogwild_processes if trainer.strategy == "hogwild" else 1
+        if trainer.strategy == "ps":  # parameter servers load no data: the global batch is over the workers
+            tasks = max(1, tasks - trainer.ps.servers)
+        processes = tasks * workers
+        if trainer.strategy == "pipeline":  # the tasks of one pipeline share each batch
+            processes = max(1, tasks // trainer.pipeline.stages)
+        return cls(per_device=trainer.batch_size, devices_per_process=devices, processes=processes)
+
+    @property
+    def per_process(self) -> int:
+        """What one process's loader yields per step."""
+        return self.per_device * self.devices_per_process
+
+    @property
+    def global_batch(self) -> int:
+        """Images in one optimizer step over all processes (what the learning rate is scaled by)."""
+        return self.per_process * self.processes
+
+    def describe(self) -> str:
+        """E.g. ``64 per GPU x 4 GPUs per task x 2 tasks``."""
+        if self.devices_per_process > 1:
+            parts = [f"{self.per_device} per GPU", f"{self.devices_per_process} GPUs per task"]
+        else:
+            parts = [f"{self.per_device} per process"]
+        return " x ".join([*parts, f"{self.processes} process{'es' if self.processes > 1 else ''}"])
+
+
+# -- canonical micro-batches: the global batch, whatever the number of ranks -------------------------------------
+ELASTIC_STRATEGIES = ("ddp", "single")  # where a rank may compute several micro-batches of one step
+
+
+def micro_batch_positions(step: int, micro_batch: int, *, micro_batches: int, batch_size: int, length: int) -> range:
+    """Positions, in an epoch's (padded) global sample order, of micro-batch ``micro_batch`` of ``step``.
+
+    Step ``k`` takes the ``micro_batches * batch_size`` positions from ``k * global``; micro-batch ``j``
+    of them is every ``micro_batches``-th from ``j``. With one micro-batch per rank this is exactly
+    DistributedSampler's shard of rank ``j`` cut into batches, so runs that never change shape keep
+    their order. ``length`` (a multiple of ``micro_batches``) shortens the last step's micro-batches alike.
+    """
+    start = step * micro_batches * batch_size + micro_batch
+    return range(start, min(length, (step + 1) * micro_batches * batch_size), micro_batches)
+
+
+def rank_micro_batches(rank: int, ranks: int, micro_batches: int) -> range:
+    """The micro-batches of every step that ``rank`` of ``ranks`` computes: ``rank``, ``rank + ranks``, ..."""
+    return range(rank, micro_batches, ranks)
+
+
+def micro_batch_problem(micro_batches: int, ranks: int, *, strategy: str) -> str | None:
+    """Why a global batch of ``micro_batches`` canonical micro-batches cannot run on ``ranks`` ranks; None if it can."""
+    if ranks == micro_batches:
+        return None
+    if strategy not in ELASTIC_STRATEGIES:
+        return (
+            f"trainer.strategy: {strategy} cannot resume on another shape: the run's global batch is "
+            f"{micro_batches} micro-batches over {micro_batches} processes, this job has {ranks}"
+        )
+    if micro_batches % ranks:
+        working = ", ".join(str(n) for n in range(1, micro_batches + 1) if micro_batches % n == 0)
+        return (
+            f"the run's global batch is {micro_batches} micro-batches of trainer.batch_size, which {ranks} ranks "
+            f"cannot share equally (rank counts that can: {working})"
+        )
+    return None
+
+
+def reshape_problem(before: JobSpec, after: JobSpec) -> str | None:
+    """Why ``after`` (a resume with other resources) cannot keep the global batch of ``before``'s run."""
+    old, new = before.batch_layout, after.batch_layout
+    if new.per_process != old.per_process:
+        return (
+            f"resources: each process would load {new.per_process} images per step instead of the run's "
+            f"{old.per_process} (trainer.strategy: {after.trainer.strategy} spreads its batch over a task's GPUs)"
+        )
+    problem = micro_batch_problem(old.processes, new.processes, strategy=after.trainer.strategy)
+    if problem is None:
+        return None
+    per_node = after.tasks_per_node
+    nodes = [n for n in range(1, old.processes + 1) if old.processes % (n * per_node) == 0]
+    works = ", ".join(map(str, nodes)) if after.trainer.strategy in ELASTIC_STRATEGIES and nodes else "none other"
+    return f"resources.nodes: {after.resources.nodes}: {problem}; node counts that keep it: {works}"

@@ -1,0 +1,362 @@
+"""From a loaded job to a submitit executor, its sbatch script, and a submitted run.
+
+There is one script (TorchX's ``submit = schedule(dryrun(...))``): spec ->
+executor parameters is the pure ``slurm_parameters``, tested against golden
+files, and ``sbatch_script.render_sbatch`` turns those parameters into the text
+``sbatch`` receives. ``render_script`` prints it for ``--dry-run`` without
+importing submitit; ``build_executor``'s submitit executor writes the same
+text when ``submit`` hands it the per-task callable.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import hpctrain
+from hpctrain.contract import job_registry
+from hpctrain.contract.rundir import (
+    CONTROL_DIR,
+    atomic_write_text,
+    create_run_dir,
+    read_run_info,
+    spec_path,
+    submitit_dir,
+    trial_dir,
+    write_run_info,
+)
+from hpctrain.dataset import squashfs
+from hpctrain.errors import ClusterError, UsageError
+from hpctrain.jobspec.load import LoadedJob
+from hpctrain.jobspec.models import JobSpec
+from hpctrain.jobspec.profiles import ClusterProfile
+from hpctrain.jobspec.slurm_time import seconds_to_minutes
+from hpctrain.jobspec.yaml_source import dump_yaml
+from hpctrain.launch.sbatch_script import render_sbatch, signal_parameter, slurm_mem, task_command
+from hpctrain.launch.templates import render_preamble, render_slurm_relay
+from hpctrain.runtime.cleanup import python_command
+
+if TYPE_CHECKING:
+    import submitit
+
+    from hpctrain.launch import code_snapshot
+
+Backend = Literal["slurm", "local"]
+# A task that exits non-zero ends the whole step at once instead of leaving the
+# other ranks blocked in a collective until the NCCL/gloo timeout.
+SRUN_ARGS = ("--kill-on-bad-exit=1",)
+
+
+def backend_for(job: LoadedJob, local: bool) -> Backend:
+    return "local" if local or job.profile.scheduler == "local" else "slurm"
+
+
+def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters for a resolved spec. Pure."""
+    res = spec.resources
+    gpus = res.gpus_per_node or 0
+    params: dict[str, Any] = {
+        "job_name": spec.name,
+        "nodes": res.nodes,
+        "ntasks_per_node": spec.tasks_per_node,
+        "time": seconds_to_minutes(res.time_s),
+        "signal_delay_s": spec.signals.signal_delay_s,
+        "srun_args": list(SRUN_ARGS),
+        "setup": render_preamble(spec.setup, spec.env, str(run_dir)),
+        "array_parallelism": res.array_parallelism,
+        "wckey": None,  # submitit's default wckey is rejected where TrackWCKey is enforced
+        "stderr_to_stdout": False,
+    }
+    for key in ("partition", "account", "qos", "constraint", "cpus_per_task"):
+        if getattr(res, key) is not None:
+            params[key] = getattr(res, key)
+    if spec.launcher == "torchrun":
+        # One Slurm task per node, holding the CPUs of all the processes torchrun starts there.
+        params["ntasks_per_node"] = 1
+        if res.cpus_per_task is not None:
+            params["cpus_per_task"] = res.cpus_per_task * spec.tasks_per_node
+    if res.mem_gb is not None:
+        params["mem"] = slurm_mem(res.mem_gb)
+    if res.exclusive:
+        params["exclusive"] = True
+    if gpus and profile.gpu_gres:
+        params["gres"] = profile.gpu_gres.format(gpus=gpus)
+    elif gpus:
+        params["gpus_per_node"] = gpus
+    extra: dict[str, Any] = {}
+    wants_requeue = spec.signals.requeue_on_timeout or spec.signals.requeue_on_preemption
+    extra["requeue" if wants_requeue else "no-requeue"] = True
+    # Written from the spec, always: submitit's own line takes its signal from
+    # SUBMITIT_PREEMPT_SIGNAL in the submitting shell, which the tasks never see.
+    extra["signal"] = signal_parameter(spec.signals.timeout_signal, spec.signals.signal_delay_s)
+    extra.update(res.slurm_extra)
+    params["additional_parameters"] = extra
+    if spec.container is not None:
+        params["setup"] += render_slurm_relay(str(Path(run_dir) / CONTROL_DIR / "slurm-relay"))
+        if spec.container.runtime == "pyxis":
+            params["srun_args"] += pyxis_arguments(spec)
+    return params
+
+
+def container_mounts(spec: JobSpec) -> list[str]:
+    """Bind mounts: the spec's, plus output_dir, data.root and the submit directory at their own paths."""
+    own = [str(Path(p).expanduser().resolve()) for p in (spec.output_dir, spec.data.root, Path.cwd()) if p]
+    for path in own:
+        if "," in path or ":" in path:
+            raise UsageError(
+                f"{path} has a ',' or ':', which container mount lists cannot carry",
+                hint="move output_dir / data.root / the submit directory to a path without them",
+            )
+    mounts = list(spec.container.mounts)
+    for path in own:
+        if not any(m.split(":")[0] == path for m in mounts):
+            mounts.append(path)
+    return mounts
+
+
+def pyxis_arguments(spec: JobSpec) -> list[str]:
+    return [
+        f"--container-image={spec.container.image}",
+        f"--container-mounts={','.join(container_mounts(spec))}",
+        f"--container-workdir={Path.cwd().resolve()}",
+    ]
+
+
+def task_python(spec: JobSpec) -> str:
+    """The command srun starts every task with (submitit appends ``-u -m submitit.core._submit DIR``)."""
+    if spec.container is None:
+        return python_command()
+    inner = python_command(spec.container.python)
+    if spec.container.runtime == "pyxis":
+        return inner
+    apptainer = ["apptainer", "exec", "--bind", ",".join(container_mounts(spec)), "--pwd", str(Path.cwd().resolve())]
+    if spec.data.root and squashfs.is_image(Path(spec.data.root).expanduser()):  # a packed dataset image
+        image = str(Path(spec.data.root).expanduser().resolve())
+        apptainer += ["--bind", f"{image}:{squashfs.APPTAINER_BIND}:image-src=/"]
+        apptainer += ["--env", f"{squashfs.BIND_ENV}={squashfs.APPTAINER_BIND}"]
+    if spec.resources.gpus_per_node:
+        apptainer.insert(2, "--nv")
+    return shlex.join([*apptainer, spec.container.image]) + " " + inner
+
+
+def local_parameters(spec: JobSpec) -> dict[str, Any]:
+    """submitit LocalExecutor parameters: the whole world as tasks on this machine."""
+    gpus = (spec.resources.gpus_per_node or 0) * spec.resources.nodes
+    return {
+        "tasks_per_node": spec.world_size,
+        "nodes": 1,
+        "timeout_min": seconds_to_minutes(spec.resources.time_s),
+        "gpus_per_node": gpus,
+        "signal_delay_s": spec.signals.signal_delay_s,
+    }
+
+
+def build_executor(job: LoadedJob, backend: Backend, run_dir: Path) -> submitit.Executor:
+    # here, not at the top: submitit imports asyncio, a fifth of a login-node command's time
+    from hpctrain.launch.submitit_executor import LocalExecutor, SlurmExecutor
+
+    folder = submitit_dir(run_dir)
+    if backend == "local":
+        # Its controller carries a run token; run.json records what proves it (runtime/local_run.py).
+        executor: submitit.Executor = LocalExecutor(folder=folder)
+        executor.update_parameters(**local_parameters(job.spec))
+    else:
+        # Each task starts under the reaper's exec wrapper, so everything it
+        # starts carries its token and is cleaned up after it (cleanup.py).
+        executor = SlurmExecutor(folder=folder, python=task_python(job.spec))
+        executor.update_parameters(**slurm_parameters(job.spec, job.profile, run_dir))
+    return executor
+
+
+def render_script(job: LoadedJob, run_dir: Path) -> str:
+    """The exact sbatch script ``submit`` would hand to Slurm for this job (without importing submitit)."""
+    parameters = slurm_parameters(job.spec, job.profile, run_dir)
+    if job.is_sweep:
+        parameters["map_count"] = len(job.trials)
+    folder = submitit_dir(run_dir)
+    return render_sbatch(parameters, folder, task_command(task_python(job.spec), folder))
+
+
+@dataclass
+class SubmittedRun:
+    job_id: str
+    run_dir: Path
+    backend: Backend
+    jobs: list[submitit.Job]
+    trial_dirs: list[Path]
+
+
+def submit(job: LoadedJob, *, local: bool = False, run_dir: Path | None = None, snapshot: bool = True) -> SubmittedRun:
+    """Create the run directory (a new one, or ``run_dir``: a study's point), write the resolved spec,
+    copy the user's code, and submit."""
+    backend = backend_for(job, local)
+    if backend == "slurm" and shutil.which("sbatch") is None:
+        raise ClusterError(
+            f"{job.source}: cluster '{job.profile.name}' needs Slurm, but 'sbatch' is not on this machine",
+            hint=f"run it here with 'hpctrain submit {job.source} --local', or submit from a login node",
+        )
+    if run_dir is None:
+        run_dir = create_run_dir(job.spec.output_dir, job.spec.name)
+    else:
+        run_dir.mkdir(parents=True)
+    trial_dirs = _write_trials(job, run_dir)
+    try:
+        copied = _snapshot_code(job, run_dir) if snapshot else None
+        code_root = str(run_dir / copied.import_root) if copied else None
+        jobs = _launch(job, backend, run_dir, trial_dirs, code_root)
+    except (ClusterError, UsageError):
+        _remove_unsubmitted(run_dir)
+        raise
+    job_id = jobs[0].job_id.split("_")[0] if job.is_sweep else jobs[0].job_id
+    code = {"code_snapshot": copied.as_json()} if copied else {}
+    for one_dir, one in zip(trial_dirs, jobs):
+        trial_code = (
+            {"code_snapshot": {**copied.as_json(), "import_root": os.path.relpath(code_root, one_dir)}}
+            if copied
+            else {}
+        )
+        extra = {**trial_code, **_local_record(one)}
+        _record_submission(one_dir, job, backend, one.job_id, submitit_dir(run_dir), extra=extra)
+    if job.is_sweep:
+        extra = {**code, **_local_record(jobs[0])}
+        _record_submission(run_dir, job, backend, job_id, submitit_dir(run_dir), trials=len(jobs), extra=extra)
+    return SubmittedRun(job_id, run_dir, backend, jobs, trial_dirs)
+
+
+def resubmit(run_dir: Path, job: LoadedJob, *, local: bool = False) -> SubmittedRun:
+    """Continue an existing run as a new job in the same run directory."""
+    backend = backend_for(job, local)
+    if backend == "slurm" and shutil.which("sbatch") is None:
+        raise ClusterError("'sbatch' is not on this machine", hint="resume from a login node, or pass --local")
+    from hpctrain.launch import code_snapshot  # here: --dry-run need not load it
+
+    code_root = code_snapshot.import_root(run_dir, read_run_info(run_dir).get("code_snapshot"))
+    jobs = _launch(job, backend, run_dir, [run_dir], str(code_root) if code_root else None)
+    _record_submission(run_dir, job, backend, jobs[0].job_id, submitit_dir(run_dir), extra=_local_record(jobs[0]))
+    return SubmittedRun(jobs[0].job_id, run_dir, backend, jobs, [run_dir])
+
+
+def _write_trials(job: LoadedJob, run_dir: Path) -> list[Path]:
+    atomic_write_text(spec_path(run_dir), dump_yaml(job.spec.model_dump(mode="json")))
+    if not job.is_sweep:
+        return [run_dir]
+    dirs = []
+    for index, (trial, params) in enumerate(zip(job.trials, job.trial_params)):
+        folder = trial_dir(run_dir, index)
+        folder.mkdir()
+        header = f"# sweep trial {index}: {params}\n"
+        atomic_write_text(spec_path(folder), header + dump_yaml(trial.model_dump(mode="json")))
+        dirs.append(folder)
+    return dirs
+
+
+def _snapshot_code(job: LoadedJob, run_dir: Path) -> code_snapshot.Snapshot | None:
+    """Copy the entry point's code into the run directory (see code_snapshot.py); None without one."""
+    if job.spec.entrypoint is None:
+        return None
+    from hpctrain.launch import code_snapshot  # here: --dry-run need not load it
+
+    source = code_snapshot.locate(job.spec.entrypoint)
+    return code_snapshot.take(source, run_dir) if source is not None else None
+
+
+def _launch(
+    job: LoadedJob, backend: Backend, run_dir: Path, trial_dirs: list[Path], code_root: str | None = None
+) -> list[submitit.Job]:
+    from submitit.core.utils import FailedJobError
+
+    from hpctrain.contract.slurm import classify_sbatch_failure
+
+    executor = build_executor(job, backend, run_dir)
+    launchers = task_launchers(job, trial_dirs, backend, code_root)
+    try:
+        if len(launchers) == 1:
+            return [executor.submit(launchers[0])]
+        if backend == "local":
+            return [executor.submit(launcher) for launcher in launchers]
+        return list(executor.submit_array(launchers))
+    except (FailedJobError, OSError, RuntimeError) as exc:
+        meaning, hint = classify_sbatch_failure(str(exc))
+        raise ClusterError(f"sbatch: {meaning}: {_first_lines(str(exc))}", hint=hint) from None
+
+
+def task_launchers(
+    job: LoadedJob, run_dirs: list[Path], backend: Backend = "slurm", code_root: str | None = None
+) -> list:
+    """One launcher per trial, each holding that trial's resolved spec (a plain job is one trial).
+
+    ``launcher: torchrun`` under Slurm runs a node task per node (runtime/torchrun_node.py);
+    a local run starts its processes as always (submitit's local executor).
+    """
+    from hpctrain.runtime.launcher import TaskLauncher  # light: imports no torch
+    from hpctrain.runtime.torchrun_node import TorchrunNodeLauncher
+
+    launcher = TorchrunNodeLauncher if backend == "slurm" and job.spec.launcher == "torchrun" else TaskLauncher
+    return [
+        launcher(trial.model_dump(mode="json"), str(d), code_root)
+        for trial, d in zip(job.trials, run_dirs, strict=True)
+    ]
+
+
+def _record_submission(
+    run_dir: Path,
+    job: LoadedJob,
+    backend: Backend,
+    job_id: str,
+    folder: Path,
+    trials: int | None = None,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    try:
+        info = read_run_info(run_dir)
+    except Exception:
+        info = {
+            "name": job.spec.name,
+            "created_at": time.time(),
+            "hpctrain_version": hpctrain.__version__,
+            "spec_source": str(job.source.resolve()),
+            "job_ids": [],
+        }
+    info.update(
+        {
+            "backend": backend,
+            "cluster": job.profile.name,
+            "job_id": job_id,
+            "world_size": job.spec.world_size,
+            "nodes": job.spec.resources.nodes,  # a resume may change it (resume --set resources.nodes=K)
+            "submitit_dir": str(folder),
+            "submitted_at": time.time(),
+        }
+    )
+    info.setdefault("global_batch_size", job.spec.global_batch_size)  # as first submitted: resumes keep it
+    info["job_ids"] = [*info.get("job_ids", []), job_id]
+    if trials is not None:
+        info["trials"] = trials
+    info.update(extra or {})
+    write_run_info(run_dir, info)
+    job_registry.record(job_id, run_dir)
+
+
+def _local_record(job: submitit.Job) -> dict[str, Any]:
+    """run.json's proof of a local job's controller (``local_process``); nothing for a Slurm job.
+
+    A resumed run replaces the record of its previous attempt, whose controller has ended.
+    """
+    from hpctrain.runtime.local_run import RECORD_KEY
+
+    record = getattr(job, "local_process", None)
+    return {RECORD_KEY: record.as_json()} if record is not None else {}
+
+
+def _remove_unsubmitted(run_dir: Path) -> None:
+    """A submission that never reached Slurm leaves nothing behind."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _first_lines(text: str, count: int = 6) -> str:
+    return "\n".join(text.strip().splitlines()[:count])

@@ -1,0 +1,81 @@
+"""submitit's executors as hpctrain uses them: Slurm writing hpctrain's sbatch script
+(``sbatch_script.py``), local with a controller that can be told apart from any other process.
+
+Importing this imports submitit (and asyncio with it): ``hpctrain.launch.submission``
+loads it only to submit, never for ``--dry-run``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+
+import submitit
+
+from hpctrain.launch.sbatch_script import render_sbatch
+from hpctrain.runtime import local_run
+
+PR_SET_PDEATHSIG = 1
+
+
+class SlurmExecutor(submitit.SlurmExecutor):
+    """Constructible without ``srun``, so a login node or a laptop can prepare a
+    submission (``submit`` checks for ``sbatch`` itself); the script is ours."""
+
+    @classmethod
+    def affinity(cls) -> int:
+        return 1
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        return render_sbatch(self.parameters, self.folder, command)
+
+
+class LocalExecutor(submitit.LocalExecutor):
+    """submitit's local executor, whose controller carries a run token and records what proves it.
+
+    The controller is started as submitit's ``start_controller`` does (same
+    environment variables), plus the run's token (``runtime/local_run.py``) and,
+    on Linux, a parent-death signal: a ``submit --local`` that dies takes the
+    controller, and through it the tasks, along. ``job.local_process`` is the
+    record for run.json.
+    """
+
+    def _submit_command(self, command: str) -> submitit.local.local.LocalJob:
+        from submitit.local.local import LocalJob
+
+        ntasks = self.parameters.get("tasks_per_node", 1)
+        gpus = range(self.parameters.get("gpus_per_node", 0))
+        token = local_run.new_run_token()
+        env = local_run.controller_environ(os.environ, token)
+        env.update(
+            SUBMITIT_LOCAL_NTASKS=str(ntasks),
+            SUBMITIT_LOCAL_COMMAND=command,
+            SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", 2.0))),
+            SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(int(self.parameters.get("signal_delay_s", 30))),
+            SUBMITIT_LOCAL_NODEID="0",
+            SUBMITIT_LOCAL_JOB_NUM_NODES="1",
+            SUBMITIT_STDERR_TO_STDOUT="",
+            SUBMITIT_EXECUTOR="local",
+            CUDA_VISIBLE_DEVICES=",".join(str(k) for k in gpus),
+            SUBMITIT_LOCAL_WITH_SHELL="",
+        )
+        process = subprocess.Popen(
+            [sys.executable, "-m", "submitit.local._local", str(self.folder)],
+            env=env,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - a single prctl call, no locks taken
+        )
+        job: LocalJob = LocalJob(self.folder, str(process.pid), tasks=list(range(ntasks)), process=process)
+        job.local_process = local_run.record_started(process.pid, token)  # type: ignore[attr-defined]
+        return job
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the process that started it ends (Linux prctl)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass

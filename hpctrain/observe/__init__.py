@@ -1,0 +1,1 @@
+"""Looking at runs: status, the live view, reports."""
