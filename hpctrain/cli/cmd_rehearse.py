@@ -1,84 +1,26 @@
 """``hpctrain rehearse SPEC``: prove a setup survives a time limit before the real run.
 
-Submits the job, waits for its first complete checkpoint, sends the
-time-limit signal (``scancel --signal=USR2``, exactly what Slurm sends
-``signal_delay_s`` before the limit), releases Slurm's hold on the requeued
-job, and waits until the run reports a restart that resumed from the
-checkpoint. Then it cancels the rehearsal (or leaves it running with
-``--set`` of your choice and ``hpctrain resume``).
+Thin: ``hpctrain.launch.rehearsal`` submits the job, forces one time-limit
+requeue after its first checkpoint, checks that it resumed, and cancels it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
 
-from hpctrain.cli.cmd_validate import print_warnings
-from hpctrain.contract import slurm
-from hpctrain.contract.rundir import Summary, latest_checkpoint_step, read_summary
-from hpctrain.contract.slurm import TERMINAL_STATES, job_state
-from hpctrain.errors import ClusterError
+from hpctrain.cli.main import warn
 from hpctrain.jobspec.load import load_job
-from hpctrain.launch.submission import submit
-from hpctrain.runtime.stop import write_cancel_marker
+from hpctrain.launch.plan import spec_warnings
+from hpctrain.launch.rehearsal import rehearse
 
 
 def run(args: argparse.Namespace) -> int:
     job = load_job(args.spec, args.overrides)
-    print_warnings(job)
-    if job.profile.scheduler != "slurm" or job.is_sweep:
-        raise ClusterError(
-            "rehearse needs a single (non-sweep) job on a Slurm cluster profile",
-            hint="use the spec you will submit for real",
-        )
-    submitted = submit(job)
-    job_id, run_dir = submitted.job_id, submitted.run_dir
-    deadline = time.monotonic() + args.timeout
-    print(f"rehearsal job {job_id}, run dir {run_dir}")
-
-    first = _wait_for(lambda: latest_checkpoint_step(run_dir), job_id, deadline, "a first checkpoint")
-    signal_name = job.spec.signals.timeout_signal
-    print(f"1/3 checkpoint at step {first}; sending {signal_name} as Slurm does before the time limit")
-    slurm.signal_job(job_id, signal_name)
-    stopped_at: list[int | None] = [first]  # refined once the requeued job is seen pending
-
-    def restarted() -> Summary | None:
-        summary = read_summary(run_dir) or Summary()
-        if job_state(job_id) == "PENDING":  # requeued and held: its newest checkpoint is the stop checkpoint
-            stopped_at[0] = latest_checkpoint_step(run_dir)
-            try:
-                slurm.release_job(job_id)
-            except ClusterError:
-                pass  # it may have started meanwhile; the next poll looks again
-        resumed = (summary.restarts or 0) >= 1 and summary.status in ("running", "completed")
-        return summary if resumed else None
-
-    summary = _wait_for(restarted, job_id, deadline, "the requeued job to resume")
-    print(
-        f"2/3 stopped at step {stopped_at[0]}, requeued and resumed: restarts {summary.restarts}, "
-        f"global step now {summary.global_step}"
-    )
-    write_cancel_marker(run_dir, [job_id])
-    try:
-        slurm.cancel_job(job_id)
-    except ClusterError as exc:
-        print(f"note: could not cancel the rehearsal job {job_id}: {exc.message}")
+    warn(spec_warnings(job))
+    done = rehearse(job, args.timeout, say=print)
     print(f"3/3 rehearsal passed; cancelled it. Submit the real run with: hpctrain submit {args.spec}")
-    print(json.dumps({"job_id": job_id, "run_dir": str(run_dir), "resumed_from_step": stopped_at[0]}))
+    print(
+        json.dumps({"job_id": done.job_id, "run_dir": str(done.run_dir), "resumed_from_step": done.resumed_from_step})
+    )
     return 0
-
-
-def _wait_for(probe, job_id: str, deadline: float, what: str):
-    while time.monotonic() < deadline:
-        value = probe()
-        if value is not None:
-            return value
-        state = job_state(job_id)
-        if state in TERMINAL_STATES:
-            raise ClusterError(
-                f"rehearsal job {job_id} ended {state} before {what}",
-                hint=f"see its logs: hpctrain logs {job_id} --err",
-            )
-        time.sleep(2.0)
-    raise ClusterError(f"timed out waiting for {what}", hint="raise --timeout, or check 'hpctrain status'")

@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpctrain.cli.main import warn
 from hpctrain.errors import SpecError, SpecProblem
-from hpctrain.jobspec.lead_time import lead_time_warning
 from hpctrain.jobspec.load import LoadedJob, load_job
+from hpctrain.launch.plan import spec_warnings
 
 if TYPE_CHECKING:
     from hpctrain.diagnose.preflight import Finding
@@ -36,15 +37,6 @@ def describe(job: LoadedJob) -> str:
     return line
 
 
-def print_warnings(job: LoadedJob, run_dir: Path | None = None) -> None:
-    """Things that are allowed but likely to hurt; printed to stderr, never fatal."""
-    for spec in job.trials:
-        warning = lead_time_warning(spec, run_dir)
-        if warning:
-            print(f"warning: {job.source}: {warning}", file=sys.stderr)
-            break
-
-
 def run(args: argparse.Namespace) -> int:
     job = load_job(args.spec, args.overrides, cluster=args.cluster)
     findings = image_findings(job)
@@ -57,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
         for point in job.points:
             print(f"  {point.label}: {describe_point(point)}")
-    print_warnings(job)
+    warn(spec_warnings(job))
     for finding in findings:
         print(f"warning: {job.source}: {finding.key}: {finding.message}", file=sys.stderr)
     return 0

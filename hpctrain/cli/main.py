@@ -128,6 +128,12 @@ def command_line() -> NoReturn:
     sys.exit(code)
 
 
+def warn(warnings: Sequence[str]) -> None:
+    """Things a verb's library call found allowed but likely to hurt: to stderr, never fatal."""
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+
+
 def _print_error(exc: HpctrainError) -> None:
     print(f"error: {exc.message}", file=sys.stderr)
     if exc.hint:

@@ -78,6 +78,30 @@ def study_record(job: LoadedJob, study_dir: Path, now: datetime.datetime | None 
     }
 
 
+def study_dir_of(run: str | Path | None) -> Path | None:
+    """The study directory ``run`` names, or None when it names something else (a run, a job id)."""
+    if not run:
+        return None
+    path = Path(run).expanduser()
+    return path.resolve() if is_study_dir(path) else None
+
+
+def submission_report(study: SubmittedStudy) -> dict[str, Any]:
+    """What ``submit --json`` prints for a study: its directory and each point's job."""
+    return {
+        "study_dir": str(study.study_dir),
+        "runs": [
+            {
+                "job_id": submitted.job_id,
+                "run_dir": str(submitted.run_dir),
+                "label": point.label,
+                "world_size": point.job.spec.world_size,
+            }
+            for point, submitted in study.runs
+        ],
+    }
+
+
 def write_study(study_dir: Path, record: dict[str, Any]) -> None:
     write_json_atomic(study_file(study_dir), record)
 

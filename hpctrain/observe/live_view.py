@@ -5,7 +5,7 @@ Plain output is meant for ``| tee`` and job logs: :func:`plain_changes`
 returns timestamped lines only for what changed since the previous snapshot
 (progress, checkpoint, Slurm state, stragglers, stale heartbeats, a hang),
 never a redraw. :func:`rich_view` is the terminal's live panel. Both are pure
-and torch-free; the watch loop (``hpctrain.cli.watch``) prints them.
+and torch-free; the watch loop (``hpctrain.observe.watch``) prints them.
 """
 
 from __future__ import annotations

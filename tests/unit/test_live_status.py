@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from hpctrain.cli.watch import JobPoller, watch
 from hpctrain.contract.heartbeat_files import Heartbeat
 from hpctrain.contract.rundir import (
     Summary,
@@ -26,6 +25,7 @@ from hpctrain.contract.rundir import (
 )
 from hpctrain.observe.live_status import MetricsTail, RunInputs, build_snapshot, read_run
 from hpctrain.observe.live_view import final_lines, plain_changes, rich_view
+from hpctrain.observe.watch import JobPoller, watch
 
 REPO = Path(__file__).resolve().parents[2]
 NOW = 1_800_000_000.0
@@ -342,7 +342,7 @@ def test_watch_falls_back_to_squeue_when_accounting_is_off(tmp_path: Path) -> No
 
 
 def test_a_resumed_run_is_not_over_because_the_last_attempt_stopped() -> None:
-    from hpctrain.cli.watch import job_ended
+    from hpctrain.observe.watch import job_ended
 
     stopped = Summary(status="stopped", job_id="41")
     assert not job_ended("UNKNOWN", stopped, "42")  # sacct does not list the new job yet

@@ -19,10 +19,10 @@ import psutil
 import pytest
 
 from hpctrain.cli import cmd_cancel
-from hpctrain.cli.cmd_status import run_status
-from hpctrain.cli.watch import watch
 from hpctrain.contract.rundir import atomic_write_text, cancel_marker_path, trial_dir, write_run_info
 from hpctrain.errors import RunDirError
+from hpctrain.observe.run_status import run_status
+from hpctrain.observe.watch import watch
 from hpctrain.runtime import local_run
 from hpctrain.runtime.cleanup import RUN_TOKEN_ENV, reaper_environ
 
@@ -291,14 +291,14 @@ class EndlessJob:
 def test_submit_local_stops_its_run_on_sigterm_and_sighup(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], signum: int
 ) -> None:
-    from hpctrain.cli import cmd_submit
+    from hpctrain.launch import follow
     from hpctrain.launch.submission import SubmittedRun
 
     stopped: list[SubmittedRun] = []
-    monkeypatch.setattr(cmd_submit, "stop_local", lambda submitted, timeout_s: stopped.append(submitted))
-    before = {one: signal.getsignal(one) for one in cmd_submit.TERMINATIONS}
+    monkeypatch.setattr(follow, "stop_local", lambda submitted, timeout_s: stopped.append(submitted))
+    before = {one: signal.getsignal(one) for one in follow.TERMINATIONS}
     submitted = SubmittedRun("4242", tmp_path, "local", [EndlessJob(tmp_path, signum)], [tmp_path])
-    assert cmd_submit.follow_local(submitted, stream=io.StringIO()) == 128 + signum
+    assert follow.follow_local(submitted, stream=io.StringIO()) == 128 + signum
     assert stopped == [submitted]
-    assert {one: signal.getsignal(one) for one in cmd_submit.TERMINATIONS} == before
+    assert {one: signal.getsignal(one) for one in follow.TERMINATIONS} == before
     assert "keeps its last checkpoint" in capsys.readouterr().err

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.cli.cmd_resume import reshaped
 from hpctrain.contract.rundir import read_run_info
 from hpctrain.errors import TrainingConfigError, UsageError
 from hpctrain.jobspec.batch import micro_batch_positions, micro_batch_problem, rank_micro_batches, reshape_problem
 from hpctrain.jobspec.load import load_job
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.launch import submission
+from hpctrain.launch.resume import reshaped
 from hpctrain.trainer.data import MicroBatchSampler, ResumableDistributedSampler
 from hpctrain.trainer.elastic import run_micro_batches
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 import hpctrain.launch.study as study_module
-from hpctrain.cli import study_views
 from hpctrain.cli.main import main
 from hpctrain.contract.rundir import read_json_object, read_run_info, study_file, write_run_info, write_summary
 from hpctrain.diagnose.preflight import Finding, check_partition, study_findings
@@ -302,7 +301,7 @@ def test_submit_writes_one_run_dir_per_point_and_records_each_job_id(
     record = read_study(study.study_dir)
     assert [(p["label"], p["job_id"]) for p in record["points"]] == [("nodes-1", "100"), ("nodes-2", "101")]
     assert all((study.study_dir / p["run_dir"] / "run.json").is_file() for p in record["points"])
-    assert study_views.submission_report(study) == {
+    assert study_module.submission_report(study) == {
         "study_dir": str(study.study_dir),
         "runs": [
             {"job_id": "100", "run_dir": str(study.study_dir / "nodes-1"), "label": "nodes-1", "world_size": 2},
@@ -395,7 +394,7 @@ def test_status_of_a_study_asks_slurm_once_for_all_points(
     alone: list[str] = []
     monkeypatch.setattr("hpctrain.contract.slurm.job_states", lambda ids: batched.append(ids) or {"100": "RUNNING"})
     monkeypatch.setattr("hpctrain.contract.slurm.available", lambda: True)
-    monkeypatch.setattr("hpctrain.cli.cmd_status.job_state", lambda job_id: alone.append(job_id) or "PENDING")
+    monkeypatch.setattr("hpctrain.observe.run_status.job_state", lambda job_id: alone.append(job_id) or "PENDING")
     assert main(["status", str(study_dir), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["points"]
     assert [(r["label"], r["slurm_state"]) for r in rows] == [("nodes-1", "RUNNING"), ("nodes-2", "PENDING")]
@@ -447,7 +446,7 @@ def test_local_points_run_one_after_another(
         return 0 if submitted.run_dir.name == "nodes-1" else 1
 
     monkeypatch.setattr(study_module, "submit", submit)
-    monkeypatch.setattr("hpctrain.cli.cmd_submit.follow_local", follow_local)
+    monkeypatch.setattr("hpctrain.launch.follow.follow_local", follow_local)
     assert main(["submit", str(write(tmp_path, CPU_STUDY)), "--local", "--json", "--no-preflight"]) == 1
     assert events == ["submit nodes-1", "ran nodes-1", "submit nodes-2", "ran nodes-2"]
     report = json.loads(capsys.readouterr().out)

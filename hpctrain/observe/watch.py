@@ -1,4 +1,5 @@
-"""``hpctrain status RUN --watch``: poll a run until its job ends, as a live panel or as plain change lines.
+"""Watching a run (``hpctrain status RUN --watch``): poll it until its job ends, as a live panel or as plain
+change lines.
 
 Each poll makes at most one Slurm call (``sacct``, or ``squeue`` on a cluster
 without accounting) and reads the run directory once; ``metrics.jsonl`` is
@@ -22,12 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, TextIO
 
-from hpctrain.cli.cmd_status import display_status, reconcile
 from hpctrain.contract import slurm
 from hpctrain.contract.rundir import Summary, metrics_path, parse_summary, read_run_info, read_summary
 from hpctrain.errors import ClusterError
 from hpctrain.observe.live_status import MetricsTail, Snapshot, build_snapshot, read_run
 from hpctrain.observe.live_view import final_lines, plain_changes, rich_view
+from hpctrain.observe.run_status import display_status, reconcile
 from hpctrain.runtime import local_run
 
 MIN_INTERVAL_S = 2.0

@@ -1,0 +1,89 @@
+"""A rehearsal (``hpctrain rehearse SPEC``): prove a setup survives a time limit before the real run.
+
+Submits the job, waits for its first complete checkpoint, sends the
+time-limit signal (``scancel --signal=USR2``, exactly what Slurm sends
+``signal_delay_s`` before the limit), releases Slurm's hold on the requeued
+job, and waits until the run reports a restart that resumed from the
+checkpoint. Then it cancels the rehearsal (or leaves it running with
+``--set`` of your choice and ``hpctrain resume``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpctrain.contract import slurm
+from hpctrain.contract.rundir import Summary, latest_checkpoint_step, read_summary
+from hpctrain.contract.slurm import TERMINAL_STATES, job_state
+from hpctrain.errors import ClusterError
+from hpctrain.jobspec.load import LoadedJob
+from hpctrain.launch.submission import submit
+from hpctrain.runtime.stop import write_cancel_marker
+
+
+@dataclass(frozen=True)
+class Rehearsed:
+    job_id: str
+    run_dir: Path
+    resumed_from_step: int | None
+
+
+def rehearse(job: LoadedJob, timeout_s: float, say: Callable[[str], None]) -> Rehearsed:
+    """Submit ``job``, force one time-limit requeue after its first checkpoint, check that it resumed,
+    then cancel it; ``say`` hears each step. ``ClusterError`` when a step fails or ``timeout_s`` runs out."""
+    if job.profile.scheduler != "slurm" or job.is_sweep:
+        raise ClusterError(
+            "rehearse needs a single (non-sweep) job on a Slurm cluster profile",
+            hint="use the spec you will submit for real",
+        )
+    submitted = submit(job)
+    job_id, run_dir = submitted.job_id, submitted.run_dir
+    deadline = time.monotonic() + timeout_s
+    say(f"rehearsal job {job_id}, run dir {run_dir}")
+
+    first = _wait_for(lambda: latest_checkpoint_step(run_dir), job_id, deadline, "a first checkpoint")
+    signal_name = job.spec.signals.timeout_signal
+    say(f"1/3 checkpoint at step {first}; sending {signal_name} as Slurm does before the time limit")
+    slurm.signal_job(job_id, signal_name)
+    stopped_at: list[int | None] = [first]  # refined once the requeued job is seen pending
+
+    def restarted() -> Summary | None:
+        summary = read_summary(run_dir) or Summary()
+        if job_state(job_id) == "PENDING":  # requeued and held: its newest checkpoint is the stop checkpoint
+            stopped_at[0] = latest_checkpoint_step(run_dir)
+            try:
+                slurm.release_job(job_id)
+            except ClusterError:
+                pass  # it may have started meanwhile; the next poll looks again
+        resumed = (summary.restarts or 0) >= 1 and summary.status in ("running", "completed")
+        return summary if resumed else None
+
+    summary = _wait_for(restarted, job_id, deadline, "the requeued job to resume")
+    say(
+        f"2/3 stopped at step {stopped_at[0]}, requeued and resumed: restarts {summary.restarts}, "
+        f"global step now {summary.global_step}"
+    )
+    write_cancel_marker(run_dir, [job_id])
+    try:
+        slurm.cancel_job(job_id)
+    except ClusterError as exc:
+        say(f"note: could not cancel the rehearsal job {job_id}: {exc.message}")
+    return Rehearsed(job_id, run_dir, stopped_at[0])
+
+
+def _wait_for(probe, job_id: str, deadline: float, what: str):
+    while time.monotonic() < deadline:
+        value = probe()
+        if value is not None:
+            return value
+        state = job_state(job_id)
+        if state in TERMINAL_STATES:
+            raise ClusterError(
+                f"rehearsal job {job_id} ended {state} before {what}",
+                hint=f"see its logs: hpctrain logs {job_id} --err",
+            )
+        time.sleep(2.0)
+    raise ClusterError(f"timed out waiting for {what}", hint="raise --timeout, or check 'hpctrain status'")

@@ -1,0 +1,70 @@
+"""A run's task logs: where they are, their tail, and following them until the job ends.
+
+Logs are read from their end and then in blocks, never whole, so a log of
+gigabytes costs what is printed; only regular files inside the run directory
+are read (``contract.rundir.task_log_path``). Torch-free.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from hpctrain.contract.rundir import read_run_info, read_summary, task_log_path
+from hpctrain.contract.runfiles import copy_out, tail_lines
+from hpctrain.contract.slurm import TERMINAL_STATES, job_state
+from hpctrain.errors import RunDirError
+from hpctrain.runtime import local_run
+
+FOLLOW_POLL_S = 1.0
+
+
+def log_path(run_dir: Path, rank: int, err: bool) -> Path:
+    return task_log_path(run_dir, read_run_info(run_dir), rank, err=err)
+
+
+def echo_new(path: Path, offset: int, stream: TextIO) -> int:
+    """Write the bytes of ``path`` after ``offset`` to ``stream`` (in blocks, regular files only); the new offset."""
+    return copy_out(path, offset, stream)
+
+
+def check_rank(rank: int, info: dict[str, Any]) -> None:
+    """A rank the job does not have is a mistake, not a pending job."""
+    world = info.get("world_size")  # absent in runs submitted before run.json recorded it
+    if isinstance(world, int) and rank >= world:
+        raise RunDirError(
+            f"--rank {rank}: this job has {world} task{'s' if world != 1 else ''}", hint=f"use --rank 0 to {world - 1}"
+        )
+
+
+def write_tail(path: Path, lines: int, out: TextIO) -> int:
+    """Write the last ``lines`` lines (0: all, streamed) to ``out``; the offset to follow from."""
+    if lines == 0:
+        return copy_out(path, 0, out)
+    try:
+        data, size = tail_lines(path, lines)
+    except FileNotFoundError:
+        return 0
+    out.write(data.decode("utf-8", errors="replace"))
+    out.flush()
+    return size
+
+
+def follow(path: Path, offset: int, run_dir: Path, info: dict[str, Any], out: TextIO) -> None:
+    """Write what the log gains until the job will write no more (then once more, for its last lines)."""
+    while True:
+        offset = echo_new(path, offset, out)
+        if job_writes_no_more(run_dir, info):
+            echo_new(path, offset, out)
+            return
+        time.sleep(FOLLOW_POLL_S)
+
+
+def job_writes_no_more(run_dir: Path, info: dict[str, Any]) -> bool:
+    """Whether the job will write no more: Slurm says it ended; a local run's summary is final or its
+    controller is provably gone (``runtime.local_run``: the PID alone proves nothing)."""
+    if info.get("backend") != "local":
+        return job_state(str(info.get("job_id") or "")) in TERMINAL_STATES
+    summary = read_summary(run_dir)
+    return (summary is not None and summary.is_final) or local_run.liveness(info) == "gone"

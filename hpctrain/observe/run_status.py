@@ -1,0 +1,266 @@
+"""The run status rule: what state a run is in, from Slurm's word (or a local run's processes) and summary.json.
+
+One rule for every view: ``hpctrain status`` (one run, a study's points, the
+list of recent runs), ``status --watch`` and the Python API all read a run
+through here. A job that ended while its summary still says "running" lost
+rank 0 (killed, out of memory, node failure), and is shown as failed with the
+task srun reported first; a job that never started shows Slurm's word
+(pending, cancelled). Torch-free.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpctrain.contract import job_registry, slurm
+from hpctrain.contract.heartbeat_files import read_heartbeats
+from hpctrain.contract.rundir import RUN_FILE, Summary, parse_summary, read_run_info, read_summary
+from hpctrain.contract.runfiles import plausible, read_tail
+from hpctrain.contract.slurm import TERMINAL_STATES, job_state
+from hpctrain.errors import ClusterError, RunDirError
+from hpctrain.observe.live_status import RankView, rank_views
+from hpctrain.observe.logs import log_path
+from hpctrain.runtime import local_run
+from hpctrain.runtime.failures import first_task_failure
+
+PROGRESS_KEYS = (
+    "status",
+    "epochs_completed",
+    "global_step",
+    "val_top1",
+    "best_val_top1",
+    "train_images_per_s",
+    "data_wait_fraction",
+    "skipped_samples",
+    "restarts",
+    "stop_reason",
+    "failed_rank",
+    "failed_node",
+    "failed_reason",
+    "hung_rank",
+    "hung_node",
+    "hung_phase",
+    "hung_frozen_s",
+)
+FAILURE_LOG_TAIL_BYTES = 4 << 20  # srun reports a failed task at the end of the batch step's log
+RECENT_RUNS = 20
+
+
+def run_status(run_dir: Path, known_states: Mapping[str, str] | None = None) -> dict:
+    """The run's state and progress; ``known_states``: job id -> Slurm state, where the caller asked already."""
+    info = read_run_info(run_dir)
+    recorded = read_summary(run_dir)
+    job_id = str(info.get("job_id", ""))
+    known = (known_states or {}).get(job_id)
+    if info.get("backend") == "local":
+        state = local_run.state(info, summary_final=bool(recorded and recorded.is_final))
+    else:
+        state = known or _slurm_state(job_id)
+    summary = parse_summary(reconcile(recorded.fields() if recorded else {}, state, run_dir)) or Summary()
+    return {
+        "run_dir": str(run_dir),
+        "name": info.get("name"),
+        "job_id": info.get("job_id"),
+        "job_ids": info.get("job_ids", []),
+        "cluster": info.get("cluster"),
+        "slurm_state": state,
+        **{key: getattr(summary, key) for key in PROGRESS_KEYS},
+        "status": display_status(summary.status, state),
+    }
+
+
+def status_with_ranks(run_dir: Path) -> tuple[dict, tuple[RankView, ...]]:
+    """``run_status`` plus ``stragglers``, and each rank's last heartbeat: what ``hpctrain status RUN`` shows."""
+    status = run_status(run_dir)
+    ranks = run_ranks(run_dir, status)
+    status["stragglers"] = [view.rank for view in ranks if view.straggler]
+    return status, ranks
+
+
+def run_ranks(run_dir: Path, status: dict) -> tuple[RankView, ...]:
+    """Each rank's last heartbeat (stale ones flagged while the job runs)."""
+    running = status.get("status") == "running" and status.get("slurm_state") not in TERMINAL_STATES
+    return rank_views(read_heartbeats(run_dir), time.time(), running=running)
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """One run's status: the facts ``hpctrain status RUN --json`` prints, as attributes.
+
+    ``status`` is the run's own word (running, completed, stopped, failed) or,
+    for a job that never started, Slurm's (pending, cancelled); ``slurm_state``
+    is what Slurm (or, for a local run, its processes) says now.
+    """
+
+    run_dir: str
+    name: str | None
+    job_id: str | None
+    job_ids: list[str]
+    cluster: str | None
+    slurm_state: str
+    status: str | None
+    epochs_completed: int | None
+    global_step: int | None
+    val_top1: float | None
+    best_val_top1: float | None
+    train_images_per_s: float | None
+    data_wait_fraction: float | None
+    skipped_samples: int | None
+    restarts: int | None
+    stop_reason: str | None
+    failed_rank: int | None
+    failed_node: str | None
+    failed_reason: str | None
+    hung_rank: int | None
+    hung_node: str | None
+    hung_phase: str | None
+    hung_frozen_s: float | None
+    stragglers: list[int]
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run will not go on by itself (completed, stopped, failed, cancelled)."""
+        return self.status in ("completed", "stopped", "failed", "cancelled")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The same keys, in the same order, as ``hpctrain status RUN --json``."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+def reconcile(summary: dict[str, Any], slurm_state: str, run_dir: Path) -> dict[str, Any]:
+    """A job that Slurm says has ended (or a local run whose processes are gone) but whose summary
+    still says "running" lost its rank 0 (killed, out of memory, node failure): say so, and name
+    the task srun reported as failed first in the batch step's log."""
+    if (
+        (slurm_state not in TERMINAL_STATES and slurm_state != local_run.GONE_STATE)
+        or slurm_state == "COMPLETED"
+        or summary.get("status") not in (None, "running")
+        or (summary.get("status") is None and slurm_state == "CANCELLED")  # cancelled before it started
+    ):
+        return summary
+    summary = {**summary, "status": "failed" if slurm_state != "CANCELLED" else "stopped"}
+    if summary.get("failed_rank") is None:
+        try:
+            tail = read_tail(log_path(run_dir, 0, err=True), FAILURE_LOG_TAIL_BYTES)
+            failure = first_task_failure(tail.decode("utf-8", errors="replace"))
+        except (OSError, RunDirError):
+            failure = None
+        if failure is not None:
+            summary.update(failed_rank=failure.rank, failed_node=failure.node, failed_reason=failure.reason)
+        elif slurm_state == local_run.GONE_STATE and summary.get("failed_reason") is None:
+            summary["failed_reason"] = "its processes ended without recording an end (killed, e.g. out of memory)"
+    return summary
+
+
+def display_status(status: str | None, slurm_state: str | None) -> str | None:
+    """The run's own status, or what Slurm knows when the run never started (pending, cancelled while queued)."""
+    if status is not None or slurm_state is None:
+        return status
+    if slurm_state == "PENDING":
+        return "pending"
+    if slurm_state == "CANCELLED":
+        return "cancelled"
+    if (slurm_state in TERMINAL_STATES and slurm_state != "COMPLETED") or slurm_state == local_run.GONE_STATE:
+        return "failed"
+    return None
+
+
+def _slurm_state(job_id: str) -> str:
+    if not job_id or not slurm.available():
+        return "unknown (no Slurm here)"
+    try:
+        return job_state(job_id)
+    except ClusterError as exc:
+        return f"unknown ({exc.message})"
+
+
+# ------------------------------------------------------------------ recent runs
+
+RECENT_KEYS = ("job_id", "submitted", "status", "epochs", "val_top1", "run_dir")
+
+
+def registry_runs(limit: int = RECENT_RUNS) -> list[tuple[str, float, Path]]:
+    """(job id, submitted at, run dir) of the newest runs this account submitted."""
+    seen, runs = set(), []
+    for entry in reversed(job_registry.entries()):
+        run_dir = Path(entry["run_dir"])
+        if run_dir in seen or not run_dir.is_dir():
+            continue
+        seen.add(run_dir)
+        when = entry.get("time")
+        runs.append((entry["job_id"], float(when) if plausible(when) else 0.0, run_dir))
+        if len(runs) >= limit:
+            break
+    return runs
+
+
+def runs_under(output_dir: Path, limit: int = RECENT_RUNS) -> list[tuple[str, float, Path]]:
+    """The newest runs in OUTPUT_DIR/NAME/RUN_ID (or NAME/RUN_ID when given a job's folder)."""
+    runs = []
+    for run_file in [*output_dir.glob(f"*/*/{RUN_FILE}"), *output_dir.glob(f"*/{RUN_FILE}")]:
+        try:
+            info = read_run_info(run_file.parent)
+        except RunDirError:
+            continue
+        when = info.get("submitted_at") or info.get("created_at") or 0
+        runs.append((str(info.get("job_id", "-")), float(when) if plausible(when) else 0.0, run_file.parent))
+    return sorted(runs, key=lambda run: run[1], reverse=True)[:limit]
+
+
+def recent_rows(runs: list[tuple[str, float, Path]]) -> list[tuple[str, str, str, str, str, str]]:
+    """One row of text per run (``RECENT_KEYS``); Slurm is asked once, for the unfinished ones."""
+    summaries = {run_dir: read_summary(run_dir) or Summary() for _, _, run_dir in runs}
+    unfinished = [(job_id, run_dir) for job_id, _, run_dir in runs if summaries[run_dir].status in (None, "running")]
+    local_states = _local_states([run_dir for _, run_dir in unfinished])
+    slurm_ids = [job_id for job_id, run_dir in unfinished if run_dir not in local_states]
+    states = slurm.job_states([job_id for job_id in slurm_ids if job_id.replace("_", "").isdigit()])
+    rows = []
+    for job_id, when, run_dir in runs:
+        summary = summaries[run_dir]
+        state = local_states.get(run_dir) or states.get(job_id)
+        status = summary.status
+        if status == "running" and state in TERMINAL_STATES and state != "COMPLETED":
+            status = "stopped" if state == "CANCELLED" else "failed"
+        elif status == "running" and state == local_run.GONE_STATE:
+            status = "failed"
+        rows.append(
+            (
+                job_id,
+                _when(when),
+                display_status(status, state) or "-",
+                "-" if summary.epochs_completed is None else str(summary.epochs_completed),
+                _fmt(summary.val_top1),
+                str(run_dir),
+            )
+        )
+    return rows
+
+
+def _local_states(run_dirs: list[Path]) -> dict[Path, str]:
+    """The state of each local run among ``run_dirs``, unfinished ones (its process alive or gone);
+    Slurm is not asked about them."""
+    states = {}
+    for run_dir in run_dirs:
+        try:
+            info = read_run_info(run_dir)
+        except RunDirError:
+            continue
+        if info.get("backend") == "local":
+            states[run_dir] = local_run.state(info, summary_final=False)
+    return states
+
+
+def _when(unix_time: float) -> str:
+    """``MM-DD HH:MM``, or '?' for a time no clock shows (a registry or run.json edited by hand)."""
+    try:
+        return time.strftime("%m-%d %H:%M", time.localtime(unix_time)) if unix_time else "?"
+    except (OverflowError, OSError, ValueError):
+        return "?"
+
+
+def _fmt(value: object) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else "-"
