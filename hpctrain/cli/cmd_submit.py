@@ -16,7 +16,7 @@ import sys
 
 from hpctrain.cli.main import warn
 from hpctrain.jobspec.load import LoadedJob, load_job
-from hpctrain.launch import follow, plan
+from hpctrain.launch import plan
 from hpctrain.launch.submission import submit
 
 
@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     warn(plan.spec_warnings(job))
     if job.is_study:
         return submit_study(job, args)
-    warn([warning] if (warning := plan.container_warning(job, local=args.local)) else [])
+    warn(plan.container_warnings(job, local=args.local))
     if args.dry_run:
         print(plan.dry_run(job, local=args.local, snapshot=not args.no_snapshot).text, end="")
         return 0
@@ -42,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report), flush=True)
     else:
         print("\n".join(plan.submitted_lines(submitted, job.profile.name)))
+    from hpctrain.launch import follow  # here: --dry-run need not load it
+
     if submitted.backend == "local":
         return follow.follow_local(submitted, stream=sys.stderr if args.json else sys.stdout)
     if args.wait:
@@ -51,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
 def submit_study(job: LoadedJob, args: argparse.Namespace) -> int:
     """A study spec: every point as its own job (local points one after another)."""
+    from hpctrain.launch import follow
     from hpctrain.launch.study import submission_report, submit_study
 
     if args.dry_run:

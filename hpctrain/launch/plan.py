@@ -108,13 +108,13 @@ def spec_warnings(job: LoadedJob, run_dir: Path | None = None) -> list[str]:
     return []
 
 
-def container_warning(job: LoadedJob, *, local: bool) -> str | None:
+def container_warnings(job: LoadedJob, *, local: bool) -> list[str]:
     """A ``container:`` job run on this machine runs without its image: say so."""
     from hpctrain.launch.submission import backend_for
 
     if job.spec.container is None or backend_for(job, local) != "local":
-        return None
-    return f"{job.source}: container: runs on Slurm only; here the tasks run without the image"
+        return []
+    return [f"{job.source}: container: runs on Slurm only; here the tasks run without the image"]
 
 
 def submitted_lines(submitted: SubmittedRun, cluster: str) -> list[str]:
