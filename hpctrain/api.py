@@ -3,7 +3,8 @@
 ``hpctrain.submit(hpctrain.load_job("jobs/x.yaml"), wait=True)`` runs the same
 library code as ``hpctrain submit jobs/x.yaml --wait``: the same dry-run
 script, the same checks before the queue, the same status rule and cancel
-protocol. Nothing here prints, exits or imports torch; every refusal is an
+protocol. Nothing here exits or imports torch, and nothing prints but a local run
+stopped by Ctrl-C or a signal while waiting (on stderr); every refusal is an
 ``HpctrainError`` (``hpctrain.errors``) with a ``hint``. ``hpctrain/__init__.py``
 exposes these names lazily, so ``import hpctrain`` stays cheap.
 """
@@ -24,18 +25,6 @@ if TYPE_CHECKING:
     from hpctrain.launch.cancel import Cancelled
     from hpctrain.launch.submission import SubmittedRun
     from hpctrain.observe.run_status import RunStatus
-
-__all__ = [
-    "Report",
-    "StudyStatus",
-    "Submission",
-    "cancel",
-    "load_job",
-    "report",
-    "resume",
-    "status",
-    "submit",
-]
 
 
 @dataclass(frozen=True)
@@ -94,9 +83,7 @@ def load_job(path: str | Path, overrides: Sequence[str] = (), *, cluster: str | 
     ``"key=value"`` strings (the value is read as YAML). Raises ``SpecError`` listing every problem."""
     from hpctrain.jobspec.load import load_job as load
 
-    if isinstance(overrides, str):
-        raise UsageError(f"overrides={overrides!r}: give a list of 'key=value' strings", hint=f"[{overrides!r}]")
-    return load(path, list(overrides), cluster=cluster)
+    return load(path, _listed(overrides), cluster=cluster)
 
 
 def submit(
@@ -194,9 +181,7 @@ def resume(
     from hpctrain.launch import plan
     from hpctrain.launch import resume as resuming
 
-    if isinstance(overrides, str):
-        raise UsageError(f"overrides={overrides!r}: give a list of 'key=value' strings", hint=f"[{overrides!r}]")
-    run_dir, job = resuming.prepare(run, list(overrides))
+    run_dir, job = resuming.prepare(run, _listed(overrides))
     warnings = plan.spec_warnings(job, run_dir)
     return _finish(resuming.start(run_dir, job, local=local), wait=wait, log=log, warnings=warnings)
 
@@ -226,6 +211,13 @@ def report(
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def _listed(overrides: Sequence[str]) -> list[str]:
+    """``overrides`` as a list; a bare string (which would be read letter by letter) is refused."""
+    if isinstance(overrides, str):
+        raise UsageError(f"overrides={overrides!r}: give a list of 'key=value' strings", hint=f"[{overrides!r}]")
+    return list(overrides)
 
 
 def _backend(job: LoadedJob, local: bool) -> Literal["slurm", "local"]:

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import TextIO
 
 from hpctrain.contract.rundir import Summary, read_summary
+from hpctrain.contract.runfiles import copy_out
 from hpctrain.errors import ClusterError
 from hpctrain.launch.submission import SubmittedRun
-from hpctrain.observe.logs import echo_new
 
 TERMINATIONS = (signal.SIGTERM, signal.SIGHUP)
 LOCAL_STOP_TIMEOUT_S = 60.0  # as 'hpctrain cancel --timeout': time for the tasks to write their stop checkpoint
@@ -39,7 +39,7 @@ def follow_local(submitted: SubmittedRun, stream: TextIO) -> int:
         with _terminations_raise():
             while True:
                 done = all(j.done() for j in submitted.jobs)
-                offset = echo_new(log_path, offset, stream)
+                offset = copy_out(log_path, offset, stream)  # in blocks, regular files only
                 if done:
                     break
                 time.sleep(0.5)

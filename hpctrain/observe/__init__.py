@@ -1,1 +1,1 @@
-"""Looking at runs: status, the live view, reports."""
+"""Looking at runs: the status rule, a study's points, logs, the live view and watch, reports."""

@@ -24,11 +24,6 @@ def log_path(run_dir: Path, rank: int, err: bool) -> Path:
     return task_log_path(run_dir, read_run_info(run_dir), rank, err=err)
 
 
-def echo_new(path: Path, offset: int, stream: TextIO) -> int:
-    """Write the bytes of ``path`` after ``offset`` to ``stream`` (in blocks, regular files only); the new offset."""
-    return copy_out(path, offset, stream)
-
-
 def check_rank(rank: int, info: dict[str, Any]) -> None:
     """A rank the job does not have is a mistake, not a pending job."""
     world = info.get("world_size")  # absent in runs submitted before run.json recorded it
@@ -54,9 +49,9 @@ def write_tail(path: Path, lines: int, out: TextIO) -> int:
 def follow(path: Path, offset: int, run_dir: Path, info: dict[str, Any], out: TextIO) -> None:
     """Write what the log gains until the job will write no more (then once more, for its last lines)."""
     while True:
-        offset = echo_new(path, offset, out)
+        offset = copy_out(path, offset, out)  # in blocks, regular files only
         if job_writes_no_more(run_dir, info):
-            echo_new(path, offset, out)
+            copy_out(path, offset, out)
             return
         time.sleep(FOLLOW_POLL_S)
 
