@@ -109,7 +109,9 @@ def submit(
     job = job if not isinstance(job, (str, Path)) else load_job(job)
     warnings = plan.spec_warnings(job) + ([] if job.is_study else plan.container_warnings(job, local=local))
     if dry_run:
-        planned = plan.dry_run(job, local=local, snapshot=snapshot)
+        from hpctrain.launch.dry_run import dry_run as render
+
+        planned = render(job, local=local, snapshot=snapshot)
         return Submission(planned.run_dir, None, _backend(job, local), planned.script, planned.text,
                           warnings=tuple(warnings))  # fmt: skip
     if preflight:

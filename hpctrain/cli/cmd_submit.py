@@ -1,8 +1,9 @@
 """``hpctrain submit SPEC``: validate, then submit to Slurm, or run here with ``--local``.
 
-Thin: the dry run and the checks before the queue are ``hpctrain.launch.plan``,
+Thin: the checks before the queue and the warnings are ``hpctrain.launch.plan``,
 submitting is ``launch.submission`` (a study's points: ``launch.study``), and
-following a local run or waiting for a Slurm job is ``launch.follow``.
+following a local run or waiting for a Slurm job is ``launch.follow``; the
+dry run is ``launch.dry_run``.
 ``--dry-run`` prints the exact sbatch script (rendered by the same executor a
 real submit uses) and what each rank will see, and touches neither Slurm nor
 the output directory.
@@ -17,6 +18,7 @@ import sys
 from hpctrain.cli.main import warn
 from hpctrain.jobspec.load import LoadedJob, load_job
 from hpctrain.launch import plan
+from hpctrain.launch.dry_run import dry_run
 from hpctrain.launch.submission import submit
 
 
@@ -27,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         return submit_study(job, args)
     warn(plan.container_warnings(job, local=args.local))
     if args.dry_run:
-        print(plan.dry_run(job, local=args.local, snapshot=not args.no_snapshot).text, end="")
+        print(dry_run(job, local=args.local, snapshot=not args.no_snapshot).text, end="")
         return 0
     if not args.no_preflight:
         warn(plan.check_before_queueing(job, local=args.local))
@@ -57,7 +59,7 @@ def submit_study(job: LoadedJob, args: argparse.Namespace) -> int:
     from hpctrain.launch.study import submission_report, submit_study
 
     if args.dry_run:
-        print(plan.dry_run(job, local=args.local).text, end="")
+        print(dry_run(job, local=args.local).text, end="")
         return 0
     if not args.no_preflight:
         warn(plan.check_before_queueing(job, local=args.local))

@@ -1,14 +1,12 @@
-"""What a submission will do, said before it happens and after: the dry run, the checks before the
-queue, warnings about the spec, and where to follow a submitted run.
+"""What a submission is told before it happens and after: the checks before the queue, warnings
+about the spec, and where to follow a submitted run (the dry run itself: ``dry_run.py``).
 
-``--dry-run`` text is rendered by the same executor parameters a real submit
-uses (``submission.render_script``), so what it prints is what Slurm gets.
-Both the CLI and the Python API take their text from here. Torch-free.
+Both the CLI and the Python API take their text from here. Torch-free, and
+light: ``hpctrain validate`` prints its warnings from here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,67 +15,6 @@ from hpctrain.jobspec.lead_time import lead_time_warning
 if TYPE_CHECKING:  # the rest is imported where used: 'hpctrain validate' prints warnings from here, and stays light
     from hpctrain.jobspec.load import LoadedJob
     from hpctrain.launch.submission import SubmittedRun
-
-
-@dataclass(frozen=True)
-class DryRun:
-    """What ``submit`` would do, touching neither Slurm nor the output directory.
-
-    ``script``: the exact sbatch script (None when the job runs on this machine, or for a
-    study, whose points each get their own); ``text``: all that ``hpctrain submit --dry-run``
-    prints (the script, the code snapshot plan and each rank's view, or a study's plan).
-    """
-
-    run_dir: Path
-    script: str | None
-    text: str
-
-
-def dry_run(job: LoadedJob, *, local: bool = False, snapshot: bool = True) -> DryRun:
-    from hpctrain.contract.rundir import next_run_dir
-    from hpctrain.launch.submission import backend_for, render_script
-
-    run_dir = next_run_dir(job.spec.output_dir, job.spec.name)
-    if job.is_study:
-        from hpctrain.launch.study import render_study_plan
-
-        return DryRun(run_dir, None, render_study_plan(job, run_dir, local=local))
-    from hpctrain.runtime.rank_plan import plan_ranks, render_rank_table
-
-    if backend_for(job, local) == "local":
-        script = None
-        text = (
-            f"# cluster '{job.profile.name}' runs on this machine through submitit's local executor:\n"
-            f"# {job.spec.world_size} task(s), run directory {run_dir}; no sbatch script is used.\n"
-        )
-    else:
-        script = text = render_script(job, run_dir)
-    for line in snapshot_plan(job, snapshot=snapshot):
-        text += f"\n{line}\n"
-    text += f"\n# {job.spec.name}: what each rank will see\n"
-    text += render_rank_table(plan_ranks(job.spec), max_rows=64) + "\n"
-    return DryRun(run_dir, script, text)
-
-
-def snapshot_plan(job: LoadedJob, *, snapshot: bool) -> list[str]:
-    """Which code every attempt will import the entry point from (nothing without an entry point)."""
-    if job.spec.entrypoint is None:
-        return []
-    from hpctrain.launch import code_snapshot
-
-    source = code_snapshot.locate(job.spec.entrypoint) if snapshot else None
-    if source is not None:
-        commit, dirty = code_snapshot.git_state(source.git_root) if source.git_root else (None, None)
-        where = f" (git {commit[:12]}{', with uncommitted changes' if dirty else ''})" if commit else ""
-        return [f"# code: {source.files_root}{where} is copied into RUN_DIR/code/ and imported from there"]
-    if snapshot and job.spec.entrypoint.startswith("hpctrain."):
-        return ["# code: the entry point is part of hpctrain; every attempt runs the installed hpctrain"]
-    if snapshot:
-        return [
-            f"# code: {job.spec.entrypoint} is not copied (not found from here, or part of the Python environment:"
-            " site-packages or the standard library); the nodes import it from their environment"
-        ]
-    return ["# code: --no-snapshot: every attempt imports the entry point from the live tree"]
 
 
 def check_before_queueing(job: LoadedJob, *, local: bool) -> list[str]:
