@@ -9,9 +9,9 @@ trouble does not keep the others running.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from hpctrain.cli.main import print_error
 from hpctrain.contract import job_registry
 from hpctrain.contract.runfiles import printable
 from hpctrain.errors import HpctrainError
@@ -52,6 +52,6 @@ def cancel_study(study_dir: Path, timeout_s: float) -> int:
         try:
             codes.append(cancel_run(point_dir(study_dir, point), timeout_s))
         except HpctrainError as exc:  # one point's trouble does not keep the others running
-            print(f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else ""), file=sys.stderr)
+            print_error(exc)
             codes.append(exc.exit_code)
     return max(codes, default=0)

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         command = importlib.import_module(args._module)
         return int(command.run(args) or 0)
     except HpctrainError as exc:
-        _print_error(exc)
+        print_error(exc)
         return exc.exit_code
     except KeyboardInterrupt:
         print("hpctrain: interrupted", file=sys.stderr)
@@ -134,7 +134,7 @@ def warn(warnings: Sequence[str]) -> None:
         print(f"warning: {warning}", file=sys.stderr)
 
 
-def _print_error(exc: HpctrainError) -> None:
+def print_error(exc: HpctrainError) -> None:
     print(f"error: {exc.message}", file=sys.stderr)
     if exc.hint:
         print(f"hint: {exc.hint}", file=sys.stderr)
