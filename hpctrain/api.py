@@ -112,8 +112,10 @@ def submit(
         from hpctrain.launch.dry_run import dry_run as render
 
         planned = render(job, local=local, snapshot=snapshot)
-        return Submission(planned.run_dir, None, _backend(job, local), planned.script, planned.text,
-                          warnings=tuple(warnings))  # fmt: skip
+        backend = _backend(job, local)
+        return Submission(
+            planned.run_dir, None, backend, script=planned.script, plan=planned.text, warnings=tuple(warnings)
+        )
     if preflight:
         warnings += plan.check_before_queueing(job, local=local)
     if job.is_study:
