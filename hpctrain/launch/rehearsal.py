@@ -26,6 +26,8 @@ from hpctrain.runtime.stop import write_cancel_marker
 
 @dataclass(frozen=True)
 class Rehearsed:
+    """A passed rehearsal: its job (cancelled by then), run directory, and the step it resumed from."""
+
     job_id: str
     run_dir: Path
     resumed_from_step: int | None
