@@ -169,3 +169,27 @@ def test_a_study_status_is_what_status_json_prints_and_an_ended_study_is_not_can
         hpctrain.cancel(study_dir)
     with pytest.raises(UsageError, match="is a study of 2 points"):
         hpctrain.resume(study_dir)
+
+
+def test_cancel_of_a_running_job_writes_the_marker_then_scancels_and_returns_where_it_stands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = slurm_run(tmp_path, monkeypatch, "RUNNING")
+    events: list[str] = []
+
+    def scancel(job_id: str) -> None:
+        events.append(f"scancel {job_id} (marker written: {cancel_marker_path(run_dir).exists()})")
+        write_summary(run_dir, {"status": "stopped", "global_step": 9})
+        monkeypatch.setattr("hpctrain.launch.cancel.job_state", lambda job_id: "CANCELLED")
+
+    monkeypatch.setattr("hpctrain.contract.slurm.cancel_job", scancel)
+    monkeypatch.setattr("hpctrain.contract.slurm.kill_wait_s", lambda: 30.0)
+    done = hpctrain.cancel(run_dir, timeout_s=5)
+    assert events == ["scancel 4242 (marker written: True)"]
+    assert (done.job_id, done.state, done.status, done.settled, done.checkpoint_step) == (
+        "4242",
+        "CANCELLED",
+        "stopped",
+        True,
+        None,
+    )
