@@ -16,7 +16,7 @@ from hpctrain.cli.tail import echo_new
 from hpctrain.contract import job_registry
 from hpctrain.contract.rundir import read_run_info, read_summary, submitit_dir_ignored, task_log_path
 from hpctrain.contract.runfiles import copy_out, printable, tail_lines
-from hpctrain.contract.slurm import TERMINAL_STATES, job_state
+from hpctrain.contract.slurm import is_final, job_state
 from hpctrain.errors import RunDirError
 from hpctrain.runtime import local_run
 
@@ -56,7 +56,7 @@ def _ended(run_dir: Path, info: dict) -> bool:
     """Whether the job will write no more: Slurm says it ended; a local run's summary is final or its
     controller is provably gone (``runtime.local_run``: the PID alone proves nothing)."""
     if info.get("backend") != "local":
-        return job_state(str(info.get("job_id") or "")) in TERMINAL_STATES
+        return is_final(job_state(str(info.get("job_id") or "")))
     summary = read_summary(run_dir)
     return (summary is not None and summary.is_final) or local_run.liveness(info) == "gone"
 

@@ -32,7 +32,14 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from hpctrain.contract.slurm import Runner, parse_partitions, run_slurm
+from hpctrain.contract.slurm import (
+    Runner,
+    parse_associations,
+    parse_config,
+    parse_nodes,
+    parse_partitions,
+    run_slurm,
+)
 from hpctrain.diagnose import filesystems
 from hpctrain.diagnose.data_bench import gpu_type, spec_demand
 from hpctrain.diagnose.filesystems import FileRate
@@ -97,7 +104,7 @@ class ClusterView:
         answer = self.ask("scontrol", "show", "config")
         if isinstance(answer, ClusterError):
             return {}
-        return dict(re.findall(r"^\s*(\w+)\s*=\s*(.*?)\s*$", answer, re.MULTILINE))
+        return parse_config(answer)
 
     @cached_property
     def partitions(self) -> dict[str, dict[str, str]] | ClusterError:
@@ -109,7 +116,7 @@ class ClusterView:
         answer = self.ask("scontrol", "--oneliner", "show", "node")
         if isinstance(answer, ClusterError):
             return []
-        return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in answer.splitlines() if "NodeName=" in line]
+        return parse_nodes(answer)
 
     @cached_property
     def associations(self) -> list[dict[str, str]] | None:
@@ -117,14 +124,7 @@ class ClusterView:
             return None
         user = os.environ.get("USER") or os.environ.get("LOGNAME") or ""
         answer = self.ask("sacctmgr", "-n", "-P", "show", "assoc", f"user={user}", "format=Account,Partition,QOS")
-        if isinstance(answer, ClusterError):
-            return None
-        rows = []
-        for line in answer.splitlines():
-            account, _, rest = line.partition("|")
-            partition, _, qos = rest.partition("|")
-            rows.append({"account": account, "partition": partition, "qos": qos})
-        return rows
+        return None if isinstance(answer, ClusterError) else parse_associations(answer)
 
 
 # ------------------------------------------------------------------ Slurm checks (pure over the view)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract.slurm import TERMINAL_STATES, job_state, run_slurm
+from hpctrain.contract.slurm import cancel_job, is_final, job_state, sbatch_wrap_command, submit_wrapped
 from hpctrain.diagnose.filesystems import measure_file_rate
 
 PROBE_DIR = ".hpctrain-probe"
@@ -65,12 +65,10 @@ def probe_command(python: str, data_root: str | None, output_dir: str, measure: 
 def sbatch_args(
     *, partition: str | None, gres: str | None, account: str | None, qos: str | None, output: Path, wrap: str
 ) -> list[str]:
-    args = ["sbatch", "--parsable", "--job-name=hpctrain-probe", "--nodes=1", "--ntasks=1", "--time=2"]
-    args += [f"--output={output}", "--no-requeue"]
-    for option, value in (("partition", partition), ("gres", gres), ("account", account), ("qos", qos)):
-        if value:
-            args.append(f"--{option}={value}")
-    return [*args, "--wrap", wrap]
+    return sbatch_wrap_command(
+        job_name="hpctrain-probe", wrap=wrap, output=output, time_min=2,
+        partition=partition, gres=gres, account=account, qos=qos,
+    )  # fmt: skip
 
 
 def run_probe(
@@ -89,13 +87,14 @@ def run_probe(
     folder.mkdir(parents=True, exist_ok=True)
     output = folder / "probe-%j.out"
     wrap = probe_command(sys.executable, data_root, str(Path(os.path.expanduser(output_dir)).resolve()), measure)
-    job_id = run_slurm(sbatch_args(partition=partition, gres=gres, account=account, qos=qos, output=output, wrap=wrap))
-    job_id = job_id.strip().split(";")[0]
+    job_id = submit_wrapped(
+        sbatch_args(partition=partition, gres=gres, account=account, qos=qos, output=output, wrap=wrap)
+    )
     deadline = time.monotonic() + timeout_s
     state = job_state(job_id)
-    while state not in TERMINAL_STATES:
+    while not is_final(state):
         if time.monotonic() > deadline:
-            run_slurm(["scancel", job_id])
+            cancel_job(job_id)
             return {"job_id": job_id, "state": state, "error": f"still {state} after {timeout_s:.0f} s; cancelled"}
         time.sleep(2.0)
         state = job_state(job_id)

@@ -27,6 +27,7 @@ from hpctrain.contract.rundir import (
     read_summary,
 )
 from hpctrain.contract.runfiles import MAX_MAGNITUDE, RunFileError, load_json, open_regular, printable
+from hpctrain.contract.slurm_states import is_pending
 
 HEARTBEAT_STALE_S = 120.0  # a running rank whose heartbeat is older than this is flagged
 RATE_WINDOW = 20  # train_step records the step rate (and so the ETA) is measured over
@@ -196,7 +197,7 @@ def build_snapshot(
     if total is not None and global_step is not None and not final:
         eta = max(0, total - global_step) / rate if rate else None
     epoch, step_in_epoch = _position(last, summary, steps_per_epoch, global_step)
-    running = not final and slurm_state not in ("PENDING", "REQUEUED")
+    running = not final and not is_pending(slurm_state)
     ranks = rank_views(inputs.heartbeats, now, running=running, stale_after_s=stale_after_s)
     return Snapshot(
         now=now,

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.cli.cmd_bench_data import bench_slurm_parameters
 from hpctrain.diagnose.data_bench import (
     BenchReport,
     Demand,
@@ -25,6 +24,7 @@ from hpctrain.diagnose.data_bench import (
     render_plain,
     table_demand,
 )
+from hpctrain.diagnose.data_bench_job import bench_slurm_parameters
 from hpctrain.errors import UsageError
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.profiles import BUILTIN_PROFILES, apply_profile
