@@ -16,13 +16,13 @@ import time
 
 from hpctrain.cli.cmd_validate import print_warnings
 from hpctrain.contract import slurm
+from hpctrain.contract.cancel_marker import write_cancel_marker
 from hpctrain.contract.rundir import Summary, latest_checkpoint_step, read_summary
 from hpctrain.contract.slurm import is_final, job_state
 from hpctrain.contract.slurm_states import is_pending
 from hpctrain.errors import ClusterError
 from hpctrain.jobspec.load import load_job
 from hpctrain.launch.submission import submit
-from hpctrain.runtime.stop import write_cancel_marker
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,13 +14,13 @@ still builds summary dicts, which ``run_training`` returns on every rank).
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpctrain.contract.metrics import append_metrics
 from hpctrain.contract.rundir import Summary, metrics_path, read_summary, tb_dir, write_summary
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class Reporter:
         self.started_at = previous.started_at or _now_iso()
         self.epochs = 1
         self.steps_per_epoch = 1
-        self._metrics: Any = None
+        self._metrics = False  # rank 0 appends to metrics.jsonl once started
         self._tb: Any = None
         self._purge_step: int | None = None
         self._progress: Any = None
@@ -108,7 +108,8 @@ class Reporter:
         if not self.enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._metrics = open(metrics_path(self.run_dir), "a", buffering=1)  # noqa: SIM115 (closed in close())
+        metrics_path(self.run_dir).touch()  # the file exists from the start: readers tell "no steps yet" apart
+        self._metrics = True
         if sys.stdout.isatty():
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -130,9 +131,7 @@ class Reporter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-        if self._metrics is not None:
-            self._metrics.close()
-            self._metrics = None
+        self._metrics = False
 
     # -- per step / epoch ------------------------------------------------------------------------------------
     def train_step(self, *, epoch: int, step: int, global_step: int, values: dict[str, float], steps: int) -> None:
@@ -205,8 +204,8 @@ class Reporter:
 
     # -- internals -------------------------------------------------------------------------------------------
     def _write_metrics(self, record: dict[str, Any]) -> None:
-        if self._metrics is not None:
-            self._metrics.write(json.dumps({**record, "time": time.time()}) + "\n")
+        if self._metrics:
+            append_metrics(self.run_dir, record, now=time.time())
 
     def _scalars(self, names: dict[str, str], values: dict[str, float], step: int) -> None:
         if self._tb is None:

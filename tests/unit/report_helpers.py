@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from hpctrain.contract.metrics import append_metrics
 from hpctrain.contract.rundir import heartbeat_path, write_run_info
 from hpctrain.trainer.reporting import Reporter
 
@@ -33,7 +34,7 @@ class ClockReporter(Reporter):
         pass
 
     def _write_metrics(self, record: dict[str, Any]) -> None:
-        self._metrics.write(json.dumps({**record, "time": self.clock[0]}) + "\n")
+        append_metrics(self.run_dir, record, now=self.clock[0])
 
 
 def simulate_run(
