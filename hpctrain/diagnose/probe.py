@@ -30,6 +30,7 @@ from typing import Any
 
 from hpctrain.contract.slurm import cancel_job, is_final, job_state, sbatch_wrap_command, submit_wrapped
 from hpctrain.diagnose.filesystems import measure_file_rate
+from hpctrain.diagnose.findings import Finding
 
 PROBE_DIR = ".hpctrain-probe"
 MARKER = "HPCTRAIN-PROBE "
@@ -182,23 +183,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def probe_problems(found: dict[str, Any], *, wants_gpus: int) -> list[tuple[str, str, str]]:
-    """(name, message, fix) for every problem the probe found; pure."""
-    problems = []
+def probe_findings(found: dict[str, Any], *, wants_gpus: int) -> list[Finding]:
+    """An error for every problem the probe found; pure."""
     if "error" in found:
-        return [("probe", found["error"], "run it again; check 'hpctrain doctor' without --probe first")]
+        return [
+            Finding("error", "probe", found["error"], "run it again; check 'hpctrain doctor' without --probe first")
+        ]
+    host, gpus = found.get("hostname"), len(found.get("gpus", []))
+    problems = []
     if "torch_error" in found:
-        problems.append(("python", f"torch does not import on {found['hostname']}: {found['torch_error']}",
-                         "install the environment where compute nodes see it (a shared venv)"))  # fmt: skip
-    if wants_gpus and len(found.get("gpus", [])) < wants_gpus:
-        problems.append(("resources.gpus_per_node", f"{found['hostname']} shows {len(found.get('gpus', []))} GPU(s), "
-                         f"the spec asks for {wants_gpus}", "check the profile's gpu_gres template"))  # fmt: skip
+        problems.append(Finding("error", "python", f"torch does not import on {host}: {found['torch_error']}",
+                                "install the environment where compute nodes see it (a shared venv)"))  # fmt: skip
+    if wants_gpus and gpus < wants_gpus:
+        problems.append(Finding("error", "resources.gpus_per_node", f"{host} shows {gpus} GPU(s), the spec asks for "
+                                f"{wants_gpus}", "check the profile's gpu_gres template"))  # fmt: skip
     if found.get("data_root_readable") is False:
-        problems.append(("data.root", f"{found['hostname']} cannot read it: {found.get('data_root_error')}",
-                         "put the dataset where compute nodes mount it"))  # fmt: skip
+        problems.append(Finding("error", "data.root", f"{host} cannot read it: {found.get('data_root_error')}",
+                                "put the dataset where compute nodes mount it"))  # fmt: skip
     if found.get("output_dir_writable") is False:
-        problems.append(("output_dir", f"{found['hostname']} cannot write it: {found.get('output_dir_error')}",
-                         "put output_dir on the shared file system"))  # fmt: skip
+        problems.append(Finding("error", "output_dir", f"{host} cannot write it: {found.get('output_dir_error')}",
+                                "put output_dir on the shared file system"))  # fmt: skip
     return problems
 
 

@@ -74,3 +74,15 @@ def test_names_of_the_run_directory(tmp_path: Path) -> None:
     assert rundir.is_trial_dir(trial) and rundir.run_home(trial) == tmp_path and rundir.run_home(tmp_path) == tmp_path
     assert not rundir.is_trial_dir(tmp_path / "trial-x")
     assert rundir.code_dir(tmp_path) == tmp_path / "code"
+
+
+def test_one_cpu_share_rule_for_tasks_torchrun_workers_and_bench_data() -> None:
+    from hpctrain.contract.cpu_share import cpu_share, omp_num_threads, slurm_cpus_per_task
+
+    slurm = {"SLURM_CPUS_PER_TASK": "16"}
+    assert slurm_cpus_per_task(slurm) == 16 and slurm_cpus_per_task({"SLURM_CPUS_PER_TASK": "0"}) is None
+    assert omp_num_threads(slurm) == "16" and omp_num_threads(slurm, sharers=4) == "4"
+    assert omp_num_threads({**slurm, "OMP_NUM_THREADS": "2"}, sharers=4) is None  # the user's own setting wins
+    assert cpu_share(3, 8) == 1 and cpu_share(8, 0) == 8
+    local = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "2"}
+    assert omp_num_threads(local, cpu_count=8) == "4" and omp_num_threads(local) is None
