@@ -5,7 +5,7 @@ Three measurements and one demand figure make the verdict:
 * read MB/s from ``data.root`` (and a stage directory), with each file
   dropped from the page cache first so a second run is not flattered;
 * decode + augment images/s per CPU core for the spec's decoder (measured by
-  ``hpctrain.trainer.data.bench``, which imports torch; this module does not);
+  ``hpctrain.trainer.data.pipeline_rates``, which imports torch; this module does not);
 * the CPU cores the job gives each GPU (``resources.cpus_per_task`` over the
   GPUs of one task, or the cores this process may use);
 * the images/s one GPU asks for: measured (``--measure-gpu``) or looked up in

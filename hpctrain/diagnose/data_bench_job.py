@@ -61,7 +61,7 @@ def measure(spec: JobSpec, profile: ClusterProfile, options: BenchOptions, sourc
 
     import torch  # only now: a bad spec or data root is reported without paying for torch
 
-    from hpctrain.trainer.data import bench as decode_bench
+    from hpctrain.trainer.data import pipeline_rates
     from hpctrain.trainer.data.device_decode import dali_installed
 
     cuda = torch.cuda.is_available()
@@ -69,7 +69,7 @@ def measure(spec: JobSpec, profile: ClusterProfile, options: BenchOptions, sourc
     decoder = spec.data.decode
     if decoder == "auto":
         decoder = ("dali" if dali_installed() else "gpu") if spec.uses_gpus else "cpu"
-    rate, note = decode_bench.decode_rate(spec, decoder, max_s=options.seconds)
+    rate, note = pipeline_rates.decode_rate(spec, decoder, max_s=options.seconds)
     cores, cores_source = cores_per_gpu(spec, os.environ, len(os.sched_getaffinity(0)))
     notes = []
     gpu = options.gpu or gpu_type(spec, profile) or (gpu_type_from_name(torch.cuda.get_device_name()) if cuda else None)
@@ -81,7 +81,7 @@ def measure(spec: JobSpec, profile: ClusterProfile, options: BenchOptions, sourc
                 "--measure-gpu: this machine has no CUDA GPU",
                 hint="run it on a GPU node: add --slurm, or use the table (leave --measure-gpu out)",
             )
-        rate_gpu = decode_bench.training_rate(spec, device)
+        rate_gpu = pipeline_rates.training_rate(spec, device)
         demand = Demand(
             rate_gpu, f"measured: {spec.trainer.arch} {spec.trainer.precision} on {torch.cuda.get_device_name()}"
         )
@@ -89,7 +89,7 @@ def measure(spec: JobSpec, profile: ClusterProfile, options: BenchOptions, sourc
         demand = Demand(None, "unknown GPU model: pass --gpu (h100, a100, v100), --demand IMG_S or --measure-gpu")
     else:
         demand = spec_demand(spec, gpu)
-    gpu_decode = decode_bench.gpu_decode_rate(spec, decoder, device) if options.measure_gpu else None
+    gpu_decode = pipeline_rates.gpu_decode_rate(spec, decoder, device) if options.measure_gpu else None
     if not spec.uses_gpus:
         notes.append("the spec asks for no GPUs: figures are per GPU of the model named above, as if it had them")
     if read.files < 50:

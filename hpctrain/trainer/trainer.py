@@ -36,7 +36,7 @@ from hpctrain.runtime.context import TaskContext
 from hpctrain.runtime.stop import StopReason
 from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
 from hpctrain.trainer.compiling import compile_failure, compile_model
-from hpctrain.trainer.data import build_loaders
+from hpctrain.trainer.data.loaders import build_loaders
 from hpctrain.trainer.elastic import run_micro_batches
 from hpctrain.trainer.evaluation import Accuracy
 from hpctrain.trainer.models import build_model, resolve_num_classes
