@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.dataset.generate import make_dataset
 from hpctrain.diagnose.data_bench import (
     BenchReport,
     Demand,
@@ -28,7 +29,6 @@ from hpctrain.diagnose.data_bench_job import bench_slurm_parameters
 from hpctrain.errors import UsageError
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.profiles import BUILTIN_PROFILES, apply_profile
-from hpctrain.trainer.dataset_gen import make_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 
