@@ -5,8 +5,8 @@
 the newest checkpoint, the job's state) into a :class:`Snapshot`: progress,
 rate, ETA, last checkpoint, restarts, data wait, each rank's last heartbeat
 (stale ones flagged), stragglers and a hang. It does no I/O; :func:`read_run`
-gathers its inputs, and :class:`MetricsTail` reads ``metrics.jsonl``
-incrementally, so a watch that polls for hours reads each line once and a
+gathers its inputs, and the contract's :class:`MetricsTail` reads
+``metrics.jsonl`` incrementally (``contract/metrics.py``), so a watch that polls for hours reads each line once and a
 half-written last line waits for its newline.
 """
 

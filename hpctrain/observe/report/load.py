@@ -1,7 +1,7 @@
 """Read runs, sweeps and studies into plain dataclasses for the report. Torch-free.
 
 Everything a run directory says is read here and nowhere else in the report:
-``metrics.jsonl`` (train_step / epoch / val records, see trainer/reporting.py),
+``metrics.jsonl`` (train_step / epoch / val records, parsed by contract/metrics.py),
 ``summary.json``, ``run.json``, ``spec.yaml``, ``heartbeats/`` and a study's
 ``study.json``. Damage is tolerated and noted, never raised: a half-written
 last line, garbage lines and non-finite numbers are skipped (and counted in
