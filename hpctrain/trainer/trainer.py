@@ -31,6 +31,7 @@ from torch import nn
 
 from hpctrain.errors import TrainingConfigError
 from hpctrain.jobspec.batch import BatchLayout
+from hpctrain.jobspec.strategy_traits import traits
 from hpctrain.runtime import heartbeat
 from hpctrain.runtime.context import TaskContext
 from hpctrain.runtime.stop import StopReason
@@ -188,7 +189,7 @@ class Trainer:
         self.module, self.optimizer = self.precision.prepare(self.module, self.optimizer)  # Apex: before wrapping
         self.model = self.strategy.wrap(self.module, self.device)
         if self.cfg.compile:
-            if self.strategy.name in ("hogwild", "dp"):  # the spec check refuses these too
+            if not traits(self.strategy.name).compiles:  # the spec check refuses these too
                 raise TrainingConfigError(
                     f"trainer.compile: torch.compile does not work with trainer.strategy: {self.strategy.name}",
                     hint="set trainer.compile: false, or use trainer.strategy: ddp",
