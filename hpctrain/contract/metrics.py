@@ -2,8 +2,8 @@
 
 Rank 0's reporter (``trainer/reporting.py``: train_step, epoch and val
 records) and its heartbeat thread (``runtime/heartbeat.py``: gpu samples)
-append one JSON object per line with :func:`append_metrics`, one ``write`` of
-one whole line on an ``O_APPEND`` descriptor, so their lines never interleave.
+append one JSON object per line through :class:`MetricsAppender`, one ``write``
+of one whole line on an ``O_APPEND`` descriptor, so their lines never interleave.
 Every record has a ``kind``, the field that says which step or epoch it is
 (:data:`KEYS`) and a ``time``.
 
@@ -44,13 +44,29 @@ def metrics_line(record: Mapping[str, Any], now: float) -> bytes:
     return (json.dumps({**record, "time": now}, default=str) + "\n").encode()
 
 
+class MetricsAppender:
+    """The run's metrics.jsonl held open for appending (rank 0 only): one ``write`` of one whole line per record."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self._fd: int | None = os.open(metrics_path(run_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def append(self, record: Mapping[str, Any], *, now: float) -> None:
+        if self._fd is not None:
+            os.write(self._fd, metrics_line(record, now))
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 def append_metrics(run_dir: Path, record: Mapping[str, Any], *, now: float) -> None:
-    """Append one record to the run's metrics.jsonl (rank 0 only) in one write of one line."""
-    fd = os.open(metrics_path(run_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    """Append one record to the run's metrics.jsonl, opening and closing it (an occasional writer)."""
+    appender = MetricsAppender(run_dir)
     try:
-        os.write(fd, metrics_line(record, now))
+        appender.append(record, now=now)
     finally:
-        os.close(fd)
+        appender.close()
 
 
 # ------------------------------------------------------------------ reading

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.contract.metrics import append_metrics
-from hpctrain.contract.rundir import Summary, metrics_path, read_summary, tb_dir, write_summary
+from hpctrain.contract.metrics import MetricsAppender
+from hpctrain.contract.rundir import Summary, read_summary, tb_dir, write_summary
 
 if TYPE_CHECKING:
     from hpctrain.runtime.context import TaskContext
@@ -92,7 +92,7 @@ class Reporter:
         self.started_at = previous.started_at or _now_iso()
         self.epochs = 1
         self.steps_per_epoch = 1
-        self._metrics = False  # rank 0 appends to metrics.jsonl once started
+        self._metrics: MetricsAppender | None = None  # rank 0's, once started
         self._tb: Any = None
         self._purge_step: int | None = None
         self._progress: Any = None
@@ -108,8 +108,7 @@ class Reporter:
         if not self.enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        metrics_path(self.run_dir).touch()  # the file exists from the start: readers tell "no steps yet" apart
-        self._metrics = True
+        self._metrics = MetricsAppender(self.run_dir)
         if sys.stdout.isatty():
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -131,7 +130,9 @@ class Reporter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-        self._metrics = False
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
 
     # -- per step / epoch ------------------------------------------------------------------------------------
     def train_step(self, *, epoch: int, step: int, global_step: int, values: dict[str, float], steps: int) -> None:
@@ -204,8 +205,8 @@ class Reporter:
 
     # -- internals -------------------------------------------------------------------------------------------
     def _write_metrics(self, record: dict[str, Any]) -> None:
-        if self._metrics:
-            append_metrics(self.run_dir, record, now=time.time())
+        if self._metrics is not None:
+            self._metrics.append(record, now=time.time())
 
     def _scalars(self, names: dict[str, str], values: dict[str, float], step: int) -> None:
         if self._tb is None:

@@ -13,7 +13,6 @@ from typing import Any
 
 import yaml
 
-from hpctrain.contract.metrics import append_metrics
 from hpctrain.contract.rundir import heartbeat_path, write_run_info
 from hpctrain.trainer.reporting import Reporter
 
@@ -34,7 +33,7 @@ class ClockReporter(Reporter):
         pass
 
     def _write_metrics(self, record: dict[str, Any]) -> None:
-        append_metrics(self.run_dir, record, now=self.clock[0])
+        self._metrics.append(record, now=self.clock[0])
 
 
 def simulate_run(
