@@ -219,6 +219,11 @@ def sbatch_wrap_command(
     return [*args, "--wrap", wrap]
 
 
+def sacct_states_command(job_ids: list[str]) -> list[str]:
+    """``sacct`` asked for the states of ``job_ids`` (checked ids), one line each: ``JobID|State``."""
+    return ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)]
+
+
 def requeue_command(job_id: str) -> list[str]:
     return ["scontrol", "requeue", checked_job_id(job_id)]
 
@@ -284,7 +289,7 @@ def job_states(job_ids: list[str], *, runner: Runner = subprocess.run) -> dict[s
     if not job_ids or (runner is subprocess.run and not available()):
         return {}
     try:
-        output = run_slurm(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)], runner=runner)
+        output = run_slurm(sacct_states_command(job_ids), runner=runner)
     except ClusterError:
         return {}
     return parse_sacct_states(output)
@@ -294,25 +299,28 @@ def job_state(job_id: str, *, source: Literal["sacct", "squeue"] = "sacct", runn
     """The job's Slurm state (array task ids like 12_3 work too); ``status --watch`` polls this.
 
     ``sacct`` asks slurmdbd, not the controller; ``squeue`` is for clusters
-    without accounting. A job sacct does not list yet (slurmdbd catches up a
-    few seconds after submit) is looked up in ``squeue`` too. "UNKNOWN" when
-    neither lists it (squeue forgets a finished job) or, asking sacct, when
-    this machine has no squeue. Raises SlurmCommandError.
+    without accounting. A job sacct does not list under its own id -- not yet
+    (slurmdbd catches up a few seconds after submit), or an array listed by
+    its tasks -- is looked up in ``squeue``, which still lists an array's
+    unfinished tasks; then sacct's first line answers. "UNKNOWN" when neither
+    lists it (squeue forgets a finished job) or, asking sacct, when this
+    machine has no squeue. Raises SlurmCommandError.
     """
     job_id = checked_job_id(job_id)
+    states: dict[str, str] = {}
     if source == "sacct":
-        output = run_slurm(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", job_id], runner=runner)
-        states = parse_sacct_states(output)
-        state = states.get(job_id) or next(iter(states.values()), None)
-        if state is not None:
-            return state
+        states = parse_sacct_states(run_slurm(sacct_states_command([job_id]), runner=runner))
+        if job_id in states:
+            return states[job_id]
     try:
         lines = run_slurm(["squeue", "-h", "-o", "%T", "-j", job_id], runner=runner).split()
     except SlurmCommandError as exc:
         if exc.kind not in ("unknown-job", "missing") or source == "squeue":
             raise
-        return "UNKNOWN"
-    return normalise_state(lines[0]) if lines else "UNKNOWN"
+        lines = []
+    if lines:
+        return normalise_state(lines[0])
+    return next(iter(states.values()), "UNKNOWN")
 
 
 # The same question under its older name (cli/watch.py asks it so).

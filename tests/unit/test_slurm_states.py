@@ -171,3 +171,16 @@ def test_a_wrapped_helper_job_is_submitted_through_the_client(tmp_path: Path) ->
     assert slurm.submit_wrapped(command, runner=answer(out="4711;cluster\n")) == "4711"
     with pytest.raises(SlurmCommandError):
         slurm.submit_wrapped(command, runner=answer(out="--user=me\n"))  # not a job id: never used as one
+
+
+def test_an_array_listed_by_its_tasks_is_still_running_while_squeue_lists_a_task() -> None:
+    def array(squeue_out: str) -> Any:
+        def runner(command: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+            out = "12_0|COMPLETED\n12_1|RUNNING\n" if command[0] == "sacct" else squeue_out
+            return subprocess.CompletedProcess(command, 0, stdout=out, stderr="")
+
+        return runner
+
+    assert job_state("12", runner=array("RUNNING\nPENDING\n")) == "RUNNING"  # task 0's end is not the array's
+    assert job_state("12", runner=array("")) == "COMPLETED"  # squeue has forgotten it: sacct's first line
+    assert job_state("12_1", runner=array("")) == "RUNNING"  # a task is answered by its own line
