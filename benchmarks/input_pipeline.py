@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from torchvision import datasets
+from torchvision import datasets, transforms
 
 DECODERS = ("simplejpeg", "turbojpeg", "pil")
 SKIMAGE_PHOTOS = ["astronaut.png", "chelsea.png", "coffee.png", "hubble_deep_field.jpg", "retina.jpg", "rocket.jpg",
@@ -102,6 +102,20 @@ def rate(dataset: object, n: int) -> float:
     return n / (time.process_time() - started)
 
 
+def reference_train_transform(image_size: int) -> transforms.Compose:
+    """pytorch/examples' ImageNet training transform: the yardstick of hpctrain's train pipeline."""
+    from hpctrain.trainer.data.device_input import IMAGENET_MEAN, IMAGENET_STD
+
+    return transforms.Compose(
+        [
+            transforms.RandomResizedCrop(image_size),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=300, help="photos in the set")
@@ -114,7 +128,7 @@ def main() -> None:
         if args.decoder != "simplejpeg":
             sys.modules["simplejpeg"] = None  # type: ignore[assignment]  # import fails: simplejpeg "uninstalled"
     from hpctrain.jobspec.models import Data
-    from hpctrain.trainer.data import build_datasets, train_transform, val_transform
+    from hpctrain.trainer.data import build_datasets, val_transform
     from hpctrain.trainer.data.decode import jpeg_decoder
 
     torch.set_num_threads(1)
@@ -125,7 +139,7 @@ def main() -> None:
     print(f"photo set: {args.images} JPEGs (q90, short side 300-500) in {root} ({time.perf_counter() - started:.1f} s)")
 
     train, val = build_datasets(Data(root=str(root), image_size=224, val_resize=256, workers=0), seed=0)
-    ref_train = datasets.ImageFolder(str(root / "train"), transform=train_transform(224))
+    ref_train = datasets.ImageFolder(str(root / "train"), transform=reference_train_transform(224))
     ref_val = datasets.ImageFolder(str(root / "val"), transform=val_transform(224, 256))
     results: dict[str, list[float]] = {k: [] for k in ("ref_train", "train", "ref_val", "val")}
     for repeat in range(args.repeats):

@@ -17,7 +17,7 @@ import torch
 import torchvision
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.trainer.data.bench import synthetic_step_rate
+from hpctrain.trainer.data.pipeline_rates import synthetic_step_rate
 
 
 def images_per_s(

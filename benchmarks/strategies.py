@@ -30,11 +30,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hpctrain.dataset.generate import make_dataset
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime.context import TaskContext, TaskEnv
 from hpctrain.runtime.stop import StopRequest
 from hpctrain.runtime.task_env import one_node_env
-from hpctrain.trainer.dataset_gen import make_dataset
 from hpctrain.trainer.trainer import Trainer
 
 STRATEGIES = ("single", "dp", "ddp", "hogwild")

@@ -162,7 +162,7 @@ def cmd_schema(parser: argparse.ArgumentParser) -> None:
 
 def cmd_make_dataset(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out", help="directory to create (must not exist, or be empty)")
-    # The bounds belong to dataset_gen (checked there, all at once, before anything is written).
+    # The bounds belong to dataset/generate.py (checked there, all at once, before anything is written).
     parser.add_argument("--classes", type=int, default=10, help="2 to 100,000 (default 10)")
     parser.add_argument("--per-class", type=int, default=100, help="training images per class (1 to 100,000)")
     parser.add_argument("--val-per-class", type=int, default=None, help="1 to 100,000 (default max(10, per-class / 5))")

@@ -9,6 +9,7 @@ import argparse
 import json
 
 from hpctrain.diagnose import doctor
+from hpctrain.diagnose.findings import Finding
 from hpctrain.jobspec.load import LoadedJob, load_job
 
 MARKS = {"ok": "ok  ", "warning": "warn", "error": "FAIL"}
@@ -33,16 +34,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def with_probe(
-    job: LoadedJob | None, checks: list[doctor.Check], *, timeout_s: float, bounds: doctor.MeasureBounds
-) -> tuple[list[doctor.Check], dict | None]:
+    job: LoadedJob | None, checks: list[Finding], *, timeout_s: float, bounds: doctor.MeasureBounds
+) -> tuple[list[Finding], dict | None]:
     """Run the probe job where the checks so far allow it; add what it found."""
-    from hpctrain.diagnose.probe import Measure, probe_problems, run_probe
+    from hpctrain.diagnose.probe import Measure, probe_findings, run_probe
     from hpctrain.errors import ClusterError
 
-    if any(c.level == "error" and c.name in ("slurm clients", "controller") for c in checks):
-        return [*checks, doctor.Check("probe", "error", "not run: Slurm does not answer")], None
+    if any(c.level == "error" and c.key in ("slurm clients", "controller") for c in checks):
+        return [*checks, Finding("error", "probe", "not run: Slurm does not answer")], None
     if job is None or job.profile.scheduler != "slurm":
-        return [*checks, doctor.Check("probe", "warning", "not run: give a spec for a Slurm cluster")], None
+        return [*checks, Finding("warning", "probe", "not run: give a spec for a Slurm cluster")], None
     spec = job.spec
     gpus = spec.resources.gpus_per_node or 0
     gres = (
@@ -66,16 +67,15 @@ def with_probe(
     except ClusterError as exc:
         return [
             *checks,
-            doctor.Check("probe", "error", f"the probe job was refused: {exc.message}", exc.hint or ""),
+            Finding("error", "probe", f"the probe job was refused: {exc.message}", exc.hint or ""),
         ], None
-    problems = probe_problems(found, wants_gpus=gpus)
-    added = [doctor.Check(name, "error", message, fix) for name, message, fix in problems]
-    if not problems:
+    added = probe_findings(found, wants_gpus=gpus)
+    if not added:
         gpus_seen = ", ".join(found.get("gpus", [])) or "no GPUs"
         added.append(
-            doctor.Check(
-                "probe",
+            Finding(
                 "ok",
+                "probe",
                 f"{found['hostname']}: Python {found['python_version']}, torch {found.get('torch')}, "
                 f"CUDA {found.get('cuda')}, NCCL {found.get('nccl', '-')}, {gpus_seen}",
             )
@@ -84,10 +84,10 @@ def with_probe(
     return [*checks, *added], found
 
 
-def print_table(checks: list[doctor.Check], probe: dict | None) -> None:
-    width = max((len(c.name) for c in checks), default=10)
+def print_table(checks: list[Finding], probe: dict | None) -> None:
+    width = max((len(c.key) for c in checks), default=10)
     for check in checks:
-        print(f"{MARKS[check.level]}  {check.name:<{width}}  {check.detail}")
+        print(f"{MARKS[check.level]}  {check.key:<{width}}  {check.message}")
         if check.level != "ok" and check.fix:
             print(f"      {'':<{width}}  fix: {check.fix}")
     errors = sum(c.level == "error" for c in checks)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpctrain.trainer.dataset_gen import make_dataset  # PIL + numpy only; checks every bound first
+    from hpctrain.dataset.generate import make_dataset  # PIL + numpy only; checks every bound first
 
     with _terminate_as_interrupt():
         manifest = make_dataset(

@@ -8,8 +8,9 @@ only through here. A run directory holds::
     run.json                        what was submitted where: job ids, cluster, submitit folder
     submitit/JOBID_RANK_log.{out,err}   each task's output
     checkpoints/step-NNNNNNNN/{state.pt,meta.json}, checkpoints/best.json
-    tb/, metrics.jsonl, summary.json    what the trainer reports
-    .hpctrain/cancel-requested      ``hpctrain cancel``'s marker
+    tb/, metrics.jsonl, summary.json    what the trainer reports (metrics.jsonl: contract/metrics.py)
+    code/                           the entry point's code, copied at submit (launch/code_snapshot.py)
+    .hpctrain/cancel-requested      ``hpctrain cancel``'s marker (contract/cancel_marker.py)
     .hpctrain/torchrun-failures.log launcher torchrun: each node's first failed rank, for rank 0
     heartbeats/rank-NNNNN.json      each rank's last step, phase and step times (hang/straggler detection)
     stacks/rank-NNNNN.txt           each rank's Python stacks, dumped when the job hangs
@@ -55,6 +56,7 @@ BEST_FILE = "best.json"
 HEARTBEATS_DIR = "heartbeats"
 STACKS_DIR = "stacks"
 STUDY_FILE = "study.json"
+CODE_DIR = "code"  # the snapshot of the entry point's code (a sweep's trials share their sweep's)
 CHECKPOINT_FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 TRIAL_DIR = re.compile(r"^trial-\d{3,}$")
@@ -106,6 +108,26 @@ def trial_dir(sweep_dir: Path, index: int) -> Path:
     return Path(sweep_dir) / f"trial-{index:03d}"
 
 
+def is_trial_dir(path: Path) -> bool:
+    """Whether ``path`` is named as a sweep's trial (``trial-NNN``)."""
+    return bool(TRIAL_DIR.match(Path(path).name))
+
+
+def run_home(run_dir: Path) -> Path:
+    """The folder a run shares with its siblings: a trial's sweep directory, else the run directory itself."""
+    run_dir = Path(run_dir)
+    return run_dir.parent if is_trial_dir(run_dir) else run_dir
+
+
+def code_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / CODE_DIR
+
+
+def task_log_name(job_id: str, rank: int | str, *, err: bool) -> str:
+    """submitit's name for one task's stdout/stderr (``%j``/``%t`` patterns for sbatch work too)."""
+    return f"{job_id}_{rank}_log.{'err' if err else 'out'}"
+
+
 def heartbeats_dir(run_dir: Path) -> Path:
     return Path(run_dir) / HEARTBEATS_DIR
 
@@ -148,7 +170,7 @@ def submitit_dir(run_dir: Path, info: Mapping[str, Any] | None = None) -> Path:
     place in this copy, so that place is used.
     """
     run_dir = Path(run_dir)
-    home = run_dir.parent if TRIAL_DIR.match(run_dir.name) else run_dir
+    home = run_home(run_dir)
     recorded = (info or {}).get("submitit_dir")
     if isinstance(recorded, str) and recorded:
         path = run_dir / recorded  # an absolute path replaces run_dir
@@ -184,7 +206,7 @@ def task_log_path(run_dir: Path, info: Mapping[str, Any], rank: int, *, err: boo
             f"{Path(run_dir) / RUN_FILE}: job_id {printable(job_id)!r} is not a job id; its logs are not looked for",
             hint="run.json was edited or damaged; the logs are in " + str(submitit_dir(run_dir, info)),
         )
-    return submitit_dir(run_dir, info) / f"{job_id}_{rank}_log.{'err' if err else 'out'}"
+    return submitit_dir(run_dir, info) / task_log_name(job_id, rank, err=err)
 
 
 # ------------------------------------------------------------------ atomic writes

@@ -4,9 +4,11 @@ One runner (:func:`run_slurm`) runs ``squeue``/``sacct``/``scontrol``/``scancel`
 and turns each way they fail -- not installed, no answer, the controller
 unreachable, a job id Slurm does not know, a refusal -- into a
 :class:`SlurmCommandError` (a ``ClusterError`` with a hint). One state table
-(:data:`TERMINAL_STATES`). ``sbatch`` goes through submitit's public executor
-API (``hpctrain.launch.submission``); the ``--signal`` line it carries is written here,
-from the spec, never from the submitting shell's ``SUBMITIT_PREEMPT_SIGNAL``.
+(:mod:`hpctrain.contract.slurm_states`) says what each job state means;
+helper jobs (doctor's probe) go through :func:`submit_wrapped`. A run's
+``sbatch`` goes through submitit's public executor API
+(``hpctrain.launch.submission``); the ``--signal`` line it carries is written
+here, from the spec, never from the submitting shell's ``SUBMITIT_PREEMPT_SIGNAL``.
 
 Light on purpose: login-node commands (status, cancel, resume, rehearse,
 submit --wait) and the runtime's requeue use it. Parsers are pure and tested
@@ -21,20 +23,19 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Literal
 
+from hpctrain.contract.slurm_states import (  # noqa: F401  (re-exported: the client's vocabulary)
+    ACTIVE_STATES,
+    TERMINAL_STATES,
+    is_final,
+    may_have_processes,
+    normalise_state,
+)
 from hpctrain.errors import ClusterError
 
-# States after which a job will not run again by itself. REQUEUED/PREEMPTED jobs come back.
-TERMINAL_STATES = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
-)
 COMMAND_TIMEOUT_S = 30.0
-# States in which some process of the job may still run (COMPLETING: the job
-# ended, but slurmd is still waiting for its tasks to exit, at most KillWait).
-ACTIVE_STATES = frozenset(
-    {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING"}
-)
 # slurm.conf's default KillWait: seconds between SIGTERM and SIGKILL when a job ends.
 DEFAULT_KILL_WAIT_S = 30.0
 # slurm.conf's default MaxArraySize: array task ids run 0..1000.
@@ -78,12 +79,6 @@ def checked_job_id(job_id: object) -> str:
     return text
 
 
-def normalise_state(raw: str) -> str:
-    """'CANCELLED by 0' -> 'CANCELLED'; '' -> 'UNKNOWN'."""
-    word = raw.strip().split(" ")[0].rstrip("+") if raw.strip() else ""
-    return word or "UNKNOWN"
-
-
 def parse_sacct_states(output: str) -> dict[str, str]:
     """Lines of ``sacct -X -n -P -o JobID,State`` -> {job id: state}."""
     states = {}
@@ -105,16 +100,40 @@ def parse_job_record(text: str) -> dict[str, str]:
     return fields
 
 
+def parse_config(text: str) -> dict[str, str]:
+    """``scontrol show config`` -> {"KillWait": "30 sec", "PreemptMode": "REQUEUE", ...}. Pure."""
+    return dict(re.findall(r"^\s*(\w+)\s*=\s*(.*?)\s*$", text, re.MULTILINE))
+
+
+def _config_number(config: str, key: str) -> int | None:
+    match = re.match(r"\d+", parse_config(config).get(key, ""))
+    return int(match.group(0)) if match else None
+
+
 def parse_kill_wait_s(config: str) -> float | None:
     """``KillWait = 30 sec`` from ``scontrol show config``; None when absent."""
-    match = re.search(r"^\s*KillWait\s*=\s*(\d+)", config, re.MULTILINE)
-    return float(match.group(1)) if match else None
+    value = _config_number(config, "KillWait")
+    return None if value is None else float(value)
 
 
 def parse_max_array_size(config: str) -> int | None:
     """``MaxArraySize = 1001`` from ``scontrol show config``; None when absent."""
-    match = re.search(r"^\s*MaxArraySize\s*=\s*(\d+)", config, re.MULTILINE)
-    return int(match.group(1)) if match else None
+    return _config_number(config, "MaxArraySize")
+
+
+def parse_nodes(output: str) -> list[dict[str, str]]:
+    """``scontrol -o show node`` -> one {"NodeName": ..., "Gres": ..., ...} per node. Pure."""
+    return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in output.splitlines() if "NodeName=" in line]
+
+
+def parse_associations(output: str) -> list[dict[str, str]]:
+    """``sacctmgr -n -P show assoc format=Account,Partition,QOS`` -> [{"account", "partition", "qos"}]. Pure."""
+    rows = []
+    for line in output.splitlines():
+        account, _, rest = line.partition("|")
+        partition, _, qos = rest.partition("|")
+        rows.append({"account": account, "partition": partition, "qos": qos})
+    return rows
 
 
 def parse_version(text: str) -> tuple[int, int] | None:
@@ -180,6 +199,31 @@ def classify_sbatch_failure(text: str) -> tuple[str, str]:
     return "Slurm refused the job", "check partition/account/qos/time against 'sinfo' and 'sacctmgr show assoc'"
 
 
+def sbatch_wrap_command(
+    *,
+    job_name: str,
+    wrap: str,
+    output: Path,
+    time_min: int,
+    partition: str | None = None,
+    gres: str | None = None,
+    account: str | None = None,
+    qos: str | None = None,
+) -> list[str]:
+    """``sbatch --wrap`` for a short one-task helper job that must not come back (doctor's probe). Pure."""
+    args = ["sbatch", "--parsable", f"--job-name={job_name}", "--nodes=1", "--ntasks=1", f"--time={time_min}"]
+    args += [f"--output={output}", "--no-requeue"]
+    for option, value in (("partition", partition), ("gres", gres), ("account", account), ("qos", qos)):
+        if value:
+            args.append(f"--{option}={value}")
+    return [*args, "--wrap", wrap]
+
+
+def sacct_states_command(job_ids: list[str]) -> list[str]:
+    """``sacct`` asked for the states of ``job_ids`` (checked ids), one line each: ``JobID|State``."""
+    return ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)]
+
+
 def requeue_command(job_id: str) -> list[str]:
     return ["scontrol", "requeue", checked_job_id(job_id)]
 
@@ -239,54 +283,48 @@ def available() -> bool:
 # ------------------------------------------------------------------ questions
 
 
-def job_state(job_id: str) -> str:
-    """Current state of a job (array task ids like 12_3 work too)."""
-    job_id = checked_job_id(job_id)
-    states = parse_sacct_states(run_slurm(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", job_id]))
-    if job_id in states:
-        return states[job_id]
-    queued = run_slurm(["squeue", "-h", "-o", "%T", "-j", job_id]).strip() if shutil.which("squeue") else ""
-    if queued:
-        return normalise_state(queued.splitlines()[0])
-    return next(iter(states.values()), "UNKNOWN")
-
-
 def job_states(job_ids: list[str], *, runner: Runner = subprocess.run) -> dict[str, str]:
     """States of several jobs in one ``sacct`` call ({} when Slurm cannot say); for listings."""
     job_ids = [job_id for job_id in job_ids if _JOB_ID.fullmatch(str(job_id).strip())]  # others: not Slurm's
     if not job_ids or (runner is subprocess.run and not available()):
         return {}
     try:
-        output = run_slurm(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)], runner=runner)
+        output = run_slurm(sacct_states_command(job_ids), runner=runner)
     except ClusterError:
         return {}
     return parse_sacct_states(output)
 
 
-def poll_job_state(
-    job_id: str, *, source: Literal["sacct", "squeue"] = "sacct", runner: Runner = subprocess.run
-) -> str:
-    """The job's state from one Slurm command (``status --watch`` polls this).
+def job_state(job_id: str, *, source: Literal["sacct", "squeue"] = "sacct", runner: Runner = subprocess.run) -> str:
+    """The job's Slurm state (array task ids like 12_3 work too); ``status --watch`` polls this.
 
     ``sacct`` asks slurmdbd, not the controller; ``squeue`` is for clusters
-    without accounting. A job sacct does not list yet (slurmdbd catches up a
-    few seconds after submit) is looked up in ``squeue`` too. "UNKNOWN" when
-    neither lists it (squeue forgets a finished job). Raises SlurmCommandError.
+    without accounting. A job sacct does not list under its own id -- not yet
+    (slurmdbd catches up a few seconds after submit), or an array listed by
+    its tasks -- is looked up in ``squeue``, which still lists an array's
+    unfinished tasks; then sacct's first line answers. "UNKNOWN" when neither
+    lists it (squeue forgets a finished job) or, asking sacct, when this
+    machine has no squeue. Raises SlurmCommandError.
     """
     job_id = checked_job_id(job_id)
+    states: dict[str, str] = {}
     if source == "sacct":
-        output = run_slurm(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", job_id], runner=runner)
-        states = parse_sacct_states(output)
-        state = states.get(job_id) or next(iter(states.values()), None)
-        if state is not None:
-            return state
+        states = parse_sacct_states(run_slurm(sacct_states_command([job_id]), runner=runner))
+        if job_id in states:
+            return states[job_id]
     try:
         lines = run_slurm(["squeue", "-h", "-o", "%T", "-j", job_id], runner=runner).split()
     except SlurmCommandError as exc:
-        if exc.kind != "unknown-job" or source == "squeue":
+        if exc.kind not in ("unknown-job", "missing") or source == "squeue":
             raise
-        return "UNKNOWN"
-    return normalise_state(lines[0]) if lines else "UNKNOWN"
+        lines = []
+    if lines:
+        return normalise_state(lines[0])
+    return next(iter(states.values()), "UNKNOWN")
+
+
+# The same question under its older name (cli/watch.py asks it so).
+poll_job_state = job_state
 
 
 def wait_until_done(job_id: str, *, poll_s: float = 2.0, timeout_s: float | None = None) -> str:
@@ -294,7 +332,7 @@ def wait_until_done(job_id: str, *, poll_s: float = 2.0, timeout_s: float | None
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         state = job_state(job_id)
-        if state in TERMINAL_STATES:
+        if is_final(state):
             return state
         if deadline is not None and time.monotonic() > deadline:
             raise ClusterError(f"job {job_id} is still {state} after {timeout_s:.0f} s")
@@ -308,7 +346,7 @@ def processes_may_run(job_id: str, *, runner: Runner = subprocess.run) -> bool:
         output = run_slurm(["squeue", "-h", "-t", "all", "-o", "%T", "-j", job_id], runner=runner)
     except SlurmCommandError as exc:
         return exc.kind != "unknown-job"  # forgotten by Slurm: long gone
-    return any(normalise_state(line) in ACTIVE_STATES for line in output.splitlines() if line.strip())
+    return any(may_have_processes(line) for line in output.splitlines() if line.strip())
 
 
 def show_job(job_id: str, *, runner: Runner = subprocess.run, timeout_s: float = COMMAND_TIMEOUT_S) -> dict[str, str]:
@@ -350,6 +388,11 @@ def partitions(*, runner: Runner = subprocess.run) -> dict[str, dict[str, str]]:
 
 
 # ------------------------------------------------------------------ actions
+
+
+def submit_wrapped(command: list[str], *, runner: Runner = subprocess.run) -> str:
+    """Submit an :func:`sbatch_wrap_command`; the new job's id (``--parsable`` prints ``ID[;CLUSTER]``)."""
+    return checked_job_id(run_slurm(command, runner=runner).strip().split(";")[0])
 
 
 def cancel_job(job_id: str) -> None:

@@ -5,7 +5,7 @@ Three measurements and one demand figure make the verdict:
 * read MB/s from ``data.root`` (and a stage directory), with each file
   dropped from the page cache first so a second run is not flattered;
 * decode + augment images/s per CPU core for the spec's decoder (measured by
-  ``hpctrain.trainer.data.bench``, which imports torch; this module does not);
+  ``hpctrain.trainer.data.pipeline_rates``, which imports torch; this module does not);
 * the CPU cores the job gives each GPU (``resources.cpus_per_task`` over the
   GPUs of one task, or the cores this process may use);
 * the images/s one GPU asks for: measured (``--measure-gpu``) or looked up in
@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpctrain.contract.cpu_share import cpu_share, slurm_cpus_per_task
 from hpctrain.diagnose.filesystems import entry_kind
 from hpctrain.errors import UsageError
 from hpctrain.jobspec.models import JobSpec
@@ -239,13 +240,14 @@ def cores_per_gpu(spec: JobSpec, environ: Mapping[str, str], affinity: int) -> t
     cpus_per_task, else the cores this process may use; divided by the GPUs one task drives."""
     gpus = spec.resources.gpus_per_node or 0
     gpus_per_task = max(1, gpus // max(1, spec.tasks_per_node)) if gpus else 1
-    if environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
-        cpus, source = int(environ["SLURM_CPUS_PER_TASK"]), "SLURM_CPUS_PER_TASK"
+    slurm_cpus = slurm_cpus_per_task(environ)
+    if slurm_cpus is not None:
+        cpus, source = slurm_cpus, "SLURM_CPUS_PER_TASK"
     elif spec.resources.cpus_per_task is not None:
         cpus, source = spec.resources.cpus_per_task, "resources.cpus_per_task"
     else:
         cpus, source = affinity, "cores this process may use; set resources.cpus_per_task"
-    per_gpu = max(1, cpus // gpus_per_task)
+    per_gpu = cpu_share(cpus, gpus_per_task)
     if gpus_per_task > 1:
         source += f" / {gpus_per_task} GPUs per task"
     return per_gpu, source

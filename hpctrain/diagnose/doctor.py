@@ -27,21 +27,28 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from hpctrain.contract.slurm import Runner, parse_partitions, run_slurm
+from hpctrain.contract.slurm import (
+    Runner,
+    parse_associations,
+    parse_config,
+    parse_nodes,
+    parse_partitions,
+    run_slurm,
+)
 from hpctrain.diagnose import filesystems
 from hpctrain.diagnose.data_bench import gpu_type, spec_demand
 from hpctrain.diagnose.filesystems import FileRate
+from hpctrain.diagnose.findings import Finding, Level
 from hpctrain.diagnose.preflight import check_data_root, check_partition
 from hpctrain.errors import ClusterError
 from hpctrain.jobspec.lead_time import STOP_OVERHEAD_S, estimated_save_s, lead_time_warning
 from hpctrain.jobspec.load import LoadedJob
 
-Level = Literal["ok", "warning", "error"]
 CLIENTS = ("sbatch", "squeue", "sacct", "scontrol", "scancel")
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp"})
 SAMPLE_CLASSES = 5
@@ -50,19 +57,7 @@ FAR_BELOW = 4  # the tree serves under a quarter of what the job asks: its GPUs 
 SLOW_STAGE_MIN = 10.0  # data.stage: node spending longer than this opening files deserves a pack
 
 
-@dataclass(frozen=True)
-class Check:
-    name: str
-    level: Level
-    detail: str
-    fix: str = ""
-    numbers: dict[str, Any] | None = None  # what a measuring check measured, for --json
-
-    def as_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        if self.numbers is None:
-            del out["numbers"]
-        return out
+Check = Finding  # doctor's name for a finding (every check yields some)
 
 
 # ------------------------------------------------------------------ what Slurm says
@@ -97,7 +92,7 @@ class ClusterView:
         answer = self.ask("scontrol", "show", "config")
         if isinstance(answer, ClusterError):
             return {}
-        return dict(re.findall(r"^\s*(\w+)\s*=\s*(.*?)\s*$", answer, re.MULTILINE))
+        return parse_config(answer)
 
     @cached_property
     def partitions(self) -> dict[str, dict[str, str]] | ClusterError:
@@ -109,7 +104,7 @@ class ClusterView:
         answer = self.ask("scontrol", "--oneliner", "show", "node")
         if isinstance(answer, ClusterError):
             return []
-        return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in answer.splitlines() if "NodeName=" in line]
+        return parse_nodes(answer)
 
     @cached_property
     def associations(self) -> list[dict[str, str]] | None:
@@ -117,26 +112,19 @@ class ClusterView:
             return None
         user = os.environ.get("USER") or os.environ.get("LOGNAME") or ""
         answer = self.ask("sacctmgr", "-n", "-P", "show", "assoc", f"user={user}", "format=Account,Partition,QOS")
-        if isinstance(answer, ClusterError):
-            return None
-        rows = []
-        for line in answer.splitlines():
-            account, _, rest = line.partition("|")
-            partition, _, qos = rest.partition("|")
-            rows.append({"account": account, "partition": partition, "qos": qos})
-        return rows
+        return None if isinstance(answer, ClusterError) else parse_associations(answer)
 
 
 # ------------------------------------------------------------------ Slurm checks (pure over the view)
 
 
-def check_slurm(view: ClusterView) -> list[Check]:
+def check_slurm(view: ClusterView) -> list[Finding]:
     missing = [name for name in CLIENTS if view.which(name) is None]
     if "sbatch" in missing:
         return [
-            Check(
-                "slurm clients",
+            Finding(
                 "error",
+                "slurm clients",
                 f"{', '.join(missing)} not found on PATH",
                 "run hpctrain on the cluster's login node (or 'module load slurm'); "
                 "'hpctrain submit SPEC --local' runs a job on this machine",
@@ -145,9 +133,9 @@ def check_slurm(view: ClusterView) -> list[Check]:
     version = view.version
     shown = version.strip() if isinstance(version, str) else "version unknown"
     checks = [
-        Check(
-            "slurm clients",
+        Finding(
             "warning" if missing else "ok",
+            "slurm clients",
             shown + (f"; missing: {', '.join(missing)}" * bool(missing)),
         )
     ]
@@ -155,28 +143,28 @@ def check_slurm(view: ClusterView) -> list[Check]:
     if isinstance(ping, ClusterError) or " is UP" not in ping:
         said = ping.message if isinstance(ping, ClusterError) else ping.strip()
         checks.append(
-            Check(
-                "controller",
+            Finding(
                 "error",
+                "controller",
                 f"slurmctld does not answer: {said.strip().splitlines()[0] if said.strip() else 'no reply'}",
                 "nothing can be queued until it is back: try again in a minute, or ask the admins",
             )
         )
         return checks
-    checks.append(Check("controller", "ok", ping.strip().splitlines()[0]))
+    checks.append(Finding("ok", "controller", ping.strip().splitlines()[0]))
     accounting = view.accounting
     if isinstance(accounting, ClusterError):
         checks.append(
-            Check(
-                "accounting",
+            Finding(
                 "warning",
+                "accounting",
                 f"sacct does not answer: {accounting.message}",
                 "status and requeue detection fall back to squeue, which forgets ended jobs within minutes; "
                 "ask the admins to enable slurmdbd accounting",
             )
         )
     else:
-        checks.append(Check("accounting", "ok", "sacct answers"))
+        checks.append(Finding("ok", "accounting", "sacct answers"))
     return checks
 
 
@@ -197,19 +185,19 @@ def _partition_name(job: LoadedJob, partitions: dict[str, dict[str, str]]) -> st
     return name if name in partitions else None
 
 
-def check_spec_on_cluster(job: LoadedJob, view: ClusterView) -> list[Check]:
+def check_spec_on_cluster(job: LoadedJob, view: ClusterView) -> list[Finding]:
     """Partition, nodes, associations and preemption for the spec."""
     partitions = view.partitions
     if isinstance(partitions, ClusterError):
-        return [Check("partition", "warning", f"could not list partitions: {partitions.message}")]
-    checks = [Check(f.key, f.level, f.message, "fix the spec") for f in check_partition(job.spec, partitions)]
+        return [Finding("warning", "partition", f"could not list partitions: {partitions.message}")]
+    checks = [Finding(f.level, f.key, f.message, "fix the spec") for f in check_partition(job.spec, partitions)]
     name = _partition_name(job, partitions)
     if name is None:
-        return checks or [Check("resources.partition", "error", "no partition given and the cluster has no default")]
+        return checks or [Finding("error", "resources.partition", "no partition given and the cluster has no default")]
     if not checks:
         fields = partitions[name]
         checks.append(
-            Check("resources.partition", "ok", f"{name}: {fields.get('State')}, MaxTime {fields.get('MaxTime')}")
+            Finding("ok", "resources.partition", f"{name}: {fields.get('State')}, MaxTime {fields.get('MaxTime')}")
         )
     checks += check_nodes(job, name, view.nodes)
     checks += check_associations(job, name, view.associations)
@@ -217,7 +205,7 @@ def check_spec_on_cluster(job: LoadedJob, view: ClusterView) -> list[Check]:
     return checks
 
 
-def check_nodes(job: LoadedJob, partition: str, nodes: list[dict[str, str]]) -> list[Check]:
+def check_nodes(job: LoadedJob, partition: str, nodes: list[dict[str, str]]) -> list[Finding]:
     res = job.spec.resources
     members = [n for n in nodes if partition in n.get("Partitions", "").split(",")]
     if not members:
@@ -236,7 +224,9 @@ def check_nodes(job: LoadedJob, partition: str, nodes: list[dict[str, str]]) -> 
     most_gpus = max(_gpus_of(n.get("Gres", "")) for n in members)
     most_cpus = max(int(n.get("CPUTot", "0") or 0) for n in members)
     if len(fitting) >= res.nodes:
-        return [Check("resources", "ok", f"{len(fitting)} of {len(members)} nodes in {partition} fit one node's share")]
+        return [
+            Finding("ok", "resources", f"{len(fitting)} of {len(members)} nodes in {partition} fit one node's share")
+        ]
     what = []
     if gpus > most_gpus:
         what.append(f"{gpus} GPUs per node (its nodes have at most {most_gpus})")
@@ -245,19 +235,19 @@ def check_nodes(job: LoadedJob, partition: str, nodes: list[dict[str, str]]) -> 
     if not what:
         what.append(f"{res.nodes} nodes that fit (only {len(fitting)} of its {len(members)} do)")
     return [
-        Check(
-            "resources",
+        Finding(
             "error",
+            "resources",
             f"partition {partition} can never give {', '.join(what)}",
             "lower resources.nodes / gpus_per_node / cpus_per_task / mem_gb, or pick another partition ('sinfo -N -l')",
         )
     ]
 
 
-def check_associations(job: LoadedJob, partition: str, rows: list[dict[str, str]] | None) -> list[Check]:
+def check_associations(job: LoadedJob, partition: str, rows: list[dict[str, str]] | None) -> list[Finding]:
     res = job.spec.resources
     if rows is None:
-        return [Check("account/qos", "ok", "not checked: sacctmgr does not answer here")]
+        return [Finding("ok", "account/qos", "not checked: sacctmgr does not answer here")]
     usable = [r for r in rows if r["partition"] in ("", partition)]
     problems = []
     if res.account and res.account not in {r["account"] for r in usable}:
@@ -269,23 +259,23 @@ def check_associations(job: LoadedJob, partition: str, rows: list[dict[str, str]
     if problems:
         accounts = ", ".join(sorted({r["account"] for r in usable})) or "none"
         return [
-            Check(
-                "account/qos",
+            Finding(
                 "error",
+                "account/qos",
                 "; ".join(problems),
                 f"set resources.account / resources.qos to one of yours (accounts: {accounts}; "
                 "'sacctmgr show assoc user=$USER')",
             )
         ]
-    return [Check("account/qos", "ok", f"{len(usable)} association(s) usable on {partition}")]
+    return [Finding("ok", "account/qos", f"{len(usable)} association(s) usable on {partition}")]
 
 
-def check_preemption(job: LoadedJob, config: dict[str, str], partition: dict[str, str]) -> list[Check]:
+def check_preemption(job: LoadedJob, config: dict[str, str], partition: dict[str, str]) -> list[Finding]:
     """What preemption does to this job, and whether it can save before it is killed."""
     preempt_type = config.get("PreemptType", "preempt/none")
     mode = partition.get("PreemptMode", config.get("PreemptMode", "OFF")).upper()
     if preempt_type == "preempt/none" or mode.startswith("OFF"):
-        return [Check("preemption", "ok", f"jobs in {partition.get('PartitionName')} are not preempted")]
+        return [Finding("ok", "preemption", f"jobs in {partition.get('PartitionName')} are not preempted")]
     grace = _grace_s(partition.get("GraceTime", "0"))
     save_s, how = estimated_save_s(job.spec)
     needed = save_s + STOP_OVERHEAD_S
@@ -298,9 +288,9 @@ def check_preemption(job: LoadedJob, config: dict[str, str], partition: dict[str
         )
     elif "SUSPEND" in mode:
         return [
-            Check(
-                "preemption",
+            Finding(
                 "warning",
+                "preemption",
                 f"PreemptMode={mode}: a suspended job keeps its GPU memory and its peers time out in collectives",
                 "raise distributed.timeout_s, or ask for a partition that requeues",
             )
@@ -310,17 +300,17 @@ def check_preemption(job: LoadedJob, config: dict[str, str], partition: dict[str
     detail = f"{meaning}; GraceTime {grace:.0f} s between SIGTERM and SIGKILL"
     if job.spec.entrypoint is None and grace < needed:
         return [
-            Check(
-                "preemption",
+            Finding(
                 "warning",
+                "preemption",
                 f"{detail}, but a stop checkpoint needs ~{needed:.0f} s ({how}, plus stopping)",
                 "a preempted attempt resumes from its last periodic checkpoint: set checkpoint.every_steps "
                 "so little is lost",
             )
         ]
     if "CANCEL" in mode and not signals.requeue_on_preemption:
-        return [Check("preemption", "warning", detail, "set signals.requeue_on_preemption: true to come back")]
-    return [Check("preemption", "ok", detail)]
+        return [Finding("warning", "preemption", detail, "set signals.requeue_on_preemption: true to come back")]
+    return [Finding("ok", "preemption", detail)]
 
 
 def _grace_s(value: str) -> float:
@@ -334,17 +324,17 @@ def _grace_s(value: str) -> float:
         return 0.0
 
 
-def check_lead_time(job: LoadedJob) -> list[Check]:
+def check_lead_time(job: LoadedJob) -> list[Finding]:
     warning = lead_time_warning(job.spec)
     if warning:
-        return [Check("signals.signal_delay_s", "warning", warning, "raise signals.signal_delay_s")]
-    return [Check("signals.signal_delay_s", "ok", f"{job.spec.signals.signal_delay_s} s before the limit is enough")]
+        return [Finding("warning", "signals.signal_delay_s", warning, "raise signals.signal_delay_s")]
+    return [Finding("ok", "signals.signal_delay_s", f"{job.spec.signals.signal_delay_s} s before the limit is enough")]
 
 
 # ------------------------------------------------------------------ paths
 
 
-def check_paths(job: LoadedJob, *, slurm_backend: bool, mounts_text: str | None = None) -> list[Check]:
+def check_paths(job: LoadedJob, *, slurm_backend: bool, mounts_text: str | None = None) -> list[Finding]:
     spec = job.spec
     checks = [check_output_dir(spec.output_dir, slurm_backend, mounts_text)]
     checks.append(_sharing_check("python", sys.prefix, slurm_backend, mounts_text, "the job's Python environment"))
@@ -352,56 +342,56 @@ def check_paths(job: LoadedJob, *, slurm_backend: bool, mounts_text: str | None 
     if spec.entrypoint is None and spec.data.root is not None:
         is_image = Path(spec.data.root).is_file()
         if data_findings:
-            checks += [Check(f.key, f.level, f.message, "make the dataset, or fix data.root") for f in data_findings]
+            checks += [Finding(f.level, f.key, f.message, "make the dataset, or fix data.root") for f in data_findings]
         if is_image and not any(f.level == "error" for f in data_findings):
             checks.append(_sharing_check("data.root", spec.data.root, slurm_backend, mounts_text, "the dataset"))
             where = f"{spec.data.train_dir}/ and {spec.data.val_dir}/"
-            checks.append(Check("dataset", "ok", f"a SquashFS image holding {where} (each node mounts it)"))
+            checks.append(Finding("ok", "dataset", f"a SquashFS image holding {where} (each node mounts it)"))
         elif not data_findings:
             checks.append(_sharing_check("data.root", spec.data.root, slurm_backend, mounts_text, "the dataset"))
             checks.append(check_image_folder(Path(spec.data.root), spec.data.train_dir, spec.data.val_dir))
     return checks
 
 
-def check_output_dir(output_dir: str, slurm_backend: bool, mounts_text: str | None = None) -> Check:
+def check_output_dir(output_dir: str, slurm_backend: bool, mounts_text: str | None = None) -> Finding:
     existing = filesystems.existing_ancestor(output_dir)
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        return Check(
-            "output_dir", "error", f"{existing} is not a writable folder", "set output_dir to a folder of yours"
+        return Finding(
+            "error", "output_dir", f"{existing} is not a writable folder", "set output_dir to a folder of yours"
         )
     return _sharing_check("output_dir", output_dir, slurm_backend, mounts_text, "run directories")
 
 
-def _sharing_check(name: str, path: str, slurm_backend: bool, mounts_text: str | None, what: str) -> Check:
+def _sharing_check(name: str, path: str, slurm_backend: bool, mounts_text: str | None, what: str) -> Finding:
     mount = filesystems.mount_of(path, mounts_text)
     if mount is None or not slurm_backend:
-        return Check(name, "ok", f"{path}" + (f" ({mount.fstype})" if mount else ""))
+        return Finding("ok", name, f"{path}" + (f" ({mount.fstype})" if mount else ""))
     where = f"{path} is on {mount.fstype} ({mount.point})"
     if mount.sharing == "memory":
-        return Check(
-            name,
+        return Finding(
             "error",
+            name,
             f"{where}: memory of this machine only; compute nodes never see {what} there",
             f"put {name} on the cluster's shared file system (home, project or scratch)",
         )
     if mount.sharing == "local":
-        return Check(
-            name,
+        return Finding(
             "warning",
+            name,
             f"{where}, a local file system; compute nodes see it only if they share this disk",
             "'hpctrain doctor SPEC --probe' checks from a compute node",
         )
-    return Check(name, "ok", f"{where}, shared")
+    return Finding("ok", name, f"{where}, shared")
 
 
-def check_image_folder(root: Path, train_dir: str, val_dir: str) -> Check:
+def check_image_folder(root: Path, train_dir: str, val_dir: str) -> Finding:
     """A sample of ``root``: class folders in both splits, and image files in a few of them."""
     counts, problems = {}, []
     for split in (train_dir, val_dir):
         try:
             classes = sorted(e.name for e in os.scandir(root / split) if filesystems.entry_kind(e) == "dir")
         except OSError as exc:
-            return Check("dataset", "error", f"cannot list {root / split}: {exc.strerror}", "fix its permissions")
+            return Finding("error", "dataset", f"cannot list {root / split}: {exc.strerror}", "fix its permissions")
         counts[split] = len(classes)
         if not classes:
             problems.append(f"{split}/ has no class folders")
@@ -411,9 +401,9 @@ def check_image_folder(root: Path, train_dir: str, val_dir: str) -> Check:
     if counts.get(train_dir) and counts.get(val_dir) and counts[train_dir] != counts[val_dir]:
         problems.append(f"{train_dir}/ has {counts[train_dir]} classes but {val_dir}/ has {counts[val_dir]}")
     if problems:
-        return Check("dataset", "error", "; ".join(problems), "an ImageFolder is SPLIT/CLASS/IMAGE.jpg")
+        return Finding("error", "dataset", "; ".join(problems), "an ImageFolder is SPLIT/CLASS/IMAGE.jpg")
     sampled = min(SAMPLE_CLASSES, counts[train_dir])
-    return Check("dataset", "ok", f"an ImageFolder: {counts[train_dir]} classes; {sampled} sampled hold images")
+    return Finding("ok", "dataset", f"an ImageFolder: {counts[train_dir]} classes; {sampled} sampled hold images")
 
 
 def _has_image(folder: Path) -> bool:
@@ -478,7 +468,7 @@ def node_demand(job: LoadedJob) -> tuple[float | None, str]:
     return demand.img_s_per_gpu * gpus, f"{demand.img_s_per_gpu:,.0f} img/s per GPU x {gpus} GPUs ({demand.source})"
 
 
-def check_file_rate(job: LoadedJob, rate: FileRate, where: str) -> Check:
+def check_file_rate(job: LoadedJob, rate: FileRate, where: str) -> Finding:
     """The measured rate against the job's demand (or, with data.stage: node, against staging's file count)."""
     spec, nodes = job.spec, job.spec.resources.nodes
     served = rate.samples_per_s
@@ -486,8 +476,8 @@ def check_file_rate(job: LoadedJob, rate: FileRate, where: str) -> Check:
     numbers = {"measured": where, **rate.as_json(), "node_demand_img_s": asked, "nodes": nodes, "demand": how}
     numbers["job_demand_img_s"] = None if asked is None else round(asked * nodes, 1)
 
-    def row(level: Level, detail: str, fix: str = "") -> Check:
-        return Check("data.root rate", level, detail, fix, numbers)
+    def row(level: Level, detail: str, fix: str = "") -> Finding:
+        return Finding(level, "data.root rate", detail, fix, numbers)
 
     measured = f"{where}: {rate.describe()}"
     if rate.stats + rate.opens < 50:
@@ -514,7 +504,7 @@ def check_file_rate(job: LoadedJob, rate: FileRate, where: str) -> Check:
     return row(level, detail, f"the tree serves ~{served:,.0f} samples/s per node, the job asks ~{asked:,.0f}; {pack}")
 
 
-def file_rate_checks(job: LoadedJob, reported: Any, where: str) -> list[Check]:
+def file_rate_checks(job: LoadedJob, reported: Any, where: str) -> list[Finding]:
     """The row for a probe's ``file_rate`` report (a dict, an error text, or nothing)."""
     if reported is None:
         return []
@@ -522,11 +512,13 @@ def file_rate_checks(job: LoadedJob, reported: Any, where: str) -> list[Check]:
     if rate is None:
         said = reported.get("error") if isinstance(reported, dict) else None
         shown = str(said)[:300] if said else "an unreadable report"
-        return [Check("data.root rate", "warning", f"{where}: not measured: {shown}", "check data.root's permissions")]
+        return [
+            Finding("warning", "data.root rate", f"{where}: not measured: {shown}", "check data.root's permissions")
+        ]
     return [check_file_rate(job, rate, where)]
 
 
-def measure_here(job: LoadedJob, bounds: MeasureBounds) -> list[Check]:
+def measure_here(job: LoadedJob, bounds: MeasureBounds) -> list[Finding]:
     """For a local cluster: the job runs on this machine, so measure data.root here."""
     split = measured_split(job)
     if split is None or not split.is_dir():
@@ -549,10 +541,10 @@ def run_checks(
     slurm_backend: bool,
     view: ClusterView | None = None,
     bounds: MeasureBounds | None = None,
-) -> list[Check]:
+) -> list[Finding]:
     """Every check; for a local cluster also the file rate of data.root (the job will run here)."""
     view = view or ClusterView()
-    checks: list[Check] = []
+    checks: list[Finding] = []
     if slurm_backend:
         checks += check_slurm(view)
         reachable = not any(c.level == "error" for c in checks)
@@ -569,7 +561,7 @@ def run_checks(
     return checks
 
 
-def summary(checks: list[Check]) -> dict[str, Any]:
+def summary(checks: list[Finding]) -> dict[str, Any]:
     return {
         "ok": not any(c.level == "error" for c in checks),
         "errors": sum(c.level == "error" for c in checks),

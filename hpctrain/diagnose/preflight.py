@@ -14,26 +14,18 @@ Pure over its inputs except :func:`run_preflight`, which asks Slurm once.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Literal
 
 from hpctrain.dataset import squashfs
 from hpctrain.diagnose import filesystems
+from hpctrain.diagnose.findings import Finding
 from hpctrain.errors import ClusterError, SpecError, SpecProblem
 from hpctrain.jobspec.load import LoadedJob
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.slurm_time import parse_time_limit
 
-Level = Literal["error", "warning"]
 SKIP_HINT = "fix it, or pass --no-preflight to submit anyway"
-
-
-@dataclass(frozen=True)
-class Finding:
-    level: Level
-    key: str
-    message: str
 
 
 def check_data_root(spec: JobSpec) -> list[Finding]:

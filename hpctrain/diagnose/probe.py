@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract.slurm import TERMINAL_STATES, job_state, run_slurm
+from hpctrain.contract.slurm import cancel_job, is_final, job_state, sbatch_wrap_command, submit_wrapped
 from hpctrain.diagnose.filesystems import measure_file_rate
+from hpctrain.diagnose.findings import Finding
 
 PROBE_DIR = ".hpctrain-probe"
 MARKER = "HPCTRAIN-PROBE "
@@ -65,12 +66,10 @@ def probe_command(python: str, data_root: str | None, output_dir: str, measure: 
 def sbatch_args(
     *, partition: str | None, gres: str | None, account: str | None, qos: str | None, output: Path, wrap: str
 ) -> list[str]:
-    args = ["sbatch", "--parsable", "--job-name=hpctrain-probe", "--nodes=1", "--ntasks=1", "--time=2"]
-    args += [f"--output={output}", "--no-requeue"]
-    for option, value in (("partition", partition), ("gres", gres), ("account", account), ("qos", qos)):
-        if value:
-            args.append(f"--{option}={value}")
-    return [*args, "--wrap", wrap]
+    return sbatch_wrap_command(
+        job_name="hpctrain-probe", wrap=wrap, output=output, time_min=2,
+        partition=partition, gres=gres, account=account, qos=qos,
+    )  # fmt: skip
 
 
 def run_probe(
@@ -89,13 +88,14 @@ def run_probe(
     folder.mkdir(parents=True, exist_ok=True)
     output = folder / "probe-%j.out"
     wrap = probe_command(sys.executable, data_root, str(Path(os.path.expanduser(output_dir)).resolve()), measure)
-    job_id = run_slurm(sbatch_args(partition=partition, gres=gres, account=account, qos=qos, output=output, wrap=wrap))
-    job_id = job_id.strip().split(";")[0]
+    job_id = submit_wrapped(
+        sbatch_args(partition=partition, gres=gres, account=account, qos=qos, output=output, wrap=wrap)
+    )
     deadline = time.monotonic() + timeout_s
     state = job_state(job_id)
-    while state not in TERMINAL_STATES:
+    while not is_final(state):
         if time.monotonic() > deadline:
-            run_slurm(["scancel", job_id])
+            cancel_job(job_id)
             return {"job_id": job_id, "state": state, "error": f"still {state} after {timeout_s:.0f} s; cancelled"}
         time.sleep(2.0)
         state = job_state(job_id)
@@ -183,23 +183,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def probe_problems(found: dict[str, Any], *, wants_gpus: int) -> list[tuple[str, str, str]]:
-    """(name, message, fix) for every problem the probe found; pure."""
-    problems = []
+def probe_findings(found: dict[str, Any], *, wants_gpus: int) -> list[Finding]:
+    """An error for every problem the probe found; pure."""
     if "error" in found:
-        return [("probe", found["error"], "run it again; check 'hpctrain doctor' without --probe first")]
+        return [
+            Finding("error", "probe", found["error"], "run it again; check 'hpctrain doctor' without --probe first")
+        ]
+    host, gpus = found.get("hostname"), len(found.get("gpus", []))
+    problems = []
     if "torch_error" in found:
-        problems.append(("python", f"torch does not import on {found['hostname']}: {found['torch_error']}",
-                         "install the environment where compute nodes see it (a shared venv)"))  # fmt: skip
-    if wants_gpus and len(found.get("gpus", [])) < wants_gpus:
-        problems.append(("resources.gpus_per_node", f"{found['hostname']} shows {len(found.get('gpus', []))} GPU(s), "
-                         f"the spec asks for {wants_gpus}", "check the profile's gpu_gres template"))  # fmt: skip
+        problems.append(Finding("error", "python", f"torch does not import on {host}: {found['torch_error']}",
+                                "install the environment where compute nodes see it (a shared venv)"))  # fmt: skip
+    if wants_gpus and gpus < wants_gpus:
+        problems.append(Finding("error", "resources.gpus_per_node", f"{host} shows {gpus} GPU(s), the spec asks for "
+                                f"{wants_gpus}", "check the profile's gpu_gres template"))  # fmt: skip
     if found.get("data_root_readable") is False:
-        problems.append(("data.root", f"{found['hostname']} cannot read it: {found.get('data_root_error')}",
-                         "put the dataset where compute nodes mount it"))  # fmt: skip
+        problems.append(Finding("error", "data.root", f"{host} cannot read it: {found.get('data_root_error')}",
+                                "put the dataset where compute nodes mount it"))  # fmt: skip
     if found.get("output_dir_writable") is False:
-        problems.append(("output_dir", f"{found['hostname']} cannot write it: {found.get('output_dir_error')}",
-                         "put output_dir on the shared file system"))  # fmt: skip
+        problems.append(Finding("error", "output_dir", f"{host} cannot write it: {found.get('output_dir_error')}",
+                                "put output_dir on the shared file system"))  # fmt: skip
     return problems
 
 

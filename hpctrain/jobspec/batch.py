@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hpctrain.jobspec.strategy_traits import ELASTIC_STRATEGIES, traits
+
 if TYPE_CHECKING:
     from hpctrain.jobspec.models import JobSpec, Trainer
 
@@ -37,12 +39,13 @@ class BatchLayout:
     @classmethod
     def of(cls, trainer: Trainer, *, tasks: int, gpus_per_task: int) -> BatchLayout:
         """The layout of ``trainer`` run by ``tasks`` tasks that each see ``gpus_per_task`` GPUs."""
-        devices = max(1, gpus_per_task) if trainer.strategy == "dp" else 1
-        workers = trainer.hogwild_processes if trainer.strategy == "hogwild" else 1
-        if trainer.strategy == "ps":  # parameter servers load no data: the global batch is over the workers
+        found = traits(trainer.strategy)
+        devices = max(1, gpus_per_task) if found.batch_over_task_gpus else 1
+        workers = trainer.hogwild_processes if found.data_processes == "hogwild-workers" else 1
+        if found.data_processes == "worker-tasks":  # parameter servers load no data: the batch is over the workers
             tasks = max(1, tasks - trainer.ps.servers)
         processes = tasks * workers
-        if trainer.strategy == "pipeline":  # the tasks of one pipeline share each batch
+        if found.data_processes == "pipelines":  # the tasks of one pipeline share each batch
             processes = max(1, tasks // trainer.pipeline.stages)
         return cls(per_device=trainer.batch_size, devices_per_process=devices, processes=processes)
 
@@ -66,7 +69,6 @@ class BatchLayout:
 
 
 # -- canonical micro-batches: the global batch, whatever the number of ranks -------------------------------------
-ELASTIC_STRATEGIES = ("ddp", "single")  # where a rank may compute several micro-batches of one step
 
 
 def micro_batch_positions(step: int, micro_batch: int, *, micro_batches: int, batch_size: int, length: int) -> range:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hpctrain.errors import SpecProblem
+from hpctrain.jobspec.strategy_traits import traits
 
 if TYPE_CHECKING:
     from hpctrain.jobspec.models import JobSpec
@@ -179,11 +180,12 @@ def _check_model_parallel(spec: JobSpec) -> list[SpecProblem]:
     gpus = spec.resources.gpus_per_node or 0
     devices = mp.devices or gpus
     problems = _common(spec, max(2, devices), mp.split_points, "trainer.model_parallel")
-    if gpus < 2:
+    needs = traits("model_parallel").needs_gpus
+    if gpus < needs:
         problems.append(
             SpecProblem(
                 "trainer.strategy",
-                f"'model_parallel' spreads the layers over at least 2 GPUs of one task, but "
+                f"'model_parallel' spreads the layers over at least {needs} GPUs of one task, but "
                 f"resources.gpus_per_node is {gpus}; ask for 2 or more, or use strategy: pipeline on CPUs",
             )
         )

@@ -27,6 +27,7 @@ from hpctrain.jobspec.models import APEX_LEVELS, JobSpec
 from hpctrain.jobspec.problems import position_of, problems_from_validation
 from hpctrain.jobspec.profiles import ClusterProfile, apply_profile, available_profiles, config_dir, load_profile
 from hpctrain.jobspec.slurm_time import parse_time_limit
+from hpctrain.jobspec.strategy_traits import traits
 from hpctrain.jobspec.study_axes import StudyPoint, check_axes, combinations, point_label
 from hpctrain.jobspec.yaml_source import _SpecLoader, read_spec_file
 
@@ -277,12 +278,13 @@ def check_resolved(spec: JobSpec, profile: ClusterProfile) -> list[SpecProblem]:
                 ),
             )
         )
-    ddp_on_gpus = gpus and trainer.strategy == "ddp" and spec.entrypoint is None
-    if ddp_on_gpus and res.tasks_per_node is not None and res.tasks_per_node != gpus:
+    per_gpu = traits(trainer.strategy)
+    per_gpu_fixed = per_gpu.tasks_per_node == "per-gpu" and per_gpu.tasks_per_node_fixed
+    if gpus and per_gpu_fixed and spec.entrypoint is None and res.tasks_per_node not in (None, gpus):
         problems.append(
             SpecProblem(
                 "resources.tasks_per_node",
-                (f"ddp runs one task per GPU: set it to gpus_per_node ({gpus}) or remove it"),
+                (f"{trainer.strategy} runs one task per GPU: set it to gpus_per_node ({gpus}) or remove it"),
             )
         )
     if spec.data.root is not None:
@@ -317,19 +319,20 @@ def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
                 ),
             )
         )
-    if trainer.strategy == "dp" and spec.tasks_per_node != 1:
+    found = traits(trainer.strategy)
+    if found.tasks_per_node == "one" and found.tasks_per_node_fixed and spec.tasks_per_node != 1:
         problems.append(
             SpecProblem(
                 "resources.tasks_per_node",
                 (
-                    f"dp runs one task per node that drives all its GPUs, not {spec.tasks_per_node}; "
+                    f"{trainer.strategy} runs one task per node that drives all its GPUs, not {spec.tasks_per_node}; "
                     "remove tasks_per_node, or use strategy: ddp for one task per GPU"
                 ),
             )
         )
-    if trainer.strategy == "horovod":
-        problems.append(SpecProblem("trainer.strategy", f"'horovod': {horovod_refusal()}"))
-    if trainer.dp_parallel_loss and trainer.strategy != "dp":
+    if found.refused:
+        problems.append(SpecProblem("trainer.strategy", f"'{trainer.strategy}': {horovod_refusal()}"))
+    if trainer.dp_parallel_loss and not found.parallel_loss:
         problems.append(
             SpecProblem(
                 "trainer.dp_parallel_loss",
@@ -339,17 +342,17 @@ def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
                 ),
             )
         )
-    if trainer.strategy == "single" and spec.world_size > 1:
+    if found.one_process and spec.world_size > 1:
         problems.append(
             SpecProblem(
                 "trainer.strategy",
                 (
-                    f"'single' runs one process, but the resources give {spec.world_size} tasks; "
+                    f"'{trainer.strategy}' runs one process, but the resources give {spec.world_size} tasks; "
                     "use 'ddp', or nodes: 1 with one task"
                 ),
             )
         )
-    if spec.launcher == "torchrun" and trainer.strategy in ("single", "dp", "hogwild"):
+    if spec.launcher == "torchrun" and not found.torchrun:
         problems.append(
             SpecProblem(
                 "launcher",
@@ -359,11 +362,11 @@ def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
                 ),
             )
         )
-    if trainer.strategy == "hogwild":
-        if gpus:
-            problems.append(SpecProblem("trainer.strategy", "'hogwild' trains on CPU; set resources.gpus_per_node: 0"))
-        if nodes > 1:
-            problems.append(SpecProblem("trainer.strategy", "'hogwild' shares memory on one node; use nodes: 1"))
+    named = f"'{trainer.strategy}'"
+    if found.cpu_only and gpus:
+        problems.append(SpecProblem("trainer.strategy", f"{named} {found.cpu_only}; set resources.gpus_per_node: 0"))
+    if found.one_node and nodes > 1:
+        problems.append(SpecProblem("trainer.strategy", f"{named} shares memory on one node; use nodes: 1"))
     if trainer.strategy == "ps":
         problems.extend(_check_ps(spec, gpus))
     if not gpus and spec.data.decode in ("gpu", "dali"):
@@ -376,8 +379,8 @@ def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
                 ),
             )
         )
-    if trainer.compile and (trainer.strategy in ("hogwild", "dp") or trainer.precision in APEX_LEVELS):
-        what = f"strategy {trainer.strategy}" if trainer.strategy in ("hogwild", "dp") else "Apex precision"
+    if trainer.compile and (not found.compiles or trainer.precision in APEX_LEVELS):
+        what = f"strategy {trainer.strategy}" if not found.compiles else "Apex precision"
         problems.append(
             SpecProblem(
                 "trainer.compile",
@@ -413,8 +416,6 @@ def _check_ps(spec: JobSpec, gpus: int) -> list[SpecProblem]:
                 ),
             )
         )
-    if gpus:
-        problems.append(SpecProblem("trainer.strategy", "'ps' runs on CPU tasks; set resources.gpus_per_node: 0"))
     if spec.trainer.precision == "fp16" or spec.trainer.precision in APEX_LEVELS:
         problems.append(SpecProblem("trainer.precision", "'ps' trains in fp32 or bf16 (the servers apply plain SGD)"))
     if spec.trainer.ps.mode == "sync" and spec.trainer.ps.max_staleness is not None:

@@ -31,6 +31,7 @@ from hpctrain.jobspec.fields import (
     safe_path,
 )
 from hpctrain.jobspec.slurm_time import ALLOWED_FORMS, parse_time_limit
+from hpctrain.jobspec.strategy_traits import traits
 
 Strategy = Literal["single", "dp", "ddp", "hogwild", "ps", "pipeline", "model_parallel", "horovod"]
 Precision = Literal["fp32", "fp16", "bf16", "O0", "O1", "O2", "O3"]
@@ -539,7 +540,7 @@ class JobSpec(Section):
         if self.resources.tasks_per_node is not None:
             return self.resources.tasks_per_node
         gpus = self.resources.gpus_per_node or 0
-        if self.entrypoint is None and self.trainer.strategy in ("single", "dp", "hogwild", "model_parallel"):
+        if self.entrypoint is None and traits(self.trainer.strategy).tasks_per_node == "one":
             return 1
         return max(1, gpus)
 

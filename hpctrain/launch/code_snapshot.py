@@ -27,9 +27,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hpctrain.contract.rundir import CODE_DIR, run_home
 from hpctrain.errors import UsageError
 
-SNAPSHOT_DIR = "code"
+SNAPSHOT_DIR = CODE_DIR
 MAX_SNAPSHOT_BYTES = 200 * 1024 * 1024
 _SKIP_PARTS = frozenset({"__pycache__", ".git", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 _GIT_TIMEOUT_S = 30
@@ -128,7 +129,7 @@ def import_root(run_dir: Path, recorded: object) -> Path | None:
         return None
     run_dir = Path(run_dir).resolve()
     # a sweep's trials share the copy in the sweep's directory, one level up
-    home = run_dir.parent if run_dir.name.startswith("trial-") else run_dir
+    home = run_home(run_dir)
     root = (run_dir / recorded["import_root"]).resolve()
     if home not in root.parents and root != home:
         return None  # a hand-edited run.json pointing elsewhere is not followed

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.contract import slurm
+from hpctrain.contract.cancel_marker import write_cancel_marker
 from hpctrain.contract.rundir import Summary, latest_checkpoint_step, read_summary
-from hpctrain.contract.slurm import TERMINAL_STATES, job_state
+from hpctrain.contract.slurm import is_final, job_state
+from hpctrain.contract.slurm_states import is_pending
 from hpctrain.errors import ClusterError
 from hpctrain.jobspec.load import LoadedJob
 from hpctrain.launch.submission import submit
-from hpctrain.runtime.stop import write_cancel_marker
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def rehearse(job: LoadedJob, timeout_s: float, say: Callable[[str], None]) -> Re
 
     def restarted() -> Summary | None:
         summary = read_summary(run_dir) or Summary()
-        if job_state(job_id) == "PENDING":  # requeued and held: its newest checkpoint is the stop checkpoint
+        if is_pending(job_state(job_id)):  # requeued and held: its newest checkpoint is the stop checkpoint
             stopped_at[0] = latest_checkpoint_step(run_dir)
             try:
                 slurm.release_job(job_id)
@@ -82,7 +83,7 @@ def _wait_for(probe, job_id: str, deadline: float, what: str):
         if value is not None:
             return value
         state = job_state(job_id)
-        if state in TERMINAL_STATES:
+        if is_final(state):
             raise ClusterError(
                 f"rehearsal job {job_id} ended {state} before {what}",
                 hint=f"see its logs: hpctrain logs {job_id} --err",

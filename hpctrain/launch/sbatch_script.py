@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hpctrain.contract.rundir import task_log_name
+
 SUBMITIT_ENTRY = "-u -m submitit.core._submit"
 # submitit's defaults for the parameters hpctrain may leave out.
 DEFAULTS: dict[str, Any] = {
@@ -76,7 +78,7 @@ def render_sbatch(parameters: Mapping[str, Any], folder: str | Path, command: st
     sbatch = {k: v for k, v in given.items() if k not in NOT_SBATCH}
     sbatch["signal"] = signal_parameter("USR2", given["signal_delay_s"])  # submitit default; hpctrain overrides it
     logs = executor_folder(folder)
-    stdout, stderr = str(logs / "%j_%t_log.out"), str(logs / "%j_%t_log.err")
+    stdout, stderr = str(logs / task_log_name("%j", "%t", err=False)), str(logs / task_log_name("%j", "%t", err=True))
     map_count = given.get("map_count")
     if map_count is not None:
         sbatch["array"] = f"0-{map_count - 1}%{min(map_count, given['array_parallelism'])}"

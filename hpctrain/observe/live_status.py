@@ -5,19 +5,19 @@
 the newest checkpoint, the job's state) into a :class:`Snapshot`: progress,
 rate, ETA, last checkpoint, restarts, data wait, each rank's last heartbeat
 (stale ones flagged), stragglers and a hang. It does no I/O; :func:`read_run`
-gathers its inputs, and :class:`MetricsTail` reads ``metrics.jsonl``
-incrementally, so a watch that polls for hours reads each line once and a
+gathers its inputs, and the contract's :class:`MetricsTail` reads
+``metrics.jsonl`` incrementally (``contract/metrics.py``), so a watch that polls for hours reads each line once and a
 half-written last line waits for its newline.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hpctrain.contract.heartbeat_files import Heartbeat, find_stragglers, read_heartbeats
+from hpctrain.contract.metrics import MetricsTail
 from hpctrain.contract.rundir import (
     META_FILE,
     Summary,
@@ -26,66 +26,10 @@ from hpctrain.contract.rundir import (
     latest_checkpoint,
     read_summary,
 )
-from hpctrain.contract.runfiles import MAX_MAGNITUDE, RunFileError, load_json, open_regular, printable
+from hpctrain.contract.runfiles import MAX_MAGNITUDE, printable
+from hpctrain.contract.slurm_states import is_pending
 
 HEARTBEAT_STALE_S = 120.0  # a running rank whose heartbeat is older than this is flagged
-RATE_WINDOW = 20  # train_step records the step rate (and so the ETA) is measured over
-FIRST_READ_BYTES = 1 << 20  # the first look reads only the end of metrics.jsonl
-
-
-class MetricsTail:
-    """The recent ``train_step`` records and the last ``epoch`` record of ``metrics.jsonl``, read incrementally.
-
-    Each :meth:`read` continues from the byte offset where the last one stopped;
-    a last line without its newline is left for the next read. A file that
-    shrank (replaced) is read again from the start; of more than
-    ``first_read_bytes`` new since the last read (a long run's file, a burst)
-    only the end is read. Records after a resume repeat steps; the rate
-    window restarts when ``global_step`` goes back.
-    """
-
-    def __init__(self, path: Path, window: int = RATE_WINDOW, first_read_bytes: int = FIRST_READ_BYTES) -> None:
-        self.path = Path(path)
-        self.offset = 0
-        self.first_read_bytes = first_read_bytes
-        self.steps: deque[dict[str, Any]] = deque(maxlen=window)
-        self.last_epoch: dict[str, Any] | None = None
-
-    def read(self) -> None:
-        try:
-            with open_regular(self.path) as handle:
-                size = handle.seek(0, 2)
-                if size < self.offset:
-                    self.offset, self.last_epoch = 0, None
-                    self.steps.clear()
-                skip_partial = size - self.offset > self.first_read_bytes
-                if skip_partial:  # a long run's file (or a burst since the last poll): only its end matters
-                    self.offset = size - self.first_read_bytes
-                handle.seek(self.offset)
-                chunk = handle.read(size - self.offset)
-        except (OSError, RunFileError):
-            return
-        if skip_partial:
-            start = chunk.find(b"\n") + 1
-            chunk, self.offset = chunk[start:], self.offset + start
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        for line in complete.splitlines():
-            self._take(line)
-
-    def _take(self, line: bytes) -> None:
-        try:
-            record = load_json(line)
-        except ValueError:
-            return  # a torn or foreign line is skipped
-        if not isinstance(record, dict) or not isinstance(record.get("global_step"), int):
-            return
-        if record.get("kind") == "epoch":
-            self.last_epoch = record
-        elif record.get("kind") == "train_step":
-            if self.steps and record["global_step"] <= self.steps[-1]["global_step"]:
-                self.steps.clear()  # a resume replays the steps since its checkpoint
-            self.steps.append(record)
 
 
 @dataclass(frozen=True)
@@ -196,7 +140,7 @@ def build_snapshot(
     if total is not None and global_step is not None and not final:
         eta = max(0, total - global_step) / rate if rate else None
     epoch, step_in_epoch = _position(last, summary, steps_per_epoch, global_step)
-    running = not final and slurm_state not in ("PENDING", "REQUEUED")
+    running = not final and not is_pending(slurm_state)
     ranks = rank_views(inputs.heartbeats, now, running=running, stale_after_s=stale_after_s)
     return Snapshot(
         now=now,

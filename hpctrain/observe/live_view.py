@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hpctrain.contract.runfiles import for_rich
+from hpctrain.contract.slurm_states import is_running
 from hpctrain.observe.live_status import RankView, Snapshot
 
 RANK_ROWS = 16  # the rank table shows at most this many ranks (flagged ones first), then "N more"
@@ -72,7 +73,7 @@ def checkpoint_text(snap: Snapshot) -> str:
 
 def head_text(snap: Snapshot) -> str:
     job = f"job {snap.job_id}" if snap.job_id else "run"
-    status = snap.status or ("starting" if snap.slurm_state == "RUNNING" else "?")  # no summary.json yet
+    status = snap.status or ("starting" if is_running(snap.slurm_state) else "?")  # no summary.json yet
     return f"{job} {snap.slurm_state}, run {status}"
 
 

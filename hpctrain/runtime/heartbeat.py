@@ -26,9 +26,7 @@ Torch-free.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import statistics
 import threading
 import time
@@ -37,7 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract.rundir import heartbeat_path, metrics_path, write_json_atomic
+from hpctrain.contract.metrics import append_metrics
+from hpctrain.contract.rundir import heartbeat_path, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -248,12 +247,7 @@ class Monitor:
         self._gpu_sample = sample
         if self.gpu_metrics:
             record = {"kind": "gpu", "rank": self.identity["rank"], "global_step": self.recorder.step_no, **sample}
-            line = json_line({**record, "time": now})
-            fd = os.open(metrics_path(self.run_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, line.encode())  # one write of one line: never interleaves with the reporter's lines
-            finally:
-                os.close(fd)
+            append_metrics(self.run_dir, record, now=now)  # one write of one line: never interleaves
 
     def _guard(self, what: str, action: Callable[[float], None], now: float) -> bool:
         try:
@@ -269,7 +263,3 @@ class Monitor:
         while not self._stop.is_set():
             self.tick(self.clock())
             self._stop.wait(self.poll_s)
-
-
-def json_line(record: dict[str, Any]) -> str:
-    return json.dumps(record, default=str) + "\n"

@@ -81,7 +81,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from hpctrain.contract import slurm
+from hpctrain.contract import slurm, slurm_states
 from hpctrain.errors import ClusterError
 from hpctrain.jobspec.models import Signals
 from hpctrain.runtime.context import TaskEnv
@@ -116,10 +116,10 @@ def job_phase(record: Mapping[str, str], restart_count: int) -> JobPhase:
     restarts = record.get("Restarts", "")
     if restarts.isdigit() and int(restarts) > restart_count:
         return "requeued"
-    if state == "RUNNING":
+    if slurm_states.is_running(state):
         preempt_time = record.get("PreemptTime", "None")
         return "running" if preempt_time in ("None", "Unknown", "") else "preempting"
-    if state in ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"):
+    if slurm_states.is_pending(state):
         return "requeued"
     return "ended"
 

@@ -13,22 +13,24 @@ A SIGTERM while a marker naming this job exists means "cancelled" (never
 requeue); any other SIGTERM means "preempted". The marker is read outside the
 handler, when the loop asks for the reason.
 
-Nothing here imports torch at module level: the CLI imports this module to
-write the marker.
+The marker itself (where it lies, what it says) is the contract's:
+:mod:`hpctrain.contract.cancel_marker`. Nothing here imports torch at module level.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Literal
 
-from hpctrain.contract.rundir import atomic_write_text, cancel_marker_path
-from hpctrain.contract.runfiles import RunFileError, read_bounded
+from hpctrain.contract.cancel_marker import (  # noqa: F401  (the runtime's names for the contract's marker)
+    cancel_marker,
+    cancel_marker_paths,
+    clear_cancel_marker,
+    marker_applies,
+    write_cancel_marker,
+)
 from hpctrain.runtime import heartbeat
 
 StopReason = Literal["timeout", "preempted", "cancelled"]
@@ -36,56 +38,7 @@ StopReason = Literal["timeout", "preempted", "cancelled"]
 # Higher wins when ranks disagree: a cancel beats a preemption beats a timeout,
 # because a cancelled job must not requeue itself.
 _REASON_CODES: dict[str, int] = {"timeout": 1, "preempted": 2, "cancelled": 3}
-MARKER_MAX_BYTES = 64 << 10  # the marker names a few job ids
 _CODE_REASONS = {code: reason for reason, code in _REASON_CODES.items()}
-
-cancel_marker = cancel_marker_path  # where ``hpctrain cancel`` leaves its marker (rundir owns the layout)
-
-
-def cancel_marker_paths(run_dir: str | Path) -> tuple[Path, ...]:
-    """The markers a task of ``run_dir`` obeys: its own and its parent's.
-
-    A sweep trial runs in ``SWEEP_DIR/trial-NNN``; cancelling the sweep writes
-    one marker in ``SWEEP_DIR``. Markers name job ids, so a parent marker for
-    another job never applies.
-    """
-    run_dir = Path(run_dir)
-    return (cancel_marker(run_dir), cancel_marker(run_dir.parent))
-
-
-def write_cancel_marker(run_dir: str | Path, job_ids: Collection[str] = ()) -> Path:
-    """Record that the user cancels ``job_ids`` (all jobs of the run if empty).
-
-    Call this *before* ``scancel``: the tasks read it when SIGTERM arrives.
-    """
-    path = cancel_marker(run_dir)
-    payload = {"job_ids": sorted(str(j) for j in job_ids), "time": time.time(), "pid": os.getpid()}
-    atomic_write_text(path, json.dumps(payload) + "\n")
-    return path
-
-
-def clear_cancel_marker(run_dir: str | Path) -> None:
-    """Forget an earlier cancel (``hpctrain resume`` calls this before resubmitting)."""
-    cancel_marker(run_dir).unlink(missing_ok=True)
-
-
-def marker_applies(path: Path, job_ids: Collection[str]) -> bool:
-    """Whether the marker at ``path`` exists and names one of ``job_ids``.
-
-    A marker without job ids (or one we cannot parse: it exists, so someone
-    meant to cancel) applies to every job.
-    """
-    try:
-        text = read_bounded(path, MARKER_MAX_BYTES)
-    except OSError:
-        return False
-    except RunFileError:
-        return True  # it exists, so someone meant to cancel; a FIFO or a huge file is not read
-    try:
-        named = {str(j) for j in json.loads(text).get("job_ids", [])}
-    except (ValueError, AttributeError, TypeError):
-        return True
-    return not named or bool(named & {str(j) for j in job_ids})
 
 
 class StopRequest:

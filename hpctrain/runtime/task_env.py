@@ -28,6 +28,7 @@ from dataclasses import replace
 
 from submitit.slurm.slurm import SlurmParseException, _parse_node_list
 
+from hpctrain.contract.cpu_share import omp_num_threads
 from hpctrain.errors import DistributedSetupError
 from hpctrain.runtime.context import EnvSource, TaskEnv
 from hpctrain.runtime.master import derive_master_port
@@ -397,20 +398,6 @@ def rank_hint(environ: Mapping[str, str]) -> str:
 
 
 def thread_env(environ: Mapping[str, str], cpu_count: int | None = None) -> dict[str, str]:
-    """``OMP_NUM_THREADS`` = the task's share of the CPUs, unless the user set it.
-
-    Otherwise torch starts one thread per core of the node in every task, and
-    N tasks per node oversubscribe it N times (the 2x2 CPU smoke job trained
-    10x slower on a 2-core test machine). Under Slurm the share is
-    ``SLURM_CPUS_PER_TASK``; on submitit's local executor it is this machine's
-    ``cpu_count`` divided among the local tasks.
-    """
-    if "OMP_NUM_THREADS" in environ:
-        return {}
-    cpus = environ.get("SLURM_CPUS_PER_TASK", "")
-    if cpus.isdigit() and int(cpus) > 0:
-        return {"OMP_NUM_THREADS": cpus}
-    local_tasks = environ.get("SUBMITIT_LOCAL_NTASKS", "")
-    if environ.get("SUBMITIT_EXECUTOR") == "local" and local_tasks.isdigit() and int(local_tasks) > 1 and cpu_count:
-        return {"OMP_NUM_THREADS": str(max(1, cpu_count // int(local_tasks)))}
-    return {}
+    """``OMP_NUM_THREADS`` = the task's share of the CPUs unless the user set it; the rule is contract/cpu_share.py."""
+    threads = omp_num_threads(environ, cpu_count=cpu_count)
+    return {} if threads is None else {"OMP_NUM_THREADS": threads}

@@ -59,6 +59,7 @@ from typing import Any
 
 import psutil
 
+from hpctrain.contract.cpu_share import omp_num_threads
 from hpctrain.contract.rundir import torchrun_failures_path
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
@@ -136,9 +137,9 @@ def worker_environ(environ: dict[str, str], tasks_per_node: int) -> dict[str, st
     """torchrun's environment: the node task's, marked, with each worker's share of the CPUs. Pure."""
     child = dict(environ)
     child[LAUNCHER_VAR] = "torchrun"
-    cpus = environ.get("SLURM_CPUS_PER_TASK", "")
-    if "OMP_NUM_THREADS" not in environ and cpus.isdigit() and int(cpus) > 0:
-        child["OMP_NUM_THREADS"] = str(max(1, int(cpus) // tasks_per_node))
+    threads = omp_num_threads(environ, sharers=tasks_per_node)  # no cpu_count: only Slurm's share is divided
+    if threads is not None:
+        child["OMP_NUM_THREADS"] = threads
     return child
 
 

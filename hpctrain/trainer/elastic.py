@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.jobspec.batch import ELASTIC_STRATEGIES, micro_batch_problem
+from hpctrain.jobspec.batch import micro_batch_problem
+from hpctrain.jobspec.strategy_traits import ELASTIC_STRATEGIES
 
 
 def run_micro_batches(

@@ -14,14 +14,14 @@ still builds summary dicts, which ``run_training`` returns on every rank).
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.contract.rundir import Summary, metrics_path, read_summary, tb_dir, write_summary
+from hpctrain.contract.metrics import MetricsAppender
+from hpctrain.contract.rundir import Summary, read_summary, tb_dir, write_summary
 
 if TYPE_CHECKING:
     from hpctrain.runtime.context import TaskContext
@@ -92,7 +92,7 @@ class Reporter:
         self.started_at = previous.started_at or _now_iso()
         self.epochs = 1
         self.steps_per_epoch = 1
-        self._metrics: Any = None
+        self._metrics: MetricsAppender | None = None  # rank 0's, once started
         self._tb: Any = None
         self._purge_step: int | None = None
         self._progress: Any = None
@@ -108,7 +108,7 @@ class Reporter:
         if not self.enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._metrics = open(metrics_path(self.run_dir), "a", buffering=1)  # noqa: SIM115 (closed in close())
+        self._metrics = MetricsAppender(self.run_dir)
         if sys.stdout.isatty():
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -206,7 +206,7 @@ class Reporter:
     # -- internals -------------------------------------------------------------------------------------------
     def _write_metrics(self, record: dict[str, Any]) -> None:
         if self._metrics is not None:
-            self._metrics.write(json.dumps({**record, "time": time.time()}) + "\n")
+            self._metrics.append(record, now=time.time())
 
     def _scalars(self, names: dict[str, str], values: dict[str, float], step: int) -> None:
         if self._tb is None:

@@ -31,12 +31,13 @@ from torch import nn
 
 from hpctrain.errors import TrainingConfigError
 from hpctrain.jobspec.batch import BatchLayout
+from hpctrain.jobspec.strategy_traits import traits
 from hpctrain.runtime import heartbeat
 from hpctrain.runtime.context import TaskContext
 from hpctrain.runtime.stop import StopReason
 from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
 from hpctrain.trainer.compiling import compile_failure, compile_model
-from hpctrain.trainer.data import build_loaders
+from hpctrain.trainer.data.loaders import build_loaders
 from hpctrain.trainer.elastic import run_micro_batches
 from hpctrain.trainer.evaluation import Accuracy
 from hpctrain.trainer.models import build_model, resolve_num_classes
@@ -188,7 +189,7 @@ class Trainer:
         self.module, self.optimizer = self.precision.prepare(self.module, self.optimizer)  # Apex: before wrapping
         self.model = self.strategy.wrap(self.module, self.device)
         if self.cfg.compile:
-            if self.strategy.name in ("hogwild", "dp"):  # the spec check refuses these too
+            if not traits(self.strategy.name).compiles:  # the spec check refuses these too
                 raise TrainingConfigError(
                     f"trainer.compile: torch.compile does not work with trainer.strategy: {self.strategy.name}",
                     hint="set trainer.compile: false, or use trainer.strategy: ddp",

@@ -15,7 +15,7 @@ import torch
 from trainer_harness import context, job_spec, stop_at
 
 from hpctrain.jobspec.models import JobSpec
-from hpctrain.trainer import data
+from hpctrain.trainer.data import loaders as data
 from hpctrain.trainer.data.device_input import to_model_input
 from hpctrain.trainer.trainer import Trainer
 

@@ -16,10 +16,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hpctrain.dataset.generate import make_dataset
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime.context import TaskContext, TaskEnv
 from hpctrain.runtime.stop import StopRequest
-from hpctrain.trainer.dataset_gen import make_dataset
 from hpctrain.trainer.trainer import Trainer
 
 DATASET = {"classes": 4, "per_class": 16, "image_size": 32}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.trainer.dataset_gen import make_dataset
+from hpctrain.dataset.generate import make_dataset
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ class ClockReporter(Reporter):
         pass
 
     def _write_metrics(self, record: dict[str, Any]) -> None:
-        self._metrics.write(json.dumps({**record, "time": self.clock[0]}) + "\n")
+        self._metrics.append(record, now=self.clock[0])
 
 
 def simulate_run(

@@ -17,8 +17,8 @@ import yaml
 import hpctrain
 from hpctrain.cli.main import main
 from hpctrain.contract.rundir import cancel_marker_path, write_run_info, write_summary
+from hpctrain.dataset.generate import make_dataset
 from hpctrain.errors import HpctrainError, RunDirError, SpecError, UsageError
-from hpctrain.trainer.dataset_gen import make_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 HANG_GUARD_S = 600  # a hang guard for the local run, not a timing assertion

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hpctrain.dataset.generate import make_dataset
 from hpctrain.jobspec.models import Data
 from hpctrain.trainer.data import build_datasets, encoded_datasets
 from hpctrain.trainer.data.device_input import to_model_input
-from hpctrain.trainer.dataset_gen import make_dataset
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is an optional extra (hpctrain[dali])")
 

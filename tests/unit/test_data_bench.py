@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.cli.cmd_bench_data import bench_slurm_parameters
+from hpctrain.dataset.generate import make_dataset
 from hpctrain.diagnose.data_bench import (
     BenchReport,
     Demand,
@@ -25,10 +25,10 @@ from hpctrain.diagnose.data_bench import (
     render_plain,
     table_demand,
 )
+from hpctrain.diagnose.data_bench_job import bench_slurm_parameters
 from hpctrain.errors import UsageError
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.profiles import BUILTIN_PROFILES, apply_profile
-from hpctrain.trainer.dataset_gen import make_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.dataset.generate import make_dataset
 from hpctrain.errors import TrainingConfigError
 from hpctrain.jobspec.models import Data
 from hpctrain.trainer.data import build_datasets
 from hpctrain.trainer.data.index import scan_split
 from hpctrain.trainer.data.staging import DONE, resolve_stage_dir, stage_dataset
-from hpctrain.trainer.dataset_gen import make_dataset
 
 
 @pytest.fixture(scope="module")

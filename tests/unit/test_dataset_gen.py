@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from hpctrain.dataset import generate as dataset_gen
+from hpctrain.dataset.generate import MANIFEST, make_dataset
 from hpctrain.errors import UsageError
-from hpctrain.trainer import dataset_gen
-from hpctrain.trainer.dataset_gen import MANIFEST, make_dataset
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -120,7 +120,7 @@ def test_bad_parameters_are_usage_errors(tmp_path: Path, kwargs: dict) -> None:
 
 
 def test_importing_it_does_not_import_torch() -> None:
-    code = "import sys, hpctrain.trainer.dataset_gen; sys.exit('torch' in sys.modules)"
+    code = "import sys, hpctrain.dataset.generate; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

@@ -19,8 +19,8 @@ import pytest
 from test_cli import REPO, assert_user_error, hpctrain, isolated_env
 
 from hpctrain.dataset import mount, pack, squashfs
+from hpctrain.dataset.generate import make_dataset
 from hpctrain.dataset.index import scan_split
-from hpctrain.trainer.dataset_gen import make_dataset
 from tests.squashfs_tools import require_mount, require_pack_tools
 
 HANG_GUARD_S = 60.0

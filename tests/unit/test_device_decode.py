@@ -18,6 +18,7 @@ from data_helpers import data_spec
 from PIL import Image
 from torch.utils.data import DataLoader
 
+from hpctrain.dataset.generate import make_dataset
 from hpctrain.errors import TrainingConfigError
 from hpctrain.jobspec.models import Trainer
 from hpctrain.trainer.data import build_datasets, build_loaders, encoded_datasets
@@ -31,7 +32,6 @@ from hpctrain.trainer.data.device_decode import (
 )
 from hpctrain.trainer.data.device_input import to_model_input
 from hpctrain.trainer.data.index import scan_split
-from hpctrain.trainer.dataset_gen import make_dataset
 
 CPU = torch.device("cpu")
 # PIL's and torch's antialiased bilinear differ by rounding, and libjpeg builds by IDCT details:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from hpctrain.diagnose import doctor, filesystems, preflight
-from hpctrain.diagnose.probe import probe_command, probe_problems, report, sbatch_args
+from hpctrain.diagnose.probe import probe_command, probe_findings, report, sbatch_args
 from hpctrain.jobspec.load import load_job
 
 PARTITIONS = """\
@@ -192,10 +192,10 @@ def test_probe_command_is_quoted_and_sbatch_gets_the_spec_resources(tmp_path: Pa
 def test_probe_report_from_this_machine(tmp_path: Path) -> None:
     found = report(str(tmp_path), str(tmp_path))
     assert found["data_root_readable"] and found["output_dir_writable"] and found["torch"]
-    assert probe_problems(found, wants_gpus=0) == []
-    assert [p[0] for p in probe_problems(found, wants_gpus=4)] == ["resources.gpus_per_node"]
+    assert probe_findings(found, wants_gpus=0) == []
+    assert [p.key for p in probe_findings(found, wants_gpus=4)] == ["resources.gpus_per_node"]
     blind = {**found, "data_root_readable": False, "data_root_error": "No such file or directory"}
-    assert [p[0] for p in probe_problems(blind, wants_gpus=0)] == ["data.root"]
+    assert [p.key for p in probe_findings(blind, wants_gpus=0)] == ["data.root"]
 
 
 def test_cli_exit_code_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

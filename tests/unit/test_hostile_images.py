@@ -389,7 +389,7 @@ def test_a_newline_in_a_file_name_cannot_forge_log_lines(
 @pytest.mark.timeout(120)
 def test_bench_data_decode_rate_survives_bombs_and_says_so(root: Path, tmp_path: Path) -> None:
     from hpctrain.jobspec.models import JobSpec
-    from hpctrain.trainer.data.bench import decode_rate
+    from hpctrain.trainer.data.pipeline_rates import decode_rate
 
     hostile = {name: path.read_bytes() for name, path in bombs(tmp_path / "made").items()}
     tree = _tree_with(root, tmp_path, hostile)

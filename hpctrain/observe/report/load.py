@@ -1,7 +1,7 @@
 """Read runs, sweeps and studies into plain dataclasses for the report. Torch-free.
 
 Everything a run directory says is read here and nowhere else in the report:
-``metrics.jsonl`` (train_step / epoch / val records, see trainer/reporting.py),
+``metrics.jsonl`` (train_step / epoch / val records, parsed by contract/metrics.py),
 ``summary.json``, ``run.json``, ``spec.yaml``, ``heartbeats/`` and a study's
 ``study.json``. Damage is tolerated and noted, never raised: a half-written
 last line, garbage lines and non-finite numbers are skipped (and counted in
@@ -20,31 +20,31 @@ as the remaining starts. Readers keep the last record per global step.
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from sys import intern
 from typing import Any
 
 from hpctrain.contract import job_registry
 from hpctrain.contract.heartbeat_files import read_heartbeats, straggler_medians
+from hpctrain.contract.metrics import parse_metric_lines
 from hpctrain.contract.rundir import (
+    METRICS_FILE,
     RUN_FILE,
+    SPEC_FILE,
+    SUMMARY_FILE,
     is_study_dir,
+    is_trial_dir,
     metrics_path,
     read_json_object,
     spec_path,
     summary_path,
 )
-from hpctrain.contract.runfiles import MAX_MAGNITUDE, RunFileError, iter_lines, plausible, printable
+from hpctrain.contract.runfiles import RunFileError, iter_lines, plausible, printable
 from hpctrain.errors import RunDirError, SpecError
 from hpctrain.jobspec.yaml_source import read_spec_file
 
-KINDS = ("train_step", "epoch", "val")
-KEYS = {"train_step": "global_step", "epoch": "epoch", "val": "epoch"}  # what identifies a record of each kind
-_TRIAL = re.compile(r"^trial-\d{3,}$")
+KINDS = ("train_step", "epoch", "val")  # the records a report plots (gpu samples are not)
 
 
 @dataclass
@@ -101,62 +101,9 @@ class RunData:
 # ------------------------------------------------------------------ metrics.jsonl
 
 
-COUNTERS = ("epoch", "step", "global_step")  # whole numbers; every other field but "kind" is a number
-
-
-def _clean(key: str, value: Any) -> Any:
-    """``value`` if it has the field's type and is plausible (finite, within +-1e18), else None. Hot: per field."""
-    kind = type(value)
-    if kind is int:
-        return value if -MAX_MAGNITUDE <= value <= MAX_MAGNITUDE else None
-    if kind is float:
-        return value if key not in COUNTERS and -MAX_MAGNITUDE <= value <= MAX_MAGNITUDE else None  # not NaN/inf
-    return value if key == "kind" else None
-
-
 def parse_metrics(text: str) -> tuple[list[dict[str, Any]], list[str]]:
     """The metric records of ``text`` in file order, and notes on what was skipped."""
-    return parse_metric_lines(text.encode().splitlines(keepends=True))
-
-
-def parse_metric_lines(lines: Iterable[bytes]) -> tuple[list[dict[str, Any]], list[str]]:
-    """The metric records of metrics.jsonl's ``lines`` (each with its newline), and notes on what was skipped.
-
-    A last line without its newline that does not parse is being written right now: not counted.
-    """
-    records, bad, nonfinite, torn = [], 0, 0, False
-    for line in lines:
-        torn = False
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            bad += 1
-            torn = not line.endswith(b"\n")
-            continue
-        if not isinstance(record, dict) or record.get("kind") not in KINDS:
-            bad += 1
-            continue
-        if _clean("time", record.get("time")) is None:
-            bad += 1
-            continue
-        clean = {intern(key): _clean(key, value) for key, value in record.items()}  # one key object per name
-        if clean.get(KEYS[record["kind"]]) is None:  # a record must say which step/epoch it is
-            bad += 1
-            continue
-        nonfinite += sum(1 for key in record if clean[key] is None and record[key] is not None)
-        records.append(clean)
-    bad -= torn
-    notes = []
-    if bad:
-        notes.append(f"metrics.jsonl: skipped {bad} unreadable line{'s' if bad != 1 else ''}")
-    if nonfinite:
-        notes.append(
-            f"metrics.jsonl: {nonfinite} non-finite value{'s' if nonfinite != 1 else ''} "
-            "(NaN/inf, beyond +-1e18, text) left out"
-        )
-    return records, notes
+    return parse_metric_lines(text.encode().splitlines(keepends=True), kinds=KINDS)
 
 
 def split_attempts(records: list[dict[str, Any]], expected_restarts: int = 0) -> list[int]:
@@ -207,7 +154,7 @@ def _latest_per_key(records: list[dict[str, Any]], key: str) -> list[dict[str, A
 
 def attach_metrics(run: RunData, lines: Iterable[bytes]) -> None:
     """Fill ``run``'s series, attempts and restart count from metrics.jsonl's ``lines``."""
-    records, notes = parse_metric_lines(lines)
+    records, notes = parse_metric_lines(lines, kinds=KINDS)
     run.notes.extend(notes)
     job_ids = run.info.get("job_ids")
     expected = max(_int(run.summary.get("restarts")), len(job_ids) - 1 if isinstance(job_ids, list) else 0, 0)
@@ -276,13 +223,13 @@ def _metric_lines(run: RunData, path: Path) -> Iterator[bytes]:
 
 def _trial_dirs(path: Path) -> list[Path]:
     try:
-        return sorted(child for child in path.iterdir() if child.is_dir() and _TRIAL.match(child.name))
+        return sorted(child for child in path.iterdir() if child.is_dir() and is_trial_dir(child))
     except OSError:
         return []
 
 
 def _looks_like_run(path: Path) -> bool:
-    return any((path / name).exists() for name in (RUN_FILE, "metrics.jsonl", "summary.json", "spec.yaml"))
+    return any((path / name).exists() for name in (RUN_FILE, METRICS_FILE, SUMMARY_FILE, SPEC_FILE))
 
 
 def _run_or_sweep(path: Path, label: str, point: dict[str, Any] | None = None) -> list[RunData]:

@@ -16,15 +16,13 @@ operators, which is how it is tested without a GPU.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from hpctrain.errors import TrainingConfigError
-
-if TYPE_CHECKING:
-    from hpctrain.trainer.data.device_decode import EncodedBatch
+from hpctrain.trainer.data.decode import crop_resize_flip
 
 _PIPELINES: dict[tuple[Any, ...], Any] = {}
 DALI_HINT = (
@@ -32,25 +30,20 @@ DALI_HINT = (
 )
 
 
-def dali_decode_batch(batch: EncodedBatch, device: torch.device) -> torch.Tensor:
-    """uint8 NCHW on ``device``; files decoded in the worker (PNG, CMYK) take the torch path."""
-    from hpctrain.trainer.data.device_decode import crop_resize_flip
-
-    out = torch.empty(batch.shape, dtype=torch.uint8, device=device)
-    encoded = [i for i, payload in enumerate(batch.payloads) if payload.dim() == 1]
+def dali_decode_batch(
+    payloads: list[torch.Tensor], boxes: torch.Tensor, image_size: int, device: torch.device, resize: int | None
+) -> torch.Tensor:
+    """An encoded batch (``device_decode.EncodedBatch``'s fields) as uint8 NCHW on ``device``;
+    files decoded in the worker (PNG, CMYK) take the torch path."""
+    out = torch.empty((len(payloads), 3, image_size, image_size), dtype=torch.uint8, device=device)
+    encoded = [i for i, payload in enumerate(payloads) if payload.dim() == 1]
     if encoded:
         out[encoded] = run_pipeline(
-            [batch.payloads[i].numpy() for i in encoded],
-            batch.boxes[encoded].numpy(),
-            batch.image_size,
-            batch.resize,
-            device,
+            [payloads[i].numpy() for i in encoded], boxes[encoded].numpy(), image_size, resize, device
         )
-    for i, payload in enumerate(batch.payloads):
+    for i, payload in enumerate(payloads):
         if payload.dim() == 3:
-            out[i] = crop_resize_flip(
-                payload.to(device), batch.boxes[i].tolist(), batch.image_size, whole=batch.resize is not None
-            )
+            out[i] = crop_resize_flip(payload.to(device), boxes[i].tolist(), image_size, whole=resize is not None)
     return out
 
 

@@ -29,7 +29,7 @@ import logging
 import math
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -266,3 +266,22 @@ def rgb_pixels(image: Image.Image) -> np.ndarray:
     if image.mode != "RGB":
         image = image.convert("RGB")  # grayscale, CMYK (Adobe-inverted too), palette, RGBA
     return np.asarray(image)
+
+
+def crop_resize_flip(image: torch.Tensor, box: Sequence[float], image_size: int, whole: bool = False) -> torch.Tensor:
+    """One uint8 CHW image -> its box, resized to image_size square (antialiased bilinear), maybe flipped.
+
+    Pixels as ``decode.crop_resize`` (the CPU path) picks them (``decode.pixel_box``): the box's edges
+    rounded to whole pixels, or with ``whole`` (validation) the whole image resized and the box cropped.
+    """
+    from torchvision.transforms.v2 import functional as F
+
+    top_f, left_f, height_f, width_f, flip = (float(v) for v in box)
+    box_ = CropBox(top_f, left_f, height_f, width_f, bool(flip))
+    width, height = image.shape[-1], image.shape[-2]
+    top, left, bottom, right, resized = pixel_box(box_, width, height, width, height, image_size, whole)
+    if resized is None:
+        out = F.resized_crop(image, top, left, bottom - top, right - left, [image_size, image_size], antialias=True)
+    else:
+        out = F.resize(image, list(resized), antialias=True)[..., top:bottom, left:right]
+    return out.flip(-1) if flip else out

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import io
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,7 +30,7 @@ from PIL import Image
 from hpctrain.errors import TrainingConfigError
 from hpctrain.trainer.data.augment import CropBox, val_crop
 from hpctrain.trainer.data.datasets import TrainImages, ValImages
-from hpctrain.trainer.data.decode import rgb_pixels
+from hpctrain.trainer.data.decode import crop_resize_flip, rgb_pixels
 from hpctrain.trainer.data.image_guard import DEFAULT_MAX_PIXELS, open_image, read_image_file
 
 DeviceBackend = Literal["gpu", "dali"]
@@ -126,7 +126,7 @@ class EncodedBatch:
         if self.backend == "dali":
             from hpctrain.trainer.data.dali_decode import dali_decode_batch
 
-            return dali_decode_batch(self, device)
+            return dali_decode_batch(self.payloads, self.boxes, self.image_size, device, self.resize)
         return decode_batch(self.payloads, self.boxes, self.image_size, device, self.resize, self.max_pixels)
 
 
@@ -173,27 +173,6 @@ def decode_batch(
         image = decoded[i] if i in decoded else payload.to(device, non_blocking=True)
         out[i] = crop_resize_flip(image, boxes[i].tolist(), image_size, whole=resize is not None)
     return out
-
-
-def crop_resize_flip(image: torch.Tensor, box: Sequence[float], image_size: int, whole: bool = False) -> torch.Tensor:
-    """One uint8 CHW image -> its box, resized to image_size square (antialiased bilinear), maybe flipped.
-
-    Pixels as ``decode.crop_resize`` (the CPU path) picks them (``decode.pixel_box``): the box's edges
-    rounded to whole pixels, or with ``whole`` (validation) the whole image resized and the box cropped.
-    """
-    from torchvision.transforms.v2 import functional as F
-
-    from hpctrain.trainer.data.decode import pixel_box
-
-    top_f, left_f, height_f, width_f, flip = (float(v) for v in box)
-    box_ = CropBox(top_f, left_f, height_f, width_f, bool(flip))
-    width, height = image.shape[-1], image.shape[-2]
-    top, left, bottom, right, resized = pixel_box(box_, width, height, width, height, image_size, whole)
-    if resized is None:
-        out = F.resized_crop(image, top, left, bottom - top, right - left, [image_size, image_size], antialias=True)
-    else:
-        out = F.resize(image, list(resized), antialias=True)[..., top:bottom, left:right]
-    return out.flip(-1) if flip else out
 
 
 def decode_jpegs(

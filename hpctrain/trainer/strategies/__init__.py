@@ -11,6 +11,7 @@ import torch
 
 from hpctrain.errors import TrainingConfigError
 from hpctrain.jobspec.models import JobSpec
+from hpctrain.jobspec.strategy_traits import traits
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.trainer.strategies.base import EpochHost, EpochWorkers, Strategy
 from hpctrain.trainer.strategies.ddp import DDP
@@ -32,7 +33,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
 
 def build_strategy(spec: JobSpec) -> Strategy:
     """The strategy ``trainer.strategy`` names, configured from the spec."""
-    if spec.trainer.dp_parallel_loss and spec.trainer.strategy != "dp":  # the spec check refuses it too
+    if spec.trainer.dp_parallel_loss and not traits(spec.trainer.strategy).parallel_loss:  # the spec check too
         raise TrainingConfigError(
             f"trainer.dp_parallel_loss: only dp computes the loss per GPU, not {spec.trainer.strategy}",
             hint="set trainer.strategy: dp, or remove trainer.dp_parallel_loss",

@@ -28,7 +28,8 @@ import torch.multiprocessing as mp
 from hpctrain.errors import TrainingConfigError
 from hpctrain.runtime import heartbeat
 from hpctrain.runtime.stop import StopReason
-from hpctrain.trainer.data import ResumableDistributedSampler, build_loaders
+from hpctrain.trainer.data.loaders import build_loaders
+from hpctrain.trainer.data.samplers import ResumableDistributedSampler
 from hpctrain.trainer.evaluation import Accuracy, new_sums
 from hpctrain.trainer.optim import build_optimizer, build_scheduler
 from hpctrain.trainer.precision import Precision

@@ -12,9 +12,10 @@ import torch
 from torch import nn
 
 from hpctrain.jobspec.models import JobSpec
-from hpctrain.trainer.data import build_datasets, encoded_datasets
 from hpctrain.trainer.data.decode import jpeg_decoder
 from hpctrain.trainer.data.device_decode import EncodedCollate
+from hpctrain.trainer.data.loaders import encoded_datasets
+from hpctrain.trainer.data.sources import build_datasets
 
 
 def decode_rate(spec: JobSpec, decoder: str, *, max_images: int = 200, max_s: float = 10.0) -> tuple[float, str]:

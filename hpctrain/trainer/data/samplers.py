@@ -1,0 +1,171 @@
+"""Samplers: the train order (resumable mid-epoch, elastic over ranks) and exact evaluation shards.
+
+* ``ResumableDistributedSampler``: DistributedSampler's order, plus skipping the
+  samples already consumed in the current epoch, in canonical micro-batches that
+  keep each step's global batch whatever the number of ranks (docs/preemption.md).
+* ``ExactEvalSampler``: every validation sample is seen exactly once over all
+  ranks (DistributedSampler pads by repeating samples, which skews accuracy).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sized
+
+import torch
+from torch.utils.data import Sampler
+
+from hpctrain.jobspec.batch import micro_batch_positions, rank_micro_batches
+
+
+class ResumableDistributedSampler(Sampler[int]):
+    """DistributedSampler's order (same permutation, padding and striding), resumable mid-epoch and elastic.
+
+    ``consumed_samples`` counts samples of the current epoch's global order already
+    trained on by all ranks together. Skipping in global order (before sharding)
+    makes a resume yield exactly the uninterrupted tail.
+
+    Each step's global batch is ``micro_batches`` canonical micro-batches of ``batch_size``
+    (:func:`~hpctrain.jobspec.batch.micro_batch_positions`), a function of (seed, epoch, step)
+    alone; rank ``r`` of ``num_replicas`` takes micro-batches ``r, r + num_replicas, ...``
+    of every step. ``micro_batches`` defaults to ``num_replicas`` (one each: DistributedSampler's
+    shards); a run resumed on fewer ranks keeps its own and accumulates gradients.
+    :meth:`batches` yields the micro-batches as lists of indices (see :class:`MicroBatchSampler`).
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        num_replicas: int,
+        rank: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        *,
+        batch_size: int = 1,
+        micro_batches: int | None = None,
+    ) -> None:
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
+        self.dataset_len = len(dataset)
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.batch_size = batch_size
+        self.micro_batches = num_replicas
+        self.set_micro_batches(micro_batches or num_replicas)
+        self.epoch = 0
+        self.consumed_samples = 0
+
+    def set_micro_batches(self, micro_batches: int) -> None:
+        """Split every step's global batch into ``micro_batches`` (a multiple of the ranks)."""
+        if micro_batches < 1 or micro_batches % self.num_replicas:
+            raise ValueError(f"{micro_batches} micro-batches cannot be shared by {self.num_replicas} ranks")
+        self.micro_batches = micro_batches
+
+    @property
+    def per_rank(self) -> int:
+        """Micro-batches this rank computes per step (gradient accumulation when more than one)."""
+        return self.micro_batches // self.num_replicas
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's order; moving to a new epoch forgets the resume offset."""
+        if epoch != self.epoch:
+            self.consumed_samples = 0
+        self.epoch = epoch
+
+    def set_start_batch(self, batches: int, batch_size: int) -> None:
+        """Skip the first ``batches`` steps of ``batch_size`` per micro-batch in the current epoch."""
+        self.consumed_samples = batches * batch_size * self.micro_batches
+
+    @property
+    def start_index(self) -> int:
+        """Index into this rank's shard of the uninterrupted epoch where iteration starts."""
+        return self.consumed_samples // self.micro_batches * self.per_rank
+
+    def state_dict(self, batches_done: int = 0, batch_size: int = 0) -> dict[str, int]:
+        """Position after ``batches_done`` steps of ``batch_size`` per micro-batch since ``iter()``."""
+        consumed = self.consumed_samples + batches_done * batch_size * self.micro_batches
+        return {"epoch": self.epoch, "consumed_samples": consumed, "seed": self.seed, "num_replicas": self.num_replicas}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+        self.consumed_samples = int(state["consumed_samples"])
+
+    def _global_order(self) -> list[int]:
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            return torch.randperm(self.dataset_len, generator=generator).tolist()
+        return list(range(self.dataset_len))
+
+    def _remaining(self) -> list[int]:
+        """The rest of the epoch's global order, cut or padded to whole micro-batch rows."""
+        order = self._global_order()
+        remaining = order[self.consumed_samples :]
+        if self.drop_last:
+            return remaining[: len(remaining) // self.micro_batches * self.micro_batches]
+        padding = -len(remaining) % self.micro_batches
+        if padding and order:
+            remaining += (order * math.ceil(padding / len(order)))[:padding]
+        return remaining
+
+    def batches(self) -> Iterator[list[int]]:
+        """This rank's micro-batches, step by step, each step's in micro-batch order."""
+        remaining = self._remaining()
+        mine = rank_micro_batches(self.rank, self.num_replicas, self.micro_batches)
+        size, count = self.batch_size, self.micro_batches
+        for step in range(math.ceil(len(remaining) / (count * size))):
+            for j in mine:
+                positions = micro_batch_positions(step, j, micro_batches=count, batch_size=size, length=len(remaining))
+                yield [remaining[p] for p in positions]
+
+    def batches_len(self) -> int:
+        """How many micro-batches :meth:`batches` yields."""
+        rows = len(self) * self.num_replicas // self.micro_batches  # samples per micro-batch over the epoch's rest
+        return math.ceil(rows / self.batch_size) * self.per_rank
+
+    def __iter__(self) -> Iterator[int]:
+        return (index for batch in self.batches() for index in batch)
+
+    def __len__(self) -> int:
+        remaining = max(0, self.dataset_len - self.consumed_samples)
+        if self.drop_last:
+            return remaining // self.micro_batches * self.per_rank
+        return math.ceil(remaining / self.micro_batches) * self.per_rank
+
+
+class MicroBatchSampler(Sampler[list[int]]):
+    """The train loader's batch sampler: one canonical micro-batch per loader batch."""
+
+    def __init__(self, sampler: ResumableDistributedSampler) -> None:
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self.sampler.batches()
+
+    def __len__(self) -> int:
+        return self.sampler.batches_len()
+
+
+class ExactEvalSampler(Sampler[int]):
+    """A contiguous shard per rank, no padding: the shards partition the dataset exactly.
+
+    Ranks may get different counts (differing by at most one), so the loop must
+    all-reduce correct and sample counts rather than average per-rank accuracy.
+    """
+
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int) -> None:
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
+        total = len(dataset)
+        self.start = rank * total // num_replicas
+        self.stop = (rank + 1) * total // num_replicas
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.stop))
+
+    def __len__(self) -> int:
+        return self.stop - self.start
