@@ -30,8 +30,11 @@ from hpctrain.contract.slurm_states import (  # noqa: F401  (re-exported: the cl
     ACTIVE_STATES,
     TERMINAL_STATES,
     is_final,
+    is_pending,
     may_have_processes,
     normalise_state,
+    succeeded,
+    was_cancelled,
 )
 from hpctrain.errors import ClusterError
 
@@ -321,10 +324,6 @@ def job_state(job_id: str, *, source: Literal["sacct", "squeue"] = "sacct", runn
     if lines:
         return normalise_state(lines[0])
     return next(iter(states.values()), "UNKNOWN")
-
-
-# The same question under its older name (cli/watch.py asks it so).
-poll_job_state = job_state
 
 
 def wait_until_done(job_id: str, *, poll_s: float = 2.0, timeout_s: float | None = None) -> str:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from hpctrain.contract import slurm
 from hpctrain.contract.rundir import RUN_FILE, Summary, latest_checkpoint_step, read_run_info, read_summary, trial_dir
-from hpctrain.contract.slurm import TERMINAL_STATES, job_state
+from hpctrain.contract.slurm import is_final, job_state
 from hpctrain.errors import ClusterError, RunDirError
 from hpctrain.runtime import local_run
 from hpctrain.runtime.stop import write_cancel_marker
@@ -100,7 +100,7 @@ def ended_already(run_dir: Path) -> str | None:
     if not job_id or not slurm.available():
         return None  # cancel_run says what is wrong with it
     state = job_state(_slurm_job_id(run_dir, job_id))
-    if state in TERMINAL_STATES and not slurm.processes_may_run(job_id):
+    if is_final(state) and not slurm.processes_may_run(job_id):
         return f"job {job_id} ended {state}"
     return None
 
@@ -134,13 +134,13 @@ def _slurm_job_id(run_dir: Path, job_id: str) -> str:
 
 def _cancel_slurm(job_id: str, timeout_s: float) -> str:
     state = job_state(job_id)
-    if state in TERMINAL_STATES:
+    if is_final(state):
         return f"already ended ({state})"
     slurm.cancel_job(job_id)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         state = job_state(job_id)
-        if state in TERMINAL_STATES:
+        if is_final(state):
             return state
         time.sleep(1.0)
     raise ClusterError(

@@ -19,6 +19,7 @@ from typing import TextIO
 
 from hpctrain.contract.rundir import Summary, read_summary
 from hpctrain.contract.runfiles import copy_out
+from hpctrain.contract.slurm_states import succeeded
 from hpctrain.errors import ClusterError
 from hpctrain.launch.submission import SubmittedRun
 
@@ -103,7 +104,7 @@ def wait_slurm(submitted: SubmittedRun, *, quiet: bool) -> int:
     state = wait_for_job(submitted)
     if not quiet:
         print(f"job {submitted.job_id} ended: {state}")
-    if state != "COMPLETED":
+    if not succeeded(state):
         print(
             f"error: job {submitted.job_id} ended {state}; see hpctrain logs {submitted.run_dir} --err", file=sys.stderr
         )

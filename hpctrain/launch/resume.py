@@ -22,7 +22,7 @@ from typing import Any
 from hpctrain.contract import job_registry, slurm
 from hpctrain.contract.rundir import read_run_info, spec_path
 from hpctrain.contract.runfiles import printable
-from hpctrain.contract.slurm import TERMINAL_STATES, job_state
+from hpctrain.contract.slurm import is_final, job_state
 from hpctrain.errors import UsageError
 from hpctrain.jobspec.batch import reshape_problem
 from hpctrain.jobspec.load import LoadedJob, load_job, parse_override
@@ -45,7 +45,7 @@ def refuse_while_writing(run_dir: Path, info: dict[str, Any]) -> None:
     if not job_id or not slurm.available():
         return  # submitted from elsewhere; resubmitting needs Slurm, which will say so
     state = job_state(job_id)
-    if state not in TERMINAL_STATES:
+    if not is_final(state):
         raise UsageError(
             f"job {job_id} of this run is still {state}",
             hint=f"it resumes by itself; cancel it first with 'hpctrain cancel {run_dir}'",

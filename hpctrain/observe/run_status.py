@@ -20,7 +20,8 @@ from hpctrain.contract import job_registry, slurm
 from hpctrain.contract.heartbeat_files import read_heartbeats
 from hpctrain.contract.rundir import RUN_FILE, Summary, parse_summary, read_run_info, read_summary
 from hpctrain.contract.runfiles import plausible, read_tail
-from hpctrain.contract.slurm import TERMINAL_STATES, job_state
+from hpctrain.contract.slurm import job_state
+from hpctrain.contract.slurm_states import ended_unsuccessfully, is_final, is_pending, succeeded, was_cancelled
 from hpctrain.errors import ClusterError, RunDirError
 from hpctrain.observe.live_status import RankView, rank_views
 from hpctrain.observe.logs import log_path
@@ -83,7 +84,7 @@ def status_with_ranks(run_dir: Path) -> tuple[dict, tuple[RankView, ...]]:
 
 def run_ranks(run_dir: Path, status: dict) -> tuple[RankView, ...]:
     """Each rank's last heartbeat (stale ones flagged while the job runs)."""
-    running = status.get("status") == "running" and status.get("slurm_state") not in TERMINAL_STATES
+    running = status.get("status") == "running" and not is_final(status.get("slurm_state") or "")
     return rank_views(read_heartbeats(run_dir), time.time(), running=running)
 
 
@@ -136,13 +137,13 @@ def reconcile(summary: dict[str, Any], slurm_state: str, run_dir: Path) -> dict[
     still says "running" lost its rank 0 (killed, out of memory, node failure): say so, and name
     the task srun reported as failed first in the batch step's log."""
     if (
-        (slurm_state not in TERMINAL_STATES and slurm_state != local_run.GONE_STATE)
-        or slurm_state == "COMPLETED"
+        (not is_final(slurm_state) and slurm_state != local_run.GONE_STATE)
+        or succeeded(slurm_state)
         or summary.get("status") not in (None, "running")
-        or (summary.get("status") is None and slurm_state == "CANCELLED")  # cancelled before it started
+        or (summary.get("status") is None and was_cancelled(slurm_state))  # cancelled before it started
     ):
         return summary
-    summary = {**summary, "status": "failed" if slurm_state != "CANCELLED" else "stopped"}
+    summary = {**summary, "status": "stopped" if was_cancelled(slurm_state) else "failed"}
     if summary.get("failed_rank") is None:
         try:
             tail = read_tail(log_path(run_dir, 0, err=True), FAILURE_LOG_TAIL_BYTES)
@@ -160,11 +161,11 @@ def display_status(status: str | None, slurm_state: str | None) -> str | None:
     """The run's own status, or what Slurm knows when the run never started (pending, cancelled while queued)."""
     if status is not None or slurm_state is None:
         return status
-    if slurm_state == "PENDING":
+    if is_pending(slurm_state):
         return "pending"
-    if slurm_state == "CANCELLED":
+    if was_cancelled(slurm_state):
         return "cancelled"
-    if (slurm_state in TERMINAL_STATES and slurm_state != "COMPLETED") or slurm_state == local_run.GONE_STATE:
+    if ended_unsuccessfully(slurm_state) or slurm_state == local_run.GONE_STATE:
         return "failed"
     return None
 
@@ -223,8 +224,8 @@ def recent_rows(runs: list[tuple[str, float, Path]]) -> list[tuple[str, str, str
         summary = summaries[run_dir]
         state = local_states.get(run_dir) or states.get(job_id)
         status = summary.status
-        if status == "running" and state in TERMINAL_STATES and state != "COMPLETED":
-            status = "stopped" if state == "CANCELLED" else "failed"
+        if status == "running" and ended_unsuccessfully(state):
+            status = "stopped" if was_cancelled(state) else "failed"
         elif status == "running" and state == local_run.GONE_STATE:
             status = "failed"
         rows.append(

@@ -53,7 +53,7 @@ class JobPoller:
         if not job_id or not self.have_slurm:
             return "unknown (no Slurm here)"
         try:
-            return slurm.poll_job_state(job_id, source=self.source, runner=self.runner)
+            return slurm.job_state(job_id, source=self.source, runner=self.runner)
         except slurm.SlurmCommandError as exc:
             if self.source == "sacct" and exc.kind in ("refused", "missing"):
                 self.source = "squeue"  # accounting off, or no sacct: ask squeue from the next poll on
@@ -69,7 +69,7 @@ def job_ended(state: str, summary: Summary, job_id: str | None = None) -> bool:
     is final while sacct may not list the new job yet (its summary records the
     job id; an array task's SLURM_JOB_ID differs from ``123_4``, so those match any).
     """
-    if state in slurm.TERMINAL_STATES or state == local_run.GONE_STATE:
+    if slurm.is_final(state) or state == local_run.GONE_STATE:
         return True
     if state == local_run.STATE:
         return summary.is_final
@@ -80,7 +80,7 @@ def job_ended(state: str, summary: Summary, job_id: str | None = None) -> bool:
 def exit_code(snap: Snapshot) -> int:
     if snap.status in EXIT_CODES:
         return EXIT_CODES[snap.status]
-    return 0 if snap.slurm_state == "COMPLETED" else 1
+    return 0 if slurm.succeeded(snap.slurm_state) else 1
 
 
 def take_snapshot(run_dir: Path, tail: MetricsTail, poller: JobPoller, now: float) -> tuple[Snapshot, bool]:

@@ -22,8 +22,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[2] / "hpctrain"
 LOGIN_SIDE = ("contract", "jobspec", "launch", "observe", "diagnose", "cli", "dataset")
 HEAVY = ("torch", "torchvision", "hpctrain.trainer")
@@ -104,11 +102,6 @@ def test_the_scan_sees_top_level_and_function_level_imports() -> None:
     assert any(item.function for item in ALL_IMPORTS) and any(not item.function for item in ALL_IMPORTS)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="enabled after the merge of the cli/ untangling (wt-api): cmd_status, cmd_submit, cmd_resume "
-    "and cmd_rehearse still import other verbs on this branch",
-)
 def test_no_verb_imports_another_verb() -> None:
     def is_verb(name: str) -> bool:
         return name.startswith("hpctrain.cli.cmd_")

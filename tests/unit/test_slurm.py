@@ -108,8 +108,8 @@ def test_max_array_size_from_scontrol_show_config() -> None:
     assert max_array_size(runner=unreachable) == DEFAULT_MAX_ARRAY_SIZE
 
 
-def test_poll_job_state_asks_squeue_only_while_sacct_has_not_caught_up() -> None:
-    from hpctrain.contract.slurm import poll_job_state
+def test_job_state_asks_squeue_only_while_sacct_has_not_caught_up() -> None:
+    from hpctrain.contract.slurm import job_state
 
     asked: list[str] = []
 
@@ -117,13 +117,13 @@ def test_poll_job_state_asks_squeue_only_while_sacct_has_not_caught_up() -> None
         asked.append(command[0])
         return subprocess.CompletedProcess(command, 0, stdout="" if command[0] == "sacct" else "PENDING\n", stderr="")
 
-    assert poll_job_state("12_3", runner=answer(out="12_3|CANCELLED by 0\n")) == "CANCELLED"
-    assert poll_job_state("12", runner=fresh_job) == "PENDING" and asked == ["sacct", "squeue"]
-    assert poll_job_state("12", runner=answer(out="")) == "UNKNOWN"  # neither lists it
-    assert poll_job_state("12", source="squeue", runner=answer(out="RUNNING\n")) == "RUNNING"
-    assert poll_job_state("12", source="squeue", runner=answer(out="")) == "UNKNOWN"
+    assert job_state("12_3", runner=answer(out="12_3|CANCELLED by 0\n")) == "CANCELLED"
+    assert job_state("12", runner=fresh_job) == "PENDING" and asked == ["sacct", "squeue"]
+    assert job_state("12", runner=answer(out="")) == "UNKNOWN"  # neither lists it
+    assert job_state("12", source="squeue", runner=answer(out="RUNNING\n")) == "RUNNING"
+    assert job_state("12", source="squeue", runner=answer(out="")) == "UNKNOWN"
     with pytest.raises(SlurmCommandError) as raised:
-        poll_job_state("12", source="squeue", runner=answer(code=1, err="Invalid job id specified"))
+        job_state("12", source="squeue", runner=answer(code=1, err="Invalid job id specified"))
     assert raised.value.kind == "unknown-job"
 
 
@@ -142,7 +142,7 @@ def test_anything_else_is_refused_before_a_command_runs(bad: object) -> None:
 
     with pytest.raises(slurm.SlurmCommandError, match="is not a Slurm job id"):
         slurm.checked_job_id(bad)
-    for ask in (slurm.show_job, slurm.poll_job_state, slurm.processes_may_run):
+    for ask in (slurm.show_job, slurm.job_state, slurm.processes_may_run):
         with pytest.raises(slurm.SlurmCommandError):
             ask(bad, runner=runner)  # type: ignore[operator]
     assert slurm.job_states([str(bad)], runner=runner) == {} and calls == []
