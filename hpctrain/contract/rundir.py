@@ -320,6 +320,8 @@ class Summary(BaseModel):
     hung_phase: str | None = None
     hung_frozen_s: float | None = None  # the hung rank's whole process froze: its heartbeat was silent this long
     error: str | None = None
+    excluded_nodes: list[str] | None = None  # nodes a healing run keeps away from (runtime/supervisor.py)
+    node_failures: list[dict[str, Any]] | None = None  # node, step, checkpoint_step, reason, action, nodes, job_id
     wall_s: float | None = None
     started_at: str | None = None
     updated_at: str | None = None

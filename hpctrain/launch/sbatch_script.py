@@ -41,6 +41,7 @@ NOT_SBATCH = frozenset(
         "stderr_to_stdout",
         "srun_args",
         "use_srun",
+        "supervisor",
     }
 )
 
@@ -94,6 +95,8 @@ def render_sbatch(parameters: Mapping[str, Any], folder: str | Path, command: st
     if given.get("use_srun", True):
         srun = ["srun", "--unbuffered", "--output", stdout, *([] if to_stdout else ["--error", stderr])]
         command = " ".join([shlex.join([*srun, *(given.get("srun_args") or [])]), command])
+    if given.get("supervisor"):  # it starts the srun line itself, once per training step
+        command = f"{given['supervisor']} {command}"
     lines += ["", "# command", "export SUBMITIT_EXECUTOR=slurm", command, ""]
     if given.get("teardown") is not None:
         lines += ["", "# teardown", *given["teardown"]]

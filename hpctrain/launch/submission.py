@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,10 @@ def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> d
     # Written from the spec, always: submitit's own line takes its signal from
     # SUBMITIT_PREEMPT_SIGNAL in the submitting shell, which the tasks never see.
     extra["signal"] = signal_parameter(spec.signals.timeout_signal, spec.signals.signal_delay_s)
+    if res.heals:  # the batch step supervises its training steps and survives a lost node
+        params["nodes"] = res.allocated_nodes
+        extra["no-kill"] = True
+        params["supervisor"] = supervisor_command(run_dir)
     extra.update(res.slurm_extra)
     params["additional_parameters"] = extra
     if spec.container is not None:
@@ -101,6 +106,11 @@ def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> d
         if spec.container.runtime == "pyxis":
             params["srun_args"] += pyxis_arguments(spec)
     return params
+
+
+def supervisor_command(run_dir: Path) -> str:
+    """The batch step's supervisor, which runs the srun line after it as often as lost nodes require."""
+    return f"{shlex.quote(sys.executable)} -m hpctrain.runtime.supervisor {shlex.quote(str(run_dir))} --"
 
 
 def container_mounts(spec: JobSpec) -> list[str]:
