@@ -23,6 +23,7 @@ from hpctrain.contract.slurm import TERMINAL_STATES, job_state
 from hpctrain.errors import ClusterError, RunDirError, UsageError
 from hpctrain.observe.live_status import RankView, rank_views
 from hpctrain.observe.live_view import rank_table
+from hpctrain.observe.node_losses import node_loss_text
 from hpctrain.runtime import local_run
 from hpctrain.runtime.failures import first_task_failure
 
@@ -68,6 +69,7 @@ def run_status(run_dir: Path, known_states: Mapping[str, str] | None = None) -> 
         "cluster": info.get("cluster"),
         "slurm_state": state,
         **{key: getattr(summary, key) for key in PROGRESS_KEYS},
+        "lost_nodes": node_loss_text(summary.node_failures),
         "status": display_status(summary.status, state),
     }
 

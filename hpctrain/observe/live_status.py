@@ -27,6 +27,7 @@ from hpctrain.contract.rundir import (
     read_summary,
 )
 from hpctrain.contract.runfiles import MAX_MAGNITUDE, RunFileError, load_json, open_regular, printable
+from hpctrain.observe.node_losses import node_loss_text
 
 HEARTBEAT_STALE_S = 120.0  # a running rank whose heartbeat is older than this is flagged
 RATE_WINDOW = 20  # train_step records the step rate (and so the ETA) is measured over
@@ -138,6 +139,7 @@ class Snapshot:
     failed_node: str | None = None
     failed_reason: str | None = None
     stop_reason: str | None = None
+    lost_nodes: str | None = None  # a healing run's lost nodes (observe/node_losses.py)
 
 
 @dataclass
@@ -230,6 +232,7 @@ def build_snapshot(
         failed_node=_text(summary.failed_node),
         failed_reason=_text(summary.failed_reason),
         stop_reason=_text(summary.stop_reason),
+        lost_nodes=node_loss_text(summary.node_failures),
     )
 
 

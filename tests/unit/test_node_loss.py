@@ -221,3 +221,33 @@ def test_a_new_attempt_keeps_the_records_of_lost_nodes(tmp_path: Path) -> None:
     Reporter(tmp_path, enabled=True, static={"name": "x"}).summary("running", {})
     summary = read_summary(tmp_path)
     assert summary is not None and summary.excluded_nodes == ["n2"] and summary.node_failures == failures
+
+
+# -- status, watch and report -------------------------------------------------------------------------------------
+def test_lost_nodes_read_as_one_line_whatever_the_file_holds() -> None:
+    from hpctrain.observe.node_losses import node_loss_text
+
+    record = {"node": "n2", "step": 412, "reason": "rank 3 exited 137", "action": "continue", "nodes": ["n1", "n3"]}
+    assert node_loss_text([record]) == "n2 at step 412 (rank 3 exited 137): continue on n1,n3"
+    assert node_loss_text(None) is None and node_loss_text(["x", 3]) is None and node_loss_text({"a": 1}) is None
+    hostile = node_loss_text([{**record, "node": "\x1b[2Jn2"}] * 7)
+    assert hostile is not None and "\x1b" not in hostile and hostile.endswith("(and 2 earlier)")
+
+
+def test_status_watch_and_report_show_the_lost_nodes(tmp_path: Path) -> None:
+    from hpctrain.cli.cmd_status import run_status
+    from hpctrain.contract.rundir import write_run_info
+    from hpctrain.observe.live_status import Snapshot
+    from hpctrain.observe.live_view import alerts
+    from hpctrain.observe.report.load import RunData
+    from hpctrain.observe.report.render import _run_facts
+
+    failures = [{"node": "n2", "step": 5, "reason": "its slurmd does not answer", "action": "continue"}]
+    write_run_info(tmp_path, {"name": "x", "backend": "local", "job_id": "1"})
+    write_summary(tmp_path, {"status": "completed", "excluded_nodes": ["n2"], "node_failures": failures})
+    expected = "n2 at step 5 (its slurmd does not answer): continue"
+    assert run_status(tmp_path)["lost_nodes"] == expected
+    snapshot = Snapshot(0.0, "x", "1", "COMPLETED", "completed", True, lost_nodes=expected)
+    assert f"lost nodes: {expected}" in alerts(snapshot)
+    run = RunData(path=tmp_path, label="x", summary={"node_failures": failures})  # type: ignore[call-arg]
+    assert f"lost nodes: {expected}" in _run_facts(run)
