@@ -115,12 +115,13 @@ class Supervisor:
             if outcome.exit_code == 0 or self.stopping or not self.job_running():
                 return outcome.exit_code or 0
             next_nodes = self.after_failure(outcome)
-            if next_nodes is None:
-                return outcome.exit_code or 1
+            if isinstance(next_nodes, int):
+                return next_nodes
             nodes, attempt = next_nodes, attempt + 1
 
-    def after_failure(self, outcome: healing.StepOutcome) -> tuple[str, ...] | None:
-        """Blame, decide, record and say; the next step's nodes, or None when this batch step ends here."""
+    def after_failure(self, outcome: healing.StepOutcome) -> tuple[str, ...] | int:
+        """Blame, decide, record and say; the next step's nodes, or the batch step's exit status."""
+        failed = outcome.exit_code or 1
         res = self.spec.resources
         found = healing.blame(outcome)
         decision = healing.decide(
@@ -135,7 +136,7 @@ class Supervisor:
         )
         if found is None:
             say(f"the training step failed (exit {outcome.exit_code}) and no node is to blame; the job ends")
-            return None
+            return failed
         checkpoint, step = latest_checkpoint_step(self.run_dir), self.failed_step(outcome)
         failures = self.record(found, decision, checkpoint, step)
         loop = healing.crash_loop(failures, self.spec.signals.crash_loop_attempts)
@@ -153,8 +154,8 @@ class Supervisor:
         if decision.action == "continue":
             return decision.nodes
         if decision.action == "requeue":
-            self.requeue_or_fail(decision.why)
-        return None
+            return self.requeue_or_fail(decision.why)
+        return failed
 
     # -- one step ----------------------------------------------------------------------------------------------
     def start(self, nodes: tuple[str, ...], attempt: int) -> RunningStep:
