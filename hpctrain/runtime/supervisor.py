@@ -38,7 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.contract.heartbeat_files import read_heartbeats
-from hpctrain.contract.rundir import latest_checkpoint_step, read_summary, spec_path, write_summary
+from hpctrain.contract.rundir import (
+    latest_checkpoint_step,
+    read_json_object,
+    read_summary,
+    spec_path,
+    supervisor_record_path,
+    write_json_atomic,
+    write_summary,
+)
 from hpctrain.contract.slurm import SlurmCommandError, run_slurm
 from hpctrain.jobspec.batch import BatchLayout, micro_batch_problem
 from hpctrain.jobspec.models import JobSpec
@@ -103,6 +111,13 @@ class Supervisor:
     # -- the loop ----------------------------------------------------------------------------------------------
     def run(self) -> int:
         self.install_handlers()
+        self.blame_previous_start()
+        try:
+            return self.supervise()
+        finally:
+            self.write_record(ended=True)
+
+    def supervise(self) -> int:
         res = self.spec.resources
         healthy = [n for n in self.allocation if n not in self.excluded]
         nodes = healing.choose_nodes(healthy, [], nodes=res.nodes, min_nodes=res.fewest_nodes, fits=self.fits)
@@ -157,8 +172,40 @@ class Supervisor:
             return self.requeue_or_fail(decision.why)
         return failed
 
+    # -- a start of the job whose batch node died ----------------------------------------------------------------
+    def blame_previous_start(self) -> None:
+        """When this job's previous start ended with its batch step (the record says it never ended) and
+        Slurm now marks that node bad, the node went down with it: record it, and keep it out."""
+        record = read_json_object(supervisor_record_path(self.run_dir)) or {}
+        node, restart = record.get("batch_node"), record.get("restart")
+        if record.get("job_id") != self.job_id or record.get("ended") or not isinstance(node, str):
+            return
+        if not isinstance(restart, int) or restart >= self.restart or node in self.excluded:
+            return
+        state = self.node_states([node]).get(node)
+        if state is None or not healing.bad_node_state(state):
+            return
+        found = healing.Blame(node, f"the batch step's node went down (Slurm marks it {state})")
+        self.excluded.append(node)
+        decision = healing.Decision("requeue", excluded=tuple(self.excluded), why="Slurm requeued the job")
+        checkpoint = latest_checkpoint_step(self.run_dir)
+        step = max((b.step for b in read_heartbeats(self.run_dir) if b.node == node), default=None)
+        self.record(found, decision, checkpoint, step)
+        say(healing.log_line(found, step, decision, checkpoint))
+
+    def write_record(self, *, nodes: tuple[str, ...] = (), ended: bool = False) -> None:
+        """What a later start of this job needs to know about this one (:meth:`blame_previous_start`)."""
+        record = {"job_id": self.job_id, "restart": self.restart, "batch_node": self.batch_node, "ended": ended}
+        if nodes:
+            record["nodes"] = list(nodes)
+        try:
+            write_json_atomic(supervisor_record_path(self.run_dir), record)
+        except OSError as exc:
+            say(f"could not write {supervisor_record_path(self.run_dir)}: {exc}")
+
     # -- one step ----------------------------------------------------------------------------------------------
     def start(self, nodes: tuple[str, ...], attempt: int) -> RunningStep:
+        self.write_record(nodes=nodes)
         tasks = self.spec.tasks_per_node
         argv = [
             self.srun[0],
@@ -207,20 +254,23 @@ class Supervisor:
                 self.end_step(step)
                 break
         step.process.wait()
+        if step.process.returncode == 0 and not lost:
+            return healing.StepOutcome(nodes=step.nodes, exit_code=0)
         return self.outcome(step, lost, hang_before)
 
     def outcome(self, step: RunningStep, lost: dict[str, str], hang_before: tuple[Any, ...]) -> healing.StepOutcome:
+        ended_by_us = bool(lost)
         text = step.srun_text
         for node in healing.node_failures_in(text):
             lost.setdefault(node, "srun reports a node failure")
         for node, state in self.node_states(step.nodes).items():
-            if healing.bad_node_state(state):
+            if node in step.nodes and healing.bad_node_state(state):
                 lost.setdefault(node, f"Slurm marks it {state}")
         hang = self.hang_record()
         hung = (hang[0], hang[1], str(hang[2])) if hang != hang_before and hang[0] is not None else None
         return healing.StepOutcome(
             nodes=step.nodes,
-            exit_code=None if lost else step.process.returncode,
+            exit_code=None if ended_by_us else step.process.returncode,
             task_failures=tuple(_task_failures(text)),
             lost_nodes=lost,
             silent_nodes=frozenset(self.silent_nodes(step)),

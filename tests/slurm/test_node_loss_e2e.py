@@ -176,3 +176,21 @@ def test_a_crash_loop_stops_the_run_and_lists_the_attempts(cluster: SlurmCluster
     requeues = cluster.run("sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", run.job_id)
     assert "REQUEUED" not in requeues.stdout
     assert_nothing_left(cluster, run.job_id)
+
+
+def test_without_a_spare_the_run_shrinks_and_keeps_its_global_batch(
+    cluster: SlurmCluster, workspace: Workspace
+) -> None:
+    run = submit(workspace, "name=shrink", "resources.min_nodes=1")
+    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+    global_batch = run.summary()["global_batch_size"]
+    kill_node("n2")
+    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    logs = batch_log(run.run_dir)
+    assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
+    summary = run.summary()
+    assert (summary["status"], summary["global_step"]) == ("completed", TOTAL_STEPS), summary
+    assert (summary["hostnames"], summary["world_size"]) == (["n1"], 2)
+    assert summary["global_batch_size"] == global_batch  # each rank computes two micro-batches per step
+    assert "continuing on n1 from step" in logs
+    assert_nothing_left(cluster, run.job_id)

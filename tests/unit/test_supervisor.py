@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from hpctrain.contract.rundir import read_summary, spec_path
+from hpctrain.contract.rundir import read_json_object, read_summary, spec_path
 from hpctrain.jobspec.yaml_source import dump_yaml
 from hpctrain.runtime import supervisor
 
@@ -37,6 +37,8 @@ with open(Path(os.environ["FAKE_DIR"]) / "slurm.txt", "a") as log:
     log.write(" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) + "\\n")
 if sys.argv[1:3] == ["--oneliner", "show"]:
     print("JobId=7 JobState=RUNNING")
+if Path(sys.argv[0]).name == "sinfo":
+    print(os.environ.get("FAKE_SINFO", ""))
 """
 
 
@@ -54,10 +56,12 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def run(tmp: Path, plan: list[str], resources: dict[str, Any], **signals: Any) -> tuple[int, list[dict[str, Any]]]:
+def run(
+    tmp: Path, plan: list[str], resources: dict[str, Any], restart: int = 0, **signals: Any
+) -> tuple[int, list[dict[str, Any]]]:
     (tmp / "plan.txt").write_text("\n".join(plan) + "\n")
     run_dir = tmp / "run"
-    run_dir.mkdir()
+    run_dir.mkdir(exist_ok=True)
     spec = {
         "name": "heal",
         "entrypoint": "x.y:z",
@@ -66,6 +70,7 @@ def run(tmp: Path, plan: list[str], resources: dict[str, Any], **signals: Any) -
     }
     spec_path(run_dir).write_text(dump_yaml(spec))
     environ = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURMD_NODENAME": "n1"}
+    environ["SLURM_RESTART_COUNT"] = str(restart)
     rc = supervisor.main([str(run_dir), "--", "srun", "--kill-on-bad-exit=1", "python", "-m", "task"], environ=environ)
     calls = [json.loads(p.read_text()) for p in sorted(tmp.glob("call-*.json"))]
     return rc, calls
@@ -147,3 +152,32 @@ def test_an_unreadable_spec_runs_the_step_once_unsupervised(tmp_path: Path) -> N
     ran: list[list[str]] = []
     rc = supervisor.main([str(tmp_path), "--", "srun", "task"], environ={}, execv=lambda path, argv: ran.append(argv))
     assert ran == [["srun", "task"]] and rc == 1
+
+
+def test_a_start_after_the_batch_node_died_records_it_and_keeps_it_out(
+    fake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpctrain.contract.rundir import supervisor_record_path, write_json_atomic
+
+    record = {"job_id": "7", "restart": 0, "batch_node": "n2", "ended": False, "nodes": ["n2", "n3"]}
+    write_json_atomic(supervisor_record_path(fake / "run"), record)
+    monkeypatch.setenv("FAKE_SINFO", "n2 down*")
+    rc, calls = run(fake, ["ok"], {"spare_nodes": 1}, restart=1)
+    assert rc == 0 and "--nodelist=n1,n3" in calls[0]["argv"]
+    summary = read_summary(fake / "run")
+    assert summary is not None and summary.excluded_nodes == ["n2"]
+    [failure] = summary.node_failures or []
+    assert (failure["node"], failure["action"]) == ("n2", "requeue")
+    assert failure["reason"] == "the batch step's node went down (Slurm marks it down*)"
+    assert read_json_object(supervisor_record_path(fake / "run"))["ended"] is True  # type: ignore[index]
+
+
+def test_a_start_after_a_clean_end_blames_nothing(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpctrain.contract.rundir import supervisor_record_path, write_json_atomic
+
+    record = {"job_id": "7", "restart": 0, "batch_node": "n2", "ended": True}
+    write_json_atomic(supervisor_record_path(fake / "run"), record)
+    monkeypatch.setenv("FAKE_SINFO", "n2 down*")
+    rc, calls = run(fake, ["ok"], {"spare_nodes": 1}, restart=1)
+    assert rc == 0 and "--nodelist=n1,n2" in calls[0]["argv"]
+    assert read_summary(fake / "run") is None
