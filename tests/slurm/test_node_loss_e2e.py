@@ -194,3 +194,23 @@ def test_without_a_spare_the_run_shrinks_and_keeps_its_global_batch(
     assert summary["global_batch_size"] == global_batch  # each rank computes two micro-batches per step
     assert "continuing on n1 from step" in logs
     assert_nothing_left(cluster, run.job_id)
+
+
+def test_the_batch_nodes_death_requeues_and_the_next_start_keeps_it_out(
+    cluster: SlurmCluster, workspace: Workspace
+) -> None:
+    run = submit(workspace, "name=batchnode", "resources.min_nodes=1")
+    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+    kill_node("n1")  # the batch step dies with it: Slurm requeues the job once it declares n1 down
+    wait_requeued(cluster, run.job_id, restarts=1, timeout=180)
+    cluster.release(run.job_id)
+    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    logs = batch_log(run.run_dir)
+    assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
+    summary = run.summary()
+    assert (summary["status"], summary["global_step"]) == ("completed", TOTAL_STEPS), summary
+    assert summary["excluded_nodes"] == ["n1"] and summary["hostnames"] == ["n2", "n3"]
+    [failure] = summary["node_failures"]
+    assert (failure["node"], failure["action"]) == ("n1", "requeue"), failure
+    assert failure["reason"].startswith("the batch step's node went down (Slurm marks it down"), failure
+    assert_nothing_left(cluster, run.job_id)
