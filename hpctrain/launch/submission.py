@@ -98,7 +98,6 @@ def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> d
     if res.heals:  # the batch step supervises its training steps and survives a lost node
         params["nodes"] = res.allocated_nodes
         extra["no-kill"] = True
-        params["supervisor"] = supervisor_command(run_dir)
     extra.update(res.slurm_extra)
     params["additional_parameters"] = extra
     if spec.container is not None:
@@ -108,8 +107,11 @@ def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> d
     return params
 
 
-def supervisor_command(run_dir: Path) -> str:
-    """The batch step's supervisor, which runs the srun line after it as often as lost nodes require."""
+def supervisor_command(spec: JobSpec, run_dir: Path) -> str | None:
+    """A healing job's batch-step supervisor, which runs the srun line after it as often as lost nodes
+    require (runtime/supervisor.py); None for every other job."""
+    if not spec.resources.heals:
+        return None
     return f"{shlex.quote(sys.executable)} -m hpctrain.runtime.supervisor {shlex.quote(str(run_dir))} --"
 
 
@@ -180,6 +182,7 @@ def build_executor(job: LoadedJob, backend: Backend, run_dir: Path) -> submitit.
         # starts carries its token and is cleaned up after it (cleanup.py).
         executor = SlurmExecutor(folder=folder, python=task_python(job.spec))
         executor.update_parameters(**slurm_parameters(job.spec, job.profile, run_dir))
+        executor.supervisor = supervisor_command(job.spec, run_dir)
     return executor
 
 
@@ -189,7 +192,8 @@ def render_script(job: LoadedJob, run_dir: Path) -> str:
     if job.is_sweep:
         parameters["map_count"] = len(job.trials)
     folder = submitit_dir(run_dir)
-    return render_sbatch(parameters, folder, task_command(task_python(job.spec), folder))
+    command = task_command(task_python(job.spec), folder)
+    return render_sbatch(parameters, folder, command, supervisor_command(job.spec, run_dir))
 
 
 @dataclass

@@ -93,6 +93,15 @@ def test_a_healing_job_asks_for_the_spares_with_no_kill_and_runs_the_supervisor(
     assert "--kill-on-bad-exit=1" in command and command.endswith("/runs/X/submitit")
 
 
+def test_the_submitting_executor_writes_what_dry_run_prints_for_a_healing_job(tmp_path: Path) -> None:
+    from hpctrain.launch.submission import build_executor
+
+    job = load(tmp_path, "spare_nodes: 1")
+    executor = build_executor(job, "slurm", Path("/runs/X"))
+    submitted = executor._make_submission_file_text(executor._submitit_command_str, "uid")  # type: ignore[attr-defined]
+    assert submitted == render_script(job, Path("/runs/X")) and "hpctrain.runtime.supervisor" in submitted
+
+
 def test_a_default_job_has_neither(tmp_path: Path) -> None:
     script = render_script(load(tmp_path, "cpus_per_task: 1"), Path("/runs/X"))
     assert "--no-kill" not in script and "supervisor" not in script and "#SBATCH --nodes=3" in script
