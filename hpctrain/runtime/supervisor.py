@@ -39,6 +39,7 @@ from typing import Any
 
 from hpctrain.contract.heartbeat_files import read_heartbeats
 from hpctrain.contract.rundir import (
+    hang_claim_path,
     latest_checkpoint_step,
     read_json_object,
     read_summary,
@@ -221,6 +222,7 @@ class Supervisor:
             env[healing.STEP_NODES_VAR] = str(len(nodes))
         if attempt:  # the last step's rendezvous port may still be held
             env["MASTER_PORT"] = str(derive_master_port(f"{self.job_id}.{self.restart}.{attempt}"))
+            hang_claim_path(self.run_dir, self.job_id).unlink(missing_ok=True)  # a hang in this step reports again
         process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
         step = RunningStep(process, nodes, time.time())
         step.start_tee()
