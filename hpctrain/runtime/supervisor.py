@@ -63,7 +63,6 @@ PROBE_TIMEOUT_S = 3.0
 SILENT_BEATS = 3  # heartbeat intervals without a beat before a node is a suspect
 STOP_WAIT_S = 5.0  # for srun to exit once its step was killed
 DEFAULT_SLURMD_PORT = 6818
-EXCLUDE_TRIES = 4
 
 
 def say(line: str) -> None:
@@ -409,29 +408,28 @@ class Supervisor:
         if not signals.requeue_on_preemption or self.restart >= signals.max_requeues:
             self.record_outcome(healing.Decision("fail", why=f"{why}; no requeue left (signals.max_requeues)"))
             return 1
+        excluded = self.exclude_from_next_start()
         try:
             run_slurm(["scontrol", "requeue", self.job_id])
         except SlurmCommandError as exc:
             say(f"could not requeue: {exc}")
             self.record_outcome(healing.Decision("fail", why=f"{why}; requeue failed: {exc}"))
             return 1
-        self.exclude_from_next_start()
+        if not excluded:
+            self.exclude_from_next_start()  # a pending job takes it; this step has KillWait to say it
         return 0
 
-    def exclude_from_next_start(self) -> None:
-        """``ExcNodeList`` for the requeued job. Slurm takes it only while the job is pending, which it is
-        from the requeue on, and this step has KillWait (SIGTERM to SIGKILL) to say it."""
+    def exclude_from_next_start(self) -> bool:
+        """``ExcNodeList`` for the next start (Slurm 22.05 takes it from a running job too, measured)."""
         if not self.excluded:
-            return
+            return True
         update = ["scontrol", "update", f"JobId={self.job_id}", f"ExcNodeList={','.join(self.excluded)}"]
-        for _ in range(EXCLUDE_TRIES):
-            try:
-                run_slurm(update)
-                return
-            except SlurmCommandError as exc:
-                error = exc
-                time.sleep(POLL_S / 2)
-        say(f"could not keep {','.join(self.excluded)} out of the next start: {error}")
+        try:
+            run_slurm(update)
+            return True
+        except SlurmCommandError as exc:
+            say(f"could not keep {','.join(self.excluded)} out of the next start: {exc}")
+            return False
 
     def install_handlers(self) -> None:
         """SIGTERM/SIGINT: the job is ending; never start another step. USR1/USR2 are for the tasks."""

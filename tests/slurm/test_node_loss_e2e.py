@@ -121,7 +121,7 @@ def test_rank_zero_killed_requeues_without_its_node(cluster: SlurmCluster, works
     pid = wait_for(lambda: rank_pid(cluster, run.job_id, 0), "rank 0's process", 30, run)
     os.kill(pid, signal.SIGKILL)  # rank 0 runs beside the batch step: that node cannot host the next step
     wait_requeued(cluster, run.job_id, restarts=1)
-    assert job_record(cluster, run.job_id).get("ExcNodeList") == "n1", batch_log(run.run_dir)
+    assert job_record(cluster, run.job_id).get("ExcNodeList") == "n1", batch_log(run.run_dir)  # set before
     cluster.release(run.job_id)
     state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
     assert state == "COMPLETED", f"{batch_log(run.run_dir)}\n{task_logs(run.run_dir)}"
