@@ -112,7 +112,9 @@ def supervisor_command(spec: JobSpec, run_dir: Path) -> str | None:
     require (runtime/supervisor.py); None for every other job."""
     if not spec.resources.heals:
         return None
-    return f"{shlex.quote(sys.executable)} -m hpctrain.runtime.supervisor {shlex.quote(str(run_dir))} --"
+    # exec: the batch step's main process, so that SIGTERM (a requeue, scancel) reaches it, not a shell
+    # whose default death ends the step at once, before the supervisor has said ExcNodeList
+    return f"exec {shlex.quote(sys.executable)} -m hpctrain.runtime.supervisor {shlex.quote(str(run_dir))} --"
 
 
 def container_mounts(spec: JobSpec) -> list[str]:

@@ -408,28 +408,26 @@ class Supervisor:
         if not signals.requeue_on_preemption or self.restart >= signals.max_requeues:
             self.record_outcome(healing.Decision("fail", why=f"{why}; no requeue left (signals.max_requeues)"))
             return 1
-        excluded = self.exclude_from_next_start()
         try:
             run_slurm(["scontrol", "requeue", self.job_id])
         except SlurmCommandError as exc:
             say(f"could not requeue: {exc}")
             self.record_outcome(healing.Decision("fail", why=f"{why}; requeue failed: {exc}"))
             return 1
-        if not excluded:
-            self.exclude_from_next_start()  # a pending job takes it; this step has KillWait to say it
+        self.exclude_from_next_start()
         return 0
 
-    def exclude_from_next_start(self) -> bool:
-        """``ExcNodeList`` for the next start (Slurm 22.05 takes it from a running job too, measured)."""
+    def exclude_from_next_start(self) -> None:
+        """``ExcNodeList`` for the requeued job. Slurm takes it only from a pending job ("Job is no longer
+        pending execution" before the requeue, measured on 22.05); this process is the batch step's main
+        one (``exec``), so the requeue's SIGTERM leaves it KillWait to say it."""
         if not self.excluded:
-            return True
+            return
         update = ["scontrol", "update", f"JobId={self.job_id}", f"ExcNodeList={','.join(self.excluded)}"]
         try:
             run_slurm(update)
-            return True
         except SlurmCommandError as exc:
             say(f"could not keep {','.join(self.excluded)} out of the next start: {exc}")
-            return False
 
     def install_handlers(self) -> None:
         """SIGTERM/SIGINT: the job is ending; never start another step. USR1/USR2 are for the tasks."""

@@ -132,7 +132,7 @@ def test_the_batch_nodes_rank_killed_requeues_without_it(fake: Path) -> None:
     assert rc == 0 and len(calls) == 1
     log = slurm_log(fake)
     assert "scontrol requeue 7" in log and "scontrol update JobId=7 ExcNodeList=n1" in log
-    assert log.index("ExcNodeList") < log.index("requeue 7")  # before the requeue ends this batch step
+    assert log.index("requeue 7") < log.index("ExcNodeList")  # Slurm takes it only from a pending job
     summary = read_summary(fake / "run")
     assert summary is not None and summary.node_failures[0]["action"] == "requeue"  # type: ignore[index]
 
