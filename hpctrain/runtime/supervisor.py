@@ -44,6 +44,7 @@ from hpctrain.contract.rundir import (
     read_json_object,
     read_summary,
     spec_path,
+    submitit_dir,
     supervisor_record_path,
     write_json_atomic,
     write_summary,
@@ -52,7 +53,7 @@ from hpctrain.contract.slurm import SlurmCommandError, run_slurm
 from hpctrain.jobspec.batch import BatchLayout, micro_batch_problem
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.yaml_source import read_spec_file
-from hpctrain.runtime import healing
+from hpctrain.runtime import guardian, healing
 from hpctrain.runtime.failures import TaskFailure, first_task_failure
 from hpctrain.runtime.master import derive_master_port
 from hpctrain.runtime.task_env import parse_hostlist
@@ -63,6 +64,8 @@ PROBE_TIMEOUT_S = 3.0
 SILENT_BEATS = 3  # heartbeat intervals without a beat before a node is a suspect
 STOP_WAIT_S = 5.0  # for srun to exit once its step was killed
 DEFAULT_SLURMD_PORT = 6818
+RECORD_EVERY_S = 5.0  # the guardian takes a record older than guardian.SILENT_S for a dead batch node
+START_GUARDIAN = True
 
 
 def say(line: str) -> None:
@@ -107,6 +110,8 @@ class Supervisor:
         self.excluded: list[str] = [n for n in recorded if isinstance(n, str)] if isinstance(recorded, list) else []
         self.stopping = False
         self._slurmd_port: int | None = None
+        self.step_nodes: tuple[str, ...] = ()
+        self.guardian: subprocess.Popen[bytes] | None = None
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -116,6 +121,7 @@ class Supervisor:
             return self.supervise()
         finally:
             self.write_record(ended=True)
+            self.stop_guardian()
 
     def supervise(self) -> int:
         res = self.spec.resources
@@ -193,11 +199,17 @@ class Supervisor:
         self.record(found, decision, checkpoint, step)
         say(healing.log_line(found, step, decision, checkpoint))
 
-    def write_record(self, *, nodes: tuple[str, ...] = (), ended: bool = False) -> None:
-        """What a later start of this job needs to know about this one (:meth:`blame_previous_start`)."""
-        record = {"job_id": self.job_id, "restart": self.restart, "batch_node": self.batch_node, "ended": ended}
-        if nodes:
-            record["nodes"] = list(nodes)
+    def write_record(self, *, ended: bool = False, batch_node: str | None = None) -> None:
+        """What the guardian and a later start of this job need to know about this one (:meth:`blame_previous_start`,
+        ``runtime/guardian.py``); its ``time`` says the supervisor is alive."""
+        record = {
+            "job_id": self.job_id,
+            "restart": self.restart,
+            "batch_node": batch_node or self.batch_node,
+            "ended": ended,
+            "nodes": list(self.step_nodes),
+            "time": round(time.time(), 3),
+        }
         try:
             write_json_atomic(supervisor_record_path(self.run_dir), record)
         except OSError as exc:
@@ -205,7 +217,9 @@ class Supervisor:
 
     # -- one step ----------------------------------------------------------------------------------------------
     def start(self, nodes: tuple[str, ...], attempt: int) -> RunningStep:
-        self.write_record(nodes=nodes)
+        self.step_nodes = nodes
+        self.write_record()
+        self.start_guardian()
         tasks = self.spec.tasks_per_node
         argv = [
             self.srun[0],
@@ -233,8 +247,12 @@ class Supervisor:
         reported_at: float | None = None
         lost: dict[str, str] = {}
         probed: dict[str, float] = {}
+        recorded = time.monotonic()
         while step.process.poll() is None:
             time.sleep(POLL_S)
+            if time.monotonic() - recorded >= RECORD_EVERY_S:
+                self.write_record()
+                recorded = time.monotonic()
             if self.stopping:
                 continue
             failure = first_task_failure(step.srun_text)
@@ -248,7 +266,7 @@ class Supervisor:
                 if time.monotonic() - probed.get(node, 0.0) < PROBE_TIMEOUT_S:
                     continue
                 probed[node] = time.monotonic()
-                why = self.lost_reason(node, step.srun_text)
+                why = self.lost_reason(node)
                 if why is not None:
                     lost[node] = why
             if lost:
@@ -281,11 +299,12 @@ class Supervisor:
     def end_step(self, step: RunningStep) -> None:
         """Kill the step's tasks on the nodes that still answer, then the srun client waiting for the lost one."""
         try:
-            steps = run_slurm(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i"]).split()
+            listed = run_slurm(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i %j"]).splitlines()
         except SlurmCommandError:
-            steps = []
-        for step_id in steps:
-            if step_id.rpartition(".")[2].isdigit():
+            listed = []
+        for line in listed:
+            step_id, _, name = line.partition(" ")
+            if step_id.rpartition(".")[2].isdigit() and name.strip() != guardian.STEP_NAME:
                 try:
                     run_slurm(["scancel", "--signal=KILL", step_id])
                 except SlurmCommandError:
@@ -294,6 +313,46 @@ class Supervisor:
             step.process.wait(timeout=STOP_WAIT_S)
         except subprocess.TimeoutExpired:
             step.process.kill()
+
+    # -- the guardian --------------------------------------------------------------------------------------------
+    def start_guardian(self) -> None:
+        """Watch this node from another one (``runtime/guardian.py``): a spare first, else a training node."""
+        if not START_GUARDIAN or (self.guardian is not None and self.guardian.poll() is None):
+            return
+        others = [n for n in self.allocation if n not in self.excluded and n != self.batch_node]
+        others.sort(key=lambda n: n in self.step_nodes)  # a spare first: it has the most room
+        if not others:
+            return
+        log = str(submitit_dir(self.run_dir) / "%j_guardian_log.err")
+        argv = [
+            self.srun[0],
+            "--overlap",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--nodelist={others[0]}",
+            f"--job-name={guardian.STEP_NAME}",
+            f"--output={log}",
+            f"--error={log}",
+            sys.executable,
+            "-m",
+            "hpctrain.runtime.guardian",
+            str(self.run_dir),
+            self.batch_node,
+        ]
+        self.guardian = subprocess.Popen(argv, env=self.environ, stdin=subprocess.DEVNULL)
+
+    def stop_guardian(self) -> None:
+        """The record says ended: the guardian leaves within its poll; else its srun is ended."""
+        if self.guardian is None:
+            return
+        try:
+            self.guardian.wait(timeout=2 * guardian.POLL_S + STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.guardian.terminate()
+            try:
+                self.guardian.wait(timeout=STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self.guardian.kill()
 
     # -- evidence ----------------------------------------------------------------------------------------------
     def silent_nodes(self, step: RunningStep) -> list[str]:
@@ -310,7 +369,7 @@ class Supervisor:
     def reported_nodes(text: str) -> set[str]:
         return {failure.node for failure in _task_failures(text)}
 
-    def lost_reason(self, node: str, srun_text: str) -> str | None:
+    def lost_reason(self, node: str) -> str | None:
         """Why ``node`` is gone, or None while its slurmd answers."""
         try:
             address = socket.gethostbyname(node)

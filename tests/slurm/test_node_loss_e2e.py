@@ -201,8 +201,9 @@ def test_the_batch_nodes_death_requeues_and_the_next_start_keeps_it_out(
 ) -> None:
     run = submit(workspace, "name=batchnode", "resources.min_nodes=1")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
-    kill_node("n1")  # the batch step dies with it: Slurm requeues the job once it declares n1 down
-    wait_requeued(cluster, run.job_id, restarts=1, timeout=180)
+    kill_node("n1")  # the batch step and the supervisor die with it; the guardian on n2 requeues
+    wait_requeued(cluster, run.job_id, restarts=1, timeout=90)
+    assert job_record(cluster, run.job_id).get("ExcNodeList") == "n1", batch_log(run.run_dir)
     cluster.release(run.job_id)
     state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
     logs = batch_log(run.run_dir)
@@ -212,5 +213,6 @@ def test_the_batch_nodes_death_requeues_and_the_next_start_keeps_it_out(
     assert summary["excluded_nodes"] == ["n1"] and summary["hostnames"] == ["n2", "n3"]
     [failure] = summary["node_failures"]
     assert (failure["node"], failure["action"]) == ("n1", "requeue"), failure
-    assert failure["reason"].startswith("the batch step's node went down (Slurm marks it down"), failure
+    assert failure["reason"] == "the batch step's node does not answer", failure
+    assert "guardian: node n1 lost at step" in task_logs(run.run_dir)
     assert_nothing_left(cluster, run.job_id)

@@ -53,6 +53,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PATH", str(bin_dir))
     monkeypatch.setenv("FAKE_DIR", str(tmp_path))
     monkeypatch.setattr(supervisor, "POLL_S", 0.05)
+    monkeypatch.setattr(supervisor, "START_GUARDIAN", False)  # its srun would take a line of the plan
     return tmp_path
 
 
@@ -181,3 +182,44 @@ def test_a_start_after_a_clean_end_blames_nothing(fake: Path, monkeypatch: pytes
     rc, calls = run(fake, ["ok"], {"spare_nodes": 1}, restart=1)
     assert rc == 0 and "--nodelist=n1,n2" in calls[0]["argv"]
     assert read_summary(fake / "run") is None
+
+
+def test_the_guardian_requeues_without_a_batch_node_that_went_silent(fake: Path) -> None:
+    from hpctrain.contract.rundir import supervisor_record_path, write_json_atomic
+    from hpctrain.runtime import guardian
+
+    run(fake, ["ok"], {"spare_nodes": 1})  # writes the spec and a first, ended record
+    environ = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURMD_NODENAME": "n3"}
+    sup = supervisor.Supervisor(fake / "run", ["srun"], supervisor.load_spec(fake / "run"), environ)
+    record = {"job_id": "7", "restart": 0, "batch_node": "n1", "ended": False, "time": 0.0}
+    write_json_atomic(supervisor_record_path(fake / "run"), record)
+    sup.lost_reason = lambda node: "its slurmd does not answer" if node == "n1" else None  # type: ignore[method-assign]
+    assert guardian.guard(sup, "n1", poll_s=0.01) == 0
+    log = slurm_log(fake)
+    assert "scontrol requeue 7" in log and "ExcNodeList=n1" in log
+    summary = read_summary(fake / "run")
+    assert summary is not None and summary.excluded_nodes == ["n1"]
+    assert summary.node_failures[-1]["reason"] == "the batch step's node does not answer"  # type: ignore[index]
+    assert read_json_object(supervisor_record_path(fake / "run"))["ended"] is True  # type: ignore[index]
+
+
+def test_the_guardian_leaves_when_the_supervisor_ends_or_lives(fake: Path) -> None:
+    import time
+
+    from hpctrain.contract.rundir import supervisor_record_path, write_json_atomic
+    from hpctrain.runtime import guardian
+
+    run(fake, ["ok"], {"spare_nodes": 1})
+    environ = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]"}
+    sup = supervisor.Supervisor(fake / "run", ["srun"], supervisor.load_spec(fake / "run"), environ)
+    sup.lost_reason = lambda node: "gone"  # type: ignore[method-assign]
+    ended = {"job_id": "7", "restart": 0, "batch_node": "n1", "ended": True, "time": 0.0}
+    write_json_atomic(supervisor_record_path(fake / "run"), ended)
+    assert guardian.guard(sup, "n1", poll_s=0.01) == 0
+    fresh = {**ended, "ended": False, "time": time.time()}
+    write_json_atomic(supervisor_record_path(fake / "run"), fresh)
+    sup.lost_reason = lambda node: None  # type: ignore[method-assign]
+    other = {**fresh, "restart": 1}
+    write_json_atomic(supervisor_record_path(fake / "run"), other)  # a later start's record: not ours
+    assert guardian.guard(sup, "n1", poll_s=0.01) == 0
+    assert "requeue" not in slurm_log(fake)
