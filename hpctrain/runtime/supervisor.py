@@ -333,6 +333,7 @@ class Supervisor:
             f"--job-name={guardian.STEP_NAME}",
             f"--output={log}",
             f"--error={log}",
+            "--open-mode=append",  # a later start's guardian keeps what this one said
             sys.executable,
             "-m",
             "hpctrain.runtime.guardian",
