@@ -170,17 +170,20 @@ def main() -> int:
     cluster.up(3)
     ws = make_workspace(cluster, args.work)  # type: ignore[arg-type]
     try:
-        heal = [loss_repeat(cluster, ws, f"heal-{k}", "resources.spare_nodes=1") for k in range(args.repeats)]
-        print(f"heal: node death -> next training step: {', '.join(f'{s:.1f}' for s in heal)} s")
-        requeue = [loss_repeat(cluster, ws, f"requeue-{k}", requeue=True) for k in range(args.requeue_repeats)]
-        print(f"requeue: node death -> next training step: {', '.join(f'{s:.1f}' for s in requeue)} s")
+        for k in range(args.repeats):
+            seconds = loss_repeat(cluster, ws, f"heal-{k}", "resources.spare_nodes=1")
+            print(f"heal {k}: node death -> next training step: {seconds:.1f} s", flush=True)
         for k in range(args.repeats):
             found = overhead_repeat(cluster, ws, k)
             print(
                 f"overhead {k}: median step plain {found['plain_step_s']:.3f} s, supervised "
                 f"{found['supervised_step_s']:.3f} s; supervisor CPU {100 * found['supervisor_cpu_share']:.2f} % "
-                "of one core"
+                "of one core",
+                flush=True,
             )
+        for k in range(args.requeue_repeats):
+            seconds = loss_repeat(cluster, ws, f"requeue-{k}", requeue=True)
+            print(f"requeue {k}: node death -> next training step: {seconds:.1f} s", flush=True)
     finally:
         if not args.keep:
             cluster.up(2)
