@@ -163,6 +163,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--requeue-repeats", type=int, default=2)
+    parser.add_argument("--overhead-repeats", type=int, default=3)
     parser.add_argument("--keep", action="store_true", help="leave the 3-node cluster up")
     parser.add_argument("--work", type=Path, default=Path("/tmp/hpctrain-bench-node-loss"))
     args = parser.parse_args()
@@ -173,7 +174,7 @@ def main() -> int:
         for k in range(args.repeats):
             seconds = loss_repeat(cluster, ws, f"heal-{k}", "resources.spare_nodes=1")
             print(f"heal {k}: node death -> next training step: {seconds:.1f} s", flush=True)
-        for k in range(args.repeats):
+        for k in range(args.overhead_repeats):
             found = overhead_repeat(cluster, ws, k)
             print(
                 f"overhead {k}: median step plain {found['plain_step_s']:.3f} s, supervised "
