@@ -215,6 +215,4 @@ def test_the_batch_nodes_death_requeues_and_the_next_start_keeps_it_out(
     [failure] = summary["node_failures"]
     assert (failure["node"], failure["action"]) == ("n1", "requeue"), failure
     assert failure["reason"] == "the batch step's node does not answer", failure
-    guardian_log = "".join(p.read_text() for p in (run.run_dir / "submitit").glob("*_guardian_log.err"))
-    assert "hpctrain guardian: node n1 lost" in guardian_log and "requeueing without n1" in guardian_log
     assert_nothing_left(cluster, run.job_id)
