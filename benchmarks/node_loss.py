@@ -102,10 +102,11 @@ def train_records(run_dir: Path) -> list[dict]:
     return records
 
 
-def next_step_after(run_dir: Path, when: float) -> float | None:
-    """Seconds from ``when`` to the first training step recorded after it."""
+def next_step_after(run_dir: Path, when: float, resumed_from: int) -> float | None:
+    """Seconds from ``when`` to the first training step of a start that resumed from step ``resumed_from``
+    (a step that was in flight at ``when`` is not the next one)."""
     try:
-        later = [r["time"] for r in train_records(run_dir) if r["time"] > when]
+        later = [r["time"] for r in train_records(run_dir) if r["time"] > when and r["global_step"] == resumed_from + 1]
     except (OSError, ValueError, KeyError):
         return None
     return min(later) - when if later else None
@@ -116,10 +117,13 @@ def loss_repeat(cluster: Cluster, ws: Workspace, name: str, *sets: str, requeue:
     run = submit(ws, f"name={name}", *LONGER, *sets)
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", 300, run)
     killed_at = kill_node("n2")
+    resumed_from = latest_step(run.run_dir)
     if requeue:
         wait_for(lambda: "PENDING" in cluster.run("squeue", "-h", "-j", run.job_id, "-o", "%T"), "requeue", 300, run)
         cluster.run("scontrol", "update", f"JobId={run.job_id}", "StartTime=now")
-    seconds = wait_for(lambda: next_step_after(run.run_dir, killed_at), "the next training step", 600, run, 0.5)
+    seconds = wait_for(
+        lambda: next_step_after(run.run_dir, killed_at, resumed_from), "the next training step", 600, run, 0.5
+    )
     cluster.run("scancel", run.job_id)
     cluster.wait_done(run.job_id)
     return seconds
