@@ -50,6 +50,7 @@ METRICS_FILE = "metrics.jsonl"
 CONTROL_DIR = ".hpctrain"
 CANCEL_MARKER_NAME = "cancel-requested"
 TORCHRUN_FAILURES_NAME = "torchrun-failures.log"
+SUPERVISOR_RECORD_NAME = "supervisor.json"
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
 BEST_FILE = "best.json"
@@ -101,6 +102,11 @@ def cancel_marker_path(run_dir: str | Path) -> Path:
 def torchrun_failures_path(run_dir: str | Path) -> Path:
     """Where the torchrun launcher's node tasks report failed ranks (srun's report, in srun's words)."""
     return Path(run_dir) / CONTROL_DIR / TORCHRUN_FAILURES_NAME
+
+
+def supervisor_record_path(run_dir: str | Path) -> Path:
+    """Where a healing job's batch step records the step it runs (runtime/supervisor.py)."""
+    return Path(run_dir) / CONTROL_DIR / SUPERVISOR_RECORD_NAME
 
 
 def trial_dir(sweep_dir: Path, index: int) -> Path:
@@ -342,6 +348,8 @@ class Summary(BaseModel):
     hung_phase: str | None = None
     hung_frozen_s: float | None = None  # the hung rank's whole process froze: its heartbeat was silent this long
     error: str | None = None
+    excluded_nodes: list[str] | None = None  # nodes a healing run keeps away from (runtime/supervisor.py)
+    node_failures: list[dict[str, Any]] | None = None  # node, step, checkpoint_step, reason, action, nodes, job_id
     wall_s: float | None = None
     started_at: str | None = None
     updated_at: str | None = None

@@ -56,6 +56,23 @@ class Resources(Section):
     """What to ask Slurm for. ``None`` means "take the cluster profile's value"."""
 
     nodes: Annotated[int, Field(ge=1, le=4096, description="Number of nodes.")] = 1
+    min_nodes: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=4096,
+            description="Fewest nodes to keep training on after a node is lost inside the allocation "
+            "(docs/preemption.md). Default: nodes (a lost node needs a spare or a requeue).",
+        ),
+    ] = None
+    spare_nodes: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=4096,
+            description="Extra nodes held in the allocation to replace a lost node without waiting in the queue.",
+        ),
+    ] = 0
     gpus_per_node: Annotated[
         int | None, Field(ge=0, le=64, description="GPUs per node (0 = CPU job). Default: the profile's.")
     ] = None
@@ -103,6 +120,21 @@ class Resources(Section):
     @property
     def time_s(self) -> int:
         return parse_time_limit(self.time)
+
+    @property
+    def fewest_nodes(self) -> int:
+        """``min_nodes``, or ``nodes`` when unset."""
+        return self.nodes if self.min_nodes is None else self.min_nodes
+
+    @property
+    def heals(self) -> bool:
+        """The batch step supervises its training steps and survives a lost node (runtime/supervisor.py)."""
+        return self.fewest_nodes < self.nodes or self.spare_nodes > 0
+
+    @property
+    def allocated_nodes(self) -> int:
+        """Nodes asked of Slurm: the training nodes plus the spares."""
+        return self.nodes + self.spare_nodes
 
 
 class Pipeline(Section):
@@ -438,6 +470,15 @@ class Signals(Section):
         bool, Field(description="On preemption (SIGTERM): checkpoint; Slurm requeues the job.")
     ] = True
     max_requeues: Annotated[int, Field(ge=0, description="Stop requeueing after this many restarts.")] = 100
+    crash_loop_attempts: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=1000,
+            description="A run healing from lost nodes stops as failed after this many consecutive attempts "
+            "that end without a newer complete checkpoint.",
+        ),
+    ] = 3
 
 
 class Container(Section):

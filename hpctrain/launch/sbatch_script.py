@@ -72,8 +72,11 @@ def sbatch_flag(key: str, value: Any) -> str:
     return f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={shlex.quote(str(value))}"
 
 
-def render_sbatch(parameters: Mapping[str, Any], folder: str | Path, command: str) -> str:
-    """The script for executor ``parameters`` (submitit's names), logs under ``folder``."""
+def render_sbatch(
+    parameters: Mapping[str, Any], folder: str | Path, command: str, supervisor: str | None = None
+) -> str:
+    """The script for executor ``parameters`` (submitit's names), logs under ``folder``; ``supervisor``:
+    the command that runs the srun line in a healing job (``launch.submission.supervisor_command``)."""
     given = {k: v for k, v in {**DEFAULTS, **parameters}.items() if v is not None}  # None: leave it out
     sbatch = {k: v for k, v in given.items() if k not in NOT_SBATCH}
     sbatch["signal"] = signal_parameter("USR2", given["signal_delay_s"])  # submitit default; hpctrain overrides it
@@ -96,6 +99,8 @@ def render_sbatch(parameters: Mapping[str, Any], folder: str | Path, command: st
     if given.get("use_srun", True):
         srun = ["srun", "--unbuffered", "--output", stdout, *([] if to_stdout else ["--error", stderr])]
         command = " ".join([shlex.join([*srun, *(given.get("srun_args") or [])]), command])
+    if supervisor:  # it starts the srun line itself, once per training step
+        command = f"{supervisor} {command}"
     lines += ["", "# command", "export SUBMITIT_EXECUTOR=slurm", command, ""]
     if given.get("teardown") is not None:
         lines += ["", "# teardown", *given["teardown"]]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,9 @@ def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> d
     # Written from the spec, always: submitit's own line takes its signal from
     # SUBMITIT_PREEMPT_SIGNAL in the submitting shell, which the tasks never see.
     extra["signal"] = signal_parameter(spec.signals.timeout_signal, spec.signals.signal_delay_s)
+    if res.heals:  # the batch step supervises its training steps and survives a lost node
+        params["nodes"] = res.allocated_nodes
+        extra["no-kill"] = True
     extra.update(res.slurm_extra)
     params["additional_parameters"] = extra
     if spec.container is not None:
@@ -101,6 +105,16 @@ def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> d
         if spec.container.runtime == "pyxis":
             params["srun_args"] += pyxis_arguments(spec)
     return params
+
+
+def supervisor_command(spec: JobSpec, run_dir: Path) -> str | None:
+    """A healing job's batch-step supervisor, which runs the srun line after it as often as lost nodes
+    require (runtime/supervisor.py); None for every other job."""
+    if not spec.resources.heals:
+        return None
+    # exec: the batch step's main process, so that SIGTERM (a requeue, scancel) reaches it, not a shell
+    # whose default death ends the step at once, before the supervisor has said ExcNodeList
+    return f"exec {shlex.quote(sys.executable)} -m hpctrain.runtime.supervisor {shlex.quote(str(run_dir))} --"
 
 
 def container_mounts(spec: JobSpec) -> list[str]:
@@ -170,6 +184,7 @@ def build_executor(job: LoadedJob, backend: Backend, run_dir: Path) -> submitit.
         # starts carries its token and is cleaned up after it (cleanup.py).
         executor = SlurmExecutor(folder=folder, python=task_python(job.spec))
         executor.update_parameters(**slurm_parameters(job.spec, job.profile, run_dir))
+        executor.supervisor = supervisor_command(job.spec, run_dir)
     return executor
 
 
@@ -179,7 +194,8 @@ def render_script(job: LoadedJob, run_dir: Path) -> str:
     if job.is_sweep:
         parameters["map_count"] = len(job.trials)
     folder = submitit_dir(run_dir)
-    return render_sbatch(parameters, folder, task_command(task_python(job.spec), folder))
+    command = task_command(task_python(job.spec), folder)
+    return render_sbatch(parameters, folder, command, supervisor_command(job.spec, run_dir))
 
 
 @dataclass

@@ -25,12 +25,14 @@ class SlurmExecutor(submitit.SlurmExecutor):
     """Constructible without ``srun``, so a login node or a laptop can prepare a
     submission (``submit`` checks for ``sbatch`` itself); the script is ours."""
 
+    supervisor: str | None = None  # a healing job's batch-step supervisor (launch.submission.supervisor_command)
+
     @classmethod
     def affinity(cls) -> int:
         return 1
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
-        return render_sbatch(self.parameters, self.folder, command)
+        return render_sbatch(self.parameters, self.folder, command, self.supervisor)
 
 
 class LocalExecutor(submitit.LocalExecutor):

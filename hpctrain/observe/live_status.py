@@ -28,6 +28,7 @@ from hpctrain.contract.rundir import (
 )
 from hpctrain.contract.runfiles import MAX_MAGNITUDE, printable
 from hpctrain.contract.slurm_states import is_pending
+from hpctrain.observe.node_losses import node_loss_text
 
 HEARTBEAT_STALE_S = 120.0  # a running rank whose heartbeat is older than this is flagged
 
@@ -82,6 +83,7 @@ class Snapshot:
     failed_node: str | None = None
     failed_reason: str | None = None
     stop_reason: str | None = None
+    lost_nodes: str | None = None  # a healing run's lost nodes (observe/node_losses.py)
 
 
 @dataclass
@@ -174,6 +176,7 @@ def build_snapshot(
         failed_node=_text(summary.failed_node),
         failed_reason=_text(summary.failed_reason),
         stop_reason=_text(summary.stop_reason),
+        lost_nodes=node_loss_text(summary.node_failures),
     )
 
 

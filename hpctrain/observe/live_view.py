@@ -95,6 +95,8 @@ def alerts(snap: Snapshot) -> list[str]:
     if snap.failed_rank is not None:
         reason = f": {snap.failed_reason}" if snap.failed_reason else ""
         found.append(f"failed first: rank {snap.failed_rank} on {snap.failed_node or '?'}{reason}")
+    if snap.lost_nodes:
+        found.append(f"lost nodes: {snap.lost_nodes}")
     return found
 
 

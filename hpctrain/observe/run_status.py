@@ -25,6 +25,7 @@ from hpctrain.contract.slurm_states import ended_unsuccessfully, is_final, is_pe
 from hpctrain.errors import ClusterError, RunDirError
 from hpctrain.observe.live_status import RankView, rank_views
 from hpctrain.observe.logs import log_path
+from hpctrain.observe.node_losses import node_loss_text
 from hpctrain.runtime import local_run
 from hpctrain.runtime.failures import first_task_failure
 
@@ -70,6 +71,7 @@ def run_status(run_dir: Path, known_states: Mapping[str, str] | None = None) -> 
         "cluster": info.get("cluster"),
         "slurm_state": state,
         **{key: getattr(summary, key) for key in PROGRESS_KEYS},
+        "lost_nodes": node_loss_text(summary.node_failures),
         "status": display_status(summary.status, state),
     }
 
@@ -120,6 +122,7 @@ class RunStatus:
     hung_node: str | None
     hung_phase: str | None
     hung_frozen_s: float | None
+    lost_nodes: str | None
     stragglers: list[int]
 
     @property

@@ -44,6 +44,7 @@ class TaskLauncher:
         try:
             spec = JobSpec.model_validate(self.spec_data)
             os.environ.update(spec.env)
+            spec = self.step_spec(spec)
             env = derive_task_env(os.environ, spec_master_port=spec.distributed.master_port)
             rank = str(env.global_rank)
             configure_logging(env)
@@ -54,6 +55,16 @@ class TaskLauncher:
                 self.record_failure(exc)
             raise
         return {"rank": env.global_rank, "hostname": socket.gethostname(), "result": result}
+
+    def step_spec(self, spec: JobSpec) -> JobSpec:
+        """The spec on the nodes this step got: fewer than ``resources.nodes`` after a lost node
+        (runtime/supervisor.py); the trainer keeps the run's global batch (``RUN_MICRO_BATCHES_VAR``)."""
+        from hpctrain.runtime.healing import RUN_MICRO_BATCHES_VAR, step_spec
+
+        step = step_spec(spec, os.environ)
+        if step is not spec:
+            os.environ[RUN_MICRO_BATCHES_VAR] = str(spec.batch_layout.processes)
+        return step
 
     def run(self, spec: JobSpec, env: TaskEnv) -> Any:
         """Set the task up, run the entry point or the trainer, then the post-run hook."""

@@ -37,6 +37,7 @@ TRAIN_SCALARS = {
     "data_wait_fraction": "perf/data_wait_fraction",
 }
 VAL_SCALARS = {"top1": "val/top1", "top5": "val/top5", "loss": "val/loss"}
+CARRIED_KEYS = ("excluded_nodes", "node_failures")  # summary keys a new attempt keeps
 
 
 def _now_iso() -> str:
@@ -63,6 +64,11 @@ def run_facts(ctx: TaskContext, global_batch_size: int) -> dict[str, Any]:
     }
 
 
+def carried_fields(previous: Summary) -> dict[str, Any]:
+    """What the batch step's supervisor recorded about lost nodes, kept by every later summary."""
+    return {key: getattr(previous, key) for key in CARRIED_KEYS if getattr(previous, key) is not None}
+
+
 def _rate(value: float | None) -> str:
     return "?" if value is None else f"{value:.1f}"
 
@@ -87,6 +93,7 @@ class Reporter:
         self.static = dict(static)
         self.started = time.monotonic()
         previous = read_summary(self.run_dir) or Summary()
+        self.static.update(carried_fields(previous))
         self.prior_wall_s = float(previous.wall_s or 0.0)
         self.prior_restarts = int(previous.restarts or 0)
         self.started_at = previous.started_at or _now_iso()

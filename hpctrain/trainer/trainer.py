@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -34,6 +35,7 @@ from hpctrain.jobspec.batch import BatchLayout
 from hpctrain.jobspec.strategy_traits import traits
 from hpctrain.runtime import heartbeat
 from hpctrain.runtime.context import TaskContext
+from hpctrain.runtime.healing import RUN_MICRO_BATCHES_VAR
 from hpctrain.runtime.stop import StopReason
 from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
 from hpctrain.trainer.compiling import compile_failure, compile_model
@@ -83,8 +85,9 @@ class Trainer:
         self.progress = Progress()
         self.strategy = build_strategy(ctx.spec)
         self.layout = self._batch_layout()  # per device, per process (what a loader yields), global
-        self.micro_batches = self.layout.processes  # per step; a resume keeps its checkpoint's (elastic.py)
-        self.reporter = Reporter(ctx.run_dir, enabled=ctx.is_main, static=run_facts(ctx, self.layout.global_batch))
+        # per step; a resume keeps its checkpoint's (elastic.py), a step on fewer nodes the run's (launcher.py)
+        self.micro_batches = int(os.environ.get(RUN_MICRO_BATCHES_VAR) or self.layout.processes)
+        self.reporter = Reporter(ctx.run_dir, enabled=ctx.is_main, static=run_facts(ctx, self.global_batch))
         cp = ctx.spec.checkpoint
         self.checkpoints = CheckpointManager(ctx.checkpoint_dir, cp.keep_last, cp.keep_best, cp.async_save)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=self.cfg.label_smoothing)

@@ -147,6 +147,11 @@ class SlurmCluster:
         _script("up", *_up_args(self.slurm, len(self.nodes), mode, self.state_dir))
         self.proctrack = mode
 
+    def resize(self, nodes: int) -> None:
+        """Restart the cluster with ``nodes`` nodes (and every dead daemon started again); no-op if so and healthy."""
+        _script("up", *_up_args(self.slurm, nodes, self.proctrack, self.state_dir))
+        self.nodes = [f"n{k}" for k in range(1, nodes + 1)]
+
     def stop_controller(self) -> None:
         """Kill slurmctld (as a crash or an outage would); :meth:`repair` brings it back."""
         pid = int((self.state_dir / "run" / "slurmctld.pid").read_text().split()[0])

@@ -89,3 +89,18 @@ def rank_layout(ctx: Any) -> dict[str, Any]:
         "torchrun_rank": os.environ.get("RANK"),
         "ranks_seen": int(total.item()),
     }
+
+
+def kill_rank(ctx: Any, rank: int, hang_s: float = 600.0) -> dict[str, Any]:
+    """Rank ``rank`` kills itself (SIGKILL, as the OOM killer would) once the group is up, on every start."""
+    import os
+    import signal
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+    if ctx.env.global_rank == rank:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(hang_s)
+    return {"rank": ctx.env.global_rank}

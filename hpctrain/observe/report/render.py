@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.contract.runfiles import printable
+from hpctrain.observe.node_losses import node_loss_text
 from hpctrain.observe.report.baselines import Baseline
 from hpctrain.observe.report.load import RunData
 from hpctrain.observe.report.table import Row
@@ -122,6 +123,8 @@ def _run_facts(run: RunData) -> list[str]:
     facts = [f"directory: {run.path}", f"restarts: {run.restarts}"]
     if run.stragglers:
         facts.append("stragglers: " + "; ".join(run.stragglers))
+    if lost := node_loss_text(run.summary.get("node_failures")):
+        facts.append(f"lost nodes: {lost}")
     facts.extend(f"note: {note}" for note in run.notes)
     return facts
 

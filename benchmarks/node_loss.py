@@ -1,0 +1,199 @@
+"""How fast does a run go on after a node dies: healing inside the allocation vs the requeue path,
+and what the supervision costs a run that loses nothing.
+
+Needs the Slurm test cluster (root, namespaces) with 3 nodes; hold its lock:
+
+    flock /tmp/hpctrain-cluster.lock python benchmarks/node_loss.py --repeats 3
+
+Each repeat trains the stop tests' small 2 x 2 CPU job (tests/slurm/stop_helpers.py),
+waits for its first checkpoint, and kills every process of node n2's namespace (slurmd
+included: a power loss). It measures the seconds from the kill to the next training step
+recorded in metrics.jsonl:
+
+* heal: ``resources.spare_nodes=1``: the supervisor continues on n1,n3;
+* requeue: a plain job: srun waits for Slurm's node-failure detection (SlurmdTimeout 60 s
+  here, 300 s by default), Slurm requeues the job, and the benchmark releases it at once
+  (Slurm holds a requeued job ~120 s, and a real queue adds its wait: both left out).
+
+Overhead: plain and supervised runs without a loss, interleaved: the median step time of
+each (metrics.jsonl ``step_s``), and the supervisor's own CPU time over its run's wall time.
+The cluster is left as found (2 nodes) unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.slurm.stop_helpers import (  # noqa: E402 (the checkout's tests package)
+    Run,
+    Workspace,
+    latest_step,
+    make_workspace,
+    submit,
+    wait_for,
+)
+
+SCRIPT = REPO / "tests" / "cluster" / "slurm-cluster"
+STATE_DIR = Path(os.environ.get("HPCTRAIN_SLURM_STATE", "/tmp/hpctrain-slurm"))
+LONGER = ("trainer.epochs=4", "trainer.max_steps_per_epoch=8")
+
+
+class Cluster:
+    def __init__(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env["SLURM_CONF"] = str(STATE_DIR / "etc" / "slurm.conf")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+        self.env = env
+
+    def up(self, nodes: int) -> None:
+        subprocess.run([sys.executable, str(SCRIPT), "up", "--nodes", str(nodes)], check=True, capture_output=True)
+
+    def run(self, *args: str) -> str:
+        return subprocess.run(args, env=self.env, capture_output=True, text=True, timeout=60).stdout
+
+    def state(self, job_id: str) -> str:
+        out = self.run("sacct", "-X", "-n", "-P", "-o", "State", "-j", job_id).split()
+        return out[0] if out else ""
+
+    def wait_done(self, job_id: str, timeout: float = 600) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.state(job_id)
+            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+                return state
+            time.sleep(1)
+        raise TimeoutError(f"job {job_id} still {self.state(job_id)} after {timeout} s")
+
+
+def kill_node(node: str) -> float:
+    """SIGKILL everything in the node's network namespace; the wall time of the kill."""
+    netns = os.stat(f"/run/netns/hpctrain-{node}")
+    killed_at = time.time()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ns = os.stat(entry / "ns" / "net")
+            if (ns.st_dev, ns.st_ino) == (netns.st_dev, netns.st_ino):
+                os.kill(int(entry.name), signal.SIGKILL)
+        except OSError:
+            pass
+    return killed_at
+
+
+def train_records(run_dir: Path) -> list[dict]:
+    records = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            if record.get("kind") == "train_step":
+                records.append(record)
+    return records
+
+
+def next_step_after(run_dir: Path, when: float, resumed_from: int) -> float | None:
+    """Seconds from ``when`` to the first training step of a start that resumed from step ``resumed_from``
+    (a step that was in flight at ``when`` is not the next one)."""
+    try:
+        later = [r["time"] for r in train_records(run_dir) if r["time"] > when and r["global_step"] == resumed_from + 1]
+    except (OSError, ValueError, KeyError):
+        return None
+    return min(later) - when if later else None
+
+
+def loss_repeat(cluster: Cluster, ws: Workspace, name: str, *sets: str, requeue: bool = False) -> float:
+    cluster.up(3)  # a node killed before comes back
+    run = submit(ws, f"name={name}", *LONGER, *sets)
+    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", 300, run)
+    killed_at = kill_node("n2")
+    resumed_from = latest_step(run.run_dir)
+    if requeue:
+        wait_for(lambda: "PENDING" in cluster.run("squeue", "-h", "-j", run.job_id, "-o", "%T"), "requeue", 300, run)
+        cluster.run("scontrol", "update", f"JobId={run.job_id}", "StartTime=now")
+    seconds = wait_for(
+        lambda: next_step_after(run.run_dir, killed_at, resumed_from), "the next training step", 600, run, 0.5
+    )
+    cluster.run("scancel", run.job_id)
+    cluster.wait_done(run.job_id)
+    return seconds
+
+
+def supervisor_cpu_s(job_id: str) -> float:
+    """utime + stime of this job's supervisor process (the batch step's python)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        try:
+            if b"hpctrain.runtime.supervisor" not in (entry / "cmdline").read_bytes():
+                continue
+            if f"SLURM_JOB_ID={job_id}".encode() not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / ticks
+        except (OSError, ValueError, IndexError):
+            continue
+    return float("nan")
+
+
+def overhead_repeat(cluster: Cluster, ws: Workspace, index: int) -> dict[str, float]:
+    cluster.up(3)
+    found: dict[str, float] = {}
+    for label, sets in (("plain", ()), ("supervised", ("resources.spare_nodes=1",))):
+        run: Run = submit(ws, f"name=overhead-{label}-{index}", *LONGER, *sets)
+        cpu, started = 0.0, time.monotonic()
+        while cluster.state(run.job_id) not in ("COMPLETED", "FAILED", "CANCELLED"):
+            if label == "supervised":
+                value = supervisor_cpu_s(run.job_id)
+                cpu = value if value == value else cpu  # the last reading before it ends
+            time.sleep(0.5)
+        wall = time.monotonic() - started
+        found[f"{label}_step_s"] = statistics.median(r["step_s"] for r in train_records(run.run_dir))
+        if label == "supervised":
+            found["supervisor_cpu_share"] = cpu / wall
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--requeue-repeats", type=int, default=2)
+    parser.add_argument("--overhead-repeats", type=int, default=3)
+    parser.add_argument("--keep", action="store_true", help="leave the 3-node cluster up")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/hpctrain-bench-node-loss"))
+    args = parser.parse_args()
+    cluster = Cluster()
+    cluster.up(3)
+    ws = make_workspace(cluster, args.work)  # type: ignore[arg-type]
+    try:
+        for k in range(args.repeats):
+            seconds = loss_repeat(cluster, ws, f"heal-{k}", "resources.spare_nodes=1")
+            print(f"heal {k}: node death -> next training step: {seconds:.1f} s", flush=True)
+        for k in range(args.overhead_repeats):
+            found = overhead_repeat(cluster, ws, k)
+            print(
+                f"overhead {k}: median step plain {found['plain_step_s']:.3f} s, supervised "
+                f"{found['supervised_step_s']:.3f} s; supervisor CPU {100 * found['supervisor_cpu_share']:.2f} % "
+                "of one core",
+                flush=True,
+            )
+        for k in range(args.requeue_repeats):
+            seconds = loss_repeat(cluster, ws, f"requeue-{k}", requeue=True)
+            print(f"requeue {k}: node death -> next training step: {seconds:.1f} s", flush=True)
+    finally:
+        if not args.keep:
+            cluster.up(2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

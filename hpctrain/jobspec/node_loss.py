@@ -1,0 +1,61 @@
+"""Which specs may heal from a lost node inside their allocation (``resources.min_nodes``, ``spare_nodes``).
+
+A run that continues on fewer nodes keeps its global batch by giving each rank
+more canonical micro-batches (``jobspec/batch.py``), which only the elastic
+strategies can; a spare node keeps the shape, so any strategy may have spares.
+Pure and torch-free: ``validate`` and ``submit`` call it through ``check_resolved``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hpctrain.errors import SpecProblem
+from hpctrain.jobspec.batch import ELASTIC_STRATEGIES, BatchLayout, micro_batch_problem
+
+if TYPE_CHECKING:
+    from hpctrain.jobspec.models import JobSpec
+
+
+def node_loss_problems(spec: JobSpec) -> list[SpecProblem]:
+    """Every reason ``spec``'s min_nodes / spare_nodes cannot work, as spec problems."""
+    res = spec.resources
+    if res.min_nodes is not None and res.min_nodes > res.nodes:
+        message = f"{res.min_nodes} is more than resources.nodes ({res.nodes}); set it to at most {res.nodes}"
+        return [SpecProblem("resources.min_nodes", message)]
+    if not res.heals:
+        return []
+    problems = []
+    key = "resources.min_nodes" if res.fewest_nodes < res.nodes else "resources.spare_nodes"
+    if spec.sweep:
+        problems.append(SpecProblem(key, "a sweep's array tasks cannot heal from a lost node yet; remove it"))
+    if spec.launcher == "torchrun":
+        problems.append(SpecProblem(key, "launcher: torchrun cannot heal from a lost node yet; use launcher: srun"))
+    if res.fewest_nodes < res.nodes and spec.entrypoint is None:
+        problems += _shrink_problems(spec, res.fewest_nodes)
+    return problems
+
+
+def _shrink_problems(spec: JobSpec, fewest: int) -> list[SpecProblem]:
+    strategy = spec.trainer.strategy
+    if strategy not in ELASTIC_STRATEGIES:
+        return [
+            SpecProblem(
+                "resources.min_nodes",
+                f"strategy {strategy} cannot continue on fewer nodes (only {', '.join(ELASTIC_STRATEGIES)} can keep "
+                f"the global batch); remove min_nodes and use spare_nodes to replace a lost node",
+            )
+        ]
+    gpus_per_task = (spec.resources.gpus_per_node or 0) // spec.tasks_per_node
+    full = spec.batch_layout.processes
+    fewer = BatchLayout.of(spec.trainer, tasks=fewest * spec.tasks_per_node, gpus_per_task=gpus_per_task).processes
+    problem = micro_batch_problem(full, fewer, strategy=strategy)
+    if problem is None:
+        return []
+    working = [n for n in range(1, spec.resources.nodes + 1) if full % (n * spec.tasks_per_node) == 0]
+    return [
+        SpecProblem(
+            "resources.min_nodes",
+            f"{fewest}: {problem}; min_nodes values that keep it: {', '.join(map(str, working))}",
+        )
+    ]

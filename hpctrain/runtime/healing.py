@@ -1,0 +1,205 @@
+"""When a training step fails inside the allocation: which node to blame, and what to do next. Pure.
+
+The batch step's supervisor (``runtime/supervisor.py``) gathers what it saw of
+a step -- srun's reports of failed tasks and lost nodes, Slurm's node states,
+which nodes' slurmd stopped answering, heartbeats gone silent, the hang
+watchdog's culprit -- into a :class:`StepOutcome`; these functions decide.
+Blame goes to the strongest evidence first: a node that is gone outright, a
+rank killed by a signal (its node), a hung rank (its node), a node whose
+every rank went silent. A rank that merely raised names no node: that is the
+code's fault, and the job fails as it would without healing.
+
+What next (:func:`decide`): continue on the healthy nodes (the survivors,
+then spares, up to ``resources.nodes``; fewer down to ``min_nodes`` only when
+the run's global batch splits over them), else requeue with the bad nodes
+excluded; and stop instead when the run's checkpoints stopped advancing over
+``signals.crash_loop_attempts`` attempts (:func:`crash_loop`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from hpctrain.errors import DistributedSetupError
+from hpctrain.runtime.failures import TaskFailure
+
+if TYPE_CHECKING:
+    from hpctrain.jobspec.models import JobSpec
+
+Action = Literal["continue", "requeue", "fail"]
+
+# Set by the supervisor on a step that runs on another number of nodes than resources.nodes.
+STEP_NODES_VAR = "HPCTRAIN_STEP_NODES"
+# Set by the task launcher for the trainer: the run's canonical micro-batches per step (elastic resume).
+RUN_MICRO_BATCHES_VAR = "HPCTRAIN_RUN_MICRO_BATCHES"
+# Step-reason words that mean the task was killed rather than that it raised.
+_KILLED_WORDS = ("killed", "signal", "terminated", "segmentation", "aborted", "bus error")
+_EXIT_CODE = re.compile(r"exit code (\d+)")
+# "srun: error: Node failure on n2", "srun: error: Task launch for StepId=9.1 failed on node n2: ..."
+_NODE_FAILURE = re.compile(
+    r"^srun: error: (?:Node failure on (?P<node>[^\s:]+)|.*failed on node (?P<launch>[^\s:]+))", re.M
+)
+# sinfo %T states in which a node should get no more work; a trailing '*' means it does not respond.
+_BAD_NODE_STATES = ("down", "drain", "drained", "draining", "fail", "failing", "unknown")
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What the supervisor saw of one training step."""
+
+    nodes: tuple[str, ...]  # the step's nodes, in rank order
+    exit_code: int | None = None  # srun's status; None when the supervisor ended it
+    task_failures: tuple[TaskFailure, ...] = ()  # srun's reports, first first
+    lost_nodes: Mapping[str, str] = field(default_factory=dict)  # node -> why it is gone
+    silent_nodes: frozenset[str] = frozenset()  # every rank's heartbeat went silent
+    hung: tuple[int, str, str] | None = None  # (rank, node, reason) from the hang watchdog's report
+
+
+@dataclass(frozen=True)
+class Blame:
+    node: str
+    reason: str  # e.g. "rank 3 killed", "slurmd does not answer"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    nodes: tuple[str, ...] = ()  # where the next step runs (continue)
+    excluded: tuple[str, ...] = ()  # every node the run keeps away from
+    why: str = ""  # for a requeue or a failure
+
+
+def node_failures_in(text: str) -> list[str]:
+    """Nodes srun says it lost, in order. Pure."""
+    found = [m.group("node") or m.group("launch") for m in _NODE_FAILURE.finditer(text)]
+    return list(dict.fromkeys(found))
+
+
+def bad_node_state(state: str) -> bool:
+    """Whether an ``sinfo -o %T`` state means the node should get no more work."""
+    state = state.strip().lower()
+    return state.endswith("*") or state.rstrip("*~#$@%!^-") in _BAD_NODE_STATES
+
+
+def was_killed(reason: str) -> bool:
+    """Whether srun's reason for a failed task says it was killed (a signal, or an exit status of 128+)."""
+    text = reason.lower()
+    code = _EXIT_CODE.search(text)
+    return any(word in text for word in _KILLED_WORDS) or (code is not None and int(code.group(1)) >= 128)
+
+
+def blame(outcome: StepOutcome) -> Blame | None:
+    """The node to take out after a failed step, or None when no node is at fault."""
+    for node in outcome.nodes:
+        if node in outcome.lost_nodes:
+            return Blame(node, outcome.lost_nodes[node])
+    first = outcome.task_failures[0] if outcome.task_failures else None
+    if first is not None and first.node in outcome.nodes and was_killed(first.reason):
+        return Blame(first.node, f"rank {first.rank} {_short_reason(first.reason)}")
+    if outcome.hung is not None and outcome.hung[1] in outcome.nodes:
+        rank, node, reason = outcome.hung
+        return Blame(node, f"rank {rank} hung: {reason}")
+    for node in outcome.nodes:
+        if node in outcome.silent_nodes:
+            return Blame(node, "every rank's heartbeat went silent")
+    return None
+
+
+def _short_reason(reason: str) -> str:
+    code = _EXIT_CODE.search(reason.lower())
+    return f"exited {code.group(1)}" if code else reason.strip().lower()
+
+
+def choose_nodes(
+    survivors: Sequence[str], spares: Sequence[str], *, nodes: int, min_nodes: int, fits: Callable[[int], bool]
+) -> tuple[str, ...] | None:
+    """The next step's nodes: survivors, then spares, as many as possible up to ``nodes`` and at least
+    ``min_nodes``, in a number ``fits`` accepts (the global batch splits over them); None if none fits."""
+    pool = [*survivors, *(n for n in spares if n not in survivors)]
+    for count in range(min(nodes, len(pool)), min_nodes - 1, -1):
+        if count == nodes or fits(count):
+            return tuple(pool[:count])
+    return None
+
+
+def decide(
+    found: Blame | None,
+    *,
+    step_nodes: Sequence[str],
+    allocation: Sequence[str],
+    excluded: Sequence[str],
+    batch_node: str,
+    nodes: int,
+    min_nodes: int,
+    fits: Callable[[int], bool],
+) -> Decision:
+    """What to do after a failed step that left ``found`` to blame (None: nothing to blame)."""
+    if found is None:
+        return Decision("fail", excluded=tuple(excluded), why="no node to blame: the training code failed")
+    out = tuple(dict.fromkeys([*excluded, found.node]))
+    if found.node == batch_node:
+        return Decision("requeue", excluded=out, why=f"{found.node} runs the batch step")
+    survivors = [n for n in step_nodes if n not in out]
+    spares = [n for n in allocation if n not in out and n not in step_nodes]
+    chosen = choose_nodes(survivors, spares, nodes=nodes, min_nodes=min_nodes, fits=fits)
+    if chosen is None:
+        left = len(survivors) + len(spares)
+        why = f"{left} healthy node{'s' * (left != 1)} left, min_nodes is {min_nodes}"
+        return Decision("requeue", excluded=out, why=why)
+    return Decision("continue", nodes=chosen, excluded=out)
+
+
+def crash_loop(failures: Sequence[Mapping[str, Any]], limit: int) -> list[Mapping[str, Any]] | None:
+    """The last ``limit`` node failures when none of them came after a newer checkpoint, else None.
+
+    Each record holds the step of the run's last complete checkpoint when it
+    happened (``checkpoint_step``, None before the first): the same value
+    ``limit`` times in a row means the attempts between them saved nothing.
+    """
+    if len(failures) < limit:
+        return None
+    last = failures[-limit:]
+    steps = {record.get("checkpoint_step") for record in last}
+    return list(last) if len(steps) == 1 else None
+
+
+def describe_attempts(failures: Sequence[Mapping[str, Any]]) -> str:
+    """``attempt 1 (job 12): n2 at step 40, rank 3 killed; ...`` for a crash-loop message."""
+    parts = []
+    for index, record in enumerate(failures, start=1):
+        parts.append(
+            f"attempt {index} (job {record.get('job_id')}): {record.get('node')} at step {record.get('step')}, "
+            f"{record.get('reason')}"
+        )
+    return "; ".join(parts)
+
+
+def log_line(found: Blame, step: int | None, decision: Decision, checkpoint_step: int | None) -> str:
+    """The one line the job log gets, e.g. ``node n2 lost at step 412 (rank 3 exited 137); continuing on
+    n1,n3 from step 400``."""
+    where = f"at step {step}" if step is not None else "before the first step"
+    head = f"node {found.node} lost {where} ({found.reason})"
+    start = f"step {checkpoint_step}" if checkpoint_step is not None else "the start"
+    if decision.action == "continue":
+        return f"{head}; continuing on {','.join(decision.nodes)} from {start}"
+    if decision.action == "requeue":
+        return f"{head}; requeueing without {','.join(decision.excluded)} ({decision.why})"
+    return f"{head}; stopping: {decision.why}"
+
+
+def step_spec(spec: JobSpec, environ: Mapping[str, str]) -> JobSpec:
+    """The spec as this step runs it: on :data:`STEP_NODES_VAR` nodes when the supervisor set it."""
+    value = environ.get(STEP_NODES_VAR)
+    if not value:
+        return spec
+    res = spec.resources
+    if not value.isdigit() or not res.fewest_nodes <= int(value) <= res.nodes:
+        raise DistributedSetupError(
+            f"{STEP_NODES_VAR}={value!r} is not a node count from resources.min_nodes ({res.fewest_nodes}) "
+            f"to resources.nodes ({res.nodes})",
+            hint="only hpctrain's supervisor sets it; unset it",
+        )
+    return spec.model_copy(update={"resources": res.model_copy(update={"nodes": int(value)})})

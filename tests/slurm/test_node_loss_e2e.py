@@ -1,0 +1,218 @@
+"""A node lost inside the allocation, on a three-node cluster: the run heals or requeues without it.
+
+The training run is the stop tests' small deterministic job (2 nodes x 2
+gloo ranks, 3 epochs x 6 steps, a checkpoint every 2 steps) with
+``resources.spare_nodes`` / ``min_nodes``. A node is killed the way a power
+loss would end it: every process in its network namespace, slurmd and
+slurmstepd included. Each test checks how the run ends, what summary.json
+and the job log say, and that nothing of the job is left running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from .entrypoints import ENTRYPOINT_MODULE
+from .hpctrain_cli import hpctrain, task_logs
+from .stop_helpers import (
+    EPOCHS,
+    STEPS_PER_EPOCH,
+    Workspace,
+    job_record,
+    latest_step,
+    make_workspace,
+    rank_pid,
+    submit,
+    wait_for,
+    wait_no_processes,
+    wait_requeued,
+)
+
+if TYPE_CHECKING:
+    from .conftest import SlurmCluster
+
+TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
+START_TIMEOUT_S = 120  # submit -> first checkpoint: 4 ranks importing torch on 2 cores
+RUN_TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module")
+def three_nodes(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    slurm_cluster.resize(3)
+    try:
+        yield slurm_cluster
+    finally:
+        slurm_cluster.resize(2)
+
+
+@pytest.fixture
+def cluster(three_nodes: SlurmCluster) -> SlurmCluster:
+    three_nodes.resize(3)  # a node an earlier test killed comes back (the cluster restarts)
+    return three_nodes
+
+
+@pytest.fixture(scope="module")
+def workspace(three_nodes: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    return make_workspace(three_nodes, tmp_path_factory.mktemp("node-loss"))
+
+
+def kill_node(node: str) -> list[int]:
+    """SIGKILL every process in ``node``'s network namespace (slurmd, slurmstepd, the ranks): a power loss."""
+    netns = os.stat(f"/run/netns/hpctrain-{node}")
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ns = os.stat(entry / "ns" / "net")
+        except OSError:
+            continue
+        if (ns.st_dev, ns.st_ino) == (netns.st_dev, netns.st_ino):
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+            except ProcessLookupError:
+                pass
+    assert killed, f"nothing ran in {node}'s namespace"
+    return killed
+
+
+def batch_log(run_dir: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "submitit").glob("*_0_log.err")))
+
+
+def assert_nothing_left(cluster: SlurmCluster, job_id: str) -> None:
+    left, _ = wait_no_processes(cluster, job_id, timeout=60)
+    assert left == [], f"processes of job {job_id} outlived it: {left}"
+
+
+def test_a_node_killed_mid_run_is_replaced_by_the_spare(cluster: SlurmCluster, workspace: Workspace) -> None:
+    run = submit(workspace, "name=spare", "resources.spare_nodes=1")
+    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+    kill_node("n2")
+    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    logs = batch_log(run.run_dir)
+    assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
+
+    summary = run.summary()
+    assert (summary["status"], summary["global_step"]) == ("completed", TOTAL_STEPS), summary
+    assert summary["excluded_nodes"] == ["n2"]
+    [failure] = summary["node_failures"]
+    assert (failure["node"], failure["action"], failure["nodes"]) == ("n2", "continue", ["n1", "n3"]), failure
+    assert summary["hostnames"] == ["n1", "n3"]
+    assert f"node n2 lost at step {failure['step']}" in logs
+    assert f"continuing on n1,n3 from step {failure['checkpoint_step']}" in logs
+    requeues = cluster.run("sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", run.job_id)
+    assert "REQUEUED" not in requeues.stdout  # healed inside the allocation
+    status = hpctrain(workspace.env, "status", str(run.run_dir))
+    assert "lost_nodes: n2 at step" in status.stdout and "continue on n1,n3" in status.stdout, status
+    assert_nothing_left(cluster, run.job_id)
+
+
+def test_rank_zero_killed_requeues_without_its_node(cluster: SlurmCluster, workspace: Workspace) -> None:
+    run = submit(workspace, "name=rank0", "resources.min_nodes=1")
+    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+    pid = wait_for(lambda: rank_pid(cluster, run.job_id, 0), "rank 0's process", 30, run)
+    os.kill(pid, signal.SIGKILL)  # rank 0 runs beside the batch step: that node cannot host the next step
+    wait_requeued(cluster, run.job_id, restarts=1)
+    assert job_record(cluster, run.job_id).get("ExcNodeList") == "n1", batch_log(run.run_dir)  # set before
+    cluster.release(run.job_id)
+    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    assert state == "COMPLETED", f"{batch_log(run.run_dir)}\n{task_logs(run.run_dir)}"
+
+    summary = run.summary()
+    assert (summary["status"], summary["global_step"]) == ("completed", TOTAL_STEPS), summary
+    assert summary["excluded_nodes"] == ["n1"] and summary["hostnames"] == ["n2", "n3"]
+    [failure] = summary["node_failures"]
+    assert (failure["node"], failure["action"], failure["reason"]) == ("n1", "requeue", "rank 0 killed"), failure
+    assert "node n1 lost" in batch_log(run.run_dir) and "requeueing without n1" in batch_log(run.run_dir)
+    assert_nothing_left(cluster, run.job_id)
+
+
+def test_no_spare_left_requeues_without_the_lost_nodes(cluster: SlurmCluster, workspace: Workspace) -> None:
+    run = submit(workspace, "name=nospare", "resources.spare_nodes=1")
+    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+    kill_node("n2")
+    first = latest_step(run.run_dir)
+    wait_for(lambda: latest_step(run.run_dir) > first, "a checkpoint on the spare", START_TIMEOUT_S, run)
+    kill_node("n3")  # one node left, min_nodes is 2
+    wait_requeued(cluster, run.job_id, restarts=1, timeout=90)
+    logs = batch_log(run.run_dir)
+    assert job_record(cluster, run.job_id).get("ExcNodeList") in ("n[2-3]", "n2,n3"), logs
+    summary = run.summary()
+    assert [(f["node"], f["action"]) for f in summary["node_failures"]] == [("n2", "continue"), ("n3", "requeue")]
+    assert summary["excluded_nodes"] == ["n2", "n3"]
+    assert "requeueing without n2,n3 (1 healthy node left, min_nodes is 2)" in logs
+    cluster.run("scancel", run.job_id)  # it cannot start again on this cluster: only n1 is left
+    # sacct keeps a RESIZING record for each node Slurm took out of the running job
+    wait_for(lambda: "CANCELLED" in cluster.job_states(run.job_id), "the job cancelled", 60, run)
+    assert_nothing_left(cluster, run.job_id)
+
+
+def test_a_crash_loop_stops_the_run_and_lists_the_attempts(cluster: SlurmCluster, workspace: Workspace) -> None:
+    run = submit(
+        workspace,
+        "name=crashloop",
+        f"entrypoint={ENTRYPOINT_MODULE}:kill_rank",
+        "entrypoint_args.rank=2",
+        "resources.min_nodes=1",
+        "resources.spare_nodes=1",
+        "signals.crash_loop_attempts=2",
+    )
+    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    logs = batch_log(run.run_dir)
+    assert state == "FAILED", logs
+    summary = run.summary()
+    assert summary["status"] == "failed", summary
+    assert [(f["node"], f["action"]) for f in summary["node_failures"]] == [("n2", "continue"), ("n3", "fail")]
+    assert summary["error"].startswith("crash loop: 2 attempts in a row ended without a checkpoint"), summary
+    assert "attempt 1 (job" in summary["error"] and "attempt 2 (job" in summary["error"]
+    assert "stopping: crash loop" in logs
+    requeues = cluster.run("sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", run.job_id)
+    assert "REQUEUED" not in requeues.stdout
+    assert_nothing_left(cluster, run.job_id)
+
+
+def test_without_a_spare_the_run_shrinks_and_keeps_its_global_batch(
+    cluster: SlurmCluster, workspace: Workspace
+) -> None:
+    run = submit(workspace, "name=shrink", "resources.min_nodes=1")
+    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+    global_batch = run.summary()["global_batch_size"]
+    kill_node("n2")
+    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    logs = batch_log(run.run_dir)
+    assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
+    summary = run.summary()
+    assert (summary["status"], summary["global_step"]) == ("completed", TOTAL_STEPS), summary
+    assert (summary["hostnames"], summary["world_size"]) == (["n1"], 2)
+    assert summary["global_batch_size"] == global_batch  # each rank computes two micro-batches per step
+    assert "continuing on n1 from step" in logs
+    assert_nothing_left(cluster, run.job_id)
+
+
+def test_the_batch_nodes_death_requeues_and_the_next_start_keeps_it_out(
+    cluster: SlurmCluster, workspace: Workspace
+) -> None:
+    run = submit(workspace, "name=batchnode", "resources.min_nodes=1")
+    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+    kill_node("n1")  # the batch step and the supervisor die with it; the guardian on n2 requeues
+    wait_requeued(cluster, run.job_id, restarts=1, timeout=90)
+    assert job_record(cluster, run.job_id).get("ExcNodeList") == "n1", batch_log(run.run_dir)
+    cluster.release(run.job_id)
+    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    logs = batch_log(run.run_dir)
+    assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
+    summary = run.summary()
+    assert (summary["status"], summary["global_step"]) == ("completed", TOTAL_STEPS), summary
+    assert summary["excluded_nodes"] == ["n1"] and summary["hostnames"] == ["n2", "n3"]
+    [failure] = summary["node_failures"]
+    assert (failure["node"], failure["action"]) == ("n1", "requeue"), failure
+    assert failure["reason"] == "the batch step's node does not answer", failure
+    assert_nothing_left(cluster, run.job_id)
