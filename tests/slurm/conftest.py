@@ -89,6 +89,7 @@ class SlurmCluster:
     env: dict[str, str]
     proctrack: str = "cgroup"
     slurm: str = DEFAULT_SLURM
+    apptainer: bool = False
     script: Path = field(default=SCRIPT)
 
     def run(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -144,8 +145,31 @@ class SlurmCluster:
         """Restart the cluster with ProctrackType=proctrack/<mode>; no-op if already so."""
         if mode not in ("cgroup", "linuxproc"):
             raise ValueError(f"proctrack must be 'cgroup' or 'linuxproc', not {mode!r}")
-        _script("up", *_up_args(self.slurm, len(self.nodes), mode, self.state_dir))
+        _script("up", *self._up_args(proctrack=mode))
         self.proctrack = mode
+
+    def use_apptainer(self) -> None:
+        """Restart the cluster with the real Apptainer on every node (``up --apptainer``); no-op if already so.
+
+        Where Apptainer's root filesystem cannot be made (no package registry), the
+        calling test is skipped, or fails under CI.
+        """
+        if self.apptainer:
+            return
+        up = _script("up", *self._up_args(apptainer=True), timeout=FIRST_UP_TIMEOUT_S, ok=(0, ROOTFS_UNAVAILABLE))
+        if up.returncode == ROOTFS_UNAVAILABLE:
+            _skip_or_fail(f"Apptainer is not available here: {up.stderr.strip()}")
+        self.apptainer = True
+
+    def build_image(self, out: Path) -> Path:
+        """``slurm-cluster image OUT``: a small SIF image for the jobs (the venv is bound in)."""
+        _script("image", "--state-dir", str(self.state_dir), str(out), timeout=FIRST_UP_TIMEOUT_S)
+        return out
+
+    def _up_args(self, proctrack: str | None = None, apptainer: bool | None = None) -> list[str]:
+        apptainer = self.apptainer if apptainer is None else apptainer
+        args = _up_args(self.slurm, len(self.nodes), proctrack or self.proctrack, self.state_dir)
+        return [*args, "--apptainer"] if apptainer else args
 
     def stop_controller(self) -> None:
         """Kill slurmctld (as a crash or an outage would); :meth:`repair` brings it back."""
@@ -157,7 +181,7 @@ class SlurmCluster:
 
     def repair(self) -> None:
         """Start whatever daemon is missing (``slurm-cluster up`` repairs a partly-up cluster)."""
-        _script("up", *_up_args(self.slurm, len(self.nodes), self.proctrack, self.state_dir))
+        _script("up", *self._up_args())
 
     def log_tail(self, n: int = 50) -> str:
         """The last `n` lines of every daemon log, for failure messages."""
