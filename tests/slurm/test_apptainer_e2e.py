@@ -5,8 +5,8 @@ image` builds a small SIF (Debian sid's libraries, no Slurm clients). The job
 binds the venv and this checkout in, the way users bind a shared software
 stack, and runs as root with `container.options: [--no-privs]` (this machine
 withholds a capability that Apptainer asks for as root). Every task runs in
-the image, where there is no `scontrol`, so the requeue after the time-limit
-signal must go through the batch step's relay; the run must end with the
+the image, where there is no `scontrol`, so the requeues after the time-limit
+signal and after partition preemption must go through the batch step's relay; the run must end with the
 weights of an uninterrupted run in the same image, and a cancel must leave no
 process (Apptainer's starter and squashfuse included) on any node.
 """
@@ -116,26 +116,40 @@ def reference_weights(slurm_cluster: SlurmCluster, workspace: Workspace, image: 
     return summary["weights_sha256"]
 
 
-def test_usr2_requeues_through_the_relay_and_resumes_bit_identically(
-    slurm_cluster: SlurmCluster, workspace: Workspace, image: Path, reference_weights: str
+def test_usr2_and_preemption_requeue_through_the_relay_and_resume_bit_identically(
+    slurm_cluster: SlurmCluster, workspace: Workspace, image: Path, reference_weights: str, tmp_path: Path
 ) -> None:
     started = time.monotonic()
     run = submit_in_image(workspace, image, "apptainer_requeued")
     assert_ranks_in_image(slurm_cluster, run, image)
+
+    # 1. The time-limit warning: rank 0 asks the relay for the job's state, then for the requeue.
     wait_for(lambda: latest_step(run.run_dir) >= 2 or None, "the first checkpoint", START_TIMEOUT_S, run)
-    slurm_cluster.run("scancel", "--signal=USR2", run.job_id)  # the time-limit warning
+    slurm_cluster.run("scancel", "--signal=USR2", run.job_id)
     wait_requeued(slurm_cluster, run.job_id, restarts=1, timeout=90)
+    first_stop = latest_step(run.run_dir)
     slurm_cluster.release(run.job_id)
+
+    # 2. A job of the high-priority partition takes both nodes: SIGTERM, and the same through the relay.
+    wait_for(lambda: latest_step(run.run_dir) > first_stop or None, "a checkpoint of attempt 2", START_TIMEOUT_S, run)
+    preemptor = slurm_cluster.sbatch(
+        "-p", "urgent", "-N2", "--exclusive", "-o", str(tmp_path / "urgent-%j.out"), "--wrap", "sleep 5"
+    )
+    wait_requeued(slurm_cluster, run.job_id, restarts=2, timeout=90)
+    slurm_cluster.release(run.job_id)
+    assert slurm_cluster.wait_state(preemptor, timeout=60) == "COMPLETED"
     assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
-    report_timing("Apptainer run requeued through the relay, submit to end", time.monotonic() - started)
+    report_timing("Apptainer run requeued and preempted, submit to end", time.monotonic() - started)
 
     summary = run.summary()
-    assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", TOTAL_STEPS, 1), summary
+    assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", TOTAL_STEPS, 2), summary
     assert train_steps_logged(run.run_dir) == list(range(1, TOTAL_STEPS + 1)), "no step repeated or skipped"
     assert summary["weights_sha256"] == reference_weights, task_logs(run.run_dir)
     relay = run.run_dir / ".hpctrain" / "slurm-relay" / run.job_id
     assert relay.is_dir() and not list(relay.iterdir()), "every relayed request was answered and collected"
-    assert "job is running: requeue" in task_logs(run.run_dir, lines=400)
+    out = (run.run_dir / "submitit" / f"{run.job_id}_0_log.out").read_text()
+    assert "stopping (timeout)" in out and "stopping (preempted)" in out, out
+    assert "job is running: requeue" in task_logs(run.run_dir, lines=400)  # scontrol show job, relayed
 
 
 def test_cancel_leaves_no_process_on_any_node(slurm_cluster: SlurmCluster, workspace: Workspace, image: Path) -> None:
