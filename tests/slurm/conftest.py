@@ -163,7 +163,10 @@ class SlurmCluster:
 
     def build_image(self, out: Path) -> Path:
         """``slurm-cluster image OUT``: a small SIF image for the jobs (the venv is bound in)."""
-        _script("image", "--state-dir", str(self.state_dir), str(out), timeout=FIRST_UP_TIMEOUT_S)
+        argv = ["image", "--state-dir", str(self.state_dir), str(out)]
+        built = _script(*argv, timeout=FIRST_UP_TIMEOUT_S, ok=(0, ROOTFS_UNAVAILABLE))
+        if built.returncode == ROOTFS_UNAVAILABLE:
+            _skip_or_fail(f"the Apptainer image cannot be built here: {built.stderr.strip()}")
         return out
 
     def _up_args(self, proctrack: str | None = None, apptainer: bool | None = None) -> list[str]:
