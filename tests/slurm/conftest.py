@@ -16,9 +16,11 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import os
+import pwd
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -50,6 +52,7 @@ def _cluster_script_module() -> object:
 
 _SCRIPT_MODULE = _cluster_script_module()
 DEFAULT_SLURM: str = _SCRIPT_MODULE.DEFAULT_SLURM  # type: ignore[attr-defined]
+TEST_USER: str = _SCRIPT_MODULE.TEST_USER  # type: ignore[attr-defined]
 SLURM_VERSIONS: dict[str, str | None] = _SCRIPT_MODULE.SLURM_VERSIONS  # type: ignore[attr-defined]
 
 # sacct's terminal states; "CANCELLED by 0" is normalised to "CANCELLED".
@@ -90,6 +93,7 @@ class SlurmCluster:
     proctrack: str = "cgroup"
     slurm: str = DEFAULT_SLURM
     apptainer: bool = False
+    user: str = TEST_USER
     script: Path = field(default=SCRIPT)
 
     def run(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -147,6 +151,13 @@ class SlurmCluster:
             raise ValueError(f"proctrack must be 'cgroup' or 'linuxproc', not {mode!r}")
         _script("up", *self._up_args(proctrack=mode))
         self.proctrack = mode
+
+    def user_dir(self, name: str) -> Path:
+        """A new folder of the unprivileged test user (in its home: pytest's own temp dirs are root's, 0700)."""
+        account = pwd.getpwnam(self.user)
+        folder = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=account.pw_dir))
+        os.chown(folder, account.pw_uid, account.pw_gid)
+        return folder
 
     def use_apptainer(self) -> None:
         """Restart the cluster with the real Apptainer on every node (``up --apptainer``); no-op if already so.

@@ -51,8 +51,11 @@ class Workspace:
         return args
 
 
-def make_workspace(cluster: SlurmCluster, tmp: Path) -> Workspace:
-    env = cli_env(cluster, tmp / "state")
+def make_workspace(cluster: SlurmCluster, tmp: Path, as_user: bool = False) -> Workspace:
+    """With ``as_user``, in a folder of the cluster's unprivileged test user, who submits, cancels and resumes."""
+    if as_user:
+        tmp = cluster.user_dir(tmp.name)
+    env = cli_env(cluster, tmp / "state", as_user=as_user)
     data = tmp / "data"
     made = hpctrain(env, "make-dataset", str(data), "--classes", "4", "--per-class", "16", "--image-size", "32")
     assert made.returncode == 0, made

@@ -51,7 +51,7 @@ FAILURE_BUDGET_S = 120
 
 @pytest.fixture(scope="module")
 def workspace(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Workspace:
-    return make_workspace(slurm_cluster, tmp_path_factory.mktemp("preemption"))
+    return make_workspace(slurm_cluster, tmp_path_factory.mktemp("preemption"), as_user=True)
 
 
 @pytest.fixture(scope="module")
