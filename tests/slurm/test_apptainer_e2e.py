@@ -140,7 +140,8 @@ def test_usr2_requeues_through_the_relay_and_resumes_bit_identically(
 
 @pytest.mark.xfail(
     strict=False,
-    reason="seen on Slurm 24.11 (passes on 22.05): after the preemption the third attempt trains to the end, "
+    reason="seen once on Slurm 24.11 (passed on 22.05 and 26.05): after the preemption the third attempt trains "
+    "to the end, "
     "exits 0, and Slurm requeues the job once more ('requeue per user/system request'; restarts 3); "
     "suspect a relayed requeue left by the preempted attempt and served by the next one",
 )
