@@ -3,10 +3,15 @@
 # Slurm test cluster (needs root; brought up and down by the tests themselves).
 # GPU tests run only where CUDA is available.
 #
-#   bash scripts/test.sh                        # everything, Slurm tier on 22.05
+#   bash scripts/test.sh              # the CI matrix: every tier with the Slurm tier on 24.11,
+#                                     # then the Slurm contract subset on 22.05 and on 26.05
+#   bash scripts/test.sh tests/unit   # any pytest arguments: one pytest run (Slurm 22.05 unless
+#                                     # HPCTRAIN_TEST_SLURM says otherwise)
 #   bash scripts/test.sh --slurm 24.11 tests/slurm -m slurm_contract
-#                                               # the Slurm tier's contract subset on 24.11
+#                                     # one pytest run on Slurm 24.11
 # --slurm VERSION sets HPCTRAIN_TEST_SLURM (22.05, 24.11 or 26.05); the rest goes to pytest.
+# The matrix runs every leg even when one fails, prints each leg's time, and exits
+# non-zero if any leg failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--slurm" ]; then
@@ -16,6 +21,34 @@ if [ "${1:-}" = "--slurm" ]; then
     fi
     export HPCTRAIN_TEST_SLURM=$2
     shift 2
+    one_run=1
 fi
 bash scripts/install.sh
-exec .venv/bin/python -m pytest "$@"
+if [ $# -gt 0 ] || [ -n "${one_run:-}" ]; then
+    exec .venv/bin/python -m pytest "$@"
+fi
+
+# The matrix (docs/testing.md): which Slurm version runs which tests.
+legs=(
+    "24.11|every tier|tests"
+    "22.05|Slurm contract subset|tests/slurm -m slurm_contract"
+    "26.05|Slurm contract subset|tests/slurm -m slurm_contract"
+)
+summary=()
+failed=0
+for leg in "${legs[@]}"; do
+    IFS='|' read -r version what args <<<"$leg"
+    echo "===== scripts/test.sh: $what on Slurm $version (pytest $args)"
+    started=$(date +%s)
+    # shellcheck disable=SC2086  # args is a fixed word list from the table above
+    if HPCTRAIN_TEST_SLURM=$version .venv/bin/python -m pytest $args; then
+        result=passed
+    else
+        result="FAILED ($?)"
+        failed=1
+    fi
+    summary+=("$(printf '%-24s on Slurm %s: %s in %ss' "$what" "$version" "$result" "$(($(date +%s) - started))")")
+done
+echo "===== scripts/test.sh: the matrix"
+printf '  %s\n' "${summary[@]}"
+exit "$failed"

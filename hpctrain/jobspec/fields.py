@@ -35,6 +35,8 @@ CONTAINER_IMAGE_PATTERN = r"^[A-Za-z0-9_.:/#@+][A-Za-z0-9_.:/#@+\-]*$"
 _MOUNT_PATH = r"/[A-Za-z0-9_.+@%=/\-]*"
 CONTAINER_MOUNT_PATTERN = rf"^{_MOUNT_PATH}(:{_MOUNT_PATH}(:(ro|rw))?)?$"
 CONTAINER_PYTHON_PATTERN = r"^[A-Za-z0-9_./+][A-Za-z0-9_./+\-]*$"
+# One runtime flag, its value joined with '=' (a separate value word would read as the image).
+CONTAINER_OPTION_PATTERN = r"^--?[A-Za-z][A-Za-z0-9\-]*(=[A-Za-z0-9_.,:=/@%+\-]+)?$"
 
 
 def scalars_to_str(value: object) -> object:
@@ -158,6 +160,8 @@ PATTERN_RULES: dict[str, str] = {
     "docker://ubuntu:22.04 or /images/torch.sif (letters, digits and _ . : / # @ + -, not starting with '-')",
     CONTAINER_MOUNT_PATTERN: "is not a bind mount: write SRC[:DST[:ro|rw]] with absolute paths, e.g. "
     "/scratch/me:/scratch:ro (paths of letters, digits and _ . + @ % = / -; no ',' or spaces)",
+    CONTAINER_OPTION_PATTERN: "is not a runtime flag: write one flag per entry such as --nv, --no-privs or "
+    "--drop-caps=CAP_SYS_RESOURCE (a value joined with '=': letters, digits and _ . , : = / @ % + -)",
     CONTAINER_PYTHON_PATTERN: "is not an interpreter: write a name or path such as python3 or /opt/conda/bin/python "
     "(letters, digits and _ . / + -, not starting with '-')",
 }

@@ -138,6 +138,7 @@ def pyxis_arguments(spec: JobSpec) -> list[str]:
         f"--container-image={spec.container.image}",
         f"--container-mounts={','.join(container_mounts(spec))}",
         f"--container-workdir={Path.cwd().resolve()}",
+        *spec.container.options,
     ]
 
 
@@ -153,8 +154,10 @@ def task_python(spec: JobSpec) -> str:
         image = str(Path(spec.data.root).expanduser().resolve())
         apptainer += ["--bind", f"{image}:{squashfs.APPTAINER_BIND}:image-src=/"]
         apptainer += ["--env", f"{squashfs.BIND_ENV}={squashfs.APPTAINER_BIND}"]
-    if spec.resources.gpus_per_node:
-        apptainer.insert(2, "--nv")
+    options = list(spec.container.options)
+    if spec.resources.gpus_per_node and "--nv" not in options:
+        options.insert(0, "--nv")
+    apptainer[2:2] = options
     return shlex.join([*apptainer, spec.container.image]) + " " + inner
 
 

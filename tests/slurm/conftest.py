@@ -16,9 +16,11 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import os
+import pwd
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -50,6 +52,7 @@ def _cluster_script_module() -> object:
 
 _SCRIPT_MODULE = _cluster_script_module()
 DEFAULT_SLURM: str = _SCRIPT_MODULE.DEFAULT_SLURM  # type: ignore[attr-defined]
+TEST_USER: str = _SCRIPT_MODULE.TEST_USER  # type: ignore[attr-defined]
 SLURM_VERSIONS: dict[str, str | None] = _SCRIPT_MODULE.SLURM_VERSIONS  # type: ignore[attr-defined]
 
 # sacct's terminal states; "CANCELLED by 0" is normalised to "CANCELLED".
@@ -89,6 +92,8 @@ class SlurmCluster:
     env: dict[str, str]
     proctrack: str = "cgroup"
     slurm: str = DEFAULT_SLURM
+    apptainer: bool = False
+    user: str = TEST_USER
     script: Path = field(default=SCRIPT)
 
     def run(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -144,13 +149,46 @@ class SlurmCluster:
         """Restart the cluster with ProctrackType=proctrack/<mode>; no-op if already so."""
         if mode not in ("cgroup", "linuxproc"):
             raise ValueError(f"proctrack must be 'cgroup' or 'linuxproc', not {mode!r}")
-        _script("up", *_up_args(self.slurm, len(self.nodes), mode, self.state_dir))
+        _script("up", *self._up_args(proctrack=mode))
         self.proctrack = mode
 
     def resize(self, nodes: int) -> None:
         """Restart the cluster with ``nodes`` nodes (and every dead daemon started again); no-op if so and healthy."""
-        _script("up", *_up_args(self.slurm, nodes, self.proctrack, self.state_dir))
         self.nodes = [f"n{k}" for k in range(1, nodes + 1)]
+        _script("up", *self._up_args())
+
+    def user_dir(self, name: str) -> Path:
+        """A new folder of the unprivileged test user (in its home: pytest's own temp dirs are root's, 0700)."""
+        account = pwd.getpwnam(self.user)
+        folder = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=account.pw_dir))
+        os.chown(folder, account.pw_uid, account.pw_gid)
+        return folder
+
+    def use_apptainer(self) -> None:
+        """Restart the cluster with the real Apptainer on every node (``up --apptainer``); no-op if already so.
+
+        Where Apptainer's root filesystem cannot be made (no package registry), the
+        calling test is skipped, or fails under CI.
+        """
+        if self.apptainer:
+            return
+        up = _script("up", *self._up_args(apptainer=True), timeout=FIRST_UP_TIMEOUT_S, ok=(0, ROOTFS_UNAVAILABLE))
+        if up.returncode == ROOTFS_UNAVAILABLE:
+            _skip_or_fail(f"Apptainer is not available here: {up.stderr.strip()}")
+        self.apptainer = True
+
+    def build_image(self, out: Path) -> Path:
+        """``slurm-cluster image OUT``: a small SIF image for the jobs (the venv is bound in)."""
+        argv = ["image", "--state-dir", str(self.state_dir), str(out)]
+        built = _script(*argv, timeout=FIRST_UP_TIMEOUT_S, ok=(0, ROOTFS_UNAVAILABLE))
+        if built.returncode == ROOTFS_UNAVAILABLE:
+            _skip_or_fail(f"the Apptainer image cannot be built here: {built.stderr.strip()}")
+        return out
+
+    def _up_args(self, proctrack: str | None = None, apptainer: bool | None = None) -> list[str]:
+        apptainer = self.apptainer if apptainer is None else apptainer
+        args = _up_args(self.slurm, len(self.nodes), proctrack or self.proctrack, self.state_dir)
+        return [*args, "--apptainer"] if apptainer else args
 
     def stop_controller(self) -> None:
         """Kill slurmctld (as a crash or an outage would); :meth:`repair` brings it back."""
@@ -162,7 +200,7 @@ class SlurmCluster:
 
     def repair(self) -> None:
         """Start whatever daemon is missing (``slurm-cluster up`` repairs a partly-up cluster)."""
-        _script("up", *_up_args(self.slurm, len(self.nodes), self.proctrack, self.state_dir))
+        _script("up", *self._up_args())
 
     def log_tail(self, n: int = 50) -> str:
         """The last `n` lines of every daemon log, for failure messages."""

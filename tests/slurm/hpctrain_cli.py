@@ -8,6 +8,7 @@ relative to it), and bounded by a timeout: no test waits forever.
 from __future__ import annotations
 
 import json
+import pwd
 import subprocess
 import sys
 import time
@@ -45,20 +46,52 @@ class CliResult:
         )
 
 
-def cli_env(cluster: SlurmCluster, state_home: Path) -> dict[str, str]:
+# In a cli_env: run hpctrain as this "UID:GID" (the cluster's unprivileged test user), not as root.
+AS_USER = "HPCTRAIN_TEST_AS_USER"
+
+
+def cli_env(cluster: SlurmCluster, state_home: Path, as_user: bool = False) -> dict[str, str]:
     """The cluster's environment, with hpctrain's job-id registry kept under ``state_home``.
 
     A private registry keeps the tests off the real user's ``~/.local/state``
-    and makes job-id lookups see only this session's submissions.
+    and makes job-id lookups see only this session's submissions. With
+    ``as_user``, :func:`hpctrain` runs as the cluster's unprivileged test user
+    (its jobs then run as that user too), with that user's home.
     """
-    return {**cluster.env, "XDG_STATE_HOME": str(state_home)}
+    env = {**cluster.env, "XDG_STATE_HOME": str(state_home)}
+    if as_user:
+        account = pwd.getpwnam(cluster.user)
+        env.update({AS_USER: f"{account.pw_uid}:{account.pw_gid}", "HOME": account.pw_dir, "USER": cluster.user})
+        env["LOGNAME"] = cluster.user
+    return env
+
+
+def user_prefix(ids: str, slurm_conf: Path) -> list[str]:
+    """The words that run a command as "UID:GID" (nothing for ""), with Slurm clients that user may run.
+
+    On 24.11 and 26.05 the plain ``sbatch`` on the machine is a wrapper that
+    enters the root filesystem's mount namespace, which only root may do: the
+    user's command runs inside that root filesystem instead, where the clients
+    are that version's own binaries.
+    """
+    if not ids:
+        return []
+    uid, _, gid = ids.partition(":")
+    drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
+    record = json.loads((slurm_conf.parents[1] / "cluster.json").read_text())
+    if not record.get("rootfs_holder"):
+        return drop  # the host's own Slurm (22.05)
+    enter = ["nsenter", f"--mount=/proc/{record['rootfs_holder']}/ns/mnt", "unshare"]
+    return [*enter, f"--root={record['rootfs']}", f"--wd={REPO_ROOT}", *drop]
 
 
 def hpctrain(env: dict[str, str], *args: str, timeout: float = 120) -> CliResult:
     """``hpctrain ARGS`` in the repository root; its output is captured, never a TTY."""
     start = time.monotonic()
+    env = dict(env)
+    as_user = user_prefix(env.pop(AS_USER, ""), Path(env.get("SLURM_CONF", "/")))
     proc = subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args],
+        [*as_user, sys.executable, "-m", "hpctrain", *args],
         env=env,
         cwd=REPO_ROOT,
         capture_output=True,

@@ -51,8 +51,11 @@ class Workspace:
         return args
 
 
-def make_workspace(cluster: SlurmCluster, tmp: Path) -> Workspace:
-    env = cli_env(cluster, tmp / "state")
+def make_workspace(cluster: SlurmCluster, tmp: Path, as_user: bool = False) -> Workspace:
+    """With ``as_user``, in a folder of the cluster's unprivileged test user, who submits, cancels and resumes."""
+    if as_user:
+        tmp = cluster.user_dir(tmp.name)
+    env = cli_env(cluster, tmp / "state", as_user=as_user)
     data = tmp / "data"
     made = hpctrain(env, "make-dataset", str(data), "--classes", "4", "--per-class", "16", "--image-size", "32")
     assert made.returncode == 0, made
@@ -154,6 +157,57 @@ def wait_requeued(cluster: SlurmCluster, job_id: str, restarts: int, timeout: fl
 
     wait_for(requeued, f"job {job_id} to be requeued (restart {restarts})", timeout, poll_s=0.2)
     return time.monotonic() - started
+
+
+def requeue_then_preempt(cluster: SlurmCluster, run: Run, tmp: Path, start_timeout: float) -> tuple[int, int]:
+    """The time-limit signal (USR2), then a job of the high-priority partition taking both nodes.
+
+    Each requeued attempt is released at once. Returns the steps at which the
+    first and the second attempt stopped.
+    """
+    wait_for(lambda: latest_step(run.run_dir) >= 2 or None, "the first checkpoint", start_timeout, run)
+    cluster.run("scancel", "--signal=USR2", run.job_id)
+    wait_requeued(cluster, run.job_id, restarts=1)
+    first_stop = latest_step(run.run_dir)
+    cluster.release(run.job_id)
+
+    wait_for(lambda: latest_step(run.run_dir) > first_stop or None, "a checkpoint of attempt 2", start_timeout, run)
+    preemptor = cluster.sbatch(
+        "-p", "urgent", "-N2", "--exclusive", "-o", str(tmp / "urgent-%j.out"), "--wrap", "sleep 5"
+    )
+    wait_requeued(cluster, run.job_id, restarts=2, timeout=90)
+    second_stop = latest_step(run.run_dir)
+    cluster.release(run.job_id)
+    assert cluster.wait_state(preemptor, timeout=60) == "COMPLETED"
+    return first_stop, second_stop
+
+
+def assert_completed_exactly(run: Run, restarts: int, reference_weights: str) -> dict[str, Any]:
+    """The run completed every step once, after ``restarts`` requeues, with the uninterrupted run's weights."""
+    total = EPOCHS * STEPS_PER_EPOCH
+    summary = run.summary()
+    assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", total, restarts), summary
+    assert train_steps_logged(run.run_dir) == list(range(1, total + 1)), "no step repeated or skipped"
+    assert summary["weights_sha256"] == reference_weights, (
+        "an interrupted deterministic run must end with the same weights as an uninterrupted one\n"
+        f"{task_logs(run.run_dir)}"
+    )
+    return summary
+
+
+def cancel_leaves_nothing(cluster: SlurmCluster, ws: Workspace, run: Run, what: str, start_timeout: float) -> None:
+    """``hpctrain cancel`` after the first checkpoint: no process of the job on any node, stopped at a checkpoint."""
+    wait_for(lambda: latest_step(run.run_dir) >= 2 or None, "the first checkpoint", start_timeout, run)
+    started = time.monotonic()
+    cancelled = hpctrain(ws.env, "cancel", str(run.run_dir), timeout=120)
+    assert cancelled.returncode == 0, cancelled
+    left, _ = wait_no_processes(cluster, run.job_id, timeout=30)
+    report_timing(f"{what}: hpctrain cancel -> no process of the job on any node", time.monotonic() - started)
+    assert left == [], f"left behind by job {run.job_id}:\n{describe(left)}"
+    assert cluster.wait_state(run.job_id) == "CANCELLED"
+    summary = run.summary()
+    assert (summary["status"], summary["stop_reason"]) == ("stopped", "cancelled"), summary
+    assert latest_step(run.run_dir) == summary["global_step"]
 
 
 def environ_of(pid: int) -> dict[str, str]:

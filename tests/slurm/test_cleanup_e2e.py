@@ -60,7 +60,7 @@ def linuxproc(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
 
 @pytest.fixture(scope="module")
 def workspace(linuxproc: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Workspace:
-    return make_workspace(linuxproc, tmp_path_factory.mktemp("cleanup"))
+    return make_workspace(linuxproc, tmp_path_factory.mktemp("cleanup"), as_user=True)
 
 
 def leaky_ranks(cluster: SlurmCluster, job_id: str) -> dict[str, list[int]] | None:

@@ -24,6 +24,7 @@ from .stop_helpers import (
     STEPS_PER_EPOCH,
     Run,
     Workspace,
+    assert_completed_exactly,
     checkpoint_steps,
     job_record,
     latest_step,
@@ -51,7 +52,7 @@ FAILURE_BUDGET_S = 120
 
 @pytest.fixture(scope="module")
 def workspace(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Workspace:
-    return make_workspace(slurm_cluster, tmp_path_factory.mktemp("preemption"))
+    return make_workspace(slurm_cluster, tmp_path_factory.mktemp("preemption"), as_user=True)
 
 
 @pytest.fixture(scope="module")
@@ -98,16 +99,10 @@ def test_requeue_then_preemption_resumes_bit_identically(
     report_timing(f"preemptor submitted -> job requeued (stopped at step {second_stop})", preempt_s)
     report_timing("requeued + preempted run, submit to end", time.monotonic() - started)
 
-    summary = run.summary()
-    assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", TOTAL_STEPS, 2), summary
     # Each attempt continued exactly at the step where the previous one stopped: none repeated, none skipped.
-    assert train_steps_logged(run.run_dir) == list(range(1, TOTAL_STEPS + 1))
+    assert_completed_exactly(run, 2, reference_weights)
     out = (run.run_dir / "submitit" / f"{run.job_id}_0_log.out").read_text()
     assert "stopping (timeout)" in out and "stopping (preempted)" in out, out
-    assert summary["weights_sha256"] == reference_weights, (
-        "an interrupted deterministic run must end with the same weights as an uninterrupted one\n"
-        f"{task_logs(run.run_dir)}"
-    )
 
 
 @pytest.mark.slurm_contract

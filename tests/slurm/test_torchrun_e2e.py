@@ -18,11 +18,13 @@ import pytest
 from submitit.core.utils import pickle_load
 
 from .entrypoints import ENTRYPOINT_MODULE
-from .hpctrain_cli import hpctrain, task_logs
+from .hpctrain_cli import task_logs
 from .stop_helpers import (
     EPOCHS,
     STEPS_PER_EPOCH,
     Workspace,
+    assert_completed_exactly,
+    cancel_leaves_nothing,
     cmdline_of,
     describe,
     environ_of,
@@ -30,11 +32,10 @@ from .stop_helpers import (
     make_workspace,
     parent_of,
     report_timing,
+    requeue_then_preempt,
     submit,
-    train_steps_logged,
     wait_for,
     wait_no_processes,
-    wait_requeued,
 )
 
 if TYPE_CHECKING:
@@ -100,44 +101,19 @@ def test_timeout_requeue_and_preemption_resume_bit_identically(
     run = submit(workspace, TORCHRUN, "name=torchrun_requeued")
 
     # The time-limit signal reaches every process of the step; the ranks checkpoint, rank 0 requeues.
-    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
-    slurm_cluster.run("scancel", "--signal=USR2", run.job_id)
-    wait_requeued(slurm_cluster, run.job_id, restarts=1)
-    first_stop = latest_step(run.run_dir)
+    # Then a preemption: SIGTERM to everything, which neither the node task nor torchrun may act on.
+    first_stop, _ = requeue_then_preempt(slurm_cluster, run, tmp_path, START_TIMEOUT_S)
     assert 2 <= first_stop < TOTAL_STEPS
-    slurm_cluster.release(run.job_id)
-
-    # A preemption: SIGTERM to everything, which neither the node task nor torchrun may act on.
-    wait_for(lambda: latest_step(run.run_dir) > first_stop, "a checkpoint of attempt 2", START_TIMEOUT_S, run)
-    preemptor = slurm_cluster.sbatch(
-        "-p", "urgent", "-N2", "--exclusive", "-o", str(tmp_path / "urgent-%j.out"), "--wrap", "sleep 5"
-    )
-    wait_requeued(slurm_cluster, run.job_id, restarts=2, timeout=90)
-    slurm_cluster.release(run.job_id)
-    assert slurm_cluster.wait_state(preemptor, timeout=60) == "COMPLETED"
 
     assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
     report_timing("torchrun: requeued + preempted run, submit to end", time.monotonic() - started)
-    summary = run.summary()
-    assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", TOTAL_STEPS, 2), summary
-    assert train_steps_logged(run.run_dir) == list(range(1, TOTAL_STEPS + 1)), "no step repeated or skipped"
-    assert summary["weights_sha256"] == reference_weights, task_logs(run.run_dir)
+    assert_completed_exactly(run, 2, reference_weights)
 
 
 @pytest.mark.slurm_contract
 def test_hpctrain_cancel_leaves_no_process_on_either_node(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
     run = submit(workspace, TORCHRUN, "name=torchrun_cancelled")
-    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
-    started = time.monotonic()
-    cancelled = hpctrain(workspace.env, "cancel", str(run.run_dir), timeout=120)
-    assert cancelled.returncode == 0, cancelled
-    left, _ = wait_no_processes(slurm_cluster, run.job_id, timeout=LEFTOVER_BUDGET_S)
-    report_timing("torchrun: hpctrain cancel -> no process of the job on any node", time.monotonic() - started)
-    assert left == [], f"left behind by job {run.job_id}:\n{describe(left)}"
-    assert slurm_cluster.wait_state(run.job_id) == "CANCELLED"
-    summary = run.summary()
-    assert (summary["status"], summary["stop_reason"]) == ("stopped", "cancelled"), summary
-    assert latest_step(run.run_dir) == summary["global_step"]
+    cancel_leaves_nothing(slurm_cluster, workspace, run, "torchrun", START_TIMEOUT_S)
 
 
 def test_killed_rank_fails_the_job_and_is_named(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:

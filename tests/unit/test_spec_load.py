@@ -365,6 +365,10 @@ def test_strings_that_could_reach_a_shell_are_checked(tmp_path: Path, text: str,
         ("container: {runtime: apptainer, image: a.sif, mounts: [rel/x]}", "container.mounts.0", "SRC[:DST[:ro|rw]]"),
         ("container: {runtime: apptainer, image: a.sif, mounts: ['/a,/b']}", "container.mounts.0", "no ','"),
         ("resources: {partition: --wrap=id}", "resources.partition", "may not start with '-'"),
+        ("container: {runtime: apptainer, image: a.sif, options: ['--nv; id']}", "container.options.0", "--no-privs"),
+        ("container: {runtime: apptainer, image: a.sif, options: [nv]}", "container.options.0", "runtime flag"),
+        ("container: {runtime: apptainer, image: a.sif, options: ['--env=A=$(id)']}", "container.options.0", "flag"),
+        ("container: {runtime: apptainer, image: a.sif, options: [--drop-caps, X]}", "container.options.1", "'='"),
     ],
 )
 def test_command_line_words_refuse_a_leading_dash_and_say_what_is_allowed(
@@ -1106,3 +1110,22 @@ def test_a_good_gres_template_is_accepted(tmp_path: Path, isolated: Path) -> Non
     (isolated / "clusters").mkdir(parents=True)
     (isolated / "clusters" / "site.yaml").write_text('gpu_gres: "gpu:a100_3g.20gb:{gpus}"\nmax_time: 2-00:00:00\n')
     assert load_job(write(tmp_path, VALID + "cluster: site\n")).profile.gpu_gres == "gpu:a100_3g.20gb:{gpus}"
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        ("runtime: apptainer, image: a.sif, options: [--bind=/x]", "--bind is set by hpctrain from container.mounts"),
+        ("runtime: apptainer, image: a.sif, options: [--pwd=/x]", "--pwd is set by hpctrain"),
+        ("runtime: pyxis, image: a.sqsh, options: [--container-image=x]", "set by hpctrain from container.image"),
+        ("runtime: pyxis, image: a.sqsh, options: [--nodes=9]", "--nodes is not a pyxis flag"),
+    ],
+)
+def test_container_options_that_clash_with_the_runtime_name_the_fix(tmp_path: Path, options: str, needle: str) -> None:
+    problem = only_problem(spec_error(write(tmp_path, VALID + f"container: {{{options}}}\n")))
+    assert problem.key.startswith("container") and needle in problem.message, problem.message
+
+
+def test_container_options_that_fit_are_kept_in_order(tmp_path: Path) -> None:
+    text = VALID + "container: {runtime: apptainer, image: a.sif, options: [--no-privs, --writable-tmpfs, -e]}\n"
+    assert load_job(write(tmp_path, text)).spec.container.options == ["--no-privs", "--writable-tmpfs", "-e"]

