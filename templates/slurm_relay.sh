@@ -26,6 +26,9 @@ hpctrain_slurm_relay() {
   done
 }
 export HPCTRAIN_SLURM_RELAY={{relay_dir}}/"$SLURM_JOB_ID"
+# The tasks cannot ask the image which Slurm runs the job (rank 0's requeue rule
+# depends on the release): record it here, outside the image.
+export HPCTRAIN_SLURM_VERSION="$(scontrol --version 2>/dev/null)"
 # Whatever an earlier start of this job left here (it was requeued mid-request)
 # is stale: drop it before any task can ask anything.
 mkdir -p "$HPCTRAIN_SLURM_RELAY" && rm -f "$HPCTRAIN_SLURM_RELAY"/*.req "$HPCTRAIN_SLURM_RELAY"/*.run \

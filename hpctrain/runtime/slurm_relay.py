@@ -6,8 +6,11 @@ script starts a small shell loop (``templates/slurm_relay.sh``) before ``srun``
 and exports its folder as ``HPCTRAIN_SLURM_RELAY``. :func:`relay_runner` is a
 drop-in for ``subprocess.run`` in ``hpctrain.contract.slurm``'s runner: it writes the
 request (``show JOBID`` or ``requeue JOBID``, the only two the requeue logic
-needs) into that folder and waits for the loop's answer. So rank 0 decides
-and requeues exactly as without a container (``requeue.py``). Torch-free.
+needs) into that folder and waits for the loop's answer. ``scontrol --version``
+is answered from ``HPCTRAIN_SLURM_VERSION``, which the batch script records
+outside the image (from Slurm 24.05 on, rank 0 must not requeue a preempted
+job itself). So rank 0 decides and requeues exactly as without a container
+(``requeue.py``). Torch-free.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from pathlib import Path
 from hpctrain.contract.slurm import Runner, requeue_command, show_job_command
 
 RELAY_VAR = "HPCTRAIN_SLURM_RELAY"
+VERSION_VAR = "HPCTRAIN_SLURM_VERSION"
+VERSION_COMMAND = ["scontrol", "--version"]
 POLL_S = 0.05
 
 
@@ -34,10 +39,14 @@ def request_for(command: list[str]) -> str | None:
     return None
 
 
-def relay_runner(directory: str | Path) -> Runner:
+def relay_runner(directory: str | Path, version: str | None = None) -> Runner:
+    """A ``subprocess.run`` for Slurm commands through the relay in ``directory``; ``version``: what
+    ``scontrol --version`` said outside the image (None or empty: unknown, as if scontrol were missing)."""
     folder = Path(directory)
 
     def run(command: list[str], *, timeout: float | None = None, **_: object) -> subprocess.CompletedProcess[str]:
+        if list(command) == VERSION_COMMAND and version:
+            return subprocess.CompletedProcess(command, 0, version, "")
         request = request_for(list(command))
         if request is None:
             raise FileNotFoundError(f"{command[0]}: not relayed out of the container")
@@ -65,4 +74,4 @@ def slurm_runner(environ: Mapping[str, str] | None = None) -> Runner:
     """How this task runs Slurm commands: through the relay inside a container, else directly."""
     environ = os.environ if environ is None else environ
     directory = environ.get(RELAY_VAR)
-    return relay_runner(directory) if directory else subprocess.run
+    return relay_runner(directory, environ.get(VERSION_VAR)) if directory else subprocess.run

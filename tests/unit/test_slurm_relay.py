@@ -18,6 +18,7 @@ from hpctrain.launch.templates import render_slurm_relay
 from hpctrain.runtime.slurm_relay import relay_runner, request_for, slurm_runner
 
 FAKE_SCONTROL = """#!/bin/bash
+[ "$1" = --version ] && { echo "slurm 24.11.5"; exit 0; }  # asked once by the batch script, not by the loop
 echo "$*" >> "$CALLS"
 case "$1 $2" in
   "--oneliner show") echo "JobId=$4 JobName=x JobState=RUNNING Restarts=0" ;;
@@ -133,3 +134,19 @@ def test_a_relay_that_never_answers_times_out(tmp_path: Path) -> None:
 def test_runner_follows_the_environment(tmp_path: Path) -> None:
     assert slurm_runner({}) is subprocess.run
     assert slurm_runner({"HPCTRAIN_SLURM_RELAY": str(tmp_path)}) is not subprocess.run
+
+
+def test_inside_an_image_the_slurm_release_is_the_one_recorded_outside(tmp_path: Path) -> None:
+    """From Slurm 24.05 on, rank 0 must leave a preempted job's requeue to Slurm (requeue.py). Inside an
+    image ``scontrol --version`` cannot run, so the batch script records it outside; without that the
+    release was unknown, rank 0 requeued the preempted job itself, and 24.11 requeued its next run again."""
+    from hpctrain.runtime.requeue import rank_zero_action
+
+    inside = slurm_runner({"HPCTRAIN_SLURM_RELAY": str(tmp_path), "HPCTRAIN_SLURM_VERSION": "slurm 24.11.5"})
+    version = slurm.client_version(runner=inside)
+    assert version == (24, 11)
+    assert rank_zero_action("slurm-requeues", "preempting", False, version) == "exit"
+    unknown = slurm_runner({"HPCTRAIN_SLURM_RELAY": str(tmp_path), "HPCTRAIN_SLURM_VERSION": ""})
+    assert slurm.client_version(runner=unknown) is None
+    assert not list(tmp_path.iterdir()), "the version is never asked of the relay loop"
+    assert "export HPCTRAIN_SLURM_VERSION=" in "".join(render_slurm_relay(str(tmp_path)))
