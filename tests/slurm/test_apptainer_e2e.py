@@ -138,13 +138,6 @@ def test_usr2_requeues_through_the_relay_and_resumes_bit_identically(
     assert_relayed(run)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="seen once on Slurm 24.11 (passed on 22.05 and 26.05): after the preemption the third attempt trains "
-    "to the end, "
-    "exits 0, and Slurm requeues the job once more ('requeue per user/system request'; restarts 3); "
-    "suspect a relayed requeue left by the preempted attempt and served by the next one",
-)
 def test_usr2_then_preemption_requeue_through_the_relay_and_resume_bit_identically(
     slurm_cluster: SlurmCluster, workspace: Workspace, image: Path, reference_weights: str, tmp_path: Path
 ) -> None:

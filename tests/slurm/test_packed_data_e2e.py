@@ -12,6 +12,7 @@ on this machine, which the nodes' mounts share.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,8 +28,31 @@ SMOKE_SPEC = "jobs/smoke_2x2_cpu.yaml"
 UNMOUNT_BUDGET_S = 60  # after the job ended (or was cancelled), its mounts are gone this much later
 
 
+def _mount_lines() -> set[str]:
+    """This machine's mount table and the nodes': from Slurm 24.11 on, the test cluster's slurmd run in
+    their root filesystem's own mount namespace, where the tasks' squashfuse mounts are made."""
+    tables, seen = [Path("/proc/self/mounts")], {os.stat("/proc/self/ns/mnt").st_ino}
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or (proc / "comm").read_text().strip() != "slurmd":
+                continue
+            namespace = os.stat(proc / "ns" / "mnt").st_ino
+        except OSError:
+            continue
+        if namespace not in seen:
+            seen.add(namespace)
+            tables.append(proc / "mounts")
+    lines: set[str] = set()
+    for table in tables:
+        try:
+            lines.update(table.read_text().splitlines())
+        except OSError:
+            pass  # that slurmd has just ended
+    return lines
+
+
 def _mounts_under(folder: Path) -> list[str]:
-    return [line for line in Path("/proc/mounts").read_text().splitlines() if str(folder) in line]
+    return sorted(line for line in _mount_lines() if str(folder) in line)
 
 
 def _wait_no_mounts(folder: Path) -> None:
