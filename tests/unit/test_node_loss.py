@@ -216,7 +216,11 @@ def test_a_task_on_fewer_nodes_tells_the_trainer_the_runs_micro_batches(
 
     spec = load(tmp_path, "min_nodes: 1").spec
     monkeypatch.setenv(healing.STEP_NODES_VAR, "1")
-    monkeypatch.delenv(healing.RUN_MICRO_BATCHES_VAR, raising=False)
+    # The task sets it in os.environ; set (then drop) it here first so that monkeypatch puts the
+    # environment back afterwards (a bare delenv of an unset name records nothing, and the value
+    # leaked into every later in-process trainer: other micro-batches, other steps).
+    monkeypatch.setenv(healing.RUN_MICRO_BATCHES_VAR, "0")
+    monkeypatch.delenv(healing.RUN_MICRO_BATCHES_VAR)
     launcher = TaskLauncher(spec.model_dump(mode="json"), str(tmp_path))
     assert launcher.step_spec(JobSpec.model_validate(spec.model_dump(mode="json"))).world_size == 2
     import os
