@@ -40,6 +40,11 @@ if TYPE_CHECKING:
 TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
 START_TIMEOUT_S = 120  # submit -> first checkpoint: 4 ranks importing torch on 2 cores
 RUN_TIMEOUT_S = 240
+# A lost node that still held processes of the job (the batch node; the last node lost before a requeue)
+# keeps the requeued job COMPLETING until Slurm marks it DOWN: SlurmdTimeout (60 s on the test cluster)
+# after its last answer to a ping, which comes every SlurmdTimeout/3 s. Measured 74 s on 24.11 from the
+# kill; the CI machine's load adds to it (over 90 s once). A hang guard, not a timing.
+REQUEUE_AFTER_LOSS_TIMEOUT_S = 240
 
 
 @pytest.fixture(scope="module")
@@ -135,12 +140,6 @@ def test_rank_zero_killed_requeues_without_its_node(cluster: SlurmCluster, works
     assert_nothing_left(cluster, run.job_id)
 
 
-@pytest.mark.xfail(
-    os.environ.get("HPCTRAIN_TEST_SLURM", "22.05") != "22.05",
-    reason="passes on 22.05; in the 24.11 CI rehearsal the requeue after the second node loss was not seen "
-    "within 90 s (cause not found yet: issue 20)",
-    strict=False,
-)
 def test_no_spare_left_requeues_without_the_lost_nodes(cluster: SlurmCluster, workspace: Workspace) -> None:
     run = submit(workspace, "name=nospare", "resources.spare_nodes=1")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
@@ -148,7 +147,7 @@ def test_no_spare_left_requeues_without_the_lost_nodes(cluster: SlurmCluster, wo
     first = latest_step(run.run_dir)
     wait_for(lambda: latest_step(run.run_dir) > first, "a checkpoint on the spare", START_TIMEOUT_S, run)
     kill_node("n3")  # one node left, min_nodes is 2
-    wait_requeued(cluster, run.job_id, restarts=1, timeout=90)
+    wait_requeued(cluster, run.job_id, restarts=1, timeout=REQUEUE_AFTER_LOSS_TIMEOUT_S)
     logs = batch_log(run.run_dir)
     assert job_record(cluster, run.job_id).get("ExcNodeList") in ("n[2-3]", "n2,n3"), logs
     summary = run.summary()
@@ -209,7 +208,7 @@ def test_the_batch_nodes_death_requeues_and_the_next_start_keeps_it_out(
     run = submit(workspace, "name=batchnode", "resources.min_nodes=1")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
     kill_node("n1")  # the batch step and the supervisor die with it; the guardian on n2 requeues
-    wait_requeued(cluster, run.job_id, restarts=1, timeout=90)
+    wait_requeued(cluster, run.job_id, restarts=1, timeout=REQUEUE_AFTER_LOSS_TIMEOUT_S)
     assert job_record(cluster, run.job_id).get("ExcNodeList") == "n1", batch_log(run.run_dir)
     cluster.release(run.job_id)
     state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
