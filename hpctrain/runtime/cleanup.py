@@ -436,6 +436,17 @@ def _redirect_stdio(log_path: str | None) -> object | None:
     return stream
 
 
+def leave_dataset_mount() -> None:
+    """This task is done with its node's packed-dataset mount, if it read one (``hpctrain.dataset.mount``).
+
+    The node's last task unmounts it before it exits: once a step's tasks are
+    gone, Slurm kills squashfuse with the rest of the step.
+    """
+    mount = sys.modules.get("hpctrain.dataset.mount")  # imported only by a task that opened an image
+    if mount is not None:
+        mount.leave()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["exec"]:

@@ -56,6 +56,7 @@ from typing import Any
 
 from hpctrain.contract.heartbeat_files import Heartbeat, first_stopped, read_heartbeats
 from hpctrain.contract.rundir import hang_claim_path, read_summary, stack_dump_path, stacks_dir, write_summary
+from hpctrain.runtime.cleanup import leave_dataset_mount
 from hpctrain.runtime.heartbeat import Recorder
 
 HANG_EXIT_CODE = 87  # distinct from Python's 1 and from signals' 128+N: "ended by the hang watchdog"
@@ -243,8 +244,6 @@ class HangWatchdog:
             self._report()
         except Exception as exc:  # the job must still end
             _say(f"hpctrain: rank {self.rank}: could not record the hang in summary.json: {exc}")
-        from hpctrain.runtime.launcher import leave_dataset_mount
-
         leave_dataset_mount()  # os._exit skips every clean-up: the node's last task still unmounts
         _flush_stdio()
         self.exit(HANG_EXIT_CODE)

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime import failures, heartbeat
+from hpctrain.runtime.cleanup import leave_dataset_mount
 from hpctrain.runtime.context import TaskContext, TaskEnv
 from hpctrain.runtime.master import check_master_address
 from hpctrain.runtime.stop import StopRequest, cancel_marker_paths, install_handlers
@@ -274,14 +275,3 @@ def report_failure(rank: str | int, exc: BaseException, stream: TextIO | None = 
     if not isinstance(exc, HpctrainError):
         traceback.print_exception(exc, file=stream)
     stream.flush()
-
-
-def leave_dataset_mount() -> None:
-    """This task is done with its node's packed-dataset mount, if it read one (``hpctrain.dataset.mount``).
-
-    The node's last task unmounts it before it exits: once a step's tasks are
-    gone, Slurm kills squashfuse with the rest of the step.
-    """
-    mount = sys.modules.get("hpctrain.dataset.mount")  # imported only by a task that opened an image
-    if mount is not None:
-        mount.leave()
