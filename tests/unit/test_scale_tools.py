@@ -85,28 +85,34 @@ def test_check_ranks_command_exits_non_zero_with_the_problem(tmp_path: Path) -> 
     assert missing.returncode == 1 and "cannot read" in missing.stdout
 
 
-def test_job_memory_counts_a_ranks_private_memory_apart_from_the_jobs_other_processes() -> None:
+def test_job_memory_counts_a_ranks_private_memory_apart_from_its_reaper() -> None:
     job_id = f"test-{uuid.uuid4().hex}"
     env = {**os.environ, "SLURM_JOB_ID": job_id}
-    # A "rank" (submitit's entry in its command line) holding 64 MiB it wrote, and a small helper.
-    rank_code = "import sys, time; held = bytearray(64 << 20); held[::4096] = b'x' * len(held[::4096]); time.sleep(4)"
-    rank = subprocess.Popen([sys.executable, "-c", rank_code, "submitit.core._submit"], env=env)
-    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(4)"], env=env)
+    no_job = {key: value for key, value in os.environ.items() if key != "SLURM_JOB_ID"}
+
+    def holding(mib: int) -> str:  # a process that writes MIB MiB and keeps them a few seconds
+        return f"import time; held = bytearray({mib} << 20); held[::4096] = b'x' * len(held[::4096]); time.sleep(4)"
+
+    # A rank (submitit's entry in its command line) and its reaper, which runs without SLURM_*.
+    rank = subprocess.Popen([sys.executable, "-c", holding(64), "submitit.core._submit"], env=env)
+    reaper_argv = ["hpctrain.runtime.cleanup", "watch", "--pid", str(rank.pid)]
+    reaper = subprocess.Popen([sys.executable, "-c", holding(24), *reaper_argv], env=no_job)
+    stranger = subprocess.Popen([sys.executable, "-c", holding(24), "submitit.core._submit"], env=no_job)
     try:
         done = subprocess.run(
             [sys.executable, str(CLUSTER / "job-memory"), job_id, "--interval", "0.2", "--timeout", "60"],
             capture_output=True,
             text=True,
-            timeout=120,  # a hang guard: it ends when the two processes have
+            timeout=120,  # a hang guard: it ends when the job's processes have
         )
     finally:
-        for process in (rank, helper):
+        for process in (rank, reaper, stranger):
             process.kill()
             process.wait()
     line = done.stdout.strip()
     assert done.returncode == 0 and line.startswith(f"job-memory: job {job_id}:"), done.stdout + done.stderr
-    assert " 1 ranks, " in line
+    assert " 1 ranks, " in line  # not the stranger, whose environment names no job
     median = int(line.split("anonymous per rank median ")[1].split(" MiB")[0])
     assert 64 <= median < 200
     other = int(line.split("other processes ")[1].split(" MiB")[0])
-    assert other < 64
+    assert 24 <= other < 64
