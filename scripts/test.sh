@@ -4,7 +4,8 @@
 # GPU tests run only where CUDA is available.
 #
 #   bash scripts/test.sh              # the CI matrix: every tier with the Slurm tier on 24.11,
-#                                     # then the Slurm contract subset on 22.05 and on 26.05
+#                                     # then the Slurm contract subset on 22.05 and on 26.05,
+#                                     # then the scale smoke job (16 x 3 ranks) on 24.11
 #   bash scripts/test.sh tests/unit   # any pytest arguments: one pytest run (Slurm 22.05 unless
 #                                     # HPCTRAIN_TEST_SLURM says otherwise)
 #   bash scripts/test.sh --slurm 24.11 tests/slurm -m slurm_contract
@@ -36,19 +37,32 @@ legs=(
 )
 summary=()
 failed=0
-for leg in "${legs[@]}"; do
-    IFS='|' read -r version what args <<<"$leg"
-    echo "===== scripts/test.sh: $what on Slurm $version (pytest $args)"
+run_leg() { # WHAT VERSION COMMAND...: one leg, timed, its result added to the summary
+    local what=$1 version=$2 started result
+    shift 2
+    echo "===== scripts/test.sh: $what on Slurm $version ($*)"
     started=$(date +%s)
-    # shellcheck disable=SC2086  # args is a fixed word list from the table above
-    if HPCTRAIN_TEST_SLURM=$version .venv/bin/python -m pytest $args; then
+    if HPCTRAIN_TEST_SLURM=$version "$@"; then
         result=passed
     else
         result="FAILED ($?)"
         failed=1
     fi
     summary+=("$(printf '%-24s on Slurm %s: %s in %ss' "$what" "$version" "$result" "$(($(date +%s) - started))")")
+}
+for leg in "${legs[@]}"; do
+    IFS='|' read -r version what args <<<"$leg"
+    # shellcheck disable=SC2086  # args is a fixed word list from the table above
+    run_leg "$what" "$version" .venv/bin/python -m pytest $args
 done
+# HAL's scale: 16 nodes x 3 ranks = 48 gloo ranks, ~2.5 min and ~20 GiB of the 24 GiB machine, so
+# it runs alone, after the legs (docs/testing.md). It needs root, as the Slurm tier does.
+if [ "$(id -u)" = 0 ]; then
+    run_leg "scale smoke, 16 x 3 ranks" 24.11 tests/cluster/scale-smoke 16 3
+elif [ -n "${CI:-}" ]; then
+    summary+=("scale smoke: FAILED (needs root)")
+    failed=1
+fi
 echo "===== scripts/test.sh: the matrix"
 printf '  %s\n' "${summary[@]}"
 exit "$failed"
