@@ -50,3 +50,17 @@ if ! command -v mksquashfs >/dev/null || ! command -v squashfuse >/dev/null || !
       || echo "install.sh: could not install squashfs-tools/squashfuse; the packed-dataset tests skip (fail under CI)" >&2
   fi
 fi
+# The shared-filesystem Slurm test (tests/slurm/test_shared_fs_e2e.py, `slurm-cluster up --shared`) serves
+# a folder over sshfs from an sshd the cluster starts itself. As root on Debian/Ubuntu (CI), install both;
+# policy-rc.d keeps the package from starting a system sshd. Elsewhere that test skips without them.
+if ! command -v sshfs >/dev/null || [ ! -x /usr/sbin/sshd ] || [ ! -x /usr/lib/openssh/sftp-server ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    policy=/usr/sbin/policy-rc.d
+    added_policy=
+    if [ ! -e "$policy" ]; then printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && added_policy=1; fi
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        sshfs openssh-server; } >/dev/null 2>&1 \
+      || echo "install.sh: could not install sshfs/openssh-server; the shared-filesystem test skips (fails under CI)" >&2
+    if [ -n "$added_policy" ]; then rm -f "$policy"; fi
+  fi
+fi

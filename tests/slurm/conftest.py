@@ -93,6 +93,7 @@ class SlurmCluster:
     proctrack: str = "cgroup"
     slurm: str = DEFAULT_SLURM
     apptainer: bool = False
+    shared: Path | None = None
     user: str = TEST_USER
     script: Path = field(default=SCRIPT)
 
@@ -185,10 +186,28 @@ class SlurmCluster:
             _skip_or_fail(f"the Apptainer image cannot be built here: {built.stderr.strip()}")
         return out
 
+    def use_shared(self, folder: Path | None) -> None:
+        """Restart the cluster with ``folder`` served to every node over sshfs (``up --shared``), or without.
+
+        Where sshfs or the OpenSSH server is not installed, the calling test is skipped, or fails under CI.
+        """
+        tools: dict[str, str] = _SCRIPT_MODULE.SHARED_TOOLS  # type: ignore[attr-defined]
+        missing = sorted({pkg for tool, pkg in tools.items() if shutil.which(tool) is None})
+        if folder is not None and missing:
+            fix: str = _SCRIPT_MODULE.SHARED_FIX  # type: ignore[attr-defined]
+            _skip_or_fail(f"--shared: {', '.join(missing)} not installed; {fix}")
+        self.shared = folder
+        _script("up", *self._up_args())
+
+    def sftp_log(self, node: str) -> Path:
+        """The sftp server's log of ``node``'s mount (``up --shared``): one line per open, listing, rename."""
+        return _SCRIPT_MODULE.sftp_log(_SCRIPT_MODULE.Paths(self.state_dir), node)  # type: ignore[attr-defined]
+
     def _up_args(self, proctrack: str | None = None, apptainer: bool | None = None) -> list[str]:
         apptainer = self.apptainer if apptainer is None else apptainer
         args = _up_args(self.slurm, len(self.nodes), proctrack or self.proctrack, self.state_dir)
-        return [*args, "--apptainer"] if apptainer else args
+        shared = ["--shared", str(self.shared)] if self.shared else []
+        return [*args, *(["--apptainer"] if apptainer else []), *shared]
 
     def stop_controller(self) -> None:
         """Kill slurmctld (as a crash or an outage would); :meth:`repair` brings it back."""
@@ -282,6 +301,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slurm: end-to-end test against the Slurm test cluster")
     config.addinivalue_line(
         "markers", "slurm_contract: the Slurm tests every supported Slurm version must pass (the CI matrix's subset)"
+    )
+    config.addinivalue_line(
+        "markers", "shared_fs: data and output_dir on a network mount (`slurm-cluster up --shared`, sshfs)"
     )
 
 

@@ -109,3 +109,10 @@ def task_logs(run_dir: Path, lines: int = 40) -> str:
         text = path.read_text(errors="replace").splitlines()[-lines:]
         parts.append(f"===== {path.name}\n" + "\n".join(text))
     return "\n".join(parts) or f"(no task logs under {run_dir / 'submitit'})"
+
+
+def task_output(run_dir: Path) -> str:
+    """Every task's whole stdout and stderr in a run (every attempt), for counting what the tasks said."""
+    return "\n".join(
+        p.read_text(errors="replace") for p in sorted(run_dir.rglob("*.out")) + sorted(run_dir.rglob("*.err"))
+    )

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from tests.squashfs_tools import require_mount
 
-from .hpctrain_cli import cli_env, hpctrain, task_logs
+from .hpctrain_cli import cli_env, hpctrain, task_logs, task_output
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -62,12 +62,6 @@ def _wait_no_mounts(folder: Path) -> None:
     assert not _mounts_under(folder), _mounts_under(folder)
 
 
-def _task_output(run_dir: Path) -> str:
-    return "\n".join(
-        p.read_text(errors="replace") for p in sorted(run_dir.rglob("*.out")) + sorted(run_dir.rglob("*.err"))
-    )
-
-
 def test_two_nodes_train_on_a_packed_image_and_leave_nothing_mounted(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -93,7 +87,7 @@ def test_two_nodes_train_on_a_packed_image_and_leave_nothing_mounted(
     run = submit("--set", "trainer.epochs=1")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["skipped_samples"] == 0, summary
-    output = _task_output(run)
+    output = task_output(run)
     assert output.count("hpctrain: data: mounted") == 2, output  # once per node, by its first task
     assert output.count("reading the image") == 4, output  # every rank reads the mount
     assert sorted(p.name for p in stage.iterdir()) == ["n1", "n2"]
@@ -104,9 +98,9 @@ def test_two_nodes_train_on_a_packed_image_and_leave_nothing_mounted(
     # Cancelled while training: the mounts are gone on both nodes too.
     long_run = submit("--set", "trainer.epochs=50", "--set", "trainer.max_steps_per_epoch=1000", wait=False)
     deadline = time.monotonic() + 180
-    while _task_output(long_run).count("hpctrain: data: mounted") < 2 and time.monotonic() < deadline:
+    while task_output(long_run).count("hpctrain: data: mounted") < 2 and time.monotonic() < deadline:
         time.sleep(1)
-    assert len(_mounts_under(stage)) == 2, _task_output(long_run)
+    assert len(_mounts_under(stage)) == 2, task_output(long_run)
     cancelled = hpctrain(env, "cancel", str(long_run), timeout=120)
     assert cancelled.returncode == 0, cancelled
     _wait_no_mounts(stage)

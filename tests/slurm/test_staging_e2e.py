@@ -11,18 +11,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .hpctrain_cli import cli_env, hpctrain, task_logs
+from .hpctrain_cli import cli_env, hpctrain, task_logs, task_output
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
 
 SMOKE_SPEC = "jobs/smoke_2x2_cpu.yaml"
-
-
-def _task_output(run_dir: Path) -> str:
-    return "\n".join(
-        p.read_text(errors="replace") for p in sorted(run_dir.rglob("*.out")) + sorted(run_dir.rglob("*.err"))
-    )
 
 
 def test_each_node_stages_once_and_a_rerun_reuses_the_copy(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -50,9 +44,9 @@ def test_each_node_stages_once_and_a_rerun_reuses_the_copy(slurm_cluster: SlurmC
         (copy,) = (stage / node).iterdir()
         assert (copy / "STAGED").is_file()
         assert len(list(copy.rglob("*.jpg"))) == len(list(data.rglob("*.jpg")))
-    output = _task_output(first)
+    output = task_output(first)
     assert output.count("MB/s") == 2, output  # one copy per node, by its first task
     assert output.count("reading the staged copy") == 4, output  # every rank trains on it
 
-    second = _task_output(submit())
+    second = task_output(submit())
     assert "MB/s" not in second and second.count("staged already") == 2, second
