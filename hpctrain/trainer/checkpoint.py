@@ -217,6 +217,12 @@ class CheckpointManager:
                 trash = self.directory / f".old-{path.name}-{uuid.uuid4().hex[:8]}"
                 os.rename(path, trash)
                 shutil.rmtree(trash, ignore_errors=True)
+        # A removal can fail for a while: on FUSE and NFS a file still open somewhere (a data-loader
+        # worker forked while this writer held state.pt open keeps the descriptor until it exits) is
+        # renamed .fuse_hidden* / .nfsXXXX and its folder stays. Each prune retries the older ones.
+        for child in self.directory.iterdir():
+            if child.is_dir() and child.name.startswith(".old-"):
+                shutil.rmtree(child, ignore_errors=True)
 
     def _sweep_leftovers(self) -> None:
         """Remove half-written directories of crashed writers (only rank 0 ever writes here)."""

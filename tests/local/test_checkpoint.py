@@ -73,6 +73,17 @@ def test_leftover_tmp_dir_and_dir_without_meta_are_ignored(manager: CheckpointMa
     assert not (directory / ".tmp-step-00000009-abcd").exists() and no_meta.exists()
 
 
+def test_a_pruned_checkpoint_whose_removal_failed_is_removed_by_a_later_prune(manager: CheckpointManager) -> None:
+    """On FUSE/NFS a pruned folder stays while a forked worker still holds its state.pt open."""
+    saved(manager, 1.0, step=1)
+    stuck = manager.directory / ".old-step-00000000-0badc0de"
+    stuck.mkdir()
+    (stuck / ".fuse_hidden0000001").write_bytes(b"closed since")
+    saved(manager, 2.0, step=2)
+    assert not stuck.exists()
+    assert [p.name for p in manager.checkpoints()] == ["step-00000001", "step-00000002"]
+
+
 def test_truncated_state_is_skipped_with_a_warning(
     manager: CheckpointManager, caplog: pytest.LogCaptureFixture
 ) -> None:
