@@ -47,6 +47,26 @@ _BAD_NODE_STATES = ("down", "drain", "drained", "draining", "fail", "failing", "
 
 
 @dataclass(frozen=True)
+class HungRank:
+    """The hang watchdog's culprit as its report in summary.json names it (``runtime/hang.py``)."""
+
+    rank: int
+    node: str
+    phase: str | None = None  # its last recorded phase
+    step: int | None = None
+    frozen_s: float | None = None  # its whole process froze: its heartbeat was silent this long
+
+    def reason(self) -> str:
+        """``rank 2 hung in phase forward_backward at step 5 (its process froze: heartbeat silent 18 s)``."""
+        where = f"rank {self.rank} hung in phase {self.phase or 'unknown'}"
+        if self.step is not None:
+            where += f" at step {self.step}"
+        if self.frozen_s is not None:
+            return f"{where} (its process froze: heartbeat silent {self.frozen_s:.0f} s)"
+        return f"{where} (no progress)"
+
+
+@dataclass(frozen=True)
 class StepOutcome:
     """What the supervisor saw of one training step."""
 
@@ -55,7 +75,7 @@ class StepOutcome:
     task_failures: tuple[TaskFailure, ...] = ()  # srun's reports, first first
     lost_nodes: Mapping[str, str] = field(default_factory=dict)  # node -> why it is gone
     silent_nodes: frozenset[str] = frozenset()  # every rank's heartbeat went silent
-    hung: tuple[int, str, str] | None = None  # (rank, node, reason) from the hang watchdog's report
+    hung: HungRank | None = None  # the hang watchdog's culprit, when it ended the step
 
 
 @dataclass(frozen=True)
@@ -99,9 +119,8 @@ def blame(outcome: StepOutcome) -> Blame | None:
     first = outcome.task_failures[0] if outcome.task_failures else None
     if first is not None and first.node in outcome.nodes and was_killed(first.reason):
         return Blame(first.node, f"rank {first.rank} {_short_reason(first.reason)}")
-    if outcome.hung is not None and outcome.hung[1] in outcome.nodes:
-        rank, node, reason = outcome.hung
-        return Blame(node, f"rank {rank} hung: {reason}")
+    if outcome.hung is not None and outcome.hung.node in outcome.nodes:
+        return Blame(outcome.hung.node, outcome.hung.reason())
     for node in outcome.nodes:
         if node in outcome.silent_nodes:
             return Blame(node, "every rank's heartbeat went silent")

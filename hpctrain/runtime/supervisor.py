@@ -235,7 +235,8 @@ class Supervisor:
             env[healing.STEP_NODES_VAR] = str(len(nodes))
         if attempt:  # the last step's rendezvous port may still be held
             env["MASTER_PORT"] = str(derive_master_port(f"{self.job_id}.{self.restart}.{attempt}"))
-            hang_claim_path(self.run_dir, self.job_id).unlink(missing_ok=True)  # a hang in this step reports again
+        # A hang in this step reports again, also after a requeue (same job id); a claim after the step is this one's.
+        hang_claim_path(self.run_dir, self.job_id).unlink(missing_ok=True)
         process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
         step = RunningStep(process, nodes, time.time())
         step.start_tee()
@@ -243,7 +244,6 @@ class Supervisor:
 
     def watch(self, step: RunningStep) -> healing.StepOutcome:
         """Wait for the step to end, or end it once a node is found lost."""
-        hang_before = self.hang_record()
         reported_at: float | None = None
         lost: dict[str, str] = {}
         probed: dict[str, float] = {}
@@ -275,9 +275,9 @@ class Supervisor:
         step.process.wait()
         if step.process.returncode == 0 and not lost:
             return healing.StepOutcome(nodes=step.nodes, exit_code=0)
-        return self.outcome(step, lost, hang_before)
+        return self.outcome(step, lost)
 
-    def outcome(self, step: RunningStep, lost: dict[str, str], hang_before: tuple[Any, ...]) -> healing.StepOutcome:
+    def outcome(self, step: RunningStep, lost: dict[str, str]) -> healing.StepOutcome:
         ended_by_us = bool(lost)
         text = step.srun_text
         for node in healing.node_failures_in(text):
@@ -285,15 +285,13 @@ class Supervisor:
         for node, state in self.node_states(step.nodes).items():
             if node in step.nodes and healing.bad_node_state(state):
                 lost.setdefault(node, f"Slurm marks it {state}")
-        hang = self.hang_record()
-        hung = (hang[0], hang[1], str(hang[2])) if hang != hang_before and hang[0] is not None else None
         return healing.StepOutcome(
             nodes=step.nodes,
             exit_code=None if ended_by_us else step.process.returncode,
             task_failures=tuple(_task_failures(text)),
             lost_nodes=lost,
             silent_nodes=frozenset(self.silent_nodes(step)),
-            hung=hung,  # type: ignore[arg-type]
+            hung=self.hung_rank(),
         )
 
     def end_step(self, step: RunningStep) -> None:
@@ -401,11 +399,23 @@ class Supervisor:
             return {}
         return dict(line.split(None, 1) for line in out.splitlines() if len(line.split()) == 2)
 
-    def hang_record(self) -> tuple[Any, ...]:
+    def hung_rank(self) -> healing.HungRank | None:
+        """The hang watchdog's culprit when it ended this step: its report was claimed since the step started."""
+        if not hang_claim_path(self.run_dir, self.job_id).exists():
+            return None
         summary = read_summary(self.run_dir)
-        if summary is None:
-            return (None, None, None)
-        return (summary.hung_rank, summary.hung_node, summary.failed_reason)
+        if summary is None or summary.hung_rank is None or summary.hung_node is None:
+            return None
+        if summary.model_extra.get("hang_job_id") != self.job_id:
+            return None
+        step = summary.model_extra.get("hung_step")
+        return healing.HungRank(
+            summary.hung_rank,
+            summary.hung_node,
+            phase=summary.hung_phase,
+            step=step if isinstance(step, int) else None,
+            frozen_s=summary.hung_frozen_s,
+        )
 
     def failed_step(self, outcome: healing.StepOutcome) -> int | None:
         steps = [b.step for b in read_heartbeats(self.run_dir) if b.node in outcome.nodes]

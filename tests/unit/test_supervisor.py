@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
-from hpctrain.contract.rundir import read_json_object, read_summary, spec_path
+from hpctrain.contract.rundir import read_json_object, read_summary, spec_path, write_summary
 from hpctrain.jobspec.yaml_source import dump_yaml
 from hpctrain.runtime import supervisor
 
 # Each call of the fake srun takes its behaviour from the next line of plan.txt:
-# "ok", "raise NODE TASK" (a task exits 1) or "kill NODE TASK" (a task is killed).
+# "ok", "raise NODE TASK" (a task exits 1), "kill NODE TASK" (a task is killed) or "hang NODE TASK"
+# (the hang watchdog names the task: it claims the report, writes it into summary.json, the ranks exit 87).
 FAKE_SRUN = """#!{python}
 import json, os, sys
 from pathlib import Path
@@ -26,6 +27,15 @@ json.dump({{"argv": sys.argv[1:], "env": dict(os.environ)}}, open(here / f"call-
 plan = (here / "plan.txt").read_text().split("\\n")[len(calls)].split()
 if plan[0] == "ok":
     sys.exit(0)
+if plan[0] == "hang":
+    run = here / "run"
+    (run / "stacks").mkdir(exist_ok=True)
+    (run / "stacks" / ".hang-reported-7").write_text("1\\n")
+    report = dict(status="failed", hung_rank=int(plan[2]), hung_node=plan[1], hung_phase="forward_backward")
+    report.update(hung_step=5, hung_frozen_s=21.4, hang_job_id="7")
+    (run / "summary.json").write_text(json.dumps(report))
+    print("srun: error: n1: task 0: Exited with exit code 87", file=sys.stderr, flush=True)
+    sys.exit(87)
 reason = "Exited with exit code 1" if plan[0] == "raise" else "Killed"
 print(f"srun: error: {{plan[1]}}: task {{plan[2]}}: {{reason}}", file=sys.stderr, flush=True)
 sys.exit(1)
@@ -119,6 +129,29 @@ def test_without_a_spare_the_run_goes_on_with_fewer_nodes(fake: Path) -> None:
         "--nodelist=n1,n3",
     ]
     assert calls[1]["env"]["HPCTRAIN_STEP_NODES"] == "2"
+
+
+def test_a_hung_rank_moves_the_run_off_its_node_naming_its_phase(fake: Path) -> None:
+    rc, calls = run(fake, ["hang n2 2", "ok"], {"spare_nodes": 1})
+    assert rc == 0 and len(calls) == 2 and "--nodelist=n1,n3" in calls[1]["argv"]
+    summary = read_summary(fake / "run")
+    assert summary is not None and summary.excluded_nodes == ["n2"]
+    [failure] = summary.node_failures or []
+    assert (failure["node"], failure["action"]) == ("n2", "continue")
+    expected = "rank 2 hung in phase forward_backward at step 5 (its process froze: heartbeat silent 21 s)"
+    assert failure["reason"] == expected
+
+
+def test_a_hang_report_of_an_earlier_start_blames_nothing(fake: Path) -> None:
+    run_dir = fake / "run"
+    (run_dir / "stacks").mkdir(parents=True)
+    (run_dir / "stacks" / ".hang-reported-7").write_text("1\n")  # the same job id: a requeued job
+    report = {"status": "running", "hung_rank": 2, "hung_node": "n2", "hung_phase": "data", "hang_job_id": "7"}
+    write_summary(run_dir, report)
+    rc, calls = run(fake, ["raise n2 2", "ok"], {"spare_nodes": 1}, restart=1)
+    assert rc == 1 and len(calls) == 1  # the code raised: no node to blame, as without healing
+    summary = read_summary(run_dir)
+    assert summary is not None and not summary.node_failures
 
 
 def test_a_rank_that_raised_ends_the_job_as_without_healing(fake: Path) -> None:
