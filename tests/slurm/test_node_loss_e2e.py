@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+from hpctrain.contract.heartbeat_files import read_heartbeats
 
 from .entrypoints import ENTRYPOINT_MODULE
 from .hpctrain_cli import hpctrain, task_logs
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
 TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
 START_TIMEOUT_S = 120  # submit -> first checkpoint: 4 ranks importing torch on 2 cores
 RUN_TIMEOUT_S = 240
+HANG_TIMEOUT_S = 15  # distributed.hang_timeout_s of the hung-rank test (the spec's timeout_s is 120)
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +116,42 @@ def test_a_node_killed_mid_run_is_replaced_by_the_spare(cluster: SlurmCluster, w
     assert "REQUEUED" not in requeues.stdout  # healed inside the allocation
     status = hpctrain(workspace.env, "status", str(run.run_dir))
     assert "lost_nodes: n2 at step" in status.stdout and "continue on n1,n3" in status.stdout, status
+    assert_nothing_left(cluster, run.job_id)
+
+
+def test_a_hung_rank_is_blamed_on_its_node_and_the_run_goes_on_without_it(
+    cluster: SlurmCluster, workspace: Workspace
+) -> None:
+    run = submit(
+        workspace,
+        "name=hung",
+        "resources.spare_nodes=1",
+        f"distributed.hang_timeout_s={HANG_TIMEOUT_S}",
+        "distributed.heartbeat_interval_s=2",
+    )
+    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+    pid = wait_for(lambda: rank_pid(cluster, run.job_id, 2), "rank 2's process", 30, run)
+    os.kill(pid, signal.SIGSTOP)  # rank 2 (on n2) stops making progress; its heartbeat thread stops with it
+    time.sleep(1)  # a heartbeat write in flight lands
+    [last] = [beat for beat in read_heartbeats(run.run_dir) if beat.rank == 2]
+    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    logs = batch_log(run.run_dir)
+    assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
+
+    summary = run.summary()
+    assert (summary["status"], summary["global_step"]) == ("completed", TOTAL_STEPS), summary
+    assert summary["excluded_nodes"] == ["n2"] and summary["hostnames"] == ["n1", "n3"]
+    [failure] = summary["node_failures"]
+    assert (failure["node"], failure["action"], failure["nodes"]) == ("n2", "continue", ["n1", "n3"]), failure
+    # the phase the rank was in when it stopped, as its own heartbeat recorded it (issue 20: not "setup")
+    assert failure["reason"].startswith(f"rank 2 hung in phase {last.phase} at step {last.step} "), (failure, last)
+    assert "its process froze" in failure["reason"], failure
+    assert failure["checkpoint_step"] >= 2
+    assert f"node n2 lost at step {failure['step']} (rank 2 hung in phase {last.phase}" in logs
+    requeues = cluster.run("sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", run.job_id)
+    assert "REQUEUED" not in requeues.stdout  # healed inside the allocation
+    status = hpctrain(workspace.env, "status", str(run.run_dir))
+    assert "lost_nodes: n2 at step" in status.stdout and "rank 2 hung" in status.stdout, status
     assert_nothing_left(cluster, run.job_id)
 
 
