@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from hpctrain.errors import DistributedSetupError
+from hpctrain.jobspec.batch import BatchLayout, micro_batch_problem
 from hpctrain.runtime.failures import TaskFailure
 
 if TYPE_CHECKING:
@@ -130,6 +131,15 @@ def blame(outcome: StepOutcome) -> Blame | None:
 def _short_reason(reason: str) -> str:
     code = _EXIT_CODE.search(reason.lower())
     return f"exited {code.group(1)}" if code else reason.strip().lower()
+
+
+def batch_fits(spec: JobSpec, count: int) -> bool:
+    """Whether the run's global batch splits over ``count`` nodes' ranks (always, for user code)."""
+    if spec.entrypoint is not None or count == spec.resources.nodes:
+        return True
+    gpus_per_task = (spec.resources.gpus_per_node or 0) // spec.tasks_per_node
+    fewer = BatchLayout.of(spec.trainer, tasks=count * spec.tasks_per_node, gpus_per_task=gpus_per_task)
+    return micro_batch_problem(spec.batch_layout.processes, fewer.processes, strategy=spec.trainer.strategy) is None
 
 
 def choose_nodes(

@@ -14,6 +14,8 @@ import pytest
 from hpctrain.contract.rundir import read_json_object, read_summary, spec_path, write_summary
 from hpctrain.jobspec.yaml_source import dump_yaml
 from hpctrain.runtime import supervisor
+from hpctrain.runtime.heal_record import HealRecord, load_spec
+from hpctrain.runtime.node_evidence import NodeProbe
 
 # Each call of the fake srun takes its behaviour from the next line of plan.txt:
 # "ok", "raise NODE TASK" (a task exits 1), "kill NODE TASK" (a task is killed) or "hang NODE TASK"
@@ -223,11 +225,19 @@ def test_the_guardian_requeues_without_a_batch_node_that_went_silent(fake: Path)
 
     run(fake, ["ok"], {"spare_nodes": 1})  # writes the spec and a first, ended record
     environ = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURMD_NODENAME": "n3"}
-    sup = supervisor.Supervisor(fake / "run", ["srun"], supervisor.load_spec(fake / "run"), environ)
+    log = guardian.log_path(fake / "run", "7")
+    log.parent.mkdir()  # submitit's folder: the batch step's log is there
+    say = guardian.log_writer(log)
+    sup = HealRecord(fake / "run", load_spec(fake / "run"), environ, say=say)
     record = {"job_id": "7", "restart": 0, "batch_node": "n1", "ended": False, "time": 0.0}
     write_json_atomic(supervisor_record_path(fake / "run"), record)
-    sup.lost_reason = lambda node: "its slurmd does not answer" if node == "n1" else None  # type: ignore[method-assign]
-    assert guardian.guard(sup, "n1", poll_s=0.01) == 0
+    probe = NodeProbe()
+    probe.lost_reason = lambda node: "its slurmd does not answer" if node == "n1" else None  # type: ignore[method-assign]
+    assert guardian.guard(sup, probe, "n1", say, poll_s=0.01) == 0
+    assert log.read_text() == (
+        "hpctrain guardian: node n1 lost before the first step (the batch step's node does not answer); "
+        "requeueing without n1 (it ran the batch step)\n"
+    )
     log = slurm_log(fake)
     assert "scontrol requeue 7" in log and "ExcNodeList=n1" in log
     summary = read_summary(fake / "run")
@@ -244,15 +254,41 @@ def test_the_guardian_leaves_when_the_supervisor_ends_or_lives(fake: Path) -> No
 
     run(fake, ["ok"], {"spare_nodes": 1})
     environ = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]"}
-    sup = supervisor.Supervisor(fake / "run", ["srun"], supervisor.load_spec(fake / "run"), environ)
-    sup.lost_reason = lambda node: "gone"  # type: ignore[method-assign]
+    sup = HealRecord(fake / "run", load_spec(fake / "run"), environ)
+    probe = NodeProbe()
+    probe.lost_reason = lambda node: "gone"  # type: ignore[method-assign]
     ended = {"job_id": "7", "restart": 0, "batch_node": "n1", "ended": True, "time": 0.0}
     write_json_atomic(supervisor_record_path(fake / "run"), ended)
-    assert guardian.guard(sup, "n1", poll_s=0.01) == 0
+    assert guardian.guard(sup, probe, "n1", print, poll_s=0.01) == 0
     fresh = {**ended, "ended": False, "time": time.time()}
     write_json_atomic(supervisor_record_path(fake / "run"), fresh)
-    sup.lost_reason = lambda node: None  # type: ignore[method-assign]
+    probe.lost_reason = lambda node: None  # type: ignore[method-assign]
     other = {**fresh, "restart": 1}
     write_json_atomic(supervisor_record_path(fake / "run"), other)  # a later start's record: not ours
-    assert guardian.guard(sup, "n1", poll_s=0.01) == 0
+    assert guardian.guard(sup, probe, "n1", print, poll_s=0.01) == 0
     assert "requeue" not in slurm_log(fake)
+
+
+def test_the_guardian_has_no_log_until_it_has_something_to_say(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpctrain.runtime import guardian
+
+    run(fake, ["ok"], {"spare_nodes": 1})  # the supervisor ended: the guardian leaves at once
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    assert guardian.main([str(fake / "run"), "n1"]) == 0
+    assert not guardian.log_path(fake / "run", "7").exists()
+    (fake / "broken" / "submitit").mkdir(parents=True)  # no spec: the guardian cannot start
+    assert guardian.main([str(fake / "broken"), "n1"]) == 1
+    text = guardian.log_path(fake / "broken", "7").read_text()
+    assert text.startswith("hpctrain guardian: failed:\nTraceback") and "spec" in text
+
+
+def test_the_guardian_step_leaves_srun_no_file_to_create(tmp_path: Path) -> None:
+    from hpctrain.runtime import guardian
+
+    step = guardian.GuardianStep("true", tmp_path, "n1", {"PATH": os.environ.get("PATH", "")})
+    step.start(["n1", "n2", "n3"], excluded=["n3"], step_nodes=["n1"])
+    step.stop()
+    assert step.process is not None
+    argv = step.process.args
+    assert "--nodelist=n2" in argv and "--output=/dev/null" in argv and "--error=/dev/null" in argv  # type: ignore[operator]
