@@ -15,7 +15,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -26,6 +26,7 @@ from .hpctrain_cli import hpctrain, task_logs
 from .stop_helpers import (
     EPOCHS,
     STEPS_PER_EPOCH,
+    Run,
     Workspace,
     job_record,
     latest_step,
@@ -96,27 +97,32 @@ def assert_nothing_left(cluster: SlurmCluster, job_id: str) -> None:
     assert left == [], f"processes of job {job_id} outlived it: {left}"
 
 
+def assert_healed_onto_the_spare(cluster: SlurmCluster, ws: Workspace, run: Run) -> tuple[dict[str, Any], str]:
+    """The run lost n2, went on on n1,n3 inside its allocation (never requeued) and completed, and says so
+    in summary.json, the job log and ``status``; nothing is left running. Its node failure, and what status said."""
+    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    logs = batch_log(run.run_dir)
+    assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
+    summary = run.summary()
+    assert (summary["status"], summary["global_step"]) == ("completed", TOTAL_STEPS), summary
+    assert summary["excluded_nodes"] == ["n2"] and summary["hostnames"] == ["n1", "n3"]
+    [failure] = summary["node_failures"]
+    assert (failure["node"], failure["action"], failure["nodes"]) == ("n2", "continue", ["n1", "n3"]), failure
+    assert f"node n2 lost at step {failure['step']} ({failure['reason']})" in logs
+    assert f"continuing on n1,n3 from step {failure['checkpoint_step']}" in logs
+    requeues = cluster.run("sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", run.job_id)
+    assert "REQUEUED" not in requeues.stdout  # healed inside the allocation
+    status = hpctrain(ws.env, "status", str(run.run_dir))
+    assert "lost_nodes: n2 at step" in status.stdout and "continue on n1,n3" in status.stdout, status
+    assert_nothing_left(cluster, run.job_id)
+    return failure, status.stdout
+
+
 def test_a_node_killed_mid_run_is_replaced_by_the_spare(cluster: SlurmCluster, workspace: Workspace) -> None:
     run = submit(workspace, "name=spare", "resources.spare_nodes=1")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
     kill_node("n2")
-    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
-    logs = batch_log(run.run_dir)
-    assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
-
-    summary = run.summary()
-    assert (summary["status"], summary["global_step"]) == ("completed", TOTAL_STEPS), summary
-    assert summary["excluded_nodes"] == ["n2"]
-    [failure] = summary["node_failures"]
-    assert (failure["node"], failure["action"], failure["nodes"]) == ("n2", "continue", ["n1", "n3"]), failure
-    assert summary["hostnames"] == ["n1", "n3"]
-    assert f"node n2 lost at step {failure['step']}" in logs
-    assert f"continuing on n1,n3 from step {failure['checkpoint_step']}" in logs
-    requeues = cluster.run("sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", run.job_id)
-    assert "REQUEUED" not in requeues.stdout  # healed inside the allocation
-    status = hpctrain(workspace.env, "status", str(run.run_dir))
-    assert "lost_nodes: n2 at step" in status.stdout and "continue on n1,n3" in status.stdout, status
-    assert_nothing_left(cluster, run.job_id)
+    assert_healed_onto_the_spare(cluster, workspace, run)
 
 
 def test_a_hung_rank_is_blamed_on_its_node_and_the_run_goes_on_without_it(
@@ -134,25 +140,11 @@ def test_a_hung_rank_is_blamed_on_its_node_and_the_run_goes_on_without_it(
     os.kill(pid, signal.SIGSTOP)  # rank 2 (on n2) stops making progress; its heartbeat thread stops with it
     time.sleep(1)  # a heartbeat write in flight lands
     [last] = [beat for beat in read_heartbeats(run.run_dir) if beat.rank == 2]
-    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
-    logs = batch_log(run.run_dir)
-    assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
-
-    summary = run.summary()
-    assert (summary["status"], summary["global_step"]) == ("completed", TOTAL_STEPS), summary
-    assert summary["excluded_nodes"] == ["n2"] and summary["hostnames"] == ["n1", "n3"]
-    [failure] = summary["node_failures"]
-    assert (failure["node"], failure["action"], failure["nodes"]) == ("n2", "continue", ["n1", "n3"]), failure
+    failure, status = assert_healed_onto_the_spare(cluster, workspace, run)
     # the phase the rank was in when it stopped, as its own heartbeat recorded it (issue 20: not "setup")
     assert failure["reason"].startswith(f"rank 2 hung in phase {last.phase} at step {last.step} "), (failure, last)
     assert "its process froze" in failure["reason"], failure
-    assert failure["checkpoint_step"] >= 2
-    assert f"node n2 lost at step {failure['step']} (rank 2 hung in phase {last.phase}" in logs
-    requeues = cluster.run("sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", run.job_id)
-    assert "REQUEUED" not in requeues.stdout  # healed inside the allocation
-    status = hpctrain(workspace.env, "status", str(run.run_dir))
-    assert "lost_nodes: n2 at step" in status.stdout and "rank 2 hung" in status.stdout, status
-    assert_nothing_left(cluster, run.job_id)
+    assert failure["checkpoint_step"] >= 2 and "rank 2 hung" in status
 
 
 def test_rank_zero_killed_requeues_without_its_node(cluster: SlurmCluster, workspace: Workspace) -> None:
