@@ -15,8 +15,10 @@ recorded in metrics.jsonl:
   here, 300 s by default), Slurm requeues the job, and the benchmark releases it at once
   (Slurm holds a requeued job ~120 s, and a real queue adds its wait: both left out).
 
-Overhead: plain and supervised runs without a loss, interleaved: the median step time of
-each (metrics.jsonl ``step_s``), and the supervisor's own CPU time over its run's wall time.
+Overhead: plain and supervised runs without a loss, in pairs (which runs first alternates): the
+median step time of each (metrics.jsonl ``step_s``) and their ratio, and the supervisor's own CPU
+time over its run's wall time. The summary gives each number's median and range over the repeats,
+and the load average before and after (a shared machine: say so when it was loaded).
 The cluster is left as found (2 nodes) unless ``--keep``.
 """
 
@@ -148,7 +150,8 @@ def supervisor_cpu_s(job_id: str) -> float:
 def overhead_repeat(cluster: Cluster, ws: Workspace, index: int) -> dict[str, float]:
     cluster.up(3)
     found: dict[str, float] = {}
-    for label, sets in (("plain", ()), ("supervised", ("resources.spare_nodes=1",))):
+    pair = [("plain", ()), ("supervised", ("resources.spare_nodes=1",))]
+    for label, sets in pair if index % 2 == 0 else pair[::-1]:  # alternate which runs first
         run: Run = submit(ws, f"name=overhead-{label}-{index}", *LONGER, *sets)
         cpu, started = 0.0, time.monotonic()
         while cluster.state(run.job_id) not in ("COMPLETED", "FAILED", "CANCELLED"):
@@ -160,7 +163,16 @@ def overhead_repeat(cluster: Cluster, ws: Workspace, index: int) -> dict[str, fl
         found[f"{label}_step_s"] = statistics.median(r["step_s"] for r in train_records(run.run_dir))
         if label == "supervised":
             found["supervisor_cpu_share"] = cpu / wall
+    found["ratio"] = found["supervised_step_s"] / found["plain_step_s"]
     return found
+
+
+def spread(values: list[float], unit: str = " s", digits: int = 1) -> str:
+    """``median 29.0 s (28.5-31.2 s, 3 repeats)``."""
+    if not values:
+        return "not measured"
+    low, high, mid = min(values), max(values), statistics.median(values)
+    return f"median {mid:.{digits}f}{unit} ({low:.{digits}f}-{high:.{digits}f}{unit}, {len(values)} repeats)"
 
 
 def main() -> int:
@@ -174,24 +186,36 @@ def main() -> int:
     cluster = Cluster()
     cluster.up(3)
     ws = make_workspace(cluster, args.work)  # type: ignore[arg-type]
+    heal: list[float] = []
+    requeue: list[float] = []
+    ratios: list[float] = []
+    cpu: list[float] = []
+    print(f"load average at the start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
     try:
         for k in range(args.repeats):
-            seconds = loss_repeat(cluster, ws, f"heal-{k}", "resources.spare_nodes=1")
-            print(f"heal {k}: node death -> next training step: {seconds:.1f} s", flush=True)
+            heal.append(loss_repeat(cluster, ws, f"heal-{k}", "resources.spare_nodes=1"))
+            print(f"heal {k}: node death -> next training step: {heal[-1]:.1f} s", flush=True)
+        for k in range(args.requeue_repeats):
+            requeue.append(loss_repeat(cluster, ws, f"requeue-{k}", requeue=True))
+            print(f"requeue {k}: node death -> next training step: {requeue[-1]:.1f} s", flush=True)
         for k in range(args.overhead_repeats):
             found = overhead_repeat(cluster, ws, k)
+            ratios.append(found["ratio"])
+            cpu.append(100 * found["supervisor_cpu_share"])
             print(
                 f"overhead {k}: median step plain {found['plain_step_s']:.3f} s, supervised "
-                f"{found['supervised_step_s']:.3f} s; supervisor CPU {100 * found['supervisor_cpu_share']:.2f} % "
-                "of one core",
+                f"{found['supervised_step_s']:.3f} s, ratio {found['ratio']:.3f}; supervisor CPU "
+                f"{cpu[-1]:.2f} % of one core",
                 flush=True,
             )
-        for k in range(args.requeue_repeats):
-            seconds = loss_repeat(cluster, ws, f"requeue-{k}", requeue=True)
-            print(f"requeue {k}: node death -> next training step: {seconds:.1f} s", flush=True)
     finally:
         if not args.keep:
             cluster.up(2)
+    print(f"heal in the allocation: {spread(heal)}")
+    print(f"requeue path (hold released at once): {spread(requeue)}")
+    print(f"median step supervised / plain: {spread(ratios, unit='', digits=3)}")
+    print(f"supervisor CPU, % of one core: {spread(cpu, unit=' %', digits=2)}")
+    print(f"load average at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     return 0
 
 

@@ -77,6 +77,16 @@ def first_task_failure(text: str) -> TaskFailure | None:
     return None
 
 
+def task_failures(text: str) -> list[TaskFailure]:
+    """Every task failure srun reported in ``text``, first first (a line's lowest task id). Pure."""
+    found = []
+    for line in text.splitlines(keepends=True):
+        failure = first_task_failure(line)
+        if failure is not None:
+            found.append(failure)
+    return found
+
+
 def looks_like_peer_failure(exc: BaseException) -> bool:
     """Whether ``exc`` may be the echo of another task's death rather than this task's own fault."""
     if isinstance(exc, HpctrainError):

@@ -1,82 +1,190 @@
-"""The batch node's watcher: a one-task step on another node of a healing job's allocation.
+"""The batch node's loss: a watcher on another node of a healing job, and the next start's look back.
 
 When the node that runs the batch step dies, the supervisor dies with it, and
 Slurm 22.05 (``--no-kill``) removes the node from the job, kills the batch
 step and every step on it, and keeps the job RUNNING on the other nodes with
 nothing left to do until the time limit (measured on the test cluster). So
-the supervisor starts this watcher on another node (``srun --overlap``,
-step name :data:`STEP_NAME`, its output to a file so that it does not depend
-on the srun client on the batch node). It reads the supervisor's record
-(``.hpctrain/supervisor.json``, rewritten every few seconds): when the record
-is older than :data:`SILENT_S` and the batch node's slurmd does not answer,
-it records the node failure, requeues the job and sets ``ExcNodeList``. It
-ends when the record says the supervisor ended, or belongs to another start.
-Torch-free.
+the supervisor starts this watcher on another node (:class:`GuardianStep`:
+``srun --overlap``, step name :data:`STEP_NAME`). It reads the supervisor's
+record (``.hpctrain/supervisor.json``, rewritten every
+:data:`~hpctrain.runtime.heal_record.RECORD_EVERY_S`): when the record is
+older than :data:`SILENT_S` and the batch node's slurmd does not answer, it
+records the node failure, requeues the job and sets ``ExcNodeList``. It ends
+when the record says the supervisor ended, or belongs to another start.
+
+The guardian writes its log (:func:`log_path`) itself, only when it has
+something to say, so a run whose batch node lived has no empty log; srun's
+own output for the step goes nowhere (``/dev/null``: a file there would be
+created empty on every start).
+
+When Slurm requeued the job without the guardian (it died too), the next
+start finds the record not ended and asks Slurm about the old batch node
+(:func:`blame_previous_start`). Torch-free.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import sys
 import time
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract.heartbeat_files import read_heartbeats
-from hpctrain.contract.rundir import latest_checkpoint_step, read_json_object, supervisor_record_path
+from hpctrain.contract.rundir import submitit_dir
 from hpctrain.runtime import healing
+from hpctrain.runtime.heal_record import HealRecord, load_spec
+from hpctrain.runtime.node_evidence import NodeProbe, last_step
 
 STEP_NAME = "hpctrain-guard"
 POLL_S = 2.0
-SILENT_S = 20.0  # the supervisor rewrites its record every supervisor.RECORD_EVERY_S
+SILENT_S = 20.0  # the supervisor rewrites its record every heal_record.RECORD_EVERY_S
+STOP_WAIT_S = 5.0  # for the guardian's srun to exit once ended
+
+Say = Callable[[str], None]
 
 
-def guard(sup: Any, batch_node: str, *, poll_s: float = POLL_S, silent_s: float = SILENT_S) -> int:
-    """Watch ``batch_node`` for supervisor ``sup`` (a :class:`~hpctrain.runtime.supervisor.Supervisor`
-    built in this step); returns this step's exit status."""
+def log_path(run_dir: Path, job_id: str) -> Path:
+    """The guardian's log, beside the job's other logs (every start of the job appends to it)."""
+    return submitit_dir(run_dir) / f"{job_id}_guardian_log.err"
+
+
+def log_writer(path: Path) -> Say:
+    """A ``say`` that appends ``hpctrain guardian: LINE`` to ``path``, creating it only then."""
+
+    def say(line: str) -> None:
+        text = f"hpctrain guardian: {line}\n"
+        try:
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(text)
+        except OSError:
+            sys.stderr.write(text)  # to srun, which drops it: nothing better is left
+
+    return say
+
+
+class GuardianStep:
+    """The guardian's srun, started by the supervisor on a node other than its own: a spare first."""
+
+    def __init__(self, srun: str, run_dir: Path, batch_node: str, environ: Mapping[str, str]) -> None:
+        self.srun, self.run_dir, self.batch_node, self.environ = srun, run_dir, batch_node, dict(environ)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, allocation: Sequence[str], excluded: Sequence[str], step_nodes: Sequence[str]) -> None:
+        """Start it unless it runs; a node of the allocation that is neither excluded nor the batch node."""
+        if self.process is not None and self.process.poll() is None:
+            return
+        others = [n for n in allocation if n not in excluded and n != self.batch_node]
+        others.sort(key=lambda n: n in step_nodes)  # a spare first: it has the most room
+        if not others:
+            return
+        argv = [
+            self.srun,
+            "--overlap",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--nodelist={others[0]}",
+            f"--job-name={STEP_NAME}",
+            "--output=/dev/null",  # the guardian writes its own log, when it has something to say
+            "--error=/dev/null",
+            sys.executable,
+            "-m",
+            "hpctrain.runtime.guardian",
+            str(self.run_dir),
+            self.batch_node,
+        ]
+        self.process = subprocess.Popen(argv, env=self.environ, stdin=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        """The record says ended: the guardian leaves within its poll; else its srun is ended."""
+        if self.process is None:
+            return
+        try:
+            self.process.wait(timeout=2 * POLL_S + STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def guard(
+    record: HealRecord,
+    probe: NodeProbe,
+    batch_node: str,
+    say: Say,
+    *,
+    poll_s: float = POLL_S,
+    silent_s: float = SILENT_S,
+) -> int:
+    """Watch ``batch_node`` for the start ``record`` describes; this step's exit status."""
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))  # the job ends or is requeued
-    path = supervisor_record_path(sup.run_dir)
     while True:
-        record = read_json_object(path) or {}
-        if record.get("job_id") != sup.job_id or record.get("restart") != sup.restart or record.get("ended"):
+        seen = record.read_record()
+        if seen.get("job_id") != record.job_id or seen.get("restart") != record.restart or seen.get("ended"):
             return 0
-        written = record.get("time")
+        written = seen.get("time")
         silent = not isinstance(written, (int, float)) or time.time() - written > silent_s
-        if silent and sup.lost_reason(batch_node) is not None:
-            return take_out(sup, batch_node, record)
+        if silent and probe.lost_reason(batch_node) is not None:
+            return take_out(record, batch_node, seen, say)
         time.sleep(poll_s)
 
 
-def take_out(sup: Any, batch_node: str, record: dict[str, Any]) -> int:
+def take_out(record: HealRecord, batch_node: str, seen: dict[str, Any], say: Say) -> int:
     """Record the batch node's loss, requeue without it, and close the record (the next start knows)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the requeue's SIGTERM: ExcNodeList comes after it
-    found = healing.Blame(batch_node, "the batch step's node does not answer")
-    sup.excluded = list(dict.fromkeys([*sup.excluded, batch_node]))
-    decision = healing.Decision("requeue", excluded=tuple(sup.excluded), why="it ran the batch step")
-    checkpoint = latest_checkpoint_step(sup.run_dir)
-    step = max((b.step for b in read_heartbeats(sup.run_dir) if b.node == batch_node), default=None)
-    sup.record(found, decision, checkpoint, step)
-    healing_say(healing.log_line(found, step, decision, checkpoint))
-    sup.write_record(ended=True, batch_node=batch_node)
-    return int(sup.requeue_or_fail(decision.why))
+    decision = exclude_batch_node(
+        record, batch_node, "the batch step's node does not answer", "it ran the batch step", say
+    )
+    nodes = seen.get("nodes")
+    record.write_record(nodes if isinstance(nodes, list) else [], ended=True, batch_node=batch_node)
+    return record.requeue_or_fail(decision.why)
 
 
-def healing_say(line: str) -> None:
-    print(f"hpctrain guardian: {line}", file=sys.stderr, flush=True)
+def blame_previous_start(record: HealRecord, probe: NodeProbe, say: Say) -> None:
+    """When this job's previous start ended with its batch step (its record never says ended) and Slurm
+    now marks that node bad, the node went down with it: record it, and keep it out."""
+    seen = record.read_record()
+    node, restart = seen.get("batch_node"), seen.get("restart")
+    if seen.get("job_id") != record.job_id or seen.get("ended") or not isinstance(node, str):
+        return
+    if not isinstance(restart, int) or restart >= record.restart or node in record.excluded:
+        return
+    state = probe.node_states([node]).get(node)
+    if state is None or not healing.bad_node_state(state):
+        return
+    exclude_batch_node(
+        record, node, f"the batch step's node went down (Slurm marks it {state})", "Slurm requeued the job", say
+    )
+
+
+def exclude_batch_node(record: HealRecord, node: str, reason: str, why: str, say: Say) -> healing.Decision:
+    """The batch node ``node`` is lost: the run requeues without it; recorded and said in one line."""
+    found = healing.Blame(node, reason)
+    excluded = tuple(dict.fromkeys([*record.excluded, node]))
+    decision = healing.Decision("requeue", excluded=excluded, why=why)
+    step = last_step(record.run_dir, [node])
+    failures = record.add_failure(found, decision, step)
+    say(healing.log_line(found, step, decision, failures[-1]["checkpoint_step"]))
+    return decision
 
 
 def main(argv: Sequence[str]) -> int:
-    from hpctrain.runtime.supervisor import Supervisor, load_spec
-
     if len(argv) != 2:
-        healing_say("usage: python -m hpctrain.runtime.guardian RUN_DIR BATCH_NODE")
+        print("usage: python -m hpctrain.runtime.guardian RUN_DIR BATCH_NODE", file=sys.stderr)
         return 2
-    import os
-
-    run_dir = Path(argv[0])
-    sup = Supervisor(run_dir, ["srun"], load_spec(run_dir), dict(os.environ))
-    return guard(sup, argv[1])
+    run_dir, environ = Path(argv[0]), dict(os.environ)
+    say = log_writer(log_path(run_dir, environ.get("SLURM_JOB_ID", "local")))
+    try:
+        record = HealRecord(run_dir, load_spec(run_dir), environ, say=say)
+        return guard(record, NodeProbe(), argv[1], say)
+    except Exception:  # srun's output goes nowhere: the log is where a failure can be read
+        say("failed:\n" + traceback.format_exc())
+        return 1
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from hpctrain.errors import DistributedSetupError
+from hpctrain.jobspec.batch import BatchLayout, micro_batch_problem
 from hpctrain.runtime.failures import TaskFailure
 
 if TYPE_CHECKING:
@@ -47,6 +48,26 @@ _BAD_NODE_STATES = ("down", "drain", "drained", "draining", "fail", "failing", "
 
 
 @dataclass(frozen=True)
+class HungRank:
+    """The hang watchdog's culprit as its report in summary.json names it (``runtime/hang.py``)."""
+
+    rank: int
+    node: str
+    phase: str | None = None  # its last recorded phase
+    step: int | None = None
+    frozen_s: float | None = None  # its whole process froze: its heartbeat was silent this long
+
+    def reason(self) -> str:
+        """``rank 2 hung in phase forward_backward at step 5 (its process froze: heartbeat silent 18 s)``."""
+        where = f"rank {self.rank} hung in phase {self.phase or 'unknown'}"
+        if self.step is not None:
+            where += f" at step {self.step}"
+        if self.frozen_s is not None:
+            return f"{where} (its process froze: heartbeat silent {self.frozen_s:.0f} s)"
+        return f"{where} (no progress)"
+
+
+@dataclass(frozen=True)
 class StepOutcome:
     """What the supervisor saw of one training step."""
 
@@ -55,7 +76,7 @@ class StepOutcome:
     task_failures: tuple[TaskFailure, ...] = ()  # srun's reports, first first
     lost_nodes: Mapping[str, str] = field(default_factory=dict)  # node -> why it is gone
     silent_nodes: frozenset[str] = frozenset()  # every rank's heartbeat went silent
-    hung: tuple[int, str, str] | None = None  # (rank, node, reason) from the hang watchdog's report
+    hung: HungRank | None = None  # the hang watchdog's culprit, when it ended the step
 
 
 @dataclass(frozen=True)
@@ -99,9 +120,8 @@ def blame(outcome: StepOutcome) -> Blame | None:
     first = outcome.task_failures[0] if outcome.task_failures else None
     if first is not None and first.node in outcome.nodes and was_killed(first.reason):
         return Blame(first.node, f"rank {first.rank} {_short_reason(first.reason)}")
-    if outcome.hung is not None and outcome.hung[1] in outcome.nodes:
-        rank, node, reason = outcome.hung
-        return Blame(node, f"rank {rank} hung: {reason}")
+    if outcome.hung is not None and outcome.hung.node in outcome.nodes:
+        return Blame(outcome.hung.node, outcome.hung.reason())
     for node in outcome.nodes:
         if node in outcome.silent_nodes:
             return Blame(node, "every rank's heartbeat went silent")
@@ -111,6 +131,15 @@ def blame(outcome: StepOutcome) -> Blame | None:
 def _short_reason(reason: str) -> str:
     code = _EXIT_CODE.search(reason.lower())
     return f"exited {code.group(1)}" if code else reason.strip().lower()
+
+
+def batch_fits(spec: JobSpec, count: int) -> bool:
+    """Whether the run's global batch splits over ``count`` nodes' ranks (always, for user code)."""
+    if spec.entrypoint is not None or count == spec.resources.nodes:
+        return True
+    gpus_per_task = (spec.resources.gpus_per_node or 0) // spec.tasks_per_node
+    fewer = BatchLayout.of(spec.trainer, tasks=count * spec.tasks_per_node, gpus_per_task=gpus_per_task)
+    return micro_batch_problem(spec.batch_layout.processes, fewer.processes, strategy=spec.trainer.strategy) is None
 
 
 def choose_nodes(

@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from hpctrain.contract.heartbeat_files import read_heartbeats
 
 from .entrypoints import ENTRYPOINT_MODULE
 from .hpctrain_cli import hpctrain, task_logs
 from .stop_helpers import (
     EPOCHS,
     STEPS_PER_EPOCH,
+    Run,
     Workspace,
     job_record,
     latest_step,
@@ -45,6 +49,7 @@ RUN_TIMEOUT_S = 240
 # after its last answer to a ping, which comes every SlurmdTimeout/3 s. Measured 74 s on 24.11 from the
 # kill; the CI machine's load adds to it (over 90 s once). A hang guard, not a timing.
 REQUEUE_AFTER_LOSS_TIMEOUT_S = 240
+HANG_TIMEOUT_S = 15  # distributed.hang_timeout_s of the hung-rank test (the spec's timeout_s is 120)
 
 
 @pytest.fixture(scope="module")
@@ -97,27 +102,54 @@ def assert_nothing_left(cluster: SlurmCluster, job_id: str) -> None:
     assert left == [], f"processes of job {job_id} outlived it: {left}"
 
 
+def assert_healed_onto_the_spare(cluster: SlurmCluster, ws: Workspace, run: Run) -> tuple[dict[str, Any], str]:
+    """The run lost n2, went on on n1,n3 inside its allocation (never requeued) and completed, and says so
+    in summary.json, the job log and ``status``; nothing is left running. Its node failure, and what status said."""
+    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    logs = batch_log(run.run_dir)
+    assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
+    summary = run.summary()
+    assert (summary["status"], summary["global_step"]) == ("completed", TOTAL_STEPS), summary
+    assert summary["excluded_nodes"] == ["n2"] and summary["hostnames"] == ["n1", "n3"]
+    [failure] = summary["node_failures"]
+    assert (failure["node"], failure["action"], failure["nodes"]) == ("n2", "continue", ["n1", "n3"]), failure
+    assert f"node n2 lost at step {failure['step']} ({failure['reason']})" in logs
+    assert f"continuing on n1,n3 from step {failure['checkpoint_step']}" in logs
+    requeues = cluster.run("sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", run.job_id)
+    assert "REQUEUED" not in requeues.stdout  # healed inside the allocation
+    status = hpctrain(ws.env, "status", str(run.run_dir))
+    assert "lost_nodes: n2 at step" in status.stdout and "continue on n1,n3" in status.stdout, status
+    assert_nothing_left(cluster, run.job_id)
+    return failure, status.stdout
+
+
 def test_a_node_killed_mid_run_is_replaced_by_the_spare(cluster: SlurmCluster, workspace: Workspace) -> None:
     run = submit(workspace, "name=spare", "resources.spare_nodes=1")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
     kill_node("n2")
-    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
-    logs = batch_log(run.run_dir)
-    assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
+    assert_healed_onto_the_spare(cluster, workspace, run)
 
-    summary = run.summary()
-    assert (summary["status"], summary["global_step"]) == ("completed", TOTAL_STEPS), summary
-    assert summary["excluded_nodes"] == ["n2"]
-    [failure] = summary["node_failures"]
-    assert (failure["node"], failure["action"], failure["nodes"]) == ("n2", "continue", ["n1", "n3"]), failure
-    assert summary["hostnames"] == ["n1", "n3"]
-    assert f"node n2 lost at step {failure['step']}" in logs
-    assert f"continuing on n1,n3 from step {failure['checkpoint_step']}" in logs
-    requeues = cluster.run("sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", run.job_id)
-    assert "REQUEUED" not in requeues.stdout  # healed inside the allocation
-    status = hpctrain(workspace.env, "status", str(run.run_dir))
-    assert "lost_nodes: n2 at step" in status.stdout and "continue on n1,n3" in status.stdout, status
-    assert_nothing_left(cluster, run.job_id)
+
+def test_a_hung_rank_is_blamed_on_its_node_and_the_run_goes_on_without_it(
+    cluster: SlurmCluster, workspace: Workspace
+) -> None:
+    run = submit(
+        workspace,
+        "name=hung",
+        "resources.spare_nodes=1",
+        f"distributed.hang_timeout_s={HANG_TIMEOUT_S}",
+        "distributed.heartbeat_interval_s=2",
+    )
+    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+    pid = wait_for(lambda: rank_pid(cluster, run.job_id, 2), "rank 2's process", 30, run)
+    os.kill(pid, signal.SIGSTOP)  # rank 2 (on n2) stops making progress; its heartbeat thread stops with it
+    time.sleep(1)  # a heartbeat write in flight lands
+    [last] = [beat for beat in read_heartbeats(run.run_dir) if beat.rank == 2]
+    failure, status = assert_healed_onto_the_spare(cluster, workspace, run)
+    # the phase the rank was in when it stopped, as its own heartbeat recorded it (issue 20: not "setup")
+    assert failure["reason"].startswith(f"rank 2 hung in phase {last.phase} at step {last.step} "), (failure, last)
+    assert "its process froze" in failure["reason"], failure
+    assert failure["checkpoint_step"] >= 2 and "rank 2 hung" in status
 
 
 def test_rank_zero_killed_requeues_without_its_node(cluster: SlurmCluster, workspace: Workspace) -> None:
@@ -125,7 +157,7 @@ def test_rank_zero_killed_requeues_without_its_node(cluster: SlurmCluster, works
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
     pid = wait_for(lambda: rank_pid(cluster, run.job_id, 0), "rank 0's process", 30, run)
     os.kill(pid, signal.SIGKILL)  # rank 0 runs beside the batch step: that node cannot host the next step
-    wait_requeued(cluster, run.job_id, restarts=1)
+    wait_requeued(cluster, run.job_id, restarts=1, timeout=REQUEUE_AFTER_LOSS_TIMEOUT_S)  # failed once at 60 s
     assert job_record(cluster, run.job_id).get("ExcNodeList") == "n1", batch_log(run.run_dir)  # set before
     cluster.release(run.job_id)
     state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)

@@ -132,8 +132,14 @@ def test_a_rank_that_raised_blames_no_node() -> None:
 
 
 def test_a_hung_rank_blames_its_node_then_a_silent_node() -> None:
-    hung = StepOutcome(NODES, hung=(4, "n3", "frozen 40 s"), silent_nodes=frozenset({"n2"}))
-    assert healing.blame(hung) == Blame("n3", "rank 4 hung: frozen 40 s")
+    frozen = healing.HungRank(4, "n3", phase="forward_backward", step=5, frozen_s=40.2)
+    hung = StepOutcome(NODES, hung=frozen, silent_nodes=frozenset({"n2"}))
+    assert healing.blame(hung) == Blame(
+        "n3", "rank 4 hung in phase forward_backward at step 5 (its process froze: heartbeat silent 40 s)"
+    )
+    waiting = healing.HungRank(1, "n1", phase="data", step=7)
+    expected = Blame("n1", "rank 1 hung in phase data at step 7 (no progress)")
+    assert healing.blame(StepOutcome(NODES, hung=waiting)) == expected
     assert healing.blame(StepOutcome(NODES, silent_nodes=frozenset({"n2"}))).node == "n2"  # type: ignore[union-attr]
 
 

@@ -11,12 +11,15 @@ from typing import Any
 
 import pytest
 
-from hpctrain.contract.rundir import read_json_object, read_summary, spec_path
+from hpctrain.contract.rundir import read_json_object, read_summary, spec_path, write_summary
 from hpctrain.jobspec.yaml_source import dump_yaml
 from hpctrain.runtime import supervisor
+from hpctrain.runtime.heal_record import HealRecord, load_spec
+from hpctrain.runtime.node_evidence import NodeProbe
 
 # Each call of the fake srun takes its behaviour from the next line of plan.txt:
-# "ok", "raise NODE TASK" (a task exits 1) or "kill NODE TASK" (a task is killed).
+# "ok", "raise NODE TASK" (a task exits 1), "kill NODE TASK" (a task is killed) or "hang NODE TASK"
+# (the hang watchdog names the task: it claims the report, writes it into summary.json, the ranks exit 87).
 FAKE_SRUN = """#!{python}
 import json, os, sys
 from pathlib import Path
@@ -26,6 +29,15 @@ json.dump({{"argv": sys.argv[1:], "env": dict(os.environ)}}, open(here / f"call-
 plan = (here / "plan.txt").read_text().split("\\n")[len(calls)].split()
 if plan[0] == "ok":
     sys.exit(0)
+if plan[0] == "hang":
+    run = here / "run"
+    (run / "stacks").mkdir(exist_ok=True)
+    (run / "stacks" / ".hang-reported-7").write_text("1\\n")
+    report = dict(status="failed", hung_rank=int(plan[2]), hung_node=plan[1], hung_phase="forward_backward")
+    report.update(hung_step=5, hung_frozen_s=21.4, hang_job_id="7")
+    (run / "summary.json").write_text(json.dumps(report))
+    print("srun: error: n1: task 0: Exited with exit code 87", file=sys.stderr, flush=True)
+    sys.exit(87)
 reason = "Exited with exit code 1" if plan[0] == "raise" else "Killed"
 print(f"srun: error: {{plan[1]}}: task {{plan[2]}}: {{reason}}", file=sys.stderr, flush=True)
 sys.exit(1)
@@ -121,6 +133,29 @@ def test_without_a_spare_the_run_goes_on_with_fewer_nodes(fake: Path) -> None:
     assert calls[1]["env"]["HPCTRAIN_STEP_NODES"] == "2"
 
 
+def test_a_hung_rank_moves_the_run_off_its_node_naming_its_phase(fake: Path) -> None:
+    rc, calls = run(fake, ["hang n2 2", "ok"], {"spare_nodes": 1})
+    assert rc == 0 and len(calls) == 2 and "--nodelist=n1,n3" in calls[1]["argv"]
+    summary = read_summary(fake / "run")
+    assert summary is not None and summary.excluded_nodes == ["n2"]
+    [failure] = summary.node_failures or []
+    assert (failure["node"], failure["action"]) == ("n2", "continue")
+    expected = "rank 2 hung in phase forward_backward at step 5 (its process froze: heartbeat silent 21 s)"
+    assert failure["reason"] == expected
+
+
+def test_a_hang_report_of_an_earlier_start_blames_nothing(fake: Path) -> None:
+    run_dir = fake / "run"
+    (run_dir / "stacks").mkdir(parents=True)
+    (run_dir / "stacks" / ".hang-reported-7").write_text("1\n")  # the same job id: a requeued job
+    report = {"status": "running", "hung_rank": 2, "hung_node": "n2", "hung_phase": "data", "hang_job_id": "7"}
+    write_summary(run_dir, report)
+    rc, calls = run(fake, ["raise n2 2", "ok"], {"spare_nodes": 1}, restart=1)
+    assert rc == 1 and len(calls) == 1  # the code raised: no node to blame, as without healing
+    summary = read_summary(run_dir)
+    assert summary is not None and not summary.node_failures
+
+
 def test_a_rank_that_raised_ends_the_job_as_without_healing(fake: Path) -> None:
     rc, calls = run(fake, ["raise n2 2", "ok"], {"spare_nodes": 1})
     assert rc == 1 and len(calls) == 1
@@ -190,11 +225,19 @@ def test_the_guardian_requeues_without_a_batch_node_that_went_silent(fake: Path)
 
     run(fake, ["ok"], {"spare_nodes": 1})  # writes the spec and a first, ended record
     environ = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURMD_NODENAME": "n3"}
-    sup = supervisor.Supervisor(fake / "run", ["srun"], supervisor.load_spec(fake / "run"), environ)
+    log = guardian.log_path(fake / "run", "7")
+    log.parent.mkdir()  # submitit's folder: the batch step's log is there
+    say = guardian.log_writer(log)
+    sup = HealRecord(fake / "run", load_spec(fake / "run"), environ, say=say)
     record = {"job_id": "7", "restart": 0, "batch_node": "n1", "ended": False, "time": 0.0}
     write_json_atomic(supervisor_record_path(fake / "run"), record)
-    sup.lost_reason = lambda node: "its slurmd does not answer" if node == "n1" else None  # type: ignore[method-assign]
-    assert guardian.guard(sup, "n1", poll_s=0.01) == 0
+    probe = NodeProbe()
+    probe.lost_reason = lambda node: "its slurmd does not answer" if node == "n1" else None  # type: ignore[method-assign]
+    assert guardian.guard(sup, probe, "n1", say, poll_s=0.01) == 0
+    assert log.read_text() == (
+        "hpctrain guardian: node n1 lost before the first step (the batch step's node does not answer); "
+        "requeueing without n1 (it ran the batch step)\n"
+    )
     log = slurm_log(fake)
     assert "scontrol requeue 7" in log and "ExcNodeList=n1" in log
     summary = read_summary(fake / "run")
@@ -211,15 +254,41 @@ def test_the_guardian_leaves_when_the_supervisor_ends_or_lives(fake: Path) -> No
 
     run(fake, ["ok"], {"spare_nodes": 1})
     environ = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]"}
-    sup = supervisor.Supervisor(fake / "run", ["srun"], supervisor.load_spec(fake / "run"), environ)
-    sup.lost_reason = lambda node: "gone"  # type: ignore[method-assign]
+    sup = HealRecord(fake / "run", load_spec(fake / "run"), environ)
+    probe = NodeProbe()
+    probe.lost_reason = lambda node: "gone"  # type: ignore[method-assign]
     ended = {"job_id": "7", "restart": 0, "batch_node": "n1", "ended": True, "time": 0.0}
     write_json_atomic(supervisor_record_path(fake / "run"), ended)
-    assert guardian.guard(sup, "n1", poll_s=0.01) == 0
+    assert guardian.guard(sup, probe, "n1", print, poll_s=0.01) == 0
     fresh = {**ended, "ended": False, "time": time.time()}
     write_json_atomic(supervisor_record_path(fake / "run"), fresh)
-    sup.lost_reason = lambda node: None  # type: ignore[method-assign]
+    probe.lost_reason = lambda node: None  # type: ignore[method-assign]
     other = {**fresh, "restart": 1}
     write_json_atomic(supervisor_record_path(fake / "run"), other)  # a later start's record: not ours
-    assert guardian.guard(sup, "n1", poll_s=0.01) == 0
+    assert guardian.guard(sup, probe, "n1", print, poll_s=0.01) == 0
     assert "requeue" not in slurm_log(fake)
+
+
+def test_the_guardian_has_no_log_until_it_has_something_to_say(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpctrain.runtime import guardian
+
+    run(fake, ["ok"], {"spare_nodes": 1})  # the supervisor ended: the guardian leaves at once
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    assert guardian.main([str(fake / "run"), "n1"]) == 0
+    assert not guardian.log_path(fake / "run", "7").exists()
+    (fake / "broken" / "submitit").mkdir(parents=True)  # no spec: the guardian cannot start
+    assert guardian.main([str(fake / "broken"), "n1"]) == 1
+    text = guardian.log_path(fake / "broken", "7").read_text()
+    assert text.startswith("hpctrain guardian: failed:\nTraceback") and "spec" in text
+
+
+def test_the_guardian_step_leaves_srun_no_file_to_create(tmp_path: Path) -> None:
+    from hpctrain.runtime import guardian
+
+    step = guardian.GuardianStep("true", tmp_path, "n1", {"PATH": os.environ.get("PATH", "")})
+    step.start(["n1", "n2", "n3"], excluded=["n3"], step_nodes=["n1"])
+    step.stop()
+    assert step.process is not None
+    argv = step.process.args
+    assert "--nodelist=n2" in argv and "--output=/dev/null" in argv and "--error=/dev/null" in argv  # type: ignore[operator]
