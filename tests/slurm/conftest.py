@@ -13,8 +13,6 @@ this tier. Tests marked `slurm_contract` are the subset every version must pass
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import os
 import pwd
 import shutil
@@ -28,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster_scripts import load_cluster_script
+
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
 SCRIPT = REPO_ROOT / "tests" / "cluster" / "slurm-cluster"
@@ -40,17 +40,7 @@ SLURM_VERSION_ENV = "HPCTRAIN_TEST_SLURM"
 ROOTFS_UNAVAILABLE = 4
 
 
-def _cluster_script_module() -> object:
-    """tests/cluster/slurm-cluster as a module (it owns the list of offered Slurm versions)."""
-    loader = importlib.machinery.SourceFileLoader("slurm_cluster_script", str(SCRIPT))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-_SCRIPT_MODULE = _cluster_script_module()
+_SCRIPT_MODULE = load_cluster_script("slurm-cluster")  # it owns the list of offered Slurm versions
 DEFAULT_SLURM: str = _SCRIPT_MODULE.DEFAULT_SLURM  # type: ignore[attr-defined]
 TEST_USER: str = _SCRIPT_MODULE.TEST_USER  # type: ignore[attr-defined]
 SLURM_VERSIONS: dict[str, str | None] = _SCRIPT_MODULE.SLURM_VERSIONS  # type: ignore[attr-defined]

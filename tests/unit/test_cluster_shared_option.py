@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "cluster" / "slurm-cluster"
+from tests.cluster_scripts import load_cluster_script
 
 
 @pytest.fixture(scope="module")
 def cluster() -> ModuleType:
-    loader = importlib.machinery.SourceFileLoader("slurm_cluster_script", str(SCRIPT))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return load_cluster_script("slurm-cluster")
 
 
 @pytest.fixture

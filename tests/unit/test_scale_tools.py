@@ -6,30 +6,17 @@ scale-smoke itself needs the 16-node cluster and most of the machine's memory
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import uuid
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-CLUSTER = Path(__file__).resolve().parents[1] / "cluster"
+from tests.cluster_scripts import CLUSTER_DIR, load_cluster_script
 
-
-def load_script(name: str) -> ModuleType:
-    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), str(CLUSTER / name))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-check_ranks = load_script("check-ranks")
+check_ranks = load_cluster_script("check-ranks")
 
 
 def status_of(layout: dict[str, list[int]], phase: str = "done") -> dict[str, Any]:
@@ -70,14 +57,14 @@ def test_check_ranks_command_exits_non_zero_with_the_problem(tmp_path: Path) -> 
     status.write_text(json.dumps(status_of(hal_layout(2, 2))))
     report.write_text(json.dumps(report_of(2, 3)))
     done = subprocess.run(
-        [sys.executable, str(CLUSTER / "check-ranks"), "2", "2", str(status), str(report)],
+        [sys.executable, str(CLUSTER_DIR / "check-ranks"), "2", "2", str(status), str(report)],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert (done.returncode, done.stdout.strip()) == (1, "report table: 2 nodes, 3 devices")
     missing = subprocess.run(
-        [sys.executable, str(CLUSTER / "check-ranks"), "2", "2", str(tmp_path / "none.json"), str(report)],
+        [sys.executable, str(CLUSTER_DIR / "check-ranks"), "2", "2", str(tmp_path / "none.json"), str(report)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -100,7 +87,7 @@ def test_job_memory_counts_a_ranks_private_memory_apart_from_its_reaper() -> Non
     stranger = subprocess.Popen([sys.executable, "-c", holding(24), "submitit.core._submit"], env=no_job)
     try:
         done = subprocess.run(
-            [sys.executable, str(CLUSTER / "job-memory"), job_id, "--interval", "0.2", "--timeout", "60"],
+            [sys.executable, str(CLUSTER_DIR / "job-memory"), job_id, "--interval", "0.2", "--timeout", "60"],
             capture_output=True,
             text=True,
             timeout=120,  # a hang guard: it ends when the job's processes have
