@@ -43,6 +43,8 @@ COMMAND_TIMEOUT_S = 30.0
 DEFAULT_KILL_WAIT_S = 30.0
 # slurm.conf's default MaxArraySize: array task ids run 0..1000.
 DEFAULT_MAX_ARRAY_SIZE = 1001
+# slurm.conf's default SlurmdPort.
+DEFAULT_SLURMD_PORT = 6818
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 FailureKind = Literal["missing", "timeout", "unreachable", "unknown-job", "refused"]
@@ -122,6 +124,11 @@ def parse_kill_wait_s(config: str) -> float | None:
 def parse_max_array_size(config: str) -> int | None:
     """``MaxArraySize = 1001`` from ``scontrol show config``; None when absent."""
     return _config_number(config, "MaxArraySize")
+
+
+def parse_slurmd_port(config: str) -> int | None:
+    """``SlurmdPort = 6818`` from ``scontrol show config``; None when absent."""
+    return _config_number(config, "SlurmdPort")
 
 
 def parse_nodes(output: str) -> list[dict[str, str]]:
@@ -368,6 +375,15 @@ def kill_wait_s() -> float:
     except ClusterError:
         value = None
     return DEFAULT_KILL_WAIT_S if value is None else value
+
+
+def slurmd_port() -> int:
+    """The port every node's slurmd listens on; Slurm's default when unknown."""
+    try:
+        value = parse_slurmd_port(run_slurm(["scontrol", "show", "config"]))
+    except ClusterError:
+        value = None
+    return DEFAULT_SLURMD_PORT if value is None else value
 
 
 def max_array_size(*, runner: Runner = subprocess.run) -> int:

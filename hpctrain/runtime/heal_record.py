@@ -31,7 +31,7 @@ from hpctrain.contract.rundir import (
     write_json_atomic,
     write_summary,
 )
-from hpctrain.contract.slurm import SlurmCommandError, run_slurm
+from hpctrain.contract.slurm import SlurmCommandError, requeue_job, run_slurm
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.yaml_source import read_spec_file
 from hpctrain.runtime import healing
@@ -124,7 +124,7 @@ class HealRecord:
             self.fail(f"{why}; no requeue left (signals.max_requeues)")
             return 1
         try:
-            run_slurm(["scontrol", "requeue", self.job_id])
+            requeue_job(self.job_id)
         except SlurmCommandError as exc:
             self.say(f"could not requeue: {exc}")
             self.fail(f"{why}; requeue failed: {exc}")

@@ -16,13 +16,12 @@ from pathlib import Path
 
 from hpctrain.contract.heartbeat_files import read_heartbeats
 from hpctrain.contract.rundir import hang_claim_path, read_summary
-from hpctrain.contract.slurm import SlurmCommandError, run_slurm
+from hpctrain.contract.slurm import SlurmCommandError, run_slurm, show_job, slurmd_port
 from hpctrain.runtime.failures import task_failures
 from hpctrain.runtime.healing import HungRank
 
 PROBE_TIMEOUT_S = 3.0
 SILENT_BEATS = 3  # heartbeat intervals without a beat before a node is a suspect
-DEFAULT_SLURMD_PORT = 6818
 
 
 def reported_nodes(srun_text: str) -> set[str]:
@@ -88,14 +87,7 @@ class NodeProbe:
 
     def slurmd_port(self) -> int:
         if self._slurmd_port is None:
-            self._slurmd_port = DEFAULT_SLURMD_PORT
-            try:
-                for line in run_slurm(["scontrol", "show", "config"]).splitlines():
-                    key, _, value = line.partition("=")
-                    if key.strip() == "SlurmdPort" and value.strip().isdigit():
-                        self._slurmd_port = int(value.strip())
-            except SlurmCommandError:
-                pass
+            self._slurmd_port = slurmd_port()
         return self._slurmd_port
 
     def node_states(self, nodes: Sequence[str]) -> dict[str, str]:
@@ -109,7 +101,6 @@ class NodeProbe:
     def job_running(self, job_id: str) -> bool:
         """Whether Slurm still runs the job (True when it cannot tell: carry on as if it does)."""
         try:
-            record = run_slurm(["scontrol", "--oneliner", "show", "job", job_id])
+            return show_job(job_id).get("JobState") == "RUNNING"
         except SlurmCommandError:
             return True
-        return "JobState=RUNNING" in record

@@ -155,8 +155,10 @@ def test_merged_lookup_falls_back_to_squeue_only_while_sacct_has_not_caught_up()
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_config_and_node_parsers_on_recorded_answers(version: str) -> None:
-    config = parse_config(recorded(version, "scontrol_show_config.txt"))
+    text = recorded(version, "scontrol_show_config.txt")
+    config = parse_config(text)
     assert config["KillWait"].split()[0].isdigit() and "MaxArraySize" in config
+    assert slurm.parse_slurmd_port(text) == 6818  # what the healing supervisor probes a node's slurmd on
     nodes = parse_nodes(recorded(version, "scontrol_show_node.txt"))
     assert nodes and all(node["NodeName"] for node in nodes)
 
