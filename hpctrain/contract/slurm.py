@@ -43,6 +43,11 @@ COMMAND_TIMEOUT_S = 30.0
 DEFAULT_KILL_WAIT_S = 30.0
 # slurm.conf's default MaxArraySize: array task ids run 0..1000.
 DEFAULT_MAX_ARRAY_SIZE = 1001
+# Slurm 22.05's slurmd refuses to start a job whose credential is not newer, in whole seconds, than the
+# revocation of its previous start: a requeued job released within the second of its requeue fails at
+# once ("Killing non-startable batch JobId=N: Job credential revoked", seen on the test cluster). Slurm's
+# own hold of a requeued job (~120 s) never meets it; a release must wait this long after the requeue.
+RELEASE_AFTER_REQUEUE_S = 1.0
 # slurm.conf's default SlurmdPort.
 DEFAULT_SLURMD_PORT = 6818
 
@@ -419,8 +424,10 @@ def signal_job(job_id: str, signal_name: str) -> None:
     run_slurm(["scancel", f"--signal={signal_name}", checked_job_id(job_id)])
 
 
-def release_job(job_id: str) -> None:
-    """Start a requeued (held until its begin time) job now."""
+def release_job(job_id: str, *, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Start a requeued job (held until its begin time) now, :data:`RELEASE_AFTER_REQUEUE_S` after the
+    caller saw it pending, so after its requeue."""
+    sleep(RELEASE_AFTER_REQUEUE_S)
     run_slurm(["scontrol", "update", f"JobId={checked_job_id(job_id)}", "StartTime=now"])
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.contract.slurm import RELEASE_AFTER_REQUEUE_S
 from tests.cluster_scripts import load_cluster_script
 
 HERE = Path(__file__).resolve().parent
@@ -133,7 +134,10 @@ class SlurmCluster:
         )
 
     def release(self, job_id: str) -> None:
-        """Start a requeued job now; Slurm otherwise holds it ~120 s (Reason=BeginTime; 22.05 to 26.05)."""
+        """Start a requeued job now; Slurm otherwise holds it ~120 s (Reason=BeginTime; 22.05 to 26.05).
+        Called once the job was seen requeued; waits as hpctrain's own release does (22.05 fails a job
+        released within the second of its requeue: ``contract.slurm.RELEASE_AFTER_REQUEUE_S``)."""
+        time.sleep(RELEASE_AFTER_REQUEUE_S)
         self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
 
     def set_proctrack(self, mode: str) -> None:

@@ -146,3 +146,12 @@ def test_anything_else_is_refused_before_a_command_runs(bad: object) -> None:
         with pytest.raises(slurm.SlurmCommandError):
             ask(bad, runner=runner)  # type: ignore[operator]
     assert slurm.job_states([str(bad)], runner=runner) == {} and calls == []
+
+
+def test_a_requeued_job_is_released_only_after_the_second_of_its_requeue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slurm 22.05 fails a job released within the second of its requeue ("Job credential revoked")."""
+    events: list[object] = []
+    monkeypatch.setattr(slurm, "run_slurm", lambda command, **kwargs: events.append(command) or "")
+    slurm.release_job("42", sleep=events.append)
+    assert events == [slurm.RELEASE_AFTER_REQUEUE_S, ["scontrol", "update", "JobId=42", "StartTime=now"]]
+    assert slurm.RELEASE_AFTER_REQUEUE_S >= 1.0  # Slurm's credential times are whole seconds
