@@ -1,0 +1,39 @@
+"""The environment hpctrain gives a user's own code: the names both sides agree on. Torch-free.
+
+A ``script:`` job's processes (issue 27) and ``hpctrain.task`` (the public task
+API, issue 28) meet here: the script's wrapper on the node sets these variables,
+and ``hpctrain.task`` reads them, so a plain script learns its run, its
+checkpoints, its restart and how it will be asked to stop without importing
+anything of the runtime. Per rank the script also sees the torchrun variables
+(``TORCHRUN_VARS``); per node (``script.per: node``) only the ones that name no
+rank.
+"""
+
+from __future__ import annotations
+
+RUN_DIR_VAR = "HPCTRAIN_RUN_DIR"  # the run directory (the script's working directory unless script.workdir)
+CHECKPOINT_DIR_VAR = "HPCTRAIN_CHECKPOINT_DIR"  # RUN_DIR/checkpoints: where a script keeps what it resumes from
+RESTART_COUNT_VAR = "HPCTRAIN_RESTART_COUNT"  # 0 on the first start, +1 per requeue or relaunch
+JOB_ID_VAR = "HPCTRAIN_JOB_ID"  # the Slurm job id (a local run: its controller's id)
+# The signal hpctrain sends the script's process group when it must stop (time limit, preemption,
+# cancel): its name without SIG (TERM, INT or USR1; script.stop_signal). hpctrain.task routes it to
+# its stop flag.
+STOP_SIGNAL_VAR = "HPCTRAIN_STOP_SIGNAL"
+HEARTBEAT_INTERVAL_VAR = "HPCTRAIN_HEARTBEAT_INTERVAL_S"  # distributed.heartbeat_interval_s
+HANG_TIMEOUT_VAR = "HPCTRAIN_HANG_TIMEOUT_S"  # distributed.hang_timeout_s; unset: no hang watchdog
+
+# The torchrun environment: every one for a process per rank; for a process per node (which starts
+# its own workers) only those that name no single rank.
+PER_RANK_VARS = ("RANK", "LOCAL_RANK")
+PER_NODE_VARS = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+TORCHRUN_VARS = PER_RANK_VARS + PER_NODE_VARS
+
+HPCTRAIN_VARS = (
+    RUN_DIR_VAR,
+    CHECKPOINT_DIR_VAR,
+    RESTART_COUNT_VAR,
+    JOB_ID_VAR,
+    STOP_SIGNAL_VAR,
+    HEARTBEAT_INTERVAL_VAR,
+    HANG_TIMEOUT_VAR,
+)
