@@ -105,7 +105,7 @@ def torchrun_failures_path(run_dir: str | Path) -> Path:
 
 
 def supervisor_record_path(run_dir: str | Path) -> Path:
-    """Where a healing job's batch step records the step it runs (runtime/supervisor.py)."""
+    """Where a healing job's batch step records the step it runs (healing/supervisor.py)."""
     return Path(run_dir) / CONTROL_DIR / SUPERVISOR_RECORD_NAME
 
 
@@ -348,7 +348,7 @@ class Summary(BaseModel):
     hung_phase: str | None = None
     hung_frozen_s: float | None = None  # the hung rank's whole process froze: its heartbeat was silent this long
     error: str | None = None
-    excluded_nodes: list[str] | None = None  # nodes a healing run keeps away from (runtime/supervisor.py)
+    excluded_nodes: list[str] | None = None  # nodes a healing run keeps away from (healing/supervisor.py)
     node_failures: list[dict[str, Any]] | None = None  # node, step, checkpoint_step, reason, action, nodes, job_id
     wall_s: float | None = None
     started_at: str | None = None

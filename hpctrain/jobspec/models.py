@@ -129,7 +129,7 @@ class Resources(Section):
 
     @property
     def heals(self) -> bool:
-        """The batch step supervises its training steps and survives a lost node (runtime/supervisor.py)."""
+        """The batch step supervises its training steps and survives a lost node (healing/supervisor.py)."""
         return self.fewest_nodes < self.nodes or self.spare_nodes > 0
 
     @property

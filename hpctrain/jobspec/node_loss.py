@@ -3,18 +3,26 @@
 A run that continues on fewer nodes keeps its global batch by giving each rank
 more canonical micro-batches (``jobspec/batch.py``), which only the elastic
 strategies can; a spare node keeps the shape, so any strategy may have spares.
-Pure and torch-free: ``validate`` and ``submit`` call it through ``check_resolved``.
+Pure and torch-free: ``validate`` and ``submit`` call it through ``check_resolved``; a
+step on fewer nodes (``hpctrain/healing/supervisor.py`` sets :data:`STEP_NODES_VAR`) runs
+:func:`step_spec`'s spec.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from hpctrain.errors import SpecProblem
+from hpctrain.errors import DistributedSetupError, SpecProblem
 from hpctrain.jobspec.batch import ELASTIC_STRATEGIES, BatchLayout, micro_batch_problem
 
 if TYPE_CHECKING:
     from hpctrain.jobspec.models import JobSpec
+
+# Set by the supervisor on a step that runs on another number of nodes than resources.nodes.
+STEP_NODES_VAR = "HPCTRAIN_STEP_NODES"
+# Set by the task launcher for the trainer: the run's canonical micro-batches per step (elastic resume).
+RUN_MICRO_BATCHES_VAR = "HPCTRAIN_RUN_MICRO_BATCHES"
 
 
 def node_loss_problems(spec: JobSpec) -> list[SpecProblem]:
@@ -59,3 +67,18 @@ def _shrink_problems(spec: JobSpec, fewest: int) -> list[SpecProblem]:
             f"{fewest}: {problem}; min_nodes values that keep it: {', '.join(map(str, working))}",
         )
     ]
+
+
+def step_spec(spec: JobSpec, environ: Mapping[str, str]) -> JobSpec:
+    """The spec as this step runs it: on :data:`STEP_NODES_VAR` nodes when the supervisor set it."""
+    value = environ.get(STEP_NODES_VAR)
+    if not value:
+        return spec
+    res = spec.resources
+    if not value.isdigit() or not res.fewest_nodes <= int(value) <= res.nodes:
+        raise DistributedSetupError(
+            f"{STEP_NODES_VAR}={value!r} is not a node count from resources.min_nodes ({res.fewest_nodes}) "
+            f"to resources.nodes ({res.nodes})",
+            hint="only hpctrain's supervisor sets it; unset it",
+        )
+    return spec.model_copy(update={"resources": res.model_copy(update={"nodes": int(value)})})

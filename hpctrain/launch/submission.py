@@ -109,12 +109,12 @@ def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> d
 
 def supervisor_command(spec: JobSpec, run_dir: Path) -> str | None:
     """A healing job's batch-step supervisor, which runs the srun line after it as often as lost nodes
-    require (runtime/supervisor.py); None for every other job."""
+    require (healing/supervisor.py); None for every other job."""
     if not spec.resources.heals:
         return None
     # exec: the batch step's main process, so that SIGTERM (a requeue, scancel) reaches it, not a shell
     # whose default death ends the step at once, before the supervisor has said ExcNodeList
-    return f"exec {shlex.quote(sys.executable)} -m hpctrain.runtime.supervisor {shlex.quote(str(run_dir))} --"
+    return f"exec {shlex.quote(sys.executable)} -m hpctrain.healing.supervisor {shlex.quote(str(run_dir))} --"
 
 
 def container_mounts(spec: JobSpec) -> list[str]:

@@ -59,8 +59,8 @@ class TaskLauncher:
 
     def step_spec(self, spec: JobSpec) -> JobSpec:
         """The spec on the nodes this step got: fewer than ``resources.nodes`` after a lost node
-        (runtime/supervisor.py); the trainer keeps the run's global batch (``RUN_MICRO_BATCHES_VAR``)."""
-        from hpctrain.runtime.healing import RUN_MICRO_BATCHES_VAR, step_spec
+        (healing/supervisor.py); the trainer keeps the run's global batch (``RUN_MICRO_BATCHES_VAR``)."""
+        from hpctrain.jobspec.node_loss import RUN_MICRO_BATCHES_VAR, step_spec
 
         step = step_spec(spec, os.environ)
         if step is not spec:

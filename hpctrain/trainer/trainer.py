@@ -32,10 +32,10 @@ from torch import nn
 
 from hpctrain.errors import TrainingConfigError
 from hpctrain.jobspec.batch import BatchLayout
+from hpctrain.jobspec.node_loss import RUN_MICRO_BATCHES_VAR
 from hpctrain.jobspec.strategy_traits import traits
 from hpctrain.runtime import heartbeat
 from hpctrain.runtime.context import TaskContext
-from hpctrain.runtime.healing import RUN_MICRO_BATCHES_VAR
 from hpctrain.runtime.stop import StopReason
 from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
 from hpctrain.trainer.compiling import compile_failure, compile_model

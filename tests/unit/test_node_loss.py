@@ -12,12 +12,13 @@ import pytest
 
 from hpctrain.contract.rundir import read_summary, write_summary
 from hpctrain.errors import DistributedSetupError, SpecError
+from hpctrain.healing import decide as healing
+from hpctrain.healing.decide import Blame, StepOutcome
+from hpctrain.jobspec import node_loss
 from hpctrain.jobspec.load import load_job
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.launch.submission import render_script
-from hpctrain.runtime import healing
 from hpctrain.runtime.failures import TaskFailure
-from hpctrain.runtime.healing import Blame, StepOutcome
 from hpctrain.trainer.reporting import Reporter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,7 +89,7 @@ def test_a_healing_job_asks_for_the_spares_with_no_kill_and_runs_the_supervisor(
     script = render_script(job, Path("/runs/X"))
     assert "#SBATCH --nodes=4" in script and "#SBATCH --no-kill" in script
     command = script.split("# command\n", 1)[1].splitlines()[1]
-    supervisor = f"exec {shlex.quote(sys.executable)} -m hpctrain.runtime.supervisor /runs/X -- srun "
+    supervisor = f"exec {shlex.quote(sys.executable)} -m hpctrain.healing.supervisor /runs/X -- srun "
     assert command.startswith(supervisor)
     assert "--kill-on-bad-exit=1" in command and command.endswith("/runs/X/submitit")
 
@@ -99,7 +100,7 @@ def test_the_submitting_executor_writes_what_dry_run_prints_for_a_healing_job(tm
     job = load(tmp_path, "spare_nodes: 1")
     executor = build_executor(job, "slurm", Path("/runs/X"))
     submitted = executor._make_submission_file_text(executor._submitit_command_str, "uid")  # type: ignore[attr-defined]
-    assert submitted == render_script(job, Path("/runs/X")) and "hpctrain.runtime.supervisor" in submitted
+    assert submitted == render_script(job, Path("/runs/X")) and "hpctrain.healing.supervisor" in submitted
 
 
 def test_a_default_job_has_neither(tmp_path: Path) -> None:
@@ -208,11 +209,11 @@ def test_the_log_line_says_what_happened() -> None:
 # -- the tasks and the summary -----------------------------------------------------------------------------------
 def test_a_step_on_fewer_nodes_runs_the_spec_on_them(tmp_path: Path) -> None:
     spec = load(tmp_path, "min_nodes: 1").spec
-    assert healing.step_spec(spec, {}) is spec
-    smaller = healing.step_spec(spec, {healing.STEP_NODES_VAR: "1"})
+    assert node_loss.step_spec(spec, {}) is spec
+    smaller = node_loss.step_spec(spec, {node_loss.STEP_NODES_VAR: "1"})
     assert smaller.resources.nodes == 1 and smaller.world_size == 2
     with pytest.raises(DistributedSetupError, match="HPCTRAIN_STEP_NODES='4'"):
-        healing.step_spec(spec, {healing.STEP_NODES_VAR: "4"})
+        node_loss.step_spec(spec, {node_loss.STEP_NODES_VAR: "4"})
 
 
 def test_a_task_on_fewer_nodes_tells_the_trainer_the_runs_micro_batches(
@@ -221,17 +222,17 @@ def test_a_task_on_fewer_nodes_tells_the_trainer_the_runs_micro_batches(
     from hpctrain.runtime.launcher import TaskLauncher
 
     spec = load(tmp_path, "min_nodes: 1").spec
-    monkeypatch.setenv(healing.STEP_NODES_VAR, "1")
+    monkeypatch.setenv(node_loss.STEP_NODES_VAR, "1")
     # The task sets it in os.environ; set (then drop) it here first so that monkeypatch puts the
     # environment back afterwards (a bare delenv of an unset name records nothing, and the value
     # leaked into every later in-process trainer: other micro-batches, other steps).
-    monkeypatch.setenv(healing.RUN_MICRO_BATCHES_VAR, "0")
-    monkeypatch.delenv(healing.RUN_MICRO_BATCHES_VAR)
+    monkeypatch.setenv(node_loss.RUN_MICRO_BATCHES_VAR, "0")
+    monkeypatch.delenv(node_loss.RUN_MICRO_BATCHES_VAR)
     launcher = TaskLauncher(spec.model_dump(mode="json"), str(tmp_path))
     assert launcher.step_spec(JobSpec.model_validate(spec.model_dump(mode="json"))).world_size == 2
     import os
 
-    assert os.environ[healing.RUN_MICRO_BATCHES_VAR] == "6"
+    assert os.environ[node_loss.RUN_MICRO_BATCHES_VAR] == "6"
 
 
 def test_a_new_attempt_keeps_the_records_of_lost_nodes(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """The batch step's supervisor against fake ``srun`` and ``scontrol`` commands: what it starts after a
-failed step, what it records, when it requeues and when it stops (runtime/supervisor.py)."""
+failed step, what it records, when it requeues and when it stops (healing/supervisor.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from hpctrain.contract.rundir import read_json_object, read_summary, spec_path, write_summary
+from hpctrain.healing import supervisor
+from hpctrain.healing.evidence import NodeProbe
+from hpctrain.healing.record import HealRecord, load_spec
 from hpctrain.jobspec.yaml_source import dump_yaml
-from hpctrain.runtime import supervisor
-from hpctrain.runtime.heal_record import HealRecord, load_spec
-from hpctrain.runtime.node_evidence import NodeProbe
 
 # Each call of the fake srun takes its behaviour from the next line of plan.txt:
 # "ok", "raise NODE TASK" (a task exits 1), "kill NODE TASK" (a task is killed) or "hang NODE TASK"
@@ -221,7 +221,7 @@ def test_a_start_after_a_clean_end_blames_nothing(fake: Path, monkeypatch: pytes
 
 def test_the_guardian_requeues_without_a_batch_node_that_went_silent(fake: Path) -> None:
     from hpctrain.contract.rundir import supervisor_record_path, write_json_atomic
-    from hpctrain.runtime import guardian
+    from hpctrain.healing import guardian
 
     run(fake, ["ok"], {"spare_nodes": 1})  # writes the spec and a first, ended record
     environ = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURMD_NODENAME": "n3"}
@@ -250,7 +250,7 @@ def test_the_guardian_leaves_when_the_supervisor_ends_or_lives(fake: Path) -> No
     import time
 
     from hpctrain.contract.rundir import supervisor_record_path, write_json_atomic
-    from hpctrain.runtime import guardian
+    from hpctrain.healing import guardian
 
     run(fake, ["ok"], {"spare_nodes": 1})
     environ = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]"}
@@ -270,7 +270,7 @@ def test_the_guardian_leaves_when_the_supervisor_ends_or_lives(fake: Path) -> No
 
 
 def test_the_guardian_has_no_log_until_it_has_something_to_say(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from hpctrain.runtime import guardian
+    from hpctrain.healing import guardian
 
     run(fake, ["ok"], {"spare_nodes": 1})  # the supervisor ended: the guardian leaves at once
     monkeypatch.setenv("SLURM_JOB_ID", "7")
@@ -284,7 +284,7 @@ def test_the_guardian_has_no_log_until_it_has_something_to_say(fake: Path, monke
 
 
 def test_the_guardian_step_leaves_srun_no_file_to_create(tmp_path: Path) -> None:
-    from hpctrain.runtime import guardian
+    from hpctrain.healing import guardian
 
     step = guardian.GuardianStep("true", tmp_path, "n1", {"PATH": os.environ.get("PATH", "")})
     step.start(["n1", "n2", "n3"], excluded=["n3"], step_nodes=["n1"])

@@ -1,6 +1,6 @@
 """The batch step of a job that heals: run the training step, and start it again without a lost node.
 
-``python -m hpctrain.runtime.supervisor RUN_DIR -- srun ARGS... COMMAND`` is
+``python -m hpctrain.healing.supervisor RUN_DIR -- srun ARGS... COMMAND`` is
 the sbatch script's command when ``resources.min_nodes`` or ``spare_nodes``
 is set (the job has ``--no-kill``, so Slurm keeps the allocation when a node
 fails). It starts the srun line on ``resources.nodes`` nodes of the
@@ -15,11 +15,11 @@ srun itself only gives up on a dead node at Slurm's node-failure detection
 (SlurmdTimeout, 300 s by default), and a new step is refused until then
 unless it overlaps (measured, docs/preemption.md). So the supervisor ends the
 step itself (``scancel --signal=KILL`` of the step, then the srun client),
-blames a node (``runtime/healing.py``), records it in summary.json
+blames a node (``healing/decide.py``), records it in summary.json
 (``excluded_nodes``, ``node_failures``), and starts the next step from the
 last complete checkpoint; or requeues the job with ``ExcNodeList`` set; or
 stops. The training code is the same on every start: the task launcher
-reads :data:`~hpctrain.runtime.healing.STEP_NODES_VAR` for a smaller world.
+reads :data:`~hpctrain.healing.STEP_NODES_VAR` for a smaller world.
 Torch-free (it runs beside the tasks, on the batch node).
 """
 
@@ -38,10 +38,11 @@ from typing import Any
 
 from hpctrain.contract.rundir import hang_claim_path
 from hpctrain.contract.slurm import SlurmCommandError, run_slurm
+from hpctrain.healing import decide, evidence, guardian
+from hpctrain.healing.record import RECORD_EVERY_S, HealRecord, load_spec
 from hpctrain.jobspec.models import JobSpec
-from hpctrain.runtime import guardian, healing, node_evidence
+from hpctrain.jobspec.node_loss import STEP_NODES_VAR
 from hpctrain.runtime.failures import first_task_failure, task_failures
-from hpctrain.runtime.heal_record import RECORD_EVERY_S, HealRecord, load_spec
 from hpctrain.runtime.master import derive_master_port
 from hpctrain.runtime.task_env import parse_hostlist
 
@@ -87,7 +88,7 @@ class Supervisor:
         self.record = HealRecord(run_dir, spec, environ, say=say)
         self.job_id = self.record.job_id
         self.allocation = parse_hostlist(environ["SLURM_JOB_NODELIST"])
-        self.probe = node_evidence.NodeProbe()
+        self.probe = evidence.NodeProbe()
         self.guardian = guardian.GuardianStep(self.srun[0], run_dir, self.record.batch_node, environ)
         self.stopping = False
         self.step_nodes: tuple[str, ...] = ()
@@ -105,7 +106,7 @@ class Supervisor:
     def supervise(self) -> int:
         res = self.spec.resources
         healthy = [n for n in self.allocation if n not in self.record.excluded]
-        nodes = healing.choose_nodes(healthy, [], nodes=res.nodes, min_nodes=res.fewest_nodes, fits=self.fits)
+        nodes = decide.choose_nodes(healthy, [], nodes=res.nodes, min_nodes=res.fewest_nodes, fits=self.fits)
         if nodes is None:
             return self.record.requeue_or_fail(f"{len(healthy)} healthy nodes left, min_nodes is {res.fewest_nodes}")
         attempt = 0
@@ -119,15 +120,15 @@ class Supervisor:
                 return next_nodes
             nodes, attempt = next_nodes, attempt + 1
 
-    def after_failure(self, outcome: healing.StepOutcome) -> tuple[str, ...] | int:
+    def after_failure(self, outcome: decide.StepOutcome) -> tuple[str, ...] | int:
         """Blame, decide, record and say; the next step's nodes, or the batch step's exit status."""
         failed = outcome.exit_code or 1
         res = self.spec.resources
-        found = healing.blame(outcome)
+        found = decide.blame(outcome)
         if found is None:
             say(f"the training step failed (exit {outcome.exit_code}) and no node is to blame; the job ends")
             return failed
-        decision = healing.decide(
+        decision = decide.decide(
             found,
             step_nodes=outcome.nodes,
             allocation=self.allocation,
@@ -137,19 +138,19 @@ class Supervisor:
             min_nodes=res.fewest_nodes,
             fits=self.fits,
         )
-        step = node_evidence.last_step(self.run_dir, outcome.nodes)
+        step = evidence.last_step(self.run_dir, outcome.nodes)
         failures = self.record.add_failure(found, decision, step)
         checkpoint = failures[-1]["checkpoint_step"]
-        loop = healing.crash_loop(failures, self.spec.signals.crash_loop_attempts)
+        loop = decide.crash_loop(failures, self.spec.signals.crash_loop_attempts)
         if loop is not None and decision.action != "fail":
             since = f"step {checkpoint}" if checkpoint is not None else "the start"
             why = (
                 f"crash loop: {len(loop)} attempts in a row ended without a checkpoint newer than {since} "
-                f"({healing.describe_attempts(loop)})"
+                f"({decide.describe_attempts(loop)})"
             )
-            decision = healing.Decision("fail", excluded=decision.excluded, why=why)
+            decision = decide.Decision("fail", excluded=decision.excluded, why=why)
             self.record.fail(why)
-        say(healing.log_line(found, step, decision, checkpoint))
+        say(decide.log_line(found, step, decision, checkpoint))
         if decision.action == "continue":
             return decision.nodes
         if decision.action == "requeue":
@@ -157,7 +158,7 @@ class Supervisor:
         return failed
 
     def fits(self, count: int) -> bool:
-        return healing.batch_fits(self.spec, count)
+        return decide.batch_fits(self.spec, count)
 
     # -- one step ----------------------------------------------------------------------------------------------
     def start(self, nodes: tuple[str, ...], attempt: int) -> RunningStep:
@@ -177,7 +178,7 @@ class Supervisor:
         ]
         env = dict(self.environ)
         if len(nodes) != self.spec.resources.nodes:
-            env[healing.STEP_NODES_VAR] = str(len(nodes))
+            env[STEP_NODES_VAR] = str(len(nodes))
         if attempt:  # the last step's rendezvous port may still be held
             env["MASTER_PORT"] = str(derive_master_port(f"{self.job_id}.{self.record.restart}.{attempt}"))
         # A hang in this step reports again, also after a requeue (same job id); a claim after the step is this one's.
@@ -187,7 +188,7 @@ class Supervisor:
         step.start_tee()
         return step
 
-    def watch(self, step: RunningStep) -> healing.StepOutcome:
+    def watch(self, step: RunningStep) -> decide.StepOutcome:
         """Wait for the step to end, or end it once a node is found lost."""
         reported_at: float | None = None
         lost: dict[str, str] = {}
@@ -204,10 +205,10 @@ class Supervisor:
                 reported_at = time.monotonic()
             suspects = set(self.silent_nodes(step))
             if reported_at is not None and time.monotonic() - reported_at >= SETTLE_S:
-                suspects |= set(step.nodes) - node_evidence.reported_nodes(step.srun_text)
-            suspects |= set(healing.node_failures_in(step.srun_text))
+                suspects |= set(step.nodes) - evidence.reported_nodes(step.srun_text)
+            suspects |= set(decide.node_failures_in(step.srun_text))
             for node in sorted(suspects):
-                if time.monotonic() - probed.get(node, 0.0) < node_evidence.PROBE_TIMEOUT_S:
+                if time.monotonic() - probed.get(node, 0.0) < evidence.PROBE_TIMEOUT_S:
                     continue
                 probed[node] = time.monotonic()
                 why = self.probe.lost_reason(node)
@@ -218,29 +219,29 @@ class Supervisor:
                 break
         step.process.wait()
         if step.process.returncode == 0 and not lost:
-            return healing.StepOutcome(nodes=step.nodes, exit_code=0)
+            return decide.StepOutcome(nodes=step.nodes, exit_code=0)
         return self.outcome(step, lost)
 
-    def outcome(self, step: RunningStep, lost: dict[str, str]) -> healing.StepOutcome:
+    def outcome(self, step: RunningStep, lost: dict[str, str]) -> decide.StepOutcome:
         ended_by_us = bool(lost)
         text = step.srun_text
-        for node in healing.node_failures_in(text):
+        for node in decide.node_failures_in(text):
             lost.setdefault(node, "srun reports a node failure")
         for node, state in self.probe.node_states(step.nodes).items():
-            if node in step.nodes and healing.bad_node_state(state):
+            if node in step.nodes and decide.bad_node_state(state):
                 lost.setdefault(node, f"Slurm marks it {state}")
-        return healing.StepOutcome(
+        return decide.StepOutcome(
             nodes=step.nodes,
             exit_code=None if ended_by_us else step.process.returncode,
             task_failures=tuple(task_failures(text)),
             lost_nodes=lost,
             silent_nodes=frozenset(self.silent_nodes(step)),
-            hung=node_evidence.hung_rank(self.run_dir, self.job_id),
+            hung=evidence.hung_rank(self.run_dir, self.job_id),
         )
 
     def silent_nodes(self, step: RunningStep) -> list[str]:
-        limit = node_evidence.SILENT_BEATS * self.spec.distributed.heartbeat_interval_s
-        return node_evidence.silent_nodes(self.run_dir, step.nodes, since=step.started, limit_s=limit, now=time.time())
+        limit = evidence.SILENT_BEATS * self.spec.distributed.heartbeat_interval_s
+        return evidence.silent_nodes(self.run_dir, step.nodes, since=step.started, limit_s=limit, now=time.time())
 
     def end_step(self, step: RunningStep) -> None:
         """Kill the step's tasks on the nodes that still answer, then the srun client waiting for the lost one."""
@@ -277,7 +278,7 @@ class Supervisor:
 
 def main(argv: Sequence[str], *, environ: dict[str, str] | None = None, execv: Callable[..., Any] = os.execvp) -> int:
     if "--" not in argv or argv.index("--") != 1 or len(argv) < 3:
-        say("usage: python -m hpctrain.runtime.supervisor RUN_DIR -- srun ARGS... COMMAND")
+        say("usage: python -m hpctrain.healing.supervisor RUN_DIR -- srun ARGS... COMMAND")
         return 2
     run_dir, srun = Path(argv[0]), list(argv[2:])
     environ = dict(os.environ if environ is None else environ)

@@ -1,6 +1,6 @@
 """When a training step fails inside the allocation: which node to blame, and what to do next. Pure.
 
-The batch step's supervisor (``runtime/supervisor.py``) gathers what it saw of
+The batch step's supervisor (``healing/supervisor.py``) gathers what it saw of
 a step -- srun's reports of failed tasks and lost nodes, Slurm's node states,
 which nodes' slurmd stopped answering, heartbeats gone silent, the hang
 watchdog's culprit -- into a :class:`StepOutcome`; these functions decide.
@@ -23,7 +23,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from hpctrain.errors import DistributedSetupError
 from hpctrain.jobspec.batch import BatchLayout, micro_batch_problem
 from hpctrain.runtime.failures import TaskFailure
 
@@ -32,10 +31,6 @@ if TYPE_CHECKING:
 
 Action = Literal["continue", "requeue", "fail"]
 
-# Set by the supervisor on a step that runs on another number of nodes than resources.nodes.
-STEP_NODES_VAR = "HPCTRAIN_STEP_NODES"
-# Set by the task launcher for the trainer: the run's canonical micro-batches per step (elastic resume).
-RUN_MICRO_BATCHES_VAR = "HPCTRAIN_RUN_MICRO_BATCHES"
 # Step-reason words that mean the task was killed rather than that it raised.
 _KILLED_WORDS = ("killed", "signal", "terminated", "segmentation", "aborted", "bus error")
 _EXIT_CODE = re.compile(r"exit code (\d+)")
@@ -217,18 +212,3 @@ def log_line(found: Blame, step: int | None, decision: Decision, checkpoint_step
     if decision.action == "requeue":
         return f"{head}; requeueing without {','.join(decision.excluded)} ({decision.why})"
     return f"{head}; stopping: {decision.why}"
-
-
-def step_spec(spec: JobSpec, environ: Mapping[str, str]) -> JobSpec:
-    """The spec as this step runs it: on :data:`STEP_NODES_VAR` nodes when the supervisor set it."""
-    value = environ.get(STEP_NODES_VAR)
-    if not value:
-        return spec
-    res = spec.resources
-    if not value.isdigit() or not res.fewest_nodes <= int(value) <= res.nodes:
-        raise DistributedSetupError(
-            f"{STEP_NODES_VAR}={value!r} is not a node count from resources.min_nodes ({res.fewest_nodes}) "
-            f"to resources.nodes ({res.nodes})",
-            hint="only hpctrain's supervisor sets it; unset it",
-        )
-    return spec.model_copy(update={"resources": res.model_copy(update={"nodes": int(value)})})

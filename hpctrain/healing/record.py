@@ -1,7 +1,7 @@
 """What a healing job writes down, and how it leaves its allocation: node failures, its record, a requeue.
 
-Shared by the batch step's supervisor (``runtime/supervisor.py``) and the
-guardian that watches the batch node from another one (``runtime/guardian.py``):
+Shared by the batch step's supervisor (``healing/supervisor.py``) and the
+guardian that watches the batch node from another one (``healing/guardian.py``):
 
 * ``summary.json``: ``excluded_nodes`` and ``node_failures`` (kept by every
   later attempt, ``trainer/reporting.py``), and the failure that ends the run;
@@ -32,9 +32,9 @@ from hpctrain.contract.rundir import (
     write_summary,
 )
 from hpctrain.contract.slurm import SlurmCommandError, requeue_job, run_slurm
+from hpctrain.healing import decide
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.yaml_source import read_spec_file
-from hpctrain.runtime import healing
 
 RECORD_EVERY_S = 5.0  # the guardian takes a record older than guardian.SILENT_S for a dead batch node
 
@@ -80,7 +80,7 @@ class HealRecord:
         return read_json_object(supervisor_record_path(self.run_dir)) or {}
 
     # -- summary.json --------------------------------------------------------------------------------------------
-    def add_failure(self, found: healing.Blame, decision: healing.Decision, step: int | None) -> list[dict[str, Any]]:
+    def add_failure(self, found: decide.Blame, decision: decide.Decision, step: int | None) -> list[dict[str, Any]]:
         """Record the loss of ``found.node`` (with the run's last checkpoint now) and keep the decision's
         excluded nodes; every node failure of the run so far, this one last."""
         self.excluded = list(decision.excluded)

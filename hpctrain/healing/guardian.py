@@ -7,7 +7,7 @@ nothing left to do until the time limit (measured on the test cluster). So
 the supervisor starts this watcher on another node (:class:`GuardianStep`:
 ``srun --overlap``, step name :data:`STEP_NAME`). It reads the supervisor's
 record (``.hpctrain/supervisor.json``, rewritten every
-:data:`~hpctrain.runtime.heal_record.RECORD_EVERY_S`): when the record is
+:data:`~hpctrain.healing.record.RECORD_EVERY_S`): when the record is
 older than :data:`SILENT_S` and the batch node's slurmd does not answer, it
 records the node failure, requeues the job and sets ``ExcNodeList``. It ends
 when the record says the supervisor ended, or belongs to another start.
@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.contract.rundir import submitit_dir
-from hpctrain.runtime import healing
-from hpctrain.runtime.heal_record import HealRecord, load_spec
-from hpctrain.runtime.node_evidence import NodeProbe, last_step
+from hpctrain.healing import decide
+from hpctrain.healing.evidence import NodeProbe, last_step
+from hpctrain.healing.record import HealRecord, load_spec
 
 STEP_NAME = "hpctrain-guard"
 POLL_S = 2.0
@@ -92,7 +92,7 @@ class GuardianStep:
             "--error=/dev/null",
             sys.executable,
             "-m",
-            "hpctrain.runtime.guardian",
+            "hpctrain.healing.guardian",
             str(self.run_dir),
             self.batch_node,
         ]
@@ -155,27 +155,27 @@ def blame_previous_start(record: HealRecord, probe: NodeProbe, say: Say) -> None
     if not isinstance(restart, int) or restart >= record.restart or node in record.excluded:
         return
     state = probe.node_states([node]).get(node)
-    if state is None or not healing.bad_node_state(state):
+    if state is None or not decide.bad_node_state(state):
         return
     exclude_batch_node(
         record, node, f"the batch step's node went down (Slurm marks it {state})", "Slurm requeued the job", say
     )
 
 
-def exclude_batch_node(record: HealRecord, node: str, reason: str, why: str, say: Say) -> healing.Decision:
+def exclude_batch_node(record: HealRecord, node: str, reason: str, why: str, say: Say) -> decide.Decision:
     """The batch node ``node`` is lost: the run requeues without it; recorded and said in one line."""
-    found = healing.Blame(node, reason)
+    found = decide.Blame(node, reason)
     excluded = tuple(dict.fromkeys([*record.excluded, node]))
-    decision = healing.Decision("requeue", excluded=excluded, why=why)
+    decision = decide.Decision("requeue", excluded=excluded, why=why)
     step = last_step(record.run_dir, [node])
     failures = record.add_failure(found, decision, step)
-    say(healing.log_line(found, step, decision, failures[-1]["checkpoint_step"]))
+    say(decide.log_line(found, step, decision, failures[-1]["checkpoint_step"]))
     return decision
 
 
 def main(argv: Sequence[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m hpctrain.runtime.guardian RUN_DIR BATCH_NODE", file=sys.stderr)
+        print("usage: python -m hpctrain.healing.guardian RUN_DIR BATCH_NODE", file=sys.stderr)
         return 2
     run_dir, environ = Path(argv[0]), dict(os.environ)
     say = log_writer(log_path(run_dir, environ.get("SLURM_JOB_ID", "local")))
