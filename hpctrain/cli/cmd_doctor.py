@@ -56,7 +56,7 @@ def with_probe(
     try:
         found = run_probe(
             output_dir=spec.output_dir,
-            data_root=spec.data.root if spec.entrypoint is None else None,
+            data_root=spec.data.root if spec.runs_trainer else None,
             partition=spec.resources.partition,
             gres=gres,
             account=spec.resources.account,

@@ -21,12 +21,16 @@ def describe(job: LoadedJob) -> str:
     spec = job.spec
     gpus = spec.resources.gpus_per_node or 0
     per_node = f"{gpus} GPUs" if gpus else f"{spec.tasks_per_node} CPU task{'s' if spec.tasks_per_node > 1 else ''}"
-    what = spec.entrypoint or f"{spec.trainer.arch} {spec.trainer.strategy} {spec.trainer.precision}"
+    what = (
+        spec.entrypoint
+        or (spec.script and f"script {spec.script.program} (one process per {spec.script.per})")
+        or f"{spec.trainer.arch} {spec.trainer.strategy} {spec.trainer.precision}"
+    )
     line = (
         f"{spec.name} on {job.profile.name}: {spec.resources.nodes} node{'s' if spec.resources.nodes > 1 else ''} "
         f"x {per_node}, world size {spec.world_size}, "
     )
-    if spec.entrypoint is None:
+    if spec.runs_trainer:
         layout = spec.batch_layout
         line += f"global batch {layout.global_batch} ({layout.describe()}), "
     line += f"{what}, time {spec.resources.time}"
@@ -61,6 +65,6 @@ def image_findings(job: LoadedJob) -> list[Finding]:
 
     findings: list[Finding] = []
     for spec in job.trials:
-        if spec.entrypoint is None and spec.data.root and Path(spec.data.root).expanduser().is_file():
+        if spec.runs_trainer and spec.data.root and Path(spec.data.root).expanduser().is_file():
             findings += [f for f in check_data_root(spec) if f not in findings]
     return findings

@@ -12,6 +12,7 @@ only through here. A run directory holds::
     code/                           the entry point's code, copied at submit (launch/code_snapshot.py)
     .hpctrain/cancel-requested      ``hpctrain cancel``'s marker (contract/cancel_marker.py)
     .hpctrain/torchrun-failures.log launcher torchrun: each node's first failed rank, for rank 0
+    .hpctrain/script-exits/ATTEMPT/task-N.json  a script job: how task N's script failed (exit, last lines)
     heartbeats/rank-NNNNN.json      each rank's last step, phase and step times (hang/straggler detection)
     stacks/rank-NNNNN.txt           each rank's Python stacks, dumped when the job hangs
 
@@ -51,6 +52,7 @@ CONTROL_DIR = ".hpctrain"
 CANCEL_MARKER_NAME = "cancel-requested"
 TORCHRUN_FAILURES_NAME = "torchrun-failures.log"
 SUPERVISOR_RECORD_NAME = "supervisor.json"
+SCRIPT_EXITS_NAME = "script-exits"
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
 BEST_FILE = "best.json"
@@ -102,6 +104,12 @@ def cancel_marker_path(run_dir: str | Path) -> Path:
 def torchrun_failures_path(run_dir: str | Path) -> Path:
     """Where the torchrun launcher's node tasks report failed ranks (srun's report, in srun's words)."""
     return Path(run_dir) / CONTROL_DIR / TORCHRUN_FAILURES_NAME
+
+
+def script_exit_path(run_dir: str | Path, attempt: str, task: int) -> Path:
+    """Where task ``task`` of a script job's start ``attempt`` records how its script failed (script_outcome.py)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", attempt) or "local"
+    return Path(run_dir) / CONTROL_DIR / SCRIPT_EXITS_NAME / safe / f"task-{task:05d}.json"
 
 
 def supervisor_record_path(run_dir: str | Path) -> Path:
@@ -347,6 +355,9 @@ class Summary(BaseModel):
     hung_node: str | None = None
     hung_phase: str | None = None
     hung_frozen_s: float | None = None  # the hung rank's whole process froze: its heartbeat was silent this long
+    failed_exit_code: int | None = None  # a script job: the first failed script's exit code ...
+    failed_signal: str | None = None  # ... or the signal that killed it (SIGKILL)
+    failed_stderr: list[str] | None = None  # ... and its last lines of output
     error: str | None = None
     excluded_nodes: list[str] | None = None  # nodes a healing run keeps away from (healing/supervisor.py)
     node_failures: list[dict[str, Any]] | None = None  # node, step, checkpoint_step, reason, action, nodes, job_id

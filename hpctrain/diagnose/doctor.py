@@ -298,7 +298,7 @@ def check_preemption(job: LoadedJob, config: dict[str, str], partition: dict[str
     else:
         meaning = f"PreemptMode={mode}"
     detail = f"{meaning}; GraceTime {grace:.0f} s between SIGTERM and SIGKILL"
-    if job.spec.entrypoint is None and grace < needed:
+    if job.spec.runs_trainer and grace < needed:
         return [
             Finding(
                 "warning",
@@ -339,7 +339,7 @@ def check_paths(job: LoadedJob, *, slurm_backend: bool, mounts_text: str | None 
     checks = [check_output_dir(spec.output_dir, slurm_backend, mounts_text)]
     checks.append(_sharing_check("python", sys.prefix, slurm_backend, mounts_text, "the job's Python environment"))
     data_findings = [f for trial in job.trials for f in check_data_root(trial)]
-    if spec.entrypoint is None and spec.data.root is not None:
+    if spec.runs_trainer and spec.data.root is not None:
         is_image = Path(spec.data.root).is_file()
         if data_findings:
             checks += [Finding(f.level, f.key, f.message, "make the dataset, or fix data.root") for f in data_findings]
@@ -441,7 +441,7 @@ def measured_split(job: LoadedJob) -> Path | None:
     None for a packed image (a file): each node reads that one file, not the tree's files.
     """
     data = job.spec.data
-    if job.spec.entrypoint is not None or data.root is None or Path(os.path.expanduser(data.root)).is_file():
+    if not job.spec.runs_trainer or data.root is None or Path(os.path.expanduser(data.root)).is_file():
         return None
     return Path(os.path.expanduser(data.root)) / data.train_dir
 
@@ -551,7 +551,7 @@ def run_checks(
         if job is not None and reachable:
             checks += check_spec_on_cluster(job, view)
     if job is not None:
-        if job.spec.entrypoint is None:
+        if job.spec.runs_trainer:
             checks += check_lead_time(job)
         checks += check_paths(job, slurm_backend=slurm_backend)
         if not slurm_backend:

@@ -130,7 +130,7 @@ def _short_reason(reason: str) -> str:
 
 def batch_fits(spec: JobSpec, count: int) -> bool:
     """Whether the run's global batch splits over ``count`` nodes' ranks (always, for user code)."""
-    if spec.entrypoint is not None or count == spec.resources.nodes:
+    if not spec.runs_trainer or count == spec.resources.nodes:
         return True
     gpus_per_task = (spec.resources.gpus_per_node or 0) // spec.tasks_per_node
     fewer = BatchLayout.of(spec.trainer, tasks=count * spec.tasks_per_node, gpus_per_task=gpus_per_task)

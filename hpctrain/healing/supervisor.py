@@ -41,7 +41,7 @@ from hpctrain.contract.slurm import SlurmCommandError, run_slurm
 from hpctrain.healing import decide, evidence, guardian
 from hpctrain.healing.record import RECORD_EVERY_S, HealRecord, load_spec
 from hpctrain.jobspec.models import JobSpec
-from hpctrain.jobspec.node_loss import STEP_NODES_VAR
+from hpctrain.jobspec.node_loss import STEP_ATTEMPT_VAR, STEP_NODES_VAR
 from hpctrain.runtime.failures import first_task_failure, task_failures
 from hpctrain.runtime.master import derive_master_port
 from hpctrain.runtime.task_env import parse_hostlist
@@ -166,7 +166,7 @@ class Supervisor:
         self.record.write_record(nodes)
         if START_GUARDIAN:
             self.guardian.start(self.allocation, self.record.excluded, nodes)
-        tasks = self.spec.tasks_per_node
+        tasks = self.spec.slurm_tasks_per_node  # one per node for a script per node
         argv = [
             self.srun[0],
             "--overlap",  # a new step would otherwise wait until Slurm declares the lost node down
@@ -177,6 +177,7 @@ class Supervisor:
             *self.srun[1:],
         ]
         env = dict(self.environ)
+        env[STEP_ATTEMPT_VAR] = str(attempt)
         if len(nodes) != self.spec.resources.nodes:
             env[STEP_NODES_VAR] = str(len(nodes))
         if attempt:  # the last step's rendezvous port may still be held

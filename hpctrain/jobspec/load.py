@@ -27,6 +27,8 @@ from hpctrain.jobspec.models import APEX_LEVELS, JobSpec
 from hpctrain.jobspec.node_loss import node_loss_problems
 from hpctrain.jobspec.problems import position_of, problems_from_validation
 from hpctrain.jobspec.profiles import ClusterProfile, apply_profile, available_profiles, config_dir, load_profile
+from hpctrain.jobspec.script_args import fill_sweep
+from hpctrain.jobspec.script_checks import is_spec_key, script_problems
 from hpctrain.jobspec.slurm_time import parse_time_limit
 from hpctrain.jobspec.strategy_traits import traits
 from hpctrain.jobspec.study_axes import StudyPoint, check_axes, combinations, point_label
@@ -188,13 +190,17 @@ def absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
         expanded = Path(path).expanduser()
         return str(expanded if expanded.is_absolute() else (base / expanded).resolve())
 
-    return spec.model_copy(
-        update={
-            "output_dir": absolute(spec.output_dir),
-            "data": spec.data.model_copy(update={"root": absolute(spec.data.root)}),
-            "trainer": spec.trainer.model_copy(update={"weights": absolute(spec.trainer.weights)}),
-        }
-    )
+    update: dict[str, Any] = {
+        "output_dir": absolute(spec.output_dir),
+        "data": spec.data.model_copy(update={"root": absolute(spec.data.root)}),
+        "trainer": spec.trainer.model_copy(update={"weights": absolute(spec.trainer.weights)}),
+    }
+    if spec.script is not None:
+        workdir = spec.script.workdir
+        if workdir is not None and not workdir.startswith("{"):  # '{run_dir}/x' is absolute once filled
+            workdir = absolute(workdir)
+        update["script"] = spec.script.model_copy(update={"path": absolute(spec.script.path), "workdir": workdir})
+    return spec.model_copy(update=update)
 
 
 def _profile_for(
@@ -257,7 +263,8 @@ def check_resolved(spec: JobSpec, profile: ClusterProfile) -> list[SpecProblem]:
             )
         )
     problems += node_loss_problems(spec)
-    if spec.entrypoint is None:
+    problems += script_problems(spec)
+    if spec.runs_trainer:
         problems += _check_trainer(spec, gpus)
         if spec.data.root is None:
             problems.append(
@@ -282,7 +289,7 @@ def check_resolved(spec: JobSpec, profile: ClusterProfile) -> list[SpecProblem]:
         )
     per_gpu = traits(trainer.strategy)
     per_gpu_fixed = per_gpu.tasks_per_node == "per-gpu" and per_gpu.tasks_per_node_fixed
-    if gpus and per_gpu_fixed and spec.entrypoint is None and res.tasks_per_node not in (None, gpus):
+    if gpus and per_gpu_fixed and spec.runs_trainer and res.tasks_per_node not in (None, gpus):
         problems.append(
             SpecProblem(
                 "resources.tasks_per_node",
@@ -470,6 +477,8 @@ def _expand_sweep(
         trial_data = copy.deepcopy(data)
         trial_data.pop("sweep", None)
         for key, value in combo.items():
+            if base.script is not None and not is_spec_key(key):
+                continue  # a parameter of the script: it fills {sweep.KEY}, not the spec
             try:
                 set_dotted(trial_data, key, value)
             except SpecError:
@@ -483,8 +492,15 @@ def _expand_sweep(
                     _positioned(SpecProblem(f"sweep.{problem.key}", f"{problem.message} (value {combo})"), positions)
                 )
             return [], []
+        if trial.script is not None:  # {sweep.KEY} becomes the trial's value: its spec.yaml shows its arguments
+            script = trial.script
+            workdir = fill_sweep(script.workdir, combo) if script.workdir is not None else None
+            filled = {"args": [fill_sweep(arg, combo) for arg in script.args], "workdir": workdir}
+            trial = trial.model_copy(update={"script": script.model_copy(update=filled)})
         # The cross-field checks, per trial: a swept value can break one the base spec passes.
         for problem in check_resolved(trial, profile):
+            if problem.key.startswith("script.") and "{sweep." in problem.message:
+                continue  # a {sweep.KEY} the sweep does not fill: reported once, for the base spec
             if problem not in seen:
                 seen.add(problem)
                 problems.append(

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 # Set by the supervisor on a step that runs on another number of nodes than resources.nodes.
 STEP_NODES_VAR = "HPCTRAIN_STEP_NODES"
+# Set by the supervisor on every step it starts: 0, 1, ... (a script's {restart} counts the steps before it).
+STEP_ATTEMPT_VAR = "HPCTRAIN_STEP_ATTEMPT"
 # Set by the task launcher for the trainer: the run's canonical micro-batches per step (elastic resume).
 RUN_MICRO_BATCHES_VAR = "HPCTRAIN_RUN_MICRO_BATCHES"
 
@@ -39,7 +41,7 @@ def node_loss_problems(spec: JobSpec) -> list[SpecProblem]:
         problems.append(SpecProblem(key, "a sweep's array tasks cannot heal from a lost node yet; remove it"))
     if spec.launcher == "torchrun":
         problems.append(SpecProblem(key, "launcher: torchrun cannot heal from a lost node yet; use launcher: srun"))
-    if res.fewest_nodes < res.nodes and spec.entrypoint is None:
+    if res.fewest_nodes < res.nodes and spec.runs_trainer:
         problems += _shrink_problems(spec, res.fewest_nodes)
     return problems
 

@@ -92,8 +92,9 @@ def locate(entrypoint: str, search_path: Sequence[str] | None = None) -> CodeSou
     return CodeSource(package=package, import_dir=import_dir, files_root=files_root, git_root=git_root)
 
 
-def take(source: CodeSource, run_dir: Path) -> Snapshot:
-    """Copy ``source`` into ``run_dir/code`` and describe the copy."""
+def take(source: CodeSource, run_dir: Path, exclude: Sequence[Path] = ()) -> Snapshot:
+    """Copy ``source`` into ``run_dir/code`` and describe the copy. Nothing under ``exclude`` (the run's
+    output directory, when it lies in the code's tree: earlier runs and checkpoints are no code) is copied."""
     target = Path(run_dir) / SNAPSHOT_DIR
     if source.git_root is not None:
         files = git_files(source.git_root)
@@ -104,6 +105,8 @@ def take(source: CodeSource, run_dir: Path) -> Snapshot:
     else:
         base = source.files_root.parent
         files = [Path(source.files_root.name)]
+    skipped = [Path(folder).resolve() for folder in exclude]
+    files = [name for name in files if not any(folder in (base / name).resolve().parents for folder in skipped)]
     total = _check_size(base, files, source)
     for relative in files:
         destination = target / relative

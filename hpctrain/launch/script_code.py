@@ -1,0 +1,158 @@
+"""Where a ``script:`` job's code is for every attempt: its folder copied at submit, or the live file.
+
+Like an entry point's package (``code_snapshot.py``), a script's code is copied
+into ``RUN_DIR/code/`` at submit time, so a requeue days later runs what was
+submitted: the git work tree the script lies in (tracked files as on disk, and
+untracked ones git does not ignore), or else the script's folder. Every attempt
+runs the copy: ``python RUN_DIR/code/.../train.py``, its working directory the
+run directory; ``{script_dir}`` names the copy of the script's folder. A
+``module:`` is copied like an entry point's package and run with the copy's
+import root first on ``PYTHONPATH``; one installed into the environment (or
+hpctrain's own) is not copied. ``run.json`` records the copy under
+``code_snapshot`` with ``script_dir``, which ``resume`` reads back.
+
+Also here: the partition's preemption GraceTime, read once at submit, which
+tells the task wrappers how long a preempted script may take to stop. Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from hpctrain.contract.rundir import CODE_DIR, run_home
+from hpctrain.errors import ClusterError, UsageError
+from hpctrain.jobspec.models import JobSpec, Script
+from hpctrain.jobspec.script_checks import module_file
+from hpctrain.launch import code_snapshot
+from hpctrain.runtime.script_command import ScriptCode
+
+SCRIPT_DIR_KEY = "script_dir"  # run.json code_snapshot: the copy of the script's folder, relative to the run
+
+
+def locate(script: Script) -> code_snapshot.CodeSource | None:
+    """What to copy for ``script``; None when nothing is (a module of the environment, or not found).
+
+    A script outside git whose folder is a home directory or a file system's root is refused: its
+    "folder" would be everything the user has.
+    """
+    if script.module is not None:
+        return code_snapshot.locate(f"{script.module}:main")
+    assert script.path is not None
+    folder = Path(script.path).resolve().parent
+    if code_snapshot.in_environment(folder):
+        return None
+    git_root = code_snapshot.git_toplevel(folder)
+    if git_root is None and (folder == Path.home().resolve() or folder.parent == folder):
+        raise UsageError(
+            f"{script.path} lies directly in {folder}, and hpctrain copies a script's folder into the run "
+            "(so a requeue runs what you submitted): that would copy all of it",
+            hint="move the script into a folder of its own (or a git repository), or submit with --no-snapshot",
+        )
+    return code_snapshot.CodeSource(
+        package=Path(script.path).name, import_dir=folder, files_root=git_root or folder, git_root=git_root
+    )
+
+
+def take(source: code_snapshot.CodeSource, spec: JobSpec, run_dir: Path) -> dict[str, Any]:
+    """Copy ``source`` into ``run_dir/code`` (never the run's output directory, should it lie in the
+    script's folder); ``run.json``'s record of it (with ``script_dir``)."""
+    assert spec.script is not None
+    snapshot = code_snapshot.take(source, run_dir, exclude=[Path(spec.output_dir)])
+    base = source.git_root if source.git_root is not None else source.files_root.parent
+    folder = _program_folder(spec.script, source)
+    return {**snapshot.as_json(), SCRIPT_DIR_KEY: str(Path(CODE_DIR) / folder.relative_to(base))}
+
+
+def _program_folder(script: Script, source: code_snapshot.CodeSource) -> Path:
+    if script.path is not None:
+        return Path(script.path).resolve().parent
+    assert script.module is not None
+    found = module_file(script.module, [str(source.import_dir)])
+    return found.resolve().parent if found is not None else source.import_dir
+
+
+def script_code(spec: JobSpec, run_dir: Path, record: object = None) -> ScriptCode:
+    """The code every attempt runs: the copy ``record`` (run.json's ``code_snapshot``) describes, or the
+    live file when there is none (``--no-snapshot``, or nothing to copy)."""
+    script = spec.script
+    assert script is not None
+    copied = _copied_dir(run_dir, record)
+    if copied is not None:
+        if script.path is not None:
+            return ScriptCode(str(copied / Path(script.path).name), None, str(copied))
+        root = code_snapshot.import_root(run_dir, record)
+        return ScriptCode(None, script.module, str(copied), str(root) if root is not None else None)
+    if script.path is not None:
+        path = Path(script.path)
+        return ScriptCode(str(path), None, str(path.parent))
+    found = module_file(str(script.module))
+    return ScriptCode(None, script.module, str(found.parent if found is not None else Path.cwd()))
+
+
+def _copied_dir(run_dir: Path, record: object) -> Path | None:
+    """The copy of the script's folder, if the record names one inside the run (a crafted run.json is not followed)."""
+    if not isinstance(record, dict) or not isinstance(record.get(SCRIPT_DIR_KEY), str):
+        return None
+    home = run_home(Path(run_dir).resolve())
+    folder = (Path(run_dir).resolve() / record[SCRIPT_DIR_KEY]).resolve()
+    return folder if home in folder.parents else None
+
+
+def for_trial(record: dict[str, Any], sweep_dir: Path, trial_dir: Path) -> dict[str, Any]:
+    """A sweep's record as seen from one trial's directory (the trials share the sweep's copy)."""
+    moved = dict(record)
+    for key in ("import_root", SCRIPT_DIR_KEY):
+        if isinstance(record.get(key), str):
+            moved[key] = os.path.relpath(sweep_dir / record[key], trial_dir)
+    return moved
+
+
+def preempt_grace_s(spec: JobSpec) -> float | None:
+    """The GraceTime of the partition the job runs in (seconds), from one ``scontrol show partition``;
+    None when Slurm does not say."""
+    from hpctrain.contract import slurm
+    from hpctrain.jobspec.slurm_time import parse_time_limit
+
+    try:
+        found = slurm.partitions()
+    except ClusterError:
+        return None
+    name = spec.resources.partition or next((n for n, p in found.items() if p.get("Default") == "YES"), None)
+    value = found.get(name or "", {}).get("GraceTime", "")
+    if value.isdigit():
+        return float(value)  # scontrol prints it in seconds
+    try:
+        return float(parse_time_limit(value)) if value else None
+    except ValueError:
+        return None
+
+
+def planned(spec: JobSpec, run_dir: Path, *, snapshot: bool) -> tuple[ScriptCode, list[str]]:
+    """What a submit would run, and the dry run's lines about the copy: nothing is copied or written."""
+    script = spec.script
+    assert script is not None
+    source = locate(script) if snapshot else None
+    if source is None:
+        code = script_code(spec, run_dir)
+        why = "--no-snapshot" if not snapshot else "not copied (part of the Python environment)"
+        return code, [f"# code: {why}: every attempt runs the live {code.file or script.module}"]
+    base = source.git_root if source.git_root is not None else source.files_root.parent
+    record = {SCRIPT_DIR_KEY: str(Path(CODE_DIR) / _program_folder(script, source).relative_to(base))}
+    if script.module is not None:
+        record["import_root"] = str(Path(CODE_DIR) / source.import_dir.relative_to(base))
+    code = _from_record(spec, run_dir, record)
+    commit, dirty = code_snapshot.git_state(source.git_root) if source.git_root else (None, None)
+    where = f" (git {commit[:12]}{', with uncommitted changes' if dirty else ''})" if commit else ""
+    return code, [f"# code: {source.files_root}{where} is copied into RUN_DIR/code/; every attempt runs the copy"]
+
+
+def _from_record(spec: JobSpec, run_dir: Path, record: dict[str, str]) -> ScriptCode:
+    """:func:`script_code` for a copy that does not exist yet (the dry run's)."""
+    script = spec.script
+    assert script is not None
+    copied = Path(run_dir) / record[SCRIPT_DIR_KEY]
+    if script.path is not None:
+        return ScriptCode(str(copied / Path(script.path).name), None, str(copied))
+    return ScriptCode(None, script.module, str(copied), str(Path(run_dir) / record["import_root"]))
