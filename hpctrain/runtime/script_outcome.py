@@ -212,8 +212,13 @@ class ScriptSummary:
         with self._lock:
             if self.failure_recorded and status != "failed":
                 return
+            current = read_summary(self.run_dir)  # a healing job's supervisor adds lost nodes meanwhile
+            carried = {
+                key: value for key, value in (current.fields() if current else {}).items() if key in CARRIED_KEYS
+            }
             summary = {
                 **self.static,
+                **carried,
                 **fields,
                 "status": status,
                 "wall_s": round(self.prior_wall_s + time.monotonic() - self.started, 3),

@@ -66,13 +66,14 @@ class ScriptWorkspace:
         return Run(report["job_id"], Path(report["run_dir"]))
 
 
-def make_script_workspace(cluster: SlurmCluster, tmp: Path) -> ScriptWorkspace:
-    folder = cluster.user_dir(tmp.name)
+def make_script_workspace(cluster: SlurmCluster, tmp: Path, as_user: bool = True) -> ScriptWorkspace:
+    """With ``as_user``, in a folder of the cluster's unprivileged test user, who submits and cancels."""
+    folder = cluster.user_dir(tmp.name) if as_user else tmp
     scripts = folder / "scripts"
     scripts.mkdir()
     for source in SCRIPTS.glob("*.py"):
         shutil.copy2(source, scripts / source.name)
-    return ScriptWorkspace(cli_env(cluster, folder / "state", as_user=True), folder)
+    return ScriptWorkspace(cli_env(cluster, folder / "state", as_user=as_user), folder)
 
 
 def steps_trained(run_dir: Path) -> list[int]:

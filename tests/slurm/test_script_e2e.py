@@ -46,7 +46,7 @@ def ws(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) ->
     return make_script_workspace(slurm_cluster, tmp_path_factory.mktemp("scripts"))
 
 
-def assert_layout(run: Run, restart: int, per_rank: bool = True) -> None:
+def assert_layout(run: Run, restart: int, per_rank: bool = True, job_id: str | None = None) -> None:
     """Ranks 0-3, two per node, each with torchrun's variables, hpctrain's, and its folder the run directory."""
     for rank in range(4):
         got = env_report(run.run_dir, restart, rank)
@@ -54,7 +54,7 @@ def assert_layout(run: Run, restart: int, per_rank: bool = True) -> None:
         if per_rank:
             expected.update(LOCAL_RANK=str(rank % 2), LOCAL_WORLD_SIZE="2", GROUP_RANK=str(rank // 2))
         expected.update(HPCTRAIN_RUN_DIR=str(run.run_dir), HPCTRAIN_RESTART_COUNT=str(restart))
-        expected.update(HPCTRAIN_JOB_ID=run.job_id, HPCTRAIN_STOP_SIGNAL="TERM", local_rank=rank % 2)
+        expected.update(HPCTRAIN_JOB_ID=job_id or run.job_id, HPCTRAIN_STOP_SIGNAL="TERM", local_rank=rank % 2)
         assert {key: got.get(key) for key in expected} == expected, got
         assert Path(got["program"]).is_relative_to(run.run_dir / "code"), "every start runs the submitted copy"
 
@@ -134,7 +134,7 @@ def test_launch_style_script_exit_3_is_named_and_resume_completes(
     assert (summary["status"], summary["restarts"]) == ("completed", 1), summary
     assert "failed_rank" not in summary, "a new start forgets the last one's failure"
     assert steps_trained(run.run_dir) == list(range(6)) and starts(run.run_dir) == [(0, 0), (1, 2)]
-    assert_layout(run, 1)
+    assert_layout(run, 1, job_id=resumed.json()["job_id"])
 
 
 def test_mp_spawn_script_per_node_completes(slurm_cluster: SlurmCluster, ws: ScriptWorkspace) -> None:
