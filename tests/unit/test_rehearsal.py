@@ -70,3 +70,17 @@ def test_a_rehearsal_whose_job_ends_first_is_a_cluster_error(fake: FakeSlurm, mo
     with pytest.raises(ClusterError, match="rehearsal job 77 ended FAILED before a first checkpoint"):
         rehearsal.rehearse(load_job(REPO / "jobs/smoke_2x2_cpu.yaml"), 60, print)
     assert fake.calls == []
+
+
+def test_what_a_script_saved_is_any_file_hpctrain_did_not_write(tmp_path: Path) -> None:
+    script_saved = rehearsal.script_saved
+    for own in ("spec.yaml", "run.json", "summary.json", "metrics.jsonl"):
+        (tmp_path / own).write_text("{}")
+    for folder in ("submitit", "code", ".hpctrain", "heartbeats", "checkpoints"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / ".snapshot.pt.tmp").write_text("half")
+    assert script_saved(tmp_path) is None, "hpctrain's own files, and a temp file still being written"
+    (tmp_path / "checkpoints" / "epoch-1.pt").write_text("x")
+    assert script_saved(tmp_path) == "checkpoints/epoch-1.pt"
+    (tmp_path / "snapshot.pt").write_text("x")
+    assert script_saved(tmp_path) == "snapshot.pt"
