@@ -43,6 +43,10 @@ def describe(job: LoadedJob) -> str:
 
 def run(args: argparse.Namespace) -> int:
     job = load_job(args.spec, args.overrides, cluster=args.cluster)
+    if job.spec.script is not None:  # the script is there to be submitted (a run's own spec.yaml needs not)
+        from hpctrain.launch.script_code import require_program
+
+        require_program(job)
     findings = image_findings(job)
     errors = [f for f in findings if f.level == "error"]
     if errors:

@@ -2,10 +2,12 @@
 and the file system of the machine that submits.
 
 ``check_resolved`` (load.py) calls :func:`script_problems` on every resolved
-spec, so ``validate``, ``submit`` and ``--dry-run`` report a missing script,
-an impossible combination or a placeholder that cannot be filled, each with
-its key and the fix, all at once. :func:`module_file` finds a ``module:`` the
-way ``python -m`` on a node would, without importing it. Torch-free.
+spec, so ``validate``, ``submit`` and ``--dry-run`` report an impossible
+combination or a placeholder that cannot be filled, each with its key and the
+fix, all at once; :func:`program_problems` (a missing script or module) is
+asked by the same three (``launch/script_code.require_program``), not by every
+load of a spec. :func:`module_file` finds a ``module:`` the way ``python -m``
+on a node would, without importing it. Torch-free.
 """
 
 from __future__ import annotations
@@ -72,7 +74,6 @@ def script_problems(spec: JobSpec) -> list[SpecProblem]:
         )
     problems += _per_node_problems(script)
     problems += _sweep_problems(spec)
-    problems += _program_problems(spec)
     return problems
 
 
@@ -139,8 +140,13 @@ def is_spec_key(key: str) -> bool:
     return key.split(".")[0] in JobSpec.model_fields
 
 
-def _program_problems(spec: JobSpec) -> list[SpecProblem]:
-    """The script file or module exists here (after ``absolute_paths``: the path is absolute)."""
+def program_problems(spec: JobSpec) -> list[SpecProblem]:
+    """The script file or module exists here (after ``absolute_paths``: the path is absolute).
+
+    Not part of :func:`script_problems`: ``validate``, ``submit`` and ``--dry-run`` ask it of the spec a
+    user submits, but a run's own ``spec.yaml`` loads (``resume``) after the file moved, since every
+    attempt runs the run's copy of it.
+    """
     script = spec.script
     assert script is not None
     if script.path is not None:

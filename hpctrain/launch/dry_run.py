@@ -46,6 +46,9 @@ def dry_run(job: LoadedJob, *, local: bool = False, snapshot: bool = True) -> Dr
     else:
         script = text = render_script(job, run_dir)
     if job.spec.script is not None:
+        from hpctrain.launch.script_code import require_program
+
+        require_program(job)
         return DryRun(run_dir, script, text + script_plan(job, run_dir, local=local, snapshot=snapshot))
     for line in snapshot_plan(job, snapshot=snapshot):
         text += f"\n{line}\n"

@@ -22,13 +22,29 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.contract.rundir import CODE_DIR, run_home
-from hpctrain.errors import ClusterError, UsageError
+from hpctrain.errors import ClusterError, SpecError, SpecProblem, UsageError
+from hpctrain.jobspec.load import LoadedJob
 from hpctrain.jobspec.models import JobSpec, Script
-from hpctrain.jobspec.script_checks import module_file
+from hpctrain.jobspec.problems import position_of
+from hpctrain.jobspec.script_checks import module_file, program_problems
+from hpctrain.jobspec.yaml_source import read_spec_file
 from hpctrain.launch import code_snapshot
 from hpctrain.runtime.script_command import ScriptCode
 
 SCRIPT_DIR_KEY = "script_dir"  # run.json code_snapshot: the copy of the script's folder, relative to the run
+
+
+def require_program(job: LoadedJob) -> None:
+    """A ``SpecError`` naming ``script.path``/``script.module`` when the script is not there to be submitted
+    (``validate``, ``submit``, ``--dry-run``; a resume runs the run's copy instead)."""
+    problems = program_problems(job.spec) if job.spec.script is not None else []
+    if problems:
+        try:
+            positions = read_spec_file(job.source)[1]
+        except SpecError:  # the spec file went away: the problems still stand, without their lines
+            positions = {}
+        problems = [SpecProblem(p.key, p.message, *position_of(p.key, positions)) for p in problems]
+        raise SpecError(str(job.source), problems, hint="fix the path, or run hpctrain where it is relative to")
 
 
 def locate(script: Script) -> code_snapshot.CodeSource | None:

@@ -159,6 +159,14 @@ def task_python(spec: JobSpec) -> str:
     return shlex.join([*apptainer, spec.container.image]) + " " + inner
 
 
+def task_count(spec: JobSpec, backend: Backend) -> int:
+    """The job's tasks (submitit's, one log each): a process per rank, or one per node where that process
+    starts the node's ranks (torchrun on Slurm, a script per node)."""
+    if backend == "local":
+        return int(local_parameters(spec)["tasks_per_node"])
+    return spec.resources.nodes * spec.slurm_tasks_per_node
+
+
 def local_parameters(spec: JobSpec) -> dict[str, Any]:
     """submitit LocalExecutor parameters: the whole world as tasks on this machine."""
     gpus = (spec.resources.gpus_per_node or 0) * spec.resources.nodes
@@ -213,6 +221,10 @@ def submit(job: LoadedJob, *, local: bool = False, run_dir: Path | None = None, 
     """Create the run directory (a new one, or ``run_dir``: a study's point), write the resolved spec,
     copy the user's code, and submit."""
     backend = backend_for(job, local)
+    if job.spec.script is not None:
+        from hpctrain.launch.script_code import require_program
+
+        require_program(job)
     if backend == "slurm" and shutil.which("sbatch") is None:
         raise ClusterError(
             f"{job.source}: cluster '{job.profile.name}' needs Slurm, but 'sbatch' is not on this machine",
@@ -346,7 +358,13 @@ def script_launchers(
     from hpctrain.runtime.script_launcher import ScriptLauncher
     from hpctrain.runtime.script_torchrun import ScriptTorchrunNode
 
-    code = asdict(script_code(job.spec, run_dir, code_record))
+    found = script_code(job.spec, run_dir, code_record)
+    if found.file is not None and not Path(found.file).is_file():  # a resume without a copy, its file gone
+        raise UsageError(
+            f"{found.file}: the script is not there (the run has no copy of it: submitted with --no-snapshot)",
+            hint="put it back where it was, or submit the spec again",
+        )
+    code = asdict(found)
     grace = preempt_grace_s(job.spec) if backend == "slurm" else None
     node = backend == "slurm" and job.spec.launcher == "torchrun"
     return [
@@ -382,6 +400,7 @@ def _record_submission(
             "cluster": job.profile.name,
             "job_id": job_id,
             "world_size": job.spec.world_size,
+            "tasks": task_count(job.spec, backend),  # one log each: 'hpctrain logs --rank N' names one
             "nodes": job.spec.resources.nodes,  # a resume may change it (resume --set resources.nodes=K)
             "submitit_dir": str(folder),
             "submitted_at": time.time(),

@@ -29,6 +29,7 @@ from hpctrain.jobspec.script_checks import REQUEUE_MARGIN_S
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.rank_plan import DERIVED_PORT_TEXT
 
+TORCHRUN_PORT_TEXT = "<torchrun's port>"
 PREEMPT_MARGIN_S = 5.0  # a preempted script is ended this long before the partition's GraceTime runs out
 
 
@@ -222,6 +223,8 @@ def plan_commands(
     nodes = spec.resources.nodes
     hostnames = hostnames or [f"node{index}" for index in range(nodes)]
     port = str(spec.distributed.master_port) if spec.distributed.master_port is not None else DERIVED_PORT_TEXT
+    if spec.launcher == "torchrun":
+        port = TORCHRUN_PORT_TEXT  # torchrun's agent picks its workers' MASTER_PORT
     rows = []
     per_node = 1 if script.per == "node" else spec.tasks_per_node
     for node_rank, host in enumerate(hostnames):

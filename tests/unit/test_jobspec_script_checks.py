@@ -11,6 +11,7 @@ import pytest
 from hpctrain.errors import SpecError
 from hpctrain.jobspec.load import load_job
 from hpctrain.jobspec.script_checks import module_file
+from hpctrain.launch.script_code import require_program
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -21,8 +22,9 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def problems(path: Path) -> dict[str, str]:
+    """Every problem ``validate`` reports: the spec's, then (when it loads) a missing script or module."""
     with pytest.raises(SpecError) as caught:
-        load_job(path)
+        require_program(load_job(path))
     return {problem.key: problem.message for problem in caught.value.problems}
 
 
@@ -74,7 +76,16 @@ def test_every_bad_input_of_the_issue_at_once(tmp_path: Path) -> None:
     assert "two ways to run your code" in found["script"]
     assert "launcher: torchrun starts the workers itself" in found["script.per"]
     assert "per: node starts one process per node, which has no rank" in found["script.args.0"]
-    assert f"{tmp_path / 'missing.py'} does not exist" in found["script.path"]
+    path.write_text(path.read_text().replace("entrypoint: pkg.mod:main", "").replace("launcher: torchrun", ""))
+    path.write_text(path.read_text().replace('["--rank={rank}"]', '["--rank={node_rank}"]'))
+    assert f"{tmp_path / 'missing.py'} does not exist" in problems(path)["script.path"]
+
+
+def test_a_runs_own_spec_loads_after_its_script_moved(tmp_path: Path) -> None:
+    """resume loads RUN_DIR/spec.yaml, whose script path may be gone: every attempt runs the run's copy."""
+    path = write(tmp_path, "name: s\nscript: {path: train.py}\n")
+    (tmp_path / "train.py").unlink()
+    assert load_job(path).spec.script is not None
 
 
 def test_problems_carry_their_line(tmp_path: Path) -> None:
