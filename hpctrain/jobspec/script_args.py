@@ -34,6 +34,7 @@ PLACEHOLDERS: dict[str, str] = {
 PER_RANK = ("rank", "local_rank")  # a process per node has no rank of its own
 SWEEP_PREFIX = "sweep."
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 
 
@@ -82,8 +83,10 @@ def sweep_keys_used(text: str) -> list[str]:
 
 def check_text(text: str) -> str:
     """One argument (or the workdir) as the spec accepts it: braces well-formed, every name a placeholder."""
-    if "\x00" in text:
-        raise ValueError("contains a NUL character, which no command line can carry")
+    if _CONTROL.search(text):
+        raise ValueError(
+            f"{text!r} contains control characters (a newline, tab, escape or NUL); write each argument on one line"
+        )
     unknown = unknown_names(text)
     if unknown:
         listed = ", ".join(f"{{{name}}}" for name in unknown)

@@ -46,8 +46,9 @@ def test_unknown_names_and_the_check_list_the_known_ones() -> None:
     assert "unknown placeholder {rnak}" in message
     assert all(f"{{{name}}}" in message for name in PLACEHOLDERS) and "{sweep.KEY}" in message
     assert check_text("{{literal}}") == "{{literal}}"
-    with pytest.raises(ValueError, match="NUL"):
-        check_text("a\x00b")
+    for bad in ("a\x00b", "two\nlines", "\x1b[31mred"):
+        with pytest.raises(ValueError, match="control characters"):
+            check_text(bad)
 
 
 def test_sweep_placeholders_are_filled_per_trial_and_the_rest_kept_for_the_nodes() -> None:
