@@ -181,6 +181,8 @@ class ScriptLauncher(TaskLauncher):
                 if reason is None:
                     process.signal_group(stop_signal)
                 reason = now_reason
+                # Said at once: Slurm may SIGKILL every process KillWait later, before the script has exited.
+                self.summary.write("stopped", stop_reason=reason)
                 timeout = script_command.stop_timeout_s(reason, spec, self.preempt_grace_s)
                 deadline = None if timeout is None else time.monotonic() + timeout
                 limit = f"; it has {timeout:.0f} s to exit" if timeout is not None else ""

@@ -184,9 +184,10 @@ def linuxproc(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
         slurm_cluster.set_proctrack("cgroup")
 
 
-def test_cancel_leaves_no_process_of_a_script_under_linuxproc(linuxproc: SlurmCluster, ws: ScriptWorkspace) -> None:
+def test_cancel_leaves_no_process_of_a_script_under_linuxproc(linuxproc: SlurmCluster, tmp_path: Path) -> None:
     """mp.spawn workers, their data-loader workers and a setsid'ed escapee per worker: after ``hpctrain cancel``
     nothing of the job is left on either node, though Slurm itself (linuxproc) would leave the escapees."""
+    ws = make_script_workspace(linuxproc, tmp_path)  # the restart with linuxproc made the test user anew
     args = ["--dist-url", "tcp://{master_addr}:{master_port}", "--world-size", "{nnodes}", "--rank", "{node_rank}"]
     args += ["--nproc", "{nproc_per_node}", "--steps", "400", "--step-s", "0.5", "--loader-workers", "1", "--escape"]
     run = ws.submit(ws.spec("cancelled", {"path": "mp_spawn_tcp.py", "per": "node", "args": args}))
@@ -201,5 +202,6 @@ def test_cancel_leaves_no_process_of_a_script_under_linuxproc(linuxproc: SlurmCl
     assert left == [], f"left behind by job {run.job_id}:\n{describe(left)}"
     assert linuxproc.wait_state(run.job_id) == "CANCELLED"
     summary = run.summary()
-    assert (summary["status"], summary["stop_reason"]) == ("stopped", "cancelled"), summary
+    stopped = (summary.get("status"), summary.get("stop_reason"))
+    assert stopped == ("stopped", "cancelled"), f"{cancelled}\n{summary}\n{task_logs(run.run_dir)}"
     assert int(job_record(linuxproc, run.job_id).get("Restarts", "0")) == 0
