@@ -109,7 +109,9 @@ def worker(local: int, per_node: int, args: argparse.Namespace, ranked: bool = F
         sampler.set_epoch(epoch)
         skip = start_batch * batch if epoch == start_epoch else 0  # the same order: skip what was trained
         order = list(itertools.islice(iter(sampler), skip, None))
-        loader = DataLoader(dataset, batch_size=batch, sampler=order, num_workers=args.workers, pin_memory=cuda)
+        loader = DataLoader(
+            dataset, batch_size=batch, sampler=order, num_workers=args.workers, pin_memory=cuda, drop_last=True
+        )  # a last batch of one image breaks BatchNorm
         started = time.time()
         for index, (images, target) in enumerate(loader, start=skip // batch):
             if stop_agreed(device):
