@@ -48,9 +48,10 @@ if "--wait" in sys.argv:
     signal.signal(signal.SIGUSR2 if by_hand else signal.SIGTERM, lambda s, f: got.setdefault("t", time.time()))
     while not got and time.time() - stamp < 300:
         time.sleep(0.01)
+    # written before a by-hand requeue, which ends every process of the job
+    open(f"{out}/stop-{restart}-{rank}", "w").write(f"{got.get('t', 0)!r} {time.time()!r}")
     if by_hand and rank == "0":
         subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=False)
-    open(f"{out}/stop-{restart}-{rank}", "w").write(f"{got.get('t', 0)!r} {time.time()!r}")
 """
 
 
