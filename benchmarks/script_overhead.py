@@ -11,6 +11,8 @@ The same tiny script (no torch: its first line takes a timestamp) runs on 2 node
   wrapper, then the script);
 * baseline: a hand-written sbatch script, ``srun python script.py`` (what the spec replaces).
 
+Everything runs as the cluster's unprivileged test user, as the stop tests do (as root, every task's clean-up
+watcher would read the environment of every root process on this shared machine, which a user's does not).
 Start-up: from just before the submitting command to the last process's first line. Stop: ``scancel
 --signal=USR2`` (what Slurm sends before the time limit) to (a) the last script noticing its stop signal,
 (b) the last script's exit, (c) the job seen requeued (PENDING, Restarts 1). The baseline's script does
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pwd
 import statistics
 import subprocess
 import sys
@@ -33,6 +36,11 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.slurm.conftest import TEST_USER  # noqa: E402 (the checkout's tests package)
+from tests.slurm.hpctrain_cli import user_prefix  # noqa: E402
+
 CLUSTER = REPO / "tests" / "cluster" / "slurm-cluster"
 STATE_DIR = Path(os.environ.get("HPCTRAIN_SLURM_STATE", "/tmp/hpctrain-slurm"))
 RANKS = 4
@@ -61,30 +69,39 @@ class Cluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         env["SLURM_CONF"] = str(STATE_DIR / "etc" / "slurm.conf")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-        env["HPCTRAIN_CONFIG_DIR"] = str(Path(tempfile.mkdtemp()) / "config")
         self.env = env
+        self.prefix: list[str] = []
         status = subprocess.run([sys.executable, str(CLUSTER), "status"], capture_output=True, text=True)
         self.was_up = status.returncode == 0 and f"slurm={slurm} " in status.stdout
 
-    def up(self) -> None:
+    def up(self) -> Path:
+        """Up, as the unprivileged test user from now on; a folder of that user's to work in."""
         subprocess.run([sys.executable, str(CLUSTER), "up", "--slurm", self.slurm], check=True, capture_output=True)
+        account = pwd.getpwnam(TEST_USER)
+        work = Path(tempfile.mkdtemp(prefix="bench-script-", dir=account.pw_dir))
+        os.chown(work, account.pw_uid, account.pw_gid)
+        self.prefix = user_prefix(f"{account.pw_uid}:{account.pw_gid}", STATE_DIR / "etc" / "slurm.conf")
+        self.env.update(HOME=account.pw_dir, USER=TEST_USER, LOGNAME=TEST_USER, XDG_STATE_HOME=str(work / "state"))
+        self.env["HPCTRAIN_CONFIG_DIR"] = str(work / "config")
+        return work
 
     def down(self) -> None:
         if not self.was_up:
             subprocess.run([sys.executable, str(CLUSTER), "down"], check=False, capture_output=True)
 
     def run(self, *args: str) -> str:
-        done = subprocess.run(args, env=self.env, capture_output=True, text=True, timeout=120)
+        done = subprocess.run([*self.prefix, *args], env=self.env, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(args)}: {done.stderr.strip()}")
         return done.stdout
 
     def record(self, job_id: str) -> dict[str, str]:
-        text = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=self.env, capture_output=True, text=True)
+        command = [*self.prefix, "scontrol", "-o", "show", "job", job_id]
+        text = subprocess.run(command, env=self.env, capture_output=True, text=True)
         return dict(word.split("=", 1) for word in text.stdout.split() if "=" in word)
 
     def end(self, job_id: str) -> None:
-        subprocess.run(["scancel", job_id], env=self.env, capture_output=True)
+        subprocess.run([*self.prefix, "scancel", job_id], env=self.env, capture_output=True)
         deadline = time.monotonic() + 60
         while self.run("squeue", "-h", "-j", job_id, "-o", "%T").strip() and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -123,6 +140,7 @@ def baseline_job(cluster: Cluster, work: Path, name: str, wait: bool) -> tuple[s
     """The same script from a hand-written sbatch script."""
     out = work / name
     out.mkdir()
+    os.chown(out, *_owner(work))  # the user's script writes its stamps there
     extra = " --wait --by-hand" if wait else ""
     batch = work / f"{name}.sbatch"
     batch.write_text(
@@ -133,6 +151,11 @@ def baseline_job(cluster: Cluster, work: Path, name: str, wait: bool) -> tuple[s
     started = time.time()
     job_id = cluster.run("sbatch", "--parsable", str(batch)).strip().split(";")[0]
     return job_id, out, started
+
+
+def _owner(path: Path) -> tuple[int, int]:
+    info = path.stat()
+    return info.st_uid, info.st_gid
 
 
 def startup(cluster: Cluster, work: Path, way: str, index: int) -> float:
@@ -175,13 +198,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--slurm", default="24.11")
-    parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args()
-    work = args.work or Path(tempfile.mkdtemp(prefix="hpctrain-bench-script-"))
-    (work / "scripts").mkdir(parents=True, exist_ok=True)
-    (work / "scripts" / "stamp.py").write_text(SCRIPT)
     cluster = Cluster(args.slurm)
-    cluster.up()
+    work = cluster.up()
+    (work / "scripts").mkdir()
+    (work / "scripts" / "stamp.py").write_text(SCRIPT)
     times: dict[str, list] = {"hpctrain": [], "baseline": []}
     stops: dict[str, list] = {"hpctrain": [], "baseline": []}
     print(f"load average at the start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
