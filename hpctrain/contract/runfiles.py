@@ -14,9 +14,10 @@ login node. So every reader of its files goes through here:
   1.5 GB log reads a few kilobytes.
 * :func:`load_json` decodes JSON whose numbers are plausible: NaN, Infinity,
   integers of more than 18 digits and floats beyond +-1e18 become None.
-* :func:`printable` and :func:`for_rich` make a string that came from a file
-  safe to print: control characters (terminal escapes, newlines) are shown
-  as ``\\x1b``, and rich markup (``[/]``) is escaped.
+* :func:`printable` (the project's one escaper, ``hpctrain.errors``) and
+  :func:`for_rich` make a string that came from a file safe to print: control
+  characters (terminal escapes, newlines) are shown as ``\\x1b``, and rich
+  markup (``[/]``) is escaped.
 """
 
 from __future__ import annotations
@@ -25,13 +26,12 @@ import codecs
 import json
 import math
 import os
-import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, TextIO
 
-from hpctrain.errors import RunDirError
+from hpctrain.errors import RunDirError, printable
 
 MAX_JSON_BYTES = 8 << 20  # run.json, summary.json, a heartbeat, study.json: kilobytes when hpctrain wrote them
 MAX_LINE_BYTES = 1 << 20  # one metrics.jsonl / registry line; longer ones are cut (and then fail to parse)
@@ -39,7 +39,6 @@ MAX_TAIL_BYTES = 8 << 20  # how far back tail_lines looks for its lines
 BLOCK_BYTES = 1 << 16
 MAX_MAGNITUDE = 1e18  # no count, time, rate or size hpctrain writes comes near this
 _MAX_INT_DIGITS = 18
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
 
 
 class RunFileError(RunDirError):
@@ -211,11 +210,6 @@ def copy_out(path: str | Path, start: int, out: TextIO, max_bytes: int | None = 
         out.write(decoder.decode(b"", final=True))
     out.flush()
     return start
-
-
-def printable(value: object) -> str:
-    """``str(value)`` with control and bidi characters (terminal escapes, newlines) shown as ``\\xNN``."""
-    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", str(value))
 
 
 def for_rich(value: object) -> str:
