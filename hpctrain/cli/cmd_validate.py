@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from hpctrain.cli.main import warn
 from hpctrain.errors import SpecError, SpecProblem
 from hpctrain.jobspec.load import LoadedJob, load_job
+from hpctrain.jobspec.node_loss import node_count_text
 from hpctrain.launch.plan import spec_warnings
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ def describe(job: LoadedJob) -> str:
     per_node = f"{gpus} GPUs" if gpus else f"{spec.tasks_per_node} CPU task{'s' if spec.tasks_per_node > 1 else ''}"
     what = spec.entrypoint or f"{spec.trainer.arch} {spec.trainer.strategy} {spec.trainer.precision}"
     line = (
-        f"{spec.name} on {job.profile.name}: {spec.resources.nodes} node{'s' if spec.resources.nodes > 1 else ''} "
+        f"{spec.name} on {job.profile.name}: {node_count_text(spec.resources)} "
         f"x {per_node}, world size {spec.world_size}, "
     )
     if spec.entrypoint is None:

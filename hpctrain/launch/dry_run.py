@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from hpctrain.contract.rundir import next_run_dir
 from hpctrain.jobspec.load import LoadedJob
+from hpctrain.jobspec.node_loss import node_count_text
 from hpctrain.launch.submission import backend_for, render_script
 
 
@@ -44,6 +45,8 @@ def dry_run(job: LoadedJob, *, local: bool = False, snapshot: bool = True) -> Dr
         )
     else:
         script = text = render_script(job, run_dir)
+        if job.spec.resources.heals:  # the script's --nodes counts the spares too
+            text += f"\n# nodes: {node_count_text(job.spec.resources)}; the batch step supervises the training step\n"
     for line in snapshot_plan(job, snapshot=snapshot):
         text += f"\n{line}\n"
     text += f"\n# {job.spec.name}: what each rank will see\n"
