@@ -13,7 +13,7 @@ from typing import NamedTuple
 from hpctrain.contract.rundir import next_run_dir
 from hpctrain.jobspec.load import LoadedJob
 from hpctrain.jobspec.node_loss import node_count_text
-from hpctrain.launch.submission import backend_for, render_script
+from hpctrain.launch.submission import backend_for, local_devices, render_script
 
 
 class DryRun(NamedTuple):  # not a dataclass: building one costs --dry-run 0.7 ms of start-up
@@ -43,6 +43,8 @@ def dry_run(job: LoadedJob, *, local: bool = False, snapshot: bool = True) -> Dr
             f"# cluster '{job.profile.name}' runs on this machine through submitit's local executor:\n"
             f"# {job.spec.world_size} task(s), run directory {run_dir}; no sbatch script is used.\n"
         )
+        if job.spec.uses_gpus:
+            text += f"# GPUs: the tasks see CUDA_VISIBLE_DEVICES={local_devices(job.spec)}\n"
     else:
         script = text = render_script(job, run_dir)
         if job.spec.resources.heals:  # the script's --nodes counts the spares too
