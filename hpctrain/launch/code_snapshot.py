@@ -74,7 +74,7 @@ def locate(entrypoint: str, search_path: Sequence[str] | None = None) -> CodeSou
     package = entrypoint.partition(":")[0].split(".")[0]
     if package == "hpctrain":
         return None
-    paths = list(search_path) if search_path is not None else [os.getcwd(), *_sys_path()]
+    paths = list(search_path) if search_path is not None else default_search_path()
     spec = importlib.machinery.PathFinder.find_spec(package, paths)
     if spec is None:
         return None
@@ -213,7 +213,8 @@ def _stdlib_roots() -> set[Path]:
     return {Path(paths[key]).resolve() for key in ("stdlib", "platstdlib") if paths.get(key)}
 
 
-def _sys_path() -> list[str]:
+def default_search_path() -> list[str]:
+    """Where ``python -m`` on a node started from here looks first: this directory, then ``sys.path``."""
     import sys
 
-    return [entry for entry in sys.path if entry]
+    return [os.getcwd(), *(entry for entry in sys.path if entry)]
