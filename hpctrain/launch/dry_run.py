@@ -64,9 +64,15 @@ def snapshot_plan(job: LoadedJob, *, snapshot: bool) -> list[str]:
 
     source = code_snapshot.locate(job.spec.entrypoint) if snapshot else None
     if source is not None:
-        commit, dirty = code_snapshot.git_state(source.git_root) if source.git_root else (None, None)
+        chosen = code_snapshot.plan(source)
+        commit, dirty = code_snapshot.git_state(source.git_root, chosen) if source.git_root else (None, None)
         where = f" (git {commit[:12]}{', with uncommitted changes' if dirty else ''})" if commit else ""
-        return [f"# code: {source.files_root}{where} is copied into RUN_DIR/code/ and imported from there"]
+        lines = [
+            f"# code: {', '.join(chosen.packages)} from {chosen.root}{where}: {len(chosen.files)} files are copied "
+            "into RUN_DIR/code/ and imported from there"
+        ]
+        notes = chosen.notes()
+        return lines + ([f"# code: left out: {'; '.join(notes)}"] if notes else [])
     if snapshot and job.spec.entrypoint.startswith("hpctrain."):
         return ["# code: the entry point is part of hpctrain; every attempt runs the installed hpctrain"]
     if snapshot:

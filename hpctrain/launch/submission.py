@@ -219,6 +219,7 @@ class SubmittedRun:
     backend: Backend
     jobs: list[submitit.Job]
     trial_dirs: list[Path]
+    code: code_snapshot.Snapshot | None = None  # what was copied into RUN/code, and what was left out
 
 
 def submit(job: LoadedJob, *, local: bool = False, run_dir: Path | None = None, snapshot: bool = True) -> SubmittedRun:
@@ -255,7 +256,7 @@ def submit(job: LoadedJob, *, local: bool = False, run_dir: Path | None = None, 
     if job.is_sweep:
         extra = {**code, **_local_record(jobs[0])}
         _record_submission(run_dir, job, backend, job_id, submitit_dir(run_dir), trials=len(jobs), extra=extra)
-    return SubmittedRun(job_id, run_dir, backend, jobs, trial_dirs)
+    return SubmittedRun(job_id, run_dir, backend, jobs, trial_dirs, copied)
 
 
 def resubmit(run_dir: Path, job: LoadedJob, *, local: bool = False) -> SubmittedRun:
