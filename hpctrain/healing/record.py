@@ -30,7 +30,7 @@ from hpctrain.contract.rundir import (
     write_json_atomic,
     write_summary,
 )
-from hpctrain.contract.runfiles import RunFileError, printable, read_json
+from hpctrain.contract.runfiles import RunFileError, check_inside, printable, read_json
 from hpctrain.contract.slurm import SlurmCommandError, requeue_job, run_slurm
 from hpctrain.healing import decide
 from hpctrain.jobspec.models import JobSpec
@@ -41,7 +41,8 @@ MAX_RECORD_BYTES = 64 << 10  # a record is a few hundred bytes
 
 
 def load_spec(run_dir: Path) -> JobSpec:
-    """The run's spec as submitted (its copy in the run directory)."""
+    """The run's spec as submitted (its copy in the run directory, not a symlink out of it)."""
+    check_inside(spec_path(run_dir), run_dir)
     data, _ = read_spec_file(spec_path(run_dir))
     return JobSpec.model_validate(data)
 
@@ -85,7 +86,7 @@ class HealRecord:
         than a record, not a JSON object): the guardian must tell "unreadable" from "another start's"."""
         path = supervisor_record_path(self.run_dir)
         try:
-            value = read_json(path, MAX_RECORD_BYTES)
+            value = read_json(path, MAX_RECORD_BYTES, within=self.run_dir)
         except FileNotFoundError:
             return None, f"{path} is missing"
         except (OSError, ValueError, RecursionError, RunFileError) as exc:
