@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hpctrain.contract.rundir import heartbeats_dir, read_json_object
+from hpctrain.contract.rundir import heartbeats_dir, read_json_object, run_home
 
 STRAGGLER_FACTOR = 1.3  # a rank whose median step time is > 1.3x the others' is a straggler
 
@@ -55,7 +55,7 @@ def read_heartbeats(run_dir: Path) -> list[Heartbeat]:
         return []
     beats: dict[int, Heartbeat] = {}
     for path in sorted(folder.glob("rank-*.json")):
-        data = read_json_object(path)
+        data = read_json_object(path, within=run_home(run_dir))
         if data is None:
             continue
         try:

@@ -144,8 +144,16 @@ class MetricsTail:
     window restarts when ``global_step`` goes back.
     """
 
-    def __init__(self, path: Path, window: int = RATE_WINDOW, first_read_bytes: int = FIRST_READ_BYTES) -> None:
+    def __init__(
+        self,
+        path: Path,
+        window: int = RATE_WINDOW,
+        first_read_bytes: int = FIRST_READ_BYTES,
+        *,
+        within: Path | None = None,
+    ) -> None:
         self.path = Path(path)
+        self.within = within  # the run's home: the file may not lead out of it
         self.offset = 0
         self.first_read_bytes = first_read_bytes
         self.steps: deque[dict[str, Any]] = deque(maxlen=window)
@@ -153,7 +161,7 @@ class MetricsTail:
 
     def read(self) -> None:
         try:
-            with open_regular(self.path) as handle:
+            with open_regular(self.path, within=self.within) as handle:
                 size = handle.seek(0, 2)
                 if size < self.offset:
                     self.offset, self.last_epoch = 0, None

@@ -24,23 +24,25 @@ from typing import Any
 
 from hpctrain.contract.rundir import (
     latest_checkpoint_step,
-    read_json_object,
     read_summary,
     spec_path,
     supervisor_record_path,
     write_json_atomic,
     write_summary,
 )
+from hpctrain.contract.runfiles import RunFileError, check_inside, printable, read_json
 from hpctrain.contract.slurm import SlurmCommandError, requeue_job, run_slurm
 from hpctrain.healing import decide
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.yaml_source import read_spec_file
 
 RECORD_EVERY_S = 5.0  # the guardian takes a record older than guardian.SILENT_S for a dead batch node
+MAX_RECORD_BYTES = 64 << 10  # a record is a few hundred bytes
 
 
 def load_spec(run_dir: Path) -> JobSpec:
-    """The run's spec as submitted (its copy in the run directory)."""
+    """The run's spec as submitted (its copy in the run directory, not a symlink out of it)."""
+    check_inside(spec_path(run_dir), run_dir)
     data, _ = read_spec_file(spec_path(run_dir))
     return JobSpec.model_validate(data)
 
@@ -77,7 +79,21 @@ class HealRecord:
             self.say(f"could not write {supervisor_record_path(self.run_dir)}: {exc}")
 
     def read_record(self) -> dict[str, Any]:
-        return read_json_object(supervisor_record_path(self.run_dir)) or {}
+        return self.load_record()[0] or {}
+
+    def load_record(self) -> tuple[dict[str, Any] | None, str | None]:
+        """The supervisor's record, or None and why it cannot be read (missing, not a regular file, larger
+        than a record, not a JSON object): the guardian must tell "unreadable" from "another start's"."""
+        path = supervisor_record_path(self.run_dir)
+        try:
+            value = read_json(path, MAX_RECORD_BYTES, within=self.run_dir)
+        except FileNotFoundError:
+            return None, f"{path} is missing"
+        except (OSError, ValueError, RecursionError, RunFileError) as exc:
+            return None, printable(getattr(exc, "message", None) or f"{path}: {exc}")
+        if not isinstance(value, dict):
+            return None, f"{path} is not a JSON object"
+        return value, None
 
     # -- summary.json --------------------------------------------------------------------------------------------
     def add_failure(self, found: decide.Blame, decision: decide.Decision, step: int | None) -> list[dict[str, Any]]:

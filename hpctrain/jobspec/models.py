@@ -71,7 +71,9 @@ class Resources(Section):
         Field(
             ge=0,
             le=4096,
-            description="Extra nodes held in the allocation to replace a lost node without waiting in the queue.",
+            description="Extra nodes held in the allocation to replace a lost node without waiting in the queue "
+            "(at most nodes: one spare per training node). The job asks Slurm for nodes + spare_nodes; "
+            "validate and --dry-run say both.",
         ),
     ] = 0
     gpus_per_node: Annotated[

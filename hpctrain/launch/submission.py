@@ -15,6 +15,7 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -41,6 +42,7 @@ from hpctrain.jobspec.yaml_source import dump_yaml
 from hpctrain.launch.sbatch_script import render_sbatch, signal_parameter, slurm_mem, task_command
 from hpctrain.launch.templates import render_preamble, render_slurm_relay
 from hpctrain.runtime.cleanup import python_command
+from hpctrain.runtime.rank_plan import local_visible_devices
 
 if TYPE_CHECKING:
     import submitit
@@ -173,6 +175,14 @@ def local_parameters(spec: JobSpec) -> dict[str, Any]:
     }
 
 
+def local_devices(spec: JobSpec, environ: Mapping[str, str] | None = None) -> str:
+    """The GPUs a local run's tasks see: a subset of the user's ``CUDA_VISIBLE_DEVICES``; UsageError when it
+    holds fewer than the job asks for."""
+    environ = os.environ if environ is None else environ
+    gpus = (spec.resources.gpus_per_node or 0) * spec.resources.nodes
+    return local_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"), gpus)
+
+
 def build_executor(job: LoadedJob, backend: Backend, run_dir: Path) -> submitit.Executor:
     # here, not at the top: submitit imports asyncio, a fifth of a login-node command's time
     from hpctrain.launch.submitit_executor import LocalExecutor, SlurmExecutor
@@ -182,6 +192,7 @@ def build_executor(job: LoadedJob, backend: Backend, run_dir: Path) -> submitit.
         # Its controller carries a run token; run.json records what proves it (runtime/local_run.py).
         executor: submitit.Executor = LocalExecutor(folder=folder)
         executor.update_parameters(**local_parameters(job.spec))
+        executor.visible_devices = local_devices(job.spec)
     else:
         # Each task starts under the reaper's exec wrapper, so everything it
         # starts carries its token and is cleaned up after it (cleanup.py).
@@ -208,6 +219,7 @@ class SubmittedRun:
     backend: Backend
     jobs: list[submitit.Job]
     trial_dirs: list[Path]
+    code: code_snapshot.Snapshot | None = None  # what was copied into RUN/code, and what was left out
 
 
 def submit(job: LoadedJob, *, local: bool = False, run_dir: Path | None = None, snapshot: bool = True) -> SubmittedRun:
@@ -244,7 +256,7 @@ def submit(job: LoadedJob, *, local: bool = False, run_dir: Path | None = None, 
     if job.is_sweep:
         extra = {**code, **_local_record(jobs[0])}
         _record_submission(run_dir, job, backend, job_id, submitit_dir(run_dir), trials=len(jobs), extra=extra)
-    return SubmittedRun(job_id, run_dir, backend, jobs, trial_dirs)
+    return SubmittedRun(job_id, run_dir, backend, jobs, trial_dirs, copied)
 
 
 def resubmit(run_dir: Path, job: LoadedJob, *, local: bool = False) -> SubmittedRun:

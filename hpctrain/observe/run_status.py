@@ -18,7 +18,7 @@ from typing import Any
 
 from hpctrain.contract import job_registry, slurm
 from hpctrain.contract.heartbeat_files import read_heartbeats
-from hpctrain.contract.rundir import RUN_FILE, Summary, parse_summary, read_run_info, read_summary
+from hpctrain.contract.rundir import RUN_FILE, Summary, parse_summary, read_run_info, read_summary, run_home
 from hpctrain.contract.runfiles import plausible, read_tail
 from hpctrain.contract.slurm import job_state
 from hpctrain.contract.slurm_states import ended_unsuccessfully, is_final, is_pending, succeeded, was_cancelled
@@ -149,7 +149,7 @@ def reconcile(summary: dict[str, Any], slurm_state: str, run_dir: Path) -> dict[
     summary = {**summary, "status": "stopped" if was_cancelled(slurm_state) else "failed"}
     if summary.get("failed_rank") is None:
         try:
-            tail = read_tail(log_path(run_dir, 0, err=True), FAILURE_LOG_TAIL_BYTES)
+            tail = read_tail(log_path(run_dir, 0, err=True), FAILURE_LOG_TAIL_BYTES, within=run_home(run_dir))
             failure = first_task_failure(tail.decode("utf-8", errors="replace"))
         except (OSError, RunDirError):
             failure = None

@@ -13,10 +13,11 @@ import os
 import socket
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from hpctrain.contract.entrypoint import call_text, function_problem
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime import failures, heartbeat
@@ -88,7 +89,7 @@ class TaskLauncher:
         os.environ.update(thread_env(os.environ, os.cpu_count()))  # before torch is imported: it reads them once
         check_master_address(env, allow_loopback=os.environ.get(ALLOW_LOOPBACK_MASTER_VAR) == "1")
         # before the group forms: import errors fail fast
-        user_code = load_user_code(spec.entrypoint, getattr(self, "code_root", None))
+        user_code = load_user_code(spec.entrypoint, getattr(self, "code_root", None), spec.entrypoint_args)
         stop = StopRequest(cancel_markers=cancel_marker_paths(self.run_dir), job_ids=env.job_aliases)
         install_handlers(stop, spec.signals.timeout_signal)
         self.start_reaper()
@@ -231,11 +232,15 @@ def configure_logging(env: TaskEnv) -> None:
     logger.setLevel(logging.INFO)
 
 
-def load_user_code(entrypoint: str | None, code_root: str | None = None) -> UserCode:
+def load_user_code(
+    entrypoint: str | None, code_root: str | None = None, kwargs: Mapping[str, Any] | None = None
+) -> UserCode:
     """The function to run: ``package.module:function``, or the built-in trainer.
 
     With a code snapshot, the entry point is imported from the run's copy
-    (first on ``sys.path``), never from the user's live tree.
+    (first on ``sys.path``), never from the user's live tree. A function that
+    cannot be called as ``function(ctx, **kwargs)`` is refused here, naming the
+    entry point, before the process group forms (``contract/entrypoint.py``).
     """
     if entrypoint is None:
         from hpctrain.trainer.trainer import run_training
@@ -264,6 +269,13 @@ def load_user_code(entrypoint: str | None, code_root: str | None = None) -> User
         raise HpctrainError(
             f"entrypoint {entrypoint!r}: {module_name!r} has no function {function_name!r}",
             hint=f"define `def {function_name}(ctx, **kwargs)` in {module_name} or fix `entrypoint`",
+        )
+    problem = function_problem(function, kwargs or {})
+    if problem is not None:
+        raise HpctrainError(
+            f"entrypoint {entrypoint!r}: hpctrain calls it as {call_text(function_name, kwargs or {})}, but {problem}",
+            hint=f"define `def {function_name}(ctx, **kwargs)`: the task context first, then entrypoint_args "
+            "as keywords (or fix entrypoint_args)",
         )
     return function
 

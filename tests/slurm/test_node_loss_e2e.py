@@ -10,6 +10,7 @@ and the job log say, and that nothing of the job is left running.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from hpctrain.contract.heartbeat_files import read_heartbeats
+from hpctrain.contract.rundir import supervisor_record_path, write_json_atomic
 
 from .entrypoints import ENTRYPOINT_MODULE
 from .hpctrain_cli import hpctrain, task_logs
@@ -240,7 +242,13 @@ def test_the_batch_nodes_death_requeues_and_the_next_start_keeps_it_out(
     run = submit(workspace, "name=batchnode", "resources.min_nodes=1")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
     kill_node("n1")  # the batch step and the supervisor die with it; the guardian on n2 requeues
+    # ... even when the dead supervisor's last record is dated a year ahead (a clock ahead, or planted)
+    record_path = supervisor_record_path(run.run_dir)
+    record = json.loads(record_path.read_text())
+    write_json_atomic(record_path, {**record, "time": time.time() + 365 * 86400})
     wait_requeued(cluster, run.job_id, restarts=1, timeout=REQUEUE_AFTER_LOSS_TIMEOUT_S)
+    guardian_log = (run.run_dir / "submitit" / f"{run.job_id}_guardian_log.err").read_text()
+    assert "ahead of this node's clock" in guardian_log and "node n1 lost" in guardian_log, guardian_log
     assert job_record(cluster, run.job_id).get("ExcNodeList") == "n1", batch_log(run.run_dir)
     cluster.release(run.job_id)
     state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)

@@ -472,3 +472,78 @@ def test_absurd_finite_values_are_not_shown_as_measurements(tmp_path: Path) -> N
     assert snap.val_top1 is None and snap.best_val_top1 is None
     assert snap.images_per_s is None and snap.data_wait_fraction is None
     assert "e+" not in progress_text(snap) and "100000" not in progress_text(snap)
+
+
+# ------------------------------------------------------------------ one rule: nothing is followed out of the run
+
+
+def linked_out_run(tmp_path: Path) -> tuple[Path, Path]:
+    """A run whose folders and files are symlinks into another user's folder, which holds plausible files."""
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "submitit").mkdir(parents=True)
+    (elsewhere / "submitit" / "4242_0_log.out").write_text("someone else's secret\n")
+    (elsewhere / "submitit" / "4242_0_log.err").write_text("srun: error: n9: task 7: Killed\n")
+    write_json(elsewhere / "summary.json", {"status": "completed", "global_step": 999})
+    write_json(elsewhere / "heartbeats" / "rank-00000.json", {"rank": 0, "node": "evil", "time": time.time()})
+    (elsewhere / "metrics.jsonl").write_text(json.dumps({"kind": "train_step", "global_step": 5, "loss": 1.0}) + "\n")
+    (elsewhere / "spec.yaml").write_text("name: planted\n")
+    run_dir = make_run(tmp_path / "runs")
+    for name in ("submitit", "heartbeats", "summary.json", "metrics.jsonl", "spec.yaml"):
+        (run_dir / name).symlink_to(elsewhere / name)
+    return run_dir, elsewhere
+
+
+def test_logs_do_not_follow_a_submitit_symlink_out_of_the_run(tmp_path: Path) -> None:
+    run_dir, elsewhere = linked_out_run(tmp_path)
+    result = cli("logs", str(run_dir), home=tmp_path)
+    no_traceback(result)
+    assert result.returncode == 2 and "secret" not in result.stdout
+    assert f"leads to {elsewhere}/submitit/4242_0_log.out, outside the run directory {run_dir}" in result.stderr
+    assert "not followed" in result.stderr
+
+
+def test_no_reader_follows_a_symlink_out_of_the_run(tmp_path: Path) -> None:
+    """status, report, heartbeats, metrics, summary and checkpoints: the same rule, one mechanism."""
+    from hpctrain.contract.heartbeat_files import read_heartbeats
+    from hpctrain.contract.rundir import latest_checkpoint_step
+
+    run_dir, elsewhere = linked_out_run(tmp_path)
+    assert read_summary(run_dir) is None and read_heartbeats(run_dir) == []
+    tail = MetricsTail(run_dir / "metrics.jsonl", within=run_dir)
+    tail.read()
+    assert not tail.steps
+    with pytest.raises(RunFileError, match="outside the run directory"):
+        list(iter_lines(run_dir / "metrics.jsonl", within=run_dir))
+    status = cli("status", str(run_dir), "--json", home=tmp_path)
+    no_traceback(status)
+    assert "999" not in status.stdout and "n9" not in status.stdout and "evil" not in status.stdout
+    report = cli("report", str(run_dir), "--out", str(tmp_path / "report"), home=tmp_path)
+    no_traceback(report)
+    assert report.returncode == 2 and "nothing to report" in report.stderr
+    assert "metrics.jsonl not read" in report.stderr and "not followed" in report.stderr
+    # a checkpoint reached through a symlink out of the run is not the run's
+    step = elsewhere / "checkpoints" / "step-00000005"
+    step.mkdir(parents=True)
+    (step / "state.pt").write_bytes(b"x" * 10)
+    write_json(step / "meta.json", {"format_version": 1, "global_step": 5, "files": {"state.pt": {"size": 10}}})
+    (run_dir / "checkpoints").symlink_to(elsewhere / "checkpoints")
+    assert latest_checkpoint_step(run_dir) is None
+    (run_dir / "checkpoints").unlink()
+    (run_dir / "checkpoints" / "step-00000005").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step-00000005" / "meta.json").symlink_to(step / "meta.json")
+    (run_dir / "checkpoints" / "step-00000005" / "state.pt").write_bytes(b"x" * 10)
+    assert latest_checkpoint_step(run_dir) is None
+
+
+def test_a_cancel_marker_a_symlink_leads_to_does_not_stop_the_run(tmp_path: Path) -> None:
+    from hpctrain.contract.cancel_marker import cancel_marker, marker_applies
+
+    run_dir = make_run(tmp_path / "runs")
+    (tmp_path / "planted").mkdir()
+    (tmp_path / "planted" / "cancel-requested").write_text('{"job_ids": ["4242"]}')
+    (run_dir / ".hpctrain").symlink_to(tmp_path / "planted")
+    assert not marker_applies(cancel_marker(run_dir), ["4242"])
+    (run_dir / ".hpctrain").unlink()
+    (run_dir / ".hpctrain").mkdir()
+    (run_dir / ".hpctrain" / "cancel-requested").write_text('{"job_ids": ["4242"]}')
+    assert marker_applies(cancel_marker(run_dir), ["4242"])

@@ -78,6 +78,33 @@ def test_a_global_batch_min_nodes_cannot_split_names_the_numbers(tmp_path: Path)
     assert "6 micro-batches" in message and "4 ranks" in message and "keep it: 1, 3" in message
 
 
+@pytest.mark.parametrize("spares", [4, 4096])
+def test_more_spares_than_training_nodes_is_a_spec_error(tmp_path: Path, spares: int) -> None:
+    message = problems(tmp_path, f"spare_nodes: {spares}")["resources.spare_nodes"]
+    assert f"{spares} spares for 3 training nodes" in message and "at most 3" in message
+
+
+def test_both_mistakes_are_named_at_once(tmp_path: Path) -> None:
+    assert set(problems(tmp_path, "min_nodes: 4, spare_nodes: 9")) == {"resources.min_nodes", "resources.spare_nodes"}
+
+
+def test_summaries_name_the_spares_and_the_minimum_the_script_asks_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hpctrain.cli.main import main
+    from hpctrain.launch.dry_run import dry_run
+
+    (tmp_path / "job.yaml").write_text(SPEC.format(resources="spare_nodes: 2, min_nodes: 1", strategy="ddp"))
+    assert main(["validate", str(tmp_path / "job.yaml")]) == 0
+    line = capsys.readouterr().out
+    assert "3 nodes + 2 spares (5 allocated; continues on as few as 1 after a lost node) x 2 CPU tasks" in line
+    text = dry_run(load_job(tmp_path / "job.yaml")).text
+    assert "#SBATCH --nodes=5" in text
+    assert "# nodes: 3 nodes + 2 spares (5 allocated; continues on as few as 1 after a lost node)" in text
+    plain = load(tmp_path, "cpus_per_task: 1")
+    assert node_loss.node_count_text(plain.spec.resources) == "3 nodes" and "# nodes:" not in dry_run(plain).text
+
+
 def test_spares_fit_any_strategy_shape(tmp_path: Path) -> None:
     spec = load(tmp_path, "spare_nodes: 1").spec
     assert spec.resources.heals and spec.resources.allocated_nodes == 4

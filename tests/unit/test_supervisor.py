@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -292,3 +293,102 @@ def test_the_guardian_step_leaves_srun_no_file_to_create(tmp_path: Path) -> None
     assert step.process is not None
     argv = step.process.args
     assert "--nodelist=n2" in argv and "--output=/dev/null" in argv and "--error=/dev/null" in argv  # type: ignore[operator]
+
+
+def guardian_thread(fake: Path, lost: set[str], **kwargs: float) -> tuple[Any, list[int], Path]:
+    """The guardian of job 7's first start watching n1, in a thread: (thread, [exit status], its log).
+    ``lost``: the nodes whose slurmd does not answer (the caller may add to it later)."""
+    import threading
+
+    from hpctrain.healing import guardian
+
+    run(fake, ["ok"], {"spare_nodes": 1})  # writes the spec
+    environ = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURMD_NODENAME": "n3"}
+    log = guardian.log_path(fake / "run", "7")
+    log.parent.mkdir(exist_ok=True)
+    say = guardian.log_writer(log)
+    sup = HealRecord(fake / "run", load_spec(fake / "run"), environ, say=say)
+    probe = NodeProbe()
+    probe.lost_reason = lambda node: "its slurmd does not answer" if node in lost else None  # type: ignore[method-assign]
+    status: list[int] = []
+    thread = threading.Thread(
+        target=lambda: status.append(guardian.guard(sup, probe, "n1", say, poll_s=0.01, **kwargs)),
+        daemon=True,
+    )
+    return thread, status, log
+
+
+@pytest.fixture
+def no_signal_handlers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guardian sets SIGTERM handlers, which only the main thread may: here it runs in a thread."""
+    import signal
+
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: None)
+
+
+@pytest.mark.usefixtures("no_signal_handlers")
+def test_a_record_dated_in_the_future_does_not_hide_a_dead_batch_node(fake: Path) -> None:
+    import time
+
+    from hpctrain.contract.rundir import supervisor_record_path, write_json_atomic
+
+    thread, status, log = guardian_thread(fake, {"n1"}, silent_s=0.3)
+    future = {"job_id": "7", "restart": 0, "batch_node": "n1", "ended": False, "time": time.time() + 86400 * 365}
+    write_json_atomic(supervisor_record_path(fake / "run"), future)  # a clock a year ahead, or a planted record
+    thread.start()
+    thread.join(timeout=20)
+    assert status == [0], "the guardian never took the silent batch node out"
+    text = log.read_text()
+    assert re.search(r"the supervisor's record is dated 3153[56]\d{3} s ahead of this node's clock", text), text
+    assert "node n1 lost" in text and "requeueing without n1" in text
+    assert "scontrol requeue 7" in slurm_log(fake)
+
+
+@pytest.mark.usefixtures("no_signal_handlers")
+def test_a_live_supervisor_whose_clock_is_ahead_is_not_taken_out(fake: Path) -> None:
+    import time
+
+    from hpctrain.contract.rundir import supervisor_record_path, write_json_atomic
+
+    thread, status, log = guardian_thread(fake, {"n1"}, silent_s=0.5)
+    record = {"job_id": "7", "restart": 0, "batch_node": "n1", "ended": False}
+    write_json_atomic(supervisor_record_path(fake / "run"), {**record, "time": time.time() + 3600})
+    thread.start()
+    deadline = time.monotonic() + 1.5  # three silences long: the record changes every 0.05 s meanwhile
+    while time.monotonic() < deadline:
+        write_json_atomic(supervisor_record_path(fake / "run"), {**record, "time": time.time() + 3600})
+        time.sleep(0.05)
+    assert thread.is_alive() and "requeue" not in slurm_log(fake)
+    write_json_atomic(supervisor_record_path(fake / "run"), {**record, "ended": True, "time": time.time()})
+    thread.join(timeout=10)
+    assert status == [0] and "requeue" not in slurm_log(fake)
+
+
+@pytest.mark.usefixtures("no_signal_handlers")
+@pytest.mark.parametrize("kind", ["not json", "a directory", "a FIFO", "a list"])
+def test_an_unreadable_record_is_said_and_the_batch_node_still_guarded(fake: Path, kind: str) -> None:
+    import time
+
+    from hpctrain.contract.rundir import supervisor_record_path
+
+    lost: set[str] = set()
+    thread, status, log = guardian_thread(fake, lost, silent_s=0.2)
+    path = supervisor_record_path(fake / "run")
+    path.unlink()
+    if kind == "not json":
+        path.write_text('{"job_id": "7", "resta')
+    elif kind == "a directory":
+        path.mkdir()
+    elif kind == "a FIFO":
+        os.mkfifo(path)
+    else:
+        path.write_text("[1, 2]")
+    thread.start()
+    time.sleep(0.6)  # silent for longer than silent_s, while the batch node answers
+    assert thread.is_alive(), "the guardian left on an unreadable record"
+    text = log.read_text()
+    assert text.count("the supervisor's record is unreadable") == 1, text  # said once, not once per poll
+    lost.add("n1")  # now the batch node stops answering: taken out without a readable record
+    thread.join(timeout=20)
+    assert status == [0]
+    assert "node n1 lost" in log.read_text() and "scontrol requeue 7" in slurm_log(fake)
