@@ -6,11 +6,12 @@ is keyed by the split's absolute path and the mtimes of the split folder and
 its class folders (adding or removing an image changes its folder's mtime), so
 a requeued job reads the index back instead of walking GPFS again.
 
-The walk follows symlinked folders (as ImageFolder does) but enters each
-folder of a class once: a link back to a folder above it (``loop -> .``) or
-to a folder already scanned is skipped with a warning naming it. A folder
-that cannot be listed stops the job with its name and the fix, rather than
-dropping its images (a class without them would still train, silently).
+The scan is ``walk``'s, the one ``hpctrain pack`` makes too: symlinked
+folders and files are followed (as ImageFolder does), each folder of a class
+entered once, loops, pseudo file systems and entries that are not regular
+files cut, with a warning naming them. A folder that cannot be listed stops
+the job with its name and the fix, rather than dropping its images (a class
+without them would still train, silently).
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.contract.runfiles import printable
+from hpctrain.dataset.walk import NOT_A_FILE, Tree, walk
 
 log = logging.getLogger(__name__)
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 INDEX_VERSION = 1
+SHOWN_CUT = 20  # warnings about paths not followed, per split
 
 
 class IndexError_(ValueError):
@@ -79,85 +82,54 @@ class DatasetIndex:
 
 
 def scan_split(root: str | Path) -> DatasetIndex:
-    """One walk of ``root/<class>/...``: torchvision ImageFolder's classes, order and extensions.
+    """One walk of ``root/<class>/...`` (``walk``'s rules): torchvision ImageFolder's classes, order and extensions.
 
     A class folder without images keeps its label (so train and val labels still
     match) and is listed in ``empty_classes``; no class folders, no image at all,
     or a folder that cannot be listed raises ``IndexError_``.
     """
     root = str(Path(root).resolve())
-    classes = sorted(e.name for e in _entries(root) if _is_dir(e) and not e.name.startswith("."))
+    try:
+        tree = walk(root, scope_depth=1, hidden_top=False)
+    except OSError as exc:
+        raise _unreadable(root, exc) from None
+    return index_of(tree)
+
+
+def index_of(tree: Tree) -> DatasetIndex:
+    """The index of the split that ``tree`` walked (also a part of ``pack``'s walk of the whole root)."""
+    if tree.unreadable:
+        rel, exc = tree.unreadable[0]
+        raise _unreadable(os.path.join(tree.top, rel), exc)
+    _warn_cut(tree)
+    classes = [folder for folder in tree.folders if "/" not in folder and not folder.startswith(".")]
     if not classes:
-        raise IndexError_(f"no class folders in {root!r}")
+        raise IndexError_(f"no class folders in {tree.top!r}")
+    label = {name: number for number, name in enumerate(classes)}
     samples: list[tuple[str, int]] = []
-    empty: list[str] = []
-    for label, name in enumerate(classes):
-        found = [(path, label) for path in _class_files(root, name)]
-        samples += found
-        if not found:
-            empty.append(name)
+    for path in tree.files:
+        name, slash, rest = path.partition("/")
+        if slash and name in label and path.lower().endswith(IMG_EXTENSIONS):
+            samples.append((path, label[name]))
     if not samples:
-        raise IndexError_(f"no images ({', '.join(IMG_EXTENSIONS)}) under {root!r}")
+        raise IndexError_(f"no images ({', '.join(IMG_EXTENSIONS)}) under {tree.top!r}")
+    used = {label for _, label in samples}
+    empty = [name for name in classes if label[name] not in used]
     for name in empty:
-        log.warning(
-            "hpctrain: class folder %r has no images; its label is kept, no sample uses it", os.path.join(root, name)
-        )
-    return DatasetIndex(root, classes, samples, empty)
+        folder = os.path.join(tree.top, name)
+        log.warning("hpctrain: class folder %r has no images; its label is kept, no sample uses it", folder)
+    return DatasetIndex(tree.top, classes, samples, empty)
 
 
-def _class_files(root: str, name: str) -> list[str]:
-    """Image paths (relative to ``root``) under ``root/name``, depth first, sorted per folder.
-
-    Symlinked folders are followed; each real folder (device, inode) is entered once per class.
-    """
-    found: list[str] = []
-    seen: set[tuple[int, int]] = set()
-    stack: list[tuple[str, tuple[tuple[int, int], ...]]] = [(os.path.join(root, name), ())]
-    while stack:
-        folder, above = stack.pop()
-        identity = _identity(folder)
-        if identity in seen:
-            what = "a folder above it (a loop)" if identity in above else "a folder of this class already scanned"
-            log.warning("hpctrain: not following %r: it leads back to %s", folder, what)
-            continue
-        seen.add(identity)
-        entries = _entries(folder)
-        rel = os.path.relpath(folder, root)
-        found += [os.path.join(rel, e.name) for e in sorted(entries, key=_name) if _is_image(e)]
-        subfolders = sorted((e for e in entries if _is_dir(e)), key=_name, reverse=True)
-        stack += [(e.path, (*above, identity)) for e in subfolders]  # reversed: popped in sorted order
-    return found
-
-
-def _name(entry: os.DirEntry) -> str:
-    return entry.name
-
-
-def _is_dir(entry: os.DirEntry) -> bool:
-    try:
-        return entry.is_dir()  # follows symlinks
-    except OSError:
-        return False
-
-
-def _is_image(entry: os.DirEntry) -> bool:
-    return entry.name.lower().endswith(IMG_EXTENSIONS) and not _is_dir(entry)
-
-
-def _identity(folder: str) -> tuple[int, int]:
-    try:
-        info = os.stat(folder)
-    except OSError as exc:
-        raise _unreadable(folder, exc) from None
-    return info.st_dev, info.st_ino
-
-
-def _entries(folder: str) -> list[os.DirEntry]:
-    try:
-        with os.scandir(folder) as entries:
-            return list(entries)
-    except OSError as exc:
-        raise _unreadable(folder, exc) from None
+def _warn_cut(tree: Tree) -> None:
+    """One warning per link not followed or image-named entry that is not a file (the first few)."""
+    shown = [
+        (path, why) for path, why in tree.cut if path.lower().endswith(IMG_EXTENSIONS) or not why.endswith(NOT_A_FILE)
+    ]
+    for path, why in shown[:SHOWN_CUT]:
+        log.warning("hpctrain: not following %r: %s", os.path.join(tree.top, path), why)
+    if len(shown) > SHOWN_CUT:
+        log.warning("hpctrain: ... and %d more paths of %r not followed", len(shown) - SHOWN_CUT, tree.top)
 
 
 def _unreadable(folder: str, exc: OSError) -> IndexError_:

@@ -90,10 +90,17 @@ def test_fifos_devices_and_broken_links_are_not_staged(root: Path, tmp_path: Pat
     tree = tmp_path / "tree"
     shutil.copytree(root, tree)
     folder = tree / "train" / "class_00"
-    os.mkfifo(folder / "fifo.jpg")  # copying it would wait for a writer forever
-    (folder / "zero.jpg").symlink_to("/dev/zero")  # copying it would fill the disk
-    (folder / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    os.mkfifo(folder / "fifo0.jpg")
+    assert "class_00/fifo0.jpg" not in dict(scan_split(tree / "train").samples)  # the scan lists no FIFO
+    indices = _indices(tree)
+    first, second, third = sorted(folder.glob("class_00_*.jpg"))[:3]  # listed; then swapped after the scan:
+    first.unlink()
+    os.mkfifo(first)  # copying it would wait for a writer forever
+    second.unlink()
+    second.symlink_to("/dev/zero")  # copying it would fill the disk
+    third.unlink()
+    third.symlink_to(tmp_path / "nowhere.jpg")
     lines: list[str] = []
-    dest = stage_dataset(tree, _indices(tree), tmp_path / "stage", is_node_leader=True, log=lines.append)
-    assert (dest / DONE).exists() and not (dest / "train" / "class_00" / "fifo.jpg").exists()
+    dest = stage_dataset(tree, indices, tmp_path / "stage", is_node_leader=True, log=lines.append)
+    assert (dest / DONE).exists() and not (dest / "train" / first.relative_to(tree / "train")).exists()
     assert any("not staging 3 entries" in line for line in lines)
