@@ -43,12 +43,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.dataset.squashfs import INDEX_NAME, ImageError, read_superblock, require_tool
+from hpctrain.dataset.squashfs import ImageError, read_superblock, require_tool
 
 MOUNT_TIMEOUT_S = 60.0
 UNMOUNT_TRIES = 5
 COPY_CHUNK = 16 * 2**20
-MAX_INDEX_BYTES = 2**31  # ImageNet-1k's is about 70 MB
 # Who started us, by table: the job id and attempt of each launcher (see runtime/task_env.py).
 JOB_VARS = (
     ("SLURM_JOB_ID", "SLURM_RESTART_COUNT"),
@@ -160,38 +159,6 @@ def _as_image_error(exc: BaseException, stage_dir: Path) -> ImageError:
     return ImageError(f"{type(exc).__name__}: {exc}", "see the log of the node's first task")
 
 
-def packed_index(point: Path) -> dict | None:
-    """The index ``hpctrain pack`` stored in the image (None for an image packed otherwise).
-
-    The image is input like any other: a malformed index, or one naming a path
-    outside its split (absolute, ``..``), is an ``ImageError``, never followed.
-    """
-    path = point / INDEX_NAME
-    try:
-        if path.stat().st_size > MAX_INDEX_BYTES:
-            raise ImageError(f"{path} is larger than {MAX_INDEX_BYTES} bytes", "pack the dataset again")
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        if isinstance(exc, ImageError):
-            raise
-        raise ImageError(f"cannot read the index {path}: {exc}", "pack the dataset again") from exc
-    try:
-        for split in data["splits"].values():
-            classes = split["classes"]
-            if not all(isinstance(c, str) for c in classes):
-                raise ValueError("a class name is not a string")
-            for rel, label in split["samples"]:
-                if not (isinstance(rel, str) and isinstance(label, int) and 0 <= label < len(classes)):
-                    raise ValueError(f"bad sample {rel!r}, {label!r}")
-                if rel.startswith("/") or ".." in rel.split("/"):
-                    raise ValueError(f"sample path {rel!r} leaves its split")
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ImageError(f"the index {path} is malformed: {exc}", "pack the dataset again") from None
-    return data
-
-
 def register_user(base: Path, pid: int) -> None:
     (base / "users").mkdir(parents=True, exist_ok=True)
     with _users_lock(base):
@@ -258,6 +225,14 @@ def _mount_as_leader(image: Path, stage_dir: Path, base: Path, attempt: str, sta
             f"remove what is in {point}, or set data.stage_dir elsewhere",
         )
     mounted = _start_squashfuse(squashfuse, image, point)
+    try:
+        os.listdir(point)  # squashfuse mounts an image whose directories are damaged; its listing fails
+    except OSError as exc:
+        release(point, mounted.daemon_pid)
+        raise ImageError(
+            f"{image} is corrupt: its top folder cannot be read once mounted ({exc.strerror})",
+            "copy the image again from where it was packed (the copy was damaged), or pack it again",
+        ) from None
     _start_watcher(base, mounted)
     log(f"hpctrain: data: mounted {image} at {point} (squashfuse pid {mounted.daemon_pid})")
     return mounted
@@ -289,7 +264,8 @@ def _start_squashfuse(squashfuse: str, image: Path, point: Path) -> Mounted:
             why = _tail(log_path) or f"exit {proc.returncode}"
             raise ImageError(
                 f"squashfuse could not mount {image} at {point}: {why}",
-                "check that FUSE works on this node (`squashfuse IMAGE DIR` by hand), or set data.stage: node",
+                "check that FUSE works on this node (`squashfuse IMAGE DIR` by hand), or set data.stage: node; "
+                "a corrupt image fails so too (`unsquashfs -l IMAGE` says; copy it again)",
             )
         time.sleep(0.05)
     return Mounted(image, point, proc.pid)

@@ -36,13 +36,13 @@ from pathlib import Path
 
 from hpctrain.contract.runfiles import printable
 from hpctrain.dataset.index import IndexError_, index_of
+from hpctrain.dataset.packed_index import PACKED_FORMAT
 from hpctrain.dataset.squashfs import INDEX_NAME, ImageError, check_image, count_entries, read_superblock, require_tool
 from hpctrain.dataset.walk import Tree, walk
 
 REQUIRED_SPLITS = ("train", "val")
 OVERHEAD = 1.05  # image = data (JPEGs do not compress; small tails share fragment blocks), 5% spare
 PER_FILE_BYTES = 256  # inode, directory entry and index line of one file, generously
-PACKED_FORMAT = "hpctrain-packed-index"
 SHOWN_SKIPPED = 10
 MAX_PROCESSORS = 1024
 LINE_BREAKS = ("\n", "\r")  # a pseudo file's lines cannot carry them, escaped or not

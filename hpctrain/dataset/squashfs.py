@@ -109,28 +109,38 @@ def require_tool(name: str) -> str:
 
 
 def has_top_entry(path: str | Path, name: str, *, timeout_s: float = LIST_TIMEOUT_S) -> bool:
-    """Whether the image holds ``/name``: the first lines of ``unsquashfs -l IMAGE name``, then stop."""
+    """Whether the image holds ``/name``: the first lines of ``unsquashfs -l IMAGE name``, then stop.
+
+    ``ImageError`` naming the image corrupt when unsquashfs cannot read it (its answer is then no
+    answer about ``name``: "no train/ folder" would send the user looking for the wrong problem).
+    """
     unsquashfs = require_tool("unsquashfs")
     wanted = f"squashfs-root/{name}"
-    proc = subprocess.Popen(
-        [unsquashfs, "-l", "-d", "squashfs-root", str(path), name],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        errors="replace",
-    )
-    try:
-        assert proc.stdout is not None
-        for number, line in enumerate(proc.stdout):
-            if line.rstrip("\n") == wanted:
-                return True
-            if number >= 2:
-                return False
-        return False
-    finally:
-        proc.kill()
-        proc.wait(timeout=timeout_s)
+    with tempfile.TemporaryFile() as errors:
+        proc = subprocess.Popen(
+            [unsquashfs, "-l", "-d", "squashfs-root", str(path), name],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            errors="replace",
+        )
+        try:
+            assert proc.stdout is not None
+            for number, line in enumerate(proc.stdout):
+                if line.rstrip("\n") == wanted:
+                    return True
+                if number >= 2:
+                    return False
+            code = proc.wait(timeout=timeout_s)  # the listing ended: without name, or unreadable
+        finally:
+            proc.kill()
+            proc.wait(timeout=timeout_s)
+        errors.seek(0)
+        said = errors.read(4096).decode(errors="replace")
+    if code != 0 or "FATAL ERROR" in said:
+        raise _corrupt(path, said)
+    return False
 
 
 def count_entries(path: str | Path) -> int:
@@ -169,9 +179,9 @@ def check_image(path: str | Path, splits: tuple[str, ...] = ("train", "val")) ->
     try:
         read_superblock(path)
         require_tool("unsquashfs")
+        missing = [split for split in splits if not has_top_entry(path, split)]
     except ImageError as exc:
         return [exc]
-    missing = [split for split in splits if not has_top_entry(path, split)]
     if missing:
         return [
             ImageError(

@@ -358,12 +358,18 @@ def test_a_task_reads_the_containers_bind_instead_of_mounting(image: Path, tmp_p
     "samples", [[["../../etc/passwd", 0]], [["/etc/passwd", 0]], [["a/x.jpg", 5]], [["a/x.jpg", "0"]]], ids=str
 )
 def test_an_index_that_leaves_its_split_or_lies_is_refused(samples: list, tmp_path: Path) -> None:
-    index = {"splits": {"train": {"classes": ["a"], "samples": samples}}}
+    from hpctrain.dataset import packed_index
+
+    split = {"classes": ["a"], "samples": samples}
+    index = {"format": packed_index.PACKED_FORMAT, "version": 1, "splits": {"train": split}}
     (tmp_path / squashfs.INDEX_NAME).write_text(json.dumps(index))
+    (tmp_path / "train" / "a").mkdir(parents=True)
+    document = packed_index.read_packed(tmp_path)
+    assert document is not None
     with pytest.raises(squashfs.ImageError, match="malformed") as caught:
-        mount.packed_index(tmp_path)
+        packed_index.packed_split(tmp_path, document, "train")
     assert "pack the dataset again" in caught.value.hint
-    assert mount.packed_index(tmp_path / "nothing-here") is None
+    assert packed_index.read_packed(tmp_path / "nothing-here") is None
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)

@@ -138,13 +138,20 @@ def reduction(box: CropBox, out_size: int) -> int:
 
 
 def decode_crop(
-    path: str, box_fn: BoxFn, out_size: int, whole: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS
+    path: str,
+    box_fn: BoxFn,
+    out_size: int,
+    whole: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    *,
+    follow_links: bool = True,
 ) -> torch.Tensor:
     """uint8 (3, out_size, out_size): ``box_fn(width, height) -> CropBox`` picks the box from the header size.
 
     ``whole``: resize the whole image, then crop (validation; see ``crop_resize``).
-    ``ImageRefused`` for a file over the limits (``image_guard``), before any decoding."""
-    data = read_image_file(path, max_pixels)
+    ``ImageRefused`` for a file over the limits (``image_guard``), before any decoding, and for a
+    symlink when ``follow_links`` is False (a packed image's tree)."""
+    data = read_image_file(path, max_pixels, follow_links=follow_links)
     if data.startswith(JPEG_SOI) and (decoder := jpeg_decoder()) != "pil":
         check_jpeg(data, max_pixels)
         fast = _simplejpeg_crop if decoder == "simplejpeg" else _turbojpeg_crop

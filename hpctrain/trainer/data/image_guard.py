@@ -37,6 +37,7 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import stat
@@ -105,14 +106,22 @@ def max_file_bytes(max_pixels: int) -> int:
     return BYTES_PER_PIXEL * max_pixels
 
 
-def read_image_file(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> bytes:
+def read_image_file(path: str, max_pixels: int = DEFAULT_MAX_PIXELS, *, follow_links: bool = True) -> bytes:
     """The file's bytes: a regular file of at most ``max_file_bytes``, or ``ImageRefused``.
 
     Opened non-blocking, so a FIFO named like an image cannot hang the worker;
-    the read is bounded even if the file grows meanwhile.
+    the read is bounded even if the file grows meanwhile. ``follow_links`` False
+    (a packed image's tree): a file that is a symlink is refused, never read
+    from wherever it points on this machine.
     """
     limit = max_file_bytes(max_pixels)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow_links else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_links:
+            raise ImageRefused("a symlink inside a packed image: not followed onto this machine") from None
+        raise
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
