@@ -99,7 +99,7 @@ def main() -> int:
         f"(ratio {result.seconds / baseline:.2f})"
     )
     folder, packed = child(tree, stage), child(image, stage)
-    for point in stage.glob("hpctrain-image-*/mnt-*"):  # the child's watcher would, once it sees it gone
+    for point in stage.glob("hpctrain-*/job-*/mnt-*"):  # the child's watcher would, once it sees it gone
         mount.release(point, None)
     entries = result.files + sum(1 for _ in tree.rglob("*") if _.is_dir())
     print(f"{'':22} {'folder':>10} {'image':>10}")

@@ -312,10 +312,12 @@ def test_stage_copies_the_image_once_and_resumes_a_cut_copy(image: Path, tmp_pat
 
 
 def test_attempt_names_keep_jobs_array_tasks_and_attempts_apart() -> None:
-    assert mount.attempt_names({"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "2"}) == ("12", "2")
-    assert mount.attempt_names({"SLURM_JOB_ID": "13"}) == ("13", "0")
-    assert mount.attempt_names({"TORCHELASTIC_RUN_ID": "a/b", "TORCHELASTIC_RESTART_COUNT": "1"}) == ("a_b", "1")
-    assert mount.attempt_names({})[0].startswith("pid")
+    from hpctrain.dataset.node_folder import attempt_names
+
+    assert attempt_names({"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "2"}) == ("12", "2")
+    assert attempt_names({"SLURM_JOB_ID": "13"}) == ("13", "0")
+    assert attempt_names({"TORCHELASTIC_RUN_ID": "a/b", "TORCHELASTIC_RESTART_COUNT": "1"}) == ("a_b", "1")
+    assert attempt_names({})[0].startswith("pid")
 
 
 def test_is_mounted_reads_escaped_paths(tmp_path: Path) -> None:
