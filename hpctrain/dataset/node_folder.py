@@ -134,7 +134,7 @@ def leave(*, keep: bool = True, log: Callable[[str], None] | None = None) -> Non
                 release_mounts(folder, log)
                 if not keep:
                     shutil.rmtree(folder, ignore_errors=True)
-                    log(f"hpctrain: data: removed {folder} (the run ended; the node's last task to end)")
+                    log(f"hpctrain: data: removed {folder} (the run has ended)")
         except OSError as exc:
             log(f"hpctrain: data: could not release {folder}: {exc} (the watcher will)")
 
