@@ -171,6 +171,12 @@ def pack(
     index.update(files=found.files, bytes=found.bytes)
     links = f", through {found.tree.links} symlink(s) followed" if found.tree.links else ""
     log(f"pack: {found.files} files, {found.bytes / 2**20:.1f} MiB from {printable(root)}{links} -> {printable(out)}")
+    kept = set(found.tree.folders)
+    folders = [(rel, target) for rel, target in found.tree.targets.items() if rel in kept]
+    for rel, target in folders[:SHOWN_SKIPPED]:
+        log(f"pack: followed {printable(rel)} -> {printable(target)} (its content is stored)")
+    if len(folders) > SHOWN_SKIPPED:
+        log(f"pack: ... and {len(folders) - SHOWN_SKIPPED} more linked folders")
     try:
         work_dir = tempfile.TemporaryDirectory(prefix=".hpctrain-pack-", dir=out.parent)
     except OSError as exc:

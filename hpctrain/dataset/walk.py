@@ -52,7 +52,7 @@ class Tree:
     cut: list[tuple[str, str]] = field(default_factory=list)  # (path, why) not followed or not a file
     unreadable: list[tuple[str, OSError]] = field(default_factory=list)  # folders that could not be listed
     links: int = 0  # symlinks followed (to files and folders)
-    targets: dict[str, str] = field(default_factory=dict)  # a file that is a link -> the real path it leads to
+    targets: dict[str, str] = field(default_factory=dict)  # a file or folder that is a link -> its real path
 
     def below(self, folder: str) -> Tree:
         """The part of this walk under ``folder`` (relative), as if it had been walked from there."""
@@ -123,7 +123,9 @@ def walk(top: str | os.PathLike[str], *, scope_depth: int = 1, hidden_top: bool 
                     tree.cut.append((child, f"deeper than {MAX_DEPTH} folders below {root}"))
                 else:
                     scope.add(identity)
-                    tree.links += entry.is_symlink()
+                    if entry.is_symlink():
+                        tree.links += 1
+                        tree.targets[child] = os.path.realpath(entry.path)
                     subfolders.append((child, (*above, identity)))
         stack += reversed(subfolders)  # popped in sorted order: depth first, as ImageFolder lists
     return tree

@@ -521,6 +521,7 @@ def test_pack_follows_links_as_the_job_does_and_stores_their_content(tmp_path: P
     done = hpctrain("pack", str(root), str(out), env=env)
     assert done.returncode == 0, done.stderr
     assert "4 symlink(s) followed" in done.stdout and "left out" not in done.stdout
+    assert f"followed val -> {tmp_path / 'pool' / 'val'} (its content is stored)" in done.stdout
     index = _index(out, tmp_path)
     for split in ("train", "val"):
         scanned = scan_split(root / split)  # what a job on the folder reads
