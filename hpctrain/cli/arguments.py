@@ -171,11 +171,14 @@ def cmd_make_dataset(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_pack(parser: argparse.ArgumentParser) -> None:
+    from hpctrain.dataset.pack import MAX_PROCESSORS
+
     parser.add_argument("data_root", metavar="DATA_ROOT", help="the ImageFolder root (holds train/ and val/)")
     parser.add_argument("out", metavar="OUT.sqsh", help="the image file to write")
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists (only once the new one is good)")
-    parser.add_argument("--strict", action="store_true", help="fail on unreadable files instead of leaving them out")
-    parser.add_argument("--processors", type=int, default=None, help="mksquashfs threads (default: all cores)")
+    parser.add_argument("--strict", action="store_true", help="fail on what cannot go in instead of leaving it out")
+    threads = f"mksquashfs threads, 1 to {MAX_PROCESSORS} (default: all cores)"
+    parser.add_argument("--processors", type=_whole(1, MAX_PROCESSORS), default=None, help=threads)
 
 
 def cmd_bench_data(parser: argparse.ArgumentParser) -> None:

@@ -26,7 +26,7 @@ from sys import intern
 from typing import Any
 
 from hpctrain.contract.rundir import metrics_path
-from hpctrain.contract.runfiles import MAX_MAGNITUDE, RunFileError, open_regular
+from hpctrain.contract.runfiles import MAX_MAGNITUDE, RunFileError, load_json, open_regular
 
 # Each kind of record and the field that says which step or epoch it is.
 KEYS = {"train_step": "global_step", "epoch": "epoch", "val": "epoch", "gpu": "global_step"}
@@ -88,7 +88,7 @@ def parse_metric_line(line: bytes | str) -> tuple[dict[str, Any] | None, int]:
     A record is a JSON object of a known ``kind`` that says which step or epoch it is.
     """
     try:
-        record = json.loads(line)
+        record = load_json(line, raw_numbers=True)
     except ValueError:
         return None, 0
     if not isinstance(record, dict) or record.get("kind") not in KEYS:

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 
 from hpctrain.contract.runfiles import RunFileError, check_inside, printable, read_json
 from hpctrain.errors import RunDirError
@@ -360,6 +360,15 @@ class Summary(BaseModel):
     started_at: str | None = None
     updated_at: str | None = None
     _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @field_validator("excluded_nodes", "node_failures", mode="before")
+    @classmethod
+    def _drop_malformed_entries(cls, value: Any, info: ValidationInfo) -> Any:
+        """One malformed entry costs that entry, not the whole list (every lost node's line with it)."""
+        if not isinstance(value, list):
+            return value
+        kind = str if info.field_name == "excluded_nodes" else dict
+        return [item for item in value if isinstance(item, kind)]
 
     @property
     def is_final(self) -> bool:

@@ -18,8 +18,14 @@ login node. So every reader of its files goes through here:
   streams a file line by line with a cap per line; :func:`tail_lines` and
   :func:`read_tail` read backwards from the end, so ``logs -n 2`` of a
   1.5 GB log reads a few kilobytes.
-* :func:`load_json` decodes JSON whose numbers are plausible: NaN, Infinity,
-  integers of more than 18 digits and floats beyond +-1e18 become None.
+* :func:`load_json` decodes JSON whose numbers are plausible (NaN, Infinity,
+  integers of more than 18 digits and floats beyond +-1e18 become None) and
+  whose nesting is at most ``MAX_JSON_DEPTH`` deep: deeper input (200 KB of
+  ``[``) is a ValueError before it is parsed, so neither the parser nor any
+  reader that walks the result recursively (``--json`` output, the summary's
+  model, rich) can raise RecursionError. Every JSON reader of hpctrain's
+  untrusted files (run directory, registry, metrics, packed index, index
+  cache) decodes through it.
 * :func:`printable` (the project's one escaper, ``hpctrain.errors``) and
   :func:`for_rich` make a string that came from a file safe to print: control
   characters (terminal escapes, newlines) are shown as ``\\x1b``, and rich
@@ -32,6 +38,7 @@ import codecs
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +52,10 @@ MAX_TAIL_BYTES = 8 << 20  # how far back tail_lines looks for its lines
 BLOCK_BYTES = 1 << 16
 MAX_MAGNITUDE = 1e18  # no count, time, rate or size hpctrain writes comes near this
 _MAX_INT_DIGITS = 18
+MAX_JSON_DEPTH = 64  # hpctrain's records nest a few levels; deeper input only serves to recurse a reader
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_OPENERS = bytes.maketrans(b"{}", b"[]")
 
 
 class RunFileError(RunDirError):
@@ -130,9 +141,42 @@ def _float_or_none(text: str) -> float | None:
     return value if math.isfinite(value) and abs(value) <= MAX_MAGNITUDE else None
 
 
-def load_json(data: bytes | str) -> Any:
-    """JSON with implausible numbers (NaN, Infinity, > 18 digits, beyond 1e18) as None; raises ValueError."""
-    return json.loads(data, parse_int=_int_or_none, parse_float=_float_or_none, parse_constant=lambda _: None)
+def load_json(data: bytes | str, max_depth: int = MAX_JSON_DEPTH, *, raw_numbers: bool = False) -> Any:
+    """JSON with implausible numbers (NaN, Infinity, > 18 digits, beyond 1e18) as None; raises ValueError.
+
+    Nesting deeper than ``max_depth`` is a ValueError too, found before parsing (see the module docstring).
+    ``raw_numbers``: numbers as ``json`` decodes them (no Python call per number), for a hot reader
+    that checks its fields itself (metrics lines).
+    """
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    if nesting_exceeds(raw, max_depth):
+        raise ValueError(f"JSON nested more than {max_depth} levels deep")
+    try:
+        if raw_numbers:
+            return json.loads(data)
+        return json.loads(data, parse_int=_int_or_none, parse_float=_float_or_none, parse_constant=lambda _: None)
+    except RecursionError:  # cannot happen below max_depth; kept so no reader ever sees it
+        raise ValueError("JSON nested too deeply") from None
+
+
+def nesting_exceeds(raw: bytes, max_depth: int) -> bool:
+    """Whether the brackets of JSON text ``raw`` (outside its strings) nest deeper than ``max_depth``.
+
+    C-speed passes only: strings are blanked, everything but brackets dropped, then
+    innermost pairs removed once per level, ``max_depth`` times at most. Text that
+    is not balanced JSON may be misjudged; the parser refuses it anyway.
+    """
+    if raw.count(b"[") + raw.count(b"{") <= max_depth:
+        return False
+    brackets = _JSON_STRING.sub(b"", raw).translate(_OPENERS, _NOT_BRACKETS)
+    for level in range(max_depth):
+        shorter = brackets.replace(b"[]", b"")
+        if not shorter:
+            return False
+        if len(shorter) == len(brackets):  # unbalanced: only its leading openers still count
+            return level + len(brackets) - len(brackets.lstrip(b"[")) > max_depth
+        brackets = shorter
+    return True
 
 
 def read_json(path: str | Path, max_bytes: int = MAX_JSON_BYTES, *, within: str | Path | None = None) -> Any:

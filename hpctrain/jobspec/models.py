@@ -369,8 +369,9 @@ class Data(Section):
     stage_dir: Annotated[
         str | None,
         Field(
-            description="Node-local folder for data.stage: node; may contain {node} (the node's name) and "
-            "$VARS. Default: $SLURM_TMPDIR, else $TMPDIR, else /tmp."
+            description="Node-local folder for data.stage: node and a packed image's mount; may contain {node} "
+            "(the node's name) and $VARS; must exist (never created). Default: the first existing of "
+            "$SLURM_TMPDIR, $TMPDIR and /tmp."
         ),
     ] = None
     stage_readers: Annotated[int, Field(ge=1, le=256, description="Parallel file copies while staging.")] = 16

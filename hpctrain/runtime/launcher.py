@@ -74,14 +74,17 @@ class TaskLauncher:
         if self._step_log is not None:
             failures.FailureWatch(Path(self.run_dir), self._step_log).start()
         monitor = self.start_heartbeats(spec, env)
+        ended = False
         try:
-            return self._run_monitored(spec, env, monitor)
+            result = self._run_monitored(spec, env, monitor)
+            ended = True  # done, or stopped for good: the node's copies of the dataset can go
+            return result
         except BaseException:
             if monitor is not None:
                 monitor.stop(final_phase=None)  # the heartbeat keeps the phase the rank failed in
             raise
         finally:
-            leave_dataset_mount()
+            leave_dataset_mount(keep_copies=not ended)
 
     def _run_monitored(self, spec: JobSpec, env: TaskEnv, monitor: heartbeat.Monitor | None) -> Any:
         check_world_size(spec, env)
