@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hpctrain.contract.runfiles import printable
 from hpctrain.dataset.index import IndexError_, index_of
@@ -48,6 +49,7 @@ MAX_PROCESSORS = 1024
 LINE_BREAKS = ("\n", "\r")  # a pseudo file's lines cannot carry them, escaped or not
 _ESCAPES = str.maketrans({char: "\\" + char for char in " \t\x0b\x0c\\\"'#"})  # what mksquashfs splits or reads on
 PR_SET_PDEATHSIG = 1
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}  # pack's own stops (cli/cmd_pack.py)
 
 
 class PackError(ValueError):
@@ -309,7 +311,7 @@ def _mksquashfs(mksquashfs: str, work: Path, tmp: Path, processors: int | None, 
         command += ["-processors", str(processors)]
     show = sys.stdout.isatty() if progress is None else progress
     if show:
-        done = subprocess.run(command, check=False, preexec_fn=_die_with_parent)  # noqa: PLW1509 - one prctl
+        done = _child(command)
         if done.returncode != 0:
             raise PackError(f"mksquashfs failed writing {printable(tmp)}", "see its message above")
     else:
@@ -317,14 +319,46 @@ def _mksquashfs(mksquashfs: str, work: Path, tmp: Path, processors: int | None, 
 
 
 def _run(command: list[str], *, what: str) -> None:
-    done = subprocess.run(
-        command, capture_output=True, text=True, errors="replace", check=False, preexec_fn=_die_with_parent
-    )  # noqa: PLW1509 - one prctl
+    done = _child(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         raise PackError(
             f"mksquashfs failed {what}: {printable(' / '.join(tail))}", "see the message; is the disk full?"
         )
+
+
+def _child(command: list[str], **streams: Any) -> subprocess.CompletedProcess:
+    """``subprocess.run`` of mksquashfs/unsquashfs that a stop signal can never wedge.
+
+    A ``preexec_fn`` makes Python run its fork handlers in this process, among them
+    logging's, which releases its module lock after the fork: a Ctrl-C, SIGTERM or
+    SIGHUP landing there (the child may already be running) left that lock held and
+    pack hung on its way out. So the stop signals wait, blocked, until the child is
+    started; the child gets the old mask back before it execs.
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+
+    def in_child() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        _die_with_parent()
+
+    proc = None
+    try:
+        proc = subprocess.Popen(command, preexec_fn=in_child, **streams)  # noqa: PLW1509 - mask + one prctl
+    finally:
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a stop that came meanwhile is raised here
+        except BaseException:
+            if proc is not None:
+                proc.kill()
+            raise
+    with proc:
+        try:
+            out, err = proc.communicate()
+        except BaseException:
+            proc.kill()
+            raise
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
 def _die_with_parent() -> None:
