@@ -165,12 +165,12 @@ def decide(found: Blame | None, *, min_nodes: int = 3, allocation: tuple[str, ..
 
 def test_a_lost_node_is_replaced_by_a_spare() -> None:
     decision = decide(Blame("n2", "gone"))
-    assert decision.action == "continue" and decision.nodes == ("n1", "n3", "n4") and decision.excluded == ("n2",)
+    assert decision.action == "swap" and decision.nodes == ("n1", "n3", "n4") and decision.excluded == ("n2",)
 
 
 def test_without_a_spare_the_run_shrinks_to_a_count_its_batch_fits() -> None:
     decision = decide(Blame("n2", "gone"), min_nodes=1, allocation=NODES, fits=lambda n: n != 2)
-    assert decision.action == "continue" and decision.nodes == ("n1",)
+    assert decision.action == "drop" and decision.nodes == ("n1",)
 
 
 def test_below_min_nodes_or_the_batch_node_lost_requeues() -> None:
@@ -201,7 +201,7 @@ def test_a_crash_loop_is_k_failures_without_a_newer_checkpoint() -> None:
 
 
 def test_the_log_line_says_what_happened() -> None:
-    decision = healing.Decision("continue", nodes=("n1", "n3"), excluded=("n2",))
+    decision = healing.Decision("swap", nodes=("n1", "n3"), excluded=("n2",))
     line = healing.log_line(Blame("n2", "rank 3 exited 137"), 412, decision, 400)
     assert line == "node n2 lost at step 412 (rank 3 exited 137); continuing on n1,n3 from step 400"
 

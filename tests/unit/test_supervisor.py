@@ -64,6 +64,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         path.chmod(0o755)
     monkeypatch.setenv("PATH", str(bin_dir))
     monkeypatch.setenv("FAKE_DIR", str(tmp_path))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # the bad-node ledger
     monkeypatch.setattr(supervisor, "POLL_S", 0.05)
     monkeypatch.setattr(supervisor, "START_GUARDIAN", False)  # its srun would take a line of the plan
     return tmp_path
@@ -113,7 +114,7 @@ def test_a_killed_rank_moves_the_run_to_the_spare(fake: Path, capsys: pytest.Cap
     assert (failure["node"], failure["reason"], failure["action"], failure["nodes"]) == (
         "n2",
         "rank 2 killed",
-        "continue",
+        "swap",
         ["n1", "n3"],
     )
     assert "node n2 lost before the first step (rank 2 killed); continuing on n1,n3 from the start" in (
@@ -139,7 +140,7 @@ def test_a_hung_rank_moves_the_run_off_its_node_naming_its_phase(fake: Path) -> 
     summary = read_summary(fake / "run")
     assert summary is not None and summary.excluded_nodes == ["n2"]
     [failure] = summary.node_failures or []
-    assert (failure["node"], failure["action"]) == ("n2", "continue")
+    assert (failure["node"], failure["action"]) == ("n2", "swap")
     expected = "rank 2 hung in phase forward_backward at step 5 (its process froze: heartbeat silent 21 s)"
     assert failure["reason"] == expected
 
@@ -178,7 +179,7 @@ def test_a_crash_loop_stops_with_the_attempts(fake: Path) -> None:
     assert rc == 1 and len(calls) == 2
     summary = read_summary(fake / "run")
     assert summary is not None and summary.status == "failed"
-    assert [(f["node"], f["action"]) for f in summary.node_failures or []] == [("n2", "continue"), ("n3", "fail")]
+    assert [(f["node"], f["action"]) for f in summary.node_failures or []] == [("n2", "swap"), ("n3", "fail")]
     assert summary.error is not None and summary.error.startswith("crash loop: 2 attempts in a row")
     assert "attempt 1 (job 7): n2" in summary.error and "attempt 2 (job 7): n3" in summary.error
     assert "requeue" not in slurm_log(fake)
