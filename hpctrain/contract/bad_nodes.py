@@ -96,13 +96,16 @@ def read_ledger(path: Path | None = None) -> Ledger:
             data = handle.read(MAX_LEDGER_BYTES + 1)
     except FileNotFoundError:
         return ledger
-    except (OSError, RunFileError) as exc:
-        ledger.warnings.append(f"{printable(exc)}; the bad-node ledger is ignored")
+    except RunFileError as exc:
+        ledger.warnings.append(f"{printable(exc.message)}; the bad-node ledger is ignored")
+        return ledger
+    except OSError as exc:
+        ledger.warnings.append(f"{path}: {printable(exc.strerror or exc)}; the bad-node ledger is ignored")
         return ledger
     if len(data) > MAX_LEDGER_BYTES:
         ledger.warnings.append(
             f"{path}: larger than {MAX_LEDGER_BYTES} bytes, far more than hpctrain writes; ignored "
-            "(move it away, or 'hpctrain nodes --forget NODE' rewrites it)"
+            "(move it away: hpctrain starts a new one)"
         )
         return ledger
     bad = 0

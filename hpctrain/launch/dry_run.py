@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from hpctrain.contract.rundir import next_run_dir
 from hpctrain.jobspec.load import LoadedJob
+from hpctrain.launch.exclusion import plan_exclusion
 from hpctrain.launch.submission import backend_for, render_script
 
 
@@ -28,7 +29,7 @@ class DryRun(NamedTuple):  # not a dataclass: building one costs --dry-run 0.7 m
     text: str
 
 
-def dry_run(job: LoadedJob, *, local: bool = False, snapshot: bool = True) -> DryRun:
+def dry_run(job: LoadedJob, *, local: bool = False, snapshot: bool = True, exclude_bad_nodes: bool = True) -> DryRun:
     run_dir = next_run_dir(job.spec.output_dir, job.spec.name)
     if job.is_study:
         from hpctrain.launch.study import render_study_plan
@@ -43,7 +44,9 @@ def dry_run(job: LoadedJob, *, local: bool = False, snapshot: bool = True) -> Dr
             f"# {job.spec.world_size} task(s), run directory {run_dir}; no sbatch script is used.\n"
         )
     else:
-        script = text = render_script(job, run_dir)
+        exclusion = plan_exclusion(job, use_ledger=exclude_bad_nodes)  # asks Slurm nothing
+        script = text = render_script(job, run_dir, exclusion.nodes)
+        text += "".join(f"\n# {note}" for note in exclusion.notes) + ("\n" if exclusion.notes else "")
     for line in snapshot_plan(job, snapshot=snapshot):
         text += f"\n{line}\n"
     text += f"\n# {job.spec.name}: what each rank will see\n"

@@ -271,3 +271,28 @@ def test_status_watch_and_report_show_the_lost_nodes(tmp_path: Path) -> None:
     assert f"lost nodes: {expected}" in alerts(snapshot)
     run = RunData(path=tmp_path, label="x", summary={"node_failures": failures})  # type: ignore[call-arg]
     assert f"lost nodes: {expected}" in _run_facts(run)
+
+
+# -- the one decider, for sick nodes too ---------------------------------------------------------------------------
+def test_sick_nodes_are_swapped_dropped_requeued_or_kept() -> None:
+    flagged = [Blame("n2", "compute 4x", kind="burn-in"), Blame("n3", "read 5x", kind="burn-in")]
+    both = decide(flagged, min_nodes=1)
+    assert (both.action, both.nodes, both.excluded) == ("drop", ("n1", "n4"), ("n2", "n3"))
+    assert decide(flagged).action == "requeue"
+    kept = decide(flagged, can_requeue=False)
+    assert (kept.action, kept.nodes, kept.excluded) == ("keep", NODES, ()) and "no requeue left" in kept.why
+
+
+def test_a_sick_batch_node_is_dropped_a_lost_one_requeues_or_fails() -> None:
+    sick = decide(Blame("n1", "forward 3x", kind="slow"))
+    assert (sick.action, sick.nodes) == ("swap", ("n2", "n3", "n4"))
+    assert decide(Blame("n1", "gone"), can_requeue=False).action == "fail"
+    assert decide([]).action == "keep"
+
+
+def test_the_log_line_names_the_cause() -> None:
+    decision = healing.Decision(
+        "keep", nodes=NODES, why="1 healthy node left, min_nodes is 3, and no requeue left: kept"
+    )
+    line = healing.log_line(Blame("n2", "compute 4x", kind="burn-in"), None, decision, None)
+    assert line.startswith("node n2 flagged by the burn-in before the first step (compute 4x); training on it anyway")
