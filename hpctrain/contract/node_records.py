@@ -73,6 +73,8 @@ class BurnIn(_Record):
     step_id: str | None = None  # the supervisor's id of the step (JOB.RESTART.ATTEMPT), when supervised
     nodes: list[str] = []
     seconds: float | None = None  # the probes' wall time
+    phases_s: dict[str, float] = {}  # rank 0's time in each probe: setup, compute, ring, pairwise, read
+    passes: int | None = None  # 2: something was flagged after the first, and measured again
     ring_mb_s: float | None = None  # the whole job's ring all-reduce bandwidth
     bucket_mb: float | None = None
     scores: list[NodeScore] = []

@@ -36,9 +36,13 @@ log = logging.getLogger(__name__)
 
 BUCKET_MB = 25.0  # DistributedDataParallel's default bucket_cap_mb: what each all-reduce of a step moves
 MIN_PASS_S = 0.3  # CFS quotas act per 100 ms period: a shorter pass could slip between throttles
-ROUNDS = 3
+ROUNDS = 3  # all-reduce repeats
+COMPUTE_ROUNDS = 8  # compute passes, as many as the deadline allows: the best one counts
+PAIR_REPEATS = 5
 READ_CHUNK = 4 << 20
 READ_MAX_BYTES = 256 << 20
+MIN_READ_S = 0.5  # the read probe gets at least this long, even when the others used up the budget
+MIN_READ_BYTES = 4 << 20  # less than this says more about opening files than about reading them: no number
 MODEL_STRATEGIES = ("ddp", "single", "dp")  # others: the matrix-product probe
 
 
@@ -89,20 +93,17 @@ def compute_workload(spec: JobSpec, device: torch.device) -> Callable[[int], Non
     return run_matmul
 
 
-def compute_probe(spec: JobSpec, device: torch.device, deadline: float, max_batch: int) -> float:
-    """Milliseconds per pass at the agreed batch: the best of up to :data:`ROUNDS` rounds."""
-    work = compute_workload(spec, device)
-    started = time.perf_counter()
-    work(1)  # warm-up: allocations, kernels, the first autograd graph
-    _sync(device)
-    one = max(time.perf_counter() - started, 1e-4)
-    started = time.perf_counter()
-    work(1)
-    _sync(device)
-    one = min(one, max(time.perf_counter() - started, 1e-4))
-    batch = int(agree_min(float(max(1, min(max_batch, MIN_PASS_S / one))), device))
+def compute_probe(work: Callable[[int], None], device: torch.device, deadline: float, max_batch: int) -> float:
+    """Milliseconds per pass of ``work`` at the agreed batch: the best of up to :data:`COMPUTE_ROUNDS`."""
+    one = float("inf")
+    for _ in range(2):  # the first pass warms up: allocations, kernels, the first autograd graph
+        started = time.perf_counter()
+        work(2)  # batch norm wants two samples
+        _sync(device)
+        one = min(one, max((time.perf_counter() - started) / 2, 1e-5))
+    batch = int(agree_min(float(max(2, min(max(2, max_batch), MIN_PASS_S / one))), device))
     best = float("inf")
-    for _ in range(ROUNDS):
+    for _ in range(COMPUTE_ROUNDS):
         started = time.perf_counter()
         work(batch)
         _sync(device)
@@ -158,7 +159,7 @@ def pairwise_allreduce(
     rank = dist.get_rank()
     groups = {pair: dist.new_group([leaders[pair[0]], leaders[pair[1]]]) for one in rounds for pair in one}
     left = max(0.0, deadline - time.perf_counter())
-    repeats = int(agree_min(float(max(1, min(ROUNDS, left / max(1, len(rounds)) / 0.2))), tensor.device))
+    repeats = int(agree_min(float(max(1, min(PAIR_REPEATS, left / max(1, len(rounds)) / 0.2))), tensor.device))
     mine: dict[int, float] = {}
     size_mb = tensor.numel() * 4 / (1 << 20)
     for one in rounds:
@@ -229,7 +230,7 @@ def read_probe(targets: Sequence[Path], node_index: int, deadline: float) -> flo
         if done >= READ_MAX_BYTES or time.perf_counter() >= deadline:
             break
     elapsed = time.perf_counter() - started
-    if done == 0 or elapsed <= 0:
+    if done < MIN_READ_BYTES or elapsed <= 0:
         return None
     return round(done / (1 << 20) / elapsed, 1)
 
