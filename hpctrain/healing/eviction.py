@@ -5,8 +5,8 @@ the slowest rank's, so step times cannot tell the slow node. Each rank's
 *forward* time can: the trainer times the forward of its own module (inside
 DDP's wrapper, after its buffer broadcast, so no collective waits in it;
 ``trainer/forward_timer.py``) and the heartbeat carries the median of the
-last 20 (``compute_time_median_s``). A node's speed is its slowest rank's
-median (:func:`node_speeds`).
+last 20 (``recent_compute_times_s``). A node's speed is its slowest rank's
+median of its last ``min_steps`` forwards (:func:`node_speeds`).
 
 :class:`SlowWatch` is fed those speeds by the supervisor at the heartbeat
 rate. A node is slow while its median is more than ``health.eviction.margin``
@@ -63,12 +63,16 @@ class SlowNode:
         }
 
 
-def node_speeds(beats: Iterable[Heartbeat], nodes: Collection[str], *, since: float) -> dict[str, NodeSpeed]:
-    """Each node of ``nodes`` whose ranks wrote a timed heartbeat after ``since`` (this step's ranks)."""
+def node_speeds(
+    beats: Iterable[Heartbeat], nodes: Collection[str], *, since: float, last: int = 20
+) -> dict[str, NodeSpeed]:
+    """Each node of ``nodes`` whose ranks wrote a timed heartbeat after ``since`` (this step's ranks): the
+    median of each rank's ``last`` forward times (the heartbeat's own median when it lists none)."""
     ms: dict[str, float] = {}
     samples: dict[str, int] = {}
     for beat in beats:
-        median = beat.compute_time_median_s
+        recent = [t for t in beat.recent_compute_times_s[-last:] if t > 0]
+        median = statistics.median(recent) if recent else beat.compute_time_median_s
         if beat.node not in nodes or beat.time < since or median is None or median <= 0:
             continue
         ms[beat.node] = max(ms.get(beat.node, 0.0), median * 1000)

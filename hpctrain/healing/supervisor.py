@@ -219,7 +219,8 @@ class Supervisor:
         """A node of ``step`` to evict now (and that the run can go on without), or None."""
         if self.slow is None:
             return None
-        speeds = eviction.node_speeds(read_heartbeats(self.run_dir), step.nodes, since=step.started)
+        last = self.spec.health.eviction.min_steps
+        speeds = eviction.node_speeds(read_heartbeats(self.run_dir), step.nodes, since=step.started, last=last)
         verdict = self.slow.observe(speeds, len(step.nodes), time.monotonic())
         if verdict is None:
             return None
