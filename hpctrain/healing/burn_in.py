@@ -151,12 +151,37 @@ def run_burn_in(ctx: TaskContext, *, exit_process: Callable[[int], object]) -> B
     """Probe, score, and act (module docstring); returns the verdict when training may start."""
     if os.environ.get(BURN_IN_VAR) == "off" or not dist.is_initialized():
         return None
+    env = ctx.env
+    heartbeat.set_phase("burn-in")
+    record = probe(ctx)
+    heartbeat.set_phase("setup")
+    _say(env.is_main, record)
+    if not record.flagged:
+        if env.is_main:
+            _write(ctx, record)
+        return record
+    if os.environ.get(STEP_ID_VAR):  # the supervisor decides
+        if env.is_main:
+            record.action = "supervisor decides"
+            _write(ctx, record)
+        _leave(exit_process, BURN_IN_EXIT)
+        return None
+    outcome: list[Any] = [None]
+    if env.is_main:
+        outcome[0] = decide_here(ctx, record)
+    dist.broadcast_object_list(outcome, src=0)
+    if outcome[0] == "requeue":
+        _leave(exit_process, 0)  # no result: the job comes back without the node
+        return None
+    return record
+
+
+def probe(ctx: TaskContext) -> BurnIn:
+    """Every rank probes, rank 0 scores; every rank gets the verdict (collective: all ranks call it)."""
     env, settings = ctx.env, ctx.spec.health.burn_in
     started = time.perf_counter()
-    heartbeat.set_phase("burn-in")
     layout: list[Any] = [None] * env.world_size
-    node = env.node_name or env.hostname
-    dist.all_gather_object(layout, (env.global_rank, env.node_rank, node))
+    dist.all_gather_object(layout, (env.global_rank, env.node_rank, env.node_name or env.hostname))
     names = {rank: name for rank, _, name in layout}
     node_ranks = sorted({node_rank for _, node_rank, _ in layout})
     leaders = [min(rank for rank, nr, _ in layout if nr == k) for k in node_ranks]
@@ -179,27 +204,7 @@ def run_burn_in(ctx: TaskContext, *, exit_process: Callable[[int], object]) -> B
         if not again[0]:
             break
     dist.broadcast_object_list(verdict, src=0)
-    record = BurnIn.model_validate(verdict[0])
-    heartbeat.set_phase("setup")
-    _say(env.is_main, record)
-    if not record.flagged:
-        if env.is_main:
-            _write(ctx, record)
-        return record
-    if os.environ.get(STEP_ID_VAR):  # the supervisor decides
-        if env.is_main:
-            record.action = "supervisor decides"
-            _write(ctx, record)
-        _leave(exit_process, BURN_IN_EXIT)
-        return None
-    outcome: list[Any] = [None]
-    if env.is_main:
-        outcome[0] = decide_here(ctx, record)
-    dist.broadcast_object_list(outcome, src=0)
-    if outcome[0] == "requeue":
-        _leave(exit_process, 0)  # no result: the job comes back without the node
-        return None
-    return record
+    return BurnIn.model_validate(verdict[0])
 
 
 def decide_here(ctx: TaskContext, record: BurnIn) -> str:
