@@ -164,6 +164,7 @@ def run_burn_in(ctx: TaskContext, *, exit_process: Callable[[int], object]) -> B
         if env.is_main:
             record.action = "supervisor decides"
             _write(ctx, record)
+        dist.barrier()  # the record is written before any rank exits (srun then ends the step at once)
         _leave(exit_process, BURN_IN_EXIT)
         return None
     outcome: list[Any] = [None]
