@@ -1,0 +1,43 @@
+"""The burn-in's verdict from every rank's numbers (healing/burn_in.py's pure parts; the probes themselves
+run on the Slurm test cluster, tests/slurm/test_node_health_e2e.py)."""
+
+from __future__ import annotations
+
+from hpctrain.healing.burn_in import assess, best_of
+
+NAMES = {0: "n1", 1: "n1", 2: "n2", 3: "n2", 4: "n3", 5: "n3"}
+
+
+def rank(number: int, compute_ms: float, **node: float) -> dict[str, float | int | list[str]]:
+    return {"rank": number, "compute_ms": compute_ms, "ring_mb_s": 500.0 + number, "gpu_problems": [], **node}
+
+
+def test_a_node_is_its_slowest_rank_and_its_first_ranks_pairs_and_reads() -> None:
+    ranks = [
+        rank(0, 100, allreduce_mb_s=900, read_mb_s=300),
+        rank(1, 104),
+        rank(2, 98, allreduce_mb_s=910, read_mb_s=310),
+        rank(3, 290),  # one slow GPU makes its node slow
+        rank(4, 101, allreduce_mb_s=905, read_mb_s=305),
+        rank(5, 99),
+    ]
+    record = assess(ranks, NAMES, margin=1.5, mad_k=6)
+    assert record.nodes == ["n1", "n2", "n3"] and record.flagged == ["n2"] and record.ring_mb_s == 500.0
+    n2 = record.scores[1]
+    assert (n2.compute_ms, n2.allreduce_mb_s, n2.read_mb_s, n2.flagged) == (290, 910, 310, True)
+    assert n2.reason == "compute 290 ms per pass vs 102 on the other nodes (2.8x worse)"
+
+
+def test_a_gpu_problem_flags_its_node_whatever_its_speed() -> None:
+    ranks = [rank(k, 100) for k in range(6)]
+    ranks[5]["gpu_problems"] = ["GPU 1: clocks held down: hardware thermal"]
+    record = assess(ranks, NAMES, margin=1.5, mad_k=6)
+    assert record.flagged == ["n3"] and record.scores[2].reason == "GPU: GPU 1: clocks held down: hardware thermal"
+
+
+def test_a_second_pass_keeps_each_ranks_better_numbers() -> None:
+    first = {"rank": 3, "compute_ms": 290.0, "allreduce_mb_s": 100.0, "read_mb_s": None, "gpu_problems": ["x"]}
+    second = {"rank": 3, "compute_ms": 120.0, "allreduce_mb_s": 800.0, "read_mb_s": 50.0, "gpu_problems": ["x", "y"]}
+    merged = best_of([first, second])
+    assert (merged["compute_ms"], merged["allreduce_mb_s"], merged["read_mb_s"]) == (120.0, 800.0, 50.0)
+    assert merged["gpu_problems"] == ["x", "y"]
