@@ -280,9 +280,10 @@ def resubmit(run_dir: Path, job: LoadedJob, *, local: bool = False) -> Submitted
     from hpctrain.launch import code_snapshot  # here: --dry-run need not load it
 
     code_root = code_snapshot.import_root(run_dir, read_run_info(run_dir).get("code_snapshot"))
-    jobs = _launch(job, backend, run_dir, [run_dir], str(code_root) if code_root else None)
+    exclusion = bad_node_exclusion(job, backend, True)  # the nodes this run (or another) found bad
+    jobs = _launch(job, backend, run_dir, [run_dir], str(code_root) if code_root else None, exclusion.nodes)
     _record_submission(run_dir, job, backend, jobs[0].job_id, submitit_dir(run_dir), extra=_local_record(jobs[0]))
-    return SubmittedRun(jobs[0].job_id, run_dir, backend, jobs, [run_dir])
+    return SubmittedRun(jobs[0].job_id, run_dir, backend, jobs, [run_dir], exclusion.notes)
 
 
 def _write_trials(job: LoadedJob, run_dir: Path) -> list[Path]:
