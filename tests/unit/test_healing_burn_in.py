@@ -41,3 +41,66 @@ def test_a_second_pass_keeps_each_ranks_better_numbers() -> None:
     merged = best_of([first, second])
     assert (merged["compute_ms"], merged["allreduce_mb_s"], merged["read_mb_s"]) == (120.0, 800.0, 50.0)
     assert merged["gpu_problems"] == ["x", "y"]
+
+
+# -- a job without a supervisor: rank 0 decides with the one decider ----------------------------------------------
+FAKE_SCONTROL = """#!{python}
+import os, sys
+from pathlib import Path
+with open(Path(os.environ["FAKE_DIR"]) / "slurm.txt", "a") as log:
+    log.write(" ".join(sys.argv[1:]) + "\\n")
+sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
+"""
+
+
+def plain_job(tmp_path, monkeypatch, **signals):  # noqa: ANN001, ANN201
+    import sys
+    from types import SimpleNamespace
+
+    from hpctrain.jobspec.models import JobSpec
+    from hpctrain.runtime.context import TaskEnv
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL.format(python=sys.executable))
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setenv("FAKE_DIR", str(tmp_path))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    (tmp_path / "run").mkdir()
+    spec = JobSpec.model_validate({"name": "p", "resources": {"nodes": 3}, "signals": signals})
+    env = TaskEnv(0, 3, 0, 1, 0, 3, ("n1", "n2", "n3"), "n1", 29500, "41", 0, "slurm")
+    return SimpleNamespace(spec=spec, env=env, run_dir=tmp_path / "run")
+
+
+def flagged_record():  # noqa: ANN201
+    return assess([rank(0, 100), rank(2, 400), rank(4, 101)], {0: "n1", 2: "n2", 4: "n3"}, margin=1.5, mad_k=6)
+
+
+def test_a_plain_job_requeues_without_the_flagged_node(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    from hpctrain.contract.bad_nodes import read_ledger
+    from hpctrain.contract.rundir import read_summary
+    from hpctrain.healing.burn_in import decide_here
+
+    ctx = plain_job(tmp_path, monkeypatch)
+    assert decide_here(ctx, flagged_record()) == "requeue"
+    assert (tmp_path / "slurm.txt").read_text().splitlines() == ["requeue 41", "update JobId=41 ExcNodeList=n2"]
+    summary = read_summary(ctx.run_dir)
+    assert summary is not None and summary.burn_in[-1]["action"] == "requeue"
+    assert [(e["node"], e["kind"], e["action"]) for e in summary.node_failures] == [("n2", "burn-in", "requeue")]
+    [entry] = read_ledger(tmp_path / "state" / "hpctrain" / "bad-nodes.jsonl").entries
+    assert (entry.node, entry.kind, entry.evidence["compute_ms"]) == ("n2", "burn-in", 400.0)
+
+
+def test_a_plain_job_that_cannot_requeue_keeps_the_node_and_trains(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    from hpctrain.healing.burn_in import decide_here
+
+    ctx = plain_job(tmp_path, monkeypatch, max_requeues=0)
+    assert decide_here(ctx, flagged_record()) == "keep"
+    assert not (tmp_path / "slurm.txt").exists()
+    monkeypatch.setenv("FAKE_EXIT", "1")
+    (tmp_path / "again").mkdir()
+    ctx = plain_job(tmp_path / "again", monkeypatch)
+    assert decide_here(ctx, flagged_record()) == "keep"  # scontrol refused the requeue
