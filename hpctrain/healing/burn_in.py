@@ -154,6 +154,8 @@ def run_burn_in(ctx: TaskContext, *, exit_process: Callable[[int], object]) -> B
     env = ctx.env
     heartbeat.set_phase("burn-in")
     record = probe(ctx)
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()  # the probe's model copy and buckets: the trainer's memory now
     heartbeat.set_phase("setup")
     _say(env.is_main, record)
     if not record.flagged:
