@@ -1,4 +1,4 @@
-"""The batch step of a job that heals: run the training step, and start it again without a lost node.
+"""The batch step of a job that heals: run the training step, and start it again without a lost or sick node.
 
 ``python -m hpctrain.healing.supervisor RUN_DIR -- srun ARGS... COMMAND`` is
 the sbatch script's command when ``resources.min_nodes`` or ``spare_nodes``
@@ -9,7 +9,11 @@ allocation with ``--overlap`` and an explicit ``--nodelist``, and watches:
 * srun's own reports (tee'd on to the batch log, where rank 0 reads them);
 * heartbeats: a node whose every rank went silent is a suspect;
 * after srun reported a failed task, the nodes it said nothing about;
-* a suspect's slurmd: a TCP connect to its port; no answer means lost.
+* a suspect's slurmd: a TCP connect to its port; no answer means lost;
+* the burn-in's record of the step (``STEP_ID_VAR`` names it): flagged nodes
+  end the step before it trains (``healing/burn_in.py``);
+* each node's forward times in the heartbeats: a node that stays slower than
+  the others is evicted (``healing/eviction.py``; ``health.eviction``).
 
 srun itself only gives up on a dead node at Slurm's node-failure detection
 (SlurmdTimeout, 300 s by default), and a new step is refused until then
@@ -19,7 +23,7 @@ blames a node (``healing/decide.py``), records it in summary.json
 (``excluded_nodes``, ``node_failures``), and starts the next step from the
 last complete checkpoint; or requeues the job with ``ExcNodeList`` set; or
 stops. The training code is the same on every start: the task launcher
-reads :data:`~hpctrain.healing.STEP_NODES_VAR` for a smaller world.
+reads ``STEP_NODES_VAR`` (``jobspec/node_loss.py``) for a smaller world.
 Torch-free (it runs beside the tasks, on the batch node).
 """
 
