@@ -167,8 +167,11 @@ def main() -> int:
     results: dict[str, Any] = {}
     try:
         healthy = burn_ins(env, args.work, "healthy", args.repeats, None)
+        pairs = burn_ins(env, args.work, "healthy-2x2", args.repeats, None, layout="2x2")  # the CI tests' shape
         slowed = burn_ins(env, args.work, "slowed", args.repeats, args.pct)
         results["false_alarms"] = f"{sum(bool(r['flagged']) for r in healthy)} of {len(healthy)} healthy burn-ins"
+        results["false_alarms_2x2"] = f"{sum(bool(r['flagged']) for r in pairs)} of {len(pairs)} (2 nodes x 2 ranks)"
+        results["healthy_reasons"] = [s["reason"] for r in healthy + pairs for s in r["scores"] if s["flagged"]]
         caught = sum(r["flagged"] == [SLOW] for r in slowed)
         others = sum(bool(set(r["flagged"]) - {SLOW}) for r in slowed)
         results["detected"] = f"{caught} of {len(slowed)} (n3 at {args.pct:g} % of a core); others flagged: {others}"
