@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -45,7 +46,7 @@ log = logging.getLogger(__name__)
 
 # Shares of one pass's budget: compute, ring all-reduce, pairwise all-reduce; the read probe gets the rest.
 SHARES = (0.4, 0.15, 0.25)
-PASSES = 2  # a flagged node is measured again; it stays flagged only if its better pass is still bad
+PASSES = 2  # a flagged node is measured again: with both passes' compute rounds, and the better rates
 
 
 class Prober:
@@ -80,7 +81,9 @@ class Prober:
 
         assert self.work is not None
         max_batch = max(1, spec.trainer.batch_size)
-        mine["compute_ms"] = probes.compute_probe(self.work, device, mark + SHARES[0] * budget, max_batch)
+        rounds_ms = probes.compute_probe(self.work, device, mark + SHARES[0] * budget, max_batch)
+        mine["compute_rounds_ms"] = rounds_ms
+        mine["compute_ms"] = round(statistics.median(rounds_ms), 3) if rounds_ms else None
         lap("compute")
         tensor = probes.bucket(device)
         mine["ring_mb_s"] = probes.ring_allreduce(tensor, time.perf_counter() + SHARES[1] * budget)
@@ -101,9 +104,13 @@ class Prober:
 
 
 def best_of(passes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """One rank's numbers over its passes: the fastest compute, the highest rates. Pure."""
+    """One rank's numbers over its passes: the median of all its compute rounds, the highest rates. Pure."""
     merged: dict[str, Any] = dict(passes[0])
-    for key, pick in (("compute_ms", min), ("ring_mb_s", max), ("allreduce_mb_s", max), ("read_mb_s", max)):
+    rounds = [ms for p in passes for ms in p.get("compute_rounds_ms") or []]
+    merged["compute_rounds_ms"] = rounds
+    if rounds:
+        merged["compute_ms"] = round(statistics.median(rounds), 3)
+    for key, pick in (("ring_mb_s", max), ("allreduce_mb_s", max), ("read_mb_s", max)):
         values = [p[key] for p in passes if isinstance(p.get(key), (int, float))]
         merged[key] = pick(values) if values else None
     merged["gpu_problems"] = list(dict.fromkeys(x for p in passes for x in p.get("gpu_problems") or []))

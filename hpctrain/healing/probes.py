@@ -3,8 +3,9 @@
 * :func:`compute_probe`: forward+backward passes of the run's own model on
   synthetic data (a matrix product for an entry point), at a batch every rank
   agrees on, each pass long enough (>= :data:`MIN_PASS_S` on the fastest
-  rank) that a CPU quota or a throttled GPU shows; the best of a few rounds
-  counts, so a passing hiccup does not.
+  rank) that a CPU quota or a throttled GPU shows, in rounds every rank starts
+  together; the median round counts, so a passing hiccup (or a lucky round)
+  does not.
 * :func:`ring_allreduce` and :func:`pairwise_allreduce`: the DDP bucket size
   (25 MB) all-reduced over every rank, then between the first ranks of pairs
   of nodes (``scores.pair_rounds``), on the run's backend.
@@ -93,8 +94,12 @@ def compute_workload(spec: JobSpec, device: torch.device) -> Callable[[int], Non
     return run_matmul
 
 
-def compute_probe(work: Callable[[int], None], device: torch.device, deadline: float, max_batch: int) -> float:
-    """Milliseconds per pass of ``work`` at the agreed batch: the best of up to :data:`COMPUTE_ROUNDS`."""
+def compute_probe(
+    work: Callable[[int], None], device: torch.device, deadline: float, max_batch: int
+) -> list[float]:
+    """Milliseconds of each pass of ``work`` at the agreed batch: up to :data:`COMPUTE_ROUNDS` rounds, each
+    started on every rank together, so that they share the machine alike (collective: every rank calls it).
+    Their median is the node's number: a lucky or unlucky round moves it little."""
     one = float("inf")
     for _ in range(2):  # the first pass warms up: allocations, kernels, the first autograd graph
         started = time.perf_counter()
@@ -102,15 +107,16 @@ def compute_probe(work: Callable[[int], None], device: torch.device, deadline: f
         _sync(device)
         one = min(one, max((time.perf_counter() - started) / 2, 1e-5))
     batch = int(agree_min(float(max(2, min(max(2, max_batch), MIN_PASS_S / one))), device))
-    best = float("inf")
-    for _ in range(COMPUTE_ROUNDS):
+    times: list[float] = []
+    while True:  # every round starts on every rank at once (the all-reduce)
+        more = len(times) < COMPUTE_ROUNDS and (not times or time.perf_counter() + max(times) / 1000 < deadline)
+        if not agree_min(1.0 if more else 0.0, device):
+            break
         started = time.perf_counter()
         work(batch)
         _sync(device)
-        best = min(best, time.perf_counter() - started)
-        if time.perf_counter() + best > deadline:
-            break
-    return round(best * 1000, 3)
+        times.append(round((time.perf_counter() - started) * 1000, 3))
+    return times
 
 
 # -------------------------------------------------------------------------------------------- all-reduce

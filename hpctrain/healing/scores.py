@@ -11,8 +11,9 @@ not move the yardstick it is measured by):
 where ``m`` is the median of the other nodes' costs and ``MAD`` their median
 absolute deviation from ``m`` (1.4826 x MAD estimates a standard deviation
 for normal noise). The margin alone decides when the others agree exactly
-(MAD 0, e.g. two nodes); the MAD term keeps a noisy cluster from flagging its
-slowest node by chance. Half the nodes or more being slow flags none: nothing
+(MAD 0); the MAD term keeps a noisy cluster from flagging its slowest node
+by chance. Two nodes cannot outvote each other: there the margin is at least
+:data:`TWO_NODE_MARGIN` (2x). Half the nodes or more being slow flags none: nothing
 tells the sick from the healthy then. GPU checks (count, ECC, clocks) flag a
 node outright (:func:`gpu_flags`).
 """
@@ -24,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 MAD_SCALE = 1.4826
+TWO_NODE_MARGIN = 2.0  # two nodes cannot outvote each other: the slower is flagged only when clearly so
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ def robust_outliers(values: Mapping[str, float], probe: Probe, *, margin: float,
     costs = {node: _cost(value, probe) for node, value in values.items() if value is not None and value >= 0}
     if len(costs) < 2:
         return []
+    if len(costs) == 2:
+        margin = max(margin, TWO_NODE_MARGIN)
     found = []
     for node, cost in costs.items():
         others = [c for other, c in costs.items() if other != node]

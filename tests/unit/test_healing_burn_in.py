@@ -35,11 +35,12 @@ def test_a_gpu_problem_flags_its_node_whatever_its_speed() -> None:
     assert record.flagged == ["n3"] and record.scores[2].reason == "GPU: GPU 1: clocks held down: hardware thermal"
 
 
-def test_a_second_pass_keeps_each_ranks_better_numbers() -> None:
-    first = {"rank": 3, "compute_ms": 290.0, "allreduce_mb_s": 100.0, "read_mb_s": None, "gpu_problems": ["x"]}
-    second = {"rank": 3, "compute_ms": 120.0, "allreduce_mb_s": 800.0, "read_mb_s": 50.0, "gpu_problems": ["x", "y"]}
+def test_a_second_pass_adds_its_rounds_and_keeps_the_better_rates() -> None:
+    first = {"rank": 3, "compute_rounds_ms": [290.0, 120.0, 300.0], "allreduce_mb_s": 100.0, "read_mb_s": None}
+    second = {"rank": 3, "compute_rounds_ms": [120.0, 125.0], "allreduce_mb_s": 800.0, "read_mb_s": 50.0}
+    first["gpu_problems"], second["gpu_problems"] = ["x"], ["x", "y"]
     merged = best_of([first, second])
-    assert (merged["compute_ms"], merged["allreduce_mb_s"], merged["read_mb_s"]) == (120.0, 800.0, 50.0)
+    assert (merged["compute_ms"], merged["allreduce_mb_s"], merged["read_mb_s"]) == (125.0, 800.0, 50.0)
     assert merged["gpu_problems"] == ["x", "y"]
 
 
