@@ -83,7 +83,10 @@ def wait_done(env: dict[str, str], run: Run, timeout: float = 1200) -> str:
     raise TimeoutError(f"job {run.job_id} did not end in {timeout} s")
 
 
-def burn_ins(env: dict[str, str], work: Path, name: str, repeats: int, slow_pct: float | None) -> list[dict]:
+def burn_ins(
+    env: dict[str, str], work: Path, name: str, repeats: int, slow_pct: float | None, layout: str = "4x1"
+) -> list[dict]:
+    nodes, tasks = layout.split("x")
     if slow_pct is not None:
         cluster("slow", SLOW, "--cpu-pct", str(slow_pct))
     try:
@@ -94,6 +97,8 @@ def burn_ins(env: dict[str, str], work: Path, name: str, repeats: int, slow_pct:
             "entrypoint=benchmarks.node_health_job:repeat_burn_in",
             f"entrypoint_args.repeats={repeats}",
             "health.burn_in.enabled=false",
+            f"resources.nodes={nodes}",
+            f"resources.tasks_per_node={tasks}",
         )
         state = wait_done(env, run)
     finally:

@@ -47,12 +47,12 @@ MIN_READ_BYTES = 4 << 20  # less than this says more about opening files than ab
 MODEL_STRATEGIES = ("ddp", "single", "dp")  # others: the matrix-product probe
 
 
-def agree_min(value: float, device: torch.device) -> float:
-    """The smallest ``value`` over every rank (itself without a process group)."""
+def agree_min(value: float, device: torch.device, op: str = "MIN") -> float:
+    """The smallest (``op="MAX"``: largest) ``value`` over every rank (itself without a process group)."""
     if not dist.is_initialized():
         return value
     tensor = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op))
     return float(tensor.item())
 
 
@@ -94,9 +94,7 @@ def compute_workload(spec: JobSpec, device: torch.device) -> Callable[[int], Non
     return run_matmul
 
 
-def compute_probe(
-    work: Callable[[int], None], device: torch.device, deadline: float, max_batch: int
-) -> list[float]:
+def compute_probe(work: Callable[[int], None], device: torch.device, deadline: float, max_batch: int) -> list[float]:
     """Milliseconds of each pass of ``work`` at the agreed batch: up to :data:`COMPUTE_ROUNDS` rounds, each
     started on every rank together, so that they share the machine alike (collective: every rank calls it).
     Their median is the node's number: a lucky or unlucky round moves it little."""
@@ -106,7 +104,8 @@ def compute_probe(
         work(2)  # batch norm wants two samples
         _sync(device)
         one = min(one, max((time.perf_counter() - started) / 2, 1e-5))
-    batch = int(agree_min(float(max(2, min(max(2, max_batch), MIN_PASS_S / one))), device))
+    # the fastest rank's pass must last MIN_PASS_S: a slow rank's own choice would make everyone's passes short
+    batch = int(agree_min(float(max(2, min(max(2, max_batch), MIN_PASS_S / one))), device, op="MAX"))
     times: list[float] = []
     while True:  # every round starts on every rank at once (the all-reduce)
         more = len(times) < COMPUTE_ROUNDS and (not times or time.perf_counter() + max(times) / 1000 < deadline)

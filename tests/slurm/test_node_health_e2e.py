@@ -104,7 +104,11 @@ def burn_ins(run: Run) -> list[dict[str, Any]]:
 
 
 def finished(cluster: SlurmCluster, run: Run) -> dict[str, Any]:
-    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    try:
+        state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    except AssertionError as exc:  # what the run decided about its nodes says why
+        summary = (run.run_dir / "summary.json").read_text() if (run.run_dir / "summary.json").exists() else ""
+        raise AssertionError(f"{exc}\nsummary.json: {summary}") from None
     logs = "\n".join(p.read_text(errors="replace") for p in sorted((run.run_dir / "submitit").glob("*_0_log.err")))
     assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
     summary = run.summary()
