@@ -13,8 +13,14 @@ from typing import Any
 
 
 def repeat_burn_in(ctx: Any, repeats: int = 10) -> dict[str, Any]:
+    """The probes as a training run's burn-in runs them: its compute probe is the run's model, not the
+    matrix product an entry point gets."""
+    import copy
+
     from hpctrain.healing.burn_in import probe
 
+    ctx = copy.copy(ctx)
+    ctx.spec = ctx.spec.model_copy(update={"entrypoint": None})
     flagged = 0
     for _ in range(repeats):
         record = probe(ctx)

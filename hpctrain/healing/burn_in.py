@@ -57,11 +57,12 @@ class Prober:
         self.first = ctx.env.global_rank == leaders[node_index]  # the node's first rank: pairs and reads
         self.phases: dict[str, float] = {}
         self.work: Callable[[int], None] | None = None
+        self.max_batch = 2
 
     def setup(self) -> None:
         """Build the compute workload (the run's model: imports torchvision, which the trainer pays anyway)."""
         started = time.perf_counter()
-        self.work = probes.compute_workload(self.ctx.spec, self.ctx.device)
+        self.work, self.max_batch = probes.compute_workload(self.ctx.spec, self.ctx.device)
         self.phases["setup"] = round(time.perf_counter() - started, 3)
 
     def measure(self, deadline: float) -> dict[str, Any]:
@@ -80,8 +81,7 @@ class Prober:
             self.phases[name], mark = round(self.phases.get(name, 0.0) + now - mark, 3), now
 
         assert self.work is not None
-        max_batch = max(1, spec.trainer.batch_size)
-        rounds_ms = probes.compute_probe(self.work, device, mark + SHARES[0] * budget, max_batch)
+        rounds_ms = probes.compute_probe(self.work, device, mark + SHARES[0] * budget, self.max_batch)
         mine["compute_rounds_ms"] = rounds_ms
         mine["compute_ms"] = round(statistics.median(rounds_ms), 3) if rounds_ms else None
         lap("compute")

@@ -64,8 +64,12 @@ def _sync(device: torch.device) -> None:
 # -------------------------------------------------------------------------------------------- compute
 
 
-def compute_workload(spec: JobSpec, device: torch.device) -> Callable[[int], None]:
-    """One forward+backward pass at a given batch: the run's model, or a matrix product for user code."""
+MATMUL_MAX_BATCH = 4096  # the matrix product's batch is rows / 8: any size the calibration asks for
+
+
+def compute_workload(spec: JobSpec, device: torch.device) -> tuple[Callable[[int], None], int]:
+    """One forward+backward pass at a given batch, and the largest batch it may take: the run's model (up to
+    its per-process batch), or a matrix product for user code."""
     cfg = spec.trainer
     if spec.entrypoint is None and cfg.strategy in MODEL_STRATEGIES:
         from hpctrain.trainer.models import build_model
@@ -82,7 +86,7 @@ def compute_workload(spec: JobSpec, device: torch.device) -> Callable[[int], Non
             loss.backward()
             model.zero_grad(set_to_none=True)
 
-        return run_model
+        return run_model, max(2, cfg.batch_size)
     side = 2048 if device.type == "cuda" else 256
     weights = torch.randn(side, side, device=device, requires_grad=True)
 
@@ -91,7 +95,7 @@ def compute_workload(spec: JobSpec, device: torch.device) -> Callable[[int], Non
         out.square().mean().backward()
         weights.grad = None
 
-    return run_matmul
+    return run_matmul, MATMUL_MAX_BATCH
 
 
 def compute_probe(work: Callable[[int], None], device: torch.device, deadline: float, max_batch: int) -> list[float]:

@@ -70,8 +70,8 @@ def test_the_compute_probe_and_gpu_checks_run_on_a_gpu() -> None:
 
     device = torch.device("cuda", torch.cuda.current_device())
     spec = JobSpec.model_validate({"name": "g", "trainer": {"arch": "resnet18", "batch_size": 16}})
-    work = probes.compute_workload(spec, device)
-    ms = probes.compute_probe(work, device, time.perf_counter() + 5, max_batch=16)
-    assert 0 < ms < 5000
+    work, max_batch = probes.compute_workload(spec, device)
+    rounds = probes.compute_probe(work, device, time.perf_counter() + 5, max_batch)
+    assert max_batch == 16 and rounds and all(0 < ms < 5000 for ms in rounds)
     found = probes.gpu_problems(device, expected_gpus=1, first_on_node=True)
     assert isinstance(found, list) and all(item.startswith(f"GPU {device.index}: ") for item in found)
