@@ -7,11 +7,13 @@ time tells a slow node from the ones that wait for it. Two hooks on the
 module record it into the heartbeat (``runtime/heartbeat.py``): on the CPU
 with the clock, on a GPU with CUDA events read one forward later, when they
 have completed (``query``), so the training stream is never synchronised.
-Validation (``module.training`` false) is not timed.
+Validation (``module.training`` false) is not timed, nor DataParallel's
+replicas (they run in threads of their own).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -32,8 +34,8 @@ class ForwardTimer:
         self.handles = [module.register_forward_pre_hook(self._before), module.register_forward_hook(self._after)]
 
     def _before(self, module: nn.Module, args: Any) -> None:
-        if not module.training:
-            return
+        if not module.training or threading.current_thread() is not threading.main_thread():
+            return  # validation; or DataParallel's replicas, which run in threads of their own: not timed
         if self.cuda:
             self._harvest()
             start = torch.cuda.Event(enable_timing=True)
@@ -43,7 +45,7 @@ class ForwardTimer:
             self._started = time.perf_counter()
 
     def _after(self, module: nn.Module, args: Any, output: Any) -> None:
-        if not module.training:
+        if not module.training or threading.current_thread() is not threading.main_thread():
             return
         if not self.cuda:
             heartbeat.recorder().compute(time.perf_counter() - self._started)
