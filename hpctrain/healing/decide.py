@@ -236,6 +236,15 @@ def crash_loop(failures: Sequence[Mapping[str, Any]], limit: int) -> list[Mappin
     happened (``checkpoint_step``, None before the first): the same value
     ``limit`` times in a row means the attempts between them saved nothing.
     """
+    attempts: list[Mapping[str, Any]] = []
+    for record in failures:  # several nodes blamed by one decision (same job and time) are one attempt
+        same = attempts and (attempts[-1].get("job_id"), attempts[-1].get("time")) == (
+            record.get("job_id"),
+            record.get("time"),
+        )
+        if not same or record.get("time") is None:
+            attempts.append(record)
+    failures = attempts
     if len(failures) < limit:
         return None
     last = failures[-limit:]

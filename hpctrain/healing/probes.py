@@ -158,13 +158,22 @@ def ring_allreduce(tensor: torch.Tensor, deadline: float) -> float:
 
 
 def pairwise_allreduce(
-    tensor: torch.Tensor, leaders: Sequence[int], rounds: Sequence[Sequence[tuple[int, int]]], deadline: float
+    tensor: torch.Tensor,
+    leaders: Sequence[int],
+    rounds: Sequence[Sequence[tuple[int, int]]],
+    deadline: float,
+    *,
+    one_at_a_time: bool = False,
 ) -> dict[int, float]:
     """node index -> its best pair's all-reduce bandwidth, MB/s; ``leaders``: each node's first rank.
 
     Every rank creates every pair's group (``new_group`` is collective) and waits at a barrier after
-    each round; only the two leaders of a pair all-reduce in it.
+    each round; only the two leaders of a pair all-reduce in it. ``one_at_a_time``: every pair alone,
+    so that no pair shares a link or a switch (or, on the test bed, the CPU) with another: the
+    confirmation pass, after a first pass flagged a node.
     """
+    if one_at_a_time:
+        rounds = [[pair] for one in rounds for pair in one]
     rank = dist.get_rank()
     groups = {pair: dist.new_group([leaders[pair[0]], leaders[pair[1]]]) for one in rounds for pair in one}
     left = max(0.0, deadline - time.perf_counter())

@@ -114,6 +114,7 @@ class HealRecord:
         fields = summary.fields() if summary is not None else {}
         events = fields.get(NODE_EVENTS_KEY)
         checkpoint = latest_checkpoint_step(self.run_dir)
+        moment = round(time.time(), 3)  # one decision, one time: the crash-loop check counts it once
         for found in blamed:
             event = NodeEvent(
                 node=found.node,
@@ -124,7 +125,7 @@ class HealRecord:
                 action=decision.action,
                 nodes=list(decision.nodes),
                 job_id=self.job_id,
-                time=round(time.time(), 3),
+                time=moment,
             )
             events = appended(events, event.model_dump(mode="json"))
         fields.update({NODE_EVENTS_KEY: events, "excluded_nodes": list(decision.excluded)})

@@ -13,8 +13,10 @@ absolute deviation from ``m`` (1.4826 x MAD estimates a standard deviation
 for normal noise). The margin alone decides when the others agree exactly
 (MAD 0); the MAD term keeps a noisy cluster from flagging its slowest node
 by chance. Two nodes cannot outvote each other: there the margin is at least
-:data:`TWO_NODE_MARGIN` (2x). Half the nodes or more being slow flags none: nothing
-tells the sick from the healthy then. GPU checks (count, ECC, clocks) flag a
+:data:`TWO_NODE_MARGIN` (2x). Half the nodes or more being equally slow flags
+none from three nodes on (their median is slow then); two of four can be
+flagged, which is why the burn-in measures a flagged run again
+(``healing/burn_in.py``). GPU checks (count, ECC, clocks) flag a
 node outright (:func:`gpu_flags`).
 """
 

@@ -296,3 +296,9 @@ def test_the_log_line_names_the_cause() -> None:
     )
     line = healing.log_line(Blame("n2", "compute 4x", kind="burn-in"), None, decision, None)
     assert line.startswith("node n2 flagged by the burn-in before the first step (compute 4x); training on it anyway")
+
+
+def test_nodes_blamed_by_one_decision_are_one_attempt_of_a_crash_loop() -> None:
+    one = [{"job_id": "7", "time": 5.0, "checkpoint_step": 20, "node": n} for n in ("n2", "n4")]
+    assert healing.crash_loop([{"job_id": "7", "time": 1.0, "checkpoint_step": 20}, *one], 3) is None
+    assert healing.crash_loop([{"job_id": "7", "time": 1.0, "checkpoint_step": 20}, *one], 2) is not None
