@@ -86,6 +86,18 @@ def cmd_submit(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip the checks before queueing (data.root exists, partition and its MaxTime)",
     )
+    parser.add_argument(
+        "--no-exclude",
+        action="store_true",
+        help="do not add the bad-node ledger's live nodes to --exclude ('hpctrain nodes' lists them)",
+    )
+
+
+def cmd_nodes(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--forget", metavar="NODE", help="remove NODE from your bad-node ledger")
+    parser.add_argument("--cluster", help="only this cluster profile's entries (with --forget: only there)")
+    parser.add_argument("--all", action="store_true", help="also the expired entries")
+    parser.add_argument("--json", action="store_true", help="print the entries as a JSON list")
 
 
 def cmd_status(parser: argparse.ArgumentParser) -> None:

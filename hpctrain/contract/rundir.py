@@ -355,7 +355,10 @@ class Summary(BaseModel):
     hung_frozen_s: float | None = None  # the hung rank's whole process froze: its heartbeat was silent this long
     error: str | None = None
     excluded_nodes: list[str] | None = None  # nodes a healing run keeps away from (healing/supervisor.py)
-    node_failures: list[dict[str, Any]] | None = None  # node, step, checkpoint_step, reason, action, nodes, job_id
+    # one record per decision about a node, per burn-in, per eviction: contract/node_records.py reads them typed
+    node_failures: list[dict[str, Any]] | None = None  # node, kind, step, checkpoint_step, reason, action, nodes
+    burn_in: list[dict[str, Any]] | None = None  # each burn-in's node scores and flagged nodes
+    evictions: list[dict[str, Any]] | None = None  # each slow node evicted during training
     wall_s: float | None = None
     started_at: str | None = None
     updated_at: str | None = None

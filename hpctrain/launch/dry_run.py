@@ -13,6 +13,7 @@ from typing import NamedTuple
 from hpctrain.contract.rundir import next_run_dir
 from hpctrain.jobspec.load import LoadedJob
 from hpctrain.jobspec.node_loss import node_count_text
+from hpctrain.launch.exclusion import plan_exclusion
 from hpctrain.launch.submission import backend_for, local_devices, render_script
 
 
@@ -29,7 +30,7 @@ class DryRun(NamedTuple):  # not a dataclass: building one costs --dry-run 0.7 m
     text: str
 
 
-def dry_run(job: LoadedJob, *, local: bool = False, snapshot: bool = True) -> DryRun:
+def dry_run(job: LoadedJob, *, local: bool = False, snapshot: bool = True, exclude_bad_nodes: bool = True) -> DryRun:
     run_dir = next_run_dir(job.spec.output_dir, job.spec.name)
     if job.is_study:
         from hpctrain.launch.study import render_study_plan
@@ -46,9 +47,11 @@ def dry_run(job: LoadedJob, *, local: bool = False, snapshot: bool = True) -> Dr
         if job.spec.uses_gpus:
             text += f"# GPUs: the tasks see CUDA_VISIBLE_DEVICES={local_devices(job.spec)}\n"
     else:
-        script = text = render_script(job, run_dir)
+        exclusion = plan_exclusion(job, use_ledger=exclude_bad_nodes)  # asks Slurm nothing
+        script = text = render_script(job, run_dir, exclusion.nodes)
         if job.spec.resources.heals:  # the script's --nodes counts the spares too
             text += f"\n# nodes: {node_count_text(job.spec.resources)}; the batch step supervises the training step\n"
+        text += "".join(f"\n# {note}" for note in exclusion.notes) + ("\n" if exclusion.notes else "")
     for line in snapshot_plan(job, snapshot=snapshot):
         text += f"\n{line}\n"
     text += f"\n# {job.spec.name}: what each rank will see\n"

@@ -1,4 +1,5 @@
-"""One line about the nodes a healing run lost (summary.json's ``node_failures``), for status, watch and report.
+"""One line each about what a run did about its nodes, for status, watch and report (summary.json's
+``node_failures``, ``burn_in`` and ``evictions``, read typed by ``contract/node_records.py``).
 
 The records come from a run directory, so they are untrusted: anything that
 is not a record (an object naming its node) is skipped, a field of the wrong
@@ -10,29 +11,64 @@ from __future__ import annotations
 
 from typing import Any
 
+from hpctrain.contract.node_records import BurnIn, Eviction, NodeEvent, records
 from hpctrain.contract.runfiles import printable
 
 SHOWN = 5  # the last records shown; older ones are counted
+SCORES_SHOWN = 16  # nodes of one burn-in shown in a line
 
 
 def node_loss_text(failures: Any) -> str | None:
-    """``n2 at step 412 (rank 3 exited 137): continue on n1,n3`` for each lost node, or None without any."""
-    if not isinstance(failures, list):
+    """``n2 at step 412 (rank 3 exited 137): swap on n1,n3`` for each node decision (``n3 slow ...``,
+    ``n4 burn-in ...`` for sick nodes), or None without any."""
+    found = records(NodeEvent, failures)
+    if not found:
         return None
-    records = [f for f in failures if isinstance(f, dict) and isinstance(f.get("node"), str) and f["node"]]
-    if not records:
-        return None
-    parts = [_one(record) for record in records[-SHOWN:]]
-    older = len(records) - SHOWN
+    parts = [_one(event) for event in found[-SHOWN:]]
+    older = len(found) - SHOWN
     return printable(("; ".join(parts)) + (f" (and {older} earlier)" if older > 0 else ""))
 
 
-def _one(record: dict[str, Any]) -> str:
-    nodes = record.get("nodes")
-    where = f" on {','.join(str(n) for n in nodes[:64])}" if isinstance(nodes, list) and nodes else ""
-    step = record.get("step")
-    at = f" at step {step}" if isinstance(step, int) and not isinstance(step, bool) else ""
-    reason, action = record.get("reason"), record.get("action")
-    why = f" ({reason})" if isinstance(reason, str) and reason else ""
-    then = f": {action}" if isinstance(action, str) and action else ""
-    return f"{record['node']}{at}{why}{then}{where}"
+def _one(event: NodeEvent) -> str:
+    where = f" on {','.join(event.nodes[:64])}" if event.nodes else ""
+    at = f" at step {event.step}" if event.step is not None else ""
+    kind = "" if event.kind == "lost" else f" {event.kind}"
+    return f"{event.node}{kind}{at} ({event.reason}): {event.action}{where}"
+
+
+def burn_in_text(value: Any) -> str | None:
+    """The last burn-in: ``3.1 s, 4 nodes (compute ms / pair MB/s / read MB/s): n1 120/980/310, ...; flagged
+    n3: compute 412 ms per pass vs 150 ...``, or None without one."""
+    found = records(BurnIn, value)
+    if not found:
+        return None
+    last = found[-1]
+    cells = [f"{s.node} {_num(s.compute_ms)}/{_num(s.allreduce_mb_s)}/{_num(s.read_mb_s)}" for s in last.scores][
+        :SCORES_SHOWN
+    ]
+    more = len(last.scores) - SCORES_SHOWN
+    flagged = "; ".join(f"{s.node}: {s.reason}" for s in last.scores if s.flagged) or "nobody"
+    head = f"{_num(last.seconds)} s, {len(last.nodes)} nodes (compute ms / pair MB/s / read MB/s): "
+    tail = f" (and {more} more)" if more > 0 else ""
+    action = f" -> {last.action}" if last.action and last.flagged else ""
+    return printable(f"{head}{', '.join(cells)}{tail}; flagged {flagged}{action}")
+
+
+def evictions_text(value: Any) -> str | None:
+    """``n3 at step 12 (forward 412 ms vs 150 ms, 2.7x, slow for 10 s): swap on n1,n2,n4,n5``, or None."""
+    found = records(Eviction, value)
+    if not found:
+        return None
+    parts = []
+    for one in found[-SHOWN:]:
+        at = f" at step {one.step}" if one.step is not None else ""
+        where = f" on {','.join(one.nodes[:64])}" if one.nodes else ""
+        why = f"forward {_num(one.node_ms)} ms vs {_num(one.others_ms)} ms, {_num(one.ratio)}x"
+        parts.append(f"{one.node}{at} ({why}, slow for {_num(one.slow_for_s)} s): {one.action}{where}")
+    return printable("; ".join(parts))
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"

@@ -25,7 +25,7 @@ from hpctrain.contract.slurm_states import ended_unsuccessfully, is_final, is_pe
 from hpctrain.errors import ClusterError, RunDirError
 from hpctrain.observe.live_status import RankView, rank_views
 from hpctrain.observe.logs import log_path
-from hpctrain.observe.node_losses import node_loss_text
+from hpctrain.observe.node_losses import burn_in_text, evictions_text, node_loss_text
 from hpctrain.runtime import local_run
 from hpctrain.runtime.failures import first_task_failure
 
@@ -72,6 +72,8 @@ def run_status(run_dir: Path, known_states: Mapping[str, str] | None = None) -> 
         "slurm_state": state,
         **{key: getattr(summary, key) for key in PROGRESS_KEYS},
         "lost_nodes": node_loss_text(summary.node_failures),
+        "burn_in": burn_in_text(summary.burn_in),
+        "evictions": evictions_text(summary.evictions),
         "status": display_status(summary.status, state),
     }
 
@@ -123,6 +125,8 @@ class RunStatus:
     hung_phase: str | None
     hung_frozen_s: float | None
     lost_nodes: str | None
+    burn_in: str | None  # the last burn-in's scores and who it flagged
+    evictions: str | None
     stragglers: list[int]
 
     @property

@@ -105,12 +105,24 @@ class TaskLauncher:
 
                 monitor.gpu = gpu_sampler(device.index or 0, os.environ)
             ctx = TaskContext(env=env, spec=spec, run_dir=Path(self.run_dir), device=device, stop=stop)
+            self.burn_in(ctx)
             result = user_code(ctx, **(spec.entrypoint_args if spec.entrypoint else {}))
             heartbeat.set_phase("done")  # a requeue's wait for Slurm is not a hang
             if monitor is not None:
                 monitor.stop()
             self.after_run(ctx, result)
         return result
+
+    def burn_in(self, ctx: TaskContext) -> None:
+        """Probe the step's nodes before training, and take a sick one out (healing/burn_in.py): every
+        multi-node Slurm step with ``health.burn_in`` on. May end this process (the step starts again
+        without the node, or the job requeues without it)."""
+        from hpctrain.jobspec.node_health import burn_in_applies
+
+        if ctx.env.under_slurm and burn_in_applies(ctx.spec, ctx.env.num_nodes):
+            from hpctrain.healing.burn_in import run_burn_in
+
+            run_burn_in(ctx, exit_process=self.exit_without_result)
 
     def start_heartbeats(self, spec: JobSpec, env: TaskEnv) -> heartbeat.Monitor | None:
         """Start this rank's heartbeat thread (with the hang watchdog unless it is off); see docs/hangs.md.

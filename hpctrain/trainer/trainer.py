@@ -44,6 +44,7 @@ from hpctrain.trainer.compiling import compile_failure, compile_model
 from hpctrain.trainer.data.loaders import build_loaders
 from hpctrain.trainer.elastic import run_micro_batches
 from hpctrain.trainer.evaluation import Accuracy
+from hpctrain.trainer.forward_timer import ForwardTimer
 from hpctrain.trainer.models import build_model, resolve_num_classes
 from hpctrain.trainer.optim import build_optimizer, build_scheduler
 from hpctrain.trainer.precision import Precision, to_memory_format
@@ -222,6 +223,8 @@ class Trainer:
             self.cfg.channels_last,
         )
         self.shared_step = step  # gradient accumulation (elastic resume) uses it directly
+        if not self.cfg.compile:  # hooks inside a compiled graph would break it; no eviction signal then
+            self.forward_timer = ForwardTimer(self.module, self.device)  # local work, for slow-node eviction
         self.train_step = self.strategy.train_step(step)
         self.strategy.attach(self.optimizer, self.scheduler, max(1, self.steps_per_epoch))
         if self.loaders.train_dataset is not None:

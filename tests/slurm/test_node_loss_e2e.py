@@ -114,7 +114,7 @@ def assert_healed_onto_the_spare(cluster: SlurmCluster, ws: Workspace, run: Run)
     assert (summary["status"], summary["global_step"]) == ("completed", TOTAL_STEPS), summary
     assert summary["excluded_nodes"] == ["n2"] and summary["hostnames"] == ["n1", "n3"]
     [failure] = summary["node_failures"]
-    assert (failure["node"], failure["action"], failure["nodes"]) == ("n2", "continue", ["n1", "n3"]), failure
+    assert (failure["node"], failure["action"], failure["nodes"]) == ("n2", "swap", ["n1", "n3"]), failure
     assert f"node n2 lost at step {failure['step']} ({failure['reason']})" in logs
     assert f"continuing on n1,n3 from step {failure['checkpoint_step']}" in logs
     requeues = cluster.run("sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", run.job_id)
@@ -185,7 +185,7 @@ def test_no_spare_left_requeues_without_the_lost_nodes(cluster: SlurmCluster, wo
     logs = batch_log(run.run_dir)
     assert job_record(cluster, run.job_id).get("ExcNodeList") in ("n[2-3]", "n2,n3"), logs
     summary = run.summary()
-    assert [(f["node"], f["action"]) for f in summary["node_failures"]] == [("n2", "continue"), ("n3", "requeue")]
+    assert [(f["node"], f["action"]) for f in summary["node_failures"]] == [("n2", "swap"), ("n3", "requeue")]
     assert summary["excluded_nodes"] == ["n2", "n3"]
     assert "requeueing without n2,n3 (1 healthy node left, min_nodes is 2)" in logs
     cluster.run("scancel", run.job_id)  # it cannot start again on this cluster: only n1 is left
@@ -209,7 +209,7 @@ def test_a_crash_loop_stops_the_run_and_lists_the_attempts(cluster: SlurmCluster
     assert state == "FAILED", logs
     summary = run.summary()
     assert summary["status"] == "failed", summary
-    assert [(f["node"], f["action"]) for f in summary["node_failures"]] == [("n2", "continue"), ("n3", "fail")]
+    assert [(f["node"], f["action"]) for f in summary["node_failures"]] == [("n2", "swap"), ("n3", "fail")]
     assert summary["error"].startswith("crash loop: 2 attempts in a row ended without a checkpoint"), summary
     assert "attempt 1 (job" in summary["error"] and "attempt 2 (job" in summary["error"]
     assert "stopping: crash loop" in logs

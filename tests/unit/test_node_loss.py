@@ -192,12 +192,12 @@ def decide(found: Blame | None, *, min_nodes: int = 3, allocation: tuple[str, ..
 
 def test_a_lost_node_is_replaced_by_a_spare() -> None:
     decision = decide(Blame("n2", "gone"))
-    assert decision.action == "continue" and decision.nodes == ("n1", "n3", "n4") and decision.excluded == ("n2",)
+    assert decision.action == "swap" and decision.nodes == ("n1", "n3", "n4") and decision.excluded == ("n2",)
 
 
 def test_without_a_spare_the_run_shrinks_to_a_count_its_batch_fits() -> None:
     decision = decide(Blame("n2", "gone"), min_nodes=1, allocation=NODES, fits=lambda n: n != 2)
-    assert decision.action == "continue" and decision.nodes == ("n1",)
+    assert decision.action == "drop" and decision.nodes == ("n1",)
 
 
 def test_below_min_nodes_or_the_batch_node_lost_requeues() -> None:
@@ -228,7 +228,7 @@ def test_a_crash_loop_is_k_failures_without_a_newer_checkpoint() -> None:
 
 
 def test_the_log_line_says_what_happened() -> None:
-    decision = healing.Decision("continue", nodes=("n1", "n3"), excluded=("n2",))
+    decision = healing.Decision("swap", nodes=("n1", "n3"), excluded=("n2",))
     line = healing.log_line(Blame("n2", "rank 3 exited 137"), 412, decision, 400)
     assert line == "node n2 lost at step 412 (rank 3 exited 137); continuing on n1,n3 from step 400"
 
@@ -298,3 +298,34 @@ def test_status_watch_and_report_show_the_lost_nodes(tmp_path: Path) -> None:
     assert f"lost nodes: {expected}" in alerts(snapshot)
     run = RunData(path=tmp_path, label="x", summary={"node_failures": failures})  # type: ignore[call-arg]
     assert f"lost nodes: {expected}" in _run_facts(run)
+
+
+# -- the one decider, for sick nodes too ---------------------------------------------------------------------------
+def test_sick_nodes_are_swapped_dropped_requeued_or_kept() -> None:
+    flagged = [Blame("n2", "compute 4x", kind="burn-in"), Blame("n3", "read 5x", kind="burn-in")]
+    both = decide(flagged, min_nodes=1)
+    assert (both.action, both.nodes, both.excluded) == ("drop", ("n1", "n4"), ("n2", "n3"))
+    assert decide(flagged).action == "requeue"
+    kept = decide(flagged, can_requeue=False)
+    assert (kept.action, kept.nodes, kept.excluded) == ("keep", NODES, ()) and "no requeue left" in kept.why
+
+
+def test_a_sick_batch_node_is_dropped_a_lost_one_requeues_or_fails() -> None:
+    sick = decide(Blame("n1", "forward 3x", kind="slow"))
+    assert (sick.action, sick.nodes) == ("swap", ("n2", "n3", "n4"))
+    assert decide(Blame("n1", "gone"), can_requeue=False).action == "fail"
+    assert decide([]).action == "keep"
+
+
+def test_the_log_line_names_the_cause() -> None:
+    decision = healing.Decision(
+        "keep", nodes=NODES, why="1 healthy node left, min_nodes is 3, and no requeue left: kept"
+    )
+    line = healing.log_line(Blame("n2", "compute 4x", kind="burn-in"), None, decision, None)
+    assert line.startswith("node n2 flagged by the burn-in before the first step (compute 4x); training on it anyway")
+
+
+def test_nodes_blamed_by_one_decision_are_one_attempt_of_a_crash_loop() -> None:
+    one = [{"job_id": "7", "time": 5.0, "checkpoint_step": 20, "node": n} for n in ("n2", "n4")]
+    assert healing.crash_loop([{"job_id": "7", "time": 1.0, "checkpoint_step": 20}, *one], 3) is None
+    assert healing.crash_loop([{"job_id": "7", "time": 1.0, "checkpoint_step": 20}, *one], 2) is not None
