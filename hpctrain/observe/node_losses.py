@@ -15,11 +15,20 @@ from hpctrain.contract.node_records import BurnIn, Eviction, NodeEvent, records
 from hpctrain.contract.runfiles import printable
 
 SHOWN = 5  # the last records shown; older ones are counted
+# What each decision (healing/decide.py) did, in the words a user reads; "continue" is an older run's word.
+_DONE = {
+    "swap": "swapped for a spare, training on",
+    "drop": "dropped, training on",
+    "keep": "kept, training on",
+    "continue": "continue on",
+    "requeue": "requeued without it",
+    "fail": "the run stopped",
+}
 SCORES_SHOWN = 16  # nodes of one burn-in shown in a line
 
 
 def node_loss_text(failures: Any) -> str | None:
-    """``n2 at step 412 (rank 3 exited 137): swap on n1,n3`` for each node decision (``n3 slow ...``,
+    """``n2 at step 412 (rank 3 exited 137): swapped for a spare, training on n1,n3`` for each node decision (``n3 slow ...``,
     ``n4 burn-in ...`` for sick nodes), or None without any."""
     found = records(NodeEvent, failures)
     if not found:
@@ -30,10 +39,17 @@ def node_loss_text(failures: Any) -> str | None:
 
 
 def _one(event: NodeEvent) -> str:
-    where = f" on {','.join(event.nodes[:64])}" if event.nodes else ""
     at = f" at step {event.step}" if event.step is not None else ""
     kind = "" if event.kind == "lost" else f" {event.kind}"
-    return f"{event.node}{kind}{at} ({event.reason}): {event.action}{where}"
+    return f"{event.node}{kind}{at} ({event.reason}): {_done(event.action, event.nodes)}"
+
+
+def _done(action: str, nodes: list[str]) -> str:
+    """``swapped for a spare, training on n1,n3``: the decision and where the run went on."""
+    words = _DONE.get(action, action)
+    if words.endswith(" on"):
+        return f"{words} {','.join(nodes[:64])}" if nodes else words[: -len(" on")].removesuffix(", training")
+    return words
 
 
 def burn_in_text(value: Any) -> str | None:
@@ -55,7 +71,8 @@ def burn_in_text(value: Any) -> str | None:
 
 
 def evictions_text(value: Any) -> str | None:
-    """``n3 at step 12 (forward 412 ms vs 150 ms, 2.7x, slow for 10 s): swap on n1,n2,n4,n5``, or None."""
+    """``n3 at step 12 (forward 412 ms vs 150 ms, 2.7x, slow for 10 s): swapped for a spare, training on
+    n1,n2,n4,n5``, or None."""
     found = records(Eviction, value)
     if not found:
         return None
@@ -64,7 +81,7 @@ def evictions_text(value: Any) -> str | None:
         at = f" at step {one.step}" if one.step is not None else ""
         where = f" on {','.join(one.nodes[:64])}" if one.nodes else ""
         why = f"forward {_num(one.node_ms)} ms vs {_num(one.others_ms)} ms, {_num(one.ratio)}x"
-        parts.append(f"{one.node}{at} ({why}, slow for {_num(one.slow_for_s)} s): {one.action}{where}")
+        parts.append(f"{one.node}{at} ({why}, slow for {_num(one.slow_for_s)} s): {_done(one.action, one.nodes)}")
     return printable("; ".join(parts))
 
 

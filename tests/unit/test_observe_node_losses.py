@@ -35,7 +35,7 @@ def test_evictions_and_node_events_name_the_kind_and_what_was_done() -> None:
         }
     ]
     assert evictions_text(evicted) == (
-        "n3 at step 12 (forward 410 ms vs 150 ms, 2.73x, slow for 10 s): swap on n1,n2,n5"
+        "n3 at step 12 (forward 410 ms vs 150 ms, 2.73x, slow for 10 s): swapped for a spare, training on n1,n2,n5"
     )
     events = [
         {"node": "n3", "kind": "slow", "step": 12, "reason": "forward 3x", "action": "swap", "nodes": ["n1"]},
@@ -43,5 +43,5 @@ def test_evictions_and_node_events_name_the_kind_and_what_was_done() -> None:
     ]
     assert (
         node_loss_text(events)
-        == "n3 slow at step 12 (forward 3x): swap on n1; n2 (its slurmd does not answer): continue"
+        == "n3 slow at step 12 (forward 3x): swapped for a spare, training on n1; n2 (its slurmd does not answer): continue"
     )
