@@ -28,8 +28,8 @@ SCORES_SHOWN = 16  # nodes of one burn-in shown in a line
 
 
 def node_loss_text(failures: Any) -> str | None:
-    """``n2 at step 412 (rank 3 exited 137): swapped for a spare, training on n1,n3`` for each node decision (``n3 slow ...``,
-    ``n4 burn-in ...`` for sick nodes), or None without any."""
+    """``n2 at step 412 (rank 3 exited 137): swapped for a spare, training on n1,n3`` for each node
+    decision (``n3 slow ...``, ``n4 burn-in ...`` for sick nodes), or None without any."""
     found = records(NodeEvent, failures)
     if not found:
         return None
@@ -79,7 +79,6 @@ def evictions_text(value: Any) -> str | None:
     parts = []
     for one in found[-SHOWN:]:
         at = f" at step {one.step}" if one.step is not None else ""
-        where = f" on {','.join(one.nodes[:64])}" if one.nodes else ""
         why = f"forward {_num(one.node_ms)} ms vs {_num(one.others_ms)} ms, {_num(one.ratio)}x"
         parts.append(f"{one.node}{at} ({why}, slow for {_num(one.slow_for_s)} s): {_done(one.action, one.nodes)}")
     return printable("; ".join(parts))

@@ -120,7 +120,8 @@ def assert_healed_onto_the_spare(cluster: SlurmCluster, ws: Workspace, run: Run)
     requeues = cluster.run("sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", run.job_id)
     assert "REQUEUED" not in requeues.stdout  # healed inside the allocation
     status = hpctrain(ws.env, "status", str(run.run_dir))
-    assert "lost_nodes: n2 at step" in status.stdout and "swapped for a spare, training on n1,n3" in status.stdout, status
+    assert "lost_nodes: n2 at step" in status.stdout, status
+    assert "swapped for a spare, training on n1,n3" in status.stdout, status
     assert_nothing_left(cluster, run.job_id)
     return failure, status.stdout
 

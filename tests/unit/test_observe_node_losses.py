@@ -42,6 +42,6 @@ def test_evictions_and_node_events_name_the_kind_and_what_was_done() -> None:
         {"node": "n2", "reason": "its slurmd does not answer", "action": "continue"},
     ]
     assert (
-        node_loss_text(events)
-        == "n3 slow at step 12 (forward 3x): swapped for a spare, training on n1; n2 (its slurmd does not answer): continue"
+        node_loss_text(events) == "n3 slow at step 12 (forward 3x): swapped for a spare, training on n1; "
+        "n2 (its slurmd does not answer): continue"
     )
