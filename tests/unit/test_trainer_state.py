@@ -1,5 +1,5 @@
 """Every non-tensor field of a trainer checkpoint judged against the run (trainer/state.py check_fields,
-recorded_micro_batches, state_budget); the resumes that act on it: tests/local/test_trainer_state.py."""
+recorded_micro_batches, state_budget); the resumes that act on it: tests/local/test_resume_checks.py."""
 
 from __future__ import annotations
 
