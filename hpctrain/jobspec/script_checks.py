@@ -72,6 +72,14 @@ def script_problems(spec: JobSpec) -> list[SpecProblem]:
                 + "raise signals.signal_delay_s",
             )
         )
+    if spec.health.eviction.enabled is True:
+        problems.append(
+            SpecProblem(
+                "health.eviction.enabled",
+                "true, but eviction compares the built-in trainer's forward times, which a script does not "
+                "report: a script job is never evicted from; remove it (or set it to auto)",
+            )
+        )
     problems += _per_node_problems(script)
     problems += _sweep_problems(spec)
     return problems

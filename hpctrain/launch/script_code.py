@@ -2,13 +2,15 @@
 
 Like an entry point's package (``code_snapshot.py``), a script's code is copied
 into ``RUN_DIR/code/`` at submit time, so a requeue days later runs what was
-submitted: the git work tree the script lies in (tracked files as on disk, and
-untracked ones git does not ignore), or else the script's folder. Every attempt
-runs the copy: ``python RUN_DIR/code/.../train.py``, its working directory the
-run directory; ``{script_dir}`` names the copy of the script's folder. A
-``module:`` is copied like an entry point's package and run with the copy's
-import root first on ``PYTHONPATH``; one installed into the environment (or
-hpctrain's own) is not copied. ``run.json`` records the copy under
+submitted: the script's folder (Python's first import directory for it), by
+the rules an entry point's snapshot follows (``launch/code_selection.py``: in
+a git work tree only what git lists; never a hidden file, a symlink out of the
+folder, bytecode, a FIFO; what was left out is said), and never the run's
+output directory. Every attempt runs the copy: ``python RUN_DIR/code/train.py``,
+its working directory the run directory; ``{script_dir}`` names the copy of the
+script's folder. A ``module:`` is copied like an entry point's package (its
+import closure) and run with the copy first on ``PYTHONPATH``; one installed
+into the environment (or hpctrain's own) is not copied. ``run.json`` records the copy under
 ``code_snapshot`` with ``script_dir``, which ``resume`` reads back.
 
 Also here: the partition's preemption GraceTime, read once at submit, which
@@ -17,9 +19,8 @@ tells the task wrappers how long a preempted script may take to stop. Torch-free
 
 from __future__ import annotations
 
-import os
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from hpctrain.contract.rundir import CODE_DIR, run_home
 from hpctrain.errors import ClusterError, SpecError, SpecProblem, UsageError
@@ -29,6 +30,7 @@ from hpctrain.jobspec.problems import position_of
 from hpctrain.jobspec.script_checks import module_file, program_problems
 from hpctrain.jobspec.yaml_source import read_spec_file
 from hpctrain.launch import code_snapshot
+from hpctrain.launch.code_selection import Selection, select_folder
 from hpctrain.runtime.script_command import ScriptCode
 
 SCRIPT_DIR_KEY = "script_dir"  # run.json code_snapshot: the copy of the script's folder, relative to the run
@@ -50,8 +52,8 @@ def require_program(job: LoadedJob) -> None:
 def locate(script: Script) -> code_snapshot.CodeSource | None:
     """What to copy for ``script``; None when nothing is (a module of the environment, or not found).
 
-    A script outside git whose folder is a home directory or a file system's root is refused: its
-    "folder" would be everything the user has.
+    A script whose folder is a home directory or a file system's root is refused: its "folder" would be
+    everything the user has.
     """
     if script.module is not None:
         return code_snapshot.locate(f"{script.module}:main")
@@ -59,34 +61,44 @@ def locate(script: Script) -> code_snapshot.CodeSource | None:
     folder = Path(script.path).resolve().parent
     if code_snapshot.in_environment(folder):
         return None
-    git_root = code_snapshot.git_toplevel(folder)
-    if git_root is None and (folder == Path.home().resolve() or folder.parent == folder):
+    if folder == Path.home().resolve() or folder.parent == folder:
         raise UsageError(
             f"{script.path} lies directly in {folder}, and hpctrain copies a script's folder into the run "
             "(so a requeue runs what you submitted): that would copy all of it",
-            hint="move the script into a folder of its own (or a git repository), or submit with --no-snapshot",
+            hint="move the script into a folder of its own, or submit with --no-snapshot",
         )
+    name = Path(script.path).name
     return code_snapshot.CodeSource(
-        package=Path(script.path).name, import_dir=folder, files_root=git_root or folder, git_root=git_root
+        package=name, import_dir=folder, files_root=folder, git_root=code_snapshot.git_toplevel(folder)
     )
 
 
-def take(source: code_snapshot.CodeSource, spec: JobSpec, run_dir: Path) -> dict[str, Any]:
-    """Copy ``source`` into ``run_dir/code`` (never the run's output directory, should it lie in the
-    script's folder); ``run.json``'s record of it (with ``script_dir``)."""
+def plan(source: code_snapshot.CodeSource, spec: JobSpec) -> Selection:
+    """What :func:`take` copies: a script's folder, or a module's package and what it imports from beside
+    it (``launch/code_selection.py``'s rules either way), never the run's output directory."""
     assert spec.script is not None
-    snapshot = code_snapshot.take(source, run_dir, exclude=[Path(spec.output_dir)])
-    base = source.git_root if source.git_root is not None else source.files_root.parent
-    folder = _program_folder(spec.script, source)
-    return {**snapshot.as_json(), SCRIPT_DIR_KEY: str(Path(CODE_DIR) / folder.relative_to(base))}
+    if spec.script.module is not None:
+        return code_snapshot.plan(source)
+    listed = code_snapshot.git_lister(source) if source.git_root is not None else None
+    return select_folder(source.import_dir, listed, skip=[Path(spec.output_dir)])
 
 
-def _program_folder(script: Script, source: code_snapshot.CodeSource) -> Path:
+def take(source: code_snapshot.CodeSource, spec: JobSpec, run_dir: Path) -> code_snapshot.Snapshot:
+    """Copy ``source`` into ``run_dir/code``; ``run.json``'s record of it names the script's folder's copy."""
+    assert spec.script is not None
+    chosen = plan(source, spec)
+    snapshot = code_snapshot.take(source, run_dir, chosen)
+    return replace(snapshot, script_dir=str(_copy_of_folder(spec.script, source)))
+
+
+def _copy_of_folder(script: Script, source: code_snapshot.CodeSource) -> Path:
+    """Where the copy of the script's folder lies, relative to the run directory."""
     if script.path is not None:
-        return Path(script.path).resolve().parent
+        return Path(CODE_DIR)  # the folder is the copy's root
     assert script.module is not None
     found = module_file(script.module, [str(source.import_dir)])
-    return found.resolve().parent if found is not None else source.import_dir
+    folder = found.resolve().parent if found is not None else source.import_dir
+    return Path(CODE_DIR) / folder.relative_to(source.import_dir.resolve())
 
 
 def script_code(spec: JobSpec, run_dir: Path, record: object = None) -> ScriptCode:
@@ -114,15 +126,6 @@ def _copied_dir(run_dir: Path, record: object) -> Path | None:
     home = run_home(Path(run_dir).resolve())
     folder = (Path(run_dir).resolve() / record[SCRIPT_DIR_KEY]).resolve()
     return folder if home in folder.parents else None
-
-
-def for_trial(record: dict[str, Any], sweep_dir: Path, trial_dir: Path) -> dict[str, Any]:
-    """A sweep's record as seen from one trial's directory (the trials share the sweep's copy)."""
-    moved = dict(record)
-    for key in ("import_root", SCRIPT_DIR_KEY):
-        if isinstance(record.get(key), str):
-            moved[key] = os.path.relpath(sweep_dir / record[key], trial_dir)
-    return moved
 
 
 def preempt_grace_s(spec: JobSpec) -> float | None:
@@ -154,14 +157,17 @@ def planned(spec: JobSpec, run_dir: Path, *, snapshot: bool) -> tuple[ScriptCode
         code = script_code(spec, run_dir)
         why = "--no-snapshot" if not snapshot else "not copied (part of the Python environment)"
         return code, [f"# code: {why}: every attempt runs the live {code.file or script.module}"]
-    base = source.git_root if source.git_root is not None else source.files_root.parent
-    record = {SCRIPT_DIR_KEY: str(Path(CODE_DIR) / _program_folder(script, source).relative_to(base))}
-    if script.module is not None:
-        record["import_root"] = str(Path(CODE_DIR) / source.import_dir.relative_to(base))
+    chosen = plan(source, spec)
+    record = {SCRIPT_DIR_KEY: str(_copy_of_folder(script, source)), "import_root": CODE_DIR}
     code = _from_record(spec, run_dir, record)
-    commit, dirty = code_snapshot.git_state(source.git_root) if source.git_root else (None, None)
+    commit, dirty = code_snapshot.git_state(source.git_root, chosen) if source.git_root else (None, None)
     where = f" (git {commit[:12]}{', with uncommitted changes' if dirty else ''})" if commit else ""
-    return code, [f"# code: {source.files_root}{where} is copied into RUN_DIR/code/; every attempt runs the copy"]
+    lines = [
+        f"# code: {chosen.root}{where}: {len(chosen.files)} files are copied into RUN_DIR/code/; "
+        "every attempt runs the copy"
+    ]
+    notes = chosen.notes()
+    return code, lines + ([f"# code: left out: {'; '.join(notes)}"] if notes else [])
 
 
 def _from_record(spec: JobSpec, run_dir: Path, record: dict[str, str]) -> ScriptCode:

@@ -10,10 +10,12 @@ text when ``submit`` hands it the per-task callable.
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -37,13 +39,16 @@ from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.profiles import ClusterProfile
 from hpctrain.jobspec.slurm_time import seconds_to_minutes
 from hpctrain.jobspec.yaml_source import dump_yaml
+from hpctrain.launch.exclusion import Exclusion, plan_exclusion
 from hpctrain.launch.sbatch_script import render_sbatch, signal_parameter, slurm_mem, task_command
 from hpctrain.launch.templates import render_preamble, render_slurm_relay
 from hpctrain.runtime.cleanup import python_command
+from hpctrain.runtime.rank_plan import local_visible_devices
 
 if TYPE_CHECKING:
     import submitit
 
+    from hpctrain.launch import code_snapshot
 
 Backend = Literal["slurm", "local"]
 # A task that exits non-zero ends the whole step at once instead of leaving the
@@ -55,8 +60,11 @@ def backend_for(job: LoadedJob, local: bool) -> Backend:
     return "local" if local or job.profile.scheduler == "local" else "slurm"
 
 
-def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters for a resolved spec. Pure."""
+def slurm_parameters(
+    spec: JobSpec, profile: ClusterProfile, run_dir: Path, exclude: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters for a resolved spec; ``exclude``: nodes for ``--exclude`` (the spec's
+    own ``slurm_extra`` exclude among them, ``launch/exclusion.py``). Pure."""
     res = spec.resources
     gpus = res.gpus_per_node or 0
     params: dict[str, Any] = {
@@ -97,6 +105,8 @@ def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> d
         params["nodes"] = res.allocated_nodes
         extra["no-kill"] = True
     extra.update(res.slurm_extra)
+    if exclude:
+        extra["exclude"] = ",".join(exclude)
     params["additional_parameters"] = extra
     if spec.container is not None:
         params["setup"] += render_slurm_relay(str(Path(run_dir) / CONTROL_DIR / "slurm-relay"))
@@ -180,7 +190,15 @@ def local_parameters(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def build_executor(job: LoadedJob, backend: Backend, run_dir: Path) -> submitit.Executor:
+def local_devices(spec: JobSpec, environ: Mapping[str, str] | None = None) -> str:
+    """The GPUs a local run's tasks see: a subset of the user's ``CUDA_VISIBLE_DEVICES``; UsageError when it
+    holds fewer than the job asks for."""
+    environ = os.environ if environ is None else environ
+    gpus = (spec.resources.gpus_per_node or 0) * spec.resources.nodes
+    return local_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"), gpus)
+
+
+def build_executor(job: LoadedJob, backend: Backend, run_dir: Path, exclude: tuple[str, ...] = ()) -> submitit.Executor:
     # here, not at the top: submitit imports asyncio, a fifth of a login-node command's time
     from hpctrain.launch.submitit_executor import LocalExecutor, SlurmExecutor
 
@@ -189,18 +207,19 @@ def build_executor(job: LoadedJob, backend: Backend, run_dir: Path) -> submitit.
         # Its controller carries a run token; run.json records what proves it (runtime/local_run.py).
         executor: submitit.Executor = LocalExecutor(folder=folder)
         executor.update_parameters(**local_parameters(job.spec))
+        executor.visible_devices = local_devices(job.spec)
     else:
         # Each task starts under the reaper's exec wrapper, so everything it
         # starts carries its token and is cleaned up after it (cleanup.py).
         executor = SlurmExecutor(folder=folder, python=task_python(job.spec))
-        executor.update_parameters(**slurm_parameters(job.spec, job.profile, run_dir))
+        executor.update_parameters(**slurm_parameters(job.spec, job.profile, run_dir, exclude))
         executor.supervisor = supervisor_command(job.spec, run_dir)
     return executor
 
 
-def render_script(job: LoadedJob, run_dir: Path) -> str:
+def render_script(job: LoadedJob, run_dir: Path, exclude: tuple[str, ...] = ()) -> str:
     """The exact sbatch script ``submit`` would hand to Slurm for this job (without importing submitit)."""
-    parameters = slurm_parameters(job.spec, job.profile, run_dir)
+    parameters = slurm_parameters(job.spec, job.profile, run_dir, exclude)
     if job.is_sweep:
         parameters["map_count"] = len(job.trials)
     folder = submitit_dir(run_dir)
@@ -215,16 +234,27 @@ class SubmittedRun:
     backend: Backend
     jobs: list[submitit.Job]
     trial_dirs: list[Path]
+    code: code_snapshot.Snapshot | None = None  # what was copied into RUN/code, and what was left out
+    notes: tuple[str, ...] = ()  # what the submit says besides: the bad-node ledger's exclusions
 
 
-def submit(job: LoadedJob, *, local: bool = False, run_dir: Path | None = None, snapshot: bool = True) -> SubmittedRun:
+def submit(
+    job: LoadedJob,
+    *,
+    local: bool = False,
+    run_dir: Path | None = None,
+    snapshot: bool = True,
+    exclude_bad_nodes: bool = True,
+) -> SubmittedRun:
     """Create the run directory (a new one, or ``run_dir``: a study's point), write the resolved spec,
-    copy the user's code, and submit."""
+    copy the user's code, and submit, away from the nodes of the user's bad-node ledger
+    (``exclude_bad_nodes``; ``launch/exclusion.py``)."""
     backend = backend_for(job, local)
     if job.spec.script is not None:
         from hpctrain.launch.script_code import require_program
 
         require_program(job)
+    exclusion = bad_node_exclusion(job, backend, exclude_bad_nodes)
     if backend == "slurm" and shutil.which("sbatch") is None:
         raise ClusterError(
             f"{job.source}: cluster '{job.profile.name}' needs Slurm, but 'sbatch' is not on this machine",
@@ -237,23 +267,33 @@ def submit(job: LoadedJob, *, local: bool = False, run_dir: Path | None = None, 
     trial_dirs = _write_trials(job, run_dir)
     try:
         copied = _snapshot_code(job, run_dir) if snapshot else None
-        code_root = str(run_dir / copied["import_root"]) if copied and job.spec.script is None else None
-        jobs = _launch(job, backend, run_dir, trial_dirs, code_root, copied)
+        record = copied.as_json() if copied else None
+        code_root = str(run_dir / copied.import_root) if copied and job.spec.script is None else None
+        jobs = _launch(job, backend, run_dir, trial_dirs, code_root, exclusion.nodes, record)
     except (ClusterError, UsageError):
         _remove_unsubmitted(run_dir)
         raise
     job_id = jobs[0].job_id.split("_")[0] if job.is_sweep else jobs[0].job_id
-    code = {"code_snapshot": copied} if copied else {}
-    from hpctrain.launch.script_code import for_trial
+    code = {"code_snapshot": record} if record else {}
+    from hpctrain.launch.code_snapshot import for_trial
 
     for one_dir, one in zip(trial_dirs, jobs):
-        trial_code = {"code_snapshot": for_trial(copied, run_dir, one_dir)} if copied else {}
+        trial_code = {"code_snapshot": for_trial(record, run_dir, one_dir)} if record else {}
         extra = {**trial_code, **_local_record(one)}
         _record_submission(one_dir, job, backend, one.job_id, submitit_dir(run_dir), extra=extra)
     if job.is_sweep:
         extra = {**code, **_local_record(jobs[0])}
         _record_submission(run_dir, job, backend, job_id, submitit_dir(run_dir), trials=len(jobs), extra=extra)
-    return SubmittedRun(job_id, run_dir, backend, jobs, trial_dirs)
+    return SubmittedRun(job_id, run_dir, backend, jobs, trial_dirs, copied, exclusion.notes)
+
+
+def bad_node_exclusion(job: LoadedJob, backend: Backend, use_ledger: bool) -> Exclusion:
+    """The nodes a Slurm submit excludes, asking Slurm for the partition's usable nodes."""
+    if backend != "slurm":
+        return Exclusion()
+    from hpctrain.contract.slurm import partition_nodes
+
+    return plan_exclusion(job, use_ledger=use_ledger, available=lambda partition: partition_nodes(partition))
 
 
 def resubmit(run_dir: Path, job: LoadedJob, *, local: bool = False) -> SubmittedRun:
@@ -265,9 +305,10 @@ def resubmit(run_dir: Path, job: LoadedJob, *, local: bool = False) -> Submitted
 
     record = read_run_info(run_dir).get("code_snapshot")
     code_root = code_snapshot.import_root(run_dir, record) if job.spec.script is None else None
-    jobs = _launch(job, backend, run_dir, [run_dir], str(code_root) if code_root else None, record)
+    exclusion = bad_node_exclusion(job, backend, True)  # the nodes this run (or another) found bad
+    jobs = _launch(job, backend, run_dir, [run_dir], str(code_root) if code_root else None, exclusion.nodes, record)
     _record_submission(run_dir, job, backend, jobs[0].job_id, submitit_dir(run_dir), extra=_local_record(jobs[0]))
-    return SubmittedRun(jobs[0].job_id, run_dir, backend, jobs, [run_dir])
+    return SubmittedRun(jobs[0].job_id, run_dir, backend, jobs, [run_dir], notes=exclusion.notes)
 
 
 def _write_trials(job: LoadedJob, run_dir: Path) -> list[Path]:
@@ -284,9 +325,9 @@ def _write_trials(job: LoadedJob, run_dir: Path) -> list[Path]:
     return dirs
 
 
-def _snapshot_code(job: LoadedJob, run_dir: Path) -> dict[str, Any] | None:
+def _snapshot_code(job: LoadedJob, run_dir: Path) -> code_snapshot.Snapshot | None:
     """Copy the entry point's or the script's code into the run directory (see code_snapshot.py,
-    script_code.py); run.json's record of the copy, or None when nothing is copied."""
+    script_code.py); None when nothing is copied."""
     if job.spec.script is not None:
         from hpctrain.launch import script_code
 
@@ -297,8 +338,7 @@ def _snapshot_code(job: LoadedJob, run_dir: Path) -> dict[str, Any] | None:
     from hpctrain.launch import code_snapshot  # here: --dry-run need not load it
 
     source = code_snapshot.locate(job.spec.entrypoint)
-    exclude = [Path(job.spec.output_dir)]
-    return code_snapshot.take(source, run_dir, exclude).as_json() if source is not None else None
+    return code_snapshot.take(source, run_dir) if source is not None else None
 
 
 def _launch(
@@ -307,13 +347,14 @@ def _launch(
     run_dir: Path,
     trial_dirs: list[Path],
     code_root: str | None = None,
+    exclude: tuple[str, ...] = (),
     code_record: object = None,
 ) -> list[submitit.Job]:
     from submitit.core.utils import FailedJobError
 
     from hpctrain.contract.slurm import classify_sbatch_failure
 
-    executor = build_executor(job, backend, run_dir)
+    executor = build_executor(job, backend, run_dir, exclude)
     if job.spec.script is not None:
         launchers = script_launchers(job, run_dir, trial_dirs, backend, code_record)
     else:

@@ -98,6 +98,10 @@ def alerts(snap: Snapshot) -> list[str]:
         found.append(f"failed first: {who or f'node {snap.failed_node}'}{reason}")
     if snap.lost_nodes:
         found.append(f"lost nodes: {snap.lost_nodes}")
+    if snap.evictions:
+        found.append(f"evicted: {snap.evictions}")
+    if snap.burn_in:
+        found.append(f"burn-in: {snap.burn_in}")
     return found
 
 

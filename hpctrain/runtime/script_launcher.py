@@ -39,7 +39,7 @@ from typing import Any
 from hpctrain.contract.rundir import hang_claim_path, heartbeat_path, read_run_info, read_summary, write_summary
 from hpctrain.errors import DistributedSetupError, RunDirError
 from hpctrain.jobspec.models import JobSpec
-from hpctrain.jobspec.node_loss import STEP_ATTEMPT_VAR
+from hpctrain.jobspec.node_health import STEP_ID_VAR
 from hpctrain.runtime import script_command
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.launcher import ALLOW_LOOPBACK_MASTER_VAR, TaskLauncher, configure_logging, report_failure
@@ -317,7 +317,7 @@ class ScriptLauncher(TaskLauncher):
             job_ids = read_run_info(Path(self.run_dir)).get("job_ids")
         except RunDirError:
             job_ids = None
-        attempt = os.environ.get(STEP_ATTEMPT_VAR, "0")
+        attempt = os.environ.get(STEP_ID_VAR, "").rpartition(".")[2]  # the supervisor's JOB.RESTART.ATTEMPT
         steps = int(attempt) if attempt.isdigit() else 0
         return script_command.restart_count(job_ids, env.job_id, env.restart_count, steps)
 

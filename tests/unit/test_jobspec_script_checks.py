@@ -190,3 +190,16 @@ def test_module_file_finds_a_module_without_importing_it(tmp_path: Path) -> None
     assert module_file("mypkg", [str(tmp_path)]) is None, "a package without __main__ cannot run"
     assert module_file("mypkg.nope", [str(tmp_path)]) is None
     assert module_file("json.tool") is not None
+
+
+def test_eviction_is_refused_for_a_script_and_auto_is_off(tmp_path: Path) -> None:
+    text = """
+        name: s
+        resources: {nodes: 2, spare_nodes: 1, tasks_per_node: 2}
+        health: {eviction: {enabled: EVICT}}
+        script: {path: train.py}
+        """
+    found = problems(write(tmp_path, text.replace("EVICT", "true")))
+    assert "forward times" in found["health.eviction.enabled"]
+    job = load_job(write(tmp_path, text.replace("EVICT", "auto")))
+    assert job.spec.resources.heals and not job.spec.evicts, "a script reports no forward times to judge"
