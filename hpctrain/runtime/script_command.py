@@ -131,14 +131,21 @@ def environ(
     restart: int,
     code: ScriptCode,
     cpu_count: int | None = None,
+    local: bool = False,
 ) -> dict[str, str]:
     """The script's environment: the task's, plus the torchrun variables and hpctrain's (contract/script_env.py).
 
     Per node, a ``RANK``/``LOCAL_RANK`` the task inherited is removed: that process is no rank. Python's
     output is unbuffered (the log shows each line as it is written) and each process gets its share of the
-    CPUs in ``OMP_NUM_THREADS``, unless the user set either.
+    CPUs in ``OMP_NUM_THREADS``, unless the user set either. Per node on this machine (``local``), each
+    "node" sees its own GPUs (:func:`node_devices`).
     """
     env = dict(base)
+    gpus = spec.resources.gpus_per_node or 0
+    if local and place.rank is None and gpus:
+        mine = node_devices(base.get("CUDA_VISIBLE_DEVICES"), place.node_rank, gpus)
+        if mine is not None:
+            env["CUDA_VISIBLE_DEVICES"] = mine
     torchrun = {
         "WORLD_SIZE": str(place.world_size),
         "LOCAL_WORLD_SIZE": str(place.nproc_per_node),
@@ -175,6 +182,15 @@ def environ(
     if code.python_path:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (code.python_path, base.get("PYTHONPATH", "")) if p)
     return env
+
+
+def node_devices(visible: str | None, node_rank: int, gpus_per_node: int) -> str | None:
+    """A local "node"'s share of the run's ``CUDA_VISIBLE_DEVICES`` (``launch/submission.local_devices`` chose
+    nodes x gpus_per_node of the user's): the node's process starts workers on ``cuda:0..``, so two nodes on
+    one machine would otherwise share GPUs. None when the list holds no full share for the node."""
+    items = [item.strip() for item in (visible or "").split(",") if item.strip()]
+    mine = items[node_rank * gpus_per_node : (node_rank + 1) * gpus_per_node]
+    return ",".join(mine) if len(mine) == gpus_per_node else None
 
 
 def restart_count(job_ids: object, job_id: str, slurm_restarts: int, step_attempt: int) -> int:

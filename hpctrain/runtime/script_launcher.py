@@ -140,7 +140,7 @@ class ScriptLauncher(TaskLauncher):
         Path(cwd).mkdir(parents=True, exist_ok=True)
         child_env = script_command.environ(
             os.environ, place, spec, run_dir=self.run_dir, job_id=env.job_id, restart=restart, code=code,
-            cpu_count=os.cpu_count(),
+            cpu_count=os.cpu_count(), local=env.source == "submitit-local",
         )  # fmt: skip
         who = f"rank {env.global_rank}" if place.rank is not None else f"node task {env.global_rank}"
         self.who = f"{who} on {env.hostname}"

@@ -111,13 +111,16 @@ def test_torchrun_style_script_is_requeued_and_preempted_and_resumes_from_its_ow
     assert "rank 3: completed" in logs.stdout, logs
 
 
-def test_launch_style_script_exit_3_is_named_and_resume_completes(
+def test_launch_style_script_under_torchrun_exit_3_is_named_and_resume_completes(
     slurm_cluster: SlurmCluster, ws: ScriptWorkspace
 ) -> None:
-    """A ``torch.distributed.launch`` script (``--local_rank``) whose rank 3 exits 3 at step 2: the job fails at
-    once and names rank 3 on n2 with its exit code and last lines; ``resume`` continues from its checkpoint."""
+    """A ``torch.distributed.launch`` script (``--local_rank``) run by ``launcher: torchrun`` (launch's
+    successor: one Slurm task per node starts torchrun, each rank it starts runs the script). Its rank 3 exits
+    3 at step 2: the job fails at once and names rank 3 on n2 with its exit code and last lines; ``resume``
+    continues from its checkpoint and completes. One job for both launchers' checks (CI time)."""
     args = ["--local_rank={local_rank}", "--steps", "6", "--fail-rank", "3", "--fail-step", "2"]
-    run = ws.submit(ws.spec("launch_style", {"path": "launch_local_rank.py", "args": args}))
+    spec = ws.spec("launch_style", {"path": "launch_local_rank.py", "args": args}, launcher="torchrun")
+    run = ws.submit(spec)
     assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "FAILED", task_logs(run.run_dir)
     summary = run.summary()
     named = {key: summary.get(key) for key in ("status", "failed_rank", "failed_node", "failed_exit_code")}
@@ -136,7 +139,11 @@ def test_launch_style_script_exit_3_is_named_and_resume_completes(
     assert (summary["status"], summary["restarts"]) == ("completed", 1), summary
     assert "failed_rank" not in summary, "a new start forgets the last one's failure"
     assert steps_trained(run.run_dir) == list(range(6)) and starts(run.run_dir) == [(0, 0), (1, 2)]
-    assert_layout(run, 1, job_id=resumed.json()["job_id"])
+    job_id = resumed.json()["job_id"]
+    assert_layout(run, 1, job_id=job_id)
+    assert all(env_report(run.run_dir, 1, rank)["TORCHELASTIC_RUN_ID"] == job_id for rank in range(4))
+    logs = hpctrain(ws.env, "logs", str(run.run_dir), "--rank", "1")  # node task 1: ranks 2 and 3
+    assert "[default0]:rank 2: completed" in logs.stdout and "[default1]:rank 3: completed" in logs.stdout, logs
 
 
 def test_mp_spawn_script_per_node_completes(slurm_cluster: SlurmCluster, ws: ScriptWorkspace) -> None:
@@ -161,18 +168,6 @@ def test_mp_spawn_script_per_node_completes(slurm_cluster: SlurmCluster, ws: Scr
     sacct = slurm_cluster.run("sacct", "-n", "-P", "-o", "JobID,NTasks", "-j", run.job_id).stdout
     assert f"{run.job_id}.0|2" in sacct.split(), f"one task per node:\n{sacct}"
     assert run.summary()["status"] == "completed"
-
-
-def test_torchrun_launcher_runs_the_script_under_torchrun(slurm_cluster: SlurmCluster, ws: ScriptWorkspace) -> None:
-    """``launcher: torchrun``: one Slurm task per node starts torchrun, and each rank it starts runs the script."""
-    spec = ws.spec("torchrun", {"path": "ddp_env.py", "args": ["--steps", "4"]}, launcher="torchrun")
-    run = ws.submit(spec)
-    assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
-    assert steps_trained(run.run_dir) == list(range(4))
-    assert_layout(run, 0)
-    assert all(env_report(run.run_dir, 0, rank)["TORCHELASTIC_RUN_ID"] == run.job_id for rank in range(4))
-    logs = hpctrain(ws.env, "logs", str(run.run_dir), "--rank", "1")  # node task 1: ranks 2 and 3
-    assert "[default0]:rank 2: completed" in logs.stdout and "[default1]:rank 3: completed" in logs.stdout, logs
 
 
 @pytest.fixture

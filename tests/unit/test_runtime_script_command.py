@@ -11,6 +11,7 @@ from hpctrain.runtime.script_command import (
     command,
     environ,
     layout,
+    node_devices,
     placeholder_values,
     plan_commands,
     restart_count,
@@ -113,6 +114,24 @@ def test_a_local_run_counts_node_tasks_as_nodes() -> None:
     env = derive_task_env({**local, "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_LOCALID": "1"})
     place = layout(env, job)
     assert (place.node_rank, place.nnodes, place.world_size, place.master_addr) == (1, 2, 4, "127.0.0.1")
+
+
+def test_a_local_node_sees_its_own_gpus() -> None:
+    job = JobSpec.model_validate(
+        {
+            "name": "s",
+            "resources": {"nodes": 2, "tasks_per_node": 2, "gpus_per_node": 2},
+            "script": {"path": "/p/train.py", "per": "node"},
+        }
+    )
+    local = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": "77", "SUBMITIT_LOCAL_GLOBALID": "1"}
+    place = layout(derive_task_env({**local, "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_LOCALID": "1"}), job)
+    base = {"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c,GPU-d"}
+    mine = environ(base, place, job, run_dir="/r", job_id="77", restart=0, code=CODE, local=True)
+    assert mine["CUDA_VISIBLE_DEVICES"] == "GPU-c,GPU-d", "node 1's mp.spawn workers take cuda:0,1: its own two"
+    on_slurm = environ(base, place, job, run_dir="/r", job_id="77", restart=0, code=CODE)
+    assert on_slurm["CUDA_VISIBLE_DEVICES"] == base["CUDA_VISIBLE_DEVICES"], "a real node's GPUs are Slurm's"
+    assert node_devices("0,1,2", 1, 2) is None, "no full share: left as it is"
 
 
 def test_a_module_runs_with_its_copy_first_on_pythonpath() -> None:
