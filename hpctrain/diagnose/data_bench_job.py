@@ -166,8 +166,8 @@ def remote_measure(spec_data: dict[str, Any], profile_data: dict[str, Any], opti
 def run_on_slurm(
     spec: JobSpec, profile: ClusterProfile, options: BenchOptions, source: str, *, timeout_s: float
 ) -> BenchReport:
+    from hpctrain.launch.sbatch_script import python_command
     from hpctrain.launch.submitit_executor import SlurmExecutor
-    from hpctrain.runtime.cleanup import python_command
 
     if profile.scheduler != "slurm" or shutil.which("sbatch") is None:
         raise ClusterError(

@@ -17,8 +17,8 @@ from pathlib import Path
 from hpctrain.contract.heartbeat_files import read_heartbeats
 from hpctrain.contract.rundir import hang_claim_path, read_summary
 from hpctrain.contract.slurm import SlurmCommandError, run_slurm, show_job, slurmd_port
+from hpctrain.contract.srun_report import task_failures
 from hpctrain.healing.decide import HungRank
-from hpctrain.runtime.failures import task_failures
 
 PROBE_TIMEOUT_S = 3.0
 SILENT_BEATS = 3  # heartbeat intervals without a beat before a node is a suspect

@@ -38,11 +38,11 @@ from typing import Any
 
 from hpctrain.contract.rundir import hang_claim_path
 from hpctrain.contract.slurm import SlurmCommandError, run_slurm
+from hpctrain.contract.srun_report import first_task_failure, task_failures
 from hpctrain.healing import decide, evidence, guardian
 from hpctrain.healing.record import RECORD_EVERY_S, HealRecord, load_spec
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.node_loss import STEP_NODES_VAR
-from hpctrain.runtime.failures import first_task_failure, task_failures
 from hpctrain.runtime.master import derive_master_port
 from hpctrain.runtime.task_env import parse_hostlist
 

@@ -16,7 +16,7 @@ the step of the last complete checkpoint. A ``resume`` typed after it never
 starts beside an attempt that is still writing.
 
 A local run is stopped by signalling its controller, and only once
-``runtime/local_run.py`` has proven the PID in run.json to be the run's (start
+``launch/local_run.py`` has proven the PID in run.json to be the run's (start
 time and run token); a run whose summary is final, or whose run.json lacks
 that proof, is never signalled.
 """
@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.contract import slurm
+from hpctrain.contract.cancel_marker import write_cancel_marker
 from hpctrain.contract.rundir import RUN_FILE, Summary, latest_checkpoint_step, read_run_info, read_summary, trial_dir
 from hpctrain.contract.slurm import is_final, job_state
 from hpctrain.errors import ClusterError, RunDirError
-from hpctrain.runtime import local_run
-from hpctrain.runtime.stop import write_cancel_marker
+from hpctrain.launch import local_run
 
 # Beyond KillWait: slurmd's epilog, and rank 0 writing summary.json after the checkpoint.
 SETTLE_MARGIN_S = 10.0

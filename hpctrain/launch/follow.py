@@ -83,8 +83,8 @@ def follow_local(submitted: SubmittedRun, stream: TextIO) -> int:
 def stop_local(submitted: SubmittedRun, timeout_s: float) -> None:
     """Cancel a local submission from inside: cancel markers first (the tasks then save and stop rather
     than take the SIGTERM for a preemption), then every controller and whatever carries its run token."""
-    from hpctrain.runtime import local_run
-    from hpctrain.runtime.stop import write_cancel_marker
+    from hpctrain.contract.cancel_marker import write_cancel_marker
+    from hpctrain.launch import local_run
 
     records = [r for j in submitted.jobs if (r := getattr(j, "local_process", None)) is not None]
     for one_dir, one in zip(submitted.trial_dirs, submitted.jobs):

@@ -20,16 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.contract import job_registry, slurm
+from hpctrain.contract.cancel_marker import clear_cancel_marker
 from hpctrain.contract.rundir import read_run_info, spec_path
 from hpctrain.contract.runfiles import printable
 from hpctrain.contract.slurm import is_final, job_state
 from hpctrain.errors import UsageError
 from hpctrain.jobspec.batch import reshape_problem
 from hpctrain.jobspec.load import LoadedJob, load_job, parse_override
+from hpctrain.launch import local_run
 from hpctrain.launch.study import read_study, study_dir_of
 from hpctrain.launch.submission import SubmittedRun, resubmit
-from hpctrain.runtime import local_run
-from hpctrain.runtime.stop import clear_cancel_marker
 
 
 def refuse_while_writing(run_dir: Path, info: dict[str, Any]) -> None:

@@ -38,9 +38,8 @@ from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.profiles import ClusterProfile
 from hpctrain.jobspec.slurm_time import seconds_to_minutes
 from hpctrain.jobspec.yaml_source import dump_yaml
-from hpctrain.launch.sbatch_script import render_sbatch, signal_parameter, slurm_mem, task_command
+from hpctrain.launch.sbatch_script import python_command, render_sbatch, signal_parameter, slurm_mem, task_command
 from hpctrain.launch.templates import render_preamble, render_slurm_relay
-from hpctrain.runtime.cleanup import python_command
 
 if TYPE_CHECKING:
     import submitit
@@ -179,7 +178,7 @@ def build_executor(job: LoadedJob, backend: Backend, run_dir: Path) -> submitit.
 
     folder = submitit_dir(run_dir)
     if backend == "local":
-        # Its controller carries a run token; run.json records what proves it (runtime/local_run.py).
+        # Its controller carries a run token; run.json records what proves it (launch/local_run.py).
         executor: submitit.Executor = LocalExecutor(folder=folder)
         executor.update_parameters(**local_parameters(job.spec))
     else:
@@ -366,7 +365,7 @@ def _local_record(job: submitit.Job) -> dict[str, Any]:
 
     A resumed run replaces the record of its previous attempt, whose controller has ended.
     """
-    from hpctrain.runtime.local_run import RECORD_KEY
+    from hpctrain.launch.local_run import RECORD_KEY
 
     record = getattr(job, "local_process", None)
     return {RECORD_KEY: record.as_json()} if record is not None else {}

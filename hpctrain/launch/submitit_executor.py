@@ -15,8 +15,8 @@ import sys
 
 import submitit
 
+from hpctrain.launch import local_run
 from hpctrain.launch.sbatch_script import render_sbatch
-from hpctrain.runtime import local_run
 
 PR_SET_PDEATHSIG = 1
 
@@ -39,7 +39,7 @@ class LocalExecutor(submitit.LocalExecutor):
     """submitit's local executor, whose controller carries a run token and records what proves it.
 
     The controller is started as submitit's ``start_controller`` does (same
-    environment variables), plus the run's token (``runtime/local_run.py``) and,
+    environment variables), plus the run's token (``launch/local_run.py``) and,
     on Linux, a parent-death signal: a ``submit --local`` that dies takes the
     controller, and through it the tasks, along. ``job.local_process`` is the
     record for run.json.

@@ -15,7 +15,7 @@ from hpctrain.contract.rundir import read_run_info, read_summary, task_log_path
 from hpctrain.contract.runfiles import copy_out, tail_lines
 from hpctrain.contract.slurm import is_final, job_state
 from hpctrain.errors import RunDirError
-from hpctrain.runtime import local_run
+from hpctrain.launch import local_run
 
 FOLLOW_POLL_S = 1.0
 
@@ -58,7 +58,7 @@ def follow(path: Path, offset: int, run_dir: Path, info: dict[str, Any], out: Te
 
 def job_writes_no_more(run_dir: Path, info: dict[str, Any]) -> bool:
     """Whether the job will write no more: Slurm says it ended; a local run's summary is final or its
-    controller is provably gone (``runtime.local_run``: the PID alone proves nothing)."""
+    controller is provably gone (``launch/local_run.py``: the PID alone proves nothing)."""
     if info.get("backend") != "local":
         return is_final(job_state(str(info.get("job_id") or "")))
     summary = read_summary(run_dir)

@@ -22,12 +22,12 @@ from hpctrain.contract.rundir import RUN_FILE, Summary, parse_summary, read_run_
 from hpctrain.contract.runfiles import plausible, read_tail
 from hpctrain.contract.slurm import job_state
 from hpctrain.contract.slurm_states import ended_unsuccessfully, is_final, is_pending, succeeded, was_cancelled
+from hpctrain.contract.srun_report import first_task_failure
 from hpctrain.errors import ClusterError, RunDirError
+from hpctrain.launch import local_run
 from hpctrain.observe.live_status import RankView, rank_views
 from hpctrain.observe.logs import log_path
 from hpctrain.observe.node_losses import node_loss_text
-from hpctrain.runtime import local_run
-from hpctrain.runtime.failures import first_task_failure
 
 PROGRESS_KEYS = (
     "status",

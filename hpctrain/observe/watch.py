@@ -26,10 +26,10 @@ from typing import Literal, TextIO
 from hpctrain.contract import slurm
 from hpctrain.contract.rundir import Summary, metrics_path, parse_summary, read_run_info, read_summary
 from hpctrain.errors import ClusterError
+from hpctrain.launch import local_run
 from hpctrain.observe.live_status import MetricsTail, Snapshot, build_snapshot, read_run
 from hpctrain.observe.live_view import final_lines, plain_changes, rich_view
 from hpctrain.observe.run_status import display_status, reconcile
-from hpctrain.runtime import local_run
 
 MIN_INTERVAL_S = 2.0
 DEFAULT_INTERVAL_S = 5.0

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpctrain.runtime.cleanup import RUN_TOKEN_ENV
+from hpctrain.contract.process_tokens import RUN_TOKEN_ENV
 
 pytestmark = pytest.mark.local_dist
 

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.local_dist
 WORKER = """
 import json, os, signal, sys
 import torch.distributed as dist
-from hpctrain.runtime.stop import StopRequest, all_reduce_max, cancel_marker_paths, install_handlers
+from hpctrain.contract.cancel_marker import cancel_marker_paths
+from hpctrain.runtime.stop import StopRequest, all_reduce_max, install_handlers
 
 rank, port, run_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -44,7 +45,7 @@ def free_port() -> int:
 
 def test_one_ranks_flag_is_agreed_by_both(tmp_path: Path) -> None:
     pytest.importorskip("torch.distributed")
-    from hpctrain.runtime.stop import write_cancel_marker
+    from hpctrain.contract.cancel_marker import write_cancel_marker
 
     write_cancel_marker(tmp_path, ["77"])  # only a SIGTERM turns into a cancel
     script = tmp_path / "worker.py"

@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 
 from hpctrain.contract.rundir import atomic_write_text, write_run_info
-from hpctrain.runtime.cleanup import RUN_TOKEN_ENV
+from hpctrain.contract.process_tokens import RUN_TOKEN_ENV
 
 root = Path(sys.argv[1])
 TOKEN = "a" * 32

@@ -58,13 +58,10 @@ def test_the_tail_skips_garbage_and_reads_a_bounded_end(tmp_path: Path) -> None:
 
 
 def test_the_cancel_marker_belongs_to_the_contract(tmp_path: Path) -> None:
-    from hpctrain.runtime import stop
-
     path = cancel_marker.write_cancel_marker(tmp_path, ["12", "7"])
     assert path == rundir.cancel_marker_path(tmp_path)
     assert json.loads(path.read_text())["job_ids"] == ["12", "7"]
     assert cancel_marker.marker_applies(path, ["7"]) and not cancel_marker.marker_applies(path, ["8"])
-    assert stop.write_cancel_marker is cancel_marker.write_cancel_marker  # the runtime obeys the same marker
 
 
 def test_names_of_the_run_directory(tmp_path: Path) -> None:

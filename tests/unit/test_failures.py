@@ -8,17 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.contract.srun_report import TaskFailure, first_task_failure, parse_task_list
 from hpctrain.errors import ClusterError
-from hpctrain.runtime.failures import (
-    FailureWatch,
-    StepLog,
-    TaskFailure,
-    first_failure,
-    first_task_failure,
-    looks_like_peer_failure,
-    parse_task_list,
-    record_failure,
-)
+from hpctrain.runtime.failures import FailureWatch, StepLog, first_failure, looks_like_peer_failure, record_failure
 
 # What srun wrote when rank 3 of a 2 x 2 job was killed with SIGKILL (Slurm 22.05, measured).
 KILLED_RANK_3 = """\

@@ -16,6 +16,7 @@ from hpctrain.contract.rundir import (
     write_json_atomic,
     write_summary,
 )
+from hpctrain.contract.srun_report import TaskFailure
 from hpctrain.jobspec.models import Distributed
 from hpctrain.runtime import failures
 from hpctrain.runtime.hang import (
@@ -138,7 +139,7 @@ def test_the_hang_is_merged_into_the_summary(tmp_path: Path) -> None:
 
 def test_srun_reporting_the_exits_afterwards_keeps_the_hang_report(tmp_path: Path) -> None:
     record_hang(tmp_path, hang_report([beat(2, "n2", 1, "data", 0.0)], "9", now=30.0, run_dir=tmp_path) or {})
-    failures.record_failure(tmp_path, failures.TaskFailure(0, "n1", f"Exited with exit code {HANG_EXIT_CODE}"))
+    failures.record_failure(tmp_path, TaskFailure(0, "n1", f"Exited with exit code {HANG_EXIT_CODE}"))
     summary = read_summary(tmp_path)
     assert summary is not None and summary.failed_rank == 2 and summary.failed_reason.startswith("hang: rank 2")
 

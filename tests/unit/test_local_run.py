@@ -1,4 +1,4 @@
-"""A local run's PID is signalled only once it is proven to be the run's (runtime/local_run.py).
+"""A local run's PID is signalled only once it is proven to be the run's (launch/local_run.py).
 
 Every test that could signal stubs the signalling calls so that a bug fails
 the test instead of killing the test machine's processes; the real signals
@@ -19,12 +19,13 @@ import psutil
 import pytest
 
 from hpctrain.cli import cmd_cancel
+from hpctrain.contract.process_tokens import RUN_TOKEN_ENV
 from hpctrain.contract.rundir import atomic_write_text, cancel_marker_path, trial_dir, write_run_info
 from hpctrain.errors import RunDirError
+from hpctrain.launch import local_run
 from hpctrain.observe.run_status import run_status
 from hpctrain.observe.watch import watch
-from hpctrain.runtime import local_run
-from hpctrain.runtime.cleanup import RUN_TOKEN_ENV, reaper_environ
+from hpctrain.runtime.cleanup import reaper_environ
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 

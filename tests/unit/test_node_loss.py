@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from hpctrain.contract.rundir import read_summary, write_summary
+from hpctrain.contract.srun_report import TaskFailure
 from hpctrain.errors import DistributedSetupError, SpecError
 from hpctrain.healing import decide as healing
 from hpctrain.healing.decide import Blame, StepOutcome
@@ -18,7 +19,6 @@ from hpctrain.jobspec import node_loss
 from hpctrain.jobspec.load import load_job
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.launch.submission import render_script
-from hpctrain.runtime.failures import TaskFailure
 from hpctrain.trainer.reporting import Reporter
 
 REPO = Path(__file__).resolve().parents[2]

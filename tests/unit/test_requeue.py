@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from hpctrain.contract.cancel_marker import cancel_marker_paths, write_cancel_marker
 from hpctrain.contract.slurm import parse_job_record, requeue_command
 from hpctrain.errors import ClusterError
 from hpctrain.jobspec.models import Signals
@@ -23,7 +24,7 @@ from hpctrain.runtime.requeue import (
     requeue_job,
     show_job,
 )
-from hpctrain.runtime.stop import StopRequest, cancel_marker_paths, write_cancel_marker
+from hpctrain.runtime.stop import StopRequest
 from hpctrain.runtime.task_env import derive_task_env
 
 ENV = TaskEnv(

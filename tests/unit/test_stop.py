@@ -10,16 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.runtime.stop import (
-    StopRequest,
+from hpctrain.contract.cancel_marker import (
     cancel_marker,
     cancel_marker_paths,
     clear_cancel_marker,
-    install_handlers,
     marker_applies,
-    restore_handlers,
     write_cancel_marker,
 )
+from hpctrain.runtime.stop import StopRequest, install_handlers, restore_handlers
 
 
 @pytest.fixture

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
+from hpctrain.contract.srun_report import first_task_failure
 from hpctrain.errors import SpecError
 from hpctrain.jobspec.load import load_job
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.profiles import BUILTIN_PROFILES, apply_profile
 from hpctrain.launch.submission import slurm_parameters, task_launchers
-from hpctrain.runtime.failures import first_task_failure
 from hpctrain.runtime.launcher import TaskLauncher
 from hpctrain.runtime.task_env import derive_task_env
 from hpctrain.runtime.torchrun_node import (

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from hpctrain.runtime.cleanup import RUN_TOKEN_ENV, find_token_processes, kill_token_processes, new_token
+from hpctrain.contract.process_tokens import RUN_TOKEN_ENV, find_token_processes, kill_token_processes, new_token
 
 if TYPE_CHECKING:
     import psutil
