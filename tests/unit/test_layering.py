@@ -12,6 +12,9 @@ imported). Each rule fails with the list of offending imports, as
   never imports torch, torchvision or ``hpctrain.trainer`` (login nodes are
   slow and shared). A function-level import inside a helper that only runs
   where torch belongs may be let through by :data:`TASK_ONLY`.
+* The login side imports ``hpctrain.runtime`` only for what is pickled into
+  the job (the task launchers), or where :data:`RUNTIME_ON_THE_LOGIN_SIDE`
+  says why: ``runtime/`` is the tasks' package, not a library for the login side.
 * At most five modules lie loose in ``hpctrain/``.
 """
 
@@ -40,6 +43,18 @@ TASK_ONLY = {
         "only after the spec and data root are checked"
     ),
     ("hpctrain.diagnose.data_bench_job", "measure", "hpctrain.trainer"): "the same measurement: the trainer's pipeline",
+}
+
+# (login-side module, runtime module it imports) -> why.
+RUNTIME_ON_THE_LOGIN_SIDE = {
+    ("hpctrain.launch.submission", "hpctrain.runtime.launcher"): "the task launcher submitit pickles into the job",
+    ("hpctrain.launch.submission", "hpctrain.runtime.torchrun_node"): "the torchrun node launcher, pickled likewise",
+    ("hpctrain.launch.dry_run", "hpctrain.runtime.rank_plan"): (
+        "--dry-run prints each rank's device and backend from the tasks' own decisions, so the table cannot drift"
+    ),
+    ("hpctrain.dataset.mount_release", "hpctrain.runtime.cleanup"): (
+        "runs in a task only: the node's mount watcher starts and detaches as the task's reaper does"
+    ),
 }
 
 
@@ -139,6 +154,26 @@ def test_the_login_side_never_imports_torch_or_the_trainer() -> None:
     )
     stale = set(TASK_ONLY) - allowed
     assert not stale, f"TASK_ONLY entries no longer needed, remove them: {sorted(stale)}"
+
+
+def test_the_login_side_imports_the_runtime_only_for_the_job() -> None:
+    found, allowed = [], set()
+    for item in ALL_IMPORTS:
+        side = item.module.split(".")[1] if item.module.count(".") else ""
+        if side not in LOGIN_SIDE or not is_under(item.name, "hpctrain.runtime") or item.name == "hpctrain.runtime":
+            continue
+        key = next((k for k in RUNTIME_ON_THE_LOGIN_SIDE if k[0] == item.module and is_under(item.name, k[1])), None)
+        if key is not None:
+            allowed.add(key)
+        else:
+            found.append(item)
+    assert not found, (
+        "login-side code imports hpctrain.runtime (the tasks' package); move what both sides need into contract/, "
+        "what the login side needs to its own package, or (for what is pickled into the job) add it to "
+        "RUNTIME_ON_THE_LOGIN_SIDE with the reason:" + offenders(found)
+    )
+    stale = set(RUNTIME_ON_THE_LOGIN_SIDE) - allowed
+    assert not stale, f"RUNTIME_ON_THE_LOGIN_SIDE entries no longer needed, remove them: {sorted(stale)}"
 
 
 def test_few_modules_lie_loose_in_the_package() -> None:
