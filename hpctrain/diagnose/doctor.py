@@ -23,23 +23,14 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from hpctrain.contract.slurm import (
-    Runner,
-    parse_associations,
-    parse_config,
-    parse_nodes,
-    parse_partitions,
-    run_slurm,
-)
+from hpctrain.contract.slurm import Slurm
 from hpctrain.diagnose import filesystems
 from hpctrain.diagnose.data_bench import gpu_type, spec_demand
 from hpctrain.diagnose.filesystems import FileRate
@@ -49,7 +40,6 @@ from hpctrain.errors import ClusterError
 from hpctrain.jobspec.lead_time import STOP_OVERHEAD_S, estimated_save_s, lead_time_warning
 from hpctrain.jobspec.load import LoadedJob
 
-CLIENTS = ("sbatch", "squeue", "sacct", "scontrol", "scancel")
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp"})
 SAMPLE_CLASSES = 5
 SAMPLE_FILES = 20
@@ -63,63 +53,62 @@ Check = Finding  # doctor's name for a finding (every check yields some)
 # ------------------------------------------------------------------ what Slurm says
 
 
+T = TypeVar("T")
+DOCTOR_TIMEOUT_S = 15.0
+
+
 class ClusterView:
-    """Slurm's answers, asked once each; a failed question is remembered as its error."""
+    """Slurm's answers (through the one client), asked once each; a failed question is remembered as its error."""
 
-    def __init__(self, runner: Runner = subprocess.run, which: Callable[[str], str | None] = shutil.which) -> None:
-        self.runner, self.which = runner, which
+    def __init__(self, slurm: Slurm | None = None) -> None:
+        self.slurm = slurm or Slurm()
 
-    def ask(self, *command: str) -> str | ClusterError:
+    def missing_clients(self) -> list[str]:
+        return self.slurm.missing_clients()
+
+    @staticmethod
+    def ask(question: Callable[[], T]) -> T | ClusterError:
         try:
-            return run_slurm(list(command), timeout_s=15.0, runner=self.runner)
+            return question()
         except ClusterError as exc:
             return exc
 
     @cached_property
     def version(self) -> str | ClusterError:
-        return self.ask("sbatch", "--version")
+        return self.ask(lambda: self.slurm.version_text(timeout_s=DOCTOR_TIMEOUT_S))
 
     @cached_property
     def ping(self) -> str | ClusterError:
-        return self.ask("scontrol", "ping")
+        return self.ask(lambda: self.slurm.ping(timeout_s=DOCTOR_TIMEOUT_S))
 
     @cached_property
     def accounting(self) -> str | ClusterError:
-        return self.ask("sacct", "-n", "-X", "-P", "-S", "now-1hours", "-o", "JobID")
+        return self.ask(lambda: self.slurm.accounting(timeout_s=DOCTOR_TIMEOUT_S))
 
     @cached_property
     def config(self) -> dict[str, str]:
-        answer = self.ask("scontrol", "show", "config")
-        if isinstance(answer, ClusterError):
-            return {}
-        return parse_config(answer)
+        answer = self.ask(lambda: self.slurm.config(timeout_s=DOCTOR_TIMEOUT_S))
+        return {} if isinstance(answer, ClusterError) else answer
 
     @cached_property
     def partitions(self) -> dict[str, dict[str, str]] | ClusterError:
-        answer = self.ask("scontrol", "--oneliner", "show", "partition")
-        return answer if isinstance(answer, ClusterError) else parse_partitions(answer)
+        return self.ask(lambda: self.slurm.partitions(timeout_s=DOCTOR_TIMEOUT_S))
 
     @cached_property
     def nodes(self) -> list[dict[str, str]]:
-        answer = self.ask("scontrol", "--oneliner", "show", "node")
-        if isinstance(answer, ClusterError):
-            return []
-        return parse_nodes(answer)
+        answer = self.ask(lambda: self.slurm.nodes(timeout_s=DOCTOR_TIMEOUT_S))
+        return [] if isinstance(answer, ClusterError) else answer
 
     @cached_property
     def associations(self) -> list[dict[str, str]] | None:
-        if self.which("sacctmgr") is None:
-            return None
-        user = os.environ.get("USER") or os.environ.get("LOGNAME") or ""
-        answer = self.ask("sacctmgr", "-n", "-P", "show", "assoc", f"user={user}", "format=Account,Partition,QOS")
-        return None if isinstance(answer, ClusterError) else parse_associations(answer)
+        return self.slurm.associations(timeout_s=DOCTOR_TIMEOUT_S)
 
 
 # ------------------------------------------------------------------ Slurm checks (pure over the view)
 
 
 def check_slurm(view: ClusterView) -> list[Finding]:
-    missing = [name for name in CLIENTS if view.which(name) is None]
+    missing = view.missing_clients()
     if "sbatch" in missing:
         return [
             Finding(

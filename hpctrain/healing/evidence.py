@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hpctrain.contract.heartbeat_files import read_heartbeats
 from hpctrain.contract.rundir import hang_claim_path, read_summary
-from hpctrain.contract.slurm import SlurmCommandError, run_slurm, show_job, slurmd_port
+from hpctrain.contract.slurm import Slurm, SlurmCommandError
 from hpctrain.contract.srun_report import task_failures
 from hpctrain.healing.decide import HungRank
 
@@ -70,7 +70,8 @@ def hung_rank(run_dir: Path, job_id: str) -> HungRank | None:
 class NodeProbe:
     """Asks Slurm and the nodes' slurmd whether nodes and the job are still there."""
 
-    def __init__(self) -> None:
+    def __init__(self, slurm: Slurm | None = None) -> None:
+        self.slurm = slurm or Slurm()
         self._slurmd_port: int | None = None
 
     def lost_reason(self, node: str) -> str | None:
@@ -87,20 +88,19 @@ class NodeProbe:
 
     def slurmd_port(self) -> int:
         if self._slurmd_port is None:
-            self._slurmd_port = slurmd_port()
+            self._slurmd_port = self.slurm.slurmd_port()
         return self._slurmd_port
 
     def node_states(self, nodes: Sequence[str]) -> dict[str, str]:
         """``sinfo``'s state of each of ``nodes`` (none when Slurm does not answer)."""
         try:
-            out = run_slurm(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T"])
+            return self.slurm.node_states(nodes)
         except SlurmCommandError:
             return {}
-        return dict(line.split(None, 1) for line in out.splitlines() if len(line.split()) == 2)
 
     def job_running(self, job_id: str) -> bool:
         """Whether Slurm still runs the job (True when it cannot tell: carry on as if it does)."""
         try:
-            return show_job(job_id).get("JobState") == "RUNNING"
+            return self.slurm.show_job(job_id).get("JobState") == "RUNNING"
         except SlurmCommandError:
             return True

@@ -31,7 +31,7 @@ from hpctrain.contract.rundir import (
     write_json_atomic,
     write_summary,
 )
-from hpctrain.contract.slurm import SlurmCommandError, requeue_job, run_slurm
+from hpctrain.contract.slurm import Slurm, SlurmCommandError
 from hpctrain.healing import decide
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.yaml_source import read_spec_file
@@ -124,7 +124,7 @@ class HealRecord:
             self.fail(f"{why}; no requeue left (signals.max_requeues)")
             return 1
         try:
-            requeue_job(self.job_id)
+            Slurm().requeue_job(self.job_id)
         except SlurmCommandError as exc:
             self.say(f"could not requeue: {exc}")
             self.fail(f"{why}; requeue failed: {exc}")
@@ -138,8 +138,7 @@ class HealRecord:
         process (``exec``), so the requeue's SIGTERM leaves it KillWait to say it."""
         if not self.excluded:
             return
-        update = ["scontrol", "update", f"JobId={self.job_id}", f"ExcNodeList={','.join(self.excluded)}"]
         try:
-            run_slurm(update)
+            Slurm().exclude_nodes(self.job_id, self.excluded)
         except SlurmCommandError as exc:
             self.say(f"could not keep {','.join(self.excluded)} out of the next start: {exc}")

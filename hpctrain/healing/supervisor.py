@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.contract.rundir import hang_claim_path
-from hpctrain.contract.slurm import SlurmCommandError, run_slurm
+from hpctrain.contract.slurm import Slurm, SlurmCommandError
 from hpctrain.contract.srun_report import first_task_failure, task_failures
 from hpctrain.healing import decide, evidence, guardian
 from hpctrain.healing.record import RECORD_EVERY_S, HealRecord, load_spec
@@ -245,15 +245,15 @@ class Supervisor:
 
     def end_step(self, step: RunningStep) -> None:
         """Kill the step's tasks on the nodes that still answer, then the srun client waiting for the lost one."""
+        slurm = Slurm()
         try:
-            listed = run_slurm(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i %j"]).splitlines()
+            listed = slurm.job_steps(self.job_id)
         except SlurmCommandError:
             listed = []
-        for line in listed:
-            step_id, _, name = line.partition(" ")
-            if step_id.rpartition(".")[2].isdigit() and name.strip() != guardian.STEP_NAME:
+        for step_id, name in listed:
+            if step_id.rpartition(".")[2].isdigit() and name != guardian.STEP_NAME:
                 try:
-                    run_slurm(["scancel", "--signal=KILL", step_id])
+                    slurm.kill_step(step_id)
                 except SlurmCommandError:
                     pass
         try:

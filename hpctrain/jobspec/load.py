@@ -439,9 +439,9 @@ def _sweep_fits(spec: JobSpec, profile: ClusterProfile, positions: dict, problem
     count = sweep_size(spec.sweep)
     if count <= 1:
         return True
-    from hpctrain.contract import slurm  # only sweeps need it (and only sweeps on Slurm ask the cluster)
+    from hpctrain.contract.slurm import DEFAULT_MAX_ARRAY_SIZE, Slurm  # only sweeps need it (and only on Slurm ask)
 
-    limit = slurm.max_array_size() if profile.scheduler == "slurm" else slurm.DEFAULT_MAX_ARRAY_SIZE
+    limit = Slurm().max_array_size() if profile.scheduler == "slurm" else DEFAULT_MAX_ARRAY_SIZE
     if count <= limit:
         return True
     sizes = " x ".join(str(len(values)) for values in spec.sweep.values())

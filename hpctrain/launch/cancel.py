@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.contract import slurm
 from hpctrain.contract.cancel_marker import write_cancel_marker
 from hpctrain.contract.rundir import RUN_FILE, Summary, latest_checkpoint_step, read_run_info, read_summary, trial_dir
-from hpctrain.contract.slurm import is_final, job_state
+from hpctrain.contract.slurm import Slurm, SlurmCommandError, WaitTimedOut, checked_job_id
+from hpctrain.contract.slurm_states import is_final
 from hpctrain.errors import ClusterError, RunDirError
 from hpctrain.launch import local_run
 
@@ -59,12 +59,13 @@ class Cancelled:
     checkpoint_step: int | None
 
 
-def cancel_run(run_dir: Path, timeout_s: float = DEFAULT_TIMEOUT_S) -> Cancelled:
+def cancel_run(run_dir: Path, timeout_s: float = DEFAULT_TIMEOUT_S, *, slurm: Slurm | None = None) -> Cancelled:
     """Cancel one run's job and wait until none of its processes is left; where it stands then.
 
     Raises ``RunDirError`` for a run.json that names no job of this run (nothing is signalled),
     ``ClusterError`` when Slurm does not end the job within ``timeout_s``.
     """
+    slurm = slurm or Slurm()
     info = read_run_info(run_dir)
     job_id = str(info.get("job_id", ""))
     limit_s = 0.0
@@ -74,7 +75,7 @@ def cancel_run(run_dir: Path, timeout_s: float = DEFAULT_TIMEOUT_S) -> Cancelled
     else:
         job_id = _slurm_job_id(run_dir, job_id)  # before anything is written or sent
         write_cancel_marker(run_dir, [job_id])
-        state = _cancel_slurm(job_id, timeout_s)
+        state = _cancel_slurm(slurm, job_id, timeout_s)
         limit_s = slurm.kill_wait_s() + SETTLE_MARGIN_S
         summary, settled = wait_to_settle(run_dir, lambda: slurm.processes_may_run(job_id), limit_s)
     status = summary.status or "unknown"
@@ -83,7 +84,7 @@ def cancel_run(run_dir: Path, timeout_s: float = DEFAULT_TIMEOUT_S) -> Cancelled
     return Cancelled(run_dir, job_id, state, status, settled, limit_s, latest_checkpoint_step(run_dir))
 
 
-def ended_already(run_dir: Path) -> str | None:
+def ended_already(run_dir: Path, *, slurm: Slurm | None = None) -> str | None:
     """Why there is nothing of the run left to cancel (its job ended and no process of it is left),
     or None when a cancel has something to do; asks before anything is written or signalled.
 
@@ -97,9 +98,10 @@ def ended_already(run_dir: Path) -> str | None:
             return f"its summary is final (status {summary.status})"
         return "its process is gone" if local_run.liveness(info) == "gone" else None
     job_id = str(info.get("job_id") or "")
+    slurm = slurm or Slurm()
     if not job_id or not slurm.available():
         return None  # cancel_run says what is wrong with it
-    state = job_state(_slurm_job_id(run_dir, job_id))
+    state = slurm.job_state(_slurm_job_id(run_dir, job_id))
     if is_final(state) and not slurm.processes_may_run(job_id):
         return f"job {job_id} ended {state}"
     return None
@@ -127,26 +129,23 @@ def wait_to_settle(
 def _slurm_job_id(run_dir: Path, job_id: str) -> str:
     """run.json's job id, refused (naming the file) unless it names exactly one Slurm job."""
     try:
-        return slurm.checked_job_id(job_id)
-    except slurm.SlurmCommandError as exc:
+        return checked_job_id(job_id)
+    except SlurmCommandError as exc:
         raise RunDirError(f"{run_dir / RUN_FILE}: {exc}", hint=exc.hint) from None
 
 
-def _cancel_slurm(job_id: str, timeout_s: float) -> str:
-    state = job_state(job_id)
+def _cancel_slurm(slurm: Slurm, job_id: str, timeout_s: float) -> str:
+    state = slurm.job_state(job_id)
     if is_final(state):
         return f"already ended ({state})"
     slurm.cancel_job(job_id)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        state = job_state(job_id)
-        if is_final(state):
-            return state
-        time.sleep(1.0)
-    raise ClusterError(
-        f"job {job_id} is still {state} {timeout_s:.0f} s after scancel",
-        hint="a node may be unresponsive; ask the admins, or check 'scontrol show job " + job_id + "'",
-    )
+    try:
+        return slurm.wait_for(job_id, timeout_s=timeout_s, poll_s=1.0)
+    except WaitTimedOut as exc:
+        raise ClusterError(
+            f"job {job_id} is still {exc.state} {timeout_s:.0f} s after scancel",
+            hint="a node may be unresponsive; ask the admins, or check 'scontrol show job " + job_id + "'",
+        ) from None
 
 
 def _cancel_local_trials(run_dir: Path, info: dict, timeout_s: float) -> str:

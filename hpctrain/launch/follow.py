@@ -19,6 +19,7 @@ from typing import TextIO
 
 from hpctrain.contract.rundir import Summary, read_summary
 from hpctrain.contract.runfiles import copy_out
+from hpctrain.contract.slurm import Slurm
 from hpctrain.contract.slurm_states import succeeded
 from hpctrain.errors import ClusterError
 from hpctrain.launch.submission import SubmittedRun
@@ -92,11 +93,9 @@ def stop_local(submitted: SubmittedRun, timeout_s: float) -> None:
     local_run.stop(records, timeout_s)
 
 
-def wait_for_job(submitted: SubmittedRun) -> str:
+def wait_for_job(submitted: SubmittedRun, slurm: Slurm | None = None) -> str:
     """Block until Slurm says the job ended; its final state."""
-    from hpctrain.contract.slurm import wait_until_done
-
-    return wait_until_done(submitted.job_id)
+    return (slurm or Slurm()).wait_for(submitted.job_id)
 
 
 def wait_slurm(submitted: SubmittedRun, *, quiet: bool) -> int:

@@ -13,23 +13,27 @@ from typing import TYPE_CHECKING
 from hpctrain.jobspec.lead_time import lead_time_warning
 
 if TYPE_CHECKING:  # the rest is imported where used: 'hpctrain validate' prints warnings from here, and stays light
+    from hpctrain.contract.slurm import Slurm
     from hpctrain.jobspec.load import LoadedJob
     from hpctrain.launch.submission import SubmittedRun
 
 
-def check_before_queueing(job: LoadedJob, *, local: bool) -> list[str]:
+def check_before_queueing(job: LoadedJob, *, local: bool, slurm: Slurm | None = None) -> list[str]:
     """Refuse (``SpecError``) what would certainly fail after the queue wait; the warnings about what might."""
-    from hpctrain.contract import slurm
+    from hpctrain.contract.slurm import Slurm
     from hpctrain.diagnose.preflight import raise_for_errors, run_preflight, study_findings
     from hpctrain.launch.submission import backend_for
 
     slurm_backend = backend_for(job, local) == "slurm"
+    slurm = slurm or Slurm()
     if slurm_backend and not slurm.available():
         return []  # submit() says that this machine cannot submit, which comes first
     if job.is_study:  # every point, each finding once, naming the points it concerns
-        findings = study_findings([(p.label, run_preflight(p.job, slurm_backend=slurm_backend)) for p in job.points])
+        findings = study_findings(
+            [(p.label, run_preflight(p.job, slurm_backend=slurm_backend, slurm=slurm)) for p in job.points]
+        )
     else:
-        findings = run_preflight(job, slurm_backend=slurm_backend)
+        findings = run_preflight(job, slurm_backend=slurm_backend, slurm=slurm)
     warnings = [f"{job.source}: {f.key}: {f.message}" for f in findings if f.level == "warning"]
     raise_for_errors(job, findings)
     return warnings

@@ -19,11 +19,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract import job_registry, slurm
+from hpctrain.contract import job_registry
 from hpctrain.contract.cancel_marker import clear_cancel_marker
 from hpctrain.contract.rundir import read_run_info, spec_path
 from hpctrain.contract.runfiles import printable
-from hpctrain.contract.slurm import is_final, job_state
+from hpctrain.contract.slurm import Slurm
+from hpctrain.contract.slurm_states import is_final
 from hpctrain.errors import UsageError
 from hpctrain.jobspec.batch import reshape_problem
 from hpctrain.jobspec.load import LoadedJob, load_job, parse_override
@@ -32,7 +33,7 @@ from hpctrain.launch.study import read_study, study_dir_of
 from hpctrain.launch.submission import SubmittedRun, resubmit
 
 
-def refuse_while_writing(run_dir: Path, info: dict[str, Any]) -> None:
+def refuse_while_writing(run_dir: Path, info: dict[str, Any], *, slurm: Slurm | None = None) -> None:
     """Raise UsageError while the run's previous attempt may still write into ``run_dir``."""
     job_id = str(info.get("job_id", ""))
     if info.get("backend") == "local":
@@ -42,9 +43,10 @@ def refuse_while_writing(run_dir: Path, info: dict[str, Any]) -> None:
                 hint=f"wait for it, or stop it first with 'hpctrain cancel {run_dir}'",
             )
         return
+    slurm = slurm or Slurm()
     if not job_id or not slurm.available():
         return  # submitted from elsewhere; resubmitting needs Slurm, which will say so
-    state = job_state(job_id)
+    state = slurm.job_state(job_id)
     if not is_final(state):
         raise UsageError(
             f"job {job_id} of this run is still {state}",

@@ -212,8 +212,10 @@ class SubmittedRun:
 def submit(job: LoadedJob, *, local: bool = False, run_dir: Path | None = None, snapshot: bool = True) -> SubmittedRun:
     """Create the run directory (a new one, or ``run_dir``: a study's point), write the resolved spec,
     copy the user's code, and submit."""
+    from hpctrain.contract.slurm import Slurm  # here: --dry-run need not load it
+
     backend = backend_for(job, local)
-    if backend == "slurm" and shutil.which("sbatch") is None:
+    if backend == "slurm" and not Slurm().available():
         raise ClusterError(
             f"{job.source}: cluster '{job.profile.name}' needs Slurm, but 'sbatch' is not on this machine",
             hint=f"run it here with 'hpctrain submit {job.source} --local', or submit from a login node",
@@ -248,8 +250,10 @@ def submit(job: LoadedJob, *, local: bool = False, run_dir: Path | None = None, 
 
 def resubmit(run_dir: Path, job: LoadedJob, *, local: bool = False) -> SubmittedRun:
     """Continue an existing run as a new job in the same run directory."""
+    from hpctrain.contract.slurm import Slurm
+
     backend = backend_for(job, local)
-    if backend == "slurm" and shutil.which("sbatch") is None:
+    if backend == "slurm" and not Slurm().available():
         raise ClusterError("'sbatch' is not on this machine", hint="resume from a login node, or pass --local")
     from hpctrain.launch import code_snapshot  # here: --dry-run need not load it
 
@@ -288,7 +292,7 @@ def _launch(
 ) -> list[submitit.Job]:
     from submitit.core.utils import FailedJobError
 
-    from hpctrain.contract.slurm import classify_sbatch_failure
+    from hpctrain.contract.slurm_answers import classify_sbatch_failure
 
     executor = build_executor(job, backend, run_dir)
     launchers = task_launchers(job, trial_dirs, backend, code_root)

@@ -13,7 +13,8 @@ from typing import Any, TextIO
 
 from hpctrain.contract.rundir import read_run_info, read_summary, task_log_path
 from hpctrain.contract.runfiles import copy_out, tail_lines
-from hpctrain.contract.slurm import is_final, job_state
+from hpctrain.contract.slurm import Slurm
+from hpctrain.contract.slurm_states import is_final
 from hpctrain.errors import RunDirError
 from hpctrain.launch import local_run
 
@@ -60,6 +61,6 @@ def job_writes_no_more(run_dir: Path, info: dict[str, Any]) -> bool:
     """Whether the job will write no more: Slurm says it ended; a local run's summary is final or its
     controller is provably gone (``launch/local_run.py``: the PID alone proves nothing)."""
     if info.get("backend") != "local":
-        return is_final(job_state(str(info.get("job_id") or "")))
+        return is_final(Slurm().job_state(str(info.get("job_id") or "")))
     summary = read_summary(run_dir)
     return (summary is not None and summary.is_final) or local_run.liveness(info) == "gone"

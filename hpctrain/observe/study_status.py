@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract import slurm
 from hpctrain.contract.rundir import read_run_info
+from hpctrain.contract.slurm import Slurm
 from hpctrain.errors import RunDirError
 from hpctrain.launch.study import point_dir, read_study
 from hpctrain.observe.run_status import run_status
@@ -31,7 +31,7 @@ def point_statuses(study_dir: Path) -> list[dict[str, Any]]:
     point changes); a job it does not list yet is asked about alone.
     """
     points = read_study(study_dir)["points"]
-    states = slurm.job_states([job for p in points if p.get("job_id") and (job := _latest_job(study_dir, p))])
+    states = Slurm().job_states([job for p in points if p.get("job_id") and (job := _latest_job(study_dir, p))])
     rows = []
     for point in points:
         run_dir = point_dir(study_dir, point)

@@ -9,22 +9,22 @@ without Slurm (local runs, no client here), when summary.json is final; a
 local run also ends when its process is gone (killed), shown as failed.
 
 Exit codes: 0 completed, 1 failed, 10 stopped or cancelled (resume continues
-it), 130 on Ctrl-C (quietly). Clock, sleep and the Slurm runner are
+it), 130 on Ctrl-C (quietly). Clock, sleep and the Slurm client are
 injectable, so tests never wait.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, TextIO
 
-from hpctrain.contract import slurm
 from hpctrain.contract.rundir import Summary, metrics_path, parse_summary, read_run_info, read_summary
+from hpctrain.contract.slurm import Slurm, SlurmCommandError
+from hpctrain.contract.slurm_states import is_final, succeeded
 from hpctrain.errors import ClusterError
 from hpctrain.launch import local_run
 from hpctrain.observe.live_status import MetricsTail, Snapshot, build_snapshot, read_run
@@ -41,10 +41,10 @@ EXIT_CODES = {"completed": 0, "failed": 1, "stopped": EXIT_STOPPED, "cancelled":
 class JobPoller:
     """The job's Slurm state, one command per call; switches to squeue once if sacct is refused."""
 
-    def __init__(self, runner: slurm.Runner = subprocess.run, *, have_slurm: bool | None = None) -> None:
-        self.runner = runner
+    def __init__(self, slurm: Slurm | None = None) -> None:
+        self.slurm = slurm or Slurm()
         self.source: Literal["sacct", "squeue"] = "sacct"
-        self.have_slurm = slurm.available() if have_slurm is None else have_slurm
+        self.have_slurm = self.slurm.available()
 
     def state(self, info: dict, *, summary_final: bool = False) -> str:
         if info.get("backend") == "local":
@@ -53,8 +53,8 @@ class JobPoller:
         if not job_id or not self.have_slurm:
             return "unknown (no Slurm here)"
         try:
-            return slurm.job_state(job_id, source=self.source, runner=self.runner)
-        except slurm.SlurmCommandError as exc:
+            return self.slurm.job_state(job_id, source=self.source)
+        except SlurmCommandError as exc:
             if self.source == "sacct" and exc.kind in ("refused", "missing"):
                 self.source = "squeue"  # accounting off, or no sacct: ask squeue from the next poll on
             return f"unknown ({exc.kind})"
@@ -69,7 +69,7 @@ def job_ended(state: str, summary: Summary, job_id: str | None = None) -> bool:
     is final while sacct may not list the new job yet (its summary records the
     job id; an array task's SLURM_JOB_ID differs from ``123_4``, so those match any).
     """
-    if slurm.is_final(state) or state == local_run.GONE_STATE:
+    if is_final(state) or state == local_run.GONE_STATE:
         return True
     if state == local_run.STATE:
         return summary.is_final
@@ -80,7 +80,7 @@ def job_ended(state: str, summary: Summary, job_id: str | None = None) -> bool:
 def exit_code(snap: Snapshot) -> int:
     if snap.status in EXIT_CODES:
         return EXIT_CODES[snap.status]
-    return 0 if slurm.succeeded(snap.slurm_state) else 1
+    return 0 if succeeded(snap.slurm_state) else 1
 
 
 def take_snapshot(run_dir: Path, tail: MetricsTail, poller: JobPoller, now: float) -> tuple[Snapshot, bool]:

@@ -19,6 +19,7 @@ from hpctrain.cli.main import main
 from hpctrain.contract.rundir import cancel_marker_path, write_run_info, write_summary
 from hpctrain.dataset.generate import make_dataset
 from hpctrain.errors import HpctrainError, RunDirError, SpecError, UsageError
+from tests.fake_slurm import FakeSlurm
 
 REPO = Path(__file__).resolve().parents[2]
 HANG_GUARD_S = 600  # a hang guard for the local run, not a timing assertion
@@ -86,35 +87,29 @@ def test_status_and_cancel_of_a_missing_run_are_run_dir_errors(tmp_path: Path) -
             call(tmp_path)
 
 
-def slurm_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str) -> Path:
-    """A Slurm run whose job Slurm (a fake) says is in ``state``; scancel is recorded, never run."""
+def slurm_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str) -> tuple[Path, FakeSlurm]:
+    """A Slurm run whose job Slurm (a fake, in-process) says is in ``state``."""
     run_dir = tmp_path / "runs" / "demo" / "1"
     run_dir.mkdir(parents=True)
     write_run_info(run_dir, {"name": "demo", "job_id": "4242", "backend": "slurm", "cluster": "hal"})
     write_summary(run_dir, {"status": "completed" if state == "COMPLETED" else "running", "global_step": 9})
-    monkeypatch.setattr("hpctrain.contract.slurm.available", lambda: True)
-    monkeypatch.setattr("hpctrain.contract.slurm.processes_may_run", lambda job_id: False)
-    monkeypatch.setattr("hpctrain.launch.cancel.job_state", lambda job_id: state)
-    monkeypatch.setattr("hpctrain.observe.run_status.job_state", lambda job_id: state)
-    scancelled: list[str] = []
-    monkeypatch.setattr("hpctrain.contract.slurm.cancel_job", scancelled.append)
-    return run_dir
+    return run_dir, FakeSlurm({"4242": state}).install(monkeypatch)
 
 
 def test_cancel_of_a_finished_run_is_refused_before_anything_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run_dir = slurm_run(tmp_path, monkeypatch, "COMPLETED")
+    run_dir, fake = slurm_run(tmp_path, monkeypatch, "COMPLETED")
     with pytest.raises(UsageError, match="already ended .*job 4242 ended COMPLETED.*nothing to cancel") as caught:
         hpctrain.cancel(run_dir)
     assert "hpctrain.status(" in (caught.value.hint or "")
-    assert not cancel_marker_path(run_dir).exists()
+    assert not cancel_marker_path(run_dir).exists() and not fake.asked("scancel")
 
 
 def test_status_is_what_status_json_prints(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run_dir = slurm_run(tmp_path, monkeypatch, "RUNNING")
+    run_dir, _ = slurm_run(tmp_path, monkeypatch, "RUNNING")
     status = hpctrain.status(run_dir)
     assert main(["status", str(run_dir), "--json"]) == 0
     assert status.as_dict() == json.loads(capsys.readouterr().out)
@@ -124,8 +119,7 @@ def test_status_is_what_status_json_prints(
 
 
 def test_resume_refuses_while_the_job_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run_dir = slurm_run(tmp_path, monkeypatch, "RUNNING")
-    monkeypatch.setattr("hpctrain.launch.resume.job_state", lambda job_id: "RUNNING")
+    run_dir, _ = slurm_run(tmp_path, monkeypatch, "RUNNING")
     with pytest.raises(UsageError, match="job 4242 of this run is still RUNNING"):
         hpctrain.resume(run_dir)
 
@@ -174,16 +168,17 @@ def test_a_study_status_is_what_status_json_prints_and_an_ended_study_is_not_can
 def test_cancel_of_a_running_job_writes_the_marker_then_scancels_and_returns_where_it_stands(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run_dir = slurm_run(tmp_path, monkeypatch, "RUNNING")
+    run_dir, fake = slurm_run(tmp_path, monkeypatch, "RUNNING")
     events: list[str] = []
 
-    def scancel(job_id: str) -> None:
-        events.append(f"scancel {job_id} (marker written: {cancel_marker_path(run_dir).exists()})")
+    def scancel(argv: list[str]) -> tuple[int, str]:
+        events.append(f"{' '.join(argv)} (marker written: {cancel_marker_path(run_dir).exists()})")
         write_summary(run_dir, {"status": "stopped", "global_step": 9})
-        monkeypatch.setattr("hpctrain.launch.cancel.job_state", lambda job_id: "CANCELLED")
+        fake.jobs["4242"] = "CANCELLED"
+        return 0, ""
 
-    monkeypatch.setattr("hpctrain.contract.slurm.cancel_job", scancel)
-    monkeypatch.setattr("hpctrain.contract.slurm.kill_wait_s", lambda: 30.0)
+    fake.answers["scancel"] = scancel
+    fake.kill_wait_s = 30
     done = hpctrain.cancel(run_dir, timeout_s=5)
     assert events == ["scancel 4242 (marker written: True)"]
     assert (done.job_id, done.state, done.status, done.settled, done.checkpoint_step) == (

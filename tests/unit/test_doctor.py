@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
+from hpctrain.contract.slurm import Slurm
 from hpctrain.diagnose import doctor, filesystems, preflight
 from hpctrain.diagnose.probe import probe_command, probe_findings, report, sbatch_args
 from hpctrain.jobspec.load import load_job
+from tests.fake_slurm import FakeSlurm, nowhere, on_path
 
 PARTITIONS = """\
 PartitionName=debug Default=YES MaxTime=UNLIMITED State=UP PreemptMode=REQUEUE GraceTime=60
@@ -51,7 +53,7 @@ def fake_slurm(**overrides: tuple[int, str]):  # type: ignore[no-untyped-def]
                 return subprocess.CompletedProcess(command, code, out if code == 0 else "", "" if code == 0 else out)
         raise AssertionError(f"unexpected command {text}")
 
-    return doctor.ClusterView(runner=runner, which=lambda name: f"/usr/bin/{name}")
+    return doctor.ClusterView(Slurm(runner, which=on_path))
 
 
 @pytest.fixture(autouse=True)
@@ -77,7 +79,7 @@ def test_a_healthy_cluster_passes_every_slurm_check() -> None:
 
 
 def test_no_slurm_and_a_stopped_controller_are_errors_with_the_fix() -> None:
-    missing = doctor.ClusterView(runner=subprocess.run, which=lambda name: None)
+    missing = doctor.ClusterView(Slurm(FakeSlurm(), which=nowhere))
     (only,) = doctor.check_slurm(missing)
     assert only.level == "error" and "--local" in only.fix
     down = fake_slurm(**{"scontrol ping": (1, "Unable to contact slurm controller (connect failure)")})

@@ -15,6 +15,9 @@ imported). Each rule fails with the list of offending imports, as
 * The login side imports ``hpctrain.runtime`` only for what is pickled into
   the job (the task launchers), or where :data:`RUNTIME_ON_THE_LOGIN_SIDE`
   says why: ``runtime/`` is the tasks' package, not a library for the login side.
+* No argv that starts with a Slurm client command (``sbatch``, ``squeue``,
+  ``scontrol``...) is written outside the one client, ``contract/slurm.py``:
+  neither a list or tuple literal nor a call's first argument.
 * At most five modules lie loose in ``hpctrain/``.
 """
 
@@ -44,6 +47,12 @@ TASK_ONLY = {
     ),
     ("hpctrain.diagnose.data_bench_job", "measure", "hpctrain.trainer"): "the same measurement: the trainer's pipeline",
 }
+# The commands that talk to Slurm's controller or database. ``srun`` is not among them: it starts the tasks
+# inside the batch script (launch/sbatch_script.py) and the healing supervisor's steps.
+SLURM_COMMANDS = frozenset(
+    {"sbatch", "squeue", "sacct", "sacctmgr", "scontrol", "scancel", "sinfo", "sstat", "sprio", "sshare", "salloc"}
+)
+SLURM_CLIENT = "hpctrain.contract.slurm"
 
 # (login-side module, runtime module it imports) -> why.
 RUNTIME_ON_THE_LOGIN_SIDE = {
@@ -174,6 +183,31 @@ def test_the_login_side_imports_the_runtime_only_for_the_job() -> None:
     )
     stale = set(RUNTIME_ON_THE_LOGIN_SIDE) - allowed
     assert not stale, f"RUNTIME_ON_THE_LOGIN_SIDE entries no longer needed, remove them: {sorted(stale)}"
+
+
+def slurm_argv(path: Path) -> Iterator[str]:
+    """``module:line`` of every list/tuple literal, and every call, whose first item is a Slurm command
+    (not a type's ``Literal[...]``, nor ``which("sbatch")``, which asks whether it is installed)."""
+    tree = ast.parse(path.read_text(), str(path))
+    annotations = {id(node.slice) for node in ast.walk(tree) if isinstance(node, ast.Subscript)}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.List, ast.Tuple)) and id(node) not in annotations:
+            first = node.elts[0] if node.elts else None
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) != "which":
+            first = node.args[0] if node.args else None
+        else:
+            continue
+        if isinstance(first, ast.Constant) and isinstance(first.value, str) and first.value in SLURM_COMMANDS:
+            yield f"{module_name(path)}:{node.lineno} starts an argv with {first.value!r}"
+
+
+def test_no_slurm_command_is_spelled_outside_the_one_client() -> None:
+    found = [where for path in sorted(PACKAGE.rglob("*.py")) if module_name(path) != SLURM_CLIENT
+             for where in slurm_argv(path)]  # fmt: skip
+    assert not found, "ask Slurm through hpctrain.contract.slurm.Slurm (add the question there):\n  " + "\n  ".join(
+        found
+    )
+    assert list(slurm_argv(PACKAGE / "contract" / "slurm.py")), "the scan finds the client's own commands"
 
 
 def test_few_modules_lie_loose_in_the_package() -> None:

@@ -23,9 +23,11 @@ from hpctrain.contract.rundir import (
     read_run_info,
     write_run_info,
 )
+from hpctrain.contract.slurm import Slurm
 from hpctrain.observe.live_status import MetricsTail, RunInputs, build_snapshot, read_run
 from hpctrain.observe.live_view import final_lines, plain_changes, rich_view
 from hpctrain.observe.watch import JobPoller, watch
+from tests.fake_slurm import on_path
 
 REPO = Path(__file__).resolve().parents[2]
 NOW = 1_800_000_000.0
@@ -291,7 +293,13 @@ def test_watch_ends_when_the_job_completes(tmp_path: Path) -> None:
             write_summary(run_dir, status="completed", global_step=8, epochs_completed=2)
 
     code = watch(
-        run_dir, interval_s=0.5, out=out, tty=False, poller=JobPoller(slurm, have_slurm=True), clock=clock, sleep=sleep
+        run_dir,
+        interval_s=0.5,
+        out=out,
+        tty=False,
+        poller=JobPoller(Slurm(slurm, which=on_path)),
+        clock=clock,
+        sleep=sleep,
     )
     lines = out.getvalue().splitlines()
     assert code == 0
@@ -311,7 +319,7 @@ def test_watch_exit_code_says_how_the_job_ended(
     run_dir = make_run(tmp_path)
     write_summary(run_dir, status=summary, global_step=3)
     clock, out = Clock(), io.StringIO()
-    poller = JobPoller(ScriptedSlurm("4242", [state]), have_slurm=True)
+    poller = JobPoller(Slurm(ScriptedSlurm("4242", [state]), which=on_path))
     assert watch(run_dir, out=out, tty=False, poller=poller, clock=clock, sleep=clock.sleep, settle_s=10) == code
     assert out.getvalue().splitlines()[-1].endswith(f"ended {state}; run status: {status}")
     assert clock.now - NOW <= 10  # a summary that stays "running" is waited for at most settle_s
@@ -336,7 +344,7 @@ def test_watch_falls_back_to_squeue_when_accounting_is_off(tmp_path: Path) -> No
         if len(clock.sleeps) == 2:
             write_summary(run_dir, status="completed", global_step=8)
 
-    code = watch(run_dir, out=out, tty=False, poller=JobPoller(runner, have_slurm=True), clock=clock, sleep=sleep)
+    code = watch(run_dir, out=out, tty=False, poller=JobPoller(Slurm(runner, which=on_path)), clock=clock, sleep=sleep)
     assert commands == ["sacct", "squeue", "squeue"]  # one command per look
     assert code == 0 and out.getvalue().splitlines()[-1].endswith("ended unknown (unknown-job); run status: completed")
 
@@ -357,7 +365,7 @@ def test_watch_on_a_tty_uses_the_live_view_and_still_ends_with_the_final_line(tm
     run_dir = make_run(tmp_path)
     write_summary(run_dir, status="completed", global_step=8)
     clock, out = Clock(), io.StringIO()
-    poller = JobPoller(ScriptedSlurm("4242", ["COMPLETED"]), have_slurm=True)
+    poller = JobPoller(Slurm(ScriptedSlurm("4242", ["COMPLETED"]), which=on_path))
     assert watch(run_dir, out=out, tty=True, poller=poller, clock=clock, sleep=clock.sleep) == 0
     text = out.getvalue()
     assert "global step" in text and text.rstrip().endswith("job 4242 ended COMPLETED; run status: completed")
@@ -379,7 +387,7 @@ def test_ctrl_c_leaves_quietly_with_130(tmp_path: Path) -> None:
         raise KeyboardInterrupt
 
     out = io.StringIO()
-    poller = JobPoller(ScriptedSlurm("4242", ["RUNNING"]), have_slurm=True)
+    poller = JobPoller(Slurm(ScriptedSlurm("4242", ["RUNNING"]), which=on_path))
     assert watch(run_dir, out=out, tty=False, poller=poller, clock=lambda: NOW, sleep=interrupt) == 130
     assert "Traceback" not in out.getvalue() and len(out.getvalue().splitlines()) == 1
 

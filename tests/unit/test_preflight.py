@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.contract.slurm import classify_sbatch_failure, parse_partitions
+from hpctrain.contract.slurm_answers import classify_sbatch_failure, parse_partitions
 from hpctrain.diagnose.preflight import check_data_root, check_partition, preflight, raise_for_errors
 from hpctrain.errors import SpecError
 from hpctrain.jobspec.load import load_job

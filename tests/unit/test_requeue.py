@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from hpctrain.contract.cancel_marker import cancel_marker_paths, write_cancel_marker
-from hpctrain.contract.slurm import parse_job_record, requeue_command
+from hpctrain.contract.slurm import requeue_command
+from hpctrain.contract.slurm_answers import parse_job_record
 from hpctrain.errors import ClusterError
 from hpctrain.jobspec.models import Signals
 from hpctrain.runtime.context import TaskEnv

@@ -1,19 +1,24 @@
 """Run directories, the job-id registry, sacct parsing and the status/logs/cancel
-commands on a run directory, without Slurm (its answers are recorded text)."""
+commands on a run directory, without Slurm (its answers come from tests/fake_slurm.py)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from hpctrain.cli.main import main
 from hpctrain.contract import job_registry
 from hpctrain.contract.rundir import atomic_write_text, create_run_dir, next_run_dir, read_run_info, write_run_info
-from hpctrain.contract.slurm import TERMINAL_STATES, normalise_state, parse_sacct_states
+from hpctrain.contract.slurm_answers import parse_sacct_states
+from hpctrain.contract.slurm_states import TERMINAL_STATES, normalise_state
 from hpctrain.errors import RunDirError
+from tests.fake_slurm import FakeSlurm
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -153,72 +158,63 @@ def test_status_names_the_failed_task_when_rank_zero_could_not(tmp_path: Path) -
     assert reconcile({"status": "running"}, "CANCELLED", run_dir)["status"] == "stopped"
 
 
-def fake_slurm(tmp_path: Path, sacct: str, squeue: str) -> tuple[Path, Path]:
-    """sacct/squeue/scancel/scontrol stand-ins that answer from files (scancel turns sacct CANCELLED)."""
-    bin_dir, state = tmp_path / "bin", tmp_path / "slurm-state"
-    bin_dir.mkdir()
-    state.mkdir()
-    (state / "sacct").write_text(sacct)
-    (state / "squeue").write_text(squeue)
-    scripts = {
-        "sacct": f'echo "77|$(cat {state}/sacct)"',
-        "squeue": f"cat {state}/squeue",
-        "scancel": f"echo CANCELLED > {state}/sacct; echo COMPLETING > {state}/squeue",
-        "scontrol": 'echo "KillWait                = 0 sec"',
-    }
-    for name, body in scripts.items():
-        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
-        (bin_dir / name).chmod(0o755)
-    return bin_dir, state
+def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``hpctrain ARGS`` in this process (Slurm: the test's FakeSlurm), as a finished command."""
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["hpctrain", *args], code, out, err)
 
 
-def cli_with(bin_dir: Path, *args: str, env_home: Path) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "XDG_STATE_HOME": str(env_home), "HOME": str(env_home)}
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=60
-    )
-
-
-def test_cancel_waits_for_the_stop_checkpoint_and_prints_the_final_status(tmp_path: Path) -> None:
+def test_cancel_waits_for_the_stop_checkpoint_and_prints_the_final_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     run_dir = fake_run(tmp_path, job_id="77")
     atomic_write_text(run_dir / "summary.json", json.dumps({"status": "running", "global_step": 4}))
-    bin_dir, state = fake_slurm(tmp_path, sacct="RUNNING", squeue="RUNNING")
-    # The ranks finish the stop checkpoint ~1.5 s after Slurm already says CANCELLED.
-    writer = subprocess.Popen(
-        [sys.executable, "-c", (
-            "import json, sys, time; from pathlib import Path; time.sleep(1.5); run = Path(sys.argv[1]); "
-            "step = run / 'checkpoints' / 'step-00000007'; step.mkdir(parents=True); "
-            "(step / 'state.pt').write_bytes(b'abc'); (step / 'meta.json').write_text(json.dumps("
-            "{'format_version': 1, 'global_step': 7, 'files': {'state.pt': {'size': 3}}})); "
-            "(run / 'summary.json').write_text(json.dumps({'status': 'stopped', 'global_step': 7})); "
-            "time.sleep(0.5); Path(sys.argv[2]).write_text('CANCELLED')"  # the ranks exit: COMPLETING ends
-        ), str(run_dir), str(state / "squeue")],
-    )  # fmt: skip
-    result = cli_with(bin_dir, "cancel", str(run_dir), env_home=tmp_path / "state")
-    writer.wait(timeout=30)
+    fake = FakeSlurm({"77": "RUNNING"}, settle_on_cancel=False).install(monkeypatch)
+
+    def ranks_stop() -> None:  # the ranks finish the stop checkpoint ~1.5 s after Slurm already says CANCELLED
+        step = run_dir / "checkpoints" / "step-00000007"
+        step.mkdir(parents=True)
+        (step / "state.pt").write_bytes(b"abc")
+        meta = {"format_version": 1, "global_step": 7, "files": {"state.pt": {"size": 3}}}
+        (step / "meta.json").write_text(json.dumps(meta))
+        atomic_write_text(run_dir / "summary.json", json.dumps({"status": "stopped", "global_step": 7}))
+        time.sleep(0.5)
+        fake.settle("77")  # the ranks exit: COMPLETING ends
+
+    writer = threading.Timer(1.5, ranks_stop)
+    writer.start()
+    result = in_process(capsys, "cancel", str(run_dir))
+    writer.join(timeout=30)
     assert result.returncode == 0, result.stderr
     assert "job 77: CANCELLED; run status: stopped" in result.stdout
     assert "last complete checkpoint: step 7" in result.stdout
     assert json.loads((run_dir / ".hpctrain" / "cancel-requested").read_text())["job_ids"] == ["77"]
 
 
-def test_cancel_gives_up_waiting_after_kill_wait_and_says_so(tmp_path: Path) -> None:
+def test_cancel_gives_up_waiting_after_kill_wait_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     run_dir = fake_run(tmp_path, job_id="77")
     atomic_write_text(run_dir / "summary.json", json.dumps({"status": "running", "global_step": 4}))
-    bin_dir, _ = fake_slurm(tmp_path, sacct="RUNNING", squeue="RUNNING")
-    result = cli_with(bin_dir, "cancel", str(run_dir), env_home=tmp_path / "state")
+    FakeSlurm({"77": "RUNNING"}, settle_on_cancel=False).install(monkeypatch)
+    monkeypatch.setattr("hpctrain.launch.cancel.SETTLE_MARGIN_S", 1.0)  # KillWait 0 + 1 s: the ranks never exit
+    result = in_process(capsys, "cancel", str(run_dir))
     assert result.returncode == 0, result.stderr
     assert "run status: running" in result.stdout and "may still be writing" in result.stdout
 
 
-def test_resume_refuses_while_the_cancelled_job_is_still_stopping(tmp_path: Path) -> None:
+def test_resume_refuses_while_the_cancelled_job_is_still_stopping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     run_dir = fake_run(tmp_path, job_id="77")
-    bin_dir, state = fake_slurm(tmp_path, sacct="CANCELLED", squeue="COMPLETING")
-    result = cli_with(bin_dir, "resume", str(run_dir), env_home=tmp_path / "state")
+    fake = FakeSlurm({"77": "CANCELLED"}).install(monkeypatch)
+    fake.stopping.add("77")
+    result = in_process(capsys, "resume", str(run_dir))
     assert result.returncode == 2 and "still stopping" in result.stderr and "Traceback" not in result.stderr
-    (state / "squeue").write_text("RUNNING\n")
-    (state / "sacct").write_text("RUNNING")
-    running = cli_with(bin_dir, "resume", str(run_dir), env_home=tmp_path / "state")
+    fake.settle("77")
+    fake.jobs["77"] = "RUNNING"
+    running = in_process(capsys, "resume", str(run_dir))
     assert running.returncode == 2 and "still RUNNING" in running.stderr
 
 
@@ -245,19 +241,21 @@ def test_logs_refuses_a_negative_count_and_a_rank_the_job_lacks(tmp_path: Path) 
     assert rank.returncode == 2 and "this job has 4 tasks" in rank.stderr and "pending" not in rank.stderr
 
 
-def test_status_output_dir_lists_the_runs_under_it_and_pending_cancelled_jobs(tmp_path: Path) -> None:
+def test_status_output_dir_lists_the_runs_under_it_and_pending_cancelled_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     registered = fake_run(tmp_path / "a", job_id="77")
     other = tmp_path / "elsewhere"
     elsewhere = create_run_dir(str(other), "demo")
     write_run_info(elsewhere, {"name": "demo", "job_id": "88", "backend": "slurm", "submitted_at": 1.0})
-    bin_dir, _ = fake_slurm(tmp_path, sacct="CANCELLED by 1000", squeue="")
-    under = cli_with(bin_dir, "status", "--output-dir", str(other), "--json", env_home=tmp_path / "state")
+    FakeSlurm({"77": "CANCELLED by 1000", "88": "CANCELLED by 1000"}).install(monkeypatch)
+    under = in_process(capsys, "status", "--output-dir", str(other), "--json")
     assert under.returncode == 0, under.stderr
     assert [row["run_dir"] for row in json.loads(under.stdout)] == [str(elsewhere)]
-    registry = cli_with(bin_dir, "status", "--json", env_home=tmp_path / "state")
+    registry = in_process(capsys, "status", "--json")
     rows = json.loads(registry.stdout)
     assert [row["run_dir"] for row in rows] == [str(registered)] and rows[0]["status"] == "cancelled"
-    one = cli_with(bin_dir, "status", "77", "--json", env_home=tmp_path / "state")
+    one = in_process(capsys, "status", "77", "--json")
     assert json.loads(one.stdout)["status"] == "cancelled"
 
 
@@ -272,16 +270,16 @@ def test_status_words_from_slurm_when_the_run_never_started() -> None:
 
 
 @pytest.mark.parametrize("job_id", ["--user=root", "-1", "77,78", "77 78", "", "all", "77_[1-3]"])
-def test_cancel_of_a_run_json_naming_no_single_job_sends_nothing(tmp_path: Path, job_id: str) -> None:
+def test_cancel_of_a_run_json_naming_no_single_job_sends_nothing(
+    tmp_path: Path, job_id: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """run.json is a file anyone may edit: '--user=root' would have become an option of scancel."""
     run_dir = fake_run(tmp_path, job_id="77")
     info = json.loads((run_dir / "run.json").read_text())
     atomic_write_text(run_dir / "run.json", json.dumps({**info, "job_id": job_id}))
-    bin_dir, state = fake_slurm(tmp_path, sacct="RUNNING", squeue="RUNNING")
-    log = tmp_path / "scancel-called"
-    (bin_dir / "scancel").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
-    result = cli_with(bin_dir, "cancel", str(run_dir), env_home=tmp_path / "state")
+    fake = FakeSlurm({"77": "RUNNING"}).install(monkeypatch)
+    result = in_process(capsys, "cancel", str(run_dir))
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "run.json" in result.stderr and "is not a Slurm job id" in result.stderr
-    assert not log.exists()
+    assert fake.commands == []
     assert not (run_dir / ".hpctrain" / "cancel-requested").exists()

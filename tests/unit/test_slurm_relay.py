@@ -71,11 +71,11 @@ def relay(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
 def test_show_and_requeue_go_through_the_relay(relay: tuple[Path, Path]) -> None:
     folder, calls = relay
     run = relay_runner(folder)
-    record = slurm.show_job("77", runner=run, timeout_s=20)
+    record = slurm.Slurm(run).show_job("77", timeout_s=20)
     assert record["JobState"] == "RUNNING"
-    slurm.requeue_job("77", runner=run, timeout_s=20)
+    slurm.Slurm(run).requeue_job("77", timeout_s=20)
     with pytest.raises(slurm.SlurmCommandError) as caught:
-        slurm.requeue_job("404", runner=run, timeout_s=20)
+        slurm.Slurm(run).requeue_job("404", timeout_s=20)
     assert caught.value.kind == "unknown-job"
     assert calls.read_text().splitlines() == ["--oneliner show job 77", "requeue 77", "requeue 404"]
     deadline = time.monotonic() + 20  # the loop removes its claim (.run) just after publishing the answer
@@ -110,7 +110,7 @@ def test_a_request_left_by_an_earlier_start_is_dropped_not_run(tmp_path: Path) -
         while list(folder.iterdir()) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert list(folder.iterdir()) == []
-        assert slurm.show_job("77", runner=relay_runner(folder), timeout_s=20)["JobState"] == "RUNNING"
+        assert slurm.Slurm(relay_runner(folder)).show_job("77", timeout_s=20)["JobState"] == "RUNNING"
         assert (tmp_path / "calls").read_text().splitlines() == ["--oneliner show job 77"]
     finally:
         stop(proc)
@@ -126,7 +126,7 @@ def test_only_the_requeue_logics_commands_are_relayed(tmp_path: Path) -> None:
 
 def test_a_relay_that_never_answers_times_out(tmp_path: Path) -> None:
     with pytest.raises(slurm.SlurmCommandError) as caught:
-        slurm.show_job("5", runner=relay_runner(tmp_path / "silent"), timeout_s=0.3)
+        slurm.Slurm(relay_runner(tmp_path / "silent")).show_job("5", timeout_s=0.3)
     assert caught.value.kind == "timeout"
     assert not list((tmp_path / "silent").glob("*.req")), "an unanswered request is withdrawn"
 
@@ -143,10 +143,10 @@ def test_inside_an_image_the_slurm_release_is_the_one_recorded_outside(tmp_path:
     from hpctrain.runtime.requeue import rank_zero_action
 
     inside = slurm_runner({"HPCTRAIN_SLURM_RELAY": str(tmp_path), "HPCTRAIN_SLURM_VERSION": "slurm 24.11.5"})
-    version = slurm.client_version(runner=inside)
+    version = slurm.Slurm(inside).client_version()
     assert version == (24, 11)
     assert rank_zero_action("slurm-requeues", "preempting", False, version) == "exit"
     unknown = slurm_runner({"HPCTRAIN_SLURM_RELAY": str(tmp_path), "HPCTRAIN_SLURM_VERSION": ""})
-    assert slurm.client_version(runner=unknown) is None
+    assert slurm.Slurm(unknown).client_version() is None
     assert not list(tmp_path.iterdir()), "the version is never asked of the relay loop"
     assert "export HPCTRAIN_SLURM_VERSION=" in "".join(render_slurm_relay(str(tmp_path)))

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from hpctrain.contract import slurm
-from hpctrain.contract.slurm import SlurmCommandError, job_state, parse_config, parse_nodes, parse_sacct_states
+from hpctrain.contract.slurm import Slurm, SlurmCommandError
+from hpctrain.contract.slurm_answers import parse_config, parse_nodes, parse_sacct_states, parse_slurmd_port
 from hpctrain.contract.slurm_states import (
     ACTIVE_STATES,
     SLURM_STATES,
@@ -96,7 +97,6 @@ def test_the_final_and_active_sets_are_what_they_were() -> None:
         "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
     } == TERMINAL_STATES  # fmt: skip
     assert {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"} <= ACTIVE_STATES
-    assert slurm.TERMINAL_STATES is TERMINAL_STATES and slurm.ACTIVE_STATES is ACTIVE_STATES  # one owner
 
 
 @pytest.mark.parametrize(
@@ -122,12 +122,12 @@ def test_recorded_states_of_each_release_are_in_the_table(version: str) -> None:
 def test_merged_lookup_on_recorded_answers(version: str) -> None:
     sacct = recorded(version, "sacct_states.txt")
     job_id, state = next(iter(parse_sacct_states(sacct).items()))
-    assert job_state(job_id, runner=answer(out=sacct)) == state
+    assert Slurm(answer(out=sacct)).job_state(job_id) == state
     running = recorded(version, "squeue_running.txt")
-    assert job_state("12", source="squeue", runner=answer(out=running)) == "RUNNING"
+    assert Slurm(answer(out=running)).job_state("12", source="squeue") == "RUNNING"
     unknown = recorded(version, "scontrol_show_job_unknown.txt")
     with pytest.raises(SlurmCommandError) as raised:
-        job_state("12", source="squeue", runner=answer(code=1, err=unknown))
+        Slurm(answer(code=1, err=unknown)).job_state("12", source="squeue")
     assert raised.value.kind == "unknown-job"
 
 
@@ -140,16 +140,16 @@ def test_merged_lookup_falls_back_to_squeue_only_while_sacct_has_not_caught_up()
             return subprocess.CompletedProcess(command, 1, stdout="", stderr="slurm_load_jobs error: Invalid job id")
         return subprocess.CompletedProcess(command, 0, stdout="", stderr="")
 
-    assert job_state("12", runner=fresh_job) == "UNKNOWN" and asked == ["sacct", "squeue"]  # squeue forgot it
+    assert Slurm(fresh_job).job_state("12") == "UNKNOWN" and asked == ["sacct", "squeue"]  # squeue forgot it
 
     def no_squeue(command: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
         if command[0] == "squeue":
             raise FileNotFoundError(command[0])
         return subprocess.CompletedProcess(command, 0, stdout="", stderr="")
 
-    assert job_state("12", runner=no_squeue) == "UNKNOWN"  # accounting only: sacct's silence is the answer
+    assert Slurm(no_squeue).job_state("12") == "UNKNOWN"  # accounting only: sacct's silence is the answer
     with pytest.raises(SlurmCommandError) as raised:
-        job_state("12", source="squeue", runner=no_squeue)
+        Slurm(no_squeue).job_state("12", source="squeue")
     assert raised.value.kind == "missing"
 
 
@@ -158,20 +158,24 @@ def test_config_and_node_parsers_on_recorded_answers(version: str) -> None:
     text = recorded(version, "scontrol_show_config.txt")
     config = parse_config(text)
     assert config["KillWait"].split()[0].isdigit() and "MaxArraySize" in config
-    assert slurm.parse_slurmd_port(text) == 6818  # what the healing supervisor probes a node's slurmd on
+    assert parse_slurmd_port(text) == 6818  # what the healing supervisor probes a node's slurmd on
     nodes = parse_nodes(recorded(version, "scontrol_show_node.txt"))
     assert nodes and all(node["NodeName"] for node in nodes)
 
 
 def test_a_wrapped_helper_job_is_submitted_through_the_client(tmp_path: Path) -> None:
-    command = slurm.sbatch_wrap_command(job_name="probe", wrap="echo hi", output=tmp_path / "o", time_min=2, qos="q")
+    options = [("qos", "q"), ("partition", None), ("exclusive", True), ("gres", "")]
+    command = slurm.sbatch_wrap_command(
+        job_name="probe", wrap="echo hi", output=tmp_path / "o", time_min=2, options=options
+    )
     assert (
         command[:2] == ["sbatch", "--parsable"] and "--no-requeue" in command and command[-2:] == ["--wrap", "echo hi"]
     )
-    assert "--qos=q" in command and not any(arg.startswith("--partition") for arg in command)
-    assert slurm.submit_wrapped(command, runner=answer(out="4711;cluster\n")) == "4711"
+    assert "--qos=q" in command and "--exclusive" in command
+    assert not any(arg.startswith(("--partition", "--gres")) for arg in command)
+    assert Slurm(answer(out="4711;cluster\n")).submit_wrapped(command) == "4711"
     with pytest.raises(SlurmCommandError):
-        slurm.submit_wrapped(command, runner=answer(out="--user=me\n"))  # not a job id: never used as one
+        Slurm(answer(out="--user=me\n")).submit_wrapped(command)  # not a job id: never used as one
 
 
 def test_an_array_listed_by_its_tasks_is_still_running_while_squeue_lists_a_task() -> None:
@@ -182,6 +186,6 @@ def test_an_array_listed_by_its_tasks_is_still_running_while_squeue_lists_a_task
 
         return runner
 
-    assert job_state("12", runner=array("RUNNING\nPENDING\n")) == "RUNNING"  # task 0's end is not the array's
-    assert job_state("12", runner=array("")) == "COMPLETED"  # squeue has forgotten it: sacct's first line
-    assert job_state("12_1", runner=array("")) == "RUNNING"  # a task is answered by its own line
+    assert Slurm(array("RUNNING\nPENDING\n")).job_state("12") == "RUNNING"  # task 0's end is not the array's
+    assert Slurm(array("")).job_state("12") == "COMPLETED"  # squeue has forgotten it: sacct's first line
+    assert Slurm(array("")).job_state("12_1") == "RUNNING"  # a task is answered by its own line

@@ -14,12 +14,9 @@ from typing import Any
 
 import pytest
 
-from hpctrain.contract.slurm import (
-    ACTIVE_STATES,
-    TERMINAL_STATES,
-    classify_failure,
+from hpctrain.contract.slurm import Slurm, classify_failure
+from hpctrain.contract.slurm_answers import (
     classify_sbatch_failure,
-    normalise_state,
     parse_job_record,
     parse_kill_wait_s,
     parse_max_array_size,
@@ -27,9 +24,11 @@ from hpctrain.contract.slurm import (
     parse_sacct_states,
     parse_version,
 )
+from hpctrain.contract.slurm_states import ACTIVE_STATES, TERMINAL_STATES, normalise_state
 from hpctrain.diagnose.doctor import ClusterView, check_slurm
 from hpctrain.runtime.requeue import job_phase, rank_zero_action
 from hpctrain.runtime.task_env import derive_task_env
+from tests.fake_slurm import on_path
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
 VERSIONS = ["22.05", "24.11", "26.05"]
@@ -133,7 +132,7 @@ def test_doctor_reads_every_version(version: str) -> None:
         out = recorded(version, name) if name else "1|\n"  # sacct answers
         return subprocess.CompletedProcess(command, 0, stdout=out, stderr="")
 
-    view = ClusterView(runner=runner, which=lambda name: f"/usr/bin/{name}")
+    view = ClusterView(Slurm(runner, which=on_path))
     assert [check.level for check in check_slurm(view)] == ["ok", "ok", "ok"]
     assert view.config["PreemptType"] == "preempt/partition_prio"
     nodes = {node["NodeName"]: node for node in view.nodes}

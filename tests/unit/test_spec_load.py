@@ -1034,9 +1034,9 @@ def test_sweep_above_max_array_size_is_refused_before_expanding(
 ) -> None:
     import time
 
-    from hpctrain.contract import slurm
+    from tests.fake_slurm import FakeSlurm
 
-    monkeypatch.setattr(slurm, "max_array_size", lambda: 500)
+    FakeSlurm(answers={"scontrol show config": (0, "MaxArraySize = 500\n")}).install(monkeypatch)
     values = {"lr": [0.001 * (i + 1) for i in range(400)], "seed": list(range(300))}
     text = f"name: big\ncluster: slurm\ndata: {{root: /d}}\nsweep:\n  trainer.lr: {values['lr']}\n"
     text += f"  trainer.seed: {values['seed']}\n"

@@ -21,6 +21,7 @@ from hpctrain.jobspec.load import load_job
 from hpctrain.jobspec.study_axes import check_axes, combinations, point_label
 from hpctrain.launch.study import point_record, read_study, render_study_plan, study_record, submit_study
 from hpctrain.launch.submission import SubmittedRun
+from tests.fake_slurm import FakeSlurm
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -390,15 +391,12 @@ def test_status_of_a_study_asks_slurm_once_for_all_points(
     for point in ("nodes-1", "nodes-2"):
         info = read_run_info(study_dir / point)
         write_run_info(study_dir / point, {**info, "backend": "slurm"})
-    batched: list[list[str]] = []
-    alone: list[str] = []
-    monkeypatch.setattr("hpctrain.contract.slurm.job_states", lambda ids: batched.append(ids) or {"100": "RUNNING"})
-    monkeypatch.setattr("hpctrain.contract.slurm.available", lambda: True)
-    monkeypatch.setattr("hpctrain.observe.run_status.job_state", lambda job_id: alone.append(job_id) or "PENDING")
+    fake = FakeSlurm({"100": "RUNNING"}, answers={"squeue -h -o %T -j 101": (0, "PENDING\n")}).install(monkeypatch)
     assert main(["status", str(study_dir), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["points"]
     assert [(r["label"], r["slurm_state"]) for r in rows] == [("nodes-1", "RUNNING"), ("nodes-2", "PENDING")]
-    assert batched == [["100", "101"]] and alone == ["101"]  # one sacct call; a job it did not list, alone
+    # one sacct call for both; a job it did not list is asked about alone
+    assert [argv[-1] for argv in fake.asked("sacct")] == ["100,101", "101"]
 
 
 def test_cancel_of_a_study_cancels_every_point_through_the_run_cancel(
