@@ -132,7 +132,7 @@ def status(run: str | Path) -> RunStatus | StudyStatus:
     from hpctrain.launch.study import study_dir_of
 
     if (study_dir := study_dir_of(run)) is not None:
-        from hpctrain.observe.study_status import study_status
+        from hpctrain.observe.status import study_status
 
         document = study_status(study_dir)
         return StudyStatus(document["study_dir"], document["name"], tuple(document["points"]))

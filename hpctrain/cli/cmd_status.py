@@ -61,7 +61,7 @@ def print_run(run_dir: Path, *, as_json: bool, show_ranks: bool) -> int:
 
 
 def print_study(study_dir: Path, *, as_json: bool) -> int:
-    from hpctrain.observe.study_status import COLUMNS, point_cells, study_status
+    from hpctrain.observe.status import COLUMNS, point_cells, study_status
 
     document = study_status(study_dir)
     if as_json:
