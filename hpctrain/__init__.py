@@ -13,14 +13,15 @@ __version__ = "0.1.0"
 
 # name -> module that defines it; loaded on first use (PEP 562), so 'import hpctrain' stays cheap.
 _LAZY = {
-    **dict.fromkeys(
-        ("load_job", "submit", "status", "cancel", "resume", "report", "Submission", "StudyStatus", "Report"),
-        "hpctrain.api",
-    ),
+    **dict.fromkeys(("load_job", "submit", "status", "cancel", "resume", "report", "doctor"), "hpctrain.api"),
+    "Submission": "hpctrain.launch.submit",
     "RunStatus": "hpctrain.observe.run_status",
+    "StudyStatus": "hpctrain.observe.status",
     "Cancelled": "hpctrain.launch.cancel",
+    "Report": "hpctrain.observe.report.build",
+    "DoctorReport": "hpctrain.diagnose.doctor",
     **dict.fromkeys(
-        ("HpctrainError", "SpecError", "UsageError", "ClusterError", "RunDirError", "CheckpointError"),
+        ("HpctrainError", "SpecError", "UsageError", "ClusterError", "RunDirError", "CheckpointError", "RunStopped"),
         "hpctrain.errors",
     ),
 }
@@ -29,16 +30,19 @@ __all__ = [  # what _LAZY names, spelled out for tools that read __all__ without
     "Cancelled",
     "CheckpointError",
     "ClusterError",
+    "DoctorReport",
     "HpctrainError",
     "Report",
     "RunDirError",
     "RunStatus",
+    "RunStopped",
     "SpecError",
     "StudyStatus",
     "Submission",
     "UsageError",
     "__version__",
     "cancel",
+    "doctor",
     "load_job",
     "report",
     "resume",
@@ -47,10 +51,22 @@ __all__ = [  # what _LAZY names, spelled out for tools that read __all__ without
 ]
 
 if TYPE_CHECKING:
-    from hpctrain.api import Report, StudyStatus, Submission, cancel, load_job, report, resume, status, submit
-    from hpctrain.errors import CheckpointError, ClusterError, HpctrainError, RunDirError, SpecError, UsageError
+    from hpctrain.api import cancel, doctor, load_job, report, resume, status, submit
+    from hpctrain.diagnose.doctor import DoctorReport
+    from hpctrain.errors import (
+        CheckpointError,
+        ClusterError,
+        HpctrainError,
+        RunDirError,
+        RunStopped,
+        SpecError,
+        UsageError,
+    )
     from hpctrain.launch.cancel import Cancelled
+    from hpctrain.launch.submit import Submission
+    from hpctrain.observe.report.build import Report
     from hpctrain.observe.run_status import RunStatus
+    from hpctrain.observe.status import StudyStatus
 
 
 def __getattr__(name: str) -> Any:

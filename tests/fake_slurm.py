@@ -121,11 +121,20 @@ class FakeSlurm:
             return 0, f"KillWait                = {self.kill_wait_s} sec\n"
         if argv[1:2] == ["--version"]:
             return 0, "slurm 24.11.5\n"
+        if argv[1:2] == ["ping"]:
+            return 0, "Slurmctld(primary) at ctl is UP\n"
+        if argv[1:4] in (["--oneliner", "show", "partition"], ["--oneliner", "show", "node"]):
+            return 0, ""
         if argv[1:2] == ["update"] or argv[1:2] == ["requeue"]:
             return 0, ""
         raise AssertionError(f"FakeSlurm: unexpected command {' '.join(argv)}")
 
+    def _sacctmgr(self, argv: list[str]) -> tuple[int, str]:
+        return 0, ""
+
     def _sbatch(self, argv: list[str]) -> tuple[int, str]:
+        if argv[1:2] == ["--version"]:
+            return 0, "slurm 24.11.5\n"
         job = str(4000 + len(self.jobs))
         self.jobs[job] = "PENDING"
         return 0, f"{job}\n"

@@ -6,10 +6,17 @@ shows it to the process's owner only. Two tokens, both read on both sides:
 
 * ``HPCTRAIN_TASK_TOKEN``: one per task, set by the reaper's exec wrapper
   (``python -m hpctrain.runtime.cleanup exec``, :data:`REAPER_MODULE`); the
-  task's watcher ends whatever carries it once the task is gone;
+  task's watcher ends whatever carries it once the task is gone. A token is
+  its owner's only: the wrapper also sets ``HPCTRAIN_TASK_TOKEN_PID`` to the
+  PID it execs into, and a task adopts the token it was started with only when
+  that PID is its own (:func:`owned_token`). One inherited from elsewhere (a
+  shell inside another job, a hostile environment) would make the task's
+  clean-up end every unrelated process carrying it;
 * ``HPCTRAIN_RUN_TOKEN``: one per local run's controller (``launch/local_run.py``),
   inherited by its tasks and their workers; ``hpctrain cancel`` ends whatever
-  carries it after the controller.
+  carries it after the controller. The controller also carries its run
+  directory (``HPCTRAIN_LOCAL_RUN_DIR``), so a copy of ``run.json`` in another
+  folder proves nothing about the run.
 
 Processes are found by token, never by name, and only this user's. Both the
 login side and the tasks import this, so it imports nothing of the project;
@@ -29,7 +36,10 @@ if TYPE_CHECKING:
     import psutil
 
 TOKEN_ENV = "HPCTRAIN_TASK_TOKEN"
+TOKEN_PID_ENV = "HPCTRAIN_TASK_TOKEN_PID"  # the PID the task token was made for
 RUN_TOKEN_ENV = "HPCTRAIN_RUN_TOKEN"
+RUN_DIR_ENV = "HPCTRAIN_LOCAL_RUN_DIR"  # the run directory a local run's controller serves
+TOKEN_VARS = (TOKEN_ENV, TOKEN_PID_ENV, RUN_TOKEN_ENV, RUN_DIR_ENV)  # never handed on to what is not the run's
 # The per-task reaper (runtime/cleanup.py), as the login side names it in the command srun starts.
 REAPER_MODULE = "hpctrain.runtime.cleanup"
 GRACE_S = 5.0
@@ -43,6 +53,22 @@ def new_token() -> str:
     return uuid.uuid4().hex
 
 
+def owned_token(environ: Mapping[str, str], pid: int) -> str | None:
+    """The task token in ``environ`` when it was made for process ``pid`` (see the module docstring); else None."""
+    token = environ.get(TOKEN_ENV)
+    return token if token and environ.get(TOKEN_PID_ENV) == str(pid) else None
+
+
+def token_environ(environ: Mapping[str, str], pid: int, token: str | None = None) -> dict[str, str]:
+    """``environ`` with a task token (fresh unless given) made for process ``pid``."""
+    return {**environ, TOKEN_ENV: token or new_token(), TOKEN_PID_ENV: str(pid)}
+
+
+def without_tokens(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without any of hpctrain's process tokens."""
+    return {key: value for key, value in environ.items() if key not in TOKEN_VARS}
+
+
 def find_token_processes(
     token: str,
     *,
@@ -50,12 +76,14 @@ def find_token_processes(
     forked_from: Mapping[str, str] | None = None,
     created_after: float = 0.0,
     env_var: str = TOKEN_ENV,
+    where: Callable[[Mapping[str, str]], bool] | None = None,
 ) -> list[psutil.Process]:
     """Live processes of this user whose exec-time environment holds ``token`` (in ``env_var``).
 
     With ``forked_from`` (the exec-time environment of a task started without
     the token), also those whose environment is exactly that one and that
     started after ``created_after``: children the task forked without exec.
+    ``where``: only those whose environment also passes it (a local run: the run directory it serves).
     """
     import psutil
 
@@ -68,7 +96,7 @@ def find_token_processes(
                 continue
             environ = proc.environ()
             forked = forked_from is not None and proc.info["create_time"] >= created_after and environ == forked_from
-            if (forked or environ.get(env_var) == token) and alive(proc):
+            if (forked or environ.get(env_var) == token) and (where is None or where(environ)) and alive(proc):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -84,13 +112,14 @@ def kill_token_processes(
     forked_from: Mapping[str, str] | None = None,
     created_after: float = 0.0,
     env_var: str = TOKEN_ENV,
+    where: Callable[[Mapping[str, str]], bool] | None = None,
     log: Log | None = None,
 ) -> list[int]:
     """SIGTERM every process carrying ``token`` (and ``extra``), SIGKILL survivors after ``grace_s``.
 
     Re-scans while waiting, so a process forked during shutdown is caught too.
     Returns the PIDs it signalled. Never touches this process or its ancestors.
-    ``forked_from``/``created_after``/``env_var``: see :func:`find_token_processes`.
+    ``forked_from``/``created_after``/``env_var``/``where``: see :func:`find_token_processes`.
     """
     say: Log = log or (lambda message: None)
     excluded = set(exclude_pids)
@@ -98,7 +127,12 @@ def kill_token_processes(
 
     def rescan() -> list[psutil.Process]:
         found = find_token_processes(
-            token, exclude_pids=excluded, forked_from=forked_from, created_after=created_after, env_var=env_var
+            token,
+            exclude_pids=excluded,
+            forked_from=forked_from,
+            created_after=created_after,
+            env_var=env_var,
+            where=where,
         )
         new = [p for p in found if process_key(p) not in _keys(targets)]
         new += [p for p in extra if p.pid not in excluded and alive(p) and process_key(p) not in _keys(targets)]

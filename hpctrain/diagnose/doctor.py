@@ -557,3 +557,91 @@ def summary(checks: list[Finding]) -> dict[str, Any]:
         "warnings": sum(c.level == "warning" for c in checks),
         "checks": [c.as_json() for c in checks],
     }
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """Every check, each ok / warning / error with its fix; ``probe``: what the probe job reported
+    (``--probe``), else None. ``ok``: no check is an error."""
+
+    checks: tuple[Finding, ...]
+    probe: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not any(check.level == "error" for check in self.checks)
+
+    def as_json(self) -> dict[str, Any]:
+        """What ``hpctrain doctor --json`` prints."""
+        document = summary(list(self.checks))
+        return {**document, "probe": self.probe} if self.probe is not None else document
+
+
+def doctor(
+    job: LoadedJob | None,
+    *,
+    probe: bool = False,
+    probe_timeout_s: float = 300.0,
+    bounds: MeasureBounds | None = None,
+    slurm: Slurm | None = None,
+) -> DoctorReport:
+    """The doctor verb's one sequence (``hpctrain doctor``): every check for ``job`` (or for the cluster
+    alone), then, with ``probe``, a short job that reports what a compute node sees."""
+    bounds = bounds or MeasureBounds()
+    slurm_backend = job is None or job.profile.scheduler == "slurm"
+    checks = run_checks(job, slurm_backend=slurm_backend, view=ClusterView(slurm), bounds=bounds)
+    found = None
+    if probe:
+        checks, found = with_probe(job, checks, timeout_s=probe_timeout_s, bounds=bounds, slurm=slurm)
+    return DoctorReport(tuple(checks), found)
+
+
+def with_probe(
+    job: LoadedJob | None,
+    checks: list[Finding],
+    *,
+    timeout_s: float,
+    bounds: MeasureBounds,
+    slurm: Slurm | None = None,
+) -> tuple[list[Finding], dict | None]:
+    """Run the probe job where the checks so far allow it; add what it found."""
+    from hpctrain.diagnose.probe import Measure, probe_findings, run_probe
+
+    if any(c.level == "error" and c.key in ("slurm clients", "controller") for c in checks):
+        return [*checks, Finding("error", "probe", "not run: Slurm does not answer")], None
+    if job is None or job.profile.scheduler != "slurm":
+        return [*checks, Finding("warning", "probe", "not run: give a spec for a Slurm cluster")], None
+    spec = job.spec
+    gpus = spec.resources.gpus_per_node or 0
+    gres = (
+        job.profile.gpu_gres.format(gpus=gpus) if gpus and job.profile.gpu_gres else (f"gpu:{gpus}" if gpus else None)
+    )
+    split = measured_split(job)
+    measure = None if split is None else Measure(str(split), bounds.max_files, bounds.max_s, measure_threads(job))
+    try:
+        found = run_probe(
+            output_dir=spec.output_dir,
+            data_root=spec.data.root if spec.entrypoint is None else None,
+            partition=spec.resources.partition,
+            gres=gres,
+            account=spec.resources.account,
+            qos=spec.resources.qos,
+            timeout_s=timeout_s,
+            measure=measure,
+            slurm=slurm,
+        )
+    except ClusterError as exc:
+        return [*checks, Finding("error", "probe", f"the probe job was refused: {exc.message}", exc.hint or "")], None
+    added = probe_findings(found, wants_gpus=gpus)
+    if not added:
+        gpus_seen = ", ".join(found.get("gpus", [])) or "no GPUs"
+        added.append(
+            Finding(
+                "ok",
+                "probe",
+                f"{found['hostname']}: Python {found['python_version']}, torch {found.get('torch')}, "
+                f"CUDA {found.get('cuda')}, NCCL {found.get('nccl', '-')}, {gpus_seen}",
+            )
+        )
+    added += file_rate_checks(job, found.get("file_rate"), f"from {found.get('hostname', 'the node')}")
+    return [*checks, *added], found

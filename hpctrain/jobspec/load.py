@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from hpctrain.errors import SpecError, SpecProblem
+from hpctrain.errors import SpecError, SpecProblem, UsageError
 from hpctrain.jobspec.archs import ARCH_PARAMS_M, unknown_arch_message
 from hpctrain.jobspec.horovod import horovod_refusal
 from hpctrain.jobspec.layer_split import check_layer_split
@@ -115,6 +115,62 @@ def load_job(
         raise SpecError(str(source), problems, hint="fix the keys above; 'hpctrain schema' lists every key")
     assert job is not None
     return dataclasses.replace(job, points=points)
+
+
+def revalidated(job: object) -> LoadedJob:
+    """``job`` as ``load_job`` returned it, checked again before it is used: every spec of it (its sweep's
+    trials, its study's points) must still pass the model's checks and the cross-field checks.
+
+    A ``LoadedJob`` is a plain object a Python user may change after ``load_job`` -- a dict edited in place
+    (``job.spec.env["X"] = ...``), ``model_copy(update=...)``, another object put in its place -- and none of
+    that is validated when it happens. ``SpecError`` lists every problem; anything that is not a
+    ``LoadedJob`` is a ``UsageError``.
+    """
+    if not isinstance(job, LoadedJob):
+        raise UsageError(
+            f"expected a job from hpctrain.load_job(...), got {type(job).__name__}",
+            hint="hpctrain.submit(hpctrain.load_job('jobs/x.yaml')) or hpctrain.submit('jobs/x.yaml')",
+        )
+    problems: list[SpecProblem] = []
+    if not isinstance(job.profile, ClusterProfile):
+        problems.append(SpecProblem("cluster", f"the job's profile is a {type(job.profile).__name__}"))
+    else:
+        _recheck(job.profile, ClusterProfile, "cluster profile", problems)
+    named = [
+        ("", job.spec),
+        *((f"sweep trial {i}", trial) for i, trial in enumerate(job.trials) if trial is not job.spec),
+    ]
+    for point in job.points:
+        named += [
+            (f"study point {point.label}", spec)
+            for spec in {id(s): s for s in (point.job.spec, *point.job.trials)}.values()
+        ]
+    for where, spec in named:
+        checked = _recheck(spec, JobSpec, where, problems)
+        if checked is not None and isinstance(job.profile, ClusterProfile):
+            problems += [_where(problem, where) for problem in check_resolved(checked, job.profile)]
+    if problems:
+        unique = list(dict.fromkeys(problems))
+        raise SpecError(
+            str(job.source), unique, hint="the job was changed after load_job; load the spec again, or fix it"
+        )
+    return job
+
+
+def _recheck(value: object, model: type[BaseModel], where: str, problems: list[SpecProblem]) -> Any:
+    """``value`` validated afresh as ``model`` (from its own fields), or None with the problems added."""
+    if not isinstance(value, model):
+        problems.append(SpecProblem("", f"{where or 'the spec'} is a {type(value).__name__}, not a {model.__name__}"))
+        return None
+    try:
+        return model.model_validate(value.model_dump())
+    except ValidationError as exc:
+        problems += [_where(problem, where) for problem in problems_from_validation(exc, {}, model)]
+        return None
+
+
+def _where(problem: SpecProblem, where: str) -> SpecProblem:
+    return problem if not where else SpecProblem(problem.key, f"{problem.message} ({where})")
 
 
 def _resolve(

@@ -7,10 +7,15 @@ anyone may have edited (``"job_id": "-1"`` would make ``kill`` signal every
 process of the user). So every local controller starts with a fresh token,
 ``HPCTRAIN_RUN_TOKEN=<uuid>``, in its exec-time environment, which its tasks
 and their data-loader workers inherit; run.json records the controller's PID,
-its start time and the token (``local_process``). A process is the run's only
-when all three match. ``/proc/PID/environ`` is readable only by the process's
-owner, so a run.json written elsewhere cannot name one of this user's
-processes by guessing.
+its start time and the token (``local_process``). The controller's environment
+also names the run directory it serves (``HPCTRAIN_LOCAL_RUN_DIR``): a copy of
+a live run's run.json in another folder names the right PID, start time and
+token, but not that folder. A process is the run's only when all four match
+(a sweep's parent directory is served by its trials' controllers).
+``/proc/PID/environ`` is readable only by the process's owner, so a run.json
+written elsewhere cannot name one of this user's processes by guessing. The
+controller starts without any task token the caller inherited
+(``contract/process_tokens.py``).
 
 Everything that asks "is the run still running?" (``cancel``, ``status``,
 ``status --watch``, ``resume``) goes through :func:`run_process`; only a
@@ -24,11 +29,19 @@ import os
 import re
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from hpctrain.contract.process_tokens import RUN_TOKEN_ENV, find_token_processes, kill_token_processes, new_token
+from hpctrain.contract.process_tokens import (
+    RUN_DIR_ENV,
+    RUN_TOKEN_ENV,
+    find_token_processes,
+    kill_token_processes,
+    new_token,
+    without_tokens,
+)
 
 if TYPE_CHECKING:
     import psutil
@@ -45,11 +58,16 @@ GONE_STATE = "local, process gone"  # ... whose controller has ended (or was nev
 
 @dataclass(frozen=True)
 class LocalProcess:
-    """What run.json records about a local run's controller: enough to recognise it, not just its number."""
+    """What run.json records about a local run's controller: enough to recognise it, not just its number.
+
+    ``run_dir``: where that run.json lies (not recorded: it is where the record was read); None only for
+    a record of a controller this process started itself.
+    """
 
     pid: int
     start_time: float
     token: str
+    run_dir: Path | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "start_time": self.start_time, "token": self.token}
@@ -59,9 +77,10 @@ def new_run_token() -> str:
     return new_token()
 
 
-def controller_environ(environ: Mapping[str, str], token: str) -> dict[str, str]:
-    """The environment a local controller starts with: the caller's, with this run's token."""
-    return {**environ, RUN_TOKEN_ENV: token}
+def controller_environ(environ: Mapping[str, str], token: str, run_dir: Path) -> dict[str, str]:
+    """The environment a local controller starts with: the caller's, without any process token it
+    inherited, with this run's token and run directory."""
+    return {**without_tokens(environ), RUN_TOKEN_ENV: token, RUN_DIR_ENV: os.path.realpath(run_dir)}
 
 
 def record_started(pid: int, token: str) -> LocalProcess:
@@ -88,9 +107,9 @@ def valid_pid(value: object) -> int | None:
     return value if isinstance(value, int) and 1 < value < 2**31 else None
 
 
-def parse_record(info: Mapping[str, Any]) -> LocalProcess | None:
-    """run.json's proof of a local run's controller, or None where it is missing, malformed or
-    names another PID than ``job_id`` (written by an older hpctrain, or edited)."""
+def parse_record(info: Mapping[str, Any], run_dir: Path) -> LocalProcess | None:
+    """``run_dir``'s run.json (``info``): its proof of a local run's controller, or None where it is missing,
+    malformed or names another PID than ``job_id`` (written by an older hpctrain, or edited)."""
     raw = info.get(RECORD_KEY)
     if not isinstance(raw, Mapping):
         return None
@@ -101,7 +120,7 @@ def parse_record(info: Mapping[str, Any]) -> LocalProcess | None:
         return None
     if not isinstance(token, str) or not re.fullmatch(r"[0-9a-f]{32}", token):
         return None
-    return LocalProcess(pid, float(start), token)
+    return LocalProcess(pid, float(start), token, Path(run_dir))
 
 
 def run_process(record: LocalProcess) -> psutil.Process | None:
@@ -128,7 +147,10 @@ def _examine(record: LocalProcess) -> tuple[psutil.Process | None, Liveness]:
             return None, "gone"
         if proc.uids().real != os.getuid():
             return None, "unproven"
-        return (proc, "running") if _environ(proc).get(RUN_TOKEN_ENV) == record.token else (None, "gone")
+        environ = _environ(proc)
+        if environ.get(RUN_TOKEN_ENV) != record.token or not _serves(environ, record.run_dir):
+            return None, "gone"
+        return proc, "running"
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return None, "gone"
     except psutil.AccessDenied:
@@ -145,10 +167,21 @@ def _environ(proc: psutil.Process, tries: int = 20) -> dict[str, str]:
     return {}
 
 
-def liveness(info: Mapping[str, Any]) -> Liveness:
-    """Whether a local run's controller still runs: ``running`` (proven), ``gone``, or ``unproven``
+def _serves(environ: Mapping[str, str], run_dir: Path | None) -> bool:
+    """Whether a controller with ``environ`` serves ``run_dir`` (itself, or the sweep whose trial it runs)."""
+    if run_dir is None:
+        return True  # a controller this process started
+    served = environ.get(RUN_DIR_ENV)
+    if not served:
+        return False
+    wanted = os.path.realpath(run_dir)
+    return wanted in (os.path.realpath(served), os.path.dirname(os.path.realpath(served)))
+
+
+def liveness(info: Mapping[str, Any], run_dir: Path) -> Liveness:
+    """Whether ``run_dir``'s local controller still runs: ``running`` (proven), ``gone``, or ``unproven``
     (a live process that may be the run's: run.json has no proof, or the process is not ours to read)."""
-    record = parse_record(info)
+    record = parse_record(info, run_dir)
     if record is not None:
         return _examine(record)[1]
     pid = valid_pid(info.get("job_id"))
@@ -157,15 +190,20 @@ def liveness(info: Mapping[str, Any]) -> Liveness:
     return "unproven"
 
 
-def state(info: Mapping[str, Any], *, summary_final: bool) -> str:
+def state(info: Mapping[str, Any], run_dir: Path, *, summary_final: bool) -> str:
     """A local run's job state for ``status``: :data:`GONE_STATE` once its controller is gone
     before the run wrote a final summary (killed, out of memory)."""
-    return GONE_STATE if not summary_final and liveness(info) == "gone" else STATE
+    return GONE_STATE if not summary_final and liveness(info, run_dir) == "gone" else STATE
 
 
 def run_processes(record: LocalProcess) -> list[psutil.Process]:
-    """Every live process of this user carrying the run's token (controller, tasks, loader workers)."""
-    return find_token_processes(record.token, env_var=RUN_TOKEN_ENV)
+    """Every live process of this user carrying the run's token for its run directory (controller, tasks,
+    loader workers)."""
+    return find_token_processes(record.token, env_var=RUN_TOKEN_ENV, where=_serving(record))
+
+
+def _serving(record: LocalProcess) -> Callable[[Mapping[str, str]], bool]:
+    return lambda environ: _serves(environ, record.run_dir)
 
 
 def stop(records: Sequence[LocalProcess], timeout_s: float, *, poll_s: float = 0.2) -> Outcome:
@@ -189,7 +227,9 @@ def stop(records: Sequence[LocalProcess], timeout_s: float, *, poll_s: float = 0
     ended = all(run_process(record) is None for record, _ in running)
     grace_s = STOP_GRACE_S if ended else 0.0
     leftovers = [
-        pid for record in records for pid in kill_token_processes(record.token, grace_s, env_var=RUN_TOKEN_ENV)
+        pid
+        for record in records
+        for pid in kill_token_processes(record.token, grace_s, env_var=RUN_TOKEN_ENV, where=_serving(record))
     ]
     if not running:
         return "killed" if leftovers else "gone"

@@ -1,21 +1,87 @@
-"""What a submission is told before it happens and after: the checks before the queue, warnings
-about the spec, and where to follow a submitted run (the dry run itself: ``dry_run.py``).
+"""What a submission is told before it happens and after: the validate verb's sequence, the checks
+before the queue, warnings about the spec, and where to follow a submitted run (the dry run itself:
+``dry_run.py``).
 
 Both the CLI and the Python API take their text from here. Torch-free, and
-light: ``hpctrain validate`` prints its warnings from here.
+light: ``hpctrain validate`` runs from here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain.jobspec.lead_time import lead_time_warning
 
-if TYPE_CHECKING:  # the rest is imported where used: 'hpctrain validate' prints warnings from here, and stays light
+if TYPE_CHECKING:  # the rest is imported where used: 'hpctrain validate' runs from here, and stays light
     from hpctrain.contract.slurm import Slurm
+    from hpctrain.diagnose.findings import Finding
     from hpctrain.jobspec.load import LoadedJob
-    from hpctrain.launch.submission import SubmittedRun
+
+
+@dataclass(frozen=True)
+class Validation:
+    """A spec that passed: the job, its one-line ``summary``, one line per study point (``points``),
+    and the ``warnings`` (allowed, but likely to hurt)."""
+
+    job: LoadedJob
+    summary: str
+    points: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+
+def validate(path: str | Path, overrides: Sequence[str] = (), *, cluster: str | None = None) -> Validation:
+    """The validate verb's one sequence (``hpctrain validate``, ``hpctrain.load_job``): read and check the
+    spec, and read (never mount) a packed image named by data.root. ``SpecError`` lists every problem."""
+    from hpctrain.errors import SpecError, SpecProblem
+    from hpctrain.jobspec.load import load_job
+
+    job = load_job(path, overrides, cluster=cluster)
+    findings = image_findings(job)
+    errors = [f for f in findings if f.level == "error"]
+    if errors:
+        raise SpecError(str(job.source), [SpecProblem(f.key, f.message) for f in errors])
+    points: tuple[str, ...] = ()
+    if job.is_study:
+        from hpctrain.launch.study import describe_point
+
+        points = tuple(f"{point.label}: {describe_point(point)}" for point in job.points)
+    warnings = spec_warnings(job) + [f"{job.source}: {f.key}: {f.message}" for f in findings]
+    return Validation(job, describe(job), points, tuple(warnings))
+
+
+def describe(job: LoadedJob) -> str:
+    """One line: where, how big, how much per step."""
+    spec = job.spec
+    gpus = spec.resources.gpus_per_node or 0
+    per_node = f"{gpus} GPUs" if gpus else f"{spec.tasks_per_node} CPU task{'s' if spec.tasks_per_node > 1 else ''}"
+    what = spec.entrypoint or f"{spec.trainer.arch} {spec.trainer.strategy} {spec.trainer.precision}"
+    line = (
+        f"{spec.name} on {job.profile.name}: {spec.resources.nodes} node{'s' if spec.resources.nodes > 1 else ''} "
+        f"x {per_node}, world size {spec.world_size}, "
+    )
+    if spec.entrypoint is None:
+        layout = spec.batch_layout
+        line += f"global batch {layout.global_batch} ({layout.describe()}), "
+    line += f"{what}, time {spec.resources.time}"
+    if job.is_sweep:
+        line += f", sweep of {len(job.trials)} trials"
+    if job.is_study:
+        line += f"; study of {len(job.points)} points, one job each"
+    return line
+
+
+def image_findings(job: LoadedJob) -> list[Finding]:
+    """A data.root that names an image file is read (never mounted): a broken image fails here, not in the job."""
+    findings: list[Finding] = []
+    for spec in job.trials:
+        if spec.entrypoint is None and spec.data.root and Path(spec.data.root).expanduser().is_file():
+            from hpctrain.diagnose.preflight import check_data_root
+
+            findings += [f for f in check_data_root(spec) if f not in findings]
+    return findings
 
 
 def check_before_queueing(job: LoadedJob, *, local: bool, slurm: Slurm | None = None) -> list[str]:
@@ -56,16 +122,3 @@ def container_warnings(job: LoadedJob, *, local: bool) -> list[str]:
     if job.spec.container is None or backend_for(job, local) != "local":
         return []
     return [f"{job.source}: container: runs on Slurm only; here the tasks run without the image"]
-
-
-def submitted_lines(submitted: SubmittedRun, cluster: str) -> list[str]:
-    """Where a submitted run is, and (on Slurm) how to follow, inspect and cancel it."""
-    where = "Slurm" if submitted.backend == "slurm" else "this machine (local executor)"
-    lines = [f"submitted job {submitted.job_id} to {where}, cluster '{cluster}'", f"  run dir: {submitted.run_dir}"]
-    if submitted.backend == "slurm":
-        lines += [
-            f"  follow:  hpctrain logs {submitted.run_dir} --follow",
-            f"  status:  hpctrain status {submitted.run_dir}",
-            f"  cancel:  hpctrain cancel {submitted.run_dir}",
-        ]
-    return lines

@@ -22,7 +22,7 @@ from hpctrain.contract.slurm import Slurm, WaitTimedOut
 from hpctrain.contract.slurm_states import is_final, is_pending
 from hpctrain.errors import ClusterError
 from hpctrain.jobspec.load import LoadedJob
-from hpctrain.launch.submission import submit
+from hpctrain.launch.submission import submit_run
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def rehearse(job: LoadedJob, timeout_s: float, say: Callable[[str], None], *, sl
             hint="use the spec you will submit for real",
         )
     slurm = slurm or Slurm()
-    submitted = submit(job)
+    submitted = submit_run(job)
     job_id, run_dir = submitted.job_id, submitted.run_dir
     deadline = time.monotonic() + timeout_s
     say(f"rehearsal job {job_id}, run dir {run_dir}")

@@ -28,7 +28,7 @@ from hpctrain.errors import ClusterError, RunDirError, UsageError
 from hpctrain.jobspec.batch import scaled_lr
 from hpctrain.jobspec.load import LoadedJob
 from hpctrain.jobspec.study_axes import MAX_POINTS, StudyPoint
-from hpctrain.launch.submission import SubmittedRun, render_script, submit
+from hpctrain.launch.submission import SubmittedRun, render_script, submit_run
 
 STUDY_VERSION = 1
 
@@ -217,7 +217,7 @@ def submit_study(
     runs: list[tuple[StudyPoint, SubmittedRun]] = []
     for point, entry in zip(job.points, record["points"], strict=True):
         try:
-            submitted = submit(point.job, local=local, run_dir=point_dir(study_dir, entry), snapshot=snapshot)
+            submitted = submit_run(point.job, local=local, run_dir=point_dir(study_dir, entry), snapshot=snapshot)
         except (ClusterError, UsageError) as exc:
             if not runs:
                 study_file(study_dir).unlink(missing_ok=True)

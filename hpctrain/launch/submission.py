@@ -209,7 +209,9 @@ class SubmittedRun:
     trial_dirs: list[Path]
 
 
-def submit(job: LoadedJob, *, local: bool = False, run_dir: Path | None = None, snapshot: bool = True) -> SubmittedRun:
+def submit_run(
+    job: LoadedJob, *, local: bool = False, run_dir: Path | None = None, snapshot: bool = True
+) -> SubmittedRun:
     """Create the run directory (a new one, or ``run_dir``: a study's point), write the resolved spec,
     copy the user's code, and submit."""
     from hpctrain.contract.slurm import Slurm  # here: --dry-run need not load it
@@ -297,10 +299,14 @@ def _launch(
     executor = build_executor(job, backend, run_dir)
     launchers = task_launchers(job, trial_dirs, backend, code_root)
     try:
+        if backend == "local":  # one controller per trial, each told the run directory it serves
+            jobs = []
+            for launcher, one_dir in zip(launchers, trial_dirs, strict=True):
+                executor.run_dir = one_dir  # type: ignore[attr-defined]
+                jobs.append(executor.submit(launcher))
+            return jobs
         if len(launchers) == 1:
             return [executor.submit(launchers[0])]
-        if backend == "local":
-            return [executor.submit(launcher) for launcher in launchers]
         return list(executor.submit_array(launchers))
     except (FailedJobError, OSError, RuntimeError) as exc:
         meaning, hint = classify_sbatch_failure(str(exc))

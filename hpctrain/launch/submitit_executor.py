@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import submitit
 
@@ -42,16 +43,20 @@ class LocalExecutor(submitit.LocalExecutor):
     environment variables), plus the run's token (``launch/local_run.py``) and,
     on Linux, a parent-death signal: a ``submit --local`` that dies takes the
     controller, and through it the tasks, along. ``job.local_process`` is the
-    record for run.json.
+    record for run.json. ``run_dir``: the run directory the next job serves (set before each submit).
     """
+
+    run_dir: Path | None = None
 
     def _submit_command(self, command: str) -> submitit.local.local.LocalJob:
         from submitit.local.local import LocalJob
 
         ntasks = self.parameters.get("tasks_per_node", 1)
         gpus = range(self.parameters.get("gpus_per_node", 0))
+        if self.run_dir is None:
+            raise RuntimeError("LocalExecutor.run_dir names the run directory the controller serves; set it first")
         token = local_run.new_run_token()
-        env = local_run.controller_environ(os.environ, token)
+        env = local_run.controller_environ(os.environ, token, self.run_dir)
         env.update(
             SUBMITIT_LOCAL_NTASKS=str(ntasks),
             SUBMITIT_LOCAL_COMMAND=command,

@@ -63,4 +63,4 @@ def job_writes_no_more(run_dir: Path, info: dict[str, Any]) -> bool:
     if info.get("backend") != "local":
         return is_final(Slurm().job_state(str(info.get("job_id") or "")))
     summary = read_summary(run_dir)
-    return (summary is not None and summary.is_final) or local_run.liveness(info) == "gone"
+    return (summary is not None and summary.is_final) or local_run.liveness(info, run_dir) == "gone"

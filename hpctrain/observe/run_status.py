@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +59,7 @@ def run_status(run_dir: Path, known_states: Mapping[str, str] | None = None, *, 
     job_id = str(info.get("job_id", ""))
     known = (known_states or {}).get(job_id)
     if info.get("backend") == "local":
-        state = local_run.state(info, summary_final=bool(recorded and recorded.is_final))
+        state = local_run.state(info, run_dir, summary_final=bool(recorded and recorded.is_final))
     else:
         state = known or _slurm_state(job_id, slurm or Slurm())
     summary = parse_summary(reconcile(recorded.fields() if recorded else {}, state, run_dir)) or Summary()
@@ -124,6 +124,7 @@ class RunStatus:
     hung_frozen_s: float | None
     lost_nodes: str | None
     stragglers: list[int]
+    ranks: tuple[RankView, ...] = field(default=(), compare=False, repr=False)  # each rank's last heartbeat
 
     @property
     def finished(self) -> bool:
@@ -131,8 +132,8 @@ class RunStatus:
         return self.status in ("completed", "stopped", "failed", "cancelled")
 
     def as_dict(self) -> dict[str, Any]:
-        """The same keys, in the same order, as ``hpctrain status RUN --json``."""
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        """The same keys, in the same order, as ``hpctrain status RUN --json`` (without ``--ranks``)."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "ranks"}
 
 
 def reconcile(summary: dict[str, Any], slurm_state: str, run_dir: Path) -> dict[str, Any]:
@@ -256,7 +257,7 @@ def _local_states(run_dirs: list[Path]) -> dict[Path, str]:
         except RunDirError:
             continue
         if info.get("backend") == "local":
-            states[run_dir] = local_run.state(info, summary_final=False)
+            states[run_dir] = local_run.state(info, run_dir, summary_final=False)
     return states
 
 

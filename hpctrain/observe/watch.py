@@ -46,9 +46,9 @@ class JobPoller:
         self.source: Literal["sacct", "squeue"] = "sacct"
         self.have_slurm = self.slurm.available()
 
-    def state(self, info: dict, *, summary_final: bool = False) -> str:
+    def state(self, info: dict, run_dir: Path, *, summary_final: bool = False) -> str:
         if info.get("backend") == "local":
-            return local_run.state(info, summary_final=summary_final)
+            return local_run.state(info, run_dir, summary_final=summary_final)
         job_id = str(info.get("job_id") or "")
         if not job_id or not self.have_slurm:
             return "unknown (no Slurm here)"
@@ -87,7 +87,7 @@ def take_snapshot(run_dir: Path, tail: MetricsTail, poller: JobPoller, now: floa
     """(the snapshot, whether summary.json is final) at ``now``; one Slurm call at most."""
     info = read_run_info(run_dir)  # read again each time: 'hpctrain resume' records a new job id
     recorded = read_summary(run_dir) or Summary()
-    state = poller.state(info, summary_final=recorded.is_final)
+    state = poller.state(info, run_dir, summary_final=recorded.is_final)
     summary = parse_summary(reconcile(recorded.fields(), state, run_dir)) or Summary()
     ended = job_ended(state, recorded, str(info.get("job_id") or ""))
     snap = build_snapshot(read_run(run_dir, info, tail, summary), state, now, final=ended)

@@ -52,13 +52,14 @@ from typing import TYPE_CHECKING, NoReturn
 from hpctrain.contract.process_tokens import (
     GRACE_S,
     REAPER_MODULE,
-    RUN_TOKEN_ENV,
     TOKEN_ENV,
     alive,
     find_token_processes,
     kill_token_processes,
-    new_token,
+    owned_token,
     process_key,
+    token_environ,
+    without_tokens,
 )
 
 if TYPE_CHECKING:
@@ -69,18 +70,22 @@ TRACK_EVERY_S = 1.0
 MODULE = REAPER_MODULE
 
 
-def ensure_task_token(environ: MutableMapping[str, str] | None = None) -> str:
-    """This task's token: the one it was started with, else a new one set in ``environ``."""
+def ensure_task_token(environ: MutableMapping[str, str] | None = None, pid: int | None = None) -> str:
+    """This task's token: the one the exec wrapper made for this very process, else a new one set in
+    ``environ`` (``os.environ``). A token inherited from elsewhere is never adopted: this task's clean-up
+    would end every unrelated process that carries it."""
     environ = os.environ if environ is None else environ
-    if not environ.get(TOKEN_ENV):
-        environ[TOKEN_ENV] = new_token()
-    return environ[TOKEN_ENV]
+    pid = os.getpid() if pid is None else pid
+    token = owned_token(environ, pid)
+    if token is None:
+        environ.update(token_environ({}, pid))
+        token = environ[TOKEN_ENV]
+    return token
 
 
 def reaper_environ(environ: Mapping[str, str], token: str) -> dict[str, str]:
     """The watcher's environment: never its own target, never taken for part of the job."""
-    own = (TOKEN_ENV, RUN_TOKEN_ENV)
-    return {k: v for k, v in environ.items() if k not in own and not k.startswith("SLURM_") and token not in v}
+    return {k: v for k, v in without_tokens(environ).items() if not k.startswith("SLURM_") and token not in v}
 
 
 def start_reaper(
@@ -186,9 +191,7 @@ def exec_with_token(argv: Sequence[str]) -> NoReturn:
     """Replace this process with ``argv``, a fresh task token in its environment."""
     if not argv:
         raise SystemExit(f"usage: python -m {MODULE} exec PROGRAM [ARGS...]")
-    env = dict(os.environ)
-    env[TOKEN_ENV] = new_token()
-    os.execvpe(argv[0], list(argv), env)
+    os.execvpe(argv[0], list(argv), token_environ(os.environ, os.getpid()))  # exec keeps the PID
 
 
 class WatcherLog:

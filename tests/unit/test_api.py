@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -96,16 +97,6 @@ def slurm_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str) -> tu
     return run_dir, FakeSlurm({"4242": state}).install(monkeypatch)
 
 
-def test_cancel_of_a_finished_run_is_refused_before_anything_is_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    run_dir, fake = slurm_run(tmp_path, monkeypatch, "COMPLETED")
-    with pytest.raises(UsageError, match="already ended .*job 4242 ended COMPLETED.*nothing to cancel") as caught:
-        hpctrain.cancel(run_dir)
-    assert "hpctrain.status(" in (caught.value.hint or "")
-    assert not cancel_marker_path(run_dir).exists() and not fake.asked("scancel")
-
-
 def test_status_is_what_status_json_prints(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -124,7 +115,7 @@ def test_resume_refuses_while_the_job_runs(tmp_path: Path, monkeypatch: pytest.M
         hpctrain.resume(run_dir)
 
 
-def test_a_local_submit_with_wait_completes_and_then_cannot_be_cancelled(tmp_path: Path) -> None:
+def test_a_local_submit_with_wait_completes_and_then_has_nothing_to_cancel(tmp_path: Path) -> None:
     data = tmp_path / "data"
     make_dataset(data, classes=2, per_class=4, val_per_class=2, image_size=32)
     spec = {
@@ -142,14 +133,14 @@ def test_a_local_submit_with_wait_completes_and_then_cannot_be_cancelled(tmp_pat
     assert submitted.run_dir.parent == tmp_path / "runs" / "api"
     status = hpctrain.status(submitted.run_dir)
     assert status.status == "completed" and status.epochs_completed == 1 and status.finished
-    with pytest.raises(UsageError, match="already ended .*its summary is final"):
-        hpctrain.cancel(submitted.run_dir)
+    ended = hpctrain.cancel(submitted.run_dir)  # nothing left to cancel: said, nothing written or signalled
+    assert ended.already_ended and ended.state.startswith("already ended (its ") and ended.status == "completed"
     assert not cancel_marker_path(submitted.run_dir).exists()
     written = hpctrain.report(submitted.run_dir, out=tmp_path / "report")
     assert written.html.is_file() and written.markdown.is_file() and written.out_dir == tmp_path / "report"
 
 
-def test_a_study_status_is_what_status_json_prints_and_an_ended_study_is_not_cancelled(
+def test_a_study_status_is_what_status_json_prints_and_an_ended_study_has_nothing_to_cancel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from test_study import made_study
@@ -159,8 +150,8 @@ def test_a_study_status_is_what_status_json_prints_and_an_ended_study_is_not_can
     assert main(["status", str(study_dir), "--json"]) == 0
     assert study.as_dict() == json.loads(capsys.readouterr().out)
     assert [(p["label"], p["status"]) for p in study.points] == [("nodes-1", "completed"), ("nodes-2", "completed")]
-    with pytest.raises(UsageError, match="no point of this study is still going"):
-        hpctrain.cancel(study_dir)
+    cancelled = hpctrain.cancel(study_dir)
+    assert [c.already_ended for c in cancelled] == [True, True]  # every point had ended: nothing signalled
     with pytest.raises(UsageError, match="is a study of 2 points"):
         hpctrain.resume(study_dir)
 
@@ -188,3 +179,179 @@ def test_cancel_of_a_running_job_writes_the_marker_then_scancels_and_returns_whe
         True,
         None,
     )
+
+
+# ---------------------------------------------------------------- one door, two faces: every verb through both
+
+
+def through_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``hpctrain ARGV`` in this process: exit code, stdout, stderr."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def through_api(call: Any) -> tuple[int, Any, str]:
+    """A Python API call as the CLI would end it: (exit code, result, error message)."""
+    try:
+        return 0, call(), ""
+    except HpctrainError as exc:
+        return exc.exit_code, None, exc.message
+
+
+def agree_on_the_error(cli: tuple[int, str, str], api: tuple[int, Any, str]) -> None:
+    """The same refusal: one exit code, the API's message is the CLI's error line, no traceback."""
+    assert cli[0] == api[0] != 0 and api[1] is None
+    assert cli[2].startswith(f"error: {api[2]}") and "Traceback" not in cli[2]
+
+
+def test_both_faces_cancel_an_ended_run_alike_writing_and_signalling_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir, fake = slurm_run(tmp_path, monkeypatch, "COMPLETED")
+    code, out, _ = through_cli(capsys, "cancel", str(run_dir))
+    done = hpctrain.cancel(run_dir)
+    assert code == 0 and done.already_ended and (done.state, done.status) == ("already ended (COMPLETED)", "completed")
+    assert out.splitlines()[0] == f"job 4242: {done.state}; run status: {done.status}"
+    assert not cancel_marker_path(run_dir).exists() and not fake.asked("scancel")
+
+
+def test_both_faces_cancel_a_running_job_with_the_same_protocol(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir, fake = slurm_run(tmp_path, monkeypatch, "RUNNING")
+    code, out, _ = through_cli(capsys, "cancel", str(run_dir))
+    cli_commands, fake.commands = [argv[0] for argv in fake.commands], []
+    assert code == 0 and out.startswith("job 4242: CANCELLED; run status: stopped (the job ended before")
+    fake.jobs["4242"] = "RUNNING"  # the same job, running again, through the other face
+    done = hpctrain.cancel(run_dir)
+    assert (done.state, done.already_ended) == ("CANCELLED", False)
+    assert [argv[0] for argv in fake.commands] == cli_commands and cli_commands.count("scancel") == 1
+
+
+def test_both_faces_refuse_a_run_json_that_names_no_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir, fake = slurm_run(tmp_path, monkeypatch, "RUNNING")
+    write_run_info(run_dir, {"name": "demo", "job_id": "--user=me", "backend": "slurm"})
+    for verb in ("cancel", "resume"):
+        call = getattr(hpctrain, verb)
+        agree_on_the_error(through_cli(capsys, verb, str(run_dir)), through_api(lambda call=call: call(run_dir)))
+    assert fake.commands == [] and not cancel_marker_path(run_dir).exists()
+
+
+@pytest.mark.parametrize(("state", "stopping"), [("RUNNING", False), ("CANCELLED", True)])
+def test_both_faces_refuse_to_resume_while_the_previous_attempt_may_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], state: str, stopping: bool
+) -> None:
+    run_dir, fake = slurm_run(tmp_path, monkeypatch, state)
+    if stopping:
+        fake.stopping.add("4242")
+    cli, api = through_cli(capsys, "resume", str(run_dir)), through_api(lambda: hpctrain.resume(run_dir))
+    agree_on_the_error(cli, api)
+    assert ("still stopping" if stopping else "still RUNNING") in api[2]
+
+
+def test_both_faces_agree_on_status_of_a_run_and_a_study(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_study import made_study
+
+    run_dir, _ = slurm_run(tmp_path, monkeypatch, "PENDING")
+    (tmp_path / "study").mkdir()
+    study_dir = made_study(tmp_path / "study", monkeypatch)
+    for target in (run_dir, study_dir):
+        code, out, _ = through_cli(capsys, "status", str(target), "--json")
+        assert code == 0 and json.loads(out) == hpctrain.status(target).as_dict()
+    agree_on_the_error(through_cli(capsys, "status", str(tmp_path)), through_api(lambda: hpctrain.status(tmp_path)))
+
+
+def test_both_faces_agree_on_validate_and_dry_run_and_their_refusals(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hpctrain.launch.plan import describe
+
+    spec = REPO / "jobs/resnet50_4x4.yaml"
+    code, out, _ = through_cli(capsys, "validate", str(spec), "--set", "trainer.epochs=3")
+    assert (
+        code == 0 and out.splitlines()[0] == f"{spec}: OK - {describe(hpctrain.load_job(spec, ['trainer.epochs=3']))}"
+    )
+    bad = ["--set", "resources.nodes=0", "--set", "trainer.arch=resnet5"]
+    for verb in ("validate", "submit"):
+        api = through_api(lambda: hpctrain.load_job(spec, [bad[1], bad[3]]))
+        agree_on_the_error(
+            through_cli(capsys, verb, str(spec), *bad, *(["--dry-run"] if verb == "submit" else [])), api
+        )
+    image = tmp_path / "broken.sqsh"
+    image.write_bytes(b"not an image" * 100)
+    api = through_api(lambda: hpctrain.load_job(spec, [f"data.root={image}"]))
+    agree_on_the_error(through_cli(capsys, "validate", str(spec), "--set", f"data.root={image}"), api)
+    assert "data.root" in api[2]  # the image is read by both doors, not only by the command line
+
+
+def test_both_faces_agree_on_the_doctor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    FakeSlurm(answers={"scontrol ping": (0, "Slurmctld(primary) at ctl is DOWN\n")}).install(monkeypatch)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"name: j\ncluster: slurm\noutput_dir: {tmp_path / 'runs'}\ndata: {{root: {tmp_path / 'd'}}}\n")
+    code, out, _ = through_cli(capsys, "doctor", str(spec), "--json")
+    found = hpctrain.doctor(spec)
+    assert code == 1 and not found.ok and json.loads(out) == found.as_json()
+    assert any(check.key == "controller" and check.level == "error" for check in found.checks)
+
+
+# ---------------------------------------------------------------- the Python API's hostile input (issue 30)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda job: job.spec.env.__setitem__("X", "a\n#SBATCH --uid=0"),
+        lambda job: job.spec.resources.slurm_extra.__setitem__("reservation\n#SBATCH --uid=0", "r"),
+        lambda job: job.spec.resources.slurm_extra.__setitem__("reservation", "r\n#SBATCH --uid=0"),
+        lambda job: object.__setattr__(job.spec.resources, "min_nodes", 8),
+        lambda job: object.__setattr__(job, "spec", job.spec.model_copy(update={"name": "a b/../c"})),
+        lambda job: object.__setattr__(job, "spec", {"name": "x"}),
+    ],
+)
+def test_a_job_edited_after_load_job_is_checked_again_before_anything_is_submitted(
+    edit: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeSlurm().install(monkeypatch)
+    job = hpctrain.load_job(REPO / "jobs/smoke_2x2_cpu.yaml", [f"output_dir={tmp_path / 'runs'}", "resources.nodes=4"])
+    edit(job)
+    for dry_run in (True, False):
+        with pytest.raises(SpecError) as refused:
+            hpctrain.submit(job, dry_run=dry_run)
+        assert "changed after load_job" in (refused.value.hint or "")
+    assert fake.commands == [] and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: hpctrain.submit(123),
+        lambda: hpctrain.submit(None, dry_run=True),
+        lambda: hpctrain.submit(REPO / "jobs/quickstart.yaml", dry_run="yes"),
+        lambda: hpctrain.submit(REPO / "jobs/quickstart.yaml", dry_run=True, log=5),
+        lambda: hpctrain.load_job(["jobs/quickstart.yaml"]),
+        lambda: hpctrain.load_job(REPO / "jobs/quickstart.yaml", [5]),
+        lambda: hpctrain.load_job(REPO / "jobs/quickstart.yaml", cluster=5),
+        lambda: hpctrain.status(None),
+        lambda: hpctrain.status(3.5),
+        lambda: hpctrain.cancel(REPO, timeout_s="5"),
+        lambda: hpctrain.cancel(REPO, timeout_s=float("nan")),
+        lambda: hpctrain.cancel(REPO, timeout_s=-1),
+        lambda: hpctrain.resume(REPO, overrides=[None]),
+        lambda: hpctrain.resume(REPO, wait=1),
+        lambda: hpctrain.report(5),
+        lambda: hpctrain.report([]),
+        lambda: hpctrain.report(REPO, out=5),
+        lambda: hpctrain.doctor(spec=5),
+    ],
+)
+def test_wrong_argument_types_are_usage_errors_that_name_the_argument(call: Any) -> None:
+    with pytest.raises(UsageError) as refused:
+        call()
+    assert "=" in refused.value.message  # names the argument and what it got

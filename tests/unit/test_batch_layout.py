@@ -40,8 +40,8 @@ def test_describe_names_gpus_and_processes() -> None:
 
 
 def test_validate_summary_line_shows_the_layout(tmp_path: Path) -> None:
-    from hpctrain.cli.cmd_validate import describe
     from hpctrain.jobspec.load import load_job
+    from hpctrain.launch.plan import describe
 
     path = tmp_path / "dp.yaml"
     text = "name: a\ncluster: hal\nresources: {nodes: 2, gpus_per_node: 4}\ntrainer: {strategy: dp, batch_size: 64}\n"

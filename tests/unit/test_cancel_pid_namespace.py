@@ -27,16 +27,18 @@ from pathlib import Path
 import psutil
 
 from hpctrain.contract.rundir import atomic_write_text, write_run_info
-from hpctrain.contract.process_tokens import RUN_TOKEN_ENV
+from hpctrain.contract.process_tokens import RUN_DIR_ENV, RUN_TOKEN_ENV
 
 root = Path(sys.argv[1])
 TOKEN = "a" * 32
 
 
-def sleeper(token=None):
-    env = {k: v for k, v in os.environ.items() if k != RUN_TOKEN_ENV}
+def sleeper(token=None, serves=None):
+    env = {k: v for k, v in os.environ.items() if k not in (RUN_TOKEN_ENV, RUN_DIR_ENV)}
     if token:
         env[RUN_TOKEN_ENV] = token
+    if serves:
+        env[RUN_DIR_ENV] = str(root / "runs" / serves)  # the run directory a controller serves
     return subprocess.Popen(["sleep", "300"], env=env)
 
 
@@ -61,9 +63,9 @@ def cancel(folder):
 
 
 bystander = sleeper()
-controller = sleeper(TOKEN)
-orphan = sleeper(TOKEN)  # a task left behind by its controller: carries the run token
-finished = sleeper("b" * 32)
+controller = sleeper(TOKEN, "real")
+orphan = sleeper(TOKEN, "real")  # a task left behind by its controller: carries its token and run directory
+finished = sleeper("b" * 32, "finished")
 hostile = {
     "minus_one": run_dir("minus-one", "-1"),
     "zero": run_dir("zero", "0"),

@@ -43,7 +43,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RequeuingSlurm:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     slurm = RequeuingSlurm(run_dir)
-    monkeypatch.setattr(rehearsal, "submit", lambda job: SubmittedRun("77", run_dir, "slurm", [], [run_dir]))
+    monkeypatch.setattr(rehearsal, "submit_run", lambda job: SubmittedRun("77", run_dir, "slurm", [], [run_dir]))
     monkeypatch.setattr(rehearsal, "latest_checkpoint_step", lambda run_dir: 8)
     monkeypatch.setenv("HPCTRAIN_CONFIG_DIR", str(tmp_path / "config"))
     return slurm

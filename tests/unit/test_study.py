@@ -19,6 +19,7 @@ from hpctrain.diagnose.preflight import Finding, check_partition, study_findings
 from hpctrain.errors import ClusterError, SpecError
 from hpctrain.jobspec.load import load_job
 from hpctrain.jobspec.study_axes import check_axes, combinations, point_label
+from hpctrain.launch.cancel import Cancelled
 from hpctrain.launch.study import point_record, read_study, render_study_plan, study_record, submit_study
 from hpctrain.launch.submission import SubmittedRun
 from tests.fake_slurm import FakeSlurm
@@ -288,7 +289,7 @@ def fake_submit(monkeypatch: pytest.MonkeyPatch, fail_at: int | None = None) -> 
         seen.append(run_dir)
         return SubmittedRun(job_id, run_dir, "slurm", [], [run_dir])
 
-    monkeypatch.setattr(study_module, "submit", submit)
+    monkeypatch.setattr(study_module, "submit_run", submit)
     return seen
 
 
@@ -404,7 +405,12 @@ def test_cancel_of_a_study_cancels_every_point_through_the_run_cancel(
 ) -> None:
     study_dir = made_study(tmp_path, monkeypatch)
     cancelled: list[Path] = []
-    monkeypatch.setattr("hpctrain.cli.cmd_cancel.cancel_run", lambda run_dir, timeout_s: cancelled.append(run_dir) or 0)
+
+    def cancel_run(run_dir: Path, timeout_s: float, *, slurm: object = None) -> Cancelled:
+        cancelled.append(run_dir)
+        return Cancelled(run_dir, "1", "CANCELLED", "stopped", True, 0.0, None)
+
+    monkeypatch.setattr("hpctrain.launch.cancel.cancel_run", cancel_run)
     assert main(["cancel", str(study_dir)]) == 0
     assert cancelled == [study_dir / "nodes-1", study_dir / "nodes-2"]
 
@@ -441,9 +447,11 @@ def test_local_points_run_one_after_another(
 
     def follow_local(submitted, stream):  # noqa: ANN001, ANN202
         events.append(f"ran {submitted.run_dir.name}")
-        return 0 if submitted.run_dir.name == "nodes-1" else 1
+        status = "completed" if submitted.run_dir.name == "nodes-1" else "failed"
+        write_summary(submitted.run_dir, {"status": status})
+        return 0 if status == "completed" else 1
 
-    monkeypatch.setattr(study_module, "submit", submit)
+    monkeypatch.setattr(study_module, "submit_run", submit)
     monkeypatch.setattr("hpctrain.launch.follow.follow_local", follow_local)
     assert main(["submit", str(write(tmp_path, CPU_STUDY)), "--local", "--json", "--no-preflight"]) == 1
     assert events == ["submit nodes-1", "ran nodes-1", "submit nodes-2", "ran nodes-2"]
