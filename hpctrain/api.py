@@ -90,8 +90,8 @@ def cancel(run: str | Path, *, timeout_s: float = 60.0) -> Cancelled | tuple[Can
     were cancelled.
     """
     from hpctrain.contract.job_registry import resolve_run
+    from hpctrain.contract.study_file import read_study, study_dir_of
     from hpctrain.launch.cancel import cancel_run, cancel_study
-    from hpctrain.launch.study import read_study, study_dir_of
 
     target, timeout_s = _run("run", run), _seconds("timeout_s", timeout_s)
     if (study_dir := study_dir_of(target)) is None:

@@ -14,8 +14,8 @@ import argparse
 from hpctrain.cli.main import print_error
 from hpctrain.contract import job_registry
 from hpctrain.contract.runfiles import printable
+from hpctrain.contract.study_file import read_study, study_dir_of
 from hpctrain.launch.cancel import Cancelled, cancel_run, cancel_study
-from hpctrain.launch.study import read_study, study_dir_of
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,8 +18,8 @@ from rich.table import Table
 
 from hpctrain.contract import job_registry
 from hpctrain.contract.runfiles import for_rich, json_safe, printable
+from hpctrain.contract.study_file import study_dir_of
 from hpctrain.errors import RunDirError, UsageError
-from hpctrain.launch.study import study_dir_of
 from hpctrain.observe.live_view import rank_table
 from hpctrain.observe.run_status import RECENT_KEYS, RunStatus, recent_rows, registry_runs, runs_under
 from hpctrain.observe.status import COLUMNS, StudyStatus, point_cells, status

@@ -15,9 +15,10 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from hpctrain.contract.heartbeat_files import read_heartbeats
-from hpctrain.contract.rundir import hang_claim_path, read_summary
+from hpctrain.contract.rundir import hang_claim_path
 from hpctrain.contract.slurm import Slurm, SlurmCommandError
 from hpctrain.contract.srun_report import task_failures
+from hpctrain.contract.summary import read_summary
 from hpctrain.healing.decide import HungRank
 
 PROBE_TIMEOUT_S = 3.0
@@ -55,9 +56,9 @@ def hung_rank(run_dir: Path, job_id: str) -> HungRank | None:
     summary = read_summary(run_dir)
     if summary is None or summary.hung_rank is None or summary.hung_node is None:
         return None
-    if summary.model_extra.get("hang_job_id") != job_id:
+    if summary.hang_job_id != job_id:
         return None
-    step = summary.model_extra.get("hung_step")
+    step = summary.hung_step
     return HungRank(
         summary.hung_rank,
         summary.hung_node,

@@ -25,13 +25,12 @@ from typing import Any
 from hpctrain.contract.rundir import (
     latest_checkpoint_step,
     read_json_object,
-    read_summary,
     spec_path,
     supervisor_record_path,
     write_json_atomic,
-    write_summary,
 )
 from hpctrain.contract.slurm import Slurm, SlurmCommandError
+from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.healing import decide
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.yaml_source import read_spec_file

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hpctrain.contract.study_file import MAX_POINTS
 from hpctrain.errors import SpecProblem
 from hpctrain.jobspec.fields import shown_value
 
@@ -29,7 +30,6 @@ STUDY_KEYS: tuple[str, ...] = (
     "resources.tasks_per_node",
     "resources.cpus_per_task",
 )
-MAX_POINTS = 256  # one Slurm job each; more is a typo or a job for a sweep
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hpctrain.contract.cancel_marker import write_cancel_marker
-from hpctrain.contract.rundir import RUN_FILE, Summary, latest_checkpoint_step, read_run_info, read_summary, trial_dir
+from hpctrain.contract.rundir import RUN_FILE, latest_checkpoint_step, read_run_info, trial_dir
 from hpctrain.contract.slurm import Slurm, SlurmCommandError, WaitTimedOut, checked_job_id
 from hpctrain.contract.slurm_states import is_final
+from hpctrain.contract.summary import Summary, read_summary
 from hpctrain.errors import ClusterError, HpctrainError, RunDirError
 from hpctrain.launch import local_run
 
@@ -162,7 +163,7 @@ def cancel_study(
 ) -> list[PointCancelled]:
     """Cancel every submitted point of a study (``points``: study.json's records) through :func:`cancel_run`;
     one point's error is recorded and the next point is cancelled all the same."""
-    from hpctrain.launch.study import point_dir
+    from hpctrain.contract.study_file import point_dir
 
     slurm = slurm or Slurm()
     done = []

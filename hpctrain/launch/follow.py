@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from hpctrain.contract.rundir import Summary, read_summary
 from hpctrain.contract.runfiles import copy_out
 from hpctrain.contract.slurm import Slurm
+from hpctrain.contract.summary import Summary, read_summary
 from hpctrain.errors import ClusterError
 from hpctrain.launch.submission import SubmittedRun
 

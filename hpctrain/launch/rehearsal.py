@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from hpctrain.contract.cancel_marker import write_cancel_marker
-from hpctrain.contract.rundir import Summary, latest_checkpoint_step, read_summary
+from hpctrain.contract.rundir import latest_checkpoint_step
 from hpctrain.contract.slurm import Slurm, WaitTimedOut
 from hpctrain.contract.slurm_states import is_final, is_pending
+from hpctrain.contract.summary import Summary, read_summary
 from hpctrain.errors import ClusterError
 from hpctrain.jobspec.load import LoadedJob
 from hpctrain.launch.submission import submit_run

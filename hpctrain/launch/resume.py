@@ -24,12 +24,12 @@ from hpctrain.contract.cancel_marker import clear_cancel_marker
 from hpctrain.contract.rundir import read_run_info, spec_path
 from hpctrain.contract.runfiles import printable
 from hpctrain.contract.slurm import Slurm
+from hpctrain.contract.study_file import read_study, study_dir_of
 from hpctrain.errors import UsageError
 from hpctrain.jobspec.batch import reshape_problem
 from hpctrain.jobspec.load import LoadedJob, load_job, parse_override
 from hpctrain.launch import plan
 from hpctrain.launch.cancel import run_activity
-from hpctrain.launch.study import read_study, study_dir_of
 from hpctrain.launch.submission import SubmittedRun, resubmit
 from hpctrain.launch.submit import Steps, Submission, finish
 

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import hpctrain
 from hpctrain.contract import job_registry
 from hpctrain.contract.rundir import (
-    CONTROL_DIR,
     atomic_write_text,
     create_run_dir,
     read_run_info,
+    slurm_relay_dir,
     spec_path,
     submitit_dir,
     trial_dir,
@@ -100,7 +100,7 @@ def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> d
     extra.update(res.slurm_extra)
     params["additional_parameters"] = extra
     if spec.container is not None:
-        params["setup"] += render_slurm_relay(str(Path(run_dir) / CONTROL_DIR / "slurm-relay"))
+        params["setup"] += render_slurm_relay(str(slurm_relay_dir(run_dir)))
         if spec.container.runtime == "pyxis":
             params["srun_args"] += pyxis_arguments(spec)
     return params

@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from hpctrain.contract.rundir import read_run_info, read_summary, task_log_path
+from hpctrain.contract.rundir import read_run_info, task_log_path
 from hpctrain.contract.runfiles import copy_out, tail_lines
 from hpctrain.contract.slurm import Slurm
 from hpctrain.contract.slurm_states import is_final
+from hpctrain.contract.summary import read_summary
 from hpctrain.errors import RunDirError
 from hpctrain.launch import local_run
 

@@ -18,11 +18,12 @@ from typing import Any
 
 from hpctrain.contract import job_registry
 from hpctrain.contract.heartbeat_files import read_heartbeats
-from hpctrain.contract.rundir import RUN_FILE, Summary, parse_summary, read_run_info, read_summary
+from hpctrain.contract.rundir import RUN_FILE, read_run_info
 from hpctrain.contract.runfiles import plausible, read_tail
 from hpctrain.contract.slurm import Slurm
 from hpctrain.contract.slurm_states import ended_unsuccessfully, is_final, is_pending, succeeded, was_cancelled
 from hpctrain.contract.srun_report import first_task_failure
+from hpctrain.contract.summary import Summary, parse_summary, read_summary
 from hpctrain.errors import ClusterError, RunDirError
 from hpctrain.launch import local_run
 from hpctrain.observe.live_status import RankView, rank_views

@@ -16,8 +16,8 @@ from typing import Any
 
 from hpctrain.contract.rundir import read_run_info
 from hpctrain.contract.slurm import Slurm
+from hpctrain.contract.study_file import point_dir, read_study
 from hpctrain.errors import RunDirError
-from hpctrain.launch.study import point_dir, read_study
 from hpctrain.observe.run_status import RunStatus, run_status, status_with_ranks
 
 COLUMNS = ("point", "job", "slurm", "status", "world", "epoch", "step", "img/s", "best top-1")
@@ -40,7 +40,7 @@ def status(target: str | Path, *, slurm: Slurm | None = None) -> RunStatus | Stu
     """The status of ``target``: a study directory (:class:`StudyStatus`), or a run directory or job id
     (:class:`RunStatus`, with its ranks' heartbeats)."""
     from hpctrain.contract.job_registry import resolve_run
-    from hpctrain.launch.study import study_dir_of
+    from hpctrain.contract.study_file import study_dir_of
 
     if (study_dir := study_dir_of(target)) is not None:
         document = study_status(study_dir, slurm=slurm)

@@ -22,9 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, TextIO
 
-from hpctrain.contract.rundir import Summary, metrics_path, parse_summary, read_run_info, read_summary
+from hpctrain.contract.rundir import metrics_path, read_run_info
 from hpctrain.contract.slurm import Slurm, SlurmCommandError
 from hpctrain.contract.slurm_states import is_final, succeeded
+from hpctrain.contract.summary import Summary, parse_summary, read_summary
 from hpctrain.errors import ClusterError
 from hpctrain.launch import local_run
 from hpctrain.observe.live_status import MetricsTail, Snapshot, build_snapshot, read_run

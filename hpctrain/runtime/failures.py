@@ -27,8 +27,8 @@ import threading
 import time
 from pathlib import Path
 
-from hpctrain.contract.rundir import read_summary, write_summary
 from hpctrain.contract.srun_report import TaskFailure, first_task_failure
+from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.errors import HpctrainError
 
 # A collective broken by a peer that died, as gloo, NCCL and the TCPStore word it.

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain.contract.heartbeat_files import read_heartbeats
-from hpctrain.contract.rundir import read_summary, stack_dump_path
+from hpctrain.contract.rundir import stack_dump_path
+from hpctrain.contract.summary import read_summary
 from hpctrain.runtime import heartbeat
 from hpctrain.runtime.hang import HANG_EXIT_CODE
 

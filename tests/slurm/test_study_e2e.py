@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from hpctrain.contract.rundir import read_summary
+from hpctrain.contract.summary import read_summary
 
 from .hpctrain_cli import cli_env, hpctrain, task_logs
 from .study_helpers import STUDY_SPEC, SmokeStudy, run_smoke_study

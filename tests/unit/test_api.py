@@ -17,7 +17,8 @@ import yaml
 
 import hpctrain
 from hpctrain.cli.main import main
-from hpctrain.contract.rundir import cancel_marker_path, write_run_info, write_summary
+from hpctrain.contract.rundir import cancel_marker_path, write_run_info
+from hpctrain.contract.summary import write_summary
 from hpctrain.dataset.generate import make_dataset
 from hpctrain.errors import HpctrainError, RunDirError, SpecError, UsageError
 from tests.fake_slurm import FakeSlurm

@@ -8,15 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from hpctrain.contract.heartbeat_files import Heartbeat
-from hpctrain.contract.rundir import (
-    hang_claim_path,
-    heartbeat_path,
-    read_summary,
-    stack_dump_path,
-    write_json_atomic,
-    write_summary,
-)
+from hpctrain.contract.rundir import hang_claim_path, heartbeat_path, stack_dump_path, write_json_atomic
 from hpctrain.contract.srun_report import TaskFailure
+from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.jobspec.models import Distributed
 from hpctrain.runtime import failures
 from hpctrain.runtime.hang import (

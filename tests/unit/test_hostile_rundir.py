@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.contract.heartbeat_files import Heartbeat, find_stragglers, straggler_medians
-from hpctrain.contract.rundir import heartbeat_path, read_json_object, read_summary, submitit_dir, write_run_info
+from hpctrain.contract.rundir import heartbeat_path, read_json_object, submitit_dir, write_run_info
 from hpctrain.contract.runfiles import (
     RunFileError,
     for_rich,
@@ -32,6 +32,7 @@ from hpctrain.contract.runfiles import (
     read_bounded,
     tail_lines,
 )
+from hpctrain.contract.summary import read_summary
 from hpctrain.observe.live_status import MetricsTail
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,15 +15,9 @@ import pytest
 from rich.console import Console
 
 from hpctrain.contract.heartbeat_files import Heartbeat
-from hpctrain.contract.rundir import (
-    Summary,
-    atomic_write_text,
-    heartbeat_path,
-    metrics_path,
-    read_run_info,
-    write_run_info,
-)
+from hpctrain.contract.rundir import atomic_write_text, heartbeat_path, metrics_path, read_run_info, write_run_info
 from hpctrain.contract.slurm import Slurm
+from hpctrain.contract.summary import Summary
 from hpctrain.observe.live_status import MetricsTail, RunInputs, build_snapshot, read_run
 from hpctrain.observe.live_view import final_lines, plain_changes, rich_view
 from hpctrain.observe.watch import JobPoller, watch

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from hpctrain.contract.rundir import read_summary, write_summary
 from hpctrain.contract.srun_report import TaskFailure
+from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.errors import DistributedSetupError, SpecError
 from hpctrain.healing import decide as healing
 from hpctrain.healing.decide import Blame, StepOutcome

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 import hpctrain.launch.rehearsal as rehearsal
-from hpctrain.contract.rundir import cancel_marker_path, write_summary
+from hpctrain.contract.rundir import cancel_marker_path
+from hpctrain.contract.summary import write_summary
 from hpctrain.errors import ClusterError
 from hpctrain.jobspec.load import load_job
 from hpctrain.launch.submission import SubmittedRun

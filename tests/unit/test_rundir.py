@@ -13,12 +13,11 @@ from hpctrain.contract.rundir import (
     checkpoints_dir,
     complete_checkpoints,
     latest_checkpoint_step,
-    read_summary,
     step_dir_name,
     task_log_path,
     write_json_atomic,
-    write_summary,
 )
+from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.errors import RunDirError
 
 

@@ -14,14 +14,17 @@ import pytest
 
 import hpctrain.launch.study as study_module
 from hpctrain.cli.main import main
-from hpctrain.contract.rundir import read_json_object, read_run_info, study_file, write_run_info, write_summary
+from hpctrain.contract.rundir import read_json_object, read_run_info, study_file, write_run_info
+from hpctrain.contract.study_file import read_study
+from hpctrain.contract.summary import write_summary
 from hpctrain.diagnose.preflight import Finding, check_partition, study_findings
 from hpctrain.errors import ClusterError, SpecError
 from hpctrain.jobspec.load import load_job
 from hpctrain.jobspec.study_axes import check_axes, combinations, point_label
 from hpctrain.launch.cancel import Cancelled
-from hpctrain.launch.study import point_record, read_study, render_study_plan, study_record, submit_study
+from hpctrain.launch.study import point_record, render_study_plan, study_record, submit_study
 from hpctrain.launch.submission import SubmittedRun
+from hpctrain.launch.submit import submit
 from tests.fake_slurm import FakeSlurm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -297,17 +300,16 @@ def test_submit_writes_one_run_dir_per_point_and_records_each_job_id(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake_submit(monkeypatch)
-    job = load_job(write(tmp_path, CPU_STUDY))
-    study = submit_study(job)
-    assert study.study_dir.parent == tmp_path / "runs" / "st"
-    record = read_study(study.study_dir)
+    study = submit(write(tmp_path, CPU_STUDY), preflight=False)  # the submit verb's sequence
+    assert study.run_dir.parent == tmp_path / "runs" / "st"
+    record = read_study(study.run_dir)
     assert [(p["label"], p["job_id"]) for p in record["points"]] == [("nodes-1", "100"), ("nodes-2", "101")]
-    assert all((study.study_dir / p["run_dir"] / "run.json").is_file() for p in record["points"])
-    assert study_module.submission_report(study) == {
-        "study_dir": str(study.study_dir),
+    assert all((study.run_dir / p["run_dir"] / "run.json").is_file() for p in record["points"])
+    assert study.as_json() == {  # what 'submit --json' prints
+        "study_dir": str(study.run_dir),
         "runs": [
-            {"job_id": "100", "run_dir": str(study.study_dir / "nodes-1"), "label": "nodes-1", "world_size": 2},
-            {"job_id": "101", "run_dir": str(study.study_dir / "nodes-2"), "label": "nodes-2", "world_size": 4},
+            {"job_id": "100", "run_dir": str(study.run_dir / "nodes-1"), "label": "nodes-1", "world_size": 2},
+            {"job_id": "101", "run_dir": str(study.run_dir / "nodes-2"), "label": "nodes-2", "world_size": 4},
         ],
     }
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from hpctrain.contract.rundir import read_json_object, read_summary, spec_path, write_summary
+from hpctrain.contract.rundir import read_json_object, spec_path
+from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.healing import supervisor
 from hpctrain.healing.evidence import NodeProbe
 from hpctrain.healing.record import HealRecord, load_spec

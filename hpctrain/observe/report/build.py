@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract.rundir import atomic_write_text
+from hpctrain.contract.rundir import atomic_write_text, report_dir
 from hpctrain.contract.runfiles import RunFileError, open_regular
 from hpctrain.errors import RunDirError, UsageError
 from hpctrain.observe.report import plots, render
@@ -38,7 +38,7 @@ def default_out_dir(targets: list[Path], out: Path | None) -> Path:
     if out is not None:
         return Path(out).expanduser()
     if len(targets) == 1:
-        return Path(targets[0]).expanduser() / "report"
+        return report_dir(Path(targets[0]).expanduser())
     raise UsageError("with several runs, say where the report goes", hint="add --out DIR")
 
 
