@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpctrain.contract.rundir import code_dir, run_info_path
 from tests.git_helpers import git
 
 from .hpctrain_cli import cli_env, hpctrain, task_logs
@@ -80,7 +81,7 @@ def test_edit_after_submit_reaches_neither_the_job_nor_its_requeue(slurm_cluster
     write_entry(repo, "edited-after-submit")
     assert job_record(slurm_cluster, job_id).get("JobState") == "PENDING", "the edit must land while the job waits"
 
-    info = (run_dir / "run.json").read_text()
+    info = run_info_path(run_dir).read_text()
     assert git(repo, "rev-parse", "HEAD") in info and '"git_dirty": false' in info
 
     first = run_dir / "seen-0-0.txt"
@@ -93,7 +94,7 @@ def test_edit_after_submit_reaches_neither_the_job_nor_its_requeue(slurm_cluster
 
     assert first.read_text() == "as-submitted", task_logs(run_dir)
     assert second.read_text() == "as-submitted", task_logs(run_dir)
-    assert (run_dir / "code" / "snapcase_e2e" / "job.py").read_text().count("as-submitted") == 1
+    assert (code_dir(run_dir) / "snapcase_e2e" / "job.py").read_text().count("as-submitted") == 1
 
 
 def test_no_snapshot_runs_the_live_tree(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -109,7 +110,7 @@ def test_no_snapshot_runs_the_live_tree(slurm_cluster: SlurmCluster, tmp_path: P
     assert submitted.returncode == 0, submitted
     job_id, run_dir = submitted.json()["job_id"], Path(submitted.json()["run_dir"])
     write_entry(repo, "edited-after-submit")
-    assert not (run_dir / "code").exists()
+    assert not code_dir(run_dir).exists()
     first = run_dir / "seen-0-0.txt"
     wait_for(lambda: first.is_file() or None, "the job to start", 120)
     assert first.read_text() == "edited-after-submit"

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from hpctrain.contract.heartbeat_files import read_heartbeats
+from hpctrain.contract.rundir import submitit_dir
 
 from .entrypoints import ENTRYPOINT_MODULE
 from .hpctrain_cli import hpctrain, task_logs
@@ -94,7 +95,7 @@ def kill_node(node: str) -> list[int]:
 
 
 def batch_log(run_dir: Path) -> str:
-    return "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "submitit").glob("*_0_log.err")))
+    return "\n".join(p.read_text(errors="replace") for p in sorted(submitit_dir(run_dir).glob("*_0_log.err")))
 
 
 def assert_nothing_left(cluster: SlurmCluster, job_id: str) -> None:

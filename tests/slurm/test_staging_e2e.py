@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpctrain.contract.rundir import summary_path
+
 from .hpctrain_cli import cli_env, hpctrain, task_logs, task_output
 
 if TYPE_CHECKING:
@@ -36,7 +38,7 @@ def test_each_node_stages_once_and_a_rerun_reuses_the_copy(slurm_cluster: SlurmC
         return run_dir
 
     first = submit()
-    summary = json.loads((first / "summary.json").read_text())
+    summary = json.loads(summary_path(first).read_text())
     assert summary["status"] == "completed" and summary["skipped_samples"] == 0, summary
     nodes = sorted(p.name for p in stage.iterdir())
     assert nodes == ["n1", "n2"], nodes

@@ -17,7 +17,7 @@ import yaml
 
 import hpctrain
 from hpctrain.cli.main import main
-from hpctrain.contract.rundir import cancel_marker_path, write_run_info
+from hpctrain.contract.rundir import cancel_marker_path, report_dir, write_run_info
 from hpctrain.contract.summary import write_summary
 from hpctrain.dataset.generate import make_dataset
 from hpctrain.errors import HpctrainError, RunDirError, SpecError, UsageError
@@ -137,8 +137,8 @@ def test_a_local_submit_with_wait_completes_and_then_has_nothing_to_cancel(tmp_p
     ended = hpctrain.cancel(submitted.run_dir)  # nothing left to cancel: said, nothing written or signalled
     assert ended.already_ended and ended.state.startswith("already ended (its ") and ended.status == "completed"
     assert not cancel_marker_path(submitted.run_dir).exists()
-    written = hpctrain.report(submitted.run_dir, out=tmp_path / "report")
-    assert written.html.is_file() and written.markdown.is_file() and written.out_dir == tmp_path / "report"
+    written = hpctrain.report(submitted.run_dir, out=report_dir(tmp_path))
+    assert written.html.is_file() and written.markdown.is_file() and written.out_dir == report_dir(tmp_path)
 
 
 def test_a_study_status_is_what_status_json_prints_and_an_ended_study_has_nothing_to_cancel(

@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpctrain.contract.rundir import run_info_path
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "jobs").glob("*.yaml"))
 RANK_TABLE_TITLE = "what each rank will see"
@@ -461,7 +463,7 @@ def test_read_only_commands_end_fast_with_all_their_output(env: dict[str, str], 
 def test_resume_of_a_sweep_names_the_trial_folder(tmp_path: Path, env: dict[str, str]) -> None:
     run_dir = tmp_path / "runs" / "sweep" / "20260101-000000"
     run_dir.mkdir(parents=True)
-    (run_dir / "run.json").write_text(json.dumps({"job_id": "7", "backend": "slurm", "trials": 2}))
+    run_info_path(run_dir).write_text(json.dumps({"job_id": "7", "backend": "slurm", "trials": 2}))
     result = hpctrain("resume", str(run_dir), env=env)
     assert_user_error(result, 2, "is a sweep", f"hpctrain resume {run_dir}/trial-NNN")
     assert "{run_dir}" not in result.stderr

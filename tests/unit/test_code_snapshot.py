@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.contract.rundir import code_dir
 from hpctrain.errors import HpctrainError, UsageError
 from hpctrain.launch import code_snapshot
 from hpctrain.runtime.launcher import load_user_code
@@ -42,13 +43,13 @@ def test_git_tree_is_copied_with_untracked_files_and_without_ignored_ones(repo: 
     run_dir = tmp_path / "run"
     snap = code_snapshot.take(source, run_dir)
 
-    copied = {p.relative_to(run_dir / "code").as_posix() for p in (run_dir / "code").rglob("*") if p.is_file()}
+    copied = {p.relative_to(code_dir(run_dir)).as_posix() for p in code_dir(run_dir).rglob("*") if p.is_file()}
     assert copied == {".gitignore", "README", "src/snapcase_git/__init__.py", "src/snapcase_git/job.py",
                       "src/snapcase_git/new_module.py"}  # fmt: skip
     assert snap.import_root == "code/src"
     assert snap.git_commit == git(repo, "rev-parse", "HEAD")
     assert snap.git_dirty is True  # the untracked module
-    assert snap.files == 5 and snap.bytes == sum((run_dir / "code" / name).stat().st_size for name in copied)
+    assert snap.files == 5 and snap.bytes == sum((code_dir(run_dir) / name).stat().st_size for name in copied)
 
 
 def test_clean_tree_is_not_dirty_and_the_copy_holds_what_was_on_disk(repo: Path, tmp_path: Path) -> None:
@@ -70,7 +71,7 @@ def test_package_outside_git_is_copied_alone(tmp_path: Path) -> None:
         pytest.skip("tmp_path lies inside a git work tree on this machine")
     snap = code_snapshot.take(source, tmp_path / "run")
     copied = sorted(
-        p.relative_to(tmp_path / "run" / "code").as_posix() for p in (tmp_path / "run" / "code").rglob("*.py")
+        p.relative_to(code_dir(tmp_path / "run")).as_posix() for p in code_dir(tmp_path / "run").rglob("*.py")
     )
     assert copied == ["snapcase_plain/__init__.py", "snapcase_plain/sub/mod.py"]
     assert snap.import_root == "code" and snap.git_commit is None
@@ -82,7 +83,7 @@ def test_single_module_file(tmp_path: Path) -> None:
     if source.git_root is not None:
         pytest.skip("tmp_path lies inside a git work tree on this machine")
     code_snapshot.take(source, tmp_path / "run")
-    assert (tmp_path / "run" / "code" / "snapcase_single.py").is_file()
+    assert (code_dir(tmp_path / "run") / "snapcase_single.py").is_file()
 
 
 def test_nothing_to_copy_for_hpctrain_installed_or_missing_code(tmp_path: Path) -> None:
@@ -107,7 +108,7 @@ def test_a_standard_library_entry_point_is_neither_copied_nor_put_first_on_sys_p
 
 def test_a_users_package_named_like_a_standard_module_is_still_copied(tmp_path: Path) -> None:
     """Where it lies decides, not its name: the user's own code/ package in the tree is theirs."""
-    write(tmp_path / "tree" / "code" / "__init__.py", "def main(ctx):\n    return 1\n")
+    write(code_dir(tmp_path / "tree") / "__init__.py", "def main(ctx):\n    return 1\n")
     source = code_snapshot.locate("code:main", [str(tmp_path / "tree")])
     assert source is not None and source.import_dir == (tmp_path / "tree").resolve()
 
@@ -122,13 +123,13 @@ def test_a_huge_tree_is_refused_with_the_way_out(repo: Path, tmp_path: Path, mon
 
 def test_recorded_import_root_must_stay_inside_the_run(tmp_path: Path) -> None:
     run = tmp_path / "runs" / "r1"
-    (run / "code").mkdir(parents=True)
-    assert code_snapshot.import_root(run, {"import_root": "code"}) == (run / "code").resolve()
+    code_dir(run).mkdir(parents=True)
+    assert code_snapshot.import_root(run, {"import_root": "code"}) == code_dir(run).resolve()
     assert code_snapshot.import_root(run, {"import_root": "../../elsewhere"}) is None
     assert code_snapshot.import_root(run, None) is None
     assert code_snapshot.import_root(run, {"import_root": 3}) is None
     trial = run / "trial-000"
-    assert code_snapshot.import_root(trial, {"import_root": "../code"}) == (run / "code").resolve()
+    assert code_snapshot.import_root(trial, {"import_root": "../code"}) == code_dir(run).resolve()
 
 
 def test_entry_point_is_imported_from_the_copy_not_the_live_tree(repo: Path, tmp_path: Path, monkeypatch) -> None:
@@ -146,5 +147,5 @@ def test_entry_point_is_imported_from_the_copy_not_the_live_tree(repo: Path, tmp
 
 def test_a_missing_copy_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(HpctrainError) as caught:
-        load_user_code("snapcase_gone.job:main", str(tmp_path / "run" / "code"))
+        load_user_code("snapcase_gone.job:main", str(code_dir(tmp_path / "run")))
     assert "snapshot" in caught.value.message and "--no-snapshot" in caught.value.hint

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from hpctrain.contract import cancel_marker, metrics, rundir
 from hpctrain.contract.metrics import MetricsTail, append_metrics, parse_metric_line, parse_metric_lines
+from hpctrain.contract.rundir import code_dir, metrics_path
 from hpctrain.observe.report.load import parse_metrics
 
 
@@ -38,7 +39,7 @@ def test_one_set_of_rules_for_a_line() -> None:
 
 
 def test_the_tail_reads_regular_files_only(tmp_path: Path) -> None:
-    fifo = tmp_path / "metrics.jsonl"
+    fifo = metrics_path(tmp_path)
     os.mkfifo(fifo)
     tail = MetricsTail(fifo)
     tail.read()  # returns at once: a FIFO is never opened for reading
@@ -70,7 +71,7 @@ def test_names_of_the_run_directory(tmp_path: Path) -> None:
     trial = rundir.trial_dir(tmp_path, 3)
     assert rundir.is_trial_dir(trial) and rundir.run_home(trial) == tmp_path and rundir.run_home(tmp_path) == tmp_path
     assert not rundir.is_trial_dir(tmp_path / "trial-x")
-    assert rundir.code_dir(tmp_path) == tmp_path / "code"
+    assert rundir.code_dir(tmp_path) == code_dir(tmp_path)
 
 
 def test_one_cpu_share_rule_for_tasks_torchrun_workers_and_bench_data() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.contract.rundir import summary_path
 from hpctrain.contract.srun_report import TaskFailure, first_task_failure, parse_task_list
 from hpctrain.errors import ClusterError
 from hpctrain.runtime.failures import FailureWatch, StepLog, first_failure, looks_like_peer_failure, record_failure
@@ -81,11 +82,11 @@ def test_rank0_names_itself_when_no_task_died_before(tmp_path: Path) -> None:
 
 
 def test_record_failure_keeps_the_summary_and_names_the_task(tmp_path: Path) -> None:
-    (tmp_path / "summary.json").write_text(
+    summary_path(tmp_path).write_text(
         json.dumps({"status": "failed", "global_step": 3, "failed_rank": 0, "error": "RuntimeError: x"})
     )
     record_failure(tmp_path, TaskFailure(3, "n2", "Killed"), GLOO_PEER_ERROR)
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads(summary_path(tmp_path).read_text())
     assert summary == {
         "status": "failed",
         "global_step": 3,
@@ -98,7 +99,7 @@ def test_record_failure_keeps_the_summary_and_names_the_task(tmp_path: Path) -> 
 
 def test_record_failure_without_a_summary_writes_one(tmp_path: Path) -> None:
     record_failure(tmp_path, TaskFailure(1, "n1", "Segmentation fault"), GLOO_PEER_ERROR)
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads(summary_path(tmp_path).read_text())
     assert (summary["status"], summary["failed_rank"], summary["failed_node"]) == ("failed", 1, "n1")
     assert summary["error"].startswith("RuntimeError: [third_party/gloo")
 
@@ -116,13 +117,13 @@ def test_a_line_still_being_written_is_read_when_complete(tmp_path: Path) -> Non
 def test_the_watch_records_a_dead_peer_while_the_main_thread_is_stuck(tmp_path: Path) -> None:
     log = tmp_path / "99_0_log.err"
     log.write_text("")
-    (tmp_path / "summary.json").write_text(json.dumps({"status": "running", "global_step": 3}))
+    summary_path(tmp_path).write_text(json.dumps({"status": "running", "global_step": 3}))
     watch = FailureWatch(tmp_path, StepLog(log), poll_s=0.01).start()
     with log.open("a") as handle:
         handle.write(KILLED_RANK_3)
     deadline = time.monotonic() + 10
     while watch.recorded is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads(summary_path(tmp_path).read_text())
     assert (summary["status"], summary["failed_rank"], summary["failed_node"]) == ("failed", 3, "n2")
     assert summary["error"] == "task 3 on n2: Killed" and summary["global_step"] == 3

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from hpctrain.contract.heartbeat_files import Heartbeat
-from hpctrain.contract.rundir import hang_claim_path, heartbeat_path, stack_dump_path, write_json_atomic
+from hpctrain.contract.rundir import hang_claim_path, heartbeat_path, stack_dump_path, stacks_dir, write_json_atomic
 from hpctrain.contract.srun_report import TaskFailure
 from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.jobspec.models import Distributed
@@ -111,7 +111,7 @@ def test_the_report_names_the_rank_that_stopped_first(tmp_path: Path) -> None:
     assert fields["failed_reason"] == (
         "hang: rank 2 on node n2 made no progress in phase forward_backward for 60 s (step 12)"
     )
-    assert fields["stack_dumps"] == str(tmp_path / "stacks")
+    assert fields["stack_dumps"] == str(stacks_dir(tmp_path))
 
 
 def test_a_rank_behind_by_a_step_is_the_culprit_whatever_its_phase_time(tmp_path: Path) -> None:

@@ -21,7 +21,18 @@ from pathlib import Path
 import pytest
 
 from hpctrain.contract.heartbeat_files import Heartbeat, find_stragglers, straggler_medians
-from hpctrain.contract.rundir import heartbeat_path, read_json_object, submitit_dir, write_run_info
+from hpctrain.contract.rundir import (
+    checkpoints_dir,
+    heartbeat_path,
+    metrics_path,
+    read_json_object,
+    run_info_path,
+    spec_path,
+    study_file,
+    submitit_dir,
+    summary_path,
+    write_run_info,
+)
 from hpctrain.contract.runfiles import (
     RunFileError,
     for_rich,
@@ -79,9 +90,9 @@ def no_traceback(result: subprocess.CompletedProcess[str]) -> None:
 
 
 def test_open_regular_refuses_a_fifo_and_a_device_without_blocking(tmp_path: Path) -> None:
-    fifo = tmp_path / "summary.json"
+    fifo = summary_path(tmp_path)
     os.mkfifo(fifo)
-    zero = tmp_path / "metrics.jsonl"
+    zero = metrics_path(tmp_path)
     zero.symlink_to("/dev/zero")
     for path in (fifo, zero):
         with pytest.raises(RunFileError, match="not a regular file"):
@@ -93,12 +104,12 @@ def test_open_regular_refuses_a_fifo_and_a_device_without_blocking(tmp_path: Pat
 
 def test_a_symlink_to_a_regular_file_is_read(tmp_path: Path) -> None:
     (tmp_path / "real.json").write_text('{"status": "running"}')
-    (tmp_path / "summary.json").symlink_to(tmp_path / "real.json")
+    summary_path(tmp_path).symlink_to(tmp_path / "real.json")
     assert read_summary(tmp_path).status == "running"
 
 
 def test_reads_are_bounded(tmp_path: Path) -> None:
-    big = tmp_path / "run.json"
+    big = run_info_path(tmp_path)
     with big.open("wb") as handle:
         handle.truncate(100 << 20)
     with pytest.raises(RunFileError, match="larger than"):
@@ -143,8 +154,8 @@ def dead_pid() -> int:
 def test_status_and_report_of_a_run_whose_files_are_dev_zero_and_fifos(tmp_path: Path) -> None:
     pid = dead_pid()
     run_dir = make_run(tmp_path, job_id=str(pid))
-    (run_dir / "summary.json").symlink_to("/dev/zero")
-    (run_dir / "metrics.jsonl").symlink_to("/dev/zero")
+    summary_path(run_dir).symlink_to("/dev/zero")
+    metrics_path(run_dir).symlink_to("/dev/zero")
     beat = heartbeat_path(run_dir, 0)
     beat.parent.mkdir()
     os.mkfifo(beat)
@@ -171,7 +182,7 @@ def test_status_and_report_of_a_run_whose_files_are_dev_zero_and_fifos(tmp_path:
 def test_run_json_that_is_a_fifo_is_a_one_line_error(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    os.mkfifo(run_dir / "run.json")
+    os.mkfifo(run_info_path(run_dir))
     result = cli("status", str(run_dir), home=tmp_path)
     no_traceback(result)
     assert result.returncode == 2 and "a FIFO, not a regular file" in result.stderr
@@ -188,7 +199,7 @@ def test_metrics_tail_skips_a_fifo_and_a_device(tmp_path: Path) -> None:
 
 def test_report_output_files_that_are_devices_are_not_read_or_overwritten(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path)
-    write_json(run_dir / "summary.json", {"status": "completed"})
+    write_json(summary_path(run_dir), {"status": "completed"})
     out = tmp_path / "out"
     out.mkdir()
     (out / "report.md").symlink_to("/dev/zero")
@@ -202,7 +213,7 @@ def test_report_output_files_that_are_devices_are_not_read_or_overwritten(tmp_pa
 
 def test_logs_n_2_of_a_huge_log_reads_only_its_end(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path)
-    log = run_dir / "submitit" / "4242_0_log.out"
+    log = submitit_dir(run_dir) / "4242_0_log.out"
     log.parent.mkdir()
     with log.open("wb") as handle:  # 1.5 GB, sparse: nothing is written but the end
         handle.seek(1500 << 20)
@@ -214,25 +225,25 @@ def test_logs_n_2_of_a_huge_log_reads_only_its_end(tmp_path: Path) -> None:
 
 def test_logs_do_not_follow_a_submitit_dir_outside_the_run(tmp_path: Path) -> None:
     other = make_run(tmp_path, "other")
-    (other / "submitit").mkdir()
-    (other / "submitit" / "4242_0_log.out").write_text("another run's secret\n")
-    run_dir = make_run(tmp_path, "copy", submitit_dir=str(other / "submitit"))
-    (run_dir / "submitit").mkdir()
-    (run_dir / "submitit" / "4242_0_log.out").write_text("this run's line\n")
+    submitit_dir(other).mkdir()
+    (submitit_dir(other) / "4242_0_log.out").write_text("another run's secret\n")
+    run_dir = make_run(tmp_path, "copy", submitit_dir=str(submitit_dir(other)))
+    submitit_dir(run_dir).mkdir()
+    (submitit_dir(run_dir) / "4242_0_log.out").write_text("this run's line\n")
     result = cli("logs", str(run_dir), home=tmp_path)
     no_traceback(result)
     assert result.stdout == "this run's line\n" and "outside this run directory" in result.stderr
-    assert submitit_dir(run_dir, {"submitit_dir": "submitit"}) == run_dir / "submitit"  # relative: inside
-    assert submitit_dir(run_dir, {"submitit_dir": "../other/submitit"}) == run_dir / "submitit"
+    assert submitit_dir(run_dir, {"submitit_dir": "submitit"}) == submitit_dir(run_dir)  # relative: inside
+    assert submitit_dir(run_dir, {"submitit_dir": "../other/submitit"}) == submitit_dir(run_dir)
     trial = run_dir / "trial-000"
-    assert submitit_dir(trial, {"submitit_dir": str(run_dir / "submitit")}) == run_dir / "submitit"
+    assert submitit_dir(trial, {"submitit_dir": str(submitit_dir(run_dir))}) == submitit_dir(run_dir)
 
 
 def test_a_job_id_that_is_a_path_is_not_followed(tmp_path: Path) -> None:
     secret = tmp_path / "secret_0_log.out"
     secret.write_text("not this run's\n")
     run_dir = make_run(tmp_path, job_id="../../secret")
-    (run_dir / "submitit").mkdir()
+    submitit_dir(run_dir).mkdir()
     result = cli("logs", str(run_dir), home=tmp_path)
     no_traceback(result)
     assert result.returncode == 2 and "is not a job id" in result.stderr and "not this run" not in result.stdout
@@ -242,8 +253,8 @@ def test_logs_follow_a_running_local_run_until_its_summary_is_final(tmp_path: Pa
     controller = subprocess.Popen(["sleep", "300"])
     try:
         run_dir = make_run(tmp_path, job_id=str(controller.pid))
-        write_json(run_dir / "summary.json", {"status": "running"})
-        log = run_dir / "submitit" / f"{controller.pid}_0_log.out"
+        write_json(summary_path(run_dir), {"status": "running"})
+        log = submitit_dir(run_dir) / f"{controller.pid}_0_log.out"
         log.parent.mkdir()
         log.write_text("start\n")
         env = {"PATH": "/usr/bin:/bin", "XDG_STATE_HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
@@ -261,7 +272,7 @@ def test_logs_follow_a_running_local_run_until_its_summary_is_final(tmp_path: Pa
             assert follow.poll() is None, "logs -f returned while the run was still going"
             with log.open("a") as handle:
                 handle.write("later\n")
-            write_json(run_dir / "summary.json", {"status": "completed"})
+            write_json(summary_path(run_dir), {"status": "completed"})
             out, err = follow.communicate(timeout=HANG_GUARD_S)
         finally:
             if follow.poll() is None:
@@ -287,7 +298,7 @@ def test_status_lists_runs_whose_paths_hold_rich_markup(tmp_path: Path) -> None:
 
 def test_heartbeat_node_and_phase_with_markup_and_escapes_print_inert(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path)
-    write_json(run_dir / "summary.json", {"status": "completed", "stop_reason": "done\x1b[2J"})
+    write_json(summary_path(run_dir), {"status": "completed", "stop_reason": "done\x1b[2J"})
     write_json(heartbeat_path(run_dir, 0), {"rank": 0, "node": "n1\x1b[31m[/]", "phase": "[bold]x", "time": 1.0})
     write_json(heartbeat_path(run_dir, 1), {"rank": 1, "node": "n2[red]", "phase": "done", "time": 1.0})
     for args in (("status", str(run_dir), "--ranks"), ("status", str(run_dir), "--watch")):
@@ -319,7 +330,7 @@ def test_non_finite_and_huge_times_in_registry_and_run_json(tmp_path: Path) -> N
 
 def test_status_json_is_valid_json_whatever_the_summary_holds(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path)
-    (run_dir / "summary.json").write_text(
+    summary_path(run_dir).write_text(
         '{"status": "running", "val_top1": NaN, "best_val_top1": 1e308, "global_step": %s, "wall_s": Infinity}'
         % ("9" * 400)
     )
@@ -337,10 +348,8 @@ def test_report_with_huge_integers_and_absurd_values(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path)
     huge = "9" * 400
     summary = '{"status": "completed", "best_val_top1": 1e308, "restarts": HUGE}'
-    (run_dir / "summary.json").write_text(summary.replace("HUGE", huge))
-    (run_dir / "spec.yaml").write_text(
-        f"resources: {{nodes: {huge}, gpus_per_node: 4}}\ntrainer: {{desired_acc: 1e308}}\n"
-    )
+    summary_path(run_dir).write_text(summary.replace("HUGE", huge))
+    spec_path(run_dir).write_text(f"resources: {{nodes: {huge}, gpus_per_node: 4}}\ntrainer: {{desired_acc: 1e308}}\n")
     records = [
         {"kind": "train_step", "epoch": 0, "step": n, "global_step": n, "images_per_s": 100.0, "time": 1000.0 + n}
         for n in range(1, 6)
@@ -348,7 +357,7 @@ def test_report_with_huge_integers_and_absurd_values(tmp_path: Path) -> None:
     text = "\n".join(json.dumps(r) for r in records)
     text += '\n{"kind": "val", "epoch": 0, "top1": 1e308, "time": 1010.0}'
     text += '\n{"kind": "train_step", "global_step": HUGE, "images_per_s": 1.0, "time": 1011.0}\n'.replace("HUGE", huge)
-    (run_dir / "metrics.jsonl").write_text(text)
+    metrics_path(run_dir).write_text(text)
     result = cli("report", str(run_dir), "--out", str(tmp_path / "r"), "--json", home=tmp_path)
     no_traceback(result)
     assert result.returncode == 0, result.stderr
@@ -360,7 +369,7 @@ def test_report_with_huge_integers_and_absurd_values(tmp_path: Path) -> None:
 
 
 def write_study(study_dir: Path, points: list[dict]) -> None:
-    write_json(study_dir / "study.json", {"kind": "study", "version": 1, "name": "s", "points": points})
+    write_json(study_file(study_dir), {"kind": "study", "version": 1, "name": "s", "points": points})
 
 
 @pytest.mark.parametrize("run_dir", ["../../etc", "/", "/etc", "..", ".", "a/../../b", ""])
@@ -419,12 +428,12 @@ def test_straggler_detection_matches_the_definition_and_scales() -> None:
 
 def test_report_md_escapes_labels_statuses_and_host_names(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path / "a|b<script>x", "*run*")
-    write_json(run_dir / "summary.json", {"status": "completed", "val_top1": 50.0})
+    write_json(summary_path(run_dir), {"status": "completed", "val_top1": 50.0})
     records = [
         {"kind": "train_step", "epoch": 0, "step": n, "global_step": n, "images_per_s": 10.0, "time": 100.0 + n}
         for n in range(1, 4)
     ]
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    metrics_path(run_dir).write_text("".join(json.dumps(r) + "\n" for r in records))
     for rank, seconds in enumerate((1.0, 1.0, 9.0)):
         write_json(
             heartbeat_path(run_dir, rank), {"rank": rank, "node": "<b>[n](http://x)", "step_time_median_s": seconds}
@@ -442,16 +451,16 @@ def test_report_md_escapes_labels_statuses_and_host_names(tmp_path: Path) -> Non
 def test_best_json_cannot_point_out_of_the_checkpoints(tmp_path: Path) -> None:
     from hpctrain.contract.rundir import best_checkpoint
 
-    write_json(tmp_path / "checkpoints" / "best.json", {"dir": "../../elsewhere/step-00000001"})
-    assert best_checkpoint(tmp_path / "checkpoints") is None
+    write_json(checkpoints_dir(tmp_path) / "best.json", {"dir": "../../elsewhere/step-00000001"})
+    assert best_checkpoint(checkpoints_dir(tmp_path)) is None
 
 
 def test_report_of_a_run_whose_spec_yaml_is_an_alias_bomb(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path)
-    write_json(run_dir / "summary.json", {"status": "completed"})
+    write_json(summary_path(run_dir), {"status": "completed"})
     levels = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]']
     levels += [f"a{n}: &a{n} [{', '.join([f'*a{n - 1}'] * 10)}]" for n in range(1, 10)]
-    (run_dir / "spec.yaml").write_text("\n".join(levels) + "\n")
+    spec_path(run_dir).write_text("\n".join(levels) + "\n")
     result = cli("report", str(run_dir), "--out", str(tmp_path / "r"), home=tmp_path)
     no_traceback(result)
     assert result.returncode == 0, result.stderr
@@ -462,13 +471,13 @@ def test_absurd_finite_values_are_not_shown_as_measurements(tmp_path: Path) -> N
     from hpctrain.observe.live_view import progress_text
 
     run_dir = make_run(tmp_path)
-    write_json(run_dir / "summary.json", {"status": "running", "val_top1": 1e17, "best_val_top1": -5.0})
+    write_json(summary_path(run_dir), {"status": "running", "val_top1": 1e17, "best_val_top1": -5.0})
     records = [
         {"kind": "train_step", "global_step": n, "images_per_s": -3.0, "data_wait_fraction": 1e17, "time": 10.0 + n}
         for n in (1, 2)
     ]
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    tail = MetricsTail(run_dir / "metrics.jsonl")
+    metrics_path(run_dir).write_text("".join(json.dumps(r) + "\n" for r in records))
+    tail = MetricsTail(metrics_path(run_dir))
     snap = build_snapshot(read_run(run_dir, {}, tail), "RUNNING", 20.0, final=False)
     assert snap.val_top1 is None and snap.best_val_top1 is None
     assert snap.images_per_s is None and snap.data_wait_fraction is None

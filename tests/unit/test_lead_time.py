@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hpctrain.contract.rundir import checkpoints_dir
 from hpctrain.jobspec.lead_time import (
     ARCH_PARAMS_M,
     STOP_OVERHEAD_S,
@@ -52,10 +53,10 @@ def test_entrypoints_are_not_judged() -> None:
 
 def test_measured_save_times_win_over_the_estimate(tmp_path: Path) -> None:
     for step, write_s in ((2, 3.0), (4, 95.5)):
-        folder = tmp_path / "checkpoints" / f"step-{step:08d}"
+        folder = checkpoints_dir(tmp_path) / f"step-{step:08d}"
         folder.mkdir(parents=True)
         (folder / "meta.json").write_text(json.dumps({"write_s": write_s}))
-    (tmp_path / "checkpoints" / "step-00000006").mkdir()  # an incomplete one has no meta: ignored
+    (checkpoints_dir(tmp_path) / "step-00000006").mkdir()  # an incomplete one has no meta: ignored
     assert measured_save_s(tmp_path) == 95.5
     assert lead_time_warning(spec("resnet18", delay=120)) is None
     warning = lead_time_warning(spec("resnet18", delay=120), run_dir=tmp_path)

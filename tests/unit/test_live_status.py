@@ -15,7 +15,16 @@ import pytest
 from rich.console import Console
 
 from hpctrain.contract.heartbeat_files import Heartbeat
-from hpctrain.contract.rundir import atomic_write_text, heartbeat_path, metrics_path, read_run_info, write_run_info
+from hpctrain.contract.rundir import (
+    atomic_write_text,
+    checkpoints_dir,
+    heartbeat_path,
+    heartbeats_dir,
+    metrics_path,
+    read_run_info,
+    summary_path,
+    write_run_info,
+)
 from hpctrain.contract.slurm import Slurm
 from hpctrain.contract.summary import Summary
 from hpctrain.observe.live_status import MetricsTail, RunInputs, build_snapshot, read_run
@@ -35,7 +44,7 @@ def make_run(tmp_path: Path, *, job_id: str = "4242", backend: str = "slurm") ->
 
 
 def write_summary(run_dir: Path, **fields: Any) -> None:
-    atomic_write_text(run_dir / "summary.json", json.dumps({"epochs": 2, "steps_per_epoch": 4, **fields}))
+    atomic_write_text(summary_path(run_dir), json.dumps({"epochs": 2, "steps_per_epoch": 4, **fields}))
 
 
 def step_record(global_step: int, time: float, *, steps_per_epoch: int = 4, **values: Any) -> dict[str, Any]:
@@ -65,7 +74,7 @@ def write_beat(run_dir: Path, rank: int, **fields: Any) -> None:
 
 
 def write_checkpoint(run_dir: Path, step: int) -> None:
-    folder = run_dir / "checkpoints" / f"step-{step:08d}"
+    folder = checkpoints_dir(run_dir) / f"step-{step:08d}"
     folder.mkdir(parents=True)
     (folder / "state.pt").write_bytes(b"abc")
     meta = {"format_version": 1, "global_step": step, "files": {"state.pt": {"size": 3}}}
@@ -124,9 +133,9 @@ def test_missing_files_give_an_empty_snapshot_not_an_error(tmp_path: Path) -> No
     snap = snapshot(run_dir, "PENDING")
     assert snap.global_step is None and snap.eta_s is None and snap.ranks == () and snap.checkpoint_step is None
     assert "global step ?" in plain_changes(None, snap)[0]
-    (run_dir / "heartbeats").mkdir()
-    (run_dir / "heartbeats" / "rank-00000.json").write_text('{"rank": 0, "step": ')  # half-written
-    (run_dir / "summary.json").write_text('{"status": "runn')
+    heartbeats_dir(run_dir).mkdir()
+    (heartbeats_dir(run_dir) / "rank-00000.json").write_text('{"rank": 0, "step": ')  # half-written
+    summary_path(run_dir).write_text('{"status": "runn')
     assert snapshot(run_dir).ranks == ()
 
 
@@ -167,7 +176,7 @@ def test_the_first_read_of_a_long_metrics_file_reads_only_its_end(tmp_path: Path
 
 def test_steps_per_epoch_comes_from_the_epoch_record_when_the_summary_lacks_it(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path)
-    atomic_write_text(run_dir / "summary.json", json.dumps({"status": "running", "epochs": 3}))
+    atomic_write_text(summary_path(run_dir), json.dumps({"status": "running", "epochs": 3}))
     append_metrics(run_dir, {"kind": "epoch", "epoch": 0, "step": 6, "global_step": 6, "time": NOW})
     snap = snapshot(run_dir)
     assert (snap.steps_per_epoch, snap.total_steps, snap.epoch, snap.step_in_epoch) == (6, 18, 1, 6)

@@ -23,7 +23,14 @@ import pytest
 
 from hpctrain.cli.main import main
 from hpctrain.contract.process_tokens import RUN_DIR_ENV, RUN_TOKEN_ENV
-from hpctrain.contract.rundir import atomic_write_text, cancel_marker_path, trial_dir, write_run_info
+from hpctrain.contract.rundir import (
+    atomic_write_text,
+    cancel_marker_path,
+    submitit_dir,
+    summary_path,
+    trial_dir,
+    write_run_info,
+)
 from hpctrain.errors import RunDirError
 from hpctrain.launch import local_run
 from hpctrain.launch.cancel import cancel_run
@@ -88,7 +95,7 @@ def local_run_dir(tmp_path: Path, job_id: object, record: local_run.LocalProcess
 
 
 def write_summary(run_dir: Path, status: str) -> None:
-    atomic_write_text(run_dir / "summary.json", json.dumps({"status": status, "global_step": 3}))
+    atomic_write_text(summary_path(run_dir), json.dumps({"status": status, "global_step": 3}))
 
 
 # ---------------------------------------------------------------- the proof
@@ -277,7 +284,7 @@ def test_a_local_job_carries_its_token_and_stop_ends_all_of_it(tmp_path: Path) -
 
     from hpctrain.launch.submitit_executor import LocalExecutor
 
-    executor = LocalExecutor(folder=tmp_path / "submitit")
+    executor = LocalExecutor(folder=submitit_dir(tmp_path))
     executor.update_parameters(tasks_per_node=2, timeout_min=5)
     executor.run_dir = tmp_path
     job = executor.submit(time.sleep, 120)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.contract.rundir import read_run_info
+from hpctrain.contract.rundir import read_run_info, spec_path, submitit_dir
 from hpctrain.errors import TrainingConfigError, UsageError
 from hpctrain.jobspec.batch import micro_batch_positions, micro_batch_problem, rank_micro_batches, reshape_problem
 from hpctrain.jobspec.load import load_job
@@ -106,8 +106,8 @@ def test_resume_on_other_nodes_keeps_the_global_batch_or_says_which_counts_do() 
 
 def test_resume_set_takes_only_resources_keys(tmp_path: Path) -> None:
     data = f"data: {{root: {tmp_path}}}\n"
-    (tmp_path / "spec.yaml").write_text("name: e\nresources: {nodes: 4}\ntrainer: {strategy: ddp}\n" + data)
-    loaded = load_job(tmp_path / "spec.yaml")
+    spec_path(tmp_path).write_text("name: e\nresources: {nodes: 4}\ntrainer: {strategy: ddp}\n" + data)
+    loaded = load_job(spec_path(tmp_path))
     with pytest.raises(UsageError, match="--set trainer.epochs=3: resume changes only resources"):
         reshaped(tmp_path, loaded, ["trainer.epochs=3"])
     with pytest.raises(UsageError, match="resources.nodes: 3: .*node counts that keep it: 1, 2, 4"):
@@ -119,13 +119,13 @@ def test_run_json_records_the_new_shape_and_keeps_the_first_global_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    (tmp_path / "spec.yaml").write_text(
+    spec_path(tmp_path).write_text(
         f"name: e\nresources: {{nodes: 4}}\ntrainer: {{strategy: ddp}}\ndata: {{root: {tmp_path}}}\n"
     )
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    first = load_job(tmp_path / "spec.yaml")
-    submission._record_submission(run_dir, first, "local", "11", run_dir / "submitit")
+    first = load_job(spec_path(tmp_path))
+    submission._record_submission(run_dir, first, "local", "11", submitit_dir(run_dir))
     submission._record_submission(run_dir, reshaped(tmp_path, first, ["resources.nodes=2"]), "local", "12", run_dir)
     info = read_run_info(run_dir)
     assert info["nodes"] == 2 and info["world_size"] == 2 and info["job_ids"] == ["11", "12"]

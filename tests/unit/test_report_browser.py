@@ -12,6 +12,7 @@ import pytest
 from report_helpers import make_study
 
 from hpctrain.cli.main import main
+from hpctrain.contract.rundir import report_dir
 from tests.browser import image_widths, require_chromium, screenshot_colours
 
 
@@ -21,7 +22,7 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("browser")
     make_study(root / "study", {1: 1.0, 2: 0.9}, desired_acc=60.0)
     assert main(["report", str(root / "study"), "--baseline", "hal"]) == 0
-    return root / "study" / "report" / "report.html"
+    return report_dir(root / "study") / "report.html"
 
 
 def test_every_image_loads_in_the_browser(page: Path, tmp_path: Path) -> None:

@@ -12,6 +12,8 @@ from PIL import Image
 from report_helpers import make_study, simulate_run
 
 from hpctrain.cli.main import main
+from hpctrain.contract import rundir
+from hpctrain.contract.rundir import metrics_path, run_info_path
 from hpctrain.observe.report import plots
 
 
@@ -26,7 +28,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def report_dir(study: Path) -> Path:
     assert main(["report", str(study), "--baseline", "hal"]) == 0
-    return study / "report"
+    return rundir.report_dir(study)
 
 
 def test_pngs_decode_and_are_not_blank(report_dir: Path) -> None:
@@ -111,19 +113,19 @@ def test_directory_that_is_not_a_run(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_run_without_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "run.json").write_text(json.dumps({"job_id": "5", "job_ids": ["5"]}))
+    run_info_path(tmp_path).write_text(json.dumps({"job_id": "5", "job_ids": ["5"]}))
     assert main(["report", str(tmp_path)]) == 2
     assert "no metrics.jsonl yet" in _error(capsys)
-    assert not (tmp_path / "report").exists()
+    assert not rundir.report_dir(tmp_path).exists()
 
 
 def test_damaged_metrics_give_a_partial_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     simulate_run(tmp_path / "run")
-    metrics = tmp_path / "run" / "metrics.jsonl"
+    metrics = metrics_path(tmp_path / "run")
     metrics.write_text("garbage\n" + metrics.read_text() + '{"kind": "train_st')
     assert main(["report", str(tmp_path / "run")]) == 0
     assert "skipped 1 unreadable line" in capsys.readouterr().err
-    assert "skipped 1 unreadable line" in (tmp_path / "run" / "report" / "report.md").read_text()
+    assert "skipped 1 unreadable line" in (rundir.report_dir(tmp_path / "run") / "report.md").read_text()
 
 
 def test_several_runs_need_out(study: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from report_helpers import make_study, simulate_run, write_heartbeats
 
+from hpctrain.contract.rundir import metrics_path, run_info_path, summary_path
 from hpctrain.errors import RunDirError
 from hpctrain.observe.report.load import load_targets, parse_metrics, split_attempts
 from hpctrain.observe.report.table import scaling_table
@@ -112,7 +113,7 @@ def test_a_sweep_reports_every_trial(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     for index in range(2):
         simulate_run(sweep / f"trial-{index:03d}")
-    (sweep / "run.json").write_text(json.dumps({"job_id": "7", "trials": 2}))
+    run_info_path(sweep).write_text(json.dumps({"job_id": "7", "trials": 2}))
     runs = load_targets([sweep])
     assert [run.label.rsplit("/", 1)[1] for run in runs] == ["trial-000", "trial-001"]
 
@@ -142,7 +143,7 @@ def test_arguments_that_are_not_runs_raise(tmp_path: Path, kind: str) -> None:
 
 def test_non_finite_throughput_does_not_reach_the_table(tmp_path: Path) -> None:
     simulate_run(tmp_path / "run")
-    path = tmp_path / "run" / "metrics.jsonl"
+    path = metrics_path(tmp_path / "run")
     lines = path.read_text().splitlines()
     bad = json.loads(lines[1])
     lines[1] = json.dumps({**bad, "images_per_s": math.inf})
@@ -162,7 +163,7 @@ def test_a_study_point_that_is_a_sweep_gives_a_row_per_trial(tmp_path: Path) -> 
 
 
 def test_a_run_with_only_a_summary_reports_the_summary_numbers(tmp_path: Path) -> None:
-    (tmp_path / "summary.json").write_text(
+    summary_path(tmp_path).write_text(
         json.dumps({"status": "running", "train_images_per_s": 123.0, "world_size": 2, "best_val_top1": float("nan")})
     )
     (run,) = load_targets([tmp_path])

@@ -14,7 +14,18 @@ import pytest
 
 from hpctrain.cli.main import main
 from hpctrain.contract import job_registry
-from hpctrain.contract.rundir import atomic_write_text, create_run_dir, next_run_dir, read_run_info, write_run_info
+from hpctrain.contract.rundir import (
+    atomic_write_text,
+    cancel_marker_path,
+    checkpoints_dir,
+    create_run_dir,
+    next_run_dir,
+    read_run_info,
+    run_info_path,
+    submitit_dir,
+    summary_path,
+    write_run_info,
+)
 from hpctrain.contract.slurm_answers import parse_sacct_states
 from hpctrain.contract.slurm_states import TERMINAL_STATES, normalise_state
 from hpctrain.errors import RunDirError
@@ -30,7 +41,7 @@ def private_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def fake_run(tmp_path: Path, job_id: str = "4242", backend: str = "slurm") -> Path:
     run_dir = create_run_dir(str(tmp_path / "runs"), "demo")
-    (run_dir / "submitit").mkdir()
+    submitit_dir(run_dir).mkdir()
     write_run_info(
         run_dir,
         {
@@ -38,7 +49,7 @@ def fake_run(tmp_path: Path, job_id: str = "4242", backend: str = "slurm") -> Pa
             "job_id": job_id,
             "job_ids": [job_id],
             "backend": backend,
-            "submitit_dir": str(run_dir / "submitit"),
+            "submitit_dir": str(submitit_dir(run_dir)),
             "cluster": "slurm",
         },
     )
@@ -54,7 +65,7 @@ def test_run_dirs_are_never_reused(tmp_path: Path) -> None:
 
 
 def test_atomic_write_replaces_whole_file_and_leaves_no_temp(tmp_path: Path) -> None:
-    target = tmp_path / "summary.json"
+    target = summary_path(tmp_path)
     atomic_write_text(target, "old")
     atomic_write_text(target, "new")
     assert target.read_text() == "new"
@@ -76,7 +87,7 @@ def test_registry_maps_job_ids_and_array_tasks_to_run_dirs(tmp_path: Path) -> No
 
 def test_unreadable_run_info_is_a_clear_error(tmp_path: Path) -> None:
     run_dir = fake_run(tmp_path)
-    (run_dir / "run.json").write_text("{not json")
+    run_info_path(run_dir).write_text("{not json")
     with pytest.raises(RunDirError, match="unreadable"):
         read_run_info(run_dir)
 
@@ -111,7 +122,7 @@ def cli(*args: str, env_home: Path) -> subprocess.CompletedProcess[str]:
 
 def test_logs_prints_the_tail_of_a_rank_log(tmp_path: Path) -> None:
     run_dir = fake_run(tmp_path, job_id="55")
-    (run_dir / "submitit" / "55_1_log.out").write_text("".join(f"line {i}\n" for i in range(100)))
+    (submitit_dir(run_dir) / "55_1_log.out").write_text("".join(f"line {i}\n" for i in range(100)))
     result = cli("logs", "55", "--rank", "1", "-n", "3", env_home=tmp_path / "state")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "line 97\nline 98\nline 99\n"
@@ -122,7 +133,7 @@ def test_logs_prints_the_tail_of_a_rank_log(tmp_path: Path) -> None:
 def test_status_of_a_run_shows_training_progress(tmp_path: Path) -> None:
     run_dir = fake_run(tmp_path, job_id="66", backend="local")
     atomic_write_text(
-        run_dir / "summary.json",
+        summary_path(run_dir),
         json.dumps({"status": "stopped", "epochs_completed": 3, "val_top1": 61.25, "restarts": 1}),
     )
     result = cli("status", str(run_dir), "--json", env_home=tmp_path / "state")
@@ -145,7 +156,7 @@ def test_status_names_the_failed_task_when_rank_zero_could_not(tmp_path: Path) -
     from hpctrain.observe.run_status import reconcile
 
     run_dir = fake_run(tmp_path, job_id="81")
-    (run_dir / "submitit" / "81_0_log.err").write_text(
+    (submitit_dir(run_dir) / "81_0_log.err").write_text(
         "some warning\nsrun: error: n2: task 3: Killed\nsrun: error: n1: tasks 0-1: Terminated\n"
     )
     summary = reconcile({"status": "running", "global_step": 4}, "FAILED", run_dir)
@@ -169,16 +180,16 @@ def test_cancel_waits_for_the_stop_checkpoint_and_prints_the_final_status(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = fake_run(tmp_path, job_id="77")
-    atomic_write_text(run_dir / "summary.json", json.dumps({"status": "running", "global_step": 4}))
+    atomic_write_text(summary_path(run_dir), json.dumps({"status": "running", "global_step": 4}))
     fake = FakeSlurm({"77": "RUNNING"}, settle_on_cancel=False).install(monkeypatch)
 
     def ranks_stop() -> None:  # the ranks finish the stop checkpoint ~1.5 s after Slurm already says CANCELLED
-        step = run_dir / "checkpoints" / "step-00000007"
+        step = checkpoints_dir(run_dir) / "step-00000007"
         step.mkdir(parents=True)
         (step / "state.pt").write_bytes(b"abc")
         meta = {"format_version": 1, "global_step": 7, "files": {"state.pt": {"size": 3}}}
         (step / "meta.json").write_text(json.dumps(meta))
-        atomic_write_text(run_dir / "summary.json", json.dumps({"status": "stopped", "global_step": 7}))
+        atomic_write_text(summary_path(run_dir), json.dumps({"status": "stopped", "global_step": 7}))
         time.sleep(0.5)
         fake.settle("77")  # the ranks exit: COMPLETING ends
 
@@ -189,14 +200,14 @@ def test_cancel_waits_for_the_stop_checkpoint_and_prints_the_final_status(
     assert result.returncode == 0, result.stderr
     assert "job 77: CANCELLED; run status: stopped" in result.stdout
     assert "last complete checkpoint: step 7" in result.stdout
-    assert json.loads((run_dir / ".hpctrain" / "cancel-requested").read_text())["job_ids"] == ["77"]
+    assert json.loads(cancel_marker_path(run_dir).read_text())["job_ids"] == ["77"]
 
 
 def test_cancel_gives_up_waiting_after_kill_wait_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = fake_run(tmp_path, job_id="77")
-    atomic_write_text(run_dir / "summary.json", json.dumps({"status": "running", "global_step": 4}))
+    atomic_write_text(summary_path(run_dir), json.dumps({"status": "running", "global_step": 4}))
     FakeSlurm({"77": "RUNNING"}, settle_on_cancel=False).install(monkeypatch)
     monkeypatch.setattr("hpctrain.launch.cancel.SETTLE_MARGIN_S", 1.0)  # KillWait 0 + 1 s: the ranks never exit
     result = in_process(capsys, "cancel", str(run_dir))
@@ -225,7 +236,7 @@ def test_corrupt_registry_lines_and_a_list_run_json_never_crash(tmp_path: Path) 
     assert [entry["job_id"] for entry in job_registry.entries()] == ["81"]
     listing = cli("status", env_home=tmp_path / "state")
     assert listing.returncode == 0 and "81" in listing.stdout, listing.stderr
-    (run_dir / "run.json").write_text("[]")
+    run_info_path(run_dir).write_text("[]")
     for command in (["status", str(run_dir)], ["logs", str(run_dir)]):
         result = cli(*command, env_home=tmp_path / "state")
         assert result.returncode == 2 and "not the run's record" in result.stderr, result.stderr
@@ -275,11 +286,11 @@ def test_cancel_of_a_run_json_naming_no_single_job_sends_nothing(
 ) -> None:
     """run.json is a file anyone may edit: '--user=root' would have become an option of scancel."""
     run_dir = fake_run(tmp_path, job_id="77")
-    info = json.loads((run_dir / "run.json").read_text())
-    atomic_write_text(run_dir / "run.json", json.dumps({**info, "job_id": job_id}))
+    info = json.loads(run_info_path(run_dir).read_text())
+    atomic_write_text(run_info_path(run_dir), json.dumps({**info, "job_id": job_id}))
     fake = FakeSlurm({"77": "RUNNING"}).install(monkeypatch)
     result = in_process(capsys, "cancel", str(run_dir))
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "run.json" in result.stderr and "is not a Slurm job id" in result.stderr
     assert fake.commands == []
-    assert not (run_dir / ".hpctrain" / "cancel-requested").exists()
+    assert not cancel_marker_path(run_dir).exists()

@@ -14,6 +14,8 @@ from hpctrain.contract.rundir import (
     complete_checkpoints,
     latest_checkpoint_step,
     step_dir_name,
+    submitit_dir,
+    summary_path,
     task_log_path,
     write_json_atomic,
 )
@@ -33,12 +35,12 @@ def test_summary_reads_known_fields_typed_and_keeps_the_rest(tmp_path: Path) -> 
 @pytest.mark.parametrize("text", ["", '{"status": "runn', "[1, 2]", "null"])
 def test_missing_or_half_written_summary_is_none(tmp_path: Path, text: str) -> None:
     assert read_summary(tmp_path) is None
-    (tmp_path / "summary.json").write_text(text)
+    summary_path(tmp_path).write_text(text)
     assert read_summary(tmp_path) is None
 
 
 def test_a_field_of_the_wrong_type_is_dropped_not_raised(tmp_path: Path) -> None:
-    (tmp_path / "summary.json").write_text(json.dumps({"status": "exploded", "global_step": "x", "restarts": 2}))
+    summary_path(tmp_path).write_text(json.dumps({"status": "exploded", "global_step": "x", "restarts": 2}))
     summary = read_summary(tmp_path)
     assert summary is not None
     assert (summary.status, summary.global_step, summary.restarts) == (None, None, 2)
@@ -87,5 +89,5 @@ def test_best_points_at_a_complete_checkpoint(tmp_path: Path) -> None:
 def test_paths(tmp_path: Path) -> None:
     info = {"job_id": "12_3", "submitit_dir": str(tmp_path / "elsewhere")}
     assert task_log_path(tmp_path, info, 2, err=True) == tmp_path / "elsewhere" / "12_3_2_log.err"
-    assert task_log_path(tmp_path, {"job_id": "5"}, 0, err=False) == tmp_path / "submitit" / "5_0_log.out"
-    assert cancel_marker_path(tmp_path) == tmp_path / ".hpctrain" / "cancel-requested"
+    assert task_log_path(tmp_path, {"job_id": "5"}, 0, err=False) == submitit_dir(tmp_path) / "5_0_log.out"
+    assert cancel_marker_path(tmp_path) == cancel_marker_path(tmp_path)

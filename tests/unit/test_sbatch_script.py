@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from submitit.slurm.slurm import _make_sbatch_string
 
+from hpctrain.contract.rundir import submitit_dir
 from hpctrain.jobspec.load import load_job
 from hpctrain.launch.sbatch_script import render_sbatch, slurm_mem, task_command
 from hpctrain.launch.submission import build_executor, render_script, slurm_parameters
@@ -30,7 +31,7 @@ def test_same_text_as_submitits_renderer(example: str) -> None:
     for spec in job.trials[:2]:
         parameters = slurm_parameters(spec, job.profile, RUN_DIR)
         for extra in ({}, {"map_count": 7}):
-            folder = RUN_DIR / "submitit"
+            folder = submitit_dir(RUN_DIR)
             command = task_command("PY", folder)
             ours = render_sbatch({**parameters, **extra}, folder, command)
             assert ours == _make_sbatch_string(command=command, folder=folder, **parameters, **extra)

@@ -17,6 +17,7 @@ from hpctrain.contract.cancel_marker import (
     marker_applies,
     write_cancel_marker,
 )
+from hpctrain.contract.rundir import cancel_marker_path
 from hpctrain.runtime.stop import StopRequest, install_handlers, restore_handlers
 
 
@@ -104,7 +105,7 @@ def test_marker_for_another_job_is_ignored(tmp_path: Path) -> None:
 
 def test_marker_rules(tmp_path: Path) -> None:
     path = cancel_marker(tmp_path)
-    assert path == tmp_path / ".hpctrain" / "cancel-requested"
+    assert path == cancel_marker_path(tmp_path)
     assert not marker_applies(path, ["1"])
     write_cancel_marker(tmp_path, [])
     assert marker_applies(path, ["1"])  # no ids: the whole run

@@ -14,7 +14,7 @@ import pytest
 
 import hpctrain.launch.study as study_module
 from hpctrain.cli.main import main
-from hpctrain.contract.rundir import read_json_object, read_run_info, study_file, write_run_info
+from hpctrain.contract.rundir import read_json_object, read_run_info, run_info_path, study_file, write_run_info
 from hpctrain.contract.study_file import read_study
 from hpctrain.contract.summary import write_summary
 from hpctrain.diagnose.preflight import Finding, check_partition, study_findings
@@ -304,7 +304,7 @@ def test_submit_writes_one_run_dir_per_point_and_records_each_job_id(
     assert study.run_dir.parent == tmp_path / "runs" / "st"
     record = read_study(study.run_dir)
     assert [(p["label"], p["job_id"]) for p in record["points"]] == [("nodes-1", "100"), ("nodes-2", "101")]
-    assert all((study.run_dir / p["run_dir"] / "run.json").is_file() for p in record["points"])
+    assert all(run_info_path(study.run_dir / p["run_dir"]).is_file() for p in record["points"])
     assert study.as_json() == {  # what 'submit --json' prints
         "study_dir": str(study.run_dir),
         "runs": [

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from hpctrain.contract.rundir import read_json_object, spec_path
+from hpctrain.contract.rundir import read_json_object, spec_path, stacks_dir, submitit_dir
 from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.healing import supervisor
 from hpctrain.healing.evidence import NodeProbe
@@ -147,8 +147,8 @@ def test_a_hung_rank_moves_the_run_off_its_node_naming_its_phase(fake: Path) -> 
 
 def test_a_hang_report_of_an_earlier_start_blames_nothing(fake: Path) -> None:
     run_dir = fake / "run"
-    (run_dir / "stacks").mkdir(parents=True)
-    (run_dir / "stacks" / ".hang-reported-7").write_text("1\n")  # the same job id: a requeued job
+    stacks_dir(run_dir).mkdir(parents=True)
+    (stacks_dir(run_dir) / ".hang-reported-7").write_text("1\n")  # the same job id: a requeued job
     report = {"status": "running", "hung_rank": 2, "hung_node": "n2", "hung_phase": "data", "hang_job_id": "7"}
     write_summary(run_dir, report)
     rc, calls = run(fake, ["raise n2 2", "ok"], {"spare_nodes": 1}, restart=1)
@@ -278,7 +278,7 @@ def test_the_guardian_has_no_log_until_it_has_something_to_say(fake: Path, monke
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     assert guardian.main([str(fake / "run"), "n1"]) == 0
     assert not guardian.log_path(fake / "run", "7").exists()
-    (fake / "broken" / "submitit").mkdir(parents=True)  # no spec: the guardian cannot start
+    submitit_dir(fake / "broken").mkdir(parents=True)  # no spec: the guardian cannot start
     assert guardian.main([str(fake / "broken"), "n1"]) == 1
     text = guardian.log_path(fake / "broken", "7").read_text()
     assert text.startswith("hpctrain guardian: failed:\nTraceback") and "spec" in text
