@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from hpctrain.diagnose import doctor
+from hpctrain.diagnose import doctor, path_checks
 from hpctrain.diagnose.findings import Finding
 from hpctrain.jobspec.load import load_job
 
@@ -19,7 +19,7 @@ MARKS = {"ok": "ok  ", "warning": "warn", "error": "FAIL"}
 
 def run(args: argparse.Namespace) -> int:
     job = load_job(args.spec, args.overrides, cluster=args.cluster) if args.spec else None
-    bounds = doctor.MeasureBounds(max_files=args.measure_files, max_s=args.measure_seconds)
+    bounds = path_checks.MeasureBounds(max_files=args.measure_files, max_s=args.measure_seconds)
     found = doctor.doctor(job, probe=args.probe, probe_timeout_s=args.probe_timeout, bounds=bounds)
     if args.json:
         print(json.dumps(found.as_json(), indent=2))

@@ -196,13 +196,13 @@ def test_preflight_warns_what_mounting_needs(image: Path, monkeypatch) -> None:
 
 
 def test_doctor_accepts_an_image_root(image: Path) -> None:
-    from hpctrain.diagnose import doctor
+    from hpctrain.diagnose import path_checks
     from hpctrain.jobspec.load import load_job
 
     job = load_job(REPO / "jobs" / "quickstart.yaml", [f"data.root={image}"])
-    checks = {c.name: c for c in doctor.check_paths(job, slurm_backend=False)}
+    checks = {c.name: c for c in path_checks.check_paths(job, slurm_backend=False)}
     assert checks["dataset"].level == "ok" and "SquashFS image" in checks["dataset"].detail
-    assert doctor.measured_split(job) is None  # --probe measures no tree: each node reads the one file
+    assert path_checks.measured_split(job) is None  # --probe measures no tree: each node reads the one file
 
 
 # ------------------------------------------------------------------ a node's mount, and its release

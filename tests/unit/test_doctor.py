@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from hpctrain.contract.slurm import Slurm
-from hpctrain.diagnose import doctor, filesystems, preflight
+from hpctrain.diagnose import cluster_checks, doctor, filesystems, path_checks, preflight
 from hpctrain.diagnose.probe import probe_command, probe_findings, report, sbatch_args
 from hpctrain.jobspec.load import load_job
 from tests.fake_slurm import FakeSlurm, nowhere, on_path
@@ -53,7 +53,7 @@ def fake_slurm(**overrides: tuple[int, str]):  # type: ignore[no-untyped-def]
                 return subprocess.CompletedProcess(command, code, out if code == 0 else "", "" if code == 0 else out)
         raise AssertionError(f"unexpected command {text}")
 
-    return doctor.ClusterView(Slurm(runner, which=on_path))
+    return cluster_checks.ClusterView(Slurm(runner, which=on_path))
 
 
 @pytest.fixture(autouse=True)
@@ -73,69 +73,69 @@ def by_name(checks: list[doctor.Check]) -> dict[str, doctor.Check]:
 
 
 def test_a_healthy_cluster_passes_every_slurm_check() -> None:
-    checks = by_name(doctor.check_slurm(fake_slurm()))
+    checks = by_name(cluster_checks.check_slurm(fake_slurm()))
     assert [c.level for c in checks.values()] == ["ok", "ok", "ok"]
     assert "22.05.8" in checks["slurm clients"].detail
 
 
 def test_no_slurm_and_a_stopped_controller_are_errors_with_the_fix() -> None:
-    missing = doctor.ClusterView(Slurm(FakeSlurm(), which=nowhere))
-    (only,) = doctor.check_slurm(missing)
+    missing = cluster_checks.ClusterView(Slurm(FakeSlurm(), which=nowhere))
+    (only,) = cluster_checks.check_slurm(missing)
     assert only.level == "error" and "--local" in only.fix
     down = fake_slurm(**{"scontrol ping": (1, "Unable to contact slurm controller (connect failure)")})
-    checks = by_name(doctor.check_slurm(down))
+    checks = by_name(cluster_checks.check_slurm(down))
     assert checks["controller"].level == "error" and "admins" in checks["controller"].fix
     assert "accounting" not in checks  # nothing else can be asked
 
 
 def test_accounting_off_is_a_warning() -> None:
     view = fake_slurm(sacct=(1, "Slurm accounting storage is disabled"))
-    assert by_name(doctor.check_slurm(view))["accounting"].level == "warning"
+    assert by_name(cluster_checks.check_slurm(view))["accounting"].level == "warning"
 
 
 def test_time_above_the_partitions_max_time_is_an_error(tmp_path: Path) -> None:
-    checks = doctor.check_spec_on_cluster(
+    checks = cluster_checks.check_spec_on_cluster(
         job(tmp_path, "resources.partition=short", "resources.time=00:30:00"), fake_slurm()
     )
     assert any(c.name == "resources.time" and c.level == "error" and "00:02:00" in c.detail for c in checks)
 
 
 def test_gpus_no_node_of_the_partition_has_are_an_error(tmp_path: Path) -> None:
-    checks = by_name(doctor.check_spec_on_cluster(job(tmp_path, "resources.gpus_per_node=4"), fake_slurm()))
+    checks = by_name(cluster_checks.check_spec_on_cluster(job(tmp_path, "resources.gpus_per_node=4"), fake_slurm()))
     assert checks["resources"].level == "error"
     assert "4 GPUs per node (its nodes have at most 0)" in checks["resources"].detail
 
 
 def test_too_many_cpus_and_nodes(tmp_path: Path) -> None:
-    cpus = by_name(doctor.check_spec_on_cluster(job(tmp_path, "resources.cpus_per_task=8"), fake_slurm()))
+    cpus = by_name(cluster_checks.check_spec_on_cluster(job(tmp_path, "resources.cpus_per_task=8"), fake_slurm()))
     assert cpus["resources"].level == "error" and "8 CPUs per node" in cpus["resources"].detail
-    nodes = by_name(doctor.check_spec_on_cluster(job(tmp_path, "resources.nodes=3"), fake_slurm()))
+    nodes = by_name(cluster_checks.check_spec_on_cluster(job(tmp_path, "resources.nodes=3"), fake_slurm()))
     assert nodes["resources"].level == "error" and "3 nodes" in nodes["resources"].detail
 
 
 def test_gpu_count_is_read_from_gres() -> None:
-    assert doctor._gpus_of("gpu:v100:4(S:0-1)") == 4
-    assert doctor._gpus_of("gpu:a100:2,gpu:v100:2,mps:100") == 4
-    assert doctor._gpus_of("(null)") == 0
+    assert cluster_checks._gpus_of("gpu:v100:4(S:0-1)") == 4
+    assert cluster_checks._gpus_of("gpu:a100:2,gpu:v100:2,mps:100") == 4
+    assert cluster_checks._gpus_of("(null)") == 0
 
 
 def test_account_and_qos_must_be_yours(tmp_path: Path) -> None:
-    bad = by_name(doctor.check_spec_on_cluster(job(tmp_path, "resources.account=nope"), fake_slurm()))
+    bad = by_name(cluster_checks.check_spec_on_cluster(job(tmp_path, "resources.account=nope"), fake_slurm()))
     assert bad["account/qos"].level == "error" and "research" in bad["account/qos"].fix
-    qos = by_name(doctor.check_spec_on_cluster(job(tmp_path, "resources.qos=long"), fake_slurm()))
+    qos = by_name(cluster_checks.check_spec_on_cluster(job(tmp_path, "resources.qos=long"), fake_slurm()))
     assert qos["account/qos"].level == "ok"  # teach may use long on debug
-    wrong = by_name(doctor.check_spec_on_cluster(job(tmp_path, "resources.qos=gold"), fake_slurm()))
+    wrong = by_name(cluster_checks.check_spec_on_cluster(job(tmp_path, "resources.qos=gold"), fake_slurm()))
     assert wrong["account/qos"].level == "error"
 
 
 def test_preemption_is_explained(tmp_path: Path) -> None:
-    ok = by_name(doctor.check_spec_on_cluster(job(tmp_path, "trainer.arch=resnet18"), fake_slurm()))
+    ok = by_name(cluster_checks.check_spec_on_cluster(job(tmp_path, "trainer.arch=resnet18"), fake_slurm()))
     assert ok["preemption"].level == "ok" and "requeued" in ok["preemption"].detail
-    short = by_name(doctor.check_spec_on_cluster(job(tmp_path, "resources.partition=short"), fake_slurm()))
+    short = by_name(cluster_checks.check_spec_on_cluster(job(tmp_path, "resources.partition=short"), fake_slurm()))
     assert short["preemption"].level == "warning" and "GraceTime 0 s" in short["preemption"].detail
     assert "every_steps" in short["preemption"].fix
     off = fake_slurm(**{"scontrol show config": (0, "PreemptType = preempt/none\n")})
-    assert "not preempted" in by_name(doctor.check_spec_on_cluster(job(tmp_path), off))["preemption"].detail
+    assert "not preempted" in by_name(cluster_checks.check_spec_on_cluster(job(tmp_path), off))["preemption"].detail
 
 
 def test_mount_table_decides_sharing() -> None:
@@ -148,9 +148,9 @@ def test_mount_table_decides_sharing() -> None:
 
 
 def test_output_dir_on_tmpfs_is_an_error_for_slurm_and_fine_locally(tmp_path: Path) -> None:
-    assert doctor.check_output_dir("/dev/shm/runs", True, MOUNTS).level == "error"
-    assert doctor.check_output_dir("/dev/shm/runs", False, MOUNTS).level == "ok"
-    assert doctor.check_output_dir(str(tmp_path), True, f"server:/x {tmp_path.anchor} nfs rw 0 0\n").level == "ok"
+    assert path_checks.check_output_dir("/dev/shm/runs", True, MOUNTS).level == "error"
+    assert path_checks.check_output_dir("/dev/shm/runs", False, MOUNTS).level == "ok"
+    assert path_checks.check_output_dir(str(tmp_path), True, f"server:/x {tmp_path.anchor} nfs rw 0 0\n").level == "ok"
 
 
 def test_submit_refuses_an_output_dir_on_tmpfs(tmp_path: Path) -> None:
@@ -166,11 +166,11 @@ def test_image_folder_sample(tmp_path: Path) -> None:
         for name in classes:
             (root / split / name).mkdir(parents=True)
             (root / split / name / "x.JPEG").write_bytes(b"\xff\xd8")
-    assert doctor.check_image_folder(root, "train", "val").level == "ok"
+    assert path_checks.check_image_folder(root, "train", "val").level == "ok"
     (root / "val" / "d").mkdir()
     (root / "train" / "a" / "x.JPEG").unlink()
     (root / "train" / "a" / "notes.txt").write_text("")
-    check = doctor.check_image_folder(root, "train", "val")
+    check = path_checks.check_image_folder(root, "train", "val")
     assert (
         check.name == "dataset"
         and check.level == "error"
@@ -180,7 +180,7 @@ def test_image_folder_sample(tmp_path: Path) -> None:
 
 
 def test_paths_for_a_missing_dataset(tmp_path: Path) -> None:
-    checks = by_name(doctor.check_paths(job(tmp_path), slurm_backend=True, mounts_text=MOUNTS))
+    checks = by_name(path_checks.check_paths(job(tmp_path), slurm_backend=True, mounts_text=MOUNTS))
     assert checks["data.root"].level == "error" and "does not exist" in checks["data.root"].detail
 
 

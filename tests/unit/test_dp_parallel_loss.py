@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.jobspec.load import check_resolved
+from hpctrain.jobspec.cross_checks import check_resolved
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.profiles import BUILTIN_PROFILES
 from hpctrain.trainer.evaluation import batch_sums

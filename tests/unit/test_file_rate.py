@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.diagnose import doctor, filesystems
+from hpctrain.diagnose import filesystems, path_checks
 from hpctrain.diagnose.filesystems import FIRST_BLOCK, FileRate, measure_file_rate
 from hpctrain.diagnose.probe import Measure, probe_command, report
 from hpctrain.jobspec.load import load_job
@@ -139,7 +139,7 @@ def test_a_report_survives_json_and_a_hostile_one_is_refused() -> None:
     [(1000, None, "ok"), (1000, 1000, "ok"), (1000, 900, "ok"), (1000, 3999, "warning"), (1000, 4001, "error")],
 )
 def test_verdict_by_numbers(served: float, asked: float | None, level: str) -> None:
-    assert doctor.file_rate_level(served, asked) == level
+    assert path_checks.file_rate_level(served, asked) == level
 
 
 def hal_job(tmp_path: Path, *sets: str):  # type: ignore[no-untyped-def]
@@ -150,37 +150,37 @@ def hal_job(tmp_path: Path, *sets: str):  # type: ignore[no-untyped-def]
 
 def test_the_row_compares_the_tree_with_the_jobs_demand(tmp_path: Path) -> None:
     job = hal_job(tmp_path)
-    asked, how = doctor.node_demand(job)
+    asked, how = path_checks.node_demand(job)
     assert asked is not None and "x 4 GPUs" in how and "v100" in how  # 4 V100s per node, from the profile's GRES
-    fast = doctor.check_file_rate(job, rate_of(asked * 1.5), "from n1")
+    fast = path_checks.check_file_rate(job, rate_of(asked * 1.5), "from n1")
     assert fast.level == "ok" and fast.name == "data.root rate" and "from n1" in fast.detail
     assert "an estimate" in fast.detail and "4 node(s)" in fast.detail
     assert fast.numbers and fast.numbers["job_demand_img_s"] == pytest.approx(asked * 4, rel=1e-3)
-    slow = doctor.check_file_rate(job, rate_of(asked / 2), "from n1")
+    slow = path_checks.check_file_rate(job, rate_of(asked / 2), "from n1")
     assert slow.level == "warning" and "hpctrain pack /data/imagenet" in slow.fix and "docs/data.md" in slow.fix
-    assert doctor.check_file_rate(job, rate_of(asked / 10), "from n1").level == "error"
+    assert path_checks.check_file_rate(job, rate_of(asked / 10), "from n1").level == "error"
 
 
 def test_staging_is_weighed_by_the_trees_file_count(tmp_path: Path) -> None:
-    staged = doctor.check_file_rate(hal_job(tmp_path, "data.stage=node"), rate_of(1000.0), "from n1")
+    staged = path_checks.check_file_rate(hal_job(tmp_path, "data.stage=node"), rate_of(1000.0), "from n1")
     assert staged.level == "warning" and "1,281,167 training files once per node" in staged.detail  # ~21 min
     assert staged.numbers and staged.numbers["stage_minutes"] == pytest.approx(21.4, abs=0.1)
-    quick = doctor.check_file_rate(hal_job(tmp_path, "data.stage=node"), rate_of(100_000.0), "from n1")
+    quick = path_checks.check_file_rate(hal_job(tmp_path, "data.stage=node"), rate_of(100_000.0), "from n1")
     assert quick.level == "ok"
 
 
 def test_demand_unknown_still_reports_the_rate(tmp_path: Path) -> None:
     cpu = hal_job(tmp_path, "resources.gpus_per_node=0", "distributed.backend=gloo")
-    check = doctor.check_file_rate(cpu, rate_of(10.0), "on this machine")
+    check = path_checks.check_file_rate(cpu, rate_of(10.0), "on this machine")
     assert check.level == "ok" and "demand unknown" in check.detail and "on this machine" in check.detail
 
 
 def test_a_probe_that_could_not_measure_is_a_warning(tmp_path: Path) -> None:
     job = hal_job(tmp_path)
-    assert doctor.file_rate_checks(job, None, "from n1") == []
-    (said,) = doctor.file_rate_checks(job, {"error": "cannot list /data/train: Permission denied"}, "from n1")
+    assert path_checks.file_rate_checks(job, None, "from n1") == []
+    (said,) = path_checks.file_rate_checks(job, {"error": "cannot list /data/train: Permission denied"}, "from n1")
     assert said.level == "warning" and "Permission denied" in said.detail
-    (garbled,) = doctor.file_rate_checks(job, ["not", "a", "report"], "from n1")
+    (garbled,) = path_checks.file_rate_checks(job, ["not", "a", "report"], "from n1")
     assert garbled.level == "warning" and "unreadable" in garbled.detail
 
 
@@ -220,5 +220,5 @@ def test_a_looping_link_in_the_tree_is_skipped_by_every_sampler(tmp_path: Path) 
         make_tree(tmp_path / split, classes=2, per_class=3)
         (tmp_path / split / "aaa").symlink_to(tmp_path / split / "aaa")
         (tmp_path / split / "c000" / "0.jpg").symlink_to(tmp_path / split / "c000" / "0.jpg")
-    assert doctor.check_image_folder(tmp_path, "train", "val").level == "ok"
+    assert path_checks.check_image_folder(tmp_path, "train", "val").level == "ok"
     assert len(list(image_files(tmp_path / "train", 100))) == 6

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import SpecError, SpecProblem
-from hpctrain.jobspec.load import check_resolved, load_job, parse_override
+from hpctrain.jobspec.cross_checks import check_resolved
+from hpctrain.jobspec.load import load_job, parse_override
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.profiles import BUILTIN_PROFILES, apply_profile
 from hpctrain.jobspec.slurm_time import parse_time_limit, seconds_to_minutes
