@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.net_helpers import free_port
 
 pytestmark = pytest.mark.local_dist
 
@@ -35,12 +36,6 @@ rows["outcome"] = all_reduce_max(2 if rank == 0 else 0)
 dist.destroy_process_group()
 print(json.dumps(rows))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_one_ranks_flag_is_agreed_by_both(tmp_path: Path) -> None:

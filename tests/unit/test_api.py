@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cli_helpers import in_process
 
 import hpctrain
 from hpctrain.cli.main import main
@@ -27,12 +28,12 @@ REPO = Path(__file__).resolve().parents[2]
 HANG_GUARD_S = 600  # a hang guard for the local run, not a timing assertion
 
 
+pytestmark = pytest.mark.usefixtures("isolated")
+
+
 @pytest.fixture(autouse=True)
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No developer's own profiles, registry or home; run ids fixed, so two renders name one directory."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HPCTRAIN_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+def fixed_run_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run ids fixed, so two renders name one directory."""
     monkeypatch.setattr("hpctrain.contract.rundir.new_run_id", lambda now=None: "20260101-000000")
 
 
@@ -185,13 +186,6 @@ def test_cancel_of_a_running_job_writes_the_marker_then_scancels_and_returns_whe
 # ---------------------------------------------------------------- one door, two faces: every verb through both
 
 
-def through_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """``hpctrain ARGV`` in this process: exit code, stdout, stderr."""
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def through_api(call: Any) -> tuple[int, Any, str]:
     """A Python API call as the CLI would end it: (exit code, result, error message)."""
     try:
@@ -200,17 +194,18 @@ def through_api(call: Any) -> tuple[int, Any, str]:
         return exc.exit_code, None, exc.message
 
 
-def agree_on_the_error(cli: tuple[int, str, str], api: tuple[int, Any, str]) -> None:
+def agree_on_the_error(cli: subprocess.CompletedProcess[str], api: tuple[int, Any, str]) -> None:
     """The same refusal: one exit code, the API's message is the CLI's error line, no traceback."""
-    assert cli[0] == api[0] != 0 and api[1] is None
-    assert cli[2].startswith(f"error: {api[2]}") and "Traceback" not in cli[2]
+    assert cli.returncode == api[0] != 0 and api[1] is None
+    assert cli.stderr.startswith(f"error: {api[2]}") and "Traceback" not in cli.stderr
 
 
 def test_both_faces_cancel_an_ended_run_alike_writing_and_signalling_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir, fake = slurm_run(tmp_path, monkeypatch, "COMPLETED")
-    code, out, _ = through_cli(capsys, "cancel", str(run_dir))
+    done = in_process(capsys, "cancel", str(run_dir))
+    code, out = done.returncode, done.stdout
     done = hpctrain.cancel(run_dir)
     assert code == 0 and done.already_ended and (done.state, done.status) == ("already ended (COMPLETED)", "completed")
     assert out.splitlines()[0] == f"job 4242: {done.state}; run status: {done.status}"
@@ -221,7 +216,8 @@ def test_both_faces_cancel_a_running_job_with_the_same_protocol(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir, fake = slurm_run(tmp_path, monkeypatch, "RUNNING")
-    code, out, _ = through_cli(capsys, "cancel", str(run_dir))
+    done = in_process(capsys, "cancel", str(run_dir))
+    code, out = done.returncode, done.stdout
     cli_commands, fake.commands = [argv[0] for argv in fake.commands], []
     assert code == 0 and out.startswith("job 4242: CANCELLED; run status: stopped (the job ended before")
     fake.jobs["4242"] = "RUNNING"  # the same job, running again, through the other face
@@ -237,7 +233,7 @@ def test_both_faces_refuse_a_run_json_that_names_no_job(
     write_run_info(run_dir, {"name": "demo", "job_id": "--user=me", "backend": "slurm"})
     for verb in ("cancel", "resume"):
         call = getattr(hpctrain, verb)
-        agree_on_the_error(through_cli(capsys, verb, str(run_dir)), through_api(lambda call=call: call(run_dir)))
+        agree_on_the_error(in_process(capsys, verb, str(run_dir)), through_api(lambda call=call: call(run_dir)))
     assert fake.commands == [] and not cancel_marker_path(run_dir).exists()
 
 
@@ -248,7 +244,7 @@ def test_both_faces_refuse_to_resume_while_the_previous_attempt_may_write(
     run_dir, fake = slurm_run(tmp_path, monkeypatch, state)
     if stopping:
         fake.stopping.add("4242")
-    cli, api = through_cli(capsys, "resume", str(run_dir)), through_api(lambda: hpctrain.resume(run_dir))
+    cli, api = in_process(capsys, "resume", str(run_dir)), through_api(lambda: hpctrain.resume(run_dir))
     agree_on_the_error(cli, api)
     assert ("still stopping" if stopping else "still RUNNING") in api[2]
 
@@ -262,9 +258,10 @@ def test_both_faces_agree_on_status_of_a_run_and_a_study(
     (tmp_path / "study").mkdir()
     study_dir = made_study(tmp_path / "study", monkeypatch)
     for target in (run_dir, study_dir):
-        code, out, _ = through_cli(capsys, "status", str(target), "--json")
+        done = in_process(capsys, "status", str(target), "--json")
+        code, out = done.returncode, done.stdout
         assert code == 0 and json.loads(out) == hpctrain.status(target).as_dict()
-    agree_on_the_error(through_cli(capsys, "status", str(tmp_path)), through_api(lambda: hpctrain.status(tmp_path)))
+    agree_on_the_error(in_process(capsys, "status", str(tmp_path)), through_api(lambda: hpctrain.status(tmp_path)))
 
 
 def test_both_faces_agree_on_validate_and_dry_run_and_their_refusals(
@@ -273,20 +270,19 @@ def test_both_faces_agree_on_validate_and_dry_run_and_their_refusals(
     from hpctrain.launch.plan import describe
 
     spec = REPO / "jobs/resnet50_4x4.yaml"
-    code, out, _ = through_cli(capsys, "validate", str(spec), "--set", "trainer.epochs=3")
+    done = in_process(capsys, "validate", str(spec), "--set", "trainer.epochs=3")
+    code, out = done.returncode, done.stdout
     assert (
         code == 0 and out.splitlines()[0] == f"{spec}: OK - {describe(hpctrain.load_job(spec, ['trainer.epochs=3']))}"
     )
     bad = ["--set", "resources.nodes=0", "--set", "trainer.arch=resnet5"]
     for verb in ("validate", "submit"):
         api = through_api(lambda: hpctrain.load_job(spec, [bad[1], bad[3]]))
-        agree_on_the_error(
-            through_cli(capsys, verb, str(spec), *bad, *(["--dry-run"] if verb == "submit" else [])), api
-        )
+        agree_on_the_error(in_process(capsys, verb, str(spec), *bad, *(["--dry-run"] if verb == "submit" else [])), api)
     image = tmp_path / "broken.sqsh"
     image.write_bytes(b"not an image" * 100)
     api = through_api(lambda: hpctrain.load_job(spec, [f"data.root={image}"]))
-    agree_on_the_error(through_cli(capsys, "validate", str(spec), "--set", f"data.root={image}"), api)
+    agree_on_the_error(in_process(capsys, "validate", str(spec), "--set", f"data.root={image}"), api)
     assert "data.root" in api[2]  # the image is read by both doors, not only by the command line
 
 
@@ -296,7 +292,8 @@ def test_both_faces_agree_on_the_doctor(
     FakeSlurm(answers={"scontrol ping": (0, "Slurmctld(primary) at ctl is DOWN\n")}).install(monkeypatch)
     spec = tmp_path / "job.yaml"
     spec.write_text(f"name: j\ncluster: slurm\noutput_dir: {tmp_path / 'runs'}\ndata: {{root: {tmp_path / 'd'}}}\n")
-    code, out, _ = through_cli(capsys, "doctor", str(spec), "--json")
+    done = in_process(capsys, "doctor", str(spec), "--json")
+    code, out = done.returncode, done.stdout
     found = hpctrain.doctor(spec)
     assert code == 1 and not found.ok and json.loads(out) == found.as_json()
     assert any(check.key == "controller" and check.level == "error" for check in found.checks)

@@ -16,72 +16,16 @@ import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_helpers import REPO, assert_user_error, hpctrain, hpctrain_all, isolated_env
 
 from hpctrain.contract.rundir import run_info_path
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "jobs").glob("*.yaml"))
 RANK_TABLE_TITLE = "what each rank will see"
-
-
-def isolated_env(root: Path) -> dict[str, str]:
-    """The user's own profiles, job registry and home stay out of every run."""
-    environ = dict(os.environ)
-    environ.update(
-        HOME=str(root / "home"),
-        HPCTRAIN_CONFIG_DIR=str(root / "config"),
-        XDG_STATE_HOME=str(root / "state"),
-        COLUMNS="120",
-        PYTHONIOENCODING="utf-8",  # the rank table's box characters, whatever the locale
-    )
-    environ.pop("PYTHONWARNINGS", None)
-    return environ
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    return isolated_env(tmp_path)
-
-
-def hpctrain(
-    *args: str, env: dict[str, str], cwd: Path = REPO, importtime: bool = False
-) -> subprocess.CompletedProcess[str]:
-    flags = ["-X", "importtime"] if importtime else []
-    return subprocess.run(
-        [sys.executable, *flags, "-m", "hpctrain", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def hpctrain_all(
-    calls: Mapping[str, Sequence[str]], *, env: dict[str, str], cwd: Mapping[str, Path] | None = None, **kwargs: bool
-) -> dict[str, subprocess.CompletedProcess[str]]:
-    """Run several commands at once (each is mostly interpreter start-up)."""
-    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        futures = {
-            key: pool.submit(hpctrain, *args, env=env, cwd=(cwd or {}).get(key, REPO), **kwargs)
-            for key, args in calls.items()
-        }
-        return {key: future.result() for key, future in futures.items()}
-
-
-def assert_user_error(result: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
-    """A user mistake: the given exit code, a message naming what to fix, no traceback."""
-    assert result.returncode == code, result.stdout + result.stderr
-    assert "Traceback" not in result.stderr
-    assert result.stderr.startswith("error: ")
-    for needle in needles:
-        assert needle in result.stderr, f"{needle!r} not in:\n{result.stderr}"
 
 
 # ---------------------------------------------------------------- validate

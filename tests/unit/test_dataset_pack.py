@@ -16,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_cli import REPO, assert_user_error, hpctrain, isolated_env
+from cli_helpers import REPO, assert_user_error, hpctrain, isolated_env
 
 from hpctrain.dataset import mount, mount_release, pack, squashfs
 from hpctrain.dataset.generate import make_dataset

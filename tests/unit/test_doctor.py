@@ -56,10 +56,7 @@ def fake_slurm(**overrides: tuple[int, str]):  # type: ignore[no-untyped-def]
     return cluster_checks.ClusterView(Slurm(runner, which=on_path))
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HPCTRAIN_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 def job(tmp_path: Path, *sets: str):  # type: ignore[no-untyped-def]

@@ -19,10 +19,7 @@ from hpctrain.jobspec.load import load_job
 MOUNTS = "overlay / overlay rw 0 0\nserver:/data /data nfs4 rw 0 0\n"
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HPCTRAIN_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 def make_tree(split: Path, classes: int, per_class: int, size: int = 100) -> int:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import hpctrain, isolated_env
 
 from hpctrain.contract.heartbeat_files import Heartbeat, find_stragglers, straggler_medians
 from hpctrain.contract.rundir import (
@@ -53,21 +54,7 @@ HANG_GUARD_S = 120
 
 def cli(*args: str, home: Path, limit: int = MEMORY_LIMIT) -> subprocess.CompletedProcess[str]:
     """``hpctrain ARGS`` in a process that may use at most ``limit`` bytes of address space."""
-    env = {"PATH": "/usr/bin:/bin", "XDG_STATE_HOME": str(home), "HOME": str(home), "COLUMNS": "200"}
-    env["PYTHONPATH"] = str(REPO)
-
-    def cap() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=HANG_GUARD_S,
-        preexec_fn=cap,
-    )
+    return hpctrain(*args, env={**isolated_env(home, state=home), "COLUMNS": "200"}, limit=limit, timeout=HANG_GUARD_S)
 
 
 def make_run(root: Path, name: str = "run", **info: object) -> Path:

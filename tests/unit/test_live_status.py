@@ -7,11 +7,11 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_helpers import hpctrain, isolated_env
 from rich.console import Console
 
 from hpctrain.contract.heartbeat_files import Heartbeat
@@ -399,10 +399,7 @@ def test_ctrl_c_leaves_quietly_with_130(tmp_path: Path) -> None:
 
 
 def cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": "/usr/bin:/bin", "XDG_STATE_HOME": str(home), "HOME": str(home), "COLUMNS": "120"}
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=60
-    )
+    return hpctrain(*args, env=isolated_env(home, state=home))
 
 
 def test_status_shows_stragglers_hang_and_the_rank_table(tmp_path: Path) -> None:

@@ -32,10 +32,7 @@ trainer: {{strategy: {strategy}, batch_size: 4}}
 """
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HPCTRAIN_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 def load(tmp_path: Path, resources: str, strategy: str = "ddp") -> Any:

@@ -20,10 +20,7 @@ PartitionName=old AllowGroups=ALL Default=NO MaxTime=01:00:00 State=DRAIN TotalN
 """
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HPCTRAIN_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 def job(tmp_path: Path, root: Path, *sets: str):  # type: ignore[no-untyped-def]

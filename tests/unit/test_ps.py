@@ -18,10 +18,7 @@ from hpctrain.trainer.strategies.ps_server import ShardServer, shard_parameters
 VALID = "name: job\ndata:\n  root: /datasets/imagenet\n"
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HPCTRAIN_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 def load(tmp_path: Path, text: str):  # noqa: ANN201

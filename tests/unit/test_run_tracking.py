@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import hpctrain, in_process, isolated_env
 
-from hpctrain.cli.main import main
 from hpctrain.contract import job_registry
 from hpctrain.contract.rundir import (
     atomic_write_text,
@@ -114,10 +113,7 @@ def test_sacct_parsing_keeps_array_tasks_apart() -> None:
 
 
 def cli(*args: str, env_home: Path) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": "/usr/bin:/bin", "XDG_STATE_HOME": str(env_home), "HOME": str(env_home)}
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=60
-    )
+    return hpctrain(*args, env=isolated_env(env_home, state=env_home))
 
 
 def test_logs_prints_the_tail_of_a_rank_log(tmp_path: Path) -> None:
@@ -167,13 +163,6 @@ def test_status_names_the_failed_task_when_rank_zero_could_not(tmp_path: Path) -
     assert reconcile(recorded, "FAILED", run_dir) == recorded
     assert reconcile({"status": "running"}, "RUNNING", run_dir) == {"status": "running"}
     assert reconcile({"status": "running"}, "CANCELLED", run_dir)["status"] == "stopped"
-
-
-def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
-    """``hpctrain ARGS`` in this process (Slurm: the test's FakeSlurm), as a finished command."""
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(["hpctrain", *args], code, out, err)
 
 
 def test_cancel_waits_for_the_stop_checkpoint_and_prints_the_final_status(

@@ -30,13 +30,7 @@ data:
 """
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """No test sees the developer's own cluster profiles or working directory."""
-    config = tmp_path / "config"
-    monkeypatch.setenv("HPCTRAIN_CONFIG_DIR", str(config))
-    monkeypatch.chdir(tmp_path)
-    return config
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 def write(tmp_path: Path, text: str, name: str = "job.yaml") -> Path:
