@@ -17,7 +17,7 @@ A run's own ``sbatch`` goes through submitit's public executor API
 spec, never from the submitting shell's ``SUBMITIT_PREEMPT_SIGNAL``. Helper
 jobs (the doctor's probe, ``bench-data --slurm``) are ``sbatch --wrap`` lines
 built here (:func:`sbatch_wrap_command`). No other module of hpctrain builds an
-argv that starts with a Slurm command (``tests/unit/test_layering.py``).
+argv that starts with a Slurm command (``tests/unit/test_house_layering.py``).
 
 Light on purpose: login-node commands and compute-node code both use it;
 compute-node code passes a job id from ``TaskEnv`` and never reads ``SLURM_*`` here.

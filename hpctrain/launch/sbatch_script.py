@@ -8,7 +8,7 @@ and the per-task logs ``FOLDER/%j_%t_log.out`` (``%A_%a`` for arrays).
 ``hpctrain.launch.submission``'s executor hands submitit this text, and
 ``submit --dry-run`` prints the same text without importing submitit, which
 would cost a login-node command about a fifth of its time (it imports asyncio).
-``tests/unit/test_sbatch_script.py`` checks the layout against submitit's
+``tests/unit/test_launch_sbatch_script.py`` checks the layout against submitit's
 renderer for every example job. Pure and torch-free.
 """
 

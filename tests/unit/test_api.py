@@ -145,7 +145,7 @@ def test_a_local_submit_with_wait_completes_and_then_has_nothing_to_cancel(tmp_p
 def test_a_study_status_is_what_status_json_prints_and_an_ended_study_has_nothing_to_cancel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from test_study import made_study
+    from test_launch_study import made_study
 
     study_dir = made_study(tmp_path, monkeypatch)
     study = hpctrain.status(study_dir)
@@ -252,7 +252,7 @@ def test_both_faces_refuse_to_resume_while_the_previous_attempt_may_write(
 def test_both_faces_agree_on_status_of_a_run_and_a_study(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from test_study import made_study
+    from test_launch_study import made_study
 
     run_dir, _ = slurm_run(tmp_path, monkeypatch, "PENDING")
     (tmp_path / "study").mkdir()

@@ -1,6 +1,6 @@
 """The one Slurm-state table: every state Slurm reports means one run state, and the merged state lookup.
 
-Recorded answers come from golden/slurm/VERSION/ (see test_slurm_versions.py).
+Recorded answers come from golden/slurm/VERSION/ (see test_contract_slurm_answers.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Every test that could signal stubs the signalling calls so that a bug fails
 the test instead of killing the test machine's processes; the real signals
-are sent in test_cancel_pid_namespace.py, inside a PID namespace.
+are sent in test_launch_cancel.py, inside a PID namespace.
 """
 
 from __future__ import annotations

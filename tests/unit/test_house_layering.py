@@ -216,3 +216,21 @@ def test_few_modules_lie_loose_in_the_package() -> None:
         f"{len(loose)} modules loose in hpctrain/ (at most {MAX_LOOSE_MODULES}): {loose}; "
         "put new code in the package of its side"
     )
+
+
+def test_every_unit_test_file_is_named_for_the_module_it_tests() -> None:
+    """docs/testing.md: ``tests/unit/test_PACKAGE_MODULE[_ASPECT].py``, ``test_house_*``, ``test_testbed_*``."""
+    modules = {
+        "_".join(path.relative_to(PACKAGE).with_suffix("").parts[:-1] if path.name == "__init__.py" else
+                 path.relative_to(PACKAGE).with_suffix("").parts)
+        for path in PACKAGE.rglob("*.py")
+    }  # fmt: skip
+    unit = Path(__file__).resolve().parent
+    stray = []
+    for path in sorted(unit.glob("test_*.py")):
+        name = path.stem.removeprefix("test_")
+        if name.startswith(("house_", "testbed_")):
+            continue
+        if not any(name == module or name.startswith(f"{module}_") for module in modules if module):
+            stray.append(path.name)
+    assert not stray, f"unit test files not named for a module of hpctrain/ (docs/testing.md): {stray}"

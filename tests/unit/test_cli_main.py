@@ -3,7 +3,7 @@ tracebacks, dry-run output, shell quoting, and that login-node commands never
 import torch.
 
 Each run costs about a third of a second, so the cases are chosen to cover
-each behaviour once (the loader's finer points are in test_spec_load.py), and
+each behaviour once (the loader's finer points are in test_jobspec_load.py), and
 the large parametrized groups start their runs together from a module fixture.
 """
 

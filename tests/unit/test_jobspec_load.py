@@ -3,7 +3,7 @@ name the key, the position and the fix; good input resolves against its
 cluster profile, its ``--set`` overrides and the working directory.
 
 Everything runs in-process against ``load_job``; the CLI wrapping is covered
-by test_cli.py.
+by test_cli_main.py.
 """
 
 from __future__ import annotations

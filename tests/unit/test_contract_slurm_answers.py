@@ -113,7 +113,7 @@ def test_refusals_are_explained(version: str) -> None:
     else:
         # With EnforcePartLimits=NO (the default) 22.05 and 26.05 queue a job asking for more
         # nodes than the partition has: it pends forever. submit's preflight refuses it first,
-        # from the partition's TotalNodes (test_preflight.py).
+        # from the partition's TotalNodes (test_diagnose_preflight.py).
         assert too_many_nodes.startswith("Submitted batch job")
         assert parse_partitions(recorded(version, "scontrol_show_partition.txt"))["debug"]["TotalNodes"] == "2"
 
