@@ -327,19 +327,28 @@ def test_an_inherited_task_token_is_never_adopted_so_a_tasks_clean_up_spares_who
     task = subprocess.run(  # a task started with the inherited token: it starts its reaper, then ends
         [sys.executable, "-c", (
             "from hpctrain.runtime.cleanup import ensure_task_token, start_reaper; import os; "
-            "token = ensure_task_token(); print(token, os.environ['HPCTRAIN_TASK_TOKEN_PID']); "
-            "start_reaper(token, poll_s=0.05, grace_s=0.5)"
+            "token = ensure_task_token(); "
+            "print(token, os.environ['HPCTRAIN_TASK_TOKEN_PID'], start_reaper(token, poll_s=0.05, grace_s=0.5))"
         )],
         env=inherited, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
-    token, owner = task.stdout.split()
+    token, owner, reaper = task.stdout.split()
     try:
         assert token != hostile and owner != "1"  # a token of its own, made for its own PID
-        time.sleep(2.0)  # the reaper has seen the task go and reaped what carried the task's token
-        assert bystander.poll() is None
+        deadline = time.monotonic() + 30  # a hang guard: the reaper reaps what carries the task's token and exits
+        while _running(int(reaper)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(int(reaper)) and bystander.poll() is None
     finally:
         bystander.kill()
         bystander.wait(timeout=10)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_a_token_is_adopted_only_by_the_process_it_was_made_for() -> None:
