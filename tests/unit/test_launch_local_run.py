@@ -323,7 +323,8 @@ def test_an_inherited_task_token_is_never_adopted_so_a_tasks_clean_up_spares_who
 
     hostile = "f" * 32
     inherited = {**os.environ, TOKEN_ENV: hostile, TOKEN_PID_ENV: "1"}
-    bystander = subprocess.Popen(["sleep", "300"], env=inherited)  # an unrelated process with that token
+    # an unrelated process carrying that token (in its own environment: another program of the session)
+    bystander = subprocess.Popen(["sleep", "300"], env={**inherited, "BYSTANDER": "1"})
     task = subprocess.run(  # a task started with the inherited token: it starts its reaper, then ends
         [sys.executable, "-c", (
             "from hpctrain.runtime.cleanup import ensure_task_token, start_reaper; import os; "
