@@ -51,6 +51,7 @@ def submit(
     wait: bool = False,
     preflight: bool = True,
     snapshot: bool = True,
+    exclude_bad_nodes: bool = True,
     log: TextIO | None = None,
 ) -> Submission:
     """Submit a job (a ``load_job`` result, or a spec path) to Slurm, or with ``local=True`` run it here.
@@ -59,7 +60,8 @@ def submit(
     the job ended (a local run: its processes; Slurm: the job) with ``state`` set. Without ``wait`` a
     local run goes on in the background while this Python process lives. ``preflight=False`` skips
     the checks before the queue (``--no-preflight``), ``snapshot=False`` the code copy
-    (``--no-snapshot``); ``log``: a stream that gets rank 0's log of a local run while waiting.
+    (``--no-snapshot``), ``exclude_bad_nodes=False`` the bad-node ledger's ``--exclude``
+    (``--no-exclude``); ``log``: a stream that gets rank 0's log of a local run while waiting.
     A ``load_job`` result changed since is checked again (``SpecError``).
     """
     from hpctrain.jobspec.load import LoadedJob
@@ -67,7 +69,14 @@ def submit(
 
     if not isinstance(job, LoadedJob):
         job = _path("job", job)
-    flags = _flags(dry_run=dry_run, local=local, wait=wait, preflight=preflight, snapshot=snapshot)
+    flags = _flags(
+        dry_run=dry_run,
+        local=local,
+        wait=wait,
+        preflight=preflight,
+        snapshot=snapshot,
+        exclude_bad_nodes=exclude_bad_nodes,
+    )
     return sequence(job, **flags, steps=_steps(log))
 
 

@@ -28,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
         follow_local=True,
         preflight=not args.no_preflight,
         snapshot=not args.no_snapshot,
+        exclude_bad_nodes=not args.no_exclude,
         steps=Printed(args),
     )
     if args.dry_run:

@@ -60,6 +60,10 @@ def submitted_lines(submission: Submission) -> list[str]:
     where = "Slurm" if submission.backend == "slurm" else "this machine (local executor)"
     run_dir = submission.run_dir
     lines = [f"submitted job {submission.job_id} to {where}, cluster '{submission.cluster}'", f"  run dir: {run_dir}"]
+    if submission.code is not None:
+        from hpctrain.launch.plan import code_line
+
+        lines.append(f"  code:    {code_line(submission.code)}")
     if submission.backend == "slurm":
         lines += [
             f"  follow:  hpctrain logs {run_dir} --follow",

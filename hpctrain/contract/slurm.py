@@ -60,7 +60,8 @@ FailureKind = Literal["missing", "timeout", "unreachable", "unknown-job", "refus
 # (``--user=me``, ``-1``, a list) would become an option or a wider target of scancel/scontrol/sacct.
 _JOB_ID = re.compile(r"[0-9]{1,20}(_[0-9]{1,10})?(\+[0-9]{1,6})?")
 _STEP_ID = re.compile(r"[0-9]{1,20}(_[0-9]{1,10})?(\+[0-9]{1,6})?\.[0-9]{1,10}")
-_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-\[\],]*")
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-\[\],]*")  # a name or a host list (n[1-3],m1)
+_ONE_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 class SlurmCommandError(ClusterError):
@@ -409,8 +410,39 @@ class Slurm:
         self.run(*requeue_command(job_id), timeout_s=timeout_s)
 
     def exclude_nodes(self, job_id: str, nodes: Sequence[str]) -> None:
-        """Keep ``nodes`` out of the (pending) job's next start (``ExcNodeList``)."""
-        self.run("scontrol", "update", f"JobId={checked_job_id(job_id)}", f"ExcNodeList={','.join(nodes)}")
+        """Keep ``nodes`` out of the (pending) job's next start (``ExcNodeList``); nothing for no nodes."""
+        if nodes:
+            self.run(*exclude_nodes_command(job_id, nodes))
+
+    def partition_nodes(self, partition: str | None, *, timeout_s: float = 10.0) -> list[str]:
+        """The nodes of ``partition`` (the default partition for None) that are not down or drained."""
+        command = ["sinfo", "-h", "-N", "-o", "%N %T", "--responding"]
+        if partition:
+            command += ["-p", partition]
+        nodes = []
+        for line in self.run(*command, timeout_s=timeout_s).splitlines():
+            parts = line.split()
+            if len(parts) == 2 and not parts[1].rstrip("*~#$@%!^-").lower().startswith(("down", "drain", "fail")):
+                nodes.append(parts[0])
+        return list(dict.fromkeys(nodes))
+
+
+def exclude_nodes_command(job_id: str, nodes: Sequence[str]) -> list[str]:
+    """``scontrol update`` of a pending job's ``ExcNodeList`` (node names checked: no option, no list trick)."""
+    for node in nodes:
+        checked_node_name(node)
+    return ["scontrol", "update", f"JobId={checked_job_id(job_id)}", f"ExcNodeList={','.join(nodes)}"]
+
+
+def checked_node_name(node: object) -> str:
+    """``node`` if it is one Slurm node name (letters, digits, ``-_.``), else a refusal: node names come
+    from run files and the user's ledger and end up in ``--exclude`` and ``ExcNodeList``."""
+    text = str(node)
+    if not _ONE_NODE.fullmatch(text):
+        raise SlurmCommandError(
+            f"{text[:40]!r} is not a Slurm node name", kind="refused", hint="node names are letters, digits, - _ ."
+        )
+    return text
 
 
 def _user_name() -> str:

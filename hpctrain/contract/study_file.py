@@ -58,7 +58,7 @@ def read_study(study_dir: Path) -> dict[str, Any]:
             hint="pass OUTPUT_DIR/NAME/STUDY_ID as printed by 'hpctrain submit' of a spec with study:",
         )
     try:
-        record = read_json(path)
+        record = read_json(path, within=study_dir)
     except (OSError, ValueError) as exc:
         raise RunDirError(f"{path}: unreadable ({exc})") from None
     points = record.get("points") if isinstance(record, dict) else None

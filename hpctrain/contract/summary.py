@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 
-from hpctrain.contract.rundir import read_json_object, summary_path, write_json_atomic
+from hpctrain.contract.rundir import read_json_object, run_home, summary_path, write_json_atomic
 from hpctrain.errors import RunDirError
 
 Status = Literal["running", "completed", "stopped", "failed"]
@@ -86,13 +86,25 @@ class Summary(BaseModel):
     hung_frozen_s: float | None = None  # the hung rank's whole process froze: its heartbeat was silent this long
     hang_job_id: str | None = None  # the job whose hang this is (a requeued job's next attempt is not hung)
     stack_dumps: str | None = None  # the folder of every rank's stacks at the hang (rundir.stacks_dir)
-    # a lost node (healing/record.py), kept by every later attempt
+    # node health (healing/), kept by every later attempt
     excluded_nodes: list[str] | None = None  # nodes a healing run keeps away from (healing/supervisor.py)
-    node_failures: list[dict[str, Any]] | None = None  # node, step, checkpoint_step, reason, action, nodes, job_id
+    # one record per decision about a node, per burn-in, per eviction: contract/node_records.py reads them typed
+    node_failures: list[dict[str, Any]] | None = None  # node, kind, step, checkpoint_step, reason, action, nodes
+    burn_in: list[dict[str, Any]] | None = None  # each burn-in's node scores and flagged nodes
+    evictions: list[dict[str, Any]] | None = None  # each slow node evicted during training
     # a strategy's own report
     hogwild_workers: list[dict[str, Any]] | None = None  # strategies/hogwild.py: each worker's steps and images
     ps_rejected_pushes: int | None = None  # strategies/ps.py: stale pushes an async server refused
     _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @field_validator("excluded_nodes", "node_failures", mode="before")
+    @classmethod
+    def _drop_malformed_entries(cls, value: Any, info: ValidationInfo) -> Any:
+        """One malformed entry costs that entry, not the whole list (every lost node's line with it)."""
+        if not isinstance(value, list):
+            return value
+        kind = str if info.field_name == "excluded_nodes" else dict
+        return [item for item in value if isinstance(item, kind)]
 
     @property
     def is_final(self) -> bool:
@@ -124,7 +136,7 @@ def parse_summary(data: Any) -> Summary | None:
 
 def read_summary(run_dir: Path) -> Summary | None:
     """The run's summary, or None when there is none (yet) or it cannot be read."""
-    return parse_summary(read_json_object(summary_path(run_dir)))
+    return parse_summary(read_json_object(summary_path(run_dir), within=run_home(run_dir)))
 
 
 def write_summary(run_dir: Path, fields: Mapping[str, Any]) -> None:

@@ -1,8 +1,9 @@
-"""Releasing a node's dataset mount after its tasks: who still uses it, the unmount, and the watcher.
+"""Releasing a node's dataset mount after its tasks: the unmount, and the watcher.
 
 Every task that reads a node's mount (``hpctrain.dataset.mount``) registers
-its PID and start time under ``users/``; the last one to leave releases the
-mount. For tasks that cannot act (SIGKILL), the node's first task starts a
+its PID and start time under the job's node folder's ``users/``
+(``dataset/node_folder.py``); the last one to leave releases the mount.
+For tasks that cannot act (SIGKILL), the node's first task starts a
 detached watcher, ``python -m hpctrain.dataset.mount_release``, the reaper's
 kind (``runtime/cleanup.py``'s :func:`~hpctrain.runtime.cleanup.start_detached`):
 once that task and every registered one are gone it stops the squashfuse
@@ -15,7 +16,6 @@ torch-free and stdlib-only, apart from psutil.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import re
 import shutil
@@ -26,49 +26,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hpctrain.contract.process_tokens import TOKEN_ENV, alive, new_token
+from hpctrain.contract.runfiles import RunFileError, load_json, read_bounded
+from hpctrain.dataset.node_folder import live_users
 from hpctrain.runtime.cleanup import begin_watching, reaper_environ, start_detached
 
 MODULE = "hpctrain.dataset.mount_release"
 UNMOUNT_TRIES = 5
 POLL_S = 0.5
-
-
-def register_user(base: Path, pid: int) -> None:
-    (base / "users").mkdir(parents=True, exist_ok=True)
-    with users_lock(base):
-        user_entry(base, pid).touch()
-
-
-def user_entry(base: Path, pid: int) -> Path:
-    return base / "users" / f"{pid}-{_start_time(pid)}"
-
-
-class users_lock:  # noqa: N801 (used like a function: ``with users_lock(base):``)
-    """An exclusive lock over the node's user registrations (the last one to leave releases the mount)."""
-
-    def __init__(self, base: Path) -> None:
-        self.path = base / "users.lock"
-
-    def __enter__(self) -> None:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)  # closing drops the lock
-
-
-def live_users(users_dir: Path) -> list[int]:
-    """Registered tasks still running (the PID and its start time both match)."""
-    alive = []
-    try:
-        entries = list(users_dir.iterdir())
-    except OSError:
-        return []
-    for entry in entries:
-        pid, _, started = entry.name.partition("-")
-        if pid.isdigit() and started and _start_time(int(pid)) == started:
-            alive.append(int(pid))
-    return alive
 
 
 # ------------------------------------------------------------------ release
@@ -128,6 +92,18 @@ def is_mounted(point: Path, mounts_path: str = "/proc/mounts") -> bool:
         return False
 
 
+def daemon_of(folder: Path, point: Path) -> int | None:
+    """The squashfuse PID a READY marker of ``folder`` records for ``point`` (None: none, or unreadable)."""
+    for marker in folder.glob("READY-*"):
+        try:
+            info = load_json(read_bounded(marker, 4096))
+        except (OSError, ValueError, RunFileError):
+            continue
+        if isinstance(info, dict) and info.get("point") == str(point) and type(info.get("pid")) is int:
+            return info["pid"]
+    return None
+
+
 def _is_our_daemon(pid: int, point: Path) -> bool:
     """The PID is a live squashfuse whose command line names ``point`` (never signal anyone else's)."""
     import psutil
@@ -141,14 +117,6 @@ def _is_our_daemon(pid: int, point: Path) -> bool:
 
 def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def _start_time(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
 
 
 # ------------------------------------------------------------------ the watcher

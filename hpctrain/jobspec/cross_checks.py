@@ -21,6 +21,7 @@ from hpctrain.jobspec.archs import ARCH_PARAMS_M, unknown_arch_message
 from hpctrain.jobspec.horovod import horovod_refusal
 from hpctrain.jobspec.layer_split import check_layer_split
 from hpctrain.jobspec.models import APEX_LEVELS, JobSpec
+from hpctrain.jobspec.node_health import node_health_problems
 from hpctrain.jobspec.node_loss import node_loss_problems
 from hpctrain.jobspec.profiles import ClusterProfile
 from hpctrain.jobspec.slurm_time import parse_time_limit
@@ -69,6 +70,10 @@ def warning_comes_before_the_limit(spec: JobSpec, profile: ClusterProfile) -> It
 
 def node_loss_fits(spec: JobSpec, profile: ClusterProfile) -> list[SpecProblem]:
     return node_loss_problems(spec)
+
+
+def node_health_fits(spec: JobSpec, profile: ClusterProfile) -> list[SpecProblem]:
+    return node_health_problems(spec)
 
 
 def data_root_is_given(spec: JobSpec, profile: ClusterProfile) -> Iterator[SpecProblem]:
@@ -255,6 +260,7 @@ RESOLVED_CHECKS: tuple[Check, ...] = (
     time_fits_the_cluster,
     warning_comes_before_the_limit,
     node_loss_fits,
+    node_health_fits,
     trainer_rules,
     data_root_is_given,
     validation_crops_fit,

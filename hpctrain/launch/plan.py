@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # the rest is imported where used: 'hpctrain validate' runs f
     from hpctrain.contract.slurm import Slurm
     from hpctrain.diagnose.findings import Finding
     from hpctrain.jobspec.load import LoadedJob
+    from hpctrain.launch.code_snapshot import Snapshot
 
 
 @dataclass(frozen=True)
@@ -34,12 +35,13 @@ class Validation:
 
 def validate(path: str | Path, overrides: Sequence[str] = (), *, cluster: str | None = None) -> Validation:
     """The validate verb's one sequence (``hpctrain validate``, ``hpctrain.load_job``): read and check the
-    spec, and read (never mount) a packed image named by data.root. ``SpecError`` lists every problem."""
+    spec, read (never mount) a packed image named by data.root, and read (never import) an entry point's
+    source. ``SpecError`` lists every problem."""
     from hpctrain.errors import SpecError, SpecProblem
     from hpctrain.jobspec.load import load_job
 
     job = load_job(path, overrides, cluster=cluster)
-    findings = image_findings(job)
+    findings = file_findings(job)
     errors = [f for f in findings if f.level == "error"]
     if errors:
         raise SpecError(str(job.source), [SpecProblem(f.key, f.message) for f in errors])
@@ -54,12 +56,14 @@ def validate(path: str | Path, overrides: Sequence[str] = (), *, cluster: str | 
 
 def describe(job: LoadedJob) -> str:
     """One line: where, how big, how much per step."""
+    from hpctrain.jobspec.node_loss import node_count_text
+
     spec = job.spec
     gpus = spec.resources.gpus_per_node or 0
     per_node = f"{gpus} GPUs" if gpus else f"{spec.tasks_per_node} CPU task{'s' if spec.tasks_per_node > 1 else ''}"
     what = spec.entrypoint or f"{spec.trainer.arch} {spec.trainer.strategy} {spec.trainer.precision}"
     line = (
-        f"{spec.name} on {job.profile.name}: {spec.resources.nodes} node{'s' if spec.resources.nodes > 1 else ''} "
+        f"{spec.name} on {job.profile.name}: {node_count_text(spec.resources)} "
         f"x {per_node}, world size {spec.world_size}, "
     )
     if spec.entrypoint is None:
@@ -73,15 +77,24 @@ def describe(job: LoadedJob) -> str:
     return line
 
 
-def image_findings(job: LoadedJob) -> list[Finding]:
-    """A data.root that names an image file is read (never mounted): a broken image fails here, not in the job."""
-    findings: list[Finding] = []
-    for spec in job.trials:
-        if spec.entrypoint is None and spec.data.root and Path(spec.data.root).expanduser().is_file():
-            from hpctrain.diagnose.preflight import check_data_root
+def file_findings(job: LoadedJob) -> list[Finding]:
+    """What the files behind the spec say, read on this machine and never run: a data.root that names an
+    image file (read, never mounted), and an entry point whose source cannot take ``ctx`` (read with
+    ``ast``, never imported). Either fails here, not in the job."""
+    images = [spec for spec in job.trials if spec.entrypoint is None and _names_file(spec.data.root)]
+    entrypoints = [spec for spec in job.trials if spec.entrypoint is not None]
+    if not images and not entrypoints:
+        return []  # nothing to read: the common case does not load the checks
+    from hpctrain.diagnose.preflight import check_data_root, check_entrypoint
 
-            findings += [f for f in check_data_root(spec) if f not in findings]
+    findings: list[Finding] = []
+    for found in [*map(check_data_root, images), *map(check_entrypoint, entrypoints)]:
+        findings += [f for f in found if f not in findings]
     return findings
+
+
+def _names_file(root: str | None) -> bool:
+    return bool(root) and Path(root).expanduser().is_file()
 
 
 def check_before_queueing(job: LoadedJob, *, local: bool, slurm: Slurm | None = None) -> list[str]:
@@ -122,3 +135,12 @@ def container_warnings(job: LoadedJob, *, local: bool) -> list[str]:
     if job.spec.container is None or backend_for(job, local) != "local":
         return []
     return [f"{job.source}: container: runs on Slurm only; here the tasks run without the image"]
+
+
+def code_line(code: Snapshot) -> str:
+    """What the code snapshot copied, and what it left out (run.json's ``code_snapshot`` has the list)."""
+    line = f"{code.files} files of {', '.join(code.packages)} copied into RUN_DIR/code/"
+    if not code.left_out_count:
+        return line
+    shown = code.left_out[:3] + (["..."] if len(code.left_out) > 3 else [])
+    return f"{line}; left out {code.left_out_count}: {'; '.join(shown)}"

@@ -22,7 +22,7 @@ from typing import Any
 from hpctrain.contract import job_registry
 from hpctrain.contract.cancel_marker import clear_cancel_marker
 from hpctrain.contract.rundir import read_run_info, spec_path
-from hpctrain.contract.runfiles import printable
+from hpctrain.contract.runfiles import check_inside, printable
 from hpctrain.contract.slurm import Slurm
 from hpctrain.contract.study_file import read_study, study_dir_of
 from hpctrain.errors import UsageError
@@ -75,6 +75,7 @@ def prepare(run: str | Path, overrides: Sequence[str] = (), *, slurm: Slurm | No
     if info.get("trials"):
         raise UsageError(f"{run_dir} is a sweep", hint=f"resume one trial: hpctrain resume {run_dir}/trial-NNN")
     refuse_while_writing(run_dir, info, slurm=slurm)
+    check_inside(spec_path(run_dir), run_dir)  # the run's own spec, not a file a symlink leads to
     job = load_job(spec_path(run_dir))
     if overrides:
         job = reshaped(run_dir, job, list(overrides))
@@ -105,7 +106,8 @@ def resume(
     warnings = plan.spec_warnings(job, run_dir)
     steps.warned(warnings)
     submitted = start(run_dir, job, local=local)
-    one = Submission(submitted.run_dir, submitted.job_id, submitted.backend, warnings=tuple(warnings),
+    steps.warned(submitted.notes)  # the bad-node ledger's exclusions
+    one = Submission(submitted.run_dir, submitted.job_id, submitted.backend, warnings=(*warnings, *submitted.notes),
                      cluster=job.profile.name, world_size=job.spec.world_size)  # fmt: skip
     steps.submitted(one)
     follow = wait or (follow_local and submitted.backend == "local")

@@ -28,6 +28,7 @@ from hpctrain.contract.study_file import STUDY_KIND, STUDY_VERSION, point_dir, w
 from hpctrain.errors import ClusterError, UsageError
 from hpctrain.jobspec.batch import scaled_lr
 from hpctrain.jobspec.load import LoadedJob
+from hpctrain.jobspec.node_loss import node_count_text
 from hpctrain.jobspec.study_axes import StudyPoint
 from hpctrain.launch.submission import SubmittedRun, render_script, submit_run
 
@@ -83,7 +84,7 @@ def describe_point(point: StudyPoint) -> str:
     gpus = spec.resources.gpus_per_node or 0
     per_node = f"{gpus} GPUs" if gpus else "CPU only"
     line = (
-        f"{spec.resources.nodes} node{'s' if spec.resources.nodes > 1 else ''} x {per_node}, "
+        f"{node_count_text(spec.resources)} x {per_node}, "
         f"{spec.tasks_per_node} task{'s' if spec.tasks_per_node > 1 else ''} per node, world size {spec.world_size}"
     )
     if spec.entrypoint is None:

@@ -30,6 +30,7 @@ from hpctrain.launch import plan
 if TYPE_CHECKING:
     from hpctrain.contract.slurm import Slurm
     from hpctrain.jobspec.load import LoadedJob
+    from hpctrain.launch.code_snapshot import Snapshot
     from hpctrain.launch.submission import SubmittedRun
 
 
@@ -43,7 +44,8 @@ class Submission:
     sbatch script (dry run of a Slurm job only); ``plan``: all that ``hpctrain submit --dry-run``
     prints (dry run only); ``points``: a study's runs, one per point, each labelled;
     ``warnings``: what the spec and the checks before the queue found allowed but likely to
-    hurt; ``state``: once waited for, the job's end (Slurm's state; a local run's status).
+    hurt, and the bad-node ledger's exclusions; ``state``: once waited for, the job's end (Slurm's
+    state; a local run's status); ``code``: what the code snapshot copied and left out.
     """
 
     run_dir: Path
@@ -57,6 +59,7 @@ class Submission:
     state: str | None = None
     cluster: str | None = None
     world_size: int | None = None
+    code: Snapshot | None = None
 
     @property
     def ended_well(self) -> bool | None:
@@ -113,6 +116,7 @@ def submit(
     follow_local: bool = False,
     preflight: bool = True,
     snapshot: bool = True,
+    exclude_bad_nodes: bool = True,
     steps: Steps | None = None,
     slurm: Slurm | None = None,
 ) -> Submission:
@@ -124,7 +128,8 @@ def submit(
     ``dry_run``: touch nothing, return the script and the plan. ``wait``: return once the job ended,
     with ``state``. ``follow_local``: follow a local run to its end even without ``wait`` (a command
     line's process must: the run ends with it). ``preflight=False`` skips the checks before the
-    queue, ``snapshot=False`` the code copy.
+    queue, ``snapshot=False`` the code copy, ``exclude_bad_nodes=False`` the bad-node ledger's
+    ``--exclude``.
     """
     from hpctrain.jobspec.load import load_job, revalidated
     from hpctrain.launch.submission import backend_for
@@ -137,7 +142,7 @@ def submit(
     if dry_run:
         from hpctrain.launch.dry_run import dry_run as render
 
-        planned = render(job, local=local, snapshot=snapshot)
+        planned = render(job, local=local, snapshot=snapshot, exclude_bad_nodes=exclude_bad_nodes)
         return Submission(planned.run_dir, None, backend, script=planned.script, plan=planned.text,
                           warnings=tuple(warnings), cluster=job.profile.name)  # fmt: skip
     if preflight:
@@ -150,9 +155,10 @@ def submit(
         )
     from hpctrain.launch.submission import submit_run
 
-    submitted = submit_run(job, local=local, snapshot=snapshot)
-    one = Submission(submitted.run_dir, submitted.job_id, submitted.backend, warnings=tuple(warnings),
-                     cluster=job.profile.name, world_size=job.spec.world_size)  # fmt: skip
+    submitted = submit_run(job, local=local, snapshot=snapshot, exclude_bad_nodes=exclude_bad_nodes)
+    steps.warned(submitted.notes)  # the bad-node ledger's exclusions
+    one = Submission(submitted.run_dir, submitted.job_id, submitted.backend, warnings=(*warnings, *submitted.notes),
+                     cluster=job.profile.name, world_size=job.spec.world_size, code=submitted.code)  # fmt: skip
     steps.submitted(one)
     return finish(one, submitted, wait=wait or (follow_local and backend == "local"), steps=steps, slurm=slurm)
 

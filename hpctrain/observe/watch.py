@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, TextIO
 
-from hpctrain.contract.rundir import metrics_path, read_run_info
+from hpctrain.contract.rundir import metrics_path, read_run_info, run_home
 from hpctrain.contract.slurm import Slurm, SlurmCommandError
 from hpctrain.contract.slurm_states import is_final, succeeded
 from hpctrain.contract.summary import Summary, parse_summary, read_summary
@@ -111,7 +111,7 @@ def watch(
     out = out or sys.stdout
     tty = out.isatty() if tty is None else tty
     poller = poller or JobPoller()
-    tail = MetricsTail(metrics_path(run_dir))
+    tail = MetricsTail(metrics_path(run_dir), within=run_home(run_dir))
     interval_s = max(MIN_INTERVAL_S, interval_s)
     live = None
     if tty:

@@ -61,6 +61,9 @@ RUNTIME_ON_THE_LOGIN_SIDE = {
     ("hpctrain.launch.dry_run", "hpctrain.runtime.rank_plan"): (
         "--dry-run prints each rank's device and backend from the tasks' own decisions, so the table cannot drift"
     ),
+    ("hpctrain.launch.submission", "hpctrain.runtime.rank_plan"): (
+        "a local run's tasks see the GPUs the tasks' own rule picks (local_visible_devices), as --dry-run prints"
+    ),
     ("hpctrain.dataset.mount_release", "hpctrain.runtime.cleanup"): (
         "runs in a task only: the node's mount watcher starts and detaches as the task's reaper does"
     ),
