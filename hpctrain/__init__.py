@@ -13,13 +13,16 @@ __version__ = "0.1.0"
 
 # name -> module that defines it; loaded on first use (PEP 562), so 'import hpctrain' stays cheap.
 _LAZY = {
-    **dict.fromkeys(("load_job", "submit", "status", "cancel", "resume", "report", "doctor"), "hpctrain.api"),
+    **dict.fromkeys(
+        ("load_job", "submit", "status", "cancel", "resume", "report", "doctor", "nodes", "forget_node"), "hpctrain.api"
+    ),
     "Submission": "hpctrain.launch.submit",
     "RunStatus": "hpctrain.observe.run_status",
     "StudyStatus": "hpctrain.observe.status",
     "Cancelled": "hpctrain.launch.cancel",
     "Report": "hpctrain.observe.report.build",
     "DoctorReport": "hpctrain.diagnose.doctor",
+    "NodeLedger": "hpctrain.observe.node_ledger",
     **dict.fromkeys(
         ("HpctrainError", "SpecError", "UsageError", "ClusterError", "RunDirError", "CheckpointError", "RunStopped"),
         "hpctrain.errors",
@@ -32,6 +35,7 @@ __all__ = [  # what _LAZY names, spelled out for tools that read __all__ without
     "ClusterError",
     "DoctorReport",
     "HpctrainError",
+    "NodeLedger",
     "Report",
     "RunDirError",
     "RunStatus",
@@ -43,7 +47,9 @@ __all__ = [  # what _LAZY names, spelled out for tools that read __all__ without
     "__version__",
     "cancel",
     "doctor",
+    "forget_node",
     "load_job",
+    "nodes",
     "report",
     "resume",
     "status",
@@ -51,7 +57,7 @@ __all__ = [  # what _LAZY names, spelled out for tools that read __all__ without
 ]
 
 if TYPE_CHECKING:
-    from hpctrain.api import cancel, doctor, load_job, report, resume, status, submit
+    from hpctrain.api import cancel, doctor, forget_node, load_job, nodes, report, resume, status, submit
     from hpctrain.diagnose.doctor import DoctorReport
     from hpctrain.errors import (
         CheckpointError,
@@ -64,6 +70,7 @@ if TYPE_CHECKING:
     )
     from hpctrain.launch.cancel import Cancelled
     from hpctrain.launch.submit import Submission
+    from hpctrain.observe.node_ledger import NodeLedger
     from hpctrain.observe.report.build import Report
     from hpctrain.observe.run_status import RunStatus
     from hpctrain.observe.status import StudyStatus

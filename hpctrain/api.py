@@ -4,7 +4,8 @@ Each function checks its arguments, calls the same library sequence as its
 ``hpctrain`` verb and returns that sequence's typed result: ``submit`` ->
 ``launch/submit.py``, ``resume`` -> ``launch/resume.py``, ``cancel`` ->
 ``launch/cancel.py``, ``status`` -> ``observe/status.py``, ``report`` ->
-``observe/report/build.py``, ``doctor`` -> ``diagnose/doctor.py``,
+``observe/report/build.py``, ``doctor`` -> ``diagnose/doctor.py``, ``nodes``
+and ``forget_node`` -> ``observe/node_ledger.py``,
 ``load_job`` -> ``launch/plan.py``'s validate. So both faces give the same
 answers: the same script, checks, status rule, cancel and resume policy.
 Nothing here exits or imports torch, and nothing prints but a local run
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from hpctrain.jobspec.load import LoadedJob
     from hpctrain.launch.cancel import Cancelled
     from hpctrain.launch.submit import Steps, Submission
+    from hpctrain.observe.node_ledger import NodeLedger
     from hpctrain.observe.report.build import Report
     from hpctrain.observe.run_status import RunStatus
     from hpctrain.observe.status import StudyStatus
@@ -156,6 +158,25 @@ def doctor(spec: str | Path | None = None, *, probe: bool = False, probe_timeout
 
     job = load_job(spec) if spec is not None else None
     return sequence(job, **_flags(probe=probe), probe_timeout_s=_seconds("probe_timeout_s", probe_timeout_s))
+
+
+def nodes(*, cluster: str | None = None, include_expired: bool = False) -> NodeLedger:
+    """The nodes your runs found sick or lost (the bad-node ledger), as ``hpctrain nodes [--cluster C] [--all]``:
+    ``NodeLedger`` (``path``, ``rows``, ``warnings``, ``as_json()``: what ``--json`` prints). ``submit``
+    excludes the live ones (``exclude_bad_nodes=False``: not)."""
+    from hpctrain.observe.node_ledger import nodes as sequence
+
+    return sequence(cluster=_optional_text("cluster", cluster), **_flags(include_expired=include_expired))
+
+
+def forget_node(node: str, *, cluster: str | None = None) -> int:
+    """Remove ``node`` from the bad-node ledger (on ``cluster`` only, when given), as ``hpctrain nodes
+    --forget NODE``; how many entries were removed."""
+    from hpctrain.observe.node_ledger import forget_node as sequence
+
+    if not isinstance(node, str) or not node.strip():
+        raise UsageError(f"node={node!r}: expected a node name", hint="forget_node('n3')")
+    return sequence(node, cluster=_optional_text("cluster", cluster))
 
 
 # ------------------------------------------------------------------ arguments: refused with the name and the fix

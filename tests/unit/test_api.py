@@ -299,6 +299,26 @@ def test_both_faces_agree_on_the_doctor(
     assert any(check.key == "controller" and check.level == "error" for check in found.checks)
 
 
+def test_both_faces_agree_on_the_bad_node_ledger_and_on_forgetting_a_node(capsys: pytest.CaptureFixture[str]) -> None:
+    from hpctrain.contract import bad_nodes
+
+    bad_nodes.append_entries(
+        bad_nodes.new_entry(node, cluster=cluster, reason="slurmd gone", kind="lost", evidence={"step": 3}, run="r",
+                            job_id="7")
+        for node, cluster in (("n2", "hal"), ("n3", "hal"), ("n3", "other"))
+    )  # fmt: skip
+    for flags, kwargs in (([], {}), (["--cluster", "hal"], {"cluster": "hal"}), (["--all"], {"include_expired": True})):
+        done = in_process(capsys, "nodes", "--json", *flags)
+        assert done.returncode == 0 and json.loads(done.stdout) == hpctrain.nodes(**kwargs).as_json()
+    hal = hpctrain.nodes(cluster="hal").rows
+    assert [(row["node"], row["cluster"]) for row in hal] == [("n2", "hal"), ("n3", "hal")]
+    done = in_process(capsys, "nodes", "--forget", "n3", "--cluster", "other")
+    assert done.returncode == 0 and done.stdout.startswith("forgot 1 entry of n3 on cluster other")
+    assert hpctrain.forget_node("n3") == 1 and hpctrain.forget_node("n3") == 0
+    assert [row["node"] for row in hpctrain.nodes().rows] == ["n2"] == [r["node"] for r in json.loads(
+        in_process(capsys, "nodes", "--json").stdout)]  # fmt: skip
+
+
 # ---------------------------------------------------------------- the Python API's hostile input (issue 30)
 
 
@@ -347,6 +367,10 @@ def test_a_job_edited_after_load_job_is_checked_again_before_anything_is_submitt
         lambda: hpctrain.report([]),
         lambda: hpctrain.report(REPO, out=5),
         lambda: hpctrain.doctor(spec=5),
+        lambda: hpctrain.nodes(cluster=5),
+        lambda: hpctrain.nodes(include_expired="yes"),
+        lambda: hpctrain.forget_node(3),
+        lambda: hpctrain.forget_node("n3", cluster=["hal"]),
     ],
 )
 def test_wrong_argument_types_are_usage_errors_that_name_the_argument(call: Any) -> None:
