@@ -15,7 +15,8 @@ directory holds::
     checkpoints/step-NNNNNNNN/{state.pt,meta.json}, checkpoints/best.json
     tb/                                 TensorBoard events
     metrics.jsonl                       every step, epoch and validation (contract/metrics.py)
-    summary.json                        what the run says about itself (contract/summary.py)
+    summary.json                        what the run says about itself (contract/summary.py); its node events,
+                                        burn-ins and evictions (contract/node_records.py)
     code/                               the entry point's code, copied at submit (launch/code_snapshot.py)
     heartbeats/rank-NNNNN.json          each rank's last step, phase and step times (contract/heartbeat_files.py)
     stacks/rank-NNNNN.txt               each rank's Python stacks, dumped when the job hangs
@@ -23,13 +24,19 @@ directory holds::
     report/                             ``hpctrain report RUN``'s output, by default
     .hpctrain/cancel-requested          ``hpctrain cancel``'s marker (contract/cancel_marker.py)
     .hpctrain/torchrun-failures.log     launcher torchrun: each node's first failed rank, for rank 0
-    .hpctrain/supervisor.json           a healing job's record of the step it runs (healing/record.py)
+    .hpctrain/supervisor.json           a healing job's record of the step it runs (contract/node_records.py;
+                                        written by healing/record.py)
     .hpctrain/slurm-relay/              a container job's Slurm requests, answered outside the image
                                         (runtime/slurm_relay.py)
 
 A study (one Slurm job per resource point) is ``OUTPUT_DIR/NAME/STUDY_ID/``
 with ``study.json`` listing its points (contract/study_file.py) and one run
 directory per point.
+
+Outside any run: the user's bad-node ledger, ``$XDG_STATE_HOME/hpctrain/
+bad-nodes.jsonl`` (contract/bad_nodes.py), which runs add to and ``submit``
+excludes from; and, on a compute node, the job's own folder
+``<stage_dir>/hpctrain-<uid>/job-<job>/`` (dataset/node_folder.py).
 
 A checkpoint is complete (its ``meta.json``, written last, records the size
 of ``state.pt``) or it is ignored. ``summary.json`` is read as a typed
