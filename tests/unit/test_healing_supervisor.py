@@ -18,6 +18,7 @@ from hpctrain.healing import supervisor
 from hpctrain.healing.evidence import NodeProbe
 from hpctrain.healing.record import HealRecord, load_spec
 from hpctrain.jobspec.yaml_source import dump_yaml
+from tests.fake_slurm import FakeSlurm
 
 # Each call of the fake srun takes its behaviour from the next line of plan.txt:
 # "ok", "raise NODE TASK" (a task exits 1), "kill NODE TASK" (a task is killed) or "hang NODE TASK"
@@ -65,27 +66,29 @@ reason = "Exited with exit code 1" if plan[0] == "raise" else "Killed"
 print(f"srun: error: {{plan[1]}}: task {{plan[2]}}: {{reason}}", file=sys.stderr, flush=True)
 sys.exit(1)
 """
-FAKE_SLURM = """#!{python}
-import os, sys
-from pathlib import Path
-with open(Path(os.environ["FAKE_DIR"]) / "slurm.txt", "a") as log:
-    log.write(" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) + "\\n")
-if sys.argv[1:3] == ["--oneliner", "show"]:
-    print("JobId=7 JobState=RUNNING")
-if Path(sys.argv[0]).name == "sinfo":
-    print(os.environ.get("FAKE_SINFO", ""))
-"""
+_SLURMS: dict[Path, FakeSlurm] = {}  # tmp_path -> the Slurm its supervisor asks (in-process: nothing on PATH)
+
+
+def slurm_answers() -> FakeSlurm:
+    """The job runs (``scontrol show job``); ``sinfo`` says what ``FAKE_SINFO`` holds."""
+    return FakeSlurm(
+        {"7": "RUNNING"},
+        answers={
+            "scontrol --oneliner show job": (0, "JobId=7 JobState=RUNNING\n"),
+            "sinfo": lambda argv: (0, os.environ.get("FAKE_SINFO", "") + "\n"),
+        },
+    )
 
 
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, text in [("srun", FAKE_SRUN), *((n, FAKE_SLURM) for n in ("scontrol", "squeue", "sinfo", "scancel"))]:
-        path = bin_dir / name
-        path.write_text(text.format(python=sys.executable))
-        path.chmod(0o755)
+    srun = bin_dir / "srun"  # srun starts the step's processes: a program, not a question to Slurm
+    srun.write_text(FAKE_SRUN.format(python=sys.executable))
+    srun.chmod(0o755)
     monkeypatch.setenv("PATH", str(bin_dir))
+    _SLURMS[tmp_path] = slurm_answers().install(monkeypatch)
     monkeypatch.setenv("FAKE_DIR", str(tmp_path))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # the bad-node ledger
     monkeypatch.setattr(supervisor, "POLL_S", 0.05)
@@ -114,8 +117,8 @@ def run(
 
 
 def slurm_log(tmp: Path) -> str:
-    path = tmp / "slurm.txt"
-    return path.read_text() if path.exists() else ""
+    """Every Slurm command the supervisor ran, one a line."""
+    return "".join(" ".join(argv) + "\n" for argv in _SLURMS[tmp].commands)
 
 
 def test_a_step_that_ends_well_runs_once_on_the_training_nodes(fake: Path) -> None:
