@@ -299,6 +299,27 @@ def test_both_faces_agree_on_the_doctor(
     assert any(check.key == "controller" and check.level == "error" for check in found.checks)
 
 
+def test_both_faces_agree_on_the_report_of_a_study_and_on_a_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_launch_study import made_study
+
+    study_dir = made_study(tmp_path, monkeypatch)
+    out = tmp_path / "both"
+    done = in_process(capsys, "report", str(study_dir), "--out", str(out), "--json")
+    assert done.returncode == 0, done.stderr
+    written = hpctrain.report(study_dir, out=out)  # the same files again: its own, so rewritten
+    assert json.loads(done.stdout) == json.loads(json.dumps(written.as_json(), default=str))
+    assert written.html == out / "report.html" and written.markdown.is_file()
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "report.md").write_text("someone else's notes\n")
+    agree_on_the_error(
+        in_process(capsys, "report", str(study_dir), "--out", str(tmp_path / "theirs")),
+        through_api(lambda: hpctrain.report(study_dir, out=tmp_path / "theirs")),
+    )
+    assert (tmp_path / "theirs" / "report.md").read_text() == "someone else's notes\n"
+
+
 def test_both_faces_agree_on_the_bad_node_ledger_and_on_forgetting_a_node(capsys: pytest.CaptureFixture[str]) -> None:
     from hpctrain.contract import bad_nodes
 
