@@ -164,6 +164,7 @@ def test_a_local_runs_tasks_see_the_users_gpus(
     job = load_job(tmp_path / "gpus.yaml")
     assert f"# GPUs: the tasks see CUDA_VISIBLE_DEVICES={UUID},3\n" in dry_run(job).text
     executor = build_executor(job, "local", tmp_path / "run")
+    executor.run_dir = tmp_path / "run"  # type: ignore[attr-defined]  # as _launch sets it per trial
     started = executor._submit_command(f"{sys.executable} -c 'import os; print(os.environ[\"CUDA_VISIBLE_DEVICES\"])'")  # type: ignore[attr-defined]
     assert started._process.wait(timeout=60) == 0
     [log] = (tmp_path / "run" / "submitit").glob("*_0_log.out")
