@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpctrain.contract.rundir import CODE_DIR, run_home
+from hpctrain.contract.script_env import ScriptCode
 from hpctrain.errors import ClusterError, SpecError, SpecProblem, UsageError
 from hpctrain.jobspec.load import LoadedJob
 from hpctrain.jobspec.models import JobSpec, Script
@@ -31,7 +32,6 @@ from hpctrain.jobspec.script_checks import module_file, program_problems
 from hpctrain.jobspec.yaml_source import read_spec_file
 from hpctrain.launch import code_snapshot
 from hpctrain.launch.code_selection import Selection, select_folder
-from hpctrain.runtime.script_command import ScriptCode
 
 SCRIPT_DIR_KEY = "script_dir"  # run.json code_snapshot: the copy of the script's folder, relative to the run
 
@@ -131,11 +131,11 @@ def _copied_dir(run_dir: Path, record: object) -> Path | None:
 def preempt_grace_s(spec: JobSpec) -> float | None:
     """The GraceTime of the partition the job runs in (seconds), from one ``scontrol show partition``;
     None when Slurm does not say."""
-    from hpctrain.contract import slurm
+    from hpctrain.contract.slurm import Slurm
     from hpctrain.jobspec.slurm_time import parse_time_limit
 
     try:
-        found = slurm.partitions()
+        found = Slurm().partitions()
     except ClusterError:
         return None
     name = spec.resources.partition or next((n for n, p in found.items() if p.get("Default") == "YES"), None)

@@ -23,6 +23,7 @@ from pathlib import Path
 from hpctrain.contract import script_env
 from hpctrain.contract.cpu_share import omp_num_threads
 from hpctrain.contract.rundir import checkpoints_dir
+from hpctrain.contract.script_env import ScriptCode
 from hpctrain.jobspec.models import JobSpec, Script
 from hpctrain.jobspec.script_args import fill
 from hpctrain.jobspec.script_checks import REQUEUE_MARGIN_S
@@ -31,20 +32,6 @@ from hpctrain.runtime.rank_plan import DERIVED_PORT_TEXT
 
 TORCHRUN_PORT_TEXT = "<torchrun's port>"
 PREEMPT_MARGIN_S = 5.0  # a preempted script is ended this long before the partition's GraceTime runs out
-
-
-@dataclass(frozen=True)
-class ScriptCode:
-    """Where a script job's program is on the nodes: its copy in the run directory, or the live file."""
-
-    file: str | None  # the file run as ``python FILE`` (None for a module)
-    module: str | None  # the module run as ``python -m MODULE``
-    script_dir: str  # what {script_dir} names: the folder of the script (or of the module's file)
-    python_path: str | None = None  # put first on PYTHONPATH (a module run from its snapshot)
-
-    def program(self) -> list[str]:
-        """The words after ``python``."""
-        return [self.file] if self.file is not None else ["-m", str(self.module)]
 
 
 @dataclass(frozen=True)

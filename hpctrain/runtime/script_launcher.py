@@ -36,7 +36,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract.rundir import hang_claim_path, heartbeat_path, read_run_info, read_summary, write_summary
+from hpctrain.contract.cancel_marker import cancel_marker_paths
+from hpctrain.contract.rundir import hang_claim_path, heartbeat_path, read_run_info
+from hpctrain.contract.script_env import ScriptCode
+from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.errors import DistributedSetupError, RunDirError
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.node_health import STEP_ID_VAR
@@ -44,7 +47,6 @@ from hpctrain.runtime import script_command
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.launcher import ALLOW_LOOPBACK_MASTER_VAR, TaskLauncher, configure_logging, report_failure
 from hpctrain.runtime.master import check_master_address
-from hpctrain.runtime.script_command import ScriptCode
 from hpctrain.runtime.script_outcome import (
     PEER_WAIT_S,
     RECORD_WAIT_S,
@@ -59,7 +61,7 @@ from hpctrain.runtime.script_outcome import (
     recorded_exits,
 )
 from hpctrain.runtime.script_process import ExitStatus, OutputTail, ScriptProcess, Silence, ignored_signals
-from hpctrain.runtime.stop import StopRequest, cancel_marker_paths, install_handlers
+from hpctrain.runtime.stop import StopRequest, install_handlers
 from hpctrain.runtime.task_env import derive_task_env, rank_hint
 
 POLL_S = 0.05

@@ -22,11 +22,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract.rundir import Summary, read_json_object, read_summary, script_exit_path, write_json_atomic
-from hpctrain.contract.rundir import write_summary as write_summary_file
-from hpctrain.contract.runfiles import printable
-from hpctrain.errors import HpctrainError
-from hpctrain.runtime.failures import TaskFailure, looks_like_peer_failure, task_failures
+from hpctrain.contract.rundir import read_json_object, script_exit_path, write_json_atomic
+from hpctrain.contract.srun_report import TaskFailure, task_failures
+from hpctrain.contract.summary import Summary, read_summary
+from hpctrain.contract.summary import write_summary as write_summary_file
+from hpctrain.errors import HpctrainError, printable
+from hpctrain.runtime.failures import looks_like_peer_failure
 
 CARRIED_KEYS = ("excluded_nodes", "node_failures", "started_at")  # what a new start keeps of the last summary
 PEER_WAIT_S = 3.0  # for srun's report of the task that failed first, when our own failure looks like its echo

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpctrain.contract.rundir import SUMMARY_FILE, spec_path, summary_path
+
 pytestmark = pytest.mark.local_dist
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +51,7 @@ def submit(tmp_path: Path, name: str, script: dict, **extra: object) -> subproce
 
 
 def run_dirs(tmp_path: Path, name: str) -> list[Path]:
-    return sorted(p.parent for p in (tmp_path / "runs" / name).rglob("summary.json"))
+    return sorted(p.parent for p in (tmp_path / "runs" / name).rglob(SUMMARY_FILE))
 
 
 def test_a_script_per_node_runs_once_per_node(tmp_path: Path) -> None:
@@ -61,7 +63,7 @@ def test_a_script_per_node_runs_once_per_node(tmp_path: Path) -> None:
     assert [g["argv"][:4] for g in got] == [["--world-size", "2", "--rank", "0"], ["--world-size", "2", "--rank", "1"]]
     assert all(g["argv"][5].startswith("tcp://127.0.0.1:") and g["cwd"] == str(run_dir) for g in got)
     assert [(g["RANK"], g["WORLD_SIZE"], g["LOCAL_WORLD_SIZE"]) for g in got] == [(None, "4", "2")] * 2
-    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    assert json.loads(summary_path(run_dir).read_text())["status"] == "completed"
 
 
 def test_each_sweep_trial_gets_its_own_arguments_and_a_failed_rank_is_named(tmp_path: Path) -> None:
@@ -77,7 +79,7 @@ def test_each_sweep_trial_gets_its_own_arguments_and_a_failed_rank_is_named(tmp_
     assert len(trials) == 2
     for trial, lr in zip(trials, ("0.1", "0.2")):
         assert json.loads((trial / "got-0-0.json").read_text())["argv"] == ["--lr", lr, "--rank=0"]
-        summary = json.loads((trial / "summary.json").read_text())
+        summary = json.loads(summary_path(trial).read_text())
         assert (summary["status"], summary["failed_rank"], summary["failed_exit_code"]) == ("failed", 3, 4)
         assert summary["failed_stderr"] == ["giving up: no data"]
-        assert f"- --lr\n  - '{lr}'" in (trial / "spec.yaml").read_text(), "the trial's spec shows its arguments"
+        assert f"- --lr\n  - '{lr}'" in spec_path(trial).read_text(), "the trial's spec shows its arguments"

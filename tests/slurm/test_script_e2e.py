@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from hpctrain.contract.rundir import submitit_dir, task_log_name
+
 from .hpctrain_cli import hpctrain, task_logs
 from .script_helpers import ScriptWorkspace, env_report, has_checkpoint, make_script_workspace, starts, steps_trained
 from .stop_helpers import (
@@ -103,7 +105,7 @@ def test_torchrun_style_script_is_requeued_and_preempted_and_resumes_from_its_ow
     assert_layout(run, 0)
     assert_layout(run, 2)
     assert env_report(run.run_dir, 1, 3)["argv"][-1] == "3", "placeholders are filled per rank"
-    out = (run.run_dir / "submitit" / f"{run.job_id}_0_log.err").read_text()
+    out = (submitit_dir(run.run_dir) / task_log_name(run.job_id, 0, err=True)).read_text()
     assert "stopping (timeout): sent SIGTERM" in out and "stopping (preempted): sent SIGTERM" in out, out
     status = hpctrain(ws.env, "status", str(run.run_dir))
     assert "status: completed" in status.stdout and "restarts: 2" in status.stdout, status
@@ -128,7 +130,7 @@ def test_launch_style_script_under_torchrun_exit_3_is_named_and_resume_completes
     assert "rank 3: failing on purpose at step 2" in summary["failed_stderr"], summary
     status = hpctrain(ws.env, "status", str(run.run_dir))
     assert "failed_exit_code: 3" in status.stdout and "| rank 3: failing on purpose" in status.stdout, status
-    batch_log = (run.run_dir / "submitit" / f"{run.job_id}_0_log.err").read_text()
+    batch_log = (submitit_dir(run.run_dir) / task_log_name(run.job_id, 0, err=True)).read_text()
     assert "the script of rank 3 on n2 failed first: it exited with code 3" in batch_log, batch_log
     left, _ = wait_no_processes(slurm_cluster, run.job_id, timeout=LEFTOVER_BUDGET_S)
     assert left == [], describe(left)

@@ -13,6 +13,8 @@ from hpctrain.jobspec.load import load_job
 from hpctrain.jobspec.script_checks import module_file
 from hpctrain.launch.script_code import require_program
 
+pytestmark = pytest.mark.usefixtures("isolated")  # relative paths are read from where hpctrain runs (tmp_path)
+
 
 def write(tmp_path: Path, text: str) -> Path:
     (tmp_path / "train.py").write_text("print('hi')\n")
@@ -26,11 +28,6 @@ def problems(path: Path) -> dict[str, str]:
     with pytest.raises(SpecError) as caught:
         require_program(load_job(path))
     return {problem.key: problem.message for problem in caught.value.problems}
-
-
-@pytest.fixture(autouse=True)
-def _here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)  # relative paths are read from where hpctrain runs
 
 
 def test_a_good_script_spec_resolves_its_path_and_needs_no_data_root(tmp_path: Path) -> None:

@@ -3,12 +3,10 @@ text, and a spec that validates and runs it that way."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import assert_user_error, hpctrain
 
 from hpctrain.jobspec.load import load_job
 from hpctrain.launch.script_template import read_script, render, style_of
@@ -49,19 +47,13 @@ def test_the_rendered_spec_validates(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert spec.script is not None and (spec.script.per, spec.script.path) == ("node", str(tmp_path / "my train.py"))
 
 
-def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HPCTRAIN_CONFIG_DIR": str(cwd / "config"), "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "hpctrain", *args]
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
-
-
-def test_init_script_through_the_cli(tmp_path: Path) -> None:
+def test_init_script_through_the_cli(tmp_path: Path, env: dict[str, str]) -> None:
     (tmp_path / "train.py").write_text("import os\nrank = int(os.environ['RANK'])\n")
     args = ["init", "job", "--script", "train.py", "--nodes", "2", "--cluster", "local", "--gpus-per-node", "0"]
-    done = run_cli(args, cwd=tmp_path)
+    done = hpctrain(*args, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "train.py, one process per rank" in done.stdout
     assert "installs no signal handler" in (tmp_path / "jobs" / "job.yaml").read_text()
-    missing = run_cli(["init", "other", "--script", "nope.py"], cwd=tmp_path)
-    assert missing.returncode == 2 and "--script nope.py: no such file" in missing.stderr
+    missing = hpctrain("init", "other", "--script", "nope.py", env=env, cwd=tmp_path)
+    assert_user_error(missing, 2, "--script nope.py: no such file")
     assert not (tmp_path / "jobs" / "other.yaml").exists()

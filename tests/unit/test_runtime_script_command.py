@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from hpctrain.contract import script_env
+from hpctrain.contract.script_env import ScriptCode
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime.script_command import (
-    ScriptCode,
     command,
     environ,
     layout,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.contract.rundir import read_summary
+from hpctrain.contract.summary import read_summary
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime.script_launcher import ScriptLauncher
 from hpctrain.runtime.script_outcome import ScriptFailed

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hpctrain.contract.rundir import read_summary, script_exit_path, write_summary
-from hpctrain.runtime.failures import TaskFailure
+from hpctrain.contract.rundir import script_exit_path
+from hpctrain.contract.srun_report import TaskFailure
+from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.runtime.script_outcome import (
     FailureWatch,
     ScriptExit,
