@@ -10,7 +10,7 @@ wrapper is torchrun's program (``runtime/script_torchrun.py``). Its story:
    asked to stop before it started is never started;
 2. the task's rank layout (``TaskEnv``), this start's number (``{restart}``),
    the summary (``running``, main task only), the reaper (cleanup.py);
-3. the script runs in its own session (``runtime/script_process.py``) with the
+3. the script runs in its own session (``runtime/script_child.py``) with the
    torchrun and hpctrain variables (``runtime/script_command.py``), in the run
    directory or ``script.workdir``;
 4. a stop request sends ``script.stop_signal`` to its process group, waits for
@@ -47,6 +47,7 @@ from hpctrain.runtime import script_command
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.launcher import ALLOW_LOOPBACK_MASTER_VAR, TaskLauncher, configure_logging, report_failure
 from hpctrain.runtime.master import check_master_address
+from hpctrain.runtime.script_child import ExitStatus, OutputTail, ScriptProcess, Silence, ignored_signals
 from hpctrain.runtime.script_outcome import (
     PEER_WAIT_S,
     RECORD_WAIT_S,
@@ -60,7 +61,6 @@ from hpctrain.runtime.script_outcome import (
     record_exit,
     recorded_exits,
 )
-from hpctrain.runtime.script_process import ExitStatus, OutputTail, ScriptProcess, Silence, ignored_signals
 from hpctrain.runtime.stop import StopRequest, install_handlers
 from hpctrain.runtime.task_env import derive_task_env, rank_hint
 
