@@ -10,8 +10,9 @@ every rank went silent. A rank that merely raised names no node: that is the
 code's fault, and the job fails as it would without healing.
 
 What next (:func:`decide`): continue on the healthy nodes (the survivors,
-then spares, up to ``resources.nodes``; fewer down to ``min_nodes`` only when
-the run's global batch splits over them), else requeue with the bad nodes
+then spares, up to ``resources.nodes``; fewer down to ``min_nodes``: any
+number of ranks up to the run's micro-batches shares its global batch,
+``jobspec/shares.py``), else requeue with the bad nodes
 excluded; and stop instead when the run's checkpoints stopped advancing over
 ``signals.crash_loop_attempts`` attempts (:func:`crash_loop`).
 """
@@ -129,7 +130,11 @@ def _short_reason(reason: str) -> str:
 
 
 def batch_fits(spec: JobSpec, count: int) -> bool:
-    """Whether the run's global batch splits over ``count`` nodes' ranks (always, for user code)."""
+    """Whether the run's global batch can be shared by ``count`` nodes' ranks (always, for user code).
+
+    An elastic strategy's can on any number of ranks up to its micro-batches (``jobspec/shares.py``),
+    so on any count from ``min_nodes`` to ``nodes``; the others only on ``nodes`` (validate says so).
+    """
     if spec.entrypoint is not None or count == spec.resources.nodes:
         return True
     gpus_per_task = (spec.resources.gpus_per_node or 0) // spec.tasks_per_node
@@ -141,7 +146,7 @@ def choose_nodes(
     survivors: Sequence[str], spares: Sequence[str], *, nodes: int, min_nodes: int, fits: Callable[[int], bool]
 ) -> tuple[str, ...] | None:
     """The next step's nodes: survivors, then spares, as many as possible up to ``nodes`` and at least
-    ``min_nodes``, in a number ``fits`` accepts (the global batch splits over them); None if none fits."""
+    ``min_nodes``, in a number ``fits`` accepts (the global batch can be shared by them); None if none fits."""
     pool = [*survivors, *(n for n in spares if n not in survivors)]
     for count in range(min(nodes, len(pool)), min_nodes - 1, -1):
         if count == nodes or fits(count):

@@ -1,8 +1,9 @@
 """Which specs may heal from a lost node inside their allocation (``resources.min_nodes``, ``spare_nodes``).
 
-A run that continues on fewer nodes keeps its global batch by giving each rank
-more canonical micro-batches (``jobspec/batch.py``), which only the elastic
-strategies can; a spare node keeps the shape, so any strategy may have spares.
+A run that continues on fewer nodes keeps its global batch by sharing its
+canonical micro-batches over fewer ranks (``jobspec/shares.py``: any number of
+them), which only the elastic strategies can; a spare node keeps the shape, so
+any strategy may have spares.
 Pure and torch-free: ``validate`` and ``submit`` call it through ``check_resolved``; a
 step on fewer nodes (``hpctrain/healing/supervisor.py`` sets :data:`STEP_NODES_VAR`) runs
 :func:`step_spec`'s spec.
@@ -58,15 +59,7 @@ def _shrink_problems(spec: JobSpec, fewest: int) -> list[SpecProblem]:
     full = spec.batch_layout.processes
     fewer = BatchLayout.of(spec.trainer, tasks=fewest * spec.tasks_per_node, gpus_per_task=gpus_per_task).processes
     problem = micro_batch_problem(full, fewer, strategy=strategy)
-    if problem is None:
-        return []
-    working = [n for n in range(1, spec.resources.nodes + 1) if full % (n * spec.tasks_per_node) == 0]
-    return [
-        SpecProblem(
-            "resources.min_nodes",
-            f"{fewest}: {problem}; min_nodes values that keep it: {', '.join(map(str, working))}",
-        )
-    ]
+    return [] if problem is None else [SpecProblem("resources.min_nodes", f"{fewest}: {problem}")]
 
 
 def step_spec(spec: JobSpec, environ: Mapping[str, str]) -> JobSpec:
