@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from hpctrain.cli.main import warn
 from hpctrain.errors import SpecError, SpecProblem
 from hpctrain.jobspec.load import LoadedJob, load_job
+from hpctrain.jobspec.node_loss import fewest_nodes_step_cost
 from hpctrain.launch.plan import spec_warnings
 
 if TYPE_CHECKING:
@@ -30,6 +31,10 @@ def describe(job: LoadedJob) -> str:
         layout = spec.batch_layout
         line += f"global batch {layout.global_batch} ({layout.describe()}), "
     line += f"{what}, time {spec.resources.time}"
+    cost = fewest_nodes_step_cost(spec)
+    if cost is not None:  # e.g. 16 -> 15 nodes of 4 GPUs: 1.09x, the ideal 1.07x
+        fewest = spec.resources.fewest_nodes
+        line += f"; after a lost node down to {fewest} node{'s' * (fewest > 1)} (a step then takes {cost:.2f}x)"
     if job.is_sweep:
         line += f", sweep of {len(job.trials)} trials"
     if job.is_study:

@@ -37,7 +37,8 @@ class SplitNorm:
         self.group: Any = None  # this rank's process group, while a piece runs
         self._groups: dict[int, Any] = {}
         norms = [m for m in module.modules() if isinstance(m, _BatchNorm)]
-        if plan is None or not plan.split or not norms:
+        self.active = plan is not None and plan.split and bool(norms)  # BatchNorm layers patched
+        if not self.active:
             return
         for index, ranks in enumerate(plan.groups):  # collective: every rank creates every group, in order
             if len(ranks) > 1:
@@ -46,11 +47,6 @@ class SplitNorm:
                     self._groups[index] = created
         for norm in norms:
             norm.forward = types.MethodType(_dispatching_forward(self), norm)  # type: ignore[method-assign]
-
-    @property
-    def active(self) -> bool:
-        """Whether BatchNorm layers were patched (a split plan and a model with BatchNorm)."""
-        return bool(self._groups)
 
     @contextlib.contextmanager
     def part(self, part: Part) -> Iterator[None]:
@@ -85,7 +81,7 @@ def split_batch_norm(norm: _BatchNorm, x: torch.Tensor, group: Any) -> torch.Ten
             norm.num_batches_tracked.add_(1)
             factor = 1.0 / float(norm.num_batches_tracked) if norm.momentum is None else norm.momentum
         with torch.no_grad():
-            unbiased = var * (total / max(total - 1, 1))
+            unbiased = var * total / (total - 1).clamp(min=1)
             norm.running_mean.mul_(1 - factor).add_(mean.to(norm.running_mean.dtype), alpha=factor)
             norm.running_var.mul_(1 - factor).add_(unbiased.to(norm.running_var.dtype), alpha=factor)
     invstd = torch.rsqrt(var + norm.eps)
@@ -105,7 +101,7 @@ def _channel_shape(x: torch.Tensor) -> list[int]:
 
 
 @torch.no_grad()
-def _group_stats(x: torch.Tensor, group: Any) -> tuple[torch.Tensor, torch.Tensor, float]:
+def _group_stats(x: torch.Tensor, group: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(mean, biased variance, sample count) per channel over the pieces of every rank of ``group``."""
     values = x.to(_stat_dtype(x))
     channels = x.shape[1]
@@ -120,7 +116,7 @@ def _group_stats(x: torch.Tensor, group: Any) -> tuple[torch.Tensor, torch.Tenso
     total = counts.sum()
     mean = (counts * means).sum(0) / total
     m2 = (m2s + counts * (means - mean).square()).sum(0)
-    return mean, m2 / total, float(total)
+    return mean, m2 / total, total  # total stays on the device: no sync
 
 
 class _SplitBatchNorm(torch.autograd.Function):
@@ -134,7 +130,7 @@ class _SplitBatchNorm(torch.autograd.Function):
         bias: torch.Tensor | None,
         mean: torch.Tensor,
         invstd: torch.Tensor,
-        total: float,
+        total: torch.Tensor,
         group: Any,
     ) -> torch.Tensor:
         shape = _channel_shape(x)

@@ -19,6 +19,7 @@ CASES = {  # name -> (layer, input shape, channels_last)
     "2d": (lambda: nn.BatchNorm2d(3), (7, 3, 4, 5), False),
     "2d-channels-last": (lambda: nn.BatchNorm2d(3), (7, 3, 4, 5), True),
     "1d-no-affine-cumulative": (lambda: nn.BatchNorm1d(4, affine=False, momentum=None), (7, 4), False),
+    "2d-one-sample-pieces-1x1": (lambda: nn.BatchNorm2d(5), (3, 5, 1, 1), False),  # resnet's layer4 at 32 px
 }
 
 

@@ -78,6 +78,8 @@ def test_min_nodes_need_not_divide_the_global_batch(tmp_path: Path) -> None:
     spec = load(tmp_path, "min_nodes: 2").spec
     assert spec.resources.fewest_nodes == 2
     assert [count for count in range(1, 4) if healing.batch_fits(spec, count)] == [1, 2, 3]
+    assert node_loss.fewest_nodes_step_cost(spec) == 1.5  # one whole micro-batch and half of another per rank
+    assert node_loss.fewest_nodes_step_cost(load(tmp_path, "spare_nodes: 1").spec) is None
 
 
 def test_spares_fit_any_strategy_shape(tmp_path: Path) -> None:
