@@ -175,7 +175,7 @@ class Trainer:
             self.images_scale = self.micro_batches * self.layout.per_process / mine
             log.info(
                 "the run's global batch is %d micro-batches of %d; this rank computes %s per step "
-                "(%.2f of the full shape's step time)",
+                "(a step takes %.2fx the full shape's)",
                 self.micro_batches,
                 self.layout.per_process,
                 describe_parts(self.plan.parts(sampler.rank)),
