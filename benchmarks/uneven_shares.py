@@ -42,7 +42,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 REPO = Path(__file__).resolve().parents[1]
-BASELINE = "d66549f"  # the last commit before uneven shares
+BASELINE = "adf5be6"  # main before uneven shares were merged
 RUN_MICRO_BATCHES_VAR = "HPCTRAIN_RUN_MICRO_BATCHES"  # jobspec/node_loss.py (read here without importing it)
 
 

@@ -12,8 +12,9 @@ the uninterrupted run's up to summation order (docs/preemption.md, "Any number o
 
 With W == M every rank computes its own micro-batch whole, exactly as a run that never changed
 shape (no pieces, no groups, divisor 1); with W dividing M, M / W whole micro-batches each.
-A step whose micro-batches hold fewer samples than a group has ranks (an epoch's short last
-step) computes each left-over micro-batch whole on its group's first rank instead.
+A step whose micro-batches hold fewer samples than a group has ranks (a sampler that cuts an
+epoch to whole rows; the trainer fills its last step up) computes each left-over micro-batch
+whole on its group's first rank instead.
 
 Pure and torch-free: the sampler, the trainer, ``validate`` and the benchmarks all ask it.
 """

@@ -104,12 +104,19 @@ class ResumableDistributedSampler(Sampler[int]):
         return list(range(self.dataset_len))
 
     def _remaining(self) -> list[int]:
-        """The rest of the epoch's global order, cut or padded to whole micro-batch rows."""
+        """The rest of the epoch's global order, cut to whole micro-batch rows, or padded to whole steps.
+
+        Padded, the last step is full: every micro-batch of every step has ``batch_size`` samples, the
+        epoch's first ones again at its end (DistributedSampler repeats them to even out the ranks;
+        this repeats up to a step less one sample). A short last micro-batch of one image crashed
+        BatchNorm in training wherever a feature map is 1x1 (ResNet below 64 px: 65 images, batch 8),
+        at the end of every epoch and on every resume; dp and pipeline cut a loader batch smaller still.
+        """
         order = self._global_order()
         remaining = order[self.consumed_samples :]
         if self.drop_last:
             return remaining[: len(remaining) // self.micro_batches * self.micro_batches]
-        padding = -len(remaining) % self.micro_batches
+        padding = -len(remaining) % (self.micro_batches * self.batch_size)
         if padding and order:
             remaining += (order * math.ceil(padding / len(order)))[:padding]
         return remaining
@@ -117,8 +124,9 @@ class ResumableDistributedSampler(Sampler[int]):
     def _step_sizes(self) -> tuple[int, int, int]:
         """(steps left in the epoch, samples per micro-batch in a full step, in the last step)."""
         left = max(0, self.dataset_len - self.consumed_samples)
-        count = self.micro_batches
-        rows = left // count if self.drop_last or not self.dataset_len else math.ceil(left / count)
+        if not self.drop_last:  # padded to whole steps (see _remaining): every step full
+            return math.ceil(left / (self.micro_batches * self.batch_size)), self.batch_size, self.batch_size
+        rows = left // self.micro_batches
         steps = math.ceil(rows / self.batch_size)
         return steps, self.batch_size, rows - (steps - 1) * self.batch_size if steps else 0
 
