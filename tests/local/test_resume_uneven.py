@@ -17,6 +17,7 @@ import torch
 from test_resume_elastic import global_batches, weights
 from trainer_harness import run_ranks
 
+from hpctrain.contract.rundir import checkpoints_dir, summary_path
 from hpctrain.trainer.checkpoint import CheckpointManager
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.local_dist]
@@ -45,9 +46,9 @@ def test_four_ranks_resumed_on_three_train_the_same_global_batches(data_root: Pa
     assert [len(uninterrupted[(0, s)]) for s in range(3)] == [28, 28, 28]
     assert global_batches(first, second) == uninterrupted  # the same samples in every step
     assert second[0]["summary"]["global_batch_size"] == full[0]["summary"]["global_batch_size"] == 28
-    meta = CheckpointManager(split / "checkpoints").load()
+    meta = CheckpointManager(checkpoints_dir(split)).load()
     assert meta["micro_batches"] == 4 and meta["world_size"] == 3
-    assert json.loads((split / "summary.json").read_text())["restarts"] == 1
+    assert json.loads(summary_path(split).read_text())["restarts"] == 1
     if (torch.__version__, torch.backends.cpu.get_cpu_capability()) == (BEFORE["torch"], BEFORE["cpu"]):
         assert full[0]["summary"]["weights_sha256"] == BEFORE["weights_sha256"], "a healthy run must train as before"
 
