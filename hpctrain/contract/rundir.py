@@ -68,6 +68,8 @@ _JOB_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z_.-]{0,63}$")
 
 Status = Literal["running", "completed", "stopped", "failed"]
 FINAL_STATUSES: frozenset[str] = frozenset({"completed", "stopped", "failed"})
+# summary.json keys a new attempt of a run keeps: what the batch step's supervisor recorded about lost nodes
+CARRIED_SUMMARY_KEYS = ("excluded_nodes", "node_failures")
 
 
 # ------------------------------------------------------------------ paths

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from hpctrain.contract import script_env
 from hpctrain.errors import DistributedSetupError
 from hpctrain.jobspec.batch import BatchLayout, micro_batch_problem
 from hpctrain.runtime.failures import TaskFailure
@@ -34,8 +35,8 @@ Action = Literal["continue", "requeue", "fail"]
 
 # Set by the supervisor on a step that runs on another number of nodes than resources.nodes.
 STEP_NODES_VAR = "HPCTRAIN_STEP_NODES"
-# Set by the task launcher for the trainer: the run's canonical micro-batches per step (elastic resume).
-RUN_MICRO_BATCHES_VAR = "HPCTRAIN_RUN_MICRO_BATCHES"
+# Set by the task launcher for the trainer and hpctrain.task: the run's micro-batches per step (elastic resume).
+RUN_MICRO_BATCHES_VAR = script_env.RUN_MICRO_BATCHES_VAR
 # Step-reason words that mean the task was killed rather than that it raised.
 _KILLED_WORDS = ("killed", "signal", "terminated", "segmentation", "aborted", "bus error")
 _EXIT_CODE = re.compile(r"exit code (\d+)")

@@ -22,7 +22,6 @@ Only global rank 0 saves; every rank loads.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import pickle
 import threading
@@ -171,22 +170,6 @@ class CheckpointManager:
         if self.keep_best and info["metric"] is not None:
             self.folders.update_best(final.name, info)
         self.folders.prune()
-
-
-def weights_sha256(state_dict: dict[str, Any]) -> str:
-    """Digest of a model's weights, equal across strategies (DDP/DP ``module.`` prefixes are stripped)."""
-    digest = hashlib.sha256()
-    for key, value in state_dict.items():
-        if not isinstance(value, torch.Tensor):
-            continue
-        name = key
-        for prefix in ("module.", "_orig_mod."):
-            while name.startswith(prefix):
-                name = name[len(prefix) :]
-        tensor = value.detach().to("cpu").contiguous().reshape(-1)
-        digest.update(f"{name}:{tensor.dtype}:{tuple(value.shape)};".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 # -- reading ----------------------------------------------------------------------------------------------------

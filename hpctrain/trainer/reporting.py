@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.contract.metrics import MetricsAppender
-from hpctrain.contract.rundir import Summary, read_summary, tb_dir, write_summary
+from hpctrain.contract.rundir import CARRIED_SUMMARY_KEYS, Summary, read_summary, tb_dir, write_summary
 
 if TYPE_CHECKING:
     from hpctrain.runtime.context import TaskContext
@@ -37,7 +37,6 @@ TRAIN_SCALARS = {
     "data_wait_fraction": "perf/data_wait_fraction",
 }
 VAL_SCALARS = {"top1": "val/top1", "top5": "val/top5", "loss": "val/loss"}
-CARRIED_KEYS = ("excluded_nodes", "node_failures")  # summary keys a new attempt keeps
 
 
 def _now_iso() -> str:
@@ -66,7 +65,7 @@ def run_facts(ctx: TaskContext, global_batch_size: int) -> dict[str, Any]:
 
 def carried_fields(previous: Summary) -> dict[str, Any]:
     """What the batch step's supervisor recorded about lost nodes, kept by every later summary."""
-    return {key: getattr(previous, key) for key in CARRIED_KEYS if getattr(previous, key) is not None}
+    return {key: getattr(previous, key) for key in CARRIED_SUMMARY_KEYS if getattr(previous, key) is not None}
 
 
 def _rate(value: float | None) -> str:

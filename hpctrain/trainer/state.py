@@ -26,9 +26,9 @@ from typing import Any, Protocol
 import torch
 
 from hpctrain.errors import TrainingConfigError
-from hpctrain.trainer.data.samplers import ResumableDistributedSampler
+from hpctrain.task.rng import gather_rng_states, restore_rank_rng_state
+from hpctrain.task.samplers import ResumableDistributedSampler
 from hpctrain.trainer.evaluation import CORRECT1, CORRECT5, COUNT, LOSS_SUM, Accuracy, all_reduce_sums, new_sums
-from hpctrain.trainer.rng_state import gather_rng_states, restore_rank_rng_state
 
 log = logging.getLogger(__name__)
 

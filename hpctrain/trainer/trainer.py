@@ -37,7 +37,9 @@ from hpctrain.runtime import heartbeat
 from hpctrain.runtime.context import TaskContext
 from hpctrain.runtime.healing import RUN_MICRO_BATCHES_VAR
 from hpctrain.runtime.stop import StopReason
-from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
+from hpctrain.task.rng import deterministic_mode, seed_everything
+from hpctrain.task.weights import weights_sha256
+from hpctrain.trainer.checkpoint import CheckpointManager
 from hpctrain.trainer.compiling import compile_failure, compile_model
 from hpctrain.trainer.data.loaders import build_loaders
 from hpctrain.trainer.elastic import run_micro_batches
@@ -46,7 +48,6 @@ from hpctrain.trainer.models import build_model, resolve_num_classes
 from hpctrain.trainer.optim import build_optimizer, build_scheduler
 from hpctrain.trainer.precision import Precision, to_memory_format
 from hpctrain.trainer.reporting import Reporter, run_facts
-from hpctrain.trainer.rng_state import deterministic_mode, seed_everything
 from hpctrain.trainer.state import (
     EpochSums,
     Progress,

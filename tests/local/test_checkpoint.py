@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from hpctrain.errors import CheckpointError
-from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
+from hpctrain.task.weights import weights_sha256
+from hpctrain.trainer.checkpoint import CheckpointManager
 
 
 def state(value: float) -> dict:

@@ -22,10 +22,10 @@ continues exactly where it stopped and evaluation is exact:
 Call ``Loaders.set_epoch(epoch)`` before iterating each epoch.
 """
 
+from hpctrain.task.samplers import ExactEvalSampler, MicroBatchSampler, ResumableDistributedSampler
 from hpctrain.trainer.data.loader_workers import obey_only_parent_sigterm, seed_worker
 from hpctrain.trainer.data.loaders import Loaders, build_loaders, build_val_loader, encoded_datasets
 from hpctrain.trainer.data.reference import val_transform
-from hpctrain.trainer.data.samplers import ExactEvalSampler, MicroBatchSampler, ResumableDistributedSampler
 from hpctrain.trainer.data.sources import build_datasets
 
 __all__ = [
