@@ -95,6 +95,7 @@ def main(
 
     ckpt = task.Checkpointer(model=ddp, optimizer=optimizer, scheduler=scheduler, data=loader, every_steps=every_steps)
     start = ckpt.load()  # 0 on a fresh run; else the step the last attempt saved
+    task.set_summary(epochs=epochs, steps_per_epoch=steps_per_epoch)  # status --watch: progress and ETA
     for step, batches in loader.steps(start, total_steps):
         if task.should_stop():  # every rank gets the same answer at the same step
             ckpt.save(step)
