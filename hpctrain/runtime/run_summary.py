@@ -56,6 +56,12 @@ class UserRunSummary:
         }
         self._written_at: float | None = None
         self._warned = False
+        global _active
+        _active = self
+
+    @property
+    def status(self) -> str | None:
+        return self.fields.get("status")
 
     def start(self) -> None:
         self.write(status="running")
@@ -89,6 +95,9 @@ class UserRunSummary:
                 log.warning("could not write %s/summary.json (not retried in the log): %s", self.run_dir, exc)
 
 
+_active: UserRunSummary | None = None  # this process's (rank 0 of a user loop)
+
+
 def finish_summary(run_dir: Path, job_id: str, result: Any) -> None:
     """After an entry point returned on rank 0: a summary this job left ``running`` says how it ended.
 
@@ -96,12 +105,18 @@ def finish_summary(run_dir: Path, job_id: str, result: Any) -> None:
     means stopped for a requeue; anything else, completed. A summary another writer made final (the
     built-in trainer, the hang watchdog) or one of another job is left alone. Never raises.
     """
+    stopped = isinstance(result, Mapping) and result.get("status") == "stopped"
+    mine = _active
+    if mine is not None and mine.run_dir == Path(run_dir) and mine.status == "running":
+        fields = {"status": "stopped", "stop_reason": result.get("stop_reason")} if stopped else {"status": "completed"}
+        mine.write(**fields)  # with the progress it holds that is not written yet
+        return
     try:
         previous = read_summary(Path(run_dir))
         if previous is None or previous.status != "running" or previous.job_id not in (None, str(job_id)):
             return
         fields = previous.fields()
-        if isinstance(result, Mapping) and result.get("status") == "stopped":
+        if stopped:
             fields.update(status="stopped", stop_reason=result.get("stop_reason"))
         else:
             fields["status"] = "completed"
