@@ -163,41 +163,32 @@ def load_sharded(out: Path, args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def save_on_rank_zero_only(out: Path, args: dict[str, Any]) -> dict[str, Any]:
-    """Rank 0 saves; the others do not (the usual `if rank == 0:` mistake). Rank 0's error, and how long it took."""
+def bad_saves(out: Path, args: dict[str, Any]) -> dict[str, Any]:
+    """Two mistakes in turn: the ranks save different steps; then only rank 0 saves (`if rank == 0:`)."""
     import torch.distributed as dist
     from torch import nn
 
     from hpctrain import task
     from hpctrain.errors import CheckpointError
 
-    model = nn.Linear(3, 2)
-    ckpt = task.Checkpointer(args["directory"], timeout_s=args["timeout_s"], model=model)
+    ckpt = task.Checkpointer(args["directory"], timeout_s=args["timeout_s"], model=nn.Linear(3, 2))
+    result: dict[str, Any] = {}
+    try:
+        ckpt.save(5 + dist.get_rank())
+    except CheckpointError as exc:
+        result["different_steps"] = str(exc)
     started = time.monotonic()
-    error = None
     if dist.get_rank() == 0:
         try:
             ckpt.save(1)
         except CheckpointError as exc:
-            error = str(exc)
+            result["alone"] = str(exc)
     else:
-        time.sleep(args["timeout_s"] + 10)  # busy elsewhere, never saving
-    return {"error": error, "seconds": time.monotonic() - started}
-
-
-def save_at_different_steps(out: Path, args: dict[str, Any]) -> dict[str, Any]:
-    import torch.distributed as dist
-    from torch import nn
-
-    from hpctrain import task
-    from hpctrain.errors import CheckpointError
-
-    ckpt = task.Checkpointer(args["directory"], timeout_s=30, model=nn.Linear(3, 2))
-    try:
-        ckpt.save(5 + dist.get_rank())
-    except CheckpointError as exc:
-        return {"error": str(exc)}
-    return {"error": None}
+        time.sleep(args["timeout_s"] + 5)  # busy elsewhere, never saving
+    result["seconds"] = time.monotonic() - started
+    folder = Path(args["directory"])
+    result["folders"] = sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+    return result
 
 
 class Counter:
@@ -216,8 +207,7 @@ class Counter:
 SCENARIOS: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
     "save_sharded": save_sharded,
     "load_sharded": load_sharded,
-    "save_on_rank_zero_only": save_on_rank_zero_only,
-    "save_at_different_steps": save_at_different_steps,
+    "bad_saves": bad_saves,
 }
 
 
