@@ -1,4 +1,4 @@
-"""Your own training loop with hpctrain's exact resume: DDP on an ImageFolder, written against ``hpctrain.task``.
+"""Your own training loop with hpctrain's exact resume: DDP (or FSDP2) on an ImageFolder, against ``hpctrain.task``.
 
 The complete example of docs/your-own-loop.md, and what the tests run:
 
@@ -54,6 +54,20 @@ def build_model(arch: str, num_classes: int) -> nn.Module:
     return torchvision.models.get_model(arch, num_classes=num_classes)
 
 
+def parallelize(model: nn.Module, parallel: str) -> nn.Module:
+    """DDP (every rank holds the whole model) or FSDP2 (each rank a shard of every layer with weights)."""
+    if not dist.is_initialized():
+        return model
+    if parallel == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.children():
+            if any(True for _ in layer.parameters()):
+                fully_shard(layer)
+        return fully_shard(model)
+    return task.ddp(model)  # DDP that sums as it did before a resume (its first gradient buckets kept)
+
+
 def main(
     ctx: Any = None,
     *,
@@ -65,8 +79,9 @@ def main(
     image_size: int = 32,
     workers: int = 0,
     every_steps: int = 2,
-    max_steps_per_epoch: int | None = None,
+    max_steps: int | None = None,
     seed: int = 0,
+    parallel: str = "ddp",
 ) -> dict[str, Any]:
     """Train ``arch`` on ``data_root``/train; ``ctx`` (an entry point's) is not needed: ``task`` finds it."""
     from torchvision import datasets, transforms
@@ -84,16 +99,16 @@ def main(
     )
     dataset = datasets.ImageFolder(str(Path(data_root) / "train"), transform=augment)
     loader = task.ElasticLoader(dataset, batch_size=batch_size, seed=seed, num_workers=workers)
-    steps_per_epoch = min(loader.steps_per_epoch, max_steps_per_epoch or loader.steps_per_epoch)
-    total_steps = epochs * steps_per_epoch
+    steps_per_epoch = loader.steps_per_epoch  # the same on any number of ranks
+    total_steps = min(epochs * steps_per_epoch, max_steps or epochs * steps_per_epoch)
 
-    model = build_model(arch, len(dataset.classes)).to(info.device)
-    ddp = nn.parallel.DistributedDataParallel(model) if dist.is_initialized() else model
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=lr * loader.global_batch / REFERENCE_BATCH, momentum=0.9)
+    model = parallelize(build_model(arch, len(dataset.classes)).to(info.device), parallel)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr * loader.global_batch / REFERENCE_BATCH, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
     loss_fn = nn.CrossEntropyLoss()
 
-    ckpt = task.Checkpointer(model=ddp, optimizer=optimizer, scheduler=scheduler, data=loader, every_steps=every_steps)
+    parts = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "data": loader}
+    ckpt = task.Checkpointer(every_steps=every_steps, **parts)
     start = ckpt.load()  # 0 on a fresh run; else the step the last attempt saved
     task.set_summary(epochs=epochs, steps_per_epoch=steps_per_epoch)  # status --watch: progress and ETA
     for step, batches in loader.steps(start, total_steps):
@@ -103,8 +118,8 @@ def main(
         optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros((), device=info.device)
         with task.phase("forward_backward"):
-            for images, targets in task.accumulate(ddp, batches):  # several only after a lost node
-                loss = loss_fn(ddp(images.to(info.device)), targets.to(info.device)) / len(batches)
+            for images, targets in task.accumulate(model, batches):  # several only after a lost node
+                loss = loss_fn(model(images.to(info.device)), targets.to(info.device)) / len(batches)
                 loss.backward()
                 step_loss += loss.detach()
         optimizer.step()
@@ -118,7 +133,7 @@ def main(
         ckpt.maybe_save(step + 1)
     if ckpt.step != total_steps:
         ckpt.save(total_steps)
-    digest = task.weights_sha256(ddp)
+    digest = task.weights_sha256(model)  # the same for DDP and FSDP2 (gathered whole)
     task.set_summary(weights_sha256=digest)
     return {"status": "completed", "global_step": total_steps, "weights_sha256": digest}
 
@@ -133,8 +148,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--every-steps", type=int, default=2)
-    parser.add_argument("--max-steps-per-epoch", type=int, default=None)
+    parser.add_argument("--max-steps", type=int, default=None, help="stop earlier (a short demo)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp")
     return parser.parse_args(argv)
 
 

@@ -7,15 +7,17 @@ Python outside hpctrain (where it does the obvious local thing)::
     from hpctrain import task
 
     info = task.context()                     # rank, world_size, local_rank, device, run_dir, checkpoint_dir, ...
+    model = task.ddp(model)                   # DDP that resumes bit for bit
     loader = task.ElasticLoader(dataset, batch_size=64, num_workers=4)
-    ckpt = task.Checkpointer(model=ddp_model, optimizer=optimizer, scheduler=scheduler, data=loader, every_steps=200)
+    ckpt = task.Checkpointer(model=model, optimizer=optimizer, scheduler=scheduler, data=loader, every_steps=200)
     start = ckpt.load()                       # the step to continue from; 0 on a fresh run
     for step, batches in loader.steps(start, total_steps):
         if task.should_stop():                # agreed by every rank at this step
             ckpt.save(step)
             return task.stopped()
-        for x, y in task.accumulate(ddp_model, batches):
-            (loss_fn(ddp_model(x), y) / len(batches)).backward()
+        for x, y in task.accumulate(model, batches):
+            loss = loss_fn(model(x), y) / len(batches)
+            loss.backward()
         optimizer.step(); scheduler.step(); optimizer.zero_grad()
         task.step(step + 1)                   # heartbeat: hang watchdog, status --watch --ranks
         task.log(step + 1, loss=loss.item())  # metrics.jsonl: status --watch, hpctrain report
@@ -35,6 +37,8 @@ What it owns, by module:
 * ``data`` (with ``samplers``): :class:`ElasticLoader`, the built-in trainer's
   exact order whose global batches do not depend on the number of ranks,
   :func:`accumulate`, :func:`worker_init`;
+* ``parallel``: :func:`ddp`, DistributedDataParallel that sums as it did
+  before a resume;
 * ``rng``, ``weights``: generator states, :func:`weights_sha256`.
 
 The built-in trainer builds on the same pieces (samplers, RNG, weights digest,
@@ -52,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hpctrain.task.checkpointer import Checkpointer
     from hpctrain.task.data import ElasticLoader, accumulate, worker_init
+    from hpctrain.task.parallel import ddp
     from hpctrain.task.reporting import beat, log, phase, set_summary, step
     from hpctrain.task.samplers import ExactEvalSampler
     from hpctrain.task.session import TaskInfo, context
@@ -74,6 +79,7 @@ _PUBLIC = {
     "accumulate": "data",
     "worker_init": "data",
     "ExactEvalSampler": "samplers",
+    "ddp": "parallel",
     "weights_sha256": "weights",
 }
 __all__ = [
@@ -84,6 +90,7 @@ __all__ = [
     "accumulate",
     "beat",
     "context",
+    "ddp",
     "log",
     "phase",
     "set_summary",

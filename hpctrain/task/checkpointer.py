@@ -146,8 +146,8 @@ class Checkpointer:
         return self.directory / step_dir_name(step)
 
     def _save_async(self, state: dict[str, Any], tmp: Path, step: int, started: float) -> None:
-        if self._async_writer is None:
-            self._async_writer = FileSystemWriter(tmp, cache_staged_state_dict=False)
+        if self._async_writer is None:  # kept: with CUDA its pinned staging buffers are reused from save to save
+            self._async_writer = FileSystemWriter(tmp, cache_staged_state_dict=torch.cuda.is_available())
         try:
             with self._group.quiet():
                 future = dcp.async_save(state, checkpoint_id=tmp, storage_writer=self._async_writer, **self._plan())

@@ -73,6 +73,13 @@ def classify(name: str, obj: Any, modules: list[Part], *, per_rank: bool = False
     if per_rank:
         return Part(name, obj, "rank")
     if isinstance(obj, nn.Module):
+        if isinstance(obj, nn.parallel.DistributedDataParallel) and not obj.find_unused_parameters:
+            log.warning(
+                "Checkpointer: %s is DistributedDataParallel that rebuilds its gradient buckets after its first "
+                "step: a resumed run on more than 2 ranks then sums in another order and its weights differ in the "
+                "last bits; wrap it with hpctrain.task.ddp(model) to resume bit for bit",
+                name,
+            )
         return Part(name, obj, "module")
     if isinstance(obj, torch.optim.Optimizer):
         return Part(name, obj, "optimizer", module=_owner(name, obj, modules))

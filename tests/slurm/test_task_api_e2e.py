@@ -2,7 +2,7 @@
 
 The loop is the example of docs/your-own-loop.md (``hpctrain/examples/own_loop.py``:
 plain PyTorch DDP over gloo on a generated ImageFolder; 4 ranks on 2 nodes,
-3 epochs of 6 steps, a checkpoint every 2 steps), run as an ``entrypoint:``
+18 steps in 3 epochs, a checkpoint every 2 steps), run as an ``entrypoint:``
 job with each step held 0.5 s (``task_entrypoints.held_own_loop``) so that a
 test can signal it between checkpoints. One uninterrupted run, shared by the
 module, gives the reference:
@@ -42,8 +42,7 @@ if TYPE_CHECKING:
     from .conftest import SlurmCluster
 
 SPEC = "jobs/own_loop_cpu.yaml"
-EPOCHS, STEPS_PER_EPOCH = 3, 6  # 64 images / (4 ranks x 2) = 8 steps per epoch, 6 of them used
-TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
+EPOCHS, TOTAL_STEPS = 3, 18  # 64 images / (4 ranks x 2) = 8 steps per epoch; 18 steps end in epoch 3
 START_TIMEOUT_S = 120  # submit -> first checkpoint: 4 ranks importing torch and torchvision on 2 cores
 RUN_TIMEOUT_S = 240
 # A node killed mid-run: srun notices at node-failure detection (SlurmdTimeout 60 s; measured 75-78 s), then
@@ -63,7 +62,7 @@ def submit_loop(ws: Workspace, *extra_sets: str) -> Run:
         f"entrypoint_args.data_root={ws.data}",
         f"entrypoint_args.epochs={EPOCHS}",
         "entrypoint_args.batch_size=2",
-        f"entrypoint_args.max_steps_per_epoch={STEPS_PER_EPOCH}",
+        f"entrypoint_args.max_steps={TOTAL_STEPS}",
         *extra_sets,
     ]
     args = [item for value in sets for item in ("--set", value)]
