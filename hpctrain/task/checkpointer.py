@@ -90,6 +90,7 @@ class Checkpointer:
         self.step: int | None = None  # the step of the newest checkpoint saved or loaded
         self._group = SideGroup(self.timeout_s)
         self._pending: Future | None = None
+        self._pending_tmp: Path | None = None
         self._committer: threading.Thread | None = None
         self._commit_error: BaseException | None = None
         self._async_writer: FileSystemWriter | None = None
@@ -129,14 +130,15 @@ class Checkpointer:
             tmp = self._group.share_temp(self.folders, step, self.info.is_main)
             state = save_state(self.parts, self.info.rank, self.info.device)
             if blocking:
+                error: BaseException | None = None
                 try:
                     with self._group.quiet():
                         metadata = dcp.save(state, storage_writer=self._writer(tmp), **self._plan())
-                except Exception as exc:
-                    raise self._failed("save", step, exc) from exc
-                if self.info.is_main:
-                    self._commit(tmp, step, metadata, time.perf_counter() - started)
-                self._group.barrier()
+                    if self.info.is_main:
+                        self._commit(tmp, step, metadata, time.perf_counter() - started)
+                except Exception as exc:  # noqa: BLE001 - every rank learns of it below, then raises
+                    error = exc
+                self._settle(step, tmp, error)  # every rank returns once rank 0 put the folder in place
             else:
                 self._save_async(state, tmp, step, started)
         self.step = step
@@ -148,13 +150,15 @@ class Checkpointer:
     def _save_async(self, state: dict[str, Any], tmp: Path, step: int, started: float) -> None:
         if self._async_writer is None:  # kept: with CUDA its pinned staging buffers are reused from save to save
             self._async_writer = FileSystemWriter(tmp, cache_staged_state_dict=torch.cuda.is_available())
+        future, error = None, None
         try:
             with self._group.quiet():
                 future = dcp.async_save(state, checkpoint_id=tmp, storage_writer=self._async_writer, **self._plan())
-        except Exception as exc:
-            raise self._failed("save", step, exc) from exc
+        except Exception as exc:  # noqa: BLE001 - every rank learns of it in _settle, then raises
+            error = exc
+        self._settle(step, tmp, error)
         future = getattr(future, "upload_completion", future)  # newer torch returns both stages' futures
-        self._pending = future
+        self._pending, self._pending_tmp = future, tmp
         if self.info.is_main:
             self._committer = threading.Thread(
                 target=self._commit_when_written, args=(future, tmp, step, started), name=f"checkpoint-commit-{step}"
@@ -189,19 +193,26 @@ class Checkpointer:
         """Block until an async save is on disk (and in place); raise its error. Collective with async saves."""
         future, self._pending = self._pending, None
         committer, self._committer = self._committer, None
+        if future is None:
+            return
         error: BaseException | None = None
-        if future is not None:
-            try:
-                future.result()
-            except BaseException as exc:  # noqa: BLE001 - re-raised as the checkpoint's error below
-                error = exc
+        try:
+            future.result()
+        except BaseException as exc:  # noqa: BLE001 - every rank learns of it in _settle, then raises
+            error = exc
         if committer is not None:
             committer.join()
         error, self._commit_error = error or self._commit_error, None
-        if error is not None:
-            raise self._failed("save", self.step, error) from error
-        if future is not None:
-            self._group.barrier()  # every rank returns once rank 0 put the folder in place
+        self._settle(self.step, self._pending_tmp, error)
+
+    def _settle(self, step: int | None, tmp: Path | None, error: BaseException | None) -> None:
+        """Every rank agrees whether the save worked; on failure rank 0 removes its temp folder and all raise."""
+        if not self._group.max_int(int(error is not None)):
+            return
+        if self.info.is_main and tmp is not None:
+            self.folders.discard(tmp)
+        cause = error or CheckpointError("it failed on another rank (see that rank's log)")
+        raise self._failed("save", step, cause) from cause
 
     def close(self) -> None:
         """Wait for an async save; the checkpointer can still be used afterwards."""

@@ -106,10 +106,20 @@ class SideGroup:
             )
 
     def share_temp(self, folders: StepFolders, step: int, is_main: bool) -> Path:
-        """Rank 0 begins ``step``'s temp folder; every rank gets its path."""
-        token = folders.begin(step).name.rsplit("-", 1)[1] if is_main else "0"
-        number = self.broadcast_int(int(token, 16))
-        return folders.temp_path(step, f"{number:08x}")
+        """Rank 0 begins ``step``'s temp folder; every rank gets its path (or the same error)."""
+        number, problem = 0, "see rank 0's log"
+        if is_main:
+            try:
+                number = int(folders.begin(step).name.rsplit("-", 1)[1], 16)
+            except OSError as exc:
+                number, problem = -1, f"{exc.strerror or exc}"
+        shared = self.broadcast_int(number)
+        if shared < 0:
+            raise CheckpointError(
+                f"cannot make a checkpoint folder under {folders.directory}: {problem}",
+                hint="the checkpoint directory must be a writable folder on a filesystem every node shares",
+            )
+        return folders.temp_path(step, f"{shared:08x}")
 
     def broadcast_int(self, value: int) -> int:
         """Rank 0's ``value`` on every rank."""

@@ -208,3 +208,9 @@ def test_an_async_save_copies_the_state_at_save_time(tmp_path: Path) -> None:
     fresh = parts(seed=2)
     task.Checkpointer(tmp_path / "ckpt", **fresh).load()
     assert all(torch.equal(weights(fresh["model"])[k], v) for k, v in expected.items())
+
+
+def test_a_checkpoint_directory_that_cannot_be_made_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "taken").write_text("a file where the folder should be")
+    with pytest.raises(CheckpointError, match="cannot make a checkpoint folder under .*taken"):
+        task.Checkpointer(tmp_path / "taken", **parts()).save(1)
