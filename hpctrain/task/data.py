@@ -23,11 +23,12 @@ augmentation is then the same whatever the worker count, rank layout or resume.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import signal
 import threading
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 import numpy as np
@@ -74,7 +75,8 @@ class ElasticLoader:
         )
         self.set_micro_batches(micro_batches or run_micro_batches)
         self._tags = _TaggedBatches(MicroBatchSampler(self.sampler), tagged=seeded_samples)
-        kwargs = {"worker_init_fn": worker_init, "generator": torch.Generator().manual_seed(seed), **loader_kwargs}
+        kwargs = {"generator": torch.Generator().manual_seed(seed), **loader_kwargs}
+        kwargs["worker_init_fn"] = functools.partial(_init_worker, loader_kwargs.get("worker_init_fn"))
         source = _SeededSamples(dataset, seed) if seeded_samples else dataset
         self.loader = DataLoader(source, batch_sampler=self._tags, **kwargs)
 
@@ -202,6 +204,12 @@ def worker_init(worker_id: int) -> None:
             threading.Event().wait(5.0)
 
     threading.Thread(target=exit_with_parent, name="exit-with-parent", daemon=True).start()
+
+
+def _init_worker(then: Callable[[int], None] | None, worker_id: int) -> None:
+    worker_init(worker_id)
+    if then is not None:  # the caller's own worker_init_fn, after ours
+        then(worker_id)
 
 
 class _Length(Sized):
