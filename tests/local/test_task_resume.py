@@ -62,9 +62,14 @@ def summary(run: Path) -> dict[str, Any]:
     return json.loads((run / "summary.json").read_text())
 
 
-def test_a_script_stopped_by_its_signal_resumes_with_the_uninterrupted_weights(data_root: Path, tmp_path: Path) -> None:
-    """The example loop as a 2-rank script: stopped after its first checkpoint, started again, it ends bit-exact."""
-    command = [sys.executable, "-m", "hpctrain.examples.own_loop", "--data-root", str(data_root), "--epochs", "3"]
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_a_script_stopped_by_its_signal_resumes_with_the_uninterrupted_weights(
+    data_root: Path, tmp_path: Path, parallel: str
+) -> None:
+    """The example loop as a 2-rank script (DDP, and FSDP2 as docs/your-own-loop.md shows it): stopped after its
+    first checkpoint and started again, it ends bit for bit with the uninterrupted run's weights."""
+    example = ["-m", "hpctrain.examples.own_loop", "--data-root", str(data_root), "--epochs", "3"]
+    command = [sys.executable, *example, "--parallel", parallel]
     full, split = tmp_path / "full", tmp_path / "split"
     full.mkdir(), split.mkdir()
     run_script(command, full, 0, tmp_path / "log-full")
