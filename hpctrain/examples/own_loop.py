@@ -110,7 +110,7 @@ def main(
     parts = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "data": loader}
     ckpt = task.Checkpointer(every_steps=every_steps, **parts)
     start = ckpt.load()  # 0 on a fresh run; else the step the last attempt saved
-    task.set_summary(epochs=epochs, steps_per_epoch=steps_per_epoch)  # status --watch: progress and ETA
+    task.set_summary(epochs=epochs, steps_per_epoch=steps_per_epoch, total_steps=total_steps)  # status --watch
     for step, batches in loader.steps(start, total_steps):
         if task.should_stop():  # every rank gets the same answer at the same step
             ckpt.save(step)

@@ -128,7 +128,7 @@ class Checkpointer:
         with heartbeat.phase("checkpoint"):
             self._group.arrive(f"save(step={step})", step)
             tmp = self._group.share_temp(self.folders, step, self.info.is_main)
-            state = save_state(self.parts, self.info.rank, self.info.device)
+            state = self._own_share(save_state(self.parts, self.info.rank, self.info.device))
             if blocking:
                 error: BaseException | None = None
                 try:
@@ -324,6 +324,18 @@ class Checkpointer:
         return False
 
     # -- helpers ----------------------------------------------------------------------------------------------------
+    def _own_share(self, state: dict[str, Any]) -> dict[str, Any]:
+        """What this rank hands DCP: its shards, its own state, and the replicated entries assigned to it."""
+        writers = self._group.node_writers()
+        if not writers:
+            return state  # one process: everything
+        flat = dcp_io.flat_keys(state)
+        replicated = dcp_io.replicated_sizes(flat)
+        if not self._group.same_everywhere(dcp_io.signature(replicated)):
+            return state  # the ranks disagree on what is replicated: DCP's planner dedups it
+        owner = dcp_io.assign_replicated(replicated, writers)
+        return {key: value for key, value in flat.items() if owner.get(key, self.info.rank) == self.info.rank}
+
     def _writer(self, tmp: Path) -> FileSystemWriter:
         return FileSystemWriter(tmp, sync_files=True)
 

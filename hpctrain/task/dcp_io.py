@@ -11,13 +11,15 @@ DCP writes a folder: one ``__R_0.distcp`` file per writing rank and a
   ``weights_only=True``. Plain state the task API stores itself (a scheduler's,
   a sampler's, every rank's RNG) is one uint8 tensor made by ``torch.save``
   and read with ``weights_only=True`` (:func:`to_blob`, :func:`from_blob`).
-* **Replicated state is written once, by one rank per node.** DCP writes a
-  value that every rank holds alike (DDP's weights, a scheduler's state) once,
-  by the rank with the least to write so far. :class:`NodeWriterPlanner` first
-  takes such values away from every rank but each node's first one, so the
-  writes spread over the nodes (each node's disk or network link carries its
-  share), never all through rank 0. Sharded values (FSDP2's DTensors) are
-  written by the rank that holds each shard.
+* **Replicated state is written once, by one rank per node.** A value every
+  rank holds alike (DDP's weights, a scheduler's state) is assigned to one of
+  the nodes' first ranks (:func:`assign_replicated`, balanced by size), and
+  only that rank hands it to DCP: the others neither copy it (an async save's
+  staging) nor plan it. The writes spread over the nodes (each node's disk or
+  network link carries its share), never all through rank 0. Should the ranks'
+  replicated entries differ, every rank hands DCP everything and
+  :class:`NodeWriterPlanner` dedups among the node writers. Sharded values
+  (FSDP2's DTensors) are written by the rank that holds each shard.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import pickle
+import zlib
 from collections import OrderedDict, defaultdict
 from collections.abc import Collection, Mapping
 from pathlib import Path
@@ -150,6 +153,36 @@ def prefer_writers(plans: list[SavePlan], writers: Collection[int]) -> list[Save
         else plan
         for rank, plan in enumerate(plans)
     ]
+
+
+def replicated_sizes(flat: Mapping[str, Any]) -> dict[str, int]:
+    """The entries of a flat state every rank holds alike -- not a shard (DTensor), not a rank's own
+    (``name/rank-N``) -- and their sizes in bytes (1 for a non-tensor value)."""
+    return {
+        key: value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 1
+        for key, value in flat.items()
+        if not isinstance(value, DTensor) and "/rank-" not in key
+    }
+
+
+def signature(sizes: Mapping[str, int]) -> int:
+    """A number that differs when two ranks' replicated entries (names or sizes) differ."""
+    return zlib.crc32("\n".join(f"{key}:{size}" for key, size in sorted(sizes.items())).encode())
+
+
+def assign_replicated(sizes: Mapping[str, int], writers: Collection[int]) -> dict[str, int]:
+    """Each replicated entry -> the writer that saves it: largest first, to the writer with the least so far.
+
+    A pure function of the entries and the writers, so every rank computes the same answer alone; each
+    rank then hands DCP only its own share (the others' copies are neither staged nor planned).
+    """
+    load = {writer: 0 for writer in sorted(writers)}
+    owner = {}
+    for key, size in sorted(sizes.items(), key=lambda item: (-item[1], item[0])):
+        writer = min(load, key=lambda w: (load[w], w))
+        owner[key] = writer
+        load[writer] += size
+    return owner
 
 
 def data_file_sizes(metadata: Metadata) -> dict[str, int]:

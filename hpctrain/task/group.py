@@ -105,6 +105,15 @@ class SideGroup:
                 hint="call save() on every rank with the same step number",
             )
 
+    def same_everywhere(self, value: int) -> bool:
+        """Whether every rank passed the same ``value``."""
+        group = self._ensure()
+        if group is None:
+            return True
+        bounds = torch.tensor([value, -value], dtype=torch.int64)
+        dist.all_reduce(bounds, op=dist.ReduceOp.MAX, group=group)
+        return int(bounds[0]) == -int(bounds[1])
+
     def share_temp(self, folders: StepFolders, step: int, is_main: bool) -> Path:
         """Rank 0 begins ``step``'s temp folder; every rank gets its path (or the same error)."""
         number, problem = 0, "see rank 0's log"

@@ -16,8 +16,11 @@ from hpctrain.errors import CheckpointError
 from hpctrain.task.dcp_io import (
     MetadataUnpickler,
     UnsafeCheckpoint,
+    assign_replicated,
     from_blob,
     prefer_writers,
+    replicated_sizes,
+    signature,
     to_blob,
 )
 
@@ -68,3 +71,12 @@ def test_blobs_keep_plain_state_and_refuse_the_rest() -> None:
     torch.save({"x": Path("/")}, evil)  # a pickle of an object weights_only does not allow
     with pytest.raises(UnsafeCheckpoint, match="refusing to load sched"):
         from_blob(torch.frombuffer(bytearray(evil.getvalue()), dtype=torch.uint8), "sched")
+
+
+def test_replicated_entries_are_shared_among_the_writers_by_size() -> None:
+    flat = {"m.a": torch.zeros(100), "m.b": torch.zeros(60), "m.c": torch.zeros(50), "lr": 0.1, "rng/rank-00003": 1}
+    sizes = replicated_sizes(flat)
+    assert sizes == {"m.a": 400, "m.b": 240, "m.c": 200, "lr": 1}  # a rank's own entry is not replicated
+    assert assign_replicated(sizes, [2, 0]) == {"m.a": 0, "m.b": 2, "m.c": 2, "lr": 0}
+    assert signature(sizes) == signature(dict(reversed(sizes.items())))
+    assert signature(sizes) != signature({**sizes, "m.c": 201})
