@@ -1,15 +1,16 @@
 """The checkpointer's own gloo process group: bounded agreement between ranks, and where DCP talks.
 
-Every collective a checkpoint makes goes through a group of its own, made once
-when the checkpointer is built (every rank builds it, like any process group):
+Every collective a checkpoint makes goes through groups of its own, made once
+when the checkpointer is built (every rank builds them, like any process group):
 
 * its timeout bounds every wait: a save or load that some ranks never join
   fails within ``timeout_s`` -- :meth:`SideGroup.arrive`'s monitored barrier
   names the ranks that did not come -- instead of hanging until the training
   group's timeout (or forever);
-* it is gloo, on the CPU, whatever the training group is (NCCL): DCP's
+* they are gloo, on the CPU, whatever the training group is (NCCL): DCP's
   planning collectives, and an async save's collectives in its background
-  thread, never mix with the training loop's collectives;
+  thread (on a second group, apart from the checkpointer's own), never mix
+  with the training loop's collectives or with each other;
 * it knows each node's first rank (:meth:`SideGroup.node_writers`), where
   replicated state is written (``dcp_io.NodeWriterPlanner``).
 
@@ -38,11 +39,14 @@ _MISSING = re.compile(r"Ranks? ([\d, ]+?) failed to pass monitoredBarrier")
 
 
 class SideGroup:
-    """A gloo group over every rank of the default group, with a timeout (made on first use if not at once)."""
+    """Two gloo groups over every rank of the default group, with a timeout (made on first use if not at once):
+    one for the checkpointer's own agreement, one for DCP, whose async saves talk from a background thread
+    while the checkpointer (or the next save) may talk too -- two threads on one group would mix their calls."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout = timedelta(seconds=timeout_s)
         self._group: Any = None
+        self._dcp_group: Any = None
         self._writers: tuple[int, ...] | None = None
         self._made = False
         self._ensure()
@@ -54,6 +58,7 @@ class SideGroup:
     def _ensure(self) -> Any:
         if not self._made and self.distributed:
             self._group = dist.new_group(backend="gloo", timeout=self.timeout)
+            self._dcp_group = dist.new_group(backend="gloo", timeout=self.timeout)
             local = torch.tensor([session().info.local_rank], dtype=torch.int64)
             gathered = [torch.zeros_like(local) for _ in range(dist.get_world_size())]
             dist.all_gather(gathered, local, group=self._group)
@@ -76,8 +81,7 @@ class SideGroup:
 
     def dcp_args(self) -> dict[str, Any]:
         """What to pass DCP's save/load so that it talks over this group."""
-        group = self._ensure()
-        return {"process_group": group} if group is not None else {"no_dist": True}
+        return {"process_group": self._dcp_group} if self._ensure() is not None else {"no_dist": True}
 
     def arrive(self, what: str, step: int) -> None:
         """Every rank is at ``what`` (within the timeout), and at the same ``step``; else a clear error."""

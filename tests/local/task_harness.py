@@ -163,6 +163,37 @@ def load_sharded(out: Path, args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def async_saves(out: Path, args: dict[str, Any]) -> dict[str, Any]:
+    """DDP trained between three async saves (each blocking only while it copies); the last one's state."""
+    import torch
+    from torch import nn
+
+    from hpctrain import task
+
+    torch.manual_seed(0)
+    model = task.ddp(nn.Sequential(nn.Linear(12, 30), nn.ReLU(), nn.Linear(30, 7)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ckpt = task.Checkpointer(args["directory"], async_save=True, keep_last=2, model=model, optimizer=optimizer)
+    generator = torch.Generator().manual_seed(1 + task.context().rank)
+    for step in range(1, 7):
+        model(torch.randn(5, 12, generator=generator)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step % 2 == 0:
+            expected = full_state(model, optimizer)  # what this save must hold, whatever happens after it
+            ckpt.save(step)
+    ckpt.wait()
+    fresh = nn.Sequential(nn.Linear(12, 30), nn.ReLU(), nn.Linear(30, 7))
+    fresh_model = task.ddp(fresh)
+    fresh_optimizer = torch.optim.AdamW(fresh_model.parameters(), lr=1e-2)
+    step = task.Checkpointer(args["directory"], model=fresh_model, optimizer=fresh_optimizer).load()
+    return {
+        "step": step,
+        "equal": full_state(fresh_model, fresh_optimizer) == expected,
+        "folders": sorted(p.name for p in Path(args["directory"]).iterdir()),
+    }
+
+
 def bad_saves(out: Path, args: dict[str, Any]) -> dict[str, Any]:
     """Two mistakes in turn: the ranks save different steps; then only rank 0 saves (`if rank == 0:`)."""
     import torch.distributed as dist
@@ -208,6 +239,7 @@ SCENARIOS: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
     "save_sharded": save_sharded,
     "load_sharded": load_sharded,
     "bad_saves": bad_saves,
+    "async_saves": async_saves,
 }
 
 

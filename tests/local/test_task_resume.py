@@ -100,3 +100,11 @@ def test_a_save_not_every_rank_joins_fails_fast_and_names_the_ranks(tmp_path: Pa
     assert "save(step=1) on rank 0: not every rank called it within 5 s (rank 1 did not)" in alone
     assert "`if rank == 0:`" in alone and results[0]["seconds"] < 30  # an error, not a hang
     assert results[0]["folders"] == []  # nothing half-written is left
+
+
+def test_async_saves_hold_the_state_of_their_step_while_training_goes_on(tmp_path: Path) -> None:
+    """Two DDP ranks train between async saves (their collectives run in the background, beside the loop's)."""
+    directory = tmp_path / "checkpoints"
+    for result in run_ranks("async_saves", 2, tmp_path / "out", directory=str(directory)):
+        assert (result["step"], result["equal"]) == (6, True)
+        assert result["folders"] == ["step-00000004", "step-00000006"]
