@@ -119,7 +119,7 @@ def test_requeue_then_preemption_end_with_the_uninterrupted_weights(
     assert watched.returncode == 0, watched
     assert f"global step {TOTAL_STEPS}/{TOTAL_STEPS}" in watched.stdout, watched
     assert f"checkpoint step {TOTAL_STEPS}" in watched.stdout, watched
-    out = tmp_path / "report"
+    out = workspace.runs.parent / "report"  # the test user's folder: hpctrain runs as that user
     report = hpctrain(workspace.env, "report", str(run.run_dir), "--out", str(out), "--json", timeout=120)
     assert report.returncode == 0, report
     [row] = report.json()["runs"]
