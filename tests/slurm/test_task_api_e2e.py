@@ -17,6 +17,7 @@ module, gives the reference:
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -122,7 +123,7 @@ def test_requeue_then_preemption_end_with_the_uninterrupted_weights(
     out = workspace.runs.parent / "report"  # the test user's folder: hpctrain runs as that user
     report = hpctrain(workspace.env, "report", str(run.run_dir), "--out", str(out), "--json", timeout=120)
     assert report.returncode == 0, report
-    [row] = report.json()["runs"]
+    [row] = json.loads(report.stdout)["runs"]  # --json prints one indented document
     assert row["train_step_records"] == TOTAL_STEPS and isinstance(row["last_train_loss"], float), row
     assert row["restarts"] == 2, row
 
