@@ -137,16 +137,17 @@ def test_a_lost_node_leaves_the_loop_on_the_survivors_within_tolerance(
         wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
         kill_node("n2")
         state = slurm_cluster.wait_state(run.job_id, timeout=NODE_LOSS_TIMEOUT_S)
+        assert state == "COMPLETED", task_logs(run.run_dir)
+        report_timing("own loop, node lost mid-run, submit to end", time.monotonic() - started)
+        summary = run.summary()
+        ours, theirs = final_weights(run.run_dir), final_weights(reference.run_dir)
     finally:
-        slurm_cluster.resize(len(slurm_cluster.nodes))  # n2 comes back for the tests after this one
-    assert state == "COMPLETED", task_logs(run.run_dir)
-    report_timing("own loop, node lost mid-run, submit to end", time.monotonic() - started)
-    summary = run.summary()
+        # n2 comes back for the tests after this one: the cluster restarts, which also removes the test
+        # user's home (both runs' folders), so everything is read before
+        slurm_cluster.resize(len(slurm_cluster.nodes))
     assert (summary["status"], summary["global_step"], summary["world_size"]) == ("completed", TOTAL_STEPS, 2)
     [failure] = summary["node_failures"]
     assert (failure["node"], failure["action"]) == ("n2", "continue"), failure
-
-    ours, theirs = final_weights(run.run_dir), final_weights(reference.run_dir)
     assert ours.keys() == theirs.keys()
     for name, value in theirs.items():
         relative = float((ours[name] - value).norm() / value.norm())
