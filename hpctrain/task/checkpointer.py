@@ -55,6 +55,7 @@ from hpctrain.task.session import session
 log = logging.getLogger(__name__)
 
 FORMAT = "hpctrain-task"
+REFUSED = -2  # what rank 0 broadcasts instead of a step when it refuses the directory
 DEFAULT_TIMEOUT_S = 600.0
 
 
@@ -241,9 +242,15 @@ class Checkpointer:
         self.wait()
         with heartbeat.phase("checkpoint"):
             self._group.arrive("load()", -1)
-            candidates = self._candidates(path)
+            refused: CheckpointError | None = None
+            try:
+                candidates = self._candidates(path)
+            except CheckpointError as exc:  # rank 0 alone looked: the others learn of it below
+                candidates, refused = [], exc
             while True:
-                step = self._group.broadcast_int(candidates.pop() if candidates else -1)
+                step = self._group.broadcast_int(REFUSED if refused else candidates.pop() if candidates else -1)
+                if step == REFUSED:
+                    raise refused or CheckpointError(f"{self.directory}: rank 0 refused to load (see its log)")
                 if step < 0:
                     return 0
                 folder = Path(path) if path is not None else self.directory / step_dir_name(step)
