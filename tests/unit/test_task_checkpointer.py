@@ -214,3 +214,29 @@ def test_a_checkpoint_directory_that_cannot_be_made_is_a_clear_error(tmp_path: P
     (tmp_path / "taken").write_text("a file where the folder should be")
     with pytest.raises(CheckpointError, match="cannot make a checkpoint folder under .*taken"):
         task.Checkpointer(tmp_path / "taken", **parts()).save(1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_gpu_model_round_trips_with_its_cuda_generator(tmp_path: Path) -> None:
+    """On a GPU: state on the device, the CUDA RNG saved and restored, an async save staged to pinned memory."""
+    found = parts()
+    found["model"].cuda()  # type: ignore[union-attr]
+    found["optimizer"] = torch.optim.AdamW(found["model"].parameters(), lr=0.01)  # type: ignore[union-attr]
+    found["scheduler"] = torch.optim.lr_scheduler.StepLR(found["optimizer"], step_size=2)  # type: ignore[arg-type]
+    train_on = found["model"]
+    train_on(torch.randn(8, 4, device="cuda")).square().mean().backward()  # type: ignore[operator]
+    found["optimizer"].step()  # type: ignore[attr-defined]
+    task_session.reset()
+    ckpt = task.Checkpointer(tmp_path / "ckpt", async_save=True, **found)
+    ckpt.save(1)
+    ckpt.wait()
+    after_save = torch.rand(3, device="cuda")
+    fresh = parts(seed=5)
+    fresh["model"].cuda()  # type: ignore[union-attr]
+    fresh["optimizer"] = torch.optim.AdamW(fresh["model"].parameters(), lr=0.01)  # type: ignore[union-attr]
+    fresh["scheduler"] = torch.optim.lr_scheduler.StepLR(fresh["optimizer"], step_size=2)  # type: ignore[arg-type]
+    assert task.Checkpointer(tmp_path / "ckpt", **fresh).load() == 1
+    for key, value in weights(found["model"]).items():
+        assert torch.equal(weights(fresh["model"])[key], value) and value.is_cuda, key
+    assert torch.equal(torch.rand(3, device="cuda"), after_save)
