@@ -136,7 +136,7 @@ def supervisor_cpu_s(job_id: str) -> float:
     ticks = os.sysconf("SC_CLK_TCK")
     for entry in Path("/proc").iterdir():
         try:
-            if b"hpctrain.runtime.supervisor" not in (entry / "cmdline").read_bytes():
+            if b"hpctrain.healing.supervisor" not in (entry / "cmdline").read_bytes():
                 continue
             if f"SLURM_JOB_ID={job_id}".encode() not in (entry / "environ").read_bytes().split(b"\0"):
                 continue

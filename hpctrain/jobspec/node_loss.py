@@ -3,29 +3,44 @@
 A run that continues on fewer nodes keeps its global batch by giving each rank
 more canonical micro-batches (``jobspec/batch.py``), which only the elastic
 strategies can; a spare node keeps the shape, so any strategy may have spares.
-Pure and torch-free: ``validate`` and ``submit`` call it through ``check_resolved``.
+Pure and torch-free: ``validate`` and ``submit`` call it through ``check_resolved``; a
+step on fewer nodes (``hpctrain/healing/supervisor.py`` sets :data:`STEP_NODES_VAR`) runs
+:func:`step_spec`'s spec.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from hpctrain.errors import SpecProblem
+from hpctrain.contract import script_env
+from hpctrain.errors import DistributedSetupError, SpecProblem
 from hpctrain.jobspec.batch import ELASTIC_STRATEGIES, BatchLayout, micro_batch_problem
 
 if TYPE_CHECKING:
-    from hpctrain.jobspec.models import JobSpec
+    from hpctrain.jobspec.models import JobSpec, Resources
+
+# Set by the supervisor on a step that runs on another number of nodes than resources.nodes.
+STEP_NODES_VAR = "HPCTRAIN_STEP_NODES"
+# Set by the task launcher for the trainer and hpctrain.task: the run's micro-batches per step (elastic resume).
+RUN_MICRO_BATCHES_VAR = script_env.RUN_MICRO_BATCHES_VAR
 
 
 def node_loss_problems(spec: JobSpec) -> list[SpecProblem]:
     """Every reason ``spec``'s min_nodes / spare_nodes cannot work, as spec problems."""
     res = spec.resources
+    problems = []
     if res.min_nodes is not None and res.min_nodes > res.nodes:
         message = f"{res.min_nodes} is more than resources.nodes ({res.nodes}); set it to at most {res.nodes}"
-        return [SpecProblem("resources.min_nodes", message)]
-    if not res.heals:
-        return []
-    problems = []
+        problems.append(SpecProblem("resources.min_nodes", message))
+    if res.spare_nodes > res.nodes:
+        message = (
+            f"{res.spare_nodes} spares for {res.nodes} training node{'s' * (res.nodes != 1)}: the job would hold "
+            f"{res.allocated_nodes} nodes, most of them idle; set it to at most {res.nodes} (one spare per node)"
+        )
+        problems.append(SpecProblem("resources.spare_nodes", message))
+    if problems or not res.heals:
+        return problems
     key = "resources.min_nodes" if res.fewest_nodes < res.nodes else "resources.spare_nodes"
     if spec.sweep:
         problems.append(SpecProblem(key, "a sweep's array tasks cannot heal from a lost node yet; remove it"))
@@ -34,6 +49,21 @@ def node_loss_problems(spec: JobSpec) -> list[SpecProblem]:
     if res.fewest_nodes < res.nodes and spec.entrypoint is None:
         problems += _shrink_problems(spec, res.fewest_nodes)
     return problems
+
+
+def node_count_text(res: Resources) -> str:
+    """The nodes a spec trains on and the nodes it asks Slurm for, as every summary says them
+    (``validate``, ``submit --dry-run``, a study's plan): ``4 nodes``, or with healing
+    ``4 nodes + 1 spare (5 allocated; continues on as few as 2)``."""
+    text = f"{res.nodes} node{'s' * (res.nodes != 1)}"
+    if not res.heals:
+        return text
+    if res.spare_nodes:
+        text += f" + {res.spare_nodes} spare{'s' * (res.spare_nodes != 1)}"
+    extra = [f"{res.allocated_nodes} allocated"] if res.spare_nodes else []
+    if res.fewest_nodes < res.nodes:
+        extra.append(f"continues on as few as {res.fewest_nodes} after a lost node")
+    return f"{text} ({'; '.join(extra)})"
 
 
 def _shrink_problems(spec: JobSpec, fewest: int) -> list[SpecProblem]:
@@ -59,3 +89,18 @@ def _shrink_problems(spec: JobSpec, fewest: int) -> list[SpecProblem]:
             f"{fewest}: {problem}; min_nodes values that keep it: {', '.join(map(str, working))}",
         )
     ]
+
+
+def step_spec(spec: JobSpec, environ: Mapping[str, str]) -> JobSpec:
+    """The spec as this step runs it: on :data:`STEP_NODES_VAR` nodes when the supervisor set it."""
+    value = environ.get(STEP_NODES_VAR)
+    if not value:
+        return spec
+    res = spec.resources
+    if not value.isdigit() or not res.fewest_nodes <= int(value) <= res.nodes:
+        raise DistributedSetupError(
+            f"{STEP_NODES_VAR}={value!r} is not a node count from resources.min_nodes ({res.fewest_nodes}) "
+            f"to resources.nodes ({res.nodes})",
+            hint="only hpctrain's supervisor sets it; unset it",
+        )
+    return spec.model_copy(update={"resources": res.model_copy(update={"nodes": int(value)})})

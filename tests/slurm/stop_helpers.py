@@ -32,6 +32,7 @@ TRAIN_SETS = (
     f"trainer.max_steps_per_epoch={STEPS_PER_EPOCH}",
     "trainer.batch_size=2",
     "checkpoint.every_steps=2",
+    "health.ledger_days=0",  # a node these tests kill must not be excluded from the next test's job
 )
 
 
@@ -240,7 +241,7 @@ def rank_pid(cluster: SlurmCluster, job_id: str, rank: int) -> int | None:
         for pid in pids
         if environ_of(pid).get("SLURM_PROCID") == str(rank)
         and "submitit.core._submit" in cmdline_of(pid)
-        and "hpctrain.runtime.supervisor" not in cmdline_of(pid)  # a healing job's batch step names it too
+        and "hpctrain.healing.supervisor" not in cmdline_of(pid)  # a healing job's batch step names it too
         and parent_of(pid) not in pids
     ]
     return found[0] if len(found) == 1 else None

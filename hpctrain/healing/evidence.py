@@ -1,8 +1,8 @@
 """What a healing job blames a node by: srun's reports, heartbeats, the hang report, and Slurm's own word.
 
-The supervisor (``runtime/supervisor.py``) gathers these into a
-:class:`~hpctrain.runtime.healing.StepOutcome` for the pure decision in
-``runtime/healing.py``; the guardian (``runtime/guardian.py``) asks the same
+The supervisor (``healing/supervisor.py``) gathers these into a
+:class:`~hpctrain.healing.decide.StepOutcome` for the pure decision in
+``healing/decide.py``; the guardian (``healing/guardian.py``) asks the same
 probe whether the batch node still answers. The functions read the run
 directory; :class:`NodeProbe` is the one part that asks Slurm and the nodes.
 Torch-free.
@@ -17,8 +17,8 @@ from pathlib import Path
 from hpctrain.contract.heartbeat_files import read_heartbeats
 from hpctrain.contract.rundir import hang_claim_path, read_summary
 from hpctrain.contract.slurm import SlurmCommandError, run_slurm, show_job, slurmd_port
+from hpctrain.healing.decide import HungRank
 from hpctrain.runtime.failures import task_failures
-from hpctrain.runtime.healing import HungRank
 
 PROBE_TIMEOUT_S = 3.0
 SILENT_BEATS = 3  # heartbeat intervals without a beat before a node is a suspect
