@@ -1,11 +1,13 @@
 """Before a task checkpoint loads: is the folder whole, safe, ours, and does it fit what is registered?
 
 * :func:`metadata_of` reads a step folder's ``meta.json`` and DCP ``.metadata``.
-  A folder that is incomplete or damaged (a file short or missing, metadata
-  that does not match its recorded digest or does not unpickle) raises
-  :class:`DamagedCheckpoint`: the loader skips it and tries the previous one.
-  Metadata that names classes outside DCP's own, or a folder of another
-  format, is an error: it is not damage, and nothing is loaded from it.
+  A folder that is incomplete, damaged or unsafe (a file short or missing,
+  metadata that does not match its recorded digest, does not unpickle, names
+  classes outside DCP's own, or places values outside the folder's files or
+  claims more bytes than are stored: ``dcp_io.check_storage``) raises
+  :class:`DamagedCheckpoint`: the loader skips it and tries the previous one,
+  as the built-in trainer does. A folder of another format or kind is an
+  error: nothing is loaded from it.
 * :func:`check_fits` compares what the registered parts expect -- every key of
   each model and optimizer, its shape, every plain part -- with what the
   folder holds, and raises one error that names what does not match before
@@ -14,7 +16,6 @@
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,15 @@ from hpctrain.contract import rundir
 from hpctrain.contract.rundir import DCP_LAYOUT, META_FILE
 from hpctrain.contract.step_folders import file_digest
 from hpctrain.errors import CheckpointError
-from hpctrain.task.dcp_io import METADATA_FILE, UnsafeCheckpoint, flat_keys, load_metadata, stored_shape
+from hpctrain.task.dcp_io import (
+    METADATA_FILE,
+    UnsafeCheckpoint,
+    check_storage,
+    flat_keys,
+    load_metadata,
+    stored_shape,
+)
+from hpctrain.task.group import first_line
 from hpctrain.task.parts import Part
 
 SHOWN = 6  # keys named per kind of mismatch; the rest are counted
@@ -53,10 +62,12 @@ def metadata_of(folder: Path, fmt: str) -> tuple[dict[str, Any], Any]:
         raise DamagedCheckpoint(f"{folder / METADATA_FILE} does not match the digest in its {META_FILE}")
     try:
         metadata = load_metadata(folder / METADATA_FILE)
-    except UnsafeCheckpoint:
-        raise
-    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError, OSError) as exc:
-        raise DamagedCheckpoint(f"{folder / METADATA_FILE} cannot be read: {exc}") from exc
+        check_storage(metadata, meta["files"])
+    except UnsafeCheckpoint as exc:
+        raise DamagedCheckpoint(f"unsafe: {exc.message}") from exc
+    except Exception as exc:  # noqa: BLE001 - a crafted pickle raises what it likes (RecursionError, KeyError, ...)
+        why = f"{type(exc).__name__}: {first_line(exc)}"
+        raise DamagedCheckpoint(f"{folder / METADATA_FILE} cannot be read: {why}") from exc
     return meta, metadata
 
 

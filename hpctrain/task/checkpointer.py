@@ -21,10 +21,13 @@ built-in trainer's checkpoints share (``contract/step_folders.py``): a
 
 A save or load that not every rank joins fails within ``timeout_s`` with an
 error naming the ranks, instead of hanging; ranks that save different steps
-fail at once. A load takes the newest complete folder, skips a damaged one (a
-warning; the previous one is used), reshards onto the current ranks, and
-refuses a folder written by another model or run -- naming the keys that do
-not match, before anything is loaded.
+fail at once. A load takes the newest complete folder, skips a damaged or
+unsafe one (a warning; the previous one is used; when none is usable it fails
+naming each, and keeps them), reshards onto the current ranks, and refuses a
+folder written by another model or run -- naming the keys that do not match,
+before anything is loaded. What a folder holds is untrusted input
+(``checkpoint_check.py``, ``dcp_io.py``): no pickle but DCP's own metadata
+classes, nothing read outside its files, nothing allocated it does not hold.
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ from hpctrain.errors import CheckpointError
 from hpctrain.runtime import heartbeat
 from hpctrain.task import dcp_io
 from hpctrain.task.checkpoint_check import DamagedCheckpoint, check_fits, metadata_of
-from hpctrain.task.group import SideGroup, first_line
-from hpctrain.task.parts import Part, apply_loaded, classify, load_template, save_state
+from hpctrain.task.group import DCP_ERRORS, SideGroup, first_line
+from hpctrain.task.parts import Part, apply_loaded, classify, decode_blobs, load_template, save_state
 from hpctrain.task.session import session
 
 log = logging.getLogger(__name__)
@@ -62,7 +65,8 @@ DEFAULT_TIMEOUT_S = 600.0
 class Checkpointer:
     """Saves and loads registered parts as complete-or-ignored ``step-N`` folders (see the module doc).
 
-    ``directory`` defaults to the run's checkpoint directory (``task.context().checkpoint_dir``).
+    ``directory`` defaults to the run's checkpoint directory (``task.context().checkpoint_dir``); one you
+    name is used where it really is (symlinks resolved).
     Construct it on every rank, after the process group is up.
     """
 
@@ -78,7 +82,9 @@ class Checkpointer:
     ) -> None:
         info = session().info
         self.info = info
-        self.directory = Path(directory) if directory is not None else info.checkpoint_dir
+        # a folder you name is taken where it really is (a link to scratch space works); the run's own
+        # checkpoints must lie inside the run, as the trainer's (rundir.checkpoint_meta)
+        self.directory = Path(directory).resolve() if directory is not None else info.checkpoint_dir
         self.folders = StepFolders(self.directory, layout=DCP_LAYOUT, keep_last=keep_last)
         if every_steps is not None and every_steps < 1:
             raise CheckpointError(f"Checkpointer: every_steps must be at least 1 (got {every_steps})")
@@ -88,6 +94,7 @@ class Checkpointer:
         self.parts: list[Part] = []
         self.last_loaded: Path | None = None
         self.last_stall_s = 0.0
+        self._skipped: list[str] = []  # the folders the last load passed over, and why
         self.step: int | None = None  # the step of the newest checkpoint saved or loaded
         self._group = SideGroup(self.timeout_s)
         self._pending: Future | None = None
@@ -137,7 +144,7 @@ class Checkpointer:
                         metadata = dcp.save(state, storage_writer=self._writer(tmp), **self._plan())
                     if self.info.is_main:
                         self._commit(tmp, step, metadata, time.perf_counter() - started)
-                except Exception as exc:  # noqa: BLE001 - every rank learns of it below, then raises
+                except DCP_ERRORS as exc:  # every rank learns of it below, then raises
                     error = exc
                 self._settle(step, tmp, error)  # every rank returns once rank 0 put the folder in place
             else:
@@ -155,7 +162,7 @@ class Checkpointer:
         try:
             with self._group.quiet():
                 future = dcp.async_save(state, checkpoint_id=tmp, storage_writer=self._async_writer, **self._plan())
-        except Exception as exc:  # noqa: BLE001 - every rank learns of it in _settle, then raises
+        except DCP_ERRORS as exc:  # every rank learns of it in _settle, then raises
             error = exc
         self._settle(step, tmp, error)
         future = getattr(future, "upload_completion", future)  # newer torch returns both stages' futures
@@ -240,6 +247,7 @@ class Checkpointer:
         A damaged folder is skipped with a warning (not one named by ``path``: that raises). Collective.
         """
         self.wait()
+        self._skipped = []
         with heartbeat.phase("checkpoint"):
             self._group.arrive("load()", -1)
             refused: CheckpointError | None = None
@@ -251,6 +259,13 @@ class Checkpointer:
                 step = self._group.broadcast_int(REFUSED if refused else candidates.pop() if candidates else -1)
                 if step == REFUSED:
                     raise refused or CheckpointError(f"{self.directory}: rank 0 refused to load (see its log)")
+                if step < 0 and self._skipped:
+                    raise CheckpointError(
+                        f"no usable checkpoint under {self.directory}, so the loop cannot resume: "
+                        + "; ".join(self._skipped),
+                        hint="each was kept; move the damaged ones away and start again, or give a new run "
+                        "its own folder",
+                    )
                 if step < 0:
                     return 0
                 folder = Path(path) if path is not None else self.directory / step_dir_name(step)
@@ -310,9 +325,16 @@ class Checkpointer:
                 dcp.load(template, storage_reader=reader, planner=dcp_io.SafeLoadPlanner(), **self._group.dcp_args())
         except CheckpointError:
             raise
-        except Exception as exc:  # DCP raises the same on every rank
+        except DCP_ERRORS as exc:  # DCP raises the same on every rank (an unsafe value: SafeReader's refusal)
             return self._damaged(folder, f"reading it failed: {first_line(exc)}", explicit)
-        kept = apply_loaded(self.parts, template, self.info.rank, self.info.device, same_ranks=same_ranks)
+        decoded, unsafe = {}, None
+        try:  # every blob judged before any part is touched
+            decoded = decode_blobs(self.parts, template, self.info.rank, same_ranks=same_ranks)
+        except CheckpointError as exc:
+            unsafe = exc.message
+        if self._group.max_int(int(unsafe is not None)):
+            return self._damaged(folder, unsafe or "a blob another rank read is unsafe or damaged", explicit)
+        kept = apply_loaded(self.parts, template, decoded, self.info.rank, self.info.device)
         if kept:
             log.warning(
                 "%s was written by %s ranks, this run has %d: %s kept as this run made them (per-rank state)",
@@ -328,6 +350,7 @@ class Checkpointer:
             raise CheckpointError(f"{folder} cannot be loaded: {problem}", hint="load another one, or none")
         if self.info.is_main:
             log.warning("skipping damaged checkpoint %s (%s); trying the previous one", folder, problem)
+        self._skipped.append(f"{folder.name}: {problem}")
         return False
 
     # -- helpers ----------------------------------------------------------------------------------------------------

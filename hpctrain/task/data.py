@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hpctrain.contract.script_env import RUN_MICRO_BATCHES_VAR, STOP_SIGNAL_VAR
 from hpctrain.errors import CheckpointError
-from hpctrain.jobspec.batch import micro_batch_problem
+from hpctrain.jobspec.batch import MAX_ACCUMULATION, micro_batch_problem
 from hpctrain.task.samplers import MicroBatchSampler, ResumableDistributedSampler
 from hpctrain.task.session import context
 
@@ -154,7 +154,10 @@ class ElasticLoader:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Keep the checkpoint's global batch; refuse another dataset or batch size (the order would change)."""
+        """Keep the checkpoint's global batch; refuse another dataset or batch size (the order would change),
+        and a batch shape no run of this loader could have saved (the checkpoint is untrusted input)."""
+        if not isinstance(state, dict):
+            raise CheckpointError(f"ElasticLoader: the checkpoint's state is a {type(state).__name__}, not a dict")
         changed = [
             f"{key} {state.get(key)!r} -> {getattr(self, key)!r}"
             for key in ("batch_size", "dataset_len", "seed", "shuffle", "drop_last")
@@ -165,7 +168,15 @@ class ElasticLoader:
                 "ElasticLoader: the checkpoint's data order does not continue here: " + ", ".join(changed),
                 hint="resume with the dataset, batch size and seed the run started with, or start a new run",
             )
-        self.set_micro_batches(int(state["micro_batches"]))
+        micro_batches = state.get("micro_batches")
+        most = max(MAX_ACCUMULATION * self.sampler.num_replicas, self.micro_batches)
+        if type(micro_batches) is not int or not 1 <= micro_batches <= most:
+            raise CheckpointError(
+                f"ElasticLoader: the checkpoint's micro_batches {micro_batches!r} is not a step this run could "
+                f"have taken (1 to {most} on {self.sampler.num_replicas} ranks)",
+                hint="it is not this run's checkpoint (or was crafted); move it away",
+            )
+        self.set_micro_batches(micro_batches)
 
 
 def accumulate(model: nn.Module, batches: list[Any]) -> Iterator[Any]:

@@ -11,6 +11,14 @@ DCP writes a folder: one ``__R_0.distcp`` file per writing rank and a
   ``weights_only=True``. Plain state the task API stores itself (a scheduler's,
   a sampler's, every rank's RNG) is one uint8 tensor made by ``torch.save``
   and read with ``weights_only=True`` (:func:`to_blob`, :func:`from_blob`).
+* **Loading allocates nothing the folder does not hold.** Before a load,
+  :func:`check_storage` holds DCP's record of where each value lies against
+  the files ``meta.json`` lists (a plain name, inside the file, no decoding
+  transform) and each tensor's bytes against the bytes stored for it; each
+  value read is an archive ``torch.save`` wrote as it is (``torch_archive.py``:
+  nothing compressed that would inflate, the pickle bounded), checked from its
+  zip directory just before DCP reads it (:class:`SafeReader`), and so is each
+  blob before it is unpickled.
 * **Replicated state is written once, by one rank per node.** A value every
   rank holds alike (DDP's weights, a scheduler's state) is assigned to one of
   the nodes' first ranks (:func:`assign_replicated`, balanced by size), and
@@ -39,11 +47,13 @@ from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import ReadItem, SavePlan
 from torch.distributed.tensor import DTensor
 
+from hpctrain.contract.runfiles import RunFileError, open_regular
 from hpctrain.errors import CheckpointError
+from hpctrain.task.torch_archive import ArchiveError, Window, check_records
 
 METADATA_FILE = ".metadata"
 MAX_METADATA_BYTES = 1 << 30  # DCP's metadata of the largest models is tens of megabytes
@@ -90,9 +100,12 @@ class MetadataUnpickler(pickle.Unpickler):
 
 
 def load_metadata(path: Path) -> Metadata:
-    """A step folder's ``.metadata`` (the file itself), through :class:`MetadataUnpickler`; bounded read."""
-    with open(path, "rb") as handle:
-        data = handle.read(MAX_METADATA_BYTES + 1)
+    """A step folder's ``.metadata`` (a regular file), through :class:`MetadataUnpickler`; bounded read."""
+    try:
+        with open_regular(path) as handle:
+            data = handle.read(MAX_METADATA_BYTES + 1)
+    except RunFileError as exc:
+        raise UnsafeCheckpoint(exc.message) from exc
     if len(data) > MAX_METADATA_BYTES:
         raise CheckpointError(f"{path} is larger than {MAX_METADATA_BYTES >> 20} MiB; not read")
     metadata = MetadataUnpickler(io.BytesIO(data)).load()
@@ -102,7 +115,8 @@ def load_metadata(path: Path) -> Metadata:
 
 
 class SafeReader(FileSystemReader):
-    """DCP's file-system reader, with :func:`load_metadata` instead of ``pickle.load``."""
+    """DCP's file-system reader, with :func:`load_metadata` instead of ``pickle.load``, and each value's
+    archive checked (``torch_archive.check_records``) before DCP's ``torch.load`` reads it."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")
@@ -112,6 +126,16 @@ class SafeReader(FileSystemReader):
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def _slice_file(self, file: Any, sinfo: Any) -> Any:
+        if sinfo.transform_descriptors:  # check_storage refused them already; DCP would decode (decompress) them
+            raise UnsafeCheckpoint(f"{self.path}: a value stored through {list(sinfo.transform_descriptors)}")
+        where = f"{Path(self.path) / sinfo.relative_path} at {sinfo.offset}"
+        try:
+            check_records(Window(file, sinfo.offset, sinfo.length), sinfo.length, where)
+        except ArchiveError as exc:
+            raise UnsafeCheckpoint(str(exc)) from exc
+        return super()._slice_file(file, sinfo)
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -200,6 +224,38 @@ def flat_keys(state: Mapping[str, Any]) -> dict[str, Any]:
     return flat
 
 
+def check_storage(metadata: Metadata, files: Mapping[str, Any]) -> None:
+    """Raise :class:`UnsafeCheckpoint` unless every value DCP's ``metadata`` places lies inside a data file of
+    ``files`` (meta.json's, sizes checked on disk), stored without a decoding transform, and every tensor's
+    bytes are at most the bytes stored for it: a load reads and allocates nothing the folder does not hold."""
+    stored: dict[str, int] = defaultdict(int)
+    for index, info in (metadata.storage_data or {}).items():
+        name, offset, length = (getattr(info, key, None) for key in ("relative_path", "offset", "length"))
+        entry = files.get(name) if isinstance(name, str) and name != METADATA_FILE else None
+        if not isinstance(index, MetadataIndex) or not isinstance(entry, Mapping):
+            raise UnsafeCheckpoint(f"a value is placed in {name!r}, which is not one of the folder's data files")
+        if not all(type(v) is int and v >= 0 for v in (offset, length)) or offset + length > entry.get("size", -1):
+            raise UnsafeCheckpoint(f"a value of {index.fqn!r} is placed outside {name!r} ({offset}+{length} bytes)")
+        if getattr(info, "transform_descriptors", None):
+            raise UnsafeCheckpoint(f"{index.fqn!r} is stored through {info.transform_descriptors!r}; not decoded")
+        stored[index.fqn] += length
+    for key, entry in metadata.state_dict_metadata.items():
+        if isinstance(entry, TensorStorageMetadata):
+            item = torch.empty((), dtype=entry.properties.dtype).element_size()
+            claimed = sum(_numel(chunk.sizes) for chunk in entry.chunks) * item
+            if claimed > stored.get(key, 0):
+                raise UnsafeCheckpoint(
+                    f"{key!r} claims {claimed} bytes, but {stored.get(key, 0)} are stored for it: not allocated"
+                )
+
+
+def _numel(sizes: Any) -> int:
+    count = 1
+    for size in sizes:
+        count *= int(size)
+    return count
+
+
 def stored_shape(metadata: Metadata, key: str) -> torch.Size | None:
     """The saved (global) shape of tensor ``key``, or None when the entry is not a tensor."""
     entry = metadata.state_dict_metadata.get(key)
@@ -212,17 +268,31 @@ def to_blob(state: Any, what: str) -> torch.Tensor:
     check_plain(state, (what,))
     buffer = io.BytesIO()
     torch.save(state, buffer)
+    try:  # what a load would refuse, refused now: a pickle over the bound (plain lists of millions of numbers)
+        check_records(buffer, len(buffer.getbuffer()), f"the state of {what}")
+    except ArchiveError as exc:
+        raise CheckpointError(
+            f"cannot checkpoint {exc}", hint="keep large state in tensors (a list of numbers as torch.tensor(...))"
+        ) from exc
     return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
 
 
 def from_blob(blob: torch.Tensor, what: str) -> Any:
+    """The plain state of blob ``what``: its archive checked first, then ``torch.load(weights_only=True)``."""
+    data = io.BytesIO(blob.cpu().numpy().tobytes())
     try:
-        return torch.load(io.BytesIO(blob.cpu().numpy().tobytes()), weights_only=True)
+        check_records(data, len(data.getbuffer()), what)
+        data.seek(0)
+        return torch.load(data, weights_only=True)
+    except ArchiveError as exc:
+        raise UnsafeCheckpoint(str(exc), hint="hpctrain never unpickles arbitrary objects") from exc
     except pickle.UnpicklingError as exc:
         raise UnsafeCheckpoint(
             f"refusing to load {what}: it holds objects other than tensors, dicts, lists and numbers",
             hint="hpctrain never unpickles arbitrary objects",
         ) from exc
+    except Exception as exc:  # noqa: BLE001 - a damaged archive: torch raises RuntimeError, ValueError, ...
+        raise UnsafeCheckpoint(f"{what} cannot be read: {exc}") from exc
 
 
 def check_plain(value: Any, path: tuple[Any, ...]) -> None:

@@ -29,10 +29,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from hpctrain.contract.step_folders import StepFolders
 from hpctrain.errors import CheckpointError
 from hpctrain.task.session import session
+
+# What a DCP save or load raises: its gathered failure of every rank (a BaseException, not an Exception), or
+# the error one rank raised alone.
+DCP_ERRORS = (Exception, CheckpointException)
 
 # gloo's monitored barrier on rank 0: "Ranks 1, 3 failed to pass monitoredBarrier in 5000 ms"
 _MISSING = re.compile(r"Ranks? ([\d, ]+?) failed to pass monitoredBarrier")
@@ -159,5 +164,9 @@ class SideGroup:
 
 
 def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message; of DCP's gathered failure, the first failing rank's own exception."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        rank, (cause, _) = min(exc.failures.items(), key=lambda item: item[0])
+        return f"rank {rank}: {first_line(cause)}"
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

@@ -134,23 +134,40 @@ def load_template(parts: list[Part], rank: int, blob_sizes: dict[str, int], same
     return template
 
 
+def decode_blobs(parts: list[Part], loaded: dict[str, Any], rank: int, *, same_ranks: bool) -> dict[str, Any]:
+    """The plain state of every blob this rank restores, unpickled safely (``dcp_io.from_blob``) before any
+    part is touched: a blob that is unsafe or damaged raises ``UnsafeCheckpoint`` with nothing applied."""
+    decoded = {}
+    for part in [*parts, Part(RNG_PART, None, "rank")]:
+        key = part.key(rank)
+        if (part.kind == "object" or (part.kind == "rank" and same_ranks)) and key in loaded:
+            decoded[key] = from_blob(loaded[key], part.name)
+    return decoded
+
+
 def apply_loaded(
-    parts: list[Part], loaded: dict[str, Any], rank: int, device: torch.device, *, same_ranks: bool
+    parts: list[Part], loaded: dict[str, Any], decoded: dict[str, Any], rank: int, device: torch.device
 ) -> list[str]:
-    """Hand each part its loaded state; the names of rank parts kept as they were (other number of ranks)."""
+    """Hand each part its loaded state (``decoded``: the blobs'); the names of parts kept as they were
+    (rank parts and the RNG on another number of ranks)."""
     kept = []
     for part in parts:
         if part.kind == "module":
             set_model_state_dict(part.obj, loaded[part.name])
         elif part.kind == "optimizer":
             set_optimizer_state_dict(part.module, part.obj, loaded[part.name])
-        elif part.kind == "object" or same_ranks:
-            part.obj.load_state_dict(from_blob(loaded[part.key(rank)], part.name))
+        elif part.key(rank) in decoded:
+            part.obj.load_state_dict(decoded[part.key(rank)])
         else:
             kept.append(part.name)
     rng_key = f"{RNG_PART}/rank-{rank:05d}"
-    if same_ranks and rng_key in loaded:
-        restore_rng_state(from_blob(loaded[rng_key], RNG_PART), device)
-    else:
-        kept.append(RNG_PART)
+    if rng_key not in decoded:
+        return [*kept, RNG_PART]
+    try:
+        restore_rng_state(decoded[rng_key], device)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as exc:
+        raise CheckpointError(
+            f"the checkpoint's random generator state of rank {rank} cannot be restored ({type(exc).__name__}: {exc})",
+            hint="it is not a checkpoint hpctrain.task wrote as it is; move it away",
+        ) from exc
     return kept

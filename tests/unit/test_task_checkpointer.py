@@ -23,7 +23,6 @@ from hpctrain import task
 from hpctrain.contract.step_folders import StepFolders
 from hpctrain.errors import CheckpointError
 from hpctrain.task import session as task_session
-from hpctrain.task.dcp_io import UnsafeCheckpoint
 
 
 @pytest.fixture(autouse=True)
@@ -151,9 +150,9 @@ def test_metadata_that_would_run_code_is_refused_before_it_runs(tmp_path: Path) 
     meta = json.loads((path / "meta.json").read_text())  # an attacker rewrites the record too
     meta["files"][".metadata"] = {"size": len(evil), "sha256": hashlib.sha256(evil).hexdigest()}
     (path / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(UnsafeCheckpoint, match="refers to posix.system"):
-        task.Checkpointer(tmp_path / "ckpt", **parts()).load()
-    assert not marker.exists()
+    with pytest.raises(CheckpointError, match="no usable checkpoint .*step-00000001: unsafe: .*refers to posix.system"):
+        task.Checkpointer(tmp_path / "ckpt", **parts()).load()  # skipped like damage; none left: an error
+    assert not marker.exists() and path.is_dir()  # nothing ran, nothing removed
 
 
 class NotStateful:
@@ -240,3 +239,12 @@ def test_a_gpu_model_round_trips_with_its_cuda_generator(tmp_path: Path) -> None
     for key, value in weights(found["model"]).items():
         assert torch.equal(weights(fresh["model"])[key], value) and value.is_cuda, key
     assert torch.equal(torch.rand(3, device="cuda"), after_save)
+
+
+def test_a_folder_named_through_a_symlink_is_used_where_it_is(tmp_path: Path) -> None:
+    (tmp_path / "scratch" / "ckpt").mkdir(parents=True)
+    (tmp_path / "work" / "run").mkdir(parents=True)
+    link = tmp_path / "work" / "run" / "ckpt"
+    link.symlink_to(tmp_path / "scratch" / "ckpt")  # checkpoints on scratch space, outside work/
+    task.Checkpointer(link, **parts()).save(3)
+    assert task.Checkpointer(link, **parts(seed=2)).load() == 3

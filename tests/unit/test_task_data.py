@@ -88,6 +88,12 @@ def test_another_dataset_or_batch_does_not_continue_a_run(monkeypatch: pytest.Mo
     three = loaders(monkeypatch, 3)
     with pytest.raises(CheckpointError, match="rank counts that can: 1, 2, 4"):
         three[0].load_state_dict({**loader.state_dict(), "micro_batches": 4})
+    # a checkpoint is untrusted: a step no run of this loader could have taken is refused, not computed
+    for crafted in (10**9, 0, True, "4", None):
+        with pytest.raises(CheckpointError, match=f"micro_batches {crafted!r} is not a step"):
+            loader.load_state_dict({**loader.state_dict(), "micro_batches": crafted})
+    with pytest.raises(CheckpointError, match="state is a list, not a dict"):
+        loader.load_state_dict([])  # type: ignore[arg-type]
 
 
 class FakeDDP:
