@@ -41,11 +41,12 @@ KINDS = ("baseline_save", "api_save", "api_async_stall", "baseline_load", "api_l
 def build(seed: int = 0) -> tuple[Any, Any, Any]:
     import torch
     import torchvision
-    from torch import nn
+
+    from hpctrain import task
 
     torch.manual_seed(seed)
     model = torchvision.models.resnet50()
-    ddp = nn.parallel.DistributedDataParallel(model)
+    ddp = task.ddp(model)  # what the docs tell a loop to use (DDP that resumes bit for bit)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     ddp(torch.randn(2, 3, 64, 64)).sum().backward()
     optimizer.step()  # creates the momentum buffers

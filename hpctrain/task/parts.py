@@ -73,7 +73,8 @@ def classify(name: str, obj: Any, modules: list[Part], *, per_rank: bool = False
     if per_rank:
         return Part(name, obj, "rank")
     if isinstance(obj, nn.Module):
-        if isinstance(obj, nn.parallel.DistributedDataParallel) and not obj.find_unused_parameters:
+        rebuilds = isinstance(obj, nn.parallel.DistributedDataParallel) and not obj.find_unused_parameters
+        if rebuilds and torch.are_deterministic_algorithms_enabled():  # bit-exact resume is what the loop asks for
             log.warning(
                 "Checkpointer: %s is DistributedDataParallel that rebuilds its gradient buckets after its first "
                 "step: a resumed run on more than 2 ranks then sums in another order and its weights differ in the "
