@@ -25,6 +25,7 @@ from torch import nn
 from hpctrain import task
 from hpctrain.errors import CheckpointError
 from hpctrain.task import session as task_session
+from hpctrain.task import torch_archive
 from hpctrain.task.dcp_io import METADATA_FILE, UnsafeCheckpoint, from_blob, load_metadata
 
 BIG = 64 << 20  # what a crafted value would make the loader allocate or inflate
@@ -157,10 +158,14 @@ def test_a_blob_is_judged_before_it_is_unpickled() -> None:
         from_blob(torch.zeros(100, dtype=torch.uint8), "scheduler")  # not an archive at all
 
 
-def test_state_too_large_to_load_safely_is_refused_when_it_is_saved(tmp_path: Path) -> None:
+def test_state_too_large_to_load_safely_is_refused_when_it_is_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch_archive, "MAX_PICKLE_BYTES", 1 << 20)  # 64 MiB in the product: 1 MiB, quicker
+
     class Huge:
         def state_dict(self) -> dict[str, Any]:
-            return {"seen": list(range(20_000_000))}  # a pickle past the loader's 64 MiB bound
+            return {"seen": list(range(400_000))}  # a pickle past the loader's bound
 
         def load_state_dict(self, state: dict[str, Any]) -> None:
             pass
