@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from hpctrain.contract.cancel_marker import cancel_marker_paths
 from hpctrain.contract.entrypoint import call_text, function_problem
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
@@ -25,7 +26,7 @@ from hpctrain.runtime.cleanup import leave_dataset_mount
 from hpctrain.runtime.context import TaskContext, TaskEnv, register_context
 from hpctrain.runtime.master import check_master_address
 from hpctrain.runtime.run_summary import finish_summary
-from hpctrain.runtime.stop import StopRequest, cancel_marker_paths, install_handlers
+from hpctrain.runtime.stop import StopRequest, install_handlers
 from hpctrain.runtime.task_env import derive_task_env, export_torchrun_env, rank_hint, thread_env
 
 # Set to 1 on test clusters whose "nodes" are loopback aliases of one machine.

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract.rundir import CARRIED_SUMMARY_KEYS, Summary, read_summary, write_summary
+from hpctrain.contract.summary import CARRIED_SUMMARY_KEYS, Summary, read_summary, write_summary
 
 log = logging.getLogger(__name__)
 

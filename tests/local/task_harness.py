@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,14 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.net_helpers import free_port
+
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def clean_env() -> dict[str, str]:

@@ -17,12 +17,14 @@ from typing import Any
 import pytest
 from task_harness import logs, run_ranks, start_ranks, wait_ranks
 
+from hpctrain.contract.rundir import META_FILE, checkpoints_dir, heartbeat_path, metrics_path, summary_path
+
 pytestmark = pytest.mark.local_dist
 
 
 def test_a_checkpoint_written_on_four_ranks_loads_on_two_and_on_six(tmp_path: Path) -> None:
     """An FSDP2-sharded model, its AdamW and a schedule, saved by 4 ranks, resharded onto 2 and onto 6."""
-    directory = str(tmp_path / "checkpoints")
+    directory = str(checkpoints_dir(tmp_path))
     saved = run_ranks("save_sharded", 4, tmp_path / "save", directory=directory)
     files = sorted(p.name for p in Path(saved[0]["path"]).iterdir())
     assert files == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp", "meta.json"]
@@ -38,7 +40,7 @@ def script_env(run: Path, restart: int) -> dict[str, str]:
     """What a script: job's wrapper sets for its script (contract/script_env.py), stop signal USR1."""
     return {
         "HPCTRAIN_RUN_DIR": str(run),
-        "HPCTRAIN_CHECKPOINT_DIR": str(run / "checkpoints"),
+        "HPCTRAIN_CHECKPOINT_DIR": str(checkpoints_dir(run)),
         "HPCTRAIN_RESTART_COUNT": str(restart),
         "HPCTRAIN_JOB_ID": "77",
         "HPCTRAIN_STOP_SIGNAL": "USR1",
@@ -50,7 +52,7 @@ def run_script(command: list[str], run: Path, restart: int, logs_to: Path, stop_
     procs = start_ranks(command, 2, env=script_env(run, restart), cwd=run, log_dir=logs_to)
     if stop_after is not None:
         deadline = time.monotonic() + 120
-        while not list((run / "checkpoints").glob(f"step-{stop_after:08d}/meta.json")):
+        while not list(checkpoints_dir(run).glob(f"step-{stop_after:08d}/{META_FILE}")):
             assert time.monotonic() < deadline, logs(logs_to)
             time.sleep(0.1)
         for proc in procs:
@@ -59,7 +61,7 @@ def run_script(command: list[str], run: Path, restart: int, logs_to: Path, stop_
 
 
 def summary(run: Path) -> dict[str, Any]:
-    return json.loads((run / "summary.json").read_text())
+    return json.loads(summary_path(run).read_text())
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
@@ -82,14 +84,14 @@ def test_a_script_stopped_by_its_signal_resumes_with_the_uninterrupted_weights(
     resumed = summary(split)
     assert resumed["restarts"] == 1 and resumed["global_step"] == summary(full)["global_step"] == 12
     assert resumed["weights_sha256"] == summary(full)["weights_sha256"]
-    steps = [json.loads(line)["global_step"] for line in (split / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(line)["global_step"] for line in metrics_path(split).read_text().splitlines()]
     assert steps == list(range(1, 13))  # the second attempt went on at the step the first one stopped at
-    beats = [json.loads((split / "heartbeats" / f"rank-0000{r}.json").read_text()) for r in (0, 1)]
+    beats = [json.loads(heartbeat_path(split, r).read_text()) for r in (0, 1)]
     assert [(b["step"], b["phase"], b["job_id"]) for b in beats] == [(12, "done", "77")] * 2
 
 
 def test_a_save_not_every_rank_joins_fails_fast_and_names_the_ranks(tmp_path: Path) -> None:
-    directory = tmp_path / "checkpoints"
+    directory = checkpoints_dir(tmp_path)
     results = run_ranks("bad_saves", 2, tmp_path / "out", directory=str(directory), timeout_s=5)
     for rank, result in enumerate(results):
         assert (
@@ -104,7 +106,7 @@ def test_a_save_not_every_rank_joins_fails_fast_and_names_the_ranks(tmp_path: Pa
 
 def test_async_saves_hold_the_state_of_their_step_while_training_goes_on(tmp_path: Path) -> None:
     """Two DDP ranks train between async saves (their collectives run in the background, beside the loop's)."""
-    directory = tmp_path / "checkpoints"
+    directory = checkpoints_dir(tmp_path)
     for result in run_ranks("async_saves", 2, tmp_path / "out", directory=str(directory)):
         assert (result["step"], result["equal"]) == (6, True)
         assert result["folders"] == ["step-00000004", "step-00000006"]

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
+from hpctrain.contract.rundir import checkpoints_dir
+
 from .hpctrain_cli import hpctrain, task_logs
 from .stop_helpers import (
     Run,
@@ -80,7 +82,7 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     from hpctrain.examples.own_loop import tiny_cnn
 
     model = tiny_cnn(4)
-    assert task.Checkpointer(run_dir / "checkpoints", model=model).load() == TOTAL_STEPS
+    assert task.Checkpointer(checkpoints_dir(run_dir), model=model).load() == TOTAL_STEPS
     return {name: value.detach().clone() for name, value in model.state_dict().items()}
 
 

@@ -9,8 +9,10 @@ import pytest
 
 from hpctrain.contract.rundir import (
     DCP_LAYOUT,
+    META_FILE,
     TRAINER_LAYOUT,
     checkpoint_meta,
+    checkpoints_dir,
     complete_checkpoints,
     latest_checkpoint_step,
 )
@@ -32,10 +34,10 @@ def dcp_step(folders: StepFolders, step: int, ranks: int = 2) -> Path:
 
 
 def test_commit_writes_meta_last_and_renames_into_place(tmp_path: Path) -> None:
-    folders = StepFolders(tmp_path / "checkpoints", layout=DCP_LAYOUT, keep_last=2)
+    folders = StepFolders(checkpoints_dir(tmp_path), layout=DCP_LAYOUT, keep_last=2)
     final = dcp_step(folders, 4)
     assert final.name == "step-00000004" and not list(final.parent.glob(".tmp-*"))
-    meta = json.loads((final / "meta.json").read_text())
+    meta = json.loads((final / META_FILE).read_text())
     assert (meta["layout"], meta["global_step"], meta["world_size"]) == ("dcp", 4, 2)
     assert meta["files"]["__1_0.distcp"] == {"size": 11}
     assert checkpoint_meta(final) == meta and checkpoint_meta(final, DCP_LAYOUT) == meta
@@ -51,19 +53,19 @@ def test_a_torn_folder_is_ignored_and_the_previous_one_listed(tmp_path: Path) ->
     missing = dcp_step(folders, 6)
     (missing / "__0_0.distcp").unlink()  # one rank's file gone
     no_meta = dcp_step(folders, 8)
-    (no_meta / "meta.json").unlink()  # the writer died before the meta
+    (no_meta / META_FILE).unlink()  # the writer died before the meta
     assert folders.checkpoints() == [good]
 
 
 def test_meta_that_names_a_path_instead_of_a_file_is_not_complete(tmp_path: Path) -> None:
     folders = StepFolders(tmp_path, layout=DCP_LAYOUT, keep_last=2)
     final = dcp_step(folders, 1)
-    meta = json.loads((final / "meta.json").read_text())
+    meta = json.loads((final / META_FILE).read_text())
     (tmp_path / "outside").write_bytes(b"x" * 3)
     for name in ("../outside", "/etc/hostname", "meta.json"):
-        (final / "meta.json").write_text(json.dumps({**meta, "files": {name: {"size": 3}}}))
+        (final / META_FILE).write_text(json.dumps({**meta, "files": {name: {"size": 3}}}))
         assert checkpoint_meta(final) is None, name
-    (final / "meta.json").write_text(json.dumps({**meta, "files": {}}))
+    (final / META_FILE).write_text(json.dumps({**meta, "files": {}}))
     assert checkpoint_meta(final) is None
 
 
@@ -98,7 +100,7 @@ def test_the_first_begin_sweeps_crashed_writers_leftovers_and_a_resave_replaces(
     dcp_step(folders, 5)
     assert not (tmp_path / ".tmp-step-00000005-dead").exists()
     again = dcp_step(folders, 5, ranks=3)
-    assert json.loads((again / "meta.json").read_text())["world_size"] == 3
+    assert json.loads((again / META_FILE).read_text())["world_size"] == 3
     assert [p.name for p in tmp_path.iterdir()] == ["step-00000005"]
 
 

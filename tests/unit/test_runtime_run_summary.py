@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hpctrain.contract.rundir import read_summary, write_summary
+from hpctrain.contract.rundir import summary_path
+from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.runtime import run_summary
 from hpctrain.runtime.run_summary import UserRunSummary, finish_summary
 
 
 def summary(run: Path) -> dict:
-    return json.loads((run / "summary.json").read_text())
+    return json.loads(summary_path(run).read_text())
 
 
 def test_a_new_attempt_keeps_lost_nodes_start_and_wall_time_and_counts_its_resume(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.contract.rundir import heartbeat_path
 from hpctrain.contract.script_env import HANG_TIMEOUT_VAR, HEARTBEAT_INTERVAL_VAR, STOP_SIGNAL_VAR
 from hpctrain.errors import DistributedSetupError
 from hpctrain.runtime import heartbeat
@@ -51,7 +52,7 @@ def test_the_monitor_writes_heartbeats_into_the_run_only(tmp_path: Path) -> None
     assert monitor is not None and monitor.watchdog is not None and monitor.interval_s == 0.2
     heartbeat.step(1)
     deadline = time.monotonic() + 10
-    while not (tmp_path / "heartbeats" / "rank-00003.json").exists() and time.monotonic() < deadline:
+    while not heartbeat_path(tmp_path, 3).exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     monitor.stop()
-    assert '"phase": "done"' in (tmp_path / "heartbeats" / "rank-00003.json").read_text()
+    assert '"phase": "done"' in heartbeat_path(tmp_path, 3).read_text()

@@ -14,7 +14,7 @@ import json
 import logging
 import pickle
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +23,14 @@ import torch
 from torch import nn
 
 from hpctrain import task
+from hpctrain.contract.rundir import META_FILE
 from hpctrain.errors import CheckpointError
-from hpctrain.task import session as task_session
 from hpctrain.task import torch_archive
 from hpctrain.task.dcp_io import METADATA_FILE, UnsafeCheckpoint, from_blob, load_metadata
 
+pytestmark = pytest.mark.usefixtures("task_local")
+
 BIG = 64 << 20  # what a crafted value would make the loader allocate or inflate
-
-
-@pytest.fixture(autouse=True)
-def local_session(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_JOB_ID", "SLURM_PROCID", "HPCTRAIN_RUN_DIR"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.chdir(tmp_path)
-    task_session.reset()
-    yield
-    task_session.reset()
 
 
 def parts(seed: int = 0) -> dict[str, Any]:
@@ -51,12 +43,12 @@ def parts(seed: int = 0) -> dict[str, Any]:
 def rewrite(folder: Path, change: Callable[[Any, dict[str, Any]], None]) -> None:
     """Apply ``change(metadata, meta)`` to the folder's DCP metadata and meta.json, and make the record match."""
     metadata = load_metadata(folder / METADATA_FILE)
-    meta = json.loads((folder / "meta.json").read_text())
+    meta = json.loads((folder / META_FILE).read_text())
     change(metadata, meta)
     data = pickle.dumps(metadata)
     (folder / METADATA_FILE).write_bytes(data)
     meta["files"][METADATA_FILE] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    (folder / "meta.json").write_text(json.dumps(meta))
+    (folder / META_FILE).write_text(json.dumps(meta))
 
 
 def place(folder: Path, key: str, value: bytes) -> Callable[[Any, dict[str, Any]], None]:
@@ -136,10 +128,10 @@ def test_when_every_folder_is_unusable_the_load_fails_naming_each_and_keeps_them
     first, second = ckpt.save(1), ckpt.save(2)
     rewrite(first, outside_path)
     (second / METADATA_FILE).write_bytes(b"\x80\x04" + b"(" * 200_000)  # deep nesting: not metadata
-    rewrite_record = json.loads((second / "meta.json").read_text())
+    rewrite_record = json.loads((second / META_FILE).read_text())
     data = (second / METADATA_FILE).read_bytes()
     rewrite_record["files"][METADATA_FILE] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    (second / "meta.json").write_text(json.dumps(rewrite_record))
+    (second / META_FILE).write_text(json.dumps(rewrite_record))
     model = parts(seed=9)["model"]
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(CheckpointError) as raised:

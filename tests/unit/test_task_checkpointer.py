@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,24 +19,12 @@ import torch
 from torch import nn
 
 from hpctrain import task
+from hpctrain.contract.rundir import META_FILE
 from hpctrain.contract.step_folders import StepFolders
 from hpctrain.errors import CheckpointError
 from hpctrain.task import session as task_session
 
-
-@pytest.fixture(autouse=True)
-def local_session(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    """A fresh local session (no launcher variables), run directory tmp_path; signal handlers restored."""
-    import signal
-
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_JOB_ID", "SLURM_PROCID", "HPCTRAIN_RUN_DIR"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.chdir(tmp_path)
-    previous = signal.getsignal(signal.SIGTERM)
-    task_session.reset()
-    yield
-    task_session.reset()
-    signal.signal(signal.SIGTERM, previous)
+pytestmark = pytest.mark.usefixtures("task_local")
 
 
 def parts(seed: int = 0, width: int = 6) -> dict[str, object]:
@@ -76,7 +63,7 @@ def test_round_trip_restores_every_part_and_the_rng(tmp_path: Path) -> None:
     assert loaded["optimizer"].state_dict()["state"][0]["step"] == 3  # type: ignore[attr-defined]
     assert loaded["scheduler"].state_dict() == saved["scheduler"].state_dict()  # type: ignore[attr-defined]
     assert torch.equal(torch.rand(4), after_save)  # the RNG continues where the save left it
-    meta = json.loads((path / "meta.json").read_text())
+    meta = json.loads((path / META_FILE).read_text())
     assert meta["layout"] == "dcp" and meta["format"] == "hpctrain-task" and meta["world_size"] == 1
     assert meta["parts"] == {"model": "module", "optimizer": "optimizer", "scheduler": "object"}
 
@@ -147,9 +134,9 @@ def test_metadata_that_would_run_code_is_refused_before_it_runs(tmp_path: Path) 
 
     evil = pickle.dumps(Evil())
     (path / ".metadata").write_bytes(evil)
-    meta = json.loads((path / "meta.json").read_text())  # an attacker rewrites the record too
+    meta = json.loads((path / META_FILE).read_text())  # an attacker rewrites the record too
     meta["files"][".metadata"] = {"size": len(evil), "sha256": hashlib.sha256(evil).hexdigest()}
-    (path / "meta.json").write_text(json.dumps(meta))
+    (path / META_FILE).write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="no usable checkpoint .*step-00000001: unsafe: .*refers to posix.system"):
         task.Checkpointer(tmp_path / "ckpt", **parts()).load()  # skipped like damage; none left: an error
     assert not marker.exists() and path.is_dir()  # nothing ran, nothing removed

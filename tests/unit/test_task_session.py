@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ import torch
 from hpctrain import task
 from hpctrain.contract import script_env
 from hpctrain.contract.metrics import parse_metric_lines
+from hpctrain.contract.rundir import checkpoints_dir, heartbeat_path, metrics_path, summary_path
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime.context import TaskContext, TaskEnv, register_context
@@ -28,23 +28,7 @@ from hpctrain.runtime.run_summary import finish_summary
 from hpctrain.runtime.stop import StopRequest
 from hpctrain.task import session as task_session
 
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-@pytest.fixture(autouse=True)
-def clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    for name in (*LAUNCHER_VARS, *script_env.HPCTRAIN_VARS, "SLURM_JOB_ID", "SLURM_PROCID", "TORCHELASTIC_RUN_ID"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.chdir(tmp_path)
-    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR1)}
-    hook = sys.excepthook
-    task_session.reset()
-    yield
-    task_session.reset()
-    register_context(None)
-    for signum, handler in handlers.items():
-        signal.signal(signum, handler)
-    sys.excepthook = hook
+pytestmark = pytest.mark.usefixtures("task_local")
 
 
 def script_run(monkeypatch: pytest.MonkeyPatch, run_dir: Path, **extra: str) -> None:
@@ -74,12 +58,12 @@ def wait_for(probe: object, timeout: float = 10.0) -> None:
 def test_outside_hpctrain_the_working_directory_is_the_run(tmp_path: Path) -> None:
     info = task.context()
     assert (info.rank, info.world_size, info.mode, info.is_main) == (0, 1, "local", True)
-    assert info.run_dir == tmp_path and info.checkpoint_dir == tmp_path / "checkpoints"
+    assert info.run_dir == tmp_path and info.checkpoint_dir == checkpoints_dir(tmp_path)
     assert str(info.device) == ("cuda:0" if torch.cuda.is_available() else "cpu")
     assert task.should_stop() is None
     os.kill(os.getpid(), signal.SIGTERM)  # torchrun and a plain srun stop a process with SIGTERM
     assert task.should_stop() == "preempted"
-    assert not (tmp_path / "summary.json").exists()  # no run of hpctrain's: no summary
+    assert not summary_path(tmp_path).exists()  # no run of hpctrain's: no summary
 
 
 def test_a_script_reads_its_run_and_stops_on_its_signal(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -88,15 +72,15 @@ def test_a_script_reads_its_run_and_stops_on_its_signal(monkeypatch: pytest.Monk
     info = task.context()
     assert (info.mode, info.run_dir, info.checkpoint_dir) == ("script", run, run / "ckpt")
     assert (info.restart_count, info.job_id) == (2, "4711")
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads(summary_path(run).read_text())
     assert (summary["status"], summary["job_id"], summary["restarts"]) == ("running", "4711", 2)
     task.step(1)
-    wait_for(lambda: (run / "heartbeats" / "rank-00000.json").is_file())  # its heartbeat thread runs
+    wait_for(lambda: heartbeat_path(run, 0).is_file())  # its heartbeat thread runs
     assert task.should_stop() is None
     os.kill(os.getpid(), signal.SIGUSR1)  # what the wrapper sends the script's process group
     assert task.should_stop() == "preempted" and task.stop_reason() == "preempted"
     assert task.stopped(note="x") == {"note": "x", "status": "stopped", "stop_reason": "preempted"}
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads(summary_path(run).read_text())
     assert (summary["status"], summary["stop_reason"]) == ("stopped", "preempted")
 
 
@@ -132,7 +116,7 @@ def test_log_writes_records_the_readers_take(monkeypatch: pytest.MonkeyPatch, tm
     script_run(monkeypatch, run)
     task.log(1, epoch=0, loss=torch.tensor(2.5), lr=0.1, images=64)
     task.log(2, epoch=0, loss=float("nan"))
-    records, notes = parse_metric_lines((run / "metrics.jsonl").read_bytes().splitlines(keepends=True))
+    records, notes = parse_metric_lines(metrics_path(run).read_bytes().splitlines(keepends=True))
     assert [(r["kind"], r["global_step"], r["epoch"], r["loss"]) for r in records] == [
         ("train_step", 1, 0, 2.5),
         ("train_step", 2, 0, None),  # NaN is left out by readers
@@ -145,7 +129,7 @@ def test_log_writes_records_the_readers_take(monkeypatch: pytest.MonkeyPatch, tm
     with pytest.raises(HpctrainError, match="step must be a whole number"):
         task.log(-1, loss=1.0)
     task.set_summary(epochs=3, steps_per_epoch=6, best=0.9)
-    assert json.loads((run / "summary.json").read_text())["best"] == 0.9
+    assert json.loads(summary_path(run).read_text())["best"] == 0.9
     with pytest.raises(HpctrainError, match="status is hpctrain's to set"):
         task.set_summary(status="completed")
 
@@ -156,7 +140,7 @@ def test_only_rank_zero_writes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert task.context().rank == 1
     task.log(1, loss=1.0)
     task.set_summary(x=1)
-    assert not (run / "metrics.jsonl").exists() and not (run / "summary.json").exists()
+    assert not metrics_path(run).exists() and not summary_path(run).exists()
 
 
 def test_an_entry_point_gets_the_launchers_context(tmp_path: Path) -> None:
@@ -166,12 +150,12 @@ def test_an_entry_point_gets_the_launchers_context(tmp_path: Path) -> None:
     register_context(TaskContext(env=env, spec=spec, run_dir=tmp_path, device=torch.device("cpu"), stop=stop))
     info = task.context()
     assert (info.mode, info.job_id, info.restart_count, info.hostname) == ("entrypoint", "88", 1, "n1")
-    assert info.checkpoint_dir == tmp_path / "checkpoints"
+    assert info.checkpoint_dir == checkpoints_dir(tmp_path)
     stop.note_timeout()  # the launcher's handlers feed the context's own stop request
     assert task.should_stop() == "timeout"
     task.log(3, loss=1.0)
     finish_summary(tmp_path, "88", {"status": "completed"})  # what the launcher does once main() returned
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads(summary_path(tmp_path).read_text())
     assert (summary["status"], summary["global_step"], summary["hostnames"]) == ("completed", 3, ["n1"])
 
 
