@@ -21,7 +21,9 @@ from hpctrain.runtime.script_command import (
 from hpctrain.runtime.task_env import derive_task_env
 
 CODE = ScriptCode("/runs/x/code/proj/train.py", None, "/runs/x/code/proj")
-HPCTRAIN_AND_TORCHRUN = {*script_env.HPCTRAIN_VARS, *script_env.TORCHRUN_VARS} - {script_env.HANG_TIMEOUT_VAR}
+# every name but those set only sometimes: the hang timeout (when set), the run's micro-batches (a smaller step)
+SOMETIMES = {script_env.HANG_TIMEOUT_VAR, script_env.RUN_MICRO_BATCHES_VAR}
+HPCTRAIN_AND_TORCHRUN = {*script_env.HPCTRAIN_VARS, *script_env.TORCHRUN_VARS} - SOMETIMES
 
 
 def spec(per: str = "rank", **script: object) -> JobSpec:
