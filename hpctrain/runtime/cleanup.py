@@ -28,7 +28,9 @@ that only fork (data-loader workers). Two answers, both used:
 
 * the batch script starts each task as ``python -m hpctrain.runtime.cleanup
   exec PYTHON ...`` (:func:`python_command`, for submitit's ``python=``), which
-  execs the real task with a fresh token already in its environment;
+  execs the real task with a fresh token already in its environment (and,
+  with ``--hold-stop-signals``, Slurm's stop signals held until the task
+  listens: ``stop_signals.py``);
 * when the task lacks the token at exec (run without that wrapper), the
   watcher also records the task's descendants while it lives and reaps those.
 
@@ -63,19 +65,22 @@ KILL_WAIT_S = 2.0
 RESCAN_S = 0.5
 TRACK_EVERY_S = 1.0
 MODULE = "hpctrain.runtime.cleanup"
+HOLD_OPTION = "--hold-stop-signals"
 
 
 def new_token() -> str:
     return uuid.uuid4().hex
 
 
-def python_command(python: str = sys.executable) -> str:
+def python_command(python: str = sys.executable, *, hold_stop_signals: bool = False) -> str:
     """A shell command that runs ``python ARGS...`` with a fresh task token in its exec-time environment.
 
     Pass it as submitit's ``SlurmExecutor(python=...)``: submitit appends
-    ``-u -m submitit.core._submit FOLDER``.
+    ``-u -m submitit.core._submit FOLDER``. ``hold_stop_signals``: the task starts
+    with Slurm's stop signals held; only for a task that listens (``stop_signals.listen``).
     """
-    return " ".join(shlex.quote(part) for part in (python, "-m", MODULE, "exec", python))
+    hold = [HOLD_OPTION] if hold_stop_signals else []
+    return " ".join(shlex.quote(part) for part in (python, "-m", MODULE, "exec", *hold, python))
 
 
 def ensure_task_token(environ: MutableMapping[str, str] | None = None) -> str:
@@ -296,7 +301,13 @@ def release_mount(
 
 
 def exec_with_token(argv: Sequence[str]) -> NoReturn:
-    """Replace this process with ``argv``, a fresh task token in its environment."""
+    """Replace this process with ``argv``, a fresh task token in its environment; with a leading
+    ``--hold-stop-signals``, Slurm's stop signals held (pending) until ``argv`` listens."""
+    if argv[:1] == [HOLD_OPTION]:
+        from hpctrain.runtime import stop_signals  # standard library only
+
+        stop_signals.hold()
+        argv = argv[1:]
     if not argv:
         raise SystemExit(f"usage: python -m {MODULE} exec PROGRAM [ARGS...]")
     env = dict(os.environ)
@@ -449,7 +460,7 @@ def leave_dataset_mount() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["exec"]:
+    if argv[:1] == ["exec"]:  # a task's first Python: nothing before this line
         rest = argv[1:]
         exec_with_token(rest[1:] if rest[:1] == ["--"] else rest)
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.splitlines()[0])
