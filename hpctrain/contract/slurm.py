@@ -317,7 +317,9 @@ def job_state(job_id: str, *, source: Literal["sacct", "squeue"] = "sacct", runn
     without accounting. A job sacct does not list under its own id -- not yet
     (slurmdbd catches up a few seconds after submit), or an array listed by
     its tasks -- is looked up in ``squeue``, which still lists an array's
-    unfinished tasks; then sacct's first line answers. "UNKNOWN" when neither
+    unfinished tasks; then sacct's first line answers. So is a job sacct
+    calls PREEMPTED: that is final, unless slurmctld is requeueing the job
+    (squeue then lists it COMPLETING or PENDING). "UNKNOWN" when neither
     lists it (squeue forgets a finished job) or, asking sacct, when this
     machine has no squeue. Raises SlurmCommandError.
     """
@@ -325,7 +327,7 @@ def job_state(job_id: str, *, source: Literal["sacct", "squeue"] = "sacct", runn
     states: dict[str, str] = {}
     if source == "sacct":
         states = parse_sacct_states(run_slurm(sacct_states_command([job_id]), runner=runner))
-        if job_id in states:
+        if job_id in states and states[job_id] != "PREEMPTED":
             return states[job_id]
     try:
         lines = run_slurm(["squeue", "-h", "-o", "%T", "-j", job_id], runner=runner).split()
@@ -335,7 +337,7 @@ def job_state(job_id: str, *, source: Literal["sacct", "squeue"] = "sacct", runn
         lines = []
     if lines:
         return normalise_state(lines[0])
-    return next(iter(states.values()), "UNKNOWN")
+    return states.get(job_id) or next(iter(states.values()), "UNKNOWN")
 
 
 def wait_until_done(job_id: str, *, poll_s: float = 2.0, timeout_s: float | None = None) -> str:

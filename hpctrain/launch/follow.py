@@ -100,16 +100,30 @@ def wait_for_job(submitted: SubmittedRun) -> str:
 
 
 def wait_slurm(submitted: SubmittedRun, *, quiet: bool) -> int:
-    """Wait for a Slurm job and say how it ended; 0 when it completed, else 1 (with where its logs are)."""
+    """Wait for a Slurm job and say how it ended; 0 when it completed, else 1 (with where its logs are).
+
+    A run that completed counts as such whatever Slurm's word: a job preempted in its last seconds
+    ends PREEMPTED on Slurm 24.05+ (hpctrain keeps it from starting again, docs/preemption.md).
+    """
     state = wait_for_job(submitted)
     if not quiet:
         print(f"job {submitted.job_id} ended: {state}")
+    if not succeeded(state) and run_completed(submitted):
+        if not quiet:
+            print(f"the run completed; Slurm ended the job {state} (a preemption reached it in its last seconds)")
+        return 0
     if not succeeded(state):
         print(
             f"error: job {submitted.job_id} ended {state}; see hpctrain logs {submitted.run_dir} --err", file=sys.stderr
         )
         return 1
     return 0
+
+
+def run_completed(submitted: SubmittedRun) -> bool:
+    """Whether every trial's summary.json says the run completed."""
+    summaries = [read_summary(one) for one in submitted.trial_dirs]
+    return bool(summaries) and all(summary is not None and summary.status == "completed" for summary in summaries)
 
 
 class _Terminated(Exception):
