@@ -243,6 +243,10 @@ def requeue_command(job_id: str) -> list[str]:
     return ["scontrol", "requeue", checked_job_id(job_id)]
 
 
+def disable_requeue_command(job_id: str) -> list[str]:
+    return ["scontrol", "update", f"JobId={checked_job_id(job_id)}", "Requeue=0"]
+
+
 def show_job_command(job_id: str) -> list[str]:
     return ["scontrol", "--oneliner", "show", "job", checked_job_id(job_id)]
 
@@ -435,3 +439,13 @@ def release_job(job_id: str, *, sleep: Callable[[float], None] = time.sleep) -> 
 
 def requeue_job(job_id: str, *, runner: Runner = subprocess.run, timeout_s: float = COMMAND_TIMEOUT_S) -> None:
     run_slurm(requeue_command(job_id), timeout_s=timeout_s, runner=runner)
+
+
+def disable_requeue(job_id: str, *, runner: Runner = subprocess.run, timeout_s: float = COMMAND_TIMEOUT_S) -> None:
+    """Take the job's ``Requeue`` flag away: nothing may requeue it any more, Slurm included.
+
+    Slurm 24.05+ requeues a job that ends while it holds a preemption's flag
+    (``GRACE_PREEMPT``), only if the job is requeueable; the flag itself cannot be
+    cleared or seen (docs/preemption.md). A job's owner may change it while it runs.
+    """
+    run_slurm(disable_requeue_command(job_id), timeout_s=timeout_s, runner=runner)

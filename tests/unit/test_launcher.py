@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 import io
+import json
 import pickle
+import signal
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from hpctrain.contract.heartbeat_files import read_heartbeats
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
+from hpctrain.runtime import stop_signals
 from hpctrain.runtime.hang import HangWatchdog
-from hpctrain.runtime.launcher import TaskLauncher, check_world_size, load_user_code, report_failure, thread_env
+from hpctrain.runtime.launcher import (
+    TaskLauncher,
+    check_world_size,
+    end_if_completed,
+    listen_for_stop,
+    load_user_code,
+    report_failure,
+    stop_before_start,
+    stopped_before_start,
+    thread_env,
+)
+from hpctrain.runtime.stop import StopRequest
 from hpctrain.runtime.task_env import derive_task_env
 
 
@@ -131,3 +146,45 @@ def test_no_heartbeats_where_the_run_dir_is_not_shared(tmp_path, capsys) -> None
     assert launcher.start_heartbeats(spec, derive_task_env({})) is None
     assert "does not exist on this node" in capsys.readouterr().err
     assert not (tmp_path / "elsewhere").exists()
+
+
+# -- the first seconds of a start (issue 30) ---------------------------------------------------------------------
+SLURM_RANK1 = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1"}
+SLURM_RANK1 |= {"SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "n1", "SLURM_TASKS_PER_NODE": "2"}
+
+
+def test_signals_counted_before_the_stop_request_existed_are_handed_to_it(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stop_signals, "_recorder", stop_signals.Recorder({"TERM": 1}))
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR2)}
+    try:
+        stop = listen_for_stop(str(tmp_path), derive_task_env(SLURM_RANK1), "USR2")
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    assert (stop.local_reason, stop.term_signals) == ("preempted", 1)
+
+
+def test_a_stop_before_the_start_skips_the_entry_point_and_says_so(capsys: pytest.CaptureFixture) -> None:
+    ctx = SimpleNamespace(env=derive_task_env({}), stop=StopRequest(), is_main=True)
+    assert stop_before_start(ctx) is None  # not under Slurm: nobody to ask, nothing requested
+    ctx.stop.request("timeout")
+    assert stop_before_start(ctx) == "timeout"
+    result = stopped_before_start(ctx, "timeout")
+    assert result["status"] == "stopped" and result["stop_reason"] == "timeout"
+    said = "stopping (timeout) before training: the stop came during set-up; nothing new to save\n"
+    assert capsys.readouterr().out == said
+
+
+def test_a_start_of_a_run_this_job_completed_ends_at_once(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    env = derive_task_env(SLURM_RANK1)  # not rank 0: no scontrol here
+    exits: list[int] = []
+    end_if_completed(str(tmp_path), env, exits.append)  # no summary: a start like any other
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "job_id": "12", "global_step": 9}))
+    end_if_completed(str(tmp_path), env, exits.append)  # completed by another job: 'hpctrain resume'
+    assert exits == []
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "job_id": "77", "global_step": 9}))
+    end_if_completed(str(tmp_path), env, exits.append)
+    assert exits == [0]
+    assert "this job completed the run already (step 9); Slurm started it again" in capsys.readouterr().err
