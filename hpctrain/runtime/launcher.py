@@ -19,11 +19,13 @@ import logging
 import os
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from hpctrain.contract.rundir import Summary, read_summary, write_summary
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime import failures, heartbeat, stop_signals
@@ -255,10 +257,28 @@ def stop_before_start(ctx: TaskContext) -> StopReason | None:
 
 
 def stopped_before_start(ctx: TaskContext, reason: StopReason) -> dict[str, Any]:
-    """The result of a start that stops before training: nothing trained, nothing new to save."""
+    """The result of a start that stops before training: nothing trained, nothing new to save.
+
+    The built-in trainer's summary.json says "stopped" (``cancel`` reports it; the next start counts
+    a restart from it, also where no checkpoint exists yet); an entry point's run keeps its own.
+    """
     if ctx.is_main:
         print(f"stopping ({reason}) before training: the stop came during set-up; nothing new to save", flush=True)
+        if ctx.spec.entrypoint is None:
+            record_stop(ctx, reason)
     return {"status": "stopped", "stop_reason": reason, "before_start": True}
+
+
+def record_stop(ctx: TaskContext, reason: StopReason) -> None:
+    """summary.json: "stopped", with what an earlier start recorded kept; never raises."""
+    fields = (read_summary(ctx.run_dir) or Summary()).fields()
+    restarts = max(int(fields.get("restarts") or 0), ctx.env.restart_count)
+    fields.update(status="stopped", stop_reason=reason, job_id=ctx.env.job_id, restarts=restarts)
+    fields["updated_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    try:
+        write_summary(ctx.run_dir, fields)
+    except (OSError, HpctrainError) as exc:
+        print(f"hpctrain: could not record the stop in summary.json: {exc}", file=sys.stderr)
 
 
 def check_world_size(spec: JobSpec, env: TaskEnv) -> None:

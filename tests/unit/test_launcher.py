@@ -166,8 +166,9 @@ def test_signals_counted_before_the_stop_request_existed_are_handed_to_it(
     assert (stop.local_reason, stop.term_signals) == ("preempted", 1)
 
 
-def test_a_stop_before_the_start_skips_the_entry_point_and_says_so(capsys: pytest.CaptureFixture) -> None:
-    ctx = SimpleNamespace(env=derive_task_env({}), stop=StopRequest(), is_main=True)
+def test_a_stop_before_the_start_skips_the_entry_point_and_says_so(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    spec = SimpleNamespace(entrypoint="mine:main")
+    ctx = SimpleNamespace(env=derive_task_env({}), stop=StopRequest(), is_main=True, spec=spec, run_dir=tmp_path)
     assert stop_before_start(ctx) is None  # not under Slurm: nobody to ask, nothing requested
     ctx.stop.request("timeout")
     assert stop_before_start(ctx) == "timeout"
@@ -175,6 +176,17 @@ def test_a_stop_before_the_start_skips_the_entry_point_and_says_so(capsys: pytes
     assert result["status"] == "stopped" and result["stop_reason"] == "timeout"
     said = "stopping (timeout) before training: the stop came during set-up; nothing new to save\n"
     assert capsys.readouterr().out == said
+    assert not (tmp_path / "summary.json").exists()  # an entry point's run keeps its own summary (or none)
+
+
+def test_the_trainers_summary_says_stopped_and_keeps_counting_restarts(tmp_path) -> None:
+    earlier = {"status": "stopped", "stop_reason": "timeout", "global_step": 4, "restarts": 1, "job_id": "77"}
+    (tmp_path / "summary.json").write_text(json.dumps(earlier))
+    env = derive_task_env({**SLURM_RANK1, "SLURM_PROCID": "0", "SLURM_RESTART_COUNT": "2"})
+    ctx = SimpleNamespace(env=env, is_main=True, spec=SimpleNamespace(entrypoint=None), run_dir=tmp_path)
+    stopped_before_start(ctx, "preempted")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert {k: summary[k] for k in earlier} == {**earlier, "stop_reason": "preempted", "restarts": 2}
 
 
 def test_a_start_of_a_run_this_job_completed_ends_at_once(tmp_path, capsys: pytest.CaptureFixture) -> None:
