@@ -2,9 +2,10 @@
 
 ``python -m hpctrain.runtime.stop_signals hpctrain.healing.supervisor RUN_DIR --
 srun ARGS... COMMAND`` is the sbatch script's command when
-``resources.min_nodes`` or ``spare_nodes`` is set (the job has ``--no-kill``, so Slurm keeps the allocation when a node
-fails). It starts the srun line on ``resources.nodes`` nodes of the
-allocation with ``--overlap`` and an explicit ``--nodelist``, and watches:
+``resources.min_nodes`` or ``spare_nodes`` is set (the job has ``--no-kill``,
+so Slurm keeps the allocation when a node fails). It starts the srun line on
+``resources.nodes`` nodes of the allocation with ``--overlap`` and an
+explicit ``--nodelist``, and watches:
 
 * srun's own reports (tee'd on to the batch log, where rank 0 reads them);
 * heartbeats: a node whose every rank went silent is a suspect;
