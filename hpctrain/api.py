@@ -94,6 +94,7 @@ def submit(
     wait: bool = False,
     preflight: bool = True,
     snapshot: bool = True,
+    exclude_bad_nodes: bool = True,
     log: TextIO | None = None,
 ) -> Submission:
     """Submit a job (a ``load_job`` result, or a spec path) to Slurm, or with ``local=True`` run it here.
@@ -102,7 +103,8 @@ def submit(
     the job ended (a local run: its processes; Slurm: the job) with ``state`` set. Without ``wait`` a
     local run goes on in the background while this Python process lives. ``preflight=False`` skips
     the checks before the queue (``--no-preflight``), ``snapshot=False`` the code copy
-    (``--no-snapshot``); ``log``: a stream that gets rank 0's log of a local run while waiting.
+    (``--no-snapshot``), ``exclude_bad_nodes=False`` the bad-node ledger's ``--exclude``
+    (``--no-exclude``); ``log``: a stream that gets rank 0's log of a local run while waiting.
     """
     from hpctrain.launch import plan
 
@@ -111,7 +113,7 @@ def submit(
     if dry_run:
         from hpctrain.launch.dry_run import dry_run as render
 
-        planned = render(job, local=local, snapshot=snapshot)
+        planned = render(job, local=local, snapshot=snapshot, exclude_bad_nodes=exclude_bad_nodes)
         backend = _backend(job, local)
         return Submission(
             planned.run_dir, None, backend, script=planned.script, plan=planned.text, warnings=tuple(warnings)
@@ -122,8 +124,8 @@ def submit(
         return _submit_study(job, local=local, wait=wait, snapshot=snapshot, log=log, warnings=warnings)
     from hpctrain.launch.submission import submit as submit_job
 
-    submitted = submit_job(job, local=local, snapshot=snapshot)
-    return _finish(submitted, wait=wait, log=log, warnings=warnings)
+    submitted = submit_job(job, local=local, snapshot=snapshot, exclude_bad_nodes=exclude_bad_nodes)
+    return _finish(submitted, wait=wait, log=log, warnings=[*warnings, *submitted.notes])
 
 
 def status(run: str | Path) -> RunStatus | StudyStatus:

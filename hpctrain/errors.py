@@ -7,7 +7,22 @@ user mistake never shows a Python traceback.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+# C0/C1 controls (terminal escapes, newlines), zero-width and bidi overrides: what makes text lie on a terminal.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def printable(value: object, *, keep: str = "") -> str:
+    """``str(value)`` with control and bidi characters (terminal escapes, newlines) shown as ``\\xNN``.
+
+    The one escaper of text that came from a user or a file (spec keys and values, paths, profile
+    names, run files): every message that quotes such text is safe to print. ``keep`` names characters
+    left as they are (``"\\n"`` for a message of several lines whose parts were escaped already).
+    """
+    text = str(value)
+    return _CONTROL.sub(lambda match: match.group() if match.group() in keep else f"\\x{ord(match.group()):02x}", text)
 
 
 class HpctrainError(Exception):
@@ -37,13 +52,15 @@ class SpecProblem:
     column: int | None = None
 
     def render(self, source: str) -> str:
-        where = source
+        """One line, whatever the spec held: the file name, the key and the message are escaped here, the
+        one place problems are formatted (a key may carry a terminal escape or a newline)."""
+        where = printable(source)
         if self.line is not None:
             where += f":{self.line}"
             if self.column is not None:
                 where += f":{self.column}"
-        key = f" {self.key}:" if self.key else ""
-        return f"{where}:{key} {self.message}"
+        key = f" {printable(self.key)}:" if self.key else ""
+        return f"{where}:{key} {printable(self.message)}"
 
 
 class SpecError(HpctrainError):

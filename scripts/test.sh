@@ -53,7 +53,8 @@ run_leg() { # WHAT VERSION COMMAND...: one leg, timed, its result added to the s
 for leg in "${legs[@]}"; do
     IFS='|' read -r version what args <<<"$leg"
     # shellcheck disable=SC2086  # args is a fixed word list from the table above
-    run_leg "$what" "$version" .venv/bin/python -m pytest $args
+    # --durations: where a leg's time goes, so CI's log says what to trim when the hour gets close
+    run_leg "$what" "$version" .venv/bin/python -m pytest --durations=25 $args
 done
 # HAL's scale: 16 nodes x 2 ranks = 32 gloo ranks, ~1.5 min and ~14 GiB of the 24 GiB machine, so
 # it runs alone, after the legs (docs/testing.md). 16 x 3 = 48 also completes (~20 GiB) but leaves

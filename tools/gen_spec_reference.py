@@ -55,7 +55,13 @@ How to read the tables:
   `constraint`) may not start with `-`; a value that does not match its
   pattern gets that key's own rule in the message (what is allowed, with an
   example). An `entrypoint` found in the standard library or site-packages is
-  the environment's: it is not copied into the run's code snapshot.
+  the environment's: it is not copied into the run's code snapshot. An
+  `entrypoint` whose source (read, never imported) cannot be called as
+  `function(ctx, **entrypoint_args)` is refused by `validate` and `submit`
+  (docs/how-it-works.md#your-own-entry-point).
+- Messages quote what the spec says as inert text: a control character in a
+  key, a value, a path, a profile's name or an override (a terminal escape, a
+  newline that would forge a second line) is printed as `\\x1b`, `\\x0a`.
 - Time limits use Slurm's forms: `MM`, `MM:SS`, `HH:MM:SS`, `D-HH`,
   `D-HH:MM`, `D-HH:MM:SS`. Quote them in YAML (`time: "24:00:00"`).
 - Editors can complete and check specs against the JSON Schema:

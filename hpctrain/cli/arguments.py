@@ -86,6 +86,18 @@ def cmd_submit(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip the checks before queueing (data.root exists, partition and its MaxTime)",
     )
+    parser.add_argument(
+        "--no-exclude",
+        action="store_true",
+        help="do not add the bad-node ledger's live nodes to --exclude ('hpctrain nodes' lists them)",
+    )
+
+
+def cmd_nodes(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--forget", metavar="NODE", help="remove NODE from your bad-node ledger")
+    parser.add_argument("--cluster", help="only this cluster profile's entries (with --forget: only there)")
+    parser.add_argument("--all", action="store_true", help="also the expired entries")
+    parser.add_argument("--json", action="store_true", help="print the entries as a JSON list")
 
 
 def cmd_status(parser: argparse.ArgumentParser) -> None:
@@ -171,11 +183,14 @@ def cmd_make_dataset(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_pack(parser: argparse.ArgumentParser) -> None:
+    from hpctrain.dataset.pack import MAX_PROCESSORS
+
     parser.add_argument("data_root", metavar="DATA_ROOT", help="the ImageFolder root (holds train/ and val/)")
     parser.add_argument("out", metavar="OUT.sqsh", help="the image file to write")
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists (only once the new one is good)")
-    parser.add_argument("--strict", action="store_true", help="fail on unreadable files instead of leaving them out")
-    parser.add_argument("--processors", type=int, default=None, help="mksquashfs threads (default: all cores)")
+    parser.add_argument("--strict", action="store_true", help="fail on what cannot go in instead of leaving it out")
+    threads = f"mksquashfs threads, 1 to {MAX_PROCESSORS} (default: all cores)"
+    parser.add_argument("--processors", type=_whole(1, MAX_PROCESSORS), default=None, help=threads)
 
 
 def cmd_bench_data(parser: argparse.ArgumentParser) -> None:

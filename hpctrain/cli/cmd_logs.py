@@ -2,7 +2,7 @@
 
 Thin: ``hpctrain.observe.logs`` finds, tails and follows the log. It is
 looked for inside the run directory only: run.json's ``submitit_dir`` is
-followed when it lies there.
+followed when it lies there, and no symlink is followed out of it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from hpctrain.contract import job_registry
-from hpctrain.contract.rundir import read_run_info, submitit_dir_ignored, task_log_path
+from hpctrain.contract.rundir import read_run_info, run_home, submitit_dir_ignored, task_log_path
 from hpctrain.contract.runfiles import printable
 from hpctrain.errors import RunDirError
 from hpctrain.observe import logs
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if not path.exists() and not args.follow:
         raise RunDirError(f"no log yet at {path}", hint="the job may still be pending: hpctrain status " + args.run)
-    offset = logs.write_tail(path, args.lines, sys.stdout)
+    offset = logs.write_tail(path, args.lines, sys.stdout, within=run_home(run_dir))
     if args.follow:
         logs.follow(path, offset, run_dir, info, sys.stdout)
     return 0

@@ -19,6 +19,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir, job = resume.prepare(args.run, args.overrides)
     warn(plan.spec_warnings(job, run_dir))  # measured save times from this run's own checkpoints
     submitted = resume.start(run_dir, job, local=args.local)
+    warn(submitted.notes)  # the bad-node ledger's exclusions
     if args.json:
         print(json.dumps({"job_id": submitted.job_id, "run_dir": str(run_dir), "cluster": submitted.backend}))
     else:

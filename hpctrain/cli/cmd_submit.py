@@ -29,11 +29,15 @@ def run(args: argparse.Namespace) -> int:
         return submit_study(job, args)
     warn(plan.container_warnings(job, local=args.local))
     if args.dry_run:
-        print(dry_run(job, local=args.local, snapshot=not args.no_snapshot).text, end="")
+        print(
+            dry_run(job, local=args.local, snapshot=not args.no_snapshot, exclude_bad_nodes=not args.no_exclude).text,
+            end="",
+        )
         return 0
     if not args.no_preflight:
         warn(plan.check_before_queueing(job, local=args.local))
-    submitted = submit(job, local=args.local, snapshot=not args.no_snapshot)
+    submitted = submit(job, local=args.local, snapshot=not args.no_snapshot, exclude_bad_nodes=not args.no_exclude)
+    warn(submitted.notes)
     report = {
         "job_id": submitted.job_id,
         "run_dir": str(submitted.run_dir),

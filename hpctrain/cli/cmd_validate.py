@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from hpctrain.cli.main import warn
 from hpctrain.errors import SpecError, SpecProblem
 from hpctrain.jobspec.load import LoadedJob, load_job
+from hpctrain.jobspec.node_loss import node_count_text
 from hpctrain.launch.plan import spec_warnings
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ def describe(job: LoadedJob) -> str:
     per_node = f"{gpus} GPUs" if gpus else f"{spec.tasks_per_node} CPU task{'s' if spec.tasks_per_node > 1 else ''}"
     what = spec.entrypoint or f"{spec.trainer.arch} {spec.trainer.strategy} {spec.trainer.precision}"
     line = (
-        f"{spec.name} on {job.profile.name}: {spec.resources.nodes} node{'s' if spec.resources.nodes > 1 else ''} "
+        f"{spec.name} on {job.profile.name}: {node_count_text(spec.resources)} "
         f"x {per_node}, world size {spec.world_size}, "
     )
     if spec.entrypoint is None:
@@ -39,7 +40,7 @@ def describe(job: LoadedJob) -> str:
 
 def run(args: argparse.Namespace) -> int:
     job = load_job(args.spec, args.overrides, cluster=args.cluster)
-    findings = image_findings(job)
+    findings = file_findings(job)
     errors = [f for f in findings if f.level == "error"]
     if errors:
         raise SpecError(str(job.source), [SpecProblem(f.key, f.message) for f in errors])
@@ -55,12 +56,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def image_findings(job: LoadedJob) -> list[Finding]:
-    """A data.root that names an image file is read (never mounted): a broken image fails here, not in the job."""
-    from hpctrain.diagnose.preflight import check_data_root
+def file_findings(job: LoadedJob) -> list[Finding]:
+    """What the files behind the spec say, read on this machine and never run: a data.root that names an
+    image file (read, never mounted), and an entry point whose source cannot take ``ctx`` (read with
+    ``ast``, never imported). Either fails here, not in the job."""
+    images = [spec for spec in job.trials if spec.entrypoint is None and _names_file(spec.data.root)]
+    entrypoints = [spec for spec in job.trials if spec.entrypoint is not None]
+    if not images and not entrypoints:
+        return []  # nothing to read: the common case does not load the checks
+    from hpctrain.diagnose.preflight import check_data_root, check_entrypoint
 
     findings: list[Finding] = []
-    for spec in job.trials:
-        if spec.entrypoint is None and spec.data.root and Path(spec.data.root).expanduser().is_file():
-            findings += [f for f in check_data_root(spec) if f not in findings]
+    for found in [*map(check_data_root, images), *map(check_entrypoint, entrypoints)]:
+        findings += [f for f in found if f not in findings]
     return findings
+
+
+def _names_file(root: str | None) -> bool:
+    return bool(root) and Path(root).expanduser().is_file()

@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from hpctrain import __version__
 from hpctrain.cli.pydantic_plugins import skip_plugin_search
-from hpctrain.errors import HpctrainError
+from hpctrain.errors import HpctrainError, printable
 
 # name -> (module, one-line help). Order is the order in --help.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("hpctrain.cli.cmd_doctor", "check that this cluster can run a job spec, with the fix for each problem"),
     "bench-data": ("hpctrain.cli.cmd_bench_data", "measure whether the data pipeline keeps the job's GPUs busy"),
     "report": ("hpctrain.cli.cmd_report", "plots and tables (md + self-contained html) from runs and studies"),
+    "nodes": ("hpctrain.cli.cmd_nodes", "the nodes your runs found sick or lost (the bad-node ledger); --forget NODE"),
 }
 
 
@@ -131,13 +132,15 @@ def command_line() -> NoReturn:
 def warn(warnings: Sequence[str]) -> None:
     """Things a verb's library call found allowed but likely to hurt: to stderr, never fatal."""
     for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        print(f"warning: {printable(warning, keep=chr(10))}", file=sys.stderr)
 
 
 def print_error(exc: HpctrainError) -> None:
-    print(f"error: {exc.message}", file=sys.stderr)
+    """Cause and hint; they quote user text (keys, values, paths, names), so no control character reaches
+    the terminal raw (a message's own line breaks are kept: each quoted part was escaped where it was made)."""
+    print(f"error: {printable(exc.message, keep=chr(10))}", file=sys.stderr)
     if exc.hint:
-        print(f"hint: {exc.hint}", file=sys.stderr)
+        print(f"hint: {printable(exc.hint)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from hpctrain.contract.rundir import atomic_write_text, cancel_marker_path
-from hpctrain.contract.runfiles import RunFileError, read_bounded
+from hpctrain.contract.runfiles import OutsideRunError, RunFileError, load_json, read_bounded
 
 MARKER_MAX_BYTES = 64 << 10  # the marker names a few job ids
 
@@ -57,13 +57,13 @@ def marker_applies(path: Path, job_ids: Collection[str]) -> bool:
     meant to cancel) applies to every job.
     """
     try:
-        text = read_bounded(path, MARKER_MAX_BYTES)
-    except OSError:
+        text = read_bounded(path, MARKER_MAX_BYTES, within=Path(path).parent.parent)  # RUN/.hpctrain/NAME
+    except (OSError, OutsideRunError):  # a marker a symlink leads to is not in this run
         return False
     except RunFileError:
         return True  # it exists, so someone meant to cancel; a FIFO or a huge file is not read
     try:
-        named = {str(j) for j in json.loads(text).get("job_ids", [])}
+        named = {str(j) for j in load_json(text).get("job_ids", [])}
     except (ValueError, AttributeError, TypeError):
         return True
     return not named or bool(named & {str(j) for j in job_ids})

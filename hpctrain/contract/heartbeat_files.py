@@ -14,12 +14,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hpctrain.contract.rundir import heartbeats_dir, read_json_object
+from hpctrain.contract.rundir import heartbeats_dir, read_json_object, run_home
 
 STRAGGLER_FACTOR = 1.3  # a rank whose median step time is > 1.3x the others' is a straggler
 
 # What a rank is doing, in the order of a training step (plus the rest of its life).
-PHASES = ("setup", "data", "forward_backward", "allreduce", "optimizer", "checkpoint", "validation", "done")
+PHASES = ("setup", "burn-in", "data", "forward_backward", "allreduce", "optimizer", "checkpoint", "validation", "done")
 
 
 class Heartbeat(BaseModel):
@@ -38,6 +38,10 @@ class Heartbeat(BaseModel):
     last_progress: float = 0.0  # unix time ``step`` last advanced (or the rank started)
     step_time_median_s: float | None = None
     recent_step_times_s: list[float] = []
+    # the forward of the rank's own module: local work, without the collective waits every step time has
+    compute_time_median_s: float | None = None
+    recent_compute_times_s: list[float] = []
+    compute_count: int = 0  # forwards timed by this process
     time: float = 0.0  # unix time the file was written
     interval_s: float | None = None  # how often the rank's heartbeat thread writes (None: older files)
     gpu_util_pct: float | None = None
@@ -55,7 +59,7 @@ def read_heartbeats(run_dir: Path) -> list[Heartbeat]:
         return []
     beats: dict[int, Heartbeat] = {}
     for path in sorted(folder.glob("rank-*.json")):
-        data = read_json_object(path)
+        data = read_json_object(path, within=run_home(run_dir))
         if data is None:
             continue
         try:

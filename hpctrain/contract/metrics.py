@@ -26,7 +26,7 @@ from sys import intern
 from typing import Any
 
 from hpctrain.contract.rundir import metrics_path
-from hpctrain.contract.runfiles import MAX_MAGNITUDE, RunFileError, open_regular
+from hpctrain.contract.runfiles import MAX_MAGNITUDE, RunFileError, load_json, open_regular
 
 # Each kind of record and the field that says which step or epoch it is.
 KEYS = {"train_step": "global_step", "epoch": "epoch", "val": "epoch", "gpu": "global_step"}
@@ -88,7 +88,7 @@ def parse_metric_line(line: bytes | str) -> tuple[dict[str, Any] | None, int]:
     A record is a JSON object of a known ``kind`` that says which step or epoch it is.
     """
     try:
-        record = json.loads(line)
+        record = load_json(line, raw_numbers=True)
     except ValueError:
         return None, 0
     if not isinstance(record, dict) or record.get("kind") not in KEYS:
@@ -144,8 +144,16 @@ class MetricsTail:
     window restarts when ``global_step`` goes back.
     """
 
-    def __init__(self, path: Path, window: int = RATE_WINDOW, first_read_bytes: int = FIRST_READ_BYTES) -> None:
+    def __init__(
+        self,
+        path: Path,
+        window: int = RATE_WINDOW,
+        first_read_bytes: int = FIRST_READ_BYTES,
+        *,
+        within: Path | None = None,
+    ) -> None:
         self.path = Path(path)
+        self.within = within  # the run's home: the file may not lead out of it
         self.offset = 0
         self.first_read_bytes = first_read_bytes
         self.steps: deque[dict[str, Any]] = deque(maxlen=window)
@@ -153,7 +161,7 @@ class MetricsTail:
 
     def read(self) -> None:
         try:
-            with open_regular(self.path) as handle:
+            with open_regular(self.path, within=self.within) as handle:
                 size = handle.seek(0, 2)
                 if size < self.offset:
                     self.offset, self.last_epoch = 0, None

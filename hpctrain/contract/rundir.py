@@ -35,9 +35,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 
-from hpctrain.contract.runfiles import RunFileError, printable, read_json
+from hpctrain.contract.runfiles import RunFileError, check_inside, printable, read_json
 from hpctrain.errors import RunDirError
 
 RUN_FILE = "run.json"
@@ -173,14 +173,16 @@ def submitit_dir(run_dir: Path, info: Mapping[str, Any] | None = None) -> Path:
     "Inside" is the run directory, or for a sweep's trial the sweep's directory
     (its one array shares a folder). A recorded folder elsewhere -- a run copied
     or moved, or a crafted run.json -- is not followed: the folder has the same
-    place in this copy, so that place is used.
+    place in this copy, so that place is used. That place is read only where
+    it stays inside too (``RUN/submitit`` a symlink out of the run is not
+    followed): every reader of the logs passes the run's home as ``within``.
     """
     run_dir = Path(run_dir)
     home = run_home(run_dir)
     recorded = (info or {}).get("submitit_dir")
     if isinstance(recorded, str) and recorded:
         path = run_dir / recorded  # an absolute path replaces run_dir
-        if _inside(path, home):
+        if is_inside(path, home):
             return path
         return home / SUBMITIT_DIR
     return run_dir / SUBMITIT_DIR
@@ -194,11 +196,14 @@ def submitit_dir_ignored(run_dir: Path, info: Mapping[str, Any]) -> str | None:
     return None if submitit_dir(run_dir, info) == Path(run_dir) / recorded else recorded
 
 
-def _inside(path: Path, root: Path) -> bool:
+def is_inside(path: Path, root: Path) -> bool:
+    """Whether ``path``, symlinks resolved, lies inside ``root``: the one rule every reader of a run
+    directory follows (``runfiles.check_inside``; ``within=`` of the bounded readers)."""
     try:
-        return path.resolve().is_relative_to(root.resolve())
-    except (OSError, RuntimeError, ValueError):
+        check_inside(path, root)
+    except RunFileError:
         return False
+    return True
 
 
 def task_log_path(run_dir: Path, info: Mapping[str, Any], rank: int, *, err: bool) -> Path:
@@ -243,10 +248,11 @@ def write_json_atomic(path: Path, value: Mapping[str, Any], *, sort_keys: bool =
     atomic_write_text(path, json.dumps(dict(value), indent=2, sort_keys=sort_keys, default=str) + "\n")
 
 
-def read_json_object(path: Path) -> dict[str, Any] | None:
-    """A JSON object from ``path``, or None when missing, unreadable or not an object; never raises."""
+def read_json_object(path: Path, *, within: Path | None = None) -> dict[str, Any] | None:
+    """A JSON object from ``path``, or None when missing, unreadable, not an object or (``within``: the
+    run's home) reached through a symlink out of the run; never raises."""
     try:
-        value = read_json(path)
+        value = read_json(path, within=within)
     except (OSError, ValueError, RunFileError):
         return None
     return value if isinstance(value, dict) else None
@@ -302,7 +308,7 @@ def read_run_info(run_dir: Path) -> dict[str, Any]:
             hint="pass a directory OUTPUT_DIR/NAME/RUN_ID created by 'hpctrain submit'",
         )
     try:
-        info = read_json(path)
+        info = read_json(path, within=run_home(run_dir))
     except (OSError, ValueError) as exc:
         raise RunDirError(f"{path}: unreadable ({exc})") from None
     if not isinstance(info, dict):
@@ -349,11 +355,23 @@ class Summary(BaseModel):
     hung_frozen_s: float | None = None  # the hung rank's whole process froze: its heartbeat was silent this long
     error: str | None = None
     excluded_nodes: list[str] | None = None  # nodes a healing run keeps away from (healing/supervisor.py)
-    node_failures: list[dict[str, Any]] | None = None  # node, step, checkpoint_step, reason, action, nodes, job_id
+    # one record per decision about a node, per burn-in, per eviction: contract/node_records.py reads them typed
+    node_failures: list[dict[str, Any]] | None = None  # node, kind, step, checkpoint_step, reason, action, nodes
+    burn_in: list[dict[str, Any]] | None = None  # each burn-in's node scores and flagged nodes
+    evictions: list[dict[str, Any]] | None = None  # each slow node evicted during training
     wall_s: float | None = None
     started_at: str | None = None
     updated_at: str | None = None
     _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @field_validator("excluded_nodes", "node_failures", mode="before")
+    @classmethod
+    def _drop_malformed_entries(cls, value: Any, info: ValidationInfo) -> Any:
+        """One malformed entry costs that entry, not the whole list (every lost node's line with it)."""
+        if not isinstance(value, list):
+            return value
+        kind = str if info.field_name == "excluded_nodes" else dict
+        return [item for item in value if isinstance(item, kind)]
 
     @property
     def is_final(self) -> bool:
@@ -385,7 +403,7 @@ def parse_summary(data: Any) -> Summary | None:
 
 def read_summary(run_dir: Path) -> Summary | None:
     """The run's summary, or None when there is none (yet) or it cannot be read."""
-    return parse_summary(read_json_object(summary_path(run_dir)))
+    return parse_summary(read_json_object(summary_path(run_dir), within=run_home(run_dir)))
 
 
 def write_summary(run_dir: Path, fields: Mapping[str, Any]) -> None:
@@ -400,13 +418,18 @@ def write_summary(run_dir: Path, fields: Mapping[str, Any]) -> None:
 
 
 def checkpoint_meta(step_dir: Path) -> dict[str, Any] | None:
-    """``meta.json`` of a complete checkpoint folder (its state file has the recorded size), else None."""
-    meta = read_json_object(Path(step_dir) / META_FILE)
+    """``meta.json`` of a complete checkpoint folder (its state file has the recorded size), else None.
+
+    Both files must lie inside the run (``RUN/checkpoints/step-N``'s run directory, symlinks resolved):
+    a checkpoint reached through a symlink out of the run is not the run's.
+    """
+    run_dir = Path(step_dir).parent.parent
+    meta = read_json_object(Path(step_dir) / META_FILE, within=run_dir)
     if not meta or meta.get("format_version") != CHECKPOINT_FORMAT_VERSION:
         return None
     expected = meta.get("files", {}).get(STATE_FILE) if isinstance(meta.get("files"), dict) else None
     state_path = Path(step_dir) / STATE_FILE
-    if not isinstance(expected, dict) or not state_path.is_file():
+    if not isinstance(expected, dict) or not state_path.is_file() or not is_inside(state_path, run_dir):
         return None
     if state_path.stat().st_size != expected.get("size"):
         return None
@@ -432,7 +455,7 @@ def latest_checkpoint(directory: Path) -> Path | None:
 
 def best_checkpoint(directory: Path) -> Path | None:
     """The folder ``best.json`` points at, if it is complete."""
-    pointer = read_json_object(Path(directory) / BEST_FILE)
+    pointer = read_json_object(Path(directory) / BEST_FILE, within=Path(directory).parent)
     if not pointer or not isinstance(pointer.get("dir"), str) or not _STEP_DIR.match(pointer["dir"]):
         return None  # only a step-N folder beside it, never a path out of the run
     path = Path(directory) / pointer["dir"]
@@ -459,5 +482,5 @@ def checkpoint_metas(run_dir: Path, *, complete_only: bool = True) -> list[dict[
     if complete_only:
         return [meta for path in complete_checkpoints(checkpoints_dir(run_dir)) if (meta := checkpoint_meta(path))]
     folders = sorted(checkpoints_dir(run_dir).glob("step-*")) if checkpoints_dir(run_dir).is_dir() else []
-    metas = (read_json_object(folder / META_FILE) for folder in folders if _STEP_DIR.match(folder.name))
+    metas = (read_json_object(folder / META_FILE, within=run_dir) for folder in folders if _STEP_DIR.match(folder.name))
     return [meta for meta in metas if meta]

@@ -59,6 +59,7 @@ _UNKNOWN_JOB = ("invalid job id", "job id not found", "no such job")
 # A job id as hpctrain records one: 123, an array task 123_4, a het-job component 123+1. Anything else
 # (``--user=me``, ``-1``, a list) would become an option or a wider target of scancel/scontrol/sacct.
 _JOB_ID = re.compile(r"[0-9]{1,20}(_[0-9]{1,10})?(\+[0-9]{1,6})?")
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 class SlurmCommandError(ClusterError):
@@ -439,6 +440,43 @@ def release_job(job_id: str, *, sleep: Callable[[float], None] = time.sleep) -> 
 
 def requeue_job(job_id: str, *, runner: Runner = subprocess.run, timeout_s: float = COMMAND_TIMEOUT_S) -> None:
     run_slurm(requeue_command(job_id), timeout_s=timeout_s, runner=runner)
+
+
+def exclude_nodes_command(job_id: str, nodes: list[str] | tuple[str, ...]) -> list[str]:
+    """``scontrol update`` of a pending job's ``ExcNodeList`` (node names checked: no option, no list trick)."""
+    for node in nodes:
+        checked_node_name(node)
+    return ["scontrol", "update", f"JobId={checked_job_id(job_id)}", f"ExcNodeList={','.join(nodes)}"]
+
+
+def exclude_nodes(job_id: str, nodes: list[str] | tuple[str, ...], *, runner: Runner = subprocess.run) -> None:
+    """Keep ``nodes`` out of a requeued (pending) job's next start; nothing for no nodes."""
+    if nodes:
+        run_slurm(exclude_nodes_command(job_id, nodes), runner=runner)
+
+
+def checked_node_name(node: object) -> str:
+    """``node`` if it is one Slurm node name (letters, digits, ``-_.``), else a refusal: node names come
+    from run files and the user's ledger and end up in ``--exclude`` and ``ExcNodeList``."""
+    text = str(node)
+    if not _NODE_NAME.fullmatch(text):
+        raise SlurmCommandError(
+            f"{text[:40]!r} is not a Slurm node name", kind="refused", hint="node names are letters, digits, - _ ."
+        )
+    return text
+
+
+def partition_nodes(partition: str | None, *, runner: Runner = subprocess.run) -> list[str]:
+    """The nodes of ``partition`` (the default partition for None) that are not down or drained."""
+    command = ["sinfo", "-h", "-N", "-o", "%N %T", "--responding"]
+    if partition:
+        command += ["-p", partition]
+    nodes = []
+    for line in run_slurm(command, timeout_s=10.0, runner=runner).splitlines():
+        parts = line.split()
+        if len(parts) == 2 and not parts[1].rstrip("*~#$@%!^-").lower().startswith(("down", "drain", "fail")):
+            nodes.append(parts[0])
+    return list(dict.fromkeys(nodes))
 
 
 def disable_requeue(job_id: str, *, runner: Runner = subprocess.run, timeout_s: float = COMMAND_TIMEOUT_S) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from hpctrain.contract.runfiles import RunFileError, printable, read_json
 from hpctrain.errors import UsageError
 
 MANIFEST = "hpctrain_dataset.json"
@@ -232,9 +233,11 @@ def _existing_manifest(out: Path, params: dict[str, Any]) -> dict[str, Any] | No
     if not manifest_path.is_file():
         raise UsageError(f"make-dataset: {out} is not empty and is not a generated dataset; refusing to write", hint)
     try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"make-dataset: cannot read {manifest_path}: {exc}", hint) from exc
+        manifest = read_json(manifest_path)
+        if not isinstance(manifest, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError, RunFileError) as exc:
+        raise UsageError(f"make-dataset: cannot read {manifest_path}: {printable(exc)}", hint) from exc
     found = {key: manifest.get(key) for key in params}
     if manifest.get("format") != FORMAT or found != params:
         differing = ", ".join(f"{k}={found[k]!r} (asked {params[k]!r})" for k in params if found[k] != params[k])

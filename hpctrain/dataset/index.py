@@ -6,11 +6,12 @@ is keyed by the split's absolute path and the mtimes of the split folder and
 its class folders (adding or removing an image changes its folder's mtime), so
 a requeued job reads the index back instead of walking GPFS again.
 
-The walk follows symlinked folders (as ImageFolder does) but enters each
-folder of a class once: a link back to a folder above it (``loop -> .``) or
-to a folder already scanned is skipped with a warning naming it. A folder
-that cannot be listed stops the job with its name and the fix, rather than
-dropping its images (a class without them would still train, silently).
+The scan is ``walk``'s, the one ``hpctrain pack`` makes too: symlinked
+folders and files are followed (as ImageFolder does), each folder of a class
+entered once, loops, pseudo file systems and entries that are not regular
+files cut, with a warning naming them. A folder that cannot be listed stops
+the job with its name and the fix, rather than dropping its images (a class
+without them would still train, silently).
 """
 
 from __future__ import annotations
@@ -23,13 +24,17 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from hpctrain.contract.runfiles import printable
+from hpctrain.contract.runfiles import RunFileError, load_json, open_regular, printable
+from hpctrain.dataset.walk import NOT_A_FILE, Tree, walk
 
 log = logging.getLogger(__name__)
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 INDEX_VERSION = 1
+MAX_INDEX_BYTES = 2**31  # a stored index (cache or packed); ImageNet-1k's is about 70 MB
+SHOWN_CUT = 20  # warnings about paths not followed, per split
 
 
 class IndexError_(ValueError):
@@ -45,12 +50,16 @@ class IndexError_(ValueError):
 
 @dataclass
 class DatasetIndex:
-    """One split: ``samples[i] = (path relative to root, label)``; labels index ``classes``."""
+    """One split: ``samples[i] = (path relative to root, label)``; labels index ``classes``.
+
+    ``follow_links`` False (a packed image's tree): a sample that is a symlink is not opened.
+    """
 
     root: str
     classes: list[str]
     samples: list[tuple[str, int]]
     empty_classes: list[str] = field(default_factory=list)
+    follow_links: bool = True
 
     def path(self, i: int) -> str:
         return os.path.join(self.root, self.samples[i][0])
@@ -69,95 +78,118 @@ class DatasetIndex:
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> DatasetIndex:
-        return cls(
-            data["root"],
-            list(data["classes"]),
-            [(p, int(label)) for p, label in data["samples"]],
-            list(data.get("empty_classes", [])),
-        )
+    def from_json(
+        cls, data: Any, root: str, *, max_samples: int | None = None, max_classes: int | None = None
+    ) -> DatasetIndex:
+        """The one parser of a stored index (the index cache, a packed image's): untrusted, checked whole.
+
+        What a scan writes is what is accepted: sorted unique class names, each sample a
+        ``[CLASS/.../NAME.jpg, label]`` pair whose first folder is its label's class (no absolute
+        path, no ``..``, listed once), ``empty_classes`` exactly the classes no sample uses; at most
+        ``max_samples`` samples and ``max_classes`` classes. ``root`` is where the caller found the
+        split, never the document's own. ``ValueError`` naming the first problem.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"a split is a JSON object, not {type(data).__name__}")
+        classes, samples, empty = data.get("classes"), data.get("samples"), data.get("empty_classes", [])
+        if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+            raise ValueError("'classes' is not a list of class names")
+        if max_classes is not None and len(classes) > max_classes:
+            raise ValueError(f"{len(classes)} classes, more than the {max_classes} folders it can hold")
+        if classes != sorted(set(classes)) or not all(_plain_name(c) for c in classes):
+            raise ValueError("'classes' are not the sorted, distinct folder names a scan lists")
+        if not isinstance(samples, list):
+            raise ValueError("'samples' is not a list")
+        if max_samples is not None and len(samples) > max_samples:
+            raise ValueError(f"{len(samples)} samples, more than the {max_samples} files it can hold")
+        checked = [_sample(item, classes) for item in samples]
+        if len({path for path, _ in checked}) != len(checked):
+            raise ValueError("a sample is listed twice")
+        used = {label for _, label in checked}
+        if not isinstance(empty, list) or empty != [c for n, c in enumerate(classes) if n not in used]:
+            raise ValueError("'empty_classes' are not the classes without samples")
+        return cls(root, list(classes), checked, list(empty))
+
+
+def _plain_name(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name
+
+
+def _sample(item: Any, classes: list[str]) -> tuple[str, int]:
+    if not (isinstance(item, list) and len(item) == 2):
+        raise ValueError(f"sample {printable(item)[:80]} is not a [path, label] pair")
+    path, label = item
+    if type(label) is not int or not 0 <= label < len(classes):  # a bool is no label
+        raise ValueError(f"sample {printable(path)[:80]} has the label {printable(label)[:20]}")
+    if not isinstance(path, str) or not path.lower().endswith(IMG_EXTENSIONS):
+        raise ValueError(f"sample {printable(path)[:80]} is not the path of an image")
+    parts = path.split("/")
+    if len(parts) < 2 or parts[0] != classes[label] or not all(_plain_name(part) for part in parts):
+        raise ValueError(f"sample path {printable(path)[:80]} is not inside its class folder {classes[label]!r}")
+    return path, label
 
 
 def scan_split(root: str | Path) -> DatasetIndex:
-    """One walk of ``root/<class>/...``: torchvision ImageFolder's classes, order and extensions.
+    """One walk of ``root/<class>/...`` (``walk``'s rules): torchvision ImageFolder's classes, order and extensions.
 
     A class folder without images keeps its label (so train and val labels still
     match) and is listed in ``empty_classes``; no class folders, no image at all,
     or a folder that cannot be listed raises ``IndexError_``.
     """
     root = str(Path(root).resolve())
-    classes = sorted(e.name for e in _entries(root) if _is_dir(e) and not e.name.startswith("."))
+    try:
+        tree = walk(root, scope_depth=1, hidden_top=False)
+    except OSError as exc:
+        raise _unreadable(root, exc) from None
+    return index_of(tree)
+
+
+def index_of(tree: Tree) -> DatasetIndex:
+    """The index of the split that ``tree`` walked (also a part of ``pack``'s walk of the whole root)."""
+    if tree.unreadable:
+        rel, exc = tree.unreadable[0]
+        raise _unreadable(os.path.join(tree.top, rel), exc)
+    _warn_cut(tree)
+    classes = [folder for folder in tree.folders if "/" not in folder and not folder.startswith(".")]
     if not classes:
-        raise IndexError_(f"no class folders in {root!r}")
+        raise IndexError_(f"no class folders in {tree.top!r}")
+    label = {name: number for number, name in enumerate(classes)}
     samples: list[tuple[str, int]] = []
-    empty: list[str] = []
-    for label, name in enumerate(classes):
-        found = [(path, label) for path in _class_files(root, name)]
-        samples += found
-        if not found:
-            empty.append(name)
+    for path in tree.files:
+        name, slash, rest = path.partition("/")
+        if slash and name in label and path.lower().endswith(IMG_EXTENSIONS):
+            samples.append((path, label[name]))
     if not samples:
-        raise IndexError_(f"no images ({', '.join(IMG_EXTENSIONS)}) under {root!r}")
+        raise IndexError_(f"no images ({', '.join(IMG_EXTENSIONS)}) under {tree.top!r}")
+    used = {label for _, label in samples}
+    empty = [name for name in classes if label[name] not in used]
     for name in empty:
-        log.warning(
-            "hpctrain: class folder %r has no images; its label is kept, no sample uses it", os.path.join(root, name)
-        )
-    return DatasetIndex(root, classes, samples, empty)
+        folder = os.path.join(tree.top, name)
+        log.warning("hpctrain: class folder %r has no images; its label is kept, no sample uses it", folder)
+    return DatasetIndex(tree.top, classes, samples, empty)
 
 
-def _class_files(root: str, name: str) -> list[str]:
-    """Image paths (relative to ``root``) under ``root/name``, depth first, sorted per folder.
-
-    Symlinked folders are followed; each real folder (device, inode) is entered once per class.
-    """
-    found: list[str] = []
-    seen: set[tuple[int, int]] = set()
-    stack: list[tuple[str, tuple[tuple[int, int], ...]]] = [(os.path.join(root, name), ())]
-    while stack:
-        folder, above = stack.pop()
-        identity = _identity(folder)
-        if identity in seen:
-            what = "a folder above it (a loop)" if identity in above else "a folder of this class already scanned"
-            log.warning("hpctrain: not following %r: it leads back to %s", folder, what)
-            continue
-        seen.add(identity)
-        entries = _entries(folder)
-        rel = os.path.relpath(folder, root)
-        found += [os.path.join(rel, e.name) for e in sorted(entries, key=_name) if _is_image(e)]
-        subfolders = sorted((e for e in entries if _is_dir(e)), key=_name, reverse=True)
-        stack += [(e.path, (*above, identity)) for e in subfolders]  # reversed: popped in sorted order
-    return found
+def _warn_cut(tree: Tree) -> None:
+    """One warning per link not followed or image-named entry that is not a file (the first few)."""
+    shown = [
+        (path, why) for path, why in tree.cut if path.lower().endswith(IMG_EXTENSIONS) or not why.endswith(NOT_A_FILE)
+    ]
+    for path, why in shown[:SHOWN_CUT]:
+        log.warning("hpctrain: not following %r: %s", os.path.join(tree.top, path), why)
+    if len(shown) > SHOWN_CUT:
+        log.warning("hpctrain: ... and %d more paths of %r not followed", len(shown) - SHOWN_CUT, tree.top)
 
 
-def _name(entry: os.DirEntry) -> str:
-    return entry.name
-
-
-def _is_dir(entry: os.DirEntry) -> bool:
-    try:
-        return entry.is_dir()  # follows symlinks
-    except OSError:
-        return False
-
-
-def _is_image(entry: os.DirEntry) -> bool:
-    return entry.name.lower().endswith(IMG_EXTENSIONS) and not _is_dir(entry)
-
-
-def _identity(folder: str) -> tuple[int, int]:
-    try:
-        info = os.stat(folder)
-    except OSError as exc:
-        raise _unreadable(folder, exc) from None
-    return info.st_dev, info.st_ino
-
-
-def _entries(folder: str) -> list[os.DirEntry]:
-    try:
-        with os.scandir(folder) as entries:
-            return list(entries)
-    except OSError as exc:
-        raise _unreadable(folder, exc) from None
+def _read_own_file(path: Path, max_bytes: int) -> bytes:
+    """A regular file of at most ``max_bytes`` that this user owns; RunFileError or OSError otherwise."""
+    with open_regular(path) as handle:
+        owner = os.fstat(handle.fileno()).st_uid
+        if owner != os.geteuid():
+            raise RunFileError(f"{path}: written by user {owner}, not by you; not trusted")
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise RunFileError(f"{path}: larger than {max_bytes} bytes")
+    return data
 
 
 def _unreadable(folder: str, exc: OSError) -> IndexError_:
@@ -180,7 +212,13 @@ def cache_key(root: str | Path) -> str:
 
 
 def cached_index(root: str | Path, cache_dir: str | Path | None) -> DatasetIndex:
-    """``scan_split`` through a cache file in ``cache_dir`` (None: always scan)."""
+    """``scan_split`` through a cache file in ``cache_dir`` (None: always scan).
+
+    The cache folder may be shared, so a cache file is input like any other: used only when it
+    is a regular file of this user's (not a FIFO someone planted, not another user's list), it
+    parses (``DatasetIndex.from_json``) and it is the index of this very split; otherwise the
+    split is scanned (with a warning naming the file) and the file written anew.
+    """
     if cache_dir is None:
         return scan_split(root)
     try:
@@ -188,12 +226,16 @@ def cached_index(root: str | Path, cache_dir: str | Path | None) -> DatasetIndex
     except OSError:
         return scan_split(root)  # which names what cannot be read
     path = Path(cache_dir) / f"index-{key}.json"
+    split = str(Path(root).resolve())
     try:
-        data = json.loads(path.read_text())
-        if data.get("version") == INDEX_VERSION:
-            return DatasetIndex.from_json(data)
-    except (OSError, ValueError, KeyError):
+        data = load_json(_read_own_file(path, MAX_INDEX_BYTES))
+        if not isinstance(data, dict) or data.get("version") != INDEX_VERSION or data.get("root") != split:
+            raise ValueError("not an index of this split")
+        return DatasetIndex.from_json(data, split)
+    except FileNotFoundError:
         pass
+    except (OSError, ValueError, RunFileError) as exc:
+        log.warning("hpctrain: not using the index cache %r (%s); scanning the split", str(path), printable(exc))
     index = scan_split(root)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,16 +3,17 @@
 The node's first task (local rank 0, the leader) unmounts what a previous
 attempt of the job left mounted, copies the image to node-local disk first
 with ``data.stage: node`` (one sequential read, resumed after a requeue),
-mounts it with ``squashfuse -f`` (no root needed) at
-``<stage dir>/hpctrain-image-<job>/mnt-<attempt>``, and writes
-``READY-<attempt>``; the node's other tasks wait for that marker (or for
-``FAILED-<attempt>``, whose message they raise too), as in ``staging``.
-Every task that reads the mount registers its PID under ``users/``.
+mounts it with ``squashfuse -f`` (no root needed) at ``mnt-<attempt>`` in
+the job's folder on the node (``node_folder``: ``<stage dir>/hpctrain-<uid>/
+job-<job>/``, this user's alone), and writes ``READY-<attempt>``; the node's
+other tasks wait for that marker (or for ``FAILED-<attempt>``, whose message
+they raise too), as in ``staging``. Every task that reads the mount
+registers its PID under ``users/``.
 
 Release, first: every task that ends in any way it can still act (done, a
-stop for a requeue, an exception, the hang watchdog) calls :func:`leave`,
-which removes its registration under a lock and, for the node's last task,
-stops squashfuse and unmounts (``fusermount3 -u``, ``fusermount -u``, or
+stop for a requeue, an exception, the hang watchdog) calls
+``node_folder.leave``, which removes its registration under a lock and, for
+the node's last task, stops squashfuse and unmounts (``fusermount3 -u``, ``fusermount -u``, or
 ``umount`` as root; lazily if busy) before the task exits. It must happen
 then: when a step's tasks have ended, Slurm (proctrack/cgroup) kills whatever
 else the step started at once, squashfuse included, which would leave a dead
@@ -31,7 +32,6 @@ torch-free and stdlib-only, apart from psutil (which the reaper uses already).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -43,21 +43,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.dataset.squashfs import INDEX_NAME, ImageError, read_superblock, require_tool
+from hpctrain.contract.runfiles import RunFileError, load_json, read_bounded
+from hpctrain.dataset import node_folder
+from hpctrain.dataset.squashfs import ImageError, read_superblock, require_tool
 
 MOUNT_TIMEOUT_S = 60.0
 UNMOUNT_TRIES = 5
 COPY_CHUNK = 16 * 2**20
-MAX_INDEX_BYTES = 2**31  # ImageNet-1k's is about 70 MB
-# Who started us, by table: the job id and attempt of each launcher (see runtime/task_env.py).
-JOB_VARS = (
-    ("SLURM_JOB_ID", "SLURM_RESTART_COUNT"),
-    ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"),
-    ("SUBMITIT_LOCAL_JOB_ID", None),
-)
-
-
-_JOINED: list[tuple[Path, Path]] = []  # (base, READY marker) of each mount this process registered for
 
 
 @dataclass(frozen=True)
@@ -67,20 +59,6 @@ class Mounted:
     image: Path
     point: Path
     daemon_pid: int
-
-
-def attempt_names(environ: Mapping[str, str]) -> tuple[str, str]:
-    """(job, attempt) naming this run's mount: array tasks and requeued attempts never share one."""
-    for job_var, restart_var in JOB_VARS:
-        if environ.get(job_var):
-            job = re.sub(r"[^A-Za-z0-9_.-]", "_", environ[job_var])[:64]
-            return job, environ.get(restart_var or "", "0") or "0"
-    return f"pid{os.getpid()}", "0"
-
-
-def mount_dir(stage_dir: Path, environ: Mapping[str, str]) -> tuple[Path, str]:
-    job, attempt = attempt_names(environ)
-    return stage_dir / f"hpctrain-image-{job}", attempt
 
 
 def open_image(
@@ -99,14 +77,16 @@ def open_image(
     """
     log = log or _print
     image, stage_dir = image.resolve(), stage_dir.absolute()  # squashfuse and the watcher run in /
-    base, attempt = mount_dir(stage_dir, environ)
+    try:
+        base, attempt = node_folder.job_folder(stage_dir, environ, sweep=is_node_leader)
+    except (OSError, node_folder.NodeFolderError) as exc:
+        raise _as_image_error(exc, stage_dir) from None
     ready, failed = base / f"READY-{attempt}", base / f"FAILED-{attempt}"
     if is_node_leader:
         try:
-            register_user(base, os.getpid())  # before the mount exists: the watcher waits for every user
-            mounted = _mount_as_leader(image, stage_dir, base, attempt, stage, log)
+            node_folder.join(base)  # before the mount exists: the watcher waits for every user
+            mounted = _mount_as_leader(image, base, attempt, stage, log)
             _write_json(ready, {"point": str(mounted.point), "pid": mounted.daemon_pid, "image": str(mounted.image)})
-            _JOINED.append((base, ready))
         except BaseException as exc:
             error = _as_image_error(exc, stage_dir)
             try:
@@ -118,40 +98,34 @@ def open_image(
             raise error from exc
         return mounted.point
     try:
-        register_user(base, os.getpid())
+        node_folder.join(base)
     except OSError as exc:
         raise _as_image_error(exc, stage_dir) from exc
-    point = Path(_wait(ready, failed, timeout_s)["point"])
-    _JOINED.append((base, ready))
-    return point
+    return Path(_wait(ready, failed, timeout_s)["point"])
 
 
-def leave(log: Callable[[str], None] | None = None) -> None:
-    """This task is done with the node's mount: unregister, and release it if no other task still uses it.
+def leave(log: Callable[[str], None] | None = None, *, keep: bool = True) -> None:
+    """This task is done with the node's mount (``node_folder.leave``: the node's last task unmounts)."""
+    node_folder.leave(keep=keep, log=log)
 
-    Never raises: a task's end must not fail on its clean-up (the watcher remains).
-    """
-    log = log or _print
-    while _JOINED:
-        base, ready = _JOINED.pop()
+
+def daemon_of(folder: Path, point: Path) -> int | None:
+    """The squashfuse PID a READY marker of ``folder`` records for ``point`` (None: none, or unreadable)."""
+    for marker in folder.glob("READY-*"):
         try:
-            with _users_lock(base):
-                _user_entry(base, os.getpid()).unlink(missing_ok=True)
-                if live_users(base / "users"):
-                    continue
-                marker = json.loads(ready.read_text())
-                point, pid = Path(marker["point"]), marker.get("pid")
-                if is_mounted(point):
-                    gone = release(point, pid if isinstance(pid, int) else None)
-                    what = "unmounted" if gone else "could not unmount"
-                    log(f"hpctrain: data: {what} {point} (the node's last task to end)")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log(f"hpctrain: data: could not release the dataset mount under {base}: {exc} (the watcher will)")
+            info = load_json(read_bounded(marker, 4096))
+        except (OSError, ValueError, RunFileError):
+            continue
+        if isinstance(info, dict) and info.get("point") == str(point) and type(info.get("pid")) is int:
+            return info["pid"]
+    return None
 
 
 def _as_image_error(exc: BaseException, stage_dir: Path) -> ImageError:
     if isinstance(exc, ImageError):
         return exc
+    if isinstance(exc, node_folder.NodeFolderError):
+        return ImageError(exc.message, exc.hint)
     if isinstance(exc, OSError):
         return ImageError(
             f"cannot mount under {stage_dir}: {exc.strerror or exc}",
@@ -160,80 +134,13 @@ def _as_image_error(exc: BaseException, stage_dir: Path) -> ImageError:
     return ImageError(f"{type(exc).__name__}: {exc}", "see the log of the node's first task")
 
 
-def packed_index(point: Path) -> dict | None:
-    """The index ``hpctrain pack`` stored in the image (None for an image packed otherwise).
-
-    The image is input like any other: a malformed index, or one naming a path
-    outside its split (absolute, ``..``), is an ``ImageError``, never followed.
-    """
-    path = point / INDEX_NAME
-    try:
-        if path.stat().st_size > MAX_INDEX_BYTES:
-            raise ImageError(f"{path} is larger than {MAX_INDEX_BYTES} bytes", "pack the dataset again")
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        if isinstance(exc, ImageError):
-            raise
-        raise ImageError(f"cannot read the index {path}: {exc}", "pack the dataset again") from exc
-    try:
-        for split in data["splits"].values():
-            classes = split["classes"]
-            if not all(isinstance(c, str) for c in classes):
-                raise ValueError("a class name is not a string")
-            for rel, label in split["samples"]:
-                if not (isinstance(rel, str) and isinstance(label, int) and 0 <= label < len(classes)):
-                    raise ValueError(f"bad sample {rel!r}, {label!r}")
-                if rel.startswith("/") or ".." in rel.split("/"):
-                    raise ValueError(f"sample path {rel!r} leaves its split")
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ImageError(f"the index {path} is malformed: {exc}", "pack the dataset again") from None
-    return data
-
-
-def register_user(base: Path, pid: int) -> None:
-    (base / "users").mkdir(parents=True, exist_ok=True)
-    with _users_lock(base):
-        _user_entry(base, pid).touch()
-
-
-def _user_entry(base: Path, pid: int) -> Path:
-    return base / "users" / f"{pid}-{_start_time(pid)}"
-
-
-class _users_lock:  # noqa: N801 (used like a function: ``with _users_lock(base):``)
-    """An exclusive lock over the node's user registrations (the last one to leave releases the mount)."""
-
-    def __init__(self, base: Path) -> None:
-        self.path = base / "users.lock"
-
-    def __enter__(self) -> None:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)  # closing drops the lock
-
-
-def live_users(users_dir: Path) -> list[int]:
-    """Registered tasks still running (the PID and its start time both match)."""
-    alive = []
-    try:
-        entries = list(users_dir.iterdir())
-    except OSError:
-        return []
-    for entry in entries:
-        pid, _, started = entry.name.partition("-")
-        if pid.isdigit() and started and _start_time(int(pid)) == started:
-            alive.append(int(pid))
-    return alive
+live_users = node_folder.live_users  # the watcher's (runtime/cleanup.py) question, answered by the folder
 
 
 # ------------------------------------------------------------------ the leader
 
 
-def _mount_as_leader(image: Path, stage_dir: Path, base: Path, attempt: str, stage: bool, log) -> Mounted:
+def _mount_as_leader(image: Path, base: Path, attempt: str, stage: bool, log) -> Mounted:
     squashfuse = require_tool("squashfuse")
     if not os.path.exists("/dev/fuse"):
         raise ImageError(
@@ -241,7 +148,6 @@ def _mount_as_leader(image: Path, stage_dir: Path, base: Path, attempt: str, sta
             "use a node with FUSE, run the job in Apptainer, or set data.root to the unpacked folder",
         )
     read_superblock(image)
-    base.mkdir(parents=True, exist_ok=True)
     for stale in sorted(base.glob("mnt-*")):
         if is_mounted(stale):
             log(f"hpctrain: data: unmounting {stale}, left mounted by an earlier attempt")
@@ -249,7 +155,7 @@ def _mount_as_leader(image: Path, stage_dir: Path, base: Path, attempt: str, sta
     for marker in (base / f"READY-{attempt}", base / f"FAILED-{attempt}"):
         marker.unlink(missing_ok=True)
     if stage:
-        image = copy_image(image, stage_dir, log)
+        image = copy_image(image, base, log)
     point = base / f"mnt-{attempt}"
     point.mkdir(exist_ok=True)
     if any(point.iterdir()):
@@ -258,6 +164,14 @@ def _mount_as_leader(image: Path, stage_dir: Path, base: Path, attempt: str, sta
             f"remove what is in {point}, or set data.stage_dir elsewhere",
         )
     mounted = _start_squashfuse(squashfuse, image, point)
+    try:
+        os.listdir(point)  # squashfuse mounts an image whose directories are damaged; its listing fails
+    except OSError as exc:
+        release(point, mounted.daemon_pid)
+        raise ImageError(
+            f"{image} is corrupt: its top folder cannot be read once mounted ({exc.strerror})",
+            "copy the image again from where it was packed (the copy was damaged), or pack it again",
+        ) from None
     _start_watcher(base, mounted)
     log(f"hpctrain: data: mounted {image} at {point} (squashfuse pid {mounted.daemon_pid})")
     return mounted
@@ -289,7 +203,8 @@ def _start_squashfuse(squashfuse: str, image: Path, point: Path) -> Mounted:
             why = _tail(log_path) or f"exit {proc.returncode}"
             raise ImageError(
                 f"squashfuse could not mount {image} at {point}: {why}",
-                "check that FUSE works on this node (`squashfuse IMAGE DIR` by hand), or set data.stage: node",
+                "check that FUSE works on this node (`squashfuse IMAGE DIR` by hand), or set data.stage: node; "
+                "a corrupt image fails so too (`unsquashfs -l IMAGE` says; copy it again)",
             )
         time.sleep(0.05)
     return Mounted(image, point, proc.pid)
@@ -318,10 +233,11 @@ def _start_watcher(base: Path, mounted: Mounted) -> None:
 
 
 def copy_image(image: Path, stage_dir: Path, log) -> Path:
-    """The image, copied once to ``stage_dir`` (kept for requeues; a cut-off copy is resumed)."""
+    """The image, copied once into ``stage_dir`` (the job's node folder: kept for requeues; a cut-off copy
+    is resumed). Named by the image's name, size and mtime: a changed image is copied anew."""
     info = image.stat()
     key = f"{image.name}-{info.st_size}-{info.st_mtime_ns}"
-    dest = stage_dir / f"hpctrain-{re.sub(r'[^A-Za-z0-9_.-]', '_', key)}"
+    dest = stage_dir / f"image-{re.sub(r'[^A-Za-z0-9_.-]', '_', key)}"
     if dest.is_file() and dest.stat().st_size == info.st_size:
         log(f"hpctrain: data: image staged already at {dest}")
         return dest
@@ -425,24 +341,19 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def _start_time(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
 def _wait(ready: Path, failed: Path, timeout_s: float) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
         for marker, is_error in ((ready, False), (failed, True)):
             try:
-                info = json.loads(marker.read_text())
-            except (OSError, ValueError):
+                info = load_json(read_bounded(marker, 1 << 16))
+            except (OSError, ValueError, RunFileError):
+                continue
+            if not isinstance(info, dict):
                 continue
             if is_error:
-                raise ImageError(info.get("message", "the node's first task could not mount the image"), info["hint"])
+                message = info.get("message") or "the node's first task could not mount the image"
+                raise ImageError(str(message), str(info.get("hint") or "see the log of the node's first task"))
             return info
         if time.monotonic() > deadline:
             raise ImageError(

@@ -18,8 +18,11 @@ import os
 import shutil
 import struct
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from hpctrain.contract.runfiles import printable
 
 MAGIC = b"hsqs"
 SUPERBLOCK = struct.Struct("<IIIIIHHHHHHQQQQQQQQ")  # squashfs 4.0 superblock, 96 bytes
@@ -106,28 +109,69 @@ def require_tool(name: str) -> str:
 
 
 def has_top_entry(path: str | Path, name: str, *, timeout_s: float = LIST_TIMEOUT_S) -> bool:
-    """Whether the image holds ``/name``: the first lines of ``unsquashfs -l IMAGE name``, then stop."""
+    """Whether the image holds ``/name``: the first lines of ``unsquashfs -l IMAGE name``, then stop.
+
+    ``ImageError`` naming the image corrupt when unsquashfs cannot read it (its answer is then no
+    answer about ``name``: "no train/ folder" would send the user looking for the wrong problem).
+    """
     unsquashfs = require_tool("unsquashfs")
     wanted = f"squashfs-root/{name}"
-    proc = subprocess.Popen(
-        [unsquashfs, "-l", "-d", "squashfs-root", str(path), name],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        errors="replace",
-    )
-    try:
+    with tempfile.TemporaryFile() as errors:
+        proc = subprocess.Popen(
+            [unsquashfs, "-l", "-d", "squashfs-root", str(path), name],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            errors="replace",
+        )
+        try:
+            assert proc.stdout is not None
+            for number, line in enumerate(proc.stdout):
+                if line.rstrip("\n") == wanted:
+                    return True
+                if number >= 2:
+                    return False
+            code = proc.wait(timeout=timeout_s)  # the listing ended: without name, or unreadable
+        finally:
+            proc.kill()
+            proc.wait(timeout=timeout_s)
+        errors.seek(0)
+        said = errors.read(4096).decode(errors="replace")
+    if code != 0 or "FATAL ERROR" in said:
+        raise _corrupt(path, said)
+    return False
+
+
+def count_entries(path: str | Path) -> int:
+    """Every entry of the image (its root included), counted from a full ``unsquashfs -l`` listing, streamed.
+
+    Reading every inode is what proves an image whole; ``ImageError`` naming it corrupt when unsquashfs cannot.
+    """
+    unsquashfs = require_tool("unsquashfs")
+    with tempfile.TemporaryFile() as errors:
+        proc = subprocess.Popen(
+            [unsquashfs, "-l", "-d", "R", str(path)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+        )
         assert proc.stdout is not None
-        for number, line in enumerate(proc.stdout):
-            if line.rstrip("\n") == wanted:
-                return True
-            if number >= 2:
-                return False
-        return False
-    finally:
-        proc.kill()
-        proc.wait(timeout=timeout_s)
+        count = sum(1 for line in proc.stdout if line == b"R\n" or line.startswith(b"R/"))
+        code = proc.wait()
+        errors.seek(0)
+        said = errors.read(4096).decode(errors="replace")
+    if code != 0 or "FATAL ERROR" in said or "failed" in said:
+        raise _corrupt(path, said)
+    return count
+
+
+def _corrupt(path: str | Path, said: str) -> ImageError:
+    why = " / ".join(line.strip() for line in said.strip().splitlines()[:2])
+    return ImageError(
+        f"{printable(path)} is corrupt: unsquashfs cannot read it ({printable(why) or 'no reason given'})",
+        "copy the image again from where it was packed (the copy was damaged), or pack it again",
+    )
 
 
 def check_image(path: str | Path, splits: tuple[str, ...] = ("train", "val")) -> list[ImageError]:
@@ -135,9 +179,9 @@ def check_image(path: str | Path, splits: tuple[str, ...] = ("train", "val")) ->
     try:
         read_superblock(path)
         require_tool("unsquashfs")
+        missing = [split for split in splits if not has_top_entry(path, split)]
     except ImageError as exc:
         return [exc]
-    missing = [split for split in splits if not has_top_entry(path, split)]
     if missing:
         return [
             ImageError(

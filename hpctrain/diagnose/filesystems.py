@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from hpctrain.dataset import walk
+
 MOUNTS_FILE = "/proc/self/mounts"
 
 # Network and cluster file systems every node of a cluster can mount.
@@ -214,11 +216,9 @@ def _percentiles_ms(latencies: list[float]) -> tuple[float, float]:
 
 
 def entry_kind(entry: os.DirEntry[str]) -> str:
-    """'dir', 'file' or 'other' (a FIFO, a dangling or looping link: its stat fails with ELOOP, not only ENOENT)."""
-    try:
-        return "dir" if entry.is_dir() else "file" if entry.is_file() else "other"
-    except OSError:
-        return "other"
+    """'dir', 'file' or 'other' by the rules of the job's own walk (``hpctrain.dataset.walk``): a FIFO, a
+    device, a dangling or looping link, or one onto a pseudo file system (/proc, /sys) is 'other'."""
+    return walk.entry_kind(entry)
 
 
 def _sample_files(split: Path, max_files: int, rng: random.Random) -> tuple[list[str], int, int]:

@@ -58,6 +58,29 @@ def check_data_root(spec: JobSpec) -> list[Finding]:
     ]
 
 
+def check_entrypoint(spec: JobSpec, search_path: Sequence[str] | None = None) -> list[Finding]:
+    """An entry point whose source, found from here, cannot be called as ``function(ctx, **entrypoint_args)``
+    (read with ``ast``: nothing is imported; ``contract/entrypoint.py`` says what is judged where)."""
+    if spec.entrypoint is None:
+        return []
+    from hpctrain.contract.entrypoint import source_problem
+    from hpctrain.launch.code_snapshot import default_search_path
+
+    paths = default_search_path() if search_path is None else search_path
+    problem = source_problem(spec.entrypoint, spec.entrypoint_args, paths)
+    if problem is None:
+        return []
+    function = spec.entrypoint.partition(":")[2]
+    return [
+        Finding(
+            "error",
+            "entrypoint",
+            f"{problem}; hpctrain calls it with the task context first and entrypoint_args as keywords: "
+            f"define `def {function}(ctx, **kwargs)` (or fix entrypoint_args)",
+        )
+    ]
+
+
 def check_data_image(image: Path, train_dir: str, val_dir: str) -> list[Finding]:
     """A packed image as data.root: SquashFS, complete, holding both splits; and what mounting needs.
 
@@ -146,8 +169,8 @@ def _seconds(slurm_time: str) -> int:
 def preflight(job: LoadedJob, partitions: Mapping[str, Mapping[str, str]] | None) -> list[Finding]:
     """Every finding for every trial (each trial may sweep data.root), errors first. Pure."""
     findings: list[Finding] = []
-    for spec in job.trials:
-        findings += [f for f in check_data_root(spec) if f not in findings]
+    for spec in job.trials:  # each trial may sweep data.root or entrypoint_args
+        findings += [f for f in check_data_root(spec) + check_entrypoint(spec) if f not in findings]
     if partitions is not None:
         findings += check_partition(job.spec, partitions)
     return sorted(findings, key=lambda f: f.level != "error")

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpctrain.contract.runfiles import RunFileError, load_json, read_bounded
 from hpctrain.contract.slurm import cancel_job, is_final, job_state, sbatch_wrap_command, submit_wrapped
 from hpctrain.diagnose.filesystems import measure_file_rate
 from hpctrain.diagnose.findings import Finding
@@ -102,16 +103,21 @@ def run_probe(
     out_file = folder / f"probe-{job_id}.out"
     result: dict[str, Any] = {"job_id": job_id, "state": state}
     try:
-        text = out_file.read_text(errors="replace")
-    except OSError:
+        text = read_bounded(out_file).decode(errors="replace")
+    except (OSError, RunFileError):
         result["error"] = (
             f"the probe's output {out_file} is not visible here: the node does not share output_dir's file system"
         )
         return result
     for line in text.splitlines():
         if line.startswith(MARKER):
-            result.update(json.loads(line[len(MARKER) :]))
-            break
+            try:
+                found = load_json(line[len(MARKER) :])
+            except ValueError:
+                found = None
+            if isinstance(found, dict):
+                result.update(found)
+                break
     else:
         result["error"] = "the probe did not report: " + " | ".join(text.strip().splitlines()[-3:])
     out_file.unlink(missing_ok=True)

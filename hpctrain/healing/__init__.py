@@ -1,21 +1,26 @@
-"""Healing: a job that keeps its allocation when a node dies, hangs or (later) sickens.
+"""Healing: a job that keeps its allocation when a node dies, hangs or sickens.
 
-Its own wing, as torchtitan keeps fault tolerance apart: the trainer and the
-task runtime never import it; the sbatch script of a job with
-``resources.min_nodes`` or ``spare_nodes`` runs its batch step as
+Its own wing, as torchtitan keeps fault tolerance apart: the trainer never
+imports it, and the task launcher only ``burn_in.run_burn_in`` (the probes run
+inside the training step, before the trainer). The sbatch script of a job
+with ``resources.min_nodes`` or ``spare_nodes`` runs its batch step as
 ``python -m hpctrain.healing.supervisor`` (``launch/submission.py`` writes the
-line). One decider answers "what now about this node":
+line). One decider answers "what now about this node" (keep, swap for a
+spare, drop, requeue without it, fail), whatever the cause:
 
 * ``supervisor.py`` runs each training step with ``srun --overlap`` on the
-  chosen nodes and watches it;
+  chosen nodes and watches it: lost nodes, the burn-in's verdict, slow nodes;
 * ``evidence.py`` gathers what a failed step shows (srun's reports,
   heartbeats, the hang report, slurmd and Slurm's node states);
-* ``decide.py`` (pure) blames a node and decides: continue on the others (a
-  spare first), requeue without it, or stop;
-* ``record.py`` writes it down (summary.json's node failures, the
-  supervisor's record) and requeues with ``ExcNodeList``;
-* ``guardian.py`` watches the batch node itself from another node.
+* ``decide.py`` (pure) blames a node and decides;
+* ``record.py`` writes it down (summary.json's node events, the supervisor's
+  record, the user's bad-node ledger) and requeues with ``ExcNodeList``;
+* ``guardian.py`` watches the batch node itself from another node;
+* ``burn_in.py``, ``probes.py`` (task side, torch) and ``scores.py`` (pure):
+  the burn-in before every multi-node step;
+* ``eviction.py`` (pure): which node stays slower than the others.
 
 How a spec shrinks to fewer nodes is the spec's own rule
-(``jobspec/node_loss.py``: ``step_spec``, ``STEP_NODES_VAR``), read by every task.
+(``jobspec/node_loss.py``: ``step_spec``, ``STEP_NODES_VAR``), read by every task;
+the variables between the supervisor and the burn-in are ``jobspec/node_health.py``'s.
 """

@@ -1,19 +1,28 @@
-"""When a training step fails inside the allocation: which node to blame, and what to do next. Pure.
+"""What to do about a node: which one to blame after a failed step, and the one decision for every cause. Pure.
 
 The batch step's supervisor (``healing/supervisor.py``) gathers what it saw of
 a step -- srun's reports of failed tasks and lost nodes, Slurm's node states,
 which nodes' slurmd stopped answering, heartbeats gone silent, the hang
-watchdog's culprit -- into a :class:`StepOutcome`; these functions decide.
-Blame goes to the strongest evidence first: a node that is gone outright, a
-rank killed by a signal (its node), a hung rank (its node), a node whose
-every rank went silent. A rank that merely raised names no node: that is the
-code's fault, and the job fails as it would without healing.
+watchdog's culprit -- into a :class:`StepOutcome`; :func:`blame` names the
+node. Blame goes to the strongest evidence first: a node that is gone
+outright, a rank killed by a signal (its node), a hung rank (its node), a node
+whose every rank went silent. A rank that merely raised names no node: that
+is the code's fault, and the job fails as it would without healing.
 
-What next (:func:`decide`): continue on the healthy nodes (the survivors,
-then spares, up to ``resources.nodes``; fewer down to ``min_nodes`` only when
-the run's global batch splits over them), else requeue with the bad nodes
-excluded; and stop instead when the run's checkpoints stopped advancing over
-``signals.crash_loop_attempts`` attempts (:func:`crash_loop`).
+A lost node is one :class:`Blame` kind; burn-in's flagged nodes
+(``healing/burn_in.py``) and a slow node evicted during training
+(``healing/eviction.py``) are the others, and all go through :func:`decide`:
+
+* **keep**: train on the same nodes (a sick node that cannot be replaced,
+  dropped, or requeued away from: requeues are off or spent);
+* **swap**: the same number of nodes, a spare in the blamed node's place;
+* **drop**: fewer nodes, down to ``min_nodes``, in a number the run's global
+  batch splits over (``batch_fits``);
+* **requeue**: without the blamed nodes (``ExcNodeList``), when too few are
+  left, or the lost node ran the batch step;
+* **fail**: nothing to blame, or a lost node with no requeue left; and
+  :func:`crash_loop` stops a run whose checkpoints stopped advancing over
+  ``signals.crash_loop_attempts`` attempts.
 """
 
 from __future__ import annotations
@@ -29,7 +38,8 @@ from hpctrain.runtime.failures import TaskFailure
 if TYPE_CHECKING:
     from hpctrain.jobspec.models import JobSpec
 
-Action = Literal["continue", "requeue", "fail"]
+Action = Literal["keep", "swap", "drop", "requeue", "fail"]
+BlameKind = Literal["lost", "burn-in", "slow"]  # gone or killed; flagged by the burn-in; evicted as slow
 
 # Step-reason words that mean the task was killed rather than that it raised.
 _KILLED_WORDS = ("killed", "signal", "terminated", "segmentation", "aborted", "bus error")
@@ -72,12 +82,15 @@ class StepOutcome:
     lost_nodes: Mapping[str, str] = field(default_factory=dict)  # node -> why it is gone
     silent_nodes: frozenset[str] = frozenset()  # every rank's heartbeat went silent
     hung: HungRank | None = None  # the hang watchdog's culprit, when it ended the step
+    sick: tuple[Blame, ...] = ()  # nodes flagged by the burn-in or evicted as slow: blamed before anything else
+    evidence: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # node -> the numbers behind it
 
 
 @dataclass(frozen=True)
 class Blame:
     node: str
-    reason: str  # e.g. "rank 3 killed", "slurmd does not answer"
+    reason: str  # e.g. "rank 3 killed", "slurmd does not answer", "compute 412 ms vs 150 ms (2.7x)"
+    kind: BlameKind = "lost"
 
 
 @dataclass(frozen=True)
@@ -85,7 +98,12 @@ class Decision:
     action: Action
     nodes: tuple[str, ...] = ()  # where the next step runs (continue)
     excluded: tuple[str, ...] = ()  # every node the run keeps away from
-    why: str = ""  # for a requeue or a failure
+    why: str = ""  # for a keep, a requeue or a failure
+
+    @property
+    def continues(self) -> bool:
+        """The run goes on inside the allocation (keep, swap, drop)."""
+        return self.action in ("keep", "swap", "drop")
 
 
 def node_failures_in(text: str) -> list[str]:
@@ -150,7 +168,7 @@ def choose_nodes(
 
 
 def decide(
-    found: Blame | None,
+    found: Blame | Sequence[Blame] | None,
     *,
     step_nodes: Sequence[str],
     allocation: Sequence[str],
@@ -159,21 +177,56 @@ def decide(
     nodes: int,
     min_nodes: int,
     fits: Callable[[int], bool],
+    can_requeue: bool = True,
 ) -> Decision:
-    """What to do after a failed step that left ``found`` to blame (None: nothing to blame)."""
+    """What to do about the blamed node(s) ``found`` (None: nothing to blame) after or before a step.
+
+    ``can_requeue``: the job may still requeue (requeues on and not spent); when it may not, a sick node
+    is kept and a lost one ends the run.
+    """
     if found is None:
         return Decision("fail", excluded=tuple(excluded), why="no node to blame: the training code failed")
-    out = tuple(dict.fromkeys([*excluded, found.node]))
-    if found.node == batch_node:
-        return Decision("requeue", excluded=out, why=f"{found.node} runs the batch step")
+    blamed = [found] if isinstance(found, Blame) else list(found)
+    if not blamed:
+        return Decision("keep", nodes=tuple(step_nodes), excluded=tuple(excluded))
+    out = tuple(dict.fromkeys([*excluded, *(b.node for b in blamed)]))
+    lost = [b for b in blamed if b.kind == "lost"]
+    if any(b.node == batch_node for b in lost):
+        return _requeue_or_not(
+            out,
+            f"{batch_node} runs the batch step",
+            lost=True,
+            can_requeue=can_requeue,
+            step_nodes=step_nodes,
+            excluded=excluded,
+        )
     survivors = [n for n in step_nodes if n not in out]
     spares = [n for n in allocation if n not in out and n not in step_nodes]
     chosen = choose_nodes(survivors, spares, nodes=nodes, min_nodes=min_nodes, fits=fits)
     if chosen is None:
         left = len(survivors) + len(spares)
         why = f"{left} healthy node{'s' * (left != 1)} left, min_nodes is {min_nodes}"
+        return _requeue_or_not(
+            out, why, lost=bool(lost), can_requeue=can_requeue, step_nodes=step_nodes, excluded=excluded
+        )
+    return Decision("drop" if len(chosen) < len(step_nodes) else "swap", nodes=chosen, excluded=out)
+
+
+def _requeue_or_not(
+    out: tuple[str, ...],
+    why: str,
+    *,
+    lost: bool,
+    can_requeue: bool,
+    step_nodes: Sequence[str],
+    excluded: Sequence[str],
+) -> Decision:
+    if can_requeue:
         return Decision("requeue", excluded=out, why=why)
-    return Decision("continue", nodes=chosen, excluded=out)
+    if lost:
+        return Decision("fail", excluded=out, why=f"{why}; no requeue left (signals.max_requeues)")
+    keep_out = tuple(excluded)
+    return Decision("keep", nodes=tuple(step_nodes), excluded=keep_out, why=f"{why}, and no requeue left: kept")
 
 
 def crash_loop(failures: Sequence[Mapping[str, Any]], limit: int) -> list[Mapping[str, Any]] | None:
@@ -183,6 +236,15 @@ def crash_loop(failures: Sequence[Mapping[str, Any]], limit: int) -> list[Mappin
     happened (``checkpoint_step``, None before the first): the same value
     ``limit`` times in a row means the attempts between them saved nothing.
     """
+    attempts: list[Mapping[str, Any]] = []
+    for record in failures:  # several nodes blamed by one decision (same job and time) are one attempt
+        same = attempts and (attempts[-1].get("job_id"), attempts[-1].get("time")) == (
+            record.get("job_id"),
+            record.get("time"),
+        )
+        if not same or record.get("time") is None:
+            attempts.append(record)
+    failures = attempts
     if len(failures) < limit:
         return None
     last = failures[-limit:]
@@ -201,14 +263,19 @@ def describe_attempts(failures: Sequence[Mapping[str, Any]]) -> str:
     return "; ".join(parts)
 
 
+_VERBS: dict[str, str] = {"lost": "lost", "burn-in": "flagged by the burn-in", "slow": "evicted as slow"}
+
+
 def log_line(found: Blame, step: int | None, decision: Decision, checkpoint_step: int | None) -> str:
     """The one line the job log gets, e.g. ``node n2 lost at step 412 (rank 3 exited 137); continuing on
     n1,n3 from step 400``."""
     where = f"at step {step}" if step is not None else "before the first step"
-    head = f"node {found.node} lost {where} ({found.reason})"
+    head = f"node {found.node} {_VERBS.get(found.kind, found.kind)} {where} ({found.reason})"
     start = f"step {checkpoint_step}" if checkpoint_step is not None else "the start"
-    if decision.action == "continue":
+    if decision.action in ("swap", "drop"):
         return f"{head}; continuing on {','.join(decision.nodes)} from {start}"
+    if decision.action == "keep":
+        return f"{head}; training on it anyway: {decision.why}"
     if decision.action == "requeue":
         return f"{head}; requeueing without {','.join(decision.excluded)} ({decision.why})"
     return f"{head}; stopping: {decision.why}"

@@ -24,6 +24,7 @@ start finds the record not ended and asks Slurm about the old batch node
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -121,17 +122,72 @@ def guard(
     poll_s: float = POLL_S,
     silent_s: float = SILENT_S,
 ) -> int:
-    """Watch ``batch_node`` for the start ``record`` describes; this step's exit status."""
+    """Watch ``batch_node`` for the start ``record`` describes; this step's exit status.
+
+    The supervisor is silent when its record is older than ``silent_s`` by this node's clock, or when
+    its ``time`` has not changed for ``silent_s`` by this node's monotonic clock: a time in the future
+    (another node's clock ahead, or a planted record) never hides a dead batch node. An unreadable
+    record is not the end of the watch: the guardian says so once and judges the batch node by its
+    slurmd alone. It leaves when the record says ended, or belongs to another start.
+    """
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))  # the job ends or is requeued
+    watch = RecordWatch(silent_s)
+    last: dict[str, Any] = {}
     while True:
-        seen = record.read_record()
-        if seen.get("job_id") != record.job_id or seen.get("restart") != record.restart or seen.get("ended"):
-            return 0
-        written = seen.get("time")
-        silent = not isinstance(written, (int, float)) or time.time() - written > silent_s
-        if silent and probe.lost_reason(batch_node) is not None:
-            return take_out(record, batch_node, seen, say)
+        seen, unreadable = record.load_record()
+        if seen is not None:
+            if seen.get("job_id") != record.job_id or seen.get("restart") != record.restart or seen.get("ended"):
+                return 0
+            last = seen
+        for line in watch.see(seen, unreadable):
+            say(line)
+        if watch.silent() and probe.lost_reason(batch_node) is not None:
+            return take_out(record, batch_node, last, say)
         time.sleep(poll_s)
+
+
+class RecordWatch:
+    """When the supervisor last proved alive: its record's ``time`` changing, seen by this node's clocks."""
+
+    def __init__(self, silent_s: float) -> None:
+        self.silent_s = silent_s
+        self.written: object = None  # the record's last time
+        self.changed_at = time.monotonic()  # when it last changed
+        self.stale = False  # the record's time is older than silent_s by the wall clock
+        self.said: set[str] = set()
+
+    def see(self, seen: dict[str, Any] | None, unreadable: str | None) -> list[str]:
+        """Take one reading; the lines worth a log entry (each kind once)."""
+        lines = []
+        if seen is None:
+            lines.append(
+                (
+                    "unreadable",
+                    f"the supervisor's record is unreadable ({unreadable}); judging the batch "
+                    "node by its slurmd once the record stops changing",
+                )
+            )
+        else:
+            written = seen.get("time")
+            if written != self.written:
+                self.written, self.changed_at = written, time.monotonic()
+            number = isinstance(written, (int, float)) and not isinstance(written, bool) and math.isfinite(written)
+            ahead = number and written - time.time() > self.silent_s
+            self.stale = not number or time.time() - written > self.silent_s
+            if ahead:
+                lines.append(
+                    (
+                        "ahead",
+                        f"the supervisor's record is dated {written - time.time():.0f} s ahead of "
+                        "this node's clock; the batch node is judged by whether the record changes",
+                    )
+                )
+        fresh = [text for kind, text in lines if kind not in self.said]
+        self.said.update(kind for kind, _ in lines)
+        return fresh
+
+    def silent(self) -> bool:
+        return self.stale or time.monotonic() - self.changed_at > self.silent_s
 
 
 def take_out(record: HealRecord, batch_node: str, seen: dict[str, Any], say: Say) -> int:

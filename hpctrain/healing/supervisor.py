@@ -1,4 +1,4 @@
-"""The batch step of a job that heals: run the training step, and start it again without a lost node.
+"""The batch step of a job that heals: run the training step, and start it again without a lost or sick node.
 
 ``python -m hpctrain.runtime.stop_signals hpctrain.healing.supervisor RUN_DIR --
 srun ARGS... COMMAND`` is the sbatch script's command when
@@ -10,7 +10,11 @@ explicit ``--nodelist``, and watches:
 * srun's own reports (tee'd on to the batch log, where rank 0 reads them);
 * heartbeats: a node whose every rank went silent is a suspect;
 * after srun reported a failed task, the nodes it said nothing about;
-* a suspect's slurmd: a TCP connect to its port; no answer means lost.
+* a suspect's slurmd: a TCP connect to its port; no answer means lost;
+* the burn-in's record of the step (``STEP_ID_VAR`` names it): flagged nodes
+  end the step before it trains (``healing/burn_in.py``);
+* each node's forward times in the heartbeats: a node that stays slower than
+  the others is evicted (``healing/eviction.py``; ``health.eviction``).
 
 srun itself only gives up on a dead node at Slurm's node-failure detection
 (SlurmdTimeout, 300 s by default), and a new step is refused until then
@@ -20,7 +24,7 @@ blames a node (``healing/decide.py``), records it in summary.json
 (``excluded_nodes``, ``node_failures``), and starts the next step from the
 last complete checkpoint; or requeues the job with ``ExcNodeList`` set; or
 stops. The training code is the same on every start: the task launcher
-reads :data:`~hpctrain.healing.STEP_NODES_VAR` for a smaller world.
+reads ``STEP_NODES_VAR`` (``jobspec/node_loss.py``) for a smaller world.
 
 Like a task, it counts SIGTERM from its first line (``runtime/stop_signals.py``
 runs it): a job that is ending (scancel, a requeue: the only SIGTERMs a batch
@@ -42,11 +46,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract.rundir import hang_claim_path
+from hpctrain.contract.heartbeat_files import read_heartbeats
+from hpctrain.contract.node_records import BURN_IN_KEY, EVICTIONS_KEY, BurnIn, Eviction, appended, records
+from hpctrain.contract.rundir import hang_claim_path, read_summary, write_summary
 from hpctrain.contract.slurm import SlurmCommandError, disable_requeue, run_slurm
-from hpctrain.healing import decide, evidence, guardian
+from hpctrain.healing import decide, eviction, evidence, guardian
 from hpctrain.healing.record import RECORD_EVERY_S, HealRecord, load_spec
 from hpctrain.jobspec.models import JobSpec
+from hpctrain.jobspec.node_health import BURN_IN_VAR, STEP_ID_VAR
 from hpctrain.jobspec.node_loss import STEP_NODES_VAR
 from hpctrain.runtime import stop_signals
 from hpctrain.runtime.failures import first_task_failure, task_failures
@@ -57,6 +64,7 @@ from hpctrain.runtime.task_env import parse_hostlist
 POLL_S = 1.0
 SETTLE_S = 3.0  # after srun reported a failed task: how long the other nodes get to report too
 STOP_WAIT_S = 5.0  # for srun to exit once its step was killed
+EVICTION_POLL_S = 2.0  # how often the heartbeats' forward times are compared (they change per heartbeat)
 START_GUARDIAN = True
 
 
@@ -72,6 +80,8 @@ class RunningStep:
     nodes: tuple[str, ...]
     started: float
     text: list[str] = field(default_factory=list)
+    evidence: dict[str, dict[str, object]] = field(default_factory=dict)  # node -> numbers behind a blame
+    sick: tuple[decide.Blame, ...] = ()  # a slow node the supervisor ended the step for
 
     def start_tee(self) -> None:
         def tee() -> None:
@@ -100,6 +110,10 @@ class Supervisor:
         self.guardian = guardian.GuardianStep(self.srun[0], run_dir, self.record.batch_node, environ)
         self.stopping = False
         self.step_nodes: tuple[str, ...] = ()
+        self.step_id = ""
+        self.burn_in_off = False  # a flagged node was kept: the next steps train without a burn-in
+        health = spec.health.eviction
+        self.slow = eviction.SlowWatch(health.margin, health.window_s, health.min_steps) if spec.evicts else None
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -143,12 +157,14 @@ class Supervisor:
         """Blame, decide, record and say; the next step's nodes, or the batch step's exit status."""
         failed = outcome.exit_code or 1
         res = self.spec.resources
-        found = decide.blame(outcome)
-        if found is None:
+        blamed = list(outcome.sick) or [b for b in [decide.blame(outcome)] if b is not None]
+        if not blamed:
             say(f"the training step failed (exit {outcome.exit_code}) and no node is to blame; the job ends")
             return failed
+        found = blamed[0]
+        slow = found.kind == "slow"
         decision = decide.decide(
-            found,
+            blamed,
             step_nodes=outcome.nodes,
             allocation=self.allocation,
             excluded=self.record.excluded,
@@ -156,10 +172,15 @@ class Supervisor:
             nodes=res.nodes,
             min_nodes=res.fewest_nodes,
             fits=self.fits,
+            can_requeue=self.record.can_requeue and not slow,  # a slow node is never worth the queue
         )
         step = evidence.last_step(self.run_dir, outcome.nodes)
-        failures = self.record.add_failure(found, decision, step)
+        failures = self.record.add_events(blamed, decision, step, dict(outcome.evidence))
         checkpoint = failures[-1]["checkpoint_step"]
+        if slow:
+            self.record_eviction(outcome, decision, step, checkpoint)
+        if decision.action == "keep" and found.kind == "burn-in":
+            self.burn_in_off = True
         loop = decide.crash_loop(failures, self.spec.signals.crash_loop_attempts)
         if loop is not None and decision.action != "fail":
             since = f"step {checkpoint}" if checkpoint is not None else "the start"
@@ -169,15 +190,81 @@ class Supervisor:
             )
             decision = decide.Decision("fail", excluded=decision.excluded, why=why)
             self.record.fail(why)
-        say(decide.log_line(found, step, decision, checkpoint))
-        if decision.action == "continue":
+        for one in blamed:
+            say(decide.log_line(one, step, decision, checkpoint))
+        if decision.continues:
             return decision.nodes
         if decision.action == "requeue":
             return self.record.requeue_or_fail(decision.why)
+        if decision.action == "fail" and loop is None:
+            self.record.fail(decision.why)
         return failed
 
     def fits(self, count: int) -> bool:
         return decide.batch_fits(self.spec, count)
+
+    def record_eviction(
+        self, outcome: decide.StepOutcome, decision: decide.Decision, step: int | None, checkpoint: int | None
+    ) -> None:
+        """summary.json's ``evictions`` gets the slow node's numbers and what the run did."""
+        found = outcome.sick[0]
+        numbers = dict(outcome.evidence.get(found.node) or {})
+        record = Eviction(
+            node=found.node,
+            step=step,
+            checkpoint_step=checkpoint,
+            node_ms=numbers.get("forward_ms"),
+            others_ms=numbers.get("others_ms"),
+            ratio=numbers.get("ratio"),
+            slow_for_s=numbers.get("slow_for_s"),
+            action=decision.action,
+            nodes=list(decision.nodes),
+            job_id=self.job_id,
+            time=round(time.time(), 3),
+        )
+        summary = read_summary(self.run_dir)
+        fields = summary.fields() if summary is not None else {}
+        fields[EVICTIONS_KEY] = appended(fields.get(EVICTIONS_KEY), record.model_dump(mode="json"))
+        write_summary(self.run_dir, fields)
+
+    def burn_in_flags(self, step_id: str) -> tuple[tuple[decide.Blame, ...], dict[str, dict[str, object]]]:
+        """The nodes the burn-in of step ``step_id`` flagged, as blames, with their scores as evidence."""
+        summary = read_summary(self.run_dir)
+        found = records(BurnIn, summary.fields().get(BURN_IN_KEY)) if summary is not None else []
+        mine = [record for record in found if record.step_id == step_id and record.flagged]
+        if not mine:
+            return (), {}
+        flagged = [score for score in mine[-1].scores if score.flagged]
+        blamed = tuple(decide.Blame(s.node, s.reason or "flagged", kind="burn-in") for s in flagged)
+        return blamed, {s.node: s.model_dump(exclude={"node", "flagged"}) for s in flagged}
+
+    def slow_node(self, step: RunningStep) -> decide.Blame | None:
+        """A node of ``step`` to evict now (and that the run can go on without), or None."""
+        if self.slow is None:
+            return None
+        last = self.spec.health.eviction.min_steps
+        speeds = eviction.node_speeds(read_heartbeats(self.run_dir), step.nodes, since=step.started, last=last)
+        verdict = self.slow.observe(speeds, len(step.nodes), time.monotonic())
+        if verdict is None:
+            return None
+        res = self.spec.resources
+        decision = decide.decide(
+            decide.Blame(verdict.node, verdict.reason(), kind="slow"),
+            step_nodes=step.nodes,
+            allocation=self.allocation,
+            excluded=self.record.excluded,
+            batch_node=self.record.batch_node,
+            nodes=res.nodes,
+            min_nodes=res.fewest_nodes,
+            fits=self.fits,
+            can_requeue=False,
+        )
+        if not decision.continues or decision.action == "keep":
+            say(f"node {verdict.node} is slow ({verdict.reason()}) but the run cannot go on without it; kept")
+            self.slow = None  # said once; the rest of the run trains on it
+            return None
+        step.evidence[verdict.node] = verdict.evidence()
+        return decide.Blame(verdict.node, verdict.reason(), kind="slow")
 
     # -- one step ----------------------------------------------------------------------------------------------
     def start(self, nodes: tuple[str, ...], attempt: int) -> RunningStep:
@@ -196,6 +283,11 @@ class Supervisor:
             *self.srun[1:],
         ]
         env = dict(self.environ)
+        self.step_id = env[STEP_ID_VAR] = f"{self.job_id}.{self.record.restart}.{attempt}"
+        if self.burn_in_off:
+            env[BURN_IN_VAR] = "off"
+        if self.slow is not None:
+            self.slow.reset()
         if len(nodes) != self.spec.resources.nodes:
             env[STEP_NODES_VAR] = str(len(nodes))
         if attempt:  # the last step's rendezvous port may still be held
@@ -212,7 +304,7 @@ class Supervisor:
         reported_at: float | None = None
         lost: dict[str, str] = {}
         probed: dict[str, float] = {}
-        recorded = time.monotonic()
+        recorded = checked = time.monotonic()
         while step.process.poll() is None:
             time.sleep(POLL_S)
             if time.monotonic() - recorded >= RECORD_EVERY_S:
@@ -236,14 +328,22 @@ class Supervisor:
             if lost:
                 self.end_step(step)
                 break
+            if time.monotonic() - checked >= EVICTION_POLL_S:
+                checked = time.monotonic()
+                slow = self.slow_node(step)
+                if slow is not None:
+                    step.sick = (slow,)
+                    self.end_step(step)
+                    break
         step.process.wait()
-        if step.process.returncode == 0 and not lost:
+        if step.process.returncode == 0 and not lost and not step.sick:
             return decide.StepOutcome(nodes=step.nodes, exit_code=0)
         return self.outcome(step, lost)
 
     def outcome(self, step: RunningStep, lost: dict[str, str]) -> decide.StepOutcome:
-        ended_by_us = bool(lost)
+        ended_by_us = bool(lost) or bool(step.sick)
         text = step.srun_text
+        sick, numbers = (step.sick, step.evidence) if step.sick else self.burn_in_flags(self.step_id)
         for node in decide.node_failures_in(text):
             lost.setdefault(node, "srun reports a node failure")
         for node, state in self.probe.node_states(step.nodes).items():
@@ -256,6 +356,8 @@ class Supervisor:
             lost_nodes=lost,
             silent_nodes=frozenset(self.silent_nodes(step)),
             hung=evidence.hung_rank(self.run_dir, self.job_id),
+            sick=sick,
+            evidence=numbers,
         )
 
     def silent_nodes(self, step: RunningStep) -> list[str]:

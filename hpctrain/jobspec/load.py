@@ -24,6 +24,7 @@ from hpctrain.jobspec.archs import ARCH_PARAMS_M, unknown_arch_message
 from hpctrain.jobspec.horovod import horovod_refusal
 from hpctrain.jobspec.layer_split import check_layer_split
 from hpctrain.jobspec.models import APEX_LEVELS, JobSpec
+from hpctrain.jobspec.node_health import node_health_problems
 from hpctrain.jobspec.node_loss import node_loss_problems
 from hpctrain.jobspec.problems import position_of, problems_from_validation
 from hpctrain.jobspec.profiles import ClusterProfile, apply_profile, available_profiles, config_dir, load_profile
@@ -257,6 +258,7 @@ def check_resolved(spec: JobSpec, profile: ClusterProfile) -> list[SpecProblem]:
             )
         )
     problems += node_loss_problems(spec)
+    problems += node_health_problems(spec)
     if spec.entrypoint is None:
         problems += _check_trainer(spec, gpus)
         if spec.data.root is None:

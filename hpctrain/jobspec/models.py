@@ -71,7 +71,9 @@ class Resources(Section):
         Field(
             ge=0,
             le=4096,
-            description="Extra nodes held in the allocation to replace a lost node without waiting in the queue.",
+            description="Extra nodes held in the allocation to replace a lost node without waiting in the queue "
+            "(at most nodes: one spare per training node). The job asks Slurm for nodes + spare_nodes; "
+            "validate and --dry-run say both.",
         ),
     ] = 0
     gpus_per_node: Annotated[
@@ -367,8 +369,9 @@ class Data(Section):
     stage_dir: Annotated[
         str | None,
         Field(
-            description="Node-local folder for data.stage: node; may contain {node} (the node's name) and "
-            "$VARS. Default: $SLURM_TMPDIR, else $TMPDIR, else /tmp."
+            description="Node-local folder for data.stage: node and a packed image's mount; may contain {node} "
+            "(the node's name) and $VARS; must exist (never created). Default: the first existing of "
+            "$SLURM_TMPDIR, $TMPDIR and /tmp."
         ),
     ] = None
     stage_readers: Annotated[int, Field(ge=1, le=256, description="Parallel file copies while staging.")] = 16
@@ -482,6 +485,84 @@ class Signals(Section):
     ] = 3
 
 
+class BurnIn(Section):
+    """Probes at the start of every multi-node training step; a node worse than the others is taken out."""
+
+    enabled: Annotated[
+        bool,
+        Field(
+            description="Run the burn-in at the start of every training step on more than one node (first start, "
+            "each requeue, each relaunch after a lost node); false: off (docs/node-health.md)."
+        ),
+    ] = True
+    budget_s: Annotated[
+        float,
+        Field(ge=2, le=300, description="Upper bound on the probes' time, seconds (start-up not counted)."),
+    ] = 20.0
+    margin: Annotated[
+        float,
+        Field(
+            ge=1.1,
+            le=100,
+            description="A node is flagged when a score is worse than the median of the other nodes' by this "
+            "factor (and by mad_k robust deviations).",
+        ),
+    ] = 1.5
+    mad_k: Annotated[
+        float,
+        Field(
+            ge=1,
+            le=1000,
+            description="How many median absolute deviations (x 1.4826) of the other nodes a flagged score must "
+            "also lie beyond.",
+        ),
+    ] = 6.0
+
+
+class Eviction(Section):
+    """A node that stays slower than the others during training is taken out, as a lost node is."""
+
+    enabled: Annotated[
+        bool | Literal["auto"],
+        Field(
+            description="auto: on when the job can go on without a node (resources.spare_nodes, or min_nodes < "
+            "nodes); true asks for it (a spec error without either); false: off."
+        ),
+    ] = "auto"
+    margin: Annotated[
+        float,
+        Field(
+            ge=1.1,
+            le=100,
+            description="Slow: the node's median forward time is more than this factor of the other nodes' median.",
+        ),
+    ] = 1.5
+    window_s: Annotated[
+        float,
+        Field(ge=5, le=86400, description="How long a node must stay the slowest by the margin before it is evicted."),
+    ] = 120.0
+    min_steps: Annotated[
+        int,
+        Field(ge=1, le=100000, description="Steps each rank of a training step must have timed before any verdict."),
+    ] = 10
+
+
+class Health(Section):
+    """Sick nodes, not only dead ones: burn-in, slow-node eviction, the bad-node ledger (docs/node-health.md)."""
+
+    burn_in: Annotated[BurnIn, Field(description="Probes before training on every multi-node step.")] = BurnIn()
+    eviction: Annotated[Eviction, Field(description="Slow-node eviction during training.")] = Eviction()
+    ledger_days: Annotated[
+        float,
+        Field(
+            ge=0,
+            le=365,
+            description="How long a node this run flags or loses stays in your bad-node ledger (submit excludes it; "
+            "'hpctrain nodes'); 0: the run adds nothing to the ledger.",
+        ),
+    ] = 7.0
+
+
 # Flags hpctrain writes itself, per runtime -> the spec key that sets them.
 OWNED_CONTAINER_FLAGS: dict[str, dict[str, str]] = {
     "apptainer": {"--bind": "container.mounts", "-B": "container.mounts", "--pwd": "the submit directory"},
@@ -585,6 +666,9 @@ class JobSpec(Section):
     distributed: Distributed = Distributed()
     checkpoint: Checkpoint = Checkpoint()
     signals: Signals = Signals()
+    health: Annotated[
+        Health, Field(description="Burn-in, slow-node eviction and the bad-node ledger (docs/node-health.md).")
+    ] = Health()
     container: Annotated[
         Container | None, Field(description="Run the tasks inside a container image (pyxis or Apptainer).")
     ] = None
@@ -634,3 +718,9 @@ class JobSpec(Section):
     @property
     def uses_gpus(self) -> bool:
         return bool(self.resources.gpus_per_node)
+
+    @property
+    def evicts(self) -> bool:
+        """Slow nodes are evicted during training (``health.eviction``; auto: when the job can lose a node)."""
+        enabled = self.health.eviction.enabled
+        return self.resources.heals if enabled == "auto" else bool(enabled)

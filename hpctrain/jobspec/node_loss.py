@@ -17,7 +17,7 @@ from hpctrain.errors import DistributedSetupError, SpecProblem
 from hpctrain.jobspec.batch import ELASTIC_STRATEGIES, BatchLayout, micro_batch_problem
 
 if TYPE_CHECKING:
-    from hpctrain.jobspec.models import JobSpec
+    from hpctrain.jobspec.models import JobSpec, Resources
 
 # Set by the supervisor on a step that runs on another number of nodes than resources.nodes.
 STEP_NODES_VAR = "HPCTRAIN_STEP_NODES"
@@ -28,12 +28,18 @@ RUN_MICRO_BATCHES_VAR = "HPCTRAIN_RUN_MICRO_BATCHES"
 def node_loss_problems(spec: JobSpec) -> list[SpecProblem]:
     """Every reason ``spec``'s min_nodes / spare_nodes cannot work, as spec problems."""
     res = spec.resources
+    problems = []
     if res.min_nodes is not None and res.min_nodes > res.nodes:
         message = f"{res.min_nodes} is more than resources.nodes ({res.nodes}); set it to at most {res.nodes}"
-        return [SpecProblem("resources.min_nodes", message)]
-    if not res.heals:
-        return []
-    problems = []
+        problems.append(SpecProblem("resources.min_nodes", message))
+    if res.spare_nodes > res.nodes:
+        message = (
+            f"{res.spare_nodes} spares for {res.nodes} training node{'s' * (res.nodes != 1)}: the job would hold "
+            f"{res.allocated_nodes} nodes, most of them idle; set it to at most {res.nodes} (one spare per node)"
+        )
+        problems.append(SpecProblem("resources.spare_nodes", message))
+    if problems or not res.heals:
+        return problems
     key = "resources.min_nodes" if res.fewest_nodes < res.nodes else "resources.spare_nodes"
     if spec.sweep:
         problems.append(SpecProblem(key, "a sweep's array tasks cannot heal from a lost node yet; remove it"))
@@ -42,6 +48,21 @@ def node_loss_problems(spec: JobSpec) -> list[SpecProblem]:
     if res.fewest_nodes < res.nodes and spec.entrypoint is None:
         problems += _shrink_problems(spec, res.fewest_nodes)
     return problems
+
+
+def node_count_text(res: Resources) -> str:
+    """The nodes a spec trains on and the nodes it asks Slurm for, as every summary says them
+    (``validate``, ``submit --dry-run``, a study's plan): ``4 nodes``, or with healing
+    ``4 nodes + 1 spare (5 allocated; continues on as few as 2)``."""
+    text = f"{res.nodes} node{'s' * (res.nodes != 1)}"
+    if not res.heals:
+        return text
+    if res.spare_nodes:
+        text += f" + {res.spare_nodes} spare{'s' * (res.spare_nodes != 1)}"
+    extra = [f"{res.allocated_nodes} allocated"] if res.spare_nodes else []
+    if res.fewest_nodes < res.nodes:
+        extra.append(f"continues on as few as {res.fewest_nodes} after a lost node")
+    return f"{text} ({'; '.join(extra)})"
 
 
 def _shrink_problems(spec: JobSpec, fewest: int) -> list[SpecProblem]:

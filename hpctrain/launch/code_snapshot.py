@@ -3,18 +3,17 @@
 A job may wait hours in the queue and be requeued days later; without a copy
 it would run whatever the user's tree holds at that moment. With ``entrypoint:``
 ``submit`` copies the code that entry point imports into ``RUN_DIR/code/``:
+the entry point's top-level package and what it imports from beside it, in
+its import directory, as ``launch/code_selection.py`` chooses (in a git work
+tree, only what git lists; never a symlink out of the import directory, a
+hidden file, bytecode). What was left out is said at submit and recorded.
 
-* the entry point's package lies in a git work tree: every file git tracks
-  (as it is on disk now) plus untracked files git does not ignore, so a new
-  module the user has not added yet is not lost;
-* otherwise: the package directory (or the single module file).
-
-The task launcher puts the copy's import root first on ``sys.path`` before it
-imports the entry point, on every attempt (requeues and ``hpctrain resume``
-included). ``run.json`` records where it came from: the git commit, whether
-the tree was dirty, and how many files and bytes were copied. The built-in
-trainer (no ``entrypoint``) is hpctrain's own code and is not copied; its
-version is in ``run.json`` already.
+The task launcher puts the copy first on ``sys.path`` before it imports the
+entry point, on every attempt (requeues and ``hpctrain resume`` included).
+``run.json`` records where it came from: the git commit, whether the copied
+files differ from it, how many files and bytes were copied, and what was
+left out. The built-in trainer (no ``entrypoint``) is hpctrain's own code
+and is not copied; its version is in ``run.json`` already.
 """
 
 from __future__ import annotations
@@ -23,16 +22,18 @@ import importlib.machinery
 import os
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hpctrain.contract.rundir import CODE_DIR, run_home
 from hpctrain.errors import UsageError
+from hpctrain.launch.code_selection import Selection, select
 
 SNAPSHOT_DIR = CODE_DIR
 MAX_SNAPSHOT_BYTES = 200 * 1024 * 1024
-_SKIP_PARTS = frozenset({"__pycache__", ".git", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
+MAX_SNAPSHOT_FILES = 20_000
+MAX_RECORDED_LEFT_OUT = 20  # run.json names this many left-out files; the rest are counted
 _GIT_TIMEOUT_S = 30
 
 
@@ -41,8 +42,8 @@ class CodeSource:
     """Where an entry point's code lies on this machine."""
 
     package: str  # top-level module name of the entry point
-    import_dir: Path  # the sys.path entry it is imported from
-    files_root: Path  # what is copied: the git work tree, else the package directory/file's folder
+    import_dir: Path  # the sys.path entry it is imported from: the root of what is copied
+    files_root: Path  # the entry point's package directory (or module file)
     git_root: Path | None
 
 
@@ -52,12 +53,15 @@ class Snapshot:
 
     path: str  # the copy, relative to the run directory
     import_root: str  # the sys.path entry inside the copy, relative to the run directory
-    source: str
+    source: str  # the import directory the files were copied from
     package: str
     files: int
     bytes: int
     git_commit: str | None = None
     git_dirty: bool | None = None
+    packages: list[str] = field(default_factory=list)  # the top-level packages and modules copied
+    left_out: list[str] = field(default_factory=list)  # "NAME: why" (MAX_RECORDED_LEFT_OUT named), then counts
+    left_out_count: int = 0  # every file or folder left out: named, hidden, ignored by git
 
     def as_json(self) -> dict[str, object]:
         return asdict(self)
@@ -69,12 +73,13 @@ def locate(entrypoint: str, search_path: Sequence[str] | None = None) -> CodeSou
     None when the package is not found from here (it may be installed on the
     nodes only), is hpctrain itself, or belongs to the Python environment
     (site-packages or the standard library: copying ``json`` and putting the copy
-    first on ``sys.path`` would shadow the nodes' own).
+    first on ``sys.path`` would shadow the nodes' own). A package folder that is
+    a symlink counts where it leads: its import directory is the real folder's.
     """
     package = entrypoint.partition(":")[0].split(".")[0]
     if package == "hpctrain":
         return None
-    paths = list(search_path) if search_path is not None else [os.getcwd(), *_sys_path()]
+    paths = list(search_path) if search_path is not None else default_search_path()
     spec = importlib.machinery.PathFinder.find_spec(package, paths)
     if spec is None:
         return None
@@ -87,39 +92,38 @@ def locate(entrypoint: str, search_path: Sequence[str] | None = None) -> CodeSou
     import_dir = location.parent
     if in_environment(import_dir):
         return None  # an installed distribution or the standard library: the environment's, not the user's tree
-    git_root = git_toplevel(import_dir)
-    files_root = git_root if git_root is not None else location
-    return CodeSource(package=package, import_dir=import_dir, files_root=files_root, git_root=git_root)
+    return CodeSource(package=package, import_dir=import_dir, files_root=location, git_root=git_toplevel(import_dir))
+
+
+def plan(source: CodeSource) -> Selection:
+    """What :func:`take` would copy and leave out (``submit --dry-run`` prints it)."""
+    listed = _git_lister(source) if source.git_root is not None else None
+    return select(source.import_dir, source.package, listed)
 
 
 def take(source: CodeSource, run_dir: Path) -> Snapshot:
     """Copy ``source`` into ``run_dir/code`` and describe the copy."""
+    chosen = plan(source)
+    total = _check_size(chosen, source)
     target = Path(run_dir) / SNAPSHOT_DIR
-    if source.git_root is not None:
-        files = git_files(source.git_root)
-        base = source.git_root
-    elif source.files_root.is_dir():
-        base = source.files_root.parent
-        files = [path.relative_to(base) for path in _walk(source.files_root)]
-    else:
-        base = source.files_root.parent
-        files = [Path(source.files_root.name)]
-    total = _check_size(base, files, source)
-    for relative in files:
+    for relative in chosen.files:
         destination = target / relative
         destination.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(base / relative, destination, follow_symlinks=True)
-    import_root = Path(SNAPSHOT_DIR) / source.import_dir.relative_to(base) if source.git_root else Path(SNAPSHOT_DIR)
-    commit, dirty = git_state(source.git_root) if source.git_root else (None, None)
+        real = (chosen.root / relative).resolve()  # inside the root: the selection left out every other
+        shutil.copy2(real, destination, follow_symlinks=True)
+    commit, dirty = git_state(source.git_root, chosen) if source.git_root else (None, None)
     return Snapshot(
         path=SNAPSHOT_DIR,
-        import_root=str(import_root),
-        source=str(source.files_root),
+        import_root=SNAPSHOT_DIR,
+        source=str(chosen.root),
         package=source.package,
-        files=len(files),
+        files=len(chosen.files),
         bytes=total,
         git_commit=commit,
         git_dirty=dirty,
+        packages=list(chosen.packages),
+        left_out=chosen.notes(MAX_RECORDED_LEFT_OUT),
+        left_out_count=len(chosen.left_out) + chosen.hidden + chosen.ignored,
     )
 
 
@@ -144,19 +148,23 @@ def git_toplevel(directory: Path) -> Path | None:
     return Path(out.strip()).resolve() if out else None
 
 
-def git_files(root: Path) -> list[Path]:
-    """Tracked files (as on disk) and untracked files git does not ignore; deleted files skipped."""
-    out = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
-    if out is None:
-        return []
-    seen: dict[str, None] = dict.fromkeys(name for name in out.split("\0") if name)
-    return [Path(name) for name in seen if (root / name).is_file() and not _SKIP_PARTS & set(Path(name).parts)]
+def _git_lister(source: CodeSource) -> Callable[[Path], set[Path]]:
+    """What git lists under one top-level package or module of the import directory (tracked files as on
+    disk, untracked ones it does not ignore), relative to the import directory. Asked per package, so a
+    work tree as wide as a dotfiles ``$HOME`` is never listed whole."""
+
+    def listed(top: Path) -> set[Path]:
+        out = _git(source.import_dir, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", str(top))
+        return {Path(name) for name in (out or "").split("\0") if name}
+
+    return listed
 
 
-def git_state(root: Path) -> tuple[str | None, bool | None]:
-    """(HEAD commit, whether tracked or untracked-unignored files differ from it)."""
+def git_state(root: Path, chosen: Selection | None = None) -> tuple[str | None, bool | None]:
+    """(HEAD commit, whether the copied files -- or, without ``chosen``, the work tree -- differ from it)."""
     commit = _git(root, "rev-parse", "HEAD")
-    status = _git(root, "status", "--porcelain", "--untracked-files=normal")
+    paths = ["--", *(str(chosen.root / top) for top in chosen.tops)] if chosen else []
+    status = _git(root, "status", "--porcelain", "--untracked-files=normal", *paths)
     return (commit.strip() if commit else None), (bool(status.strip()) if status is not None else None)
 
 
@@ -179,19 +187,13 @@ def _git(directory: Path, *args: str) -> str | None:
 # ------------------------------------------------------------------ helpers
 
 
-def _walk(directory: Path) -> Iterable[Path]:
-    for path in sorted(directory.rglob("*")):
-        if path.is_file() and not _SKIP_PARTS & set(path.relative_to(directory).parts) and path.suffix != ".pyc":
-            yield path
-
-
-def _check_size(base: Path, files: Sequence[Path], source: CodeSource) -> int:
-    total = sum((base / name).stat().st_size for name in files)
-    if total > MAX_SNAPSHOT_BYTES:
+def _check_size(chosen: Selection, source: CodeSource) -> int:
+    total = sum((chosen.root / name).stat().st_size for name in chosen.files)
+    if total > MAX_SNAPSHOT_BYTES or len(chosen.files) > MAX_SNAPSHOT_FILES:
         raise UsageError(
-            f"the code snapshot of {source.files_root} would copy {total / 2**20:.0f} MiB "
-            f"({len(files)} files) into the run directory",
-            hint="keep data and weights out of the repository (or in .gitignore), "
+            f"the code snapshot of {source.package} ({', '.join(chosen.packages)} in {chosen.root}) would copy "
+            f"{total / 2**20:.0f} MiB ({len(chosen.files)} files) into the run directory",
+            hint="keep data and weights out of the package (or in .gitignore), "
             "or submit with --no-snapshot to run the live tree",
         )
     return total
@@ -213,7 +215,8 @@ def _stdlib_roots() -> set[Path]:
     return {Path(paths[key]).resolve() for key in ("stdlib", "platstdlib") if paths.get(key)}
 
 
-def _sys_path() -> list[str]:
+def default_search_path() -> list[str]:
+    """Where ``python -m`` on a node started from here looks first: this directory, then ``sys.path``."""
     import sys
 
-    return [entry for entry in sys.path if entry]
+    return [os.getcwd(), *(entry for entry in sys.path if entry)]

@@ -12,7 +12,9 @@ from typing import NamedTuple
 
 from hpctrain.contract.rundir import next_run_dir
 from hpctrain.jobspec.load import LoadedJob
-from hpctrain.launch.submission import backend_for, render_script
+from hpctrain.jobspec.node_loss import node_count_text
+from hpctrain.launch.exclusion import plan_exclusion
+from hpctrain.launch.submission import backend_for, local_devices, render_script
 
 
 class DryRun(NamedTuple):  # not a dataclass: building one costs --dry-run 0.7 ms of start-up
@@ -28,7 +30,7 @@ class DryRun(NamedTuple):  # not a dataclass: building one costs --dry-run 0.7 m
     text: str
 
 
-def dry_run(job: LoadedJob, *, local: bool = False, snapshot: bool = True) -> DryRun:
+def dry_run(job: LoadedJob, *, local: bool = False, snapshot: bool = True, exclude_bad_nodes: bool = True) -> DryRun:
     run_dir = next_run_dir(job.spec.output_dir, job.spec.name)
     if job.is_study:
         from hpctrain.launch.study import render_study_plan
@@ -42,8 +44,14 @@ def dry_run(job: LoadedJob, *, local: bool = False, snapshot: bool = True) -> Dr
             f"# cluster '{job.profile.name}' runs on this machine through submitit's local executor:\n"
             f"# {job.spec.world_size} task(s), run directory {run_dir}; no sbatch script is used.\n"
         )
+        if job.spec.uses_gpus:
+            text += f"# GPUs: the tasks see CUDA_VISIBLE_DEVICES={local_devices(job.spec)}\n"
     else:
-        script = text = render_script(job, run_dir)
+        exclusion = plan_exclusion(job, use_ledger=exclude_bad_nodes)  # asks Slurm nothing
+        script = text = render_script(job, run_dir, exclusion.nodes)
+        if job.spec.resources.heals:  # the script's --nodes counts the spares too
+            text += f"\n# nodes: {node_count_text(job.spec.resources)}; the batch step supervises the training step\n"
+        text += "".join(f"\n# {note}" for note in exclusion.notes) + ("\n" if exclusion.notes else "")
     for line in snapshot_plan(job, snapshot=snapshot):
         text += f"\n{line}\n"
     text += f"\n# {job.spec.name}: what each rank will see\n"
@@ -59,9 +67,15 @@ def snapshot_plan(job: LoadedJob, *, snapshot: bool) -> list[str]:
 
     source = code_snapshot.locate(job.spec.entrypoint) if snapshot else None
     if source is not None:
-        commit, dirty = code_snapshot.git_state(source.git_root) if source.git_root else (None, None)
+        chosen = code_snapshot.plan(source)
+        commit, dirty = code_snapshot.git_state(source.git_root, chosen) if source.git_root else (None, None)
         where = f" (git {commit[:12]}{', with uncommitted changes' if dirty else ''})" if commit else ""
-        return [f"# code: {source.files_root}{where} is copied into RUN_DIR/code/ and imported from there"]
+        lines = [
+            f"# code: {', '.join(chosen.packages)} from {chosen.root}{where}: {len(chosen.files)} files are copied "
+            "into RUN_DIR/code/ and imported from there"
+        ]
+        notes = chosen.notes()
+        return lines + ([f"# code: left out: {'; '.join(notes)}"] if notes else [])
     if snapshot and job.spec.entrypoint.startswith("hpctrain."):
         return ["# code: the entry point is part of hpctrain; every attempt runs the installed hpctrain"]
     if snapshot:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from hpctrain.contract.rundir import Summary, read_summary
+from hpctrain.contract.rundir import Summary, read_summary, run_home
 from hpctrain.contract.runfiles import copy_out
 from hpctrain.contract.slurm_states import succeeded
 from hpctrain.errors import ClusterError
@@ -40,7 +40,8 @@ def follow_local(submitted: SubmittedRun, stream: TextIO) -> int:
         with _terminations_raise():
             while True:
                 done = all(j.done() for j in submitted.jobs)
-                offset = copy_out(log_path, offset, stream)  # in blocks, regular files only
+                # in blocks, regular files inside the run only
+                offset = copy_out(log_path, offset, stream, within=run_home(submitted.run_dir))
                 if done:
                     break
                 time.sleep(0.5)

@@ -14,6 +14,7 @@ from hpctrain.jobspec.lead_time import lead_time_warning
 
 if TYPE_CHECKING:  # the rest is imported where used: 'hpctrain validate' prints warnings from here, and stays light
     from hpctrain.jobspec.load import LoadedJob
+    from hpctrain.launch.code_snapshot import Snapshot
     from hpctrain.launch.submission import SubmittedRun
 
 
@@ -54,10 +55,21 @@ def container_warnings(job: LoadedJob, *, local: bool) -> list[str]:
     return [f"{job.source}: container: runs on Slurm only; here the tasks run without the image"]
 
 
+def code_line(code: Snapshot) -> str:
+    """What the code snapshot copied, and what it left out (run.json's ``code_snapshot`` has the list)."""
+    line = f"{code.files} files of {', '.join(code.packages)} copied into RUN_DIR/code/"
+    if not code.left_out_count:
+        return line
+    shown = code.left_out[:3] + (["..."] if len(code.left_out) > 3 else [])
+    return f"{line}; left out {code.left_out_count}: {'; '.join(shown)}"
+
+
 def submitted_lines(submitted: SubmittedRun, cluster: str) -> list[str]:
     """Where a submitted run is, and (on Slurm) how to follow, inspect and cancel it."""
     where = "Slurm" if submitted.backend == "slurm" else "this machine (local executor)"
     lines = [f"submitted job {submitted.job_id} to {where}, cluster '{cluster}'", f"  run dir: {submitted.run_dir}"]
+    if submitted.code is not None:
+        lines.append(f"  code:    {code_line(submitted.code)}")
     if submitted.backend == "slurm":
         lines += [
             f"  follow:  hpctrain logs {submitted.run_dir} --follow",

@@ -21,7 +21,7 @@ from typing import Any
 
 from hpctrain.contract import job_registry, slurm
 from hpctrain.contract.rundir import read_run_info, spec_path
-from hpctrain.contract.runfiles import printable
+from hpctrain.contract.runfiles import check_inside, printable
 from hpctrain.contract.slurm import is_final, job_state
 from hpctrain.errors import UsageError
 from hpctrain.jobspec.batch import reshape_problem
@@ -84,6 +84,7 @@ def prepare(run: str | Path, overrides: Sequence[str] = ()) -> tuple[Path, Loade
     if info.get("trials"):
         raise UsageError(f"{run_dir} is a sweep", hint=f"resume one trial: hpctrain resume {run_dir}/trial-NNN")
     refuse_while_writing(run_dir, info)
+    check_inside(spec_path(run_dir), run_dir)  # the run's own spec, not a file a symlink leads to
     job = load_job(spec_path(run_dir))
     if overrides:
         job = reshaped(run_dir, job, list(overrides))

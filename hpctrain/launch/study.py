@@ -27,6 +27,7 @@ from hpctrain.contract.runfiles import printable, read_json
 from hpctrain.errors import ClusterError, RunDirError, UsageError
 from hpctrain.jobspec.batch import scaled_lr
 from hpctrain.jobspec.load import LoadedJob
+from hpctrain.jobspec.node_loss import node_count_text
 from hpctrain.jobspec.study_axes import MAX_POINTS, StudyPoint
 from hpctrain.launch.submission import SubmittedRun, render_script, submit
 
@@ -121,7 +122,7 @@ def read_study(study_dir: Path) -> dict[str, Any]:
             hint="pass OUTPUT_DIR/NAME/STUDY_ID as printed by 'hpctrain submit' of a spec with study:",
         )
     try:
-        record = read_json(path)
+        record = read_json(path, within=study_dir)
     except (OSError, ValueError) as exc:
         raise RunDirError(f"{path}: unreadable ({exc})") from None
     points = record.get("points") if isinstance(record, dict) else None
@@ -166,7 +167,7 @@ def describe_point(point: StudyPoint) -> str:
     gpus = spec.resources.gpus_per_node or 0
     per_node = f"{gpus} GPUs" if gpus else "CPU only"
     line = (
-        f"{spec.resources.nodes} node{'s' if spec.resources.nodes > 1 else ''} x {per_node}, "
+        f"{node_count_text(spec.resources)} x {per_node}, "
         f"{spec.tasks_per_node} task{'s' if spec.tasks_per_node > 1 else ''} per node, world size {spec.world_size}"
     )
     if spec.entrypoint is None:

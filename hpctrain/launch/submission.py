@@ -15,6 +15,7 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -38,9 +39,11 @@ from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.profiles import ClusterProfile
 from hpctrain.jobspec.slurm_time import seconds_to_minutes
 from hpctrain.jobspec.yaml_source import dump_yaml
+from hpctrain.launch.exclusion import Exclusion, plan_exclusion
 from hpctrain.launch.sbatch_script import render_sbatch, signal_parameter, slurm_mem, task_command
 from hpctrain.launch.templates import render_preamble, render_slurm_relay
 from hpctrain.runtime.cleanup import python_command
+from hpctrain.runtime.rank_plan import local_visible_devices
 
 if TYPE_CHECKING:
     import submitit
@@ -57,8 +60,11 @@ def backend_for(job: LoadedJob, local: bool) -> Backend:
     return "local" if local or job.profile.scheduler == "local" else "slurm"
 
 
-def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters for a resolved spec. Pure."""
+def slurm_parameters(
+    spec: JobSpec, profile: ClusterProfile, run_dir: Path, exclude: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters for a resolved spec; ``exclude``: nodes for ``--exclude`` (the spec's
+    own ``slurm_extra`` exclude among them, ``launch/exclusion.py``). Pure."""
     res = spec.resources
     gpus = res.gpus_per_node or 0
     params: dict[str, Any] = {
@@ -99,6 +105,8 @@ def slurm_parameters(spec: JobSpec, profile: ClusterProfile, run_dir: Path) -> d
         params["nodes"] = res.allocated_nodes
         extra["no-kill"] = True
     extra.update(res.slurm_extra)
+    if exclude:
+        extra["exclude"] = ",".join(exclude)
     params["additional_parameters"] = extra
     if spec.container is not None:
         params["setup"] += render_slurm_relay(str(Path(run_dir) / CONTROL_DIR / "slurm-relay"))
@@ -175,7 +183,15 @@ def local_parameters(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def build_executor(job: LoadedJob, backend: Backend, run_dir: Path) -> submitit.Executor:
+def local_devices(spec: JobSpec, environ: Mapping[str, str] | None = None) -> str:
+    """The GPUs a local run's tasks see: a subset of the user's ``CUDA_VISIBLE_DEVICES``; UsageError when it
+    holds fewer than the job asks for."""
+    environ = os.environ if environ is None else environ
+    gpus = (spec.resources.gpus_per_node or 0) * spec.resources.nodes
+    return local_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"), gpus)
+
+
+def build_executor(job: LoadedJob, backend: Backend, run_dir: Path, exclude: tuple[str, ...] = ()) -> submitit.Executor:
     # here, not at the top: submitit imports asyncio, a fifth of a login-node command's time
     from hpctrain.launch.submitit_executor import LocalExecutor, SlurmExecutor
 
@@ -184,18 +200,19 @@ def build_executor(job: LoadedJob, backend: Backend, run_dir: Path) -> submitit.
         # Its controller carries a run token; run.json records what proves it (runtime/local_run.py).
         executor: submitit.Executor = LocalExecutor(folder=folder)
         executor.update_parameters(**local_parameters(job.spec))
+        executor.visible_devices = local_devices(job.spec)
     else:
         # Each task starts under the reaper's exec wrapper, so everything it
         # starts carries its token and is cleaned up after it (cleanup.py).
         executor = SlurmExecutor(folder=folder, python=task_python(job.spec))
-        executor.update_parameters(**slurm_parameters(job.spec, job.profile, run_dir))
+        executor.update_parameters(**slurm_parameters(job.spec, job.profile, run_dir, exclude))
         executor.supervisor = supervisor_command(job.spec, run_dir)
     return executor
 
 
-def render_script(job: LoadedJob, run_dir: Path) -> str:
+def render_script(job: LoadedJob, run_dir: Path, exclude: tuple[str, ...] = ()) -> str:
     """The exact sbatch script ``submit`` would hand to Slurm for this job (without importing submitit)."""
-    parameters = slurm_parameters(job.spec, job.profile, run_dir)
+    parameters = slurm_parameters(job.spec, job.profile, run_dir, exclude)
     if job.is_sweep:
         parameters["map_count"] = len(job.trials)
     folder = submitit_dir(run_dir)
@@ -210,12 +227,23 @@ class SubmittedRun:
     backend: Backend
     jobs: list[submitit.Job]
     trial_dirs: list[Path]
+    code: code_snapshot.Snapshot | None = None  # what was copied into RUN/code, and what was left out
+    notes: tuple[str, ...] = ()  # what the submit says besides: the bad-node ledger's exclusions
 
 
-def submit(job: LoadedJob, *, local: bool = False, run_dir: Path | None = None, snapshot: bool = True) -> SubmittedRun:
+def submit(
+    job: LoadedJob,
+    *,
+    local: bool = False,
+    run_dir: Path | None = None,
+    snapshot: bool = True,
+    exclude_bad_nodes: bool = True,
+) -> SubmittedRun:
     """Create the run directory (a new one, or ``run_dir``: a study's point), write the resolved spec,
-    copy the user's code, and submit."""
+    copy the user's code, and submit, away from the nodes of the user's bad-node ledger
+    (``exclude_bad_nodes``; ``launch/exclusion.py``)."""
     backend = backend_for(job, local)
+    exclusion = bad_node_exclusion(job, backend, exclude_bad_nodes)
     if backend == "slurm" and shutil.which("sbatch") is None:
         raise ClusterError(
             f"{job.source}: cluster '{job.profile.name}' needs Slurm, but 'sbatch' is not on this machine",
@@ -229,7 +257,7 @@ def submit(job: LoadedJob, *, local: bool = False, run_dir: Path | None = None, 
     try:
         copied = _snapshot_code(job, run_dir) if snapshot else None
         code_root = str(run_dir / copied.import_root) if copied else None
-        jobs = _launch(job, backend, run_dir, trial_dirs, code_root)
+        jobs = _launch(job, backend, run_dir, trial_dirs, code_root, exclusion.nodes)
     except (ClusterError, UsageError):
         _remove_unsubmitted(run_dir)
         raise
@@ -246,7 +274,16 @@ def submit(job: LoadedJob, *, local: bool = False, run_dir: Path | None = None, 
     if job.is_sweep:
         extra = {**code, **_local_record(jobs[0])}
         _record_submission(run_dir, job, backend, job_id, submitit_dir(run_dir), trials=len(jobs), extra=extra)
-    return SubmittedRun(job_id, run_dir, backend, jobs, trial_dirs)
+    return SubmittedRun(job_id, run_dir, backend, jobs, trial_dirs, copied, exclusion.notes)
+
+
+def bad_node_exclusion(job: LoadedJob, backend: Backend, use_ledger: bool) -> Exclusion:
+    """The nodes a Slurm submit excludes, asking Slurm for the partition's usable nodes."""
+    if backend != "slurm":
+        return Exclusion()
+    from hpctrain.contract.slurm import partition_nodes
+
+    return plan_exclusion(job, use_ledger=use_ledger, available=lambda partition: partition_nodes(partition))
 
 
 def resubmit(run_dir: Path, job: LoadedJob, *, local: bool = False) -> SubmittedRun:
@@ -257,9 +294,10 @@ def resubmit(run_dir: Path, job: LoadedJob, *, local: bool = False) -> Submitted
     from hpctrain.launch import code_snapshot  # here: --dry-run need not load it
 
     code_root = code_snapshot.import_root(run_dir, read_run_info(run_dir).get("code_snapshot"))
-    jobs = _launch(job, backend, run_dir, [run_dir], str(code_root) if code_root else None)
+    exclusion = bad_node_exclusion(job, backend, True)  # the nodes this run (or another) found bad
+    jobs = _launch(job, backend, run_dir, [run_dir], str(code_root) if code_root else None, exclusion.nodes)
     _record_submission(run_dir, job, backend, jobs[0].job_id, submitit_dir(run_dir), extra=_local_record(jobs[0]))
-    return SubmittedRun(jobs[0].job_id, run_dir, backend, jobs, [run_dir])
+    return SubmittedRun(jobs[0].job_id, run_dir, backend, jobs, [run_dir], notes=exclusion.notes)
 
 
 def _write_trials(job: LoadedJob, run_dir: Path) -> list[Path]:
@@ -287,13 +325,18 @@ def _snapshot_code(job: LoadedJob, run_dir: Path) -> code_snapshot.Snapshot | No
 
 
 def _launch(
-    job: LoadedJob, backend: Backend, run_dir: Path, trial_dirs: list[Path], code_root: str | None = None
+    job: LoadedJob,
+    backend: Backend,
+    run_dir: Path,
+    trial_dirs: list[Path],
+    code_root: str | None = None,
+    exclude: tuple[str, ...] = (),
 ) -> list[submitit.Job]:
     from submitit.core.utils import FailedJobError
 
     from hpctrain.contract.slurm import classify_sbatch_failure
 
-    executor = build_executor(job, backend, run_dir)
+    executor = build_executor(job, backend, run_dir, exclude)
     launchers = task_launchers(job, trial_dirs, backend, code_root)
     try:
         if len(launchers) == 1:

@@ -38,6 +38,9 @@ class SlurmExecutor(submitit.SlurmExecutor):
 class LocalExecutor(submitit.LocalExecutor):
     """submitit's local executor, whose controller carries a run token and records what proves it.
 
+    Its tasks see the GPUs of ``visible_devices``, chosen from the user's own ``CUDA_VISIBLE_DEVICES``
+    (``runtime.rank_plan.local_visible_devices``), never submitit's ``0..N-1``.
+
     The controller is started as submitit's ``start_controller`` does (same
     environment variables), plus the run's token (``runtime/local_run.py``) and,
     on Linux, a parent-death signal: a ``submit --local`` that dies takes the
@@ -45,11 +48,12 @@ class LocalExecutor(submitit.LocalExecutor):
     record for run.json.
     """
 
+    visible_devices = ""  # the tasks' CUDA_VISIBLE_DEVICES (launch.submission.build_executor)
+
     def _submit_command(self, command: str) -> submitit.local.local.LocalJob:
         from submitit.local.local import LocalJob
 
         ntasks = self.parameters.get("tasks_per_node", 1)
-        gpus = range(self.parameters.get("gpus_per_node", 0))
         token = local_run.new_run_token()
         env = local_run.controller_environ(os.environ, token)
         env.update(
@@ -61,7 +65,7 @@ class LocalExecutor(submitit.LocalExecutor):
             SUBMITIT_LOCAL_JOB_NUM_NODES="1",
             SUBMITIT_STDERR_TO_STDOUT="",
             SUBMITIT_EXECUTOR="local",
-            CUDA_VISIBLE_DEVICES=",".join(str(k) for k in gpus),
+            CUDA_VISIBLE_DEVICES=self.visible_devices,
             SUBMITIT_LOCAL_WITH_SHELL="",
         )
         process = subprocess.Popen(

@@ -28,7 +28,7 @@ from hpctrain.contract.rundir import (
 )
 from hpctrain.contract.runfiles import MAX_MAGNITUDE, printable
 from hpctrain.contract.slurm_states import is_pending
-from hpctrain.observe.node_losses import node_loss_text
+from hpctrain.observe.node_losses import burn_in_text, evictions_text, node_loss_text
 
 HEARTBEAT_STALE_S = 120.0  # a running rank whose heartbeat is older than this is flagged
 
@@ -84,6 +84,8 @@ class Snapshot:
     failed_reason: str | None = None
     stop_reason: str | None = None
     lost_nodes: str | None = None  # a healing run's lost nodes (observe/node_losses.py)
+    burn_in: str | None = None  # the last burn-in
+    evictions: str | None = None  # slow nodes evicted
 
 
 @dataclass
@@ -177,6 +179,8 @@ def build_snapshot(
         failed_reason=_text(summary.failed_reason),
         stop_reason=_text(summary.stop_reason),
         lost_nodes=node_loss_text(summary.node_failures),
+        burn_in=burn_in_text(summary.burn_in),
+        evictions=evictions_text(summary.evictions),
     )
 
 

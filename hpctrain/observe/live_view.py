@@ -97,6 +97,10 @@ def alerts(snap: Snapshot) -> list[str]:
         found.append(f"failed first: rank {snap.failed_rank} on {snap.failed_node or '?'}{reason}")
     if snap.lost_nodes:
         found.append(f"lost nodes: {snap.lost_nodes}")
+    if snap.evictions:
+        found.append(f"evicted: {snap.evictions}")
+    if snap.burn_in:
+        found.append(f"burn-in: {snap.burn_in}")
     return found
 
 

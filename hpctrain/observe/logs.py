@@ -2,7 +2,8 @@
 
 Logs are read from their end and then in blocks, never whole, so a log of
 gigabytes costs what is printed; only regular files inside the run directory
-are read (``contract.rundir.task_log_path``). Torch-free.
+are read (``contract.rundir.task_log_path``), and not through a symlink that
+leads out of it (``RUN/submitit -> /elsewhere``). Torch-free.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from hpctrain.contract.rundir import read_run_info, read_summary, task_log_path
+from hpctrain.contract.rundir import read_run_info, read_summary, run_home, task_log_path
 from hpctrain.contract.runfiles import copy_out, tail_lines
 from hpctrain.contract.slurm import is_final, job_state
 from hpctrain.errors import RunDirError
@@ -33,12 +34,13 @@ def check_rank(rank: int, info: dict[str, Any]) -> None:
         )
 
 
-def write_tail(path: Path, lines: int, out: TextIO) -> int:
-    """Write the last ``lines`` lines (0: all, streamed) to ``out``; the offset to follow from."""
+def write_tail(path: Path, lines: int, out: TextIO, *, within: Path | None = None) -> int:
+    """Write the last ``lines`` lines (0: all, streamed) to ``out``; the offset to follow from. ``within``:
+    the run's home, which the log may not lead out of (``runfiles.open_regular``)."""
     if lines == 0:
-        return copy_out(path, 0, out)
+        return copy_out(path, 0, out, within=within)
     try:
-        data, size = tail_lines(path, lines)
+        data, size = tail_lines(path, lines, within=within)
     except FileNotFoundError:
         return 0
     out.write(data.decode("utf-8", errors="replace"))
@@ -48,10 +50,11 @@ def write_tail(path: Path, lines: int, out: TextIO) -> int:
 
 def follow(path: Path, offset: int, run_dir: Path, info: dict[str, Any], out: TextIO) -> None:
     """Write what the log gains until the job will write no more (then once more, for its last lines)."""
+    home = run_home(run_dir)
     while True:
-        offset = copy_out(path, offset, out)  # in blocks, regular files only
+        offset = copy_out(path, offset, out, within=home)  # in blocks, regular files inside the run only
         if job_writes_no_more(run_dir, info):
-            copy_out(path, offset, out)
+            copy_out(path, offset, out, within=home)
             return
         time.sleep(FOLLOW_POLL_S)
 

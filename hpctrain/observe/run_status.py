@@ -18,14 +18,14 @@ from typing import Any
 
 from hpctrain.contract import job_registry, slurm
 from hpctrain.contract.heartbeat_files import read_heartbeats
-from hpctrain.contract.rundir import RUN_FILE, Summary, parse_summary, read_run_info, read_summary
+from hpctrain.contract.rundir import RUN_FILE, Summary, parse_summary, read_run_info, read_summary, run_home
 from hpctrain.contract.runfiles import plausible, read_tail
 from hpctrain.contract.slurm import job_state
 from hpctrain.contract.slurm_states import ended_unsuccessfully, is_final, is_pending, succeeded, was_cancelled
 from hpctrain.errors import ClusterError, RunDirError
 from hpctrain.observe.live_status import RankView, rank_views
 from hpctrain.observe.logs import log_path
-from hpctrain.observe.node_losses import node_loss_text
+from hpctrain.observe.node_losses import burn_in_text, evictions_text, node_loss_text
 from hpctrain.runtime import local_run
 from hpctrain.runtime.failures import first_task_failure
 
@@ -72,6 +72,8 @@ def run_status(run_dir: Path, known_states: Mapping[str, str] | None = None) -> 
         "slurm_state": state,
         **{key: getattr(summary, key) for key in PROGRESS_KEYS},
         "lost_nodes": node_loss_text(summary.node_failures),
+        "burn_in": burn_in_text(summary.burn_in),
+        "evictions": evictions_text(summary.evictions),
         "status": display_status(summary.status, state),
     }
 
@@ -123,6 +125,8 @@ class RunStatus:
     hung_phase: str | None
     hung_frozen_s: float | None
     lost_nodes: str | None
+    burn_in: str | None  # the last burn-in's scores and who it flagged
+    evictions: str | None
     stragglers: list[int]
 
     @property
@@ -149,7 +153,7 @@ def reconcile(summary: dict[str, Any], slurm_state: str, run_dir: Path) -> dict[
     summary = {**summary, "status": "stopped" if was_cancelled(slurm_state) else "failed"}
     if summary.get("failed_rank") is None:
         try:
-            tail = read_tail(log_path(run_dir, 0, err=True), FAILURE_LOG_TAIL_BYTES)
+            tail = read_tail(log_path(run_dir, 0, err=True), FAILURE_LOG_TAIL_BYTES, within=run_home(run_dir))
             failure = first_task_failure(tail.decode("utf-8", errors="replace"))
         except (OSError, RunDirError):
             failure = None

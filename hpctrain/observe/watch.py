@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Literal, TextIO
 
 from hpctrain.contract import slurm
-from hpctrain.contract.rundir import Summary, metrics_path, parse_summary, read_run_info, read_summary
+from hpctrain.contract.rundir import Summary, metrics_path, parse_summary, read_run_info, read_summary, run_home
 from hpctrain.errors import ClusterError
 from hpctrain.observe.live_status import MetricsTail, Snapshot, build_snapshot, read_run
 from hpctrain.observe.live_view import final_lines, plain_changes, rich_view
@@ -110,7 +110,7 @@ def watch(
     out = out or sys.stdout
     tty = out.isatty() if tty is None else tty
     poller = poller or JobPoller()
-    tail = MetricsTail(metrics_path(run_dir))
+    tail = MetricsTail(metrics_path(run_dir), within=run_home(run_dir))
     interval_s = max(MIN_INTERVAL_S, interval_s)
     live = None
     if tty:

@@ -447,15 +447,18 @@ def _redirect_stdio(log_path: str | None) -> object | None:
     return stream
 
 
-def leave_dataset_mount() -> None:
-    """This task is done with its node's packed-dataset mount, if it read one (``hpctrain.dataset.mount``).
+def leave_dataset_mount(keep_copies: bool = True) -> None:
+    """This task is done with its job's folder on the node, if it used one (``hpctrain.dataset.node_folder``:
+    a packed dataset's mount, a ``data.stage: node`` copy).
 
-    The node's last task unmounts it before it exits: once a step's tasks are
-    gone, Slurm kills squashfuse with the rest of the step.
+    The node's last task unmounts before it exits (once a step's tasks are
+    gone, Slurm kills squashfuse with the rest of the step) and, unless
+    ``keep_copies`` (a requeue or a failure may come back for them), removes
+    the copies: pass False only when the run has ended normally.
     """
-    mount = sys.modules.get("hpctrain.dataset.mount")  # imported only by a task that opened an image
-    if mount is not None:
-        mount.leave()
+    folder = sys.modules.get("hpctrain.dataset.node_folder")  # imported only by a task that staged or mounted
+    if folder is not None:
+        folder.leave(keep=keep_copies)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -61,6 +61,8 @@ class Recorder:
         self.changes = 0  # bumped on every step, phase change and beat: the watchdog compares it
         self.armed = False  # set by the first completed step: warm-up is not a hang
         self.step_times: deque[float] = deque(maxlen=RECENT_STEPS)
+        self.compute_times: deque[float] = deque(maxlen=RECENT_STEPS)
+        self.compute_count = 0
         self._last_step_at: float | None = None
 
     def set_phase(self, name: str) -> str:
@@ -84,6 +86,11 @@ class Recorder:
         self.changes += 1
         self.armed = True
 
+    def compute(self, seconds: float) -> None:
+        """One forward of the rank's own module took ``seconds`` (local work: slow-node eviction compares it)."""
+        self.compute_times.append(seconds)
+        self.compute_count += 1
+
     def position(self, number: int, epoch: int | None = None) -> None:
         """Start counting at step ``number`` (a resume) without calling it progress."""
         self.step_no, self.epoch, self._last_step_at = number, epoch, None
@@ -103,6 +110,10 @@ class Recorder:
             times = list(self.step_times)
         except RuntimeError:  # appended to while copied
             times = []
+        try:
+            computes = list(self.compute_times)
+        except RuntimeError:
+            computes = []
         return {
             "epoch": self.epoch,
             "step": self.step_no,
@@ -111,6 +122,9 @@ class Recorder:
             "last_progress": self.last_progress,
             "recent_step_times_s": [round(t, 4) for t in times],
             "step_time_median_s": round(statistics.median(times), 4) if times else None,
+            "recent_compute_times_s": [round(t, 5) for t in computes],
+            "compute_time_median_s": round(statistics.median(computes), 5) if computes else None,
+            "compute_count": self.compute_count,
         }
 
 

@@ -21,10 +21,11 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from hpctrain.contract.entrypoint import call_text, function_problem
 from hpctrain.contract.rundir import Summary, read_summary, write_summary
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
@@ -84,14 +85,17 @@ class TaskLauncher:
         if self._step_log is not None:
             failures.FailureWatch(Path(self.run_dir), self._step_log).start()
         monitor = self.start_heartbeats(spec, env)
+        ended = False
         try:
-            return self._run_monitored(spec, env, monitor)
+            result = self._run_monitored(spec, env, monitor)
+            ended = True  # done, or stopped for good: the node's copies of the dataset can go
+            return result
         except BaseException:
             if monitor is not None:
                 monitor.stop(final_phase=None)  # the heartbeat keeps the phase the rank failed in
             raise
         finally:
-            leave_dataset_mount()
+            leave_dataset_mount(keep_copies=not ended)
 
     def _run_monitored(self, spec: JobSpec, env: TaskEnv, monitor: heartbeat.Monitor | None) -> Any:
         stop = listen_for_stop(self.run_dir, env, spec.signals.timeout_signal)
@@ -100,7 +104,7 @@ class TaskLauncher:
         os.environ.update(thread_env(os.environ, os.cpu_count()))  # before torch is imported: it reads them once
         check_master_address(env, allow_loopback=os.environ.get(ALLOW_LOOPBACK_MASTER_VAR) == "1")
         # before the group forms: import errors fail fast
-        user_code = load_user_code(spec.entrypoint, getattr(self, "code_root", None))
+        user_code = load_user_code(spec.entrypoint, getattr(self, "code_root", None), spec.entrypoint_args)
         self.start_reaper()
 
         from hpctrain.runtime.process_group import process_group
@@ -111,16 +115,28 @@ class TaskLauncher:
 
                 monitor.gpu = gpu_sampler(device.index or 0, os.environ)
             ctx = TaskContext(env=env, spec=spec, run_dir=Path(self.run_dir), device=device, stop=stop)
-            reason = stop_before_start(ctx)
+            reason = stop_before_start(ctx)  # before the burn-in: a start that is ending probes nothing
             if reason is not None:
                 result = stopped_before_start(ctx, reason)
             else:
+                self.burn_in(ctx)
                 result = user_code(ctx, **(spec.entrypoint_args if spec.entrypoint else {}))
             heartbeat.set_phase("done")  # a requeue's wait for Slurm is not a hang
             if monitor is not None:
                 monitor.stop()
             self.after_run(ctx, result)
         return result
+
+    def burn_in(self, ctx: TaskContext) -> None:
+        """Probe the step's nodes before training, and take a sick one out (healing/burn_in.py): every
+        multi-node Slurm step with ``health.burn_in`` on. May end this process (the step starts again
+        without the node, or the job requeues without it)."""
+        from hpctrain.jobspec.node_health import burn_in_applies
+
+        if ctx.env.under_slurm and burn_in_applies(ctx.spec, ctx.env.num_nodes):
+            from hpctrain.healing.burn_in import run_burn_in
+
+            run_burn_in(ctx, exit_process=self.exit_without_result)
 
     def start_heartbeats(self, spec: JobSpec, env: TaskEnv) -> heartbeat.Monitor | None:
         """Start this rank's heartbeat thread (with the hang watchdog unless it is off); see docs/hangs.md.
@@ -319,11 +335,15 @@ def configure_logging(env: TaskEnv) -> None:
     logger.setLevel(logging.INFO)
 
 
-def load_user_code(entrypoint: str | None, code_root: str | None = None) -> UserCode:
+def load_user_code(
+    entrypoint: str | None, code_root: str | None = None, kwargs: Mapping[str, Any] | None = None
+) -> UserCode:
     """The function to run: ``package.module:function``, or the built-in trainer.
 
     With a code snapshot, the entry point is imported from the run's copy
-    (first on ``sys.path``), never from the user's live tree.
+    (first on ``sys.path``), never from the user's live tree. A function that
+    cannot be called as ``function(ctx, **kwargs)`` is refused here, naming the
+    entry point, before the process group forms (``contract/entrypoint.py``).
     """
     if entrypoint is None:
         from hpctrain.trainer.trainer import run_training
@@ -352,6 +372,13 @@ def load_user_code(entrypoint: str | None, code_root: str | None = None) -> User
         raise HpctrainError(
             f"entrypoint {entrypoint!r}: {module_name!r} has no function {function_name!r}",
             hint=f"define `def {function_name}(ctx, **kwargs)` in {module_name} or fix `entrypoint`",
+        )
+    problem = function_problem(function, kwargs or {})
+    if problem is not None:
+        raise HpctrainError(
+            f"entrypoint {entrypoint!r}: hpctrain calls it as {call_text(function_name, kwargs or {})}, but {problem}",
+            hint=f"define `def {function_name}(ctx, **kwargs)`: the task context first, then entrypoint_args "
+            "as keywords (or fix entrypoint_args)",
         )
     return function
 

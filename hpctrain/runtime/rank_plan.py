@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from hpctrain.errors import DistributedSetupError
+from hpctrain.errors import DistributedSetupError, UsageError, printable
 
 if TYPE_CHECKING:
     from hpctrain.jobspec.models import JobSpec
@@ -57,6 +57,34 @@ def select_device_index(local_rank: int, local_world_size: int, visible_devices:
         f"{device_count} visible (CUDA_VISIBLE_DEVICES={visible_devices!r})",
         hint="run one task per GPU: set resources.tasks_per_node to resources.gpus_per_node",
     )
+
+
+def local_visible_devices(visible: str | None, count: int) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a local run's tasks that need ``count`` GPUs: the first ``count`` of
+    the devices the user made visible (indices or ``GPU-``/``MIG-`` UUIDs, kept as written), or
+    ``0..count-1`` when the variable is unset. A machine without device cgroups shares its GPUs, so
+    the user's choice is the fence; fewer visible devices than asked is a ``UsageError``.
+
+    As CUDA reads the list, it ends at the first entry that is neither an index nor a UUID.
+    """
+    if count <= 0:
+        return ""  # a CPU job sees no GPU
+    if visible is None:
+        return ",".join(str(index) for index in range(count))
+    devices: list[str] = []
+    for entry in (item.strip() for item in visible.split(",")):
+        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
+            break
+        devices.append(entry)
+    if len(devices) < count:
+        shown = printable(visible if len(visible) <= 120 else visible[:117] + "...")
+        raise UsageError(
+            f"the job asks for {count} GPU{'s' * (count != 1)} on this machine, but CUDA_VISIBLE_DEVICES="
+            f"'{shown}' makes only {len(devices)} visible",
+            hint=f"list at least {count} of your GPUs in CUDA_VISIBLE_DEVICES (or unset it to use GPUs "
+            f"0-{count - 1}), or ask for fewer with resources.gpus_per_node",
+        )
+    return ",".join(devices[:count])
 
 
 def choose_backend(requested: str, *, cuda: bool) -> Backend:

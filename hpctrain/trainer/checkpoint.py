@@ -7,10 +7,24 @@ Layout (torchtitan style)::
     checkpoints/best.json                 # pointer to the best step directory (no duplicate copy)
 
 A checkpoint is written into ``.tmp-step-N-<uuid>/``, fsynced, then renamed
-into place, so a reader sees the whole directory or nothing. On load, a
-directory whose meta is missing or does not match ``state.pt`` is skipped
-(with a warning) and the previous one is used. Loading never unpickles
-arbitrary objects (``weights_only=True``).
+into place, so a reader sees the whole directory or nothing. Loading never
+unpickles arbitrary objects (``weights_only=True``) and trusts nothing else
+either, in this order, before a byte of tensor data is allocated:
+
+1. ``meta.json`` matches ``state.pt`` (size and sha256);
+2. the archive is one ``torch.save`` writes (``checkpoint_archive.py``):
+   every record stored uncompressed inside the file, the pickle bounded, so
+   a 5 MB file cannot inflate into a 5 GiB tensor;
+3. the pickle is read onto the ``meta`` device: every field, and every
+   tensor's size, with no tensor memory; the caller's ``check`` judges the
+   fields (the trainer's: ``trainer/state.py``) and ``max_bytes`` bounds
+   what the tensors would take;
+4. only then is it read for real.
+
+A checkpoint that fails any step is skipped with a warning naming it and
+why, and the previous one is tried; when every checkpoint was skipped, the
+load fails with :class:`CheckpointError` listing them (they are kept: a
+run that started over would prune them).
 
 Async saves copy every tensor into reusable CPU staging buffers (the only
 time the training loop is blocked, see snapshot.py) and write from a
@@ -29,6 +43,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +52,15 @@ import torch
 from hpctrain.contract import rundir
 from hpctrain.contract.rundir import BEST_FILE, META_FILE, STATE_FILE, read_json_object, step_dir_name
 from hpctrain.errors import CheckpointError
+from hpctrain.trainer.checkpoint_archive import ArchiveError, check_archive, tensor_bytes
 from hpctrain.trainer.snapshot import SAFE_SCALARS, StagingBuffers, refuse_type
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = rundir.CHECKPOINT_FORMAT_VERSION
 _HASH_CHUNK = 8 << 20
+# ``check(state, meta)``: judge a checkpoint's fields (its tensors are on the meta device); raise CheckpointError.
+Check = Callable[[dict[str, Any], dict[str, Any] | None], None]
 
 
 class CheckpointManager:
@@ -126,30 +144,63 @@ class CheckpointManager:
     def best(self) -> Path | None:
         return rundir.best_checkpoint(self.directory)
 
-    def load(self, path: Path | None = None, map_location: Any = "cpu") -> dict[str, Any] | None:
-        """The newest loadable checkpoint (or exactly ``path``), tensors placed by ``map_location``.
+    def load(
+        self,
+        path: Path | None = None,
+        map_location: Any = "cpu",
+        *,
+        check: Check | None = None,
+        max_bytes: int | None = None,
+        newest: Path | None = None,
+        agree: Callable[[bool], bool] | None = None,
+    ) -> dict[str, Any] | None:
+        """The newest usable checkpoint (or exactly ``path``), tensors placed by ``map_location``
+        (``"meta"``: fields only, no tensor memory).
 
-        Corrupt checkpoints found while searching are skipped with a warning;
-        an explicitly named one that is corrupt raises :class:`CheckpointError`.
+        ``check`` judges its fields and ``max_bytes`` bounds its tensors, both before they are
+        allocated (module docstring); ``newest``: start the search there, not at the newest.
+        ``agree(usable)`` makes the ranks choose together (collective: True only when every rank could
+        use the candidate), so no rank resumes from another checkpoint than the others.
+        Checkpoints that fail while searching are skipped with a warning; an explicitly named one
+        that fails raises :class:`CheckpointError`, and so does a search that skipped every one.
         Returns None when there is no checkpoint at all.
         """
         if path is not None:
             try:
-                state = _load_checkpoint(Path(path), map_location)
-            except _Corrupt as exc:
+                state = _load_checkpoint(Path(path), map_location, check=check, max_bytes=max_bytes)
+            except (_Corrupt, CheckpointError) as exc:
+                why = exc.message if isinstance(exc, CheckpointError) else str(exc)
                 raise CheckpointError(
-                    str(exc), hint="load another checkpoint, or none to use the newest intact one"
+                    f"checkpoint {path}: {why}", hint="load another checkpoint, or none to use the newest usable one"
                 ) from exc
             self.last_loaded = Path(path)
             return state
-        for candidate in reversed(self.checkpoints()):
+        candidates = self.checkpoints()
+        if newest is not None:
+            candidates = [c for c in candidates if c.name <= Path(newest).name]
+        skipped = []
+        for candidate in reversed(candidates):
+            state, why = None, None
             try:
-                state = _load_checkpoint(candidate, map_location)
-            except _Corrupt as exc:
-                log.warning("skipping corrupt checkpoint %s: %s; trying the previous one", candidate, exc)
+                state = _load_checkpoint(candidate, map_location, check=check, max_bytes=max_bytes)
+            except (_Corrupt, CheckpointError) as exc:
+                kind = "corrupt" if isinstance(exc, _Corrupt) else "unusable"
+                why = exc.message if isinstance(exc, CheckpointError) else str(exc)
+                log.warning("skipping %s checkpoint %s: %s; trying the previous one", kind, candidate, why)
+            if agree is not None and not agree(why is None) and why is None:
+                why = "another rank could not use it"
+                log.warning("skipping checkpoint %s: %s; trying the previous one", candidate, why)
+            if why is not None:
+                skipped.append(f"{candidate.name}: {why}")
                 continue
             self.last_loaded = candidate
             return state
+        if skipped:
+            raise CheckpointError(
+                f"no usable checkpoint under {self.directory}, so the run cannot resume: " + "; ".join(skipped),
+                hint="each was kept; move the damaged ones away (or fix what they name) and resubmit, "
+                "or start a new run",
+            )
         return None
 
     # -- writing ---------------------------------------------------------------------------------------------
@@ -254,14 +305,38 @@ class _Corrupt(Exception):
     """A checkpoint that is incomplete or damaged (as opposed to one that is unsafe to load)."""
 
 
-def _load_checkpoint(path: Path, map_location: Any) -> dict[str, Any]:
+def _load_checkpoint(
+    path: Path, map_location: Any, *, check: Check | None = None, max_bytes: int | None = None
+) -> dict[str, Any]:
     state_path = path / STATE_FILE if path.is_dir() else path
+    meta = None
     if path.is_dir():
         meta = _read_meta(path, quick_check=False)
         if meta is None:
             raise _Corrupt(f"{path} has no valid {META_FILE} matching its {STATE_FILE}")
     elif not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist", hint="check the path, or remove it to start fresh")
+    try:
+        check_archive(state_path)
+    except ArchiveError as exc:
+        raise _Corrupt(str(exc)) from exc
+    outline = _torch_load(state_path, "meta")  # every field and every tensor's size; no tensor memory
+    if check is not None:
+        check(outline, meta)
+    if max_bytes is not None:
+        claimed, largest = tensor_bytes(outline)
+        if claimed > max_bytes:
+            raise CheckpointError(
+                f"its tensors would take {claimed / 2**20:.1f} MiB ({largest[0]} alone {largest[1] / 2**20:.1f} MiB), "
+                f"more than this run's model and optimizer can hold ({max_bytes / 2**20:.1f} MiB); not loaded",
+                hint="it is not this run's checkpoint (or was crafted); move it away",
+            )
+    if str(map_location) == "meta":
+        return outline
+    return _torch_load(state_path, map_location)
+
+
+def _torch_load(state_path: Path, map_location: Any) -> dict[str, Any]:
     try:
         state = torch.load(state_path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -271,7 +346,7 @@ def _load_checkpoint(path: Path, map_location: Any) -> dict[str, Any]:
                 hint="hpctrain never unpickles arbitrary objects; re-save the checkpoint with plain state dicts",
             ) from exc
         raise _Corrupt(f"cannot unpickle {state_path}: {exc}") from exc
-    except (RuntimeError, OSError, EOFError, ValueError) as exc:
+    except (RuntimeError, OSError, EOFError, ValueError, RecursionError, MemoryError) as exc:
         raise _Corrupt(f"cannot read {state_path}: {exc}") from exc
     if not isinstance(state, dict):
         raise _Corrupt(f"{state_path} does not hold a dict")

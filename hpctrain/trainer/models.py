@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import logging
 import pickle
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from torch import nn
 
 from hpctrain.errors import TrainingConfigError
 from hpctrain.jobspec.models import Trainer
+from hpctrain.trainer.checkpoint_archive import ArchiveError, check_archive
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +126,13 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         raise TrainingConfigError(
             f"trainer.weights: {path} does not exist", hint="give a local file; hpctrain never downloads weights"
         )
+    if zipfile.is_zipfile(path):  # a legacy (non-zip) torch file has no records to inflate
+        try:
+            check_archive(path)  # a deflated record would be inflated whole, whatever it claims
+        except ArchiveError as exc:
+            raise TrainingConfigError(
+                f"trainer.weights: {exc}", hint="use a file torch.save wrote (its records are never compressed)"
+            ) from exc
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:

@@ -37,7 +37,7 @@ TRAIN_SCALARS = {
     "data_wait_fraction": "perf/data_wait_fraction",
 }
 VAL_SCALARS = {"top1": "val/top1", "top5": "val/top5", "loss": "val/loss"}
-CARRIED_KEYS = ("excluded_nodes", "node_failures")  # summary keys a new attempt keeps
+CARRIED_KEYS = ("excluded_nodes", "node_failures", "burn_in", "evictions")  # summary keys a new attempt keeps
 
 
 def _now_iso() -> str:

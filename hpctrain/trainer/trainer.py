@@ -30,18 +30,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hpctrain.contract.rundir import RUN_FILE, read_json_object, run_home
 from hpctrain.errors import TrainingConfigError
 from hpctrain.jobspec.batch import BatchLayout
 from hpctrain.jobspec.node_loss import RUN_MICRO_BATCHES_VAR
 from hpctrain.jobspec.strategy_traits import traits
 from hpctrain.runtime import heartbeat
 from hpctrain.runtime.context import TaskContext
-from hpctrain.runtime.stop import StopReason
+from hpctrain.runtime.stop import StopReason, all_reduce_max
 from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
+from hpctrain.trainer.checkpoint_archive import tensor_bytes
 from hpctrain.trainer.compiling import compile_failure, compile_model
 from hpctrain.trainer.data.loaders import build_loaders
 from hpctrain.trainer.elastic import run_micro_batches
 from hpctrain.trainer.evaluation import Accuracy
+from hpctrain.trainer.forward_timer import ForwardTimer
 from hpctrain.trainer.models import build_model, resolve_num_classes
 from hpctrain.trainer.optim import build_optimizer, build_scheduler
 from hpctrain.trainer.precision import Precision, to_memory_format
@@ -51,11 +54,15 @@ from hpctrain.trainer.state import (
     EpochSums,
     Progress,
     RngStates,
+    RunShape,
     SamplerPosition,
     Stateful,
     StepWindow,
+    check_fields,
     checkpoint_payload,
+    recorded_micro_batches,
     restore_parts,
+    state_budget,
 )
 from hpctrain.trainer.step import TrainStep
 from hpctrain.trainer.strategies import EpochHost, EpochWorkers, build_strategy
@@ -130,10 +137,15 @@ class Trainer:
         self.resume()
 
     def load_checkpoint(self) -> dict[str, Any] | None:
-        """The newest complete checkpoint, if a resume is due; fixes the run's micro-batches per step."""
+        """The newest checkpoint whose fields fit this run, if a resume is due, read without its tensors (the
+        meta device: nothing is allocated before the model exists, see :meth:`resume`); fixes the run's
+        micro-batches per step. A checkpoint whose fields do not fit is skipped for the previous one."""
         if self.cfg.evaluate_only and self.cfg.weights:
             return None  # evaluate exactly the weights asked for (build_model loads them)
-        state = self.checkpoints.load(map_location=self.device)
+        shape = self._run_shape(micro_batches=self._micro_batches_on_record())
+        state = self.checkpoints.load(
+            map_location="meta", check=lambda state, meta: check_fields(state, meta, shape), agree=_all_agree
+        )
         if state is not None and not self.cfg.evaluate_only:
             self.micro_batches = run_micro_batches(
                 state,
@@ -212,6 +224,8 @@ class Trainer:
             self.cfg.channels_last,
         )
         self.shared_step = step  # gradient accumulation (elastic resume) uses it directly
+        if not self.cfg.compile:  # hooks inside a compiled graph would break it; no eviction signal then
+            self.forward_timer = ForwardTimer(self.module, self.device)  # local work, for slow-node eviction
         self.train_step = self.strategy.train_step(step)
         self.strategy.attach(self.optimizer, self.scheduler, max(1, self.steps_per_epoch))
         if self.loaders.train_dataset is not None:
@@ -221,14 +235,25 @@ class Trainer:
         """Continue from the newest complete checkpoint in the run directory, if there is one."""
         if self.cfg.evaluate_only and self.cfg.weights:
             return  # evaluate exactly the weights asked for (build_model loaded them)
-        state, self._checkpoint = self._checkpoint, None
-        if state is None:
+        found, self._checkpoint = self._checkpoint, None
+        if found is None:
             if self.cfg.evaluate_only and not self.cfg.weights:
                 raise TrainingConfigError(
                     f"trainer.evaluate_only: no trainer.weights and no checkpoint under {self.ctx.checkpoint_dir}",
                     hint="set trainer.weights to a local weights file, or evaluate a run directory with checkpoints",
                 )
             return
+        # now that the data and the model exist: every field against them, and the tensors against what the
+        # model and optimizer hold, both before a tensor is allocated; a failing one falls back to the previous
+        shape = self._run_shape(micro_batches=self.micro_batches, data=True)
+        state = self.checkpoints.load(
+            map_location=self.device,
+            check=lambda state, meta: check_fields(state, meta, shape),
+            max_bytes=self._state_budget(),
+            newest=self.checkpoints.last_loaded,
+            agree=_all_agree,
+        )
+        assert state is not None  # a search that skipped every checkpoint raises
         parts = self.checkpoint_parts()
         if self.cfg.evaluate_only:
             parts = {"model": self.module, "progress": self.progress}
@@ -424,6 +449,33 @@ class Trainer:
         resumes = self.reporter.prior_restarts + (1 if continues else 0)
         return {**fields, "restarts": max(self.env.restart_count, resumes), "global_rank": self.env.global_rank}
 
+    # -- what a checkpoint of this run may hold -----------------------------------------------------------------
+    def _run_shape(self, *, micro_batches: int | None, data: bool = False) -> RunShape:
+        """What a checkpoint must fit: the spec and this job's layout, and with ``data`` its steps per epoch."""
+        trains = data and self.workers is None and self.strategy.loads_data and not self.cfg.evaluate_only
+        return RunShape(
+            epochs=None if self.cfg.evaluate_only else self.cfg.epochs,
+            per_process=self.layout.per_process,
+            processes=self.layout.processes,
+            strategy=self.strategy.name,
+            micro_batches=micro_batches,
+            steps_per_epoch=self.steps_per_epoch if trains and self.steps_per_epoch > 0 else None,
+            trains_itself=self.workers is None,
+            evaluates_only=self.cfg.evaluate_only,
+        )
+
+    def _micro_batches_on_record(self) -> int | None:
+        run_info = read_json_object(self.ctx.run_dir / RUN_FILE, within=run_home(self.ctx.run_dir))
+        return recorded_micro_batches(os.environ.get(RUN_MICRO_BATCHES_VAR), run_info, self.layout.per_process)
+
+    def _state_budget(self) -> int:
+        """The most a checkpoint of this run may hold: the model, its optimizer state (per hogwild worker),
+        every rank's RNG states (``trainer/state.py``)."""
+        copies = self.cfg.hogwild_processes if self.workers is not None else 1
+        return state_budget(
+            tensor_bytes(self.module.state_dict())[0], optimizer_copies=copies, world_size=self.env.world_size
+        )
+
     # -- small steps -------------------------------------------------------------------------------------------
     def _one_step(self, batches: Any) -> tuple[torch.Tensor, float, int]:
         """Train on the next batch (or, on a ps server, serve the step): the sums to log, data wait, images."""
@@ -522,3 +574,8 @@ class Trainer:
         finally:
             self.strategy.close(failed=self._failed)
             self.reporter.close()
+
+
+def _all_agree(usable: bool) -> bool:
+    """Whether every rank could use a checkpoint (collective when distributed: every rank asks)."""
+    return all_reduce_max(0 if usable else 1) == 0

@@ -34,7 +34,7 @@ def packed(data_root: Path, tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]
     stage = tmp_path / "node"
     stage.mkdir()
     yield image, tree, stage
-    for point in stage.glob("hpctrain-image-*/mnt-*"):  # this process's mounts: its watchers wait for pytest
+    for point in stage.glob("hpctrain-*/job-*/mnt-*"):  # this process's mounts: its watchers wait for pytest
         if point.is_dir() or mount.is_mounted(point):
             assert mount.release(point, None)
     assert not [line for line in Path("/proc/mounts").read_text().splitlines() if str(stage) in line]
@@ -68,7 +68,9 @@ def test_packed_run_matches_the_folder_and_opens_nothing_of_the_tree(
     assert on_image["val_top1"] == on_folder["val_top1"]
     assert on_image.get("skipped_samples", 0) == 0
     if stage == "node":
-        assert [p.name for p in stage_dir.glob("hpctrain-data.sqsh-*")], "the image was not copied to the node"
+        assert [p.name for p in stage_dir.glob("hpctrain-*/job-*/image-data.sqsh-*")], (
+            "the image was not copied to the node"
+        )
 
 
 def test_exact_resume_on_the_image(packed: tuple[Path, Path, Path], tmp_path: Path) -> None:

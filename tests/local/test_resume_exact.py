@@ -67,3 +67,19 @@ def test_two_ranks_stopped_on_one_rank_resume_exactly(data_root: Path, tmp_path:
     assert results[0]["resumed"]["val_top1"] == results[0]["full"]["val_top1"]
     summary = json.loads((tmp_path / "split" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["restarts"] == 1
+
+
+def test_a_last_batch_of_one_image_neither_crashes_batchnorm_nor_a_resume(tmp_path: Path) -> None:
+    """65 images, batch 8, ResNet at 32 px (its last feature map is 1x1): the epoch's last step used to hold
+    one image, and BatchNorm refuses one value per channel in training, at every epoch's end and every resume."""
+    from hpctrain.dataset.generate import make_dataset
+
+    data = tmp_path / "data"
+    make_dataset(data, classes=5, per_class=13, val_per_class=2, image_size=32)  # 65 training images
+    spec = job_spec(data, trainer={"epochs": 2, "max_steps_per_epoch": None, "deterministic": True})
+    full = train(tmp_path / "full", spec)
+    assert full["status"] == "completed" and full["global_step"] == 18  # 9 steps of 8, the last one filled up
+    stopped = train(tmp_path / "split", spec, stop_after=8)  # before the epoch's last step
+    assert stopped["status"] == "stopped"
+    resumed = train(tmp_path / "split", spec)
+    assert resumed["status"] == "completed" and resumed["weights_sha256"] == full["weights_sha256"]

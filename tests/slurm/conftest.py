@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.contract.slurm import RELEASE_AFTER_REQUEUE_S
+from hpctrain.contract.slurm import RELEASE_AFTER_REQUEUE_S, parse_sacct_states
 from tests.cluster_scripts import load_cluster_script
 
 HERE = Path(__file__).resolve().parent
@@ -107,11 +107,15 @@ class SlurmCluster:
         return self.run("sbatch", "--parsable", *args).stdout.strip().split(";")[0]
 
     def job_states(self, job_id: str) -> list[str]:
-        """sacct's allocation states of a job (one per array task), normalised."""
-        proc = self.run("sacct", "-X", "-n", "-P", "-o", "State", "-j", str(job_id), check=False)
+        """sacct's allocation states of a job (one per array task), normalised, read by the product's parser.
+
+        A job that lost a node while running (``--no-kill``) has two allocation rows with its id: the
+        allocation before Slurm removed the node (RESIZING, for good) and the one after; the later row
+        is the job's state (seen on 22.05 when the node was marked DOWN during the run)."""
+        proc = self.run("sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", str(job_id), check=False)
         if proc.returncode != 0:
             return []
-        return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+        return list(parse_sacct_states(proc.stdout).values())
 
     def wait_state(self, job_id: str, states: Iterable[str] = FINAL_STATES, timeout: float = 60) -> str:
         """Poll sacct until the job (every array task) is in one of `states`; return that state.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,13 +63,20 @@ def write_entry(repo: Path, version: str) -> None:
 
 
 def test_edit_after_submit_reaches_neither_the_job_nor_its_requeue(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    repo = tmp_path / "usercode"
+    """... and the copy holds what the entry point imports, not the secrets of a dotfiles tree around it."""
+    repo = tmp_path / "usercode"  # a dotfiles $HOME under git, the package in it
     (repo / "snapcase_e2e").mkdir(parents=True)
     (repo / "snapcase_e2e" / "__init__.py").write_text("")
     write_entry(repo, "as-submitted")
+    (repo / ".ssh").mkdir()
+    (repo / ".ssh" / "id_rsa").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    (repo / "notes.txt").write_text("private\n")
+    outside = tmp_path / "elsewhere.txt"
+    outside.write_text("not the job's\n")
+    (repo / "snapcase_e2e" / "shadow.py").symlink_to(outside)
     git(repo, "init", "-q")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "user code")
+    git(repo, "add", "snapcase_e2e")
+    git(repo, "commit", "-q", "-m", "user code")  # .ssh/id_rsa, notes.txt: untracked, not ignored
     spec = tmp_path / "snapshot.yaml"
     spec.write_text(SPEC.format(runs=tmp_path / "runs"))
     # The live tree stays importable on the nodes too: only the copy's place first on sys.path protects the job.
@@ -80,8 +88,11 @@ def test_edit_after_submit_reaches_neither_the_job_nor_its_requeue(slurm_cluster
     write_entry(repo, "edited-after-submit")
     assert job_record(slurm_cluster, job_id).get("JobState") == "PENDING", "the edit must land while the job waits"
 
-    info = (run_dir / "run.json").read_text()
-    assert git(repo, "rev-parse", "HEAD") in info and '"git_dirty": false' in info
+    info = json.loads((run_dir / "run.json").read_text())["code_snapshot"]
+    assert (info["git_commit"], info["git_dirty"]) == (git(repo, "rev-parse", "HEAD"), False), info
+    copied = sorted(p.relative_to(run_dir / "code").as_posix() for p in (run_dir / "code").rglob("*"))
+    assert copied == ["snapcase_e2e", "snapcase_e2e/__init__.py", "snapcase_e2e/job.py"], copied
+    assert info["left_out"] == [f"snapcase_e2e/shadow.py: a symlink to {outside.resolve()}, outside {repo.resolve()}"]
 
     first = run_dir / "seen-0-0.txt"
     wait_for(lambda: first.is_file() or None, "the first attempt to start", 120)
@@ -115,3 +126,25 @@ def test_no_snapshot_runs_the_live_tree(slurm_cluster: SlurmCluster, tmp_path: P
     assert first.read_text() == "edited-after-submit"
     hpctrain(env, "cancel", str(run_dir))
     assert job_id
+
+
+def test_an_entry_point_that_cannot_take_ctx_fails_naming_it(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """A decorated function passes the login node's check from source (a decorator may change a
+    signature); the task binds the real one and fails with a message, not a raw TypeError."""
+    repo = tmp_path / "usercode"
+    (repo / "snapcase_e2e").mkdir(parents=True)
+    (repo / "snapcase_e2e" / "__init__.py").write_text("")
+    (repo / "snapcase_e2e" / "job.py").write_text(
+        "import functools\n\n\ndef logged(f):\n    @functools.wraps(f)\n    def inner(*a, **k):\n"
+        "        return f(*a, **k)\n    return inner\n\n\n@logged\ndef main():\n    return 1\n"
+    )
+    spec = tmp_path / "snapshot.yaml"
+    spec.write_text(SPEC.format(runs=tmp_path / "runs").replace("    begin: now+10\n", "    comment: sig\n"))
+    env = {**cli_env(slurm_cluster, tmp_path / "state"), "PYTHONPATH": f"{repo}:{slurm_cluster.env['PYTHONPATH']}"}
+    submitted = hpctrain(env, "submit", str(spec), "--json")
+    assert submitted.returncode == 0, submitted
+    job_id, run_dir = submitted.json()["job_id"], Path(submitted.json()["run_dir"])
+    assert slurm_cluster.wait_state(job_id, timeout=120) == "FAILED", task_logs(run_dir)
+    logs = task_logs(run_dir)
+    assert "entrypoint 'snapcase_e2e.job:main': hpctrain calls it as main(ctx), but its signature ()" in logs, logs
+    assert "TypeError" not in logs, logs

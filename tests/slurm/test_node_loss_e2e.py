@@ -10,6 +10,7 @@ and the job log say, and that nothing of the job is left running.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from hpctrain.contract.heartbeat_files import read_heartbeats
+from hpctrain.contract.rundir import supervisor_record_path, write_json_atomic
 
 from .entrypoints import ENTRYPOINT_MODULE
 from .hpctrain_cli import hpctrain, task_logs
@@ -112,13 +114,14 @@ def assert_healed_onto_the_spare(cluster: SlurmCluster, ws: Workspace, run: Run)
     assert (summary["status"], summary["global_step"]) == ("completed", TOTAL_STEPS), summary
     assert summary["excluded_nodes"] == ["n2"] and summary["hostnames"] == ["n1", "n3"]
     [failure] = summary["node_failures"]
-    assert (failure["node"], failure["action"], failure["nodes"]) == ("n2", "continue", ["n1", "n3"]), failure
+    assert (failure["node"], failure["action"], failure["nodes"]) == ("n2", "swap", ["n1", "n3"]), failure
     assert f"node n2 lost at step {failure['step']} ({failure['reason']})" in logs
     assert f"continuing on n1,n3 from step {failure['checkpoint_step']}" in logs
     requeues = cluster.run("sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", run.job_id)
     assert "REQUEUED" not in requeues.stdout  # healed inside the allocation
     status = hpctrain(ws.env, "status", str(run.run_dir))
-    assert "lost_nodes: n2 at step" in status.stdout and "continue on n1,n3" in status.stdout, status
+    assert "lost_nodes: n2 at step" in status.stdout, status
+    assert "swapped for a spare, training on n1,n3" in status.stdout, status
     assert_nothing_left(cluster, run.job_id)
     return failure, status.stdout
 
@@ -183,7 +186,7 @@ def test_no_spare_left_requeues_without_the_lost_nodes(cluster: SlurmCluster, wo
     logs = batch_log(run.run_dir)
     assert job_record(cluster, run.job_id).get("ExcNodeList") in ("n[2-3]", "n2,n3"), logs
     summary = run.summary()
-    assert [(f["node"], f["action"]) for f in summary["node_failures"]] == [("n2", "continue"), ("n3", "requeue")]
+    assert [(f["node"], f["action"]) for f in summary["node_failures"]] == [("n2", "swap"), ("n3", "requeue")]
     assert summary["excluded_nodes"] == ["n2", "n3"]
     assert "requeueing without n2,n3 (1 healthy node left, min_nodes is 2)" in logs
     cluster.run("scancel", run.job_id)  # it cannot start again on this cluster: only n1 is left
@@ -207,7 +210,7 @@ def test_a_crash_loop_stops_the_run_and_lists_the_attempts(cluster: SlurmCluster
     assert state == "FAILED", logs
     summary = run.summary()
     assert summary["status"] == "failed", summary
-    assert [(f["node"], f["action"]) for f in summary["node_failures"]] == [("n2", "continue"), ("n3", "fail")]
+    assert [(f["node"], f["action"]) for f in summary["node_failures"]] == [("n2", "swap"), ("n3", "fail")]
     assert summary["error"].startswith("crash loop: 2 attempts in a row ended without a checkpoint"), summary
     assert "attempt 1 (job" in summary["error"] and "attempt 2 (job" in summary["error"]
     assert "stopping: crash loop" in logs
@@ -240,7 +243,13 @@ def test_the_batch_nodes_death_requeues_and_the_next_start_keeps_it_out(
     run = submit(workspace, "name=batchnode", "resources.min_nodes=1")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
     kill_node("n1")  # the batch step and the supervisor die with it; the guardian on n2 requeues
+    # ... even when the dead supervisor's last record is dated a year ahead (a clock ahead, or planted)
+    record_path = supervisor_record_path(run.run_dir)
+    record = json.loads(record_path.read_text())
+    write_json_atomic(record_path, {**record, "time": time.time() + 365 * 86400})
     wait_requeued(cluster, run.job_id, restarts=1, timeout=REQUEUE_AFTER_LOSS_TIMEOUT_S)
+    guardian_log = (run.run_dir / "submitit" / f"{run.job_id}_guardian_log.err").read_text()
+    assert "ahead of this node's clock" in guardian_log and "node n1 lost" in guardian_log, guardian_log
     assert job_record(cluster, run.job_id).get("ExcNodeList") == "n1", batch_log(run.run_dir)
     cluster.release(run.job_id)
     state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)

@@ -68,6 +68,8 @@ def test_two_nodes_train_on_a_packed_image_and_leave_nothing_mounted(
     require_mount()
     env = cli_env(slurm_cluster, tmp_path / "state")
     data, image, stage = tmp_path / "data", tmp_path / "data.sqsh", tmp_path / "stage"
+    for node in slurm_cluster.nodes:
+        (stage / node).mkdir(parents=True)  # a stage dir is never created
     made = hpctrain(env, "make-dataset", str(data), "--classes", "4", "--per-class", "16", "--image-size", "32")
     assert made.returncode == 0, made
     packed = hpctrain(env, "pack", str(data), str(image))

@@ -149,6 +149,8 @@ def test_staged_run_requeued_by_usr2_resumes_bit_identically(
     started = time.monotonic()
     server = ServerLog(slurm_cluster)
     stage = tmp_path / "stage"  # the nodes' local disks: outside the shared folder
+    for node in slurm_cluster.nodes:
+        (stage / node).mkdir(parents=True)  # a stage dir is never created
     run = submit(shared, "name=staged_requeued_on_shared", "data.stage=node", f"data.stage_dir={stage}/{{node}}")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
     slurm_cluster.run("scancel", "--signal=USR2", run.job_id)

@@ -1,8 +1,10 @@
-"""Node-local staging on the real cluster: one copy per node, every rank reads it, a rerun skips the copy.
+"""Node-local staging on the real cluster: one copy per node, every rank reads it, gone once the run ends.
 
 The test cluster's nodes share this machine's disk, so the stage dir names the
 node (``{node}``): each node gets its own folder, as on a real cluster where
-``$SLURM_TMPDIR`` is a node's local disk.
+``$SLURM_TMPDIR`` is a node's local disk. A stage dir is never created, so
+the test makes each node's. (A requeued attempt reusing its copy:
+``test_shared_fs_e2e``.)
 """
 
 from __future__ import annotations
@@ -19,9 +21,13 @@ if TYPE_CHECKING:
 SMOKE_SPEC = "jobs/smoke_2x2_cpu.yaml"
 
 
-def test_each_node_stages_once_and_a_rerun_reuses_the_copy(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+def test_each_node_stages_once_into_its_own_folder_removed_when_the_run_ends(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
     env = cli_env(slurm_cluster, tmp_path / "state")
     data, stage = tmp_path / "data", tmp_path / "stage"
+    for node in slurm_cluster.nodes:
+        (stage / node).mkdir(parents=True)
     made = hpctrain(env, "make-dataset", str(data), "--classes", "4", "--per-class", "16", "--image-size", "32")
     assert made.returncode == 0, made
 
@@ -38,15 +44,19 @@ def test_each_node_stages_once_and_a_rerun_reuses_the_copy(slurm_cluster: SlurmC
     first = submit()
     summary = json.loads((first / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["skipped_samples"] == 0, summary
-    nodes = sorted(p.name for p in stage.iterdir())
-    assert nodes == ["n1", "n2"], nodes
-    for node in nodes:
-        (copy,) = (stage / node).iterdir()
-        assert (copy / "STAGED").is_file()
-        assert len(list(copy.rglob("*.jpg"))) == len(list(data.rglob("*.jpg")))
     output = task_output(first)
     assert output.count("MB/s") == 2, output  # one copy per node, by its first task
     assert output.count("reading the staged copy") == 4, output  # every rank trains on it
+    for node in sorted(p.name for p in stage.iterdir()):
+        (mine,) = (stage / node).iterdir()  # the user's own folder, mode 0700 ...
+        assert mine.name.startswith("hpctrain-") and mine.stat().st_mode & 0o777 == 0o700
+        assert list(mine.iterdir()) == [], list(mine.iterdir())  # ... and the job's copy gone with the run
+    assert output.count("(the run has ended)") == 2, output  # by each node's last task
 
-    second = task_output(submit())
-    assert "MB/s" not in second and second.count("staged already") == 2, second
+    missing = hpctrain(
+        env, "submit", SMOKE_SPEC, "--set", f"data.root={data}", "--set", f"output_dir={tmp_path / 'runs'}",
+        "--set", "data.stage=node", "--set", f"data.stage_dir={tmp_path / 'nowhere'}/{{node}}",
+        "--set", "trainer.epochs=1", "--wait", "--json", timeout=300,
+    )  # fmt: skip
+    assert missing.returncode != 0 and "does not exist" in task_output(Path(missing.json()["run_dir"]))
+    assert not (tmp_path / "nowhere").exists()  # never created

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -34,8 +35,10 @@ def repo(tmp_path: Path) -> Path:
     return root
 
 
-def test_git_tree_is_copied_with_untracked_files_and_without_ignored_ones(repo: Path, tmp_path: Path) -> None:
+def test_git_tree_gives_the_package_with_untracked_files_and_without_ignored_ones(repo: Path, tmp_path: Path) -> None:
     write(repo / "src" / "snapcase_git" / "new_module.py", "X = 1\n")  # not added yet
+    write(repo / "src" / "snapcase_git" / "cache.bin", "y")
+    write(repo / ".gitignore", "data/\n*.bin\n")
     source = code_snapshot.locate("snapcase_git.job:main", [str(repo / "src")])
     assert source is not None and source.git_root == repo.resolve()
 
@@ -43,12 +46,12 @@ def test_git_tree_is_copied_with_untracked_files_and_without_ignored_ones(repo: 
     snap = code_snapshot.take(source, run_dir)
 
     copied = {p.relative_to(run_dir / "code").as_posix() for p in (run_dir / "code").rglob("*") if p.is_file()}
-    assert copied == {".gitignore", "README", "src/snapcase_git/__init__.py", "src/snapcase_git/job.py",
-                      "src/snapcase_git/new_module.py"}  # fmt: skip
-    assert snap.import_root == "code/src"
+    assert copied == {"snapcase_git/__init__.py", "snapcase_git/job.py", "snapcase_git/new_module.py"}
+    assert snap.import_root == "code" and snap.packages == ["snapcase_git"]
     assert snap.git_commit == git(repo, "rev-parse", "HEAD")
     assert snap.git_dirty is True  # the untracked module
-    assert snap.files == 5 and snap.bytes == sum((run_dir / "code" / name).stat().st_size for name in copied)
+    assert snap.files == 3 and snap.bytes == sum((run_dir / "code" / name).stat().st_size for name in copied)
+    assert snap.left_out_count == 1  # cache.bin, which git ignores
 
 
 def test_clean_tree_is_not_dirty_and_the_copy_holds_what_was_on_disk(repo: Path, tmp_path: Path) -> None:
@@ -148,3 +151,107 @@ def test_a_missing_copy_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(HpctrainError) as caught:
         load_user_code("snapcase_gone.job:main", str(tmp_path / "run" / "code"))
     assert "snapshot" in caught.value.message and "--no-snapshot" in caught.value.hint
+
+
+# -- hostile trees: what the entry point needs, nothing outside its import directory -----------------------------
+@pytest.fixture
+def dotfiles_home(tmp_path: Path) -> Path:
+    """A $HOME kept under git (dotfiles), the user's package and a helper module in it, secrets beside them."""
+    home = tmp_path / "home"
+    write(home / ".bashrc", "export X=1\n")
+    write(home / ".ssh" / "id_rsa", "-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    write(home / ".ssh" / "config", "Host *\n")
+    write(home / "notes.txt", "private notes\n")
+    write(home / "other_project" / "__init__.py", "")
+    write(home / "mytrain" / "__init__.py", "")
+    write(
+        home / "mytrain" / "job.py", "import os\nimport helpers\nfrom mytrain import model\ndef main(ctx):\n    pass\n"
+    )
+    write(home / "mytrain" / "model.py", "import importlib\nimportlib.import_module('plugins.extra')\n")
+    write(home / "mytrain" / "config.yaml", "lr: 0.1\n")  # package data travels with the package
+    write(home / "mytrain" / ".env", "TOKEN=secret\n")
+    write(home / "helpers.py", "import numpy\n")
+    write(home / "plugins" / "__init__.py", "")
+    write(home / "plugins" / "extra.py", "")
+    git(home, "init", "-q")
+    git(home, "add", ".bashrc", ".ssh/config", "mytrain", "helpers.py", "plugins", "other_project")
+    git(home, "commit", "-q", "-m", "dotfiles")  # .ssh/id_rsa and notes.txt: untracked, not ignored
+    return home
+
+
+def copied_files(run_dir: Path) -> set[str]:
+    code = run_dir / "code"
+    return {p.relative_to(code).as_posix() for p in code.rglob("*") if p.is_file() or p.is_symlink()}
+
+
+def test_a_dotfiles_home_gives_the_entry_points_imports_and_no_secret(dotfiles_home: Path, tmp_path: Path) -> None:
+    source = code_snapshot.locate("mytrain.job:main", [str(dotfiles_home)])
+    assert source is not None and source.git_root == dotfiles_home.resolve()
+    snap = code_snapshot.take(source, tmp_path / "run")
+    assert copied_files(tmp_path / "run") == {
+        "mytrain/__init__.py",
+        "mytrain/job.py",
+        "mytrain/model.py",
+        "mytrain/config.yaml",
+        "helpers.py",  # imported by job.py, beside the package
+        "plugins/__init__.py",  # imported by name through importlib
+        "plugins/extra.py",
+    }
+    assert snap.packages == ["mytrain", "helpers", "plugins"]
+    assert snap.left_out_count >= 1  # mytrain/.env, hidden
+    assert not (tmp_path / "run" / "code" / ".ssh").exists()
+
+
+def test_symlinks_out_of_the_import_directory_are_never_followed(tmp_path: Path) -> None:
+    outside = write(tmp_path / "elsewhere" / "secret.txt", "not yours to copy\n")
+    tree = tmp_path / "tree"
+    write(tree / "mypkg" / "__init__.py", "")
+    write(tree / "mypkg" / "job.py", "def main(ctx):\n    pass\n")
+    write(tree / "shared.py", "VALUE = 1\n")
+    (tree / "mypkg" / "shadow.py").symlink_to("/etc/shadow")
+    (tree / "mypkg" / "secret.txt").symlink_to(outside)
+    (tree / "mypkg" / "etc").symlink_to("/etc", target_is_directory=True)
+    (tree / "mypkg" / "alias.py").symlink_to(tree / "shared.py")  # inside the import directory: its content
+    (tree / "mypkg" / "loop").symlink_to(tree / "mypkg", target_is_directory=True)
+    (tree / "mypkg" / "broken.py").symlink_to(tree / "nowhere.py")
+    os.mkfifo(tree / "mypkg" / "queue.py")  # would hang a copy
+    (tree / "mypkg" / "evil\x1b[2J.py").symlink_to("/etc/passwd")  # its name is said inert
+    source = code_snapshot.locate("mypkg.job:main", [str(tree)])
+    assert source is not None
+    if source.git_root is not None:
+        pytest.skip("tmp_path lies inside a git work tree on this machine")
+    snap = code_snapshot.take(source, tmp_path / "run")
+    assert copied_files(tmp_path / "run") == {"mypkg/__init__.py", "mypkg/job.py", "mypkg/alias.py"}
+    assert (tmp_path / "run" / "code" / "mypkg" / "alias.py").read_text() == "VALUE = 1\n"
+    assert not (tmp_path / "run" / "code" / "mypkg" / "alias.py").is_symlink()
+    left = "\n".join(snap.left_out)  # escaped already: they are printed as they are
+    root = tree.resolve()
+    assert f"mypkg/shadow.py: a symlink to /etc/shadow, outside {root}" in left
+    assert f"mypkg/secret.txt: a symlink to {outside.resolve()}, outside {root}" in left
+    assert f"mypkg/etc: a symlink to /etc, outside {root}" in left
+    assert "mypkg/loop: a symlink loop" in left and "mypkg/broken.py: a broken symlink" in left
+    assert "mypkg/queue.py: not a regular file" in left
+    assert "mypkg/evil\\x1b[2J.py: a symlink to /etc/passwd" in left and "\x1b" not in left
+    assert snap.left_out_count == 7
+
+
+def test_submit_says_what_was_left_out(dotfiles_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpctrain.jobspec.load import load_job
+    from hpctrain.launch.dry_run import snapshot_plan
+    from hpctrain.launch.plan import code_line
+
+    (dotfiles_home / "mytrain" / "shadow.py").symlink_to("/etc/shadow")
+    monkeypatch.chdir(dotfiles_home)
+    monkeypatch.setenv("HPCTRAIN_CONFIG_DIR", str(tmp_path / "config"))
+    write(tmp_path / "job.yaml", "name: x\ncluster: local\nentrypoint: mytrain.job:main\n")
+    lines = snapshot_plan(load_job(tmp_path / "job.yaml"), snapshot=True)
+    assert lines[0].startswith(f"# code: mytrain, helpers, plugins from {dotfiles_home.resolve()} (git ")
+    assert "7 files are copied" in lines[0]
+    assert lines[1].startswith("# code: left out: mytrain/shadow.py: a symlink to /etc/shadow")
+    assert "1 hidden file or folder" in lines[1]
+    snap = code_snapshot.take(code_snapshot.locate("mytrain.job:main"), tmp_path / "run")  # type: ignore[arg-type]
+    line = code_line(snap)
+    assert line == (
+        "7 files of mytrain, helpers, plugins copied into RUN_DIR/code/; left out 2: mytrain/shadow.py: a symlink "
+        f"to /etc/shadow, outside {dotfiles_home.resolve()}; 1 hidden file or folder"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import shutil
 from pathlib import Path
@@ -158,6 +159,33 @@ def test_skipping_k_batches_yields_exactly_the_tail(world_size: int, drop_last: 
             assert list(resumed) == uninterrupted[k * batch :]
             assert len(resumed) == len(uninterrupted[k * batch :])
             assert resumed.start_index == k * batch
+
+
+@pytest.mark.parametrize("ranks, micro_batches", [(1, 1), (2, 2), (3, 3), (2, 4)])
+def test_every_micro_batch_is_full_so_none_is_one_image(ranks: int, micro_batches: int) -> None:
+    """65 images, batch 8: the last step used to hold one image per micro-batch, which crashes BatchNorm in
+    training where the last feature map is 1x1 (ResNet below 64 px), at every epoch's end and every resume."""
+    data, batch = range(65), 8
+    for epoch in (0, 5):
+        seen: list[int] = []
+        for rank in range(ranks):
+            sampler = ResumableDistributedSampler(data, ranks, rank, seed=2, batch_size=batch)
+            sampler.set_micro_batches(micro_batches)
+            sampler.set_epoch(epoch)
+            batches = list(sampler.batches())
+            assert {len(b) for b in batches} == {batch} and len(batches) == sampler.batches_len()
+            assert len(sampler) == sum(map(len, batches))
+            seen += [i for b in batches for i in b]
+        assert set(seen) == set(data) and len(seen) == math.ceil(65 / (batch * micro_batches)) * batch * micro_batches
+        for rank in range(ranks):  # a resume before the last step gets the same full last step
+            full = ResumableDistributedSampler(data, ranks, rank, seed=2, batch_size=batch)
+            full.set_micro_batches(micro_batches)
+            full.set_epoch(epoch)
+            resumed = ResumableDistributedSampler(data, ranks, rank, seed=2, batch_size=batch)
+            resumed.set_micro_batches(micro_batches)
+            resumed.load_state_dict(full.state_dict(batches_done=1, batch_size=batch))
+            resumed.set_epoch(epoch)
+            assert list(resumed.batches()) == list(full.batches())[full.per_rank :]
 
 
 def test_resume_on_another_world_size_visits_the_rest_once() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -283,6 +284,41 @@ def test_index_cache_skips_the_walk_until_the_tree_changes(
     assert len(calls) == 1  # the key: one listing of the split folder (stats of class folders), no walk
     os.unlink(tree / first.samples[0][0])
     assert len(cached_index(tree, tmp_path / "cache").samples) == len(first.samples) - 1
+
+
+@pytest.mark.timeout(60)
+def test_a_planted_index_cache_is_never_trusted(root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A shared data.index_cache_dir: another user's file, one naming another tree, a FIFO, brackets."""
+    from hpctrain.dataset.index import cache_key
+
+    tree = tmp_path / "tree"
+    shutil.copytree(root / "train", tree)
+    honest = scan_split(tree)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    planted = cache / f"index-{cache_key(tree)}.json"
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(root / "train", elsewhere)
+    other = scan_split(elsewhere).to_json()  # a valid index, of another tree
+    for content in (
+        json.dumps(other),
+        json.dumps({**honest.to_json(), "samples": [[p, (label + 1) % 3] for p, label in honest.samples]}),
+        "[" * 100_000 + "]" * 100_000,
+        "fifo",
+    ):
+        planted.unlink(missing_ok=True)
+        if content == "fifo":
+            os.mkfifo(planted)
+        else:
+            planted.write_text(content)
+        if content.startswith('{"version"') and "elsewhere" not in content:
+            os.chown(planted, 12345, 12345)  # the relabelled list, written by another user
+        with caplog.at_level("WARNING"):
+            index = cached_index(tree, cache)
+        assert index.root == honest.root and index.samples == honest.samples, content[:40]
+        assert any("not using the index cache" in r.getMessage() for r in caplog.records)
+        caplog.clear()
+    assert cached_index(tree, cache).samples == honest.samples and planted.stat().st_uid == os.geteuid()
 
 
 # --- bad input --------------------------------------------------------------------------------

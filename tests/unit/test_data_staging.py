@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from collections import namedtuple
@@ -31,8 +32,12 @@ def _indices(root: Path) -> list:
 def test_stage_dir_names_the_node_and_expands_variables() -> None:
     env = {"SLURMD_NODENAME": "n7", "SCRATCH": "/local", "TMPDIR": "/tmpx"}
     assert resolve_stage_dir("$SCRATCH/stage-{node}", env) == Path("/local/stage-n7")
-    assert resolve_stage_dir(None, env) == Path("/tmpx")
-    assert resolve_stage_dir(None, {**env, "SLURM_TMPDIR": "/job"}) == Path("/job")
+    exists = {"/tmpx", "/job"}.__contains__
+    assert resolve_stage_dir(None, env, exists) == Path("/tmpx")
+    assert resolve_stage_dir(None, {**env, "SLURM_TMPDIR": "/job"}, exists) == Path("/job")
+    # a $SLURM_TMPDIR leaked from a job that has ended names a folder that is gone: passed over, never created
+    assert resolve_stage_dir(None, {**env, "SLURM_TMPDIR": "/gone"}, exists) == Path("/tmpx")
+    assert resolve_stage_dir(None, {"SLURM_TMPDIR": "/gone"}, exists) == Path("/tmp")
 
 
 def test_leader_copies_followers_wait_and_a_requeue_skips(root: Path, tmp_path: Path) -> None:
@@ -75,6 +80,7 @@ def test_too_small_a_disk_is_refused_on_every_task(root: Path, tmp_path: Path, m
 
 
 def test_datasets_read_the_staged_copy(root: Path, tmp_path: Path) -> None:
+    (tmp_path / resolve_stage_dir("{node}", os.environ).name).mkdir()
     spec = Data(
         root=str(root), image_size=32, val_resize=36, workers=0, stage="node", stage_dir=str(tmp_path / "{node}")
     )
@@ -90,10 +96,18 @@ def test_fifos_devices_and_broken_links_are_not_staged(root: Path, tmp_path: Pat
     tree = tmp_path / "tree"
     shutil.copytree(root, tree)
     folder = tree / "train" / "class_00"
-    os.mkfifo(folder / "fifo.jpg")  # copying it would wait for a writer forever
-    (folder / "zero.jpg").symlink_to("/dev/zero")  # copying it would fill the disk
-    (folder / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    os.mkfifo(folder / "fifo0.jpg")
+    assert "class_00/fifo0.jpg" not in dict(scan_split(tree / "train").samples)  # the scan lists no FIFO
+    indices = _indices(tree)
+    first, second, third = sorted(folder.glob("class_00_*.jpg"))[:3]  # listed; then swapped after the scan:
+    first.unlink()
+    os.mkfifo(first)  # copying it would wait for a writer forever
+    second.unlink()
+    second.symlink_to("/dev/zero")  # copying it would fill the disk
+    third.unlink()
+    third.symlink_to(tmp_path / "nowhere.jpg")
     lines: list[str] = []
-    dest = stage_dataset(tree, _indices(tree), tmp_path / "stage", is_node_leader=True, log=lines.append)
-    assert (dest / DONE).exists() and not (dest / "train" / "class_00" / "fifo.jpg").exists()
+    (tmp_path / "stage").mkdir()
+    dest = stage_dataset(tree, indices, tmp_path / "stage", is_node_leader=True, log=lines.append)
+    assert (dest / DONE).exists() and not (dest / "train" / first.relative_to(tree / "train")).exists()
     assert any("not staging 3 entries" in line for line in lines)

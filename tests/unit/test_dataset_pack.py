@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -311,10 +312,12 @@ def test_stage_copies_the_image_once_and_resumes_a_cut_copy(image: Path, tmp_pat
 
 
 def test_attempt_names_keep_jobs_array_tasks_and_attempts_apart() -> None:
-    assert mount.attempt_names({"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "2"}) == ("12", "2")
-    assert mount.attempt_names({"SLURM_JOB_ID": "13"}) == ("13", "0")
-    assert mount.attempt_names({"TORCHELASTIC_RUN_ID": "a/b", "TORCHELASTIC_RESTART_COUNT": "1"}) == ("a_b", "1")
-    assert mount.attempt_names({})[0].startswith("pid")
+    from hpctrain.dataset.node_folder import attempt_names
+
+    assert attempt_names({"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "2"}) == ("12", "2")
+    assert attempt_names({"SLURM_JOB_ID": "13"}) == ("13", "0")
+    assert attempt_names({"TORCHELASTIC_RUN_ID": "a/b", "TORCHELASTIC_RESTART_COUNT": "1"}) == ("a_b", "1")
+    assert attempt_names({})[0].startswith("pid")
 
 
 def test_is_mounted_reads_escaped_paths(tmp_path: Path) -> None:
@@ -357,34 +360,56 @@ def test_a_task_reads_the_containers_bind_instead_of_mounting(image: Path, tmp_p
     "samples", [[["../../etc/passwd", 0]], [["/etc/passwd", 0]], [["a/x.jpg", 5]], [["a/x.jpg", "0"]]], ids=str
 )
 def test_an_index_that_leaves_its_split_or_lies_is_refused(samples: list, tmp_path: Path) -> None:
-    index = {"splits": {"train": {"classes": ["a"], "samples": samples}}}
+    from hpctrain.dataset import packed_index
+
+    split = {"classes": ["a"], "samples": samples}
+    index = {"format": packed_index.PACKED_FORMAT, "version": 1, "splits": {"train": split}}
     (tmp_path / squashfs.INDEX_NAME).write_text(json.dumps(index))
+    (tmp_path / "train" / "a").mkdir(parents=True)
+    document = packed_index.read_packed(tmp_path)
+    assert document is not None
     with pytest.raises(squashfs.ImageError, match="malformed") as caught:
-        mount.packed_index(tmp_path)
+        packed_index.packed_split(tmp_path, document, "train")
     assert "pack the dataset again" in caught.value.hint
-    assert mount.packed_index(tmp_path / "nothing-here") is None
+    assert packed_index.read_packed(tmp_path / "nothing-here") is None
 
 
-def test_a_terminated_pack_removes_its_temporary_and_keeps_the_old_image(tree: Path, tmp_path: Path, env) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signalled_pack_stops_mksquashfs_removes_its_temporary_and_keeps_the_old_image(
+    signum: signal.Signals, tree: Path, tmp_path: Path, env
+) -> None:
     require_pack_tools()
     out = tmp_path / "out.sqsh"
     out.write_text("mine")
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "mksquashfs").write_text("#!/bin/sh\nexec sleep 60\n")
+    (fake / "mksquashfs").write_text(f"#!/bin/sh\necho $$ > {tmp_path}/mksquashfs.pid\nexec sleep 60\n")
     (fake / "mksquashfs").chmod(0o755)
     env["PATH"] = f"{fake}:{env['PATH']}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "hpctrain", "pack", str(tree), str(out), "--force"], cwd=REPO, env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
+    pid_file = tmp_path / "mksquashfs.pid"
     deadline = time.monotonic() + HANG_GUARD_S
-    while not list(tmp_path.glob(".hpctrain-pack-*/.hpctrain-index.json")) and time.monotonic() < deadline:
+    while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=HANG_GUARD_S)
-    assert proc.returncode != 0
+    proc.send_signal(signum)  # SIGHUP: the terminal was closed under it
+    _, err = proc.communicate(timeout=HANG_GUARD_S)
+    assert proc.returncode != 0 and "Traceback" not in err
     assert out.read_text() == "mine" and not list(tmp_path.glob(".hpctrain-pack-*"))
+    mksquashfs = int(pid_file.read_text())
+    while _alive(mksquashfs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(mksquashfs), "mksquashfs writes on after pack ended"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_release_never_signals_a_process_that_is_not_that_mounts_squashfuse(tmp_path: Path) -> None:
@@ -455,3 +480,144 @@ def test_mounting_in_a_process_without_a_task_token_sets_none(image: Path, tmp_p
     finally:
         mount.leave(log=lambda line: None)
     assert not mount.is_mounted(point)
+
+
+# ------------------------------------------------------------------ pack follows what the job reads, on hostile trees
+
+
+def _extract(image: Path, where: Path) -> Path:
+    subprocess.run(["unsquashfs", "-d", str(where), str(image)], capture_output=True, check=True)
+    return where
+
+
+def _kinds(image: Path) -> dict[str, str]:
+    """Each path in the image and its type letter (``d``, ``-``, ``l``, ``p`` ...), from ``unsquashfs -lls``."""
+    done = subprocess.run(["unsquashfs", "-lls", "-d", "R", str(image)], capture_output=True, text=True, check=True)
+    found = {}
+    for line in done.stdout.splitlines():
+        if line[:1] in "d-lpcbs" and " R" in line:
+            found[line.split(" R", 1)[1].lstrip("/")] = line[0]
+    return found
+
+
+def _linked_tree(tmp_path: Path) -> Path:
+    """A tree assembled with ``ln -s``, as on clusters: a class and the whole val split linked from a pool."""
+    pool = tmp_path / "pool"
+    make_dataset(pool, classes=3, per_class=4, val_per_class=2, image_size=16)
+    root = tmp_path / "data"
+    (root / "train").mkdir(parents=True)
+    for name in ("class_00", "class_01"):
+        os.symlink(pool / "train" / name, root / "train" / name)
+    shutil.copytree(pool / "train" / "class_02", root / "train" / "class_02", symlinks=True)
+    first = pool / "train" / "class_00" / sorted(os.listdir(pool / "train" / "class_00"))[0]
+    os.symlink(first, root / "train" / "class_02" / "linked.jpg")
+    os.symlink(pool / "val", root / "val")
+    return root
+
+
+def test_pack_follows_links_as_the_job_does_and_stores_their_content(tmp_path: Path, env) -> None:
+    require_pack_tools()
+    root, out = _linked_tree(tmp_path), tmp_path / "out.sqsh"
+    done = hpctrain("pack", str(root), str(out), env=env)
+    assert done.returncode == 0, done.stderr
+    assert "4 symlink(s) followed" in done.stdout and "left out" not in done.stdout
+    assert f"followed val -> {tmp_path / 'pool' / 'val'} (its content is stored)" in done.stdout
+    index = _index(out, tmp_path)
+    for split in ("train", "val"):
+        scanned = scan_split(root / split)  # what a job on the folder reads
+        assert index["splits"][split]["classes"] == scanned.classes
+        assert [tuple(s) for s in index["splits"][split]["samples"]] == scanned.samples
+    assert len(index["splits"]["train"]["samples"]) == 13 and len(index["splits"]["val"]["samples"]) == 6
+    kinds = _kinds(out)
+    assert "l" not in kinds.values(), "the image holds a link: it would point outside"
+    tree = _extract(out, tmp_path / "x")
+    for split in ("train", "val"):
+        for rel, _ in scan_split(root / split).samples:
+            assert (tree / split / rel).read_bytes() == (root / split / rel).read_bytes()
+
+
+def test_a_newline_in_a_name_is_never_injected_into_mksquashfs(tmp_path: Path) -> None:
+    require_pack_tools()
+    root = tmp_path / "data"
+    make_dataset(root, classes=2, per_class=3, val_per_class=2, image_size=16)
+    victim = root / "train" / "class_01"
+    # the injection of round 3: a skipped link whose name, split at the newline of the exclude list, named a
+    # whole class (relative to mksquashfs's sources, the root's folders)
+    (root / "train" / "class_00" / "evil\nclass_01").symlink_to("/nonexistent")
+    (root / "train" / "class_00" / "odd\nname.jpg").write_bytes((victim / os.listdir(victim)[0]).read_bytes())
+    lines: list[str] = []
+    result = pack.pack(root, tmp_path / "out.sqsh", log=lines.append)
+    skipped = dict(result.skipped)
+    assert "leads nowhere" in skipped["train/class_00/evil\nclass_01"]
+    assert "line break" in skipped["train/class_00/odd\nname.jpg"]
+    assert not [line for line in lines if "\n" in line]  # every name printed escaped
+    index = _index(tmp_path / "out.sqsh", tmp_path)
+    assert [tuple(s) for s in index["splits"]["train"]["samples"]] == [
+        s for s in scan_split(root / "train").samples if "\n" not in s[0]
+    ]
+    kinds = _kinds(tmp_path / "out.sqsh")
+    assert sum(1 for p in kinds if p.startswith("train/class_01/") and kinds[p] == "-") == 3  # the class is whole
+    assert not [p for p in kinds if "evil" in p or "odd" in p]
+
+
+def test_loops_pseudo_file_systems_and_fifos_are_left_out_and_named(tmp_path: Path, env) -> None:
+    require_pack_tools()
+    root = tmp_path / "data"
+    make_dataset(root, classes=2, per_class=3, val_per_class=2, image_size=16)
+    cls = root / "train" / "class_00"
+    (cls / "root").symlink_to("/")  # round 3 walked into /proc through this
+    (cls / "proc").symlink_to("/proc/self")
+    (cls / "up").symlink_to("../..")
+    os.mkfifo(cls / "\x1b[31mfifo.jpg")
+    done = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "pack", str(root), str(tmp_path / "out.sqsh")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout and "\\x1b[31mfifo.jpg: a FIFO, not a regular file" in done.stdout
+    for name, why in (("root", "a loop"), ("proc", "on a pseudo file system"), ("up", "a loop")):
+        assert f"skipped train/class_00/{name}: {why}" in done.stdout
+    assert "4 path(s) left out" in done.stdout
+    kinds = _kinds(tmp_path / "out.sqsh")
+    assert not [p for p in kinds if p.startswith("train/class_00/") and kinds[p] != "-"]
+    samples = [rel for rel, _ in _index(tmp_path / "out.sqsh", tmp_path)["splits"]["train"]["samples"]]
+    assert samples == [rel for rel, _ in scan_split(root / "train").samples] and len(samples) == 6
+    strict = hpctrain("pack", str(root), str(tmp_path / "s.sqsh"), "--strict", env=env)
+    assert_user_error(strict, 2, "4 path(s)")
+    assert not (tmp_path / "s.sqsh").exists()
+
+
+def test_a_split_that_cannot_be_packed_says_why(tmp_path: Path, env) -> None:
+    require_pack_tools()
+    root = tmp_path / "data"
+    make_dataset(root, classes=2, per_class=3, val_per_class=2, image_size=16)
+    shutil.rmtree(root / "val")
+    (root / "val").symlink_to("/proc/self")  # a folder, on a pseudo file system
+    assert_user_error(hpctrain("pack", str(root), str(tmp_path / "o.sqsh"), env=env), 2, "val", "pseudo file system")
+    (root / "val").unlink()
+    (root / "val").mkdir()
+    (root / "val" / "loose.jpg").write_bytes(b"x")  # no class folder
+    assert_user_error(hpctrain("pack", str(root), str(tmp_path / "o.sqsh"), env=env), 2, "no class folders")
+
+
+@pytest.mark.parametrize("processors", ["0", "-1", "1025", "many"])
+def test_processors_is_range_checked(processors: str, tree: Path, tmp_path: Path, env) -> None:
+    done = hpctrain("pack", str(tree), str(tmp_path / "o.sqsh"), f"--processors={processors}", env=env)
+    assert done.returncode == 2 and "1 to 1,024" in done.stderr and "Traceback" not in done.stderr
+    with pytest.raises(pack.PackError, match="processors"):
+        pack.pack(tree, tmp_path / "o.sqsh", processors=0, log=lambda line: None)
+    assert not (tmp_path / "o.sqsh").exists()
+
+
+def test_out_reached_through_a_link_into_the_tree_is_refused(tree: Path, tmp_path: Path, env) -> None:
+    (tmp_path / "outdir").symlink_to(tree / "train")
+    assert_user_error(hpctrain("pack", str(tree), str(tmp_path / "outdir" / "x.sqsh"), env=env), 2, "inside the tree")
+    assert not (tree / "train" / "x.sqsh").exists()
+    (tmp_path / "link.sqsh").symlink_to(tmp_path / "elsewhere.sqsh")
+    assert_user_error(hpctrain("pack", str(tree), str(tmp_path / "link.sqsh"), env=env), 2, "is a symlink")
+
+
+@pytest.mark.parametrize("folder", ["/proc", "/sys"])
+def test_out_in_a_folder_that_cannot_be_written_is_one_line(folder: str, tree: Path, env) -> None:
+    require_pack_tools()
+    assert_user_error(hpctrain("pack", str(tree), f"{folder}/x.sqsh", env=env), 2, folder)

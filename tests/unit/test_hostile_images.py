@@ -69,6 +69,17 @@ def png_bomb(width: int = BOMB, height: int = BOMB) -> bytes:
     return data[:8] + struct.pack(">I", 13) + chunk + struct.pack(">I", zlib.crc32(chunk)) + data[33:]
 
 
+def scan_bomb(scans: int = 10_000, size: tuple[int, int] = (500, 375)) -> bytes:
+    """A real progressive JPEG whose last scan (an end-of-band run over every block) is repeated: about
+    12 bytes a scan, each one more pass over the whole image in every decoder (seconds to minutes)."""
+    out = io.BytesIO()
+    Image.new("RGB", size, (128, 128, 128)).save(out, "JPEG", quality=90, progressive=True)
+    data = out.getvalue()
+    last = data.rindex(b"\xff\xda")  # the last scan header; its entropy-coded data runs to the EOI
+    end = data.rindex(b"\xff\xd9")
+    return data[:end] + data[last:end] * (scans - data.count(b"\xff\xda")) + data[end:]
+
+
 def bombs(folder: Path) -> dict[str, Path]:
     """Every hostile image, by what it is."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -77,6 +88,7 @@ def bombs(folder: Path) -> dict[str, Path]:
         "baseline_bomb.jpg": patch_jpeg_size(jpeg_bytes(), BOMB, BOMB),
         "patched_4000.jpg": patch_jpeg_size(jpeg_bytes(), 4000, 4000),  # under the cap; data ends early
         "png_bomb.png": png_bomb(),
+        "scan_bomb.jpg": scan_bomb(),  # 10,000 scans in 120 KB, under every size cap
     }
     for name, data in files.items():
         (folder / name).write_bytes(data)
@@ -100,6 +112,8 @@ def test_bombs_are_refused_before_decoding(tmp_path: Path, monkeypatch: pytest.M
         reason = str(refused.value)
         if name == "patched_4000.jpg":
             assert "4000 x 4000" in reason and "truncated, or altered dimensions" in reason
+        elif name == "scan_bomb.jpg":
+            assert "10000 scans" in reason and "at most 100 scans" in reason
         else:
             assert "65000" in reason or "max_image_pixels" in reason
 
@@ -113,6 +127,48 @@ def test_progressive_jpegs_have_the_tighter_coefficient_bound() -> None:
     with pytest.raises(ImageRefused, match="progressive JPEG of 400 x 400 x 3 components"):
         check_jpeg(progressive, max_pixels=200_000)
     check_jpeg(progressive, max_pixels=400_000)
+
+
+def test_scans_are_bounded_by_count_and_by_scans_times_pixels() -> None:
+    honest = jpeg_bytes((640, 480), progressive=True)
+    assert check_jpeg(honest).scans == 10 and check_jpeg(jpeg_bytes((640, 480))).scans == 1
+    assert check_jpeg(scan_bomb(100)).scans == 100  # at the limit: decoded
+    with pytest.raises(ImageRefused, match="101 scans"):
+        check_jpeg(scan_bomb(101))
+    # 60 scans of 2000 x 1500 are 180 M scan pixels: within 16 x 134 MP, beyond 16 x 10 MP
+    big = scan_bomb(60, (2000, 1500))
+    check_jpeg(big)
+    with pytest.raises(ImageRefused, match="60 scans at 2000 x 1500"):
+        check_jpeg(big, max_pixels=10_000_000)
+    exif = jpeg_bytes((64, 48))  # an EXIF thumbnail is a JPEG with its own scan, before the image's first one
+    thumbnail = b"\xff\xe1" + (2 + 6 + len(exif)).to_bytes(2, "big") + b"Exif\0\0" + exif
+    assert check_jpeg(exif[:2] + thumbnail + exif[2:]).scans == 1
+
+
+def test_a_16_bit_png_converts_without_wide_copies_of_the_image() -> None:
+    """The conversion's own arrays are its uint8 RGB result (3 bytes a pixel) and one band of rows
+    (numpy's allocations are traced; an int64 copy of the image and its arithmetic cost over 30)."""
+    import tracemalloc
+
+    from hpctrain.trainer.data.decode import WIDE_BAND_PIXELS, rgb_pixels
+
+    side = 2048
+    values = (np.arange(side * side, dtype=np.uint32) * 7 % 65536).astype(np.uint16).reshape(side, side)
+    out = io.BytesIO()
+    Image.fromarray(values).save(out, "PNG")
+    image = Image.open(io.BytesIO(out.getvalue()))
+    image.load()
+    tracemalloc.start()
+    try:
+        pixels = rgb_pixels(image)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * side * side + 16 * WIDE_BAND_PIXELS, f"{peak / side / side:.1f} bytes a pixel"
+    expected = ((values.astype(np.uint32) + 128) // 257).astype(np.uint8)
+    assert pixels.shape == (side, side, 3) and all((pixels[:, :, c] == expected).all() for c in range(3))
+    wide = Image.fromarray(np.array([[-5, 0, 300, 65535, 70000]], dtype=np.int32), "I")
+    assert rgb_pixels(wide)[0, :, 0].tolist() == [0, 0, 1, 255, 255]
 
 
 @pytest.mark.parametrize("progressive", [False, True])

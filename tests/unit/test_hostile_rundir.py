@@ -472,3 +472,185 @@ def test_absurd_finite_values_are_not_shown_as_measurements(tmp_path: Path) -> N
     assert snap.val_top1 is None and snap.best_val_top1 is None
     assert snap.images_per_s is None and snap.data_wait_fraction is None
     assert "e+" not in progress_text(snap) and "100000" not in progress_text(snap)
+
+
+# ------------------------------------------------------------------ one rule: nothing is followed out of the run
+
+
+def linked_out_run(tmp_path: Path) -> tuple[Path, Path]:
+    """A run whose folders and files are symlinks into another user's folder, which holds plausible files."""
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "submitit").mkdir(parents=True)
+    (elsewhere / "submitit" / "4242_0_log.out").write_text("someone else's secret\n")
+    (elsewhere / "submitit" / "4242_0_log.err").write_text("srun: error: n9: task 7: Killed\n")
+    write_json(elsewhere / "summary.json", {"status": "completed", "global_step": 999})
+    write_json(elsewhere / "heartbeats" / "rank-00000.json", {"rank": 0, "node": "evil", "time": time.time()})
+    (elsewhere / "metrics.jsonl").write_text(json.dumps({"kind": "train_step", "global_step": 5, "loss": 1.0}) + "\n")
+    (elsewhere / "spec.yaml").write_text("name: planted\n")
+    run_dir = make_run(tmp_path / "runs")
+    for name in ("submitit", "heartbeats", "summary.json", "metrics.jsonl", "spec.yaml"):
+        (run_dir / name).symlink_to(elsewhere / name)
+    return run_dir, elsewhere
+
+
+def test_logs_do_not_follow_a_submitit_symlink_out_of_the_run(tmp_path: Path) -> None:
+    run_dir, elsewhere = linked_out_run(tmp_path)
+    result = cli("logs", str(run_dir), home=tmp_path)
+    no_traceback(result)
+    assert result.returncode == 2 and "secret" not in result.stdout
+    assert f"leads to {elsewhere}/submitit/4242_0_log.out, outside the run directory {run_dir}" in result.stderr
+    assert "not followed" in result.stderr
+
+
+def test_no_reader_follows_a_symlink_out_of_the_run(tmp_path: Path) -> None:
+    """status, report, heartbeats, metrics, summary and checkpoints: the same rule, one mechanism."""
+    from hpctrain.contract.heartbeat_files import read_heartbeats
+    from hpctrain.contract.rundir import latest_checkpoint_step
+
+    run_dir, elsewhere = linked_out_run(tmp_path)
+    assert read_summary(run_dir) is None and read_heartbeats(run_dir) == []
+    tail = MetricsTail(run_dir / "metrics.jsonl", within=run_dir)
+    tail.read()
+    assert not tail.steps
+    with pytest.raises(RunFileError, match="outside the run directory"):
+        list(iter_lines(run_dir / "metrics.jsonl", within=run_dir))
+    status = cli("status", str(run_dir), "--json", home=tmp_path)
+    no_traceback(status)
+    assert "999" not in status.stdout and "n9" not in status.stdout and "evil" not in status.stdout
+    report = cli("report", str(run_dir), "--out", str(tmp_path / "report"), home=tmp_path)
+    no_traceback(report)
+    assert report.returncode == 2 and "nothing to report" in report.stderr
+    assert "metrics.jsonl not read" in report.stderr and "not followed" in report.stderr
+    # a checkpoint reached through a symlink out of the run is not the run's
+    step = elsewhere / "checkpoints" / "step-00000005"
+    step.mkdir(parents=True)
+    (step / "state.pt").write_bytes(b"x" * 10)
+    write_json(step / "meta.json", {"format_version": 1, "global_step": 5, "files": {"state.pt": {"size": 10}}})
+    (run_dir / "checkpoints").symlink_to(elsewhere / "checkpoints")
+    assert latest_checkpoint_step(run_dir) is None
+    (run_dir / "checkpoints").unlink()
+    (run_dir / "checkpoints" / "step-00000005").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step-00000005" / "meta.json").symlink_to(step / "meta.json")
+    (run_dir / "checkpoints" / "step-00000005" / "state.pt").write_bytes(b"x" * 10)
+    assert latest_checkpoint_step(run_dir) is None
+
+
+def test_a_cancel_marker_a_symlink_leads_to_does_not_stop_the_run(tmp_path: Path) -> None:
+    from hpctrain.contract.cancel_marker import cancel_marker, marker_applies
+
+    run_dir = make_run(tmp_path / "runs")
+    (tmp_path / "planted").mkdir()
+    (tmp_path / "planted" / "cancel-requested").write_text('{"job_ids": ["4242"]}')
+    (run_dir / ".hpctrain").symlink_to(tmp_path / "planted")
+    assert not marker_applies(cancel_marker(run_dir), ["4242"])
+    (run_dir / ".hpctrain").unlink()
+    (run_dir / ".hpctrain").mkdir()
+    (run_dir / ".hpctrain" / "cancel-requested").write_text('{"job_ids": ["4242"]}')
+    assert marker_applies(cancel_marker(run_dir), ["4242"])
+
+
+# ------------------------------------------------------------------ round 4: every JSON reader
+
+BOMB = "[" * 100_000 + "]" * 100_000  # 200 KB of brackets: RecursionError in json.loads
+DEEP_OBJECT = '{"status": ' * 5_000 + '"completed"' + "}" * 5_000
+
+
+def test_load_json_refuses_deep_nesting_before_parsing_and_keeps_ordinary_depth() -> None:
+    for text in (BOMB, DEEP_OBJECT, "[" * 100_000, '{"a": "' + "[" * 1000 + '"}'):
+        if text.startswith('{"a"'):  # brackets inside a string are not nesting
+            assert load_json(text) == {"a": "[" * 1000}
+            continue
+        with pytest.raises(ValueError, match="nested"):
+            load_json(text)
+        with pytest.raises(ValueError, match="nested"):
+            load_json(text.encode(), raw_numbers=True)
+    ordinary = {"node_failures": [{"nodes": ["n1", "n2"], "step": 4}], "spec": {"a": {"b": {"c": [1, [2, [3]]]}}}}
+    assert load_json(json.dumps(ordinary)) == ordinary
+
+
+def test_deeply_nested_files_in_a_run_cost_one_file_each_never_a_traceback(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path / "out", "deep")
+    (run_dir / "summary.json").write_text(DEEP_OBJECT)
+    heartbeat_path(run_dir, 0).parent.mkdir()
+    heartbeat_path(run_dir, 0).write_text(BOMB)
+    write_json(heartbeat_path(run_dir, 1), {"rank": 1, "node": "n-good", "phase": "train", "time": time.time()})
+    good = {"kind": "train_step", "epoch": 0, "step": 7, "global_step": 7, "images_per_s": 10.0, "time": 100.0}
+    (run_dir / "metrics.jsonl").write_text(BOMB + "\n" + json.dumps(good) + "\n")
+    (run_dir / "submitit").mkdir()
+    (run_dir / "submitit" / "4242_0_log.out").write_text("a log line\n")
+    (tmp_path / "hpctrain").mkdir()
+    line = json.dumps({"job_id": "4242", "run_dir": str(run_dir), "time": time.time()})
+    (tmp_path / "hpctrain" / "jobs.jsonl").write_text(BOMB + "\n" + line + "\n")
+    for args in (
+        ("status",),
+        ("status", "--json"),
+        ("status", str(run_dir), "--ranks"),
+        ("status", str(run_dir), "--json"),
+        ("logs", str(run_dir)),
+        ("report", str(run_dir), "--out", str(tmp_path / "r")),
+    ):
+        result = cli(*args, home=tmp_path)
+        no_traceback(result)
+        assert "RecursionError" not in result.stderr + result.stdout, args
+        assert result.returncode in (0, 2) and (result.returncode == 0 or "nothing to report" in result.stderr), (
+            args,
+            result.stderr,
+        )
+    assert "deep" in cli("status", home=tmp_path).stdout  # the good registry line is still listed
+    assert "n-good" in cli("status", str(run_dir), "--ranks", home=tmp_path).stdout
+    assert cli("logs", str(run_dir), home=tmp_path).stdout == "a log line\n"
+
+
+def test_a_deeply_nested_run_json_or_study_json_is_a_one_line_error(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(BOMB)
+    study = tmp_path / "study"
+    study.mkdir()
+    (study / "study.json").write_text('{"kind": "study", "points": ' + BOMB + "}")
+    for args in (
+        ("status", str(run_dir)),
+        ("status", str(run_dir), "--watch"),
+        ("logs", str(run_dir)),
+        ("report", str(run_dir)),
+        ("status", str(study)),
+        ("report", str(study)),
+    ):
+        result = cli(*args, home=tmp_path)
+        no_traceback(result)
+        assert result.returncode == 2 and "RecursionError" not in result.stderr, (args, result.stderr)
+
+
+def test_the_guardian_reads_a_deeply_nested_supervisor_record_as_none(tmp_path: Path) -> None:
+    from hpctrain.contract.cancel_marker import marker_applies
+    from hpctrain.contract.rundir import supervisor_record_path
+
+    record = supervisor_record_path(tmp_path)
+    record.parent.mkdir(parents=True)
+    record.write_text(BOMB)
+    assert read_json_object(record) is None
+    marker = tmp_path / "cancel.json"
+    marker.write_text('{"job_ids": ' + BOMB + "}")
+    assert marker_applies(marker, ["1"])  # unreadable, but it exists: someone meant to cancel
+
+
+def test_one_malformed_node_failure_costs_only_itself_in_status_watch_and_report(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, job_id=str(dead_pid()))
+    lost = {"node": "n2", "step": 5, "reason": "its slurmd does not answer", "action": "continue"}
+    bad = [5, "n7", None, [1], {"node": {"x": 1}, "step": True, "reason": 3}]
+    write_json(run_dir / "summary.json", {"status": "completed", "node_failures": [*bad, lost], "excluded_nodes": [3]})
+    expected = "n2 at step 5 (its slurmd does not answer): continue"
+    status = cli("status", str(run_dir), home=tmp_path)
+    report = cli("report", str(run_dir), "--out", str(tmp_path / "r"), home=tmp_path)
+    for result in (status, report):
+        no_traceback(result)
+        assert result.returncode == 0, result.stderr
+    assert f"lost_nodes: {expected}" in status.stdout.replace("\n", " ")
+    assert expected in (tmp_path / "r" / "report.md").read_text()
+    from hpctrain.observe.live_status import build_snapshot, read_run
+    from hpctrain.observe.live_view import plain_changes
+
+    watched = build_snapshot(read_run(run_dir, {}, MetricsTail(run_dir / "metrics.jsonl")), "RUNNING", 1.0, final=False)
+    assert any(line.endswith(f"lost nodes: {expected}") for line in plain_changes(None, watched))
+    summary = read_summary(run_dir)
+    assert summary is not None and summary.node_failures is not None and summary.node_failures[-1] == lost

@@ -78,6 +78,33 @@ def test_a_global_batch_min_nodes_cannot_split_names_the_numbers(tmp_path: Path)
     assert "6 micro-batches" in message and "4 ranks" in message and "keep it: 1, 3" in message
 
 
+@pytest.mark.parametrize("spares", [4, 4096])
+def test_more_spares_than_training_nodes_is_a_spec_error(tmp_path: Path, spares: int) -> None:
+    message = problems(tmp_path, f"spare_nodes: {spares}")["resources.spare_nodes"]
+    assert f"{spares} spares for 3 training nodes" in message and "at most 3" in message
+
+
+def test_both_mistakes_are_named_at_once(tmp_path: Path) -> None:
+    assert set(problems(tmp_path, "min_nodes: 4, spare_nodes: 9")) == {"resources.min_nodes", "resources.spare_nodes"}
+
+
+def test_summaries_name_the_spares_and_the_minimum_the_script_asks_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hpctrain.cli.main import main
+    from hpctrain.launch.dry_run import dry_run
+
+    (tmp_path / "job.yaml").write_text(SPEC.format(resources="spare_nodes: 2, min_nodes: 1", strategy="ddp"))
+    assert main(["validate", str(tmp_path / "job.yaml")]) == 0
+    line = capsys.readouterr().out
+    assert "3 nodes + 2 spares (5 allocated; continues on as few as 1 after a lost node) x 2 CPU tasks" in line
+    text = dry_run(load_job(tmp_path / "job.yaml")).text
+    assert "#SBATCH --nodes=5" in text
+    assert "# nodes: 3 nodes + 2 spares (5 allocated; continues on as few as 1 after a lost node)" in text
+    plain = load(tmp_path, "cpus_per_task: 1")
+    assert node_loss.node_count_text(plain.spec.resources) == "3 nodes" and "# nodes:" not in dry_run(plain).text
+
+
 def test_spares_fit_any_strategy_shape(tmp_path: Path) -> None:
     spec = load(tmp_path, "spare_nodes: 1").spec
     assert spec.resources.heals and spec.resources.allocated_nodes == 4
@@ -166,12 +193,12 @@ def decide(found: Blame | None, *, min_nodes: int = 3, allocation: tuple[str, ..
 
 def test_a_lost_node_is_replaced_by_a_spare() -> None:
     decision = decide(Blame("n2", "gone"))
-    assert decision.action == "continue" and decision.nodes == ("n1", "n3", "n4") and decision.excluded == ("n2",)
+    assert decision.action == "swap" and decision.nodes == ("n1", "n3", "n4") and decision.excluded == ("n2",)
 
 
 def test_without_a_spare_the_run_shrinks_to_a_count_its_batch_fits() -> None:
     decision = decide(Blame("n2", "gone"), min_nodes=1, allocation=NODES, fits=lambda n: n != 2)
-    assert decision.action == "continue" and decision.nodes == ("n1",)
+    assert decision.action == "drop" and decision.nodes == ("n1",)
 
 
 def test_below_min_nodes_or_the_batch_node_lost_requeues() -> None:
@@ -202,7 +229,7 @@ def test_a_crash_loop_is_k_failures_without_a_newer_checkpoint() -> None:
 
 
 def test_the_log_line_says_what_happened() -> None:
-    decision = healing.Decision("continue", nodes=("n1", "n3"), excluded=("n2",))
+    decision = healing.Decision("swap", nodes=("n1", "n3"), excluded=("n2",))
     line = healing.log_line(Blame("n2", "rank 3 exited 137"), 412, decision, 400)
     assert line == "node n2 lost at step 412 (rank 3 exited 137); continuing on n1,n3 from step 400"
 
@@ -272,3 +299,34 @@ def test_status_watch_and_report_show_the_lost_nodes(tmp_path: Path) -> None:
     assert f"lost nodes: {expected}" in alerts(snapshot)
     run = RunData(path=tmp_path, label="x", summary={"node_failures": failures})  # type: ignore[call-arg]
     assert f"lost nodes: {expected}" in _run_facts(run)
+
+
+# -- the one decider, for sick nodes too ---------------------------------------------------------------------------
+def test_sick_nodes_are_swapped_dropped_requeued_or_kept() -> None:
+    flagged = [Blame("n2", "compute 4x", kind="burn-in"), Blame("n3", "read 5x", kind="burn-in")]
+    both = decide(flagged, min_nodes=1)
+    assert (both.action, both.nodes, both.excluded) == ("drop", ("n1", "n4"), ("n2", "n3"))
+    assert decide(flagged).action == "requeue"
+    kept = decide(flagged, can_requeue=False)
+    assert (kept.action, kept.nodes, kept.excluded) == ("keep", NODES, ()) and "no requeue left" in kept.why
+
+
+def test_a_sick_batch_node_is_dropped_a_lost_one_requeues_or_fails() -> None:
+    sick = decide(Blame("n1", "forward 3x", kind="slow"))
+    assert (sick.action, sick.nodes) == ("swap", ("n2", "n3", "n4"))
+    assert decide(Blame("n1", "gone"), can_requeue=False).action == "fail"
+    assert decide([]).action == "keep"
+
+
+def test_the_log_line_names_the_cause() -> None:
+    decision = healing.Decision(
+        "keep", nodes=NODES, why="1 healthy node left, min_nodes is 3, and no requeue left: kept"
+    )
+    line = healing.log_line(Blame("n2", "compute 4x", kind="burn-in"), None, decision, None)
+    assert line.startswith("node n2 flagged by the burn-in before the first step (compute 4x); training on it anyway")
+
+
+def test_nodes_blamed_by_one_decision_are_one_attempt_of_a_crash_loop() -> None:
+    one = [{"job_id": "7", "time": 5.0, "checkpoint_step": 20, "node": n} for n in ("n2", "n4")]
+    assert healing.crash_loop([{"job_id": "7", "time": 1.0, "checkpoint_step": 20}, *one], 3) is None
+    assert healing.crash_loop([{"job_id": "7", "time": 1.0, "checkpoint_step": 20}, *one], 2) is not None

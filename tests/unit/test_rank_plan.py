@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hpctrain.errors import DistributedSetupError
+from hpctrain.errors import DistributedSetupError, UsageError
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime.rank_plan import (
     DERIVED_PORT_TEXT,
     choose_backend,
+    local_visible_devices,
     plan_ranks,
     render_rank_table,
     select_device_index,
@@ -109,3 +112,74 @@ def test_render_rank_table_elides_the_middle_of_long_plans() -> None:
     assert len(lines) == 1 + 8 + 1
     assert "(504 more ranks)" in lines[5]
     assert lines[-1].split()[0] == "511"
+
+
+# -- a local run's GPUs: a subset of the user's own CUDA_VISIBLE_DEVICES -------------------------------------------
+UUID = "GPU-6a1b2c3d-0000-1111-2222-333344445555"
+
+
+@pytest.mark.parametrize(
+    ("visible", "count", "expected"),
+    [
+        (None, 2, "0,1"),  # unset: the machine's GPUs are the user's
+        ("3", 1, "3"),  # GPU 3, not GPU 0
+        (f"{UUID},3", 1, UUID),  # a UUID, kept as written
+        (f" {UUID} , MIG-abc ,7", 3, f"{UUID},MIG-abc,7"),
+        ("5,4,3,2", 2, "5,4"),  # the first ones, in the user's order
+        ("3,-1,2", 1, "3"),  # CUDA reads up to the first invalid entry
+        ("", 0, ""),  # a CPU job sees no GPU
+        ("0,1", 0, ""),
+    ],
+)
+def test_local_visible_devices_keep_the_users_choice(visible: str | None, count: int, expected: str) -> None:
+    assert local_visible_devices(visible, count) == expected
+
+
+@pytest.mark.parametrize(("visible", "found"), [("3", 1), ("", 0), ("3,-1,2", 1), ("NoDevFiles", 0)])
+def test_fewer_visible_gpus_than_asked_is_refused(visible: str, found: int) -> None:
+    with pytest.raises(UsageError) as caught:
+        local_visible_devices(visible, 2)
+    assert f"makes only {found} visible" in caught.value.message and "asks for 2 GPUs" in caught.value.message
+
+
+LOCAL_GPU_SPEC = """\
+name: gpus
+cluster: local
+resources: {nodes: 1, gpus_per_node: 2, tasks_per_node: 1}
+entrypoint: hpctrain.examples.allreduce_check:main
+"""
+
+
+def test_a_local_runs_tasks_see_the_users_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real local executor's controller starts its task with the user's devices (the task prints them)."""
+    from hpctrain.jobspec.load import load_job
+    from hpctrain.launch.dry_run import dry_run
+    from hpctrain.launch.submission import build_executor
+
+    monkeypatch.setenv("HPCTRAIN_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{UUID},3,1")
+    (tmp_path / "gpus.yaml").write_text(LOCAL_GPU_SPEC)
+    job = load_job(tmp_path / "gpus.yaml")
+    assert f"# GPUs: the tasks see CUDA_VISIBLE_DEVICES={UUID},3\n" in dry_run(job).text
+    executor = build_executor(job, "local", tmp_path / "run")
+    started = executor._submit_command(f"{sys.executable} -c 'import os; print(os.environ[\"CUDA_VISIBLE_DEVICES\"])'")  # type: ignore[attr-defined]
+    assert started._process.wait(timeout=60) == 0
+    [log] = (tmp_path / "run" / "submitit").glob("*_0_log.out")
+    assert log.read_text().strip() == f"{UUID},3"
+
+
+def test_submit_local_refuses_fewer_gpus_than_asked_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hpctrain.cli.main import main
+
+    monkeypatch.setenv("HPCTRAIN_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gpus.yaml").write_text(LOCAL_GPU_SPEC + f"output_dir: {tmp_path / 'runs'}\n")
+    assert main(["submit", str(tmp_path / "gpus.yaml"), "--no-preflight"]) == 2
+    err = capsys.readouterr().err
+    assert "asks for 2 GPUs on this machine, but CUDA_VISIBLE_DEVICES='3' makes only 1 visible" in err
+    assert not list((tmp_path / "runs").glob("*/*"))  # no run directory left behind

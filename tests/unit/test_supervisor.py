@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from hpctrain.runtime import stop_signals
 
 # Each call of the fake srun takes its behaviour from the next line of plan.txt:
 # "ok", "raise NODE TASK" (a task exits 1), "kill NODE TASK" (a task is killed) or "hang NODE TASK"
-# (the hang watchdog names the task: it claims the report, writes it into summary.json, the ranks exit 87).
+# (the hang watchdog names the task: it claims the report, writes it into summary.json, the ranks exit 87),
+# "flag NODE" (the burn-in flagged NODE) or "slow NODE" (heartbeats say NODE forwards 4x slower).
 FAKE_SRUN = """#!{python}
 import json, os, sys
 from pathlib import Path
@@ -29,6 +31,26 @@ calls = sorted(here.glob("call-*.json"))
 json.dump({{"argv": sys.argv[1:], "env": dict(os.environ)}}, open(here / f"call-{{len(calls)}}.json", "w"))
 plan = (here / "plan.txt").read_text().split("\\n")[len(calls)].split()
 if plan[0] == "ok":
+    sys.exit(0)
+nodes = next(a for a in sys.argv if a.startswith("--nodelist=")).split("=", 1)[1].split(",")
+if plan[0] == "flag":  # the burn-in flagged a node: rank 0 records it for this step, every rank exits 75
+    run = here / "run"
+    why = "compute 400 ms per pass vs 100 on the other nodes (4.0x worse)"
+    scores = [dict(node=n, compute_ms=400.0 if n == plan[1] else 100.0, flagged=n == plan[1],
+                   reason=why if n == plan[1] else None) for n in nodes]
+    record = dict(step_id=os.environ["HPCTRAIN_STEP_ID"], nodes=nodes, flagged=[plan[1]], scores=scores)
+    (run / "summary.json").write_text(json.dumps(dict(burn_in=[record])))
+    print("srun: error: n1: task 0: Exited with exit code 75", file=sys.stderr, flush=True)
+    sys.exit(75)
+if plan[0] == "slow":  # every rank's heartbeat: the node plan[1] forwards 4x slower; then train until ended
+    import time
+    beats = here / "run" / "heartbeats"
+    beats.mkdir(exist_ok=True)
+    for index, node in enumerate(nodes * 2):
+        median = 0.4 if node == plan[1] else 0.1
+        beat = dict(rank=index, node=node, time=time.time() + 1, compute_time_median_s=median, compute_count=50)
+        (beats / f"rank-{{index:05d}}.json").write_text(json.dumps(beat))
+    time.sleep(60)
     sys.exit(0)
 if plan[0] == "hang":
     run = here / "run"
@@ -65,6 +87,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         path.chmod(0o755)
     monkeypatch.setenv("PATH", str(bin_dir))
     monkeypatch.setenv("FAKE_DIR", str(tmp_path))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # the bad-node ledger
     monkeypatch.setattr(supervisor, "POLL_S", 0.05)
     monkeypatch.setattr(supervisor, "START_GUARDIAN", False)  # its srun would take a line of the plan
     return tmp_path
@@ -114,7 +137,7 @@ def test_a_killed_rank_moves_the_run_to_the_spare(fake: Path, capsys: pytest.Cap
     assert (failure["node"], failure["reason"], failure["action"], failure["nodes"]) == (
         "n2",
         "rank 2 killed",
-        "continue",
+        "swap",
         ["n1", "n3"],
     )
     assert "node n2 lost before the first step (rank 2 killed); continuing on n1,n3 from the start" in (
@@ -140,7 +163,7 @@ def test_a_hung_rank_moves_the_run_off_its_node_naming_its_phase(fake: Path) -> 
     summary = read_summary(fake / "run")
     assert summary is not None and summary.excluded_nodes == ["n2"]
     [failure] = summary.node_failures or []
-    assert (failure["node"], failure["action"]) == ("n2", "continue")
+    assert (failure["node"], failure["action"]) == ("n2", "swap")
     expected = "rank 2 hung in phase forward_backward at step 5 (its process froze: heartbeat silent 21 s)"
     assert failure["reason"] == expected
 
@@ -179,7 +202,7 @@ def test_a_crash_loop_stops_with_the_attempts(fake: Path) -> None:
     assert rc == 1 and len(calls) == 2
     summary = read_summary(fake / "run")
     assert summary is not None and summary.status == "failed"
-    assert [(f["node"], f["action"]) for f in summary.node_failures or []] == [("n2", "continue"), ("n3", "fail")]
+    assert [(f["node"], f["action"]) for f in summary.node_failures or []] == [("n2", "swap"), ("n3", "fail")]
     assert summary.error is not None and summary.error.startswith("crash loop: 2 attempts in a row")
     assert "attempt 1 (job 7): n2" in summary.error and "attempt 2 (job 7): n3" in summary.error
     assert "requeue" not in slurm_log(fake)
@@ -293,6 +316,159 @@ def test_the_guardian_step_leaves_srun_no_file_to_create(tmp_path: Path) -> None
     assert step.process is not None
     argv = step.process.args
     assert "--nodelist=n2" in argv and "--output=/dev/null" in argv and "--error=/dev/null" in argv  # type: ignore[operator]
+
+
+def guardian_thread(fake: Path, lost: set[str], **kwargs: float) -> tuple[Any, list[int], Path]:
+    """The guardian of job 7's first start watching n1, in a thread: (thread, [exit status], its log).
+    ``lost``: the nodes whose slurmd does not answer (the caller may add to it later)."""
+    import threading
+
+    from hpctrain.healing import guardian
+
+    run(fake, ["ok"], {"spare_nodes": 1})  # writes the spec
+    environ = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURMD_NODENAME": "n3"}
+    log = guardian.log_path(fake / "run", "7")
+    log.parent.mkdir(exist_ok=True)
+    say = guardian.log_writer(log)
+    sup = HealRecord(fake / "run", load_spec(fake / "run"), environ, say=say)
+    probe = NodeProbe()
+    probe.lost_reason = lambda node: "its slurmd does not answer" if node in lost else None  # type: ignore[method-assign]
+    status: list[int] = []
+    thread = threading.Thread(
+        target=lambda: status.append(guardian.guard(sup, probe, "n1", say, poll_s=0.01, **kwargs)),
+        daemon=True,
+    )
+    return thread, status, log
+
+
+@pytest.fixture
+def no_signal_handlers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guardian sets SIGTERM handlers, which only the main thread may: here it runs in a thread."""
+    import signal
+
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: None)
+
+
+@pytest.mark.usefixtures("no_signal_handlers")
+def test_a_record_dated_in_the_future_does_not_hide_a_dead_batch_node(fake: Path) -> None:
+    import time
+
+    from hpctrain.contract.rundir import supervisor_record_path, write_json_atomic
+
+    thread, status, log = guardian_thread(fake, {"n1"}, silent_s=0.3)
+    future = {"job_id": "7", "restart": 0, "batch_node": "n1", "ended": False, "time": time.time() + 86400 * 365}
+    write_json_atomic(supervisor_record_path(fake / "run"), future)  # a clock a year ahead, or a planted record
+    thread.start()
+    thread.join(timeout=20)
+    assert status == [0], "the guardian never took the silent batch node out"
+    text = log.read_text()
+    assert re.search(r"the supervisor's record is dated 3153[56]\d{3} s ahead of this node's clock", text), text
+    assert "node n1 lost" in text and "requeueing without n1" in text
+    assert "scontrol requeue 7" in slurm_log(fake)
+
+
+@pytest.mark.usefixtures("no_signal_handlers")
+def test_a_live_supervisor_whose_clock_is_ahead_is_not_taken_out(fake: Path) -> None:
+    import time
+
+    from hpctrain.contract.rundir import supervisor_record_path, write_json_atomic
+
+    thread, status, log = guardian_thread(fake, {"n1"}, silent_s=0.5)
+    record = {"job_id": "7", "restart": 0, "batch_node": "n1", "ended": False}
+    write_json_atomic(supervisor_record_path(fake / "run"), {**record, "time": time.time() + 3600})
+    thread.start()
+    deadline = time.monotonic() + 1.5  # three silences long: the record changes every 0.05 s meanwhile
+    while time.monotonic() < deadline:
+        write_json_atomic(supervisor_record_path(fake / "run"), {**record, "time": time.time() + 3600})
+        time.sleep(0.05)
+    assert thread.is_alive() and "requeue" not in slurm_log(fake)
+    write_json_atomic(supervisor_record_path(fake / "run"), {**record, "ended": True, "time": time.time()})
+    thread.join(timeout=10)
+    assert status == [0] and "requeue" not in slurm_log(fake)
+
+
+@pytest.mark.usefixtures("no_signal_handlers")
+@pytest.mark.parametrize("kind", ["not json", "a directory", "a FIFO", "a list"])
+def test_an_unreadable_record_is_said_and_the_batch_node_still_guarded(fake: Path, kind: str) -> None:
+    import time
+
+    from hpctrain.contract.rundir import supervisor_record_path
+
+    lost: set[str] = set()
+    thread, status, log = guardian_thread(fake, lost, silent_s=0.2)
+    path = supervisor_record_path(fake / "run")
+    path.unlink()
+    if kind == "not json":
+        path.write_text('{"job_id": "7", "resta')
+    elif kind == "a directory":
+        path.mkdir()
+    elif kind == "a FIFO":
+        os.mkfifo(path)
+    else:
+        path.write_text("[1, 2]")
+    thread.start()
+    time.sleep(0.6)  # silent for longer than silent_s, while the batch node answers
+    assert thread.is_alive(), "the guardian left on an unreadable record"
+    text = log.read_text()
+    assert text.count("the supervisor's record is unreadable") == 1, text  # said once, not once per poll
+    lost.add("n1")  # now the batch node stops answering: taken out without a readable record
+    thread.join(timeout=20)
+    assert status == [0]
+    assert "node n1 lost" in log.read_text() and "scontrol requeue 7" in slurm_log(fake)
+
+
+# -- burn-in and slow-node eviction ---------------------------------------------------------------------------
+def ledger_nodes(fake: Path) -> list[tuple[str, str]]:
+    from hpctrain.contract.bad_nodes import read_ledger
+
+    return [(e.node, e.kind) for e in read_ledger(fake / "state" / "hpctrain" / "bad-nodes.jsonl").entries]
+
+
+def test_a_node_the_burn_in_flags_is_swapped_for_the_spare(fake: Path) -> None:
+    rc, calls = run(fake, ["flag n2", "ok"], {"spare_nodes": 1})
+    assert rc == 0 and len(calls) == 2 and "--nodelist=n1,n3" in calls[1]["argv"]
+    assert calls[0]["env"]["HPCTRAIN_STEP_ID"] == "7.0.0" and calls[1]["env"]["HPCTRAIN_STEP_ID"] == "7.0.1"
+    summary = read_summary(fake / "run")
+    assert summary is not None and summary.excluded_nodes == ["n2"]
+    [event] = summary.node_failures or []
+    assert (event["node"], event["kind"], event["action"], event["nodes"]) == ("n2", "burn-in", "swap", ["n1", "n3"])
+    assert event["reason"].startswith("compute 400 ms per pass vs 100")
+    assert ledger_nodes(fake) == [("n2", "burn-in")]
+
+
+def test_a_flagged_node_that_cannot_be_replaced_is_kept_and_the_next_step_skips_the_burn_in(fake: Path) -> None:
+    # all three nodes of the allocation train: no spare left in it, and min_nodes is nodes
+    rc, calls = run(fake, ["flag n2", "ok"], {"nodes": 3, "spare_nodes": 1}, max_requeues=0)
+    assert rc == 0 and len(calls) == 2 and "--nodelist=n1,n2,n3" in calls[1]["argv"]
+    assert calls[1]["env"].get("HPCTRAIN_BURN_IN") == "off" and "HPCTRAIN_BURN_IN" not in calls[0]["env"]
+    summary = read_summary(fake / "run")
+    assert summary is not None and [e["action"] for e in summary.node_failures or []] == ["keep"]
+
+
+def test_a_flagged_node_without_a_spare_requeues_the_job_without_it(fake: Path) -> None:
+    rc, calls = run(fake, ["flag n2"], {"nodes": 3, "spare_nodes": 1})
+    assert rc == 0 and len(calls) == 1
+    assert "requeue 7" in slurm_log(fake) and "ExcNodeList=n2" in slurm_log(fake)
+
+
+def test_a_node_that_stays_slow_is_evicted_and_the_run_goes_on_with_the_spare(
+    fake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpctrain.healing import eviction
+
+    monkeypatch.setattr(supervisor, "EVICTION_POLL_S", 0.05)
+    monkeypatch.setattr(supervisor, "STOP_WAIT_S", 0.5)
+    real = eviction.SlowWatch
+    monkeypatch.setattr(eviction, "SlowWatch", lambda margin, window_s, min_steps: real(margin, 0.2, min_steps))
+    rc, calls = run(fake, ["slow n2", "ok"], {"spare_nodes": 1})
+    assert rc == 0 and len(calls) == 2 and "--nodelist=n1,n3" in calls[1]["argv"]
+    summary = read_summary(fake / "run")
+    assert summary is not None
+    [event] = summary.node_failures or []
+    assert (event["node"], event["kind"], event["action"]) == ("n2", "slow", "swap")
+    [evicted] = summary.evictions or []
+    assert (evicted["node"], evicted["ratio"], evicted["node_ms"], evicted["others_ms"]) == ("n2", 4.0, 400.0, 100.0)
+    assert ledger_nodes(fake) == [("n2", "slow")]
 
 
 def test_a_sigterm_before_the_first_step_starts_none(

@@ -33,10 +33,12 @@ from hpctrain.contract.rundir import (
     RUN_FILE,
     SPEC_FILE,
     SUMMARY_FILE,
+    is_inside,
     is_study_dir,
     is_trial_dir,
     metrics_path,
     read_json_object,
+    run_home,
     spec_path,
     summary_path,
 )
@@ -180,7 +182,10 @@ def _int(value: Any) -> int:
 
 
 def _read_spec(path: Path) -> dict[str, Any]:
-    """The run's resolved spec.yaml as plain data (the spec reader's bounds: size, aliases, nesting), else {}."""
+    """The run's resolved spec.yaml as plain data (the spec reader's bounds: size, aliases, nesting), else {};
+    never through a symlink out of the run."""
+    if not is_inside(path, run_home(path.parent)):
+        return {}
     try:
         data, _positions = read_spec_file(path)
     except SpecError:
@@ -193,9 +198,9 @@ def load_run(
 ) -> RunData:
     """Everything the report needs from one run directory; never raises on damaged files."""
     run = RunData(path=path, label=label, info=dict(info or {}), point=point)
-    run.summary = read_json_object(summary_path(path)) or {}
+    run.summary = read_json_object(summary_path(path), within=run_home(path)) or {}
     run.spec = _read_spec(spec_path(path))
-    attach_metrics(run, _metric_lines(run, metrics_path(path)))
+    attach_metrics(run, _metric_lines(run, metrics_path(path), run_home(path)))
     if not run.summary and summary_path(path).exists():
         run.notes.append("summary.json unreadable")
     for beat, typical in straggler_medians(read_heartbeats(path)):
@@ -206,10 +211,10 @@ def load_run(
     return run
 
 
-def _metric_lines(run: RunData, path: Path) -> Iterator[bytes]:
+def _metric_lines(run: RunData, path: Path, within: Path) -> Iterator[bytes]:
     """metrics.jsonl streamed line by line (a note on ``run`` when it cannot be read)."""
     try:
-        yield from iter_lines(path)
+        yield from iter_lines(path, within=within)
     except FileNotFoundError:
         run.notes.append("no metrics.jsonl yet: the run has not logged a training step")
     except OSError as exc:
@@ -233,7 +238,7 @@ def _looks_like_run(path: Path) -> bool:
 
 
 def _run_or_sweep(path: Path, label: str, point: dict[str, Any] | None = None) -> list[RunData]:
-    info = read_json_object(path / RUN_FILE) or {}
+    info = read_json_object(path / RUN_FILE, within=path) or {}
     trials = _trial_dirs(path)
     if trials:
         return [load_run(t, f"{label}/{t.name}", info=info, point=point) for t in trials]

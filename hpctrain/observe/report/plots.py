@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from hpctrain.contract.node_records import BurnIn, Eviction, records
 from hpctrain.observe.report.baselines import Baseline
 from hpctrain.observe.report.load import RunData
 from hpctrain.observe.report.table import Row
@@ -94,7 +95,10 @@ def plot_run(run: RunData, path: Path) -> Path:
     def at_time(r: dict[str, Any]) -> float:
         return (r["time"] - t0) / scale
 
-    fig, axes = plt.subplots(2, 4, figsize=(16, 7.2), dpi=DPI)
+    health = _health_record(run)
+    fig = plt.figure(figsize=(16, 10.8 if health else 7.2), dpi=DPI)
+    grid = fig.add_gridspec(3 if health else 2, 4)
+    axes = [[fig.add_subplot(grid[row, column]) for column in range(4)] for row in range(2)]
     for row, (x, xlabel) in enumerate(((at_epoch, "epoch"), (at_time, f"wall time ({unit})"))):
         loss, acc, third, wait = axes[row]
         _plot(loss, run.train, x, "loss", label="train", color="tab:blue")
@@ -121,7 +125,13 @@ def plot_run(run: RunData, path: Path) -> Path:
         for index, (end, start) in enumerate(run.downtimes[:MAX_RESTART_MARKS]):
             ax.axvspan((end - t0) / scale, (start - t0) / scale, color="0.85")
             ax.axvline((start - t0) / scale, color="black", linestyle=":", label="restart" if index == 0 else None)
-    for ax in (axes[0][0], axes[0][1], axes[1][1]):
+    evictions = records(Eviction, run.summary.get("evictions"))[:MAX_RESTART_MARKS]
+    for index, evicted in enumerate(e for e in evictions if e.time is not None):
+        label = "evicted " + ",".join(e.node for e in evictions) if index == 0 else None
+        axes[1][2].axvline((evicted.time - t0) / scale, color="tab:red", linestyle="--", label=label)
+    if health is not None:
+        _node_heatmap(fig.add_subplot(grid[2, :]), health)
+    for ax in (axes[0][0], axes[0][1], axes[1][1], axes[1][2]):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     if run.downtimes and axes[1][0].get_legend_handles_labels()[0]:
@@ -134,6 +144,48 @@ def plot_run(run: RunData, path: Path) -> Path:
     fig.savefig(path, dpi=DPI, metadata={"Software": PNG_SOFTWARE})
     plt.close(fig)
     return path
+
+
+HEAT_NODES = 64  # nodes shown in the burn-in heatmap
+HEAT_COLUMNS = (("compute_ms", "compute ms", False), ("allreduce_mb_s", "pair all-reduce MB/s", True))
+HEAT_COLUMNS += (("read_mb_s", "read MB/s", True),)
+
+
+def _health_record(run: RunData) -> BurnIn | None:
+    """The burn-in the heatmap shows: the last that flagged a node, else the last one."""
+    found = records(BurnIn, run.summary.get("burn_in"))
+    flagged = [record for record in found if record.flagged]
+    return (flagged or found or [None])[-1]
+
+
+def _node_heatmap(ax: Any, record: BurnIn) -> None:
+    """Nodes x (compute ms, all-reduce MB/s, read MB/s), each cell coloured by how much worse than the
+    column's median it is (1x white, 3x and more dark red), flagged nodes starred."""
+    import statistics
+
+    scores = record.scores[:HEAT_NODES]
+    matrix, labels = [], []
+    for key, _, higher_is_better in HEAT_COLUMNS:
+        values = [getattr(s, key) for s in scores]
+        known = [v for v in values if v]
+        middle = statistics.median(known) if known else 0.0
+        row = []
+        for value in values:
+            if not value or not middle:
+                row.append(float("nan"))
+            else:
+                row.append(min(3.0, max(1.0, middle / value if higher_is_better else value / middle)))
+        matrix.append(row)
+        labels.append(values)
+    ax.imshow(list(zip(*matrix)) or [[float("nan")] * 3], cmap="Reds", vmin=1.0, vmax=3.0, aspect="auto")
+    ax.set_xticks(range(len(HEAT_COLUMNS)), [title for _, title, _ in HEAT_COLUMNS])
+    ax.set_yticks(range(len(scores)), [f"{s.node}{' *' if s.flagged else ''}" for s in scores])
+    for column, values in enumerate(labels):
+        for row, value in enumerate(values):
+            text = "-" if value is None else f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+            ax.text(column, row, text, ha="center", va="center", fontsize=8)
+    flagged = "; ".join(f"{s.node}: {s.reason}" for s in record.scores if s.flagged) or "nobody flagged"
+    ax.set_title(textwrap.shorten(f"burn-in per node ({record.seconds or 0:.1f} s; * flagged): {flagged}", 170))
 
 
 def plot_scaling(rows: list[Row], path: Path, baseline: Baseline | None = None) -> Path:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.contract.runfiles import printable
-from hpctrain.observe.node_losses import node_loss_text
+from hpctrain.observe.node_losses import burn_in_text, evictions_text, node_loss_text
 from hpctrain.observe.report.baselines import Baseline
 from hpctrain.observe.report.load import RunData
 from hpctrain.observe.report.table import Row
@@ -125,6 +125,10 @@ def _run_facts(run: RunData) -> list[str]:
         facts.append("stragglers: " + "; ".join(run.stragglers))
     if lost := node_loss_text(run.summary.get("node_failures")):
         facts.append(f"lost nodes: {lost}")
+    if evicted := evictions_text(run.summary.get("evictions")):
+        facts.append(f"evicted: {evicted}")
+    if burn_in := burn_in_text(run.summary.get("burn_in")):
+        facts.append(f"burn-in: {burn_in}")
     facts.extend(f"note: {note}" for note in run.notes)
     return facts
 

@@ -98,7 +98,9 @@ class _IndexedImages(Dataset):
 
     def load(self, path: str, box_for: Callable[[int, int], CropBox]) -> Any:
         """One sample's payload from its file (data.decode gpu/dali hand over bytes instead: device_decode)."""
-        return decode_crop(path, box_for, self.image_size, max_pixels=self.max_pixels)
+        return decode_crop(
+            path, box_for, self.image_size, max_pixels=self.max_pixels, follow_links=self.index.follow_links
+        )
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         epoch = self.epoch
@@ -139,7 +141,9 @@ class ValImages(_IndexedImages):
         return lambda width, height: val_crop(width, height, self.image_size, self.resize)
 
     def load(self, path: str, box_for: Callable[[int, int], CropBox]) -> Any:
-        return decode_crop(path, box_for, self.image_size, whole=True, max_pixels=self.max_pixels)  # fractional box
+        return decode_crop(  # whole: val_crop's box is fractional
+            path, box_for, self.image_size, whole=True, max_pixels=self.max_pixels, follow_links=self.index.follow_links
+        )
 
     def blank(self) -> Any:
         """The payload of a skipped sample: any image of the right shape (it is never scored)."""

@@ -47,6 +47,7 @@ except ImportError:  # no wheel for this platform (ppc64le): PIL decodes everyth
 
 Image.MAX_IMAGE_PIXELS = DEFAULT_MAX_PIXELS  # PIL's own guard; image_guard.open_image sets the spec's limit
 BoxFn = Callable[[int, int], CropBox]
+WIDE_BAND_PIXELS = 1 << 20  # pixels of a 16/32-bit grey image converted at a time (about 8 MB of temporaries)
 _SCALES = (8, 4, 2)  # libjpeg-turbo's SIMD-accelerated reductions; 3/8, 5/8, ... are slower than full
 DECODERS = ("simplejpeg", "turbojpeg", "pil")
 DECODER_ENV = "HPCTRAIN_JPEG_DECODER"
@@ -137,13 +138,20 @@ def reduction(box: CropBox, out_size: int) -> int:
 
 
 def decode_crop(
-    path: str, box_fn: BoxFn, out_size: int, whole: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS
+    path: str,
+    box_fn: BoxFn,
+    out_size: int,
+    whole: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    *,
+    follow_links: bool = True,
 ) -> torch.Tensor:
     """uint8 (3, out_size, out_size): ``box_fn(width, height) -> CropBox`` picks the box from the header size.
 
     ``whole``: resize the whole image, then crop (validation; see ``crop_resize``).
-    ``ImageRefused`` for a file over the limits (``image_guard``), before any decoding."""
-    data = read_image_file(path, max_pixels)
+    ``ImageRefused`` for a file over the limits (``image_guard``), before any decoding, and for a
+    symlink when ``follow_links`` is False (a packed image's tree)."""
+    data = read_image_file(path, max_pixels, follow_links=follow_links)
     if data.startswith(JPEG_SOI) and (decoder := jpeg_decoder()) != "pil":
         check_jpeg(data, max_pixels)
         fast = _simplejpeg_crop if decoder == "simplejpeg" else _turbojpeg_crop
@@ -260,12 +268,31 @@ def rgb_pixels(image: Image.Image) -> np.ndarray:
     """uint8 HWC RGB of any image PIL opens: 16-bit and 32-bit integer grey scaled to 8 bits (PIL's
     ``convert`` clips them, so a 16-bit PNG comes out white); grey, CMYK, palette, RGBA converted."""
     if image.mode in ("I", "I;16", "I;16L", "I;16B", "I;16N"):
-        wide = np.asarray(image).astype(np.int64, copy=False)
-        grey = ((np.clip(wide, 0, 65535) + 128) // 257).astype(np.uint8)  # 65535 -> 255, 257 k -> k
-        return np.repeat(grey[:, :, None], 3, axis=2)
+        return _wide_grey_rgb(image)
     if image.mode != "RGB":
         image = image.convert("RGB")  # grayscale, CMYK (Adobe-inverted too), palette, RGBA
     return np.asarray(image)
+
+
+def _wide_grey_rgb(image: Image.Image) -> np.ndarray:
+    """16/32-bit grey as uint8 RGB, (v + 128) // 257 of v clipped to 0..65535 (65535 -> 255, 257 k -> k).
+
+    A band of rows of ``WIDE_BAND_PIXELS`` at a time: the one full-size array is the uint8
+    result (3 bytes a pixel, the decode budget), never a wide copy of the image (an
+    int64 one cost 8 bytes a pixel, and its arithmetic three more such arrays).
+    """
+    width, height = image.size
+    out = np.empty((height, width, 3), dtype=np.uint8)
+    rows = max(1, WIDE_BAND_PIXELS // max(1, width))
+    for top in range(0, height, rows):
+        band = np.asarray(image if rows >= height else image.crop((0, top, width, min(height, top + rows))))
+        if band.dtype.kind == "i":  # int32 "I" may hold anything
+            band = np.clip(band, 0, 65535)
+        wide = band.astype(np.uint32)
+        wide += 128
+        wide //= 257
+        out[top : top + band.shape[0]] = wide[:, :, None]  # 0..255: the cast to uint8 is exact
+    return out
 
 
 def crop_resize_flip(image: torch.Tensor, box: Sequence[float], image_size: int, whole: bool = False) -> torch.Tensor:

@@ -32,6 +32,7 @@ from hpctrain.trainer.data.augment import CropBox, val_crop
 from hpctrain.trainer.data.datasets import TrainImages, ValImages
 from hpctrain.trainer.data.decode import crop_resize_flip, rgb_pixels
 from hpctrain.trainer.data.image_guard import DEFAULT_MAX_PIXELS, open_image, read_image_file
+from hpctrain.trainer.data.index import DatasetIndex
 
 DeviceBackend = Literal["gpu", "dali"]
 JPEG_MAGIC = b"\xff\xd8\xff"
@@ -66,9 +67,10 @@ class _EncodedLoad:
 
     image_size: int
     max_pixels: int
+    index: DatasetIndex
 
     def load(self, path: str, box_for: Callable[[int, int], CropBox]) -> tuple[torch.Tensor, torch.Tensor]:
-        data = read_image_file(path, self.max_pixels)
+        data = read_image_file(path, self.max_pixels, follow_links=self.index.follow_links)
         height, width, gpu_ok = header_size(data, self.max_pixels)
         box = box_for(width, height)
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if gpu_ok else pil_decode(data, self.max_pixels)

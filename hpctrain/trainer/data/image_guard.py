@@ -20,13 +20,24 @@ The limits, from ``data.max_image_pixels`` (P, default 2**27 = 134 MP, e.g.
 * a file at most 3 x P bytes (never more than its own decoded pixels);
 * a Huffman-coded JPEG at least one bit per 8 x 8 block: a file that claims
   more blocks than its bytes can hold is truncated or has patched
-  dimensions (libjpeg fills the rest with grey, and PIL decodes it so silently).
+  dimensions (libjpeg fills the rest with grey, and PIL decodes it so silently);
+* a JPEG at most ``MAX_SCANS`` scans, and scans x pixels at most
+  ``SCAN_WORK`` x P. Each scan is one more pass over the image's
+  coefficients, whatever the DCT scale: a 120 KB file of 10,000 tiny scans
+  (each one an end-of-band run) decodes for seconds to minutes, in every
+  decoder (simplejpeg and PyTurboJPEG decode it all before they report the
+  bogus progression; PIL decodes it silently). Encoders write 1 to 3 scans
+  (baseline) or about 10 (progressive); libjpeg-turbo's own limit, where a
+  caller asks for one, is 500. Scans are counted in the bytes (``FF DA``
+  can only be a marker after the first scan header: entropy-coded data stuffs
+  every ``FF``), so the count costs a ``bytes.count``, not a decode.
 
 Nothing here imports torch.
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import stat
@@ -47,6 +58,9 @@ _HUFFMAN_SEQUENTIAL_OR_PROGRESSIVE = frozenset({0xC0, 0xC1, 0xC2, 0xC3})
 _BUFFERED = frozenset({0xC2, 0xC3, 0xC6, 0xC7, 0xCA, 0xCB, 0xCE, 0xCF})  # progressive and lossless processes
 _STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RSTn: no length field
 _MAX_SEGMENTS = 4096  # real files have a few dozen before the first scan
+_SOS = b"\xff\xda"
+MAX_SCANS = 100
+SCAN_WORK = 16  # scans x pixels per allowed pixel: a 10-scan progressive JPEG at the coefficient limit is 5
 
 
 class ImageRefused(ValueError):
@@ -62,6 +76,7 @@ class JpegFrame:
     height: int
     sampling: tuple[tuple[int, int], ...]  # (horizontal, vertical) factor of each component
     first_scan_components: int
+    scans: int = 1  # SOS markers from the first scan header on
 
     @property
     def components(self) -> int:
@@ -91,14 +106,22 @@ def max_file_bytes(max_pixels: int) -> int:
     return BYTES_PER_PIXEL * max_pixels
 
 
-def read_image_file(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> bytes:
+def read_image_file(path: str, max_pixels: int = DEFAULT_MAX_PIXELS, *, follow_links: bool = True) -> bytes:
     """The file's bytes: a regular file of at most ``max_file_bytes``, or ``ImageRefused``.
 
     Opened non-blocking, so a FIFO named like an image cannot hang the worker;
-    the read is bounded even if the file grows meanwhile.
+    the read is bounded even if the file grows meanwhile. ``follow_links`` False
+    (a packed image's tree): a file that is a symlink is refused, never read
+    from wherever it points on this machine.
     """
     limit = max_file_bytes(max_pixels)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow_links else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_links:
+            raise ImageRefused("a symlink inside a packed image: not followed onto this machine") from None
+        raise
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -142,6 +165,12 @@ def check_jpeg(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> JpegFrame:
             f"need {_size(coefficients)} whatever the scale, more than {_size(BYTES_PER_PIXEL * max_pixels)} "
             f"(3 bytes x data.max_image_pixels)"
         )
+    if frame.scans > MAX_SCANS or frame.scans * frame.width * frame.height > SCAN_WORK * max_pixels:
+        raise ImageRefused(
+            f"a JPEG of {frame.scans} scans at {frame.width} x {frame.height}: each scan is one more pass over the "
+            f"whole image, whatever the scale; at most {MAX_SCANS} scans and {SCAN_WORK} x data.max_image_pixels "
+            f"({max_pixels}) scan pixels are decoded (encoders write about 10)"
+        )
     if len(data) < frame.min_bytes():
         raise ImageRefused(
             f"the header claims {frame.width} x {frame.height} but the file holds only {_size(len(data))}, "
@@ -179,7 +208,8 @@ def jpeg_frame(data: bytes) -> JpegFrame | None:
         elif marker == 0xDA:
             if frame is None or not segment:
                 return None
-            return JpegFrame(frame.marker, frame.width, frame.height, frame.sampling, segment[0])
+            scans = 1 + data.count(_SOS, i + length)
+            return JpegFrame(frame.marker, frame.width, frame.height, frame.sampling, segment[0], scans)
         i += length
     return None
 

@@ -102,12 +102,19 @@ class ResumableDistributedSampler(Sampler[int]):
         return list(range(self.dataset_len))
 
     def _remaining(self) -> list[int]:
-        """The rest of the epoch's global order, cut or padded to whole micro-batch rows."""
+        """The rest of the epoch's global order, cut to whole micro-batch rows, or padded to whole steps.
+
+        Padded, the last step is full: every micro-batch of every step has ``batch_size`` samples, the
+        epoch's first ones again at its end (DistributedSampler repeats them to even out the ranks;
+        this repeats up to a step less one sample). A short last micro-batch of one image crashed
+        BatchNorm in training wherever a feature map is 1x1 (ResNet below 64 px: 65 images, batch 8),
+        at the end of every epoch and on every resume; dp and pipeline cut a loader batch smaller still.
+        """
         order = self._global_order()
         remaining = order[self.consumed_samples :]
         if self.drop_last:
             return remaining[: len(remaining) // self.micro_batches * self.micro_batches]
-        padding = -len(remaining) % self.micro_batches
+        padding = -len(remaining) % (self.micro_batches * self.batch_size)
         if padding and order:
             remaining += (order * math.ceil(padding / len(order)))[:padding]
         return remaining
@@ -134,7 +141,8 @@ class ResumableDistributedSampler(Sampler[int]):
         remaining = max(0, self.dataset_len - self.consumed_samples)
         if self.drop_last:
             return remaining // self.micro_batches * self.per_rank
-        return math.ceil(remaining / self.micro_batches) * self.per_rank
+        steps = math.ceil(remaining / (self.micro_batches * self.batch_size))
+        return steps * self.batch_size * self.per_rank
 
 
 class MicroBatchSampler(Sampler[list[int]]):

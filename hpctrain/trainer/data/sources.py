@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hpctrain.dataset import mount, squashfs
+from hpctrain.dataset import mount, packed_index, squashfs
 from hpctrain.errors import TrainingConfigError
 from hpctrain.jobspec.models import Data
 from hpctrain.trainer.data.datasets import TrainImages, ValImages
@@ -138,16 +138,14 @@ def _split_index(root: Path, subdir: str, key: str, share: dict[str, Any]) -> Da
 
 
 @functools.cache
-def _packed_splits(point: Path) -> dict[str, Any]:
-    try:
-        return (mount.packed_index(point) or {}).get("splits", {})
-    except squashfs.ImageError as exc:  # every rank must raise it (see shared_index), not only the leader
-        raise IndexError_(exc.message, hint=exc.hint) from exc
+def _packed_document(point: Path) -> dict[str, Any] | None:
+    return packed_index.read_packed(point)
 
 
 def _packed_split(point: Path, subdir: str) -> DatasetIndex | None:
-    split = _packed_splits(point).get(subdir)
-    if split is None:
-        return None
-    samples = [(rel, int(label)) for rel, label in split["samples"]]
-    return DatasetIndex(str(point / subdir), list(split["classes"]), samples, list(split.get("empty_classes", [])))
+    """The split's index as the image stores it (``packed_index``: bounded, checked, never followed out)."""
+    try:
+        document = _packed_document(point)
+        return None if document is None else packed_index.packed_split(point, document, subdir)
+    except squashfs.ImageError as exc:  # every rank must raise it (see shared_index), not only the leader
+        raise IndexError_(exc.message, hint=exc.hint) from exc

@@ -2,14 +2,20 @@
 
 ``data.stage: node`` turns a shared-filesystem dataset (GPFS, Lustre, NFS) into
 a per-node copy: the node's local rank 0 copies the files of the shared index
-(train and val) with parallel readers into ``<stage_dir>/hpctrain-<key>/``,
-checks the free space first, and writes ``STAGED`` last; the node's other
-tasks wait for that marker (or for ``FAILED``, whose message they raise too).
-A requeued job finds the marker and skips the copy; a half-done copy is
-resumed (files already there with the right size are kept).
+(train and val) with parallel readers into ``copy/`` of the job's folder on
+the node (``node_folder``: ``<stage_dir>/hpctrain-<uid>/job-<job>/``, this
+user's alone, so no one else can plant a copy there), checks the free space
+first, and writes ``STAGED`` last, naming the copy's key (a digest of the
+source and every sample's path and label); the node's other tasks wait for
+that marker (or for ``FAILED``, whose message they raise too). A requeued
+attempt finds the marker with its key and skips the copy; a half-done copy
+of the same key is resumed (files already there with the right size are
+kept), one of another key (the dataset changed) is removed first. The node's
+last task removes the copy when the run ends normally (``node_folder``).
 
 ``data.stage_dir`` may name the node (``{node}``) and use environment
-variables; default ``$SLURM_TMPDIR``, else ``$TMPDIR``, else ``/tmp``.
+variables; it must exist (it is never created); default: the first existing
+of ``$SLURM_TMPDIR``, ``$TMPDIR`` and ``/tmp``.
 """
 
 from __future__ import annotations
@@ -22,14 +28,16 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from hpctrain.contract.runfiles import RunFileError, load_json, read_bounded
+from hpctrain.dataset import node_folder
 from hpctrain.errors import TrainingConfigError
 from hpctrain.trainer.data.index import DatasetIndex
 
-DONE, FAILED = "STAGED", "FAILED"
+DONE, FAILED, KEY = "STAGED", "FAILED", "KEY"
 HEADROOM = 1.05  # keep 5% of the needed space spare (filesystem overhead, other users)
 
 
@@ -37,10 +45,15 @@ def node_name(env: Mapping[str, str]) -> str:
     return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
-def resolve_stage_dir(template: str | None, env: Mapping[str, str]) -> Path:
-    """The node's staging folder: ``{node}`` and ``$VARS`` expanded; default $SLURM_TMPDIR / $TMPDIR / /tmp."""
+def resolve_stage_dir(
+    template: str | None, env: Mapping[str, str], exists: Callable[[str], bool] = os.path.isdir
+) -> Path:
+    """The node's staging folder: ``{node}`` and ``$VARS`` expanded; default: the first of $SLURM_TMPDIR,
+    $TMPDIR and /tmp that ``exists`` (a variable naming a folder that is gone, e.g. leaked from a job that
+    has ended, is passed over rather than created)."""
     if not template:
-        template = env.get("SLURM_TMPDIR") or env.get("TMPDIR") or "/tmp"
+        candidates = (env.get("SLURM_TMPDIR"), env.get("TMPDIR"))
+        template = next((c for c in candidates if c and exists(c)), "/tmp")
     expanded = template.replace("{node}", node_name(env))
     for name, value in sorted(env.items(), key=lambda kv: -len(kv[0])):
         expanded = expanded.replace(f"${{{name}}}", value).replace(f"${name}", value)
@@ -48,8 +61,13 @@ def resolve_stage_dir(template: str | None, env: Mapping[str, str]) -> Path:
 
 
 def stage_key(source_root: Path, indices: Sequence[tuple[str, DatasetIndex]]) -> str:
-    text = "\n".join([str(source_root.resolve())] + [f"{split}:{len(idx.samples)}" for split, idx in indices])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """A digest of the source and of every sample's path and label: another dataset gets another copy."""
+    digest = hashlib.sha256(str(source_root.resolve()).encode(errors="surrogateescape"))
+    for split, index in indices:
+        digest.update(f"\0{split}\0{len(index.samples)}".encode(errors="surrogateescape"))
+        for rel, label in index.samples:
+            digest.update(f"\0{rel}\0{label}".encode(errors="surrogateescape"))
+    return digest.hexdigest()[:32]
 
 
 def stage_dataset(
@@ -61,16 +79,28 @@ def stage_dataset(
     readers: int = 8,
     timeout_s: float = 6 * 3600,
     log=None,
+    environ: Mapping[str, str] = os.environ,
 ) -> Path:
-    """Copy ``indices`` (``(split folder, index)`` pairs) under ``stage_dir``; returns the staged root.
+    """Copy ``indices`` (``(split folder, index)`` pairs) into the job's folder in ``stage_dir``; the staged root.
 
-    Raises ``TrainingConfigError`` when the local disk is too small, on every task of the node.
+    Raises ``TrainingConfigError`` when the stage dir is missing or not safely this user's, or the
+    local disk is too small, on every task of the node.
     """
-    dest = stage_dir / f"hpctrain-{stage_key(source_root, indices)}"
+    try:
+        folder, _ = node_folder.job_folder(stage_dir, environ, sweep=is_node_leader)
+        node_folder.join(folder)
+    except node_folder.NodeFolderError as exc:
+        raise TrainingConfigError(exc.message, hint=exc.hint) from None
+    except OSError as exc:
+        raise TrainingConfigError(
+            f"data.stage: cannot write in {stage_dir}: {exc.strerror or exc}",
+            hint="set data.stage_dir to a writable node-local folder",
+        ) from None
+    dest, key = folder / "copy", stage_key(source_root, indices)
     if is_node_leader:
-        _copy(source_root, indices, dest, readers, log or _print)
+        _copy(source_root, indices, dest, key, readers, log or _print)
     else:
-        _wait(dest, timeout_s)
+        _wait(dest, key, timeout_s)
     return dest
 
 
@@ -79,13 +109,19 @@ def staged_index(index: DatasetIndex, staged_split: Path) -> DatasetIndex:
     return DatasetIndex(str(staged_split), index.classes, index.samples, index.empty_classes)
 
 
-def _copy(source_root: Path, indices: Sequence[tuple[str, DatasetIndex]], dest: Path, readers: int, log) -> None:
-    if (dest / DONE).exists():
+def _copy(
+    source_root: Path, indices: Sequence[tuple[str, DatasetIndex]], dest: Path, key: str, readers: int, log
+) -> None:
+    if _marker(dest / DONE).get("key") == key:
         log(f"hpctrain: data staged already in {dest} (complete copy found; not copying again)")
         return
     try:
-        dest.mkdir(parents=True, exist_ok=True)
+        if _marker(dest / KEY).get("key") != key:  # another dataset's copy, or none: start afresh
+            shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(exist_ok=True)
+        (dest / DONE).unlink(missing_ok=True)
         (dest / FAILED).unlink(missing_ok=True)
+        (dest / KEY).write_text(json.dumps({"key": key}))
         listed = [(Path(idx.root) / rel, dest / split / rel) for split, idx in indices for rel, _ in idx.samples]
         with ThreadPoolExecutor(readers) as pool:
             sizes = list(pool.map(lambda job: _regular_size(job[0]), listed))
@@ -113,7 +149,8 @@ def _copy(source_root: Path, indices: Sequence[tuple[str, DatasetIndex]], dest: 
         seconds = max(1e-9, time.perf_counter() - started)
         rate = needed / 2**20 / seconds
         log(f"hpctrain: staged {needed / 2**20:.0f} MB in {seconds:.1f} s ({rate:.0f} MB/s, {readers} readers)")
-        (dest / DONE).write_text(json.dumps({"source": str(source_root), "files": len(jobs), "bytes": total}))
+        done = {"source": str(source_root), "files": len(jobs), "bytes": total, "key": key}
+        (dest / DONE).write_text(json.dumps(done))
     except BaseException as exc:
         message = exc.message if isinstance(exc, TrainingConfigError) else f"{type(exc).__name__}: {exc}"
         hint = exc.hint if isinstance(exc, TrainingConfigError) else "see the node leader's log"
@@ -157,15 +194,22 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def _wait(dest: Path, timeout_s: float) -> None:
+def _marker(path: Path) -> dict:
+    """A marker of the copy (STAGED, KEY, FAILED), or {} when it is missing or unreadable."""
+    try:
+        info = load_json(read_bounded(path, 1 << 16))
+    except (OSError, ValueError, RunFileError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _wait(dest: Path, key: str, timeout_s: float) -> None:
     deadline, started = time.monotonic() + timeout_s, time.time() - 5
-    while not (dest / DONE).exists():
+    while _marker(dest / DONE).get("key") != key:
         if _mtime(dest / FAILED) > started:  # an older FAILED is a previous attempt's
-            try:
-                info = json.loads((dest / FAILED).read_text())
-            except (OSError, ValueError):
-                info = {"message": "the node's staging task failed", "hint": "see its log"}
-            raise TrainingConfigError(info["message"], hint=info["hint"])
+            info = _marker(dest / FAILED)
+            message = str(info.get("message") or "the node's staging task failed")
+            raise TrainingConfigError(message, hint=str(info.get("hint") or "see the log of the node's first task"))
         if time.monotonic() > deadline:
             raise TrainingConfigError(
                 f"data.stage: waited {timeout_s:.0f} s for the node's copy in {dest}",

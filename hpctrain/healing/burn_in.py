@@ -1,0 +1,289 @@
+"""Burn-in: before a multi-node step trains, every node is probed and a node worse than the others is taken out.
+
+The task launcher calls :func:`run_burn_in` on every rank once the process
+group is up and before the trainer (or the entry point) starts: the first
+start, each requeue, each relaunch after a lost node. Within
+``health.burn_in.budget_s`` every rank runs ``healing/probes.py``'s probes;
+rank 0 gathers the numbers, scores the nodes (``healing/scores.py``: median
+and MAD of the other nodes), writes the :class:`~hpctrain.contract.node_records.BurnIn`
+record into ``summary.json`` and tells every rank the verdict. Then:
+
+* nobody flagged: training starts (the burn-in cost only its probes);
+* in a healing job (the supervisor set :data:`STEP_ID_VAR`): every rank exits
+  with :data:`BURN_IN_EXIT`; the supervisor reads the record and decides
+  (``healing/decide.py``: swap for a spare, drop, requeue without it, keep);
+* in any other job rank 0 decides the same way (no spare, no fewer nodes:
+  requeue without the node, or keep it when requeues are off or spent),
+  records it and the ledger entry, requeues with ``ExcNodeList`` and every
+  rank leaves without a result (``runtime/requeue.py``'s exit protocol).
+
+Task side (torch, through the probes); the trainer never imports it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hpctrain.contract.node_records import BURN_IN_KEY, BurnIn, NodeScore, appended
+from hpctrain.contract.rundir import read_summary, write_summary
+from hpctrain.contract.slurm import SlurmCommandError, exclude_nodes, requeue_job
+from hpctrain.healing import decide, probes, scores
+from hpctrain.jobspec.node_health import BURN_IN_EXIT, BURN_IN_VAR, STEP_ID_VAR
+from hpctrain.runtime import heartbeat
+from hpctrain.runtime.context import TaskContext
+
+log = logging.getLogger(__name__)
+
+# Shares of one pass's budget: compute, ring all-reduce, pairwise all-reduce; the read probe gets the rest.
+SHARES = (0.4, 0.15, 0.25)
+PASSES = 2  # a flagged node is measured again: both passes' compute rounds count, the better rates (pairs alone)
+
+
+class Prober:
+    """This rank's probes: the workload built once (:meth:`setup`), measured once or twice (:meth:`measure`)."""
+
+    def __init__(self, ctx: TaskContext, node_index: int, nodes: int, leaders: Sequence[int]) -> None:
+        self.ctx, self.node_index, self.nodes, self.leaders = ctx, node_index, nodes, leaders
+        self.first = ctx.env.global_rank == leaders[node_index]  # the node's first rank: pairs and reads
+        self.phases: dict[str, float] = {}
+        self.work: Callable[[int], None] | None = None
+        self.max_batch = 2
+
+    def setup(self) -> None:
+        """Build the compute workload (the run's model: imports torchvision, which the trainer pays anyway)."""
+        started = time.perf_counter()
+        self.work, self.max_batch = probes.compute_workload(self.ctx.spec, self.ctx.device)
+        self.phases["setup"] = round(time.perf_counter() - started, 3)
+
+    def measure(self, deadline: float, *, confirming: bool = False) -> dict[str, Any]:
+        """This rank's numbers, within ``deadline``; the pairwise and read numbers on a node's first rank.
+        ``confirming``: the second pass, whose pairs run one at a time."""
+        spec, device = self.ctx.spec, self.ctx.device
+        budget = deadline - time.perf_counter()
+        mine: dict[str, Any] = {
+            "rank": self.ctx.env.global_rank,
+            "gpu_problems": probes.gpu_problems(device, spec.resources.gpus_per_node or 0, self.first),
+        }
+        mark = time.perf_counter()
+
+        def lap(name: str) -> None:
+            nonlocal mark
+            now = time.perf_counter()
+            self.phases[name], mark = round(self.phases.get(name, 0.0) + now - mark, 3), now
+
+        assert self.work is not None
+        rounds_ms = probes.compute_probe(self.work, device, mark + SHARES[0] * budget, self.max_batch)
+        mine["compute_rounds_ms"] = rounds_ms
+        mine["compute_ms"] = round(statistics.median(rounds_ms), 3) if rounds_ms else None
+        lap("compute")
+        tensor = probes.bucket(device)
+        mine["ring_mb_s"] = probes.ring_allreduce(tensor, time.perf_counter() + SHARES[1] * budget)
+        lap("ring")
+        rounds = scores.pair_rounds(self.nodes)
+        until = time.perf_counter() + SHARES[2] * budget
+        pairs = probes.pairwise_allreduce(tensor, self.leaders, rounds, until, one_at_a_time=confirming)
+        lap("pairwise")
+        del tensor
+        if self.first:
+            mine["allreduce_mb_s"] = pairs.get(self.node_index)
+            if spec.data.root:
+                root = Path(spec.data.root).expanduser()
+                targets = probes.read_targets(root, spec.data.train_dir, self.node_index, self.nodes)
+                read_until = max(deadline, time.perf_counter() + probes.MIN_READ_S)
+                mine["read_mb_s"] = probes.read_probe(targets, self.node_index, read_until)
+            lap("read")
+        return mine
+
+
+def best_of(passes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One rank's numbers over its passes: the median of all its compute rounds, the highest rates. Pure."""
+    merged: dict[str, Any] = dict(passes[0])
+    rounds = [ms for p in passes for ms in p.get("compute_rounds_ms") or []]
+    merged["compute_rounds_ms"] = rounds
+    if rounds:
+        merged["compute_ms"] = round(statistics.median(rounds), 3)
+    for key, pick in (("ring_mb_s", max), ("allreduce_mb_s", max), ("read_mb_s", max)):
+        values = [p[key] for p in passes if isinstance(p.get(key), (int, float))]
+        merged[key] = pick(values) if values else None
+    merged["gpu_problems"] = list(dict.fromkeys(x for p in passes for x in p.get("gpu_problems") or []))
+    return merged
+
+
+def assess(ranks: Sequence[Mapping[str, Any]], names: Mapping[int, str], margin: float, mad_k: float) -> BurnIn:
+    """Rank 0's verdict from every rank's numbers (``names``: rank -> node). Pure."""
+    compute: dict[str, float] = {}
+    allreduce: dict[str, float] = {}
+    read: dict[str, float] = {}
+    gpu: dict[str, list[str]] = {}
+    for one in ranks:
+        node = names[int(one["rank"])]
+        if isinstance(one.get("compute_ms"), (int, float)):
+            compute[node] = max(compute.get(node, 0.0), float(one["compute_ms"]))  # a node is its slowest rank
+        for key, into in (("allreduce_mb_s", allreduce), ("read_mb_s", read)):
+            if isinstance(one.get(key), (int, float)):
+                into[node] = float(one[key])
+        gpu.setdefault(node, []).extend(one.get("gpu_problems") or [])
+    flagged = scores.flag_nodes(compute, allreduce, read, gpu, margin=margin, mad_k=mad_k)
+    nodes = list(dict.fromkeys(names[rank] for rank in sorted(names)))
+    ring = [float(one["ring_mb_s"]) for one in ranks if isinstance(one.get("ring_mb_s"), (int, float))]
+    return BurnIn(
+        nodes=nodes,
+        ring_mb_s=min(ring) if ring else None,
+        bucket_mb=probes.BUCKET_MB,
+        scores=[
+            NodeScore(
+                node=node,
+                compute_ms=compute.get(node),
+                allreduce_mb_s=allreduce.get(node),
+                read_mb_s=read.get(node),
+                gpu_problems=gpu.get(node, []),
+                flagged=node in flagged,
+                reason=flagged.get(node),
+            )
+            for node in nodes
+        ],
+        flagged=[node for node in nodes if node in flagged],
+    )
+
+
+def run_burn_in(ctx: TaskContext, *, exit_process: Callable[[int], object]) -> BurnIn | None:
+    """Probe, score, and act (module docstring); returns the verdict when training may start."""
+    if os.environ.get(BURN_IN_VAR) == "off" or not dist.is_initialized():
+        return None
+    env = ctx.env
+    heartbeat.set_phase("burn-in")
+    record = probe(ctx)
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()  # the probe's model copy and buckets: the trainer's memory now
+    heartbeat.set_phase("setup")
+    _say(env.is_main, record)
+    if not record.flagged:
+        if env.is_main:
+            _write(ctx, record)
+        return record
+    if os.environ.get(STEP_ID_VAR):  # the supervisor decides
+        if env.is_main:
+            record.action = "supervisor decides"
+            _write(ctx, record)
+        dist.barrier()  # the record is written before any rank exits (srun then ends the step at once)
+        _leave(exit_process, BURN_IN_EXIT)
+        return None
+    outcome: list[Any] = [None]
+    if env.is_main:
+        outcome[0] = decide_here(ctx, record)
+    dist.broadcast_object_list(outcome, src=0)
+    if outcome[0] == "requeue":
+        _leave(exit_process, 0)  # no result: the job comes back without the node
+        return None
+    return record
+
+
+def probe(ctx: TaskContext) -> BurnIn:
+    """Every rank probes, rank 0 scores; every rank gets the verdict (collective: all ranks call it)."""
+    env, settings = ctx.env, ctx.spec.health.burn_in
+    started = time.perf_counter()
+    layout: list[Any] = [None] * env.world_size
+    dist.all_gather_object(layout, (env.global_rank, env.node_rank, env.node_name or env.hostname))
+    names = {rank: name for rank, _, name in layout}
+    node_ranks = sorted({node_rank for _, node_rank, _ in layout})
+    leaders = [min(rank for rank, nr, _ in layout if nr == k) for k in node_ranks]
+    prober = Prober(ctx, node_ranks.index(env.node_rank), len(node_ranks), leaders)
+    prober.setup()
+    passes: list[dict[str, Any]] = []
+    verdict: list[Any] = [None]
+    for number in range(PASSES):
+        passes.append(prober.measure(time.perf_counter() + settings.budget_s / PASSES, confirming=number > 0))
+        gathered: list[Any] = [None] * env.world_size
+        dist.all_gather_object(gathered, best_of(passes))
+        if env.is_main:
+            record = assess(gathered, names, settings.margin, settings.mad_k)
+            record.job_id, record.step_id, record.passes = env.job_id, os.environ.get(STEP_ID_VAR), number + 1
+            record.seconds, record.time = round(time.perf_counter() - started, 2), round(time.time(), 3)
+            record.phases_s = dict(prober.phases)
+            verdict[0] = record.model_dump(mode="json")
+        again = [bool(env.is_main and verdict[0]["flagged"])]
+        dist.broadcast_object_list(again, src=0)  # every rank measures again, or none
+        if not again[0]:
+            break
+    dist.broadcast_object_list(verdict, src=0)
+    return BurnIn.model_validate(verdict[0])
+
+
+def decide_here(ctx: TaskContext, record: BurnIn) -> str:
+    """Rank 0 of a job without a supervisor: the one decider's answer, recorded and carried out."""
+    from hpctrain.healing.record import HealRecord
+
+    spec, env = ctx.spec, ctx.env
+    heal = HealRecord(ctx.run_dir, spec, os.environ, say=log.warning)
+    blamed = [decide.Blame(s.node, s.reason or "flagged", kind="burn-in") for s in record.scores if s.flagged]
+    res = spec.resources
+    decision = decide.decide(
+        blamed,
+        step_nodes=record.nodes,
+        allocation=record.nodes,
+        excluded=heal.excluded,
+        batch_node=heal.batch_node,
+        nodes=res.nodes,
+        min_nodes=res.fewest_nodes,
+        fits=lambda count: count == res.nodes,
+        can_requeue=heal.can_requeue and env.under_slurm,
+    )
+    if decision.action == "requeue":
+        try:
+            requeue_job(env.slurm_job_id)
+        except SlurmCommandError as exc:
+            decision = decide.Decision("keep", nodes=tuple(record.nodes), why=f"the requeue failed: {exc}")
+        else:
+            try:  # Slurm takes ExcNodeList only from a pending job: after the requeue (healing/record.py)
+                exclude_nodes(env.slurm_job_id, decision.excluded)
+            except SlurmCommandError as exc:
+                log.warning("could not keep %s out of the next start: %s", ",".join(decision.excluded), exc)
+    record.action = decision.action
+    _write(ctx, record)
+    evidence = {s.node: s.model_dump(exclude={"node", "flagged"}) for s in record.scores if s.flagged}
+    heal.add_events(blamed, decision, None, evidence)
+    for found in blamed:
+        log.warning("%s", decide.log_line(found, None, decision, None))
+    return decision.action
+
+
+def _write(ctx: TaskContext, record: BurnIn) -> None:
+    summary = read_summary(ctx.run_dir)
+    fields = summary.fields() if summary is not None else {}
+    fields[BURN_IN_KEY] = appended(fields.get(BURN_IN_KEY), record.model_dump(mode="json"))
+    try:
+        write_summary(ctx.run_dir, fields)
+    except OSError as exc:
+        log.warning("could not record the burn-in in summary.json: %s", exc)
+
+
+def _say(main: bool, record: BurnIn) -> None:
+    if not main:
+        return
+    shown = ", ".join(
+        f"{s.node} {s.compute_ms or 0:.0f} ms/{s.allreduce_mb_s or 0:.0f} MB/s/{s.read_mb_s or 0:.0f} MB/s"
+        for s in record.scores
+    )
+    flagged = "; ".join(f"{s.node}: {s.reason}" for s in record.scores if s.flagged) or "none flagged"
+    log.info("burn-in in %.1f s (compute/pair all-reduce/read): %s; %s", record.seconds or 0, shown, flagged)
+
+
+def _leave(exit_process: Callable[[int], object], status: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    exit_process(status)

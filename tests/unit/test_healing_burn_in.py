@@ -1,0 +1,107 @@
+"""The burn-in's verdict from every rank's numbers (healing/burn_in.py's pure parts; the probes themselves
+run on the Slurm test cluster, tests/slurm/test_node_health_e2e.py)."""
+
+from __future__ import annotations
+
+from hpctrain.healing.burn_in import assess, best_of
+
+NAMES = {0: "n1", 1: "n1", 2: "n2", 3: "n2", 4: "n3", 5: "n3"}
+
+
+def rank(number: int, compute_ms: float, **node: float) -> dict[str, float | int | list[str]]:
+    return {"rank": number, "compute_ms": compute_ms, "ring_mb_s": 500.0 + number, "gpu_problems": [], **node}
+
+
+def test_a_node_is_its_slowest_rank_and_its_first_ranks_pairs_and_reads() -> None:
+    ranks = [
+        rank(0, 100, allreduce_mb_s=900, read_mb_s=300),
+        rank(1, 104),
+        rank(2, 98, allreduce_mb_s=910, read_mb_s=310),
+        rank(3, 290),  # one slow GPU makes its node slow
+        rank(4, 101, allreduce_mb_s=905, read_mb_s=305),
+        rank(5, 99),
+    ]
+    record = assess(ranks, NAMES, margin=1.5, mad_k=6)
+    assert record.nodes == ["n1", "n2", "n3"] and record.flagged == ["n2"] and record.ring_mb_s == 500.0
+    n2 = record.scores[1]
+    assert (n2.compute_ms, n2.allreduce_mb_s, n2.read_mb_s, n2.flagged) == (290, 910, 310, True)
+    assert n2.reason == "compute 290 ms per pass vs 102 on the other nodes (2.8x worse)"
+
+
+def test_a_gpu_problem_flags_its_node_whatever_its_speed() -> None:
+    ranks = [rank(k, 100) for k in range(6)]
+    ranks[5]["gpu_problems"] = ["GPU 1: clocks held down: hardware thermal"]
+    record = assess(ranks, NAMES, margin=1.5, mad_k=6)
+    assert record.flagged == ["n3"] and record.scores[2].reason == "GPU: GPU 1: clocks held down: hardware thermal"
+
+
+def test_a_second_pass_adds_its_rounds_and_keeps_the_better_rates() -> None:
+    first = {"rank": 3, "compute_rounds_ms": [290.0, 120.0, 300.0], "allreduce_mb_s": 100.0, "read_mb_s": None}
+    second = {"rank": 3, "compute_rounds_ms": [120.0, 125.0], "allreduce_mb_s": 800.0, "read_mb_s": 50.0}
+    first["gpu_problems"], second["gpu_problems"] = ["x"], ["x", "y"]
+    merged = best_of([first, second])
+    assert (merged["compute_ms"], merged["allreduce_mb_s"], merged["read_mb_s"]) == (125.0, 800.0, 50.0)
+    assert merged["gpu_problems"] == ["x", "y"]
+
+
+# -- a job without a supervisor: rank 0 decides with the one decider ----------------------------------------------
+FAKE_SCONTROL = """#!{python}
+import os, sys
+from pathlib import Path
+with open(Path(os.environ["FAKE_DIR"]) / "slurm.txt", "a") as log:
+    log.write(" ".join(sys.argv[1:]) + "\\n")
+sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
+"""
+
+
+def plain_job(tmp_path, monkeypatch, **signals):  # noqa: ANN001, ANN201
+    import sys
+    from types import SimpleNamespace
+
+    from hpctrain.jobspec.models import JobSpec
+    from hpctrain.runtime.context import TaskEnv
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL.format(python=sys.executable))
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setenv("FAKE_DIR", str(tmp_path))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    (tmp_path / "run").mkdir()
+    spec = JobSpec.model_validate({"name": "p", "resources": {"nodes": 3}, "signals": signals})
+    env = TaskEnv(0, 3, 0, 1, 0, 3, ("n1", "n2", "n3"), "n1", 29500, "41", 0, "slurm")
+    return SimpleNamespace(spec=spec, env=env, run_dir=tmp_path / "run")
+
+
+def flagged_record():  # noqa: ANN201
+    return assess([rank(0, 100), rank(2, 400), rank(4, 101)], {0: "n1", 2: "n2", 4: "n3"}, margin=1.5, mad_k=6)
+
+
+def test_a_plain_job_requeues_without_the_flagged_node(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    from hpctrain.contract.bad_nodes import read_ledger
+    from hpctrain.contract.rundir import read_summary
+    from hpctrain.healing.burn_in import decide_here
+
+    ctx = plain_job(tmp_path, monkeypatch)
+    assert decide_here(ctx, flagged_record()) == "requeue"
+    assert (tmp_path / "slurm.txt").read_text().splitlines() == ["requeue 41", "update JobId=41 ExcNodeList=n2"]
+    summary = read_summary(ctx.run_dir)
+    assert summary is not None and summary.burn_in[-1]["action"] == "requeue"
+    assert [(e["node"], e["kind"], e["action"]) for e in summary.node_failures] == [("n2", "burn-in", "requeue")]
+    [entry] = read_ledger(tmp_path / "state" / "hpctrain" / "bad-nodes.jsonl").entries
+    assert (entry.node, entry.kind, entry.evidence["compute_ms"]) == ("n2", "burn-in", 400.0)
+
+
+def test_a_plain_job_that_cannot_requeue_keeps_the_node_and_trains(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    from hpctrain.healing.burn_in import decide_here
+
+    ctx = plain_job(tmp_path, monkeypatch, max_requeues=0)
+    assert decide_here(ctx, flagged_record()) == "keep"
+    assert not (tmp_path / "slurm.txt").exists()
+    monkeypatch.setenv("FAKE_EXIT", "1")
+    (tmp_path / "again").mkdir()
+    ctx = plain_job(tmp_path / "again", monkeypatch)
+    assert decide_here(ctx, flagged_record()) == "keep"  # scontrol refused the requeue

@@ -1,0 +1,57 @@
+"""The burn-in's robust margin (healing/scores.py): median and MAD of the other nodes, pairs of nodes."""
+
+from __future__ import annotations
+
+from hpctrain.healing import scores
+
+
+def flags(compute: dict[str, float], **kw: float) -> dict[str, str]:
+    return scores.flag_nodes(compute, {}, {}, {}, margin=kw.get("margin", 1.5), mad_k=kw.get("mad_k", 6.0))
+
+
+def test_one_slow_node_among_equals_is_flagged_with_its_numbers() -> None:
+    found = flags({"n1": 100, "n2": 104, "n3": 98, "n4": 260})
+    assert list(found) == ["n4"] and found["n4"] == "compute 260 ms per pass vs 100 on the other nodes (2.6x worse)"
+
+
+def test_noise_within_the_margin_or_the_mad_flags_nobody() -> None:
+    assert flags({"n1": 100, "n2": 140, "n3": 95, "n4": 120}) == {}  # 1.4x: inside the margin
+    assert flags({"n1": 100, "n2": 180, "n3": 60, "n4": 170}, margin=1.1) == {}  # a noisy cluster: the MAD holds
+
+
+def test_half_the_nodes_slow_cannot_be_told_apart() -> None:
+    assert flags({"n1": 100, "n2": 300, "n3": 300}) == {} and flags({"n1": 100, "n2": 100, "n3": 300}) != {}
+
+
+def test_two_nodes_need_twice_the_others_time() -> None:
+    assert list(flags({"n1": 100, "n2": 210})) == ["n2"] and flags({"n1": 100, "n2": 190}) == {}
+    assert flags({"n1": 100, "n2": 210}, margin=2.5) == {}  # a larger margin still counts
+
+
+def test_rates_are_worse_when_lower_and_gpu_problems_flag_outright() -> None:
+    found = scores.flag_nodes(
+        {"n1": 10, "n2": 10, "n3": 10},
+        {"n1": 300, "n2": 40, "n3": 310},
+        {"n1": 500, "n2": 520, "n3": 480},
+        {"n3": ["GPU 1: 2 uncorrected ECC errors since the driver loaded"]},
+        margin=1.5,
+        mad_k=6,
+    )
+    assert found == {
+        "n2": "pairwise all-reduce 40 MB/s vs 305 on the other nodes (7.6x worse)",
+        "n3": "GPU: GPU 1: 2 uncorrected ECC errors since the driver loaded",
+    }
+
+
+def test_each_node_meets_two_partners_in_disjoint_rounds() -> None:
+    assert scores.pair_rounds(1) == [] and scores.pair_rounds(2) == [[(0, 1)]]
+    for count in range(3, 9):
+        rounds = scores.pair_rounds(count)
+        for one in rounds:
+            members = [node for pair in one for node in pair]
+            assert len(members) == len(set(members))
+        partners = {node: set() for node in range(count)}
+        for a, b in (pair for one in rounds for pair in one):
+            partners[a].add(b)
+            partners[b].add(a)
+        assert all(len(p) == 2 for p in partners.values()), (count, rounds)
