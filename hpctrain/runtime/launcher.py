@@ -115,17 +115,21 @@ class TaskLauncher:
 
                 monitor.gpu = gpu_sampler(device.index or 0, os.environ)
             ctx = TaskContext(env=env, spec=spec, run_dir=Path(self.run_dir), device=device, stop=stop)
-            reason = stop_before_start(ctx)  # before the burn-in: a start that is ending probes nothing
-            if reason is not None:
-                result = stopped_before_start(ctx, reason)
-            else:
-                self.burn_in(ctx)
-                result = user_code(ctx, **(spec.entrypoint_args if spec.entrypoint else {}))
+            result = self.train_or_stop(ctx, user_code)
             heartbeat.set_phase("done")  # a requeue's wait for Slurm is not a hang
             if monitor is not None:
                 monitor.stop()
             self.after_run(ctx, result)
         return result
+
+    def train_or_stop(self, ctx: TaskContext, user_code: UserCode) -> Any:
+        """The entry point's or trainer's result; a stop that came during set-up ends the start first,
+        before the burn-in too (a start that is ending probes nothing)."""
+        reason = stop_before_start(ctx)
+        if reason is not None:
+            return stopped_before_start(ctx, reason)
+        self.burn_in(ctx)
+        return user_code(ctx, **(ctx.spec.entrypoint_args if ctx.spec.entrypoint else {}))
 
     def burn_in(self, ctx: TaskContext) -> None:
         """Probe the step's nodes before training, and take a sick one out (healing/burn_in.py): every

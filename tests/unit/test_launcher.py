@@ -179,6 +179,20 @@ def test_a_stop_before_the_start_skips_the_entry_point_and_says_so(tmp_path, cap
     assert not (tmp_path / "summary.json").exists()  # an entry point's run keeps its own summary (or none)
 
 
+def test_a_stop_during_set_up_ends_the_start_before_the_burn_in(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    launcher = TaskLauncher({}, str(tmp_path))
+    burnt: list[object] = []
+    monkeypatch.setattr(launcher, "burn_in", burnt.append)
+    spec = SimpleNamespace(entrypoint="mine:main", entrypoint_args={"lr": 0.1})
+    ctx = SimpleNamespace(env=derive_task_env({}), stop=StopRequest(), is_main=True, spec=spec, run_dir=tmp_path)
+    result = launcher.train_or_stop(ctx, lambda ctx, lr: {"status": "completed", "lr": lr})
+    assert result == {"status": "completed", "lr": 0.1}
+    assert burnt == [ctx]
+    ctx.stop.request("preempted")
+    result = launcher.train_or_stop(ctx, lambda ctx, lr: pytest.fail("the entry point ran after a stop during set-up"))
+    assert result["status"] == "stopped" and burnt == [ctx], "no burn-in once a stop came"
+
+
 def test_the_trainers_summary_says_stopped_and_keeps_counting_restarts(tmp_path) -> None:
     earlier = {"status": "stopped", "stop_reason": "timeout", "global_step": 4, "restarts": 1, "job_id": "77"}
     (tmp_path / "summary.json").write_text(json.dumps(earlier))
