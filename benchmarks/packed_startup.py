@@ -76,7 +76,7 @@ def main() -> int:
     parser.add_argument("--val-per-class", type=int, default=10)
     parser.add_argument("--work", type=Path, default=Path("/tmp/hpctrain-pack-bench"))
     args = parser.parse_args()
-    from hpctrain.dataset import mount
+    from hpctrain.dataset import mount_release
     from hpctrain.dataset.pack import pack
 
     tree, image, stage = args.work / "tree", args.work / "data.sqsh", args.work / "stage"
@@ -100,7 +100,7 @@ def main() -> int:
     )
     folder, packed = child(tree, stage), child(image, stage)
     for point in stage.glob("hpctrain-*/job-*/mnt-*"):  # the child's watcher would, once it sees it gone
-        mount.release(point, None)
+        mount_release.release(point, None)
     entries = result.files + sum(1 for _ in tree.rglob("*") if _.is_dir())
     print(f"{'':22} {'folder':>10} {'image':>10}")
     for key in ("build_datasets_s", "first_sample_s"):

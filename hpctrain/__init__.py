@@ -14,13 +14,17 @@ __version__ = "0.1.0"
 # name -> module that defines it; loaded on first use (PEP 562), so 'import hpctrain' stays cheap.
 _LAZY = {
     **dict.fromkeys(
-        ("load_job", "submit", "status", "cancel", "resume", "report", "Submission", "StudyStatus", "Report"),
-        "hpctrain.api",
+        ("load_job", "submit", "status", "cancel", "resume", "report", "doctor", "nodes", "forget_node"), "hpctrain.api"
     ),
+    "Submission": "hpctrain.launch.submit",
     "RunStatus": "hpctrain.observe.run_status",
+    "StudyStatus": "hpctrain.observe.status",
     "Cancelled": "hpctrain.launch.cancel",
+    "Report": "hpctrain.observe.report.build",
+    "DoctorReport": "hpctrain.diagnose.doctor",
+    "NodeLedger": "hpctrain.observe.node_ledger",
     **dict.fromkeys(
-        ("HpctrainError", "SpecError", "UsageError", "ClusterError", "RunDirError", "CheckpointError"),
+        ("HpctrainError", "SpecError", "UsageError", "ClusterError", "RunDirError", "CheckpointError", "RunStopped"),
         "hpctrain.errors",
     ),
 }
@@ -29,17 +33,23 @@ __all__ = [  # what _LAZY names, spelled out for tools that read __all__ without
     "Cancelled",
     "CheckpointError",
     "ClusterError",
+    "DoctorReport",
     "HpctrainError",
+    "NodeLedger",
     "Report",
     "RunDirError",
     "RunStatus",
+    "RunStopped",
     "SpecError",
     "StudyStatus",
     "Submission",
     "UsageError",
     "__version__",
     "cancel",
+    "doctor",
+    "forget_node",
     "load_job",
+    "nodes",
     "report",
     "resume",
     "status",
@@ -47,10 +57,23 @@ __all__ = [  # what _LAZY names, spelled out for tools that read __all__ without
 ]
 
 if TYPE_CHECKING:
-    from hpctrain.api import Report, StudyStatus, Submission, cancel, load_job, report, resume, status, submit
-    from hpctrain.errors import CheckpointError, ClusterError, HpctrainError, RunDirError, SpecError, UsageError
+    from hpctrain.api import cancel, doctor, forget_node, load_job, nodes, report, resume, status, submit
+    from hpctrain.diagnose.doctor import DoctorReport
+    from hpctrain.errors import (
+        CheckpointError,
+        ClusterError,
+        HpctrainError,
+        RunDirError,
+        RunStopped,
+        SpecError,
+        UsageError,
+    )
     from hpctrain.launch.cancel import Cancelled
+    from hpctrain.launch.submit import Submission
+    from hpctrain.observe.node_ledger import NodeLedger
+    from hpctrain.observe.report.build import Report
     from hpctrain.observe.run_status import RunStatus
+    from hpctrain.observe.status import StudyStatus
 
 
 def __getattr__(name: str) -> Any:

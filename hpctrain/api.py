@@ -1,89 +1,48 @@
-"""The Python API: what the login-node verbs do, as functions (``import hpctrain``).
+"""The Python API: the login-node verbs as functions (``import hpctrain``), the second face of one library.
 
-``hpctrain.submit(hpctrain.load_job("jobs/x.yaml"), wait=True)`` runs the same
-library code as ``hpctrain submit jobs/x.yaml --wait``: the same dry-run
-script, the same checks before the queue, the same status rule and cancel
-protocol. Nothing here exits or imports torch, and nothing prints but a local run
-stopped by Ctrl-C or a signal while waiting (on stderr); every refusal is an
-``HpctrainError`` (``hpctrain.errors``) with a ``hint``. ``hpctrain/__init__.py``
-exposes these names lazily, so ``import hpctrain`` stays cheap.
+Each function checks its arguments, calls the same library sequence as its
+``hpctrain`` verb and returns that sequence's typed result: ``submit`` ->
+``launch/submit.py``, ``resume`` -> ``launch/resume.py``, ``cancel`` ->
+``launch/cancel.py``, ``status`` -> ``observe/status.py``, ``report`` ->
+``observe/report/build.py``, ``doctor`` -> ``diagnose/doctor.py``, ``nodes``
+and ``forget_node`` -> ``observe/node_ledger.py``,
+``load_job`` -> ``launch/plan.py``'s validate. So both faces give the same
+answers: the same script, checks, status rule, cancel and resume policy.
+Nothing here exits or imports torch, and nothing prints but a local run
+stopped by Ctrl-C or a signal while waiting (on stderr); every refusal, a
+wrong argument type included, is an ``HpctrainError`` (``hpctrain.errors``)
+with a ``hint``. ``hpctrain/__init__.py`` exposes these names lazily, so
+``import hpctrain`` stays cheap.
 """
 
 from __future__ import annotations
 
-import io
-import signal
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from hpctrain.errors import HpctrainError, UsageError
 
 if TYPE_CHECKING:
+    from hpctrain.diagnose.doctor import DoctorReport
     from hpctrain.jobspec.load import LoadedJob
     from hpctrain.launch.cancel import Cancelled
-    from hpctrain.launch.submission import SubmittedRun
+    from hpctrain.launch.submit import Steps, Submission
+    from hpctrain.observe.node_ledger import NodeLedger
+    from hpctrain.observe.report.build import Report
     from hpctrain.observe.run_status import RunStatus
+    from hpctrain.observe.status import StudyStatus
 
-
-@dataclass(frozen=True)
-class Submission:
-    """A submitted run (or, for ``dry_run=True``, the one a submit would make).
-
-    ``run_dir``: the run directory (a study's directory for a study; for a dry run, the
-    directory a submit now would create); ``job_id``: Slurm's job id, or the local run's
-    controller PID (None for a dry run); ``script``: the exact sbatch script (dry run of a
-    Slurm job only); ``plan``: all that ``hpctrain submit --dry-run`` prints (dry run only);
-    ``points``: a study's runs, one per point, each labelled; ``warnings``: what the spec
-    and the checks before the queue found allowed but likely to hurt.
-    """
-
-    run_dir: Path
-    job_id: str | None
-    backend: Literal["slurm", "local"]
-    script: str | None = None
-    plan: str | None = None
-    label: str | None = None
-    points: tuple[Submission, ...] = ()
-    warnings: tuple[str, ...] = ()
-    state: str | None = None  # wait=True: the job's end (Slurm's state; a local run's status)
-
-
-@dataclass(frozen=True)
-class StudyStatus:
-    """A study's status: what ``hpctrain status STUDY --json`` prints; ``points``: one row per point
-    (its record from study.json joined with its run's status)."""
-
-    study_dir: str
-    name: str | None
-    points: tuple[dict[str, Any], ...]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"study_dir": self.study_dir, "name": self.name, "points": list(self.points)}
-
-
-@dataclass(frozen=True)
-class Report:
-    """A written report: ``html`` (self-contained) and ``markdown`` in ``out_dir`` with ``files``
-    (the PNGs among them); ``table``: the scaling table's rows, ``runs``: each run's curves in
-    brief, ``notes``: what could not be read or drawn (the same facts as ``report --json``)."""
-
-    out_dir: Path
-    html: Path
-    markdown: Path
-    files: tuple[Path, ...]
-    table: tuple[dict[str, Any], ...]
-    runs: tuple[dict[str, Any], ...]
-    notes: tuple[str, ...]
+MAX_TIMEOUT_S = 86400.0  # as 'hpctrain cancel --timeout'
 
 
 def load_job(path: str | Path, overrides: Sequence[str] = (), *, cluster: str | None = None) -> LoadedJob:
     """Read and validate a job spec, as ``hpctrain validate PATH --set KEY=VALUE``; ``overrides``:
     ``"key=value"`` strings (the value is read as YAML). Raises ``SpecError`` listing every problem."""
-    from hpctrain.jobspec.load import load_job as load
+    from hpctrain.launch.plan import validate
 
-    return load(path, _listed(overrides), cluster=cluster)
+    return validate(_path("path", path), _overrides(overrides), cluster=_optional_text("cluster", cluster)).job
 
 
 def submit(
@@ -105,70 +64,55 @@ def submit(
     the checks before the queue (``--no-preflight``), ``snapshot=False`` the code copy
     (``--no-snapshot``), ``exclude_bad_nodes=False`` the bad-node ledger's ``--exclude``
     (``--no-exclude``); ``log``: a stream that gets rank 0's log of a local run while waiting.
+    A ``load_job`` result changed since is checked again (``SpecError``).
     """
-    from hpctrain.launch import plan
+    from hpctrain.jobspec.load import LoadedJob
+    from hpctrain.launch.submit import submit as sequence
 
-    job = job if not isinstance(job, (str, Path)) else load_job(job)
-    warnings = plan.spec_warnings(job) + ([] if job.is_study else plan.container_warnings(job, local=local))
-    if dry_run:
-        from hpctrain.launch.dry_run import dry_run as render
-
-        planned = render(job, local=local, snapshot=snapshot, exclude_bad_nodes=exclude_bad_nodes)
-        backend = _backend(job, local)
-        return Submission(
-            planned.run_dir, None, backend, script=planned.script, plan=planned.text, warnings=tuple(warnings)
-        )
-    if preflight:
-        warnings += plan.check_before_queueing(job, local=local)
-    if job.is_study:
-        return _submit_study(job, local=local, wait=wait, snapshot=snapshot, log=log, warnings=warnings)
-    from hpctrain.launch.submission import submit as submit_job
-
-    submitted = submit_job(job, local=local, snapshot=snapshot, exclude_bad_nodes=exclude_bad_nodes)
-    return _finish(submitted, wait=wait, log=log, warnings=[*warnings, *submitted.notes])
+    if not isinstance(job, LoadedJob):
+        job = _path("job", job)
+    flags = _flags(
+        dry_run=dry_run,
+        local=local,
+        wait=wait,
+        preflight=preflight,
+        snapshot=snapshot,
+        exclude_bad_nodes=exclude_bad_nodes,
+    )
+    return sequence(job, **flags, steps=_steps(log))
 
 
 def status(run: str | Path) -> RunStatus | StudyStatus:
     """A run's status (a run directory or a Slurm job id): ``RunStatus``, the facts
-    ``hpctrain status RUN --json`` prints; a study directory: ``StudyStatus``, one row per point."""
-    from hpctrain.launch.study import study_dir_of
+    ``hpctrain status RUN --json`` prints (and each rank's heartbeat, ``ranks``); a study directory:
+    ``StudyStatus``, one row per point."""
+    from hpctrain.observe.status import status as sequence
 
-    if (study_dir := study_dir_of(run)) is not None:
-        from hpctrain.observe.study_status import study_status
-
-        document = study_status(study_dir)
-        return StudyStatus(document["study_dir"], document["name"], tuple(document["points"]))
-    from hpctrain.contract.job_registry import resolve_run
-    from hpctrain.observe.run_status import RunStatus, status_with_ranks
-
-    facts, _ranks = status_with_ranks(resolve_run(str(run)))
-    return RunStatus(**facts)
+    return sequence(_run("run", run))
 
 
 def cancel(run: str | Path, *, timeout_s: float = 60.0) -> Cancelled | tuple[Cancelled, ...]:
     """Cancel a run (run directory or job id) and wait until no process of it is left: ``Cancelled``
-    (the job's end, the run's status, the last checkpoint's step). A study: each point still going.
+    (the job's end, the run's status, the last checkpoint's step). A study: one per submitted point.
 
-    A run that has already ended is refused (``UsageError``) before anything is written or signalled;
-    so is a run whose process nothing proves to be the run's (``RunDirError``).
+    A run that has already ended is not cancelled: nothing is written or signalled, and the result
+    says so (``already_ended``), as ``hpctrain cancel`` does. A run whose process nothing proves to be
+    the run's is refused (``RunDirError``); a study point's error is raised after the other points
+    were cancelled.
     """
     from hpctrain.contract.job_registry import resolve_run
-    from hpctrain.launch import cancel as protocol
-    from hpctrain.launch.study import point_dir, read_study, study_dir_of
+    from hpctrain.contract.study_file import read_study, study_dir_of
+    from hpctrain.launch.cancel import cancel_run, cancel_study
 
-    if (study_dir := study_dir_of(run)) is not None:
-        dirs = [point_dir(study_dir, p) for p in read_study(study_dir)["points"] if p.get("job_id")]
-        going = [d for d in dirs if protocol.ended_already(d) is None]
-        if not going:
-            raise UsageError(f"{study_dir}: no point of this study is still going; nothing to cancel")
-        return tuple(protocol.cancel_run(d, timeout_s) for d in going)
-    run_dir = resolve_run(str(run))
-    if (why := protocol.ended_already(run_dir)) is not None:
-        raise UsageError(
-            f"{run_dir} has already ended ({why}); nothing to cancel",
-            hint=f"hpctrain.status({str(run_dir)!r}) says how it ended; hpctrain.resume(...) continues it",
-        )
-    return protocol.cancel_run(run_dir, timeout_s)
+    target, timeout_s = _run("run", run), _seconds("timeout_s", timeout_s)
+    if (study_dir := study_dir_of(target)) is None:
+        return cancel_run(resolve_run(target), timeout_s)
+    points = cancel_study(study_dir, read_study(study_dir)["points"], timeout_s)
+    failed = [point for point in points if point.error is not None]
+    if failed:
+        said = "; ".join(f"{point.label}: {point.error.message}" for point in failed if point.error is not None)
+        raise HpctrainError(f"{study_dir}: {len(failed)} point(s) could not be cancelled: {said}", failed[0].error.hint)
+    return tuple(point.result for point in points if point.result is not None)
 
 
 def resume(
@@ -184,12 +128,10 @@ def resume(
 
     Refused (``UsageError``) for a study, a sweep, or while the previous attempt may still be writing.
     """
-    from hpctrain.launch import plan
-    from hpctrain.launch import resume as resuming
+    from hpctrain.launch.resume import resume as sequence
 
-    run_dir, job = resuming.prepare(run, _listed(overrides))
-    warnings = plan.spec_warnings(job, run_dir)
-    return _finish(resuming.start(run_dir, job, local=local), wait=wait, log=log, warnings=warnings)
+    flags = _flags(local=local, wait=wait)
+    return sequence(_run("run", run), _overrides(overrides), **flags, steps=_steps(log))
 
 
 def report(
@@ -200,81 +142,92 @@ def report(
 
     Never overwrites a file it did not write (``UsageError``).
     """
-    from hpctrain.observe.report.build import as_json, make_report
+    from hpctrain.observe.report.build import report as sequence
 
-    targets = [runs] if isinstance(runs, (str, Path)) else list(runs)
-    written = make_report([Path(t) for t in targets], Path(out) if out is not None else None, baseline)
-    facts = as_json(written)
-    return Report(
-        out_dir=written.out_dir,
-        html=written.out_dir / "report.html",
-        markdown=written.out_dir / "report.md",
-        files=tuple(written.files),
-        table=tuple(facts["table"]),
-        runs=tuple(facts["runs"]),
-        notes=tuple(facts["notes"]),
-    )
+    targets = [runs] if isinstance(runs, (str, Path)) else runs
+    if isinstance(targets, (bytes, bytearray)) or not isinstance(targets, Sequence) or not targets:
+        raise UsageError(f"runs={runs!r}: give a run or study directory, or a list of them")
+    listed = [_path("runs", target) for target in targets]
+    return sequence(listed, None if out is None else _path("out", out), _optional_text("baseline", baseline))
 
 
-# ------------------------------------------------------------------ helpers
+def doctor(spec: str | Path | None = None, *, probe: bool = False, probe_timeout_s: float = 300.0) -> DoctorReport:
+    """Will this cluster run this job? Every check of ``hpctrain doctor [SPEC] [--probe]``, each ok /
+    warning / error with its fix (``DoctorReport``: ``checks``, ``ok``, ``as_json()``)."""
+    from hpctrain.diagnose.doctor import doctor as sequence
+
+    job = load_job(spec) if spec is not None else None
+    return sequence(job, **_flags(probe=probe), probe_timeout_s=_seconds("probe_timeout_s", probe_timeout_s))
 
 
-def _listed(overrides: Sequence[str]) -> list[str]:
-    """``overrides`` as a list; a bare string (which would be read letter by letter) is refused."""
-    if isinstance(overrides, str):
-        raise UsageError(f"overrides={overrides!r}: give a list of 'key=value' strings", hint=f"[{overrides!r}]")
-    return list(overrides)
+def nodes(*, cluster: str | None = None, include_expired: bool = False) -> NodeLedger:
+    """The nodes your runs found sick or lost (the bad-node ledger), as ``hpctrain nodes [--cluster C] [--all]``:
+    ``NodeLedger`` (``path``, ``rows``, ``warnings``, ``as_json()``: what ``--json`` prints). ``submit``
+    excludes the live ones (``exclude_bad_nodes=False``: not)."""
+    from hpctrain.observe.node_ledger import nodes as sequence
+
+    return sequence(cluster=_optional_text("cluster", cluster), **_flags(include_expired=include_expired))
 
 
-def _backend(job: LoadedJob, local: bool) -> Literal["slurm", "local"]:
-    from hpctrain.launch.submission import backend_for
+def forget_node(node: str, *, cluster: str | None = None) -> int:
+    """Remove ``node`` from the bad-node ledger (on ``cluster`` only, when given), as ``hpctrain nodes
+    --forget NODE``; how many entries were removed."""
+    from hpctrain.observe.node_ledger import forget_node as sequence
 
-    return backend_for(job, local)
-
-
-def _finish(submitted: SubmittedRun, *, wait: bool, log: TextIO | None, warnings: list[str]) -> Submission:
-    """The submission; with ``wait``, once its job ended."""
-    one = Submission(submitted.run_dir, submitted.job_id, submitted.backend, warnings=tuple(warnings))
-    return replace(one, state=_wait(submitted, log)) if wait else one
+    if not isinstance(node, str) or not node.strip():
+        raise UsageError(f"node={node!r}: expected a node name", hint="forget_node('n3')")
+    return sequence(node, cluster=_optional_text("cluster", cluster))
 
 
-def _wait(submitted: SubmittedRun, log: TextIO | None) -> str:
-    """Block until the job ended; Slurm's final state, or a local run's status."""
-    from hpctrain.contract.rundir import Summary, read_summary
-    from hpctrain.launch import follow
-
-    if submitted.backend == "slurm":
-        return follow.wait_for_job(submitted)
-    code = follow.follow_local(submitted, stream=log if log is not None else io.StringIO())
-    if code == 130:
-        raise KeyboardInterrupt
-    if code >= 128:
-        name = signal.Signals(code - 128).name
-        raise HpctrainError(
-            f"{name}: the local run {submitted.run_dir} was stopped",
-            hint=f"it keeps its last checkpoint; hpctrain.resume({str(submitted.run_dir)!r}, local=True) continues it",
-        )
-    return (read_summary(submitted.trial_dirs[0]) or Summary()).status or "completed"
+# ------------------------------------------------------------------ arguments: refused with the name and the fix
 
 
-def _submit_study(
-    job: LoadedJob, *, local: bool, wait: bool, snapshot: bool, log: TextIO | None, warnings: list[str]
-) -> Submission:
-    """Every point as its own job; local points run one after another (each to its end)."""
-    from hpctrain.launch.study import submit_study
+def _path(name: str, value: Any) -> str | Path:
+    if isinstance(value, (str, Path)) and str(value).strip() and "\0" not in str(value):
+        return value
+    raise UsageError(f"{name}={value!r}: expected a path (str or pathlib.Path)", hint=f"{name}='jobs/x.yaml'")
 
-    ended: dict[str, str] = {}
 
-    def follow_point(point, submitted) -> None:  # noqa: ANN001 - StudyPoint, SubmittedRun
-        if submitted.backend == "local":
-            ended[point.label] = _wait(submitted, log)
+def _run(name: str, value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return str(value)  # a Slurm job id
+    return str(_path(name, value))
 
-    study = submit_study(job, local=local, snapshot=snapshot, after_each=follow_point)
-    points = []
-    for point, submitted in study.runs:
-        state = ended.get(point.label) or (_wait(submitted, log) if wait else None)
-        points.append(
-            Submission(submitted.run_dir, submitted.job_id, submitted.backend, label=point.label, state=state)
-        )
-    backend = points[0].backend if points else _backend(job, local)
-    return Submission(study.study_dir, None, backend, points=tuple(points), warnings=tuple(warnings))
+
+def _optional_text(name: str, value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise UsageError(f"{name}={value!r}: expected a string or None")
+
+
+def _overrides(value: Any) -> list[str]:
+    """``overrides`` as a list of strings; a bare string (which would be read letter by letter) is refused."""
+    if isinstance(value, str) or not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
+        raise UsageError(f"overrides={value!r}: give a list of 'key=value' strings", hint="['trainer.epochs=5']")
+    return list(value)
+
+
+def _flags(**flags: Any) -> dict[str, bool]:
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise UsageError(f"{name}={value!r}: expected True or False")
+    return flags
+
+
+def _seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_TIMEOUT_S:
+        raise UsageError(f"{name}={value!r}: expected a number of seconds from 0 to {MAX_TIMEOUT_S:.0f}")
+    if not math.isfinite(value):
+        raise UsageError(f"{name}={value!r}: expected a finite number of seconds")
+    return float(value)
+
+
+def _steps(log: Any) -> Steps:
+    """The sequence's steps, heard and ignored; a followed local run's log goes to ``log``."""
+    from hpctrain.launch.submit import Steps
+
+    if log is not None and not callable(getattr(log, "write", None)):
+        raise UsageError(f"log={log!r}: expected a text stream (with .write), or None")
+    steps = Steps()
+    steps.log = log
+    return steps

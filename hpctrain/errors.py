@@ -97,6 +97,14 @@ class RunDirError(HpctrainError):
     exit_code = 2
 
 
+class RunStopped(HpctrainError):
+    """A local run followed in the foreground was stopped by a signal; exits 128 + that signal."""
+
+    def __init__(self, message: str, exit_code: int, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.exit_code = exit_code
+
+
 class DistributedSetupError(HpctrainError):
     """The task environment cannot form a correct process group."""
 

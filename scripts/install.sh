@@ -27,7 +27,7 @@ for line in open('constraints.txt'):
 "
   touch .venv/.hpctrain-installed
 fi
-# The report test opens report.html in headless Chromium (tests/unit/test_report_browser.py), and
+# The report test opens report.html in headless Chromium (tests/unit/test_observe_report_render_browser.py), and
 # the decode tests run the turbojpeg decoder over libturbojpeg (ppc64le's fast path; PyTurboJPEG is
 # in the test extra). As root on Debian/Ubuntu (CI), install both; elsewhere those tests skip without them.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

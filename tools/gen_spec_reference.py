@@ -3,7 +3,7 @@
 The schema (``JobSpec.model_json_schema()``, what ``hpctrain schema`` prints)
 is the one source of truth: key names, types, defaults, ranges, allowed values
 and descriptions all come from the pydantic models, so the reference cannot
-drift from what ``hpctrain validate`` accepts. tests/unit/test_docs.py fails
+drift from what ``hpctrain validate`` accepts. tests/unit/test_house_docs.py fails
 when the committed file is stale.
 
     python tools/gen_spec_reference.py           # rewrite docs/spec-reference.md

@@ -1,33 +1,44 @@
 """``hpctrain cancel RUN|JOB_ID|STUDY``: cancel a run so that nothing it started survives.
 
-Thin: the cancel protocol (cancel marker, then ``scancel``, then the wait for
-the run to settle) is ``hpctrain.launch.cancel``; this prints where the run
-stands afterwards. A study's points are cancelled one by one, and one point's
-trouble does not keep the others running.
+A printer over ``hpctrain.launch.cancel`` (``hpctrain.cancel`` calls the same
+policy and protocol): it prints where each run stands afterwards. A run that
+had already ended is said so, nothing is written or signalled, and the exit
+code is 0: what cancel asks for holds. A study's points are cancelled one by
+one; one point's trouble is printed and does not keep the others running.
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from hpctrain.cli.main import print_error
 from hpctrain.contract import job_registry
 from hpctrain.contract.runfiles import printable
-from hpctrain.errors import HpctrainError
-from hpctrain.launch import cancel
-from hpctrain.launch.study import point_dir, read_study, study_dir_of
+from hpctrain.contract.study_file import read_study, study_dir_of
+from hpctrain.launch.cancel import Cancelled, cancel_run, cancel_study
 
 
 def run(args: argparse.Namespace) -> int:
-    if (study_dir := study_dir_of(args.run)) is not None:
-        return cancel_study(study_dir, args.timeout)
-    return cancel_run(job_registry.resolve_run(args.run), args.timeout)
+    if (study_dir := study_dir_of(args.run)) is None:
+        print_cancelled(cancel_run(job_registry.resolve_run(args.run), args.timeout))
+        return 0
+    codes = []
+    for point in cancel_study(study_dir, read_study(study_dir)["points"], args.timeout):
+        if point.result is None and point.error is None:
+            print(f"{printable(point.label)}: never submitted")
+            continue
+        print(f"{printable(point.label)}:")
+        if point.error is not None:  # one point's trouble does not keep the others running
+            print_error(point.error)
+            codes.append(point.error.exit_code)
+        elif point.result is not None:
+            print_cancelled(point.result)
+    return max(codes, default=0)
 
 
-def cancel_run(run_dir: Path, timeout_s: float) -> int:
-    """Cancel one run's job, wait until none of its processes is left, print where it stands."""
-    done = cancel.cancel_run(run_dir, timeout_s)
+def print_cancelled(done: Cancelled) -> None:
+    """Where one run stands once cancel is done with it."""
+    run_dir = done.run_dir
     print(f"job {done.job_id}: {done.state}; run status: {done.status}")
     if not done.settled:
         print(
@@ -38,20 +49,3 @@ def cancel_run(run_dir: Path, timeout_s: float) -> int:
         print(f"no checkpoint was written; 'hpctrain resume {run_dir}' starts it again from the beginning")
     else:
         print(f"last complete checkpoint: step {done.checkpoint_step}; 'hpctrain resume {run_dir}' continues from it")
-    return 0
-
-
-def cancel_study(study_dir: Path, timeout_s: float) -> int:
-    """Cancel every submitted point through the per-run cancel (which waits until nothing is left)."""
-    codes = []
-    for point in read_study(study_dir)["points"]:
-        if not point.get("job_id"):
-            print(f"{printable(point.get('label'))}: never submitted")
-            continue
-        print(f"{printable(point.get('label'))}:")
-        try:
-            codes.append(cancel_run(point_dir(study_dir, point), timeout_s))
-        except HpctrainError as exc:  # one point's trouble does not keep the others running
-            print_error(exc)
-            codes.append(exc.exit_code)
-    return max(codes, default=0)

@@ -1,7 +1,7 @@
 """``hpctrain nodes``: the nodes your runs found sick or lost, and ``--forget NODE``.
 
-Thin: the ledger is ``hpctrain.contract.bad_nodes``, its rows
-``hpctrain.observe.node_ledger``; this prints them.
+A printer over ``hpctrain.observe.node_ledger``'s sequence (the Python API's
+``hpctrain.nodes`` and ``hpctrain.forget_node`` call the same).
 """
 
 from __future__ import annotations
@@ -14,22 +14,21 @@ from rich.console import Console
 from rich.table import Table
 
 from hpctrain.cli.main import warn
-from hpctrain.contract import bad_nodes
 from hpctrain.contract.runfiles import for_rich, printable
-from hpctrain.observe.node_ledger import COLUMNS, ledger_rows, row_cells
+from hpctrain.observe.node_ledger import COLUMNS, forget_node, nodes, row_cells
 
 
 def run(args: argparse.Namespace) -> int:
     if args.forget:
-        removed = bad_nodes.forget(args.forget, cluster=args.cluster)
+        removed = forget_node(args.forget, cluster=args.cluster)
         where = f" on cluster {args.cluster}" if args.cluster else ""
         print(f"forgot {removed} entr{'y' if removed == 1 else 'ies'} of {printable(args.forget)}{where}")
         return 0
-    ledger = bad_nodes.read_ledger()
+    ledger = nodes(cluster=args.cluster, include_expired=args.all)
     warn(ledger.warnings)
-    rows = ledger_rows(ledger, cluster=args.cluster, include_expired=args.all)
+    rows = ledger.rows
     if args.json:
-        print(json.dumps(rows, allow_nan=False))
+        print(json.dumps(ledger.as_json(), allow_nan=False))
         return 0
     if not rows:
         print(f"no {'' if args.all else 'live '}entries in {ledger.path}: submit excludes no node")

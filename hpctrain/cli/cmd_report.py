@@ -1,6 +1,7 @@
 """``hpctrain report RUN_OR_STUDY... [--out DIR] [--baseline hal] [--json]``: plots and tables from runs.
 
-Thin: hpctrain.observe.report does the work. Runs on a login node (no torch).
+A printer over ``hpctrain.observe.report.build``'s report sequence (``hpctrain.report``
+calls the same). Runs on a login node (no torch).
 """
 
 from __future__ import annotations
@@ -8,22 +9,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from hpctrain.contract.runfiles import json_safe, printable
-from hpctrain.observe.report.build import as_json, make_report
+from hpctrain.observe.report.build import report
 
 
 def run(args: argparse.Namespace) -> int:
-    written = make_report([Path(p) for p in args.runs], Path(args.out) if args.out else None, args.baseline)
+    written = report(args.runs, args.out, args.baseline)
     if args.json:
-        print(json.dumps(json_safe(as_json(written)), indent=2, default=str, allow_nan=False))
-    else:
-        for note in written.report.notes:
-            print(f"note: {printable(note)}", file=sys.stderr)
-        for run_data in written.report.runs:
-            for note in run_data.notes:
-                print(f"note: {printable(run_data.label)}: {printable(note)}", file=sys.stderr)
-        print(f"report: {written.out_dir / 'report.html'}")
-        print(f"        {written.out_dir / 'report.md'} ({len(written.files) - 2} images)")
+        print(json.dumps(json_safe(written.as_json()), indent=2, default=str, allow_nan=False))
+        return 0
+    for note in written.notes:
+        print(f"note: {printable(note)}", file=sys.stderr)
+    for run_data in written.runs:
+        for note in run_data.get("notes") or []:
+            print(f"note: {printable(run_data.get('label'))}: {printable(note)}", file=sys.stderr)
+    print(f"report: {written.html}")
+    print(f"        {written.markdown} ({len(written.files) - 2} images)")
     return 0

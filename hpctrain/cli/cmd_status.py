@@ -1,7 +1,8 @@
 """``hpctrain status [RUN]``: Slurm state plus training progress from summary.json.
 
-Thin: the status rule is ``hpctrain.observe.run_status`` (a study's points:
-``observe.study_status``; ``--watch``: ``observe.watch``); this prints it.
+A printer over ``hpctrain.observe.status`` (``hpctrain.status`` calls the
+same): one run's status and its ranks, or a study's points; without RUN, the
+recent runs (``observe.run_status``); ``--watch``: ``observe.watch``.
 """
 
 from __future__ import annotations
@@ -17,40 +18,44 @@ from rich.table import Table
 
 from hpctrain.contract import job_registry
 from hpctrain.contract.runfiles import for_rich, json_safe, printable
+from hpctrain.contract.study_file import study_dir_of
 from hpctrain.errors import RunDirError, UsageError
-from hpctrain.launch.study import study_dir_of
 from hpctrain.observe.live_view import rank_table
-from hpctrain.observe.run_status import RECENT_KEYS, recent_rows, registry_runs, runs_under, status_with_ranks
+from hpctrain.observe.run_status import RECENT_KEYS, RunStatus, recent_rows, registry_runs, runs_under
+from hpctrain.observe.status import COLUMNS, StudyStatus, point_cells, status
 
 RANK_TABLE_UP_TO = 8  # the plain status shows every rank's heartbeat up to this many ranks (or with --ranks)
 
 
 def run(args: argparse.Namespace) -> int:
-    if (study_dir := study_dir_of(args.run)) is not None:
-        if getattr(args, "watch", False):
-            raise UsageError(
-                "--watch follows one run", hint=f"watch one point: hpctrain status {study_dir}/POINT --watch"
-            )
-        return print_study(study_dir, as_json=args.json)
     if getattr(args, "watch", False):
-        from hpctrain.observe.watch import watch
-
-        if not args.run:
-            raise UsageError("--watch follows one run", hint="hpctrain status RUN --watch (RUN: run dir or job id)")
-
-        return watch(job_registry.resolve_run(args.run), interval_s=args.interval, show_ranks=args.ranks)
-    if args.run:
-        return print_run(job_registry.resolve_run(args.run), as_json=args.json, show_ranks=args.ranks)
-    return list_recent(args)
+        return watch(args)
+    if not args.run:
+        return list_recent(args)
+    found = status(args.run)
+    if isinstance(found, StudyStatus):
+        return print_study(found, as_json=args.json)
+    return print_run(found, as_json=args.json, show_ranks=args.ranks)
 
 
-def print_run(run_dir: Path, *, as_json: bool, show_ranks: bool) -> int:
-    status, ranks = status_with_ranks(run_dir)
+def watch(args: argparse.Namespace) -> int:
+    """``--watch``: one run, followed until its job ends (``observe/watch.py``)."""
+    from hpctrain.observe.watch import watch
+
+    if (study_dir := study_dir_of(args.run)) is not None:
+        raise UsageError("--watch follows one run", hint=f"watch one point: hpctrain status {study_dir}/POINT --watch")
+    if not args.run:
+        raise UsageError("--watch follows one run", hint="hpctrain status RUN --watch (RUN: run dir or job id)")
+    return watch(job_registry.resolve_run(args.run), interval_s=args.interval, show_ranks=args.ranks)
+
+
+def print_run(found: RunStatus, *, as_json: bool, show_ranks: bool) -> int:
+    facts, ranks = found.as_dict(), found.ranks
     if as_json:
-        shown = {**status, **({"ranks": [asdict(view) for view in ranks]} if show_ranks else {})}
+        shown = {**facts, **({"ranks": [asdict(view) for view in ranks]} if show_ranks else {})}
         print(json.dumps(json_safe(shown), allow_nan=False))
         return 0
-    for key, value in status.items():
+    for key, value in facts.items():
         if value not in (None, [], ""):
             print(f"{key:>20}: {value:.2f}" if isinstance(value, float) else f"{key:>20}: {printable(value)}")
     if ranks and (show_ranks or len(ranks) <= RANK_TABLE_UP_TO):
@@ -60,20 +65,17 @@ def print_run(run_dir: Path, *, as_json: bool, show_ranks: bool) -> int:
     return 0
 
 
-def print_study(study_dir: Path, *, as_json: bool) -> int:
-    from hpctrain.observe.study_status import COLUMNS, point_cells, study_status
-
-    document = study_status(study_dir)
+def print_study(study: StudyStatus, *, as_json: bool) -> int:
     if as_json:
-        print(json.dumps(json_safe(document), allow_nan=False))
+        print(json.dumps(json_safe(study.as_dict()), allow_nan=False))
         return 0
     table = Table(
-        title=for_rich(f"study {document['name']} {study_dir} (each point's run dir is STUDY_DIR/POINT)"),
+        title=for_rich(f"study {study.name} {study.study_dir} (each point's run dir is STUDY_DIR/POINT)"),
         title_justify="left",
     )
     for column in COLUMNS:
         table.add_column(column)
-    for row in document["points"]:
+    for row in study.points:
         table.add_row(*(for_rich(cell) for cell in point_cells(row)))
     Console(file=sys.stdout, width=200).print(table)
     return 0

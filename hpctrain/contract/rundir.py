@@ -1,22 +1,42 @@
 """Run directories: ``OUTPUT_DIR/NAME/RUN_ID/``, never reused for a new run.
 
-The one owner of the folder's layout and of its shared files: the trainer,
-the runtime, ``spec/lead_time`` and every CLI verb find paths, read and write
-only through here. A run directory holds::
+The one owner of the folder's layout: every name below is spelled here, and
+the trainer, the runtime, the healing supervisor, ``jobspec/lead_time`` and
+every verb find paths only through here (tests too). A file with a payload
+of its own has its owner beside this one (named in parentheses). A run
+directory holds::
 
-    spec.yaml                       the resolved spec (trial-NNN/ for sweeps)
-    run.json                        what was submitted where: job ids, cluster, submitit folder
+    spec.yaml                           the resolved spec
+    run.json                            what was submitted where: job ids, cluster, submitit folder, a local
+                                        run's proof (launch/local_run.py)
+    trial-NNN/                          a sweep's trials, each a run directory (sharing the sweep's submitit/)
     submitit/JOBID_RANK_log.{out,err}   each task's output
+    submitit/JOBID_guardian_log.err     a healing job's guardian, when it has something to say
     checkpoints/step-NNNNNNNN/{state.pt,meta.json}, checkpoints/best.json
-    tb/, metrics.jsonl, summary.json    what the trainer reports (metrics.jsonl: contract/metrics.py)
-    code/                           the entry point's code, copied at submit (launch/code_snapshot.py)
-    .hpctrain/cancel-requested      ``hpctrain cancel``'s marker (contract/cancel_marker.py)
-    .hpctrain/torchrun-failures.log launcher torchrun: each node's first failed rank, for rank 0
-    heartbeats/rank-NNNNN.json      each rank's last step, phase and step times (hang/straggler detection)
-    stacks/rank-NNNNN.txt           each rank's Python stacks, dumped when the job hangs
+    tb/                                 TensorBoard events
+    metrics.jsonl                       every step, epoch and validation (contract/metrics.py)
+    summary.json                        what the run says about itself (contract/summary.py); its node events,
+                                        burn-ins and evictions (contract/node_records.py)
+    code/                               the entry point's code, copied at submit (launch/code_snapshot.py)
+    heartbeats/rank-NNNNN.json          each rank's last step, phase and step times (contract/heartbeat_files.py)
+    stacks/rank-NNNNN.txt               each rank's Python stacks, dumped when the job hangs
+    stacks/.hang-reported-JOB           the one rank that reports job JOB's hang claims it (O_EXCL)
+    report/                             ``hpctrain report RUN``'s output, by default
+    .hpctrain/cancel-requested          ``hpctrain cancel``'s marker (contract/cancel_marker.py)
+    .hpctrain/torchrun-failures.log     launcher torchrun: each node's first failed rank, for rank 0
+    .hpctrain/supervisor.json           a healing job's record of the step it runs (contract/node_records.py;
+                                        written by healing/record.py)
+    .hpctrain/slurm-relay/              a container job's Slurm requests, answered outside the image
+                                        (runtime/slurm_relay.py)
 
 A study (one Slurm job per resource point) is ``OUTPUT_DIR/NAME/STUDY_ID/``
-with ``study.json`` listing its points and one run directory per point.
+with ``study.json`` listing its points (contract/study_file.py) and one run
+directory per point.
+
+Outside any run: the user's bad-node ledger, ``$XDG_STATE_HOME/hpctrain/
+bad-nodes.jsonl`` (contract/bad_nodes.py), which runs add to and ``submit``
+excludes from; and, on a compute node, the job's own folder
+``<stage_dir>/hpctrain-<uid>/job-<job>/`` (dataset/node_folder.py).
 
 A checkpoint is complete (its ``meta.json``, written last, records the size
 of ``state.pt``) or it is ignored. ``summary.json`` is read as a typed
@@ -33,9 +53,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
+from typing import Any
 
 from hpctrain.contract.runfiles import RunFileError, check_inside, printable, read_json
 from hpctrain.errors import RunDirError
@@ -51,6 +69,8 @@ CONTROL_DIR = ".hpctrain"
 CANCEL_MARKER_NAME = "cancel-requested"
 TORCHRUN_FAILURES_NAME = "torchrun-failures.log"
 SUPERVISOR_RECORD_NAME = "supervisor.json"
+SLURM_RELAY_NAME = "slurm-relay"
+REPORT_DIR = "report"
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
 BEST_FILE = "best.json"
@@ -63,15 +83,16 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 TRIAL_DIR = re.compile(r"^trial-\d{3,}$")
 _JOB_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z_.-]{0,63}$")
 
-Status = Literal["running", "completed", "stopped", "failed"]
-FINAL_STATUSES: frozenset[str] = frozenset({"completed", "stopped", "failed"})
-
 
 # ------------------------------------------------------------------ paths
 
 
 def spec_path(run_dir: Path) -> Path:
     return Path(run_dir) / SPEC_FILE
+
+
+def run_info_path(run_dir: Path) -> Path:
+    return Path(run_dir) / RUN_FILE
 
 
 def summary_path(run_dir: Path) -> Path:
@@ -109,6 +130,16 @@ def supervisor_record_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / CONTROL_DIR / SUPERVISOR_RECORD_NAME
 
 
+def slurm_relay_dir(run_dir: str | Path) -> Path:
+    """Where a container job's tasks leave Slurm requests for the batch step outside the image."""
+    return Path(run_dir) / CONTROL_DIR / SLURM_RELAY_NAME
+
+
+def report_dir(run_dir: str | Path) -> Path:
+    """Where ``hpctrain report RUN`` writes, unless told otherwise."""
+    return Path(run_dir) / REPORT_DIR
+
+
 def trial_dir(sweep_dir: Path, index: int) -> Path:
     """Where trial ``index`` of a sweep runs (its own run directory)."""
     return Path(sweep_dir) / f"trial-{index:03d}"
@@ -132,6 +163,11 @@ def code_dir(run_dir: Path) -> Path:
 def task_log_name(job_id: str, rank: int | str, *, err: bool) -> str:
     """submitit's name for one task's stdout/stderr (``%j``/``%t`` patterns for sbatch work too)."""
     return f"{job_id}_{rank}_log.{'err' if err else 'out'}"
+
+
+def guardian_log_path(run_dir: Path, job_id: str) -> Path:
+    """A healing job's guardian log, beside the job's other logs (every start of the job appends to it)."""
+    return submitit_dir(run_dir) / f"{job_id}_guardian_log.err"
 
 
 def heartbeats_dir(run_dir: Path) -> Path:
@@ -317,101 +353,6 @@ def read_run_info(run_dir: Path) -> dict[str, Any]:
             hint="the file was overwritten; the run's logs and checkpoints are still in " + str(run_dir),
         )
     return info
-
-
-# ------------------------------------------------------------------ summary.json
-
-
-class Summary(BaseModel):
-    """What ``summary.json`` says about a run; every field may be missing.
-
-    The keys are a contract (tests and users' scripts read them): the trainer
-    writes them, ``status``/``submit``/``rehearse``/``cancel`` read them here.
-    Unknown keys are kept (``model_extra``).
-    """
-
-    model_config = ConfigDict(extra="allow", defer_build=True, allow_inf_nan=False)
-
-    status: Status | None = None
-    job_id: str | None = None
-    epochs_completed: int | None = None
-    global_step: int | None = None
-    val_top1: float | None = Field(None, ge=0, le=100)  # percent
-    val_top5: float | None = Field(None, ge=0, le=100)  # percent
-    best_val_top1: float | None = Field(None, ge=0, le=100)  # percent
-    train_images_per_s: float | None = Field(None, ge=0)
-    data_wait_fraction: float | None = Field(
-        None, ge=0, le=1
-    )  # time blocked on the next batch / step time (input-bound if high)
-    skipped_samples: int | None = None  # unreadable images replaced this attempt
-    restarts: int | None = None
-    stop_reason: str | None = None
-    failed_rank: int | None = None
-    failed_node: str | None = None
-    failed_reason: str | None = None
-    hung_rank: int | None = None  # the rank that stopped making progress first (hang detection)
-    hung_node: str | None = None
-    hung_phase: str | None = None
-    hung_frozen_s: float | None = None  # the hung rank's whole process froze: its heartbeat was silent this long
-    error: str | None = None
-    excluded_nodes: list[str] | None = None  # nodes a healing run keeps away from (healing/supervisor.py)
-    # one record per decision about a node, per burn-in, per eviction: contract/node_records.py reads them typed
-    node_failures: list[dict[str, Any]] | None = None  # node, kind, step, checkpoint_step, reason, action, nodes
-    burn_in: list[dict[str, Any]] | None = None  # each burn-in's node scores and flagged nodes
-    evictions: list[dict[str, Any]] | None = None  # each slow node evicted during training
-    wall_s: float | None = None
-    started_at: str | None = None
-    updated_at: str | None = None
-    _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
-
-    @field_validator("excluded_nodes", "node_failures", mode="before")
-    @classmethod
-    def _drop_malformed_entries(cls, value: Any, info: ValidationInfo) -> Any:
-        """One malformed entry costs that entry, not the whole list (every lost node's line with it)."""
-        if not isinstance(value, list):
-            return value
-        kind = str if info.field_name == "excluded_nodes" else dict
-        return [item for item in value if isinstance(item, kind)]
-
-    @property
-    def is_final(self) -> bool:
-        return self.status in FINAL_STATUSES
-
-    def fields(self) -> dict[str, Any]:
-        """Every key the file had (even one of an unexpected type), for writing back."""
-        return {**self._raw, **self.model_dump(exclude_unset=True)}
-
-
-def parse_summary(data: Any) -> Summary | None:
-    """A Summary from decoded JSON; fields of the wrong type are dropped, never raised."""
-    if not isinstance(data, dict):
-        return None
-    raw, data = dict(data), dict(data)
-    for _ in range(len(data) + 1):
-        try:
-            summary = Summary.model_validate(data)
-            summary._raw = raw
-            return summary
-        except ValidationError as exc:
-            bad = {error["loc"][0] for error in exc.errors() if error["loc"]}
-            if not bad & data.keys():
-                return None
-            for key in bad:
-                data.pop(key, None)
-    return None
-
-
-def read_summary(run_dir: Path) -> Summary | None:
-    """The run's summary, or None when there is none (yet) or it cannot be read."""
-    return parse_summary(read_json_object(summary_path(run_dir), within=run_home(run_dir)))
-
-
-def write_summary(run_dir: Path, fields: Mapping[str, Any]) -> None:
-    """Write ``summary.json`` exactly as ``fields`` (rank 0 only); its status must be a known one."""
-    status = fields.get("status")
-    if status is not None and status not in (*FINAL_STATUSES, "running"):
-        raise RunDirError(f"summary status {status!r} is not one of running, completed, stopped, failed")
-    write_json_atomic(summary_path(run_dir), fields)
 
 
 # ------------------------------------------------------------------ checkpoints

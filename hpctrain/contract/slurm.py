@@ -1,76 +1,87 @@
-"""Every Slurm command hpctrain runs, and what its answers mean.
+"""The one Slurm client: every Slurm command hpctrain runs, through one injectable runner.
 
-One runner (:func:`run_slurm`) runs ``squeue``/``sacct``/``scontrol``/``scancel``
-and turns each way they fail -- not installed, no answer, the controller
-unreachable, a job id Slurm does not know, a refusal -- into a
-:class:`SlurmCommandError` (a ``ClusterError`` with a hint). One state table
-(:mod:`hpctrain.contract.slurm_states`) says what each job state means;
-helper jobs (doctor's probe) go through :func:`submit_wrapped`. A run's
-``sbatch`` goes through submitit's public executor API
-(``hpctrain.launch.submission``); the ``--signal`` line it carries is written
-here, from the spec, never from the submitting shell's ``SUBMITIT_PREEMPT_SIGNAL``.
+:class:`Slurm` runs ``sbatch``/``squeue``/``sacct``/``sacctmgr``/``scontrol``/
+``scancel``/``sinfo`` -- the verbs' questions and actions, the doctor's view of
+a cluster, the requeue logic and the healing supervisor's calls -- and turns
+each way they fail (not installed, no answer, the controller unreachable, a
+job id Slurm does not know, a refusal) into a :class:`SlurmCommandError` (a
+``ClusterError`` with a hint and a ``kind`` callers act on). Its runner is
+``subprocess.run`` or a stand-in with the same signature: a test's recorded
+answers, or the relay out of a container (``runtime/slurm_relay.py``), so
+nothing needs fake binaries on PATH. What the answers mean is
+:mod:`hpctrain.contract.slurm_answers` (parsers) and
+:mod:`hpctrain.contract.slurm_states` (the state table).
 
-Light on purpose: login-node commands (status, cancel, resume, rehearse,
-submit --wait) and the runtime's requeue use it. Parsers are pure and tested
-on recorded output; compute-node code passes a job id from ``TaskEnv`` and
-never reads ``SLURM_*`` here.
+A run's own ``sbatch`` goes through submitit's public executor API
+(``hpctrain.launch.submission``); its ``--signal`` line is written from the
+spec, never from the submitting shell's ``SUBMITIT_PREEMPT_SIGNAL``. Helper
+jobs (the doctor's probe, ``bench-data --slurm``) are ``sbatch --wrap`` lines
+built here (:func:`sbatch_wrap_command`). No other module of hpctrain builds an
+argv that starts with a Slurm command (``tests/unit/test_house_layering.py``).
+
+Light on purpose: login-node commands and compute-node code both use it;
+compute-node code passes a job id from ``TaskEnv`` and never reads ``SLURM_*`` here.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from hpctrain.contract.slurm_states import (  # noqa: F401  (re-exported: the client's vocabulary)
-    ACTIVE_STATES,
-    TERMINAL_STATES,
-    is_final,
-    is_pending,
-    may_have_processes,
-    normalise_state,
-    succeeded,
-    was_cancelled,
-)
+from hpctrain.contract import slurm_answers as answers
+from hpctrain.contract.slurm_states import is_final, may_have_processes, normalise_state
 from hpctrain.errors import ClusterError
 
 COMMAND_TIMEOUT_S = 30.0
-# slurm.conf's default KillWait: seconds between SIGTERM and SIGKILL when a job ends.
-DEFAULT_KILL_WAIT_S = 30.0
-# slurm.conf's default MaxArraySize: array task ids run 0..1000.
-DEFAULT_MAX_ARRAY_SIZE = 1001
+# slurm.conf's defaults, for a cluster that does not say.
+DEFAULT_KILL_WAIT_S = 30.0  # seconds between SIGTERM and SIGKILL when a job ends
+DEFAULT_MAX_ARRAY_SIZE = 1001  # array task ids run 0..1000
+DEFAULT_SLURMD_PORT = 6818
 # Slurm 22.05's slurmd refuses to start a job whose credential is not newer, in whole seconds, than the
 # revocation of its previous start: a requeued job released within the second of its requeue fails at
 # once ("Killing non-startable batch JobId=N: Job credential revoked", seen on the test cluster). Slurm's
 # own hold of a requeued job (~120 s) never meets it; a release must wait this long after the requeue.
 RELEASE_AFTER_REQUEUE_S = 1.0
-# slurm.conf's default SlurmdPort.
-DEFAULT_SLURMD_PORT = 6818
+# The clients a login node needs: submit, follow, inspect, cancel.
+CLIENTS = ("sbatch", "squeue", "sacct", "scontrol", "scancel")
+VERSION_COMMAND = ("scontrol", "--version")
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+Which = Callable[[str], "str | None"]
 FailureKind = Literal["missing", "timeout", "unreachable", "unknown-job", "refused"]
 
-_UNREACHABLE = ("unable to contact slurm controller", "connection refused", "socket timed out", "zero bytes were")
-_UNKNOWN_JOB = ("invalid job id", "job id not found", "no such job")
 # A job id as hpctrain records one: 123, an array task 123_4, a het-job component 123+1. Anything else
 # (``--user=me``, ``-1``, a list) would become an option or a wider target of scancel/scontrol/sacct.
 _JOB_ID = re.compile(r"[0-9]{1,20}(_[0-9]{1,10})?(\+[0-9]{1,6})?")
-_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_STEP_ID = re.compile(r"[0-9]{1,20}(_[0-9]{1,10})?(\+[0-9]{1,6})?\.[0-9]{1,10}")
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-\[\],]*")  # a name or a host list (n[1-3],m1)
+_ONE_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 class SlurmCommandError(ClusterError):
-    """A Slurm command failed; ``kind`` says how, so callers can decide to retry."""
+    """A Slurm command failed; ``kind`` says how, so callers can decide to retry; ``output``: what the
+    command itself said."""
 
-    def __init__(self, message: str, kind: FailureKind, hint: str | None = None) -> None:
+    def __init__(self, message: str, kind: FailureKind, hint: str | None = None, output: str = "") -> None:
         super().__init__(message, hint)
-        self.kind = kind
+        self.kind, self.output = kind, output
 
 
-# ------------------------------------------------------------------ pure parts
+class WaitTimedOut(SlurmCommandError):
+    """:meth:`Slurm.wait_for` ran out of time; ``state`` is the job's state then."""
+
+    def __init__(self, job_id: str, state: str, timeout_s: float) -> None:
+        super().__init__(f"job {job_id} is still {state} after {timeout_s:.0f} s", "timeout")
+        self.state = state
+
+
+# ------------------------------------------------------------------ argv (pure)
 
 
 def checked_job_id(job_id: object) -> str:
@@ -90,148 +101,23 @@ def checked_job_id(job_id: object) -> str:
     return text
 
 
-def parse_sacct_states(output: str) -> dict[str, str]:
-    """Lines of ``sacct -X -n -P -o JobID,State`` -> {job id: state}."""
-    states = {}
-    for line in output.splitlines():
-        if "|" not in line:
-            continue
-        job_id, _, state = line.partition("|")
-        states[job_id.strip()] = normalise_state(state)
-    return states
-
-
-def parse_job_record(text: str) -> dict[str, str]:
-    """The ``Key=Value`` fields of one ``scontrol -o show job`` line we use."""
-    fields = {}
-    for key in ("JobState", "Restarts", "PreemptTime", "Requeue"):
-        match = re.search(rf"(?:^|\s){key}=(\S+)", text)
-        if match:
-            fields[key] = match.group(1)
-    return fields
-
-
-def parse_config(text: str) -> dict[str, str]:
-    """``scontrol show config`` -> {"KillWait": "30 sec", "PreemptMode": "REQUEUE", ...}. Pure."""
-    return dict(re.findall(r"^\s*(\w+)\s*=\s*(.*?)\s*$", text, re.MULTILINE))
-
-
-def _config_number(config: str, key: str) -> int | None:
-    match = re.match(r"\d+", parse_config(config).get(key, ""))
-    return int(match.group(0)) if match else None
-
-
-def parse_kill_wait_s(config: str) -> float | None:
-    """``KillWait = 30 sec`` from ``scontrol show config``; None when absent."""
-    value = _config_number(config, "KillWait")
-    return None if value is None else float(value)
-
-
-def parse_max_array_size(config: str) -> int | None:
-    """``MaxArraySize = 1001`` from ``scontrol show config``; None when absent."""
-    return _config_number(config, "MaxArraySize")
-
-
-def parse_slurmd_port(config: str) -> int | None:
-    """``SlurmdPort = 6818`` from ``scontrol show config``; None when absent."""
-    return _config_number(config, "SlurmdPort")
-
-
-def parse_nodes(output: str) -> list[dict[str, str]]:
-    """``scontrol -o show node`` -> one {"NodeName": ..., "Gres": ..., ...} per node. Pure."""
-    return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in output.splitlines() if "NodeName=" in line]
-
-
-def parse_associations(output: str) -> list[dict[str, str]]:
-    """``sacctmgr -n -P show assoc format=Account,Partition,QOS`` -> [{"account", "partition", "qos"}]. Pure."""
-    rows = []
-    for line in output.splitlines():
-        account, _, rest = line.partition("|")
-        partition, _, qos = rest.partition("|")
-        rows.append({"account": account, "partition": partition, "qos": qos})
-    return rows
-
-
-def parse_version(text: str) -> tuple[int, int] | None:
-    """``slurm 24.11.5`` (any client's ``--version``; Debian says ``slurm-wlm``) -> (24, 11); None if absent."""
-    match = re.search(r"(?:^|\s)(\d{2})\.(\d{2})(?:\.\d+)?", text)
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-def parse_partitions(output: str) -> dict[str, dict[str, str]]:
-    """``scontrol -o show partition`` -> {name: {"MaxTime": ..., "Default": ..., "State": ...}}."""
-    partitions = {}
-    for line in output.splitlines():
-        fields = dict(re.findall(r"(\w+)=(\S*)", line))
-        if "PartitionName" in fields:
-            partitions[fields["PartitionName"]] = fields
-    return partitions
-
-
-# sbatch's refusals ("sbatch: error: Batch job submission failed: ...") -> what to change.
-SBATCH_FAILURES: tuple[tuple[tuple[str, ...], str, str], ...] = (
-    (
-        _UNREACHABLE,
-        "the Slurm controller did not answer",
-        "slurmctld may be down or restarting: try again in a minute, or ask the admins; nothing was queued",
-    ),
-    (
-        ("invalid partition",),
-        "the partition does not exist",
-        "set resources.partition (or the profile's partition) to one that 'sinfo -s' lists",
-    ),
-    (
-        ("invalid account", "invalid qos", "association", "account/partition"),
-        "the account or QOS is not valid for you on this partition",
-        "set resources.account / resources.qos to one 'sacctmgr show assoc user=$USER' lists",
-    ),
-    (
-        ("time limit",),
-        "the time limit exceeds what the partition allows",
-        "lower resources.time to the partition's MaxTime ('sinfo -o \"%P %l\"'); resume continues longer runs",
-    ),
-    (
-        (
-            "requested node configuration is not available",
-            "node count specification invalid",
-            "more processors requested than permitted",
-            "invalid generic resource",
-            "memory required by task is not available",
-            "requested partition configuration not available",
-        ),
-        "no node can ever satisfy the request",
-        "ask for fewer resources.nodes, gpus_per_node, cpus_per_task or mem_gb (see 'sinfo -N -l'), "
-        "or another partition",
-    ),
-)
-
-
-def classify_sbatch_failure(text: str) -> tuple[str, str]:
-    """What a refused submission means and what to change. Pure."""
-    lowered = text.lower()
-    for needles, meaning, hint in SBATCH_FAILURES:
-        if any(needle in lowered for needle in needles):
-            return meaning, hint
-    return "Slurm refused the job", "check partition/account/qos/time against 'sinfo' and 'sacctmgr show assoc'"
-
-
 def sbatch_wrap_command(
     *,
     job_name: str,
     wrap: str,
     output: Path,
     time_min: int,
-    partition: str | None = None,
-    gres: str | None = None,
-    account: str | None = None,
-    qos: str | None = None,
+    options: Sequence[tuple[str, str | int | None]] = (),
 ) -> list[str]:
-    """``sbatch --wrap`` for a short one-task helper job that must not come back (doctor's probe). Pure."""
+    """``sbatch --wrap`` for a short one-task helper job that must not come back (the doctor's probe,
+    ``bench-data --slurm``); ``options``: more ``--NAME=VALUE`` lines (a None value is left out). Pure."""
     args = ["sbatch", "--parsable", f"--job-name={job_name}", "--nodes=1", "--ntasks=1", f"--time={time_min}"]
     args += [f"--output={output}", "--no-requeue"]
-    for option, value in (("partition", partition), ("gres", gres), ("account", account), ("qos", qos)):
-        if value:
-            args.append(f"--{option}={value}")
+    for name, value in options:
+        if value is True:
+            args.append(f"--{name}")
+        elif value is not None and value is not False and value != "":
+            args.append(f"--{name}={value}")
     return [*args, "--wrap", wrap]
 
 
@@ -256,22 +142,19 @@ def classify_failure(command: list[str], returncode: int, output: str) -> SlurmC
     """A non-zero exit of a Slurm command as the project's error. Pure."""
     shown, text = " ".join(command), output.strip() or "no output"
     lowered = text.lower()
-    if any(needle in lowered for needle in _UNREACHABLE):
+    if any(needle in lowered for needle in answers.UNREACHABLE):
         return SlurmCommandError(
             f"'{shown}' could not reach the Slurm controller: {text}",
             "unreachable",
             hint="slurmctld may be down or restarting; try again in a minute, or ask the admins",
         )
-    if any(needle in lowered for needle in _UNKNOWN_JOB):
+    if any(needle in lowered for needle in answers.UNKNOWN_JOB):
         return SlurmCommandError(
             f"'{shown}': Slurm does not know this job ({text})",
             "unknown-job",
             hint="Slurm forgets finished jobs after MinJobAge; 'hpctrain status RUN_DIR' still shows the run",
         )
-    return SlurmCommandError(f"'{shown}' failed (exit {returncode}): {text}", "refused")
-
-
-# ------------------------------------------------------------------ the runner
+    return SlurmCommandError(f"'{shown}' failed (exit {returncode}): {text}", "refused", output=text)
 
 
 def run_slurm(command: list[str], *, timeout_s: float = COMMAND_TIMEOUT_S, runner: Runner = subprocess.run) -> str:
@@ -295,195 +178,287 @@ def run_slurm(command: list[str], *, timeout_s: float = COMMAND_TIMEOUT_S, runne
     return done.stdout or ""
 
 
-def available() -> bool:
-    """Whether this machine has Slurm's client commands."""
-    return shutil.which("sacct") is not None or shutil.which("squeue") is not None
+# ------------------------------------------------------------------ the client
 
 
-# ------------------------------------------------------------------ questions
+# What a client made without arguments uses: the machine's own Slurm. A test may put recorded answers
+# here for every client the library makes (tests/fake_slurm.py), so both faces talk to the same fake.
+default_runner: Runner = subprocess.run
+default_which: Which = shutil.which
 
 
-def job_states(job_ids: list[str], *, runner: Runner = subprocess.run) -> dict[str, str]:
-    """States of several jobs in one ``sacct`` call ({} when Slurm cannot say); for listings."""
-    job_ids = [job_id for job_id in job_ids if _JOB_ID.fullmatch(str(job_id).strip())]  # others: not Slurm's
-    if not job_ids or (runner is subprocess.run and not available()):
-        return {}
-    try:
-        output = run_slurm(sacct_states_command(job_ids), runner=runner)
-    except ClusterError:
-        return {}
-    return parse_sacct_states(output)
+class Slurm:
+    """Slurm as hpctrain asks it: one runner (:data:`default_runner` unless a test or a container gives
+    another), ``which`` for what is installed, ``sleep``/``clock`` for the waits."""
+
+    def __init__(
+        self,
+        runner: Runner | None = None,
+        *,
+        which: Which | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.runner = runner if runner is not None else default_runner
+        self.which = which if which is not None else default_which
+        self.sleep, self.clock = sleep, clock
+        self._config: dict[str, str] | None = None
+
+    def run(self, *command: str, timeout_s: float = COMMAND_TIMEOUT_S) -> str:
+        return run_slurm(list(command), timeout_s=timeout_s, runner=self.runner)
+
+    # -------------------------------------------------------------- is it here?
+
+    def available(self) -> bool:
+        """Whether this machine can submit and follow jobs: ``sbatch``, and ``sacct`` or ``squeue``."""
+        return self.which("sbatch") is not None and (
+            self.which("sacct") is not None or self.which("squeue") is not None
+        )
+
+    def missing_clients(self) -> list[str]:
+        """Which of :data:`CLIENTS` are not on PATH."""
+        return [name for name in CLIENTS if self.which(name) is None]
+
+    # -------------------------------------------------------------- jobs
+
+    def job_state(self, job_id: str, *, source: Literal["sacct", "squeue"] = "sacct") -> str:
+        """The job's Slurm state (array task ids like 12_3 work too); ``status --watch`` polls this.
+
+        ``sacct`` asks slurmdbd, not the controller; ``squeue`` is for clusters
+        without accounting. A job sacct does not list under its own id -- not yet
+        (slurmdbd catches up a few seconds after submit), or an array listed by
+        its tasks -- is looked up in ``squeue``, which still lists an array's
+        unfinished tasks; then sacct's first line answers. So is a job sacct
+        calls PREEMPTED: that is final, unless slurmctld is requeueing the job
+        (squeue then lists it COMPLETING or PENDING). "UNKNOWN" when neither
+        lists it (squeue forgets a finished job) or, asking sacct, when this
+        machine has no squeue. Raises SlurmCommandError.
+        """
+        job_id = checked_job_id(job_id)
+        states: dict[str, str] = {}
+        if source == "sacct":
+            states = answers.parse_sacct_states(self.run(*sacct_states_command([job_id])))
+            if job_id in states and states[job_id] != "PREEMPTED":
+                return states[job_id]
+        try:
+            lines = self.run("squeue", "-h", "-o", "%T", "-j", job_id).split()
+        except SlurmCommandError as exc:
+            if exc.kind not in ("unknown-job", "missing") or source == "squeue":
+                raise
+            lines = []
+        if lines:
+            return normalise_state(lines[0])
+        return states.get(job_id) or next(iter(states.values()), "UNKNOWN")
+
+    def job_states(self, job_ids: Sequence[str]) -> dict[str, str]:
+        """States of several jobs in one ``sacct`` call ({} when Slurm cannot say); for listings."""
+        wanted = [job_id for job_id in job_ids if _JOB_ID.fullmatch(str(job_id).strip())]  # others: not Slurm's
+        if not wanted or not self.available():
+            return {}
+        try:
+            return answers.parse_sacct_states(self.run(*sacct_states_command(wanted)))
+        except ClusterError:
+            return {}
+
+    def wait_for(
+        self,
+        job_id: str,
+        until: Callable[[str], bool] = is_final,
+        timeout_s: float | None = None,
+        *,
+        poll_s: float = 2.0,
+    ) -> str:
+        """Ask the job's state until ``until(state)`` holds (by default: the job ended); that state.
+
+        Raises :class:`WaitTimedOut` (with the last state) after ``timeout_s``.
+        """
+        deadline = None if timeout_s is None else self.clock() + timeout_s
+        while True:
+            state = self.job_state(job_id)
+            if until(state):
+                return state
+            if deadline is not None and self.clock() >= deadline:
+                raise WaitTimedOut(job_id, state, timeout_s or 0.0)
+            self.sleep(poll_s)
+
+    def processes_may_run(self, job_id: str) -> bool:
+        """Whether any process of the job may still be alive (``squeue`` says so, or cannot say)."""
+        job_id = checked_job_id(job_id)
+        try:
+            output = self.run("squeue", "-h", "-t", "all", "-o", "%T", "-j", job_id)
+        except SlurmCommandError as exc:
+            return exc.kind != "unknown-job"  # forgotten by Slurm: long gone
+        return any(may_have_processes(line) for line in output.splitlines() if line.strip())
+
+    def show_job(self, job_id: str, *, timeout_s: float = COMMAND_TIMEOUT_S) -> dict[str, str]:
+        """The job's record from slurmctld (``scontrol show job``); raises SlurmCommandError."""
+        return answers.parse_job_record(self.run(*show_job_command(job_id), timeout_s=timeout_s))
+
+    def job_steps(self, job_id: str) -> list[tuple[str, str]]:
+        """The job's running steps, (step id, name) each; raises SlurmCommandError."""
+        return answers.parse_job_steps(self.run("squeue", "-h", "-s", "-j", checked_job_id(job_id), "-o", "%i %j"))
+
+    # -------------------------------------------------------------- the cluster
+
+    def client_version(self) -> tuple[int, int] | None:
+        """This machine's Slurm release, (major, minor), from ``scontrol --version``; None when unknown."""
+        try:
+            return answers.parse_version(self.run(*VERSION_COMMAND, timeout_s=10.0))
+        except ClusterError:
+            return None
+
+    def version_text(self, *, timeout_s: float = 15.0) -> str:
+        """What ``sbatch --version`` says; raises SlurmCommandError."""
+        return self.run("sbatch", "--version", timeout_s=timeout_s)
+
+    def ping(self, *, timeout_s: float = 15.0) -> str:
+        """What ``scontrol ping`` says about the controller; raises SlurmCommandError."""
+        return self.run("scontrol", "ping", timeout_s=timeout_s)
+
+    def accounting(self, *, timeout_s: float = 15.0) -> str:
+        """The last hour's jobs from ``sacct`` (whether accounting answers at all); raises SlurmCommandError."""
+        return self.run("sacct", "-n", "-X", "-P", "-S", "now-1hours", "-o", "JobID", timeout_s=timeout_s)
+
+    def config(self, *, timeout_s: float = COMMAND_TIMEOUT_S) -> dict[str, str]:
+        """``scontrol show config``, asked once per client; raises SlurmCommandError."""
+        if self._config is None:
+            self._config = answers.parse_config(self.run("scontrol", "show", "config", timeout_s=timeout_s))
+        return self._config
+
+    def _config_number(self, key: str, default: int, timeout_s: float = COMMAND_TIMEOUT_S) -> int:
+        try:
+            value = answers.config_number(self.config(timeout_s=timeout_s), key)
+        except ClusterError:
+            value = None
+        return default if value is None else value
+
+    def kill_wait_s(self) -> float:
+        """Slurm's KillWait (SIGTERM -> SIGKILL when a job ends); the default when unknown."""
+        return float(self._config_number("KillWait", int(DEFAULT_KILL_WAIT_S)))
+
+    def slurmd_port(self) -> int:
+        """The port every node's slurmd listens on; Slurm's default when unknown."""
+        return self._config_number("SlurmdPort", DEFAULT_SLURMD_PORT)
+
+    def max_array_size(self) -> int:
+        """Slurm's MaxArraySize (an array may have at most this many tasks); 1001, its default, when unknown."""
+        if self.which("scontrol") is None:
+            return DEFAULT_MAX_ARRAY_SIZE
+        return self._config_number("MaxArraySize", DEFAULT_MAX_ARRAY_SIZE, timeout_s=5.0)
+
+    def partitions(self, *, timeout_s: float = 10.0) -> dict[str, dict[str, str]]:
+        """Every partition's record, from one ``scontrol show partition``; raises SlurmCommandError."""
+        return answers.parse_partitions(self.run("scontrol", "--oneliner", "show", "partition", timeout_s=timeout_s))
+
+    def nodes(self, *, timeout_s: float = 15.0) -> list[dict[str, str]]:
+        """Every node's record, from one ``scontrol show node``; raises SlurmCommandError."""
+        return answers.parse_nodes(self.run("scontrol", "--oneliner", "show", "node", timeout_s=timeout_s))
+
+    def node_states(self, nodes: Sequence[str]) -> dict[str, str]:
+        """``sinfo``'s state of each of ``nodes``; raises SlurmCommandError."""
+        names = [node for node in nodes if _NODE_NAME.fullmatch(node)]
+        if not names:
+            return {}
+        return answers.parse_node_states(self.run("sinfo", "-h", "-N", "-n", ",".join(names), "-o", "%N %T"))
+
+    def associations(self, user: str | None = None, *, timeout_s: float = 15.0) -> list[dict[str, str]] | None:
+        """``user``'s (default: this one's) account/partition/QOS associations; None when sacctmgr does not
+        answer here."""
+        if self.which("sacctmgr") is None:
+            return None
+        user = user if user is not None else _user_name()
+        try:
+            output = self.run(
+                "sacctmgr", "-n", "-P", "show", "assoc", f"user={user}", "format=Account,Partition,QOS",
+                timeout_s=timeout_s,
+            )  # fmt: skip
+        except ClusterError:
+            return None
+        return answers.parse_associations(output)
+
+    # -------------------------------------------------------------- actions
+
+    def submit_wrapped(self, command: list[str]) -> str:
+        """Submit an :func:`sbatch_wrap_command`; the new job's id (``--parsable`` prints ``ID[;CLUSTER]``).
+
+        A refusal says what it means for the job and what to change (``slurm_answers.SBATCH_FAILURES``).
+        """
+        try:
+            answer = self.run(*command)
+        except SlurmCommandError as exc:
+            if exc.kind != "refused":
+                raise
+            meaning, hint = answers.classify_sbatch_failure(exc.output)
+            said = " / ".join(exc.output.strip().splitlines()[:3])
+            raise SlurmCommandError(f"sbatch: {meaning}: {said}", "refused", hint=hint, output=exc.output) from None
+        return checked_job_id(answer.strip().split(";")[0])
+
+    def cancel_job(self, job_id: str) -> None:
+        self.run("scancel", checked_job_id(job_id))
+
+    def signal_job(self, job_id: str, signal_name: str) -> None:
+        """Send ``signal_name`` to every task of the job, as Slurm does before the time limit."""
+        self.run("scancel", f"--signal={signal_name}", checked_job_id(job_id))
+
+    def kill_step(self, step_id: str) -> None:
+        """SIGKILL every task of one job step (``12.0``): a step waiting for a lost node never ends otherwise."""
+        if not _STEP_ID.fullmatch(step_id):
+            raise SlurmCommandError(f"{step_id[:40]!r} is not a Slurm job step id", kind="unknown-job")
+        self.run("scancel", "--signal=KILL", step_id)
+
+    def release_job(self, job_id: str) -> None:
+        """Start a requeued job (held until its begin time) now, :data:`RELEASE_AFTER_REQUEUE_S` after the
+        caller saw it pending, so after its requeue."""
+        self.sleep(RELEASE_AFTER_REQUEUE_S)
+        self.run("scontrol", "update", f"JobId={checked_job_id(job_id)}", "StartTime=now")
+
+    def requeue_job(self, job_id: str, *, timeout_s: float = COMMAND_TIMEOUT_S) -> None:
+        self.run(*requeue_command(job_id), timeout_s=timeout_s)
+
+    def disable_requeue(self, job_id: str, *, timeout_s: float = COMMAND_TIMEOUT_S) -> None:
+        """Take the job's ``Requeue`` flag away: nothing may requeue it any more, Slurm included.
+
+        Slurm 24.05+ requeues a job that ends while it holds a preemption's flag
+        (``GRACE_PREEMPT``), only if the job is requeueable; the flag itself cannot be
+        cleared or seen (docs/preemption.md). A job's owner may change it while it runs.
+        """
+        self.run(*disable_requeue_command(job_id), timeout_s=timeout_s)
+
+    def exclude_nodes(self, job_id: str, nodes: Sequence[str]) -> None:
+        """Keep ``nodes`` out of the (pending) job's next start (``ExcNodeList``); nothing for no nodes."""
+        if nodes:
+            self.run(*exclude_nodes_command(job_id, nodes))
+
+    def partition_nodes(self, partition: str | None, *, timeout_s: float = 10.0) -> list[str]:
+        """The nodes of ``partition`` (the default partition for None) that are not down or drained."""
+        command = ["sinfo", "-h", "-N", "-o", "%N %T", "--responding"]
+        if partition:
+            command += ["-p", partition]
+        nodes = []
+        for line in self.run(*command, timeout_s=timeout_s).splitlines():
+            parts = line.split()
+            if len(parts) == 2 and not parts[1].rstrip("*~#$@%!^-").lower().startswith(("down", "drain", "fail")):
+                nodes.append(parts[0])
+        return list(dict.fromkeys(nodes))
 
 
-def job_state(job_id: str, *, source: Literal["sacct", "squeue"] = "sacct", runner: Runner = subprocess.run) -> str:
-    """The job's Slurm state (array task ids like 12_3 work too); ``status --watch`` polls this.
-
-    ``sacct`` asks slurmdbd, not the controller; ``squeue`` is for clusters
-    without accounting. A job sacct does not list under its own id -- not yet
-    (slurmdbd catches up a few seconds after submit), or an array listed by
-    its tasks -- is looked up in ``squeue``, which still lists an array's
-    unfinished tasks; then sacct's first line answers. So is a job sacct
-    calls PREEMPTED: that is final, unless slurmctld is requeueing the job
-    (squeue then lists it COMPLETING or PENDING). "UNKNOWN" when neither
-    lists it (squeue forgets a finished job) or, asking sacct, when this
-    machine has no squeue. Raises SlurmCommandError.
-    """
-    job_id = checked_job_id(job_id)
-    states: dict[str, str] = {}
-    if source == "sacct":
-        states = parse_sacct_states(run_slurm(sacct_states_command([job_id]), runner=runner))
-        if job_id in states and states[job_id] != "PREEMPTED":
-            return states[job_id]
-    try:
-        lines = run_slurm(["squeue", "-h", "-o", "%T", "-j", job_id], runner=runner).split()
-    except SlurmCommandError as exc:
-        if exc.kind not in ("unknown-job", "missing") or source == "squeue":
-            raise
-        lines = []
-    if lines:
-        return normalise_state(lines[0])
-    return states.get(job_id) or next(iter(states.values()), "UNKNOWN")
-
-
-def wait_until_done(job_id: str, *, poll_s: float = 2.0, timeout_s: float | None = None) -> str:
-    """Block until the job reaches a terminal state; return it."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while True:
-        state = job_state(job_id)
-        if is_final(state):
-            return state
-        if deadline is not None and time.monotonic() > deadline:
-            raise ClusterError(f"job {job_id} is still {state} after {timeout_s:.0f} s")
-        time.sleep(poll_s)
-
-
-def processes_may_run(job_id: str, *, runner: Runner = subprocess.run) -> bool:
-    """Whether any process of the job may still be alive (``squeue`` says so, or cannot say)."""
-    job_id = checked_job_id(job_id)
-    try:
-        output = run_slurm(["squeue", "-h", "-t", "all", "-o", "%T", "-j", job_id], runner=runner)
-    except SlurmCommandError as exc:
-        return exc.kind != "unknown-job"  # forgotten by Slurm: long gone
-    return any(may_have_processes(line) for line in output.splitlines() if line.strip())
-
-
-def show_job(job_id: str, *, runner: Runner = subprocess.run, timeout_s: float = COMMAND_TIMEOUT_S) -> dict[str, str]:
-    """The job's record from slurmctld (``scontrol show job``); raises SlurmCommandError."""
-    return parse_job_record(run_slurm(show_job_command(job_id), timeout_s=timeout_s, runner=runner))
-
-
-def client_version(*, runner: Runner = subprocess.run) -> tuple[int, int] | None:
-    """This machine's Slurm release, (major, minor), from ``scontrol --version``; None when unknown."""
-    try:
-        return parse_version(run_slurm(["scontrol", "--version"], timeout_s=10.0, runner=runner))
-    except ClusterError:
-        return None
-
-
-def kill_wait_s() -> float:
-    """Slurm's KillWait (SIGTERM -> SIGKILL when a job ends); the default when unknown."""
-    try:
-        value = parse_kill_wait_s(run_slurm(["scontrol", "show", "config"]))
-    except ClusterError:
-        value = None
-    return DEFAULT_KILL_WAIT_S if value is None else value
-
-
-def slurmd_port() -> int:
-    """The port every node's slurmd listens on; Slurm's default when unknown."""
-    try:
-        value = parse_slurmd_port(run_slurm(["scontrol", "show", "config"]))
-    except ClusterError:
-        value = None
-    return DEFAULT_SLURMD_PORT if value is None else value
-
-
-def max_array_size(*, runner: Runner = subprocess.run) -> int:
-    """Slurm's MaxArraySize (an array may have at most this many tasks); 1001, its default, when unknown."""
-    if runner is subprocess.run and shutil.which("scontrol") is None:
-        return DEFAULT_MAX_ARRAY_SIZE
-    try:
-        value = parse_max_array_size(run_slurm(["scontrol", "show", "config"], timeout_s=5.0, runner=runner))
-    except ClusterError:
-        value = None
-    return DEFAULT_MAX_ARRAY_SIZE if value is None else value
-
-
-def partitions(*, runner: Runner = subprocess.run) -> dict[str, dict[str, str]]:
-    """Every partition's record, from one ``scontrol show partition``; raises SlurmCommandError."""
-    return parse_partitions(run_slurm(["scontrol", "--oneliner", "show", "partition"], timeout_s=10.0, runner=runner))
-
-
-# ------------------------------------------------------------------ actions
-
-
-def submit_wrapped(command: list[str], *, runner: Runner = subprocess.run) -> str:
-    """Submit an :func:`sbatch_wrap_command`; the new job's id (``--parsable`` prints ``ID[;CLUSTER]``)."""
-    return checked_job_id(run_slurm(command, runner=runner).strip().split(";")[0])
-
-
-def cancel_job(job_id: str) -> None:
-    run_slurm(["scancel", checked_job_id(job_id)])
-
-
-def signal_job(job_id: str, signal_name: str) -> None:
-    """Send ``signal_name`` to every task of the job, as Slurm does before the time limit."""
-    run_slurm(["scancel", f"--signal={signal_name}", checked_job_id(job_id)])
-
-
-def release_job(job_id: str, *, sleep: Callable[[float], None] = time.sleep) -> None:
-    """Start a requeued job (held until its begin time) now, :data:`RELEASE_AFTER_REQUEUE_S` after the
-    caller saw it pending, so after its requeue."""
-    sleep(RELEASE_AFTER_REQUEUE_S)
-    run_slurm(["scontrol", "update", f"JobId={checked_job_id(job_id)}", "StartTime=now"])
-
-
-def requeue_job(job_id: str, *, runner: Runner = subprocess.run, timeout_s: float = COMMAND_TIMEOUT_S) -> None:
-    run_slurm(requeue_command(job_id), timeout_s=timeout_s, runner=runner)
-
-
-def exclude_nodes_command(job_id: str, nodes: list[str] | tuple[str, ...]) -> list[str]:
+def exclude_nodes_command(job_id: str, nodes: Sequence[str]) -> list[str]:
     """``scontrol update`` of a pending job's ``ExcNodeList`` (node names checked: no option, no list trick)."""
     for node in nodes:
         checked_node_name(node)
     return ["scontrol", "update", f"JobId={checked_job_id(job_id)}", f"ExcNodeList={','.join(nodes)}"]
 
 
-def exclude_nodes(job_id: str, nodes: list[str] | tuple[str, ...], *, runner: Runner = subprocess.run) -> None:
-    """Keep ``nodes`` out of a requeued (pending) job's next start; nothing for no nodes."""
-    if nodes:
-        run_slurm(exclude_nodes_command(job_id, nodes), runner=runner)
-
-
 def checked_node_name(node: object) -> str:
     """``node`` if it is one Slurm node name (letters, digits, ``-_.``), else a refusal: node names come
     from run files and the user's ledger and end up in ``--exclude`` and ``ExcNodeList``."""
     text = str(node)
-    if not _NODE_NAME.fullmatch(text):
+    if not _ONE_NODE.fullmatch(text):
         raise SlurmCommandError(
             f"{text[:40]!r} is not a Slurm node name", kind="refused", hint="node names are letters, digits, - _ ."
         )
     return text
 
 
-def partition_nodes(partition: str | None, *, runner: Runner = subprocess.run) -> list[str]:
-    """The nodes of ``partition`` (the default partition for None) that are not down or drained."""
-    command = ["sinfo", "-h", "-N", "-o", "%N %T", "--responding"]
-    if partition:
-        command += ["-p", partition]
-    nodes = []
-    for line in run_slurm(command, timeout_s=10.0, runner=runner).splitlines():
-        parts = line.split()
-        if len(parts) == 2 and not parts[1].rstrip("*~#$@%!^-").lower().startswith(("down", "drain", "fail")):
-            nodes.append(parts[0])
-    return list(dict.fromkeys(nodes))
-
-
-def disable_requeue(job_id: str, *, runner: Runner = subprocess.run, timeout_s: float = COMMAND_TIMEOUT_S) -> None:
-    """Take the job's ``Requeue`` flag away: nothing may requeue it any more, Slurm included.
-
-    Slurm 24.05+ requeues a job that ends while it holds a preemption's flag
-    (``GRACE_PREEMPT``), only if the job is requeueable; the flag itself cannot be
-    cleared or seen (docs/preemption.md). A job's owner may change it while it runs.
-    """
-    run_slurm(disable_requeue_command(job_id), timeout_s=timeout_s, runner=runner)
+def _user_name() -> str:
+    return os.environ.get("USER") or os.environ.get("LOGNAME") or ""

@@ -19,8 +19,8 @@ then: when a step's tasks have ended, Slurm (proctrack/cgroup) kills whatever
 else the step started at once, squashfuse included, which would leave a dead
 FUSE mount ("Transport endpoint is not connected") behind.
 
-Release, second: the leader also starts a detached watcher (``runtime.cleanup``'s,
-with ``--unmount``) for tasks that cannot act (SIGKILL): it waits for the
+Release, second: the leader also starts a detached watcher (``dataset/mount_release.py``,
+the reaper's kind) for tasks that cannot act (SIGKILL): it waits for the
 leader and every registered task to be gone, then releases the mount. It
 ignores the job's SIGTERM, but a cgroup kill of the whole step ends it too;
 then the next attempt of the job on that node unmounts the stale mount first.
@@ -43,12 +43,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain.contract.process_tokens import TOKEN_ENV
 from hpctrain.contract.runfiles import RunFileError, load_json, read_bounded
 from hpctrain.dataset import node_folder
+from hpctrain.dataset.mount_release import is_mounted, release, start_watcher
 from hpctrain.dataset.squashfs import ImageError, read_superblock, require_tool
 
 MOUNT_TIMEOUT_S = 60.0
-UNMOUNT_TRIES = 5
 COPY_CHUNK = 16 * 2**20
 
 
@@ -109,18 +110,6 @@ def leave(log: Callable[[str], None] | None = None, *, keep: bool = True) -> Non
     node_folder.leave(keep=keep, log=log)
 
 
-def daemon_of(folder: Path, point: Path) -> int | None:
-    """The squashfuse PID a READY marker of ``folder`` records for ``point`` (None: none, or unreadable)."""
-    for marker in folder.glob("READY-*"):
-        try:
-            info = load_json(read_bounded(marker, 4096))
-        except (OSError, ValueError, RunFileError):
-            continue
-        if isinstance(info, dict) and info.get("point") == str(point) and type(info.get("pid")) is int:
-            return info["pid"]
-    return None
-
-
 def _as_image_error(exc: BaseException, stage_dir: Path) -> ImageError:
     if isinstance(exc, ImageError):
         return exc
@@ -132,9 +121,6 @@ def _as_image_error(exc: BaseException, stage_dir: Path) -> ImageError:
             "set data.stage_dir to a writable node-local folder",
         )
     return ImageError(f"{type(exc).__name__}: {exc}", "see the log of the node's first task")
-
-
-live_users = node_folder.live_users  # the watcher's (runtime/cleanup.py) question, answered by the folder
 
 
 # ------------------------------------------------------------------ the leader
@@ -179,10 +165,8 @@ def _mount_as_leader(image: Path, base: Path, attempt: str, stage: bool, log) ->
 
 def _start_squashfuse(squashfuse: str, image: Path, point: Path) -> Mounted:
     """``squashfuse -f`` in its own session, without the task token (see the module docstring)."""
-    from hpctrain.runtime.cleanup import TOKEN_ENV
-
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
-    env["HPCTRAIN_IMAGE_MOUNT"] = str(point)  # never the environment of a task (see runtime.cleanup's watch)
+    env["HPCTRAIN_IMAGE_MOUNT"] = str(point)  # never the environment of a task (see runtime/cleanup.py's watch)
     log_path = point.parent / f"{point.name}.log"
     with open(log_path, "ab") as err:
         proc = subprocess.Popen(
@@ -211,19 +195,8 @@ def _start_squashfuse(squashfuse: str, image: Path, point: Path) -> Mounted:
 
 
 def _start_watcher(base: Path, mounted: Mounted) -> None:
-    from hpctrain.runtime.cleanup import TOKEN_ENV, new_token, start_reaper
-
-    # This watcher reaps nothing, so it needs no token of its own; setting one in os.environ (where
-    # the process has none, e.g. a trainer run in-process) would hand it to every later child.
-    token = os.environ.get(TOKEN_ENV) or new_token()
     try:
-        start_reaper(
-            token,
-            unmount=mounted.point,
-            daemon_pid=mounted.daemon_pid,
-            users_dir=base / "users",
-            log_path=base / f"{mounted.point.name}.watch.log",
-        )
+        start_watcher(base, mounted.point, mounted.daemon_pid)
     except (RuntimeError, OSError) as exc:
         release(mounted.point, mounted.daemon_pid)
         raise ImageError(
@@ -267,78 +240,6 @@ def copy_image(image: Path, stage_dir: Path, log) -> Path:
     seconds = max(1e-9, time.perf_counter() - started)
     log(f"hpctrain: data: staged the image in {seconds:.1f} s ({(info.st_size - done) / 2**20 / seconds:.0f} MB/s)")
     return dest
-
-
-# ------------------------------------------------------------------ release (the watcher)
-
-
-def release(point: Path, daemon_pid: int | None, *, grace_s: float = 5.0, log=None) -> bool:
-    """Stop squashfuse (only if ``daemon_pid`` is still squashfuse on ``point``) and unmount; True when gone."""
-    log = log or (lambda line: None)
-    if daemon_pid is not None and _is_our_daemon(daemon_pid, point):
-        import psutil
-
-        try:
-            proc = psutil.Process(daemon_pid)
-            proc.terminate()  # squashfuse unmounts itself on SIGTERM
-            deadline = time.monotonic() + grace_s
-            while proc.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                proc.kill()
-        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-            pass
-    if is_mounted(point):
-        unmount(point)
-    try:
-        point.rmdir()
-    except OSError:
-        pass
-    gone = not is_mounted(point)
-    log(f"{point}: {'unmounted' if gone else 'STILL MOUNTED'}")
-    return gone
-
-
-def unmount(point: Path) -> None:
-    """Unmount ``point`` (also a stale mount whose daemon died); lazily when it stays busy."""
-    commands = [[tool, "-u", str(point)] for tool in ("fusermount3", "fusermount") if shutil.which(tool)]
-    if os.geteuid() == 0 and shutil.which("umount"):
-        commands.append(["umount", str(point)])
-    for attempt in range(UNMOUNT_TRIES):
-        for command in commands:
-            subprocess.run(command, capture_output=True, check=False)
-            if not is_mounted(point):
-                return
-        time.sleep(0.2 * (attempt + 1))
-    for command in commands:  # still busy: detach now, freed when the last file closes
-        subprocess.run(command[:1] + ["-uz" if command[0] != "umount" else "-l"] + command[-1:], check=False)
-        if not is_mounted(point):
-            return
-
-
-def is_mounted(point: Path, mounts_path: str = "/proc/mounts") -> bool:
-    """From the mount table: a stale FUSE mount (its daemon dead) fails ``os.path.ismount``."""
-    target = os.path.abspath(point)
-    try:
-        with open(mounts_path) as handle:
-            return any(_unescape(line.split()[1]) == target for line in handle if len(line.split()) > 1)
-    except OSError:
-        return False
-
-
-def _is_our_daemon(pid: int, point: Path) -> bool:
-    """The PID is a live squashfuse whose command line names ``point`` (never signal anyone else's)."""
-    import psutil
-
-    try:
-        cmdline = psutil.Process(pid).cmdline()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return False
-    return bool(cmdline) and os.path.basename(cmdline[0]) == "squashfuse" and str(point) in cmdline
-
-
-def _unescape(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _wait(ready: Path, failed: Path, timeout_s: float) -> dict:

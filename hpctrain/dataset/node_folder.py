@@ -143,11 +143,11 @@ def release_mounts(folder: Path, log: Callable[[str], None]) -> None:
     """Unmount what the job mounted in ``folder`` (the node's last task to end: see ``mount``)."""
     if not any(folder.glob("mnt-*")):
         return
-    from hpctrain.dataset import mount
+    from hpctrain.dataset import mount_release  # which asks live_users here: imported only to release
 
     for point in sorted(folder.glob("mnt-*")):
-        if mount.is_mounted(point):
-            gone = mount.release(point, mount.daemon_of(folder, point))
+        if mount_release.is_mounted(point):
+            gone = mount_release.release(point, mount_release.daemon_of(folder, point))
             log(f"hpctrain: data: {'unmounted' if gone else 'could not unmount'} {point} (the node's last task to end)")
 
 

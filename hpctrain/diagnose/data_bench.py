@@ -152,6 +152,33 @@ class BenchReport:
         )
         return out
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BenchReport:
+        """A report back from its :meth:`as_dict` (``bench-data --slurm`` reads the node's); raises KeyError,
+        TypeError or ValueError for one that is not."""
+
+        def read_result(raw: dict[str, Any]) -> ReadResult:
+            return ReadResult(str(raw["path"]), int(raw["files"]), int(raw["bytes"]), float(raw["seconds"]))
+
+        demand = data["demand"]
+        return cls(
+            spec=str(data["spec"]),
+            decoder=str(data["decoder"]),
+            read=read_result(data["read"]),
+            stage_read=read_result(data["stage_read"]) if data.get("stage_read") is not None else None,
+            decode_img_s_per_core=float(data["decode_img_s_per_core"]),
+            decode_note=str(data["decode_note"]),
+            cores_per_gpu=int(data["cores_per_gpu"]),
+            cores_source=str(data["cores_source"]),
+            gpus_per_node=int(data["gpus_per_node"]),
+            gpu=str(data["gpu"]),
+            demand=Demand(
+                None if demand["img_s_per_gpu"] is None else float(demand["img_s_per_gpu"]), str(demand["source"])
+            ),
+            gpu_decode_img_s=None if data.get("gpu_decode_img_s") is None else float(data["gpu_decode_img_s"]),
+            notes=[str(note) for note in data.get("notes") or []],
+        )
+
     def rows(self) -> list[tuple[str, str]]:
         """(what, value) lines shared by the plain and the rich output."""
         rows = [("read from data.root", _read_line(self.read))]

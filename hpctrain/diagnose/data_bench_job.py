@@ -4,20 +4,26 @@
 compute node of ``--slurm``) and imports torch only after the spec and data
 root have been checked. :func:`run_on_slurm` runs the same measurement as a
 short single-task job on the spec's cluster (same partition, cores per task
-and one of its GPUs) through the executor ``submit`` uses; the verdict
-itself is :mod:`hpctrain.diagnose.data_bench`.
+and one of its GPUs), submitted as the doctor's probe is (``sbatch --wrap``
+through the one Slurm client): the node reads the request the login side
+wrote into the job's folder and prints its report as one JSON line; the
+verdict itself is :mod:`hpctrain.diagnose.data_bench`.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
-import shutil
+import shlex
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from hpctrain.contract.runfiles import load_json, printable, read_tail
+from hpctrain.contract.slurm import Slurm, WaitTimedOut, sbatch_wrap_command
 from hpctrain.diagnose.data_bench import (
     BenchReport,
     Demand,
@@ -136,73 +142,135 @@ def _train_root(spec: JobSpec) -> Path:
 
 # --- --slurm: the same measurement as a one-task job -------------------------------------------------------
 
+MARKER = "HPCTRAIN-BENCH "  # the node's one line of result in the job's output
+REQUEST_NAME = "request.json"
+MAX_OUTPUT_BYTES = 4 << 20
 
-def bench_slurm_parameters(spec: JobSpec, profile: ClusterProfile, folder: Path, time_min: int) -> dict[str, Any]:
-    """The job's own sbatch parameters, cut down to one node, one task and at most one GPU. Pure."""
+
+def bench_sbatch_options(spec: JobSpec, profile: ClusterProfile, folder: Path) -> list[tuple[str, Any]]:
+    """The job's own sbatch options, cut down to one node, one task and at most one GPU, never requeued
+    (:func:`~hpctrain.contract.slurm.sbatch_wrap_command` adds those). Pure."""
     from hpctrain.launch.submission import slurm_parameters
 
     params = slurm_parameters(spec, profile, folder)
-    params.update(job_name=f"{spec.name}-bench-data", nodes=1, ntasks_per_node=1, time=time_min)
-    params.pop("array_parallelism", None)
+    options: list[tuple[str, Any]] = [
+        (name.replace("_", "-"), params.get(name)) for name in ("partition", "account", "qos", "constraint")
+    ]
+    options += [("cpus-per-task", params.get("cpus_per_task")), ("mem", params.get("mem"))]
+    options += [("exclusive", params.get("exclusive"))]
     if "gres" in params:
-        params["gres"] = profile.gpu_gres.format(gpus=1)  # type: ignore[union-attr]
+        options.append(("gres", profile.gpu_gres.format(gpus=1)))  # type: ignore[union-attr]
     if "gpus_per_node" in params:
-        params["gpus_per_node"] = 1
-    extra = {k: v for k, v in params["additional_parameters"].items() if k not in ("requeue", "signal")}
-    extra["no-requeue"] = True
-    params["additional_parameters"] = extra
-    return params
+        options.append(("gpus-per-node", 1))
+    skipped = ("requeue", "no-requeue", "signal", "no-kill")
+    options += [(key, value) for key, value in params["additional_parameters"].items() if key not in skipped]
+    return options
 
 
-def remote_measure(spec_data: dict[str, Any], profile_data: dict[str, Any], options: BenchOptions, source: str) -> Any:
-    """What the compute node runs; a user error comes back as data, not as a remote traceback."""
-    spec, profile = JobSpec.model_validate(spec_data), ClusterProfile.model_validate(profile_data)
-    try:
-        return measure(spec, profile, options, source)
-    except HpctrainError as exc:
-        return {"error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code}
+def bench_wrap(spec: JobSpec, profile: ClusterProfile, folder: Path, request: Path) -> str:
+    """What the job runs: the spec's setup lines, then the measurement under the reaper's exec wrapper. Pure."""
+    from hpctrain.launch.sbatch_script import python_command
+    from hpctrain.launch.submission import slurm_parameters
+
+    setup = slurm_parameters(spec, profile, folder)["setup"]
+    command = f"{python_command()} -m {__name__} --request {shlex.quote(str(request))}"
+    return "\n".join([*setup, command])
 
 
 def run_on_slurm(
-    spec: JobSpec, profile: ClusterProfile, options: BenchOptions, source: str, *, timeout_s: float
+    spec: JobSpec,
+    profile: ClusterProfile,
+    options: BenchOptions,
+    source: str,
+    *,
+    timeout_s: float,
+    slurm: Slurm | None = None,
 ) -> BenchReport:
-    from hpctrain.launch.submitit_executor import SlurmExecutor
-    from hpctrain.runtime.cleanup import python_command
-
-    if profile.scheduler != "slurm" or shutil.which("sbatch") is None:
+    """The measurement as a one-task job (``sbatch --wrap``, as the doctor's probe), its report read back
+    from the job's output; a user error on the node comes back as that error."""
+    slurm = slurm or Slurm()
+    if profile.scheduler != "slurm" or not slurm.available():
         raise ClusterError(
             f"--slurm: cluster '{profile.name}' has no Slurm here (scheduler {profile.scheduler}, sbatch "
-            f"{'found' if shutil.which('sbatch') else 'not on PATH'})",
+            f"{'found' if slurm.which('sbatch') else 'not on PATH'})",
             hint="run without --slurm to measure on this machine, or pass --cluster NAME of a Slurm profile",
         )
     folder = Path(spec.output_dir).expanduser() / spec.name / "bench-data" / time.strftime("%Y%m%d-%H%M%S")
     folder.mkdir(parents=True, exist_ok=True)
-    executor = SlurmExecutor(folder=folder, python=python_command())
-    executor.update_parameters(**bench_slurm_parameters(spec, profile, folder, time_min=max(2, int(timeout_s // 60))))
-    spec_data, profile_data = spec.model_dump(mode="json"), profile.model_dump(mode="json")
+    request = folder / REQUEST_NAME
+    document = {"spec": spec.model_dump(mode="json"), "profile": profile.model_dump(mode="json")}
+    document.update(options=asdict(options), source=source)
+    request.write_text(json.dumps(document))
+    command = sbatch_wrap_command(
+        job_name=f"{spec.name}-bench-data",
+        wrap=bench_wrap(spec, profile, folder.absolute(), request.absolute()),
+        output=folder.absolute() / "bench-%j.out",
+        time_min=max(2, int(timeout_s // 60)),
+        options=bench_sbatch_options(spec, profile, folder),
+    )
     try:
-        job = executor.submit(remote_measure, spec_data, profile_data, options, source)
-    except Exception as exc:  # submitit raises several types for a refused sbatch
-        raise ClusterError(f"Slurm refused the bench-data job: {str(exc).strip()[:500]}") from None
-    print(f"bench-data: Slurm job {job.job_id} (logs in {folder})", file=sys.stderr)
-    deadline = time.monotonic() + timeout_s
-    while not job.done():
-        if time.monotonic() > deadline:
-            job.cancel(check=False)
-            raise ClusterError(
-                f"bench-data job {job.job_id} did not finish within {timeout_s:.0f} s; cancelled it",
-                hint="the queue may be busy: raise --timeout, or look at 'squeue -j JOBID'",
-            )
-        time.sleep(1.0)
+        job_id = slurm.submit_wrapped(command)
+    except ClusterError as exc:
+        raise ClusterError(f"Slurm refused the bench-data job: {exc.message}", hint=exc.hint) from None
+    print(f"bench-data: Slurm job {job_id} (logs in {folder})", file=sys.stderr)
     try:
-        result = job.result()
-    except Exception as exc:
+        state = slurm.wait_for(job_id, timeout_s=timeout_s, poll_s=1.0)
+    except WaitTimedOut:
+        try:
+            slurm.cancel_job(job_id)
+        except ClusterError:
+            pass
         raise ClusterError(
-            f"bench-data job {job.job_id} failed: {str(exc).strip().splitlines()[-1][:300]}",
-            hint=f"see its logs in {folder}",
+            f"bench-data job {job_id} did not finish within {timeout_s:.0f} s; cancelled it",
+            hint="the queue may be busy: raise --timeout, or look at 'squeue -j JOBID'",
         ) from None
-    if isinstance(result, dict) and "error" in result:
-        error = HpctrainError(f"on the compute node: {result['error']}", result.get("hint"))
-        error.exit_code = int(result.get("exit_code", 1))
+    return _read_result(folder / f"bench-{job_id}.out", job_id, state, folder)
+
+
+def _read_result(output: Path, job_id: str, state: str, folder: Path) -> BenchReport:
+    try:
+        text = read_tail(output, MAX_OUTPUT_BYTES).decode(errors="replace")
+    except (OSError, HpctrainError):
+        text = ""
+    lines = text.splitlines()
+    found = next((line[len(MARKER) :] for line in reversed(lines) if line.startswith(MARKER)), None)
+    try:
+        result = load_json(found) if found is not None else None
+    except (ValueError, RecursionError):
+        result = None
+    if not isinstance(result, dict):
+        last = printable(lines[-1][:300]) if lines else f"no output in {output}"
+        raise ClusterError(f"bench-data job {job_id} failed ({state}): {last}", hint=f"see its logs in {folder}")
+    if "error" in result:
+        error = HpctrainError(f"on the compute node: {printable(result['error'])}", printable(result.get("hint")))
+        code = result.get("exit_code")
+        error.exit_code = code if isinstance(code, int) and 1 <= code <= 125 else 1
         raise error
-    return result  # type: ignore[no-any-return]
+    try:
+        return BenchReport.from_dict(result)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ClusterError(
+            f"bench-data job {job_id} reported an unreadable result ({exc})", hint=f"see {output}"
+        ) from None
+
+
+def remote_measure(request: Path) -> dict[str, Any]:
+    """What the compute node runs: the measurement's report, or the user error it met, as data."""
+    document = json.loads(request.read_text())
+    spec, profile = JobSpec.model_validate(document["spec"]), ClusterProfile.model_validate(document["profile"])
+    try:
+        return measure(spec, profile, BenchOptions(**document["options"]), document["source"]).as_dict()
+    except HpctrainError as exc:
+        return {"error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m {__name__}", description="bench-data's node side")
+    parser.add_argument("--request", required=True, help=f"the {REQUEST_NAME} the login side wrote")
+    args = parser.parse_args(argv)
+    print(MARKER + json.dumps(remote_measure(Path(args.request))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpctrain.dataset import squashfs
 from hpctrain.diagnose import filesystems
@@ -24,6 +25,9 @@ from hpctrain.errors import ClusterError, SpecError, SpecProblem
 from hpctrain.jobspec.load import LoadedJob
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.slurm_time import parse_time_limit
+
+if TYPE_CHECKING:
+    from hpctrain.contract.slurm import Slurm
 
 SKIP_HINT = "fix it, or pass --no-preflight to submit anyway"
 
@@ -176,16 +180,16 @@ def preflight(job: LoadedJob, partitions: Mapping[str, Mapping[str, str]] | None
     return sorted(findings, key=lambda f: f.level != "error")
 
 
-def run_preflight(job: LoadedJob, *, slurm_backend: bool) -> list[Finding]:
+def run_preflight(job: LoadedJob, *, slurm_backend: bool, slurm: Slurm | None = None) -> list[Finding]:
     """Ask Slurm once (for a Slurm submission) and return the findings."""
     partitions = None
     extra: list[Finding] = []
     if slurm_backend:
         extra += check_output_dir(job.spec)
-        from hpctrain.contract import slurm
+        from hpctrain.contract.slurm import Slurm
 
         try:
-            partitions = slurm.partitions()
+            partitions = (slurm or Slurm()).partitions()
         except ClusterError as exc:
             extra.append(Finding("warning", "resources.partition", f"could not check partitions: {exc.message}"))
     return preflight(job, partitions) + extra

@@ -23,13 +23,12 @@ import shlex
 import socket
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hpctrain.contract.runfiles import RunFileError, load_json, read_bounded
-from hpctrain.contract.slurm import cancel_job, is_final, job_state, sbatch_wrap_command, submit_wrapped
+from hpctrain.contract.slurm import Slurm, WaitTimedOut, sbatch_wrap_command
 from hpctrain.diagnose.filesystems import measure_file_rate
 from hpctrain.diagnose.findings import Finding
 
@@ -67,10 +66,8 @@ def probe_command(python: str, data_root: str | None, output_dir: str, measure: 
 def sbatch_args(
     *, partition: str | None, gres: str | None, account: str | None, qos: str | None, output: Path, wrap: str
 ) -> list[str]:
-    return sbatch_wrap_command(
-        job_name="hpctrain-probe", wrap=wrap, output=output, time_min=2,
-        partition=partition, gres=gres, account=account, qos=qos,
-    )  # fmt: skip
+    options = (("partition", partition), ("gres", gres), ("account", account), ("qos", qos))
+    return sbatch_wrap_command(job_name="hpctrain-probe", wrap=wrap, output=output, time_min=2, options=options)
 
 
 def run_probe(
@@ -83,23 +80,22 @@ def run_probe(
     qos: str | None = None,
     timeout_s: float = 300.0,
     measure: Measure | None = None,
+    slurm: Slurm | None = None,
 ) -> dict[str, Any]:
     """Submit the probe, wait for it, and return what it reported (or why it could not)."""
+    slurm = slurm or Slurm()
     folder = Path(os.path.expanduser(output_dir)) / PROBE_DIR
     folder.mkdir(parents=True, exist_ok=True)
     output = folder / "probe-%j.out"
     wrap = probe_command(sys.executable, data_root, str(Path(os.path.expanduser(output_dir)).resolve()), measure)
-    job_id = submit_wrapped(
+    job_id = slurm.submit_wrapped(
         sbatch_args(partition=partition, gres=gres, account=account, qos=qos, output=output, wrap=wrap)
     )
-    deadline = time.monotonic() + timeout_s
-    state = job_state(job_id)
-    while not is_final(state):
-        if time.monotonic() > deadline:
-            cancel_job(job_id)
-            return {"job_id": job_id, "state": state, "error": f"still {state} after {timeout_s:.0f} s; cancelled"}
-        time.sleep(2.0)
-        state = job_state(job_id)
+    try:
+        state = slurm.wait_for(job_id, timeout_s=timeout_s)
+    except WaitTimedOut as exc:
+        slurm.cancel_job(job_id)
+        return {"job_id": job_id, "state": exc.state, "error": f"still {exc.state} after {timeout_s:.0f} s; cancelled"}
     out_file = folder / f"probe-{job_id}.out"
     result: dict[str, Any] = {"job_id": job_id, "state": state}
     try:

@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.contract.node_records import BURN_IN_KEY, BurnIn, NodeScore, appended
-from hpctrain.contract.rundir import read_summary, write_summary
-from hpctrain.contract.slurm import SlurmCommandError, exclude_nodes, requeue_job
+from hpctrain.contract.slurm import Slurm, SlurmCommandError
+from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.healing import decide, probes, scores
 from hpctrain.jobspec.node_health import BURN_IN_EXIT, BURN_IN_VAR, STEP_ID_VAR
 from hpctrain.runtime import heartbeat
@@ -239,13 +239,14 @@ def decide_here(ctx: TaskContext, record: BurnIn) -> str:
         can_requeue=heal.can_requeue and env.under_slurm,
     )
     if decision.action == "requeue":
+        slurm = Slurm()
         try:
-            requeue_job(env.slurm_job_id)
+            slurm.requeue_job(env.slurm_job_id)
         except SlurmCommandError as exc:
             decision = decide.Decision("keep", nodes=tuple(record.nodes), why=f"the requeue failed: {exc}")
         else:
             try:  # Slurm takes ExcNodeList only from a pending job: after the requeue (healing/record.py)
-                exclude_nodes(env.slurm_job_id, decision.excluded)
+                slurm.exclude_nodes(env.slurm_job_id, decision.excluded)
             except SlurmCommandError as exc:
                 log.warning("could not keep %s out of the next start: %s", ",".join(decision.excluded), exc)
     record.action = decision.action

@@ -32,8 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from hpctrain.contract.srun_report import TaskFailure
 from hpctrain.jobspec.batch import BatchLayout, micro_batch_problem
-from hpctrain.runtime.failures import TaskFailure
 
 if TYPE_CHECKING:
     from hpctrain.jobspec.models import JobSpec

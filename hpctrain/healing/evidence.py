@@ -15,10 +15,11 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from hpctrain.contract.heartbeat_files import read_heartbeats
-from hpctrain.contract.rundir import hang_claim_path, read_summary
-from hpctrain.contract.slurm import SlurmCommandError, run_slurm, show_job, slurmd_port
+from hpctrain.contract.rundir import hang_claim_path
+from hpctrain.contract.slurm import Slurm, SlurmCommandError
+from hpctrain.contract.srun_report import task_failures
+from hpctrain.contract.summary import read_summary
 from hpctrain.healing.decide import HungRank
-from hpctrain.runtime.failures import task_failures
 
 PROBE_TIMEOUT_S = 3.0
 SILENT_BEATS = 3  # heartbeat intervals without a beat before a node is a suspect
@@ -55,9 +56,9 @@ def hung_rank(run_dir: Path, job_id: str) -> HungRank | None:
     summary = read_summary(run_dir)
     if summary is None or summary.hung_rank is None or summary.hung_node is None:
         return None
-    if summary.model_extra.get("hang_job_id") != job_id:
+    if summary.hang_job_id != job_id:
         return None
-    step = summary.model_extra.get("hung_step")
+    step = summary.hung_step
     return HungRank(
         summary.hung_rank,
         summary.hung_node,
@@ -70,7 +71,8 @@ def hung_rank(run_dir: Path, job_id: str) -> HungRank | None:
 class NodeProbe:
     """Asks Slurm and the nodes' slurmd whether nodes and the job are still there."""
 
-    def __init__(self) -> None:
+    def __init__(self, slurm: Slurm | None = None) -> None:
+        self.slurm = slurm or Slurm()
         self._slurmd_port: int | None = None
 
     def lost_reason(self, node: str) -> str | None:
@@ -87,20 +89,19 @@ class NodeProbe:
 
     def slurmd_port(self) -> int:
         if self._slurmd_port is None:
-            self._slurmd_port = slurmd_port()
+            self._slurmd_port = self.slurm.slurmd_port()
         return self._slurmd_port
 
     def node_states(self, nodes: Sequence[str]) -> dict[str, str]:
         """``sinfo``'s state of each of ``nodes`` (none when Slurm does not answer)."""
         try:
-            out = run_slurm(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T"])
+            return self.slurm.node_states(nodes)
         except SlurmCommandError:
             return {}
-        return dict(line.split(None, 1) for line in out.splitlines() if len(line.split()) == 2)
 
     def job_running(self, job_id: str) -> bool:
         """Whether Slurm still runs the job (True when it cannot tell: carry on as if it does)."""
         try:
-            return show_job(job_id).get("JobState") == "RUNNING"
+            return self.slurm.show_job(job_id).get("JobState") == "RUNNING"
         except SlurmCommandError:
             return True

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract.rundir import submitit_dir
+from hpctrain.contract.rundir import guardian_log_path
 from hpctrain.healing import decide
 from hpctrain.healing.evidence import NodeProbe, last_step
 from hpctrain.healing.record import HealRecord, load_spec
@@ -50,7 +50,7 @@ Say = Callable[[str], None]
 
 def log_path(run_dir: Path, job_id: str) -> Path:
     """The guardian's log, beside the job's other logs (every start of the job appends to it)."""
-    return submitit_dir(run_dir) / f"{job_id}_guardian_log.err"
+    return guardian_log_path(run_dir, job_id)
 
 
 def log_writer(path: Path) -> Say:

@@ -39,13 +39,12 @@ from hpctrain.contract.node_records import (
 from hpctrain.contract.rundir import (
     latest_checkpoint_step,
     read_run_info,
-    read_summary,
     spec_path,
     supervisor_record_path,
-    write_summary,
 )
 from hpctrain.contract.runfiles import RunFileError, check_inside, printable, read_json
-from hpctrain.contract.slurm import SlurmCommandError, requeue_job, run_slurm
+from hpctrain.contract.slurm import Slurm, SlurmCommandError
+from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.errors import RunDirError
 from hpctrain.healing import decide
 from hpctrain.jobspec.models import JobSpec
@@ -209,7 +208,7 @@ class HealRecord:
             self.fail(f"{why}; no requeue left (signals.max_requeues)")
             return 1
         try:
-            requeue_job(self.job_id)
+            Slurm().requeue_job(self.job_id)
         except SlurmCommandError as exc:
             self.say(f"could not requeue: {exc}")
             self.fail(f"{why}; requeue failed: {exc}")
@@ -223,8 +222,7 @@ class HealRecord:
         process (``exec``), so the requeue's SIGTERM leaves it KillWait to say it."""
         if not self.excluded:
             return
-        update = ["scontrol", "update", f"JobId={self.job_id}", f"ExcNodeList={','.join(self.excluded)}"]
         try:
-            run_slurm(update)
+            Slurm().exclude_nodes(self.job_id, self.excluded)
         except SlurmCommandError as exc:
             self.say(f"could not keep {','.join(self.excluded)} out of the next start: {exc}")

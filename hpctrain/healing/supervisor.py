@@ -48,15 +48,16 @@ from typing import Any
 
 from hpctrain.contract.heartbeat_files import read_heartbeats
 from hpctrain.contract.node_records import BURN_IN_KEY, EVICTIONS_KEY, BurnIn, Eviction, appended, records
-from hpctrain.contract.rundir import hang_claim_path, read_summary, write_summary
-from hpctrain.contract.slurm import SlurmCommandError, disable_requeue, run_slurm
+from hpctrain.contract.rundir import hang_claim_path
+from hpctrain.contract.slurm import Slurm, SlurmCommandError
+from hpctrain.contract.srun_report import first_task_failure, task_failures
+from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.healing import decide, eviction, evidence, guardian
 from hpctrain.healing.record import RECORD_EVERY_S, HealRecord, load_spec
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.node_health import BURN_IN_VAR, STEP_ID_VAR
 from hpctrain.jobspec.node_loss import STEP_NODES_VAR
 from hpctrain.runtime import stop_signals
-from hpctrain.runtime.failures import first_task_failure, task_failures
 from hpctrain.runtime.master import derive_master_port
 from hpctrain.runtime.requeue import completed_by
 from hpctrain.runtime.task_env import parse_hostlist
@@ -130,7 +131,7 @@ class Supervisor:
         if done is not None:
             say(f"this job completed the run already (step {done.global_step}); Slurm started it again: ending")
             try:
-                disable_requeue(self.job_id)  # as its rank 0 did when it completed (runtime/requeue.py)
+                Slurm().disable_requeue(self.job_id)  # as its rank 0 did when it completed (runtime/requeue.py)
             except SlurmCommandError as exc:
                 say(f"could not keep Slurm from starting it again: {exc}")
             return 0
@@ -366,15 +367,15 @@ class Supervisor:
 
     def end_step(self, step: RunningStep) -> None:
         """Kill the step's tasks on the nodes that still answer, then the srun client waiting for the lost one."""
+        slurm = Slurm()
         try:
-            listed = run_slurm(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i %j"]).splitlines()
+            listed = slurm.job_steps(self.job_id)
         except SlurmCommandError:
             listed = []
-        for line in listed:
-            step_id, _, name = line.partition(" ")
-            if step_id.rpartition(".")[2].isdigit() and name.strip() != guardian.STEP_NAME:
+        for step_id, name in listed:
+            if step_id.rpartition(".")[2].isdigit() and name != guardian.STEP_NAME:
                 try:
-                    run_slurm(["scancel", "--signal=KILL", step_id])
+                    slurm.kill_step(step_id)
                 except SlurmCommandError:
                     pass
         try:

@@ -17,19 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from hpctrain.errors import SpecError, SpecProblem
-from hpctrain.jobspec.archs import ARCH_PARAMS_M, unknown_arch_message
-from hpctrain.jobspec.horovod import horovod_refusal
-from hpctrain.jobspec.layer_split import check_layer_split
-from hpctrain.jobspec.models import APEX_LEVELS, JobSpec
-from hpctrain.jobspec.node_health import node_health_problems
-from hpctrain.jobspec.node_loss import node_loss_problems
+from hpctrain.errors import SpecError, SpecProblem, UsageError
+from hpctrain.jobspec.cross_checks import check_resolved
+from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.problems import position_of, problems_from_validation
 from hpctrain.jobspec.profiles import ClusterProfile, apply_profile, available_profiles, config_dir, load_profile
-from hpctrain.jobspec.slurm_time import parse_time_limit
-from hpctrain.jobspec.strategy_traits import traits
 from hpctrain.jobspec.study_axes import StudyPoint, check_axes, combinations, point_label
 from hpctrain.jobspec.yaml_source import _SpecLoader, read_spec_file
 
@@ -116,6 +110,62 @@ def load_job(
         raise SpecError(str(source), problems, hint="fix the keys above; 'hpctrain schema' lists every key")
     assert job is not None
     return dataclasses.replace(job, points=points)
+
+
+def revalidated(job: object) -> LoadedJob:
+    """``job`` as ``load_job`` returned it, checked again before it is used: every spec of it (its sweep's
+    trials, its study's points) must still pass the model's checks and the cross-field checks.
+
+    A ``LoadedJob`` is a plain object a Python user may change after ``load_job`` -- a dict edited in place
+    (``job.spec.env["X"] = ...``), ``model_copy(update=...)``, another object put in its place -- and none of
+    that is validated when it happens. ``SpecError`` lists every problem; anything that is not a
+    ``LoadedJob`` is a ``UsageError``.
+    """
+    if not isinstance(job, LoadedJob):
+        raise UsageError(
+            f"expected a job from hpctrain.load_job(...), got {type(job).__name__}",
+            hint="hpctrain.submit(hpctrain.load_job('jobs/x.yaml')) or hpctrain.submit('jobs/x.yaml')",
+        )
+    problems: list[SpecProblem] = []
+    if not isinstance(job.profile, ClusterProfile):
+        problems.append(SpecProblem("cluster", f"the job's profile is a {type(job.profile).__name__}"))
+    else:
+        _recheck(job.profile, ClusterProfile, "cluster profile", problems)
+    named = [
+        ("", job.spec),
+        *((f"sweep trial {i}", trial) for i, trial in enumerate(job.trials) if trial is not job.spec),
+    ]
+    for point in job.points:
+        named += [
+            (f"study point {point.label}", spec)
+            for spec in {id(s): s for s in (point.job.spec, *point.job.trials)}.values()
+        ]
+    for where, spec in named:
+        checked = _recheck(spec, JobSpec, where, problems)
+        if checked is not None and isinstance(job.profile, ClusterProfile):
+            problems += [_where(problem, where) for problem in check_resolved(checked, job.profile)]
+    if problems:
+        unique = list(dict.fromkeys(problems))
+        raise SpecError(
+            str(job.source), unique, hint="the job was changed after load_job; load the spec again, or fix it"
+        )
+    return job
+
+
+def _recheck(value: object, model: type[BaseModel], where: str, problems: list[SpecProblem]) -> Any:
+    """``value`` validated afresh as ``model`` (from its own fields), or None with the problems added."""
+    if not isinstance(value, model):
+        problems.append(SpecProblem("", f"{where or 'the spec'} is a {type(value).__name__}, not a {model.__name__}"))
+        return None
+    try:
+        return model.model_validate(value.model_dump())
+    except ValidationError as exc:
+        problems += [_where(problem, where) for problem in problems_from_validation(exc, {}, model)]
+        return None
+
+
+def _where(problem: SpecProblem, where: str) -> SpecProblem:
+    return problem if not where else SpecProblem(problem.key, f"{problem.message} ({where})")
 
 
 def _resolve(
@@ -225,213 +275,6 @@ def _positioned(problem: SpecProblem, positions: dict[str, tuple[int, int]]) -> 
     return SpecProblem(problem.key, problem.message, *position_of(problem.key, positions))
 
 
-def check_resolved(spec: JobSpec, profile: ClusterProfile) -> list[SpecProblem]:
-    """Cross-field checks that need the profile applied. Pure: spec in, problems out."""
-    problems: list[SpecProblem] = []
-    res, trainer = spec.resources, spec.trainer
-    gpus = res.gpus_per_node or 0
-    if profile.max_gpus_per_node is not None and gpus > profile.max_gpus_per_node:
-        problems.append(
-            SpecProblem(
-                "resources.gpus_per_node",
-                (
-                    f"{gpus} GPUs per node, but '{profile.name}' nodes have {profile.max_gpus_per_node}; "
-                    f"use at most {profile.max_gpus_per_node} and add nodes instead"
-                ),
-            )
-        )
-    if profile.max_time is not None and res.time_s > parse_time_limit(profile.max_time):
-        problems.append(
-            SpecProblem(
-                "resources.time",
-                (
-                    f"{res.time} exceeds the '{profile.name}' limit of {profile.max_time}; "
-                    "Slurm would reject the job (resume handles longer runs: see docs/preemption.md)"
-                ),
-            )
-        )
-    if spec.signals.signal_delay_s >= res.time_s:
-        problems.append(
-            SpecProblem(
-                "signals.signal_delay_s",
-                (f"{spec.signals.signal_delay_s} s warning is not shorter than the time limit {res.time}"),
-            )
-        )
-    problems += node_loss_problems(spec)
-    problems += node_health_problems(spec)
-    if spec.entrypoint is None:
-        problems += _check_trainer(spec, gpus)
-        if spec.data.root is None:
-            problems.append(
-                SpecProblem(
-                    "data.root",
-                    (
-                        f"required: cluster profile '{profile.name}' has no default data root; "
-                        "point it at an ImageFolder (make a small one with 'hpctrain make-dataset DIR')"
-                    ),
-                )
-            )
-    if spec.data.val_resize < spec.data.image_size:
-        problems.append(
-            SpecProblem(
-                "data.val_resize",
-                (
-                    f"{spec.data.val_resize} is smaller than data.image_size {spec.data.image_size}: validation "
-                    f"crops would not fit; set it to at least {spec.data.image_size} (the reference uses 256 for 224, "
-                    f"i.e. {round(spec.data.image_size * 256 / 224)})"
-                ),
-            )
-        )
-    per_gpu = traits(trainer.strategy)
-    per_gpu_fixed = per_gpu.tasks_per_node == "per-gpu" and per_gpu.tasks_per_node_fixed
-    if gpus and per_gpu_fixed and spec.entrypoint is None and res.tasks_per_node not in (None, gpus):
-        problems.append(
-            SpecProblem(
-                "resources.tasks_per_node",
-                (f"{trainer.strategy} runs one task per GPU: set it to gpus_per_node ({gpus}) or remove it"),
-            )
-        )
-    if spec.data.root is not None:
-        data_root = Path(spec.data.root).expanduser().resolve()
-        output = Path(spec.output_dir).expanduser().resolve()
-        if output == data_root or data_root in output.parents:
-            problems.append(
-                SpecProblem(
-                    "output_dir",
-                    (
-                        f"{spec.output_dir} is inside data.root {spec.data.root}; the dataset is shared and "
-                        "read-only to us: write runs elsewhere, e.g. ~/hpctrain-runs"
-                    ),
-                )
-            )
-    return problems
-
-
-def _check_trainer(spec: JobSpec, gpus: int) -> list[SpecProblem]:
-    problems = []
-    trainer, nodes = spec.trainer, spec.resources.nodes
-    if trainer.arch not in ARCH_PARAMS_M:
-        problems.append(SpecProblem("trainer.arch", unknown_arch_message(trainer.arch)))
-    if trainer.desired_acc is not None and trainer.desired_acc <= 1:
-        percent = f"{trainer.desired_acc * 100:g}"
-        problems.append(
-            SpecProblem(
-                "trainer.desired_acc",
-                (
-                    f"is a percentage, and {trainer.desired_acc:g} % would stop after the first validation; "
-                    f"for a top-1 of {percent} % write desired_acc: {percent}"
-                ),
-            )
-        )
-    found = traits(trainer.strategy)
-    if found.tasks_per_node == "one" and found.tasks_per_node_fixed and spec.tasks_per_node != 1:
-        problems.append(
-            SpecProblem(
-                "resources.tasks_per_node",
-                (
-                    f"{trainer.strategy} runs one task per node that drives all its GPUs, not {spec.tasks_per_node}; "
-                    "remove tasks_per_node, or use strategy: ddp for one task per GPU"
-                ),
-            )
-        )
-    if found.refused:
-        problems.append(SpecProblem("trainer.strategy", f"'{trainer.strategy}': {horovod_refusal()}"))
-    if trainer.dp_parallel_loss and not found.parallel_loss:
-        problems.append(
-            SpecProblem(
-                "trainer.dp_parallel_loss",
-                (
-                    f"computes the loss per GPU inside DataParallel, which strategy '{trainer.strategy}' does not "
-                    "use; set trainer.strategy: dp, or remove dp_parallel_loss"
-                ),
-            )
-        )
-    if found.one_process and spec.world_size > 1:
-        problems.append(
-            SpecProblem(
-                "trainer.strategy",
-                (
-                    f"'{trainer.strategy}' runs one process, but the resources give {spec.world_size} tasks; "
-                    "use 'ddp', or nodes: 1 with one task"
-                ),
-            )
-        )
-    if spec.launcher == "torchrun" and not found.torchrun:
-        problems.append(
-            SpecProblem(
-                "launcher",
-                (
-                    f"strategy {trainer.strategy} runs one process per node, which srun starts directly; "
-                    "torchrun is for several processes per node: use launcher: srun, or strategy: ddp"
-                ),
-            )
-        )
-    named = f"'{trainer.strategy}'"
-    if found.cpu_only and gpus:
-        problems.append(SpecProblem("trainer.strategy", f"{named} {found.cpu_only}; set resources.gpus_per_node: 0"))
-    if found.one_node and nodes > 1:
-        problems.append(SpecProblem("trainer.strategy", f"{named} shares memory on one node; use nodes: 1"))
-    if trainer.strategy == "ps":
-        problems.extend(_check_ps(spec, gpus))
-    if not gpus and spec.data.decode in ("gpu", "dali"):
-        problems.append(
-            SpecProblem(
-                "data.decode",
-                (
-                    f"'{spec.data.decode}' decodes on the GPU but this job has none (resources.gpus_per_node: 0); "
-                    "use 'cpu' or 'auto', or ask for GPUs"
-                ),
-            )
-        )
-    if trainer.compile and (not found.compiles or trainer.precision in APEX_LEVELS):
-        what = f"strategy {trainer.strategy}" if not found.compiles else "Apex precision"
-        problems.append(
-            SpecProblem(
-                "trainer.compile",
-                (
-                    f"torch.compile does not work with {what} (hogwild forks workers, dp replicates the model, "
-                    "Apex patches it); set trainer.compile: false, or use ddp/single with fp32, bf16 or fp16"
-                ),
-            )
-        )
-    problems += check_layer_split(spec)
-    if not gpus and (trainer.precision == "fp16" or trainer.precision in APEX_LEVELS):
-        problems.append(
-            SpecProblem(
-                "trainer.precision",
-                (f"{trainer.precision} needs CUDA GPUs but this job has none; use bf16 (or fp32) on CPU"),
-            )
-        )
-    return problems
-
-
-def _check_ps(spec: JobSpec, gpus: int) -> list[SpecProblem]:
-    """A parameter-server job needs a worker besides its servers; it runs on CPU in fp32 or bf16."""
-    problems = []
-    servers, world = spec.trainer.ps.servers, spec.world_size
-    if world <= servers:
-        problems.append(
-            SpecProblem(
-                "trainer.ps.servers",
-                (
-                    f"{servers} server(s) but the job has {world} task(s), so no task is left to be a worker; "
-                    f"give it at least {servers + 1} tasks (resources.nodes x resources.tasks_per_node) "
-                    "or fewer servers"
-                ),
-            )
-        )
-    if spec.trainer.precision == "fp16" or spec.trainer.precision in APEX_LEVELS:
-        problems.append(SpecProblem("trainer.precision", "'ps' trains in fp32 or bf16 (the servers apply plain SGD)"))
-    if spec.trainer.ps.mode == "sync" and spec.trainer.ps.max_staleness is not None:
-        problems.append(
-            SpecProblem(
-                "trainer.ps.max_staleness",
-                "only applies to trainer.ps.mode: async (sync workers always push fresh gradients); remove it",
-            )
-        )
-    return problems
-
-
 def sweep_size(sweep: Mapping[str, list[Any]]) -> int:
     return math.prod(len(values) for values in sweep.values())
 
@@ -441,9 +284,9 @@ def _sweep_fits(spec: JobSpec, profile: ClusterProfile, positions: dict, problem
     count = sweep_size(spec.sweep)
     if count <= 1:
         return True
-    from hpctrain.contract import slurm  # only sweeps need it (and only sweeps on Slurm ask the cluster)
+    from hpctrain.contract.slurm import DEFAULT_MAX_ARRAY_SIZE, Slurm  # only sweeps need it (and only on Slurm ask)
 
-    limit = slurm.max_array_size() if profile.scheduler == "slurm" else slurm.DEFAULT_MAX_ARRAY_SIZE
+    limit = Slurm().max_array_size() if profile.scheduler == "slurm" else DEFAULT_MAX_ARRAY_SIZE
     if count <= limit:
         return True
     sizes = " x ".join(str(len(values)) for values in spec.sweep.values())

@@ -29,7 +29,6 @@ STUDY_KEYS: tuple[str, ...] = (
     "resources.tasks_per_node",
     "resources.cpus_per_task",
 )
-MAX_POINTS = 256  # one Slurm job each; more is a typo or a job for a sweep
 
 
 @dataclass(frozen=True)
@@ -46,6 +45,8 @@ def check_axes(axes: object) -> list[SpecProblem]:
     the number of values (a list longer than the point cap is refused before it is looked into)."""
     if not isinstance(axes, Mapping):
         return []  # the model reports the wrong type
+    from hpctrain.contract.study_file import MAX_POINTS  # here: a spec without a study need not load it
+
     problems = []
     for key, values in axes.items():
         message = _axis_problem(key, values)
@@ -71,6 +72,8 @@ def _axis_problem(key: object, values: object) -> str | None:
         return f"must be a list of values such as [1, 2, 4], not {shown_value(values)}{one}"
     if not values:
         return "needs at least one value, e.g. [1, 2, 4]"
+    from hpctrain.contract.study_file import MAX_POINTS
+
     if len(values) > MAX_POINTS:
         return f"{len(values):,} values, but a study submits at most {MAX_POINTS} jobs (one per point); use fewer"
     bad = [v for v in values if type(v) is not int]  # bool is an int subclass; true is not a size

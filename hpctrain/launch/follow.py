@@ -17,9 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from hpctrain.contract.rundir import Summary, read_summary, run_home
+from hpctrain.contract.rundir import run_home
 from hpctrain.contract.runfiles import copy_out
-from hpctrain.contract.slurm_states import succeeded
+from hpctrain.contract.slurm import Slurm
+from hpctrain.contract.summary import Summary, read_summary
 from hpctrain.errors import ClusterError
 from hpctrain.launch.submission import SubmittedRun
 
@@ -58,19 +59,14 @@ def follow_local(submitted: SubmittedRun, stream: TextIO) -> int:
         print(f"\n{exc.name}: stopping the run's processes (up to {LOCAL_STOP_TIMEOUT_S:.0f} s)", file=sys.stderr)
         with _terminations_ignored():  # a second SIGTERM must not cut the stop short
             stop_local(submitted, LOCAL_STOP_TIMEOUT_S)
-        print(
-            f"stopped; the run directory {submitted.run_dir} keeps its last checkpoint "
-            f"('hpctrain resume {submitted.run_dir} --local' continues it)",
-            file=sys.stderr,
-        )
-        return 128 + exc.signum
+        return 128 + exc.signum  # the caller says what became of the run (launch/submit.py: RunStopped)
     failures = [j for j in submitted.jobs if j.exception() is not None]
     summary = read_summary(submitted.trial_dirs[0]) or Summary()
     if failures:
         error = str(failures[0].exception()).strip().splitlines()
         tail = "\n".join(error[-8:])
         raise ClusterError(f"local job failed:\n{tail}", hint=f"full logs: hpctrain logs {submitted.run_dir} --err")
-    status = summary.status or "completed"
+    status = local_status(submitted)
     line = f"finished: status {status}"
     for key in ("epochs_completed", "val_top1", "val_top5", "wall_s"):
         value = getattr(summary, key)
@@ -81,11 +77,16 @@ def follow_local(submitted: SubmittedRun, stream: TextIO) -> int:
     return 0 if status in ("completed", "running") else 1
 
 
+def local_status(submitted: SubmittedRun) -> str:
+    """How a local run that was followed to its end ended: its summary's status."""
+    return (read_summary(submitted.trial_dirs[0]) or Summary()).status or "completed"
+
+
 def stop_local(submitted: SubmittedRun, timeout_s: float) -> None:
     """Cancel a local submission from inside: cancel markers first (the tasks then save and stop rather
     than take the SIGTERM for a preemption), then every controller and whatever carries its run token."""
-    from hpctrain.runtime import local_run
-    from hpctrain.runtime.stop import write_cancel_marker
+    from hpctrain.contract.cancel_marker import write_cancel_marker
+    from hpctrain.launch import local_run
 
     records = [r for j in submitted.jobs if (r := getattr(j, "local_process", None)) is not None]
     for one_dir, one in zip(submitted.trial_dirs, submitted.jobs):
@@ -93,36 +94,15 @@ def stop_local(submitted: SubmittedRun, timeout_s: float) -> None:
     local_run.stop(records, timeout_s)
 
 
-def wait_for_job(submitted: SubmittedRun) -> str:
+def wait_for_job(submitted: SubmittedRun, slurm: Slurm | None = None) -> str:
     """Block until Slurm says the job ended; its final state."""
-    from hpctrain.contract.slurm import wait_until_done
-
-    return wait_until_done(submitted.job_id)
-
-
-def wait_slurm(submitted: SubmittedRun, *, quiet: bool) -> int:
-    """Wait for a Slurm job and say how it ended; 0 when it completed, else 1 (with where its logs are).
-
-    A run that completed counts as such whatever Slurm's word: a job preempted in its last seconds
-    ends PREEMPTED on Slurm 24.05+ (hpctrain keeps it from starting again, docs/preemption.md).
-    """
-    state = wait_for_job(submitted)
-    if not quiet:
-        print(f"job {submitted.job_id} ended: {state}")
-    if not succeeded(state) and run_completed(submitted):
-        if not quiet:
-            print(f"the run completed; Slurm ended the job {state} (a preemption reached it in its last seconds)")
-        return 0
-    if not succeeded(state):
-        print(
-            f"error: job {submitted.job_id} ended {state}; see hpctrain logs {submitted.run_dir} --err", file=sys.stderr
-        )
-        return 1
-    return 0
+    return (slurm or Slurm()).wait_for(submitted.job_id)
 
 
 def run_completed(submitted: SubmittedRun) -> bool:
-    """Whether every trial's summary.json says the run completed."""
+    """Whether every trial's summary.json says the run completed: a run that did counts as such whatever
+    Slurm called the job's end (Slurm 24.05+: PREEMPTED when a preemption reached it in its last seconds;
+    hpctrain keeps it from starting again, docs/preemption.md)."""
     summaries = [read_summary(one) for one in submitted.trial_dirs]
     return bool(summaries) and all(summary is not None and summary.status == "completed" for summary in summaries)
 

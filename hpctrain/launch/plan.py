@@ -1,36 +1,118 @@
-"""What a submission is told before it happens and after: the checks before the queue, warnings
-about the spec, and where to follow a submitted run (the dry run itself: ``dry_run.py``).
+"""What a submission is told before it happens and after: the validate verb's sequence, the checks
+before the queue, warnings about the spec, and where to follow a submitted run (the dry run itself:
+``dry_run.py``).
 
 Both the CLI and the Python API take their text from here. Torch-free, and
-light: ``hpctrain validate`` prints its warnings from here.
+light: ``hpctrain validate`` runs from here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain.jobspec.lead_time import lead_time_warning
 
-if TYPE_CHECKING:  # the rest is imported where used: 'hpctrain validate' prints warnings from here, and stays light
+if TYPE_CHECKING:  # the rest is imported where used: 'hpctrain validate' runs from here, and stays light
+    from hpctrain.contract.slurm import Slurm
+    from hpctrain.diagnose.findings import Finding
     from hpctrain.jobspec.load import LoadedJob
     from hpctrain.launch.code_snapshot import Snapshot
-    from hpctrain.launch.submission import SubmittedRun
 
 
-def check_before_queueing(job: LoadedJob, *, local: bool) -> list[str]:
+@dataclass(frozen=True)
+class Validation:
+    """A spec that passed: the job, its one-line ``summary``, one line per study point (``points``),
+    and the ``warnings`` (allowed, but likely to hurt)."""
+
+    job: LoadedJob
+    summary: str
+    points: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+
+def validate(path: str | Path, overrides: Sequence[str] = (), *, cluster: str | None = None) -> Validation:
+    """The validate verb's one sequence (``hpctrain validate``, ``hpctrain.load_job``): read and check the
+    spec, read (never mount) a packed image named by data.root, and read (never import) an entry point's
+    source. ``SpecError`` lists every problem."""
+    from hpctrain.errors import SpecError, SpecProblem
+    from hpctrain.jobspec.load import load_job
+
+    job = load_job(path, overrides, cluster=cluster)
+    findings = file_findings(job)
+    errors = [f for f in findings if f.level == "error"]
+    if errors:
+        raise SpecError(str(job.source), [SpecProblem(f.key, f.message) for f in errors])
+    points: tuple[str, ...] = ()
+    if job.is_study:
+        from hpctrain.launch.study import describe_point
+
+        points = tuple(f"{point.label}: {describe_point(point)}" for point in job.points)
+    warnings = spec_warnings(job) + [f"{job.source}: {f.key}: {f.message}" for f in findings]
+    return Validation(job, describe(job), points, tuple(warnings))
+
+
+def describe(job: LoadedJob) -> str:
+    """One line: where, how big, how much per step."""
+    from hpctrain.jobspec.node_loss import node_count_text
+
+    spec = job.spec
+    gpus = spec.resources.gpus_per_node or 0
+    per_node = f"{gpus} GPUs" if gpus else f"{spec.tasks_per_node} CPU task{'s' if spec.tasks_per_node > 1 else ''}"
+    what = spec.entrypoint or f"{spec.trainer.arch} {spec.trainer.strategy} {spec.trainer.precision}"
+    line = (
+        f"{spec.name} on {job.profile.name}: {node_count_text(spec.resources)} "
+        f"x {per_node}, world size {spec.world_size}, "
+    )
+    if spec.entrypoint is None:
+        layout = spec.batch_layout
+        line += f"global batch {layout.global_batch} ({layout.describe()}), "
+    line += f"{what}, time {spec.resources.time}"
+    if job.is_sweep:
+        line += f", sweep of {len(job.trials)} trials"
+    if job.is_study:
+        line += f"; study of {len(job.points)} points, one job each"
+    return line
+
+
+def file_findings(job: LoadedJob) -> list[Finding]:
+    """What the files behind the spec say, read on this machine and never run: a data.root that names an
+    image file (read, never mounted), and an entry point whose source cannot take ``ctx`` (read with
+    ``ast``, never imported). Either fails here, not in the job."""
+    images = [spec for spec in job.trials if spec.entrypoint is None and _names_file(spec.data.root)]
+    entrypoints = [spec for spec in job.trials if spec.entrypoint is not None]
+    if not images and not entrypoints:
+        return []  # nothing to read: the common case does not load the checks
+    from hpctrain.diagnose.preflight import check_data_root, check_entrypoint
+
+    findings: list[Finding] = []
+    for found in [*map(check_data_root, images), *map(check_entrypoint, entrypoints)]:
+        findings += [f for f in found if f not in findings]
+    return findings
+
+
+def _names_file(root: str | None) -> bool:
+    return bool(root) and Path(root).expanduser().is_file()
+
+
+def check_before_queueing(job: LoadedJob, *, local: bool, slurm: Slurm | None = None) -> list[str]:
     """Refuse (``SpecError``) what would certainly fail after the queue wait; the warnings about what might."""
-    from hpctrain.contract import slurm
+    from hpctrain.contract.slurm import Slurm
     from hpctrain.diagnose.preflight import raise_for_errors, run_preflight, study_findings
     from hpctrain.launch.submission import backend_for
 
     slurm_backend = backend_for(job, local) == "slurm"
+    slurm = slurm or Slurm()
     if slurm_backend and not slurm.available():
         return []  # submit() says that this machine cannot submit, which comes first
     if job.is_study:  # every point, each finding once, naming the points it concerns
-        findings = study_findings([(p.label, run_preflight(p.job, slurm_backend=slurm_backend)) for p in job.points])
+        findings = study_findings(
+            [(p.label, run_preflight(p.job, slurm_backend=slurm_backend, slurm=slurm)) for p in job.points]
+        )
     else:
-        findings = run_preflight(job, slurm_backend=slurm_backend)
+        findings = run_preflight(job, slurm_backend=slurm_backend, slurm=slurm)
     warnings = [f"{job.source}: {f.key}: {f.message}" for f in findings if f.level == "warning"]
     raise_for_errors(job, findings)
     return warnings
@@ -62,18 +144,3 @@ def code_line(code: Snapshot) -> str:
         return line
     shown = code.left_out[:3] + (["..."] if len(code.left_out) > 3 else [])
     return f"{line}; left out {code.left_out_count}: {'; '.join(shown)}"
-
-
-def submitted_lines(submitted: SubmittedRun, cluster: str) -> list[str]:
-    """Where a submitted run is, and (on Slurm) how to follow, inspect and cancel it."""
-    where = "Slurm" if submitted.backend == "slurm" else "this machine (local executor)"
-    lines = [f"submitted job {submitted.job_id} to {where}, cluster '{cluster}'", f"  run dir: {submitted.run_dir}"]
-    if submitted.code is not None:
-        lines.append(f"  code:    {code_line(submitted.code)}")
-    if submitted.backend == "slurm":
-        lines += [
-            f"  follow:  hpctrain logs {submitted.run_dir} --follow",
-            f"  status:  hpctrain status {submitted.run_dir}",
-            f"  cancel:  hpctrain cancel {submitted.run_dir}",
-        ]
-    return lines

@@ -14,15 +14,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
-from hpctrain.contract import slurm
 from hpctrain.contract.cancel_marker import write_cancel_marker
-from hpctrain.contract.rundir import Summary, latest_checkpoint_step, read_summary
-from hpctrain.contract.slurm import is_final, job_state
-from hpctrain.contract.slurm_states import is_pending
+from hpctrain.contract.rundir import latest_checkpoint_step
+from hpctrain.contract.slurm import Slurm, WaitTimedOut
+from hpctrain.contract.slurm_states import is_final, is_pending
+from hpctrain.contract.summary import Summary, read_summary
 from hpctrain.errors import ClusterError
 from hpctrain.jobspec.load import LoadedJob
-from hpctrain.launch.submission import submit
+from hpctrain.launch.submission import submit_run
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,10 @@ class Rehearsed:
     resumed_from_step: int | None
 
 
-def rehearse(job: LoadedJob, timeout_s: float, say: Callable[[str], None]) -> Rehearsed:
+T = TypeVar("T")
+
+
+def rehearse(job: LoadedJob, timeout_s: float, say: Callable[[str], None], *, slurm: Slurm | None = None) -> Rehearsed:
     """Submit ``job``, force one time-limit requeue after its first checkpoint, check that it resumed,
     then cancel it; ``say`` hears each step. ``ClusterError`` when a step fails or ``timeout_s`` runs out."""
     if job.profile.scheduler != "slurm" or job.is_sweep:
@@ -42,20 +46,21 @@ def rehearse(job: LoadedJob, timeout_s: float, say: Callable[[str], None]) -> Re
             "rehearse needs a single (non-sweep) job on a Slurm cluster profile",
             hint="use the spec you will submit for real",
         )
-    submitted = submit(job)
+    slurm = slurm or Slurm()
+    submitted = submit_run(job)
     job_id, run_dir = submitted.job_id, submitted.run_dir
     deadline = time.monotonic() + timeout_s
     say(f"rehearsal job {job_id}, run dir {run_dir}")
 
-    first = _wait_for(lambda: latest_checkpoint_step(run_dir), job_id, deadline, "a first checkpoint")
+    first = _wait_for(slurm, lambda state: latest_checkpoint_step(run_dir), job_id, deadline, "a first checkpoint")
     signal_name = job.spec.signals.timeout_signal
     say(f"1/3 checkpoint at step {first}; sending {signal_name} as Slurm does before the time limit")
     slurm.signal_job(job_id, signal_name)
     stopped_at: list[int | None] = [first]  # refined once the requeued job is seen pending
 
-    def restarted() -> Summary | None:
+    def restarted(state: str) -> Summary | None:
         summary = read_summary(run_dir) or Summary()
-        if is_pending(job_state(job_id)):  # requeued and held: its newest checkpoint is the stop checkpoint
+        if is_pending(state):  # requeued and held: its newest checkpoint is the stop checkpoint
             stopped_at[0] = latest_checkpoint_step(run_dir)
             try:
                 slurm.release_job(job_id)
@@ -64,7 +69,7 @@ def rehearse(job: LoadedJob, timeout_s: float, say: Callable[[str], None]) -> Re
         resumed = (summary.restarts or 0) >= 1 and summary.status in ("running", "completed")
         return summary if resumed else None
 
-    summary = _wait_for(restarted, job_id, deadline, "the requeued job to resume")
+    summary = _wait_for(slurm, restarted, job_id, deadline, "the requeued job to resume")
     say(
         f"2/3 stopped at step {stopped_at[0]}, requeued and resumed: restarts {summary.restarts}, "
         f"global step now {summary.global_step}"
@@ -77,16 +82,25 @@ def rehearse(job: LoadedJob, timeout_s: float, say: Callable[[str], None]) -> Re
     return Rehearsed(job_id, run_dir, stopped_at[0])
 
 
-def _wait_for(probe, job_id: str, deadline: float, what: str):
-    while time.monotonic() < deadline:
-        value = probe()
+def _wait_for(slurm: Slurm, probe: Callable[[str], T | None], job_id: str, deadline: float, what: str) -> T:
+    """``probe(state)``'s first answer that is not None, asked after each of Slurm's answers about the job;
+    a ``ClusterError`` when the job ends first, or at ``deadline``."""
+    found: list[T] = []
+
+    def seen(state: str) -> bool:
+        value = probe(state)
         if value is not None:
-            return value
-        state = job_state(job_id)
-        if is_final(state):
-            raise ClusterError(
-                f"rehearsal job {job_id} ended {state} before {what}",
-                hint=f"see its logs: hpctrain logs {job_id} --err",
-            )
-        time.sleep(2.0)
-    raise ClusterError(f"timed out waiting for {what}", hint="raise --timeout, or check 'hpctrain status'")
+            found.append(value)
+        return bool(found) or is_final(state)
+
+    try:
+        state = slurm.wait_for(job_id, until=seen, timeout_s=max(0.0, deadline - time.monotonic()))
+    except WaitTimedOut:
+        raise ClusterError(
+            f"timed out waiting for {what}", hint="raise --timeout, or check 'hpctrain status'"
+        ) from None
+    if not found:
+        raise ClusterError(
+            f"rehearsal job {job_id} ended {state} before {what}", hint=f"see its logs: hpctrain logs {job_id} --err"
+        )
+    return found[0]

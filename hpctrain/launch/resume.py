@@ -19,43 +19,34 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract import job_registry, slurm
+from hpctrain.contract import job_registry
+from hpctrain.contract.cancel_marker import clear_cancel_marker
 from hpctrain.contract.rundir import read_run_info, spec_path
 from hpctrain.contract.runfiles import check_inside, printable
-from hpctrain.contract.slurm import is_final, job_state
+from hpctrain.contract.slurm import Slurm
+from hpctrain.contract.study_file import read_study, study_dir_of
 from hpctrain.errors import UsageError
 from hpctrain.jobspec.batch import reshape_problem
 from hpctrain.jobspec.load import LoadedJob, load_job, parse_override
-from hpctrain.launch.study import read_study, study_dir_of
+from hpctrain.launch import plan
+from hpctrain.launch.cancel import run_activity
 from hpctrain.launch.submission import SubmittedRun, resubmit
-from hpctrain.runtime import local_run
-from hpctrain.runtime.stop import clear_cancel_marker
+from hpctrain.launch.submit import Steps, Submission, finish
 
 
-def refuse_while_writing(run_dir: Path, info: dict[str, Any]) -> None:
-    """Raise UsageError while the run's previous attempt may still write into ``run_dir``."""
-    job_id = str(info.get("job_id", ""))
-    if info.get("backend") == "local":
-        if local_run.liveness(info) != "gone":  # proven to run, or a live PID nothing proves is another's
-            raise UsageError(
-                f"the previous local attempt of this run (pid {job_id}) may still be running",
-                hint=f"wait for it, or stop it first with 'hpctrain cancel {run_dir}'",
-            )
-        return
-    if not job_id or not slurm.available():
-        return  # submitted from elsewhere; resubmitting needs Slurm, which will say so
-    state = job_state(job_id)
-    if not is_final(state):
-        raise UsageError(
-            f"job {job_id} of this run is still {state}",
-            hint=f"it resumes by itself; cancel it first with 'hpctrain cancel {run_dir}'",
-        )
-    if slurm.processes_may_run(job_id):
-        raise UsageError(
-            f"job {job_id} of this run ended ({state}), but its tasks are still stopping and may be writing "
-            "the stop checkpoint",
-            hint=f"try again in a few seconds ('hpctrain cancel {run_dir}' waits for this by itself)",
-        )
+def refuse_while_writing(run_dir: Path, info: dict[str, Any], *, slurm: Slurm | None = None) -> None:
+    """Raise UsageError while the run's previous attempt may still write into ``run_dir`` (the question
+    ``hpctrain cancel`` asks too: ``launch/cancel.py``'s :func:`~hpctrain.launch.cancel.run_activity`)."""
+    activity = run_activity(run_dir, info, slurm or Slurm())
+    if activity.state == "running" and info.get("backend") != "local":
+        hint = f"it resumes by itself; cancel it first with 'hpctrain cancel {run_dir}'"
+    elif activity.state in ("running", "stopping") and info.get("backend") == "local":
+        hint = f"wait for it, or stop it first with 'hpctrain cancel {run_dir}'"
+    elif activity.state == "stopping":
+        hint = f"try again in a few seconds ('hpctrain cancel {run_dir}' waits for this by itself)"
+    else:
+        return  # ended; or unknown: submitted from elsewhere, and resubmitting needs Slurm, which will say so
+    raise UsageError(activity.why, hint=hint)
 
 
 def reshaped(run_dir: Path, job: LoadedJob, overrides: list[str]) -> LoadedJob:
@@ -73,7 +64,7 @@ def reshaped(run_dir: Path, job: LoadedJob, overrides: list[str]) -> LoadedJob:
     return after
 
 
-def prepare(run: str | Path, overrides: Sequence[str] = ()) -> tuple[Path, LoadedJob]:
+def prepare(run: str | Path, overrides: Sequence[str] = (), *, slurm: Slurm | None = None) -> tuple[Path, LoadedJob]:
     """The run directory ``run`` names (a run directory or a job id) and the job to resume it with;
     ``UsageError`` for a study, a sweep, an attempt that may still be writing, or a reshape that breaks
     the global batch. Nothing is written."""
@@ -83,7 +74,7 @@ def prepare(run: str | Path, overrides: Sequence[str] = ()) -> tuple[Path, Loade
     info = read_run_info(run_dir)
     if info.get("trials"):
         raise UsageError(f"{run_dir} is a sweep", hint=f"resume one trial: hpctrain resume {run_dir}/trial-NNN")
-    refuse_while_writing(run_dir, info)
+    refuse_while_writing(run_dir, info, slurm=slurm)
     check_inside(spec_path(run_dir), run_dir)  # the run's own spec, not a file a symlink leads to
     job = load_job(spec_path(run_dir))
     if overrides:
@@ -95,6 +86,32 @@ def start(run_dir: Path, job: LoadedJob, *, local: bool = False) -> SubmittedRun
     """Submit the next attempt of a run that ``prepare`` accepted (its cancel marker cleared first)."""
     clear_cancel_marker(run_dir)
     return resubmit(run_dir, job, local=local)
+
+
+def resume(
+    run: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    local: bool = False,
+    wait: bool = False,
+    follow_local: bool = False,
+    steps: Steps | None = None,
+    slurm: Slurm | None = None,
+) -> Submission:
+    """The resume verb's one sequence (``hpctrain resume``, ``hpctrain.resume``): refuse what must not
+    resume, warn (with the save times measured in this run's checkpoints), submit the next attempt,
+    then follow or wait for it as ``submit`` does (``launch/submit.py``)."""
+    steps = steps or Steps()
+    run_dir, job = prepare(run, overrides, slurm=slurm)
+    warnings = plan.spec_warnings(job, run_dir)
+    steps.warned(warnings)
+    submitted = start(run_dir, job, local=local)
+    steps.warned(submitted.notes)  # the bad-node ledger's exclusions
+    one = Submission(submitted.run_dir, submitted.job_id, submitted.backend, warnings=(*warnings, *submitted.notes),
+                     cluster=job.profile.name, world_size=job.spec.world_size)  # fmt: skip
+    steps.submitted(one)
+    follow = wait or (follow_local and submitted.backend == "local")
+    return finish(one, submitted, wait=follow, steps=steps, slurm=slurm)
 
 
 def refuse_study(study_dir: Path) -> None:

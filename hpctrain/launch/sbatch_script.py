@@ -8,17 +8,19 @@ and the per-task logs ``FOLDER/%j_%t_log.out`` (``%A_%a`` for arrays).
 ``hpctrain.launch.submission``'s executor hands submitit this text, and
 ``submit --dry-run`` prints the same text without importing submitit, which
 would cost a login-node command about a fifth of its time (it imports asyncio).
-``tests/unit/test_sbatch_script.py`` checks the layout against submitit's
+``tests/unit/test_launch_sbatch_script.py`` checks the layout against submitit's
 renderer for every example job. Pure and torch-free.
 """
 
 from __future__ import annotations
 
 import shlex
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hpctrain.contract.process_tokens import HOLD_OPTION, REAPER_MODULE
 from hpctrain.contract.rundir import task_log_name
 
 SUBMITIT_ENTRY = "-u -m submitit.core._submit"
@@ -50,6 +52,18 @@ NOT_SBATCH = frozenset(
 def executor_folder(folder: str | Path) -> Path:
     """The folder as submitit's executor holds it (absolute, ``~`` expanded)."""
     return Path(folder).expanduser().absolute()
+
+
+def python_command(python: str = sys.executable, *, hold_stop_signals: bool = False) -> str:
+    """A shell command that runs ``python ARGS...`` with a fresh task token in its exec-time environment
+    (the reaper's exec wrapper, ``runtime/cleanup.py``).
+
+    Pass it as submitit's ``SlurmExecutor(python=...)``: submitit appends
+    ``-u -m submitit.core._submit FOLDER``. ``hold_stop_signals``: the task starts with
+    Slurm's stop signals held; only for a task that listens (``runtime/stop_signals.py``).
+    """
+    hold = [HOLD_OPTION] if hold_stop_signals else []
+    return " ".join(shlex.quote(part) for part in (python, "-m", REAPER_MODULE, "exec", *hold, python))
 
 
 def task_command(python: str, folder: str | Path) -> str:

@@ -9,9 +9,10 @@ LR). Here the points become a study directory::
         nodes-1/            an ordinary run directory (or a sweep's, with trial-NNN/ inside)
         nodes-2/ ...
 
-``study.json`` is written before the first point is submitted (job ids null)
-and rewritten atomically after each submission, so a submit that fails half
-way leaves a record of what did reach Slurm. Torch-free: login-node verbs use it.
+``study.json`` (its schema and reader: ``contract/study_file.py``) is written
+before the first point is submitted (job ids null) and rewritten atomically
+after each submission, so a submit that fails half way leaves a record of what
+did reach Slurm. Torch-free: login-node verbs use it.
 """
 
 from __future__ import annotations
@@ -22,16 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract.rundir import create_run_dir, is_study_dir, study_file, write_json_atomic
-from hpctrain.contract.runfiles import printable, read_json
-from hpctrain.errors import ClusterError, RunDirError, UsageError
+from hpctrain.contract.rundir import create_run_dir, study_file
+from hpctrain.contract.study_file import STUDY_KIND, STUDY_VERSION, point_dir, write_study
+from hpctrain.errors import ClusterError, UsageError
 from hpctrain.jobspec.batch import scaled_lr
 from hpctrain.jobspec.load import LoadedJob
 from hpctrain.jobspec.node_loss import node_count_text
-from hpctrain.jobspec.study_axes import MAX_POINTS, StudyPoint
-from hpctrain.launch.submission import SubmittedRun, render_script, submit
-
-STUDY_VERSION = 1
+from hpctrain.jobspec.study_axes import StudyPoint
+from hpctrain.launch.submission import SubmittedRun, render_script, submit_run
 
 
 @dataclass
@@ -68,7 +67,7 @@ def study_record(job: LoadedJob, study_dir: Path, now: datetime.datetime | None 
     """The whole ``study.json`` of a study about to be submitted. Pure."""
     created = (now or datetime.datetime.now(datetime.timezone.utc)).isoformat(timespec="seconds")
     return {
-        "kind": "study",
+        "kind": STUDY_KIND,
         "version": STUDY_VERSION,
         "name": job.spec.name,
         "study_id": study_dir.name,
@@ -77,88 +76,6 @@ def study_record(job: LoadedJob, study_dir: Path, now: datetime.datetime | None 
         "axes": {key: list(values) for key, values in job.spec.study.items()},
         "points": [point_record(point) for point in job.points],
     }
-
-
-def study_dir_of(run: str | Path | None) -> Path | None:
-    """The study directory ``run`` names, or None when it names something else (a run, a job id)."""
-    if not run:
-        return None
-    path = Path(run).expanduser()
-    return path.resolve() if is_study_dir(path) else None
-
-
-def submission_report(study: SubmittedStudy) -> dict[str, Any]:
-    """What ``submit --json`` prints for a study: its directory and each point's job."""
-    return {
-        "study_dir": str(study.study_dir),
-        "runs": [
-            {
-                "job_id": submitted.job_id,
-                "run_dir": str(submitted.run_dir),
-                "label": point.label,
-                "world_size": point.job.spec.world_size,
-            }
-            for point, submitted in study.runs
-        ],
-    }
-
-
-def write_study(study_dir: Path, record: dict[str, Any]) -> None:
-    write_json_atomic(study_file(study_dir), record)
-
-
-def read_study(study_dir: Path) -> dict[str, Any]:
-    """``study.json`` of ``study_dir``, checked enough to list its points; raises RunDirError.
-
-    The file is input like any other in a shared directory: at most
-    :data:`MAX_POINTS` points (what ``submit`` allows), and each point's
-    ``run_dir`` a folder inside the study directory, so ``status``, ``report``
-    and ``cancel`` of a study never reach ``../../etc`` or ``/``.
-    """
-    path = study_file(study_dir)
-    if not is_study_dir(study_dir):
-        raise RunDirError(
-            f"{study_dir}: not a study directory (no study.json)",
-            hint="pass OUTPUT_DIR/NAME/STUDY_ID as printed by 'hpctrain submit' of a spec with study:",
-        )
-    try:
-        record = read_json(path, within=study_dir)
-    except (OSError, ValueError) as exc:
-        raise RunDirError(f"{path}: unreadable ({exc})") from None
-    points = record.get("points") if isinstance(record, dict) else None
-    if not isinstance(record, dict) or record.get("kind") != "study" or not isinstance(points, list):
-        raise RunDirError(f"{path}: unreadable or not a study record")
-    if len(points) > MAX_POINTS:
-        raise RunDirError(
-            f"{path}: {len(points)} points, but a study has at most {MAX_POINTS}; not written by hpctrain",
-            hint="report, watch or cancel the points' run directories one by one",
-        )
-    for index, point in enumerate(points, 1):
-        if not isinstance(point, dict) or not isinstance(point.get("run_dir"), str):
-            raise RunDirError(f"{path}: point {index} has no run_dir")
-        if not _inside_study(study_dir, point["run_dir"]):
-            raise RunDirError(
-                f"{path}: point {index}'s run_dir {printable(point['run_dir'])!r} is not a folder inside the study "
-                "directory; not followed",
-                hint="each point's run_dir is its label, a folder of the study directory: fix or remove study.json",
-            )
-    return record
-
-
-def _inside_study(study_dir: Path, run_dir: str) -> bool:
-    """Whether ``run_dir`` names a folder below ``study_dir`` (relative, no '..', and not out through a link)."""
-    relative = Path(run_dir)
-    if not run_dir or relative.is_absolute() or ".." in relative.parts or relative == Path("."):
-        return False
-    try:
-        return (Path(study_dir) / relative).resolve().is_relative_to(Path(study_dir).resolve())
-    except (OSError, RuntimeError, ValueError):
-        return False
-
-
-def point_dir(study_dir: Path, point: dict[str, Any]) -> Path:
-    """A point's run directory (``point`` from :func:`read_study`, which confines it to the study)."""
-    return Path(study_dir) / point["run_dir"]
 
 
 def describe_point(point: StudyPoint) -> str:
@@ -218,7 +135,7 @@ def submit_study(
     runs: list[tuple[StudyPoint, SubmittedRun]] = []
     for point, entry in zip(job.points, record["points"], strict=True):
         try:
-            submitted = submit(point.job, local=local, run_dir=point_dir(study_dir, entry), snapshot=snapshot)
+            submitted = submit_run(point.job, local=local, run_dir=point_dir(study_dir, entry), snapshot=snapshot)
         except (ClusterError, UsageError) as exc:
             if not runs:
                 study_file(study_dir).unlink(missing_ok=True)

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import hpctrain
 from hpctrain.contract import job_registry
 from hpctrain.contract.rundir import (
-    CONTROL_DIR,
     atomic_write_text,
     create_run_dir,
     read_run_info,
+    slurm_relay_dir,
     spec_path,
     submitit_dir,
     trial_dir,
@@ -40,9 +40,8 @@ from hpctrain.jobspec.profiles import ClusterProfile
 from hpctrain.jobspec.slurm_time import seconds_to_minutes
 from hpctrain.jobspec.yaml_source import dump_yaml
 from hpctrain.launch.exclusion import Exclusion, plan_exclusion
-from hpctrain.launch.sbatch_script import render_sbatch, signal_parameter, slurm_mem, task_command
+from hpctrain.launch.sbatch_script import python_command, render_sbatch, signal_parameter, slurm_mem, task_command
 from hpctrain.launch.templates import render_preamble, render_slurm_relay
-from hpctrain.runtime.cleanup import python_command
 from hpctrain.runtime.rank_plan import local_visible_devices
 
 if TYPE_CHECKING:
@@ -109,7 +108,7 @@ def slurm_parameters(
         extra["exclude"] = ",".join(exclude)
     params["additional_parameters"] = extra
     if spec.container is not None:
-        params["setup"] += render_slurm_relay(str(Path(run_dir) / CONTROL_DIR / "slurm-relay"))
+        params["setup"] += render_slurm_relay(str(slurm_relay_dir(run_dir)))
         if spec.container.runtime == "pyxis":
             params["srun_args"] += pyxis_arguments(spec)
     return params
@@ -197,7 +196,7 @@ def build_executor(job: LoadedJob, backend: Backend, run_dir: Path, exclude: tup
 
     folder = submitit_dir(run_dir)
     if backend == "local":
-        # Its controller carries a run token; run.json records what proves it (runtime/local_run.py).
+        # Its controller carries a run token; run.json records what proves it (launch/local_run.py).
         executor: submitit.Executor = LocalExecutor(folder=folder)
         executor.update_parameters(**local_parameters(job.spec))
         executor.visible_devices = local_devices(job.spec)
@@ -231,7 +230,7 @@ class SubmittedRun:
     notes: tuple[str, ...] = ()  # what the submit says besides: the bad-node ledger's exclusions
 
 
-def submit(
+def submit_run(
     job: LoadedJob,
     *,
     local: bool = False,
@@ -242,13 +241,15 @@ def submit(
     """Create the run directory (a new one, or ``run_dir``: a study's point), write the resolved spec,
     copy the user's code, and submit, away from the nodes of the user's bad-node ledger
     (``exclude_bad_nodes``; ``launch/exclusion.py``)."""
+    from hpctrain.contract.slurm import Slurm  # here: --dry-run need not load it
+
     backend = backend_for(job, local)
-    exclusion = bad_node_exclusion(job, backend, exclude_bad_nodes)
-    if backend == "slurm" and shutil.which("sbatch") is None:
+    if backend == "slurm" and not Slurm().available():
         raise ClusterError(
             f"{job.source}: cluster '{job.profile.name}' needs Slurm, but 'sbatch' is not on this machine",
             hint=f"run it here with 'hpctrain submit {job.source} --local', or submit from a login node",
         )
+    exclusion = bad_node_exclusion(job, backend, exclude_bad_nodes)
     if run_dir is None:
         run_dir = create_run_dir(job.spec.output_dir, job.spec.name)
     else:
@@ -281,15 +282,17 @@ def bad_node_exclusion(job: LoadedJob, backend: Backend, use_ledger: bool) -> Ex
     """The nodes a Slurm submit excludes, asking Slurm for the partition's usable nodes."""
     if backend != "slurm":
         return Exclusion()
-    from hpctrain.contract.slurm import partition_nodes
+    from hpctrain.contract.slurm import Slurm
 
-    return plan_exclusion(job, use_ledger=use_ledger, available=lambda partition: partition_nodes(partition))
+    return plan_exclusion(job, use_ledger=use_ledger, available=Slurm().partition_nodes)
 
 
 def resubmit(run_dir: Path, job: LoadedJob, *, local: bool = False) -> SubmittedRun:
     """Continue an existing run as a new job in the same run directory."""
+    from hpctrain.contract.slurm import Slurm
+
     backend = backend_for(job, local)
-    if backend == "slurm" and shutil.which("sbatch") is None:
+    if backend == "slurm" and not Slurm().available():
         raise ClusterError("'sbatch' is not on this machine", hint="resume from a login node, or pass --local")
     from hpctrain.launch import code_snapshot  # here: --dry-run need not load it
 
@@ -334,15 +337,19 @@ def _launch(
 ) -> list[submitit.Job]:
     from submitit.core.utils import FailedJobError
 
-    from hpctrain.contract.slurm import classify_sbatch_failure
+    from hpctrain.contract.slurm_answers import classify_sbatch_failure
 
     executor = build_executor(job, backend, run_dir, exclude)
     launchers = task_launchers(job, trial_dirs, backend, code_root)
     try:
+        if backend == "local":  # one controller per trial, each told the run directory it serves
+            jobs = []
+            for launcher, one_dir in zip(launchers, trial_dirs, strict=True):
+                executor.run_dir = one_dir  # type: ignore[attr-defined]
+                jobs.append(executor.submit(launcher))
+            return jobs
         if len(launchers) == 1:
             return [executor.submit(launchers[0])]
-        if backend == "local":
-            return [executor.submit(launcher) for launcher in launchers]
         return list(executor.submit_array(launchers))
     except (FailedJobError, OSError, RuntimeError) as exc:
         meaning, hint = classify_sbatch_failure(str(exc))
@@ -411,7 +418,7 @@ def _local_record(job: submitit.Job) -> dict[str, Any]:
 
     A resumed run replaces the record of its previous attempt, whose controller has ended.
     """
-    from hpctrain.runtime.local_run import RECORD_KEY
+    from hpctrain.launch.local_run import RECORD_KEY
 
     record = getattr(job, "local_process", None)
     return {RECORD_KEY: record.as_json()} if record is not None else {}

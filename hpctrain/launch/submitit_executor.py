@@ -12,11 +12,12 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import submitit
 
+from hpctrain.launch import local_run
 from hpctrain.launch.sbatch_script import render_sbatch
-from hpctrain.runtime import local_run
 
 PR_SET_PDEATHSIG = 1
 
@@ -42,20 +43,23 @@ class LocalExecutor(submitit.LocalExecutor):
     (``runtime.rank_plan.local_visible_devices``), never submitit's ``0..N-1``.
 
     The controller is started as submitit's ``start_controller`` does (same
-    environment variables), plus the run's token (``runtime/local_run.py``) and,
+    environment variables), plus the run's token (``launch/local_run.py``) and,
     on Linux, a parent-death signal: a ``submit --local`` that dies takes the
     controller, and through it the tasks, along. ``job.local_process`` is the
-    record for run.json.
+    record for run.json. ``run_dir``: the run directory the next job serves (set before each submit).
     """
 
+    run_dir: Path | None = None
     visible_devices = ""  # the tasks' CUDA_VISIBLE_DEVICES (launch.submission.build_executor)
 
     def _submit_command(self, command: str) -> submitit.local.local.LocalJob:
         from submitit.local.local import LocalJob
 
         ntasks = self.parameters.get("tasks_per_node", 1)
+        if self.run_dir is None:
+            raise RuntimeError("LocalExecutor.run_dir names the run directory the controller serves; set it first")
         token = local_run.new_run_token()
-        env = local_run.controller_environ(os.environ, token)
+        env = local_run.controller_environ(os.environ, token, self.run_dir)
         env.update(
             SUBMITIT_LOCAL_NTASKS=str(ntasks),
             SUBMITIT_LOCAL_COMMAND=command,

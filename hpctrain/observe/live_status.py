@@ -18,16 +18,10 @@ from typing import Any
 
 from hpctrain.contract.heartbeat_files import Heartbeat, find_stragglers, read_heartbeats
 from hpctrain.contract.metrics import MetricsTail
-from hpctrain.contract.rundir import (
-    META_FILE,
-    Summary,
-    checkpoint_meta,
-    checkpoints_dir,
-    latest_checkpoint,
-    read_summary,
-)
+from hpctrain.contract.rundir import META_FILE, checkpoint_meta, checkpoints_dir, latest_checkpoint
 from hpctrain.contract.runfiles import MAX_MAGNITUDE, printable
 from hpctrain.contract.slurm_states import is_pending
+from hpctrain.contract.summary import Summary, read_summary
 from hpctrain.observe.node_losses import burn_in_text, evictions_text, node_loss_text
 
 HEARTBEAT_STALE_S = 120.0  # a running rank whose heartbeat is older than this is flagged
@@ -131,9 +125,8 @@ def build_snapshot(
     """The view of a run at ``now``. Pure: the same inputs give the same snapshot."""
     summary, tail = inputs.summary, inputs.tail
     last = tail.steps[-1] if tail.steps else None
-    extra = summary.model_extra or {}
-    epochs = _int(extra.get("epochs"))
-    steps_per_epoch = _int(extra.get("steps_per_epoch"))
+    epochs = _int(summary.epochs)
+    steps_per_epoch = _int(summary.steps_per_epoch)
     if steps_per_epoch is None and tail.last_epoch is not None:
         steps_per_epoch = _int(tail.last_epoch.get("step"))
     seen = (summary.global_step, last and last["global_step"], tail.last_epoch and tail.last_epoch["global_step"])

@@ -12,11 +12,13 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from hpctrain.contract.rundir import read_run_info, read_summary, run_home, task_log_path
+from hpctrain.contract.rundir import read_run_info, run_home, task_log_path
 from hpctrain.contract.runfiles import copy_out, tail_lines
-from hpctrain.contract.slurm import is_final, job_state
+from hpctrain.contract.slurm import Slurm
+from hpctrain.contract.slurm_states import is_final
+from hpctrain.contract.summary import read_summary
 from hpctrain.errors import RunDirError
-from hpctrain.runtime import local_run
+from hpctrain.launch import local_run
 
 FOLLOW_POLL_S = 1.0
 
@@ -61,8 +63,8 @@ def follow(path: Path, offset: int, run_dir: Path, info: dict[str, Any], out: Te
 
 def job_writes_no_more(run_dir: Path, info: dict[str, Any]) -> bool:
     """Whether the job will write no more: Slurm says it ended; a local run's summary is final or its
-    controller is provably gone (``runtime.local_run``: the PID alone proves nothing)."""
+    controller is provably gone (``launch/local_run.py``: the PID alone proves nothing)."""
     if info.get("backend") != "local":
-        return is_final(job_state(str(info.get("job_id") or "")))
+        return is_final(Slurm().job_state(str(info.get("job_id") or "")))
     summary = read_summary(run_dir)
-    return (summary is not None and summary.is_final) or local_run.liveness(info) == "gone"
+    return (summary is not None and summary.is_final) or local_run.liveness(info, run_dir) == "gone"

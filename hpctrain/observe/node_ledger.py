@@ -1,21 +1,53 @@
-"""What ``hpctrain nodes`` shows: the user's bad-node ledger, with the evidence an administrator can act on.
+"""The nodes verb's sequence (``hpctrain nodes``, ``hpctrain.nodes``, ``hpctrain.forget_node``): the user's
+bad-node ledger, with the evidence an administrator can act on, and forgetting a node.
 
 The entries come from ``contract/bad_nodes.py`` (read bounded and tolerant);
 each becomes one row: node, cluster, why (the kind and the reason), the
 numbers behind it (burn-in scores, forward times, the step it was lost at),
 the run and job, when, and until when ``submit`` excludes it. Text from the
-file is made printable. Torch-free.
+file is made printable. The CLI prints a :class:`NodeLedger` (``--json``:
+:meth:`NodeLedger.as_json`), the Python API returns it. Torch-free.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hpctrain.contract import bad_nodes
 from hpctrain.contract.runfiles import json_safe, printable
 
 COLUMNS = ("node", "cluster", "kind", "reason", "evidence", "run / job", "when", "excluded until")
+
+
+@dataclass(frozen=True)
+class NodeLedger:
+    """The ledger as ``hpctrain nodes`` shows it: where it lies, one row per entry (newest last; only the
+    live ones unless ``include_expired``), and what could not be read (``warnings``, never fatal)."""
+
+    path: Path
+    rows: tuple[dict[str, Any], ...]
+    warnings: tuple[str, ...]
+    include_expired: bool = False
+
+    def as_json(self) -> list[dict[str, Any]]:
+        """What ``hpctrain nodes --json`` prints."""
+        return [dict(row) for row in self.rows]
+
+
+def nodes(*, cluster: str | None = None, include_expired: bool = False, path: Path | None = None) -> NodeLedger:
+    """The user's bad-node ledger (``path``: another ledger file), on ``cluster`` only when given."""
+    ledger = bad_nodes.read_ledger(path)
+    rows = ledger_rows(ledger, cluster=cluster, include_expired=include_expired)
+    return NodeLedger(ledger.path, tuple(rows), tuple(ledger.warnings), include_expired)
+
+
+def forget_node(node: str, *, cluster: str | None = None, path: Path | None = None) -> int:
+    """Remove every entry of ``node`` (on ``cluster``, when given) from the ledger; how many were removed.
+    An unreadable ledger is a ``RunDirError`` that says how to start a new one."""
+    return bad_nodes.forget(node, path, cluster=cluster)
 
 
 def ledger_rows(

@@ -12,22 +12,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract import job_registry, slurm
+from hpctrain.contract import job_registry
 from hpctrain.contract.heartbeat_files import read_heartbeats
-from hpctrain.contract.rundir import RUN_FILE, Summary, parse_summary, read_run_info, read_summary, run_home
+from hpctrain.contract.rundir import RUN_FILE, read_run_info, run_home
 from hpctrain.contract.runfiles import plausible, read_tail
-from hpctrain.contract.slurm import job_state
+from hpctrain.contract.slurm import Slurm
 from hpctrain.contract.slurm_states import ended_unsuccessfully, is_final, is_pending, succeeded, was_cancelled
+from hpctrain.contract.srun_report import first_task_failure
+from hpctrain.contract.summary import Summary, parse_summary, read_summary
 from hpctrain.errors import ClusterError, RunDirError
+from hpctrain.launch import local_run
 from hpctrain.observe.live_status import RankView, rank_views
 from hpctrain.observe.logs import log_path
 from hpctrain.observe.node_losses import burn_in_text, evictions_text, node_loss_text
-from hpctrain.runtime import local_run
-from hpctrain.runtime.failures import first_task_failure
 
 PROGRESS_KEYS = (
     "status",
@@ -52,16 +53,16 @@ FAILURE_LOG_TAIL_BYTES = 4 << 20  # srun reports a failed task at the end of the
 RECENT_RUNS = 20
 
 
-def run_status(run_dir: Path, known_states: Mapping[str, str] | None = None) -> dict:
+def run_status(run_dir: Path, known_states: Mapping[str, str] | None = None, *, slurm: Slurm | None = None) -> dict:
     """The run's state and progress; ``known_states``: job id -> Slurm state, where the caller asked already."""
     info = read_run_info(run_dir)
     recorded = read_summary(run_dir)
     job_id = str(info.get("job_id", ""))
     known = (known_states or {}).get(job_id)
     if info.get("backend") == "local":
-        state = local_run.state(info, summary_final=bool(recorded and recorded.is_final))
+        state = local_run.state(info, run_dir, summary_final=bool(recorded and recorded.is_final))
     else:
-        state = known or _slurm_state(job_id)
+        state = known or _slurm_state(job_id, slurm or Slurm())
     summary = parse_summary(reconcile(recorded.fields() if recorded else {}, state, run_dir)) or Summary()
     return {
         "run_dir": str(run_dir),
@@ -78,9 +79,9 @@ def run_status(run_dir: Path, known_states: Mapping[str, str] | None = None) -> 
     }
 
 
-def status_with_ranks(run_dir: Path) -> tuple[dict, tuple[RankView, ...]]:
+def status_with_ranks(run_dir: Path, *, slurm: Slurm | None = None) -> tuple[dict, tuple[RankView, ...]]:
     """``run_status`` plus ``stragglers``, and each rank's last heartbeat: what ``hpctrain status RUN`` shows."""
-    status = run_status(run_dir)
+    status = run_status(run_dir, slurm=slurm)
     ranks = run_ranks(run_dir, status)
     status["stragglers"] = [view.rank for view in ranks if view.straggler]
     return status, ranks
@@ -128,6 +129,7 @@ class RunStatus:
     burn_in: str | None  # the last burn-in's scores and who it flagged
     evictions: str | None
     stragglers: list[int]
+    ranks: tuple[RankView, ...] = field(default=(), compare=False, repr=False)  # each rank's last heartbeat
 
     @property
     def finished(self) -> bool:
@@ -135,8 +137,8 @@ class RunStatus:
         return self.status in ("completed", "stopped", "failed", "cancelled")
 
     def as_dict(self) -> dict[str, Any]:
-        """The same keys, in the same order, as ``hpctrain status RUN --json``."""
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        """The same keys, in the same order, as ``hpctrain status RUN --json`` (without ``--ranks``)."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "ranks"}
 
 
 def reconcile(summary: dict[str, Any], slurm_state: str, run_dir: Path) -> dict[str, Any]:
@@ -177,11 +179,11 @@ def display_status(status: str | None, slurm_state: str | None) -> str | None:
     return None
 
 
-def _slurm_state(job_id: str) -> str:
+def _slurm_state(job_id: str, slurm: Slurm) -> str:
     if not job_id or not slurm.available():
         return "unknown (no Slurm here)"
     try:
-        return job_state(job_id)
+        return slurm.job_state(job_id)
     except ClusterError as exc:
         return f"unknown ({exc.message})"
 
@@ -219,13 +221,15 @@ def runs_under(output_dir: Path, limit: int = RECENT_RUNS) -> list[tuple[str, fl
     return sorted(runs, key=lambda run: run[1], reverse=True)[:limit]
 
 
-def recent_rows(runs: list[tuple[str, float, Path]]) -> list[tuple[str, str, str, str, str, str]]:
+def recent_rows(
+    runs: list[tuple[str, float, Path]], *, slurm: Slurm | None = None
+) -> list[tuple[str, str, str, str, str, str]]:
     """One row of text per run (``RECENT_KEYS``); Slurm is asked once, for the unfinished ones."""
     summaries = {run_dir: read_summary(run_dir) or Summary() for _, _, run_dir in runs}
     unfinished = [(job_id, run_dir) for job_id, _, run_dir in runs if summaries[run_dir].status in (None, "running")]
     local_states = _local_states([run_dir for _, run_dir in unfinished])
     slurm_ids = [job_id for job_id, run_dir in unfinished if run_dir not in local_states]
-    states = slurm.job_states([job_id for job_id in slurm_ids if job_id.replace("_", "").isdigit()])
+    states = (slurm or Slurm()).job_states([job_id for job_id in slurm_ids if job_id.replace("_", "").isdigit()])
     rows = []
     for job_id, when, run_dir in runs:
         summary = summaries[run_dir]
@@ -258,7 +262,7 @@ def _local_states(run_dirs: list[Path]) -> dict[Path, str]:
         except RunDirError:
             continue
         if info.get("backend") == "local":
-            states[run_dir] = local_run.state(info, summary_final=False)
+            states[run_dir] = local_run.state(info, run_dir, summary_final=False)
     return states
 
 

@@ -9,27 +9,28 @@ without Slurm (local runs, no client here), when summary.json is final; a
 local run also ends when its process is gone (killed), shown as failed.
 
 Exit codes: 0 completed, 1 failed, 10 stopped or cancelled (resume continues
-it), 130 on Ctrl-C (quietly). Clock, sleep and the Slurm runner are
+it), 130 on Ctrl-C (quietly). Clock, sleep and the Slurm client are
 injectable, so tests never wait.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, TextIO
 
-from hpctrain.contract import slurm
-from hpctrain.contract.rundir import Summary, metrics_path, parse_summary, read_run_info, read_summary, run_home
+from hpctrain.contract.rundir import metrics_path, read_run_info, run_home
+from hpctrain.contract.slurm import Slurm, SlurmCommandError
+from hpctrain.contract.slurm_states import is_final, succeeded
+from hpctrain.contract.summary import Summary, parse_summary, read_summary
 from hpctrain.errors import ClusterError
+from hpctrain.launch import local_run
 from hpctrain.observe.live_status import MetricsTail, Snapshot, build_snapshot, read_run
 from hpctrain.observe.live_view import final_lines, plain_changes, rich_view
 from hpctrain.observe.run_status import display_status, reconcile
-from hpctrain.runtime import local_run
 
 MIN_INTERVAL_S = 2.0
 DEFAULT_INTERVAL_S = 5.0
@@ -41,20 +42,20 @@ EXIT_CODES = {"completed": 0, "failed": 1, "stopped": EXIT_STOPPED, "cancelled":
 class JobPoller:
     """The job's Slurm state, one command per call; switches to squeue once if sacct is refused."""
 
-    def __init__(self, runner: slurm.Runner = subprocess.run, *, have_slurm: bool | None = None) -> None:
-        self.runner = runner
+    def __init__(self, slurm: Slurm | None = None) -> None:
+        self.slurm = slurm or Slurm()
         self.source: Literal["sacct", "squeue"] = "sacct"
-        self.have_slurm = slurm.available() if have_slurm is None else have_slurm
+        self.have_slurm = self.slurm.available()
 
-    def state(self, info: dict, *, summary_final: bool = False) -> str:
+    def state(self, info: dict, run_dir: Path, *, summary_final: bool = False) -> str:
         if info.get("backend") == "local":
-            return local_run.state(info, summary_final=summary_final)
+            return local_run.state(info, run_dir, summary_final=summary_final)
         job_id = str(info.get("job_id") or "")
         if not job_id or not self.have_slurm:
             return "unknown (no Slurm here)"
         try:
-            return slurm.job_state(job_id, source=self.source, runner=self.runner)
-        except slurm.SlurmCommandError as exc:
+            return self.slurm.job_state(job_id, source=self.source)
+        except SlurmCommandError as exc:
             if self.source == "sacct" and exc.kind in ("refused", "missing"):
                 self.source = "squeue"  # accounting off, or no sacct: ask squeue from the next poll on
             return f"unknown ({exc.kind})"
@@ -69,7 +70,7 @@ def job_ended(state: str, summary: Summary, job_id: str | None = None) -> bool:
     is final while sacct may not list the new job yet (its summary records the
     job id; an array task's SLURM_JOB_ID differs from ``123_4``, so those match any).
     """
-    if slurm.is_final(state) or state == local_run.GONE_STATE:
+    if is_final(state) or state == local_run.GONE_STATE:
         return True
     if state == local_run.STATE:
         return summary.is_final
@@ -80,14 +81,14 @@ def job_ended(state: str, summary: Summary, job_id: str | None = None) -> bool:
 def exit_code(snap: Snapshot) -> int:
     if snap.status in EXIT_CODES:
         return EXIT_CODES[snap.status]
-    return 0 if slurm.succeeded(snap.slurm_state) else 1
+    return 0 if succeeded(snap.slurm_state) else 1
 
 
 def take_snapshot(run_dir: Path, tail: MetricsTail, poller: JobPoller, now: float) -> tuple[Snapshot, bool]:
     """(the snapshot, whether summary.json is final) at ``now``; one Slurm call at most."""
     info = read_run_info(run_dir)  # read again each time: 'hpctrain resume' records a new job id
     recorded = read_summary(run_dir) or Summary()
-    state = poller.state(info, summary_final=recorded.is_final)
+    state = poller.state(info, run_dir, summary_final=recorded.is_final)
     summary = parse_summary(reconcile(recorded.fields(), state, run_dir)) or Summary()
     ended = job_ended(state, recorded, str(info.get("job_id") or ""))
     snap = build_snapshot(read_run(run_dir, info, tail, summary), state, now, final=ended)

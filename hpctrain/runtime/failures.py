@@ -15,27 +15,22 @@ rank 0 records srun's first such line written since it started in
 * when rank 0's own code raises, it looks once more (waiting a little when
   the error looks like a peer's death); no line means rank 0 failed first.
 
-A job whose rank 0 itself is killed keeps the summary it last wrote. Parsing
-is pure; nothing here imports torch.
+A job whose rank 0 itself is killed keeps the summary it last wrote. The
+report's parser is the contract's (``contract/srun_report.py``: ``status``
+reads the same lines); nothing here imports torch.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.contract.rundir import read_summary, write_summary
+from hpctrain.contract.srun_report import TaskFailure, first_task_failure
+from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.errors import HpctrainError
 
-# "srun: error: n2: task 3: Killed", "srun: error: n1: tasks 0-1: Exited with exit code 1";
-# the torchrun launcher's node tasks write the same with "torchrun:" and global ranks.
-_SRUN_TASK_ERROR = re.compile(
-    r"^(?:srun|torchrun): error: (?P<node>[^:\s]+): tasks? (?P<tasks>\d[\d,\-]*): (?P<reason>.+)$", re.M
-)
 # A collective broken by a peer that died, as gloo, NCCL and the TCPStore word it.
 _PEER_FAILURE_WORDS = (
     "closed by peer",
@@ -49,42 +44,6 @@ _PEER_FAILURE_WORDS = (
 )
 WATCH_POLL_S = 0.5
 PEER_WAIT_S = 3.0  # srun reports a dead task within milliseconds; KillWait (>= 5 s) bounds what we may spend
-
-
-@dataclass(frozen=True)
-class TaskFailure:
-    rank: int
-    node: str
-    reason: str
-
-
-def parse_task_list(text: str) -> list[int]:
-    """``"3"``, ``"0-1"``, ``"0,2-3"`` -> the task ids, ascending."""
-    ranks: set[int] = set()
-    for part in text.split(","):
-        low, _, high = part.partition("-")
-        if low.isdigit() and (not high or high.isdigit()):
-            ranks.update(range(int(low), int(high or low) + 1))
-    return sorted(ranks)
-
-
-def first_task_failure(text: str) -> TaskFailure | None:
-    """The first task srun reported as failed in ``text`` (its lowest id when a line names several). Pure."""
-    for match in _SRUN_TASK_ERROR.finditer(text):
-        ranks = parse_task_list(match.group("tasks"))
-        if ranks:
-            return TaskFailure(ranks[0], match.group("node"), match.group("reason").strip())
-    return None
-
-
-def task_failures(text: str) -> list[TaskFailure]:
-    """Every task failure srun reported in ``text``, first first (a line's lowest task id). Pure."""
-    found = []
-    for line in text.splitlines(keepends=True):
-        failure = first_task_failure(line)
-        if failure is not None:
-            found.append(failure)
-    return found
 
 
 def looks_like_peer_failure(exc: BaseException) -> bool:

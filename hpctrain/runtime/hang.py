@@ -55,7 +55,8 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.contract.heartbeat_files import Heartbeat, first_stopped, read_heartbeats
-from hpctrain.contract.rundir import hang_claim_path, read_summary, stack_dump_path, stacks_dir, write_summary
+from hpctrain.contract.rundir import hang_claim_path, stack_dump_path, stacks_dir
+from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.runtime.cleanup import leave_dataset_mount
 from hpctrain.runtime.heartbeat import Recorder
 
@@ -187,7 +188,7 @@ def dump_stacks(path: Path, header: str) -> None:
 
 def report_written(run_dir: Path, job_id: str) -> bool:
     summary = read_summary(run_dir)
-    return summary is not None and summary.hung_rank is not None and summary.model_extra.get("hang_job_id") == job_id
+    return summary is not None and summary.hung_rank is not None and summary.hang_job_id == job_id
 
 
 class HangWatchdog:

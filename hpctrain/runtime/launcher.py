@@ -25,15 +25,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from hpctrain.contract.cancel_marker import cancel_marker_paths
 from hpctrain.contract.entrypoint import call_text, function_problem
-from hpctrain.contract.rundir import Summary, read_summary, write_summary
+from hpctrain.contract.summary import Summary, read_summary, write_summary
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime import failures, heartbeat, stop_signals
 from hpctrain.runtime.cleanup import leave_dataset_mount
 from hpctrain.runtime.context import TaskContext, TaskEnv
 from hpctrain.runtime.master import check_master_address
-from hpctrain.runtime.stop import StopReason, StopRequest, cancel_marker_paths, install_handlers
+from hpctrain.runtime.stop import StopReason, StopRequest, install_handlers
 from hpctrain.runtime.task_env import derive_task_env, export_torchrun_env, rank_hint, thread_env
 
 # Set to 1 on test clusters whose "nodes" are loopback aliases of one machine.

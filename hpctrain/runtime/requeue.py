@@ -91,8 +91,9 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Literal
 
-from hpctrain.contract import slurm, slurm_states
-from hpctrain.contract.rundir import Summary, read_summary
+from hpctrain.contract import slurm_states
+from hpctrain.contract.slurm import Runner, Slurm, SlurmCommandError
+from hpctrain.contract.summary import Summary, read_summary
 from hpctrain.errors import ClusterError
 from hpctrain.jobspec.models import Signals
 from hpctrain.runtime.context import TaskEnv
@@ -110,8 +111,6 @@ REQUEUE_RETRY_DELAY_S = 2.0
 EXIT, WAIT, FINISH, FAIL = 0, 1, 2, 3
 
 log = logging.getLogger(__name__)
-
-Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
 
 def job_phase(record: Mapping[str, str], restart_count: int) -> JobPhase:
@@ -140,7 +139,7 @@ def show_job(job_id: str, *, run: Runner = subprocess.run) -> dict[str, str]:
     if not job_id:
         return {}
     try:
-        return slurm.show_job(job_id, runner=run, timeout_s=SCONTROL_TIMEOUT_S)
+        return Slurm(run).show_job(job_id, timeout_s=SCONTROL_TIMEOUT_S)
     except ClusterError as exc:
         log.warning("could not look at the job: %s", exc)
         return {}
@@ -170,7 +169,7 @@ def keep_ended(env: TaskEnv, *, run: Runner = subprocess.run) -> None:
     if not (env.is_main and env.under_slurm):
         return
     try:
-        slurm.disable_requeue(env.slurm_job_id, runner=run, timeout_s=SCONTROL_TIMEOUT_S)
+        Slurm(run).disable_requeue(env.slurm_job_id, timeout_s=SCONTROL_TIMEOUT_S)
     except ClusterError as exc:
         log.warning("could not keep Slurm from starting the ended job again: %s", exc)
 
@@ -217,8 +216,8 @@ def requeue_job(
                 problem += "; meanwhile the job ended, so it was not requeued"
                 break
         try:
-            slurm.requeue_job(job_id, runner=run, timeout_s=SCONTROL_TIMEOUT_S)
-        except slurm.SlurmCommandError as exc:
+            Slurm(run).requeue_job(job_id, timeout_s=SCONTROL_TIMEOUT_S)
+        except SlurmCommandError as exc:
             if exc.kind == "missing":
                 raise ClusterError(
                     "'scontrol' is not on this compute node's PATH, so the job cannot requeue itself",
@@ -331,7 +330,7 @@ def _rank_zero_outcome(
 ) -> tuple[int, ClusterError | None]:
     cancel = stop.cancel_requested()
     phase: JobPhase = "unknown" if cancel else job_phase(show_job(env.slurm_job_id, run=run), env.restart_count)
-    version = slurm.client_version(runner=run) if phase == "preempting" else None
+    version = Slurm(run).client_version() if phase == "preempting" else None
     action = rank_zero_action(decision, phase, cancel, version)
     shown = f" (Slurm {version[0]}.{version[1]:02d})" if version else ""
     log.info("job is %s%s%s: %s", phase, shown, " and being cancelled" if cancel else "", action)

@@ -23,11 +23,16 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpctrain.contract.slurm import Runner, disable_requeue_command, requeue_command, show_job_command
+from hpctrain.contract.slurm import (
+    VERSION_COMMAND,
+    Runner,
+    disable_requeue_command,
+    requeue_command,
+    show_job_command,
+)
 
 RELAY_VAR = "HPCTRAIN_SLURM_RELAY"
 VERSION_VAR = "HPCTRAIN_SLURM_VERSION"
-VERSION_COMMAND = ["scontrol", "--version"]
 POLL_S = 0.05
 
 
@@ -50,7 +55,7 @@ def relay_runner(directory: str | Path, version: str | None = None) -> Runner:
     folder = Path(directory)
 
     def run(command: list[str], *, timeout: float | None = None, **_: object) -> subprocess.CompletedProcess[str]:
-        if list(command) == VERSION_COMMAND and version:
+        if list(command) == list(VERSION_COMMAND) and version:
             return subprocess.CompletedProcess(command, 0, version, "")
         request = request_for(list(command))
         if request is None:

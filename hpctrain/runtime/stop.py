@@ -24,13 +24,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Literal
 
-from hpctrain.contract.cancel_marker import (  # noqa: F401  (the runtime's names for the contract's marker)
-    cancel_marker,
-    cancel_marker_paths,
-    clear_cancel_marker,
-    marker_applies,
-    write_cancel_marker,
-)
+from hpctrain.contract.cancel_marker import marker_applies
 from hpctrain.runtime import heartbeat
 
 StopReason = Literal["timeout", "preempted", "cancelled"]

@@ -254,7 +254,7 @@ def _from_submitit_local(environ: Mapping[str, str], spec_master_port: int | Non
     _check_below(names["node_rank"], node_rank, num_nodes, f"{names['num_nodes']}={num_nodes}")
     _check_below(names["local_rank"], local_rank, world_size, f"{names['world_size']}={world_size}")
     master_port = _master_port(environ, spec_master_port, job_id, 0)
-    # The controller's PID is the job id a local run's cancel marker names (runtime/local_run.py).
+    # The controller's PID is the job id a local run's cancel marker names (launch/local_run.py).
     env = one_node_env("submitit-local", global_rank, world_size, local_rank, job_id, master_port)
     return replace(env, job_aliases=(job_id,))
 

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.contract.metrics import MetricsAppender
-from hpctrain.contract.rundir import Summary, read_summary, tb_dir, write_summary
+from hpctrain.contract.rundir import tb_dir
+from hpctrain.contract.summary import Summary, read_summary, write_summary
 
 if TYPE_CHECKING:
     from hpctrain.runtime.context import TaskContext

@@ -15,9 +15,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from trainer_harness import context, free_port, job_spec, stop_at
+from trainer_harness import context, job_spec, stop_at
 
 from hpctrain.trainer.trainer import Trainer
+from tests.net_helpers import free_port
 
 PS_TRAINER = {"arch": "resnet18", "epochs": 2, "max_steps_per_epoch": 2, "deterministic": True}
 

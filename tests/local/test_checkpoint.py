@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hpctrain.contract.rundir import checkpoints_dir
 from hpctrain.errors import CheckpointError
 from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
 
@@ -24,7 +25,7 @@ def state(value: float) -> dict:
 
 @pytest.fixture(params=[False, True], ids=["sync", "async"])
 def manager(request: pytest.FixtureRequest, tmp_path: Path) -> CheckpointManager:
-    manager = CheckpointManager(tmp_path / "checkpoints", keep_last=2, keep_best=True, async_save=request.param)
+    manager = CheckpointManager(checkpoints_dir(tmp_path), keep_last=2, keep_best=True, async_save=request.param)
     yield manager
     manager.close()
 

@@ -21,6 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from hpctrain.contract import process_tokens
+from hpctrain.launch.sbatch_script import python_command
 from hpctrain.runtime import cleanup
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
@@ -107,7 +109,7 @@ def _kill_quietly(pids: list[int]) -> None:
 @pytest.fixture
 def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     """A process of the same user that carries no token (or another task's token)."""
-    env = dict(os.environ, HPCTRAIN_TASK_TOKEN=cleanup.new_token())
+    env = dict(os.environ, HPCTRAIN_TASK_TOKEN=process_tokens.new_token())
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env)
     yield proc
     proc.kill()
@@ -118,9 +120,9 @@ def _start_task(tmp_path: Path, token: str, mode: str) -> tuple[subprocess.Popen
     script = tmp_path / "fake_task.py"
     script.write_text(FAKE_TASK)
     out = tmp_path / "pids.json"
-    env = {k: v for k, v in os.environ.items() if k != cleanup.TOKEN_ENV}
+    env = {k: v for k, v in os.environ.items() if k != process_tokens.TOKEN_ENV}
     if mode == "exec-time":  # what `python -m hpctrain.runtime.cleanup exec ...` gives a task
-        env[cleanup.TOKEN_ENV] = token
+        env[process_tokens.TOKEN_ENV] = token
     task = subprocess.Popen([sys.executable, str(script), str(out), mode, token], env=env, start_new_session=True)
     deadline = time.monotonic() + 20
     while not out.exists():
@@ -132,13 +134,13 @@ def _start_task(tmp_path: Path, token: str, mode: str) -> tuple[subprocess.Popen
 
 @pytest.mark.parametrize("mode", ["exec-time", "set-later"])
 def test_reaper_ends_everything_the_task_started(tmp_path: Path, sleeper: subprocess.Popen[bytes], mode: str) -> None:
-    token = cleanup.new_token()
+    token = process_tokens.new_token()
     task, pids = _start_task(tmp_path, token, mode)
     log = tmp_path / "reaper.log"
     reaper = cleanup.start_reaper(token, task.pid, poll_s=0.2, grace_s=2.0, log_path=log)
     try:
         assert not _gone(reaper)
-        assert cleanup.TOKEN_ENV not in psutil.Process(reaper).environ()
+        assert process_tokens.TOKEN_ENV not in psutil.Process(reaper).environ()
         assert psutil.Process(reaper).ppid() != os.getpid(), "the watcher must not stay the task's child"
         time.sleep(1.5)  # let the watcher see the forked children once (set-later mode)
         task.send_signal(signal.SIGKILL)
@@ -152,7 +154,7 @@ def test_reaper_ends_everything_the_task_started(tmp_path: Path, sleeper: subpro
 
 
 def test_reaper_exits_at_once_when_nothing_is_left(tmp_path: Path) -> None:
-    token = cleanup.new_token()
+    token = process_tokens.new_token()
     task = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     reaper = cleanup.start_reaper(token, task.pid, poll_s=0.1)
     try:
@@ -166,7 +168,7 @@ def test_reaper_exits_at_once_when_nothing_is_left(tmp_path: Path) -> None:
 
 
 def test_kill_token_processes_directly(sleeper: subprocess.Popen[bytes]) -> None:
-    token = cleanup.new_token()
+    token = process_tokens.new_token()
     env = dict(os.environ, HPCTRAIN_TASK_TOKEN=token)
     stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
     procs = [
@@ -175,9 +177,9 @@ def test_kill_token_processes_directly(sleeper: subprocess.Popen[bytes]) -> None
     ]
     try:
         time.sleep(0.5)  # let the stubborn one install its handler
-        found = {p.pid for p in cleanup.find_token_processes(token)}
+        found = {p.pid for p in process_tokens.find_token_processes(token)}
         assert found == {p.pid for p in procs}
-        killed = cleanup.kill_token_processes(token, grace_s=1.0)
+        killed = process_tokens.kill_token_processes(token, grace_s=1.0)
         assert set(killed) == found
         for proc in procs:
             proc.wait(timeout=5)
@@ -190,8 +192,8 @@ def test_kill_token_processes_directly(sleeper: subprocess.Popen[bytes]) -> None
 
 def test_exec_wrapper_puts_a_fresh_token_in_the_exec_time_environment() -> None:
     code = "import os; print(open(f'/proc/{os.getpid()}/environ', 'rb').read().count(b'HPCTRAIN_TASK_TOKEN='))"
-    command = cleanup.python_command(sys.executable) + f" -c {code!r}"
-    env = {k: v for k, v in os.environ.items() if k != cleanup.TOKEN_ENV}
+    command = python_command(sys.executable) + f" -c {code!r}"
+    env = {k: v for k, v in os.environ.items() if k != process_tokens.TOKEN_ENV}
     out = subprocess.run(command, shell=True, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"
 
@@ -199,7 +201,7 @@ def test_exec_wrapper_puts_a_fresh_token_in_the_exec_time_environment() -> None:
 def test_ensure_task_token_keeps_an_existing_one() -> None:
     environ: dict[str, str] = {}
     token = cleanup.ensure_task_token(environ)
-    assert environ[cleanup.TOKEN_ENV] == token
+    assert environ[process_tokens.TOKEN_ENV] == token
     assert cleanup.ensure_task_token(environ) == token
 
 

@@ -1,6 +1,6 @@
 """data.decode gpu/dali on a CUDA device: the trainer trains and resumes exactly with it, and
 the device's decode matches the CPU decode of the same boxes. Skipped without CUDA (DALI
-tests also without DALI); tests/unit/test_device_decode.py covers the same code on a CPU device.
+tests also without DALI); tests/unit/test_trainer_data_device_decode.py covers the same code on a CPU device.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import torchvision
 from torch import nn
 from trainer_harness import context, job_spec, read_jsonl
 
+from hpctrain.contract.rundir import metrics_path
 from hpctrain.trainer.evaluation import batch_sums
 from hpctrain.trainer.strategies.dp import dp_device_ids
 from hpctrain.trainer.strategies.dp_loss import DataParallelModel, parallel_loss, parallel_sums
@@ -65,7 +66,7 @@ def test_the_trainer_trains_the_same_model_with_and_without_it(data_root: Path, 
     assert runs["parallel"]["status"] == "completed"
     assert runs["parallel"]["global_batch_size"] == 8 * torch.cuda.device_count()
     first = [
-        next(r for r in read_jsonl(tmp_path / name / "metrics.jsonl") if r["kind"] == "train_step")
+        next(r for r in read_jsonl(metrics_path(tmp_path / name)) if r["kind"] == "train_step")
         for name in ("plain", "parallel")
     ]
     assert first[1]["step"] == first[0]["step"]

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from hpctrain.contract.heartbeat_files import read_heartbeats
-from hpctrain.contract.rundir import read_summary, stack_dump_path
+from hpctrain.contract.rundir import stack_dump_path
+from hpctrain.contract.summary import read_summary
 from hpctrain.runtime import heartbeat
 from hpctrain.runtime.hang import HANG_EXIT_CODE
+from tests.net_helpers import free_port
 
 pytestmark = pytest.mark.local_dist
 
@@ -27,12 +29,6 @@ import json, sys
 from hpctrain.runtime.launcher import TaskLauncher
 TaskLauncher(json.loads(sys.argv[2]), sys.argv[1])()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start_ranks(tmp_path: Path, run_dir: Path, spec: dict) -> list[subprocess.Popen]:

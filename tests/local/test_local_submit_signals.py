@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpctrain.runtime.cleanup import RUN_TOKEN_ENV
+from hpctrain.contract.process_tokens import RUN_TOKEN_ENV
+from hpctrain.contract.rundir import run_info_path, summary_path
 
 pytestmark = pytest.mark.local_dist
 
@@ -89,7 +90,7 @@ def start_training(tmp_path: Path, data_root: Path) -> tuple[subprocess.Popen[st
     )
     try:
         run_dir = wait_for(lambda: training_started(tmp_path / "runs"), 300, "the first training step")
-        token = json.loads((run_dir / "run.json").read_text())["local_process"]["token"]
+        token = json.loads(run_info_path(run_dir).read_text())["local_process"]["token"]
         # controller, two tasks, a loader worker each (the per-task reapers do not carry it)
         before = wait_for(lambda: (found := processes_with(token)) and len(found) >= 5 and found, 120, "workers")
     except BaseException:
@@ -114,7 +115,7 @@ def test_a_terminated_local_submit_leaves_no_process_of_the_run(
     assert submitter.returncode == 128 + signum, out + err
     assert "Traceback" not in err and signal.Signals(signum).name in err
     assert processes_with(token) == [], f"left running of {before}"
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(summary_path(run_dir).read_text())
     assert summary["status"] == "stopped" and summary.get("stop_reason") == "cancelled", summary
     assert any(run_dir.glob("checkpoints/*")), "the stop checkpoint is kept"
 
@@ -129,7 +130,7 @@ def test_a_killed_local_submit_takes_its_run_along(tmp_path: Path, data_root: Pa
     finally:
         for pid in processes_with(token):
             os.kill(pid, signal.SIGKILL)  # carries the run's token: the test's own run
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(summary_path(run_dir).read_text())
     assert summary["status"] == "stopped", summary  # saved and stopped, as after a preemption
 
 
@@ -140,7 +141,7 @@ def test_a_local_run_whose_rank_zero_was_killed_is_failed_and_the_watch_ends(tmp
     submitter, run_dir, token, _ = start_training(tmp_path, data_root)
     env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")}
     try:
-        controller = psutil.Process(int(json.loads((run_dir / "run.json").read_text())["job_id"]))
+        controller = psutil.Process(int(json.loads(run_info_path(run_dir).read_text())["job_id"]))
         (rank0,) = [t for t in controller.children() if t.environ().get("SUBMITIT_LOCAL_GLOBALID") == "0"]
         rank0.kill()
         watch = subprocess.run(
@@ -159,6 +160,6 @@ def test_a_local_run_whose_rank_zero_was_killed_is_failed_and_the_watch_ends(tmp
     assert watch.returncode == 1 and watch.stdout.rstrip().endswith("run status: failed"), watch.stdout + watch.stderr
     shown = json.loads(status.stdout)
     assert shown["status"] == "failed" and "killed" in shown["failed_reason"]
-    left = run_dir / "summary.json"  # what rank 0 left: no final word
+    left = summary_path(run_dir)  # what rank 0 left: no final word
     assert not left.exists() or json.loads(left.read_text())["status"] == "running"
     assert processes_with(token) == []

@@ -15,7 +15,7 @@ import pytest
 from trainer_harness import job_spec, train
 
 from hpctrain.dataset import index as index_module
-from hpctrain.dataset import mount
+from hpctrain.dataset import mount_release
 from hpctrain.dataset.pack import pack
 from hpctrain.jobspec.models import JobSpec
 from tests.squashfs_tools import require_mount
@@ -35,8 +35,8 @@ def packed(data_root: Path, tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]
     stage.mkdir()
     yield image, tree, stage
     for point in stage.glob("hpctrain-*/job-*/mnt-*"):  # this process's mounts: its watchers wait for pytest
-        if point.is_dir() or mount.is_mounted(point):
-            assert mount.release(point, None)
+        if point.is_dir() or mount_release.is_mounted(point):
+            assert mount_release.release(point, None)
     assert not [line for line in Path("/proc/mounts").read_text().splitlines() if str(stage) in line]
 
 

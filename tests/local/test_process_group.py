@@ -19,6 +19,7 @@ from hpctrain.jobspec.models import Distributed
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.launcher import TaskLauncher
 from hpctrain.runtime.task_env import one_node_env
+from tests.net_helpers import free_port
 
 pytestmark = pytest.mark.local_dist
 
@@ -38,12 +39,6 @@ with process_group(env, Distributed(timeout_s=30), use_cuda=False, connect_timeo
 row["destroyed"] = not dist.is_initialized()
 print(json.dumps(row))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
 
 
 def run_workers(envs: list[dict[str, str]], tmp_path: Path) -> list[dict[str, Any]]:

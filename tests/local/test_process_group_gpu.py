@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,18 +14,13 @@ import torch
 
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.launcher import TaskLauncher
+from tests.net_helpers import free_port
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.local_dist,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
 
 
 def make_env(rank: int = 0, world_size: int = 1, local_world_size: int = 1, port: int = 0) -> TaskEnv:

@@ -10,6 +10,7 @@ import yaml
 from trainer_harness import job_spec, train
 
 from hpctrain.cli.main import main
+from hpctrain.contract.rundir import spec_path
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -20,7 +21,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> Path:
     spec = job_spec(data_root, trainer={"epochs": 2, "max_steps_per_epoch": 4, "log_every_steps": 2})
     train(run, spec, stop_after=6)  # a first attempt stopped mid-epoch 2 (as at a time limit)
     train(run, spec)  # resumed from its stop checkpoint
-    (run / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    spec_path(run).write_text(yaml.safe_dump(spec.model_dump(mode="json")))
     return run
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from trainer_harness import job_spec, train
 
-from hpctrain.contract.rundir import write_run_info
+from hpctrain.contract.rundir import checkpoints_dir, step_dir_name, summary_path, write_run_info
 from hpctrain.errors import CheckpointError
 from hpctrain.trainer.checkpoint import CheckpointManager
 from tests.checkpoint_crafting import plant_tensor, rewrite
@@ -85,7 +85,7 @@ def test_a_newest_checkpoint_whose_fields_do_not_fit_falls_back_to_the_previous(
     run = tmp_path / "run"
     shutil.copytree(stopped, run)
     tamper, said = CASES[case]
-    rewrite(run / "checkpoints" / "step-00000004", tamper)
+    rewrite(checkpoints_dir(run) / step_dir_name(4), tamper)
     with caplog.at_level(logging.INFO):
         last = train(run, spec_for(data_root))
     assert f"skipping unusable checkpoint {run / 'checkpoints' / 'step-00000004'}: {said}" in caplog.text
@@ -102,7 +102,7 @@ def test_a_planted_5_gib_tensor_falls_back_before_it_is_allocated(
     stopped, full = runs
     run = tmp_path / "run"
     shutil.copytree(stopped, run)
-    newest = run / "checkpoints" / "step-00000004"
+    newest = checkpoints_dir(run) / step_dir_name(4)
     before = (newest / "state.pt").stat().st_size
     plant_tensor(newest, 5 << 30, deflated=deflated)
     assert (newest / "state.pt").stat().st_size < before + (8 << 20)  # 5 GiB more tensor, at most 8 MB more file
@@ -122,11 +122,11 @@ def test_when_no_checkpoint_fits_the_run_fails_naming_each_and_keeps_them(
     run = tmp_path / "run"
     shutil.copytree(stopped, run)
     for step in (2, 3, 4):
-        rewrite(run / "checkpoints" / f"step-0000000{step}", edit(progress__epoch=10**9))
+        rewrite(checkpoints_dir(run) / step_dir_name(step), edit(progress__epoch=10**9))
     with pytest.raises(CheckpointError) as caught:
         train(run, spec_for(data_root))
     message = caught.value.message
     assert "no usable checkpoint" in message
     assert all(f"step-0000000{step}: progress.epoch is 1000000000" in message for step in (2, 3, 4))
-    assert len(CheckpointManager(run / "checkpoints").checkpoints()) == 3  # nothing the user had is lost
-    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+    assert len(CheckpointManager(checkpoints_dir(run)).checkpoints()) == 3  # nothing the user had is lost
+    assert json.loads(summary_path(run).read_text())["status"] == "failed"

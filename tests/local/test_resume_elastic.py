@@ -11,6 +11,7 @@ import pytest
 import torch
 from trainer_harness import run_ranks
 
+from hpctrain.contract.rundir import checkpoints_dir, summary_path
 from hpctrain.trainer.checkpoint import CheckpointManager
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.local_dist]
@@ -29,7 +30,7 @@ def global_batches(*attempts: list[dict[str, Any]]) -> dict[tuple[int, int], lis
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     """The final checkpoint's parameters (BatchNorm's running statistics are per rank: see docs/preemption.md)."""
-    model = CheckpointManager(run_dir / "checkpoints").load()["model"]
+    model = CheckpointManager(checkpoints_dir(run_dir)).load()["model"]
     return {name: value for name, value in model.items() if not name.endswith(BN_BUFFERS)}
 
 
@@ -55,6 +56,6 @@ def test_four_ranks_resumed_on_two_then_one_train_the_same_global_batches(data_r
     assert ours.keys() == theirs.keys()
     for name, value in theirs.items():
         torch.testing.assert_close(ours[name], value, rtol=0, atol=1e-9, msg=name)
-    meta = CheckpointManager(split / "checkpoints").load()
+    meta = CheckpointManager(checkpoints_dir(split)).load()
     assert meta["micro_batches"] == 4 and meta["world_size"] == 1
-    assert json.loads((split / "summary.json").read_text())["restarts"] == 2
+    assert json.loads(summary_path(split).read_text())["restarts"] == 2

@@ -9,6 +9,7 @@ import pytest
 import torch
 from trainer_harness import job_spec, run_ranks, train
 
+from hpctrain.contract.rundir import checkpoints_dir, summary_path
 from hpctrain.trainer.checkpoint import CheckpointManager
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -25,9 +26,9 @@ def test_stopped_and_resumed_twice_matches_uninterrupted(data_root: Path, tmp_pa
     first = train(split, spec, stop_after=2)  # mid epoch 1
     assert first["status"] == "stopped" and first["stop_reason"] == "timeout"
     assert first["global_step"] == 2 and first["epochs_completed"] == 0
-    meta = json.loads((split / "checkpoints" / "step-00000002" / "meta.json").read_text())
+    meta = json.loads((checkpoints_dir(split) / "step-00000002" / "meta.json").read_text())
     assert meta["tag"] == "stop" and meta["global_step"] == 2
-    assert json.loads((split / "summary.json").read_text())["status"] == "stopped"
+    assert json.loads(summary_path(split).read_text())["status"] == "stopped"
 
     second = train(split, spec, stop_after=6)  # across an epoch boundary, then mid epoch 2
     assert second["status"] == "stopped" and second["global_step"] == 6 and second["epochs_completed"] == 1
@@ -38,8 +39,8 @@ def test_stopped_and_resumed_twice_matches_uninterrupted(data_root: Path, tmp_pa
     assert last["weights_sha256"] == full["weights_sha256"]
     assert last["val_top1"] == full["val_top1"] and last["train_top1"] == full["train_top1"]
     # The optimizer state went through the checkpoints too, not only the weights.
-    ours = CheckpointManager(split / "checkpoints").load()
-    theirs = CheckpointManager(tmp_path / "full" / "checkpoints").load()
+    ours = CheckpointManager(checkpoints_dir(split)).load()
+    theirs = CheckpointManager(checkpoints_dir(tmp_path / "full")).load()
     for key, state in theirs["optimizer"]["state"].items():
         assert torch.equal(ours["optimizer"]["state"][key]["momentum_buffer"], state["momentum_buffer"])
     assert ours["scheduler"]["last_epoch"] == theirs["scheduler"]["last_epoch"] == 8
@@ -65,7 +66,7 @@ def test_two_ranks_stopped_on_one_rank_resume_exactly(data_root: Path, tmp_path:
         assert result["resumed"]["weights_sha256"] == result["full"]["weights_sha256"]
     assert results[0]["full"]["weights_sha256"] == results[1]["full"]["weights_sha256"]
     assert results[0]["resumed"]["val_top1"] == results[0]["full"]["val_top1"]
-    summary = json.loads((tmp_path / "split" / "summary.json").read_text())
+    summary = json.loads(summary_path(tmp_path / "split").read_text())
     assert summary["world_size"] == 2 and summary["restarts"] == 1
 
 

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.net_helpers import free_port
+
 pytestmark = pytest.mark.local_dist
 
 WORKER = """
 import json, os, signal, sys
 import torch.distributed as dist
-from hpctrain.runtime.stop import StopRequest, all_reduce_max, cancel_marker_paths, install_handlers
+from hpctrain.contract.cancel_marker import cancel_marker_paths
+from hpctrain.runtime.stop import StopRequest, all_reduce_max, install_handlers
 
 rank, port, run_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -36,15 +38,9 @@ print(json.dumps(rows))
 """
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_one_ranks_flag_is_agreed_by_both(tmp_path: Path) -> None:
     pytest.importorskip("torch.distributed")
-    from hpctrain.runtime.stop import write_cancel_marker
+    from hpctrain.contract.cancel_marker import write_cancel_marker
 
     write_cancel_marker(tmp_path, ["77"])  # only a SIGTERM turns into a cancel
     script = tmp_path / "worker.py"

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from trainer_harness import context, job_spec
 
+from hpctrain.contract.rundir import checkpoints_dir, summary_path
 from hpctrain.errors import TrainingConfigError
 from hpctrain.trainer import trainer as trainer_module
 from hpctrain.trainer.checkpoint import CheckpointManager
@@ -38,7 +39,7 @@ def test_a_compiled_run_trains_and_checkpoints_the_plain_keys(
     assert result["status"] == "completed" and result["global_step"] == 2
     assert trainer.module._compiled_call_impl is not None  # compiled in place, not wrapped
     plain = build_model(spec.trainer, 4, image_size=32).state_dict()
-    state = CheckpointManager(tmp_path / "checkpoints").load()
+    state = CheckpointManager(checkpoints_dir(tmp_path)).load()
     assert list(state["model"]) == list(plain)  # no "_orig_mod." prefixes: resumes and weights files work
 
 
@@ -55,7 +56,7 @@ def test_a_compile_failure_is_a_config_error_with_a_hint(
     assert "torch.compile could not compile the model" in info.value.message
     assert "no working C++ compiler found" in info.value.message
     assert info.value.hint is not None and "trainer.compile: false" in info.value.hint
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads(summary_path(tmp_path).read_text())
     assert summary["status"] == "failed" and "trainer.compile" in summary["error"]
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from trainer_harness import job_spec, make_data, run_ranks, train
 
+from hpctrain.contract.rundir import checkpoints_dir, summary_path
 from hpctrain.trainer.checkpoint import CheckpointManager
 
 pytestmark = pytest.mark.local_dist
@@ -32,7 +33,7 @@ def test_ddp_ranks_train_identical_models(two_ranks: tuple[Path, Path, list[dict
     assert [r["global_rank"] for r in results] == [0, 1]
     assert results[0]["weights_sha256"] == results[1]["weights_sha256"]
     assert results[0]["val_top1"] == results[1]["val_top1"]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(summary_path(run_dir).read_text())
     assert summary["world_size"] == 2 and summary["strategy"] == "ddp" and summary["global_step"] == 4
     assert summary["global_batch_size"] == 16 and summary["weights_sha256"] == results[0]["weights_sha256"]
 
@@ -51,8 +52,8 @@ def test_multi_node_dp_trains_like_ddp(tmp_path: Path) -> None:
     for result in ranks:
         assert result["ddp"]["global_step"] == result["dp"]["global_step"] == 4
         assert result["dp"]["global_batch_size"] == result["ddp"]["global_batch_size"] == 16
-    ddp = CheckpointManager(tmp_path / "ddp" / "checkpoints").load()["model"]
-    dp = CheckpointManager(tmp_path / "dp" / "checkpoints").load()["model"]
+    ddp = CheckpointManager(checkpoints_dir(tmp_path / "ddp")).load()["model"]
+    dp = CheckpointManager(checkpoints_dir(tmp_path / "dp")).load()["model"]
     assert ddp.keys() == dp.keys()
     for name, tensor in ddp.items():
         if tensor.is_floating_point():

@@ -9,6 +9,8 @@ import pytest
 import torch
 from trainer_harness import job_spec, make_data, read_jsonl, train
 
+from hpctrain.contract.rundir import metrics_path
+
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback; the GPU path is in test_trainer_gpu")
 def test_dp_on_cpu_trains_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -40,7 +42,7 @@ def test_parallel_loss_on_cpu_trains_the_same_model_as_plain_dp(tmp_path: Path) 
     parallel = train(tmp_path / "parallel", job_spec(data_root, trainer={**common, "dp_parallel_loss": True}))
     assert parallel["weights_sha256"] == plain["weights_sha256"]
     losses = [
-        [(r["loss"], r["top1"]) for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train_step"]
+        [(r["loss"], r["top1"]) for r in read_jsonl(metrics_path(run)) if r["kind"] == "train_step"]
         for run in (tmp_path / "plain", tmp_path / "parallel")
     ]
     assert losses[0] and losses[0] == losses[1]

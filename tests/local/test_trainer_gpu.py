@@ -11,6 +11,7 @@ import pytest
 import torch
 from trainer_harness import context, job_spec, stop_at
 
+from hpctrain.contract.rundir import checkpoints_dir
 from hpctrain.trainer.checkpoint import CheckpointManager
 from hpctrain.trainer.trainer import Trainer
 
@@ -27,13 +28,13 @@ def test_fp16_with_grad_scaler_trains_and_checkpoints_the_scaler(data_root: Path
     result = gpu_train(tmp_path, spec)
     assert result["status"] == "completed" and result["precision"] == "fp16" and result["device"] == "cuda:0"
     assert result["global_step"] == 6 and result["train_loss"] > 0
-    state = CheckpointManager(tmp_path / "checkpoints").load(map_location="cpu")
+    state = CheckpointManager(checkpoints_dir(tmp_path)).load(map_location="cpu")
     assert state["precision"]["precision"] == "fp16" and state["precision"]["scaler"]["scale"] > 0
 
 
 def test_checkpoint_loads_onto_the_requested_device(data_root: Path, tmp_path: Path) -> None:
     gpu_train(tmp_path, job_spec(data_root))
-    manager = CheckpointManager(tmp_path / "checkpoints")
+    manager = CheckpointManager(checkpoints_dir(tmp_path))
     on_gpu = manager.load(map_location=torch.device("cuda", 0))
     assert on_gpu["model"]["fc.weight"].device == torch.device("cuda", 0)
     assert on_gpu["optimizer"]["state"][0]["momentum_buffer"].device == torch.device("cuda", 0)

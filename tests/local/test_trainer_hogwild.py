@@ -10,6 +10,7 @@ import pytest
 import torch
 from trainer_harness import job_spec, task_env, train
 
+from hpctrain.contract.rundir import checkpoints_dir, summary_path
 from hpctrain.errors import TrainingConfigError
 from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
 from hpctrain.trainer.data import ResumableDistributedSampler
@@ -52,7 +53,7 @@ def test_two_workers_train_disjoint_shards(data_root: Path, tmp_path: Path) -> N
     torch.manual_seed(0)
     initial = build_model(job_spec(data_root).trainer, 4, image_size=32)
     assert weights_sha256(initial.state_dict()) != result["weights_sha256"]
-    state = CheckpointManager(tmp_path / "checkpoints").load()
+    state = CheckpointManager(checkpoints_dir(tmp_path)).load()
     assert state["hogwild"]["processes"] == 2 and len(state["hogwild"]["workers"]) == 2
     assert state["hogwild"]["workers"][0]["optimizer"]["state"]
 
@@ -92,5 +93,5 @@ def test_a_failing_worker_fails_the_run_with_its_traceback(
     monkeypatch.setattr(hogwild, "build_loaders", broken_loaders)  # forked workers inherit the patch
     with pytest.raises(RuntimeError, match="worker-side failure"):
         train(tmp_path, hogwild_spec(data_root, epochs=1))
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads(summary_path(tmp_path).read_text())
     assert summary["status"] == "failed" and "hogwild worker" in summary["error"]

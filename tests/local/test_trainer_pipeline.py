@@ -11,6 +11,7 @@ import torch
 from pipeline_harness import run_ranks
 from trainer_harness import job_spec, train
 
+from hpctrain.contract.rundir import checkpoints_dir
 from hpctrain.trainer.checkpoint import CheckpointManager
 
 pytestmark = pytest.mark.local_dist
@@ -60,7 +61,7 @@ def test_pipeline_learns_resumes_and_its_checkpoint_loads_into_single(data_root:
     assert resumed["best_val_top1"] >= 50.0  # 4 classes: chance is 25 %
     assert {rank["resumed"]["weights_sha256"] for rank in ranks} == {resumed["weights_sha256"]}
 
-    state = CheckpointManager(run_dir / "checkpoints").load()
+    state = CheckpointManager(checkpoints_dir(run_dir)).load()
     assert state["optimizer"] is None and len(state["pipeline"]) == 2  # one optimizer state per stage
     assert [len(stage["state"]) for stage in state["pipeline"]] == [54, 8]  # momentum of each stage's params
 
@@ -86,8 +87,8 @@ def test_pipeline_without_micro_batches_trains_like_single(data_root: Path, tmp_
     )
     torch.set_num_threads(1)
     train(tmp_path / "single", job_spec(data_root, trainer={**trainer, "strategy": "single"}))
-    piped = CheckpointManager(tmp_path / "pipe" / "checkpoints").load()["model"]
-    single = CheckpointManager(tmp_path / "single" / "checkpoints").load()["model"]
+    piped = CheckpointManager(checkpoints_dir(tmp_path / "pipe")).load()["model"]
+    single = CheckpointManager(checkpoints_dir(tmp_path / "single")).load()["model"]
     assert piped.keys() == single.keys()
     for name, tensor in single.items():
         torch.testing.assert_close(piped[name], tensor, rtol=1e-4, atol=1e-5, msg=name)

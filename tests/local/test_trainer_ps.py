@@ -14,13 +14,14 @@ import torch
 from ps_harness import run_ranks
 from trainer_harness import job_spec, train
 
+from hpctrain.contract.rundir import checkpoints_dir
 from hpctrain.trainer.checkpoint import CheckpointManager
 
 pytestmark = pytest.mark.local_dist
 
 
 def load_model(run_dir: Path) -> dict[str, torch.Tensor]:
-    state = CheckpointManager(run_dir / "checkpoints").load()
+    state = CheckpointManager(checkpoints_dir(run_dir)).load()
     assert state is not None
     return state
 

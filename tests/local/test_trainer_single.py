@@ -11,6 +11,7 @@ import pytest
 import torch
 from trainer_harness import job_spec, read_jsonl, train
 
+from hpctrain.contract.rundir import checkpoints_dir, metrics_path, summary_path, tb_dir
 from hpctrain.errors import TrainingConfigError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -51,7 +52,7 @@ def finished_run(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> t
 
 def test_trains_and_writes_a_sane_summary(finished_run: tuple[Path, dict[str, Any]]) -> None:
     run_dir, result = finished_run
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(summary_path(run_dir).read_text())
     assert summary.keys() >= SUMMARY_KEYS
     assert summary == result
     assert summary["status"] == "completed" and summary["stop_reason"] is None
@@ -67,7 +68,7 @@ def test_trains_and_writes_a_sane_summary(finished_run: tuple[Path, dict[str, An
 
 def test_metrics_jsonl_lines(finished_run: tuple[Path, dict[str, Any]]) -> None:
     run_dir, _ = finished_run
-    records = read_jsonl(run_dir / "metrics.jsonl")
+    records = read_jsonl(metrics_path(run_dir))
     kinds = [r["kind"] for r in records]
     assert kinds.count("epoch") == 2 and kinds.count("val") == 2
     steps = [r for r in records if r["kind"] == "train_step"]
@@ -80,14 +81,14 @@ def test_metrics_jsonl_lines(finished_run: tuple[Path, dict[str, Any]]) -> None:
     for record in (r for r in records if r["kind"] == "epoch"):
         assert 0 <= record["data_wait_fraction"] <= 1
     val = [r for r in records if r["kind"] == "val"]
-    assert val[-1]["top1"] == json.loads((run_dir / "summary.json").read_text())["val_top1"]
+    assert val[-1]["top1"] == json.loads(summary_path(run_dir).read_text())["val_top1"]
 
 
 def test_tensorboard_events_readable(finished_run: tuple[Path, dict[str, Any]]) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run_dir, _ = finished_run
-    events = EventAccumulator(str(run_dir / "tb"))
+    events = EventAccumulator(str(tb_dir(run_dir)))
     events.Reload()
     tags = set(events.Tags()["scalars"])
     expected = {
@@ -109,7 +110,7 @@ def test_tensorboard_events_readable(finished_run: tuple[Path, dict[str, Any]]) 
 
 def test_checkpoints_kept(finished_run: tuple[Path, dict[str, Any]]) -> None:
     run_dir, _ = finished_run
-    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    names = sorted(p.name for p in checkpoints_dir(run_dir).iterdir())
     assert "step-00000006" in names and not any(n.startswith(".tmp") for n in names)
 
 
@@ -125,7 +126,7 @@ def test_evaluate_only_reproduces_the_final_validation(
 
     with pytest.raises(TrainingConfigError, match="evaluate_only"):
         train(tmp_path / "empty", spec)  # nothing to evaluate
-    assert json.loads((tmp_path / "empty" / "summary.json").read_text())["status"] == "failed"
+    assert json.loads(summary_path(tmp_path / "empty").read_text())["status"] == "failed"
 
 
 def test_desired_accuracy_stops_early(data_root: Path, tmp_path: Path) -> None:
@@ -133,7 +134,7 @@ def test_desired_accuracy_stops_early(data_root: Path, tmp_path: Path) -> None:
     result = train(tmp_path, spec)
     assert result["status"] == "completed" and result["stop_reason"] == "desired_acc"
     assert result["epochs_completed"] == 1 and result["global_step"] == 2
-    assert (tmp_path / "checkpoints" / "step-00000002" / "meta.json").is_file()
+    assert (checkpoints_dir(tmp_path) / "step-00000002" / "meta.json").is_file()
 
 
 def test_bf16_on_cpu_trains(data_root: Path, tmp_path: Path) -> None:
@@ -147,7 +148,7 @@ def test_failure_writes_failed_summary(data_root: Path, tmp_path: Path) -> None:
     spec = job_spec(tmp_path / "no-such-dataset")
     with pytest.raises(TrainingConfigError, match="data.root"):
         train(tmp_path / "run", spec)
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary = json.loads(summary_path(tmp_path / "run").read_text())
     assert summary["status"] == "failed" and "data.root" in summary["error"]
     assert summary["failed_rank"] == 0 and summary["failed_node"] == "localhost"
 
@@ -165,7 +166,7 @@ def test_wrong_strategy_for_the_task_layout_is_refused(data_root: Path, tmp_path
 def test_plain_progress_lines_and_accumulated_wall_time(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from hpctrain.trainer.reporting import Reporter
 
-    (tmp_path / "summary.json").write_text(json.dumps({"wall_s": 100.0, "restarts": 1, "started_at": "earlier"}))
+    summary_path(tmp_path).write_text(json.dumps({"wall_s": 100.0, "restarts": 1, "started_at": "earlier"}))
     reporter = Reporter(tmp_path, enabled=True, static={"arch": "resnet50"})
     reporter.start(epochs=90, steps_per_epoch=5005, global_step=10_130, resumed=True)
     values = {
@@ -185,7 +186,7 @@ def test_plain_progress_lines_and_accumulated_wall_time(tmp_path: Path, capsys: 
     expected = r"epoch 3/90 step 120/5005 loss 2\.3412 top1 45\.12 img/s 1234\.5 data-wait 12% eta \d+:\d\d:\d\d"
     assert re.fullmatch(expected, line)
     assert summary["wall_s"] >= 100.0 and summary["started_at"] == "earlier" and summary["arch"] == "resnet50"
-    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert json.loads(summary_path(tmp_path).read_text()) == summary
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "summary.json", "tb"]
 
 
@@ -201,7 +202,7 @@ def test_bad_images_are_skipped_and_counted_in_the_summary(data_root: Path, tmp_
     spec = job_spec(data, trainer={"epochs": 1})
     result = train(tmp_path / "run", spec)
     assert result["status"] == "completed" and result["skipped_samples"] >= 2  # at least the 2 val files
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["skipped_samples"] == result["skipped_samples"]
+    assert json.loads(summary_path(tmp_path / "run").read_text())["skipped_samples"] == result["skipped_samples"]
 
 
 def _png_bomb() -> bytes:
@@ -238,7 +239,7 @@ def test_image_bombs_are_skipped_in_training_and_left_out_of_validation(data_roo
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     classes = len(list((data / "val").iterdir()))
     assert result["status"] == "completed" and result["skipped_samples"] >= classes
-    [val] = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r.get("kind") == "val"]
+    [val] = [r for r in read_jsonl(metrics_path(tmp_path / "run")) if r.get("kind") == "val"]
     assert val["skipped"] == classes  # each val bomb left out once, none replaced by an image scored twice
 
 

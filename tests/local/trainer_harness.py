@@ -7,7 +7,6 @@ can import them by name; each rank writes its results as JSON.
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime.context import TaskContext, TaskEnv
 from hpctrain.runtime.stop import StopRequest
 from hpctrain.trainer.trainer import Trainer
+from tests.net_helpers import free_port
 
 DATASET = {"classes": 4, "per_class": 16, "image_size": 32}
 
@@ -110,12 +110,6 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 # -- several ranks ----------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def run_ranks(scenario: str | Callable[..., Any], world_size: int, out_dir: Path, **kwargs: Any) -> list[Any]:
     """Run ``scenario(rank, world_size, **kwargs)`` in ``world_size`` spawned gloo ranks; their results.
 

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.contract.slurm import RELEASE_AFTER_REQUEUE_S, parse_sacct_states
+from hpctrain.contract.slurm import RELEASE_AFTER_REQUEUE_S
+from hpctrain.contract.slurm_answers import parse_sacct_states
 from tests.cluster_scripts import load_cluster_script
 
 HERE = Path(__file__).resolve().parent

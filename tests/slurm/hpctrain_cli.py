@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpctrain.contract.rundir import submitit_dir
+
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
 
@@ -105,7 +107,7 @@ def hpctrain(env: dict[str, str], *args: str, timeout: float = 120) -> CliResult
 def task_logs(run_dir: Path, lines: int = 40) -> str:
     """The tail of every task's stderr in a run, for assertion messages."""
     parts = []
-    for path in sorted((run_dir / "submitit").glob("*_log.err")):
+    for path in sorted(submitit_dir(run_dir).glob("*_log.err")):
         text = path.read_text(errors="replace").splitlines()[-lines:]
         parts.append(f"===== {path.name}\n" + "\n".join(text))
     return "\n".join(parts) or f"(no task logs under {run_dir / 'submitit'})"

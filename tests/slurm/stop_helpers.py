@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from hpctrain.contract.rundir import checkpoints_dir, metrics_path, summary_path
+
 from .hpctrain_cli import cli_env, hpctrain, task_logs
 
 if TYPE_CHECKING:
@@ -69,7 +71,7 @@ class Run:
     run_dir: Path
 
     def summary(self) -> dict[str, Any]:
-        return json.loads((self.run_dir / "summary.json").read_text())
+        return json.loads(summary_path(self.run_dir).read_text())
 
 
 def submit(ws: Workspace, *extra_sets: str, timeout: float = 60) -> Run:
@@ -97,7 +99,7 @@ def wait_for(
 def checkpoint_steps(run_dir: Path) -> list[int]:
     """Global steps of the complete checkpoints (``step-N/`` with its meta.json), ascending."""
     steps = []
-    for meta in (run_dir / "checkpoints").glob("step-*/meta.json"):
+    for meta in checkpoints_dir(run_dir).glob("step-*/meta.json"):
         try:
             steps.append(int(meta.parent.name.split("-", 1)[1]))
         except ValueError:
@@ -113,13 +115,13 @@ def latest_step(run_dir: Path) -> int:
 def temp_checkpoint_dirs(run_dir: Path, step: int | None = None) -> list[Path]:
     """Checkpoint directories still being written (or left half-written), of ``step`` if given."""
     pattern = ".tmp-step-*" if step is None else f".tmp-step-{step:08d}-*"
-    return sorted((run_dir / "checkpoints").glob(pattern))
+    return sorted(checkpoints_dir(run_dir).glob(pattern))
 
 
 def train_steps_logged(run_dir: Path) -> list[int]:
     """The global step of every ``train_step`` line of metrics.jsonl, in file order (one per step here)."""
     steps = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+    for line in metrics_path(run_dir).read_text().splitlines():
         if line.strip():
             record = json.loads(line)
             if record.get("kind") == "train_step":

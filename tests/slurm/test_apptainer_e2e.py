@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from hpctrain.contract.rundir import slurm_relay_dir, submitit_dir
+
 from .conftest import REPO_ROOT
 from .hpctrain_cli import hpctrain, task_logs
 from .stop_helpers import (
@@ -117,7 +119,7 @@ def reference_weights(slurm_cluster: SlurmCluster, workspace: Workspace, image: 
 
 def assert_relayed(run: Run) -> None:
     """Every relayed request was answered and collected, and rank 0 asked for the job's state through it."""
-    relay = run.run_dir / ".hpctrain" / "slurm-relay" / run.job_id
+    relay = slurm_relay_dir(run.run_dir) / run.job_id
     assert relay.is_dir() and not list(relay.iterdir()), "every relayed request was answered and collected"
     assert "job is running: requeue" in task_logs(run.run_dir, lines=400)  # scontrol show job, relayed
 
@@ -147,7 +149,7 @@ def test_usr2_then_preemption_requeue_through_the_relay_and_resume_bit_identical
     assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
     report_timing("Apptainer run requeued and preempted, submit to end", time.monotonic() - started)
     assert_completed_exactly(run, 2, reference_weights)
-    out = (run.run_dir / "submitit" / f"{run.job_id}_0_log.out").read_text()
+    out = (submitit_dir(run.run_dir) / f"{run.job_id}_0_log.out").read_text()
     assert "stopping (timeout)" in out and "stopping (preempted)" in out, out
     assert_relayed(run)
 

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from hpctrain.contract.rundir import checkpoints_dir
+
 from .hpctrain_cli import hpctrain, task_logs
 from .stop_entrypoints import ENTRYPOINT_MODULE
 from .stop_helpers import (
@@ -126,7 +128,7 @@ def test_hpctrain_cancel_leaves_nothing_and_the_run_resumes(linuxproc: SlurmClus
     assert (summary["status"], summary["stop_reason"]) == ("stopped", "cancelled"), summary
     stopped_at = latest_step(run.run_dir)
     assert stopped_at == summary["global_step"], summary
-    assert checkpoint_is_intact(run.run_dir / "checkpoints" / f"step-{stopped_at:08d}")
+    assert checkpoint_is_intact(checkpoints_dir(run.run_dir) / f"step-{stopped_at:08d}")
 
     resumed = hpctrain(workspace.env, "resume", str(run.run_dir), "--wait", "--json", timeout=240)
     assert resumed.returncode == 0, f"{resumed}\n{task_logs(run.run_dir)}"

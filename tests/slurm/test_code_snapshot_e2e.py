@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpctrain.contract.rundir import code_dir, run_info_path
 from tests.git_helpers import git
 
 from .hpctrain_cli import cli_env, hpctrain, task_logs
@@ -88,9 +89,9 @@ def test_edit_after_submit_reaches_neither_the_job_nor_its_requeue(slurm_cluster
     write_entry(repo, "edited-after-submit")
     assert job_record(slurm_cluster, job_id).get("JobState") == "PENDING", "the edit must land while the job waits"
 
-    info = json.loads((run_dir / "run.json").read_text())["code_snapshot"]
+    info = json.loads(run_info_path(run_dir).read_text())["code_snapshot"]
     assert (info["git_commit"], info["git_dirty"]) == (git(repo, "rev-parse", "HEAD"), False), info
-    copied = sorted(p.relative_to(run_dir / "code").as_posix() for p in (run_dir / "code").rglob("*"))
+    copied = sorted(p.relative_to(code_dir(run_dir)).as_posix() for p in code_dir(run_dir).rglob("*"))
     assert copied == ["snapcase_e2e", "snapcase_e2e/__init__.py", "snapcase_e2e/job.py"], copied
     assert info["left_out"] == [f"snapcase_e2e/shadow.py: a symlink to {outside.resolve()}, outside {repo.resolve()}"]
 
@@ -104,7 +105,7 @@ def test_edit_after_submit_reaches_neither_the_job_nor_its_requeue(slurm_cluster
 
     assert first.read_text() == "as-submitted", task_logs(run_dir)
     assert second.read_text() == "as-submitted", task_logs(run_dir)
-    assert (run_dir / "code" / "snapcase_e2e" / "job.py").read_text().count("as-submitted") == 1
+    assert (code_dir(run_dir) / "snapcase_e2e" / "job.py").read_text().count("as-submitted") == 1
 
 
 def test_no_snapshot_runs_the_live_tree(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -120,7 +121,7 @@ def test_no_snapshot_runs_the_live_tree(slurm_cluster: SlurmCluster, tmp_path: P
     assert submitted.returncode == 0, submitted
     job_id, run_dir = submitted.json()["job_id"], Path(submitted.json()["run_dir"])
     write_entry(repo, "edited-after-submit")
-    assert not (run_dir / "code").exists()
+    assert not code_dir(run_dir).exists()
     first = run_dir / "seen-0-0.txt"
     wait_for(lambda: first.is_file() or None, "the job to start", 120)
     assert first.read_text() == "edited-after-submit"

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from hpctrain.contract.heartbeat_files import read_heartbeats
-from hpctrain.contract.rundir import read_summary, stack_dump_path
+from hpctrain.contract.rundir import stack_dump_path, stacks_dir
+from hpctrain.contract.summary import read_summary
 from hpctrain.runtime.hang import HANG_EXIT_CODE
 
 from .entrypoints import ENTRYPOINT_MODULE
@@ -82,7 +83,7 @@ def test_a_hung_rank_is_named_and_the_job_fails_fast(slurm_cluster: SlurmCluster
     assert summary.hung_node == beats[STUCK_RANK].node
     assert summary.hung_phase == "forward_backward"  # stuck in its compute, before the all-reduce
     assert summary.failed_reason.startswith(f"hang: rank {STUCK_RANK} on node n2 made no progress")  # type: ignore[union-attr]
-    assert summary.model_extra["stack_dumps"] == str(run_dir / "stacks")
+    assert summary.stack_dumps == str(stacks_dir(run_dir))
     for rank in range(WORLD_SIZE):
         assert stack_dump_path(run_dir, rank).is_file(), f"rank {rank} dumped no stacks\n{logs}"
     assert "_stuck_before_collective" in stack_dump_path(run_dir, STUCK_RANK).read_text()

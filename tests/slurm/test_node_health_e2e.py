@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from hpctrain.contract.rundir import submitit_dir, summary_path
+
 from .conftest import SCRIPT
 from .hpctrain_cli import cli_env, hpctrain, task_logs
 from .stop_helpers import Run, latest_step, wait_for, wait_no_processes
@@ -99,7 +101,7 @@ def submit(ws: dict[str, Any], name: str, *flags: str) -> tuple[Run, str]:
 
 
 def burn_ins(run: Run) -> list[dict[str, Any]]:
-    path = run.run_dir / "summary.json"
+    path = summary_path(run.run_dir)
     return json.loads(path.read_text()).get("burn_in") or [] if path.exists() else []
 
 
@@ -107,9 +109,9 @@ def finished(cluster: SlurmCluster, run: Run) -> dict[str, Any]:
     try:
         state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
     except AssertionError as exc:  # what the run decided about its nodes says why
-        summary = (run.run_dir / "summary.json").read_text() if (run.run_dir / "summary.json").exists() else ""
+        summary = summary_path(run.run_dir).read_text() if summary_path(run.run_dir).exists() else ""
         raise AssertionError(f"{exc}\nsummary.json: {summary}") from None
-    logs = "\n".join(p.read_text(errors="replace") for p in sorted((run.run_dir / "submitit").glob("*_0_log.err")))
+    logs = "\n".join(p.read_text(errors="replace") for p in sorted(submitit_dir(run.run_dir).glob("*_0_log.err")))
     assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
     summary = run.summary()
     assert (summary["status"], summary["global_step"]) == ("completed", EPOCHS * STEPS), summary

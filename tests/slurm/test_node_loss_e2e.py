@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from hpctrain.contract.heartbeat_files import read_heartbeats
-from hpctrain.contract.rundir import supervisor_record_path, write_json_atomic
+from hpctrain.contract.rundir import guardian_log_path, submitit_dir, supervisor_record_path, write_json_atomic
 
 from .entrypoints import ENTRYPOINT_MODULE
 from .hpctrain_cli import hpctrain, task_logs
@@ -96,7 +96,7 @@ def kill_node(node: str) -> list[int]:
 
 
 def batch_log(run_dir: Path) -> str:
-    return "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "submitit").glob("*_0_log.err")))
+    return "\n".join(p.read_text(errors="replace") for p in sorted(submitit_dir(run_dir).glob("*_0_log.err")))
 
 
 def assert_nothing_left(cluster: SlurmCluster, job_id: str) -> None:
@@ -248,7 +248,7 @@ def test_the_batch_nodes_death_requeues_and_the_next_start_keeps_it_out(
     record = json.loads(record_path.read_text())
     write_json_atomic(record_path, {**record, "time": time.time() + 365 * 86400})
     wait_requeued(cluster, run.job_id, restarts=1, timeout=REQUEUE_AFTER_LOSS_TIMEOUT_S)
-    guardian_log = (run.run_dir / "submitit" / f"{run.job_id}_guardian_log.err").read_text()
+    guardian_log = guardian_log_path(run.run_dir, run.job_id).read_text()
     assert "ahead of this node's clock" in guardian_log and "node n1 lost" in guardian_log, guardian_log
     assert job_record(cluster, run.job_id).get("ExcNodeList") == "n1", batch_log(run.run_dir)
     cluster.release(run.job_id)

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpctrain.contract.rundir import summary_path
 from tests.squashfs_tools import require_mount
 
 from .hpctrain_cli import cli_env, hpctrain, task_logs, task_output
@@ -87,7 +88,7 @@ def test_two_nodes_train_on_a_packed_image_and_leave_nothing_mounted(
         return run_dir
 
     run = submit("--set", "trainer.epochs=1")
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads(summary_path(run).read_text())
     assert summary["status"] == "completed" and summary["skipped_samples"] == 0, summary
     output = task_output(run)
     assert output.count("hpctrain: data: mounted") == 2, output  # once per node, by its first task

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 import torchvision
 
+from hpctrain.contract.rundir import checkpoints_dir, summary_path
 from hpctrain.trainer.checkpoint import CheckpointManager
 
 from .hpctrain_cli import cli_env, hpctrain, task_logs
@@ -45,7 +46,7 @@ def test_two_stage_pipeline_trains_across_two_nodes(
     assert submitted.returncode == 0, f"{submitted}\n{task_logs(run_dir)}"
     assert slurm_cluster.wait_state(report["job_id"]) == "COMPLETED"
 
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(summary_path(run_dir).read_text())
     shape = {key: summary.get(key) for key in ("status", "strategy", "world_size", "hostnames", "epochs_completed")}
     assert shape == {
         "status": "completed",
@@ -56,7 +57,7 @@ def test_two_stage_pipeline_trains_across_two_nodes(
     }, summary
     assert summary["global_step"] == 8 and summary["val_loss"] is not None
 
-    state = CheckpointManager(run_dir / "checkpoints").load()
+    state = CheckpointManager(checkpoints_dir(run_dir)).load()
     model = torchvision.models.resnet18(num_classes=4)
     model.load_state_dict(state["model"])  # the whole model, torchvision's keys
     assert len(state["pipeline"]) == 2

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from hpctrain.contract.rundir import submitit_dir
+
 from .hpctrain_cli import hpctrain, task_logs
 from .setup_hold import BATCH_HOLD_SCRIPT, HOLD_VAR
 from .stop_entrypoints import ENTRYPOINT_MODULE
@@ -111,7 +113,7 @@ def test_requeue_then_preemption_resumes_bit_identically(
 
     # Each attempt continued exactly at the step where the previous one stopped: none repeated, none skipped.
     assert_completed_exactly(run, 2, reference_weights)
-    out = (run.run_dir / "submitit" / f"{run.job_id}_0_log.out").read_text()
+    out = (submitit_dir(run.run_dir) / f"{run.job_id}_0_log.out").read_text()
     assert "stopping (timeout)" in out and "stopping (preempted)" in out, out
 
 

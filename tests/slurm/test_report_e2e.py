@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 from PIL import Image
 
+from hpctrain.contract.rundir import metrics_path, report_dir
 from tests.browser import image_widths, require_chromium, screenshot_colours
 
 from .hpctrain_cli import hpctrain
@@ -36,11 +37,11 @@ def study(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory)
 def report(study: SmokeStudy) -> tuple[Path, dict]:
     done = hpctrain(study.env, "report", str(study.study_dir), "--baseline", "hal", "--json", timeout=300)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done
-    return study.study_dir / "report", json.loads(done.stdout)
+    return report_dir(study.study_dir), json.loads(done.stdout)
 
 
 def steady_rates(run_dir: Path) -> list[float]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in metrics_path(run_dir).read_text().splitlines() if line.strip()]
     return [r["images_per_s"] for r in records if r.get("kind") == "train_step" and r.get("images_per_s")]
 
 

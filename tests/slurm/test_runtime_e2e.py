@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from submitit.core.utils import pickle_load
 
+from hpctrain.contract.rundir import submitit_dir
+
 from .entrypoints import ENTRYPOINT_MODULE
 from .hpctrain_cli import CliResult, cli_env, hpctrain, task_logs
 
@@ -33,7 +35,7 @@ def task_results(run_dir: Path, job_id: str, world_size: int) -> list[dict[str, 
     """What each task's TaskLauncher returned, read from submitit's result pickles, in rank order."""
     results = []
     for task in range(world_size):
-        path = run_dir / "submitit" / f"{job_id}_{task}_result.pkl"
+        path = submitit_dir(run_dir) / f"{job_id}_{task}_result.pkl"
         assert path.is_file(), f"task {task} left no result at {path}\n{task_logs(run_dir)}"
         outcome, value = pickle_load(path)
         assert outcome == "success", f"task {task}: {outcome}\n{value}"
@@ -122,11 +124,11 @@ def test_failing_rank_fails_the_job_fast(slurm_cluster: SlurmCluster, tmp_path: 
     assert f"job {job_id} ended FAILED" in submitted.stderr, submitted
     assert slurm_cluster.wait_state(job_id) == "FAILED"
 
-    rank3_err = (run_dir / "submitit" / f"{job_id}_3_log.err").read_text(errors="replace")
+    rank3_err = (submitit_dir(run_dir) / f"{job_id}_3_log.err").read_text(errors="replace")
     expected = "hpctrain: rank 3 on node n2 failed: RuntimeError: deliberate failure on rank 3"
     assert expected in rank3_err, logs
     for rank in (0, 1, 2):  # the survivors were killed, not blamed
-        err = (run_dir / "submitit" / f"{job_id}_{rank}_log.err").read_text(errors="replace")
+        err = (submitit_dir(run_dir) / f"{job_id}_{rank}_log.err").read_text(errors="replace")
         assert "hpctrain: rank" not in err, logs
     assert wait_no_processes(slurm_cluster, job_id) == [], "processes of the failed job outlived it"
 

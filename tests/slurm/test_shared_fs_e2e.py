@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from hpctrain.contract.rundir import checkpoints_dir
+
 from .hpctrain_cli import task_logs, task_output
 from .stop_helpers import (
     Run,
@@ -120,7 +122,7 @@ def test_checkpoints_reach_the_server_complete_or_not_at_all(
     slurm_cluster: SlurmCluster, reference: tuple[Run, ServerLog]
 ) -> None:
     run, server = reference
-    checkpoints = run.run_dir / "checkpoints"
+    checkpoints = checkpoints_dir(run.run_dir)
     written = server.opened("n1", checkpoints, "WRITE")
     assert written, "rank 0 wrote its checkpoints through the mount"
     # No file is written under its final name: each lies in a temp folder or is a temp file (best.json's).

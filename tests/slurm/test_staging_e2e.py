@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpctrain.contract.rundir import summary_path
+
 from .hpctrain_cli import cli_env, hpctrain, task_logs, task_output
 
 if TYPE_CHECKING:
@@ -42,7 +44,7 @@ def test_each_node_stages_once_into_its_own_folder_removed_when_the_run_ends(
         return run_dir
 
     first = submit()
-    summary = json.loads((first / "summary.json").read_text())
+    summary = json.loads(summary_path(first).read_text())
     assert summary["status"] == "completed" and summary["skipped_samples"] == 0, summary
     output = task_output(first)
     assert output.count("MB/s") == 2, output  # one copy per node, by its first task

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from hpctrain.contract.rundir import read_summary
+from hpctrain.contract.rundir import run_info_path, study_file, summary_path
+from hpctrain.contract.summary import read_summary
 
 from .hpctrain_cli import cli_env, hpctrain, task_logs
 from .study_helpers import STUDY_SPEC, SmokeStudy, run_smoke_study
@@ -30,7 +31,7 @@ def smoke_study(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFa
 @pytest.mark.slurm_contract
 def test_every_point_is_its_own_completed_job(slurm_cluster: SlurmCluster, smoke_study: SmokeStudy) -> None:
     smoke_study.check_submitted()
-    record = json.loads((smoke_study.study_dir / "study.json").read_text())
+    record = json.loads(study_file(smoke_study.study_dir).read_text())
     assert record["kind"] == "study"
     assert record["axes"] == {"resources.nodes": [1, 2]}
     assert [p["label"] for p in record["points"]] == ["nodes-1", "nodes-2"]
@@ -43,8 +44,8 @@ def test_every_point_is_its_own_completed_job(slurm_cluster: SlurmCluster, smoke
     for point in record["points"]:
         run_dir = smoke_study.study_dir / point["run_dir"]
         expected = point["nodes"] * 2  # tasks_per_node: 2
-        summary = json.loads((run_dir / "summary.json").read_text())
-        run_info = json.loads((run_dir / "run.json").read_text())
+        summary = json.loads(summary_path(run_dir).read_text())
+        run_info = json.loads(run_info_path(run_dir).read_text())
         assert (summary["status"], summary["world_size"], summary["num_nodes"]) == (
             "completed",
             expected,

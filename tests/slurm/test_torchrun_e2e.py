@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 import pytest
 from submitit.core.utils import pickle_load
 
+from hpctrain.contract.rundir import submitit_dir
+
 from .entrypoints import ENTRYPOINT_MODULE
 from .hpctrain_cli import task_logs
 from .stop_helpers import (
@@ -82,7 +84,7 @@ def test_ranks_0_to_3_run_two_per_node(slurm_cluster: SlurmCluster, workspace: W
     assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
     layout = []
     for node_task in (0, 1):  # one Slurm task per node, each returning its node's ranks
-        outcome, ranks = pickle_load(run.run_dir / "submitit" / f"{run.job_id}_{node_task}_result.pkl")
+        outcome, ranks = pickle_load(submitit_dir(run.run_dir) / f"{run.job_id}_{node_task}_result.pkl")
         assert outcome == "success", ranks
         layout += [(r["rank"], r["result"]["local_rank"], r["result"]["node"], r["result"]["host"]) for r in ranks]
         for r in ranks:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from hpctrain.contract.rundir import metrics_path, submitit_dir, summary_path
+
 from .hpctrain_cli import CliResult, cli_env, hpctrain, task_logs
 
 if TYPE_CHECKING:
@@ -63,7 +65,7 @@ def test_smoke_job_trains_on_two_nodes(slurm_cluster: SlurmCluster, trained_run:
     run_dir = trained_run.run_dir
     assert slurm_cluster.wait_state(trained_run.job_id) == "COMPLETED"
 
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(summary_path(run_dir).read_text())
     shape = {key: summary.get(key) for key in ("status", "world_size", "num_nodes", "hostnames", "epochs_completed")}
     assert shape == {
         "status": "completed",
@@ -73,7 +75,7 @@ def test_smoke_job_trains_on_two_nodes(slurm_cluster: SlurmCluster, trained_run:
         "epochs_completed": 2,
     }, summary
 
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    metrics = [json.loads(line) for line in metrics_path(run_dir).read_text().splitlines() if line.strip()]
     assert metrics, "metrics.jsonl is empty"
     steps = sorted(run_dir.glob("checkpoints/step-*"))
     assert steps, f"no checkpoint under {run_dir / 'checkpoints'}"
@@ -100,9 +102,9 @@ def test_status_and_logs_of_the_finished_run(trained_run: TrainedRun) -> None:
 
     logs = hpctrain(env, "logs", str(run_dir), timeout=60)
     assert logs.returncode == 0, logs
-    rank0_out = (run_dir / "submitit" / f"{job_id}_0_log.out").read_text().strip().splitlines()
+    rank0_out = (submitit_dir(run_dir) / f"{job_id}_0_log.out").read_text().strip().splitlines()
     assert rank0_out and rank0_out[-1] in logs.stdout, logs  # rank 0's stdout, up to its last line
 
     errors = hpctrain(env, "logs", job_id, "--rank", "3", "--err", "--lines", "0", timeout=60)
     assert errors.returncode == 0, errors
-    assert errors.stdout == (run_dir / "submitit" / f"{job_id}_3_log.err").read_text(), errors
+    assert errors.stdout == (submitit_dir(run_dir) / f"{job_id}_3_log.err").read_text(), errors

@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpctrain.contract.rundir import heartbeats_dir
+
 from .hpctrain_cli import cli_env, hpctrain, task_logs
 
 if TYPE_CHECKING:
@@ -46,7 +48,7 @@ def test_watch_follows_a_smoke_job_until_it_completes(slurm_cluster: SlurmCluste
     assert len(lines) < 60, "plain output repeats itself instead of printing changes"
     assert slurm_cluster.wait_state(job_id) == "COMPLETED"
 
-    beats = sorted((run_dir / "heartbeats").glob("rank-*.json"))
+    beats = sorted(heartbeats_dir(run_dir).glob("rank-*.json"))
     if beats:  # the heartbeat writer is in this build: its ranks appear in the output
         for rank in range(4):
             assert any(re.search(rf" rank {rank} n[12] step \d+ ", line) for line in lines), watched

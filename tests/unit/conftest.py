@@ -1,12 +1,37 @@
-"""Fixtures shared by the unit tests of the input pipeline."""
+"""Fixtures shared by the unit tests: an isolated user, an environment for the real command, a small dataset.
+
+``isolated``: no developer's own cluster profiles, job registry or home, and
+relative paths resolve in ``tmp_path`` (a module that needs it everywhere says
+``pytestmark = pytest.mark.usefixtures("isolated")``). ``env``: the same for a
+command run in a fresh interpreter (``cli_helpers.hpctrain``). ``root``: one
+small generated ImageFolder per module, for the input pipeline's tests.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from cli_helpers import isolated_env
 
 from hpctrain.dataset.generate import make_dataset
+
+
+@pytest.fixture
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This process as a user with nothing of their own: the config folder it uses (empty)."""
+    config = tmp_path / "config"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HPCTRAIN_CONFIG_DIR", str(config))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path)
+    return config
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a command run as that user (``cli_helpers.hpctrain(..., env=env)``)."""
+    return isolated_env(tmp_path)
 
 
 @pytest.fixture(scope="module")

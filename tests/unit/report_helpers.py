@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from hpctrain.contract.rundir import heartbeat_path, write_run_info
+from hpctrain.contract.rundir import heartbeat_path, spec_path, study_file, write_run_info
 from hpctrain.trainer.reporting import Reporter
 
 START = 1_760_000_000.0
@@ -65,7 +65,7 @@ def simulate_run(
         "resources": {"nodes": nodes, "gpus_per_node": gpus_per_node, "tasks_per_node": max(1, gpus_per_node)},
         "trainer": {"arch": "resnet50", "epochs": epochs, "batch_size": batch_per_device, "desired_acc": desired_acc},
     }
-    (run_dir / "spec.yaml").write_text(yaml.safe_dump(spec))
+    spec_path(run_dir).write_text(yaml.safe_dump(spec))
     write_run_info(run_dir, {"name": "synthetic", "job_id": job_ids[-1], "job_ids": list(job_ids), "backend": "slurm"})
     static = {"world_size": world, "num_nodes": nodes, "device": device, "global_batch_size": global_batch}
     clock = [START]
@@ -160,5 +160,5 @@ def make_study(study_dir: Path, efficiencies: dict[int, float], **run: Any) -> d
         "axes": {"resources.nodes": list(efficiencies)},
         "points": points,
     }
-    (study_dir / "study.json").write_text(json.dumps(study, indent=2))
+    study_file(study_dir).write_text(json.dumps(study, indent=2))
     return built

@@ -17,10 +17,8 @@ NOT_ON_LOGIN_NODE = 'raise RuntimeError("imported on the login node")\nimport to
 
 
 @pytest.fixture
-def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def tree(tmp_path: Path, isolated: Path) -> Path:
     """A user's package in the submit directory whose __init__ must not run either."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HPCTRAIN_CONFIG_DIR", str(tmp_path / "config"))
     package = tmp_path / "mytrain"
     (package / "sub").mkdir(parents=True)
     (package / "__init__.py").write_text(NOT_ON_LOGIN_NODE)

@@ -157,7 +157,7 @@ def test_stale_job_folders_of_the_user_are_swept_live_ones_kept(tmp_path: Path) 
 
 def test_a_packed_runs_mount_folder_is_private_and_gone_after_the_run(root: Path, tmp_path: Path) -> None:
     """Round 4: every packed run left /tmp/hpctrain-image-<job>/ behind, under a name made not exclusively."""
-    from hpctrain.dataset import mount
+    from hpctrain.dataset import mount, mount_release
     from hpctrain.dataset.pack import pack
     from tests.squashfs_tools import require_mount
 
@@ -172,4 +172,4 @@ def test_a_packed_runs_mount_folder_is_private_and_gone_after_the_run(root: Path
         assert [p.name for p in stage.iterdir()] == [f"hpctrain-{os.geteuid()}"]
     finally:
         node_folder.leave(keep=False, log=lambda line: None)
-    assert not mount.is_mounted(point) and not point.parent.exists()
+    assert not mount_release.is_mounted(point) and not point.parent.exists()

@@ -17,9 +17,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_cli import REPO, assert_user_error, hpctrain, isolated_env
+from cli_helpers import REPO, assert_user_error, hpctrain, isolated_env
 
-from hpctrain.dataset import mount, pack, squashfs
+from hpctrain.dataset import mount, mount_release, pack, squashfs
 from hpctrain.dataset.generate import make_dataset
 from hpctrain.dataset.index import scan_split
 from tests.squashfs_tools import require_mount, require_pack_tools
@@ -197,13 +197,13 @@ def test_preflight_warns_what_mounting_needs(image: Path, monkeypatch) -> None:
 
 
 def test_doctor_accepts_an_image_root(image: Path) -> None:
-    from hpctrain.diagnose import doctor
+    from hpctrain.diagnose import path_checks
     from hpctrain.jobspec.load import load_job
 
     job = load_job(REPO / "jobs" / "quickstart.yaml", [f"data.root={image}"])
-    checks = {c.name: c for c in doctor.check_paths(job, slurm_backend=False)}
+    checks = {c.name: c for c in path_checks.check_paths(job, slurm_backend=False)}
     assert checks["dataset"].level == "ok" and "SquashFS image" in checks["dataset"].detail
-    assert doctor.measured_split(job) is None  # --probe measures no tree: each node reads the one file
+    assert path_checks.measured_split(job) is None  # --probe measures no tree: each node reads the one file
 
 
 # ------------------------------------------------------------------ a node's mount, and its release
@@ -238,9 +238,9 @@ def _point(task: subprocess.Popen) -> Path:
 
 def _wait_unmounted(point: Path) -> None:
     deadline = time.monotonic() + HANG_GUARD_S
-    while mount.is_mounted(point) and time.monotonic() < deadline:
+    while mount_release.is_mounted(point) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not mount.is_mounted(point), f"{point} is still in /proc/mounts"
+    assert not mount_release.is_mounted(point), f"{point} is still in /proc/mounts"
 
 
 def _kill(task: subprocess.Popen) -> None:
@@ -254,10 +254,10 @@ def test_a_node_mounts_once_and_unmounts_after_its_last_task_is_killed(image: Pa
     point = _point(leader)
     other = _task(image, tmp_path, leader=False)
     assert _point(other) == point
-    assert mount.is_mounted(point)
+    assert mount_release.is_mounted(point)
     _kill(leader)
     time.sleep(1.0)  # the watcher has seen the leader go; the other task still reads
-    assert mount.is_mounted(point) and (point / "train").is_dir()
+    assert mount_release.is_mounted(point) and (point / "train").is_dir()
     _kill(other)
     _wait_unmounted(point)
     squashfuse = subprocess.run(["pgrep", "-f", f"squashfuse -f .* {point}"], capture_output=True, text=True)
@@ -275,10 +275,10 @@ def test_a_stale_mount_of_an_earlier_attempt_is_unmounted_first(image: Path, tmp
     for pid in [*watcher, str(ready["pid"])]:
         os.kill(int(pid), signal.SIGKILL)
     _kill(first)
-    assert mount.is_mounted(old)
+    assert mount_release.is_mounted(old)
     second = _task(image, tmp_path, leader=True, attempt=1)
     new = _point(second)
-    assert new != old and not mount.is_mounted(old)
+    assert new != old and not mount_release.is_mounted(old)
     _kill(second)
     _wait_unmounted(new)
 
@@ -323,8 +323,8 @@ def test_attempt_names_keep_jobs_array_tasks_and_attempts_apart() -> None:
 def test_is_mounted_reads_escaped_paths(tmp_path: Path) -> None:
     table = tmp_path / "mounts"
     table.write_text("squashfuse /tmp/a\\040b fuse.squashfuse rw 0 0\n")
-    assert mount.is_mounted(Path("/tmp/a b"), str(table))
-    assert not mount.is_mounted(Path("/tmp/a"), str(table))
+    assert mount_release.is_mounted(Path("/tmp/a b"), str(table))
+    assert not mount_release.is_mounted(Path("/tmp/a"), str(table))
 
 
 def test_apptainer_tasks_get_the_image_as_an_image_backed_bind(image: Path) -> None:
@@ -415,7 +415,7 @@ def _alive(pid: int) -> bool:
 def test_release_never_signals_a_process_that_is_not_that_mounts_squashfuse(tmp_path: Path) -> None:
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
-        assert mount.release(tmp_path / "mnt", sleeper.pid, grace_s=0.1)  # nothing mounted there: done
+        assert mount_release.release(tmp_path / "mnt", sleeper.pid, grace_s=0.1)  # nothing mounted there: done
         assert sleeper.poll() is None  # a PID that is not squashfuse on that mount point is left alone
     finally:
         sleeper.kill()
@@ -452,15 +452,15 @@ def test_the_nodes_last_task_to_end_unmounts_before_it_exits(image: Path, tmp_pa
     try:
         assert _point(follower) == point
         mount.leave()  # the leader ends first: the follower still reads
-        assert mount.is_mounted(point) and (point / "train").is_dir()
+        assert mount_release.is_mounted(point) and (point / "train").is_dir()
         assert follower.stdin is not None and follower.stdout is not None
         follower.stdin.write("leave\n")
         follower.stdin.flush()
         said = [follower.stdout.readline().strip() for _ in range(2)]
         assert said == [f"hpctrain: data: unmounted {point} (the node's last task to end)", "LEFT"]
-        assert not mount.is_mounted(point)  # at once, by the follower, not later by the watcher
+        assert not mount_release.is_mounted(point)  # at once, by the follower, not later by the watcher
         ready = json.loads((point.parent / "READY-0").read_text())
-        assert not mount._is_our_daemon(ready["pid"], point)
+        assert not mount_release._is_our_daemon(ready["pid"], point)
     finally:
         _kill(follower)
 
@@ -468,7 +468,7 @@ def test_the_nodes_last_task_to_end_unmounts_before_it_exits(image: Path, tmp_pa
 def test_mounting_in_a_process_without_a_task_token_sets_none(image: Path, tmp_path: Path, monkeypatch) -> None:
     """A token left in the environment is inherited by every later child, and a task reaper kills what carries
     its token: a test session that trained in-process on an image had later jobs killed that way."""
-    from hpctrain.runtime.cleanup import TOKEN_ENV
+    from hpctrain.contract.process_tokens import TOKEN_ENV
 
     require_mount()
     monkeypatch.delenv(TOKEN_ENV, raising=False)
@@ -479,7 +479,7 @@ def test_mounting_in_a_process_without_a_task_token_sets_none(image: Path, tmp_p
         assert TOKEN_ENV not in os.environ
     finally:
         mount.leave(log=lambda line: None)
-    assert not mount.is_mounted(point)
+    assert not mount_release.is_mounted(point)
 
 
 # ------------------------------------------------------------------ pack follows what the job reads, on hostile trees

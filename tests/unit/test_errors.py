@@ -23,11 +23,7 @@ def validate(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     return code, captured.out + captured.err
 
 
-@pytest.fixture(autouse=True)
-def own_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    config = tmp_path / "config"
-    monkeypatch.setenv("HPCTRAIN_CONFIG_DIR", str(config))
-    return config
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 def test_printable_escapes_controls_and_keeps_only_what_it_is_told() -> None:
@@ -53,9 +49,9 @@ def test_control_characters_in_spec_keys_print_escaped(tmp_path: Path, capsys: p
 
 
 def test_values_overrides_and_profile_names_print_escaped(
-    tmp_path: Path, own_config: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, isolated: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    clusters = own_config / "clusters"
+    clusters = isolated / "clusters"
     clusters.mkdir(parents=True)
     (clusters / "site\x1b[2J.yaml").write_text("scheduler: local\n")
     spec = tmp_path / "job\x1b[1m.yaml"

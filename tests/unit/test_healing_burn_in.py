@@ -4,6 +4,7 @@ run on the Slurm test cluster, tests/slurm/test_node_health_e2e.py)."""
 from __future__ import annotations
 
 from hpctrain.healing.burn_in import assess, best_of
+from tests.fake_slurm import FakeSlurm
 
 NAMES = {0: "n1", 1: "n1", 2: "n2", 3: "n2", 4: "n3", 5: "n3"}
 
@@ -45,28 +46,13 @@ def test_a_second_pass_adds_its_rounds_and_keeps_the_better_rates() -> None:
 
 
 # -- a job without a supervisor: rank 0 decides with the one decider ----------------------------------------------
-FAKE_SCONTROL = """#!{python}
-import os, sys
-from pathlib import Path
-with open(Path(os.environ["FAKE_DIR"]) / "slurm.txt", "a") as log:
-    log.write(" ".join(sys.argv[1:]) + "\\n")
-sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
-"""
-
-
-def plain_job(tmp_path, monkeypatch, **signals):  # noqa: ANN001, ANN201
-    import sys
+def plain_job(tmp_path, monkeypatch, fake: FakeSlurm, **signals):  # noqa: ANN001, ANN201
     from types import SimpleNamespace
 
     from hpctrain.jobspec.models import JobSpec
     from hpctrain.runtime.context import TaskEnv
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text(FAKE_SCONTROL.format(python=sys.executable))
-    (bin_dir / "scontrol").chmod(0o755)
-    monkeypatch.setenv("PATH", str(bin_dir))
-    monkeypatch.setenv("FAKE_DIR", str(tmp_path))
+    fake.install(monkeypatch)  # every Slurm() the burn-in makes asks this fake; nothing on PATH
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("SLURM_JOB_ID", "41")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
@@ -82,12 +68,16 @@ def flagged_record():  # noqa: ANN201
 
 def test_a_plain_job_requeues_without_the_flagged_node(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     from hpctrain.contract.bad_nodes import read_ledger
-    from hpctrain.contract.rundir import read_summary
+    from hpctrain.contract.summary import read_summary
     from hpctrain.healing.burn_in import decide_here
 
-    ctx = plain_job(tmp_path, monkeypatch)
+    fake = FakeSlurm()
+    ctx = plain_job(tmp_path, monkeypatch, fake)
     assert decide_here(ctx, flagged_record()) == "requeue"
-    assert (tmp_path / "slurm.txt").read_text().splitlines() == ["requeue 41", "update JobId=41 ExcNodeList=n2"]
+    assert [argv[1:] for argv in fake.asked("scontrol")] == [
+        ["requeue", "41"],
+        ["update", "JobId=41", "ExcNodeList=n2"],
+    ]
     summary = read_summary(ctx.run_dir)
     assert summary is not None and summary.burn_in[-1]["action"] == "requeue"
     assert [(e["node"], e["kind"], e["action"]) for e in summary.node_failures] == [("n2", "burn-in", "requeue")]
@@ -98,10 +88,14 @@ def test_a_plain_job_requeues_without_the_flagged_node(tmp_path, monkeypatch) ->
 def test_a_plain_job_that_cannot_requeue_keeps_the_node_and_trains(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     from hpctrain.healing.burn_in import decide_here
 
-    ctx = plain_job(tmp_path, monkeypatch, max_requeues=0)
+    fake = FakeSlurm()
+    ctx = plain_job(tmp_path, monkeypatch, fake, max_requeues=0)
     assert decide_here(ctx, flagged_record()) == "keep"
-    assert not (tmp_path / "slurm.txt").exists()
-    monkeypatch.setenv("FAKE_EXIT", "1")
+    assert fake.commands == []
+    refusing = FakeSlurm(
+        answers={"scontrol requeue": (1, "scontrol: error: Requested operation is presently disabled")}
+    )
     (tmp_path / "again").mkdir()
-    ctx = plain_job(tmp_path / "again", monkeypatch)
+    ctx = plain_job(tmp_path / "again", monkeypatch, refusing)
     assert decide_here(ctx, flagged_record()) == "keep"  # scontrol refused the requeue
+    assert [argv[1] for argv in refusing.asked("scontrol")] == ["requeue"]

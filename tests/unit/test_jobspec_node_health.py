@@ -9,6 +9,8 @@ import pytest
 from hpctrain.errors import SpecError
 from hpctrain.jobspec.load import load_job
 
+pytestmark = pytest.mark.usefixtures("isolated")
+
 SPEC = """\
 name: h
 cluster: slurm
@@ -22,12 +24,6 @@ def load(tmp_path: Path, resources: str, health: str):  # noqa: ANN201
     path = tmp_path / "job.yaml"
     path.write_text(SPEC.format(resources=resources, health=health))
     return load_job(path)
-
-
-@pytest.fixture(autouse=True)
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HPCTRAIN_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.chdir(tmp_path)
 
 
 def test_defaults_burn_in_on_eviction_only_where_the_job_can_lose_a_node(tmp_path: Path) -> None:

@@ -21,10 +21,7 @@ resources: {nodes: 2, spare_nodes: 1, tasks_per_node: 1, gpus_per_node: 0, parti
 
 
 @pytest.fixture
-def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
-    monkeypatch.setenv("HPCTRAIN_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.chdir(tmp_path)
+def job(tmp_path: Path, isolated: Path):  # noqa: ANN201
     (tmp_path / "job.yaml").write_text(SPEC)
     return load_job(tmp_path / "job.yaml")
 

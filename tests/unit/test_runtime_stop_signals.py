@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.launch.sbatch_script import python_command
 from hpctrain.runtime import stop_signals
-from hpctrain.runtime.cleanup import python_command
 from hpctrain.runtime.stop import StopRequest
 
 # What submitit does before hpctrain runs: its own handlers, which drop SIGTERM ("Bypassing signal").

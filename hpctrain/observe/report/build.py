@@ -1,4 +1,5 @@
-"""Make a report: load the runs, compute the table, draw the PNGs, write report.md and report.html.
+"""The report verb (``hpctrain report``, ``hpctrain.report``): load the runs, compute the table, draw the
+PNGs, write report.md and report.html; :func:`report` is the sequence both faces call.
 
 The only module of the report that writes files, and it writes only its own
 outputs (report.md, report.html, scaling.png, run-*.png) into the out
@@ -10,17 +11,17 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract.rundir import atomic_write_text
+from hpctrain.contract.rundir import atomic_write_text, report_dir
 from hpctrain.contract.runfiles import RunFileError, open_regular
 from hpctrain.errors import RunDirError, UsageError
-from hpctrain.observe.report import plots
+from hpctrain.observe.report import plots, render
 from hpctrain.observe.report.baselines import BASELINES
 from hpctrain.observe.report.load import RunData, load_targets
-from hpctrain.observe.report.render import MARKER, Report, html_page, markdown
+from hpctrain.observe.report.render import MARKER, html_page, markdown
 from hpctrain.observe.report.table import scaling_table, series_summary
 
 PNG_TAG = plots.PNG_SOFTWARE.encode()  # in each PNG's Software text chunk (near the start)
@@ -28,7 +29,7 @@ PNG_TAG = plots.PNG_SOFTWARE.encode()  # in each PNG's Software text chunk (near
 
 @dataclass
 class Written:
-    report: Report
+    report: render.Report
     out_dir: Path
     files: list[Path]
 
@@ -37,7 +38,7 @@ def default_out_dir(targets: list[Path], out: Path | None) -> Path:
     if out is not None:
         return Path(out).expanduser()
     if len(targets) == 1:
-        return Path(targets[0]).expanduser() / "report"
+        return report_dir(Path(targets[0]).expanduser())
     raise UsageError("with several runs, say where the report goes", hint="add --out DIR")
 
 
@@ -75,7 +76,7 @@ def make_report(targets: list[Path], out: Path | None, baseline: str | None = No
             hint="report a run once it has logged steps (metrics.jsonl) or written summary.json",
         )
     rows = scaling_table(runs)
-    report = Report(runs=runs, rows=rows, baseline=BASELINES[baseline] if baseline else None)
+    report = render.Report(runs=runs, rows=rows, baseline=BASELINES[baseline] if baseline else None)
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"{out_dir} is not a directory", hint="choose another directory with --out DIR")
     images = _image_paths(runs, out_dir)
@@ -115,7 +116,7 @@ def _image_paths(runs: list[RunData], out_dir: Path) -> dict[str, Path]:
     return paths
 
 
-def _draw(report: Report, images: dict[str, Path]) -> list[Path]:
+def _draw(report: render.Report, images: dict[str, Path]) -> list[Path]:
     if not plots.available():
         report.notes.append(f"no plots: matplotlib is not installed ({plots.INSTALL_HINT})")
         return []
@@ -133,7 +134,7 @@ def _draw(report: Report, images: dict[str, Path]) -> list[Path]:
     return files
 
 
-def _drawn(report: Report, what: str, draw: Any, *args: Any) -> bool:
+def _drawn(report: render.Report, what: str, draw: Any, *args: Any) -> bool:
     """Draw one figure; data matplotlib cannot draw costs that figure (noted), not the report."""
     try:
         draw(*args)
@@ -150,6 +151,47 @@ def _readable(path: Path) -> None:
     mask = os.umask(0)
     os.umask(mask)
     os.chmod(path, 0o666 & ~mask)
+
+
+@dataclass(frozen=True)
+class Report:
+    """A written report (``hpctrain report``, ``hpctrain.report``): ``html`` (self-contained) and ``markdown``
+    in ``out_dir`` with ``files`` (the PNGs among them); ``table``: the scaling table's rows, ``runs``:
+    each run's curves in brief (its notes among them), ``notes``: what could not be read or drawn.
+    ``as_json()`` is what ``report --json`` prints."""
+
+    out_dir: Path
+    html: Path
+    markdown: Path
+    files: tuple[Path, ...]
+    table: tuple[dict[str, Any], ...]
+    runs: tuple[dict[str, Any], ...]
+    notes: tuple[str, ...]
+    document: dict[str, Any] = field(compare=False, repr=False, default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return self.document
+
+
+def report(
+    targets: str | Path | list[str | Path], out: str | Path | None = None, baseline: str | None = None
+) -> Report:
+    """The report verb's one sequence: plots and tables from runs and studies, as ``report.html`` and
+    ``report.md`` in ``out`` (default: RUN/report for one run; required for several). Never overwrites a
+    file it did not write (``UsageError``)."""
+    listed = [targets] if isinstance(targets, (str, Path)) else list(targets)
+    written = make_report([Path(t) for t in listed], Path(out) if out is not None else None, baseline)
+    facts = as_json(written)
+    return Report(
+        out_dir=written.out_dir,
+        html=written.out_dir / "report.html",
+        markdown=written.out_dir / "report.md",
+        files=tuple(written.files),
+        table=tuple(facts["table"]),
+        runs=tuple(facts["runs"]),
+        notes=tuple(facts["notes"]),
+        document=facts,
+    )
 
 
 def as_json(written: Written) -> dict[str, Any]:

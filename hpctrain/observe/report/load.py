@@ -246,7 +246,7 @@ def _run_or_sweep(path: Path, label: str, point: dict[str, Any] | None = None) -
 
 
 def _load_study(path: Path) -> list[RunData]:
-    from hpctrain.launch.study import point_dir, read_study
+    from hpctrain.contract.study_file import point_dir, read_study
 
     runs: list[RunData] = []
     for index, point in enumerate(read_study(path)["points"]):

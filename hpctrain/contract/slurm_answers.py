@@ -1,0 +1,161 @@
+"""What Slurm's commands answer, read: pure parsers, tested on each version's recorded output.
+
+``contract/slurm.py`` (the one client) runs the commands; this reads what
+they print -- ``sacct``'s states, ``scontrol``'s job, node, partition and
+config records, ``sacctmgr``'s associations, a client's ``--version`` -- and
+what ``sbatch``'s refusals mean for the spec. Nothing here runs anything.
+``tests/unit/golden/slurm/V/`` holds each version's answers
+(``tests/cluster/record-slurm-outputs``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from hpctrain.contract.slurm_states import normalise_state
+
+# What a failed command's message says: the controller did not answer, or the job is not Slurm's.
+UNREACHABLE = ("unable to contact slurm controller", "connection refused", "socket timed out", "zero bytes were")
+UNKNOWN_JOB = ("invalid job id", "job id not found", "no such job")
+
+
+def parse_sacct_states(output: str) -> dict[str, str]:
+    """Lines of ``sacct -X -n -P -o JobID,State`` -> {job id: state}."""
+    states = {}
+    for line in output.splitlines():
+        if "|" not in line:
+            continue
+        job_id, _, state = line.partition("|")
+        states[job_id.strip()] = normalise_state(state)
+    return states
+
+
+def parse_job_record(text: str) -> dict[str, str]:
+    """The ``Key=Value`` fields of one ``scontrol -o show job`` line we use."""
+    fields = {}
+    for key in ("JobState", "Restarts", "PreemptTime", "Requeue"):
+        match = re.search(rf"(?:^|\s){key}=(\S+)", text)
+        if match:
+            fields[key] = match.group(1)
+    return fields
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """``scontrol show config`` -> {"KillWait": "30 sec", "PreemptMode": "REQUEUE", ...}. Pure."""
+    return dict(re.findall(r"^\s*(\w+)\s*=\s*(.*?)\s*$", text, re.MULTILINE))
+
+
+def config_number(config: Mapping[str, str], key: str) -> int | None:
+    """The whole number a parsed config's ``key`` starts with (``KillWait = 30 sec`` -> 30); None when absent."""
+    match = re.match(r"\d+", config.get(key, ""))
+    return int(match.group(0)) if match else None
+
+
+def parse_kill_wait_s(config: str) -> float | None:
+    """``KillWait = 30 sec`` from ``scontrol show config``; None when absent."""
+    value = config_number(parse_config(config), "KillWait")
+    return None if value is None else float(value)
+
+
+def parse_max_array_size(config: str) -> int | None:
+    """``MaxArraySize = 1001`` from ``scontrol show config``; None when absent."""
+    return config_number(parse_config(config), "MaxArraySize")
+
+
+def parse_slurmd_port(config: str) -> int | None:
+    """``SlurmdPort = 6818`` from ``scontrol show config``; None when absent."""
+    return config_number(parse_config(config), "SlurmdPort")
+
+
+def parse_nodes(output: str) -> list[dict[str, str]]:
+    """``scontrol -o show node`` -> one {"NodeName": ..., "Gres": ..., ...} per node. Pure."""
+    return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in output.splitlines() if "NodeName=" in line]
+
+
+def parse_associations(output: str) -> list[dict[str, str]]:
+    """``sacctmgr -n -P show assoc format=Account,Partition,QOS`` -> [{"account", "partition", "qos"}]. Pure."""
+    rows = []
+    for line in output.splitlines():
+        account, _, rest = line.partition("|")
+        partition, _, qos = rest.partition("|")
+        rows.append({"account": account, "partition": partition, "qos": qos})
+    return rows
+
+
+def parse_node_states(output: str) -> dict[str, str]:
+    """``sinfo -h -N -n NODES -o "%N %T"`` -> {node: state}; lines that are not two words are skipped."""
+    return dict(line.split(None, 1) for line in output.splitlines() if len(line.split()) == 2)
+
+
+def parse_job_steps(output: str) -> list[tuple[str, str]]:
+    """``squeue -h -s -j JOB -o "%i %j"`` -> [(step id such as ``12.0``, step name)]."""
+    steps = []
+    for line in output.splitlines():
+        step_id, _, name = line.partition(" ")
+        if step_id:
+            steps.append((step_id, name.strip()))
+    return steps
+
+
+def parse_version(text: str) -> tuple[int, int] | None:
+    """``slurm 24.11.5`` (any client's ``--version``; Debian says ``slurm-wlm``) -> (24, 11); None if absent."""
+    match = re.search(r"(?:^|\s)(\d{2})\.(\d{2})(?:\.\d+)?", text)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def parse_partitions(output: str) -> dict[str, dict[str, str]]:
+    """``scontrol -o show partition`` -> {name: {"MaxTime": ..., "Default": ..., "State": ...}}."""
+    partitions = {}
+    for line in output.splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        if "PartitionName" in fields:
+            partitions[fields["PartitionName"]] = fields
+    return partitions
+
+
+# sbatch's refusals ("sbatch: error: Batch job submission failed: ...") -> what to change.
+SBATCH_FAILURES: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (
+        UNREACHABLE,
+        "the Slurm controller did not answer",
+        "slurmctld may be down or restarting: try again in a minute, or ask the admins; nothing was queued",
+    ),
+    (
+        ("invalid partition",),
+        "the partition does not exist",
+        "set resources.partition (or the profile's partition) to one that 'sinfo -s' lists",
+    ),
+    (
+        ("invalid account", "invalid qos", "association", "account/partition"),
+        "the account or QOS is not valid for you on this partition",
+        "set resources.account / resources.qos to one 'sacctmgr show assoc user=$USER' lists",
+    ),
+    (
+        ("time limit",),
+        "the time limit exceeds what the partition allows",
+        "lower resources.time to the partition's MaxTime ('sinfo -o \"%P %l\"'); resume continues longer runs",
+    ),
+    (
+        (
+            "requested node configuration is not available",
+            "node count specification invalid",
+            "more processors requested than permitted",
+            "invalid generic resource",
+            "memory required by task is not available",
+            "requested partition configuration not available",
+        ),
+        "no node can ever satisfy the request",
+        "ask for fewer resources.nodes, gpus_per_node, cpus_per_task or mem_gb (see 'sinfo -N -l'), "
+        "or another partition",
+    ),
+)
+
+
+def classify_sbatch_failure(text: str) -> tuple[str, str]:
+    """What a refused submission means and what to change. Pure."""
+    lowered = text.lower()
+    for needles, meaning, hint in SBATCH_FAILURES:
+        if any(needle in lowered for needle in needles):
+            return meaning, hint
+    return "Slurm refused the job", "check partition/account/qos/time against 'sinfo' and 'sacctmgr show assoc'"

@@ -1,0 +1,289 @@
+"""``hpctrain doctor``'s questions to Slurm: will this cluster take this job? Torch-free.
+
+:class:`ClusterView` asks the one Slurm client (``contract/slurm.py``) once
+per question and remembers a failed question as its error; each check is a
+pure function over what it answered:
+
+* Slurm itself: client commands and their version, the controller, accounting;
+* the spec against the cluster: its partition (up, MaxTime), nodes with the
+  GPUs, CPUs and memory it asks for, account/QOS associations, what
+  preemption does to it (requeue or cancel, the grace time to save), whether
+  ``signals.signal_delay_s`` leaves time for a checkpoint.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from functools import cached_property
+from typing import TypeVar
+
+from hpctrain.contract.slurm import Slurm
+from hpctrain.diagnose.findings import Finding
+from hpctrain.diagnose.preflight import check_partition
+from hpctrain.errors import ClusterError
+from hpctrain.jobspec.lead_time import STOP_OVERHEAD_S, estimated_save_s, lead_time_warning
+from hpctrain.jobspec.load import LoadedJob
+
+T = TypeVar("T")
+DOCTOR_TIMEOUT_S = 15.0
+
+
+class ClusterView:
+    """Slurm's answers (through the one client), asked once each; a failed question is remembered as its error."""
+
+    def __init__(self, slurm: Slurm | None = None) -> None:
+        self.slurm = slurm or Slurm()
+
+    def missing_clients(self) -> list[str]:
+        return self.slurm.missing_clients()
+
+    @staticmethod
+    def ask(question: Callable[[], T]) -> T | ClusterError:
+        try:
+            return question()
+        except ClusterError as exc:
+            return exc
+
+    @cached_property
+    def version(self) -> str | ClusterError:
+        return self.ask(lambda: self.slurm.version_text(timeout_s=DOCTOR_TIMEOUT_S))
+
+    @cached_property
+    def ping(self) -> str | ClusterError:
+        return self.ask(lambda: self.slurm.ping(timeout_s=DOCTOR_TIMEOUT_S))
+
+    @cached_property
+    def accounting(self) -> str | ClusterError:
+        return self.ask(lambda: self.slurm.accounting(timeout_s=DOCTOR_TIMEOUT_S))
+
+    @cached_property
+    def config(self) -> dict[str, str]:
+        answer = self.ask(lambda: self.slurm.config(timeout_s=DOCTOR_TIMEOUT_S))
+        return {} if isinstance(answer, ClusterError) else answer
+
+    @cached_property
+    def partitions(self) -> dict[str, dict[str, str]] | ClusterError:
+        return self.ask(lambda: self.slurm.partitions(timeout_s=DOCTOR_TIMEOUT_S))
+
+    @cached_property
+    def nodes(self) -> list[dict[str, str]]:
+        answer = self.ask(lambda: self.slurm.nodes(timeout_s=DOCTOR_TIMEOUT_S))
+        return [] if isinstance(answer, ClusterError) else answer
+
+    @cached_property
+    def associations(self) -> list[dict[str, str]] | None:
+        return self.slurm.associations(timeout_s=DOCTOR_TIMEOUT_S)
+
+
+def check_slurm(view: ClusterView) -> list[Finding]:
+    missing = view.missing_clients()
+    if "sbatch" in missing:
+        return [
+            Finding(
+                "error",
+                "slurm clients",
+                f"{', '.join(missing)} not found on PATH",
+                "run hpctrain on the cluster's login node (or 'module load slurm'); "
+                "'hpctrain submit SPEC --local' runs a job on this machine",
+            )
+        ]
+    version = view.version
+    shown = version.strip() if isinstance(version, str) else "version unknown"
+    checks = [
+        Finding(
+            "warning" if missing else "ok",
+            "slurm clients",
+            shown + (f"; missing: {', '.join(missing)}" * bool(missing)),
+        )
+    ]
+    ping = view.ping
+    if isinstance(ping, ClusterError) or " is UP" not in ping:
+        said = ping.message if isinstance(ping, ClusterError) else ping.strip()
+        checks.append(
+            Finding(
+                "error",
+                "controller",
+                f"slurmctld does not answer: {said.strip().splitlines()[0] if said.strip() else 'no reply'}",
+                "nothing can be queued until it is back: try again in a minute, or ask the admins",
+            )
+        )
+        return checks
+    checks.append(Finding("ok", "controller", ping.strip().splitlines()[0]))
+    accounting = view.accounting
+    if isinstance(accounting, ClusterError):
+        checks.append(
+            Finding(
+                "warning",
+                "accounting",
+                f"sacct does not answer: {accounting.message}",
+                "status and requeue detection fall back to squeue, which forgets ended jobs within minutes; "
+                "ask the admins to enable slurmdbd accounting",
+            )
+        )
+    else:
+        checks.append(Finding("ok", "accounting", "sacct answers"))
+    return checks
+
+
+def _gpus_of(gres: str) -> int:
+    """GPUs in a node's ``Gres=gpu:v100:4(S:0-1),gpu:a100:2`` field."""
+    total = 0
+    for item in gres.split(","):
+        parts = re.sub(r"\(.*?\)", "", item).split(":")
+        if parts[0] == "gpu" and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
+
+
+def _partition_name(job: LoadedJob, partitions: dict[str, dict[str, str]]) -> str | None:
+    name = job.spec.resources.partition
+    if name is None:
+        name = next((p for p, fields in partitions.items() if fields.get("Default") == "YES"), None)
+    return name if name in partitions else None
+
+
+def check_spec_on_cluster(job: LoadedJob, view: ClusterView) -> list[Finding]:
+    """Partition, nodes, associations and preemption for the spec."""
+    partitions = view.partitions
+    if isinstance(partitions, ClusterError):
+        return [Finding("warning", "partition", f"could not list partitions: {partitions.message}")]
+    checks = [Finding(f.level, f.key, f.message, "fix the spec") for f in check_partition(job.spec, partitions)]
+    name = _partition_name(job, partitions)
+    if name is None:
+        return checks or [Finding("error", "resources.partition", "no partition given and the cluster has no default")]
+    if not checks:
+        fields = partitions[name]
+        checks.append(
+            Finding("ok", "resources.partition", f"{name}: {fields.get('State')}, MaxTime {fields.get('MaxTime')}")
+        )
+    checks += check_nodes(job, name, view.nodes)
+    checks += check_associations(job, name, view.associations)
+    checks += check_preemption(job, view.config, partitions[name])
+    return checks
+
+
+def check_nodes(job: LoadedJob, partition: str, nodes: list[dict[str, str]]) -> list[Finding]:
+    res = job.spec.resources
+    members = [n for n in nodes if partition in n.get("Partitions", "").split(",")]
+    if not members:
+        return []  # scontrol show node did not answer: sbatch decides
+    gpus, cpus = res.gpus_per_node or 0, job.spec.tasks_per_node * (res.cpus_per_task or 1)
+    mem_mb = res.mem_gb * 1024 if res.mem_gb else 0
+
+    def fits(node: dict[str, str]) -> bool:
+        return (
+            _gpus_of(node.get("Gres", "")) >= gpus
+            and int(node.get("CPUTot", "0") or 0) >= cpus
+            and float(node.get("RealMemory", "0") or 0) >= mem_mb
+        )
+
+    fitting = [n for n in members if fits(n)]
+    most_gpus = max(_gpus_of(n.get("Gres", "")) for n in members)
+    most_cpus = max(int(n.get("CPUTot", "0") or 0) for n in members)
+    if len(fitting) >= res.nodes:
+        return [
+            Finding("ok", "resources", f"{len(fitting)} of {len(members)} nodes in {partition} fit one node's share")
+        ]
+    what = []
+    if gpus > most_gpus:
+        what.append(f"{gpus} GPUs per node (its nodes have at most {most_gpus})")
+    if cpus > most_cpus:
+        what.append(f"{cpus} CPUs per node (tasks_per_node x cpus_per_task; at most {most_cpus})")
+    if not what:
+        what.append(f"{res.nodes} nodes that fit (only {len(fitting)} of its {len(members)} do)")
+    return [
+        Finding(
+            "error",
+            "resources",
+            f"partition {partition} can never give {', '.join(what)}",
+            "lower resources.nodes / gpus_per_node / cpus_per_task / mem_gb, or pick another partition ('sinfo -N -l')",
+        )
+    ]
+
+
+def check_associations(job: LoadedJob, partition: str, rows: list[dict[str, str]] | None) -> list[Finding]:
+    res = job.spec.resources
+    if rows is None:
+        return [Finding("ok", "account/qos", "not checked: sacctmgr does not answer here")]
+    usable = [r for r in rows if r["partition"] in ("", partition)]
+    problems = []
+    if res.account and res.account not in {r["account"] for r in usable}:
+        problems.append(f"account {res.account!r} is not yours on {partition}")
+    if res.qos and not any(
+        res.qos in r["qos"].split(",") for r in usable if not res.account or r["account"] == res.account
+    ):
+        problems.append(f"QOS {res.qos!r} is not allowed for you on {partition}")
+    if problems:
+        accounts = ", ".join(sorted({r["account"] for r in usable})) or "none"
+        return [
+            Finding(
+                "error",
+                "account/qos",
+                "; ".join(problems),
+                f"set resources.account / resources.qos to one of yours (accounts: {accounts}; "
+                "'sacctmgr show assoc user=$USER')",
+            )
+        ]
+    return [Finding("ok", "account/qos", f"{len(usable)} association(s) usable on {partition}")]
+
+
+def check_preemption(job: LoadedJob, config: dict[str, str], partition: dict[str, str]) -> list[Finding]:
+    """What preemption does to this job, and whether it can save before it is killed."""
+    preempt_type = config.get("PreemptType", "preempt/none")
+    mode = partition.get("PreemptMode", config.get("PreemptMode", "OFF")).upper()
+    if preempt_type == "preempt/none" or mode.startswith("OFF"):
+        return [Finding("ok", "preemption", f"jobs in {partition.get('PartitionName')} are not preempted")]
+    grace = _grace_s(partition.get("GraceTime", "0"))
+    save_s, how = estimated_save_s(job.spec)
+    needed = save_s + STOP_OVERHEAD_S
+    signals = job.spec.signals
+    if "REQUEUE" in mode:
+        meaning = "preempted jobs are requeued by Slurm"
+    elif "CANCEL" in mode:
+        meaning = "preempted jobs are cancelled; hpctrain requeues itself on SIGTERM" + (
+            "" if signals.requeue_on_preemption else ", but signals.requeue_on_preemption is false"
+        )
+    elif "SUSPEND" in mode:
+        return [
+            Finding(
+                "warning",
+                "preemption",
+                f"PreemptMode={mode}: a suspended job keeps its GPU memory and its peers time out in collectives",
+                "raise distributed.timeout_s, or ask for a partition that requeues",
+            )
+        ]
+    else:
+        meaning = f"PreemptMode={mode}"
+    detail = f"{meaning}; GraceTime {grace:.0f} s between SIGTERM and SIGKILL"
+    if job.spec.entrypoint is None and grace < needed:
+        return [
+            Finding(
+                "warning",
+                "preemption",
+                f"{detail}, but a stop checkpoint needs ~{needed:.0f} s ({how}, plus stopping)",
+                "a preempted attempt resumes from its last periodic checkpoint: set checkpoint.every_steps "
+                "so little is lost",
+            )
+        ]
+    if "CANCEL" in mode and not signals.requeue_on_preemption:
+        return [Finding("warning", "preemption", detail, "set signals.requeue_on_preemption: true to come back")]
+    return [Finding("ok", "preemption", detail)]
+
+
+def _grace_s(value: str) -> float:
+    from hpctrain.jobspec.slurm_time import parse_time_limit
+
+    if value.isdigit():
+        return float(value)  # scontrol prints GraceTime in seconds
+    try:
+        return float(parse_time_limit(value))
+    except ValueError:
+        return 0.0
+
+
+def check_lead_time(job: LoadedJob) -> list[Finding]:
+    warning = lead_time_warning(job.spec)
+    if warning:
+        return [Finding("warning", "signals.signal_delay_s", warning, "raise signals.signal_delay_s")]
+    return [Finding("ok", "signals.signal_delay_s", f"{job.spec.signals.signal_delay_s} s before the limit is enough")]

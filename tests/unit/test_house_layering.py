@@ -1,0 +1,239 @@
+"""The house's layering, read from the ``import`` statements of every module in hpctrain/ (issue 17).
+
+Top-level imports and imports inside functions alike (``ast``, nothing is
+imported). Each rule fails with the list of offending imports, as
+``module:line (function) imports name``.
+
+* A CLI verb (``cli/cmd_*.py``) never imports another verb: shared logic lives
+  in the library packages beneath them.
+* ``contract/`` imports nothing of the project but ``hpctrain.errors`` and
+  itself: both sides import it, so it must stand alone.
+* The login side (contract, jobspec, launch, observe, diagnose, cli, dataset)
+  never imports torch, torchvision or ``hpctrain.trainer`` (login nodes are
+  slow and shared). A function-level import inside a helper that only runs
+  where torch belongs may be let through by :data:`TASK_ONLY`.
+* The login side imports ``hpctrain.runtime`` only for what is pickled into
+  the job (the task launchers), or where :data:`RUNTIME_ON_THE_LOGIN_SIDE`
+  says why: ``runtime/`` is the tasks' package, not a library for the login side.
+* No argv that starts with a Slurm client command (``sbatch``, ``squeue``,
+  ``scontrol``...) is written outside the one client, ``contract/slurm.py``:
+  neither a list or tuple literal nor a call's first argument.
+* At most five modules lie loose in ``hpctrain/``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "hpctrain"
+LOGIN_SIDE = ("contract", "jobspec", "launch", "observe", "diagnose", "cli", "dataset")
+HEAVY = ("torch", "torchvision", "hpctrain.trainer")
+MAX_LOOSE_MODULES = 5
+
+# (module, function, imported name prefix) -> why only a task (or a compute node) runs that function.
+TASK_ONLY = {
+    (
+        "hpctrain.dataset.index",
+        "torch_broadcast",
+        "torch",
+    ): "the leader's index broadcast, inside a task's process group",
+    ("hpctrain.diagnose.probe", "report", "torch"): "the probe's node side, run as a job on a compute node",
+    ("hpctrain.diagnose.data_bench_job", "measure", "torch"): (
+        "bench-data measures decode and training rates with torch where it runs (here or --slurm's node), "
+        "only after the spec and data root are checked"
+    ),
+    ("hpctrain.diagnose.data_bench_job", "measure", "hpctrain.trainer"): "the same measurement: the trainer's pipeline",
+}
+# The commands that talk to Slurm's controller or database. ``srun`` is not among them: it starts the tasks
+# inside the batch script (launch/sbatch_script.py) and the healing supervisor's steps.
+SLURM_COMMANDS = frozenset(
+    {"sbatch", "squeue", "sacct", "sacctmgr", "scontrol", "scancel", "sinfo", "sstat", "sprio", "sshare", "salloc"}
+)
+SLURM_CLIENT = "hpctrain.contract.slurm"
+
+# (login-side module, runtime module it imports) -> why.
+RUNTIME_ON_THE_LOGIN_SIDE = {
+    ("hpctrain.launch.submission", "hpctrain.runtime.launcher"): "the task launcher submitit pickles into the job",
+    ("hpctrain.launch.submission", "hpctrain.runtime.torchrun_node"): "the torchrun node launcher, pickled likewise",
+    ("hpctrain.launch.dry_run", "hpctrain.runtime.rank_plan"): (
+        "--dry-run prints each rank's device and backend from the tasks' own decisions, so the table cannot drift"
+    ),
+    ("hpctrain.launch.submission", "hpctrain.runtime.rank_plan"): (
+        "a local run's tasks see the GPUs the tasks' own rule picks (local_visible_devices), as --dry-run prints"
+    ),
+    ("hpctrain.dataset.mount_release", "hpctrain.runtime.cleanup"): (
+        "runs in a task only: the node's mount watcher starts and detaches as the task's reaper does"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module, dotted
+    line: int
+    function: str  # the enclosing function ("" at module level)
+    name: str  # the imported module, dotted
+
+    def __str__(self) -> str:
+        where = f" (in {self.function})" if self.function else ""
+        return f"{self.module}:{self.line}{where} imports {self.name}"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> Iterator[Import]:
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+    def walk(node: ast.AST, function: str) -> Iterator[Import]:
+        for child in ast.iter_child_nodes(node):
+            inner = function
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inner = f"{function}.{child.name}" if function else child.name
+            if isinstance(child, ast.Import):
+                yield from (Import(module, child.lineno, function, alias.name) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.rsplit(".", child.level - 1)[0] if child.level > 1 else package
+                    name = f"{base}.{child.module}" if child.module else base
+                else:
+                    name = child.module or ""
+                yield Import(module, child.lineno, function, name)
+                if name.startswith("hpctrain"):  # ``from hpctrain.cli import cmd_submit`` imports a module too
+                    yield from (Import(module, child.lineno, function, f"{name}.{a.name}") for a in child.names)
+            yield from walk(child, inner)
+
+    yield from walk(ast.parse(path.read_text(), str(path)), "")
+
+
+ALL_IMPORTS = [found for path in sorted(PACKAGE.rglob("*.py")) for found in imports_of(path)]
+
+
+def is_under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def offenders(found: list[Import]) -> str:
+    return "\n  " + "\n  ".join(sorted({str(item) for item in found}))
+
+
+def test_the_scan_sees_top_level_and_function_level_imports() -> None:
+    modules = {item.module for item in ALL_IMPORTS}
+    assert {"hpctrain.contract.slurm", "hpctrain.cli.main", "hpctrain.trainer.trainer"} <= modules
+    assert any(item.function for item in ALL_IMPORTS) and any(not item.function for item in ALL_IMPORTS)
+
+
+def test_no_verb_imports_another_verb() -> None:
+    def is_verb(name: str) -> bool:
+        return name.startswith("hpctrain.cli.cmd_")
+
+    found = [item for item in ALL_IMPORTS if is_verb(item.module) and is_verb(item.name)]
+    assert not found, "a CLI verb imports another verb; move the shared part into a library package:" + offenders(found)
+
+
+def test_the_contract_imports_nothing_of_the_project_but_errors() -> None:
+    found = [
+        item
+        for item in ALL_IMPORTS
+        if is_under(item.module, "hpctrain.contract")
+        and is_under(item.name, "hpctrain")
+        and not (is_under(item.name, "hpctrain.errors") or is_under(item.name, "hpctrain.contract"))
+    ]
+    assert not found, "contract/ must stand alone (both sides import it):" + offenders(found)
+
+
+def test_the_login_side_never_imports_torch_or_the_trainer() -> None:
+    found, allowed = [], set()
+    for item in ALL_IMPORTS:
+        side = item.module.split(".")[1] if item.module.count(".") else ""
+        heavy = next((prefix for prefix in HEAVY if is_under(item.name, prefix)), None)
+        if side not in LOGIN_SIDE or heavy is None:
+            continue
+        key = (item.module, item.function, heavy)
+        if item.function and key in TASK_ONLY:
+            allowed.add(key)
+        else:
+            found.append(item)
+    assert not found, (
+        "login-side code imports torch/torchvision/hpctrain.trainer; move it to the task side, or (inside a "
+        "function that only tasks call) add it to TASK_ONLY with the reason:" + offenders(found)
+    )
+    stale = set(TASK_ONLY) - allowed
+    assert not stale, f"TASK_ONLY entries no longer needed, remove them: {sorted(stale)}"
+
+
+def test_the_login_side_imports_the_runtime_only_for_the_job() -> None:
+    found, allowed = [], set()
+    for item in ALL_IMPORTS:
+        side = item.module.split(".")[1] if item.module.count(".") else ""
+        if side not in LOGIN_SIDE or not is_under(item.name, "hpctrain.runtime") or item.name == "hpctrain.runtime":
+            continue
+        key = next((k for k in RUNTIME_ON_THE_LOGIN_SIDE if k[0] == item.module and is_under(item.name, k[1])), None)
+        if key is not None:
+            allowed.add(key)
+        else:
+            found.append(item)
+    assert not found, (
+        "login-side code imports hpctrain.runtime (the tasks' package); move what both sides need into contract/, "
+        "what the login side needs to its own package, or (for what is pickled into the job) add it to "
+        "RUNTIME_ON_THE_LOGIN_SIDE with the reason:" + offenders(found)
+    )
+    stale = set(RUNTIME_ON_THE_LOGIN_SIDE) - allowed
+    assert not stale, f"RUNTIME_ON_THE_LOGIN_SIDE entries no longer needed, remove them: {sorted(stale)}"
+
+
+def slurm_argv(path: Path) -> Iterator[str]:
+    """``module:line`` of every list/tuple literal, and every call, whose first item is a Slurm command
+    (not a type's ``Literal[...]``, nor ``which("sbatch")``, which asks whether it is installed)."""
+    tree = ast.parse(path.read_text(), str(path))
+    annotations = {id(node.slice) for node in ast.walk(tree) if isinstance(node, ast.Subscript)}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.List, ast.Tuple)) and id(node) not in annotations:
+            first = node.elts[0] if node.elts else None
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) != "which":
+            first = node.args[0] if node.args else None
+        else:
+            continue
+        if isinstance(first, ast.Constant) and isinstance(first.value, str) and first.value in SLURM_COMMANDS:
+            yield f"{module_name(path)}:{node.lineno} starts an argv with {first.value!r}"
+
+
+def test_no_slurm_command_is_spelled_outside_the_one_client() -> None:
+    found = [where for path in sorted(PACKAGE.rglob("*.py")) if module_name(path) != SLURM_CLIENT
+             for where in slurm_argv(path)]  # fmt: skip
+    assert not found, "ask Slurm through hpctrain.contract.slurm.Slurm (add the question there):\n  " + "\n  ".join(
+        found
+    )
+    assert list(slurm_argv(PACKAGE / "contract" / "slurm.py")), "the scan finds the client's own commands"
+
+
+def test_few_modules_lie_loose_in_the_package() -> None:
+    loose = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(loose) <= MAX_LOOSE_MODULES, (
+        f"{len(loose)} modules loose in hpctrain/ (at most {MAX_LOOSE_MODULES}): {loose}; "
+        "put new code in the package of its side"
+    )
+
+
+def test_every_unit_test_file_is_named_for_the_module_it_tests() -> None:
+    """docs/testing.md: ``tests/unit/test_PACKAGE_MODULE[_ASPECT].py``, ``test_house_*``, ``test_testbed_*``."""
+    modules = {
+        "_".join(path.relative_to(PACKAGE).with_suffix("").parts[:-1] if path.name == "__init__.py" else
+                 path.relative_to(PACKAGE).with_suffix("").parts)
+        for path in PACKAGE.rglob("*.py")
+    }  # fmt: skip
+    unit = Path(__file__).resolve().parent
+    stray = []
+    for path in sorted(unit.glob("test_*.py")):
+        name = path.stem.removeprefix("test_")
+        if name.startswith(("house_", "testbed_")):
+            continue
+        if not any(name == module or name.startswith(f"{module}_") for module in modules if module):
+            stray.append(path.name)
+    assert not stray, f"unit test files not named for a module of hpctrain/ (docs/testing.md): {stray}"
