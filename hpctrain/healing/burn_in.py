@@ -235,7 +235,7 @@ def decide_here(ctx: TaskContext, record: BurnIn) -> str:
         batch_node=heal.batch_node,
         nodes=res.nodes,
         min_nodes=res.fewest_nodes,
-        fits=lambda count: count == res.nodes,
+        fits=lambda count: decide.batch_fits(spec, count),  # only nodes here: no min_nodes below it
         can_requeue=heal.can_requeue and env.under_slurm,
     )
     if decision.action == "requeue":

@@ -17,7 +17,8 @@ A lost node is one :class:`Blame` kind; burn-in's flagged nodes
   dropped, or requeued away from: requeues are off or spent);
 * **swap**: the same number of nodes, a spare in the blamed node's place;
 * **drop**: fewer nodes, down to ``min_nodes``, in a number the run's global
-  batch splits over (``batch_fits``);
+  batch can be shared by (``batch_fits``: any number of ranks up to the run's
+  micro-batches, ``jobspec/shares.py``);
 * **requeue**: without the blamed nodes (``ExcNodeList``), when too few are
   left, or the lost node ran the batch step;
 * **fail**: nothing to blame, or a lost node with no requeue left; and
@@ -147,7 +148,11 @@ def _short_reason(reason: str) -> str:
 
 
 def batch_fits(spec: JobSpec, count: int) -> bool:
-    """Whether the run's global batch splits over ``count`` nodes' ranks (always, for user code)."""
+    """Whether the run's global batch can be shared by ``count`` nodes' ranks (always, for user code).
+
+    An elastic strategy's can on any number of ranks up to its micro-batches (``jobspec/shares.py``),
+    so on any count from ``min_nodes`` to ``nodes``; the others only on ``nodes`` (validate says so).
+    """
     if spec.entrypoint is not None or count == spec.resources.nodes:
         return True
     gpus_per_task = (spec.resources.gpus_per_node or 0) // spec.tasks_per_node
@@ -159,7 +164,7 @@ def choose_nodes(
     survivors: Sequence[str], spares: Sequence[str], *, nodes: int, min_nodes: int, fits: Callable[[int], bool]
 ) -> tuple[str, ...] | None:
     """The next step's nodes: survivors, then spares, as many as possible up to ``nodes`` and at least
-    ``min_nodes``, in a number ``fits`` accepts (the global batch splits over them); None if none fits."""
+    ``min_nodes``, in a number ``fits`` accepts (the global batch can be shared by them); None if none fits."""
     pool = [*survivors, *(n for n in spares if n not in survivors)]
     for count in range(min(nodes, len(pool)), min_nodes - 1, -1):
         if count == nodes or fits(count):

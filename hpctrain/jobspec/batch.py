@@ -83,13 +83,11 @@ def micro_batch_positions(step: int, micro_batch: int, *, micro_batches: int, ba
     return range(start, min(length, (step + 1) * micro_batches * batch_size), micro_batches)
 
 
-def rank_micro_batches(rank: int, ranks: int, micro_batches: int) -> range:
-    """The micro-batches of every step that ``rank`` of ``ranks`` computes: ``rank``, ``rank + ranks``, ..."""
-    return range(rank, micro_batches, ranks)
-
-
 def micro_batch_problem(micro_batches: int, ranks: int, *, strategy: str) -> str | None:
-    """Why a global batch of ``micro_batches`` canonical micro-batches cannot run on ``ranks`` ranks; None if it can."""
+    """Why a global batch of ``micro_batches`` canonical micro-batches cannot run on ``ranks`` ranks; None if it can.
+
+    An elastic strategy shares them over any number of ranks up to their count (``jobspec/shares.py``).
+    """
     if ranks == micro_batches:
         return None
     if strategy not in ELASTIC_STRATEGIES:
@@ -97,11 +95,10 @@ def micro_batch_problem(micro_batches: int, ranks: int, *, strategy: str) -> str
             f"trainer.strategy: {strategy} cannot resume on another shape: the run's global batch is "
             f"{micro_batches} micro-batches over {micro_batches} processes, this job has {ranks}"
         )
-    if micro_batches % ranks:
-        working = ", ".join(str(n) for n in range(1, micro_batches + 1) if micro_batches % n == 0)
+    if ranks > micro_batches:
         return (
-            f"the run's global batch is {micro_batches} micro-batches of trainer.batch_size, which {ranks} ranks "
-            f"cannot share equally (rank counts that can: {working})"
+            f"the run's global batch is {micro_batches} micro-batches of trainer.batch_size, too few for {ranks} "
+            f"ranks (each computes at least one; at most {micro_batches} ranks)"
         )
     return None
 
@@ -118,6 +115,6 @@ def reshape_problem(before: JobSpec, after: JobSpec) -> str | None:
     if problem is None:
         return None
     per_node = after.tasks_per_node
-    nodes = [n for n in range(1, old.processes + 1) if old.processes % (n * per_node) == 0]
-    works = ", ".join(map(str, nodes)) if after.trainer.strategy in ELASTIC_STRATEGIES and nodes else "none other"
+    most = old.processes // per_node
+    works = f"1 to {most}" if after.trainer.strategy in ELASTIC_STRATEGIES and most >= 1 else "none other"
     return f"resources.nodes: {after.resources.nodes}: {problem}; node counts that keep it: {works}"

@@ -1,8 +1,9 @@
 """Which specs may heal from a lost node inside their allocation (``resources.min_nodes``, ``spare_nodes``).
 
-A run that continues on fewer nodes keeps its global batch by giving each rank
-more canonical micro-batches (``jobspec/batch.py``), which only the elastic
-strategies can; a spare node keeps the shape, so any strategy may have spares.
+A run that continues on fewer nodes keeps its global batch by sharing its
+canonical micro-batches over fewer ranks (``jobspec/shares.py``: any number of
+them), which only the elastic strategies can; a spare node keeps the shape, so
+any strategy may have spares.
 Pure and torch-free: ``validate`` and ``submit`` call it through ``check_resolved``; a
 step on fewer nodes (``hpctrain/healing/supervisor.py`` sets :data:`STEP_NODES_VAR`) runs
 :func:`step_spec`'s spec.
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from hpctrain.errors import DistributedSetupError, SpecProblem
 from hpctrain.jobspec.batch import ELASTIC_STRATEGIES, BatchLayout, micro_batch_problem
+from hpctrain.jobspec.shares import SharePlan
 
 if TYPE_CHECKING:
     from hpctrain.jobspec.models import JobSpec, Resources
@@ -79,15 +81,19 @@ def _shrink_problems(spec: JobSpec, fewest: int) -> list[SpecProblem]:
     full = spec.batch_layout.processes
     fewer = BatchLayout.of(spec.trainer, tasks=fewest * spec.tasks_per_node, gpus_per_task=gpus_per_task).processes
     problem = micro_batch_problem(full, fewer, strategy=strategy)
-    if problem is None:
-        return []
-    working = [n for n in range(1, spec.resources.nodes + 1) if full % (n * spec.tasks_per_node) == 0]
-    return [
-        SpecProblem(
-            "resources.min_nodes",
-            f"{fewest}: {problem}; min_nodes values that keep it: {', '.join(map(str, working))}",
-        )
-    ]
+    return [] if problem is None else [SpecProblem("resources.min_nodes", f"{fewest}: {problem}")]
+
+
+def fewest_nodes_step_cost(spec: JobSpec) -> float | None:
+    """How much longer a step takes on ``min_nodes`` nodes than on ``nodes`` (``SharePlan.step_cost``);
+    None when the run never continues on fewer nodes (no min_nodes below nodes, user code, another strategy)."""
+    res = spec.resources
+    if res.fewest_nodes >= res.nodes or spec.entrypoint is not None or spec.trainer.strategy not in ELASTIC_STRATEGIES:
+        return None
+    gpus_per_task = (res.gpus_per_node or 0) // spec.tasks_per_node
+    fewer = BatchLayout.of(spec.trainer, tasks=res.fewest_nodes * spec.tasks_per_node, gpus_per_task=gpus_per_task)
+    full = spec.batch_layout
+    return SharePlan(full.processes, fewer.processes, full.per_process).step_cost()
 
 
 def step_spec(spec: JobSpec, environ: Mapping[str, str]) -> JobSpec:

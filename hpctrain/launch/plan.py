@@ -56,7 +56,7 @@ def validate(path: str | Path, overrides: Sequence[str] = (), *, cluster: str | 
 
 def describe(job: LoadedJob) -> str:
     """One line: where, how big, how much per step."""
-    from hpctrain.jobspec.node_loss import node_count_text
+    from hpctrain.jobspec.node_loss import fewest_nodes_step_cost, node_count_text
 
     spec = job.spec
     gpus = spec.resources.gpus_per_node or 0
@@ -70,6 +70,10 @@ def describe(job: LoadedJob) -> str:
         layout = spec.batch_layout
         line += f"global batch {layout.global_batch} ({layout.describe()}), "
     line += f"{what}, time {spec.resources.time}"
+    cost = fewest_nodes_step_cost(spec)
+    if cost is not None:  # e.g. 16 -> 15 nodes of 4 GPUs: 1.09x, the ideal 1.07x
+        fewest = spec.resources.fewest_nodes
+        line += f"; a step on {fewest} node{'s' * (fewest > 1)} takes {cost:.2f}x"
     if job.is_sweep:
         line += f", sweep of {len(job.trials)} trials"
     if job.is_study:

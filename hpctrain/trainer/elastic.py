@@ -2,9 +2,10 @@
 
 A run's global batch is ``micro_batches`` canonical micro-batches of the per-process batch,
 fixed when it first starts and recorded in every checkpoint. A resume on another number of
-ranks keeps it: each rank computes ``micro_batches / ranks`` of them per step and accumulates
-gradients (:meth:`~hpctrain.trainer.step.TrainStep.accumulate`), so the sequence of global
-batches, the learning rate and the weights (up to summation order) are the uninterrupted run's.
+ranks keeps it: the ranks share the micro-batches of every step (``jobspec/shares.py``: whole
+ones, and pieces of those left over) and accumulate gradients
+(:meth:`~hpctrain.trainer.step.TrainStep.accumulate`), so the sequence of global batches, the
+learning rate and the weights (up to summation order) are the uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -36,6 +37,6 @@ def run_micro_batches(
     if problem is not None:
         raise TrainingConfigError(
             f"{source}: {problem}",
-            hint=f"resume with a number of ranks that divides {saved} (hpctrain resume RUN --set resources.nodes=K)",
+            hint=f"resume with at most {saved} ranks (hpctrain resume RUN --set resources.nodes=K)",
         )
     return saved

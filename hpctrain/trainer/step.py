@@ -5,7 +5,8 @@ dp broadcasts buffers before the forward and averages gradients after the
 backward; DDP does both inside its wrapper, the others need nothing. dp with
 ``trainer.dp_parallel_loss`` also computes the loss and the accuracy counts
 on each GPU (its model returns one output per GPU). A rank that computes several
-canonical micro-batches of a step (a resume on fewer ranks) accumulates their gradients.
+canonical micro-batches of a step, or pieces of them (a resume on fewer ranks),
+accumulates their gradients.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import functools
 import operator
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -59,11 +61,17 @@ class TrainStep:
         """One optimizer step; returns this batch's [correct1, correct5, loss*n, n] on the device."""
         return self.accumulate([(images, targets)])
 
-    def accumulate(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """One optimizer step on the gradients of several micro-batches; their summed sums.
+    def accumulate(
+        self,
+        batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        divisors: Sequence[float] | None = None,
+        contexts: Sequence[AbstractContextManager[Any]] | None = None,
+    ) -> torch.Tensor:
+        """One optimizer step on the gradients of several micro-batches (or pieces of them); their summed sums.
 
-        Each micro-batch's loss is divided by their count, so that with DDP averaging over the ranks the
-        gradient is the mean over the whole global batch (equal-size micro-batches, docs/preemption.md).
+        Each part's mean loss is divided by its divisor (default: their count), so that with DDP averaging
+        over the ranks the gradient is the mean over the whole global batch (``jobspec/shares.py``,
+        docs/preemption.md). ``contexts`` wrap each part's forward (a piece's BatchNorm statistics).
         DDP's all-reduce runs in the last backward only.
         """
         heartbeat.set_phase("forward_backward")  # DDP's all-reduce runs inside the backward
@@ -72,13 +80,15 @@ class TrainStep:
         for index, (images, targets) in enumerate(batches):
             last = index == len(batches) - 1
             sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") else self.model.no_sync()
+            divisor = len(batches) if divisors is None else divisors[index]
+            context = contexts[index] if contexts is not None else contextlib.nullcontext()
             images, targets = batch_to_device(images, targets, self.device, channels_last=self.channels_last)
             self.hooks.before_forward(self.module)
-            with sync:
+            with sync, context:
                 with self.precision.autocast():
                     output = self.model(images)
                     loss = self.hooks.loss(self.criterion, output, targets)
-                self.precision.backward(loss if len(batches) == 1 else loss / len(batches), self.optimizer)
+                self.precision.backward(loss if divisor == 1 else loss / divisor, self.optimizer)
             parts.append(self.hooks.sums(output, targets, loss))
         self.hooks.after_backward(self.module)
         heartbeat.set_phase("optimizer")

@@ -10,7 +10,8 @@ references on shared clusters:
 * a mid-epoch resume is exact: the sampler skips the consumed batches, every
   rank gets its RNG state back, so a deterministic run that was interrupted
   ends with the same weights as one that was not; on another number of ranks
-  (ddp) it keeps the global batch in canonical micro-batches (elastic.py);
+  (ddp, any number up to the first start's) it keeps the global batch in
+  canonical micro-batches (elastic.py, jobspec/shares.py, split_norm.py);
 * validation is exact over the whole val set on any number of ranks;
 * checkpoints are atomic and written in the background by rank 0.
 """
@@ -21,7 +22,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from hpctrain.contract.rundir import RUN_FILE, read_json_object, run_home
 from hpctrain.errors import TrainingConfigError
 from hpctrain.jobspec.batch import BatchLayout
 from hpctrain.jobspec.node_loss import RUN_MICRO_BATCHES_VAR
+from hpctrain.jobspec.shares import Part, SharePlan, describe_parts
 from hpctrain.jobspec.strategy_traits import traits
 from hpctrain.runtime import heartbeat
 from hpctrain.runtime.context import TaskContext
@@ -50,6 +52,7 @@ from hpctrain.trainer.optim import build_optimizer, build_scheduler
 from hpctrain.trainer.precision import Precision, to_memory_format
 from hpctrain.trainer.reporting import Reporter, run_facts
 from hpctrain.trainer.rng_state import deterministic_mode, seed_everything
+from hpctrain.trainer.split_norm import SplitNorm
 from hpctrain.trainer.state import (
     EpochSums,
     Progress,
@@ -108,6 +111,7 @@ class Trainer:
         self._saved_step: int | None = None  # the global step of the newest checkpoint, saved or loaded
         self._start_step = 0  # the global step this start began training at (after its resume)
         self._partial_epoch = False  # the next epoch continues a checkpoint's partial epoch
+        self._step_parts: Iterator[list[Part]] | None = None  # this rank's parts of each step (a changed shape)
         self._failed = False
 
     def fit(self) -> dict[str, Any]:
@@ -174,15 +178,21 @@ class Trainer:
             batch_size=self.layout.per_process,
             train_shard=self.strategy.train_shard(self.env),
         )
-        self.accumulation = 1  # micro-batches this rank computes per step
-        if self.loaders.train_sampler is not None and self.micro_batches != self.layout.processes:
-            self.loaders.train_sampler.set_micro_batches(self.micro_batches)  # elastic: run_micro_batches checked
-            self.accumulation = self.loaders.train_sampler.per_rank
+        self.plan: SharePlan | None = None  # how the ranks share each step's micro-batches, once the shape changed
+        self.images_scale: float = self.layout.processes  # this rank's images per step -> the whole job's
+        sampler = self.loaders.train_sampler
+        if sampler is not None and self.micro_batches != self.layout.processes:
+            sampler.set_micro_batches(self.micro_batches)  # elastic: run_micro_batches checked
+            self.plan = sampler.plan
+            mine = sum(part.samples for part in self.plan.parts(sampler.rank))
+            self.images_scale = self.micro_batches * self.layout.per_process / mine
             log.info(
-                "the run's global batch is %d micro-batches of %d; this rank computes %d of them per step",
+                "the run's global batch is %d micro-batches of %d; this rank computes %s per step "
+                "(a step takes %.2fx the full shape's)",
                 self.micro_batches,
                 self.layout.per_process,
-                self.accumulation,
+                describe_parts(self.plan.parts(sampler.rank)),
+                self.plan.step_cost(),
             )
         self.full_epoch_steps = self._loader_steps()
         self.steps_per_epoch = min(self.full_epoch_steps, self.cfg.max_steps_per_epoch or self.full_epoch_steps)
@@ -204,6 +214,8 @@ class Trainer:
         self.optimizer = build_optimizer(self.module, self.cfg, self.global_batch)
         self.module, self.optimizer = self.precision.prepare(self.module, self.optimizer)  # Apex: before wrapping
         self.model = self.strategy.wrap(self.module, self.device)
+        # collective on a split plan (its groups); patches BatchNorm before compiling traces it
+        self.split_norm = SplitNorm(self.module, self.plan, self.env.global_rank)
         if self.cfg.compile:
             if not traits(self.strategy.name).compiles:  # the spec check refuses these too
                 raise TrainingConfigError(
@@ -313,6 +325,7 @@ class Trainer:
         loads = start < self.steps_per_epoch and self.strategy.loads_data
         with torch.random.fork_rng(devices=[]):  # starting an iterator must not draw from the global RNG
             batches = iter(self.loaders.train_loader) if loads else iter(())
+        self._step_parts = self.loaders.train_sampler.step_parts() if self.plan is not None else None
         for step in range(start, self.steps_per_epoch):
             reason = self.ctx.stop.agreed()
             if reason is not None:
@@ -483,9 +496,21 @@ class Trainer:
             sums = self.strategy.serve_step()  # worker 0's batch, for the log lines
             return sums, 0.0, int(sums[-1].item())
         fetch_started = time.perf_counter()
-        micro = [next(batches) for _ in range(self.accumulation)]
+        if self._step_parts is None:  # every run that never changed shape: one micro-batch per rank
+            images, targets = next(batches)
+            data_s = time.perf_counter() - fetch_started
+            sums = self.train_step(images, targets)
+            self.strategy.after_step(sums)
+            self.epoch_sums.add(sums)
+            return sums, data_s, targets.shape[0]
+        parts = next(self._step_parts)
+        micro = [next(batches) for _ in parts]
         data_s = time.perf_counter() - fetch_started
-        sums = self.train_step(*micro[0]) if len(micro) == 1 else self.shared_step.accumulate(micro)
+        sums = self.shared_step.accumulate(
+            micro,
+            divisors=[self.plan.loss_divisor(part) for part in parts],
+            contexts=[self.split_norm.part(part) for part in parts],
+        )
         self.strategy.after_step(sums)
         self.epoch_sums.add(sums)
         return sums, data_s, sum(targets.shape[0] for _, targets in micro)
@@ -496,7 +521,7 @@ class Trainer:
             self.on_step(self)
         last = step + 1 == self.steps_per_epoch
         if (step + 1) % self.cfg.log_every_steps == 0 or last:
-            values = window.values(world_size=self.layout.processes, lr=self.optimizer.param_groups[0]["lr"])
+            values = window.values(world_size=self.images_scale, lr=self.optimizer.param_groups[0]["lr"])
             self.reporter.train_step(
                 epoch=epoch, step=step + 1, global_step=self.progress.global_step, values=values, steps=window.steps
             )
@@ -509,7 +534,7 @@ class Trainer:
 
     def _end_epoch_train_metrics(self, epoch: int, timer: StepWindow) -> None:
         train = Accuracy.from_sums(self.epoch_sums.total())
-        images_per_s = timer.images_per_s(self.layout.processes) if timer.images else self.progress.train_images_per_s
+        images_per_s = timer.images_per_s(self.images_scale) if timer.images else self.progress.train_images_per_s
         data_wait = timer.data_wait_fraction() if timer.steps else self.progress.data_wait_fraction
         self.progress.record_train(train, images_per_s, data_wait)
         values = {
@@ -521,9 +546,8 @@ class Trainer:
         self.reporter.epoch_end(epoch=epoch, global_step=self.progress.global_step, values=values)
 
     def _loader_steps(self) -> int:
-        """Steps the train loader has left in this epoch (each takes ``accumulation`` of its batches)."""
-        loader = self.loaders.train_loader
-        return len(loader) // self.accumulation if loader is not None else 0
+        """Steps the train loader has left in this epoch (each takes this rank's parts of the step)."""
+        return self.loaders.train_sampler.steps_len() if self.loaders.train_loader is not None else 0
 
     def _reported_steps_per_epoch(self) -> int:
         return self.workers.steps_per_epoch if self.workers is not None else self.steps_per_epoch

@@ -171,7 +171,14 @@ def scenario_dp_like_ddp(rank: int, world_size: int, *, data_root: str, base_dir
 
 
 def scenario_elastic(
-    rank: int, world_size: int, *, data_root: str, run_dir: str, stop_after: int | None = None
+    rank: int,
+    world_size: int,
+    *,
+    data_root: str,
+    run_dir: str,
+    stop_after: int | None = None,
+    batch_size: int = 4,
+    arch: str = "resnet18",
 ) -> dict[str, Any]:
     """One attempt of a deterministic ddp run in float64; also the samples of every (epoch, step) this rank saw.
 
@@ -184,15 +191,23 @@ def scenario_elastic(
     batches.to_model_input = lambda *args, **kwargs: to_model_input(*args, **kwargs).double()  # type: ignore[assignment]
     torch.set_default_dtype(torch.float64)
 
-    trainer = {"strategy": "ddp", "epochs": 2, "batch_size": 4, "max_steps_per_epoch": 4, "deterministic": True}
+    trainer = {
+        "arch": arch,
+        "strategy": "ddp",
+        "epochs": 2,
+        "batch_size": batch_size,
+        "max_steps_per_epoch": 4,
+        "deterministic": True,
+    }
     spec = job_spec(Path(data_root), trainer=trainer, checkpoint={"every_steps": 100})
     seen: list[list[int]] = []
     original = data.ResumableDistributedSampler.batches
 
     def recording(sampler: data.ResumableDistributedSampler) -> Any:
         first = sampler.consumed_samples // (sampler.micro_batches * sampler.batch_size)
-        for index, batch in enumerate(original(sampler)):
-            seen.append([sampler.epoch, first + index // sampler.per_rank, *batch])
+        steps = [first + step for step, parts in enumerate(sampler.step_parts()) for _ in parts]
+        for step, batch in zip(steps, original(sampler), strict=True):
+            seen.append([sampler.epoch, step, *batch])
             yield batch
 
     data.ResumableDistributedSampler.batches = recording  # type: ignore[method-assign]

@@ -70,9 +70,13 @@ def test_min_nodes_with_a_one_task_strategy_is_a_spec_error(tmp_path: Path, stra
     assert f"strategy {strategy} cannot continue on fewer nodes" in message
 
 
-def test_a_global_batch_min_nodes_cannot_split_names_the_numbers(tmp_path: Path) -> None:
-    message = problems(tmp_path, "min_nodes: 2")["resources.min_nodes"]
-    assert "6 micro-batches" in message and "4 ranks" in message and "keep it: 1, 3" in message
+def test_min_nodes_need_not_divide_the_global_batch(tmp_path: Path) -> None:
+    # 6 micro-batches on 2 nodes' 4 ranks: whole ones and pieces (jobspec/shares.py); refused before issue 29
+    spec = load(tmp_path, "min_nodes: 2").spec
+    assert spec.resources.fewest_nodes == 2
+    assert [count for count in range(1, 4) if healing.batch_fits(spec, count)] == [1, 2, 3]
+    assert node_loss.fewest_nodes_step_cost(spec) == 1.5  # one whole micro-batch and half of another per rank
+    assert node_loss.fewest_nodes_step_cost(load(tmp_path, "spare_nodes: 1").spec) is None
 
 
 @pytest.mark.parametrize("spares", [4, 4096])

@@ -8,7 +8,7 @@ import pytest
 
 from hpctrain.contract.rundir import read_run_info, spec_path, submitit_dir
 from hpctrain.errors import TrainingConfigError, UsageError
-from hpctrain.jobspec.batch import micro_batch_positions, micro_batch_problem, rank_micro_batches, reshape_problem
+from hpctrain.jobspec.batch import micro_batch_positions, micro_batch_problem, reshape_problem
 from hpctrain.jobspec.load import load_job
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.launch import submission
@@ -32,30 +32,33 @@ def test_the_last_short_step_shortens_every_micro_batch_alike() -> None:
     assert sizes == [2, 2, 2, 2]  # 8 positions left after one step of 12
 
 
-def test_ranks_take_every_ranks_th_micro_batch() -> None:
-    assert [list(rank_micro_batches(r, 2, 6)) for r in range(2)] == [[0, 2, 4], [1, 3, 5]]
-    assert list(rank_micro_batches(0, 1, 4)) == [0, 1, 2, 3]
-
-
-@pytest.mark.parametrize("ranks", [1, 2, 4])
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
 @pytest.mark.parametrize("consumed_steps", [0, 1, 3])
-def test_every_rank_count_trains_the_same_global_batches(ranks: int, consumed_steps: int) -> None:
-    data, micro_batches, batch = range(45), 4, 3  # 45 pads to 48: 4 steps of 12
+@pytest.mark.parametrize("length", [45, 39])
+def test_every_rank_count_trains_the_same_global_batches(ranks: int, consumed_steps: int, length: int) -> None:
+    data, micro_batches, batch = range(length), 4, 3  # 45 pads to 48: 4 steps of 12; 39 to 40: the last of 4
 
-    def steps(world: int) -> dict[int, list[tuple[int, ...]]]:
-        out: dict[int, list[tuple[int, ...]]] = {}
+    def steps(world: int) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
         for rank in range(world):
             sampler = ResumableDistributedSampler(data, world, rank, seed=5, batch_size=batch)
             sampler.set_micro_batches(micro_batches)
             sampler.set_epoch(2)
             sampler.set_start_batch(consumed_steps, batch)
             loader = list(MicroBatchSampler(sampler))
-            assert len(loader) == len(MicroBatchSampler(sampler)) == (4 - consumed_steps) * micro_batches // world
-            for index, indices in enumerate(loader):
-                out.setdefault(consumed_steps + index // sampler.per_rank, []).append(tuple(indices))
-        return {step: sorted(parts) for step, parts in out.items()}
+            parts = list(sampler.step_parts())
+            assert len(loader) == len(MicroBatchSampler(sampler)) == sum(map(len, parts))
+            assert len(parts) == sampler.steps_len() == 4 - consumed_steps
+            assert len(sampler) == sum(map(len, loader))
+            batches = iter(loader)
+            for step, step_parts in enumerate(parts):
+                for part in step_parts:
+                    indices = next(batches)
+                    assert len(indices) == part.samples
+                    out.setdefault(consumed_steps + step, []).extend(indices)
+        return {step: sorted(indices) for step, indices in out.items()}
 
-    assert steps(ranks) == steps(micro_batches)  # the same micro-batches, step by step
+    assert steps(ranks) == steps(micro_batches)  # the same samples, step by step
 
 
 def test_one_micro_batch_per_rank_is_distributed_samplers_batches() -> None:
@@ -64,17 +67,20 @@ def test_one_micro_batch_per_rank_is_distributed_samplers_batches() -> None:
     assert list(MicroBatchSampler(sampler)) == [shard[i : i + 2] for i in range(0, len(shard), 2)]
 
 
-def test_micro_batches_must_be_a_multiple_of_the_ranks() -> None:
-    sampler = ResumableDistributedSampler(range(10), 3, 0)
-    with pytest.raises(ValueError, match="4 micro-batches cannot be shared by 3 ranks"):
-        sampler.set_micro_batches(4)
+def test_every_rank_needs_a_micro_batch() -> None:
+    sampler = ResumableDistributedSampler(range(10), 3, 0, batch_size=4)
+    with pytest.raises(ValueError, match="2 micro-batches cannot be shared by 3 ranks"):
+        sampler.set_micro_batches(2)
+    sampler.set_micro_batches(4)  # 3 ranks: whole ones and pieces
+    assert sampler.plan.groups == ((0, 1, 2),)
 
 
 def test_the_problem_names_the_numbers_and_the_counts_that_work() -> None:
     assert micro_batch_problem(4, 4, strategy="ddp") is None
     assert micro_batch_problem(8, 2, strategy="ddp") is None
-    problem = micro_batch_problem(4, 3, strategy="ddp")
-    assert problem is not None and "4 micro-batches" in problem and "3 ranks" in problem and "1, 2, 4" in problem
+    assert micro_batch_problem(4, 3, strategy="ddp") is None  # uneven shares
+    problem = micro_batch_problem(4, 5, strategy="ddp")
+    assert problem is not None and "4 micro-batches" in problem and "5 ranks" in problem and "at most 4" in problem
     problem = micro_batch_problem(4, 2, strategy="dp")
     assert problem is not None and "trainer.strategy: dp cannot resume on another shape" in problem
 
@@ -85,9 +91,10 @@ def test_a_run_keeps_its_checkpoints_micro_batches() -> None:
     assert run_micro_batches({"micro_batches": 4, "world_size": 4}, processes=2, **kwargs) == 4
     assert run_micro_batches({"world_size": 4}, processes=2, **kwargs) == 4  # written before the record existed
     assert run_micro_batches({"world_size": 2}, processes=2, **kwargs) == 2
+    assert run_micro_batches({"micro_batches": 3, "world_size": 3}, processes=2, **kwargs) == 3
     with pytest.raises(TrainingConfigError, match="ck: the run's global batch is 3 micro-batches") as caught:
-        run_micro_batches({"micro_batches": 3, "world_size": 3}, processes=2, **kwargs)
-    assert "divides 3" in (caught.value.hint or "")
+        run_micro_batches({"micro_batches": 3, "world_size": 3}, processes=4, **{**kwargs, "world_size": 4})
+    assert "at most 3 ranks" in (caught.value.hint or "")
 
 
 def job(nodes: int, strategy: str = "ddp", gpus: int = 1) -> JobSpec:
@@ -97,9 +104,10 @@ def job(nodes: int, strategy: str = "ddp", gpus: int = 1) -> JobSpec:
 
 def test_resume_on_other_nodes_keeps_the_global_batch_or_says_which_counts_do() -> None:
     assert reshape_problem(job(4), job(2)) is None and reshape_problem(job(4), job(1)) is None
-    problem = reshape_problem(job(4), job(3))
-    assert problem is not None and problem.startswith("resources.nodes: 3:")
-    assert "4 micro-batches" in problem and "node counts that keep it: 1, 2, 4" in problem
+    assert reshape_problem(job(4), job(3)) is None
+    problem = reshape_problem(job(4), job(5))
+    assert problem is not None and problem.startswith("resources.nodes: 5:")
+    assert "4 micro-batches" in problem and "node counts that keep it: 1 to 4" in problem
     problem = reshape_problem(job(4, "dp", gpus=2), job(2, "dp", gpus=2))
     assert problem is not None and "trainer.strategy: dp cannot resume on another shape" in problem
 
@@ -110,8 +118,9 @@ def test_resume_set_takes_only_resources_keys(tmp_path: Path) -> None:
     loaded = load_job(spec_path(tmp_path))
     with pytest.raises(UsageError, match="--set trainer.epochs=3: resume changes only resources"):
         reshaped(tmp_path, loaded, ["trainer.epochs=3"])
-    with pytest.raises(UsageError, match="resources.nodes: 3: .*node counts that keep it: 1, 2, 4"):
-        reshaped(tmp_path, loaded, ["resources.nodes=3"])
+    with pytest.raises(UsageError, match="resources.nodes: 5: .*node counts that keep it: 1 to 4"):
+        reshaped(tmp_path, loaded, ["resources.nodes=5"])
+    assert reshaped(tmp_path, loaded, ["resources.nodes=3"]).spec.resources.nodes == 3
     assert reshaped(tmp_path, loaded, ["resources.nodes=2"]).spec.resources.nodes == 2
 
 

@@ -161,7 +161,7 @@ def test_skipping_k_batches_yields_exactly_the_tail(world_size: int, drop_last: 
             assert resumed.start_index == k * batch
 
 
-@pytest.mark.parametrize("ranks, micro_batches", [(1, 1), (2, 2), (3, 3), (2, 4)])
+@pytest.mark.parametrize("ranks, micro_batches", [(1, 1), (2, 2), (3, 3), (2, 4), (3, 4)])
 def test_every_micro_batch_is_full_so_none_is_one_image(ranks: int, micro_batches: int) -> None:
     """65 images, batch 8: the last step used to hold one image per micro-batch, which crashes BatchNorm in
     training where the last feature map is 1x1 (ResNet below 64 px), at every epoch's end and every resume."""
@@ -173,7 +173,11 @@ def test_every_micro_batch_is_full_so_none_is_one_image(ranks: int, micro_batche
             sampler.set_micro_batches(micro_batches)
             sampler.set_epoch(epoch)
             batches = list(sampler.batches())
-            assert {len(b) for b in batches} == {batch} and len(batches) == sampler.batches_len()
+            parts = [part for step in sampler.step_parts() for part in step]  # 3 of 4: pieces of full ones
+            assert {part.size for part in parts} == {batch} and [part.samples for part in parts] == list(
+                map(len, batches)
+            )
+            assert len(batches) == sampler.batches_len()
             assert len(sampler) == sum(map(len, batches))
             seen += [i for b in batches for i in b]
         assert set(seen) == set(data) and len(seen) == math.ceil(65 / (batch * micro_batches)) * batch * micro_batches
@@ -185,7 +189,7 @@ def test_every_micro_batch_is_full_so_none_is_one_image(ranks: int, micro_batche
             resumed.set_micro_batches(micro_batches)
             resumed.load_state_dict(full.state_dict(batches_done=1, batch_size=batch))
             resumed.set_epoch(epoch)
-            assert list(resumed.batches()) == list(full.batches())[full.per_rank :]
+            assert list(resumed.batches()) == list(full.batches())[len(full.plan.parts(rank)) :]
 
 
 def test_resume_on_another_world_size_visits_the_rest_once() -> None:

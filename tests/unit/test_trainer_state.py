@@ -101,11 +101,23 @@ def test_without_a_record_accumulation_is_bounded() -> None:
     check_fields(with_field("micro_batches", 8), META, unknown)  # an elastic resume on fewer ranks
     with pytest.raises(CheckpointError, match="1000-way accumulation per rank"):
         check_fields(with_field("micro_batches", 2000), META, unknown)
-    with pytest.raises(CheckpointError, match="cannot share equally"):
-        check_fields(with_field("micro_batches", 3), META, unknown)
+    check_fields(with_field("micro_batches", 3), META, unknown)  # uneven shares: 3 micro-batches on 2 ranks
+    with pytest.raises(CheckpointError, match="micro_batches is 1: .* too few for 2 ranks"):
+        check_fields(with_field("micro_batches", 1), META, unknown)
     hogwild = RunShape(epochs=3, per_process=8, processes=2, strategy="hogwild", micro_batches=None)
     with pytest.raises(CheckpointError, match="cannot resume on another shape"):
         check_fields(with_field("micro_batches", 4), META, hogwild)
+
+
+def test_a_heal_onto_a_count_that_does_not_divide_the_batch_passes() -> None:
+    """3 nodes x 2 ranks lost one: 6 micro-batches on 4 ranks (told by the supervisor), stopped mid-epoch."""
+    healed = RunShape(epochs=3, per_process=8, processes=4, strategy="ddp", micro_batches=6, steps_per_epoch=10)
+    state = with_field("micro_batches", 6) | {"world_size": 4}
+    state["sampler"]["consumed_samples"] = 4 * 6 * 8
+    check_fields(state, META, healed)
+    state["sampler"]["consumed_samples"] = 4 * 4 * 8  # counted in this job's ranks, not the run's micro-batches
+    with pytest.raises(CheckpointError, match="4 steps of 6 x 8 images"):
+        check_fields(state, META, healed)
 
 
 def test_the_runs_global_batch_on_record() -> None:

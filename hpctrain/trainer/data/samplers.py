@@ -10,12 +10,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 
 import torch
 from torch.utils.data import Sampler
 
-from hpctrain.jobspec.batch import micro_batch_positions, rank_micro_batches
+from hpctrain.jobspec.batch import micro_batch_positions
+from hpctrain.jobspec.shares import Part, SharePlan
 
 
 class ResumableDistributedSampler(Sampler[int]):
@@ -27,10 +28,11 @@ class ResumableDistributedSampler(Sampler[int]):
 
     Each step's global batch is ``micro_batches`` canonical micro-batches of ``batch_size``
     (:func:`~hpctrain.jobspec.batch.micro_batch_positions`), a function of (seed, epoch, step)
-    alone; rank ``r`` of ``num_replicas`` takes micro-batches ``r, r + num_replicas, ...``
-    of every step. ``micro_batches`` defaults to ``num_replicas`` (one each: DistributedSampler's
-    shards); a run resumed on fewer ranks keeps its own and accumulates gradients.
-    :meth:`batches` yields the micro-batches as lists of indices (see :class:`MicroBatchSampler`).
+    alone; the ranks share them as :class:`~hpctrain.jobspec.shares.SharePlan` says (rank ``r``
+    of as many ranks as micro-batches: micro-batch ``r``, DistributedSampler's shard). A run
+    resumed on fewer ranks keeps its own and accumulates gradients. :meth:`batches` yields
+    each step's parts as lists of indices (see :class:`MicroBatchSampler`), :meth:`step_parts`
+    what they are.
     """
 
     def __init__(
@@ -60,15 +62,15 @@ class ResumableDistributedSampler(Sampler[int]):
         self.consumed_samples = 0
 
     def set_micro_batches(self, micro_batches: int) -> None:
-        """Split every step's global batch into ``micro_batches`` (a multiple of the ranks)."""
-        if micro_batches < 1 or micro_batches % self.num_replicas:
+        """Split every step's global batch into ``micro_batches`` (at least one per rank)."""
+        if micro_batches < self.num_replicas:
             raise ValueError(f"{micro_batches} micro-batches cannot be shared by {self.num_replicas} ranks")
         self.micro_batches = micro_batches
 
     @property
-    def per_rank(self) -> int:
-        """Micro-batches this rank computes per step (gradient accumulation when more than one)."""
-        return self.micro_batches // self.num_replicas
+    def plan(self) -> SharePlan:
+        """Which parts of every step this rank computes."""
+        return SharePlan(self.micro_batches, self.num_replicas, self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's order; moving to a new epoch forgets the resume offset."""
@@ -82,8 +84,8 @@ class ResumableDistributedSampler(Sampler[int]):
 
     @property
     def start_index(self) -> int:
-        """Index into this rank's shard of the uninterrupted epoch where iteration starts."""
-        return self.consumed_samples // self.micro_batches * self.per_rank
+        """Index into this rank's shard of the uninterrupted epoch where iteration starts (even shares)."""
+        return self.consumed_samples // self.micro_batches * (self.micro_batches // self.num_replicas)
 
     def state_dict(self, batches_done: int = 0, batch_size: int = 0) -> dict[str, int]:
         """Position after ``batches_done`` steps of ``batch_size`` per micro-batch since ``iter()``."""
@@ -119,30 +121,53 @@ class ResumableDistributedSampler(Sampler[int]):
             remaining += (order * math.ceil(padding / len(order)))[:padding]
         return remaining
 
+    def _step_sizes(self) -> tuple[int, int, int]:
+        """(steps left in the epoch, samples per micro-batch in a full step, in the last step)."""
+        left = max(0, self.dataset_len - self.consumed_samples)
+        if not self.drop_last:  # padded to whole steps (see _remaining): every step full
+            return math.ceil(left / (self.micro_batches * self.batch_size)), self.batch_size, self.batch_size
+        rows = left // self.micro_batches
+        steps = math.ceil(rows / self.batch_size)
+        return steps, self.batch_size, rows - (steps - 1) * self.batch_size if steps else 0
+
+    def step_parts(self) -> Iterator[list[Part]]:
+        """This rank's parts of every step left in the epoch, in the order :meth:`batches` yields them."""
+        steps, full, last = self._step_sizes()
+        plan = self.plan
+        for step in range(steps):
+            yield plan.parts(self.rank, last if step == steps - 1 else full)
+
     def batches(self) -> Iterator[list[int]]:
-        """This rank's micro-batches, step by step, each step's in micro-batch order."""
+        """This rank's parts of every step (micro-batches, or pieces of them) as lists of dataset indices."""
         remaining = self._remaining()
-        mine = rank_micro_batches(self.rank, self.num_replicas, self.micro_batches)
         size, count = self.batch_size, self.micro_batches
-        for step in range(math.ceil(len(remaining) / (count * size))):
-            for j in mine:
-                positions = micro_batch_positions(step, j, micro_batches=count, batch_size=size, length=len(remaining))
-                yield [remaining[p] for p in positions]
+        for step, parts in enumerate(self.step_parts()):
+            for part in parts:
+                positions = micro_batch_positions(
+                    step, part.micro_batch, micro_batches=count, batch_size=size, length=len(remaining)
+                )
+                yield [remaining[p] for p in positions[part.start : part.stop]]
+
+    def steps_len(self) -> int:
+        """How many steps are left in the epoch."""
+        return self._step_sizes()[0]
 
     def batches_len(self) -> int:
-        """How many micro-batches :meth:`batches` yields."""
-        rows = len(self) * self.num_replicas // self.micro_batches  # samples per micro-batch over the epoch's rest
-        return math.ceil(rows / self.batch_size) * self.per_rank
+        """How many lists :meth:`batches` yields."""
+        return self._count(lambda parts: len(parts))
+
+    def _count(self, per_step: Callable[[list[Part]], int]) -> int:
+        steps, full, last = self._step_sizes()
+        if not steps:
+            return 0
+        plan = self.plan
+        return (steps - 1) * per_step(plan.parts(self.rank, full)) + per_step(plan.parts(self.rank, last))
 
     def __iter__(self) -> Iterator[int]:
         return (index for batch in self.batches() for index in batch)
 
     def __len__(self) -> int:
-        remaining = max(0, self.dataset_len - self.consumed_samples)
-        if self.drop_last:
-            return remaining // self.micro_batches * self.per_rank
-        steps = math.ceil(remaining / (self.micro_batches * self.batch_size))
-        return steps * self.batch_size * self.per_rank
+        return self._count(lambda parts: sum(part.samples for part in parts))
 
 
 class MicroBatchSampler(Sampler[list[int]]):

@@ -1,0 +1,93 @@
+"""BatchNorm over a micro-batch computed in pieces by several gloo ranks equals BatchNorm over the whole batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from trainer_harness import run_ranks
+
+from hpctrain.jobspec.shares import SharePlan
+from hpctrain.trainer.split_norm import SplitNorm
+
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.local_dist]
+
+CASES = {  # name -> (layer, input shape, channels_last)
+    "2d": (lambda: nn.BatchNorm2d(3), (7, 3, 4, 5), False),
+    "2d-channels-last": (lambda: nn.BatchNorm2d(3), (7, 3, 4, 5), True),
+    "1d-no-affine-cumulative": (lambda: nn.BatchNorm1d(4, affine=False, momentum=None), (7, 4), False),
+    "2d-one-sample-pieces-1x1": (lambda: nn.BatchNorm2d(5), (3, 5, 1, 1), False),  # resnet's layer4 at 32 px
+}
+
+
+def scenario_pieces(rank: int, world_size: int) -> dict[str, dict[str, bool]]:
+    """Every case on every rank: what matched the whole batch's BatchNorm."""
+    torch.set_default_dtype(torch.float64)
+    return {case: compare(case, rank, world_size) for case in sorted(CASES)}
+
+
+def compare(case: str, rank: int, world_size: int) -> dict[str, bool]:
+    """The whole batch on one rank's own layer, then each rank's piece of it with the group's statistics."""
+    make, shape, channels_last = CASES[case]
+    torch.manual_seed(0)
+    x = torch.randn(shape) * 3 + 1
+    weights = torch.randn(shape)  # an arbitrary loss, sum(y * weights), so the backward is not trivial
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    whole = make()
+    ours = make()
+    ours.load_state_dict(whole.state_dict())
+    for norm in (whole, ours):
+        norm.train()
+
+    reference_x = x.clone().requires_grad_(True)
+    reference_out = whole(reference_x)
+    (reference_out * weights).sum().backward()
+    whole(x)  # a second step: the running statistics keep going
+
+    # one micro-batch left over after a whole one each, shared by every rank
+    plan = SharePlan(micro_batches=world_size + 1, ranks=world_size, batch_size=shape[0])
+    split = SplitNorm(ours, plan, rank)
+    part = plan.parts(rank)[0]
+    assert part.group == 0 and split.active
+    piece = x[part.start : part.stop].clone().requires_grad_(True)
+    with split.part(part):
+        out = ours(piece)
+        (out * weights[part.start : part.stop]).sum().backward()
+        ours(x[part.start : part.stop])
+    grads = {name: p.grad.clone() for name, p in ours.named_parameters()}
+    for grad in grads.values():
+        dist.all_reduce(grad)  # what DDP sums over the ranks
+    close = {
+        "output": torch.allclose(out, reference_out[part.start : part.stop], rtol=0, atol=1e-12),
+        "input": torch.allclose(piece.grad, reference_x.grad[part.start : part.stop], rtol=0, atol=1e-12),
+        "params": all(torch.allclose(grads[name], p.grad, rtol=0, atol=1e-12) for name, p in whole.named_parameters()),
+        "buffers": all(
+            torch.allclose(ours.state_dict()[name].double(), value.double(), rtol=0, atol=1e-12)
+            for name, value in whole.state_dict().items()
+        ),
+        "format": out.is_contiguous(memory_format=torch.channels_last) if channels_last else out.is_contiguous(),
+    }
+    native = make()
+    native.load_state_dict(ours.state_dict())
+    with split.part(part):  # in eval mode a piece too runs the layer's own forward, on its running statistics
+        same = torch.equal(ours.eval()(x), native.eval()(x))
+    return {**close, "eval_unchanged": same}
+
+
+def test_pieces_on_three_ranks_normalise_as_the_whole_batch(tmp_path: Path) -> None:
+    # output and input gradient of each piece, summed parameter gradients (as DDP sums them) and running
+    # statistics after two steps agree with the whole batch's to 1e-12 in float64; eval mode is the layer's own
+    matched = dict.fromkeys(("output", "input", "params", "buffers", "format", "eval_unchanged"), True)
+    assert run_ranks(scenario_pieces, 3, tmp_path / "out") == [dict.fromkeys(CASES, matched)] * 3
+
+
+def test_a_model_without_batchnorm_or_a_plan_without_pieces_changes_nothing() -> None:
+    plain = nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3))
+    assert not SplitNorm(plain, SharePlan(4, 3, 8), rank=0).active  # no BatchNorm: no group, nothing patched
+    norm = nn.BatchNorm2d(3)
+    assert not SplitNorm(norm, SharePlan(4, 2, 8), rank=0).active  # 2 whole micro-batches each
+    assert not SplitNorm(norm, None, rank=0).active and "forward" not in vars(norm)
