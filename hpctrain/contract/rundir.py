@@ -12,7 +12,8 @@ directory holds::
     trial-NNN/                          a sweep's trials, each a run directory (sharing the sweep's submitit/)
     submitit/JOBID_RANK_log.{out,err}   each task's output
     submitit/JOBID_guardian_log.err     a healing job's guardian, when it has something to say
-    checkpoints/step-NNNNNNNN/{state.pt,meta.json}, checkpoints/best.json
+    checkpoints/step-NNNNNNNN/{state.pt,meta.json}, checkpoints/best.json     (the trainer's)
+    checkpoints/step-NNNNNNNN/{.metadata,__R_0.distcp,meta.json}              (hpctrain.task's)
     tb/                                 TensorBoard events
     metrics.jsonl                       every step, epoch and validation (contract/metrics.py)
     summary.json                        what the run says about itself (contract/summary.py); its node events,
@@ -39,8 +40,11 @@ excludes from; and, on a compute node, the job's own folder
 ``<stage_dir>/hpctrain-<uid>/job-<job>/`` (dataset/node_folder.py).
 
 A checkpoint is complete (its ``meta.json``, written last, records the size
-of ``state.pt``) or it is ignored. ``summary.json`` is read as a typed
-:class:`Summary` that tolerates missing, extra and half-written fields.
+of every file it holds: the trainer's ``state.pt``, or a
+torch.distributed.checkpoint folder's files) or it is ignored;
+``contract/step_folders.py`` writes them. ``summary.json`` is read as a typed
+:class:`~hpctrain.contract.summary.Summary` that tolerates missing, extra and
+half-written fields.
 Every write here is atomic (temp file, fsync, rename). Torch-free.
 """
 
@@ -49,6 +53,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import tempfile
 import time
 from collections.abc import Mapping
@@ -356,41 +361,72 @@ def read_run_info(run_dir: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ checkpoints
+# A checkpoint folder's layout, as its meta.json says (absent: the trainer's, from before the key existed).
+TRAINER_LAYOUT = "state.pt"  # the built-in trainer: one torch.save file, written by rank 0
+DCP_LAYOUT = "dcp"  # hpctrain.task: a torch.distributed.checkpoint folder, written by every rank
+CHECKPOINT_LAYOUTS = (TRAINER_LAYOUT, DCP_LAYOUT)
+_MAX_CHECKPOINT_FILES = 1 << 16  # a DCP folder holds one file per writing rank and .metadata
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,127}$")
 
 
-def checkpoint_meta(step_dir: Path) -> dict[str, Any] | None:
-    """``meta.json`` of a complete checkpoint folder (its state file has the recorded size), else None.
+def checkpoint_layout(meta: Mapping[str, Any]) -> str:
+    """How a checkpoint folder is laid out (:data:`TRAINER_LAYOUT` or :data:`DCP_LAYOUT`), from its meta."""
+    layout = meta.get("layout", TRAINER_LAYOUT)
+    return layout if isinstance(layout, str) else ""
 
-    Both files must lie inside the run (``RUN/checkpoints/step-N``'s run directory, symlinks resolved):
-    a checkpoint reached through a symlink out of the run is not the run's.
+
+def checkpoint_meta(step_dir: Path, layout: str | None = None) -> dict[str, Any] | None:
+    """``meta.json`` of a complete checkpoint folder, else None.
+
+    Complete: meta.json (written last) has this format version and a known layout (``layout``
+    when given), and every file it lists lies in the folder, regular, with the recorded size.
+    The trainer's layout must list its ``state.pt``. File names are plain names, never paths.
+    The folder must lie inside the run (``RUN/checkpoints/step-N``'s run directory, symlinks
+    resolved): a checkpoint reached through a symlink out of the run is not the run's; its files,
+    plain names that are no symlinks, then lie inside too.
     """
     run_dir = Path(step_dir).parent.parent
     meta = read_json_object(Path(step_dir) / META_FILE, within=run_dir)
-    if not meta or meta.get("format_version") != CHECKPOINT_FORMAT_VERSION:
+    if not meta or meta.get("format_version") != CHECKPOINT_FORMAT_VERSION or not is_inside(step_dir, run_dir):
         return None
-    expected = meta.get("files", {}).get(STATE_FILE) if isinstance(meta.get("files"), dict) else None
-    state_path = Path(step_dir) / STATE_FILE
-    if not isinstance(expected, dict) or not state_path.is_file() or not is_inside(state_path, run_dir):
+    found = checkpoint_layout(meta)
+    if found not in CHECKPOINT_LAYOUTS or (layout is not None and found != layout):
         return None
-    if state_path.stat().st_size != expected.get("size"):
+    files = meta.get("files")
+    if not isinstance(files, dict) or not 0 < len(files) <= _MAX_CHECKPOINT_FILES:
         return None
+    if found == TRAINER_LAYOUT and STATE_FILE not in files:
+        return None
+    for name, expected in files.items():
+        if not isinstance(name, str) or not _PLAIN_NAME.match(name) or name == META_FILE:
+            return None
+        if not isinstance(expected, dict) or not _has_size(Path(step_dir) / name, expected.get("size")):
+            return None
     return meta
 
 
-def complete_checkpoints(directory: Path) -> list[Path]:
-    """Complete ``step-N`` folders under a checkpoints directory, oldest first."""
+def _has_size(path: Path, size: Any) -> bool:
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and isinstance(size, int) and info.st_size == size
+
+
+def complete_checkpoints(directory: Path, layout: str | None = None) -> list[Path]:
+    """Complete ``step-N`` folders under a checkpoints directory (of ``layout`` only, if given), oldest first."""
     found = []
     if not Path(directory).is_dir():
         return []
     for child in Path(directory).iterdir():
         match = _STEP_DIR.match(child.name)
-        if match and child.is_dir() and checkpoint_meta(child) is not None:
+        if match and child.is_dir() and checkpoint_meta(child, layout) is not None:
             found.append((int(match.group(1)), child))
     return [path for _, path in sorted(found)]
 
 
-def latest_checkpoint(directory: Path) -> Path | None:
-    found = complete_checkpoints(directory)
+def latest_checkpoint(directory: Path, layout: str | None = None) -> Path | None:
+    found = complete_checkpoints(directory, layout)
     return found[-1] if found else None
 
 

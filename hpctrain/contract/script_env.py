@@ -21,6 +21,10 @@ JOB_ID_VAR = "HPCTRAIN_JOB_ID"  # the Slurm job id (a local run: its controller'
 STOP_SIGNAL_VAR = "HPCTRAIN_STOP_SIGNAL"
 HEARTBEAT_INTERVAL_VAR = "HPCTRAIN_HEARTBEAT_INTERVAL_S"  # distributed.heartbeat_interval_s
 HANG_TIMEOUT_VAR = "HPCTRAIN_HANG_TIMEOUT_S"  # distributed.hang_timeout_s; unset: no hang watchdog
+# The run's micro-batches per step (its world size when it first started), set when a step runs on fewer
+# nodes than the run started with (a node lost with min_nodes): hpctrain.task.ElasticLoader keeps the run's
+# global batch from it before a checkpoint says so. Unset: the current world size.
+RUN_MICRO_BATCHES_VAR = "HPCTRAIN_RUN_MICRO_BATCHES"
 
 # The torchrun environment: every one for a process per rank; for a process per node (which starts
 # its own workers) only those that name no single rank.
@@ -36,4 +40,5 @@ HPCTRAIN_VARS = (
     STOP_SIGNAL_VAR,
     HEARTBEAT_INTERVAL_VAR,
     HANG_TIMEOUT_VAR,
+    RUN_MICRO_BATCHES_VAR,
 )

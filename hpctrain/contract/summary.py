@@ -23,6 +23,8 @@ from hpctrain.errors import RunDirError
 
 Status = Literal["running", "completed", "stopped", "failed"]
 FINAL_STATUSES: frozenset[str] = frozenset({"completed", "stopped", "failed"})
+# keys a new attempt of a run keeps: what the supervisor recorded about nodes (lost, burn-in, evicted)
+CARRIED_SUMMARY_KEYS = ("excluded_nodes", "node_failures", "burn_in", "evictions")
 
 
 class Summary(BaseModel):
@@ -55,6 +57,7 @@ class Summary(BaseModel):
     device: str | None = None
     epochs: int | None = None  # with steps_per_epoch: the total steps 'status --watch' counts to
     steps_per_epoch: int | None = None
+    total_steps: int | None = None  # a user loop's own total (hpctrain.task.set_summary): wins over the product
     batch_size: int | None = None
     global_batch_size: int | None = None
     deterministic: bool | None = None

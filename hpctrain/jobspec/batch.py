@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from hpctrain.jobspec.models import JobSpec, Trainer
 
 REFERENCE_BATCH = 256
+# Micro-batches per rank per step that a checkpoint may claim where the run's global batch is not on record
+# (the built-in trainer's trainer/state.py and hpctrain.task's ElasticLoader judge a checkpoint by it).
+MAX_ACCUMULATION = 64
 
 
 def scaled_lr(trainer_spec: Trainer, global_batch: int) -> float:

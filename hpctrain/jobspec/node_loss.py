@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from hpctrain.contract import script_env
 from hpctrain.errors import DistributedSetupError, SpecProblem
 from hpctrain.jobspec.batch import ELASTIC_STRATEGIES, BatchLayout, micro_batch_problem
 from hpctrain.jobspec.shares import SharePlan
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
 
 # Set by the supervisor on a step that runs on another number of nodes than resources.nodes.
 STEP_NODES_VAR = "HPCTRAIN_STEP_NODES"
-# Set by the task launcher for the trainer: the run's canonical micro-batches per step (elastic resume).
-RUN_MICRO_BATCHES_VAR = "HPCTRAIN_RUN_MICRO_BATCHES"
+# Set by the task launcher for the trainer and hpctrain.task: the run's micro-batches per step (elastic resume).
+RUN_MICRO_BATCHES_VAR = script_env.RUN_MICRO_BATCHES_VAR
 
 
 def node_loss_problems(spec: JobSpec) -> list[SpecProblem]:

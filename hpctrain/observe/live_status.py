@@ -132,6 +132,7 @@ def build_snapshot(
     seen = (summary.global_step, last and last["global_step"], tail.last_epoch and tail.last_epoch["global_step"])
     global_step = max((step for step in seen if isinstance(step, int)), default=None)
     total = epochs * steps_per_epoch if epochs and steps_per_epoch else None
+    total = _int(summary.total_steps) or total  # a user loop that stops before its last epoch says so
     rate = _step_rate(list(tail.steps))
     eta = None
     if total is not None and global_step is not None and not final:

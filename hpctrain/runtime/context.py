@@ -104,3 +104,19 @@ class TaskContext:
     @property
     def checkpoint_dir(self) -> Path:
         return checkpoints_dir(self.run_dir)
+
+
+# The context of the entry point this process runs (set by the launcher before it calls the user's function),
+# so that ``hpctrain.task`` finds it without the function passing ``ctx`` around.
+_registered: TaskContext | None = None
+
+
+def register_context(ctx: TaskContext | None) -> None:
+    """Make ``ctx`` this process's task context (None: forget it)."""
+    global _registered
+    _registered = ctx
+
+
+def registered_context() -> TaskContext | None:
+    """The task context the launcher registered in this process, if any."""
+    return _registered

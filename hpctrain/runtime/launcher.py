@@ -32,8 +32,9 @@ from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime import failures, heartbeat, stop_signals
 from hpctrain.runtime.cleanup import leave_dataset_mount
-from hpctrain.runtime.context import TaskContext, TaskEnv
+from hpctrain.runtime.context import TaskContext, TaskEnv, register_context
 from hpctrain.runtime.master import check_master_address
+from hpctrain.runtime.run_summary import finish_summary
 from hpctrain.runtime.stop import StopReason, StopRequest, install_handlers
 from hpctrain.runtime.task_env import derive_task_env, export_torchrun_env, rank_hint, thread_env
 
@@ -116,10 +117,13 @@ class TaskLauncher:
 
                 monitor.gpu = gpu_sampler(device.index or 0, os.environ)
             ctx = TaskContext(env=env, spec=spec, run_dir=Path(self.run_dir), device=device, stop=stop)
+            register_context(ctx)  # what hpctrain.task.session() finds
             result = self.train_or_stop(ctx, user_code)
             heartbeat.set_phase("done")  # a requeue's wait for Slurm is not a hang
             if monitor is not None:
                 monitor.stop()
+            if env.is_main and spec.entrypoint:
+                finish_summary(Path(self.run_dir), env.job_id, result)
             self.after_run(ctx, result)
         return result
 

@@ -7,9 +7,11 @@ Layout (torchtitan style)::
     checkpoints/best.json                 # pointer to the best step directory (no duplicate copy)
 
 A checkpoint is written into ``.tmp-step-N-<uuid>/``, fsynced, then renamed
-into place, so a reader sees the whole directory or nothing. Loading never
-unpickles arbitrary objects (``weights_only=True``) and trusts nothing else
-either, in this order, before a byte of tensor data is allocated:
+into place, so a reader sees the whole directory or nothing; that folder life
+(temp folder, meta last, rename, pruning) is ``contract/step_folders.py``'s,
+shared with ``hpctrain.task``'s checkpointer. Loading never unpickles
+arbitrary objects (``weights_only=True``) and trusts nothing else either, in
+this order, before a byte of tensor data is allocated:
 
 1. ``meta.json`` matches ``state.pt`` (size and sha256);
 2. the archive is one ``torch.save`` writes (``checkpoint_archive.py``):
@@ -34,15 +36,10 @@ Only global rank 0 saves; every rank loads.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 import pickle
-import shutil
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,7 +47,8 @@ from typing import Any
 import torch
 
 from hpctrain.contract import rundir
-from hpctrain.contract.rundir import BEST_FILE, META_FILE, STATE_FILE, read_json_object, step_dir_name
+from hpctrain.contract.rundir import META_FILE, STATE_FILE, TRAINER_LAYOUT, step_dir_name
+from hpctrain.contract.step_folders import StepFolders, file_digest, fsync_path
 from hpctrain.errors import CheckpointError
 from hpctrain.trainer.checkpoint_archive import ArchiveError, check_archive, tensor_bytes
 from hpctrain.trainer.snapshot import SAFE_SCALARS, StagingBuffers, refuse_type
@@ -58,7 +56,6 @@ from hpctrain.trainer.snapshot import SAFE_SCALARS, StagingBuffers, refuse_type
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = rundir.CHECKPOINT_FORMAT_VERSION
-_HASH_CHUNK = 8 << 20
 # ``check(state, meta)``: judge a checkpoint's fields (its tensors are on the meta device); raise CheckpointError.
 Check = Callable[[dict[str, Any], dict[str, Any] | None], None]
 
@@ -70,6 +67,7 @@ class CheckpointManager:
         if keep_last < 1:
             raise CheckpointError(f"keep_last must be at least 1 (got {keep_last})", hint="set checkpoint.keep_last")
         self.directory = Path(directory)
+        self.folders = StepFolders(self.directory, layout=TRAINER_LAYOUT, keep_last=keep_last, keep_best=keep_best)
         self.keep_last = keep_last
         self.keep_best = keep_best
         self.async_save = async_save
@@ -78,7 +76,6 @@ class CheckpointManager:
         self._staging = StagingBuffers()
         self._writer: threading.Thread | None = None
         self._writer_error: BaseException | None = None
-        self._swept_tmp = False
 
     # -- public API -------------------------------------------------------------------------------------------
     def save(
@@ -92,9 +89,6 @@ class CheckpointManager:
         """
         started = time.perf_counter()
         self.wait()
-        self.directory.mkdir(parents=True, exist_ok=True)
-        if not self._swept_tmp:
-            self._sweep_leftovers()
         info = {"step": int(step), "global_step": int(step), "epoch": int(epoch), "metric": metric, "tag": tag}
         target = self.directory / step_dir_name(step)
         if not self.async_save:
@@ -135,11 +129,10 @@ class CheckpointManager:
 
     def checkpoints(self) -> list[Path]:
         """Step directories with readable meta whose state file has the recorded size, oldest first."""
-        return rundir.complete_checkpoints(self.directory)
+        return self.folders.checkpoints()
 
     def latest(self) -> Path | None:
-        found = self.checkpoints()
-        return found[-1] if found else None
+        return self.folders.latest()
 
     def best(self) -> Path | None:
         return rundir.best_checkpoint(self.directory)
@@ -212,92 +205,22 @@ class CheckpointManager:
             self._writer_error = exc
 
     def _write(self, state: dict[str, Any], info: dict[str, Any]) -> None:
-        name = step_dir_name(info["step"])
-        tmp = self.directory / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
+        tmp = self.folders.begin(info["step"])
         try:
             started = time.perf_counter()
             state_path = tmp / STATE_FILE
             torch.save(state, state_path)
-            _fsync_path(state_path)
-            size, digest = _file_digest(state_path)
-            meta = {
-                "format_version": FORMAT_VERSION,
-                **info,
-                "files": {STATE_FILE: {"size": size, "sha256": digest}},
-                "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "write_s": round(time.perf_counter() - started, 3),
-            }
-            _write_file_synced(tmp / META_FILE, json.dumps(meta, indent=2) + "\n")
-            _fsync_path(tmp)
-            self._install(tmp, self.directory / name)
+            fsync_path(state_path)
+            size, digest = file_digest(state_path)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            self.folders.discard(tmp)
             raise
+        files = {STATE_FILE: {"size": size, "sha256": digest}}
+        info = {**info, "write_s": round(time.perf_counter() - started, 3)}
+        final = self.folders.commit(tmp, info["step"], files=files, info=info)
         if self.keep_best and info["metric"] is not None:
-            self._update_best(name, info)
-        self._prune()
-
-    def _install(self, tmp: Path, final: Path) -> None:
-        """Rename ``tmp`` to ``final``; an existing ``final`` (same step saved again) is replaced."""
-        old = None
-        if final.exists():
-            old = self.directory / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
-            os.rename(final, old)
-        os.rename(tmp, final)
-        _fsync_path(self.directory)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-
-    def _update_best(self, name: str, info: dict[str, Any]) -> None:
-        current = read_json_object(self.directory / BEST_FILE)
-        previous = current.get("metric") if current else None
-        still_there = current is not None and (self.directory / str(current.get("dir"))).is_dir()
-        if still_there and isinstance(previous, (int, float)) and previous >= info["metric"] and current["dir"] != name:
-            return
-        pointer = {"dir": name, "step": info["step"], "epoch": info["epoch"], "metric": info["metric"]}
-        rundir.write_json_atomic(self.directory / BEST_FILE, pointer)
-
-    def _prune(self) -> None:
-        keep = set(self.checkpoints()[-self.keep_last :])
-        best = self.best() if self.keep_best else None
-        if best is not None:
-            keep.add(best)
-        for path in self.checkpoints():
-            if path not in keep:
-                trash = self.directory / f".old-{path.name}-{uuid.uuid4().hex[:8]}"
-                os.rename(path, trash)
-                shutil.rmtree(trash, ignore_errors=True)
-        # A removal can fail for a while: on FUSE and NFS a file still open somewhere (a data-loader
-        # worker forked while this writer held state.pt open keeps the descriptor until it exits) is
-        # renamed .fuse_hidden* / .nfsXXXX and its folder stays. Each prune retries the older ones.
-        for child in self.directory.iterdir():
-            if child.is_dir() and child.name.startswith(".old-"):
-                shutil.rmtree(child, ignore_errors=True)
-
-    def _sweep_leftovers(self) -> None:
-        """Remove half-written directories of crashed writers (only rank 0 ever writes here)."""
-        for child in self.directory.iterdir():
-            if child.is_dir() and child.name.startswith((".tmp-", ".old-")):
-                log.info("removing leftover %s from an interrupted checkpoint write", child)
-                shutil.rmtree(child, ignore_errors=True)
-        self._swept_tmp = True
-
-
-def weights_sha256(state_dict: dict[str, Any]) -> str:
-    """Digest of a model's weights, equal across strategies (DDP/DP ``module.`` prefixes are stripped)."""
-    digest = hashlib.sha256()
-    for key, value in state_dict.items():
-        if not isinstance(value, torch.Tensor):
-            continue
-        name = key
-        for prefix in ("module.", "_orig_mod."):
-            while name.startswith(prefix):
-                name = name[len(prefix) :]
-        tensor = value.detach().to("cpu").contiguous().reshape(-1)
-        digest.update(f"{name}:{tensor.dtype}:{tuple(value.shape)};".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+            self.folders.update_best(final.name, info)
+        self.folders.prune()
 
 
 # -- reading ----------------------------------------------------------------------------------------------------
@@ -355,10 +278,10 @@ def _torch_load(state_path: Path, map_location: Any) -> dict[str, Any]:
 
 def _read_meta(path: Path, *, quick_check: bool) -> dict[str, Any] | None:
     """Meta of a complete checkpoint directory, or None. ``quick_check`` compares sizes but skips the hash."""
-    meta = rundir.checkpoint_meta(path)
+    meta = rundir.checkpoint_meta(path, TRAINER_LAYOUT)
     if meta is None:
         return None
-    if not quick_check and _file_digest(path / STATE_FILE)[1] != meta["files"][STATE_FILE].get("sha256"):
+    if not quick_check and file_digest(path / STATE_FILE)[1] != meta["files"][STATE_FILE].get("sha256"):
         return None
     return meta
 
@@ -373,29 +296,3 @@ def _check_safe_types(value: Any, path: tuple[Any, ...] = ()) -> None:
             _check_safe_types(item, (*path, index))
     elif not isinstance(value, (torch.Tensor, *SAFE_SCALARS)):
         refuse_type(value, path)
-
-
-# -- durable file operations ----------------------------------------------------------------------------------
-def _file_digest(path: Path) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file_synced(path: Path, text: str) -> None:
-    with open(path, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())

@@ -2,54 +2,35 @@
 
 ``torch.load`` trusts the archive: a record compressed with deflate inflates to
 whatever size its header claims (a 5 MB file, a 5 GiB tensor, allocated before
-anything can object), and a pickle of any size is read whole. ``torch.save``
-never compresses a record, so :func:`check_archive` refuses any that is, from
+anything can object), and a pickle of any size is read whole. :func:`check_archive`
+applies the rule both checkpoint kinds share (``hpctrain/task/torch_archive.py``:
+every record stored, inside the file, the pickle bounded) to a ``state.pt``, from
 the zip's directory alone. :func:`tensor_bytes` sums what a ``meta`` load's
 storages would take once loaded for real, so a caller can bound it first.
 """
 
 from __future__ import annotations
 
-import zipfile
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 import torch
 
-MAX_PICKLE_BYTES = 64 << 20  # a trainer checkpoint's pickle is kilobytes to a few MB (RNG states of many ranks)
+from hpctrain.task.torch_archive import MAX_PICKLE_BYTES, ArchiveError, check_records
 
-
-class ArchiveError(Exception):
-    """A ``state.pt`` that ``torch.save`` did not write as it is (damaged or crafted)."""
+__all__ = ["MAX_PICKLE_BYTES", "ArchiveError", "check_archive", "tensor_bytes"]
 
 
 def check_archive(state_path: Path) -> int:
-    """Raise unless ``state_path`` is an archive as ``torch.save`` writes it: every record stored (not
-    compressed: a deflated record inflates to whatever its header says) and inside the file, the pickle at
-    most :data:`MAX_PICKLE_BYTES`. Reads only the zip's directory; returns the bytes of the tensor records."""
+    """Raise :class:`ArchiveError` unless ``state_path`` is an archive as ``torch.save`` writes it (see
+    ``task/torch_archive.check_records``); reads only the zip's directory; returns the bytes of the tensor records."""
     try:
         size = state_path.stat().st_size
-        with zipfile.ZipFile(state_path) as archive:
-            records = archive.infolist()
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
+        with open(state_path, "rb") as handle:
+            return check_records(handle, size, str(state_path))
+    except OSError as exc:
         raise ArchiveError(f"{state_path} is not an archive torch.save writes ({exc})") from exc
-    data = 0
-    for record in records:
-        if record.compress_type != zipfile.ZIP_STORED or record.compress_size != record.file_size:
-            raise ArchiveError(
-                f"{state_path}: record {record.filename!r} is compressed ({record.compress_size} bytes that inflate "
-                f"to {record.file_size}); torch.save stores every record as it is, so this file was crafted"
-            )
-        if record.header_offset + record.file_size > size:
-            raise ArchiveError(f"{state_path}: record {record.filename!r} claims to reach past the end of the file")
-        if record.filename.endswith("data.pkl") and record.file_size > MAX_PICKLE_BYTES:
-            raise ArchiveError(
-                f"{state_path}: its pickle is {record.file_size} bytes, more than a checkpoint's "
-                f"({MAX_PICKLE_BYTES} at most)"
-            )
-        data += record.file_size if "/data/" in record.filename else 0
-    return data
 
 
 def tensor_bytes(state: Any) -> tuple[int, tuple[str, int]]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpctrain.contract.metrics import MetricsAppender
 from hpctrain.contract.rundir import tb_dir
-from hpctrain.contract.summary import Summary, read_summary, write_summary
+from hpctrain.contract.summary import CARRIED_SUMMARY_KEYS, Summary, read_summary, write_summary
 
 if TYPE_CHECKING:
     from hpctrain.runtime.context import TaskContext
@@ -38,7 +38,6 @@ TRAIN_SCALARS = {
     "data_wait_fraction": "perf/data_wait_fraction",
 }
 VAL_SCALARS = {"top1": "val/top1", "top5": "val/top5", "loss": "val/loss"}
-CARRIED_KEYS = ("excluded_nodes", "node_failures", "burn_in", "evictions")  # summary keys a new attempt keeps
 
 
 def _now_iso() -> str:
@@ -67,7 +66,7 @@ def run_facts(ctx: TaskContext, global_batch_size: int) -> dict[str, Any]:
 
 def carried_fields(previous: Summary) -> dict[str, Any]:
     """What the batch step's supervisor recorded about lost nodes, kept by every later summary."""
-    return {key: getattr(previous, key) for key in CARRIED_KEYS if getattr(previous, key) is not None}
+    return {key: getattr(previous, key) for key in CARRIED_SUMMARY_KEYS if getattr(previous, key) is not None}
 
 
 def _rate(value: float | None) -> str:

@@ -32,11 +32,11 @@ from typing import Any, Protocol
 import torch
 
 from hpctrain.errors import CheckpointError, TrainingConfigError
-from hpctrain.jobspec.batch import micro_batch_problem
+from hpctrain.jobspec.batch import MAX_ACCUMULATION, micro_batch_problem
 from hpctrain.jobspec.fields import shown_value
-from hpctrain.trainer.data.samplers import ResumableDistributedSampler
+from hpctrain.task.rng import gather_rng_states, restore_rank_rng_state
+from hpctrain.task.samplers import ResumableDistributedSampler
 from hpctrain.trainer.evaluation import CORRECT1, CORRECT5, COUNT, LOSS_SUM, Accuracy, all_reduce_sums, new_sums
-from hpctrain.trainer.rng_state import gather_rng_states, restore_rank_rng_state
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,6 @@ def restore_parts(state: dict[str, Any], parts: Mapping[str, Stateful | None], *
 
 
 # -- what a checkpoint of this run may say ---------------------------------------------------------------------
-MAX_ACCUMULATION = 64  # micro-batches per rank per step, where the run's global batch is not on record
 MAX_WORLD_SIZE = 4096 * 256  # resources.nodes x resources.tasks_per_node at most
 STATE_SLACK_BYTES = 64 << 20  # epoch sums, a scaler, buffers: far less
 RNG_BYTES_PER_RANK = 1 << 20  # torch's CPU state is 5 KiB, CUDA's a few bytes per device

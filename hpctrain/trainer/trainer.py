@@ -40,7 +40,9 @@ from hpctrain.jobspec.strategy_traits import traits
 from hpctrain.runtime import heartbeat
 from hpctrain.runtime.context import TaskContext
 from hpctrain.runtime.stop import StopReason, all_reduce_max
-from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
+from hpctrain.task.rng import deterministic_mode, seed_everything
+from hpctrain.task.weights import weights_sha256
+from hpctrain.trainer.checkpoint import CheckpointManager
 from hpctrain.trainer.checkpoint_archive import tensor_bytes
 from hpctrain.trainer.compiling import compile_failure, compile_model
 from hpctrain.trainer.data.loaders import build_loaders
@@ -51,7 +53,6 @@ from hpctrain.trainer.models import build_model, resolve_num_classes
 from hpctrain.trainer.optim import build_optimizer, build_scheduler
 from hpctrain.trainer.precision import Precision, to_memory_format
 from hpctrain.trainer.reporting import Reporter, run_facts
-from hpctrain.trainer.rng_state import deterministic_mode, seed_everything
 from hpctrain.trainer.split_norm import SplitNorm
 from hpctrain.trainer.state import (
     EpochSums,

@@ -12,7 +12,8 @@ import torch
 
 from hpctrain.contract.rundir import checkpoints_dir
 from hpctrain.errors import CheckpointError
-from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
+from hpctrain.task.weights import weights_sha256
+from hpctrain.trainer.checkpoint import CheckpointManager
 
 
 def state(value: float) -> dict:

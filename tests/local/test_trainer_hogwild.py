@@ -12,7 +12,8 @@ from trainer_harness import job_spec, task_env, train
 
 from hpctrain.contract.rundir import checkpoints_dir, summary_path
 from hpctrain.errors import TrainingConfigError
-from hpctrain.trainer.checkpoint import CheckpointManager, weights_sha256
+from hpctrain.task.weights import weights_sha256
+from hpctrain.trainer.checkpoint import CheckpointManager
 from hpctrain.trainer.data import ResumableDistributedSampler
 from hpctrain.trainer.models import build_model
 from hpctrain.trainer.strategies import check_strategy

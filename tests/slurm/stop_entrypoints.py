@@ -63,7 +63,7 @@ def train_holding_checkpoint(ctx: Any, hold_step: int, hold_s: float = 120.0) ->
     """The built-in trainer; on a fresh run, rank 0 holds the write of step ``hold_step`` for ``hold_s``.
 
     The hold sits just before the temp directory is renamed into place
-    (``CheckpointManager._install``: ``state.pt`` and ``meta.json`` are written),
+    (``StepFolders.install``: ``state.pt`` and ``meta.json`` are written),
     the last moment a crash can leave a ``.tmp-step-*`` directory behind. A
     resumed run (a checkpoint exists) saves normally.
     """
@@ -71,14 +71,14 @@ def train_holding_checkpoint(ctx: Any, hold_step: int, hold_s: float = 120.0) ->
     from hpctrain.trainer.trainer import Trainer
 
     trainer = Trainer(ctx)
-    manager = trainer.checkpoints
-    if ctx.is_main and manager.latest() is None:
-        install = manager._install
+    folders = trainer.checkpoints.folders
+    if ctx.is_main and folders.latest() is None:
+        install = folders.install
 
         def held_install(tmp: Any, final: Any) -> None:
             if final.name == step_dir_name(hold_step):
                 time.sleep(hold_s)
             install(tmp, final)
 
-        manager._install = held_install  # type: ignore[method-assign]
+        folders.install = held_install  # type: ignore[method-assign]
     return trainer.fit()

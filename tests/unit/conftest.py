@@ -5,10 +5,15 @@ relative paths resolve in ``tmp_path`` (a module that needs it everywhere says
 ``pytestmark = pytest.mark.usefixtures("isolated")``). ``env``: the same for a
 command run in a fresh interpreter (``cli_helpers.hpctrain``). ``root``: one
 small generated ImageFolder per module, for the input pipeline's tests.
+``task_local``: a fresh ``hpctrain.task`` session as plain Python sees it (no
+launcher's variables), run directory ``tmp_path``, signal handlers restored.
 """
 
 from __future__ import annotations
 
+import signal
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +37,28 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def env(tmp_path: Path) -> dict[str, str]:
     """The environment of a command run as that user (``cli_helpers.hpctrain(..., env=env)``)."""
     return isolated_env(tmp_path)
+
+
+@pytest.fixture
+def task_local(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """``hpctrain.task`` outside any launcher, in ``tmp_path``; whatever a test registered is forgotten after."""
+    from hpctrain.contract import script_env
+    from hpctrain.runtime.context import register_context
+    from hpctrain.task import session
+
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+    for name in (*launcher, *script_env.HPCTRAIN_VARS, "SLURM_JOB_ID", "SLURM_PROCID", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR1)}
+    hook = sys.excepthook
+    session.reset()
+    yield
+    session.reset()
+    register_context(None)
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
+    sys.excepthook = hook
 
 
 @pytest.fixture(scope="module")

@@ -94,3 +94,17 @@ def test_cluster_docs_name_every_builtin_profile() -> None:
     text = clusters.read_text()
     missing = [name for name in BUILTIN_PROFILES if f"`{name}`" not in text]
     assert not missing, f"docs/clusters.md does not describe the built-in profiles {missing}"
+
+
+def test_the_own_loop_page_shows_the_tested_example_as_it_is() -> None:
+    """docs/your-own-loop.md's complete loop is hpctrain/examples/own_loop.py's, line for line, in order."""
+    page = (REPO / "docs" / "your-own-loop.md").read_text()
+    marker = "<!-- example: hpctrain/examples/own_loop.py -->\n```python\n"
+    assert marker in page
+    shown = page.split(marker, 1)[1].split("```", 1)[0].splitlines()
+    source = (REPO / "hpctrain" / "examples" / "own_loop.py").read_text().splitlines()
+    position = 0
+    for line in filter(str.strip, shown):
+        assert line in source[position:], f"docs/your-own-loop.md shows a line the example does not have: {line!r}"
+        position = source.index(line, position) + 1
+    assert len(list(filter(str.strip, shown))) > 40

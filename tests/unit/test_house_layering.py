@@ -9,9 +9,12 @@ imported). Each rule fails with the list of offending imports, as
 * ``contract/`` imports nothing of the project but ``hpctrain.errors`` and
   itself: both sides import it, so it must stand alone.
 * The login side (contract, jobspec, launch, observe, diagnose, cli, dataset)
-  never imports torch, torchvision or ``hpctrain.trainer`` (login nodes are
-  slow and shared). A function-level import inside a helper that only runs
-  where torch belongs may be let through by :data:`TASK_ONLY`.
+  never imports torch, torchvision, ``hpctrain.trainer`` or the public task
+  API ``hpctrain.task`` (login nodes are slow and shared). A function-level
+  import inside a helper that only runs where torch belongs may be let through
+  by :data:`TASK_ONLY`.
+* ``hpctrain.task`` (what a user's own loop imports) never imports the
+  built-in trainer: the trainer is built on the task API, not the reverse.
 * The login side imports ``hpctrain.runtime`` only for what is pickled into
   the job (the task launchers), or where :data:`RUNTIME_ON_THE_LOGIN_SIDE`
   says why: ``runtime/`` is the tasks' package, not a library for the login side.
@@ -30,7 +33,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hpctrain"
 LOGIN_SIDE = ("contract", "jobspec", "launch", "observe", "diagnose", "cli", "dataset")
-HEAVY = ("torch", "torchvision", "hpctrain.trainer")
+HEAVY = ("torch", "torchvision", "hpctrain.trainer", "hpctrain.task")
 MAX_LOOSE_MODULES = 5
 
 # (module, function, imported name prefix) -> why only a task (or a compute node) runs that function.
@@ -166,6 +169,25 @@ def test_the_login_side_never_imports_torch_or_the_trainer() -> None:
     )
     stale = set(TASK_ONLY) - allowed
     assert not stale, f"TASK_ONLY entries no longer needed, remove them: {sorted(stale)}"
+
+
+def test_the_task_api_never_imports_the_trainer() -> None:
+    found = [
+        item
+        for item in ALL_IMPORTS
+        if is_under(item.module, "hpctrain.task") and is_under(item.name, "hpctrain.trainer")
+    ]
+    assert not found, "hpctrain.task must not depend on the built-in trainer (move the shared part into task):" + (
+        offenders(found)
+    )
+
+
+def test_the_package_root_never_imports_the_task_side() -> None:
+    roots = ("hpctrain", "hpctrain.api", "hpctrain.errors", "hpctrain.__main__")
+    found = [
+        item for item in ALL_IMPORTS if item.module in roots and any(is_under(item.name, heavy) for heavy in HEAVY)
+    ]
+    assert not found, "`import hpctrain` must stay light (no torch, trainer or task API):" + offenders(found)
 
 
 def test_the_login_side_imports_the_runtime_only_for_the_job() -> None:

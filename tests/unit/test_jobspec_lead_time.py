@@ -47,8 +47,13 @@ def test_unknown_arch_is_assumed_large_and_says_so() -> None:
     assert warning is not None and "assumed" in warning
 
 
-def test_entrypoints_are_not_judged() -> None:
+def test_entrypoints_are_judged_only_by_what_they_saved(tmp_path: Path) -> None:
     assert lead_time_warning(spec(delay=10, entrypoint="pkg.mod:main")) is None
+    folder = tmp_path / "checkpoints" / "step-00000002"
+    folder.mkdir(parents=True)
+    (folder / "meta.json").write_text(json.dumps({"layout": "dcp", "write_s": 40.0}))  # hpctrain.task's record
+    warning = lead_time_warning(spec(delay=30, entrypoint="pkg.mod:main"), tmp_path)
+    assert warning is not None and "40 s (the slowest save measured in this run)" in warning
 
 
 def test_measured_save_times_win_over_the_estimate(tmp_path: Path) -> None:

@@ -182,6 +182,16 @@ def test_steps_per_epoch_comes_from_the_epoch_record_when_the_summary_lacks_it(t
     assert (snap.steps_per_epoch, snap.total_steps, snap.epoch, snap.step_in_epoch) == (6, 18, 1, 6)
 
 
+def test_a_user_loop_that_counts_steps_gives_its_total(tmp_path: Path) -> None:
+    """hpctrain.task's loops log global steps only and may stop before an epoch ends: total_steps wins."""
+    run_dir = make_run(tmp_path)
+    summary = {"status": "running", "epochs": 3, "steps_per_epoch": 8, "total_steps": 18}
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary))
+    append_metrics(run_dir, {"kind": "train_step", "global_step": 9, "epoch": 1, "loss": 1.0, "time": NOW})
+    snap = snapshot(run_dir)
+    assert (snap.total_steps, snap.global_step, snap.epoch, snap.step_in_epoch) == (18, 9, 2, 1)
+
+
 # ---------------------------------------------------------------- plain lines
 
 

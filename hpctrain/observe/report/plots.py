@@ -85,11 +85,15 @@ def plot_run(run: RunData, path: Path) -> Path:
     t0 = run.start_time or 0.0
     last = max((r["time"] for r in (*run.train, *run.epochs, *run.vals)), default=t0)
     scale, unit = _time_unit(last - t0)
-    per_epoch = run.steps_per_epoch or 1
+    declared = run.summary.get("steps_per_epoch")  # a user loop says it with hpctrain.task.set_summary
+    per_epoch = run.steps_per_epoch or (declared if isinstance(declared, int) and declared > 0 else None)
+    epoch_axis = "epoch" if per_epoch else "optimizer step"  # a user loop's records may carry neither
 
     def at_epoch(r: dict[str, Any]) -> float:
+        if r["kind"] == "train_step" and not isinstance(r.get("step"), int):  # hpctrain.task.log: global step only
+            return float(r.get("global_step") or 0) / (per_epoch or 1)
         if r["kind"] == "train_step":
-            return float(r.get("epoch") or 0) + float(r.get("step") or 0) / per_epoch
+            return float(r.get("epoch") or 0) + float(r.get("step") or 0) / (per_epoch or 1)
         return float(r.get("epoch") or 0) + 1.0
 
     def at_time(r: dict[str, Any]) -> float:
@@ -99,7 +103,7 @@ def plot_run(run: RunData, path: Path) -> Path:
     fig = plt.figure(figsize=(16, 10.8 if health else 7.2), dpi=DPI)
     grid = fig.add_gridspec(3 if health else 2, 4)
     axes = [[fig.add_subplot(grid[row, column]) for column in range(4)] for row in range(2)]
-    for row, (x, xlabel) in enumerate(((at_epoch, "epoch"), (at_time, f"wall time ({unit})"))):
+    for row, (x, xlabel) in enumerate(((at_epoch, epoch_axis), (at_time, f"wall time ({unit})"))):
         loss, acc, third, wait = axes[row]
         _plot(loss, run.train, x, "loss", label="train", color="tab:blue")
         _plot(loss, run.vals, x, "loss", label="val", color="tab:orange")

@@ -3,8 +3,8 @@
 The package: ``augment`` (crop boxes, pure functions), ``index`` (one scan of the
 tree per job), ``decode`` (header size, DCT-scaled decode), ``datasets`` (train
 and val samples as uint8, bad files replaced and counted), ``device_input``
-(uint8 -> normalised float on the device), ``samplers`` (train order and eval
-shards), ``sources`` (data.root as folder, packed image or staged copy ->
+(uint8 -> normalised float on the device), ``hpctrain.task.samplers`` (train order and eval
+shards, shared with the task API's ElasticLoader), ``sources`` (data.root as folder, packed image or staged copy ->
 datasets), ``loader_workers`` (worker seeds and signals) and ``loaders`` (all
 of it wired to one rank's loaders); ``reference`` is torchvision's evaluation
 transform, the yardstick of tests and benchmarks.
@@ -22,10 +22,10 @@ continues exactly where it stopped and evaluation is exact:
 Call ``Loaders.set_epoch(epoch)`` before iterating each epoch.
 """
 
+from hpctrain.task.samplers import ExactEvalSampler, MicroBatchSampler, ResumableDistributedSampler
 from hpctrain.trainer.data.loader_workers import obey_only_parent_sigterm, seed_worker
 from hpctrain.trainer.data.loaders import Loaders, build_loaders, build_val_loader, encoded_datasets
 from hpctrain.trainer.data.reference import val_transform
-from hpctrain.trainer.data.samplers import ExactEvalSampler, MicroBatchSampler, ResumableDistributedSampler
 from hpctrain.trainer.data.sources import build_datasets
 
 __all__ = [

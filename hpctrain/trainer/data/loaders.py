@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hpctrain.jobspec.models import Data, Trainer
+from hpctrain.task.samplers import ExactEvalSampler, MicroBatchSampler, ResumableDistributedSampler
 from hpctrain.trainer.data.datasets import TrainImages, ValImages
 from hpctrain.trainer.data.decode import jpeg_decoder
 from hpctrain.trainer.data.device_decode import (
@@ -26,7 +27,6 @@ from hpctrain.trainer.data.device_decode import (
 )
 from hpctrain.trainer.data.index import torch_broadcast
 from hpctrain.trainer.data.loader_workers import seed_worker
-from hpctrain.trainer.data.samplers import ExactEvalSampler, MicroBatchSampler, ResumableDistributedSampler
 from hpctrain.trainer.data.sources import build_datasets
 
 

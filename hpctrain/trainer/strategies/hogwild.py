@@ -28,12 +28,12 @@ import torch.multiprocessing as mp
 from hpctrain.errors import TrainingConfigError
 from hpctrain.runtime import heartbeat
 from hpctrain.runtime.stop import StopReason
+from hpctrain.task.rng import seed_everything
+from hpctrain.task.samplers import ResumableDistributedSampler
 from hpctrain.trainer.data.loaders import build_loaders
-from hpctrain.trainer.data.samplers import ResumableDistributedSampler
 from hpctrain.trainer.evaluation import Accuracy, new_sums
 from hpctrain.trainer.optim import build_optimizer, build_scheduler
 from hpctrain.trainer.precision import Precision
-from hpctrain.trainer.rng_state import seed_everything
 from hpctrain.trainer.state import StepWindow
 from hpctrain.trainer.step import TrainStep
 from hpctrain.trainer.strategies.base import EpochHost, Strategy, refuse_several_tasks

@@ -1,0 +1,321 @@
+"""torch.distributed.checkpoint as the task API uses it: written once per node, read without pickle's trust.
+
+DCP writes a folder: one ``__R_0.distcp`` file per writing rank and a
+``.metadata`` that the coordinator (rank 0) writes last. What is changed here:
+
+* **Loading never trusts a pickle.** DCP unpickles ``.metadata`` with plain
+  ``pickle`` and the non-tensor values of a state (an optimizer's
+  ``param_groups``) with ``torch.load(weights_only=False)``. :class:`SafeReader`
+  unpickles the metadata through an allowlist of the classes DCP's metadata is
+  made of (``MetadataUnpickler``); :class:`SafeLoadPlanner` loads values with
+  ``weights_only=True``. Plain state the task API stores itself (a scheduler's,
+  a sampler's, every rank's RNG) is one uint8 tensor made by ``torch.save``
+  and read with ``weights_only=True`` (:func:`to_blob`, :func:`from_blob`).
+* **Loading allocates nothing the folder does not hold.** Before a load,
+  :func:`check_storage` holds DCP's record of where each value lies against
+  the files ``meta.json`` lists (a plain name, inside the file, no decoding
+  transform) and each tensor's bytes against the bytes stored for it; each
+  value read is an archive ``torch.save`` wrote as it is (``torch_archive.py``:
+  nothing compressed that would inflate, the pickle bounded), checked from its
+  zip directory just before DCP reads it (:class:`SafeReader`), and so is each
+  blob before it is unpickled.
+* **Replicated state is written once, by one rank per node.** A value every
+  rank holds alike (DDP's weights, a scheduler's state) is assigned to one of
+  the nodes' first ranks (:func:`assign_replicated`, balanced by size), and
+  only that rank hands it to DCP: the others neither copy it (an async save's
+  staging) nor plan it. The writes spread over the nodes (each node's disk or
+  network link carries its share), never all through rank 0. Should the ranks'
+  replicated entries differ, every rank hands DCP everything and
+  :class:`NodeWriterPlanner` dedups among the node writers. Sharded values
+  (FSDP2's DTensors) are written by the rank that holds each shard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import pickle
+import zlib
+from collections import OrderedDict, defaultdict
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import ReadItem, SavePlan
+from torch.distributed.tensor import DTensor
+
+from hpctrain.contract.runfiles import RunFileError, open_regular
+from hpctrain.errors import CheckpointError
+from hpctrain.task.torch_archive import ArchiveError, Window, check_records
+
+METADATA_FILE = ".metadata"
+MAX_METADATA_BYTES = 1 << 30  # DCP's metadata of the largest models is tens of megabytes
+
+_ALLOWED_CLASSES = {
+    "torch.distributed.checkpoint.metadata": frozenset(
+        {
+            "Metadata",
+            "MetadataIndex",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+        }
+    ),
+    "torch.distributed.checkpoint.filesystem": frozenset({"_StorageInfo"}),
+    "torch.serialization": frozenset({"_get_layout"}),
+    "torch": frozenset({"Size"}),
+    "pathlib": frozenset({"Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"}),
+    "collections": frozenset({"OrderedDict"}),
+}
+_SAFE_LEAVES = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+
+
+class UnsafeCheckpoint(CheckpointError):
+    """A checkpoint file that holds objects hpctrain does not unpickle."""
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's ``.metadata`` and nothing else: any other class is refused before it is built."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = name in _ALLOWED_CLASSES.get(module, ())
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            allowed = True  # torch.float32, torch.uint8, ...
+        if not allowed:
+            raise UnsafeCheckpoint(
+                f"refusing to load a checkpoint whose {METADATA_FILE} refers to {module}.{name}",
+                hint="hpctrain never unpickles arbitrary objects; this folder was not written by hpctrain.task",
+            )
+        return super().find_class(module, name)
+
+
+def load_metadata(path: Path) -> Metadata:
+    """A step folder's ``.metadata`` (a regular file), through :class:`MetadataUnpickler`; bounded read."""
+    try:
+        with open_regular(path) as handle:
+            data = handle.read(MAX_METADATA_BYTES + 1)
+    except RunFileError as exc:
+        raise UnsafeCheckpoint(exc.message) from exc
+    if len(data) > MAX_METADATA_BYTES:
+        raise CheckpointError(f"{path} is larger than {MAX_METADATA_BYTES >> 20} MiB; not read")
+    metadata = MetadataUnpickler(io.BytesIO(data)).load()
+    if not isinstance(metadata, Metadata):
+        raise UnsafeCheckpoint(f"{path} does not hold checkpoint metadata (found {type(metadata).__name__})")
+    return metadata
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file-system reader, with :func:`load_metadata` instead of ``pickle.load``, and each value's
+    archive checked (``torch_archive.check_records``) before DCP's ``torch.load`` reads it."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        rank = kwargs.get("rank")
+        name = METADATA_FILE if rank is None else f"__{rank}{METADATA_FILE}"
+        metadata = load_metadata(Path(self.path) / name)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def _slice_file(self, file: Any, sinfo: Any) -> Any:
+        if sinfo.transform_descriptors:  # check_storage refused them already; DCP would decode (decompress) them
+            raise UnsafeCheckpoint(f"{self.path}: a value stored through {list(sinfo.transform_descriptors)}")
+        where = f"{Path(self.path) / sinfo.relative_path} at {sinfo.offset}"
+        try:
+            check_records(Window(file, sinfo.offset, sinfo.length), sinfo.length, where)
+        except ArchiveError as exc:
+            raise UnsafeCheckpoint(str(exc)) from exc
+        return super()._slice_file(file, sinfo)
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's load planner, loading non-tensor values with ``weights_only=True``."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        loaded = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
+
+
+class NodeWriterPlanner(DefaultSavePlanner):
+    """DCP's save planner; a value several ranks hold goes to one of ``writers`` (each node's first rank)."""
+
+    def __init__(self, writers: Collection[int] = ()) -> None:
+        super().__init__()
+        self.writers = frozenset(writers)
+
+    def _dedup_save_plans(self, all_plans: list[SavePlan]) -> list[SavePlan]:
+        return dedup_save_plans(prefer_writers(all_plans, self.writers), save_to_lowest_rank=False)
+
+
+def prefer_writers(plans: list[SavePlan], writers: Collection[int]) -> list[SavePlan]:
+    """``plans`` (one per rank) without the replicated items of ranks outside ``writers`` where a writer has them."""
+    holders: dict[Any, set[int]] = defaultdict(set)
+    for rank, plan in enumerate(plans):
+        for item in plan.items:
+            holders[item.index].add(rank)
+    drop: dict[int, set[Any]] = defaultdict(set)
+    for index, ranks in holders.items():
+        if len(ranks) > 1 and ranks & set(writers):
+            for rank in ranks - set(writers):
+                drop[rank].add(index)
+    return [
+        dataclasses.replace(plan, items=[item for item in plan.items if item.index not in drop[rank]])
+        if drop[rank]
+        else plan
+        for rank, plan in enumerate(plans)
+    ]
+
+
+def replicated_sizes(flat: Mapping[str, Any]) -> dict[str, int]:
+    """The entries of a flat state every rank holds alike -- not a shard (DTensor), not a rank's own
+    (``name/rank-N``) -- and their sizes in bytes (1 for a non-tensor value)."""
+    return {
+        key: value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 1
+        for key, value in flat.items()
+        if not isinstance(value, DTensor) and "/rank-" not in key
+    }
+
+
+def signature(sizes: Mapping[str, int]) -> int:
+    """A number that differs when two ranks' replicated entries (names or sizes) differ."""
+    return zlib.crc32("\n".join(f"{key}:{size}" for key, size in sorted(sizes.items())).encode())
+
+
+def assign_replicated(sizes: Mapping[str, int], writers: Collection[int]) -> dict[str, int]:
+    """Each replicated entry -> the writer that saves it: largest first, to the writer with the least so far.
+
+    A pure function of the entries and the writers, so every rank computes the same answer alone; each
+    rank then hands DCP only its own share (the others' copies are neither staged nor planned).
+    """
+    load = {writer: 0 for writer in sorted(writers)}
+    owner = {}
+    for key, size in sorted(sizes.items(), key=lambda item: (-item[1], item[0])):
+        writer = min(load, key=lambda w: (load[w], w))
+        owner[key] = writer
+        load[writer] += size
+    return owner
+
+
+def data_file_sizes(metadata: Metadata) -> dict[str, int]:
+    """Each data file of a saved folder -> its size (its last item's end), from DCP's own record."""
+    sizes: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        end = int(info.offset) + int(info.length)
+        sizes[info.relative_path] = max(sizes.get(info.relative_path, 0), end)
+    return sizes
+
+
+def flat_keys(state: Mapping[str, Any]) -> dict[str, Any]:
+    """DCP's flat keys of a (nested) state: ``model.layer.weight``, ``optimizer.param_groups.0.lr``."""
+    flat, _ = flatten_state_dict(dict(state))
+    return flat
+
+
+def check_storage(metadata: Metadata, files: Mapping[str, Any]) -> None:
+    """Raise :class:`UnsafeCheckpoint` unless every value DCP's ``metadata`` places lies inside a data file of
+    ``files`` (meta.json's, sizes checked on disk), stored without a decoding transform, and every tensor's
+    bytes are at most the bytes stored for it: a load reads and allocates nothing the folder does not hold."""
+    stored: dict[str, int] = defaultdict(int)
+    for index, info in (metadata.storage_data or {}).items():
+        name, offset, length = (getattr(info, key, None) for key in ("relative_path", "offset", "length"))
+        entry = files.get(name) if isinstance(name, str) and name != METADATA_FILE else None
+        if not isinstance(index, MetadataIndex) or not isinstance(entry, Mapping):
+            raise UnsafeCheckpoint(f"a value is placed in {name!r}, which is not one of the folder's data files")
+        if not all(type(v) is int and v >= 0 for v in (offset, length)) or offset + length > entry.get("size", -1):
+            raise UnsafeCheckpoint(f"a value of {index.fqn!r} is placed outside {name!r} ({offset}+{length} bytes)")
+        if getattr(info, "transform_descriptors", None):
+            raise UnsafeCheckpoint(f"{index.fqn!r} is stored through {info.transform_descriptors!r}; not decoded")
+        stored[index.fqn] += length
+    for key, entry in metadata.state_dict_metadata.items():
+        if isinstance(entry, TensorStorageMetadata):
+            item = torch.empty((), dtype=entry.properties.dtype).element_size()
+            claimed = sum(_numel(chunk.sizes) for chunk in entry.chunks) * item
+            if claimed > stored.get(key, 0):
+                raise UnsafeCheckpoint(
+                    f"{key!r} claims {claimed} bytes, but {stored.get(key, 0)} are stored for it: not allocated"
+                )
+
+
+def _numel(sizes: Any) -> int:
+    count = 1
+    for size in sizes:
+        count *= int(size)
+    return count
+
+
+def stored_shape(metadata: Metadata, key: str) -> torch.Size | None:
+    """The saved (global) shape of tensor ``key``, or None when the entry is not a tensor."""
+    entry = metadata.state_dict_metadata.get(key)
+    return entry.size if isinstance(entry, TensorStorageMetadata) else None
+
+
+# -- plain state as one tensor -----------------------------------------------------------------------------------
+def to_blob(state: Any, what: str) -> torch.Tensor:
+    """``state`` (tensors, dicts, lists, numbers, strings) as a uint8 tensor that loads with ``weights_only``."""
+    check_plain(state, (what,))
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    try:  # what a load would refuse, refused now: a pickle over the bound (plain lists of millions of numbers)
+        check_records(buffer, len(buffer.getbuffer()), f"the state of {what}")
+    except ArchiveError as exc:
+        raise CheckpointError(
+            f"cannot checkpoint {exc}", hint="keep large state in tensors (a list of numbers as torch.tensor(...))"
+        ) from exc
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def from_blob(blob: torch.Tensor, what: str) -> Any:
+    """The plain state of blob ``what``: its archive checked first, then ``torch.load(weights_only=True)``."""
+    data = io.BytesIO(blob.cpu().numpy().tobytes())
+    try:
+        check_records(data, len(data.getbuffer()), what)
+        data.seek(0)
+        return torch.load(data, weights_only=True)
+    except ArchiveError as exc:
+        raise UnsafeCheckpoint(str(exc), hint="hpctrain never unpickles arbitrary objects") from exc
+    except pickle.UnpicklingError as exc:
+        raise UnsafeCheckpoint(
+            f"refusing to load {what}: it holds objects other than tensors, dicts, lists and numbers",
+            hint="hpctrain never unpickles arbitrary objects",
+        ) from exc
+    except Exception as exc:  # noqa: BLE001 - a damaged archive: torch raises RuntimeError, ValueError, ...
+        raise UnsafeCheckpoint(f"{what} cannot be read: {exc}") from exc
+
+
+def check_plain(value: Any, path: tuple[Any, ...]) -> None:
+    """Refuse at save time what ``weights_only`` loading would refuse at resume time (named by its path)."""
+    if isinstance(value, (dict, OrderedDict)):
+        for key, item in value.items():
+            check_plain(key, path)
+            check_plain(item, (*path, key))
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            check_plain(item, (*path, index))
+    elif isinstance(value, DTensor):
+        raise CheckpointError(
+            f"cannot checkpoint {_where(path)}: a sharded tensor (DTensor) in plain state",
+            hint="register the sharded model or optimizer itself (model=..., optimizer=...) so it is saved sharded",
+        )
+    elif not isinstance(value, (torch.Tensor, *_SAFE_LEAVES)):
+        raise CheckpointError(
+            f"cannot checkpoint {_where(path)} of type {type(value).__name__}: a state_dict() may hold tensors, "
+            "dicts, lists, tuples, numbers and strings",
+            hint="convert it (a NumPy array to a tensor, an object to a dict of numbers) in that state_dict()",
+        )
+
+
+def _where(path: tuple[Any, ...]) -> str:
+    return str(path[0]) + "".join(f"[{key!r}]" for key in path[1:])

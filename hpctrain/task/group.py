@@ -1,0 +1,172 @@
+"""The checkpointer's own gloo process group: bounded agreement between ranks, and where DCP talks.
+
+Every collective a checkpoint makes goes through groups of its own, made once
+when the checkpointer is built (every rank builds them, like any process group):
+
+* its timeout bounds every wait: a save or load that some ranks never join
+  fails within ``timeout_s`` -- :meth:`SideGroup.arrive`'s monitored barrier
+  names the ranks that did not come -- instead of hanging until the training
+  group's timeout (or forever);
+* they are gloo, on the CPU, whatever the training group is (NCCL): DCP's
+  planning collectives, and an async save's collectives in its background
+  thread (on a second group, apart from the checkpointer's own), never mix
+  with the training loop's collectives or with each other;
+* it knows each node's first rank (:meth:`SideGroup.node_writers`), where
+  replicated state is written (``dcp_io.NodeWriterPlanner``).
+
+Without a process group (one process) every method is a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import warnings
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+
+from hpctrain.contract.step_folders import StepFolders
+from hpctrain.errors import CheckpointError
+from hpctrain.task.session import session
+
+# What a DCP save or load raises: its gathered failure of every rank (a BaseException, not an Exception), or
+# the error one rank raised alone.
+DCP_ERRORS = (Exception, CheckpointException)
+
+# gloo's monitored barrier on rank 0: "Ranks 1, 3 failed to pass monitoredBarrier in 5000 ms"
+_MISSING = re.compile(r"Ranks? ([\d, ]+?) failed to pass monitoredBarrier")
+
+
+class SideGroup:
+    """Two gloo groups over every rank of the default group, with a timeout (made on first use if not at once):
+    one for the checkpointer's own agreement, one for DCP, whose async saves talk from a background thread
+    while the checkpointer (or the next save) may talk too -- two threads on one group would mix their calls."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout = timedelta(seconds=timeout_s)
+        self._group: Any = None
+        self._dcp_group: Any = None
+        self._writers: tuple[int, ...] | None = None
+        self._made = False
+        self._ensure()
+
+    @property
+    def distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+    def _ensure(self) -> Any:
+        if not self._made and self.distributed:
+            self._group = dist.new_group(backend="gloo", timeout=self.timeout)
+            self._dcp_group = dist.new_group(backend="gloo", timeout=self.timeout)
+            local = torch.tensor([session().info.local_rank], dtype=torch.int64)
+            gathered = [torch.zeros_like(local) for _ in range(dist.get_world_size())]
+            dist.all_gather(gathered, local, group=self._group)
+            self._writers = tuple(rank for rank, value in enumerate(gathered) if int(value) == 0)
+            self._made = True
+        return self._group
+
+    def node_writers(self) -> tuple[int, ...]:
+        """The first rank of each node (where local rank is 0)."""
+        self._ensure()
+        return self._writers or ()
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Around a DCP call: without a process group, DCP's warning that it assumes one process is expected."""
+        with warnings.catch_warnings():
+            if self._ensure() is None:
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            yield
+
+    def dcp_args(self) -> dict[str, Any]:
+        """What to pass DCP's save/load so that it talks over this group."""
+        return {"process_group": self._dcp_group} if self._ensure() is not None else {"no_dist": True}
+
+    def arrive(self, what: str, step: int) -> None:
+        """Every rank is at ``what`` (within the timeout), and at the same ``step``; else a clear error."""
+        group = self._ensure()
+        if group is None:
+            return
+        rank = dist.get_rank()
+        try:
+            dist.monitored_barrier(group=group, timeout=self.timeout, wait_all_ranks=True)
+        except RuntimeError as exc:
+            missing = _MISSING.search(str(exc))
+            who = f"rank{'s' if ',' in missing[1] else ''} {missing[1]} did not" if missing else first_line(exc)
+            raise CheckpointError(
+                f"checkpoint {what} on rank {rank}: not every rank called it within "
+                f"{self.timeout.total_seconds():g} s ({who})",
+                hint="every rank must call save()/load() at the same step; an `if rank == 0:` around "
+                "save() is the usual cause (Checkpointer(timeout_s=...) sets the wait)",
+            ) from exc
+        bounds = torch.tensor([step, -step], dtype=torch.int64)
+        dist.all_reduce(bounds, op=dist.ReduceOp.MAX, group=group)
+        high, low = int(bounds[0]), -int(bounds[1])
+        if high != low:
+            raise CheckpointError(
+                f"checkpoint {what} on rank {rank}: the ranks called it at different steps ({low} to {high})",
+                hint="call save() on every rank with the same step number",
+            )
+
+    def same_everywhere(self, value: int) -> bool:
+        """Whether every rank passed the same ``value``."""
+        group = self._ensure()
+        if group is None:
+            return True
+        bounds = torch.tensor([value, -value], dtype=torch.int64)
+        dist.all_reduce(bounds, op=dist.ReduceOp.MAX, group=group)
+        return int(bounds[0]) == -int(bounds[1])
+
+    def share_temp(self, folders: StepFolders, step: int, is_main: bool) -> Path:
+        """Rank 0 begins ``step``'s temp folder; every rank gets its path (or the same error)."""
+        number, problem = 0, "see rank 0's log"
+        if is_main:
+            try:
+                number = int(folders.begin(step).name.rsplit("-", 1)[1], 16)
+            except OSError as exc:
+                number, problem = -1, f"{exc.strerror or exc}"
+        shared = self.broadcast_int(number)
+        if shared < 0:
+            raise CheckpointError(
+                f"cannot make a checkpoint folder under {folders.directory}: {problem}",
+                hint="the checkpoint directory must be a writable folder on a filesystem every node shares",
+            )
+        return folders.temp_path(step, f"{shared:08x}")
+
+    def broadcast_int(self, value: int) -> int:
+        """Rank 0's ``value`` on every rank."""
+        group = self._ensure()
+        if group is None:
+            return value
+        tensor = torch.tensor([value], dtype=torch.int64)
+        dist.broadcast(tensor, src=0, group=group)
+        return int(tensor[0])
+
+    def max_int(self, value: int) -> int:
+        """The largest ``value`` over the ranks."""
+        group = self._ensure()
+        if group is None:
+            return value
+        tensor = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+        return int(tensor[0])
+
+    def barrier(self) -> None:
+        group = self._ensure()
+        if group is not None:
+            dist.barrier(group=group)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message; of DCP's gathered failure, the first failing rank's own exception."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        rank, (cause, _) = min(exc.failures.items(), key=lambda item: item[0])
+        return f"rank {rank}: {first_line(cause)}"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

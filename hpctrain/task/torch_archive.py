@@ -1,0 +1,83 @@
+"""What an archive ``torch.save`` wrote may be before ``torch.load`` reads it: one rule for both checkpoint kinds.
+
+``torch.load`` trusts the archive: a record compressed with deflate inflates to
+whatever size its header claims (a 5 MB file, a 5 GiB tensor, allocated before
+anything can object), and a pickle of any size is read whole. ``torch.save``
+never compresses a record, so :func:`check_records` refuses any that is, from
+the zip's directory alone. The built-in trainer's ``state.pt``
+(``trainer/checkpoint_archive.py``) and every value of a task checkpoint
+(``dcp_io.py``: each tensor record DCP wrote with ``torch.save``, each plain
+blob) pass it before they are loaded.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from typing import IO
+
+MAX_PICKLE_BYTES = 64 << 20  # a checkpoint's pickle is kilobytes to a few MB (RNG states of many ranks)
+
+
+class ArchiveError(Exception):
+    """An archive that ``torch.save`` did not write as it is (damaged or crafted)."""
+
+
+def check_records(source: IO[bytes], size: int, where: str) -> int:
+    """Raise :class:`ArchiveError` unless ``source`` (``size`` bytes, seekable) is an archive as ``torch.save``
+    writes it: every record stored (not compressed) and inside it, the pickle at most :data:`MAX_PICKLE_BYTES`.
+    Reads only the zip's directory; returns the bytes of the tensor records. ``where`` names it in errors."""
+    try:
+        with zipfile.ZipFile(source) as archive:
+            records = archive.infolist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
+        raise ArchiveError(f"{where} is not an archive torch.save writes ({exc})") from exc
+    data = 0
+    for record in records:
+        if record.compress_type != zipfile.ZIP_STORED or record.compress_size != record.file_size:
+            raise ArchiveError(
+                f"{where}: record {record.filename!r} is compressed ({record.compress_size} bytes that inflate "
+                f"to {record.file_size}); torch.save stores every record as it is, so this file was crafted"
+            )
+        if record.header_offset + record.file_size > size:
+            raise ArchiveError(f"{where}: record {record.filename!r} claims to reach past the end of the file")
+        if record.filename.endswith("data.pkl") and record.file_size > MAX_PICKLE_BYTES:
+            raise ArchiveError(
+                f"{where}: its pickle is {record.file_size} bytes, more than a checkpoint's "
+                f"({MAX_PICKLE_BYTES} at most)"
+            )
+        data += record.file_size if "/data/" in record.filename else 0
+    return data
+
+
+class Window(io.RawIOBase):
+    """``length`` bytes of ``stream`` from ``offset`` on, as a seekable file of their own (one value of a DCP
+    data file), so :func:`check_records` sees that value's archive and nothing past it."""
+
+    def __init__(self, stream: IO[bytes], offset: int, length: int) -> None:
+        super().__init__()
+        self._stream, self._offset, self._length, self._pos = stream, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+        self._pos = max(0, base + pos)
+        return self._pos
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        count = max(0, min(len(buffer), self._length - self._pos))
+        if not count:
+            return 0
+        self._stream.seek(self._offset + self._pos)
+        data = self._stream.read(count)
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)

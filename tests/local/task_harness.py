@@ -1,0 +1,254 @@
+"""Multi-process scenarios of hpctrain.task, each rank a process started like torchrun starts one.
+
+``python tests/local/task_harness.py SCENARIO OUT_DIR [JSON_ARGS]`` with RANK,
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT set: the rank joins a gloo group,
+runs the scenario and writes ``OUT_DIR/rank-N.json``. :func:`run_ranks` starts
+them (and may add any environment, e.g. a script job's HPCTRAIN_* variables).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.net_helpers import free_port
+
+HERE = Path(__file__).resolve()
+REPO = HERE.parents[2]
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without any launcher's variables (Slurm, submitit, torchrun, hpctrain)."""
+    prefixes = ("SLURM_", "SUBMITIT_", "TORCHELASTIC_", "HPCTRAIN_")
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes) and k not in names}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def start_ranks(
+    command: list[str], world: int, *, env: dict[str, str] | None = None, cwd: Path | None = None, log_dir: Path
+) -> list[subprocess.Popen[bytes]]:
+    """``command`` once per rank with torchrun's variables (and ``env``), each in its own session."""
+    port = str(free_port())
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for rank in range(world):
+        rank_env = {
+            **clean_env(),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(world),
+            "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            **(env or {}),
+        }
+        log = open(log_dir / f"rank-{rank}.log", "wb")  # noqa: SIM115 - closed with the process
+        procs.append(
+            subprocess.Popen(
+                command, env=rank_env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        )
+    return procs
+
+
+def wait_ranks(procs: list[subprocess.Popen[bytes]], log_dir: Path, timeout: float = 240) -> list[int]:
+    deadline = time.monotonic() + timeout
+    codes = []
+    for proc in procs:
+        try:
+            codes.append(proc.wait(timeout=max(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+            raise AssertionError(f"ranks still running after {timeout} s\n{logs(log_dir)}") from None
+    return codes
+
+
+def logs(log_dir: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(log_dir.glob("*.log")))
+
+
+def run_ranks(scenario: str, world: int, out: Path, **kwargs: Any) -> list[dict[str, Any]]:
+    """Run ``scenario`` on ``world`` ranks; every rank's result (fails with the logs if a rank failed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, str(HERE), scenario, str(out), json.dumps(kwargs)]
+    procs = start_ranks(command, world, log_dir=out)
+    codes = wait_ranks(procs, out)
+    assert codes == [0] * world, f"exit codes {codes}\n{logs(out)}"
+    return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(world)]
+
+
+# -- scenarios (run inside each rank) ----------------------------------------------------------------------------
+def fsdp_parts(seed: int = 0) -> tuple[Any, Any, Any]:
+    """An FSDP2-sharded MLP, its AdamW and a cosine schedule (the same on every rank)."""
+    import torch
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(12, 30), nn.ReLU(), nn.Linear(30, 7))
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10)
+    return model, optimizer, scheduler
+
+
+def full_state(model: Any, optimizer: Any) -> dict[str, Any]:
+    """Every weight and optimizer tensor, gathered whole (collective), as lists."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    weights, optim = get_state_dict(model, optimizer, options=options)
+    flat = {f"model.{k}": v.tolist() for k, v in weights.items()}
+    for name, values in optim["state"].items():
+        for key, value in values.items():
+            flat[f"optim.{name}.{key}"] = value.tolist()
+    return flat
+
+
+def save_sharded(out: Path, args: dict[str, Any]) -> dict[str, Any]:
+    """Train the FSDP2 parts 3 steps and save them, with a per-rank counter."""
+    import torch
+
+    from hpctrain import task
+
+    model, optimizer, scheduler = fsdp_parts()
+    info = task.context()
+    counter = Counter(info.rank * 10)
+    ckpt = task.Checkpointer(args["directory"], model=model, optimizer=optimizer, scheduler=scheduler)
+    ckpt.register("counter", counter, per_rank=True)
+    generator = torch.Generator().manual_seed(1 + info.rank)
+    for _ in range(3):
+        model(torch.randn(5, 12, generator=generator)).square().mean().backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    path = ckpt.save(3)
+    return {"path": str(path), "state": full_state(model, optimizer), "lr": scheduler.get_last_lr()}
+
+
+def load_sharded(out: Path, args: dict[str, Any]) -> dict[str, Any]:
+    from hpctrain import task
+
+    model, optimizer, scheduler = fsdp_parts(seed=99)  # other initial weights: the load must replace them
+    info = task.context()
+    counter = Counter(-1)
+    ckpt = task.Checkpointer(args["directory"], model=model, optimizer=optimizer, scheduler=scheduler)
+    ckpt.register("counter", counter, per_rank=True)
+    step = ckpt.load()
+    return {
+        "step": step,
+        "state": full_state(model, optimizer),
+        "lr": scheduler.get_last_lr(),
+        "counter": counter.value,
+        "rank": info.rank,
+    }
+
+
+def async_saves(out: Path, args: dict[str, Any]) -> dict[str, Any]:
+    """DDP trained between three async saves (each blocking only while it copies); the last one's state."""
+    import torch
+    from torch import nn
+
+    from hpctrain import task
+
+    torch.manual_seed(0)
+    model = task.ddp(nn.Sequential(nn.Linear(12, 30), nn.ReLU(), nn.Linear(30, 7)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ckpt = task.Checkpointer(args["directory"], async_save=True, keep_last=2, model=model, optimizer=optimizer)
+    generator = torch.Generator().manual_seed(1 + task.context().rank)
+    for step in range(1, 7):
+        model(torch.randn(5, 12, generator=generator)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step % 2 == 0:
+            expected = full_state(model, optimizer)  # what this save must hold, whatever happens after it
+            ckpt.save(step)
+    ckpt.wait()
+    fresh = nn.Sequential(nn.Linear(12, 30), nn.ReLU(), nn.Linear(30, 7))
+    fresh_model = task.ddp(fresh)
+    fresh_optimizer = torch.optim.AdamW(fresh_model.parameters(), lr=1e-2)
+    step = task.Checkpointer(args["directory"], model=fresh_model, optimizer=fresh_optimizer).load()
+    return {
+        "step": step,
+        "equal": full_state(fresh_model, fresh_optimizer) == expected,
+        "folders": sorted(p.name for p in Path(args["directory"]).iterdir()),
+    }
+
+
+def bad_saves(out: Path, args: dict[str, Any]) -> dict[str, Any]:
+    """Two mistakes in turn: the ranks save different steps; then only rank 0 saves (`if rank == 0:`)."""
+    import torch.distributed as dist
+    from torch import nn
+
+    from hpctrain import task
+    from hpctrain.errors import CheckpointError
+
+    ckpt = task.Checkpointer(args["directory"], timeout_s=args["timeout_s"], model=nn.Linear(3, 2))
+    result: dict[str, Any] = {}
+    try:
+        ckpt.save(5 + dist.get_rank())
+    except CheckpointError as exc:
+        result["different_steps"] = str(exc)
+    started = time.monotonic()
+    if dist.get_rank() == 0:
+        try:
+            ckpt.save(1)
+        except CheckpointError as exc:
+            result["alone"] = str(exc)
+    else:
+        time.sleep(args["timeout_s"] + 5)  # busy elsewhere, never saving
+    result["seconds"] = time.monotonic() - started
+    folder = Path(args["directory"])
+    result["folders"] = sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+    return result
+
+
+class Counter:
+    """A per-rank Stateful: its value differs on every rank."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def state_dict(self) -> dict[str, int]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.value = state["value"]
+
+
+SCENARIOS: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
+    "save_sharded": save_sharded,
+    "load_sharded": load_sharded,
+    "bad_saves": bad_saves,
+    "async_saves": async_saves,
+}
+
+
+def rank_main() -> None:
+    import torch.distributed as dist
+
+    scenario, out, args = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
+    dist.init_process_group("gloo")
+    try:
+        result = SCENARIOS[scenario](out, args)
+        (out / f"rank-{dist.get_rank()}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    rank_main()

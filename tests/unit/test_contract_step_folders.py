@@ -1,0 +1,109 @@
+"""contract/step_folders.py: one folder life for both checkpoint layouts, and rundir's listing of them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hpctrain.contract.rundir import (
+    DCP_LAYOUT,
+    META_FILE,
+    TRAINER_LAYOUT,
+    checkpoint_meta,
+    checkpoints_dir,
+    complete_checkpoints,
+    latest_checkpoint_step,
+)
+from hpctrain.contract.step_folders import StepFolders
+from hpctrain.errors import CheckpointError
+
+
+def dcp_step(folders: StepFolders, step: int, ranks: int = 2) -> Path:
+    """A DCP-shaped folder: one data file per rank and .metadata, committed with their sizes."""
+    tmp = folders.begin(step)
+    files = {}
+    for rank in range(ranks):
+        name = f"__{rank}_0.distcp"
+        (tmp / name).write_bytes(b"d" * (10 + rank))
+        files[name] = {"size": 10 + rank}
+    (tmp / ".metadata").write_bytes(b"m" * 7)
+    files[".metadata"] = {"size": 7}
+    return folders.commit(tmp, step, files=files, info={"world_size": ranks})
+
+
+def test_commit_writes_meta_last_and_renames_into_place(tmp_path: Path) -> None:
+    folders = StepFolders(checkpoints_dir(tmp_path), layout=DCP_LAYOUT, keep_last=2)
+    final = dcp_step(folders, 4)
+    assert final.name == "step-00000004" and not list(final.parent.glob(".tmp-*"))
+    meta = json.loads((final / META_FILE).read_text())
+    assert (meta["layout"], meta["global_step"], meta["world_size"]) == ("dcp", 4, 2)
+    assert meta["files"]["__1_0.distcp"] == {"size": 11}
+    assert checkpoint_meta(final) == meta and checkpoint_meta(final, DCP_LAYOUT) == meta
+    assert checkpoint_meta(final, TRAINER_LAYOUT) is None
+    assert latest_checkpoint_step(tmp_path) == 4
+
+
+def test_a_torn_folder_is_ignored_and_the_previous_one_listed(tmp_path: Path) -> None:
+    folders = StepFolders(tmp_path, layout=DCP_LAYOUT, keep_last=5)
+    good = dcp_step(folders, 2)
+    torn = dcp_step(folders, 4)
+    (torn / "__1_0.distcp").write_bytes(b"short")  # one rank's file cut short
+    missing = dcp_step(folders, 6)
+    (missing / "__0_0.distcp").unlink()  # one rank's file gone
+    no_meta = dcp_step(folders, 8)
+    (no_meta / META_FILE).unlink()  # the writer died before the meta
+    assert folders.checkpoints() == [good]
+
+
+def test_meta_that_names_a_path_instead_of_a_file_is_not_complete(tmp_path: Path) -> None:
+    folders = StepFolders(tmp_path, layout=DCP_LAYOUT, keep_last=2)
+    final = dcp_step(folders, 1)
+    meta = json.loads((final / META_FILE).read_text())
+    (tmp_path / "outside").write_bytes(b"x" * 3)
+    for name in ("../outside", "/etc/hostname", "meta.json"):
+        (final / META_FILE).write_text(json.dumps({**meta, "files": {name: {"size": 3}}}))
+        assert checkpoint_meta(final) is None, name
+    (final / META_FILE).write_text(json.dumps({**meta, "files": {}}))
+    assert checkpoint_meta(final) is None
+
+
+def test_layouts_share_a_directory_without_pruning_each_other(tmp_path: Path) -> None:
+    trainer = StepFolders(tmp_path, layout=TRAINER_LAYOUT, keep_last=1)
+    tmp = trainer.begin(1)
+    (tmp / "state.pt").write_bytes(b"s")
+    trainer.commit(tmp, 1, files={"state.pt": {"size": 1}}, info={})
+    task = StepFolders(tmp_path, layout=DCP_LAYOUT, keep_last=1)
+    for step in (2, 3):
+        dcp_step(task, step)
+        task.prune()
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-00000001", "step-00000003"]
+    assert [p.name for p in trainer.checkpoints()] == ["step-00000001"]
+
+
+def test_prune_keeps_the_newest_and_retries_old_folders(tmp_path: Path) -> None:
+    folders = StepFolders(tmp_path, layout=DCP_LAYOUT, keep_last=2)
+    stuck = tmp_path / ".old-step-00000000-0badc0de"
+    stuck.mkdir(parents=True)
+    (stuck / ".nfs0001").write_bytes(b"closed since")
+    for step in (1, 2, 3):
+        dcp_step(folders, step)
+        folders.prune()
+    assert [p.name for p in folders.checkpoints()] == ["step-00000002", "step-00000003"]
+    assert not stuck.exists()
+
+
+def test_the_first_begin_sweeps_crashed_writers_leftovers_and_a_resave_replaces(tmp_path: Path) -> None:
+    (tmp_path / ".tmp-step-00000005-dead").mkdir(parents=True)
+    folders = StepFolders(tmp_path, layout=DCP_LAYOUT, keep_last=3)
+    dcp_step(folders, 5)
+    assert not (tmp_path / ".tmp-step-00000005-dead").exists()
+    again = dcp_step(folders, 5, ranks=3)
+    assert json.loads((again / META_FILE).read_text())["world_size"] == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["step-00000005"]
+
+
+def test_keep_last_below_one_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="keep_last must be at least 1"):
+        StepFolders(tmp_path, layout=DCP_LAYOUT, keep_last=0)

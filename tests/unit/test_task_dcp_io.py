@@ -1,0 +1,82 @@
+"""dcp_io: replicated state written once per node, metadata unpickled through an allowlist, plain blobs."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
+
+from hpctrain.errors import CheckpointError
+from hpctrain.task.dcp_io import (
+    MetadataUnpickler,
+    UnsafeCheckpoint,
+    assign_replicated,
+    from_blob,
+    prefer_writers,
+    replicated_sizes,
+    signature,
+    to_blob,
+)
+
+
+def plan(*names: str) -> SavePlan:
+    return SavePlan([WriteItem(index=MetadataIndex(name), type=WriteItemType.BYTE_IO) for name in names])
+
+
+def names(found: SavePlan) -> list[str]:
+    return [item.index.fqn for item in found.items]
+
+
+def test_replicated_items_go_to_the_node_writers_and_shards_stay() -> None:
+    # 2 nodes x 2 ranks: ranks 0 and 2 are the nodes' first; "w" is replicated, "s<r>" each rank's shard
+    plans = [plan("w", "s0"), plan("w", "s1"), plan("w", "s2"), plan("w", "s3")]
+    kept = prefer_writers(plans, [0, 2])
+    assert [names(p) for p in kept] == [["w", "s0"], ["s1"], ["w", "s2"], ["s3"]]
+    only_others = [plan("a"), plan("x"), plan("x")]  # no writer holds "x": its holders keep it
+    assert [names(p) for p in prefer_writers(only_others, [0])] == [["a"], ["x"], ["x"]]
+
+
+def test_the_metadata_unpickler_builds_dcp_classes_and_nothing_else(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint.metadata import Metadata, TensorProperties, TensorStorageMetadata
+
+    entry = TensorStorageMetadata(TensorProperties(dtype=torch.float32), torch.Size([2, 3]), [])
+    metadata = Metadata(state_dict_metadata={"model.w": entry})
+    back = MetadataUnpickler(io.BytesIO(pickle.dumps(metadata))).load()
+    assert back.state_dict_metadata["model.w"].size == torch.Size([2, 3])
+    marker = tmp_path / "ran"
+    for evil in (os.system, eval):
+
+        class Evil:
+            def __reduce__(self, fn: object = evil) -> tuple:
+                return (fn, (f"open({str(marker)!r}, 'w')" if fn is eval else f"touch {marker}",))
+
+        with pytest.raises(UnsafeCheckpoint, match="refers to"):
+            MetadataUnpickler(io.BytesIO(pickle.dumps(Evil()))).load()
+    assert not marker.exists()
+
+
+def test_blobs_keep_plain_state_and_refuse_the_rest() -> None:
+    state = {"lr": [0.1, 0.01], 3: (None, "x"), "t": torch.ones(2)}
+    back = from_blob(to_blob(state, "sched"), "sched")
+    assert back["lr"] == [0.1, 0.01] and back[3] == (None, "x") and torch.equal(back["t"], torch.ones(2))
+    with pytest.raises(CheckpointError, match=r"sched\['fn'\] of type builtin_function_or_method"):
+        to_blob({"fn": print}, "sched")
+    evil = io.BytesIO()
+    torch.save({"x": Path("/")}, evil)  # a pickle of an object weights_only does not allow
+    with pytest.raises(UnsafeCheckpoint, match="refusing to load sched"):
+        from_blob(torch.frombuffer(bytearray(evil.getvalue()), dtype=torch.uint8), "sched")
+
+
+def test_replicated_entries_are_shared_among_the_writers_by_size() -> None:
+    flat = {"m.a": torch.zeros(100), "m.b": torch.zeros(60), "m.c": torch.zeros(50), "lr": 0.1, "rng/rank-00003": 1}
+    sizes = replicated_sizes(flat)
+    assert sizes == {"m.a": 400, "m.b": 240, "m.c": 200, "lr": 1}  # a rank's own entry is not replicated
+    assert assign_replicated(sizes, [2, 0]) == {"m.a": 0, "m.b": 2, "m.c": 2, "lr": 0}
+    assert signature(sizes) == signature(dict(reversed(sizes.items())))
+    assert signature(sizes) != signature({**sizes, "m.c": 201})
