@@ -89,7 +89,7 @@ class ElasticLoader:
     @property
     def accumulation(self) -> int:
         """Micro-batches this rank computes per step: 1 on the ranks the run started with."""
-        return self.sampler.per_rank
+        return self.sampler.micro_batches // self.sampler.num_replicas
 
     @property
     def global_batch(self) -> int:
@@ -100,7 +100,7 @@ class ElasticLoader:
         """Optimizer steps in one epoch (the same on any number of ranks)."""
         consumed, self.sampler.consumed_samples = self.sampler.consumed_samples, 0
         try:
-            return self.sampler.batches_len() // self.sampler.per_rank
+            return self.sampler.steps_len()
         finally:
             self.sampler.consumed_samples = consumed
 
@@ -111,6 +111,13 @@ class ElasticLoader:
     def set_micro_batches(self, micro_batches: int) -> None:
         ranks = self.sampler.num_replicas
         problem = micro_batch_problem(micro_batches, ranks, strategy="ddp")
+        if problem is None and micro_batches % ranks:
+            # The trainer shares uneven pieces with an exactly weighted reduction (jobspec/shares.py);
+            # a user's loop averages whole micro-batches, so each rank must get as many as the others.
+            can = ", ".join(str(k) for k in range(1, micro_batches + 1) if micro_batches % k == 0)
+            problem = (
+                f"{micro_batches} micro-batches cannot be shared equally by {ranks} ranks; rank counts that can: {can}"
+            )
         if problem is not None:
             raise CheckpointError(
                 f"ElasticLoader: {problem}",
