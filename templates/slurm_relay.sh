@@ -1,8 +1,8 @@
 # ---- hpctrain Slurm relay (rendered from templates/slurm_relay.sh) ----
 # The tasks run inside a container image that may have no scontrol. Rank 0 asks
 # this loop, which runs here in the batch step outside the image, by dropping
-# "show JOBID" or "requeue JOBID" into a file; only those two commands, only
-# for job ids of digits (and _digits), are ever run.
+# "show JOBID", "requeue JOBID" or "norequeue JOBID" into a file; only those
+# three commands, only for job ids of digits (and _digits), are ever run.
 hpctrain_slurm_relay() {
   local dir=$1 req base verb id out rc
   while :; do
@@ -13,9 +13,10 @@ hpctrain_slurm_relay() {
       # step, and a request still lying here would requeue the next start too.
       mv -f "$req" "$base.run" 2>/dev/null || continue
       read -r verb id < "$base.run"
-      if [[ $id =~ ^[0-9]+(_[0-9]+)?$ && ( $verb == show || $verb == requeue ) ]]; then
+      if [[ $id =~ ^[0-9]+(_[0-9]+)?$ && ( $verb == show || $verb == requeue || $verb == norequeue ) ]]; then
         if [ "$verb" = show ]; then out=$(scontrol --oneliner show job "$id" 2>&1); rc=$?
-        else out=$(scontrol requeue "$id" 2>&1); rc=$?; fi
+        elif [ "$verb" = requeue ]; then out=$(scontrol requeue "$id" 2>&1); rc=$?
+        else out=$(scontrol update JobId="$id" Requeue=0 2>&1); rc=$?; fi
       else
         out="hpctrain relay: refused '$verb $id'"; rc=2
       fi

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from hpctrain.cli.main import warn
+from hpctrain.contract.slurm_states import succeeded
 from hpctrain.launch.submit import Steps, Submission
 
 
@@ -47,6 +48,11 @@ class Printed(Steps):
     def ended(self, submission: Submission) -> None:
         if not self.as_json:
             print(f"job {submission.job_id} ended: {submission.state}")
+            if submission.run_completed and not succeeded(submission.state or ""):
+                print(
+                    f"the run completed; Slurm ended the job {submission.state} "
+                    "(a preemption reached it in its last seconds)"
+                )
         if submission.ended_well is False:
             print(
                 f"error: job {submission.job_id} ended {submission.state}; "

@@ -42,6 +42,8 @@ RUN_DIR_ENV = "HPCTRAIN_LOCAL_RUN_DIR"  # the run directory a local run's contro
 TOKEN_VARS = (TOKEN_ENV, TOKEN_PID_ENV, RUN_TOKEN_ENV, RUN_DIR_ENV)  # never handed on to what is not the run's
 # The per-task reaper (runtime/cleanup.py), as the login side names it in the command srun starts.
 REAPER_MODULE = "hpctrain.runtime.cleanup"
+# Its option that starts the task with Slurm's stop signals held until it listens (runtime/stop_signals.py).
+HOLD_OPTION = "--hold-stop-signals"
 GRACE_S = 5.0
 KILL_WAIT_S = 2.0
 RESCAN_S = 0.5

@@ -130,6 +130,10 @@ def requeue_command(job_id: str) -> list[str]:
     return ["scontrol", "requeue", checked_job_id(job_id)]
 
 
+def disable_requeue_command(job_id: str) -> list[str]:
+    return ["scontrol", "update", f"JobId={checked_job_id(job_id)}", "Requeue=0"]
+
+
 def show_job_command(job_id: str) -> list[str]:
     return ["scontrol", "--oneliner", "show", "job", checked_job_id(job_id)]
 
@@ -224,7 +228,9 @@ class Slurm:
         without accounting. A job sacct does not list under its own id -- not yet
         (slurmdbd catches up a few seconds after submit), or an array listed by
         its tasks -- is looked up in ``squeue``, which still lists an array's
-        unfinished tasks; then sacct's first line answers. "UNKNOWN" when neither
+        unfinished tasks; then sacct's first line answers. So is a job sacct
+        calls PREEMPTED: that is final, unless slurmctld is requeueing the job
+        (squeue then lists it COMPLETING or PENDING). "UNKNOWN" when neither
         lists it (squeue forgets a finished job) or, asking sacct, when this
         machine has no squeue. Raises SlurmCommandError.
         """
@@ -232,7 +238,7 @@ class Slurm:
         states: dict[str, str] = {}
         if source == "sacct":
             states = answers.parse_sacct_states(self.run(*sacct_states_command([job_id])))
-            if job_id in states:
+            if job_id in states and states[job_id] != "PREEMPTED":
                 return states[job_id]
         try:
             lines = self.run("squeue", "-h", "-o", "%T", "-j", job_id).split()
@@ -242,7 +248,7 @@ class Slurm:
             lines = []
         if lines:
             return normalise_state(lines[0])
-        return next(iter(states.values()), "UNKNOWN")
+        return states.get(job_id) or next(iter(states.values()), "UNKNOWN")
 
     def job_states(self, job_ids: Sequence[str]) -> dict[str, str]:
         """States of several jobs in one ``sacct`` call ({} when Slurm cannot say); for listings."""
@@ -408,6 +414,15 @@ class Slurm:
 
     def requeue_job(self, job_id: str, *, timeout_s: float = COMMAND_TIMEOUT_S) -> None:
         self.run(*requeue_command(job_id), timeout_s=timeout_s)
+
+    def disable_requeue(self, job_id: str, *, timeout_s: float = COMMAND_TIMEOUT_S) -> None:
+        """Take the job's ``Requeue`` flag away: nothing may requeue it any more, Slurm included.
+
+        Slurm 24.05+ requeues a job that ends while it holds a preemption's flag
+        (``GRACE_PREEMPT``), only if the job is requeueable; the flag itself cannot be
+        cleared or seen (docs/preemption.md). A job's owner may change it while it runs.
+        """
+        self.run(*disable_requeue_command(job_id), timeout_s=timeout_s)
 
     def exclude_nodes(self, job_id: str, nodes: Sequence[str]) -> None:
         """Keep ``nodes`` out of the (pending) job's next start (``ExcNodeList``); nothing for no nodes."""

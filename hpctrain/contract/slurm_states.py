@@ -28,7 +28,6 @@ SLURM_STATES: dict[str, RunState] = {
     "REQUEUE_HOLD": "pending",  # requeued and held (scontrol requeuehold)
     "SPECIAL_EXIT": "pending",  # requeued and held after a special exit code
     "RESV_DEL_HOLD": "pending",  # held because its reservation was deleted
-    "PREEMPTED": "pending",  # preempted; hpctrain's jobs are requeued, never killed, on preemption
     # Allocated: some process of the job may run now (or resume: SUSPENDED/STOPPED).
     "CONFIGURING": "running",  # nodes are booting
     "POWER_UP_NODE": "running",
@@ -49,6 +48,11 @@ SLURM_STATES: dict[str, RunState] = {
     "BOOT_FAIL": "finished-failed",
     "DEADLINE": "finished-failed",
     "CANCELLED": "cancelled",
+    # Ended by a preemption that did not requeue it: PreemptMode=CANCEL, or a job without its requeue flag --
+    # hpctrain takes it away when a run has ended (Slurm 24.05+ would otherwise start it once more). Stopped
+    # by the cluster, like a cancel. sacct shows it for a moment also while a preempted job is requeued, so
+    # contract.slurm.job_state asks squeue then (runtime/requeue.py, docs/preemption.md).
+    "PREEMPTED": "cancelled",
     # Transient or elsewhere: this cluster cannot say how the job ends.
     "LAUNCH_FAILED": "unknown",  # Slurm decides next whether to requeue it
     "UPDATE_DB": "unknown",

@@ -1,10 +1,11 @@
 """The batch step of a job that heals: run the training step, and start it again without a lost or sick node.
 
-``python -m hpctrain.healing.supervisor RUN_DIR -- srun ARGS... COMMAND`` is
-the sbatch script's command when ``resources.min_nodes`` or ``spare_nodes``
-is set (the job has ``--no-kill``, so Slurm keeps the allocation when a node
-fails). It starts the srun line on ``resources.nodes`` nodes of the
-allocation with ``--overlap`` and an explicit ``--nodelist``, and watches:
+``python -m hpctrain.runtime.stop_signals hpctrain.healing.supervisor RUN_DIR --
+srun ARGS... COMMAND`` is the sbatch script's command when
+``resources.min_nodes`` or ``spare_nodes`` is set (the job has ``--no-kill``,
+so Slurm keeps the allocation when a node fails). It starts the srun line on
+``resources.nodes`` nodes of the allocation with ``--overlap`` and an
+explicit ``--nodelist``, and watches:
 
 * srun's own reports (tee'd on to the batch log, where rank 0 reads them);
 * heartbeats: a node whose every rank went silent is a suspect;
@@ -24,6 +25,11 @@ blames a node (``healing/decide.py``), records it in summary.json
 last complete checkpoint; or requeues the job with ``ExcNodeList`` set; or
 stops. The training code is the same on every start: the task launcher
 reads ``STEP_NODES_VAR`` (``jobspec/node_loss.py``) for a smaller world.
+
+Like a task, it counts SIGTERM from its first line (``runtime/stop_signals.py``
+runs it): a job that is ending (scancel, a requeue: the only SIGTERMs a batch
+step gets) never starts a step, and a start of a job whose run it already
+completed (Slurm 24.05+ may start it again) ends without one.
 Torch-free (it runs beside the tasks, on the batch node).
 """
 
@@ -51,7 +57,9 @@ from hpctrain.healing.record import RECORD_EVERY_S, HealRecord, load_spec
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.node_health import BURN_IN_VAR, STEP_ID_VAR
 from hpctrain.jobspec.node_loss import STEP_NODES_VAR
+from hpctrain.runtime import stop_signals
 from hpctrain.runtime.master import derive_master_port
+from hpctrain.runtime.requeue import completed_by
 from hpctrain.runtime.task_env import parse_hostlist
 
 POLL_S = 1.0
@@ -119,6 +127,14 @@ class Supervisor:
             self.guardian.stop()
 
     def supervise(self) -> int:
+        done = completed_by(self.run_dir, [self.job_id])
+        if done is not None:
+            say(f"this job completed the run already (step {done.global_step}); Slurm started it again: ending")
+            try:
+                Slurm().disable_requeue(self.job_id)  # as its rank 0 did when it completed (runtime/requeue.py)
+            except SlurmCommandError as exc:
+                say(f"could not keep Slurm from starting it again: {exc}")
+            return 0
         res = self.spec.resources
         healthy = [n for n in self.allocation if n not in self.record.excluded]
         nodes = decide.choose_nodes(healthy, [], nodes=res.nodes, min_nodes=res.fewest_nodes, fits=self.fits)
@@ -126,6 +142,9 @@ class Supervisor:
             return self.record.requeue_or_fail(f"{len(healthy)} healthy nodes left, min_nodes is {res.fewest_nodes}")
         attempt = 0
         while True:
+            if self.stopping:
+                say("the job is ending (SIGTERM): no training step is started")
+                return 0
             step = self.start(nodes, attempt)
             outcome = self.watch(step)
             if outcome.exit_code == 0 or self.stopping or not self.probe.job_running(self.job_id):
@@ -377,6 +396,8 @@ class Supervisor:
         signal.signal(signal.SIGINT, stop)
         for name in ("SIGUSR1", "SIGUSR2"):
             signal.signal(getattr(signal, name), ignore)  # a handler, not SIG_IGN: srun must not inherit it
+        if stop_signals.recorded().get("TERM"):  # came before these handlers: since the first line
+            self.stopping = True
 
 
 def main(argv: Sequence[str], *, environ: dict[str, str] | None = None, execv: Callable[..., Any] = os.execvp) -> int:

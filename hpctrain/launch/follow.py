@@ -99,6 +99,14 @@ def wait_for_job(submitted: SubmittedRun, slurm: Slurm | None = None) -> str:
     return (slurm or Slurm()).wait_for(submitted.job_id)
 
 
+def run_completed(submitted: SubmittedRun) -> bool:
+    """Whether every trial's summary.json says the run completed: a run that did counts as such whatever
+    Slurm called the job's end (Slurm 24.05+: PREEMPTED when a preemption reached it in its last seconds;
+    hpctrain keeps it from starting again, docs/preemption.md)."""
+    summaries = [read_summary(one) for one in submitted.trial_dirs]
+    return bool(summaries) and all(summary is not None and summary.status == "completed" for summary in summaries)
+
+
 class _Terminated(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)

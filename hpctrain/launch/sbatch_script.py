@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract.process_tokens import REAPER_MODULE
+from hpctrain.contract.process_tokens import HOLD_OPTION, REAPER_MODULE
 from hpctrain.contract.rundir import task_log_name
 
 SUBMITIT_ENTRY = "-u -m submitit.core._submit"
@@ -54,14 +54,16 @@ def executor_folder(folder: str | Path) -> Path:
     return Path(folder).expanduser().absolute()
 
 
-def python_command(python: str = sys.executable) -> str:
+def python_command(python: str = sys.executable, *, hold_stop_signals: bool = False) -> str:
     """A shell command that runs ``python ARGS...`` with a fresh task token in its exec-time environment
     (the reaper's exec wrapper, ``runtime/cleanup.py``).
 
     Pass it as submitit's ``SlurmExecutor(python=...)``: submitit appends
-    ``-u -m submitit.core._submit FOLDER``.
+    ``-u -m submitit.core._submit FOLDER``. ``hold_stop_signals``: the task starts with
+    Slurm's stop signals held; only for a task that listens (``runtime/stop_signals.py``).
     """
-    return " ".join(shlex.quote(part) for part in (python, "-m", REAPER_MODULE, "exec", python))
+    hold = [HOLD_OPTION] if hold_stop_signals else []
+    return " ".join(shlex.quote(part) for part in (python, "-m", REAPER_MODULE, "exec", *hold, python))
 
 
 def task_command(python: str, folder: str | Path) -> str:

@@ -120,8 +120,10 @@ def supervisor_command(spec: JobSpec, run_dir: Path) -> str | None:
     if not spec.resources.heals:
         return None
     # exec: the batch step's main process, so that SIGTERM (a requeue, scancel) reaches it, not a shell
-    # whose default death ends the step at once, before the supervisor has said ExcNodeList
-    return f"exec {shlex.quote(sys.executable)} -m hpctrain.healing.supervisor {shlex.quote(str(run_dir))} --"
+    # whose default death ends the step at once, before the supervisor has said ExcNodeList;
+    # under stop_signals, which counts SIGTERM from its first line (runtime/stop_signals.py)
+    python, run = shlex.quote(sys.executable), shlex.quote(str(run_dir))
+    return f"exec {python} -m hpctrain.runtime.stop_signals hpctrain.healing.supervisor {run} --"
 
 
 def container_mounts(spec: JobSpec) -> list[str]:
@@ -152,8 +154,8 @@ def pyxis_arguments(spec: JobSpec) -> list[str]:
 def task_python(spec: JobSpec) -> str:
     """The command srun starts every task with (submitit appends ``-u -m submitit.core._submit DIR``)."""
     if spec.container is None:
-        return python_command()
-    inner = python_command(spec.container.python)
+        return python_command(hold_stop_signals=True)
+    inner = python_command(spec.container.python, hold_stop_signals=True)
     if spec.container.runtime == "pyxis":
         return inner
     apptainer = ["apptainer", "exec", "--bind", ",".join(container_mounts(spec)), "--pwd", str(Path.cwd().resolve())]

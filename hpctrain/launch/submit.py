@@ -45,7 +45,9 @@ class Submission:
     prints (dry run only); ``points``: a study's runs, one per point, each labelled;
     ``warnings``: what the spec and the checks before the queue found allowed but likely to
     hurt, and the bad-node ledger's exclusions; ``state``: once waited for, the job's end (Slurm's
-    state; a local run's status); ``code``: what the code snapshot copied and left out.
+    state; a local run's status); ``run_completed``: the run's own summary says it completed, whatever
+    Slurm called the job's end (``follow.run_completed``); ``code``: what the code snapshot copied and
+    left out.
     """
 
     run_dir: Path
@@ -57,6 +59,7 @@ class Submission:
     points: tuple[Submission, ...] = ()
     warnings: tuple[str, ...] = ()
     state: str | None = None
+    run_completed: bool = False
     cluster: str | None = None
     world_size: int | None = None
     code: Snapshot | None = None
@@ -73,7 +76,7 @@ class Submission:
             return self.state in ("completed", "running")
         from hpctrain.contract.slurm_states import succeeded
 
-        return succeeded(self.state)
+        return succeeded(self.state) or self.run_completed
 
     def as_json(self) -> dict[str, Any]:
         """What ``submit --json`` (and ``resume --json``) prints."""
@@ -170,7 +173,8 @@ def finish(one: Submission, submitted: SubmittedRun, *, wait: bool, steps: Steps
     from hpctrain.launch import follow
 
     if submitted.backend == "slurm":
-        ended = replace(one, state=follow.wait_for_job(submitted, slurm))
+        state = follow.wait_for_job(submitted, slurm)
+        ended = replace(one, state=state, run_completed=follow.run_completed(submitted))
         steps.ended(ended)
         return ended
     code = follow.follow_local(submitted, stream=steps.log if steps.log is not None else io.StringIO())

@@ -29,7 +29,8 @@ that only fork (data-loader workers). Two answers, both used:
 * the batch script starts each task as ``python -m hpctrain.runtime.cleanup
   exec PYTHON ...`` (``launch/sbatch_script.py``'s ``python_command``, for
   submitit's ``python=``), which execs the real task with a fresh token already
-  in its environment;
+  in its environment (and, with ``--hold-stop-signals``, Slurm's stop signals
+  held until the task listens: ``stop_signals.py``);
 * when the task lacks the token at exec (run without that wrapper), the
   watcher also records the task's descendants while it lives and reaps those.
 
@@ -51,6 +52,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from hpctrain.contract.process_tokens import (
     GRACE_S,
+    HOLD_OPTION,
     REAPER_MODULE,
     TOKEN_ENV,
     alive,
@@ -188,7 +190,13 @@ def watch(token: str, watched_pid: int, *, poll_s: float = POLL_S, grace_s: floa
 
 
 def exec_with_token(argv: Sequence[str]) -> NoReturn:
-    """Replace this process with ``argv``, a fresh task token in its environment."""
+    """Replace this process with ``argv``, a fresh task token in its environment; with a leading
+    ``--hold-stop-signals``, Slurm's stop signals held (pending) until ``argv`` listens."""
+    if argv[:1] == [HOLD_OPTION]:
+        from hpctrain.runtime import stop_signals  # standard library only
+
+        stop_signals.hold()
+        argv = argv[1:]
     if not argv:
         raise SystemExit(f"usage: python -m {MODULE} exec PROGRAM [ARGS...]")
     os.execvpe(argv[0], list(argv), token_environ(os.environ, os.getpid()))  # exec keeps the PID
@@ -272,7 +280,7 @@ def leave_dataset_mount(keep_copies: bool = True) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["exec"]:
+    if argv[:1] == ["exec"]:  # a task's first Python: nothing before this line
         rest = argv[1:]
         exec_with_token(rest[1:] if rest[:1] == ["--"] else rest)
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.splitlines()[0])

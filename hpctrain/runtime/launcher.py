@@ -3,6 +3,13 @@
 ``TaskLauncher`` is pickled on the login node and called on each compute
 task, so importing this module must not import torch; torch comes in with
 ``hpctrain.runtime.process_group`` inside ``__call__``.
+
+Stop signals count from the task's first Python (``stop_signals.py``): the
+launcher listens first thing, hands what came to the ``StopRequest`` as soon
+as it exists, and once the process group is up -- the first moment the ranks
+can agree -- stops before the entry point or trainer runs if a stop came
+during set-up (or Slurm preempted the job before its tasks existed). A start
+of a job whose run this very job completed ends at once (``requeue.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import logging
 import os
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -19,14 +27,15 @@ from typing import Any, TextIO
 
 from hpctrain.contract.cancel_marker import cancel_marker_paths
 from hpctrain.contract.entrypoint import call_text, function_problem
+from hpctrain.contract.summary import Summary, read_summary, write_summary
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
-from hpctrain.runtime import failures, heartbeat
+from hpctrain.runtime import failures, heartbeat, stop_signals
 from hpctrain.runtime.cleanup import leave_dataset_mount
 from hpctrain.runtime.context import TaskContext, TaskEnv, register_context
 from hpctrain.runtime.master import check_master_address
 from hpctrain.runtime.run_summary import finish_summary
-from hpctrain.runtime.stop import StopRequest, install_handlers
+from hpctrain.runtime.stop import StopReason, StopRequest, install_handlers
 from hpctrain.runtime.task_env import derive_task_env, export_torchrun_env, rank_hint, thread_env
 
 # Set to 1 on test clusters whose "nodes" are loopback aliases of one machine.
@@ -44,6 +53,7 @@ class TaskLauncher:
         self.code_root = code_root  # the run's copy of the entry point's code (code_snapshot.py)
 
     def __call__(self) -> dict[str, Any]:
+        stop_signals.listen()  # first: what Slurm sent since the task's first Python is counted now
         rank = rank_hint(os.environ)
         try:
             spec = JobSpec.model_validate(self.spec_data)
@@ -52,6 +62,7 @@ class TaskLauncher:
             env = derive_task_env(os.environ, spec_master_port=spec.distributed.master_port)
             rank = str(env.global_rank)
             configure_logging(env)
+            end_if_completed(self.run_dir, env, self.exit_without_result)
             result = self.run(spec, env)
         except BaseException as exc:
             if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
@@ -89,14 +100,13 @@ class TaskLauncher:
             leave_dataset_mount(keep_copies=not ended)
 
     def _run_monitored(self, spec: JobSpec, env: TaskEnv, monitor: heartbeat.Monitor | None) -> Any:
+        stop = listen_for_stop(self.run_dir, env, spec.signals.timeout_signal)
         check_world_size(spec, env)
         export_torchrun_env(env, os.environ)
         os.environ.update(thread_env(os.environ, os.cpu_count()))  # before torch is imported: it reads them once
         check_master_address(env, allow_loopback=os.environ.get(ALLOW_LOOPBACK_MASTER_VAR) == "1")
         # before the group forms: import errors fail fast
         user_code = load_user_code(spec.entrypoint, getattr(self, "code_root", None), spec.entrypoint_args)
-        stop = StopRequest(cancel_markers=cancel_marker_paths(self.run_dir), job_ids=env.job_aliases)
-        install_handlers(stop, spec.signals.timeout_signal)
         self.start_reaper()
 
         from hpctrain.runtime.process_group import process_group
@@ -108,8 +118,7 @@ class TaskLauncher:
                 monitor.gpu = gpu_sampler(device.index or 0, os.environ)
             ctx = TaskContext(env=env, spec=spec, run_dir=Path(self.run_dir), device=device, stop=stop)
             register_context(ctx)  # what hpctrain.task.session() finds
-            self.burn_in(ctx)
-            result = user_code(ctx, **(spec.entrypoint_args if spec.entrypoint else {}))
+            result = self.train_or_stop(ctx, user_code)
             heartbeat.set_phase("done")  # a requeue's wait for Slurm is not a hang
             if monitor is not None:
                 monitor.stop()
@@ -117,6 +126,15 @@ class TaskLauncher:
                 finish_summary(Path(self.run_dir), env.job_id, result)
             self.after_run(ctx, result)
         return result
+
+    def train_or_stop(self, ctx: TaskContext, user_code: UserCode) -> Any:
+        """The entry point's or trainer's result; a stop that came during set-up ends the start first,
+        before the burn-in too (a start that is ending probes nothing)."""
+        reason = stop_before_start(ctx)
+        if reason is not None:
+            return stopped_before_start(ctx, reason)
+        self.burn_in(ctx)
+        return user_code(ctx, **(ctx.spec.entrypoint_args if ctx.spec.entrypoint else {}))
 
     def burn_in(self, ctx: TaskContext) -> None:
         """Probe the step's nodes before training, and take a sick one out (healing/burn_in.py): every
@@ -197,13 +215,14 @@ class TaskLauncher:
         """Requeue, wait for Slurm, or just finish, when the trainer stopped early.
 
         Runs on every rank with the process group still up: the ranks agree on
-        the outcome. Returns only when the job should end normally.
+        the outcome. Returns only when the job should end normally; then rank 0
+        keeps Slurm from starting it again (``requeue.keep_ended``).
         """
-        if isinstance(result, dict) and result.get("status") == "stopped":
-            from hpctrain.runtime.requeue import finish_after_stop
-            from hpctrain.runtime.slurm_relay import slurm_runner
+        from hpctrain.runtime.requeue import finish_after_stop, keep_ended
+        from hpctrain.runtime.slurm_relay import slurm_runner
 
-            # inside a container image, Slurm commands go out through the batch step's relay
+        # inside a container image, Slurm commands go out through the batch step's relay
+        if isinstance(result, dict) and result.get("status") == "stopped":
             finish_after_stop(
                 result["stop_reason"],
                 ctx.env,
@@ -212,6 +231,79 @@ class TaskLauncher:
                 run=slurm_runner(),
                 exit_process=self.exit_without_result,
             )
+        keep_ended(ctx.env, run=slurm_runner())
+
+
+def end_if_completed(run_dir: str, env: TaskEnv, exit_process: Callable[[int], object]) -> None:
+    """A start of a job whose run this job already completed ends here, before anything costs
+    (Slurm 24.05+ may start a finished job again: docs/preemption.md); it says so in its log."""
+    from hpctrain.runtime.requeue import completed_by, keep_ended
+    from hpctrain.runtime.slurm_relay import slurm_runner
+
+    summary = completed_by(Path(run_dir), env.job_aliases)
+    if summary is None:
+        return
+    print(
+        f"hpctrain: rank {env.global_rank}: this job completed the run already (step {summary.global_step}); "
+        "Slurm started it again: this start ends without training",
+        file=sys.stderr,
+        flush=True,
+    )
+    keep_ended(env, run=slurm_runner())
+    exit_process(0)
+
+
+def listen_for_stop(run_dir: str, env: TaskEnv, timeout_signal: str) -> StopRequest:
+    """This task's StopRequest, its handlers installed, holding every stop signal counted since the task began."""
+    stop = StopRequest(cancel_markers=cancel_marker_paths(run_dir), job_ids=env.job_aliases)
+    install_handlers(stop, timeout_signal)
+    early = stop_signals.hand_over(stop, timeout_signal)
+    if early:
+        seen = ", ".join(f"SIG{name} x{count}" for name, count in sorted(early.items()))
+        logging.getLogger("hpctrain").info("stop signals during set-up: %s", seen)
+    return stop
+
+
+def stop_before_start(ctx: TaskContext) -> StopReason | None:
+    """The stop reason every rank agrees on before the entry point or trainer runs, or None. Collective.
+
+    Global rank 0 also asks Slurm whether the job was preempted before its tasks existed: a
+    preemption signals only the job's steps, so one sent during the batch script's set-up or
+    while srun started the tasks reached no one (``requeue.slurm_stop_reason``).
+    """
+    if ctx.env.is_main and ctx.env.under_slurm:
+        from hpctrain.runtime.requeue import slurm_stop_reason
+        from hpctrain.runtime.slurm_relay import slurm_runner
+
+        told = slurm_stop_reason(ctx.env, run=slurm_runner())
+        if told is not None:
+            ctx.stop.request(told)
+    return ctx.stop.agreed()
+
+
+def stopped_before_start(ctx: TaskContext, reason: StopReason) -> dict[str, Any]:
+    """The result of a start that stops before training: nothing trained, nothing new to save.
+
+    The built-in trainer's summary.json says "stopped" (``cancel`` reports it; the next start counts
+    a restart from it, also where no checkpoint exists yet); an entry point's run keeps its own.
+    """
+    if ctx.is_main:
+        print(f"stopping ({reason}) before training: the stop came during set-up; nothing new to save", flush=True)
+        if ctx.spec.entrypoint is None:
+            record_stop(ctx, reason)
+    return {"status": "stopped", "stop_reason": reason, "before_start": True}
+
+
+def record_stop(ctx: TaskContext, reason: StopReason) -> None:
+    """summary.json: "stopped", with what an earlier start recorded kept; never raises."""
+    fields = (read_summary(ctx.run_dir) or Summary()).fields()
+    restarts = max(int(fields.get("restarts") or 0), ctx.env.restart_count)
+    fields.update(status="stopped", stop_reason=reason, job_id=ctx.env.job_id, restarts=restarts)
+    fields["updated_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    try:
+        write_summary(ctx.run_dir, fields)
+    except (OSError, HpctrainError) as exc:
+        print(f"hpctrain: could not record the stop in summary.json: {exc}", file=sys.stderr)
 
 
 def check_world_size(spec: JobSpec, env: TaskEnv) -> None:

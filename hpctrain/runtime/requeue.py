@@ -38,6 +38,15 @@ completes (``requeue ... per user/system request``), or ends PREEMPTED
 instead of COMPLETED. So from 24.05 on rank 0 does not requeue a preempting
 job: every rank exits and Slurm requeues it (:data:`GRACE_EXIT_REQUEUES_FROM`).
 
+Nothing clears that flag but such a requeue (``GRACE_PREEMPT`` in
+``slurmctld/proc_req.c`` and ``job_mgr.c``, 24.05 to 26.05; no ``scontrol``
+option shows or clears it), so a *finished* run could be started once more:
+a whole allocation for nothing. The requeue needs the job's ``Requeue`` flag,
+though, so whenever a job's tasks end for good, global rank 0 sets
+``Requeue=0`` (:func:`keep_ended`); Slurm then ends the job (state PREEMPTED
+where the flag was set) instead of starting it again. A start of a job whose
+run the same job completed ends at once all the same (:func:`completed_by`).
+
 Exit protocol, from submitit 1.5.4's source:
 
 * ``submitit/core/submission.py::process_job`` loads ``<id>_submitted.pkl``,
@@ -78,11 +87,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
 from typing import Literal
 
 from hpctrain.contract import slurm_states
 from hpctrain.contract.slurm import Runner, Slurm, SlurmCommandError
+from hpctrain.contract.summary import Summary, read_summary
 from hpctrain.errors import ClusterError
 from hpctrain.jobspec.models import Signals
 from hpctrain.runtime.context import TaskEnv
@@ -132,6 +143,47 @@ def show_job(job_id: str, *, run: Runner = subprocess.run) -> dict[str, str]:
     except ClusterError as exc:
         log.warning("could not look at the job: %s", exc)
         return {}
+
+
+def slurm_stop_reason(env: TaskEnv, *, run: Runner = subprocess.run) -> StopReason | None:
+    """The reason "preempted" when Slurm already preempts, requeues or ends this job; else None.
+
+    A preemption signals only the job's steps: one sent while the batch script's set-up ran,
+    or while srun was starting the tasks, reached no task. Global rank 0 asks once per start,
+    before training; Slurm unreachable means None (never a reason to stop).
+    """
+    phase = job_phase(show_job(env.slurm_job_id, run=run), env.restart_count)
+    if phase in ("preempting", "requeued", "ended"):
+        log.info("Slurm says the job is %s before training started", phase)
+        return "preempted"
+    return None
+
+
+def keep_ended(env: TaskEnv, *, run: Runner = subprocess.run) -> None:
+    """The tasks end for good: global rank 0 sets ``Requeue=0`` so Slurm never starts the job again.
+
+    Slurm 24.05+ requeues a job that ends while it holds a preemption's flag, also a stale one
+    (the module docstring); without the job's requeue flag it ends it instead. Failing to say so
+    costs at most one more start, which :func:`completed_by` ends at once: a warning.
+    """
+    if not (env.is_main and env.under_slurm):
+        return
+    try:
+        Slurm(run).disable_requeue(env.slurm_job_id, timeout_s=SCONTROL_TIMEOUT_S)
+    except ClusterError as exc:
+        log.warning("could not keep Slurm from starting the ended job again: %s", exc)
+
+
+def completed_by(run_dir: Path, job_ids: Collection[str]) -> Summary | None:
+    """The run's summary if this very job (any of ``job_ids``, e.g. ``TaskEnv.job_aliases``) completed
+    the run: a start Slurm should not have made; else None.
+
+    Another job (``hpctrain resume``) is never refused here: the summary names the job that wrote it.
+    """
+    summary = read_summary(run_dir)  # None when missing or unreadable: no proof of anything
+    if summary is None or summary.status != "completed" or not summary.job_id:
+        return None
+    return summary if summary.job_id in job_ids else None
 
 
 def requeue_job(

@@ -5,8 +5,9 @@ talk to this cluster's controller anyway. With a ``container:`` the batch
 script starts a small shell loop (``templates/slurm_relay.sh``) before ``srun``
 and exports its folder as ``HPCTRAIN_SLURM_RELAY``. :func:`relay_runner` is a
 drop-in for ``subprocess.run`` in ``hpctrain.contract.slurm``'s runner: it writes the
-request (``show JOBID`` or ``requeue JOBID``, the only two the requeue logic
-needs) into that folder and waits for the loop's answer. ``scontrol --version``
+request (``show JOBID``, ``requeue JOBID`` or ``norequeue JOBID``, the only
+three the requeue logic needs) into that folder and waits for the loop's
+answer. ``scontrol --version``
 is answered from ``HPCTRAIN_SLURM_VERSION``, which the batch script records
 outside the image (from Slurm 24.05 on, rank 0 must not requeue a preempted
 job itself). So rank 0 decides and requeues exactly as without a container
@@ -22,7 +23,13 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpctrain.contract.slurm import VERSION_COMMAND, Runner, requeue_command, show_job_command
+from hpctrain.contract.slurm import (
+    VERSION_COMMAND,
+    Runner,
+    disable_requeue_command,
+    requeue_command,
+    show_job_command,
+)
 
 RELAY_VAR = "HPCTRAIN_SLURM_RELAY"
 VERSION_VAR = "HPCTRAIN_SLURM_VERSION"
@@ -35,6 +42,10 @@ def request_for(command: list[str]) -> str | None:
         return f"show {command[4]}"
     if len(command) == 3 and command[:2] == requeue_command("0")[:2]:
         return f"requeue {command[2]}"
+    norequeue = disable_requeue_command("0")  # scontrol update JobId=0 Requeue=0
+    if len(command) == 4 and command[::3] == norequeue[::3] and command[1] == norequeue[1]:
+        field = command[2]
+        return f"norequeue {field.removeprefix('JobId=')}" if field.startswith("JobId=") else None
     return None
 
 

@@ -17,14 +17,19 @@ Signals. With proctrack/cgroup Slurm sends the time-limit warning, a
 preemption's SIGCONT+SIGTERM and a cancel's SIGTERM only to its tasks -- here
 the node tasks (``proctrack_p_signal`` signals "slurm tasks unless SIGKILL";
 measured on the test cluster: torchrun's workers never saw a USR2). So the
-node task forwards each of them to the workers, torchrun's children, which
+node task passes each of them on to the workers, torchrun's children, which
 handle them as srun tasks do. Not through torchrun: torchrun's own handling
 (SIGTERM: SIGTERM the workers, SIGKILL them after a timeout, exit; USR1/USR2:
 die) would cut the checkpoint-and-requeue protocol short. torchrun is started
-with those signals ignored and ``--signals-to-handle`` limited to
-SIGINT,SIGHUP,SIGQUIT. With proctrack/linuxproc Slurm signals every
-descendant as well, so a worker may see a signal twice; its stop flags do
-not count duplicates twice in any way that matters (stop.py, requeue.py).
+with the stop signals held (blocked, so pending in torchrun for good: it
+never unblocks them) and ``--signals-to-handle`` limited to
+SIGINT,SIGHUP,SIGQUIT; its workers inherit the hold and listen first thing
+(stop_signals.py). What the node task counted before torchrun started goes
+to them in their environment; what comes later a ``stop_signals.Relay``
+passes on, also to a worker that torchrun starts only after the signal came
+(it imports torch first: seconds). With proctrack/linuxproc Slurm signals
+every descendant as well, so a worker may see a signal twice; its stop flags
+do not count duplicates twice in any way that matters (stop.py, requeue.py).
 
 What comes back: a worker that returns leaves its result in a node-local
 state folder; one that ends without a result (the job was requeued) leaves a
@@ -63,8 +68,9 @@ from hpctrain.contract.cpu_share import omp_num_threads
 from hpctrain.contract.rundir import torchrun_failures_path
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
+from hpctrain.runtime import stop_signals
 from hpctrain.runtime.context import TaskEnv
-from hpctrain.runtime.launcher import ALLOW_LOOPBACK_MASTER_VAR, configure_logging, report_failure
+from hpctrain.runtime.launcher import ALLOW_LOOPBACK_MASTER_VAR, configure_logging, end_if_completed, report_failure
 from hpctrain.runtime.master import check_master_address, check_port_free
 from hpctrain.runtime.task_env import LAUNCHER_VAR, derive_task_env, rank_hint
 
@@ -245,11 +251,13 @@ class TorchrunNodeLauncher:
         self.code_root = code_root  # the run's copy of the entry point's code, for the workers
 
     def __call__(self) -> list[dict[str, Any]]:
+        stop_signals.listen()  # first: the node task started with them held (cleanup.py)
         try:
             spec = JobSpec.model_validate(self.spec_data)
             os.environ.update(spec.env)
             env = node_env(spec)
             configure_logging(env)
+            end_if_completed(self.run_dir, env, _exit_at_once)
             return self.run(spec, env)
         except BaseException as exc:
             if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
@@ -260,9 +268,8 @@ class TorchrunNodeLauncher:
         check_master_address(env, allow_loopback=os.environ.get(ALLOW_LOOPBACK_MASTER_VAR) == "1")
         if env.node_rank == 0:
             check_port_free(env.master_port)
-        forwarded = stop_signals(spec.signals.timeout_signal)
-        for signum in forwarded:  # torchrun inherits "ignored" (see the module docstring)
-            signal.signal(signum, signal.SIG_IGN)
+        relayed = relayed_signals(spec.signals.timeout_signal)
+        signal.signal(signal.SIGCONT, signal.SIG_IGN)  # torchrun inherits "ignored" (see the module docstring)
         self.start_reaper()
         state_dir = Path(tempfile.mkdtemp(prefix="hpctrain-torchrun-"))
         try:
@@ -272,12 +279,17 @@ class TorchrunNodeLauncher:
                 env, spec, state_dir, worker_module=self.worker_module, options=self.torchrun_options
             )
             print(f"hpctrain: node {env.hostname}: {' '.join(command)}", file=sys.stderr, flush=True)
-            torchrun = subprocess.Popen(command, env=worker_environ(dict(os.environ), spec.tasks_per_node))
-            forward_signals(torchrun.pid, forwarded)
+            stop_signals.hold()  # torchrun and its workers start with them held; what came so far goes along
+            environ = worker_environ(dict(os.environ), spec.tasks_per_node)
+            environ = stop_signals.child_environ(environ, stop_signals.recorded())
+            torchrun = subprocess.Popen(command, env=environ)
+            relay = stop_signals.Relay(lambda: worker_pids(torchrun.pid, running=True), relayed).start()
+            stop_signals.listen()  # unblocks the other USR signal too (nobody's)
             watch = WorkerWatch(torchrun.pid, state_dir, lambda rank, why: self.report(env.hostname, rank, why))
             watch.start()
             code = torchrun.wait()
             watch.stop()
+            relay.stop()
             if code == 0 and any(state_dir.glob("exit-*")):
                 _end_without_result(state_dir)
             if code != 0:
@@ -342,28 +354,13 @@ def node_env(spec: JobSpec) -> TaskEnv:
     return env
 
 
-def stop_signals(timeout_signal: str) -> tuple[signal.Signals, ...]:
-    """What Slurm sends the node task to stop or warn the ranks (docs/preemption.md)."""
-    return (signal.SIGTERM, signal.SIGCONT, signal.Signals[f"SIG{timeout_signal}"])
+def relayed_signals(timeout_signal: str) -> tuple[signal.Signals, ...]:
+    """What Slurm sends the node task to stop or warn the ranks, passed on to the workers (docs/preemption.md).
 
-
-def forward_signals(torchrun_pid: int, signals: tuple[signal.Signals, ...]) -> None:
-    """From now on, pass each of ``signals`` on to torchrun's children, the workers.
-
-    The node task itself only forwards: it waits for torchrun whatever comes,
+    The node task itself only passes them on: it waits for torchrun whatever comes,
     and Slurm ends it, if ever needed, with SIGKILL after KillWait.
     """
-
-    def forward(signum: int, frame: object) -> None:
-        # SIGCONT and SIGTERM come together: this may run inside itself. Nothing here may raise.
-        for pid in worker_pids(torchrun_pid):
-            try:
-                os.kill(pid, signum)
-            except OSError:
-                pass
-
-    for signum in signals:
-        signal.signal(signum, forward)
+    return (signal.SIGTERM, signal.SIGCONT, signal.Signals[f"SIG{timeout_signal}"])
 
 
 def worker_pids(torchrun_pid: int, *, running: bool = False) -> list[int]:
@@ -418,6 +415,10 @@ def _own_stderr() -> Path | None:
 def _end_without_result(state_dir: Path) -> None:
     """The ranks ended for a requeue: no result file, like an srun task (requeue.py)."""
     shutil.rmtree(state_dir, ignore_errors=True)
+    _exit_at_once(0)
+
+
+def _exit_at_once(status: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    os._exit(0)
+    os._exit(status)

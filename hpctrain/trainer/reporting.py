@@ -96,6 +96,7 @@ class Reporter:
         self.static.update(carried_fields(previous))
         self.prior_wall_s = float(previous.wall_s or 0.0)
         self.prior_restarts = int(previous.restarts or 0)
+        self.prior_status = previous.status  # "stopped": this start continues a run that stopped to come back
         self.started_at = previous.started_at or _now_iso()
         self.epochs = 1
         self.steps_per_epoch = 1

@@ -110,6 +110,7 @@ class Trainer:
         self.sampler_position: SamplerPosition | None = None
         self._checkpoint: dict[str, Any] | None = None  # loaded in setup, restored (and dropped) by resume
         self._saved_step: int | None = None  # the global step of the newest checkpoint, saved or loaded
+        self._start_step = 0  # the global step this start began training at (after its resume)
         self._partial_epoch = False  # the next epoch continues a checkpoint's partial epoch
         self._step_parts: Iterator[list[Part]] | None = None  # this rank's parts of each step (a changed shape)
         self._failed = False
@@ -297,6 +298,7 @@ class Trainer:
         )
         self._reserve_checkpoint_buffers()
         self.write_summary("running")
+        self._start_step = self.progress.global_step
         for epoch in range(self.progress.epoch, self.cfg.epochs):
             reason = self.train_epoch(epoch)
             if reason is not None:
@@ -372,15 +374,18 @@ class Trainer:
         self.write_summary("running")
 
     def stop(self, reason: StopReason) -> dict[str, Any]:
-        """Stopped at a step boundary: make sure a checkpoint of exactly this step is on disk, then report."""
-        if self._saved_step != self.progress.global_step:
+        """Stopped at a step boundary: make sure a checkpoint of exactly this step is on disk, then report.
+
+        A stop before this start trained a step (it came during set-up) saves nothing new.
+        """
+        trained = self.progress.global_step != self._start_step
+        if trained and self._saved_step != self.progress.global_step:
             self.save_checkpoint(tag="stop")
         self.checkpoints.wait()
         self._barrier()
-        self.reporter.message(
-            f"stopping ({reason}) at epoch {self.progress.epoch + 1} step "
-            f"{self.progress.step_in_epoch}; checkpoint saved"
-        )
+        where = f"at epoch {self.progress.epoch + 1} step {self.progress.step_in_epoch}"
+        said = "checkpoint saved" if trained else "before training: nothing new to save"
+        self.reporter.message(f"stopping ({reason}) {where}; {said}")
         return self.write_summary("stopped", stop_reason=reason, final=True)
 
     def finish(self, reason: str | None = None) -> dict[str, Any]:
@@ -452,7 +457,10 @@ class Trainer:
 
     def _progress_fields(self) -> dict[str, Any]:
         fields = {k: v for k, v in asdict(self.progress).items() if k not in ("epoch", "step_in_epoch")}
-        resumes = self.reporter.prior_restarts + (1 if self.resumed_from is not None else 0)
+        # A start continues the run when it resumed a checkpoint, or the last start stopped (maybe before it
+        # trained, saving nothing); under Slurm SLURM_RESTART_COUNT counts every requeue.
+        continues = self.resumed_from is not None or self.reporter.prior_status == "stopped"
+        resumes = self.reporter.prior_restarts + (1 if continues else 0)
         return {**fields, "restarts": max(self.env.restart_count, resumes), "global_rank": self.env.global_rank}
 
     # -- what a checkpoint of this run may hold -----------------------------------------------------------------

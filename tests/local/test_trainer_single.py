@@ -241,3 +241,22 @@ def test_image_bombs_are_skipped_in_training_and_left_out_of_validation(data_roo
     assert result["status"] == "completed" and result["skipped_samples"] >= classes
     [val] = [r for r in read_jsonl(metrics_path(tmp_path / "run")) if r.get("kind") == "val"]
     assert val["skipped"] == classes  # each val bomb left out once, none replaced by an image scored twice
+
+
+def test_a_stop_before_the_first_step_saves_nothing_and_the_next_start_counts_a_restart(
+    data_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A stop that came during set-up (issue 30): no checkpoint of an untrained model, one restart after."""
+    from trainer_harness import context
+
+    from hpctrain.trainer.trainer import Trainer
+
+    spec = job_spec(data_root)
+    ctx = context(tmp_path, spec)
+    ctx.stop.request("preempted")
+    stopped = Trainer(ctx).fit()
+    assert (stopped["status"], stopped["stop_reason"], stopped["global_step"]) == ("stopped", "preempted", 0)
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+    assert "stopping (preempted) at epoch 1 step 0; before training: nothing new to save" in capsys.readouterr().out
+    resumed = train(tmp_path, spec)
+    assert (resumed["status"], resumed["global_step"], resumed["restarts"]) == ("completed", 3, 1)

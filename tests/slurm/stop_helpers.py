@@ -276,3 +276,25 @@ def describe(pids: list[int]) -> str:
 def report_timing(label: str, seconds: float) -> None:
     """One greppable line per measured interval (shown with ``pytest -s``)."""
     print(f"\n[timing] {label}: {seconds:.1f} s", flush=True)
+
+
+def preempt(cluster: SlurmCluster, tmp: Path, seconds: int = 5) -> str:
+    """A job of the high-priority partition that needs both nodes: Slurm preempts whatever runs there."""
+    out = str(tmp / "urgent-%j.out")
+    return cluster.sbatch("-p", "urgent", "-N2", "--exclusive", "-o", out, "--wrap", f"sleep {seconds}")
+
+
+def wait_files(folder: Path, prefix: str, count: int, what: str, timeout: float, run: Run | None = None) -> list[Path]:
+    """Wait until ``count`` files ``FOLDER/PREFIX*`` exist (one per rank of a held start); return them."""
+
+    def found() -> list[Path] | None:
+        files = sorted(folder.glob(f"{prefix}*"))
+        return files if len(files) >= count else None
+
+    return wait_for(found, what, timeout, run)
+
+
+def stop_lines(run: Run) -> list[str]:
+    """Rank 0's 'stopping (...)' lines, every start's, in order."""
+    out = (run.run_dir / "submitit" / f"{run.job_id}_0_log.out").read_text()
+    return [line for line in out.splitlines() if line.startswith("stopping (")]

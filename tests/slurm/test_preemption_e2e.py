@@ -19,11 +19,13 @@ import pytest
 from hpctrain.contract.rundir import submitit_dir
 
 from .hpctrain_cli import hpctrain, task_logs
+from .setup_hold import BATCH_HOLD_SCRIPT, HOLD_VAR
 from .stop_entrypoints import ENTRYPOINT_MODULE
 from .stop_helpers import (
     EPOCHS,
     SMOKE_SPEC,
     STEPS_PER_EPOCH,
+    WORLD_SIZE,
     Run,
     Workspace,
     assert_completed_exactly,
@@ -31,12 +33,15 @@ from .stop_helpers import (
     job_record,
     latest_step,
     make_workspace,
+    preempt,
     rank_pid,
     report_timing,
     resume_points,
+    stop_lines,
     submit,
     temp_checkpoint_dirs,
     train_steps_logged,
+    wait_files,
     wait_for,
     wait_no_processes,
     wait_requeued,
@@ -50,6 +55,11 @@ START_TIMEOUT_S = 90  # submit -> first checkpoint: 4 ranks importing torch on 2
 RUN_TIMEOUT_S = 150
 # A dead rank must end the whole job this fast, not after a collective timeout.
 FAILURE_BUDGET_S = 120
+# The test cluster's GraceTime of the preemptible partition (slurm-cluster up --grace-time): a preempted job
+# that stops in time is requeued well before it; later, Slurm requeues it itself.
+GRACE_TIME_S = 60
+# The first-seconds test trains one epoch of this many steps: what it checks happens before and after training.
+SHORT_RUN_STEPS = 2
 
 
 @pytest.fixture(scope="module")
@@ -207,3 +217,102 @@ def test_rehearse_proves_the_job_resumes(slurm_cluster: SlurmCluster, workspace:
     assert slurm_cluster.wait_state(report["job_id"], timeout=60) in ("CANCELLED", "COMPLETED")
     assert int(job_record(slurm_cluster, report["job_id"]).get("Restarts", "1")) >= 1
     assert Run(report["job_id"], Path(report["run_dir"])).summary()["restarts"] >= 1
+
+
+HOLD_ENTRYPOINT = "tests.slurm.setup_hold:train"
+
+
+@pytest.mark.slurm_contract
+def test_stops_in_the_first_seconds_train_nothing_and_a_completed_run_never_starts_again(
+    slurm_cluster: SlurmCluster, workspace: Workspace, tmp_path: Path
+) -> None:
+    """Issue 30: a preemption 9 s into a start was dropped ("Bypassing signal SIGTERM"), the run trained
+    on until GraceTime ended, and Slurm 24.05+ started the *finished* run once more (restarts 3 for 2 stops).
+
+    Every task holds while it imports the entry point (setup_hold.py), the moment the signal was lost.
+    Start 1 gets the time-limit signal there, start 2 a preemption: each stops before training, saves
+    nothing, and the job comes back (start 2 within its grace time). Start 3 trains the whole (short) run
+    and is preempted in its last seconds: it completes, and Slurm does not start it again (22.05 ends it
+    COMPLETED; 24.05+ PREEMPTED, its requeue flag taken away).
+    """
+    holds = slurm_cluster.user_dir("holds")
+    started = time.monotonic()
+    run = submit(
+        workspace,
+        "name=first_seconds",
+        f"entrypoint={HOLD_ENTRYPOINT}",
+        "entrypoint_args.hold_after_start=2",
+        f"env.{HOLD_VAR}={holds}",
+        "trainer.epochs=1",
+        f"trainer.max_steps_per_epoch={SHORT_RUN_STEPS}",
+    )
+
+    # Start 1: the time-limit warning while every task is still in its set-up.
+    wait_files(holds, "holding-0-", WORLD_SIZE, "every task holding in its set-up (start 1)", START_TIMEOUT_S, run)
+    slurm_cluster.run("scancel", "--signal=USR2", run.job_id)
+    requeue_s = wait_requeued(slurm_cluster, run.job_id, restarts=1, timeout=90)
+    assert [p.read_text() for p in sorted(holds.glob("heard-0-*"))] == ["SIGUSR2"] * WORLD_SIZE
+    assert checkpoint_steps(run.run_dir) == [], "a stop before training saves nothing"
+    slurm_cluster.release(run.job_id)
+
+    # Start 2: a job of the high-priority partition takes both nodes while the tasks are in their set-up.
+    wait_files(holds, "holding-1-", WORLD_SIZE, "every task holding in its set-up (start 2)", START_TIMEOUT_S, run)
+    (holds / "release-2").touch()  # start 3 will not hold in its set-up
+    preemptor = preempt(slurm_cluster, tmp_path)
+    preempt_s = wait_requeued(slurm_cluster, run.job_id, restarts=2, timeout=GRACE_TIME_S)
+    assert [p.read_text() for p in sorted(holds.glob("heard-1-*"))] == ["SIGTERM"] * WORLD_SIZE
+    assert checkpoint_steps(run.run_dir) == []
+    slurm_cluster.release(run.job_id)
+    assert slurm_cluster.wait_state(preemptor, timeout=60) == "COMPLETED"
+
+    # Start 3 trains every step, then is preempted in its last seconds (it holds there until it hears).
+    wait_files(holds, "trained-2-", WORLD_SIZE, "every rank done training (start 3)", RUN_TIMEOUT_S, run)
+    last_preemptor = preempt(slurm_cluster, tmp_path)
+    wait_files(holds, "heard-2-", WORLD_SIZE, "every rank hearing the preemption (start 3)", 60, run)
+    expected_end = "COMPLETED" if slurm_cluster.slurm == "22.05" else "PREEMPTED"
+    assert slurm_cluster.wait_state(run.job_id, timeout=GRACE_TIME_S) == expected_end, task_logs(run.run_dir)
+    assert slurm_cluster.wait_state(last_preemptor, timeout=60) == "COMPLETED"
+    record = job_record(slurm_cluster, run.job_id)  # slurmctld's own word: not requeued, not pending
+    assert (record.get("JobState"), record.get("Restarts")) == (expected_end, "2"), record
+    report_timing("USR2 during set-up -> job requeued", requeue_s)
+    report_timing("preemptor submitted during set-up -> job requeued", preempt_s)
+    report_timing("three starts, two stops in the first seconds, submit to end", time.monotonic() - started)
+
+    summary = run.summary()  # restarts 2 for 2 stops; start 3 trained every step, once, from the start
+    assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", SHORT_RUN_STEPS, 2)
+    assert train_steps_logged(run.run_dir) == list(range(1, SHORT_RUN_STEPS + 1))
+    assert stop_lines(run) == [
+        "stopping (timeout) before training: the stop came during set-up; nothing new to save",
+        "stopping (preempted) before training: the stop came during set-up; nothing new to save",
+    ]
+    shown = hpctrain(workspace.env, "status", str(run.run_dir), "--json")
+    assert shown.returncode == 0 and shown.json()["status"] == "completed", shown
+
+
+def test_a_preemption_before_the_tasks_exist_is_not_lost(
+    slurm_cluster: SlurmCluster, workspace: Workspace, tmp_path: Path
+) -> None:
+    """A preemption signals only a job's steps: one sent while the batch script's set-up runs reaches no
+    task. Rank 0 asks Slurm (PreemptTime) before training, so the job still stops and comes back."""
+    holds = slurm_cluster.user_dir("batch-holds")
+    (holds / "batch_hold.sh").write_text(BATCH_HOLD_SCRIPT)
+    (holds / "batch-hold-0").touch()
+    run = submit(
+        workspace,
+        "name=preempted_before_tasks",
+        f"entrypoint={HOLD_ENTRYPOINT}",
+        f"env.{HOLD_VAR}={holds}",
+        f'setup=["bash {holds}/batch_hold.sh"]',
+    )
+    wait_for(lambda: (holds / "batch-holding-0").exists(), "the batch script holding in its set-up", 60, run)
+    preemptor = preempt(slurm_cluster, tmp_path)
+    wait_for(lambda: job_record(slurm_cluster, run.job_id).get("PreemptTime", "None") != "None", "PreemptTime", 30)
+    (holds / "release-0").touch()  # the tasks do not hold: nothing would reach them anyway
+    (holds / "batch-release-0").touch()
+    preempt_s = wait_requeued(slurm_cluster, run.job_id, restarts=1, timeout=GRACE_TIME_S)
+    assert not list(holds.glob("heard-0-*")), "no task heard a signal: the preemption came before they existed"
+    assert checkpoint_steps(run.run_dir) == []
+    assert stop_lines(run) == ["stopping (preempted) before training: the stop came during set-up; nothing new to save"]
+    slurm_cluster.run("scancel", run.job_id)
+    assert slurm_cluster.wait_state(preemptor, timeout=60) == "COMPLETED"
+    report_timing("preempted before the tasks existed -> job requeued", preempt_s)

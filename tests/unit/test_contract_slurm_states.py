@@ -40,7 +40,6 @@ EXPECTED = {
     "REQUEUE_HOLD": "pending",
     "SPECIAL_EXIT": "pending",
     "RESV_DEL_HOLD": "pending",
-    "PREEMPTED": "pending",
     "CONFIGURING": "running",
     "POWER_UP_NODE": "running",
     "RUNNING": "running",
@@ -58,6 +57,7 @@ EXPECTED = {
     "BOOT_FAIL": "finished-failed",
     "DEADLINE": "finished-failed",
     "CANCELLED": "cancelled",
+    "PREEMPTED": "cancelled",  # ended by a preemption that did not requeue it (issue 30)
     "LAUNCH_FAILED": "unknown",
     "UPDATE_DB": "unknown",
     "REVOKED": "unknown",
@@ -88,13 +88,14 @@ def test_every_state_answers_every_question_consistently(state: str, run: str) -
     assert is_running(state) == (run == "running")
     assert may_have_processes(state) == (run in ("running", "ending")) == (state in ACTIVE_STATES)
     assert succeeded(state) == (state == "COMPLETED")
-    assert was_cancelled(state) == (state == "CANCELLED")
+    assert was_cancelled(state) == (state in ("CANCELLED", "PREEMPTED"))
     assert ended_unsuccessfully(state) == (is_final(state) and state != "COMPLETED")
 
 
 def test_the_final_and_active_sets_are_what_they_were() -> None:
     assert {
         "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+        "PREEMPTED",
     } == TERMINAL_STATES  # fmt: skip
     assert {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"} <= ACTIVE_STATES
 
@@ -189,3 +190,20 @@ def test_an_array_listed_by_its_tasks_is_still_running_while_squeue_lists_a_task
     assert Slurm(array("RUNNING\nPENDING\n")).job_state("12") == "RUNNING"  # task 0's end is not the array's
     assert Slurm(array("")).job_state("12") == "COMPLETED"  # squeue has forgotten it: sacct's first line
     assert Slurm(array("")).job_state("12_1") == "RUNNING"  # a task is answered by its own line
+
+
+@pytest.mark.parametrize(
+    ("squeue", "state"),
+    [
+        ("", "PREEMPTED"),  # slurmctld no longer runs it: ended by the preemption (or its requeue flag was gone)
+        ("COMPLETING\n", "COMPLETING"),  # being requeued: sacct's PREEMPTED is the record of the start that ended
+        ("PENDING\n", "PENDING"),
+    ],
+)
+def test_preempted_in_sacct_is_final_only_when_squeue_no_longer_runs_the_job(squeue: str, state: str) -> None:
+    def runner(command: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        out = "12|PREEMPTED\n" if command[0] == "sacct" else squeue
+        return subprocess.CompletedProcess(command, 0, stdout=out, stderr="")
+
+    assert Slurm(runner).job_state("12") == state
+    assert is_final(state) == (state == "PREEMPTED")

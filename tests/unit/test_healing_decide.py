@@ -117,7 +117,8 @@ def test_a_healing_job_asks_for_the_spares_with_no_kill_and_runs_the_supervisor(
     script = render_script(job, Path("/runs/X"))
     assert "#SBATCH --nodes=4" in script and "#SBATCH --no-kill" in script
     command = script.split("# command\n", 1)[1].splitlines()[1]
-    supervisor = f"exec {shlex.quote(sys.executable)} -m hpctrain.healing.supervisor /runs/X -- srun "
+    supervisor = f"exec {shlex.quote(sys.executable)} -m hpctrain.runtime.stop_signals "
+    supervisor += "hpctrain.healing.supervisor /runs/X -- srun "
     assert command.startswith(supervisor)
     assert "--kill-on-bad-exit=1" in command and command.endswith("/runs/X/submitit")
 

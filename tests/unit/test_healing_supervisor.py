@@ -18,6 +18,7 @@ from hpctrain.healing import supervisor
 from hpctrain.healing.evidence import NodeProbe
 from hpctrain.healing.record import HealRecord, load_spec
 from hpctrain.jobspec.yaml_source import dump_yaml
+from hpctrain.runtime import stop_signals
 from tests.fake_slurm import FakeSlurm
 
 # Each call of the fake srun takes its behaviour from the next line of plan.txt:
@@ -472,3 +473,22 @@ def test_a_node_that_stays_slow_is_evicted_and_the_run_goes_on_with_the_spare(
     [evicted] = summary.evictions or []
     assert (evicted["node"], evicted["ratio"], evicted["node_ms"], evicted["others_ms"]) == ("n2", 4.0, 400.0, 100.0)
     assert ledger_nodes(fake) == [("n2", "slow")]
+
+
+def test_a_sigterm_before_the_first_step_starts_none(
+    fake: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Counted by stop_signals from the supervisor's first line, before its own handlers (issue 30).
+    monkeypatch.setattr(stop_signals, "_recorder", stop_signals.Recorder({"TERM": 1}))
+    rc, calls = run(fake, ["ok"], {"spare_nodes": 1})
+    assert (rc, calls) == (0, [])
+    assert "the job is ending (SIGTERM): no training step is started" in capsys.readouterr().err
+
+
+def test_a_start_of_a_run_this_job_completed_starts_no_step(fake: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (fake / "run").mkdir()
+    write_summary(fake / "run", {"status": "completed", "job_id": "7", "global_step": 12})
+    rc, calls = run(fake, ["ok"], {"spare_nodes": 1})
+    assert (rc, calls) == (0, [])
+    assert "this job completed the run already (step 12)" in capsys.readouterr().err
+    assert "scontrol update JobId=7 Requeue=0" in slurm_log(fake)  # nothing may start it again

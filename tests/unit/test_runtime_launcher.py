@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 import io
+import json
 import pickle
+import signal
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from hpctrain.contract.heartbeat_files import read_heartbeats
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
+from hpctrain.runtime import stop_signals
 from hpctrain.runtime.hang import HangWatchdog
-from hpctrain.runtime.launcher import TaskLauncher, check_world_size, load_user_code, report_failure, thread_env
+from hpctrain.runtime.launcher import (
+    TaskLauncher,
+    check_world_size,
+    end_if_completed,
+    listen_for_stop,
+    load_user_code,
+    report_failure,
+    stop_before_start,
+    stopped_before_start,
+    thread_env,
+)
+from hpctrain.runtime.stop import StopRequest
 from hpctrain.runtime.task_env import derive_task_env
 
 
@@ -131,3 +146,71 @@ def test_no_heartbeats_where_the_run_dir_is_not_shared(tmp_path, capsys) -> None
     assert launcher.start_heartbeats(spec, derive_task_env({})) is None
     assert "does not exist on this node" in capsys.readouterr().err
     assert not (tmp_path / "elsewhere").exists()
+
+
+# -- the first seconds of a start (issue 30) ---------------------------------------------------------------------
+SLURM_RANK1 = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1"}
+SLURM_RANK1 |= {"SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "n1", "SLURM_TASKS_PER_NODE": "2"}
+
+
+def test_signals_counted_before_the_stop_request_existed_are_handed_to_it(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stop_signals, "_recorder", stop_signals.Recorder({"TERM": 1}))
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR2)}
+    try:
+        stop = listen_for_stop(str(tmp_path), derive_task_env(SLURM_RANK1), "USR2")
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    assert (stop.local_reason, stop.term_signals) == ("preempted", 1)
+
+
+def test_a_stop_before_the_start_skips_the_entry_point_and_says_so(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    spec = SimpleNamespace(entrypoint="mine:main")
+    ctx = SimpleNamespace(env=derive_task_env({}), stop=StopRequest(), is_main=True, spec=spec, run_dir=tmp_path)
+    assert stop_before_start(ctx) is None  # not under Slurm: nobody to ask, nothing requested
+    ctx.stop.request("timeout")
+    assert stop_before_start(ctx) == "timeout"
+    result = stopped_before_start(ctx, "timeout")
+    assert result["status"] == "stopped" and result["stop_reason"] == "timeout"
+    said = "stopping (timeout) before training: the stop came during set-up; nothing new to save\n"
+    assert capsys.readouterr().out == said
+    assert not (tmp_path / "summary.json").exists()  # an entry point's run keeps its own summary (or none)
+
+
+def test_a_stop_during_set_up_ends_the_start_before_the_burn_in(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    launcher = TaskLauncher({}, str(tmp_path))
+    burnt: list[object] = []
+    monkeypatch.setattr(launcher, "burn_in", burnt.append)
+    spec = SimpleNamespace(entrypoint="mine:main", entrypoint_args={"lr": 0.1})
+    ctx = SimpleNamespace(env=derive_task_env({}), stop=StopRequest(), is_main=True, spec=spec, run_dir=tmp_path)
+    result = launcher.train_or_stop(ctx, lambda ctx, lr: {"status": "completed", "lr": lr})
+    assert result == {"status": "completed", "lr": 0.1}
+    assert burnt == [ctx]
+    ctx.stop.request("preempted")
+    result = launcher.train_or_stop(ctx, lambda ctx, lr: pytest.fail("the entry point ran after a stop during set-up"))
+    assert result["status"] == "stopped" and burnt == [ctx], "no burn-in once a stop came"
+
+
+def test_the_trainers_summary_says_stopped_and_keeps_counting_restarts(tmp_path) -> None:
+    earlier = {"status": "stopped", "stop_reason": "timeout", "global_step": 4, "restarts": 1, "job_id": "77"}
+    (tmp_path / "summary.json").write_text(json.dumps(earlier))
+    env = derive_task_env({**SLURM_RANK1, "SLURM_PROCID": "0", "SLURM_RESTART_COUNT": "2"})
+    ctx = SimpleNamespace(env=env, is_main=True, spec=SimpleNamespace(entrypoint=None), run_dir=tmp_path)
+    stopped_before_start(ctx, "preempted")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert {k: summary[k] for k in earlier} == {**earlier, "stop_reason": "preempted", "restarts": 2}
+
+
+def test_a_start_of_a_run_this_job_completed_ends_at_once(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    env = derive_task_env(SLURM_RANK1)  # not rank 0: no scontrol here
+    exits: list[int] = []
+    end_if_completed(str(tmp_path), env, exits.append)  # no summary: a start like any other
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "job_id": "12", "global_step": 9}))
+    end_if_completed(str(tmp_path), env, exits.append)  # completed by another job: 'hpctrain resume'
+    assert exits == []
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "job_id": "77", "global_step": 9}))
+    end_if_completed(str(tmp_path), env, exits.append)
+    assert exits == [0]
+    assert "this job completed the run already (step 9); Slurm started it again" in capsys.readouterr().err

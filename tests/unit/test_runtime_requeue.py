@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 import time
@@ -18,12 +19,15 @@ from hpctrain.errors import ClusterError
 from hpctrain.jobspec.models import Signals
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.requeue import (
+    completed_by,
     decide_after_stop,
     finish_after_stop,
     job_phase,
+    keep_ended,
     rank_zero_action,
     requeue_job,
     show_job,
+    slurm_stop_reason,
 )
 from hpctrain.runtime.stop import StopRequest
 from hpctrain.runtime.task_env import derive_task_env
@@ -410,3 +414,54 @@ def test_wait_is_bounded_when_asked() -> None:
     with pytest.raises(Exited):
         finish("preempted", stop=stop, run=FakeRun(show=OSError("x")), max_wait_s=0.2, poll_s=0.02)
     assert time.monotonic() - start < 2
+
+
+# --- the first seconds and the end of a start ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("show", "reason"),
+    [
+        (RUNNING, None),
+        (PREEMPTING, "preempted"),  # preempted before the tasks could hear it: only steps get the signal
+        (CANCELLING, "preempted"),  # Slurm is ending it already: finish_after_stop sees how
+        (REQUEUED, "preempted"),
+        (OSError("controller down"), None),  # no answer is never a reason to stop
+    ],
+)
+def test_slurm_stop_reason_before_training(show: Any, reason: str | None) -> None:
+    run = FakeRun(show=show)
+    assert slurm_stop_reason(ENV, run=run) == reason
+    assert run.calls == [["scontrol", "--oneliner", "show", "job", "1234"]]
+
+
+def test_ended_tasks_take_the_jobs_requeue_flag_away_once_on_rank_zero(caplog: pytest.LogCaptureFixture) -> None:
+    run = FakeRun((0, ""))
+    keep_ended(ARRAY_TASK, run=run)
+    assert run.calls == [["scontrol", "update", "JobId=1234_6", "Requeue=0"]]
+    for env in (replace(ENV, global_rank=1), replace(ENV, source="submitit-local")):
+        idle = FakeRun()
+        keep_ended(env, run=idle)
+        assert idle.calls == []
+    keep_ended(ENV, run=FakeRun((1, "scontrol: error: Access/permission denied")))  # warns, never raises
+    assert "could not keep Slurm from starting the ended job again" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("summary", "completed"),
+    [
+        ({"status": "completed", "job_id": "1234", "global_step": 18}, True),
+        ({"status": "completed", "job_id": "1234_6", "global_step": 18}, True),  # an array task names itself
+        ({"status": "completed", "job_id": "999"}, False),  # another job: 'hpctrain resume' of the run
+        ({"status": "stopped", "job_id": "1234"}, False),
+        ({"status": "completed"}, False),
+        (None, False),
+    ],
+)
+def test_a_run_completed_by_this_job(tmp_path: Path, summary: dict[str, Any] | None, completed: bool) -> None:
+    if summary is not None:
+        (tmp_path / "summary.json").write_text(json.dumps(summary))
+    found = completed_by(tmp_path, ARRAY_TASK.job_aliases)
+    assert (found is not None) == completed
+    if completed:
+        assert found.global_step == summary.get("global_step")

@@ -24,6 +24,7 @@ case "$1 $2" in
   "--oneliner show") echo "JobId=$4 JobName=x JobState=RUNNING Restarts=0" ;;
   "requeue 404") echo "scontrol: error: Invalid job id specified" >&2; exit 1 ;;
   requeue*) ;;
+  "update JobId=77") [ "$3" = Requeue=0 ] || exit 3 ;;
   *) exit 3 ;;
 esac
 """
@@ -77,7 +78,9 @@ def test_show_and_requeue_go_through_the_relay(relay: tuple[Path, Path]) -> None
     with pytest.raises(slurm.SlurmCommandError) as caught:
         slurm.Slurm(run).requeue_job("404", timeout_s=20)
     assert caught.value.kind == "unknown-job"
-    assert calls.read_text().splitlines() == ["--oneliner show job 77", "requeue 77", "requeue 404"]
+    slurm.Slurm(run).disable_requeue("77", timeout_s=20)  # the run ended: Slurm must not start it again
+    said = ["--oneliner show job 77", "requeue 77", "requeue 404", "update JobId=77 Requeue=0"]
+    assert calls.read_text().splitlines() == said
     deadline = time.monotonic() + 20  # the loop removes its claim (.run) just after publishing the answer
     while list(folder.iterdir()) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -87,11 +90,12 @@ def test_show_and_requeue_go_through_the_relay(relay: tuple[Path, Path]) -> None
 def test_the_loop_runs_nothing_else(relay: tuple[Path, Path]) -> None:
     folder, calls = relay
     deadline = time.monotonic() + 20
-    for name, line in (("a", "requeue 77; touch /tmp/pwned"), ("b", "cancel 77"), ("c", "show $(id)")):
+    refused = {"a": "requeue 77; touch /tmp/pwned", "b": "cancel 77", "c": "show $(id)", "d": "norequeue 77 x"}
+    for name, line in refused.items():
         (folder / f"{name}.req").write_text(line + "\n")
-    while len(list(folder.glob("*.res"))) < 3 and time.monotonic() < deadline:
+    while len(list(folder.glob("*.res"))) < len(refused) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for name in "abc":
+    for name in refused:
         code, _, text = (folder / f"{name}.res").read_text().partition("\n")
         assert code == "2" and "refused" in text
     assert not calls.exists()
@@ -119,6 +123,9 @@ def test_a_request_left_by_an_earlier_start_is_dropped_not_run(tmp_path: Path) -
 def test_only_the_requeue_logics_commands_are_relayed(tmp_path: Path) -> None:
     assert request_for(slurm.show_job_command("12_3")) == "show 12_3"
     assert request_for(slurm.requeue_command("12")) == "requeue 12"
+    assert request_for(slurm.disable_requeue_command("12_3")) == "norequeue 12_3"
+    assert request_for(["scontrol", "update", "JobId=12", "Requeue=1"]) is None
+    assert request_for(["scontrol", "update", "12", "Requeue=0"]) is None
     assert request_for(["scancel", "12"]) is None
     with pytest.raises(FileNotFoundError):
         relay_runner(tmp_path)(["sacct", "-j", "1"])
