@@ -5,17 +5,21 @@ or per node (``per: node``); under ``launcher: torchrun`` each rank's
 wrapper is torchrun's program (``runtime/script_torchrun.py``). Its story:
 
 1. the stop handling is installed first (:meth:`ScriptLauncher.install_stop_handling`,
-   the one place it happens), before the spec is even validated: a time-limit
-   warning or a preemption in the task's first moments is kept, and a script
-   asked to stop before it started is never started;
-2. the task's rank layout (``TaskEnv``), this start's number (``{restart}``),
+   the one place it happens), before the spec is even validated, and takes over
+   what ``runtime/stop_signals.py`` counted since the task's first Python: a
+   time-limit warning or a preemption in the task's first moments is kept, and a
+   script asked to stop before it started is never started;
+2. a start of a job that already completed its run ends at once
+   (``launcher.end_if_completed``); the task's rank layout (``TaskEnv``), this
+   start's number (``{restart}``),
    the summary (``running``, main task only), the reaper (cleanup.py);
 3. the script runs in its own session (``runtime/script_child.py``) with the
    torchrun and hpctrain variables (``runtime/script_command.py``), in the run
    directory or ``script.workdir``;
 4. a stop request sends ``script.stop_signal`` to its process group, waits for
    it within the stop timeout, and kills the group after that;
-5. the end: exit 0 without a stop is ``completed``; any end after a stop is
+5. the end: exit 0 without a stop is ``completed`` (and global rank 0 sets
+   ``Requeue=0``: ``requeue.keep_ended``); any end after a stop is
    ``stopped`` and goes through ``runtime/requeue.py``'s decision exactly as the
    trainer's stop does (global rank 0 requeues on a time limit, Slurm on a
    preemption); any other end is ``failed``, recorded with the first failed
@@ -43,9 +47,15 @@ from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.errors import DistributedSetupError, RunDirError
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.node_health import STEP_ID_VAR
-from hpctrain.runtime import script_command
+from hpctrain.runtime import script_command, stop_signals
 from hpctrain.runtime.context import TaskEnv
-from hpctrain.runtime.launcher import ALLOW_LOOPBACK_MASTER_VAR, TaskLauncher, configure_logging, report_failure
+from hpctrain.runtime.launcher import (
+    ALLOW_LOOPBACK_MASTER_VAR,
+    TaskLauncher,
+    configure_logging,
+    end_if_completed,
+    report_failure,
+)
 from hpctrain.runtime.master import check_master_address
 from hpctrain.runtime.script_child import ExitStatus, OutputTail, ScriptProcess, Silence, ignored_signals
 from hpctrain.runtime.script_outcome import (
@@ -92,12 +102,15 @@ class ScriptLauncher(TaskLauncher):
         """
         raw = self.spec_data.get("signals") if isinstance(self.spec_data, dict) else None
         name = raw.get("timeout_signal") if isinstance(raw, dict) else None
+        timeout_signal = name if name in ("USR1", "USR2") else "USR2"
         stop = StopRequest(cancel_markers=cancel_marker_paths(self.run_dir))
-        install_handlers(stop, name if name in ("USR1", "USR2") else "USR2")
+        install_handlers(stop, timeout_signal)
+        stop_signals.hand_over(stop, timeout_signal)  # what came since the task's first Python
         signal.signal(signal.SIGINT, lambda signum, frame: stop.note_term())
         return stop
 
     def __call__(self) -> dict[str, Any]:
+        stop_signals.listen()  # first: what Slurm sent since the task's first Python is counted (stop_signals.py)
         stop = self.install_stop_handling()
         rank = rank_hint(os.environ)
         env: TaskEnv | None = None
@@ -109,6 +122,7 @@ class ScriptLauncher(TaskLauncher):
             stop.job_ids = tuple(env.job_aliases)
             self._env, rank = env, str(env.global_rank)
             configure_logging(env)
+            end_if_completed(self.run_dir, env, self.exit_without_result)  # Slurm started a finished job again
             result = self.run_script(spec, env, stop)
         except BaseException as exc:
             if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
@@ -215,6 +229,10 @@ class ScriptLauncher(TaskLauncher):
                 raise PeerFailed(f"the script of {others[0].who} {others[0].reason}")
             if attempt == 0:
                 self.summary.write("completed", exit_code=0)
+        from hpctrain.runtime.requeue import keep_ended
+        from hpctrain.runtime.slurm_relay import slurm_runner
+
+        keep_ended(env, run=slurm_runner())  # global rank 0: Requeue=0, so Slurm never starts it again
         return {"status": "completed", "exit_code": 0}
 
     def failed(self, spec: JobSpec, env: TaskEnv, status: ExitStatus, stderr: list[str]) -> dict[str, Any]:
