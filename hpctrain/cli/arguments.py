@@ -166,6 +166,11 @@ def cmd_init(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", default="hal")
     parser.add_argument("--dir", default="jobs", help="directory to write into (default jobs/)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing file")
+    parser.add_argument(
+        "--script",
+        metavar="PATH",
+        help="run your own training script (its style is read from its text) instead of the trainer",
+    )
 
 
 def cmd_schema(parser: argparse.ArgumentParser) -> None:

@@ -45,7 +45,9 @@ def print_cancelled(done: Cancelled) -> None:
             f"warning: {done.limit_s:.0f} s after the cancel, some task of job {done.job_id} may still be writing; "
             f"check 'hpctrain status {run_dir}' before resuming"
         )
-    if done.checkpoint_step is None:
+    if done.script is not None:
+        print(f"the script keeps its own checkpoints; 'hpctrain resume {run_dir}' starts it again to resume from them")
+    elif done.checkpoint_step is None:
         print(f"no checkpoint was written; 'hpctrain resume {run_dir}' starts it again from the beginning")
     else:
         print(f"last complete checkpoint: step {done.checkpoint_step}; 'hpctrain resume {run_dir}' continues from it")

@@ -9,7 +9,7 @@ from pathlib import Path
 from hpctrain.errors import UsageError
 from hpctrain.jobspec.fields import NAME_PATTERN
 from hpctrain.jobspec.load import load_job
-from hpctrain.jobspec.profiles import load_profile
+from hpctrain.jobspec.profiles import ClusterProfile, load_profile
 from hpctrain.launch.templates import fill, read_template
 
 # Per-GPU batch that fits: HAL's V100s (16 GB) hold 208 ResNet-50 images in fp16, not 256.
@@ -17,12 +17,12 @@ GPU_BATCH = {"hal": 208}
 DEFAULT_GPU_BATCH = 256
 
 
-def render_spec(name: str, path: Path, *, nodes: int, gpus_per_node: int, arch: str, cluster: str) -> str:
+def checked_profile(nodes: int, gpus_per_node: int, cluster: str) -> ClusterProfile:
+    """The cluster's profile, once the GPUs asked for fit its nodes."""
     try:
         profile = load_profile(cluster)
     except KeyError:
         raise UsageError(f"--cluster {cluster}: unknown cluster profile", hint="use hal, local, or your own") from None
-    on_gpu = gpus_per_node > 0
     if profile.max_gpus_per_node is not None and gpus_per_node > profile.max_gpus_per_node:
         most = profile.max_gpus_per_node
         nodes_needed = -(-nodes * gpus_per_node // most)
@@ -30,6 +30,12 @@ def render_spec(name: str, path: Path, *, nodes: int, gpus_per_node: int, arch: 
             f"--gpus-per-node {gpus_per_node}: '{cluster}' nodes have {most} GPUs",
             hint=f"use --gpus-per-node {most} --nodes {nodes_needed} for {nodes * gpus_per_node} GPUs",
         )
+    return profile
+
+
+def render_spec(name: str, path: Path, *, nodes: int, gpus_per_node: int, arch: str, cluster: str) -> str:
+    profile = checked_profile(nodes, gpus_per_node, cluster)
+    on_gpu = gpus_per_node > 0
     return fill(
         read_template("job.yaml"),
         {
@@ -49,6 +55,19 @@ def render_spec(name: str, path: Path, *, nodes: int, gpus_per_node: int, arch: 
     )
 
 
+def render_script_spec(args: argparse.Namespace, path: Path) -> str:
+    """A spec running ``--script`` in the style its text shows (launch/script_template.py)."""
+    from hpctrain.launch import script_template
+
+    render_spec(
+        args.name, path, nodes=args.nodes, gpus_per_node=args.gpus_per_node, arch=args.arch, cluster=args.cluster
+    )
+    style = script_template.style_of(script_template.read_script(Path(args.script)))
+    return script_template.render(
+        args.name, path, args.script, style, nodes=args.nodes, gpus_per_node=args.gpus_per_node, cluster=args.cluster
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     if not re.match(NAME_PATTERN, args.name):
         raise UsageError(f"{args.name!r} is not a job name", hint="use letters, digits, '_', '.', '-'")
@@ -61,9 +80,12 @@ def run(args: argparse.Namespace) -> int:
     path = directory / f"{args.name}.yaml"
     if path.exists() and not args.force:
         raise UsageError(f"{path} already exists", hint="pick another name, or pass --force to overwrite it")
-    text = render_spec(
-        args.name, path, nodes=args.nodes, gpus_per_node=args.gpus_per_node, arch=args.arch, cluster=args.cluster
-    )
+    if getattr(args, "script", None):
+        text = render_script_spec(args, path)
+    else:
+        text = render_spec(
+            args.name, path, nodes=args.nodes, gpus_per_node=args.gpus_per_node, arch=args.arch, cluster=args.cluster
+        )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         draft = path.with_name(f".{path.name}.draft.yaml")
@@ -77,8 +99,9 @@ def run(args: argparse.Namespace) -> int:
         draft.unlink(missing_ok=True)
         raise
     draft.replace(path)
+    what = job.spec.trainer.arch if job.spec.script is None else f"{args.script}, one process per {job.spec.script.per}"
     print(
         f"wrote {path}: {job.spec.resources.nodes} node(s) x {job.spec.resources.gpus_per_node} GPUs, "
-        f"{job.spec.trainer.arch}; next: hpctrain validate {path}"
+        f"{what}; next: hpctrain validate {path}"
     )
     return 0

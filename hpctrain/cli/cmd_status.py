@@ -56,7 +56,10 @@ def print_run(found: RunStatus, *, as_json: bool, show_ranks: bool) -> int:
         print(json.dumps(json_safe(shown), allow_nan=False))
         return 0
     for key, value in facts.items():
-        if value not in (None, [], ""):
+        if key == "failed_stderr" and isinstance(value, list) and value:  # a failed script's last lines
+            print(f"{key:>20}: (last {len(value)} lines)")
+            print("\n".join(f"{'':>20}  | {printable(line)}" for line in value))
+        elif value not in (None, [], ""):
             print(f"{key:>20}: {value:.2f}" if isinstance(value, float) else f"{key:>20}: {printable(value)}")
     if ranks and (show_ranks or len(ranks) <= RANK_TABLE_UP_TO):
         Console(file=sys.stdout).print(rank_table(ranks, limit=len(ranks)))

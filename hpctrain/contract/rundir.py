@@ -25,6 +25,8 @@ directory holds::
     report/                             ``hpctrain report RUN``'s output, by default
     .hpctrain/cancel-requested          ``hpctrain cancel``'s marker (contract/cancel_marker.py)
     .hpctrain/torchrun-failures.log     launcher torchrun: each node's first failed rank, for rank 0
+    .hpctrain/script-exits/ATTEMPT/task-N.json  a script job: how task N's script failed (exit code, last
+                                        lines; runtime/script_outcome.py)
     .hpctrain/supervisor.json           a healing job's record of the step it runs (contract/node_records.py;
                                         written by healing/record.py)
     .hpctrain/slurm-relay/              a container job's Slurm requests, answered outside the image
@@ -74,6 +76,7 @@ CONTROL_DIR = ".hpctrain"
 CANCEL_MARKER_NAME = "cancel-requested"
 TORCHRUN_FAILURES_NAME = "torchrun-failures.log"
 SUPERVISOR_RECORD_NAME = "supervisor.json"
+SCRIPT_EXITS_NAME = "script-exits"
 SLURM_RELAY_NAME = "slurm-relay"
 REPORT_DIR = "report"
 STATE_FILE = "state.pt"
@@ -128,6 +131,12 @@ def cancel_marker_path(run_dir: str | Path) -> Path:
 def torchrun_failures_path(run_dir: str | Path) -> Path:
     """Where the torchrun launcher's node tasks report failed ranks (srun's report, in srun's words)."""
     return Path(run_dir) / CONTROL_DIR / TORCHRUN_FAILURES_NAME
+
+
+def script_exit_path(run_dir: str | Path, attempt: str, task: int) -> Path:
+    """Where task ``task`` of a script job's start ``attempt`` records how its script failed (script_outcome.py)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", attempt) or "local"
+    return Path(run_dir) / CONTROL_DIR / SCRIPT_EXITS_NAME / safe / f"task-{task:05d}.json"
 
 
 def supervisor_record_path(run_dir: str | Path) -> Path:

@@ -1,4 +1,6 @@
-"""The environment hpctrain gives a user's own code: the names both sides agree on. Torch-free.
+"""The environment hpctrain gives a user's own code: the names both sides agree on, and where a script
+job's program is (:class:`ScriptCode`: ``launch/script_code.py`` finds it at submit, the task's wrapper
+runs it). Torch-free.
 
 A ``script:`` job's processes (issue 27) and ``hpctrain.task`` (the public task
 API, issue 28) meet here: the script's wrapper on the node sets these variables,
@@ -10,6 +12,8 @@ rank.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 RUN_DIR_VAR = "HPCTRAIN_RUN_DIR"  # the run directory (the script's working directory unless script.workdir)
 CHECKPOINT_DIR_VAR = "HPCTRAIN_CHECKPOINT_DIR"  # RUN_DIR/checkpoints: where a script keeps what it resumes from
@@ -42,3 +46,17 @@ HPCTRAIN_VARS = (
     HANG_TIMEOUT_VAR,
     RUN_MICRO_BATCHES_VAR,
 )
+
+
+@dataclass(frozen=True)
+class ScriptCode:
+    """Where a script job's program is on the nodes: its copy in the run directory, or the live file."""
+
+    file: str | None  # the file run as ``python FILE`` (None for a module)
+    module: str | None  # the module run as ``python -m MODULE``
+    script_dir: str  # what {script_dir} names: the folder of the script (or of the module's file)
+    python_path: str | None = None  # put first on PYTHONPATH (a module run from its snapshot)
+
+    def program(self) -> list[str]:
+        """The words after ``python``."""
+        return [self.file] if self.file is not None else ["-m", str(self.module)]

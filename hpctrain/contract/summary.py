@@ -87,6 +87,9 @@ class Summary(BaseModel):
     hung_phase: str | None = None
     hung_step: int | None = None  # the hung rank's last step
     hung_frozen_s: float | None = None  # the hung rank's whole process froze: its heartbeat was silent this long
+    failed_exit_code: int | None = None  # a script job: the first failed script's exit code ...
+    failed_signal: str | None = None  # ... or the signal that killed it (SIGKILL)
+    failed_stderr: list[str] | None = None  # ... and its last lines of output
     hang_job_id: str | None = None  # the job whose hang this is (a requeued job's next attempt is not hung)
     stack_dumps: str | None = None  # the folder of every rank's stacks at the hang (rundir.stacks_dir)
     # node health (healing/), kept by every later attempt

@@ -256,7 +256,7 @@ def check_preemption(job: LoadedJob, config: dict[str, str], partition: dict[str
     else:
         meaning = f"PreemptMode={mode}"
     detail = f"{meaning}; GraceTime {grace:.0f} s between SIGTERM and SIGKILL"
-    if job.spec.entrypoint is None and grace < needed:
+    if job.spec.runs_trainer and grace < needed:
         return [
             Finding(
                 "warning",

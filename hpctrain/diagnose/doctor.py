@@ -50,7 +50,7 @@ def run_checks(
         if job is not None and reachable:
             checks += check_spec_on_cluster(job, view)
     if job is not None:
-        if job.spec.entrypoint is None:
+        if job.spec.runs_trainer:
             checks += check_lead_time(job)
         checks += check_paths(job, slurm_backend=slurm_backend)
         if not slurm_backend:
@@ -131,7 +131,7 @@ def with_probe(
     try:
         found = run_probe(
             output_dir=spec.output_dir,
-            data_root=spec.data.root if spec.entrypoint is None else None,
+            data_root=spec.data.root if spec.runs_trainer else None,
             partition=spec.resources.partition,
             gres=gres,
             account=spec.resources.account,

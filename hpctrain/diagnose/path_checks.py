@@ -35,7 +35,7 @@ def check_paths(job: LoadedJob, *, slurm_backend: bool, mounts_text: str | None 
     checks = [check_output_dir(spec.output_dir, slurm_backend, mounts_text)]
     checks.append(sharing_check("python", sys.prefix, slurm_backend, mounts_text, "the job's Python environment"))
     data_findings = [f for trial in job.trials for f in check_data_root(trial)]
-    if spec.entrypoint is None and spec.data.root is not None:
+    if spec.runs_trainer and spec.data.root is not None:
         is_image = Path(spec.data.root).is_file()
         if data_findings:
             checks += [Finding(f.level, f.key, f.message, "make the dataset, or fix data.root") for f in data_findings]
@@ -134,7 +134,7 @@ def measured_split(job: LoadedJob) -> Path | None:
     None for a packed image (a file): each node reads that one file, not the tree's files.
     """
     data = job.spec.data
-    if job.spec.entrypoint is not None or data.root is None or Path(os.path.expanduser(data.root)).is_file():
+    if not job.spec.runs_trainer or data.root is None or Path(os.path.expanduser(data.root)).is_file():
         return None
     return Path(os.path.expanduser(data.root)) / data.train_dir
 

@@ -34,7 +34,7 @@ SKIP_HINT = "fix it, or pass --no-preflight to submit anyway"
 
 def check_data_root(spec: JobSpec) -> list[Finding]:
     """The built-in trainer reads data.root/train_dir and data.root/val_dir."""
-    if spec.entrypoint is not None or spec.data.root is None:
+    if not spec.runs_trainer or spec.data.root is None:
         return []
     root = Path(spec.data.root)
     if root.is_dir():

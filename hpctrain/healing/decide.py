@@ -153,7 +153,7 @@ def batch_fits(spec: JobSpec, count: int) -> bool:
     An elastic strategy's can on any number of ranks up to its micro-batches (``jobspec/shares.py``),
     so on any count from ``min_nodes`` to ``nodes``; the others only on ``nodes`` (validate says so).
     """
-    if spec.entrypoint is not None or count == spec.resources.nodes:
+    if not spec.runs_trainer or count == spec.resources.nodes:
         return True
     gpus_per_task = (spec.resources.gpus_per_node or 0) // spec.tasks_per_node
     fewer = BatchLayout.of(spec.trainer, tasks=count * spec.tasks_per_node, gpus_per_task=gpus_per_task)

@@ -273,7 +273,7 @@ class Supervisor:
         self.record.write_record(nodes)
         if START_GUARDIAN:
             self.guardian.start(self.allocation, self.record.excluded, nodes)
-        tasks = self.spec.tasks_per_node
+        tasks = self.spec.slurm_tasks_per_node  # one per node for a script per node
         argv = [
             self.srun[0],
             "--overlap",  # a new step would otherwise wait until Slurm declares the lost node down

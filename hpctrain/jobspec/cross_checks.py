@@ -24,6 +24,7 @@ from hpctrain.jobspec.models import APEX_LEVELS, JobSpec
 from hpctrain.jobspec.node_health import node_health_problems
 from hpctrain.jobspec.node_loss import node_loss_problems
 from hpctrain.jobspec.profiles import ClusterProfile
+from hpctrain.jobspec.script_checks import script_problems
 from hpctrain.jobspec.slurm_time import parse_time_limit
 from hpctrain.jobspec.strategy_traits import traits
 
@@ -76,8 +77,12 @@ def node_health_fits(spec: JobSpec, profile: ClusterProfile) -> list[SpecProblem
     return node_health_problems(spec)
 
 
+def script_fits(spec: JobSpec, profile: ClusterProfile) -> list[SpecProblem]:
+    return script_problems(spec)
+
+
 def data_root_is_given(spec: JobSpec, profile: ClusterProfile) -> Iterator[SpecProblem]:
-    if spec.entrypoint is None and spec.data.root is None:
+    if spec.runs_trainer and spec.data.root is None:
         yield SpecProblem(
             "data.root",
             f"required: cluster profile '{profile.name}' has no default data root; "
@@ -99,7 +104,7 @@ def validation_crops_fit(spec: JobSpec, profile: ClusterProfile) -> Iterator[Spe
 def one_task_per_gpu(spec: JobSpec, profile: ClusterProfile) -> Iterator[SpecProblem]:
     found, gpus, tasks = traits(spec.trainer.strategy), _gpus(spec), spec.resources.tasks_per_node
     per_gpu_fixed = found.tasks_per_node == "per-gpu" and found.tasks_per_node_fixed
-    if gpus and per_gpu_fixed and spec.entrypoint is None and tasks not in (None, gpus):
+    if gpus and per_gpu_fixed and spec.runs_trainer and tasks not in (None, gpus):
         yield SpecProblem(
             "resources.tasks_per_node",
             f"{spec.trainer.strategy} runs one task per GPU: set it to gpus_per_node ({gpus}) or remove it",
@@ -123,8 +128,8 @@ def output_lies_outside_the_data(spec: JobSpec, profile: ClusterProfile) -> Iter
 
 
 def trainer_rules(spec: JobSpec, profile: ClusterProfile) -> Iterator[SpecProblem]:
-    """The built-in trainer's own rules (:data:`TRAINER_CHECKS`); none for an entry point."""
-    if spec.entrypoint is None:
+    """The built-in trainer's own rules (:data:`TRAINER_CHECKS`); none for an entry point or a script."""
+    if spec.runs_trainer:
         for check in TRAINER_CHECKS:
             yield from check(spec, profile)
 
@@ -261,6 +266,7 @@ RESOLVED_CHECKS: tuple[Check, ...] = (
     warning_comes_before_the_limit,
     node_loss_fits,
     node_health_fits,
+    script_fits,
     trainer_rules,
     data_root_is_given,
     validation_crops_fit,

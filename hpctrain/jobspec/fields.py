@@ -22,6 +22,7 @@ SLURM_VALUE_PATTERN = r"^[A-Za-z0-9_.,:=/@%+\-\[\]]*$"
 # Partition/account/qos/constraint words; constraints may also use & | ! ( ). Never a leading '-'.
 SLURM_WORD_PATTERN = r"^[A-Za-z0-9_.,:=/@%+\[\]&|!()*][A-Za-z0-9_.,:=/@%+\-\[\]&|!()*]*$"
 NCCL_NAME_PATTERN = r"^(NCCL|TORCH_NCCL)_[A-Z0-9_]+$"
+MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 # Characters that would let a setup line run more than the one command it names.
 _SETUP_FORBIDDEN = re.compile(r"[;&|<>`\n\r\x00]|\$\(")
@@ -119,6 +120,23 @@ def check_block_names(names: list[str]) -> list[str]:
     return names
 
 
+def script_arg_is_string(value: object) -> object:
+    """A script argument is a string; YAML's numbers and booleans must be quoted to become one."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bool, int, float)) or value is None:
+        word = "true" if value is True else "false" if value is False else "null" if value is None else str(value)
+        raise ValueError(f'must be a string: quote it in YAML, "{word}" (got {type(value).__name__} {word})')
+    raise ValueError(f"must be a string, one command-line word (got {type(value).__name__} {shown_value(value)})")
+
+
+def check_script_text(value: str) -> str:
+    """A script argument or workdir: its placeholders (jobspec/script_args.py) are well-formed and known."""
+    from hpctrain.jobspec.script_args import check_text
+
+    return check_text(value)
+
+
 def safe_path(value: str | None) -> str | None:
     if value is not None and _CONTROL_CHARS.search(value):
         raise ValueError("paths may not contain control characters or newlines")
@@ -140,6 +158,7 @@ SlurmExtraMap = Annotated[
     BeforeValidator(scalars_to_str),
 ]
 SweepKey = Annotated[str, AfterValidator(check_sweep_key)]
+ScriptArg = Annotated[str, BeforeValidator(script_arg_is_string), AfterValidator(check_script_text)]
 SweepValues = Annotated[list[object], BeforeValidator(values_list), AfterValidator(check_non_empty)]
 SetupLines = list[Annotated[str, AfterValidator(check_setup_line)]]
 BlockNames = Annotated[list[Annotated[str, Field(pattern=BLOCK_NAME_PATTERN)]], AfterValidator(check_block_names)]
@@ -162,6 +181,7 @@ PATTERN_RULES: dict[str, str] = {
     "/scratch/me:/scratch:ro (paths of letters, digits and _ . + @ % = / -; no ',' or spaces)",
     CONTAINER_OPTION_PATTERN: "is not a runtime flag: write one flag per entry such as --nv, --no-privs or "
     "--drop-caps=CAP_SYS_RESOURCE (a value joined with '=': letters, digits and _ . , : = / @ % + -)",
+    MODULE_PATTERN: "is not a module name such as 'mypkg.train' (dotted Python identifiers)",
     CONTAINER_PYTHON_PATTERN: "is not an interpreter: write a name or path such as python3 or /opt/conda/bin/python "
     "(letters, digits and _ . / + -, not starting with '-')",
 }

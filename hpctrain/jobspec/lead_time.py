@@ -53,8 +53,8 @@ def measured_save_s(run_dir: Path) -> float | None:
 def lead_time_warning(spec: JobSpec, run_dir: Path | None = None) -> str | None:
     """A warning when ``signals.signal_delay_s`` looks too short to save; else None."""
     measured = measured_save_s(run_dir) if run_dir is not None else None
-    if spec.entrypoint is not None and measured is None:
-        return None  # what a user entry point saves is known once it saved with hpctrain.task (meta.json's write_s)
+    if not spec.runs_trainer and measured is None:
+        return None  # what user code (an entry point, a script) saves is known once it saved with hpctrain.task
     if measured is not None:
         save_s, how = measured, "the slowest save measured in this run"
     else:

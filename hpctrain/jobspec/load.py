@@ -24,6 +24,8 @@ from hpctrain.jobspec.cross_checks import check_resolved
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.problems import position_of, problems_from_validation
 from hpctrain.jobspec.profiles import ClusterProfile, apply_profile, available_profiles, config_dir, load_profile
+from hpctrain.jobspec.script_args import fill_sweep
+from hpctrain.jobspec.script_checks import is_spec_key
 from hpctrain.jobspec.study_axes import StudyPoint, check_axes, combinations, point_label
 from hpctrain.jobspec.yaml_source import _SpecLoader, read_spec_file
 
@@ -239,13 +241,17 @@ def absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
         expanded = Path(path).expanduser()
         return str(expanded if expanded.is_absolute() else (base / expanded).resolve())
 
-    return spec.model_copy(
-        update={
-            "output_dir": absolute(spec.output_dir),
-            "data": spec.data.model_copy(update={"root": absolute(spec.data.root)}),
-            "trainer": spec.trainer.model_copy(update={"weights": absolute(spec.trainer.weights)}),
-        }
-    )
+    update: dict[str, Any] = {
+        "output_dir": absolute(spec.output_dir),
+        "data": spec.data.model_copy(update={"root": absolute(spec.data.root)}),
+        "trainer": spec.trainer.model_copy(update={"weights": absolute(spec.trainer.weights)}),
+    }
+    if spec.script is not None:
+        workdir = spec.script.workdir
+        if workdir is not None and not workdir.startswith("{"):  # '{run_dir}/x' is absolute once filled
+            workdir = absolute(workdir)
+        update["script"] = spec.script.model_copy(update={"path": absolute(spec.script.path), "workdir": workdir})
+    return spec.model_copy(update=update)
 
 
 def _profile_for(
@@ -315,6 +321,8 @@ def _expand_sweep(
         trial_data = copy.deepcopy(data)
         trial_data.pop("sweep", None)
         for key, value in combo.items():
+            if base.script is not None and not is_spec_key(key):
+                continue  # a parameter of the script: it fills {sweep.KEY}, not the spec
             try:
                 set_dotted(trial_data, key, value)
             except SpecError:
@@ -328,8 +336,15 @@ def _expand_sweep(
                     _positioned(SpecProblem(f"sweep.{problem.key}", f"{problem.message} (value {combo})"), positions)
                 )
             return [], []
+        if trial.script is not None:  # {sweep.KEY} becomes the trial's value: its spec.yaml shows its arguments
+            script = trial.script
+            workdir = fill_sweep(script.workdir, combo) if script.workdir is not None else None
+            filled = {"args": [fill_sweep(arg, combo) for arg in script.args], "workdir": workdir}
+            trial = trial.model_copy(update={"script": script.model_copy(update=filled)})
         # The cross-field checks, per trial: a swept value can break one the base spec passes.
         for problem in check_resolved(trial, profile):
+            if problem.key.startswith("script.") and "{sweep." in problem.message:
+                continue  # a {sweep.KEY} the sweep does not fill: reported once, for the base spec
             if problem not in seen:
                 seen.add(problem)
                 problems.append(

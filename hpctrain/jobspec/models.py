@@ -19,15 +19,18 @@ from hpctrain.jobspec.fields import (
     CONTAINER_OPTION_PATTERN,
     CONTAINER_PYTHON_PATTERN,
     ENTRYPOINT_PATTERN,
+    MODULE_PATTERN,
     NAME_PATTERN,
     BlockNames,
     EnvMap,
     NcclEnvMap,
+    ScriptArg,
     SetupLines,
     SlurmExtraMap,
     SweepKey,
     SweepValues,
     check_mem_gb,
+    check_script_text,
     check_slurm_word,
     safe_path,
 )
@@ -485,6 +488,93 @@ class Signals(Section):
     ] = 3
 
 
+class Script(Section):
+    """Your own training script, run by hpctrain on every rank (or node) instead of the trainer (docs/scripts.md)."""
+
+    model_config = ConfigDict(**{**Section.model_config, "str_strip_whitespace": False})  # arguments stay verbatim
+
+    path: Annotated[
+        str | None,
+        Field(description="The script file, run as 'python PATH ARGS...' (relative to where you run hpctrain)."),
+    ] = None
+    module: Annotated[
+        str | None,
+        Field(pattern=MODULE_PATTERN, description="A module run as 'python -m MODULE ARGS...' instead of a path."),
+    ] = None
+    args: Annotated[
+        list[ScriptArg],
+        Field(
+            description="The script's arguments, strings, filled per process: {master_addr} {master_port} "
+            "{world_size} {rank} {local_rank} {node_rank} {nnodes} {nproc_per_node} {run_dir} {checkpoint_dir} "
+            "{restart} {script_dir} and {sweep.KEY}; {{ and }} are literal braces."
+        ),
+    ] = []
+    per: Annotated[
+        Literal["rank", "node"],
+        Field(
+            description="rank: one process per rank (resources.tasks_per_node per node), with the torchrun "
+            "environment; node: one process per node that starts its own workers (mp.spawn)."
+        ),
+    ] = "rank"
+    stop_signal: Annotated[
+        Literal["TERM", "INT", "USR1"],
+        Field(
+            description="Sent to the script's process group on a time limit, preemption or cancel; the script "
+            "saves and exits (INT raises KeyboardInterrupt in Python)."
+        ),
+    ] = "TERM"
+    stop_timeout_s: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=86400,
+            description="Seconds the script has to exit after the stop signal before its processes are killed. "
+            "Default: signal_delay_s - 15 on the time-limit warning; on preemption the partition's GraceTime - 5 "
+            "(read at submit), else until Slurm ends the job.",
+        ),
+    ] = None
+    workdir: Annotated[
+        str | None,
+        Field(
+            description="The script's working directory (created if missing; placeholders allowed). Default: the "
+            "run directory, so a relative checkpoint path survives requeues."
+        ),
+    ] = None
+    silence_timeout_s: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            le=604800,
+            description="End the job as hung when a process's script writes no output (and no hpctrain heartbeat) "
+            "for this long; null or 0: off. For scripts that use neither hpctrain.task nor heartbeats.",
+        ),
+    ] = None
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str | None) -> str | None:
+        return safe_path(value)
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, value: str | None) -> str | None:
+        return check_script_text(safe_path(value)) if value is not None else None
+
+    @model_validator(mode="after")
+    def _one_program(self) -> Script:
+        if (self.path is None) == (self.module is None):
+            raise ValueError(
+                "script needs exactly one of path (a file: python PATH) or module (python -m MODULE)"
+                + ("; remove one" if self.path else "")
+            )
+        return self
+
+    @property
+    def program(self) -> str:
+        """What the spec runs, as a person would name it."""
+        return self.path if self.path is not None else f"-m {self.module}"
+
+
 class BurnIn(Section):
     """Probes at the start of every multi-node training step; a node worse than the others is taken out."""
 
@@ -638,6 +728,10 @@ class JobSpec(Section):
     entrypoint_args: Annotated[
         dict[str, object], Field(description="Keyword arguments for the entrypoint function.")
     ] = {}
+    script: Annotated[
+        Script | None,
+        Field(description="Run your own training script on every rank or node (docs/scripts.md); not with entrypoint."),
+    ] = None
     setup: Annotated[
         SetupLines, Field(description="Shell lines run before the tasks start, e.g. 'module load cuda'.")
     ] = []
@@ -698,9 +792,24 @@ class JobSpec(Section):
         if self.resources.tasks_per_node is not None:
             return self.resources.tasks_per_node
         gpus = self.resources.gpus_per_node or 0
-        if self.entrypoint is None and traits(self.trainer.strategy).tasks_per_node == "one":
+        if self.runs_trainer and traits(self.trainer.strategy).tasks_per_node == "one":
             return 1
         return max(1, gpus)
+
+    @property
+    def runs_trainer(self) -> bool:
+        """Whether the built-in trainer runs (no entrypoint, no script)."""
+        return self.entrypoint is None and self.script is None
+
+    @property
+    def one_task_per_node(self) -> bool:
+        """One Slurm task per node, which starts the node's processes itself (torchrun, or a script per node)."""
+        return self.launcher == "torchrun" or (self.script is not None and self.script.per == "node")
+
+    @property
+    def slurm_tasks_per_node(self) -> int:
+        """Slurm tasks per node: one per process, or one per node (``one_task_per_node``)."""
+        return 1 if self.one_task_per_node else self.tasks_per_node
 
     @property
     def world_size(self) -> int:
@@ -721,6 +830,9 @@ class JobSpec(Section):
 
     @property
     def evicts(self) -> bool:
-        """Slow nodes are evicted during training (``health.eviction``; auto: when the job can lose a node)."""
+        """Slow nodes are evicted during training (``health.eviction``; auto: when the job can lose a node).
+        Never from a script: it reports no forward times."""
         enabled = self.health.eviction.enabled
+        if self.script is not None:
+            return False
         return self.resources.heals if enabled == "auto" else bool(enabled)

@@ -48,7 +48,7 @@ def node_loss_problems(spec: JobSpec) -> list[SpecProblem]:
         problems.append(SpecProblem(key, "a sweep's array tasks cannot heal from a lost node yet; remove it"))
     if spec.launcher == "torchrun":
         problems.append(SpecProblem(key, "launcher: torchrun cannot heal from a lost node yet; use launcher: srun"))
-    if res.fewest_nodes < res.nodes and spec.entrypoint is None:
+    if res.fewest_nodes < res.nodes and spec.runs_trainer:
         problems += _shrink_problems(spec, res.fewest_nodes)
     return problems
 

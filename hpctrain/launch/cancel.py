@@ -65,7 +65,8 @@ class Cancelled:
     ``state``: the job's end as Slurm says it (or each local trial's); ``status``: the run's
     own, from its summary; ``settled``: no process of the job is left (``False``: some task
     may still be writing after ``limit_s``); ``checkpoint_step``: the last complete checkpoint;
-    ``already_ended``: the run had ended before, so nothing was written or signalled.
+    ``already_ended``: the run had ended before, so nothing was written or signalled;
+    ``script``: a ``script:`` run, whose checkpoints are its script's own (hpctrain does not see them).
     """
 
     run_dir: Path
@@ -76,6 +77,7 @@ class Cancelled:
     limit_s: float
     checkpoint_step: int | None
     already_ended: bool = False
+    script: str | None = None
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,9 @@ def cancel_run(run_dir: Path, timeout_s: float = DEFAULT_TIMEOUT_S, *, slurm: Sl
     status = summary.status or "unknown"
     if settled and not summary.is_final and summary.status is not None:
         status = f"stopped (the job ended before the run recorded it; its summary still says {summary.status})"
-    return Cancelled(run_dir, job_id, state, status, settled, limit_s, latest_checkpoint_step(run_dir))
+    script = (summary.model_extra or {}).get("script")
+    script = script if isinstance(script, str) else None
+    return Cancelled(run_dir, job_id, state, status, settled, limit_s, latest_checkpoint_step(run_dir), script=script)
 
 
 def cancel_study(

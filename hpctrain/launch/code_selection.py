@@ -94,6 +94,37 @@ def select(import_dir: Path, package: str, git_listed: Callable[[Path], set[Path
     return chosen
 
 
+def select_folder(
+    folder: Path, git_listed: Callable[[Path], set[Path]] | None = None, skip: Iterable[Path] = ()
+) -> Selection:
+    """Every file of ``folder`` by the same rules (a script's folder: ``launch/script_code.py``), the folder
+    its own root; in a git work tree only what ``git_listed(Path("."))`` lists. Nothing under a folder of
+    ``skip`` (the run's output directory, should it lie in there: earlier runs are no code)."""
+    chosen = Selection(root=Path(folder).resolve())
+    new = list(_files(chosen.root, chosen))
+    if git_listed is not None:
+        listed = git_listed(Path("."))
+        chosen.ignored += sum(path not in listed for path in new)
+        new = [path for path in new if path in listed]
+    chosen.packages.append(chosen.root.name)
+    chosen.tops.append(Path("."))
+    chosen.files = _outside(new, chosen, skip)
+    return chosen
+
+
+def _outside(files: list[Path], chosen: Selection, skip: Iterable[Path]) -> list[Path]:
+    """``files`` less those under a folder of ``skip``, each such folder said once."""
+    folders = [Path(folder).resolve() for folder in skip]
+    kept = []
+    for name in files:
+        under = next((f for f in folders if f in (chosen.root / name).resolve().parents), None)
+        if under is None:
+            kept.append(name)
+        elif (note := f"{_relative(under, chosen.root)}: the run's output directory") not in chosen.left_out:
+            chosen.left_out.append(note)
+    return kept
+
+
 def imported_names(path: Path) -> set[str]:
     """The top-level module names a Python file imports (absolute imports; ``import_module("x.y")`` too)."""
     try:

@@ -62,9 +62,13 @@ class Snapshot:
     packages: list[str] = field(default_factory=list)  # the top-level packages and modules copied
     left_out: list[str] = field(default_factory=list)  # "NAME: why" (MAX_RECORDED_LEFT_OUT named), then counts
     left_out_count: int = 0  # every file or folder left out: named, hidden, ignored by git
+    script_dir: str | None = None  # a script job's: the copy of the script's folder (launch/script_code.py)
 
     def as_json(self) -> dict[str, object]:
-        return asdict(self)
+        record = asdict(self)
+        if self.script_dir is None:
+            del record["script_dir"]
+        return record
 
 
 def locate(entrypoint: str, search_path: Sequence[str] | None = None) -> CodeSource | None:
@@ -97,13 +101,14 @@ def locate(entrypoint: str, search_path: Sequence[str] | None = None) -> CodeSou
 
 def plan(source: CodeSource) -> Selection:
     """What :func:`take` would copy and leave out (``submit --dry-run`` prints it)."""
-    listed = _git_lister(source) if source.git_root is not None else None
+    listed = git_lister(source) if source.git_root is not None else None
     return select(source.import_dir, source.package, listed)
 
 
-def take(source: CodeSource, run_dir: Path) -> Snapshot:
-    """Copy ``source`` into ``run_dir/code`` and describe the copy."""
-    chosen = plan(source)
+def take(source: CodeSource, run_dir: Path, chosen: Selection | None = None) -> Snapshot:
+    """Copy ``source`` into ``run_dir/code`` and describe the copy; ``chosen``: another selection of its
+    import directory's files than :func:`plan`'s (a script's folder: ``launch/script_code.py``)."""
+    chosen = plan(source) if chosen is None else chosen
     total = _check_size(chosen, source)
     target = Path(run_dir) / SNAPSHOT_DIR
     for relative in chosen.files:
@@ -140,6 +145,17 @@ def import_root(run_dir: Path, recorded: object) -> Path | None:
     return root
 
 
+def for_trial(record: dict[str, object], sweep_dir: Path, trial_dir: Path) -> dict[str, object]:
+    """``run.json``'s record of the copy as seen from one trial's directory (a sweep's trials share the
+    sweep's copy); a plain run's own directory is the sweep directory."""
+    moved = dict(record)
+    for key in ("import_root", "script_dir"):
+        value = record.get(key)
+        if isinstance(value, str):
+            moved[key] = os.path.relpath(Path(sweep_dir) / value, trial_dir)
+    return moved
+
+
 # ------------------------------------------------------------------ git
 
 
@@ -148,7 +164,7 @@ def git_toplevel(directory: Path) -> Path | None:
     return Path(out.strip()).resolve() if out else None
 
 
-def _git_lister(source: CodeSource) -> Callable[[Path], set[Path]]:
+def git_lister(source: CodeSource) -> Callable[[Path], set[Path]]:
     """What git lists under one top-level package or module of the import directory (tracked files as on
     disk, untracked ones it does not ignore), relative to the import directory. Asked per package, so a
     work tree as wide as a dotfiles ``$HOME`` is never listed whole."""

@@ -7,6 +7,7 @@ touches Slurm or the output directory. Torch-free.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import NamedTuple
 
@@ -52,11 +53,50 @@ def dry_run(job: LoadedJob, *, local: bool = False, snapshot: bool = True, exclu
         if job.spec.resources.heals:  # the script's --nodes counts the spares too
             text += f"\n# nodes: {node_count_text(job.spec.resources)}; the batch step supervises the training step\n"
         text += "".join(f"\n# {note}" for note in exclusion.notes) + ("\n" if exclusion.notes else "")
+    if job.spec.script is not None:
+        from hpctrain.launch.script_code import require_program
+
+        require_program(job)
+        return DryRun(run_dir, script, text + script_plan(job, run_dir, local=local, snapshot=snapshot))
     for line in snapshot_plan(job, snapshot=snapshot):
         text += f"\n{line}\n"
     text += f"\n# {job.spec.name}: what each rank will see\n"
     text += render_rank_table(plan_ranks(job.spec), max_rows=64) + "\n"
     return DryRun(run_dir, script, text)
+
+
+def script_plan(job: LoadedJob, run_dir: Path, *, local: bool, snapshot: bool) -> str:
+    """A script job's plan: its code, and the exact command line of every process with its placeholders
+    filled (a sweep: its first trial's; hosts are node0.., a port derived from the job id shows its rule)."""
+    import sys
+
+    from hpctrain.launch.script_code import planned
+    from hpctrain.runtime.script_command import plan_commands
+
+    spec = job.trials[0]
+    assert spec.script is not None
+    code, lines = planned(spec, run_dir, snapshot=snapshot)
+    python = spec.container.python if spec.container is not None and not local else sys.executable
+    rows = plan_commands(spec, str(run_dir), code, python)
+    per = "node" if spec.script.per == "node" else "rank"
+    text = "".join(f"\n{line}\n" for line in lines)
+    if spec.launcher == "torchrun" and not local:
+        text += (
+            f"\n# each node runs torchrun (--nnodes {spec.resources.nodes} --nproc-per-node {spec.tasks_per_node}, "
+            "c10d rendezvous on the first node, --max-restarts 0, --tee 3); each rank it starts runs its script:\n"
+        )
+    first = f" (sweep trial 0 of {len(job.trials)})" if job.is_sweep else ""
+    workdirs = {row[1] for row in rows}
+    where = f"in {workdirs.pop()}" if len(workdirs) == 1 else "each in its own folder"
+    text += f"\n# {spec.name}{first}: what each {per} runs, {where}\n"
+    shown = rows if len(rows) <= 16 else [*rows[:8], None, *rows[-8:]]
+    for row in shown:
+        if row is None:
+            text += f"...  ({len(rows) - 16} more)\n"
+            continue
+        who, folder, argv = row
+        text += f"{who}: {shlex.join(argv)}" + ("" if len(workdirs) <= 1 else f"   (in {folder})") + "\n"
+    return text
 
 
 def snapshot_plan(job: LoadedJob, *, snapshot: bool) -> list[str]:

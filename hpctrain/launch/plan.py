@@ -41,6 +41,10 @@ def validate(path: str | Path, overrides: Sequence[str] = (), *, cluster: str | 
     from hpctrain.jobspec.load import load_job
 
     job = load_job(path, overrides, cluster=cluster)
+    if job.spec.script is not None:  # the script is there to be submitted (a run's own spec.yaml needs not)
+        from hpctrain.launch.script_code import require_program
+
+        require_program(job)
     findings = file_findings(job)
     errors = [f for f in findings if f.level == "error"]
     if errors:
@@ -61,12 +65,16 @@ def describe(job: LoadedJob) -> str:
     spec = job.spec
     gpus = spec.resources.gpus_per_node or 0
     per_node = f"{gpus} GPUs" if gpus else f"{spec.tasks_per_node} CPU task{'s' if spec.tasks_per_node > 1 else ''}"
-    what = spec.entrypoint or f"{spec.trainer.arch} {spec.trainer.strategy} {spec.trainer.precision}"
+    what = (
+        spec.entrypoint
+        or (spec.script and f"script {spec.script.program} (one process per {spec.script.per})")
+        or f"{spec.trainer.arch} {spec.trainer.strategy} {spec.trainer.precision}"
+    )
     line = (
         f"{spec.name} on {job.profile.name}: {node_count_text(spec.resources)} "
         f"x {per_node}, world size {spec.world_size}, "
     )
-    if spec.entrypoint is None:
+    if spec.runs_trainer:
         layout = spec.batch_layout
         line += f"global batch {layout.global_batch} ({layout.describe()}), "
     line += f"{what}, time {spec.resources.time}"
@@ -85,7 +93,7 @@ def file_findings(job: LoadedJob) -> list[Finding]:
     """What the files behind the spec say, read on this machine and never run: a data.root that names an
     image file (read, never mounted), and an entry point whose source cannot take ``ctx`` (read with
     ``ast``, never imported). Either fails here, not in the job."""
-    images = [spec for spec in job.trials if spec.entrypoint is None and _names_file(spec.data.root)]
+    images = [spec for spec in job.trials if spec.runs_trainer and _names_file(spec.data.root)]
     entrypoints = [spec for spec in job.trials if spec.entrypoint is not None]
     if not images and not entrypoints:
         return []  # nothing to read: the common case does not load the checks

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from hpctrain.contract import rundir
 from hpctrain.contract.cancel_marker import write_cancel_marker
 from hpctrain.contract.rundir import latest_checkpoint_step
 from hpctrain.contract.slurm import Slurm, WaitTimedOut
@@ -52,9 +53,14 @@ def rehearse(job: LoadedJob, timeout_s: float, say: Callable[[str], None], *, sl
     deadline = time.monotonic() + timeout_s
     say(f"rehearsal job {job_id}, run dir {run_dir}")
 
-    first = _wait_for(slurm, lambda state: latest_checkpoint_step(run_dir), job_id, deadline, "a first checkpoint")
     signal_name = job.spec.signals.timeout_signal
-    say(f"1/3 checkpoint at step {first}; sending {signal_name} as Slurm does before the time limit")
+    if job.spec.script is not None:  # its checkpoints are its own: the first file it writes into the run
+        saved = _wait_for(slurm, lambda state: script_saved(run_dir), job_id, deadline, "a first file the script saves")
+        say(f"1/3 the script saved {saved}; sending {signal_name} as Slurm does before the time limit")
+        first = None
+    else:
+        first = _wait_for(slurm, lambda state: latest_checkpoint_step(run_dir), job_id, deadline, "a first checkpoint")
+        say(f"1/3 checkpoint at step {first}; sending {signal_name} as Slurm does before the time limit")
     slurm.signal_job(job_id, signal_name)
     stopped_at: list[int | None] = [first]  # refined once the requeued job is seen pending
 
@@ -70,16 +76,44 @@ def rehearse(job: LoadedJob, timeout_s: float, say: Callable[[str], None], *, sl
         return summary if resumed else None
 
     summary = _wait_for(slurm, restarted, job_id, deadline, "the requeued job to resume")
-    say(
-        f"2/3 stopped at step {stopped_at[0]}, requeued and resumed: restarts {summary.restarts}, "
-        f"global step now {summary.global_step}"
-    )
+    if job.spec.script is not None:
+        say(
+            f"2/3 the script stopped, the job was requeued and the script started again (restart "
+            f"{summary.restarts}); what it resumed from is its own: see its log (hpctrain logs {run_dir})"
+        )
+    else:
+        say(
+            f"2/3 stopped at step {stopped_at[0]}, requeued and resumed: restarts {summary.restarts}, "
+            f"global step now {summary.global_step}"
+        )
     write_cancel_marker(run_dir, [job_id])
     try:
         slurm.cancel_job(job_id)
     except ClusterError as exc:
         say(f"note: could not cancel the rehearsal job {job_id}: {exc.message}")
     return Rehearsed(job_id, run_dir, stopped_at[0])
+
+
+# What hpctrain itself writes into a run directory (contract/rundir.py): anything else the script wrote.
+OWN_ENTRIES = frozenset(
+    {rundir.SPEC_FILE, rundir.RUN_FILE, rundir.SUMMARY_FILE, rundir.METRICS_FILE, rundir.SUBMITIT_DIR, rundir.CODE_DIR}
+    | {rundir.CONTROL_DIR, rundir.HEARTBEATS_DIR, rundir.STACKS_DIR, rundir.TB_DIR, rundir.CHECKPOINTS_DIR}
+    | {rundir.REPORT_DIR}
+)
+
+
+def script_saved(run_dir: Path) -> str | None:
+    """The first file a script job wrote into its run directory (its working directory) or its checkpoint
+    folder, by name; None while there is none."""
+    for folder in (run_dir, rundir.checkpoints_dir(run_dir)):
+        try:
+            names = sorted(entry.name for entry in folder.iterdir() if entry.name not in OWN_ENTRIES)
+        except OSError:
+            continue
+        names = [name for name in names if not name.startswith(".")]  # a temp file is not saved yet
+        if names:
+            return str((folder / names[0]).relative_to(run_dir))
+    return None
 
 
 def _wait_for(slurm: Slurm, probe: Callable[[str], T | None], job_id: str, deadline: float, what: str) -> T:

@@ -53,7 +53,7 @@ def point_record(point: StudyPoint) -> dict[str, Any]:
         "tasks_per_node": spec.tasks_per_node,
         "world_size": spec.world_size,
     }
-    if spec.entrypoint is None:
+    if spec.runs_trainer:
         record["global_batch"] = spec.global_batch_size
         record["lr"] = scaled_lr(spec.trainer, spec.global_batch_size)
         record["warmup_epochs"] = spec.trainer.warmup_epochs
@@ -87,7 +87,7 @@ def describe_point(point: StudyPoint) -> str:
         f"{node_count_text(spec.resources)} x {per_node}, "
         f"{spec.tasks_per_node} task{'s' if spec.tasks_per_node > 1 else ''} per node, world size {spec.world_size}"
     )
-    if spec.entrypoint is None:
+    if spec.runs_trainer:
         trainer, layout = spec.trainer, spec.batch_layout
         lr = scaled_lr(trainer, layout.global_batch)
         rule = f"{trainer.lr:g} x {layout.global_batch}/256" if trainer.lr_scaling == "linear" else "not scaled"

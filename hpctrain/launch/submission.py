@@ -81,8 +81,8 @@ def slurm_parameters(
     for key in ("partition", "account", "qos", "constraint", "cpus_per_task"):
         if getattr(res, key) is not None:
             params[key] = getattr(res, key)
-    if spec.launcher == "torchrun":
-        # One Slurm task per node, holding the CPUs of all the processes torchrun starts there.
+    if spec.one_task_per_node:
+        # One Slurm task per node (torchrun, or a script per node), holding the CPUs of the processes it starts.
         params["ntasks_per_node"] = 1
         if res.cpus_per_task is not None:
             params["cpus_per_task"] = res.cpus_per_task * spec.tasks_per_node
@@ -170,11 +170,20 @@ def task_python(spec: JobSpec) -> str:
     return shlex.join([*apptainer, spec.container.image]) + " " + inner
 
 
+def task_count(spec: JobSpec, backend: Backend) -> int:
+    """The job's tasks (submitit's, one log each): a process per rank, or one per node where that process
+    starts the node's ranks (torchrun on Slurm, a script per node)."""
+    if backend == "local":
+        return int(local_parameters(spec)["tasks_per_node"])
+    return spec.resources.nodes * spec.slurm_tasks_per_node
+
+
 def local_parameters(spec: JobSpec) -> dict[str, Any]:
     """submitit LocalExecutor parameters: the whole world as tasks on this machine."""
     gpus = (spec.resources.gpus_per_node or 0) * spec.resources.nodes
+    per_node = spec.script is not None and spec.script.per == "node"  # each "node" starts its own workers
     return {
-        "tasks_per_node": spec.world_size,
+        "tasks_per_node": spec.resources.nodes if per_node else spec.world_size,
         "nodes": 1,
         "timeout_min": seconds_to_minutes(spec.resources.time_s),
         "gpus_per_node": gpus,
@@ -244,6 +253,10 @@ def submit_run(
     from hpctrain.contract.slurm import Slurm  # here: --dry-run need not load it
 
     backend = backend_for(job, local)
+    if job.spec.script is not None:
+        from hpctrain.launch.script_code import require_program
+
+        require_program(job)
     if backend == "slurm" and not Slurm().available():
         raise ClusterError(
             f"{job.source}: cluster '{job.profile.name}' needs Slurm, but 'sbatch' is not on this machine",
@@ -257,19 +270,18 @@ def submit_run(
     trial_dirs = _write_trials(job, run_dir)
     try:
         copied = _snapshot_code(job, run_dir) if snapshot else None
-        code_root = str(run_dir / copied.import_root) if copied else None
-        jobs = _launch(job, backend, run_dir, trial_dirs, code_root, exclusion.nodes)
+        record = copied.as_json() if copied else None
+        code_root = str(run_dir / copied.import_root) if copied and job.spec.script is None else None
+        jobs = _launch(job, backend, run_dir, trial_dirs, code_root, exclusion.nodes, record)
     except (ClusterError, UsageError):
         _remove_unsubmitted(run_dir)
         raise
     job_id = jobs[0].job_id.split("_")[0] if job.is_sweep else jobs[0].job_id
-    code = {"code_snapshot": copied.as_json()} if copied else {}
+    code = {"code_snapshot": record} if record else {}
+    from hpctrain.launch.code_snapshot import for_trial
+
     for one_dir, one in zip(trial_dirs, jobs):
-        trial_code = (
-            {"code_snapshot": {**copied.as_json(), "import_root": os.path.relpath(code_root, one_dir)}}
-            if copied
-            else {}
-        )
+        trial_code = {"code_snapshot": for_trial(record, run_dir, one_dir)} if record else {}
         extra = {**trial_code, **_local_record(one)}
         _record_submission(one_dir, job, backend, one.job_id, submitit_dir(run_dir), extra=extra)
     if job.is_sweep:
@@ -296,9 +308,10 @@ def resubmit(run_dir: Path, job: LoadedJob, *, local: bool = False) -> Submitted
         raise ClusterError("'sbatch' is not on this machine", hint="resume from a login node, or pass --local")
     from hpctrain.launch import code_snapshot  # here: --dry-run need not load it
 
-    code_root = code_snapshot.import_root(run_dir, read_run_info(run_dir).get("code_snapshot"))
+    record = read_run_info(run_dir).get("code_snapshot")
+    code_root = code_snapshot.import_root(run_dir, record) if job.spec.script is None else None
     exclusion = bad_node_exclusion(job, backend, True)  # the nodes this run (or another) found bad
-    jobs = _launch(job, backend, run_dir, [run_dir], str(code_root) if code_root else None, exclusion.nodes)
+    jobs = _launch(job, backend, run_dir, [run_dir], str(code_root) if code_root else None, exclusion.nodes, record)
     _record_submission(run_dir, job, backend, jobs[0].job_id, submitit_dir(run_dir), extra=_local_record(jobs[0]))
     return SubmittedRun(jobs[0].job_id, run_dir, backend, jobs, [run_dir], notes=exclusion.notes)
 
@@ -318,7 +331,13 @@ def _write_trials(job: LoadedJob, run_dir: Path) -> list[Path]:
 
 
 def _snapshot_code(job: LoadedJob, run_dir: Path) -> code_snapshot.Snapshot | None:
-    """Copy the entry point's code into the run directory (see code_snapshot.py); None without one."""
+    """Copy the entry point's or the script's code into the run directory (see code_snapshot.py,
+    script_code.py); None when nothing is copied."""
+    if job.spec.script is not None:
+        from hpctrain.launch import script_code
+
+        found = script_code.locate(job.spec.script)
+        return script_code.take(found, job.spec, run_dir) if found is not None else None
     if job.spec.entrypoint is None:
         return None
     from hpctrain.launch import code_snapshot  # here: --dry-run need not load it
@@ -334,13 +353,17 @@ def _launch(
     trial_dirs: list[Path],
     code_root: str | None = None,
     exclude: tuple[str, ...] = (),
+    code_record: object = None,
 ) -> list[submitit.Job]:
     from submitit.core.utils import FailedJobError
 
     from hpctrain.contract.slurm_answers import classify_sbatch_failure
 
     executor = build_executor(job, backend, run_dir, exclude)
-    launchers = task_launchers(job, trial_dirs, backend, code_root)
+    if job.spec.script is not None:
+        launchers = script_launchers(job, run_dir, trial_dirs, backend, code_record)
+    else:
+        launchers = task_launchers(job, trial_dirs, backend, code_root)
     try:
         if backend == "local":  # one controller per trial, each told the run directory it serves
             jobs = []
@@ -374,6 +397,34 @@ def task_launchers(
     ]
 
 
+def script_launchers(
+    job: LoadedJob, run_dir: Path, trial_dirs: list[Path], backend: Backend, code_record: object
+) -> list:
+    """One script wrapper per trial (runtime/script_launcher.py); under ``launcher: torchrun`` on Slurm, a
+    node task per node that starts torchrun with each rank's wrapper as its program (script_torchrun.py)."""
+    from dataclasses import asdict
+
+    from hpctrain.launch.script_code import preempt_grace_s, script_code
+    from hpctrain.runtime.script_launcher import ScriptLauncher
+    from hpctrain.runtime.script_torchrun import ScriptTorchrunNode
+
+    found = script_code(job.spec, run_dir, code_record)
+    if found.file is not None and not Path(found.file).is_file():  # a resume without a copy, its file gone
+        raise UsageError(
+            f"{found.file}: the script is not there (the run has no copy of it: submitted with --no-snapshot)",
+            hint="put it back where it was, or submit the spec again",
+        )
+    code = asdict(found)
+    grace = preempt_grace_s(job.spec) if backend == "slurm" else None
+    node = backend == "slurm" and job.spec.launcher == "torchrun"
+    return [
+        ScriptTorchrunNode(trial.model_dump(mode="json"), str(d), code, grace)
+        if node
+        else ScriptLauncher(trial.model_dump(mode="json"), str(d), code, grace)
+        for trial, d in zip(job.trials, trial_dirs, strict=True)
+    ]
+
+
 def _record_submission(
     run_dir: Path,
     job: LoadedJob,
@@ -399,12 +450,14 @@ def _record_submission(
             "cluster": job.profile.name,
             "job_id": job_id,
             "world_size": job.spec.world_size,
+            "tasks": task_count(job.spec, backend),  # one log each: 'hpctrain logs --rank N' names one
             "nodes": job.spec.resources.nodes,  # a resume may change it (resume --set resources.nodes=K)
             "submitit_dir": str(folder),
             "submitted_at": time.time(),
         }
     )
-    info.setdefault("global_batch_size", job.spec.global_batch_size)  # as first submitted: resumes keep it
+    if job.spec.runs_trainer:
+        info.setdefault("global_batch_size", job.spec.global_batch_size)  # as first submitted: resumes keep it
     info["job_ids"] = [*info.get("job_ids", []), job_id]
     if trials is not None:
         info["trials"] = trials

@@ -92,9 +92,10 @@ def alerts(snap: Snapshot) -> list[str]:
             f"stale heartbeat: rank {rank} on {view.node or '?'} last wrote {duration(view.age_s)} ago "
             f"(step {view.step}, {view.phase})"
         )
-    if snap.failed_rank is not None:
+    if snap.failed_rank is not None or snap.failed_node is not None:  # a script per node fails as a node
         reason = f": {snap.failed_reason}" if snap.failed_reason else ""
-        found.append(f"failed first: rank {snap.failed_rank} on {snap.failed_node or '?'}{reason}")
+        who = f"rank {snap.failed_rank} on {snap.failed_node or '?'}" if snap.failed_rank is not None else ""
+        found.append(f"failed first: {who or f'node {snap.failed_node}'}{reason}")
     if snap.lost_nodes:
         found.append(f"lost nodes: {snap.lost_nodes}")
     if snap.evictions:

@@ -28,12 +28,13 @@ def log_path(run_dir: Path, rank: int, err: bool) -> Path:
 
 
 def check_rank(rank: int, info: dict[str, Any]) -> None:
-    """A rank the job does not have is a mistake, not a pending job."""
-    world = info.get("world_size")  # absent in runs submitted before run.json recorded it
-    if isinstance(world, int) and rank >= world:
-        raise RunDirError(
-            f"--rank {rank}: this job has {world} task{'s' if world != 1 else ''}", hint=f"use --rank 0 to {world - 1}"
-        )
+    """A rank the job does not have is a mistake, not a pending job. ``tasks``: the Slurm tasks, one log each
+    (one per node under torchrun or for a script per node); older runs recorded only ``world_size``."""
+    tasks = info.get("tasks", info.get("world_size"))
+    if isinstance(tasks, int) and rank >= tasks:
+        per_node = isinstance(info.get("world_size"), int) and tasks < info["world_size"]
+        what = f"{tasks} task{'s' if tasks != 1 else ''}" + (", one log per node" if per_node else "")
+        raise RunDirError(f"--rank {rank}: this job has {what}", hint=f"use --rank 0 to {tasks - 1}")
 
 
 def write_tail(path: Path, lines: int, out: TextIO, *, within: Path | None = None) -> int:

@@ -44,6 +44,9 @@ PROGRESS_KEYS = (
     "failed_rank",
     "failed_node",
     "failed_reason",
+    "failed_exit_code",
+    "failed_signal",
+    "failed_stderr",
     "hung_rank",
     "hung_node",
     "hung_phase",
@@ -121,6 +124,9 @@ class RunStatus:
     failed_rank: int | None
     failed_node: str | None
     failed_reason: str | None
+    failed_exit_code: int | None  # a script job: the first failed script's exit code, or the signal that killed it,
+    failed_signal: str | None
+    failed_stderr: list[str] | None  # and its last lines of output
     hung_rank: int | None
     hung_node: str | None
     hung_phase: str | None

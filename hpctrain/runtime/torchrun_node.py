@@ -111,12 +111,21 @@ class WorkerFailure:
         return f"Exited with exit code {self.exitcode}"
 
 
-def torchrun_command(env: TaskEnv, spec: JobSpec, state_dir: Path, python: str = sys.executable) -> list[str]:
+def torchrun_command(
+    env: TaskEnv,
+    spec: JobSpec,
+    state_dir: Path,
+    python: str = sys.executable,
+    *,
+    worker_module: str = WORKER_MODULE,
+    options: tuple[str, ...] = (),
+) -> list[str]:
     """The torchrun command of the node task ``env`` (a Slurm task, one per node). Pure.
 
     The rendezvous store lives on the first node (``is_host`` says so rather
     than torchrun guessing from host names); joining may take as long as the
-    spec's collective timeout.
+    spec's collective timeout. ``worker_module`` is each rank's program and
+    ``options`` are torchrun options more (a script job's ranks: runtime/script_torchrun.py).
     """
     is_host = 1 if env.node_rank == 0 else 0
     return [
@@ -133,8 +142,9 @@ def torchrun_command(env: TaskEnv, spec: JobSpec, state_dir: Path, python: str =
         f"--signals-to-handle={TORCHRUN_SIGNALS}",
         f"--shutdown-timeout={SHUTDOWN_TIMEOUT_S}",
         f"--log-dir={state_dir / 'torchrun-logs'}",
+        *options,
         "-m",
-        WORKER_MODULE,
+        worker_module,
         str(state_dir),
     ]
 
@@ -232,6 +242,9 @@ def _rank_of(pid: int) -> int | None:
 class TorchrunNodeLauncher:
     """The callable submitit runs once per node; returns the results of the node's ranks."""
 
+    worker_module = WORKER_MODULE  # each rank's program
+    torchrun_options: tuple[str, ...] = ()
+
     def __init__(self, spec_data: dict[str, Any], run_dir: str, code_root: str | None = None) -> None:
         self.spec_data = spec_data
         self.run_dir = run_dir
@@ -260,13 +273,11 @@ class TorchrunNodeLauncher:
         self.start_reaper()
         state_dir = Path(tempfile.mkdtemp(prefix="hpctrain-torchrun-"))
         try:
-            (state_dir / SPEC_FILE).write_text(
-                json.dumps(
-                    {"spec": self.spec_data, "run_dir": self.run_dir, "code_root": getattr(self, "code_root", None)}
-                )
-            )
+            (state_dir / SPEC_FILE).write_text(json.dumps(self.worker_payload()))
             log_start = _own_stderr_size()
-            command = torchrun_command(env, spec, state_dir)
+            command = torchrun_command(
+                env, spec, state_dir, worker_module=self.worker_module, options=self.torchrun_options
+            )
             print(f"hpctrain: node {env.hostname}: {' '.join(command)}", file=sys.stderr, flush=True)
             stop_signals.hold()  # torchrun and its workers start with them held; what came so far goes along
             environ = worker_environ(dict(os.environ), spec.tasks_per_node)
@@ -290,6 +301,10 @@ class TorchrunNodeLauncher:
             return sorted(results, key=lambda result: result["rank"])
         finally:
             shutil.rmtree(state_dir, ignore_errors=True)
+
+    def worker_payload(self) -> dict[str, Any]:
+        """What each rank's program reads from ``STATE_DIR/spec.json``."""
+        return {"spec": self.spec_data, "run_dir": self.run_dir, "code_root": getattr(self, "code_root", None)}
 
     def failed(self, env: TaskEnv, code: int, log_text: str) -> tuple[HpctrainError, WorkerFailure | None]:
         """The error to raise for torchrun's failure, and its first failed worker, from its own report."""

@@ -31,6 +31,7 @@ from hpctrain.contract.rundir import (
 
 from .entrypoints import ENTRYPOINT_MODULE
 from .hpctrain_cli import hpctrain, task_logs, task_output
+from .script_helpers import env_report, has_checkpoint, make_script_workspace, starts, steps_trained
 from .stop_helpers import (
     EPOCHS,
     STEPS_PER_EPOCH,
@@ -306,4 +307,36 @@ def test_the_batch_nodes_death_requeues_and_the_next_start_keeps_it_out(
     [failure] = summary["node_failures"]
     assert (failure["node"], failure["action"]) == ("n1", "requeue"), failure
     assert failure["reason"] == "the batch step's node does not answer", failure
+    assert_nothing_left(cluster, run.job_id)
+
+
+SCRIPT_STEPS = 16  # 0.5 s each: n2 dies after the third
+
+
+def test_a_script_restarts_on_the_survivor_with_the_smaller_world(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """A ``script:`` job (plain PyTorch, issue 27) with ``min_nodes: 1``: n2 dies, the supervisor starts the
+    script again on n1 alone, with WORLD_SIZE 2 and restart 1, and it resumes from its own checkpoint."""
+    ws = make_script_workspace(cluster, tmp_path, as_user=False)  # as root, like the other jobs here
+    args = ["--steps", str(SCRIPT_STEPS), "--step-s", "0.5"]
+    spec = ws.spec("script_heal", {"path": "ddp_env.py", "args": args}, resources={"min_nodes": 1})
+    run = ws.submit(spec)
+    wait_for(
+        lambda: has_checkpoint(run.run_dir) and len(steps_trained(run.run_dir)) >= 3, "steps", START_TIMEOUT_S, run
+    )
+    kill_node("n2")
+    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    logs = batch_log(run.run_dir)
+    assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
+    summary = run.summary()
+    assert (summary["status"], summary["restarts"], summary["world_size"]) == ("completed", 1, 2), summary
+    [failure] = summary["node_failures"]
+    assert (failure["node"], failure["action"], failure["nodes"]) == ("n2", "drop", ["n1"]), failure
+    [(_, _), (restart, resumed_from)] = starts(run.run_dir)
+    assert restart == 1 and resumed_from >= 2 and resumed_from % 2 == 0, "from its last snapshot.pt"
+    assert steps_trained(run.run_dir)[-(SCRIPT_STEPS - resumed_from) :] == list(range(resumed_from, SCRIPT_STEPS))
+    for rank in (0, 1):
+        got = env_report(run.run_dir, 1, rank)
+        assert (got["RANK"], got["WORLD_SIZE"], got["MASTER_ADDR"]) == (str(rank), "2", "n1"), got
+    assert not (run.run_dir / "env-1-2.json").exists(), "two ranks after the loss"
+    assert "continuing on n1" in logs
     assert_nothing_left(cluster, run.job_id)

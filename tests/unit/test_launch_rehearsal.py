@@ -9,7 +9,17 @@ from pathlib import Path
 import pytest
 
 import hpctrain.launch.rehearsal as rehearsal
-from hpctrain.contract.rundir import cancel_marker_path
+from hpctrain.contract.rundir import (
+    CODE_DIR,
+    CONTROL_DIR,
+    cancel_marker_path,
+    checkpoints_dir,
+    metrics_path,
+    run_info_path,
+    spec_path,
+    submitit_dir,
+    summary_path,
+)
 from hpctrain.contract.summary import write_summary
 from hpctrain.errors import ClusterError
 from hpctrain.jobspec.load import load_job
@@ -75,3 +85,17 @@ def test_a_rehearsal_whose_job_ends_first_is_a_cluster_error(
     with pytest.raises(ClusterError, match="rehearsal job 77 ended FAILED before a first checkpoint"):
         rehearse(fake, print)
     assert {argv[0] for argv in fake.commands} == {"sacct"}
+
+
+def test_what_a_script_saved_is_any_file_hpctrain_did_not_write(tmp_path: Path) -> None:
+    script_saved = rehearsal.script_saved
+    for own in (spec_path(tmp_path), run_info_path(tmp_path), summary_path(tmp_path), metrics_path(tmp_path)):
+        own.write_text("{}")
+    for folder in (submitit_dir(tmp_path), tmp_path / CODE_DIR, tmp_path / CONTROL_DIR, checkpoints_dir(tmp_path)):
+        folder.mkdir()
+    (tmp_path / ".snapshot.pt.tmp").write_text("half")
+    assert script_saved(tmp_path) is None, "hpctrain's own files, and a temp file still being written"
+    (checkpoints_dir(tmp_path) / "epoch-1.pt").write_text("x")
+    assert script_saved(tmp_path) == "checkpoints/epoch-1.pt"
+    (tmp_path / "snapshot.pt").write_text("x")
+    assert script_saved(tmp_path) == "snapshot.pt"

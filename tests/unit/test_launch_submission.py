@@ -38,7 +38,15 @@ def normalised(script: str) -> str:
 
 @pytest.mark.parametrize(
     "example",
-    ["resnet50_4x4", "smoke_2x2_cpu", "smoke_2x2_torchrun_cpu", "sweep_lr", "resnet50_pyxis", "smoke_apptainer_cpu"],
+    [
+        "resnet50_4x4",
+        "smoke_2x2_cpu",
+        "smoke_2x2_torchrun_cpu",
+        "sweep_lr",
+        "resnet50_pyxis",
+        "smoke_apptainer_cpu",
+        "script_imagenet_hal",
+    ],
 )
 def test_rendered_script_matches_golden_file(example: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)  # the examples' relative paths resolve as they do for a user

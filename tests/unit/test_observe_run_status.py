@@ -239,6 +239,9 @@ def test_logs_refuses_a_negative_count_and_a_rank_the_job_lacks(tmp_path: Path) 
     assert negative.returncode == 2 and "negative" in negative.stderr
     rank = cli("logs", "82", "--rank", "99", env_home=tmp_path / "state")
     assert rank.returncode == 2 and "this job has 4 tasks" in rank.stderr and "pending" not in rank.stderr
+    write_run_info(run_dir, {**read_run_info(run_dir), "tasks": 2})  # a script per node (or torchrun): a log per node
+    node = cli("logs", "82", "--rank", "3", env_home=tmp_path / "state")
+    assert node.returncode == 2 and "this job has 2 tasks, one log per node" in node.stderr, node.stderr
 
 
 def test_status_output_dir_lists_the_runs_under_it_and_pending_cancelled_jobs(

@@ -1,0 +1,204 @@
+"""``script:`` jobs on the two-node cluster: a user's own plain-PyTorch scripts, in each style HAL's users write.
+
+The scripts (``scripts/``: gloo on CPU) are the styles of HAL's tutorial and
+PyTorch's: torchrun's environment per rank, ``mp.spawn`` per node with a
+``tcp://`` rendezvous, ``torch.distributed.launch``'s ``--local_rank``, and
+torchrun itself. Each job is 2 nodes x 2 processes and checks several things
+at once (CI time): where the processes ran and what they got, how a start
+ended in ``summary.json``, ``status`` and ``logs``, and that every step was
+trained exactly once across requeues (the script resumes from its own
+``snapshot.pt`` in the run directory). Jobs run as the cluster's unprivileged
+user, from a folder of its own outside git. Only the requeue-and-preemption
+test is in ``slurm_contract`` (what Slurm does on a preemption changed in
+24.05); the srun report, the reaper and torchrun are the trainer's, which its
+own contract tests cover on every version.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from hpctrain.contract.rundir import submitit_dir, task_log_name
+
+from .hpctrain_cli import hpctrain, task_logs
+from .script_helpers import ScriptWorkspace, env_report, has_checkpoint, make_script_workspace, starts, steps_trained
+from .stop_helpers import (
+    Run,
+    describe,
+    escapees,
+    job_record,
+    report_timing,
+    wait_for,
+    wait_no_processes,
+    wait_requeued,
+)
+
+if TYPE_CHECKING:
+    from .conftest import SlurmCluster
+
+START_TIMEOUT_S = 120  # submit -> first checkpoint: 4 processes importing torch on 2 cores
+RUN_TIMEOUT_S = 180
+LEFTOVER_BUDGET_S = 30
+
+
+@pytest.fixture(scope="module")
+def ws(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> ScriptWorkspace:
+    return make_script_workspace(slurm_cluster, tmp_path_factory.mktemp("scripts"))
+
+
+def assert_layout(run: Run, restart: int, per_rank: bool = True, job_id: str | None = None) -> None:
+    """Ranks 0-3, two per node, each with torchrun's variables, hpctrain's, and its folder the run directory."""
+    for rank in range(4):
+        got = env_report(run.run_dir, restart, rank)
+        expected = {"RANK": str(rank) if per_rank else None, "WORLD_SIZE": "4", "cwd": str(run.run_dir)}
+        if per_rank:
+            expected.update(LOCAL_RANK=str(rank % 2), LOCAL_WORLD_SIZE="2", GROUP_RANK=str(rank // 2))
+        expected.update(HPCTRAIN_RUN_DIR=str(run.run_dir), HPCTRAIN_RESTART_COUNT=str(restart))
+        expected.update(HPCTRAIN_JOB_ID=job_id or run.job_id, HPCTRAIN_STOP_SIGNAL="TERM", local_rank=rank % 2)
+        assert {key: got.get(key) for key in expected} == expected, got
+        assert Path(got["program"]).is_relative_to(run.run_dir / "code"), "every start runs the submitted copy"
+
+
+@pytest.mark.slurm_contract
+def test_torchrun_style_script_is_requeued_and_preempted_and_resumes_from_its_own_checkpoint(
+    slurm_cluster: SlurmCluster, ws: ScriptWorkspace, tmp_path: Path
+) -> None:
+    """The time-limit warning (USR2), then partition preemption: each time the script gets SIGTERM, saves at
+    a step boundary and exits; hpctrain requeues (the warning) or Slurm does (preemption), and the next start
+    resumes from the script's own checkpoint: every step is trained exactly once."""
+    started = time.monotonic()
+    spec = ws.spec("ddp_env", {"path": "ddp_env.py", "args": ["--steps", "14", "--step-s", "0.5", "--tag", "{rank}"]})
+    run = ws.submit(spec)
+    wait_for(lambda: has_checkpoint(run.run_dir), "the script's first checkpoint", START_TIMEOUT_S, run)
+    slurm_cluster.run("scancel", "--signal=USR2", run.job_id)
+    wait_requeued(slurm_cluster, run.job_id, restarts=1)
+    first_stop = len(steps_trained(run.run_dir))
+    slurm_cluster.release(run.job_id)
+
+    wait_for(
+        lambda: len(steps_trained(run.run_dir)) > first_stop + 1, "steps of the second start", START_TIMEOUT_S, run
+    )
+    preemptor = slurm_cluster.sbatch(
+        "-p", "urgent", "-N2", "--exclusive", "-o", str(tmp_path / "urgent-%j.out"), "--wrap", "sleep 5"
+    )
+    wait_requeued(slurm_cluster, run.job_id, restarts=2, timeout=90)
+    second_stop = len(steps_trained(run.run_dir))
+    slurm_cluster.release(run.job_id)
+    assert slurm_cluster.wait_state(preemptor, timeout=60) == "COMPLETED"
+    assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
+    report_timing("script: requeued + preempted run, submit to end", time.monotonic() - started)
+
+    assert steps_trained(run.run_dir) == list(range(14)), "every step once, in order, across three starts"
+    assert starts(run.run_dir) == [(0, 0), (1, first_stop), (2, second_stop)], "each start resumed where it stopped"
+    assert 2 <= first_stop < second_stop < 14
+    summary = run.summary()
+    assert (summary["status"], summary["restarts"], summary["script"]) == (
+        "completed",
+        2,
+        str(ws.scripts / "ddp_env.py"),
+    )
+    assert_layout(run, 0)
+    assert_layout(run, 2)
+    assert env_report(run.run_dir, 1, 3)["argv"][-1] == "3", "placeholders are filled per rank"
+    out = (submitit_dir(run.run_dir) / task_log_name(run.job_id, 0, err=True)).read_text()
+    assert "stopping (timeout): sent SIGTERM" in out and "stopping (preempted): sent SIGTERM" in out, out
+    status = hpctrain(ws.env, "status", str(run.run_dir))
+    assert "status: completed" in status.stdout and "restarts: 2" in status.stdout, status
+    logs = hpctrain(ws.env, "logs", str(run.run_dir), "--rank", "3")
+    assert "rank 3: completed" in logs.stdout, logs
+
+
+def test_launch_style_script_under_torchrun_exit_3_is_named_and_resume_completes(
+    slurm_cluster: SlurmCluster, ws: ScriptWorkspace
+) -> None:
+    """A ``torch.distributed.launch`` script (``--local_rank``) run by ``launcher: torchrun`` (launch's
+    successor: one Slurm task per node starts torchrun, each rank it starts runs the script). Its rank 3 exits
+    3 at step 2: the job fails at once and names rank 3 on n2 with its exit code and last lines; ``resume``
+    continues from its checkpoint and completes. One job for both launchers' checks (CI time)."""
+    args = ["--local_rank={local_rank}", "--steps", "6", "--fail-rank", "3", "--fail-step", "2"]
+    spec = ws.spec("launch_style", {"path": "launch_local_rank.py", "args": args}, launcher="torchrun")
+    run = ws.submit(spec)
+    assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "FAILED", task_logs(run.run_dir)
+    summary = run.summary()
+    named = {key: summary.get(key) for key in ("status", "failed_rank", "failed_node", "failed_exit_code")}
+    assert named == {"status": "failed", "failed_rank": 3, "failed_node": "n2", "failed_exit_code": 3}, summary
+    assert "rank 3: failing on purpose at step 2" in summary["failed_stderr"], summary
+    status = hpctrain(ws.env, "status", str(run.run_dir))
+    assert "failed_exit_code: 3" in status.stdout and "| rank 3: failing on purpose" in status.stdout, status
+    batch_log = (submitit_dir(run.run_dir) / task_log_name(run.job_id, 0, err=True)).read_text()
+    assert "the script of rank 3 on n2 failed first: it exited with code 3" in batch_log, batch_log
+    left, _ = wait_no_processes(slurm_cluster, run.job_id, timeout=LEFTOVER_BUDGET_S)
+    assert left == [], describe(left)
+
+    resumed = hpctrain(ws.env, "resume", str(run.run_dir), "--wait", "--json", timeout=RUN_TIMEOUT_S + 60)
+    assert resumed.returncode == 0, f"{resumed}\n{task_logs(run.run_dir)}"
+    summary = run.summary()
+    assert (summary["status"], summary["restarts"]) == ("completed", 1), summary
+    assert "failed_rank" not in summary, "a new start forgets the last one's failure"
+    assert steps_trained(run.run_dir) == list(range(6)) and starts(run.run_dir) == [(0, 0), (1, 2)]
+    job_id = resumed.json()["job_id"]
+    assert_layout(run, 1, job_id=job_id)
+    assert all(env_report(run.run_dir, 1, rank)["TORCHELASTIC_RUN_ID"] == job_id for rank in range(4))
+    logs = hpctrain(ws.env, "logs", str(run.run_dir), "--rank", "1")  # node task 1: ranks 2 and 3
+    assert "[default0]:rank 2: completed" in logs.stdout and "[default1]:rank 3: completed" in logs.stdout, logs
+
+
+def test_mp_spawn_script_per_node_completes(slurm_cluster: SlurmCluster, ws: ScriptWorkspace) -> None:
+    """HAL's multi-node style: one process per node spawns two workers, rendezvous at tcp://{master_addr}."""
+    args = ["--dist-url", "tcp://{master_addr}:{master_port}", "--world-size", "{nnodes}", "--rank", "{node_rank}"]
+    args += ["--nproc", "{nproc_per_node}", "--steps", "4"]
+    run = ws.submit(ws.spec("mp_spawn", {"path": "mp_spawn_tcp.py", "per": "node", "args": args}))
+    assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
+    assert steps_trained(run.run_dir) == list(range(4))
+    for node in (0, 1):
+        got = env_report(run.run_dir, 0, f"node{node}")
+        assert (got["RANK"], got["LOCAL_RANK"], got["WORLD_SIZE"], got["GROUP_RANK"]) == (None, None, "4", str(node))
+        assert got["argv"][:6] == [
+            "--dist-url",
+            f"tcp://n1:{got['MASTER_PORT']}",
+            "--world-size",
+            "2",
+            "--rank",
+            str(node),
+        ]
+    assert_layout(run, 0, per_rank=False)  # the workers: their ranks are the script's own
+    sacct = slurm_cluster.run("sacct", "-n", "-P", "-o", "JobID,NTasks", "-j", run.job_id).stdout
+    assert f"{run.job_id}.0|2" in sacct.split(), f"one task per node:\n{sacct}"
+    assert run.summary()["status"] == "completed"
+
+
+@pytest.fixture
+def linuxproc(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    slurm_cluster.set_proctrack("linuxproc")
+    try:
+        yield slurm_cluster
+    finally:
+        slurm_cluster.set_proctrack("cgroup")
+
+
+def test_cancel_leaves_no_process_of_a_script_under_linuxproc(linuxproc: SlurmCluster, tmp_path: Path) -> None:
+    """mp.spawn workers, their data-loader workers and a setsid'ed escapee per worker: after ``hpctrain cancel``
+    nothing of the job is left on either node, though Slurm itself (linuxproc) would leave the escapees."""
+    ws = make_script_workspace(linuxproc, tmp_path)  # the restart with linuxproc made the test user anew
+    args = ["--dist-url", "tcp://{master_addr}:{master_port}", "--world-size", "{nnodes}", "--rank", "{node_rank}"]
+    args += ["--nproc", "{nproc_per_node}", "--steps", "400", "--step-s", "0.5", "--loader-workers", "1", "--escape"]
+    run = ws.submit(ws.spec("cancelled", {"path": "mp_spawn_tcp.py", "per": "node", "args": args}))
+    wait_for(lambda: len(steps_trained(run.run_dir)) >= 2, "two steps", START_TIMEOUT_S, run)
+    assert len(escapees(linuxproc, run.job_id)) == 4, "every worker left its escapee"
+    started = time.monotonic()
+    cancelled = hpctrain(ws.env, "cancel", str(run.run_dir), timeout=120)
+    assert cancelled.returncode == 0, cancelled
+    assert "the script keeps its own checkpoints" in cancelled.stdout, cancelled
+    left, _ = wait_no_processes(linuxproc, run.job_id, timeout=LEFTOVER_BUDGET_S)
+    report_timing("script: hpctrain cancel -> no process of the job on any node", time.monotonic() - started)
+    assert left == [], f"left behind by job {run.job_id}:\n{describe(left)}"
+    assert linuxproc.wait_state(run.job_id) == "CANCELLED"
+    summary = run.summary()
+    stopped = (summary.get("status"), summary.get("stop_reason"))
+    assert stopped == ("stopped", "cancelled"), f"{cancelled}\n{summary}\n{task_logs(run.run_dir)}"
+    assert int(job_record(linuxproc, run.job_id).get("Restarts", "0")) == 0
