@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,14 @@ from hpctrain.runtime import failures
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.script_launcher import ScriptLauncher
 from hpctrain.runtime.script_outcome import PeerFailed, ScriptExit, ScriptFailed
-from hpctrain.runtime.torchrun_node import PEER_FAILURE, PEER_FAILURE_EXIT, SPEC_FILE, TorchrunNodeLauncher
+from hpctrain.runtime.torchrun_node import (
+    PEER_FAILURE,
+    PEER_FAILURE_EXIT,
+    SPEC_FILE,
+    TorchrunNodeLauncher,
+    write_failure,
+    write_result,
+)
 
 SCRIPT_WORKER_MODULE = "hpctrain.runtime.script_torchrun"
 TEE_ALL = "--tee=3"  # stdout and stderr: to the node's log (prefixed) and to a file per rank
@@ -89,17 +95,10 @@ class ScriptTorchrunWorker(ScriptLauncher):
         self.save_failure(PEER_FAILURE if own.peer else f"the script {own.reason}")
 
     def save_failure(self, what: str) -> None:
-        rank = os.environ.get("RANK", str(os.getpid()))
-        try:
-            (self.state_dir / f"failed-{rank}").write_text(what)
-        except OSError:
-            pass
+        write_failure(self.state_dir, what)
 
     def save_result(self, result: dict[str, Any]) -> None:
-        path = self.state_dir / f"result-{result['rank']}.pkl"
-        temp = path.with_suffix(".tmp")
-        temp.write_bytes(pickle.dumps(result))
-        os.replace(temp, path)
+        write_result(self.state_dir, result)
 
 
 def main(argv: list[str] | None = None) -> int:

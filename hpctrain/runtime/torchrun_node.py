@@ -422,3 +422,20 @@ def _exit_at_once(status: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(status)
+
+
+def write_failure(state_dir: Path, what: str) -> None:
+    """A rank's last word for :func:`death_reason` (``failed-RANK``), before it exits; best effort."""
+    rank = os.environ.get("RANK", str(os.getpid()))
+    try:
+        (state_dir / f"failed-{rank}").write_text(what)
+    except OSError:
+        pass
+
+
+def write_result(state_dir: Path, result: dict[str, Any]) -> None:
+    """A rank's result for the node task (``result-RANK.pkl``), installed whole by a rename."""
+    path = state_dir / f"result-{result['rank']}.pkl"
+    temp = path.with_suffix(".tmp")
+    temp.write_bytes(pickle.dumps(result))
+    os.replace(temp, path)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from hpctrain.contract.rundir import torchrun_failures_path
 from hpctrain.runtime import failures
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.launcher import TaskLauncher
-from hpctrain.runtime.torchrun_node import PEER_FAILURE, PEER_FAILURE_EXIT, SPEC_FILE
+from hpctrain.runtime.torchrun_node import PEER_FAILURE, PEER_FAILURE_EXIT, SPEC_FILE, write_failure, write_result
 
 
 class TorchrunWorker(TaskLauncher):
@@ -59,17 +58,10 @@ class TorchrunWorker(TaskLauncher):
 
     def save_failure(self, what: str) -> None:
         """Tell the node task why this rank is about to exit (torchrun_node.death_reason)."""
-        rank = os.environ.get("RANK", str(os.getpid()))
-        try:
-            (self.state_dir / f"failed-{rank}").write_text(what)
-        except OSError:
-            pass
+        write_failure(self.state_dir, what)
 
     def save_result(self, result: dict[str, Any]) -> None:
-        path = self.state_dir / f"result-{result['rank']}.pkl"
-        temp = path.with_suffix(".tmp")
-        temp.write_bytes(pickle.dumps(result))
-        os.replace(temp, path)
+        write_result(self.state_dir, result)
 
 
 def main(argv: list[str] | None = None) -> int:
