@@ -122,7 +122,7 @@ def rate(records: list[dict[str, Any]], start: float, end: float) -> float | Non
 
 def eviction(env: dict[str, str], work: Path, pct: float, spare: bool) -> dict[str, Any]:
     sets = [
-        "trainer.epochs=3",
+        "trainer.epochs=6",
         "trainer.max_steps_per_epoch=16",
         "checkpoint.every_steps=4",
         "trainer.log_every_steps=1",
@@ -146,7 +146,7 @@ def eviction(env: dict[str, str], work: Path, pct: float, spare: bool) -> dict[s
     evictions = summary.get("evictions") or []
     if spare and evictions:
         found["slow_to_eviction_s"] = evictions[0]["time"] - slowed_at
-        found["after_img_s"] = rate(records, evictions[0]["time"] + 20, float("inf"))
+        found["after_img_s"] = rate(records, evictions[0]["time"] + 10, float("inf"))  # the relaunch's steps
         found["ratio"] = evictions[0].get("ratio")
     elif not spare:
         found["slowed_img_s"] = rate(records, slowed_at + 5, float("inf"))
@@ -160,7 +160,11 @@ def main() -> int:
     parser.add_argument(
         "--pct", type=float, action="append", help="the slow node's share of one core, percent (default 25 and 10)"
     )
+    parser.add_argument(
+        "--evict-pct", type=float, default=25.0, help="the slow node's share of a core, eviction jobs (default 25)"
+    )
     parser.add_argument("--skip-eviction", action="store_true")
+    parser.add_argument("--skip-burn-in", action="store_true", help="only the eviction jobs")
     parser.add_argument("--work", type=Path, default=Path("/tmp/hpctrain-bench-node-health"))
     args = parser.parse_args()
     cluster("up", "--nodes", "5")
@@ -173,36 +177,43 @@ def main() -> int:
     print(f"load average at the start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
     results: dict[str, Any] = {}
     try:
-        healthy = burn_ins(env, args.work, "healthy", args.repeats, None)
-        pairs = burn_ins(env, args.work, "healthy-2x2", args.repeats, None, layout="2x2")  # the CI tests' shape
-        shares = args.pct or [25.0, 10.0]
-        results["false_alarms"] = f"{sum(bool(r['flagged']) for r in healthy)} of {len(healthy)} healthy burn-ins"
-        results["false_alarms_2x2"] = f"{sum(bool(r['flagged']) for r in pairs)} of {len(pairs)} (2 nodes x 2 ranks)"
-        results["healthy_reasons"] = [s["reason"] for r in healthy + pairs for s in r["scores"] if s["flagged"]]
-        seconds = [r["seconds"] for r in healthy + pairs]
-        for pct in shares:
-            slowed = burn_ins(env, args.work, f"slowed-{pct:g}", args.repeats, pct)
-            caught = sum(r["flagged"] == [SLOW] for r in slowed)
-            others = sum(bool(set(r["flagged"]) - {SLOW}) for r in slowed)
-            results[f"detected_{pct:g}pct"] = f"{caught} of {len(slowed)}; other nodes flagged in {others}"
-            ratios = [
-                s["compute_ms"] / statistics.median(o["compute_ms"] for o in r["scores"] if o["node"] != SLOW)
-                for r in slowed
-                for s in r["scores"]
-                if s["node"] == SLOW and s.get("compute_ms")
-            ]
-            results[f"slow_compute_ratio_{pct:g}pct"] = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else None
-            seconds += [r["seconds"] for r in slowed]
-        results["burn_in_s"] = f"median {statistics.median(seconds):.1f} ({min(seconds):.1f}-{max(seconds):.1f})"
-        results["setup_s_per_start"] = [r["phases_s"].get("setup", 0.0) for r in healthy[:1] + pairs[:1]]
+        if not args.skip_burn_in:
+            results.update(burn_in_numbers(env, args))
         if not args.skip_eviction:
-            results["eviction"] = eviction(env, args.work, min(shares), spare=True)
-            results["plain"] = eviction(env, args.work, min(shares), spare=False)
+            results["eviction"] = eviction(env, args.work, args.evict_pct, spare=True)
+            results["plain"] = eviction(env, args.work, args.evict_pct, spare=False)
     finally:
         cluster("down")
     print(f"load average at the end: {os.getloadavg()[0]:.2f}", flush=True)
     print(json.dumps(results, indent=2))
     return 0
+
+
+def burn_in_numbers(env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    healthy = burn_ins(env, args.work, "healthy", args.repeats, None)
+    pairs = burn_ins(env, args.work, "healthy-2x2", args.repeats, None, layout="2x2")  # the CI tests' shape
+    shares = args.pct or [25.0, 10.0]
+    results["false_alarms"] = f"{sum(bool(r['flagged']) for r in healthy)} of {len(healthy)} healthy burn-ins"
+    results["false_alarms_2x2"] = f"{sum(bool(r['flagged']) for r in pairs)} of {len(pairs)} (2 nodes x 2 ranks)"
+    results["healthy_reasons"] = [s["reason"] for r in healthy + pairs for s in r["scores"] if s["flagged"]]
+    seconds = [r["seconds"] for r in healthy + pairs]
+    for pct in shares:
+        slowed = burn_ins(env, args.work, f"slowed-{pct:g}", args.repeats, pct)
+        caught = sum(r["flagged"] == [SLOW] for r in slowed)
+        others = sum(bool(set(r["flagged"]) - {SLOW}) for r in slowed)
+        results[f"detected_{pct:g}pct"] = f"{caught} of {len(slowed)}; other nodes flagged in {others}"
+        ratios = [
+            s["compute_ms"] / statistics.median(o["compute_ms"] for o in r["scores"] if o["node"] != SLOW)
+            for r in slowed
+            for s in r["scores"]
+            if s["node"] == SLOW and s.get("compute_ms")
+        ]
+        results[f"slow_compute_ratio_{pct:g}pct"] = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else None
+        seconds += [r["seconds"] for r in slowed]
+    results["burn_in_s"] = f"median {statistics.median(seconds):.1f} ({min(seconds):.1f}-{max(seconds):.1f})"
+    results["setup_s_per_start"] = [r["phases_s"].get("setup", 0.0) for r in healthy[:1] + pairs[:1]]
+    return results
 
 
 if __name__ == "__main__":

@@ -119,7 +119,13 @@ def best_of(passes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def assess(ranks: Sequence[Mapping[str, Any]], names: Mapping[int, str], margin: float, mad_k: float) -> BurnIn:
+def assess(
+    ranks: Sequence[Mapping[str, Any]],
+    names: Mapping[int, str],
+    margin: float,
+    mad_k: float,
+    network_margin: float | None = None,
+) -> BurnIn:
     """Rank 0's verdict from every rank's numbers (``names``: rank -> node). Pure."""
     compute: dict[str, float] = {}
     allreduce: dict[str, float] = {}
@@ -133,7 +139,9 @@ def assess(ranks: Sequence[Mapping[str, Any]], names: Mapping[int, str], margin:
             if isinstance(one.get(key), (int, float)):
                 into[node] = float(one[key])
         gpu.setdefault(node, []).extend(one.get("gpu_problems") or [])
-    flagged = scores.flag_nodes(compute, allreduce, read, gpu, margin=margin, mad_k=mad_k)
+    flagged = scores.flag_nodes(
+        compute, allreduce, read, gpu, margin=margin, mad_k=mad_k, network_margin=network_margin
+    )
     nodes = list(dict.fromkeys(names[rank] for rank in sorted(names)))
     ring = [float(one["ring_mb_s"]) for one in ranks if isinstance(one.get("ring_mb_s"), (int, float))]
     return BurnIn(
@@ -206,7 +214,7 @@ def probe(ctx: TaskContext) -> BurnIn:
         gathered: list[Any] = [None] * env.world_size
         dist.all_gather_object(gathered, best_of(passes))
         if env.is_main:
-            record = assess(gathered, names, settings.margin, settings.mad_k)
+            record = assess(gathered, names, settings.margin, settings.mad_k, settings.network_margin)
             record.job_id, record.step_id, record.passes = env.job_id, os.environ.get(STEP_ID_VAR), number + 1
             record.seconds, record.time = round(time.perf_counter() - started, 2), round(time.time(), 3)
             record.phases_s = dict(prober.phases)

@@ -104,13 +104,17 @@ def flag_nodes(
     *,
     margin: float,
     mad_k: float,
+    network_margin: float | None = None,
 ) -> dict[str, str]:
-    """node -> why it is flagged (its reasons joined), for every node any probe or GPU check flags."""
+    """node -> why it is flagged (its reasons joined), for every node any probe or GPU check flags.
+    ``network_margin`` (default: ``margin``) is the all-reduce's factor."""
     reasons: dict[str, list[str]] = {}
     for node, why in gpu_flags(gpu_problems).items():
         reasons.setdefault(node, []).append(why)
-    for values, probe in ((compute_ms, COMPUTE), (allreduce_mb_s, ALLREDUCE), (read_mb_s, READ)):
-        for outlier in robust_outliers(values, probe, margin=margin, mad_k=mad_k):
+    link_margin = margin if network_margin is None else network_margin
+    checks = ((compute_ms, COMPUTE, margin), (allreduce_mb_s, ALLREDUCE, link_margin), (read_mb_s, READ, margin))
+    for values, probe, factor in checks:
+        for outlier in robust_outliers(values, probe, margin=factor, mad_k=mad_k):
             reasons.setdefault(outlier.node, []).append(outlier.reason())
     return {node: "; ".join(why) for node, why in reasons.items()}
 

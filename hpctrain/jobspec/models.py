@@ -594,10 +594,19 @@ class BurnIn(Section):
         Field(
             ge=1.1,
             le=100,
-            description="A node is flagged when a score is worse than the median of the other nodes' by this "
-            "factor (and by mad_k robust deviations).",
+            description="A node is flagged when its compute or read score is worse than the median of the other "
+            "nodes' by this factor (and by mad_k robust deviations).",
         ),
     ] = 1.5
+    network_margin: Annotated[
+        float,
+        Field(
+            ge=1.1,
+            le=100,
+            description="The same factor for the pairwise all-reduce: link bandwidth varies more between healthy "
+            "nodes than compute does (traffic of other jobs on shared switches), a degraded link is 2x or worse.",
+        ),
+    ] = 2.0
     mad_k: Annotated[
         float,
         Field(

@@ -43,6 +43,20 @@ def test_rates_are_worse_when_lower_and_gpu_problems_flag_outright() -> None:
     }
 
 
+def test_the_all_reduce_has_its_own_margin() -> None:
+    # the healthy burn-in the 1.5 margin flagged on the test machine: two nodes whose pairs ran 1.5x slower
+    links = {"n1": 1785.0, "n2": 1181.0, "n3": 1181.0, "n4": 1783.0}
+    compute = {"n1": 85.0, "n2": 88.0, "n3": 93.0, "n4": 92.0}
+    assert set(scores.flag_nodes(compute, links, {}, {}, margin=1.5, mad_k=6)) == {"n2", "n3"}
+    assert scores.flag_nodes(compute, links, {}, {}, margin=1.5, mad_k=6, network_margin=2.0) == {}
+    # a link at a fifth of the others' is flagged still; compute keeps the plain margin
+    sick = {**links, "n3": 230.0}
+    slow = {**compute, "n2": 150.0}
+    found = scores.flag_nodes(slow, sick, {}, {}, margin=1.5, mad_k=6, network_margin=2.0)
+    assert sorted(found) == ["n2", "n3"] and found["n3"].startswith("pairwise all-reduce 230 MB/s")
+    assert found["n2"].startswith("compute 150 ms per pass")
+
+
 def test_each_node_meets_two_partners_in_disjoint_rounds() -> None:
     assert scores.pair_rounds(1) == [] and scores.pair_rounds(2) == [[(0, 1)]]
     for count in range(3, 9):
