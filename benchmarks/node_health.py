@@ -161,7 +161,7 @@ def main() -> int:
         "--pct", type=float, action="append", help="the slow node's share of one core, percent (default 25 and 10)"
     )
     parser.add_argument(
-        "--evict-pct", type=float, default=25.0, help="the slow node's share of a core, eviction jobs (default 25)"
+        "--evict-pct", type=float, default=10.0, help="the slow node's share of a core, eviction jobs (default 10)"
     )
     parser.add_argument("--skip-eviction", action="store_true")
     parser.add_argument("--skip-burn-in", action="store_true", help="only the eviction jobs")
