@@ -8,7 +8,8 @@ and down again (unless it was up already). Hold the machine's lock:
 The same tiny script (no torch: its first line takes a timestamp) runs on 2 nodes x 2 processes two ways:
 
 * hpctrain: ``hpctrain submit`` of a ``script:`` spec (the CLI, the code snapshot, sbatch, each task's
-  wrapper, then the script);
+  wrapper, then the script); with ``health.burn_in.enabled: false`` unless ``--burn-in`` (the burn-in's own
+  seconds are node_health.py's);
 * baseline: a hand-written sbatch script, ``srun python script.py`` (what the spec replaces).
 
 Everything runs as the cluster's unprivileged test user, as the stop tests do (as root, every task's clean-up
@@ -118,9 +119,13 @@ def wait_files(folder: Path, prefix: str, timeout: float = 300) -> list[float]:
     raise TimeoutError(f"{prefix} files in {folder}: {[p.name for p in folder.glob(prefix + '-*')]}")
 
 
+BURN_IN = {"enabled": False}  # main() sets it: the wrapper alone, or with the burn-in (--burn-in)
+
+
 def hpctrain_job(cluster: Cluster, work: Path, name: str, wait: bool) -> tuple[str, Path, float]:
     """Submit the script with hpctrain; (job id, the folder its stamps go to, the wall time before submit)."""
     spec = {
+        "health": {"burn_in": dict(BURN_IN)},
         "name": name,
         "cluster": "slurm",
         "output_dir": str(work / "runs"),
@@ -198,7 +203,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--slurm", default="24.11")
+    parser.add_argument(
+        "--burn-in", action="store_true", help="the hpctrain job with its burn-in (default off: the wrapper alone)"
+    )
     args = parser.parse_args()
+    BURN_IN["enabled"] = args.burn_in
     cluster = Cluster(args.slurm)
     work = cluster.up()
     (work / "scripts").mkdir()
