@@ -5,10 +5,11 @@
 a cluster, the requeue logic and the healing supervisor's calls -- and turns
 each way they fail (not installed, no answer, the controller unreachable, a
 job id Slurm does not know, a refusal) into a :class:`SlurmCommandError` (a
-``ClusterError`` with a hint and a ``kind`` callers act on). Its runner is
-``subprocess.run`` or a stand-in with the same signature: a test's recorded
-answers, or the relay out of a container (``runtime/slurm_relay.py``), so
-nothing needs fake binaries on PATH. What the answers mean is
+``ClusterError`` with a hint and a ``kind`` callers act on; it, and the checks
+of the ids that reach a command, live in :mod:`hpctrain.contract.slurm_errors`
+and are imported from here). Its runner is ``subprocess.run`` or a stand-in
+with the same signature: a test's recorded answers, or the relay out of a
+container (``runtime/slurm_relay.py``), so nothing needs fake binaries on PATH. What the answers mean is
 :mod:`hpctrain.contract.slurm_answers` (parsers) and
 :mod:`hpctrain.contract.slurm_states` (the state table).
 
@@ -26,7 +27,6 @@ compute-node code passes a job id from ``TaskEnv`` and never reads ``SLURM_*`` h
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -35,6 +35,16 @@ from pathlib import Path
 from typing import Literal
 
 from hpctrain.contract import slurm_answers as answers
+from hpctrain.contract.slurm_errors import (  # the client's errors and checks: import them from here
+    SlurmCommandError,
+    WaitTimedOut,
+    checked_job_id,
+    checked_node_name,
+    classify_failure,
+    is_job_id,
+    is_node_list,
+    is_step_id,
+)
 from hpctrain.contract.slurm_states import is_final, may_have_processes, normalise_state
 from hpctrain.errors import ClusterError
 
@@ -54,51 +64,8 @@ VERSION_COMMAND = ("scontrol", "--version")
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 Which = Callable[[str], "str | None"]
-FailureKind = Literal["missing", "timeout", "unreachable", "unknown-job", "refused"]
-
-# A job id as hpctrain records one: 123, an array task 123_4, a het-job component 123+1. Anything else
-# (``--user=me``, ``-1``, a list) would become an option or a wider target of scancel/scontrol/sacct.
-_JOB_ID = re.compile(r"[0-9]{1,20}(_[0-9]{1,10})?(\+[0-9]{1,6})?")
-_STEP_ID = re.compile(r"[0-9]{1,20}(_[0-9]{1,10})?(\+[0-9]{1,6})?\.[0-9]{1,10}")
-_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-\[\],]*")  # a name or a host list (n[1-3],m1)
-_ONE_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-
-
-class SlurmCommandError(ClusterError):
-    """A Slurm command failed; ``kind`` says how, so callers can decide to retry; ``output``: what the
-    command itself said."""
-
-    def __init__(self, message: str, kind: FailureKind, hint: str | None = None, output: str = "") -> None:
-        super().__init__(message, hint)
-        self.kind, self.output = kind, output
-
-
-class WaitTimedOut(SlurmCommandError):
-    """:meth:`Slurm.wait_for` ran out of time; ``state`` is the job's state then."""
-
-    def __init__(self, job_id: str, state: str, timeout_s: float) -> None:
-        super().__init__(f"job {job_id} is still {state} after {timeout_s:.0f} s", "timeout")
-        self.state = state
-
 
 # ------------------------------------------------------------------ argv (pure)
-
-
-def checked_job_id(job_id: object) -> str:
-    """``job_id`` if it names one job (or array task, or het-job component); else a refusal.
-
-    Job ids come from run.json, study.json and the registry, files anyone may
-    edit: every command that names a job checks it here first.
-    """
-    text = str(job_id).strip()
-    if not _JOB_ID.fullmatch(text):
-        shown = text if len(text) <= 40 else text[:37] + "..."
-        raise SlurmCommandError(
-            f"{shown!r} is not a Slurm job id",
-            kind="unknown-job",
-            hint="the run's run.json names its job as a number such as 48121 or 48121_3; was it edited?",
-        )
-    return text
 
 
 def sbatch_wrap_command(
@@ -136,25 +103,6 @@ def disable_requeue_command(job_id: str) -> list[str]:
 
 def show_job_command(job_id: str) -> list[str]:
     return ["scontrol", "--oneliner", "show", "job", checked_job_id(job_id)]
-
-
-def classify_failure(command: list[str], returncode: int, output: str) -> SlurmCommandError:
-    """A non-zero exit of a Slurm command as the project's error. Pure."""
-    shown, text = " ".join(command), output.strip() or "no output"
-    lowered = text.lower()
-    if any(needle in lowered for needle in answers.UNREACHABLE):
-        return SlurmCommandError(
-            f"'{shown}' could not reach the Slurm controller: {text}",
-            "unreachable",
-            hint="slurmctld may be down or restarting; try again in a minute, or ask the admins",
-        )
-    if any(needle in lowered for needle in answers.UNKNOWN_JOB):
-        return SlurmCommandError(
-            f"'{shown}': Slurm does not know this job ({text})",
-            "unknown-job",
-            hint="Slurm forgets finished jobs after MinJobAge; 'hpctrain status RUN_DIR' still shows the run",
-        )
-    return SlurmCommandError(f"'{shown}' failed (exit {returncode}): {text}", "refused", output=text)
 
 
 def run_slurm(command: list[str], *, timeout_s: float = COMMAND_TIMEOUT_S, runner: Runner = subprocess.run) -> str:
@@ -252,7 +200,7 @@ class Slurm:
 
     def job_states(self, job_ids: Sequence[str]) -> dict[str, str]:
         """States of several jobs in one ``sacct`` call ({} when Slurm cannot say); for listings."""
-        wanted = [job_id for job_id in job_ids if _JOB_ID.fullmatch(str(job_id).strip())]  # others: not Slurm's
+        wanted = [job_id for job_id in job_ids if is_job_id(str(job_id))]  # others: not Slurm's
         if not wanted or not self.available():
             return {}
         try:
@@ -356,7 +304,7 @@ class Slurm:
 
     def node_states(self, nodes: Sequence[str]) -> dict[str, str]:
         """``sinfo``'s state of each of ``nodes``; raises SlurmCommandError."""
-        names = [node for node in nodes if _NODE_NAME.fullmatch(node)]
+        names = [node for node in nodes if is_node_list(node)]
         if not names:
             return {}
         return answers.parse_node_states(self.run("sinfo", "-h", "-N", "-n", ",".join(names), "-o", "%N %T"))
@@ -402,7 +350,7 @@ class Slurm:
 
     def kill_step(self, step_id: str) -> None:
         """SIGKILL every task of one job step (``12.0``): a step waiting for a lost node never ends otherwise."""
-        if not _STEP_ID.fullmatch(step_id):
+        if not is_step_id(step_id):
             raise SlurmCommandError(f"{step_id[:40]!r} is not a Slurm job step id", kind="unknown-job")
         self.run("scancel", "--signal=KILL", step_id)
 
@@ -447,17 +395,6 @@ def exclude_nodes_command(job_id: str, nodes: Sequence[str]) -> list[str]:
     for node in nodes:
         checked_node_name(node)
     return ["scontrol", "update", f"JobId={checked_job_id(job_id)}", f"ExcNodeList={','.join(nodes)}"]
-
-
-def checked_node_name(node: object) -> str:
-    """``node`` if it is one Slurm node name (letters, digits, ``-_.``), else a refusal: node names come
-    from run files and the user's ledger and end up in ``--exclude`` and ``ExcNodeList``."""
-    text = str(node)
-    if not _ONE_NODE.fullmatch(text):
-        raise SlurmCommandError(
-            f"{text[:40]!r} is not a Slurm node name", kind="refused", hint="node names are letters, digits, - _ ."
-        )
-    return text
 
 
 def _user_name() -> str:

@@ -21,11 +21,9 @@ devices, pseudo file systems) is listed and left out, or refused with ``strict``
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpctrain.contract.child_process import start_child
 from hpctrain.contract.runfiles import printable
 from hpctrain.dataset.index import IndexError_, index_of
 from hpctrain.dataset.packed_index import PACKED_FORMAT
@@ -48,8 +47,6 @@ SHOWN_SKIPPED = 10
 MAX_PROCESSORS = 1024
 LINE_BREAKS = ("\n", "\r")  # a pseudo file's lines cannot carry them, escaped or not
 _ESCAPES = str.maketrans({char: "\\" + char for char in " \t\x0b\x0c\\\"'#"})  # what mksquashfs splits or reads on
-PR_SET_PDEATHSIG = 1
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}  # pack's own stops (cli/cmd_pack.py)
 
 
 class PackError(ValueError):
@@ -328,30 +325,9 @@ def _run(command: list[str], *, what: str) -> None:
 
 
 def _child(command: list[str], **streams: Any) -> subprocess.CompletedProcess:
-    """``subprocess.run`` of mksquashfs/unsquashfs that a stop signal can never wedge.
-
-    A ``preexec_fn`` makes Python run its fork handlers in this process, among them
-    logging's, which releases its module lock after the fork: a Ctrl-C, SIGTERM or
-    SIGHUP landing there (the child may already be running) left that lock held and
-    pack hung on its way out. So the stop signals wait, blocked, until the child is
-    started; the child gets the old mask back before it execs.
-    """
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-
-    def in_child() -> None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-        _die_with_parent()
-
-    proc = None
-    try:
-        proc = subprocess.Popen(command, preexec_fn=in_child, **streams)  # noqa: PLW1509 - mask + one prctl
-    finally:
-        try:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a stop that came meanwhile is raised here
-        except BaseException:
-            if proc is not None:
-                proc.kill()
-            raise
+    """``subprocess.run`` of mksquashfs/unsquashfs that a stop signal can never wedge, and that ends with
+    pack, even by SIGKILL, so none writes on (``contract/child_process.py``)."""
+    proc = start_child(command, **streams)
     with proc:
         try:
             out, err = proc.communicate()
@@ -359,14 +335,6 @@ def _child(command: list[str], **streams: Any) -> subprocess.CompletedProcess:
             proc.kill()
             raise
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
-
-
-def _die_with_parent() -> None:
-    """In mksquashfs before exec: SIGTERM when pack ends, even by SIGKILL (Linux prctl), so none writes on."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
 
 
 def _verify(image: Path, entries: int) -> None:

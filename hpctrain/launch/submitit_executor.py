@@ -7,19 +7,15 @@ loads it only to submit, never for ``--dry-run``.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import submitit
 
+from hpctrain.contract.child_process import start_child
 from hpctrain.launch import local_run
 from hpctrain.launch.sbatch_script import render_sbatch
-
-PR_SET_PDEATHSIG = 1
 
 
 class SlurmExecutor(submitit.SlurmExecutor):
@@ -72,20 +68,7 @@ class LocalExecutor(submitit.LocalExecutor):
             CUDA_VISIBLE_DEVICES=self.visible_devices,
             SUBMITIT_LOCAL_WITH_SHELL="",
         )
-        process = subprocess.Popen(
-            [sys.executable, "-m", "submitit.local._local", str(self.folder)],
-            env=env,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - a single prctl call, no locks taken
-        )
+        process = start_child([sys.executable, "-m", "submitit.local._local", str(self.folder)], env=env)
         job: LocalJob = LocalJob(self.folder, str(process.pid), tasks=list(range(ntasks)), process=process)
         job.local_process = local_run.record_started(process.pid, token)  # type: ignore[attr-defined]
         return job
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the process that started it ends (Linux prctl)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TypeVar
 
 from hpctrain.contract.srun_report import TaskFailure, first_task_failure
 from hpctrain.contract.summary import read_summary, write_summary
@@ -45,6 +46,8 @@ _PEER_FAILURE_WORDS = (
 WATCH_POLL_S = 0.5
 PEER_WAIT_S = 3.0  # srun reports a dead task within milliseconds; KillWait (>= 5 s) bounds what we may spend
 
+_Watch = TypeVar("_Watch", bound="PollingWatch")
+
 
 def looks_like_peer_failure(exc: BaseException) -> bool:
     """Whether ``exc`` may be the echo of another task's death rather than this task's own fault."""
@@ -57,19 +60,42 @@ def looks_like_peer_failure(exc: BaseException) -> bool:
     return any(word in message for word in _PEER_FAILURE_WORDS)
 
 
-class StepLog:
-    """The batch step's stderr (where srun reports), from where it ended when this task started.
+class NewLines:
+    """A log's complete lines written since this was made (earlier attempts of a requeued job wrote before).
 
-    Earlier attempts of a requeued job wrote before that point. Reads only
-    what is new on each call; safe to call from several threads.
+    Each :meth:`read` returns what is new (at most ``limit`` bytes of it; -1: all); a line still being
+    written is read next time. Not locked: its owner reads from one thread at a time.
     """
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
+    def __init__(self, path: Path, limit: int = -1) -> None:
+        self.path, self.limit = Path(path), limit
         try:
             self._pos = self.path.stat().st_size
         except OSError:
             self._pos = 0
+
+    def read(self) -> str:
+        """The complete lines written since the last read ("" when none, or the file cannot be read)."""
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self._pos)
+                chunk = handle.read(self.limit)
+        except OSError:
+            return ""
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self._pos += len(complete)
+        return complete.decode(errors="replace")
+
+
+class StepLog:
+    """The batch step's stderr (where srun reports), from where it ended when this task started.
+
+    Reads only what is new on each call; safe to call from several threads.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._new = NewLines(self.path)
         self._failure: TaskFailure | None = None
         self._lock = threading.Lock()
 
@@ -77,15 +103,7 @@ class StepLog:
         """The first failed task srun reported since this task started, or None (so far)."""
         with self._lock:
             if self._failure is None:
-                try:
-                    with open(self.path, "rb") as handle:
-                        handle.seek(self._pos)
-                        chunk = handle.read()
-                except OSError:
-                    return None
-                complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written is read next time
-                self._pos += len(complete)
-                self._failure = first_task_failure(complete.decode(errors="replace"))
+                self._failure = first_task_failure(self._new.read())
             return self._failure
 
     def wait_for_failure(self, timeout_s: float, poll_s: float = 0.1) -> TaskFailure | None:
@@ -97,7 +115,32 @@ class StepLog:
             time.sleep(poll_s)
 
 
-class FailureWatch:
+class PollingWatch:
+    """A daemon thread that calls :meth:`look` every ``poll_s`` until it returns True (its one job is
+    done) or :meth:`stop` is called. What to look for is a subclass's."""
+
+    def __init__(self, name: str, poll_s: float = WATCH_POLL_S) -> None:
+        self.poll_s = poll_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=name, daemon=True)
+
+    def start(self: _Watch) -> _Watch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def look(self) -> bool:
+        raise NotImplementedError
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            if self.look():
+                return
+
+
+class FailureWatch(PollingWatch):
     """Rank 0's background check of srun's report: names a dead task even while training is stuck.
 
     After a peer dies, rank 0's main thread may wait in a collective on a peer
@@ -106,30 +149,21 @@ class FailureWatch:
     """
 
     def __init__(self, run_dir: Path, step_log: StepLog, poll_s: float = WATCH_POLL_S) -> None:
+        super().__init__("hpctrain-failure-watch", poll_s)
         self.run_dir = Path(run_dir)
         self.step_log = step_log
-        self.poll_s = poll_s
         self.recorded: TaskFailure | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="hpctrain-failure-watch", daemon=True)
 
-    def start(self) -> FailureWatch:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(self.poll_s):
-            failure = self.step_log.poll()
-            if failure is not None:
-                try:
-                    record_failure(self.run_dir, failure)
-                    self.recorded = failure
-                except OSError as exc:
-                    print(f"hpctrain: could not record the failure of task {failure.rank}: {exc}", file=sys.stderr)
-                return
+    def look(self) -> bool:
+        failure = self.step_log.poll()
+        if failure is None:
+            return False
+        try:
+            record_failure(self.run_dir, failure)
+            self.recorded = failure
+        except OSError as exc:
+            print(f"hpctrain: could not record the failure of task {failure.rank}: {exc}", file=sys.stderr)
+        return True
 
 
 def first_failure(

@@ -27,7 +27,7 @@ from hpctrain.contract.srun_report import TaskFailure, task_failures
 from hpctrain.contract.summary import Summary, read_summary
 from hpctrain.contract.summary import write_summary as write_summary_file
 from hpctrain.errors import HpctrainError, printable
-from hpctrain.runtime.failures import looks_like_peer_failure
+from hpctrain.runtime.failures import NewLines, PollingWatch, looks_like_peer_failure
 
 CARRIED_KEYS = ("excluded_nodes", "node_failures", "started_at")  # what a new start keeps of the last summary
 PEER_WAIT_S = 3.0  # for srun's report of the task that failed first, when our own failure looks like its echo
@@ -122,25 +122,14 @@ class StepReport:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        try:
-            self._pos = self.path.stat().st_size
-        except OSError:
-            self._pos = 0
+        self._new = NewLines(self.path, limit=1 << 20)
         self._text = ""
         self._lock = threading.Lock()
 
     def failures(self) -> list[TaskFailure]:
         """Every task reported failed so far this start, first first."""
         with self._lock:
-            try:
-                with open(self.path, "rb") as handle:
-                    handle.seek(self._pos)
-                    chunk = handle.read(1 << 20)
-            except OSError:
-                chunk = b""
-            complete = chunk[: chunk.rfind(b"\n") + 1]
-            self._pos += len(complete)
-            self._text += complete.decode(errors="replace")
+            self._text += self._new.read()
             return task_failures(self._text)
 
 
@@ -232,22 +221,14 @@ class ScriptSummary:
             self.failure_recorded = self.failure_recorded or status == "failed"
 
 
-class FailureWatch:
+class FailureWatch(PollingWatch):
     """The main task's watch of the step's report: records the first failed task while its own script runs."""
 
     def __init__(self, report: StepReport, run_dir: Path, attempt: str, summary: ScriptSummary) -> None:
+        super().__init__("hpctrain-script-failures", WATCH_POLL_S)
         self.report, self.run_dir, self.attempt, self.summary = report, Path(run_dir), attempt, summary
         self.found: ScriptExit | TaskFailure | None = None
-        self._stop = threading.Event()
         self._done = threading.Lock()
-        self._thread = threading.Thread(target=self._watch, name="hpctrain-script-failures", daemon=True)
-
-    def start(self) -> FailureWatch:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
 
     def reported(self, wait_s: float) -> bool:
         """Whether a failed task is reported, waiting up to ``wait_s`` for a report (a line may trail the
@@ -259,11 +240,11 @@ class FailureWatch:
             time.sleep(0.1)
         return True
 
-    def _watch(self) -> None:
-        while not self._stop.wait(WATCH_POLL_S):
-            if self.report.failures():
-                self.settle(None, wait_s=RECORD_WAIT_S)
-                return
+    def look(self) -> bool:
+        if not self.report.failures():
+            return False
+        self.settle(None, wait_s=RECORD_WAIT_S)
+        return True
 
     def settle(self, own: ScriptExit | None, wait_s: float) -> ScriptExit | TaskFailure | None:
         """Name the first failure (waiting up to ``wait_s`` for srun's report and the records), once."""

@@ -19,13 +19,11 @@ its own, so a failed rank's last lines are its own. Importing this imports no to
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract.rundir import torchrun_failures_path
 from hpctrain.runtime import failures
 from hpctrain.runtime.context import TaskEnv
 from hpctrain.runtime.script_launcher import ScriptLauncher
@@ -33,11 +31,10 @@ from hpctrain.runtime.script_outcome import PeerFailed, ScriptExit, ScriptFailed
 from hpctrain.runtime.torchrun_node import (
     PEER_FAILURE,
     PEER_FAILURE_EXIT,
-    SPEC_FILE,
     TorchrunNodeLauncher,
     write_failure,
-    write_result,
 )
+from hpctrain.runtime.torchrun_worker import failure_exit, failures_log, run_worker
 
 SCRIPT_WORKER_MODULE = "hpctrain.runtime.script_torchrun"
 TEE_ALL = "--tee=3"  # stdout and stderr: to the node's log (prefixed) and to a file per rank
@@ -75,11 +72,7 @@ class ScriptTorchrunWorker(ScriptLauncher):
 
     def step_log(self, env: TaskEnv) -> failures.StepLog | None:
         """The node tasks report failed ranks to ``torchrun-failures.log`` (global rank 0 reads it)."""
-        if not env.is_main:
-            return None
-        path = torchrun_failures_path(self.run_dir)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return failures.StepLog(path)
+        return failures_log(self.run_dir, env)
 
     def start_reaper(self) -> None:
         """The node task's reaper covers this rank and its script (they carry the node task's token)."""
@@ -92,38 +85,27 @@ class ScriptTorchrunWorker(ScriptLauncher):
 
     def save_failure_marker(self, own: ScriptExit) -> None:
         """Tell the node task why this rank ends (torchrun_node.death_reason): its line in srun's words."""
-        self.save_failure(PEER_FAILURE if own.peer else f"the script {own.reason}")
-
-    def save_failure(self, what: str) -> None:
-        write_failure(self.state_dir, what)
-
-    def save_result(self, result: dict[str, Any]) -> None:
-        write_result(self.state_dir, result)
+        write_failure(self.state_dir, PEER_FAILURE if own.peer else f"the script {own.reason}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print(f"usage: python -m {SCRIPT_WORKER_MODULE} STATE_DIR", file=sys.stderr)
-        return 2
-    state_dir = Path(args[0])
-    payload = json.loads((state_dir / SPEC_FILE).read_text())
-    worker = ScriptTorchrunWorker(
-        payload["spec"], payload["run_dir"], payload["script_code"], payload.get("preempt_grace_s"), state_dir
+    return run_worker(
+        argv,
+        SCRIPT_WORKER_MODULE,
+        lambda payload, state_dir: ScriptTorchrunWorker(
+            payload["spec"], payload["run_dir"], payload["script_code"], payload.get("preempt_grace_s"), state_dir
+        ),
+        _failure_exit,
     )
-    try:
-        result = worker()
-    except PeerFailed:  # another rank failed first: this one's end is nobody's first failure
-        worker.save_failure(PEER_FAILURE)
+
+
+def _failure_exit(exc: Exception, state_dir: Path) -> int:
+    if isinstance(exc, PeerFailed):  # another rank failed first: this one's end is nobody's first failure
+        write_failure(state_dir, PEER_FAILURE)
         return PEER_FAILURE_EXIT
-    except ScriptFailed:  # its marker is written (save_failure_marker)
+    if isinstance(exc, ScriptFailed):  # its marker is written (save_failure_marker)
         return 1
-    except Exception as exc:  # reported by the wrapper already; the marker is for the node task
-        peer = failures.looks_like_peer_failure(exc)
-        worker.save_failure(PEER_FAILURE if peer else f"{type(exc).__name__}: {exc}")
-        return PEER_FAILURE_EXIT if peer else 1
-    worker.save_result(result)
-    return 0
+    return failure_exit(exc, state_dir)
 
 
 if __name__ == "__main__":

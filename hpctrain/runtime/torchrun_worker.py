@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,7 @@ class TorchrunWorker(TaskLauncher):
         self.state_dir = Path(state_dir)
 
     def step_log(self, env: TaskEnv) -> failures.StepLog | None:
-        if not env.is_main:
-            return None
-        path = torchrun_failures_path(self.run_dir)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return failures.StepLog(path)
+        return failures_log(self.run_dir, env)
 
     def exit_without_result(self, status: int) -> None:
         rank = getattr(self, "_env", None)
@@ -56,30 +53,54 @@ class TorchrunWorker(TaskLauncher):
     def start_reaper(self) -> None:
         """The node task's reaper covers this process (see the module docstring)."""
 
-    def save_failure(self, what: str) -> None:
-        """Tell the node task why this rank is about to exit (torchrun_node.death_reason)."""
-        write_failure(self.state_dir, what)
 
-    def save_result(self, result: dict[str, Any]) -> None:
-        write_result(self.state_dir, result)
+def failures_log(run_dir: str | Path, env: TaskEnv) -> failures.StepLog | None:
+    """Global rank 0's report of failed ranks: the node tasks write them to ``torchrun-failures.log``."""
+    if not env.is_main:
+        return None
+    path = torchrun_failures_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return failures.StepLog(path)
 
 
-def main(argv: list[str] | None = None) -> int:
+def failure_exit(exc: Exception, state_dir: Path) -> int:
+    """Tell the node task why this rank is about to exit (torchrun_node.death_reason); the exit status."""
+    peer = failures.looks_like_peer_failure(exc)
+    write_failure(state_dir, PEER_FAILURE if peer else f"{type(exc).__name__}: {exc}")
+    return PEER_FAILURE_EXIT if peer else 1
+
+
+def run_worker(
+    argv: list[str] | None,
+    module: str,
+    make: Callable[[dict[str, Any], Path], Callable[[], dict[str, Any]]],
+    failed: Callable[[Exception, Path], int] = failure_exit,
+) -> int:
+    """A rank's process, ``python -m MODULE STATE_DIR``: the worker ``make`` builds from the node task's
+    payload runs; its result, or what it raised, is left in STATE_DIR for the node task. ``failed`` turns
+    an exception into the exit status."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print(f"usage: python -m {__spec__.name if __spec__ else 'torchrun_worker'} STATE_DIR", file=sys.stderr)
+        print(f"usage: python -m {module} STATE_DIR", file=sys.stderr)
         return 2
     state_dir = Path(args[0])
-    payload = json.loads((state_dir / SPEC_FILE).read_text())
-    worker = TorchrunWorker(payload["spec"], payload["run_dir"], state_dir, payload.get("code_root"))
+    worker = make(json.loads((state_dir / SPEC_FILE).read_text()), state_dir)
     try:
         result = worker()
     except Exception as exc:  # reported by the launcher already; the marker is for the node task
-        peer = failures.looks_like_peer_failure(exc)
-        worker.save_failure(PEER_FAILURE if peer else f"{type(exc).__name__}: {exc}")
-        return PEER_FAILURE_EXIT if peer else 1
-    worker.save_result(result)
+        return failed(exc, state_dir)
+    write_result(state_dir, result)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_worker(
+        argv,
+        __spec__.name if __spec__ else "torchrun_worker",
+        lambda payload, state_dir: TorchrunWorker(
+            payload["spec"], payload["run_dir"], state_dir, payload.get("code_root")
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -11,7 +12,16 @@ import pytest
 from hpctrain.contract.rundir import summary_path
 from hpctrain.contract.srun_report import TaskFailure, first_task_failure, parse_task_list
 from hpctrain.errors import ClusterError
-from hpctrain.runtime.failures import FailureWatch, StepLog, first_failure, looks_like_peer_failure, record_failure
+from hpctrain.runtime.failures import (
+    FailureWatch,
+    NewLines,
+    PollingWatch,
+    StepLog,
+    first_failure,
+    looks_like_peer_failure,
+    record_failure,
+)
+from tests.process_helpers import wait_until
 
 # What srun wrote when rank 3 of a 2 x 2 job was killed with SIGKILL (Slurm 22.05, measured).
 KILLED_RANK_3 = """\
@@ -127,3 +137,40 @@ def test_the_watch_records_a_dead_peer_while_the_main_thread_is_stuck(tmp_path: 
     summary = json.loads(summary_path(tmp_path).read_text())
     assert (summary["status"], summary["failed_rank"], summary["failed_node"]) == ("failed", 3, "n2")
     assert summary["error"] == "task 3 on n2: Killed" and summary["global_step"] == 3
+
+
+def test_new_lines_reads_complete_lines_at_most_limit_bytes_at_a_time(tmp_path: Path) -> None:
+    log = tmp_path / "99_0_log.err"
+    log.write_text("an earlier attempt\n")
+    new = NewLines(log, limit=8)
+    with log.open("a") as handle:
+        handle.write("one\ntwo\nthree\nfou")
+    assert [new.read(), new.read(), new.read()] == ["one\ntwo\n", "three\n", ""]
+    log.unlink()
+    assert new.read() == "", "a log that cannot be read has nothing new"
+
+
+class Looks(PollingWatch):
+    """Looks until it has looked ``until`` times (0: for ever)."""
+
+    def __init__(self, until: int) -> None:
+        super().__init__("hpctrain-test-watch", poll_s=0.01)
+        self.until, self.looked = until, 0
+
+    def look(self) -> bool:
+        self.looked += 1
+        return self.looked == self.until
+
+
+def watching() -> bool:
+    return any(thread.name == "hpctrain-test-watch" for thread in threading.enumerate())
+
+
+def test_a_watch_ends_when_its_look_is_done_or_when_stopped() -> None:
+    done = Looks(until=3).start()
+    wait_until(lambda: not watching())
+    assert done.looked == 3, "no look after the one that found what it watched for"
+    stopped = Looks(until=0).start()
+    wait_until(lambda: stopped.looked >= 2)
+    stopped.stop()
+    wait_until(lambda: not watching())
