@@ -21,10 +21,13 @@ its process, so none is left to the script).
 * any other job: rank 0 requeued it without the node; the wrapper leaves
   without a result, as the trainer's ranks do.
 
-A stop while the burn-in runs ends it at once (the child is killed; its
-peers' collectives fail with it) and the start ends as any stop before the
-script started: the script is not started, the job requeues where the
-trainer's would. The child starts with the stop signals ignored, as the
+A stop before the burn-in skips it; a stop while it runs lets it end (it is
+bounded by ``budget_s``, as the trainer's, which also probes through a stop;
+its verdict counts: rank 0 may have requeued the job without a node, which
+itself signals every task), or kills it ``budget_s`` + 10 s after the stop
+(a peer that saw the stop first never joined). Then the start ends as any
+stop before the script started: the script is not started, the job requeues
+where the trainer's would. The child starts with the stop signals ignored, as the
 script does: under ``proctrack/linuxproc`` Slurm signals every process.
 Torch missing in the wrapper's Python: no burn-in, one line in the log.
 A burn-in that cannot run (a peer's child killed, a port taken) is said and
@@ -58,6 +61,7 @@ MODULE = "hpctrain.healing.script_burn_in"
 REQUEUED_EXIT = 76  # the child's status when rank 0 requeued the job without a flagged node
 POLL_S = 0.05
 MAX_SPEC_BYTES = 4 << 20
+STOP_MARGIN_S = 10.0
 
 Outcome = Literal["train", "supervisor", "requeued", "failed", "stopped"]
 
@@ -71,6 +75,12 @@ def due(spec: JobSpec, env: TaskEnv, environ: Mapping[str, str]) -> bool:
 def outcome(returncode: int) -> Outcome:
     """What the child's exit status means for the wrapper. Pure."""
     return {0: "train", BURN_IN_EXIT: "supervisor", REQUEUED_EXIT: "requeued"}.get(returncode, "failed")
+
+
+def stop_wait_s(spec: JobSpec) -> float:
+    """How long a burn-in may go on after a stop: its budget and a margin. Past it, a peer never joined
+    (its wrapper saw the stop first and started no burn-in), and the child is killed."""
+    return spec.health.burn_in.budget_s + STOP_MARGIN_S
 
 
 def child_argv(python: str, run_dir: str, port: int, ignored: list[str]) -> list[str]:
@@ -115,9 +125,15 @@ def before_script(
         process.stdin.close()
     except OSError:
         pass  # the child ended before it read the spec: its status says so
+    stop_deadline: float | None = None
     while (code := process.poll()) is None:
-        if stop.local_reason is not None:
-            say(f"stop ({stop.local_reason}) during the burn-in: ending it; the script is not started")
+        if stop.local_reason is not None and stop_deadline is None:
+            wait_s = stop_wait_s(spec)
+            stop_deadline = time.monotonic() + wait_s
+            said = f"stop ({stop.local_reason}) during the burn-in: it ends first (within {wait_s:.0f} s)"
+            say(f"{said}; the script is not started")
+        if stop_deadline is not None and time.monotonic() >= stop_deadline:
+            say("the burn-in did not end in time after the stop: ended")
             process.kill()
             process.wait()
             return "stopped"

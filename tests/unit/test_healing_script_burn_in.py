@@ -115,13 +115,25 @@ def test_a_burn_in_that_cannot_run_is_said_and_the_script_starts(monkeypatch: py
     assert said == ["the burn-in failed (exit status 1; its lines above say why); the script starts without it"]
 
 
-def test_a_stop_while_it_probes_ends_it_and_the_start(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stop_while_it_probes_lets_its_verdict_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 requeued the job without a node: the requeue's own SIGTERM must not undo that."""
+    stop = StopRequest()
+    stop.request("preempted")
+    child = FakeChild(REQUEUED_EXIT, polls=3)
+    found, exits, said = run(child, monkeypatch, stop)
+    assert (found, exits, child.killed) == ("requeued", [0], False)
+    assert said == ["stop (preempted) during the burn-in: it ends first (within 30 s); the script is not started"]
+
+
+def test_a_burn_in_still_running_after_a_stop_is_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer saw the stop first and never joined: the child would wait for it until the collective timeout."""
+    monkeypatch.setattr(script_burn_in, "STOP_MARGIN_S", -20.0)  # the 20 s budget is spent at once
     stop = StopRequest()
     stop.request("timeout")
     child = FakeChild(None)
     found, exits, said = run(child, monkeypatch, stop)
     assert (found, exits, child.killed) == ("stopped", [], True)  # the wrapper's stop path takes it from here
-    assert said == ["stop (timeout) during the burn-in: ending it; the script is not started"]
+    assert said[-1] == "the burn-in did not end in time after the stop: ended"
 
 
 def test_without_torch_there_is_no_burn_in_and_one_line_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
