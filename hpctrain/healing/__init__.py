@@ -2,7 +2,8 @@
 
 Its own wing, as torchtitan keeps fault tolerance apart: the trainer never
 imports it, and the task launcher only ``burn_in.run_burn_in`` (the probes run
-inside the training step, before the trainer). The sbatch script of a job
+inside the training step, before the trainer); a script's wrapper runs them in
+a child of its own before the script (``script_burn_in.py``). The sbatch script of a job
 with ``resources.min_nodes`` or ``spare_nodes`` runs its batch step as
 ``python -m hpctrain.healing.supervisor`` (``launch/submission.py`` writes the
 line). One decider answers "what now about this node" (keep, swap for a
@@ -17,7 +18,8 @@ spare, drop, requeue without it, fail), whatever the cause:
   record, the user's bad-node ledger) and requeues with ``ExcNodeList``;
 * ``guardian.py`` watches the batch node itself from another node;
 * ``burn_in.py``, ``probes.py`` (task side, torch) and ``scores.py`` (pure):
-  the burn-in before every multi-node step;
+  the burn-in before every multi-node step; ``script_burn_in.py`` runs it
+  before a ``script:`` job's script;
 * ``eviction.py`` (pure): which node stays slower than the others.
 
 How a spec shrinks to fewer nodes is the spec's own rule

@@ -1,7 +1,7 @@
 """The burn-in's probes, run by every rank of a training step before it trains (``healing/burn_in.py``).
 
 * :func:`compute_probe`: forward+backward passes of the run's own model on
-  synthetic data (a matrix product for an entry point), at a batch every rank
+  synthetic data (a matrix product for an entry point or a script), at a batch every rank
   agrees on, each pass long enough (>= :data:`MIN_PASS_S` on the fastest
   rank) that a CPU quota or a throttled GPU shows, in rounds every rank starts
   together; the median round counts, so a passing hiccup (or a lucky round)
@@ -69,9 +69,10 @@ MATMUL_MAX_BATCH = 4096  # the matrix product's batch is rows / 8: any size the 
 
 def compute_workload(spec: JobSpec, device: torch.device) -> tuple[Callable[[int], None], int]:
     """One forward+backward pass at a given batch, and the largest batch it may take: the run's model (up to
-    its per-process batch), or a matrix product for user code."""
+    its per-process batch), or a matrix product for user code (an entry point, a script: their trainer section
+    is defaults they never read)."""
     cfg = spec.trainer
-    if spec.entrypoint is None and cfg.strategy in MODEL_STRATEGIES:
+    if spec.entrypoint is None and spec.script is None and cfg.strategy in MODEL_STRATEGIES:
         from hpctrain.trainer.models import build_model
 
         model = build_model(cfg, cfg.num_classes or 1000, image_size=spec.data.image_size).to(device).train()

@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 from hpctrain.contract.rundir import next_run_dir
 from hpctrain.jobspec.load import LoadedJob
+from hpctrain.jobspec.models import JobSpec
+from hpctrain.jobspec.node_health import burn_in_applies
 from hpctrain.jobspec.node_loss import node_count_text
 from hpctrain.launch.exclusion import plan_exclusion
 from hpctrain.launch.submission import backend_for, local_devices, render_script
@@ -85,6 +87,7 @@ def script_plan(job: LoadedJob, run_dir: Path, *, local: bool, snapshot: bool) -
             f"\n# each node runs torchrun (--nnodes {spec.resources.nodes} --nproc-per-node {spec.tasks_per_node}, "
             "c10d rendezvous on the first node, --max-restarts 0, --tee 3); each rank it starts runs its script:\n"
         )
+    text += burn_in_note(spec, local=local)
     first = f" (sweep trial 0 of {len(job.trials)})" if job.is_sweep else ""
     workdirs = {row[1] for row in rows}
     where = f"in {workdirs.pop()}" if len(workdirs) == 1 else "each in its own folder"
@@ -97,6 +100,19 @@ def script_plan(job: LoadedJob, run_dir: Path, *, local: bool, snapshot: bool) -
         who, folder, argv = row
         text += f"{who}: {shlex.join(argv)}" + ("" if len(workdirs) <= 1 else f"   (in {folder})") + "\n"
     return text
+
+
+def burn_in_note(spec: JobSpec, *, local: bool) -> str:
+    """Whether every start of a script job probes its nodes before the script (healing/script_burn_in.py)."""
+    nodes, settings = spec.resources.nodes, spec.health.burn_in
+    if local or nodes < 2 or not settings.enabled:
+        return ""
+    if not burn_in_applies(spec, nodes):
+        return "\n# burn-in: none under launcher: torchrun (docs/node-health.md)\n"
+    return (
+        f"\n# burn-in: every start probes its {nodes} nodes before the script starts (up to {settings.budget_s:g} s; "
+        "a sick node is taken out; health.burn_in.enabled: false turns it off; docs/node-health.md)\n"
+    )
 
 
 def snapshot_plan(job: LoadedJob, *, snapshot: bool) -> list[str]:

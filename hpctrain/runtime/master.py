@@ -47,6 +47,14 @@ def derive_master_port(job_id: str, restart_count: int = 0) -> int:
     return PORT_RANGE_START + (_job_number(job_id) + restart_count * _RESTART_STRIDE) % _PORT_SPAN
 
 
+def burn_in_port(master_port: int, step_key: str) -> int:
+    """The rendezvous port of a script job's burn-in (``healing/script_burn_in.py``): derived like the master
+    port from ``step_key`` (the step's id), never the script's own ``master_port``: the script's rendezvous
+    follows the burn-in's at once, while the burn-in's store may still be closing on the first node."""
+    port = derive_master_port(f"{step_key}.burn-in")
+    return port if port != master_port else PORT_RANGE_START + (port - PORT_RANGE_START + 1) % _PORT_SPAN
+
+
 def _job_number(job_id: str) -> int:
     if job_id.isascii() and job_id.isdigit():
         return int(job_id)

@@ -13,7 +13,8 @@ wrapper is torchrun's program (``runtime/script_torchrun.py``). Its story:
    (``launcher.end_if_completed``); the task's rank layout (``TaskEnv``), this
    start's number (``{restart}``),
    the summary (``running``, main task only), the reaper (cleanup.py);
-3. the script runs in its own session (``runtime/script_child.py``) with the
+3. a multi-node start probes its nodes first (``healing/script_burn_in.py``: the burn-in, which may end the
+   task to take a sick node out); the script runs in its own session (``runtime/script_child.py``) with the
    torchrun and hpctrain variables (``runtime/script_command.py``), in the run
    directory or ``script.workdir``;
 4. a stop request sends ``script.stop_signal`` to its process group, waits for
@@ -26,7 +27,8 @@ wrapper is torchrun's program (``runtime/script_torchrun.py``). Its story:
    process (``runtime/script_outcome.py``), and the task fails so that
    ``srun --kill-on-bad-exit`` ends the others.
 
-Importing this module imports no torch, and neither does the wrapper: the script brings its own.
+Importing this module imports no torch, and neither does the wrapper: the script brings its own
+(the burn-in's torch runs in a child process, ``healing/script_burn_in.py``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from hpctrain.contract.rundir import hang_claim_path, heartbeat_path, read_run_i
 from hpctrain.contract.script_env import ScriptCode
 from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.errors import DistributedSetupError, RunDirError
+from hpctrain.healing import script_burn_in
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.node_health import STEP_ID_VAR
 from hpctrain.runtime import script_command, stop_signals
@@ -160,6 +163,10 @@ class ScriptLauncher(TaskLauncher):
         )  # fmt: skip
         who = f"rank {env.global_rank}" if place.rank is not None else f"node task {env.global_rank}"
         self.who = f"{who} on {env.hostname}"
+        if stop.local_reason is None:  # a multi-node start probes its nodes first; may end this task
+            script_burn_in.before_script(
+                spec, env, self.run_dir, stop, exit_process=self.exit_without_result, say=self.say
+            )
         if stop.local_reason is not None:  # asked to stop before the script started: it never starts
             self.say(f"stop ({stop.local_reason}) before the script started; it is not started")
             return self.stopped(spec, env, stop, None)

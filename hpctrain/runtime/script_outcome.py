@@ -24,12 +24,13 @@ from typing import Any
 
 from hpctrain.contract.rundir import read_json_object, script_exit_path, write_json_atomic
 from hpctrain.contract.srun_report import TaskFailure, task_failures
-from hpctrain.contract.summary import Summary, read_summary
+from hpctrain.contract.summary import CARRIED_SUMMARY_KEYS, Summary, read_summary
 from hpctrain.contract.summary import write_summary as write_summary_file
 from hpctrain.errors import HpctrainError, printable
 from hpctrain.runtime.failures import NewLines, PollingWatch, looks_like_peer_failure
 
-CARRIED_KEYS = ("excluded_nodes", "node_failures", "started_at")  # what a new start keeps of the last summary
+# What a new start keeps of the last summary: the node records (a burn-in's among them) and when the run began.
+CARRIED_KEYS = (*CARRIED_SUMMARY_KEYS, "started_at")
 PEER_WAIT_S = 3.0  # for srun's report of the task that failed first, when our own failure looks like its echo
 RECORD_WAIT_S = 1.0  # for a reported task's exit record (written just before its task ended)
 WATCH_POLL_S = 0.5

@@ -5,7 +5,8 @@ gloo ranks, 3 epochs x 6 steps, a checkpoint every 2 steps) with
 ``resources.spare_nodes`` / ``min_nodes``. A node is killed the way a power
 loss would end it: every process in its network namespace, slurmd and
 slurmstepd included. Each test checks how the run ends, what summary.json
-and the job log say, and that nothing of the job is left running.
+and the job log say, and that nothing of the job is left running. One test takes a
+sick node out instead (slowed, not killed): a ``script:`` job's burn-in, on these three nodes.
 """
 
 from __future__ import annotations
@@ -41,11 +42,13 @@ from .stop_helpers import (
     latest_step,
     make_workspace,
     rank_pid,
+    report_timing,
     submit,
     wait_for,
     wait_no_processes,
     wait_requeued,
 )
+from .test_node_health_e2e import SLOW_PCT, slow
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -307,6 +310,59 @@ def test_the_batch_nodes_death_requeues_and_the_next_start_keeps_it_out(
     [failure] = summary["node_failures"]
     assert (failure["node"], failure["action"]) == ("n1", "requeue"), failure
     assert failure["reason"] == "the batch step's node does not answer", failure
+    assert_nothing_left(cluster, run.job_id)
+
+
+BURN_IN_STEPS = 4
+
+
+def test_a_script_jobs_burn_in_keeps_a_slow_node_out_before_the_script_starts(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """A ``script:`` job on 3 nodes with ``min_nodes: 2``, n3 slowed to 10 % of a core before it starts: the
+    wrappers' burn-in flags n3 before any script started, the supervisor drops it, and the script runs once,
+    to its end, on n1 and n2; summary.json records both burn-ins (the relaunch's flags nobody), the ledger n3.
+    (Here, not in test_node_health_e2e.py: this module's cluster has the three nodes already; before the
+    script's node-loss test, so that only one of the two pays for the cluster's restart after a killed node.)"""
+    ws = make_script_workspace(cluster, tmp_path, as_user=False)
+    args = ["--steps", str(BURN_IN_STEPS), "--step-s", "0.2"]
+    spec = ws.spec(
+        "script_burn_in",
+        {"path": "ddp_env.py", "args": args},
+        resources={"nodes": 3, "tasks_per_node": 1, "min_nodes": 2},
+        health={"burn_in": {"budget_s": 10}},
+    )
+    slow("n3", SLOW_PCT)
+    try:
+        run = ws.submit(spec)
+        state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    finally:
+        slow("n3", None)
+    logs = batch_log(run.run_dir)
+    assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
+    summary = run.summary()
+    assert (summary["status"], summary["world_size"], summary["hostnames"]) == ("completed", 2, ["n1", "n2"])
+    flagged, healthy = summary["burn_in"]
+    assert (flagged["nodes"], flagged["flagged"], flagged["action"]) == (
+        ["n1", "n2", "n3"],
+        ["n3"],
+        "supervisor decides",
+    )
+    assert (healthy["nodes"], healthy["flagged"]) == (["n1", "n2"], []), healthy
+    report_timing(f"script burn-in, 3 nodes, n3 flagged ({flagged['scores'][2]['reason']})", flagged["seconds"])
+    report_timing("script burn-in, 2 healthy nodes", healthy["seconds"])
+    [failure] = summary["node_failures"]
+    assert (failure["node"], failure["kind"], failure["action"], failure["nodes"]) == (
+        "n3",
+        "burn-in",
+        "drop",
+        ["n1", "n2"],
+    )
+    assert starts(run.run_dir) == [(1, 0)], "the script started once, after the drop, from the beginning"
+    assert steps_trained(run.run_dir) == list(range(BURN_IN_STEPS))
+    assert env_report(run.run_dir, 1, 1)["WORLD_SIZE"] == "2" and not (run.run_dir / "env-0-0.json").exists()
+    ledger = hpctrain(ws.env, "nodes", "--json")
+    assert [(e["node"], e["kind"]) for e in ledger.json()] == [("n3", "burn-in")], ledger
     assert_nothing_left(cluster, run.job_id)
 
 

@@ -1,0 +1,183 @@
+"""The burn-in of a ``script:`` job: the nodes probed before the user's script starts, as before the trainer.
+
+A script's wrapper (``runtime/script_launcher.py``) imports no torch and forms
+no process group; the script brings its own. So each wrapper task of a
+multi-node start (the first, each requeue, each relaunch after a lost node)
+runs one short child before it starts the script,
+``python -m hpctrain.healing.script_burn_in RUN_DIR PORT`` (the spec on its
+stdin), which does what the trainer's task launcher does before its first
+step: it derives the task's environment, joins a process group of the
+wrapper tasks (gloo on CPUs, NCCL on GPUs: one member per rank, or per node
+for ``per: node``) on a port of its own (``master.burn_in_port``, never the
+script's ``{master_port}``), and runs ``burn_in.run_burn_in``: the same
+probes (a fixed matrix product for the compute probe: a script has no model
+of ours), scores, records and decider. Its exit status tells the wrapper the
+verdict; its end frees what the probes held (a CUDA context lives as long as
+its process, so none is left to the script).
+
+* nothing flagged, or a flagged node kept: the script starts;
+* a healing job: the wrapper exits with ``BURN_IN_EXIT`` and the supervisor
+  decides (swap, drop, requeue without it, keep);
+* any other job: rank 0 requeued it without the node; the wrapper leaves
+  without a result, as the trainer's ranks do.
+
+A stop before the burn-in skips it; a stop while it runs lets it end (it is
+bounded by ``budget_s``, as the trainer's, which also probes through a stop;
+its verdict counts: rank 0 may have requeued the job without a node, which
+itself signals every task), or kills it ``budget_s`` + 10 s after the stop
+(a peer that saw the stop first never joined). Then the start ends as any
+stop before the script started: the script is not started, the job requeues
+where the trainer's would. The child starts with the stop signals ignored, as the
+script does: under ``proctrack/linuxproc`` Slurm signals every process.
+Torch missing in the wrapper's Python: no burn-in, one line in the log.
+A burn-in that cannot run (a peer's child killed, a port taken) is said and
+skipped: the script starts, and whatever is broken shows there.
+Torch-free at import; the child imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Literal
+
+from hpctrain.errors import HpctrainError
+from hpctrain.jobspec.models import JobSpec
+from hpctrain.jobspec.node_health import BURN_IN_EXIT, BURN_IN_VAR, STEP_ID_VAR, burn_in_applies
+from hpctrain.runtime.context import TaskEnv
+from hpctrain.runtime.master import burn_in_port
+from hpctrain.runtime.script_child import launch_argv
+from hpctrain.runtime.stop import StopRequest
+from hpctrain.runtime.task_env import derive_task_env, thread_env
+
+MODULE = "hpctrain.healing.script_burn_in"
+REQUEUED_EXIT = 76  # the child's status when rank 0 requeued the job without a flagged node
+POLL_S = 0.05
+MAX_SPEC_BYTES = 4 << 20
+STOP_MARGIN_S = 10.0
+
+Outcome = Literal["train", "supervisor", "requeued", "failed", "stopped"]
+
+
+def due(spec: JobSpec, env: TaskEnv, environ: Mapping[str, str]) -> bool:
+    """Whether this start of a script job runs the burn-in: a multi-node Slurm step under srun, with
+    ``health.burn_in`` on and not turned off by the supervisor (it kept a flagged node). Pure."""
+    return env.under_slurm and burn_in_applies(spec, env.num_nodes) and environ.get(BURN_IN_VAR) != "off"
+
+
+def outcome(returncode: int) -> Outcome:
+    """What the child's exit status means for the wrapper. Pure."""
+    return {0: "train", BURN_IN_EXIT: "supervisor", REQUEUED_EXIT: "requeued"}.get(returncode, "failed")
+
+
+def stop_wait_s(spec: JobSpec) -> float:
+    """How long a burn-in may go on after a stop: its budget and a margin. Past it, a peer never joined
+    (its wrapper saw the stop first and started no burn-in), and the child is killed."""
+    return spec.health.burn_in.budget_s + STOP_MARGIN_S
+
+
+def child_argv(python: str, run_dir: str, port: int, ignored: list[str]) -> list[str]:
+    """The child's command line, started with ``ignored`` signals ignored (``script_child.launch_argv``). Pure."""
+    return launch_argv([python, "-m", MODULE, run_dir, str(port)], ignored)
+
+
+def before_script(
+    spec: JobSpec,
+    env: TaskEnv,
+    run_dir: str,
+    stop: StopRequest,
+    *,
+    exit_process: Callable[[int], object],
+    say: Callable[[str], None],
+    start: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
+) -> Outcome | None:
+    """Run the burn-in of this start when it is due (the module docstring); None when it is not, or cannot
+    run here. Returns when the script may start (or the start is ending: ``stop`` says so); ends the
+    process when the verdict takes the node out."""
+    if not due(spec, env, os.environ):
+        return None
+    if importlib.util.find_spec("torch") is None:
+        say(f"no burn-in: torch is not installed in {sys.executable}; the script starts without one")
+        return None
+    port = burn_in_port(env.master_port, os.environ.get(STEP_ID_VAR) or f"{env.job_id}.{env.restart_count}")
+    script = spec.script
+    ignored = [spec.signals.timeout_signal, "TERM", "INT"]
+    if script is not None and script.stop_signal not in ignored:
+        ignored.append(script.stop_signal)
+    child_env = {**os.environ, **thread_env(os.environ, os.cpu_count()), "PYTHONUNBUFFERED": "1"}
+    try:
+        process = start(
+            child_argv(sys.executable, run_dir, port, ignored), env=child_env, stdin=subprocess.PIPE, close_fds=True
+        )
+    except OSError as exc:
+        say(f"the burn-in could not start ({exc}); the script starts without it")
+        return "failed"
+    try:
+        assert process.stdin is not None
+        process.stdin.write(json.dumps(spec.model_dump(mode="json")).encode())
+        process.stdin.close()
+    except OSError:
+        pass  # the child ended before it read the spec: its status says so
+    stop_deadline: float | None = None
+    while (code := process.poll()) is None:
+        if stop.local_reason is not None and stop_deadline is None:
+            wait_s = stop_wait_s(spec)
+            stop_deadline = time.monotonic() + wait_s
+            said = f"stop ({stop.local_reason}) during the burn-in: it ends first (within {wait_s:.0f} s)"
+            say(f"{said}; the script is not started")
+        if stop_deadline is not None and time.monotonic() >= stop_deadline:
+            say("the burn-in did not end in time after the stop: ended")
+            process.kill()
+            process.wait()
+            return "stopped"
+        time.sleep(POLL_S)
+    found = outcome(code)
+    if found == "supervisor":
+        exit_process(BURN_IN_EXIT)  # the supervisor reads the record and decides
+    elif found == "requeued":
+        exit_process(0)  # no result: the job comes back without the node
+    elif found == "failed":
+        say(f"the burn-in failed (exit status {code}; its lines above say why); the script starts without it")
+    return found
+
+
+# -- the child ----------------------------------------------------------------------------------------------
+def main(argv: list[str]) -> int:
+    """The burn-in of this wrapper task: join the wrapper tasks' process group, probe, act. Collective."""
+    if len(argv) != 2 or not argv[1].isdigit():
+        print(f"usage: python -m {MODULE} RUN_DIR PORT < spec.json", file=sys.stderr)
+        return 2
+    run_dir, port = Path(argv[0]), int(argv[1])
+    spec = JobSpec.model_validate(json.loads(sys.stdin.buffer.read(MAX_SPEC_BYTES)))
+    env = replace(derive_task_env(os.environ, spec_master_port=spec.distributed.master_port), master_port=port)
+    from hpctrain.runtime.launcher import configure_logging
+
+    configure_logging(env)
+    from hpctrain.healing.burn_in import run_burn_in
+    from hpctrain.runtime.context import TaskContext
+    from hpctrain.runtime.process_group import process_group
+
+    try:
+        with process_group(env, spec.distributed, use_cuda=spec.uses_gpus) as device:
+            ctx = TaskContext(env=env, spec=spec, run_dir=run_dir, device=device, stop=StopRequest())
+            run_burn_in(ctx, exit_process=_leave)
+    except HpctrainError as exc:  # a port taken, a peer unreachable: said in one line, the wrapper goes on
+        print(f"hpctrain: rank {env.global_rank}: burn-in: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def _leave(status: int) -> Any:
+    """``run_burn_in``'s exit: the supervisor's status as it is; its "requeued, no result" (0) as ours."""
+    os._exit(REQUEUED_EXIT if status == 0 else status)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
