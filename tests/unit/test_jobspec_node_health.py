@@ -47,6 +47,8 @@ def test_eviction_without_a_node_to_spare_is_refused_with_the_reason(tmp_path: P
         ("{burn_in: {budget_s: 1}}", "health.burn_in.budget_s"),
         ("{burn_in: {margin: 1.0}}", "health.burn_in.margin"),
         ("{burn_in: {margin: .nan}}", "health.burn_in.margin"),
+        ("{burn_in: {network_margin: 1.0}}", "health.burn_in.network_margin"),
+        ("{burn_in: {network_margin: .inf}}", "health.burn_in.network_margin"),
         ("{eviction: {window_s: 1}}", "health.eviction.window_s"),
         ("{eviction: {enabled: maybe}}", "health.eviction.enabled"),
         ("{ledger_days: -1}", "health.ledger_days"),
