@@ -60,15 +60,21 @@ def looks_like_peer_failure(exc: BaseException) -> bool:
     return any(word in message for word in _PEER_FAILURE_WORDS)
 
 
+LOG_READ_LIMIT = 1 << 20  # bytes of a log read per look
+
+
 class NewLines:
     """A log's complete lines written since this was made (earlier attempts of a requeued job wrote before).
 
-    Each :meth:`read` returns what is new (at most ``limit`` bytes of it; -1: all); a line still being
-    written is read next time. Not locked: its owner reads from one thread at a time.
+    Each :meth:`read` returns what is new, at most ``limit`` bytes of it (the log is the job's, and a
+    user's script may write into it: a progress bar redrawn with carriage returns for hours is one line
+    that never ends); a line still being written is read next time, and a line longer than ``limit`` is
+    passed over, so the lines after it are read. Not locked: its owner reads from one thread at a time.
     """
 
-    def __init__(self, path: Path, limit: int = -1) -> None:
-        self.path, self.limit = Path(path), limit
+    def __init__(self, path: Path, limit: int = LOG_READ_LIMIT) -> None:
+        self.path, self.limit = Path(path), max(1, limit)
+        self._skipping = False  # inside a line longer than the limit: read on from its end
         try:
             self._pos = self.path.stat().st_size
         except OSError:
@@ -82,8 +88,18 @@ class NewLines:
                 chunk = handle.read(self.limit)
         except OSError:
             return ""
+        if self._skipping:
+            end = chunk.find(b"\n")
+            if end < 0:
+                self._pos += len(chunk)
+                return ""
+            self._pos += end + 1
+            chunk, self._skipping = chunk[end + 1 :], False
         complete = chunk[: chunk.rfind(b"\n") + 1]
         self._pos += len(complete)
+        if not complete and len(chunk) == self.limit:  # one line as long as the limit, and no end yet
+            self._pos += len(chunk)
+            self._skipping = True
         return complete.decode(errors="replace")
 
 

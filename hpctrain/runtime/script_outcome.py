@@ -123,7 +123,7 @@ class StepReport:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._new = NewLines(self.path, limit=1 << 20)
+        self._new = NewLines(self.path)
         self._text = ""
         self._lock = threading.Lock()
 

@@ -150,6 +150,30 @@ def test_new_lines_reads_complete_lines_at_most_limit_bytes_at_a_time(tmp_path: 
     assert new.read() == "", "a log that cannot be read has nothing new"
 
 
+def test_a_line_longer_than_the_limit_is_passed_over_and_the_next_lines_read(tmp_path: Path) -> None:
+    log = tmp_path / "99_0_log.err"
+    log.write_text("")
+    new = NewLines(log, limit=40)
+    with log.open("a") as handle:
+        handle.write("a progress bar\r" * 8)  # 120 bytes of one line that has not ended
+        handle.flush()
+        assert [new.read() for _ in range(4)] == [""] * 4  # 40 bytes a look, however long the line grows
+        handle.write("done\nsrun: error: n2: task 3: Killed\n")
+    found = "".join(new.read() for _ in range(4))
+    assert found == "srun: error: n2: task 3: Killed\n"
+
+
+def test_a_step_log_reads_a_bounded_piece_per_look(tmp_path: Path) -> None:
+    log = tmp_path / "99_0_log.err"
+    log.write_text("")
+    step = StepLog(log)
+    with log.open("a") as handle:
+        handle.write("x" * (3 << 20))  # 3 MiB without an end of line, then srun's report
+        handle.write("\nsrun: error: n2: task 3: Killed\n")
+    looks = [step.poll() for _ in range(6)]
+    assert looks[0] is None and looks[-1] == TaskFailure(rank=3, node="n2", reason="Killed"), looks
+
+
 class Looks(PollingWatch):
     """Looks until it has looked ``until`` times (0: for ever)."""
 
