@@ -20,6 +20,7 @@ from hpctrain.runtime.script_child import (
     ignored_signals,
     launch_argv,
 )
+from tests.process_helpers import alive, wait_until
 
 # A script that starts a child in its group, writes both PIDs, and exits 0 on SIGTERM (its child too).
 FAMILY = """
@@ -29,24 +30,6 @@ open(sys.argv[1], "w").write(f"{os.getpid()} {child.pid}")
 signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
 time.sleep(60)
 """
-
-
-def wait_until(probe, timeout: float = 10.0) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not probe():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_exit_status_words() -> None:
