@@ -234,14 +234,23 @@ class TaskLauncher:
         keep_ended(ctx.env, run=slurm_runner())
 
 
-def end_if_completed(run_dir: str, env: TaskEnv, exit_process: Callable[[int], object]) -> None:
+def end_if_completed(
+    run_dir: str, env: TaskEnv, exit_process: Callable[[int], object], *, this_start: int | None = None
+) -> None:
     """A start of a job whose run this job already completed ends here, before anything costs
-    (Slurm 24.05+ may start a finished job again: docs/preemption.md); it says so in its log."""
+    (Slurm 24.05+ may start a finished job again: docs/preemption.md); it says so in its log.
+
+    ``this_start``: a script job's restart number (``{restart}``). Its ranks run their scripts on their
+    own, so global rank 0 may complete its script and write ``completed`` before a slower rank of the
+    same start has begun (seen under load with ``--local`` sweeps): a summary that this very start (or
+    a later one) wrote is no earlier completion, and that rank runs its script."""
     from hpctrain.runtime.requeue import completed_by, keep_ended
     from hpctrain.runtime.slurm_relay import slurm_runner
 
     summary = completed_by(Path(run_dir), env.job_aliases)
     if summary is None:
+        return
+    if this_start is not None and summary.restarts is not None and summary.restarts >= this_start:
         return
     print(
         f"hpctrain: rank {env.global_rank}: this job completed the run already (step {summary.global_step}); "

@@ -125,7 +125,8 @@ class ScriptLauncher(TaskLauncher):
             stop.job_ids = tuple(env.job_aliases)
             self._env, rank = env, str(env.global_rank)
             configure_logging(env)
-            end_if_completed(self.run_dir, env, self.exit_without_result)  # Slurm started a finished job again
+            # Slurm started a finished job again (not: this start's rank 0 finished first)
+            end_if_completed(self.run_dir, env, self.exit_without_result, this_start=self.restart_number(env))
             result = self.run_script(spec, env, stop)
         except BaseException as exc:
             if not isinstance(exc, (KeyboardInterrupt, SystemExit)):

@@ -203,6 +203,18 @@ def test_the_trainers_summary_says_stopped_and_keeps_counting_restarts(tmp_path)
     assert {k: summary[k] for k in earlier} == {**earlier, "stop_reason": "preempted", "restarts": 2}
 
 
+def test_a_script_rank_slower_than_rank_zero_of_its_own_start_still_runs(tmp_path) -> None:
+    env = derive_task_env(SLURM_RANK1)
+    exits: list[int] = []
+    done = {"status": "completed", "job_id": "77", "restarts": 1}
+    (tmp_path / "summary.json").write_text(json.dumps(done))  # rank 0's script of start 1 finished first
+    end_if_completed(str(tmp_path), env, exits.append, this_start=1)
+    end_if_completed(str(tmp_path), env, exits.append, this_start=0)  # (a summary of a later start: not ours)
+    assert exits == []
+    end_if_completed(str(tmp_path), env, exits.append, this_start=2)  # Slurm started the completed job again
+    assert exits == [0]
+
+
 def test_a_start_of_a_run_this_job_completed_ends_at_once(tmp_path, capsys: pytest.CaptureFixture) -> None:
     env = derive_task_env(SLURM_RANK1)  # not rank 0: no scontrol here
     exits: list[int] = []
