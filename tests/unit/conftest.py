@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -52,8 +52,12 @@ def task_local(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None
     monkeypatch.chdir(tmp_path)
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR1)}
     hook = sys.excepthook
+    exits: list[Callable[[], object]] = []
+    monkeypatch.setattr(session.atexit, "register", exits.append)  # a script's last heartbeat: run below
     session.reset()
     yield
+    for at_exit in exits:  # while tmp_path and the test's streams still exist, not at pytest's exit
+        at_exit()
     session.reset()
     register_context(None)
     for signum, handler in handlers.items():
