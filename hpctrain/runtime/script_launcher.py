@@ -125,9 +125,10 @@ class ScriptLauncher(TaskLauncher):
             stop.job_ids = tuple(env.job_aliases)
             self._env, rank = env, str(env.global_rank)
             configure_logging(env)
+            restart = self.restart_number(env)
             # Slurm started a finished job again (not: this start's rank 0 finished first)
-            end_if_completed(self.run_dir, env, self.exit_without_result, this_start=self.restart_number(env))
-            result = self.run_script(spec, env, stop)
+            end_if_completed(self.run_dir, env, self.exit_without_result, this_start=restart)
+            result = self.run_script(spec, env, stop, restart)
         except BaseException as exc:
             if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 report_failure(rank, exc)
@@ -137,11 +138,11 @@ class ScriptLauncher(TaskLauncher):
         return {"rank": env.global_rank, "hostname": socket.gethostname(), "result": result}
 
     # -- 2-5 ------------------------------------------------------------------------------------------------
-    def run_script(self, spec: JobSpec, env: TaskEnv, stop: StopRequest) -> dict[str, Any]:
+    def run_script(self, spec: JobSpec, env: TaskEnv, stop: StopRequest, restart: int) -> dict[str, Any]:
+        """``restart``: this start's number (``{restart}``, :meth:`restart_number`)."""
         script = spec.script
         assert script is not None
         check_tasks(spec, env)
-        restart = self.restart_number(env)
         self.attempt = f"{env.job_id}.{restart}"
         self.summary = ScriptSummary(Path(self.run_dir), self.facts(spec, env, restart), enabled=env.is_main)
         self.summary.write("running")
