@@ -124,14 +124,14 @@ class StepReport:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._new = NewLines(self.path)
-        self._text = ""
+        self._found: list[TaskFailure] = []  # what the lines read so far reported (the lines are not kept)
         self._lock = threading.Lock()
 
     def failures(self) -> list[TaskFailure]:
         """Every task reported failed so far this start, first first."""
         with self._lock:
-            self._text += self._new.read()
-            return task_failures(self._text)
+            self._found += task_failures(self._new.read())  # whole lines only: each is parsed once
+            return list(self._found)
 
 
 def choose_first(reported: list[TaskFailure], exits: dict[int, ScriptExit], own: ScriptExit | None) -> Any:

@@ -107,6 +107,7 @@ def test_the_watch_names_the_first_failure_from_srun_s_report(tmp_path: Path) ->
     assert [f.rank for f in report.failures()] == [1], "a line still being written is read next time"
     with open(log, "a") as handle:
         handle.write("ed with exit code 1\n")
+    assert [f.rank for f in report.failures()] == [1, 3], "each read adds to what earlier reads found"
     assert watch.settle(None, wait_s=1.0) == OWN
     written = read_summary(tmp_path)
     assert written is not None and (written.status, written.failed_rank, written.failed_exit_code) == ("failed", 3, 3)
