@@ -5,7 +5,9 @@ The complete example of docs/your-own-loop.md, and what the tests run:
 * as an entry point, ``entrypoint: hpctrain.examples.own_loop:main`` with
   ``entrypoint_args: {data_root: ...}`` (jobs/own_loop_cpu.yaml);
 * as a script, ``python -m hpctrain.examples.own_loop --data-root DIR``: alone,
-  under ``torchrun``, or as a ``script:`` job.
+  under ``torchrun``, or as a ``script:`` job. By hand or under ``torchrun``
+  its checkpoints and metrics.jsonl go under ``--run-dir`` (``runs/own_loop``,
+  which git ignores); run it again to resume there, or name another folder.
 
 A time limit, a preemption, ``hpctrain cancel``, a node lost inside the
 allocation: the loop saves at the step every rank agreed on and stops; the
@@ -26,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hpctrain import task
+from hpctrain.contract.script_env import RUN_DIR_VAR
 
 REFERENCE_BATCH = 256  # the learning rate is for this global batch (the linear scaling rule)
 
@@ -86,6 +89,7 @@ def main(
     """Train ``arch`` on ``data_root``/train; ``ctx`` (an entry point's) is not needed: ``task`` finds it."""
     from torchvision import datasets, transforms
 
+    task.init_process_group()  # every rank in one group: from torchrun's variables, or the launcher's (a no-op alone)
     info = task.context()
     torch.manual_seed(seed)  # the same initial weights on every rank
     torch.use_deterministic_algorithms(True)
@@ -110,6 +114,8 @@ def main(
     parts = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "data": loader}
     ckpt = task.Checkpointer(every_steps=every_steps, **parts)
     start = ckpt.load()  # 0 on a fresh run; else the step the last attempt saved
+    done = "already done: nothing to train" if start >= total_steps else "resuming" if start else "starting"
+    say(info, f"step {start} of {total_steps}: {done} (checkpoints in {ckpt.directory})")
     task.set_summary(epochs=epochs, steps_per_epoch=steps_per_epoch, total_steps=total_steps)  # status --watch
     for step, batches in loader.steps(start, total_steps):
         if task.should_stop():  # every rank gets the same answer at the same step
@@ -131,11 +137,20 @@ def main(
             step_loss /= dist.get_world_size()
         task.log(step + 1, epoch=epoch, loss=step_loss, lr=scheduler.get_last_lr()[0])
         ckpt.maybe_save(step + 1)
+        if (step + 1) % steps_per_epoch == 0 or step + 1 == total_steps:
+            say(info, f"step {step + 1} of {total_steps}: epoch {epoch + 1} of {epochs}, loss {float(step_loss):.4f}")
     if ckpt.step != total_steps:
         ckpt.save(total_steps)
     digest = task.weights_sha256(model)  # the same for DDP and FSDP2 (gathered whole)
     task.set_summary(weights_sha256=digest)
+    say(info, f"completed at step {total_steps}; weights sha256 {digest[:12]}...; a new run needs a new run folder")
     return {"status": "completed", "global_step": total_steps, "weights_sha256": digest}
+
+
+def say(info: task.TaskInfo, line: str) -> None:
+    """Progress on rank 0's standard output (one line per epoch)."""
+    if info.is_main:
+        print(f"own_loop: {line}", flush=True)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -151,17 +166,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-steps", type=int, default=None, help="stop earlier (a short demo)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp")
+    parser.add_argument(
+        "--run-dir",
+        default="runs/own_loop",
+        help="where checkpoints/ and metrics.jsonl go by hand or under torchrun (a script: job uses its run)",
+    )
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
-    args = parse_args()
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun, or hpctrain's script: job
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    args = vars(parse_args())
+    run_dir = Path(args.pop("run_dir"))
+    if RUN_DIR_VAR not in os.environ:  # by hand or under torchrun: the run is --run-dir (a script: job has its own)
+        args["data_root"] = str(Path(args["data_root"]).resolve())
+        run_dir.mkdir(parents=True, exist_ok=True)
+        os.chdir(run_dir)  # the task API's run directory outside hpctrain is the working directory
     try:
-        main(**{key: value for key, value in vars(args).items()})
+        main(**args)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

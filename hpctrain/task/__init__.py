@@ -6,6 +6,7 @@ Python outside hpctrain (where it does the obvious local thing)::
 
     from hpctrain import task
 
+    task.init_process_group()                 # every rank in one group (formed from torchrun's variables)
     info = task.context()                     # rank, world_size, local_rank, device, run_dir, checkpoint_dir, ...
     model = task.ddp(model)                   # DDP that resumes bit for bit
     loader = task.ElasticLoader(dataset, batch_size=64, num_workers=4)
@@ -28,6 +29,9 @@ What it owns, by module:
 * ``session``: who this process is (:func:`context`), from the launcher's
   registered context, a script's environment (``contract/script_env.py``) or
   the local defaults; starts a script's heartbeat thread and stop signal;
+* ``process_group``: :func:`init_process_group`, one group of every rank the
+  launcher started; the collective parts form it first, so a rank never
+  trains alone under ``torchrun`` without it;
 * ``stop``: the agreed stop flag (:func:`should_stop`, :func:`stopped`);
 * ``reporting``: :func:`log` into metrics.jsonl, :func:`set_summary`, and the
   heartbeat calls :func:`step`, :func:`phase`, :func:`beat`;
@@ -57,6 +61,7 @@ if TYPE_CHECKING:
     from hpctrain.task.checkpointer import Checkpointer
     from hpctrain.task.data import ElasticLoader, accumulate, worker_init
     from hpctrain.task.parallel import ddp
+    from hpctrain.task.process_group import init_process_group
     from hpctrain.task.reporting import beat, log, phase, set_summary, step
     from hpctrain.task.samplers import ExactEvalSampler
     from hpctrain.task.session import TaskInfo, context
@@ -80,6 +85,7 @@ _PUBLIC = {
     "worker_init": "data",
     "ExactEvalSampler": "samplers",
     "ddp": "parallel",
+    "init_process_group": "process_group",
     "weights_sha256": "weights",
 }
 __all__ = [
@@ -91,6 +97,7 @@ __all__ = [
     "beat",
     "context",
     "ddp",
+    "init_process_group",
     "log",
     "phase",
     "set_summary",

@@ -53,6 +53,7 @@ from hpctrain.task import dcp_io
 from hpctrain.task.checkpoint_check import DamagedCheckpoint, check_fits, metadata_of
 from hpctrain.task.group import DCP_ERRORS, SideGroup, first_line
 from hpctrain.task.parts import Part, apply_loaded, classify, decode_blobs, load_template, save_state
+from hpctrain.task.process_group import require_group
 from hpctrain.task.session import session
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class Checkpointer:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         **parts: Any,
     ) -> None:
+        require_group("hpctrain.task.Checkpointer")
         info = session().info
         self.info = info
         # a folder you name is taken where it really is (a link to scratch space works); the run's own

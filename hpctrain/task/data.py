@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from hpctrain.contract.script_env import RUN_MICRO_BATCHES_VAR, STOP_SIGNAL_VAR
 from hpctrain.errors import CheckpointError
 from hpctrain.jobspec.batch import MAX_ACCUMULATION, micro_batch_problem
+from hpctrain.task.process_group import require_group
 from hpctrain.task.samplers import MicroBatchSampler, ResumableDistributedSampler
 from hpctrain.task.session import context
 
@@ -64,6 +65,7 @@ class ElasticLoader:
         micro_batches: int | None = None,
         **loader_kwargs: Any,
     ) -> None:
+        require_group("hpctrain.task.ElasticLoader")
         info = context()
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1 (got {batch_size})")

@@ -20,13 +20,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hpctrain.task.process_group import require_group
+
 
 def ddp(module: nn.Module, **kwargs: Any) -> nn.Module:
-    """``module`` in DistributedDataParallel (the module itself without a process group of several ranks).
+    """``module`` in DistributedDataParallel (the module itself for a single process).
+
+    With several ranks and no process group yet, it is formed first (``task/process_group.py``).
 
     ``device_ids`` default to the module's GPU; ``find_unused_parameters`` to whether deterministic
     algorithms are on (see the module doc). Other ``kwargs`` go to DistributedDataParallel.
     """
+    require_group("hpctrain.task.ddp()")
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return module
     device = next((p.device for p in module.parameters()), torch.device("cpu"))

@@ -24,6 +24,7 @@ from typing import Any
 
 from hpctrain.errors import HpctrainError
 from hpctrain.runtime.stop import StopReason
+from hpctrain.task.process_group import require_group
 from hpctrain.task.session import session
 
 
@@ -32,6 +33,7 @@ def should_stop() -> StopReason | None:
 
     Collective when torch.distributed is up: every rank must call it at the same step boundaries.
     """
+    require_group("hpctrain.task.should_stop()")
     current = session()
     reason = current.stop.agreed()
     current.agreed = reason

@@ -172,3 +172,18 @@ def test_the_public_face_is_lazy_and_complete() -> None:
         assert getattr(task, name) is not None
     with pytest.raises(AttributeError):
         task.nothing  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_several_ranks_without_a_group_that_cannot_be_formed_stop_at_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Rank 1 of 2 with no process group never trains alone: the collective parts form the group or say why not."""
+    script_run(monkeypatch, tmp_path / "run", RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_PORT="http")
+    assert task.context().world_size == 2  # asking who it is needs no group
+    with pytest.raises(
+        DistributedSetupError, match=r"hpctrain.task.ddp\(\): .*rank 1 of 2, but no process group"
+    ) as err:
+        task.ddp(torch.nn.Linear(2, 2))
+    assert "init_process_group()" in (err.value.hint or "")
+    with pytest.raises(DistributedSetupError, match=r"hpctrain.task.should_stop\(\): "):
+        task.should_stop()
