@@ -1,21 +1,43 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install hpctrain with its test extras into it.
-# Idempotent: a second run only checks. torch/torchvision are pinned exactly by
-# constraints.txt (setup.cfg only asks for a compatible range, for site installs).
+# Create .venv (if missing) and install hpctrain into it: Python packages only, never system packages
+# (the test bed's are scripts/install-testbed.sh's, which scripts/test.sh runs).
+#
+#   bash scripts/install.sh             # hpctrain with its test extras (pytest, ruff, ...): developers, CI
+#   bash scripts/install.sh --no-test   # hpctrain alone (the quickstart)
+#
+# Idempotent: a second run only checks. torch/torchvision are pinned exactly by constraints.txt (setup.cfg
+# only asks for a compatible range, for site installs). pip's progress is shown, a line per package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+target='.[test]'
+probe="import hpctrain, torch, torchvision, submitit, pytest"
+if [ "${1:-}" = "--no-test" ]; then
+  target='.'
+  probe="import hpctrain, torch, torchvision, submitit"
+elif [ $# -gt 0 ]; then
+  echo "scripts/install.sh: unknown argument '$1' (--no-test, or none)" >&2
+  exit 2
+fi
 python=${PYTHON:-python3}
+say() { echo "install.sh: $*"; }
 if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $("$python" --version 2>&1) ($python)"
   "$python" -m venv .venv
 fi
-if ! .venv/bin/python -c "import hpctrain, torch, torchvision, submitit, pytest" 2>/dev/null \
+# pip's own lines, less the noise: which package it fetches (with its size) and what it installed
+progress() { grep --line-buffered -E '^(Collecting|  Downloading|Installing collected|Successfully installed|ERROR)' | sed -u 's/^ */  pip: /' || true; }
+if ! .venv/bin/python -c "$probe" 2>/dev/null \
    || [ setup.cfg -nt .venv/.hpctrain-installed ] || [ constraints.txt -nt .venv/.hpctrain-installed ]; then
+  torch_pin=$(grep -E '^torch==' constraints.txt | cut -d= -f3)
+  say "installing hpctrain ($target) with torch $torch_pin (CPU and CUDA wheels) and its dependencies into .venv:"
+  say "about 5 min and 3 GB the first time (most of it the torch wheel and its CUDA libraries)"
+  started=$(date +%s)
   .venv/bin/python -m pip install --quiet --upgrade pip wheel setuptools 2>&1 | grep -v "is ignored" || true
   # setup.cfg's package_dir (=.) makes the editable install a plain .pth path entry
   # instead of setuptools' import hook, which costs every hpctrain command ~20-50 ms
   # at start-up (benchmarks/cli_latency.py), without the deprecated compat mode
-  .venv/bin/python -m pip install --quiet -c constraints.txt -e '.[test]' 2>&1 | grep -v "is ignored" || true
-  .venv/bin/python -c "import hpctrain, torch, torchvision, submitit, pytest"
+  .venv/bin/python -m pip install --progress-bar off -c constraints.txt -e "$target" 2>&1 | progress
+  .venv/bin/python -c "$probe"
   # exactly the pinned versions (a local label such as +cu130 aside), or fail here rather than in a test
   .venv/bin/python -c "
 import sys
@@ -26,41 +48,5 @@ for line in open('constraints.txt'):
         sys.exit(f'{name} {version(name)} is installed, but constraints.txt pins {want}')
 "
   touch .venv/.hpctrain-installed
-fi
-# The report test opens report.html in headless Chromium (tests/unit/test_observe_report_render_browser.py), and
-# the decode tests run the turbojpeg decoder over libturbojpeg (ppc64le's fast path; PyTurboJPEG is
-# in the test extra). As root on Debian/Ubuntu (CI), install both; elsewhere those tests skip without them.
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  if [ ! -x /usr/bin/chromium ]; then
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } \
-      >/dev/null 2>&1 || echo "install.sh: could not install chromium; the report browser test skips (fails under CI)" >&2
-  fi
-  if ! ldconfig -p 2>/dev/null | grep -q 'libturbojpeg\.so'; then
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libturbojpeg0; } \
-      >/dev/null 2>&1 || echo "install.sh: could not install libturbojpeg0; the turbojpeg decode tests skip (fail under CI)" >&2
-  fi
-fi
-# The packed-dataset tests pack, mount and unmount SquashFS images (tests/unit/test_dataset_pack.py,
-# tests/local/test_packed_data.py). As root on Debian/Ubuntu (CI), install the tools; elsewhere
-# those tests skip without them.
-if ! command -v mksquashfs >/dev/null || ! command -v squashfuse >/dev/null || ! command -v fusermount3 >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        squashfs-tools squashfuse fuse3; } >/dev/null 2>&1 \
-      || echo "install.sh: could not install squashfs-tools/squashfuse; the packed-dataset tests skip (fail under CI)" >&2
-  fi
-fi
-# The shared-filesystem Slurm test (tests/slurm/test_shared_fs_e2e.py, `slurm-cluster up --shared`) serves
-# a folder over sshfs from an sshd the cluster starts itself. As root on Debian/Ubuntu (CI), install both;
-# policy-rc.d keeps the package from starting a system sshd. Elsewhere that test skips without them.
-if ! command -v sshfs >/dev/null || [ ! -x /usr/sbin/sshd ] || [ ! -x /usr/lib/openssh/sftp-server ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    policy=/usr/sbin/policy-rc.d
-    added_policy=
-    if [ ! -e "$policy" ]; then printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && added_policy=1; fi
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        sshfs openssh-server; } >/dev/null 2>&1 \
-      || echo "install.sh: could not install sshfs/openssh-server; the shared-filesystem test skips (fails under CI)" >&2
-    if [ -n "$added_policy" ]; then rm -f "$policy"; fi
-  fi
+  say "installed in $(($(date +%s) - started)) s"
 fi

@@ -24,7 +24,8 @@ if [ "${1:-}" = "--slurm" ]; then
     shift 2
     one_run=1
 fi
-bash scripts/install.sh
+bash scripts/install.sh          # Python packages into .venv
+bash scripts/install-testbed.sh  # the test bed's system packages (as root on Debian/Ubuntu; says what)
 if [ $# -gt 0 ] || [ -n "${one_run:-}" ]; then
     exec .venv/bin/python -m pytest "$@"
 fi

@@ -1,7 +1,7 @@
 """Open a page in Debian's headless Chromium, as the report tests do (unit tier and Slurm tier).
 
 Missing Chromium skips the test, except under CI (env CI set), where it is a
-failure: scripts/install.sh installs Debian's chromium when run as root.
+failure: scripts/install-testbed.sh installs Debian's chromium when run as root.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ FLAGS = [
 def require_chromium() -> None:
     if not Path(CHROMIUM).is_file():
         if os.environ.get("CI"):
-            pytest.fail("CI must run the browser test, but chromium is not installed (scripts/install.sh)")
+            pytest.fail("CI must run the browser test, but chromium is not installed (scripts/install-testbed.sh)")
         pytest.skip("chromium is not installed (apt-get install chromium)")
 
 

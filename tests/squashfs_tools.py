@@ -1,7 +1,7 @@
 """The SquashFS tools the packed-dataset tests need (unit and local tiers).
 
 Missing tools skip the test with the reason, except under CI (env CI set),
-where it is a failure: scripts/install.sh installs squashfs-tools, squashfuse
+where it is a failure: scripts/install-testbed.sh installs squashfs-tools, squashfuse
 and fuse3 when run as root.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-INSTALL = "apt-get install squashfs-tools squashfuse fuse3 (scripts/install.sh does, as root)"
+INSTALL = "apt-get install squashfs-tools squashfuse fuse3 (scripts/install-testbed.sh does, as root)"
 
 
 def _missing(message: str) -> None:

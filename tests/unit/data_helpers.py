@@ -25,10 +25,10 @@ def available_jpeg_decoders() -> list[str]:
 
 
 def use_jpeg_decoder(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """Force hpctrain's JPEG decoder ``name``; skip where it is missing, fail under CI (install.sh installs all)."""
+    """Force hpctrain's JPEG decoder ``name``; skip where it is missing, fail under CI (the test bed has all)."""
     if (why := _missing(name)) is not None:
         if os.environ.get("CI"):
-            pytest.fail(f"CI must test the {name} decoder (scripts/install.sh installs it): {why}")
+            pytest.fail(f"CI must test the {name} decoder (scripts/install-testbed.sh installs it): {why}")
         pytest.skip(why)
     monkeypatch.setenv("HPCTRAIN_JPEG_DECODER", name)
 

@@ -1,7 +1,7 @@
 """report.html in a real browser (headless Chromium): every embedded image decodes, the page is not blank.
 
 Skipped where /usr/bin/chromium is missing, except under CI (env CI set), where
-that is a failure: scripts/install.sh installs Debian's chromium when run as root.
+that is a failure: scripts/install-testbed.sh installs Debian's chromium when run as root.
 """
 
 from __future__ import annotations

@@ -65,5 +65,5 @@ def test_missing_sshfs_names_the_packages_to_install(
     message = _refusal(cluster, str(tmp_path), tmp_path / "state")
     assert message == (
         "--shared: openssh-server, sshfs not installed; "
-        "apt-get install sshfs openssh-server (scripts/install.sh does it as root)"
+        "apt-get install sshfs openssh-server (scripts/install-testbed.sh does it as root)"
     )
