@@ -30,9 +30,12 @@ STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})  # what
 PARENT_DEATH_SIGNAL = signal.SIGTERM
 
 
-def start_child(argv: Sequence[str], **popen: Any) -> subprocess.Popen:
+def start_child(argv: Sequence[str], *, own_group: bool = False, **popen: Any) -> subprocess.Popen:
     """``subprocess.Popen(argv, **popen)`` of a child that gets SIGTERM when this process ends, even by
     SIGKILL (Linux; elsewhere a plain start), with the stop signals held back until it is started.
+
+    ``own_group``: the child leads a process group of its own, so a terminal's Ctrl-C (sent to the
+    foreground group) reaches this process alone, which then stops the child as it sees fit.
 
     A stop signal that arrived during the start is delivered before this returns; if its handler raises
     (``KeyboardInterrupt``), the new child is killed and reaped first, so none is left behind.
@@ -42,6 +45,8 @@ def start_child(argv: Sequence[str], **popen: Any) -> subprocess.Popen:
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
 
     def in_child() -> None:
+        if own_group:
+            os.setpgid(0, 0)
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         if set_parent_death_signal is not None:
             set_parent_death_signal()

@@ -1,9 +1,13 @@
 """Waiting for submitted jobs: a local run followed in the foreground, a Slurm job waited for.
 
 A local run (``submit --local``, ``hpctrain.submit(job, local=True, wait=True)``)
-runs under this process: its rank 0 log is echoed while it runs, and SIGTERM
-or SIGHUP (a closed terminal, ``kill``, a session manager) stops the whole
-run, as ``hpctrain cancel`` would, before this process goes on. Torch-free.
+runs under this process: its rank 0 log is echoed while it runs, and Ctrl-C,
+SIGTERM or SIGHUP (a closed terminal, ``kill``, a session manager) stops the
+whole run, as ``hpctrain cancel`` would (the tasks save first), before this
+process goes on. Every one of them ends the same way: the run's status is
+``stopped``, and one line says what it kept and how to resume
+(:func:`what_it_kept`). The run's controller leads its own process group, so a
+terminal's Ctrl-C reaches this process alone. Torch-free.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from hpctrain.contract.rundir import run_home
+from hpctrain.contract.rundir import latest_checkpoint_step, run_home
 from hpctrain.contract.runfiles import copy_out
 from hpctrain.contract.slurm import Slurm
 from hpctrain.contract.summary import Summary, read_summary
@@ -25,6 +29,7 @@ from hpctrain.errors import ClusterError
 from hpctrain.launch.submission import SubmittedRun
 
 TERMINATIONS = (signal.SIGTERM, signal.SIGHUP)
+STOPS = (signal.SIGINT, *TERMINATIONS)  # ignored while the run is being stopped
 LOCAL_STOP_TIMEOUT_S = 60.0  # as 'hpctrain cancel --timeout': time for the tasks to write their stop checkpoint
 
 
@@ -46,20 +51,16 @@ def follow_local(submitted: SubmittedRun, stream: TextIO) -> int:
                 if done:
                     break
                 time.sleep(0.5)
-    except KeyboardInterrupt:
-        for j in submitted.jobs:
-            j.cancel(check=False)
+    except (KeyboardInterrupt, _Terminated) as exc:
+        signum = exc.signum if isinstance(exc, _Terminated) else signal.SIGINT
         print(
-            f"\ncancelled; the run directory {submitted.run_dir} keeps its last checkpoint "
-            f"('hpctrain resume {submitted.run_dir} --local' continues it)",
+            f"\n{stop_name(signum)}: stopping the run's processes; they save a checkpoint first "
+            f"(up to {LOCAL_STOP_TIMEOUT_S:.0f} s)",
             file=sys.stderr,
         )
-        return 130
-    except _Terminated as exc:
-        print(f"\n{exc.name}: stopping the run's processes (up to {LOCAL_STOP_TIMEOUT_S:.0f} s)", file=sys.stderr)
-        with _terminations_ignored():  # a second SIGTERM must not cut the stop short
+        with _stops_ignored():  # a second Ctrl-C or SIGTERM must not cut the stop short
             stop_local(submitted, LOCAL_STOP_TIMEOUT_S)
-        return 128 + exc.signum  # the caller says what became of the run (launch/submit.py: RunStopped)
+        return 128 + signum  # the caller says what became of the run (launch/submit.py: RunStopped)
     failures = [j for j in submitted.jobs if j.exception() is not None]
     summary = read_summary(submitted.trial_dirs[0]) or Summary()
     if failures:
@@ -75,6 +76,22 @@ def follow_local(submitted: SubmittedRun, stream: TextIO) -> int:
     print(line, file=stream)
     print(f"run dir: {submitted.run_dir}", file=stream)
     return 0 if status in ("completed", "running") else 1
+
+
+def stop_name(signum: int) -> str:
+    """How a stop is named to the user: ``Ctrl-C`` for SIGINT, else the signal's name."""
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+def what_it_kept(run_dir: Path) -> str:
+    """What a stopped run kept, in the words every stop uses: its last checkpoint's step, or none."""
+    step = latest_checkpoint_step(run_dir)
+    if step is not None:
+        return f"it saved a checkpoint at step {step}"
+    script = ((read_summary(run_dir) or Summary()).model_extra or {}).get("script")
+    if isinstance(script, str):
+        return "hpctrain saw no checkpoint of it (a script keeps its own, if it saves any)"
+    return "it had saved no checkpoint yet (resuming starts it from the beginning)"
 
 
 def local_status(submitted: SubmittedRun) -> str:
@@ -126,8 +143,8 @@ def _terminations_raise() -> contextlib.AbstractContextManager[None]:
     return _handling(TERMINATIONS, handler)
 
 
-def _terminations_ignored() -> contextlib.AbstractContextManager[None]:
-    return _handling(TERMINATIONS, signal.SIG_IGN)
+def _stops_ignored() -> contextlib.AbstractContextManager[None]:
+    return _handling(STOPS, signal.SIG_IGN)
 
 
 @contextlib.contextmanager

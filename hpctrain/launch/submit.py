@@ -18,7 +18,6 @@ submitit is imported only to submit.
 from __future__ import annotations
 
 import io
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -184,15 +183,13 @@ def finish(one: Submission, submitted: SubmittedRun, *, wait: bool, steps: Steps
 
 def _raise_for_stop(code: int, run_dir: Path, note: str = "") -> None:
     """A followed local run that a signal stopped (exit code 128 + the signal) ends the sequence."""
-    if code == 130:
-        raise KeyboardInterrupt
     if code >= 128:
-        name = signal.Signals(code - 128).name
+        from hpctrain.launch.follow import stop_name, what_it_kept
+
         raise RunStopped(
-            f"{name}: the local run {run_dir} was stopped{note}",
+            f"{stop_name(code - 128)}: the local run {run_dir} was stopped{note}; {what_it_kept(run_dir)}",
             code,
-            hint=f"it keeps its last checkpoint: 'hpctrain resume {run_dir} --local' "
-            f"(hpctrain.resume({str(run_dir)!r}, local=True)) continues it",
+            hint=f"'hpctrain resume {run_dir} --local' (hpctrain.resume({str(run_dir)!r}, local=True)) continues it",
         )
 
 

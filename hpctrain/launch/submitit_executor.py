@@ -41,7 +41,8 @@ class LocalExecutor(submitit.LocalExecutor):
     The controller is started as submitit's ``start_controller`` does (same
     environment variables), plus the run's token (``launch/local_run.py``) and,
     on Linux, a parent-death signal: a ``submit --local`` that dies takes the
-    controller, and through it the tasks, along. ``job.local_process`` is the
+    controller, and through it the tasks, along. It leads its own process group, out
+    of a terminal's Ctrl-C (``launch/follow.py`` stops the run). ``job.local_process`` is the
     record for run.json. ``run_dir``: the run directory the next job serves (set before each submit).
     """
 
@@ -68,7 +69,10 @@ class LocalExecutor(submitit.LocalExecutor):
             CUDA_VISIBLE_DEVICES=self.visible_devices,
             SUBMITIT_LOCAL_WITH_SHELL="",
         )
-        process = start_child([sys.executable, "-m", "submitit.local._local", str(self.folder)], env=env)
+        # its own process group: a terminal's Ctrl-C reaches submit alone, which stops the run as cancel does
+        # (the tasks save first); sent to the controller too, it printed a traceback and the tasks died unsaved
+        controller = [sys.executable, "-m", "submitit.local._local", str(self.folder)]
+        process = start_child(controller, own_group=True, env=env)
         job: LocalJob = LocalJob(self.folder, str(process.pid), tasks=list(range(ntasks)), process=process)
         job.local_process = local_run.record_started(process.pid, token)  # type: ignore[attr-defined]
         return job

@@ -1,4 +1,4 @@
-"""``hpctrain submit --local`` killed by SIGTERM or SIGHUP takes its whole run along.
+"""``hpctrain submit --local`` stopped by Ctrl-C, SIGTERM or SIGHUP, or killed, takes its whole run along.
 
 A real two-rank DDP run with a data-loader worker per rank; once it trains,
 the submitting command gets the signal. Afterwards no process may carry the
@@ -100,20 +100,29 @@ def start_training(tmp_path: Path, data_root: Path) -> tuple[subprocess.Popen[st
     return submitter, run_dir, token, before
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize(
+    ("signum", "to_group"), [(signal.SIGTERM, False), (signal.SIGHUP, False), (signal.SIGINT, True)]
+)
 def test_a_terminated_local_submit_leaves_no_process_of_the_run(
-    tmp_path: Path, data_root: Path, signum: signal.Signals
+    tmp_path: Path, data_root: Path, signum: signal.Signals, to_group: bool
 ) -> None:
+    """SIGINT goes to the submitter's whole process group, as a terminal's Ctrl-C does: the run's controller
+    leads a group of its own, so the submitter alone gets it and stops the run as it does on SIGTERM."""
     submitter, run_dir, token, before = start_training(tmp_path, data_root)
     try:
-        submitter.send_signal(signum)
+        if to_group:
+            os.killpg(submitter.pid, signum)
+        else:
+            submitter.send_signal(signum)
         out, err = submitter.communicate(timeout=240)
     finally:
         if submitter.poll() is None:
             os.killpg(submitter.pid, signal.SIGKILL)
             submitter.wait()
     assert submitter.returncode == 128 + signum, out + err
-    assert "Traceback" not in err and signal.Signals(signum).name in err
+    name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    assert "Traceback" not in err and f"{name}: the local run {run_dir} was stopped; it saved a checkpoint" in err
+    assert f"'hpctrain resume {run_dir} --local'" in err
     assert processes_with(token) == [], f"left running of {before}"
     summary = json.loads(summary_path(run_dir).read_text())
     assert summary["status"] == "stopped" and summary.get("stop_reason") == "cancelled", summary

@@ -382,8 +382,8 @@ class EndlessJob:
         return False
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
-def test_submit_local_stops_its_run_on_sigterm_and_sighup(
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_submit_local_stops_its_run_on_ctrl_c_sigterm_and_sighup(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], signum: int
 ) -> None:
     from hpctrain.launch import follow
@@ -391,25 +391,36 @@ def test_submit_local_stops_its_run_on_sigterm_and_sighup(
 
     stopped: list[SubmittedRun] = []
     monkeypatch.setattr(follow, "stop_local", lambda submitted, timeout_s: stopped.append(submitted))
-    before = {one: signal.getsignal(one) for one in follow.TERMINATIONS}
+    before = {one: signal.getsignal(one) for one in follow.STOPS}
     submitted = SubmittedRun("4242", tmp_path, "local", [EndlessJob(tmp_path, signum)], [tmp_path])
     assert follow.follow_local(submitted, stream=io.StringIO()) == 128 + signum
-    assert stopped == [submitted]
-    assert {one: signal.getsignal(one) for one in follow.TERMINATIONS} == before
-    assert "stopping the run's processes" in capsys.readouterr().err
+    assert stopped == [submitted]  # as hpctrain cancel: the tasks save, then stop (Ctrl-C included)
+    assert {one: signal.getsignal(one) for one in follow.STOPS} == before
+    err = capsys.readouterr().err
+    assert f"{follow.stop_name(signum)}: stopping the run's processes; they save a checkpoint first" in err
 
 
-@pytest.mark.parametrize(("code", "name"), [(143, "SIGTERM"), (129, "SIGHUP")])
+@pytest.mark.parametrize(("code", "name"), [(130, "Ctrl-C"), (143, "SIGTERM"), (129, "SIGHUP")])
 def test_a_local_run_stopped_by_a_signal_ends_the_sequence_with_its_exit_code(
     tmp_path: Path, code: int, name: str
 ) -> None:
+    """Ctrl-C, SIGTERM and SIGHUP are told alike: one word (stopped), whether it saved, one resume hint."""
+    from hpctrain.contract.rundir import checkpoints_dir
     from hpctrain.errors import RunStopped
     from hpctrain.launch.submit import _raise_for_stop
 
     with pytest.raises(RunStopped) as stopped:
         _raise_for_stop(code, tmp_path)
-    assert stopped.value.exit_code == code and stopped.value.message.startswith(f"{name}: the local run")
-    assert "keeps its last checkpoint" in (stopped.value.hint or "") and "--local" in (stopped.value.hint or "")
-    with pytest.raises(KeyboardInterrupt):
-        _raise_for_stop(130, tmp_path)
+    assert stopped.value.exit_code == code
+    unsaved = "it had saved no checkpoint yet (resuming starts it from the beginning)"
+    assert stopped.value.message == f"{name}: the local run {tmp_path} was stopped; {unsaved}"
+    assert (stopped.value.hint or "").startswith(f"'hpctrain resume {tmp_path} --local'")
+    step = checkpoints_dir(tmp_path) / "step-00000011"
+    step.mkdir(parents=True)
+    (step / "state.pt").write_bytes(b"x")
+    files = {"state.pt": {"size": 1, "sha256": "-"}}
+    (step / "meta.json").write_text(json.dumps({"format_version": 1, "global_step": 11, "files": files}))
+    with pytest.raises(RunStopped) as saved:
+        _raise_for_stop(code, tmp_path)
+    assert saved.value.message.endswith("was stopped; it saved a checkpoint at step 11")
     _raise_for_stop(1, tmp_path)  # a run that ended by itself, however: no stop
