@@ -161,9 +161,16 @@ def cmd_init(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="job name; writes jobs/NAME.yaml")
     # Their bounds are the spec's (resources.*): init validates the spec it writes.
     parser.add_argument("--nodes", type=int, default=1)
-    parser.add_argument("--gpus-per-node", type=int, default=4)
+    parser.add_argument(
+        "--gpus-per-node", type=int, help="default: on 'local' this machine's GPUs, else the cluster profile's"
+    )
+    parser.add_argument("--tasks-per-node", type=int, help="processes per node (default: one per GPU; one on CPUs)")
     parser.add_argument("--arch", default="resnet50")
-    parser.add_argument("--cluster", default="hal")
+    parser.add_argument(
+        "--cluster",
+        help="a cluster profile; default: $HPCTRAIN_CLUSTER, else Slurm's ClusterName if a profile has it, "
+        "'slurm' where Slurm is, 'local' where it is not",
+    )
     parser.add_argument("--dir", default="jobs", help="directory to write into (default jobs/)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing file")
     parser.add_argument(

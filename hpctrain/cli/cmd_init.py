@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from pathlib import Path
 
@@ -10,6 +11,8 @@ from hpctrain.errors import UsageError
 from hpctrain.jobspec.fields import NAME_PATTERN
 from hpctrain.jobspec.load import load_job
 from hpctrain.jobspec.profiles import ClusterProfile, load_profile
+from hpctrain.launch import init_defaults
+from hpctrain.launch.script_template import tasks_per_node_line
 from hpctrain.launch.templates import fill, read_template
 
 # Per-GPU batch that fits: HAL's V100s (16 GB) hold 208 ResNet-50 images in fp16, not 256.
@@ -33,7 +36,9 @@ def checked_profile(nodes: int, gpus_per_node: int, cluster: str) -> ClusterProf
     return profile
 
 
-def render_spec(name: str, path: Path, *, nodes: int, gpus_per_node: int, arch: str, cluster: str) -> str:
+def render_spec(
+    name: str, path: Path, *, nodes: int, gpus_per_node: int, arch: str, cluster: str, tasks_per_node: int | None = None
+) -> str:
     profile = checked_profile(nodes, gpus_per_node, cluster)
     on_gpu = gpus_per_node > 0
     return fill(
@@ -44,6 +49,7 @@ def render_spec(name: str, path: Path, *, nodes: int, gpus_per_node: int, arch: 
             "cluster": cluster,
             "nodes": str(nodes),
             "gpus_per_node": str(gpus_per_node),
+            "tasks_per_node": tasks_per_node_line(tasks_per_node),
             "time": "24:00:00" if on_gpu else "01:00:00",
             "arch": arch,
             "strategy": "ddp",
@@ -59,21 +65,40 @@ def render_script_spec(args: argparse.Namespace, path: Path) -> str:
     """A spec running ``--script`` in the style its text shows (launch/script_template.py)."""
     from hpctrain.launch import script_template
 
-    render_spec(
-        args.name, path, nodes=args.nodes, gpus_per_node=args.gpus_per_node, arch=args.arch, cluster=args.cluster
-    )
+    checked_profile(args.nodes, args.gpus_per_node, args.cluster)
     style = script_template.style_of(script_template.read_script(Path(args.script)))
     return script_template.render(
-        args.name, path, args.script, style, nodes=args.nodes, gpus_per_node=args.gpus_per_node, cluster=args.cluster
+        args.name,
+        path,
+        args.script,
+        style,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        cluster=args.cluster,
+        tasks_per_node=args.tasks_per_node,
     )
 
 
 def run(args: argparse.Namespace) -> int:
     if not re.match(NAME_PATTERN, args.name):
         raise UsageError(f"{args.name!r} is not a job name", hint="use letters, digits, '_', '.', '-'")
-    for flag, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node + 1)):
-        if value < 1:
-            raise UsageError(f"{flag} must be positive")
+    given = (
+        ("--nodes", args.nodes, 1),
+        ("--gpus-per-node", args.gpus_per_node, 0),
+        ("--tasks-per-node", args.tasks_per_node, 1),
+    )
+    for flag, value, least in given:
+        if value is not None and value < least:
+            raise UsageError(f"{flag} must be {'positive' if least else 'zero or more'}")
+    # what is not given follows where you are: the cluster here, its GPUs (launch/init_defaults.py)
+    chosen = init_defaults.choose(
+        init_defaults.look_around(),
+        os.environ,
+        cluster=args.cluster,
+        gpus_per_node=args.gpus_per_node,
+        tasks_per_node=args.tasks_per_node,
+    )
+    args.cluster, args.gpus_per_node = chosen.cluster, chosen.gpus_per_node
     directory = Path(args.dir)
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"--dir {args.dir} is a file, not a directory", hint="pass a directory, e.g. --dir jobs")
@@ -84,7 +109,13 @@ def run(args: argparse.Namespace) -> int:
         text = render_script_spec(args, path)
     else:
         text = render_spec(
-            args.name, path, nodes=args.nodes, gpus_per_node=args.gpus_per_node, arch=args.arch, cluster=args.cluster
+            args.name,
+            path,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            arch=args.arch,
+            cluster=args.cluster,
+            tasks_per_node=args.tasks_per_node,
         )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -100,8 +131,11 @@ def run(args: argparse.Namespace) -> int:
         raise
     draft.replace(path)
     what = job.spec.trainer.arch if job.spec.script is None else f"{args.script}, one process per {job.spec.script.per}"
-    print(
-        f"wrote {path}: {job.spec.resources.nodes} node(s) x {job.spec.resources.gpus_per_node} GPUs, "
-        f"{what}; next: hpctrain validate {path}"
-    )
+    resources = job.spec.resources
+    shape = f"{resources.nodes} node(s) x {resources.gpus_per_node} GPUs"
+    if resources.tasks_per_node is not None:
+        shape += f", {resources.tasks_per_node} task(s) per node"
+    print(f"wrote {path}: cluster {job.spec.cluster}, {shape}, {what}; next: hpctrain validate {path}")
+    if chosen.why:
+        print(f"  defaults from where you are: {chosen.why} (flags --cluster, --gpus-per-node, --tasks-per-node)")
     return 0

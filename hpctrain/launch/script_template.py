@@ -73,7 +73,15 @@ def style_of(text: str) -> ScriptStyle:
 
 
 def render(
-    name: str, path: Path, script: str, style: ScriptStyle, *, nodes: int, gpus_per_node: int, cluster: str
+    name: str,
+    path: Path,
+    script: str,
+    style: ScriptStyle,
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    cluster: str,
+    tasks_per_node: int | None = None,
 ) -> str:
     """The spec's text (``script``: as the user wrote it, relative to where hpctrain runs)."""
     return fill(
@@ -87,9 +95,17 @@ def render(
             "cluster": cluster,
             "nodes": str(nodes),
             "gpus_per_node": str(gpus_per_node),
+            "tasks_per_node": tasks_per_node_line(tasks_per_node),
             "time": "24:00:00" if gpus_per_node else "01:00:00",
             "per": style.per,
             "per_comment": style.per_comment,
             "args": json.dumps(style.args),
         },
     )
+
+
+def tasks_per_node_line(tasks_per_node: int | None) -> str:
+    """The spec's ``resources.tasks_per_node`` line: the value given, else the default in a comment."""
+    if tasks_per_node is None:
+        return "# tasks_per_node: 4         # processes per node (default: one per GPU; one on CPUs)"
+    return f"tasks_per_node: {tasks_per_node}         # processes per node"

@@ -155,7 +155,18 @@ def test_schema_is_json_with_every_section(env: dict[str, str]) -> None:
 
 def test_init_writes_a_spec_that_validates(tmp_path: Path, env: dict[str, str]) -> None:
     result = hpctrain(
-        "init", "myjob", "--nodes", "2", "--gpus-per-node", "4", "--arch", "resnet18", env=env, cwd=tmp_path
+        "init",
+        "myjob",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "4",
+        "--arch",
+        "resnet18",
+        "--cluster",
+        "hal",
+        env=env,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     path = tmp_path / "jobs" / "myjob.yaml"
@@ -185,7 +196,7 @@ def test_init_refuses_to_overwrite_without_force(tmp_path: Path, env: dict[str, 
 def test_init_refuses_what_would_not_validate(tmp_path: Path, env: dict[str, str]) -> None:
     (tmp_path / "afile").touch()
     results = hpctrain_all(
-        {"gpus": ["init", "big", "--gpus-per-node", "8"], "dir": ["init", "x", "--dir", "afile"]},
+        {"gpus": ["init", "big", "--gpus-per-node", "8", "--cluster", "hal"], "dir": ["init", "x", "--dir", "afile"]},
         env=env,
         cwd={"gpus": tmp_path, "dir": tmp_path},
     )
@@ -195,7 +206,7 @@ def test_init_refuses_what_would_not_validate(tmp_path: Path, env: dict[str, str
 
 
 def test_init_on_hal_uses_a_batch_that_fits_a_v100(tmp_path: Path, env: dict[str, str]) -> None:
-    assert hpctrain("init", "hal", env=env, cwd=tmp_path).returncode == 0
+    assert hpctrain("init", "hal", "--cluster", "hal", env=env, cwd=tmp_path).returncode == 0
     assert yaml.safe_load((tmp_path / "jobs" / "hal.yaml").read_text())["trainer"]["batch_size"] == 208
 
 
