@@ -103,8 +103,10 @@ def cmd_nodes(parser: argparse.ArgumentParser) -> None:
 def cmd_status(parser: argparse.ArgumentParser) -> None:
     _run_argument(parser, nargs="?")
     parser.add_argument(
-        "--output-dir", help="list the runs under this directory (default: the runs this account submitted)"
+        "--output-dir",
+        help="list the runs under this directory (default: the runs this account submitted from here or below)",
     )
+    parser.add_argument("--all", action="store_true", help="list every run this account submitted, from anywhere")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
     parser.add_argument(
         "--watch",

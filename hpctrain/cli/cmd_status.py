@@ -24,6 +24,8 @@ from hpctrain.observe.live_view import rank_table
 from hpctrain.observe.run_status import RECENT_KEYS, RunStatus, recent_rows, registry_runs, runs_under
 from hpctrain.observe.status import COLUMNS, StudyStatus, point_cells, status
 
+# a finished run that logged no step (a plain script): what would give it progress and curves
+NO_STEPS = "no training step logged; a script logs them with hpctrain.task.log(step, loss=...) (docs/your-own-loop.md)"
 RANK_TABLE_UP_TO = 8  # the plain status shows every rank's heartbeat up to this many ranks (or with --ranks)
 
 
@@ -61,6 +63,8 @@ def print_run(found: RunStatus, *, as_json: bool, show_ranks: bool) -> int:
             print("\n".join(f"{'':>20}  | {printable(line)}" for line in value))
         elif value not in (None, [], ""):
             print(f"{key:>20}: {value:.2f}" if isinstance(value, float) else f"{key:>20}: {printable(value)}")
+    if found.global_step is None and found.finished:
+        print(f"{'progress':>20}: {NO_STEPS}")
     if ranks and (show_ranks or len(ranks) <= RANK_TABLE_UP_TO):
         Console(file=sys.stdout).print(rank_table(ranks, limit=len(ranks)))
     elif ranks:
@@ -90,8 +94,10 @@ def list_recent(args: argparse.Namespace) -> int:
         if not output_dir.is_dir():
             raise RunDirError(f"--output-dir {args.output_dir}: no such directory")
         runs = runs_under(output_dir)
-    else:
+    elif args.all:
         runs = registry_runs()
+    else:
+        runs = registry_runs(under=Path.cwd())
     rows = recent_rows(runs)
     if args.json:
         print(json.dumps([dict(zip(RECENT_KEYS, row)) for row in rows]))
@@ -99,13 +105,22 @@ def list_recent(args: argparse.Namespace) -> int:
     if not rows and args.output_dir:
         print(f"no runs under {args.output_dir} (runs are OUTPUT_DIR/NAME/RUN_ID)")
         return 0
+    if not rows and not args.all and registry_runs(limit=1):
+        print(f"no runs submitted from {Path.cwd()} or below; every run of this account: hpctrain status --all")
+        return 0
     if not rows:
         print("no runs submitted from this account yet; start with: hpctrain submit jobs/quickstart.yaml")
         return 0
-    table = Table(title="recent hpctrain runs (hpctrain status RUN for details)", title_justify="left")
-    for column in ("job", "submitted", "status", "epochs", "val top-1", "run dir"):
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*(for_rich(cell) for cell in row))
-    Console(file=sys.stdout).print(table)
+    where = "" if args.output_dir or args.all else f" submitted from {Path.cwd()} (--all: every run of this account)"
+    table = Table(title=f"recent hpctrain runs{where}; hpctrain status RUN for details", title_justify="left")
+    headers = ("job", "submitted", "status", "epochs", "val top-1", "run dir")
+    for column in headers:
+        table.add_column(column, no_wrap=True)
+    cells = [[for_rich(cell) for cell in row] for row in rows]
+    for row in cells:
+        table.add_row(*row)
+    # the run dir is what gets copied: never cut a cell (at 80 columns when piped), let a terminal wrap the line
+    widths = [max(len(header), *(len(row[i]) for row in cells)) for i, header in enumerate(headers)]
+    console = Console(file=sys.stdout)
+    Console(file=sys.stdout, width=max(console.width, sum(widths) + 3 * len(widths) + 1)).print(table)
     return 0

@@ -1,8 +1,10 @@
 """Which run directory a Slurm job id belongs to, so commands accept either.
 
-Every submit appends ``{"job_id", "run_dir", "time"}`` to
+Every submit appends ``{"job_id", "run_dir", "time", "submit_dir"}`` to
 ``$XDG_STATE_HOME/hpctrain/jobs.jsonl`` (default ``~/.local/state``). Lines
 are small and appended with O_APPEND, so concurrent submits do not interleave.
+``submit_dir`` (where ``submit`` ran) lets ``hpctrain status`` list the runs of
+the project you are in, not every run of a shared account.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ def record(job_id: str, run_dir: Path) -> None:
     path = registry_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"job_id": job_id, "run_dir": str(run_dir), "time": time.time()}) + "\n"
+        entry = {"job_id": job_id, "run_dir": str(run_dir), "time": time.time(), "submit_dir": os.getcwd()}
+        line = json.dumps(entry) + "\n"
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line.encode())

@@ -80,6 +80,7 @@ class Snapshot:
     lost_nodes: str | None = None  # a healing run's lost nodes (observe/node_losses.py)
     burn_in: str | None = None  # the last burn-in
     evictions: str | None = None  # slow nodes evicted
+    script: bool = False  # a script: job, which reports steps only through hpctrain.task
 
 
 @dataclass
@@ -171,6 +172,7 @@ def build_snapshot(
         failed_rank=summary.failed_rank,
         failed_node=_text(summary.failed_node),
         failed_reason=_text(summary.failed_reason),
+        script=isinstance((summary.model_extra or {}).get("script"), str),
         stop_reason=_text(summary.stop_reason),
         lost_nodes=node_loss_text(summary.node_failures),
         burn_in=burn_in_text(summary.burn_in),

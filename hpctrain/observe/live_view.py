@@ -49,11 +49,19 @@ def _of(done: int | None, total: int | None) -> str:
     return f"{done}/{total}" if total else str(done)
 
 
+NO_SCRIPT_STEPS = "steps not reported (the script's hpctrain.task.step/log would report them)"
+
+
 def progress_text(snap: Snapshot) -> str:
     """``epoch 1/2 step 3/4 | global step 3/8 (38%) | 512.0 img/s | data-wait 12% | eta 4m05s``."""
-    parts = [f"epoch {_of(snap.epoch, snap.epochs)} step {_of(snap.step_in_epoch, snap.steps_per_epoch)}"]
+    parts = []
+    if not snap.script or snap.epoch is not None:  # a script that reports no epochs: no 'epoch ? step ?'
+        parts.append(f"epoch {_of(snap.epoch, snap.epochs)} step {_of(snap.step_in_epoch, snap.steps_per_epoch)}")
     share = f" ({100 * snap.global_step / snap.total_steps:.0f}%)" if snap.total_steps and snap.global_step else ""
-    parts.append(f"global step {_of(snap.global_step, snap.total_steps)}{share}")
+    if snap.script and snap.global_step is None:
+        parts.append(NO_SCRIPT_STEPS)
+    else:
+        parts.append(f"global step {_of(snap.global_step, snap.total_steps)}{share}")
     if snap.images_per_s is not None:
         parts.append(f"{snap.images_per_s:.1f} img/s")
     if snap.data_wait_fraction is not None:
@@ -196,9 +204,14 @@ def rich_view(snap: Snapshot, *, interval_s: float | None = None) -> RenderableT
     epoch_done = None
     if snap.epoch is not None and snap.step_in_epoch is not None and snap.steps_per_epoch:
         epoch_done = snap.epoch - 1 + snap.step_in_epoch / snap.steps_per_epoch
-    grid.add_row("epoch", _bar(epoch_done, snap.epochs), _of(snap.epoch, snap.epochs))
-    grid.add_row("step", _bar(snap.step_in_epoch, snap.steps_per_epoch), _of(snap.step_in_epoch, snap.steps_per_epoch))
-    grid.add_row("global step", _bar(snap.global_step, snap.total_steps), _of(snap.global_step, snap.total_steps))
+    if not snap.script or snap.epoch is not None:
+        grid.add_row("epoch", _bar(epoch_done, snap.epochs), _of(snap.epoch, snap.epochs))
+        steps = _of(snap.step_in_epoch, snap.steps_per_epoch)
+        grid.add_row("step", _bar(snap.step_in_epoch, snap.steps_per_epoch), steps)
+    if snap.script and snap.global_step is None:
+        grid.add_row("global step", NO_SCRIPT_STEPS, "")
+    else:
+        grid.add_row("global step", _bar(snap.global_step, snap.total_steps), _of(snap.global_step, snap.total_steps))
     rate = "?" if snap.images_per_s is None else f"{snap.images_per_s:.1f} img/s"
     grid.add_row("speed", rate, "" if snap.final else f"eta {duration(snap.eta_s)}")
     wait = "?" if snap.data_wait_fraction is None else f"{100 * snap.data_wait_fraction:.0f}%"
@@ -220,7 +233,7 @@ def rank_table(ranks: tuple[RankView, ...], limit: int = RANK_ROWS) -> Table:
     shown, left_out = shown_ranks(ranks, limit)
     table = Table(title="ranks' last heartbeats", title_justify="left", caption_justify="left")
     gpu = any(view.gpu_util_pct is not None for view in ranks)
-    for column in ("rank", "node", "step", "phase", "step time", *(("gpu",) if gpu else ()), "heartbeat", ""):
+    for column in ("rank", "node", "step", "phase", "step time", *(("gpu",) if gpu else ()), "heartbeat", "flags"):
         table.add_column(column)
     for view in shown:
         flag = " ".join(word for word, on in (("STALE", view.stale), ("STRAGGLER", view.straggler)) if on)

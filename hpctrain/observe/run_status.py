@@ -199,19 +199,29 @@ def _slurm_state(job_id: str, slurm: Slurm) -> str:
 RECENT_KEYS = ("job_id", "submitted", "status", "epochs", "val_top1", "run_dir")
 
 
-def registry_runs(limit: int = RECENT_RUNS) -> list[tuple[str, float, Path]]:
-    """(job id, submitted at, run dir) of the newest runs this account submitted."""
+def registry_runs(limit: int = RECENT_RUNS, *, under: Path | None = None) -> list[tuple[str, float, Path]]:
+    """(job id, submitted at, run dir) of the newest runs this account submitted; with ``under``, only those
+    of that project (submitted from it or below, or whose run directory lies in it): a shared account's
+    other users' runs are not listed."""
     seen, runs = set(), []
     for entry in reversed(job_registry.entries()):
         run_dir = Path(entry["run_dir"])
         if run_dir in seen or not run_dir.is_dir():
             continue
         seen.add(run_dir)
+        if under is not None and not _of_project(entry, run_dir, under):
+            continue
         when = entry.get("time")
         runs.append((entry["job_id"], float(when) if plausible(when) else 0.0, run_dir))
         if len(runs) >= limit:
             break
     return runs
+
+
+def _of_project(entry: dict[str, Any], run_dir: Path, project: Path) -> bool:
+    submitted_from = entry.get("submit_dir")
+    places = [run_dir, *([Path(submitted_from)] if isinstance(submitted_from, str) else [])]
+    return any(place == project or project in place.parents for place in places)
 
 
 def runs_under(output_dir: Path, limit: int = RECENT_RUNS) -> list[tuple[str, float, Path]]:

@@ -449,3 +449,18 @@ def test_a_heartbeat_from_long_ago_is_stale_while_the_job_runs() -> None:
     )
     snap = build_snapshot(inputs, "RUNNING", NOW, final=False)
     assert snap.ranks[0].rank == 0 and snap.ranks[0].stale  # written at time 0: very old
+
+
+def test_a_script_that_reports_no_steps_says_so_instead_of_question_marks(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)
+    atomic_write_text(summary_path(run_dir), json.dumps({"status": "running", "script": "/x/train.py"}))
+    write_beat(run_dir, 0)
+    line = plain_changes(None, snapshot(run_dir))[0]
+    assert "epoch ?" not in line and "global step ?" not in line
+    assert "steps not reported (the script's hpctrain.task.step/log would report them)" in line
+    panel = io.StringIO()
+    Console(file=panel, width=160).print(rich_view(snapshot(run_dir)))
+    assert "flags" in panel.getvalue()  # the rank table's last column is named
+    assert "epoch" not in panel.getvalue().split("global step")[0]
+    write_summary(run_dir, status="running", script="/x/train.py", global_step=3, total_steps=10)
+    assert "global step 3/10 (30%)" in plain_changes(None, snapshot(run_dir))[0]

@@ -182,3 +182,16 @@ def test_a_job_id_names_its_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert run.path == tmp_path / "run" and run.has_metrics
     with pytest.raises(RunDirError, match="not submitted by hpctrain"):
         load_targets([Path("4712")])
+
+
+def test_a_run_without_metrics_says_whether_it_ended_and_what_would_add_curves(tmp_path: Path) -> None:
+    from hpctrain.contract.rundir import summary_path
+    from hpctrain.observe.report.load import load_run
+
+    summary_path(tmp_path).write_text(json.dumps({"status": "completed", "script": "/x/train.py"}))
+    assert load_run(tmp_path, "plain").notes == [
+        "no metrics.jsonl: the run ended without logging a training step; a script adds curves with "
+        "hpctrain.task.log(step, loss=...) (docs/your-own-loop.md)"
+    ]
+    summary_path(tmp_path).write_text(json.dumps({"status": "running"}))
+    assert load_run(tmp_path, "trainer").notes == ["no metrics.jsonl yet: the run has not logged a training step"]

@@ -286,3 +286,32 @@ def test_cancel_of_a_run_json_naming_no_single_job_sends_nothing(
     assert "run.json" in result.stderr and "is not a Slurm job id" in result.stderr
     assert fake.commands == []
     assert not cancel_marker_path(run_dir).exists()
+
+
+def test_status_lists_the_runs_of_the_project_here_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shared account: runs submitted from another project are left to --all; a long run dir is never cut."""
+    from cli_helpers import hpctrain, isolated_env
+
+    from hpctrain.observe import run_status
+
+    mine, theirs = tmp_path / "me" / "project", tmp_path / "them"
+    mine.mkdir(parents=True), theirs.mkdir()
+    monkeypatch.chdir(mine)
+    here = fake_run(mine / ("deep" * 12), "71717")  # a run dir far longer than 80 columns
+    monkeypatch.chdir(theirs)
+    elsewhere = fake_run(tmp_path / "scratch", "82828")  # submitted from their folder, output outside both
+    assert [run[2] for run in run_status.registry_runs(under=mine)] == [here]
+    assert [run[2] for run in run_status.registry_runs(under=theirs)] == [elsewhere]
+    assert {run[2] for run in run_status.registry_runs()} == {here, elsewhere}
+
+    env = {**isolated_env(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")}
+    listed = hpctrain("status", env=env, cwd=mine)
+    assert listed.returncode == 0, listed.stderr
+    assert str(here) in listed.stdout and "82828" not in listed.stdout  # whole, on one line, though piped
+    assert f"submitted from {mine} (--all: every run of this account)" in " ".join(listed.stdout.split())
+    assert "82828" in hpctrain("status", "--all", env=env, cwd=mine).stdout
+    nothing = hpctrain("status", env=env, cwd=tmp_path / "me")  # the parent of a project sees it; a sibling not
+    assert str(here) in nothing.stdout
+    (tmp_path / "other").mkdir()
+    none_here = hpctrain("status", env=env, cwd=tmp_path / "other")
+    assert "no runs submitted from" in none_here.stdout and "hpctrain status --all" in none_here.stdout

@@ -43,6 +43,7 @@ from hpctrain.contract.rundir import (
     summary_path,
 )
 from hpctrain.contract.runfiles import RunFileError, iter_lines, plausible, printable
+from hpctrain.contract.summary import FINAL_STATUSES
 from hpctrain.errors import RunDirError, SpecError
 from hpctrain.jobspec.yaml_source import read_spec_file
 
@@ -211,12 +212,24 @@ def load_run(
     return run
 
 
+def no_metrics_note(summary: dict[str, Any]) -> str:
+    """Why a run has no curves, and what would add them: a script logs its own through ``hpctrain.task.log``."""
+    script = isinstance(summary.get("script"), str)
+    if summary.get("status") in FINAL_STATUSES:
+        said = "no metrics.jsonl: the run ended without logging a training step"
+    else:
+        said = "no metrics.jsonl yet: the run has not logged a training step"
+    if script:
+        said += "; a script adds curves with hpctrain.task.log(step, loss=...) (docs/your-own-loop.md)"
+    return said
+
+
 def _metric_lines(run: RunData, path: Path, within: Path) -> Iterator[bytes]:
     """metrics.jsonl streamed line by line (a note on ``run`` when it cannot be read)."""
     try:
         yield from iter_lines(path, within=within)
     except FileNotFoundError:
-        run.notes.append("no metrics.jsonl yet: the run has not logged a training step")
+        run.notes.append(no_metrics_note(run.summary))
     except OSError as exc:
         run.notes.append(f"metrics.jsonl unreadable: {exc.strerror}")
     except RunFileError as exc:
