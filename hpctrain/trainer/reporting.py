@@ -73,6 +73,19 @@ def _rate(value: float | None) -> str:
     return "?" if value is None else f"{value:.1f}"
 
 
+def loss_text(value: float) -> str:
+    """A loss for the console: 4 decimals, or 3 significant digits once it is huge (291586.1234 -> 2.92e+05)."""
+    return f"{value:.3g}" if math.isfinite(value) and abs(value) >= 1e4 else f"{value:.4f}"
+
+
+# a validation loss this many times the epoch's train loss is explained once: it alarms newcomers
+FAR_ABOVE_TRAIN = 10.0
+HIGH_VAL_LOSS = (
+    "  (val loss far above the train loss: usual in the first epochs of a small run, while BatchNorm's running "
+    "statistics, which validation uses, catch up with the weights; top-1 is the figure to watch)"
+)
+
+
 def _share(value: float | None) -> str:
     return "?" if value is None else f"{100 * value:.0f}%"
 
@@ -103,6 +116,8 @@ class Reporter:
         self._metrics: MetricsAppender | None = None  # rank 0's, once started
         self._tb: Any = None
         self._purge_step: int | None = None
+        self._train_loss: float | None = None  # the last epoch's, which a validation loss is told against
+        self._loss_explained = False
         self._progress: Any = None
         self._task: Any = None
         self._rate_steps = 0
@@ -164,8 +179,9 @@ class Reporter:
         self._write_metrics(
             {"kind": "epoch", "epoch": epoch, "step": self.steps_per_epoch, "global_step": global_step, **values}
         )
+        self._train_loss = values["loss"]
         self._print(
-            f"epoch {epoch + 1}/{self.epochs} train loss {values['loss']:.4f} top1 {values['top1']:.2f} "
+            f"epoch {epoch + 1}/{self.epochs} train loss {loss_text(values['loss'])} top1 {values['top1']:.2f} "
             f"top5 {values['top5']:.2f} img/s {_rate(values.get('images_per_s'))} "
             f"data-wait {_share(values.get('data_wait_fraction'))}"
         )
@@ -179,8 +195,12 @@ class Reporter:
         skipped = f" ({values['skipped']} val images could not be decoded, not scored)" if values.get("skipped") else ""
         line = (
             f"epoch {epoch + 1}/{self.epochs} val top1 {values['top1']:.2f} top5 {values['top5']:.2f} "
-            f"loss {values['loss']:.4f}{best}{skipped}"
+            f"loss {loss_text(values['loss'])}{best}{skipped}"
         )
+        train = self._train_loss
+        if not self._loss_explained and train is not None and values["loss"] > FAR_ABOVE_TRAIN * max(train, 1e-3):
+            line += HIGH_VAL_LOSS
+            self._loss_explained = True
         self._print(line)
 
     def message(self, text: str) -> None:

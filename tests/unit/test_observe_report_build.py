@@ -177,3 +177,32 @@ def test_an_out_dir_that_cannot_be_written(study: Path, tmp_path: Path, capsys: 
     (tmp_path / "file").write_text("x")
     assert main(["report", str(study / "nodes-1"), "--out", str(tmp_path / "file" / "sub")]) == 2
     assert "cannot create" in _error(capsys)
+
+
+def test_a_huge_loss_range_gets_a_log_axis_and_unused_panels_say_so() -> None:
+    """The quickstart's first validation loss (291,586) over a training loss of 2 flattened the training curve."""
+    plt = plots._pyplot()
+    fig, (huge, mild, empty) = plt.subplots(1, 3)
+    huge.plot([1, 2, 3], [2.3, 1.9, 1.5])
+    huge.plot([1, 2, 3], [291586.0, 40.0, 1.7])
+    mild.plot([1, 2, 3], [2.3, 0.9, 0.4])
+    assert plots._log_if_huge(huge) and huge.get_yscale() == "log"
+    assert not plots._log_if_huge(mild) and mild.get_yscale() == "linear"
+    plots._unused(empty, "learning rate")
+    assert not empty.axison and "learning rate:\nnot in metrics.jsonl" in [t.get_text() for t in empty.texts]
+    plt.close(fig)
+
+
+def test_the_console_tells_a_huge_validation_loss_once_and_readably(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    from hpctrain.trainer.reporting import Reporter, loss_text
+
+    assert (loss_text(291586.1234), loss_text(1.23456)) == ("2.92e+05", "1.2346")
+    reporter = Reporter(tmp_path, enabled=True, static={})
+    val = {"top1": 10.0, "top5": 50.0, "loss": 291586.0}
+    reporter.epoch_end(epoch=0, global_step=19, values={"loss": 2.3, "top1": 10.0, "top5": 50.0})
+    reporter.validation(epoch=0, global_step=19, values=val, best_top1=10.0)
+    reporter.validation(epoch=0, global_step=19, values=val, best_top1=10.0)
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "loss 2.92e+05 best 10.00  (val loss far above the train loss" in text
+    assert text.count("far above the train loss") == 1

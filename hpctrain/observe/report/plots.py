@@ -22,6 +22,7 @@ from hpctrain.observe.report.table import Row
 
 INSTALL_HINT = "pip install 'hpctrain[plots]'"
 DPI = 80
+LOG_SPAN = 100.0  # a curve panel whose values span more than this factor gets a log y axis
 MAX_CURVE_POINTS = 4000  # per curve; longer series are drawn thinned (every k-th record)
 MAX_RESTART_MARKS = 200  # restarts marked on the time axes (a file of replays could claim a million)
 PNG_SOFTWARE = "hpctrain report"  # PNG Software text: how a later report knows the file is its own
@@ -79,6 +80,22 @@ def _plot(ax: Any, records: list[dict[str, Any]], x: Any, key: str, **style: Any
     return bool(xs)
 
 
+def _log_if_huge(ax: Any) -> bool:
+    """A log y axis when the drawn values span more than :data:`LOG_SPAN` (an early validation loss of
+    291,586 over a training loss of 2 would flatten the training curve on a linear axis)."""
+    values = [y for line in ax.get_lines() for y in line.get_ydata() if math.isfinite(y)]
+    if not values or min(values) <= 0 or max(values) / min(values) <= LOG_SPAN:
+        return False
+    ax.set_yscale("log")
+    return True
+
+
+def _unused(ax: Any, what: str) -> None:
+    """A panel with nothing to draw says so instead of an empty frame."""
+    ax.set_axis_off()
+    ax.text(0.5, 0.5, f"{what}:\nnot in metrics.jsonl", ha="center", va="center", color="0.45", transform=ax.transAxes)
+
+
 def plot_run(run: RunData, path: Path) -> Path:
     """The run's 2x4 figure of curves, written to ``path``."""
     plt = _pyplot()
@@ -105,26 +122,31 @@ def plot_run(run: RunData, path: Path) -> Path:
     axes = [[fig.add_subplot(grid[row, column]) for column in range(4)] for row in range(2)]
     for row, (x, xlabel) in enumerate(((at_epoch, epoch_axis), (at_time, f"wall time ({unit})"))):
         loss, acc, third, wait = axes[row]
-        _plot(loss, run.train, x, "loss", label="train", color="tab:blue")
-        _plot(loss, run.vals, x, "loss", label="val", color="tab:orange")
-        loss.set_title("loss")
+        drawn = {
+            loss: _plot(loss, run.train, x, "loss", label="train", color="tab:blue")
+            | _plot(loss, run.vals, x, "loss", label="val", color="tab:orange")
+        }
+        loss.set_title("loss (log scale)" if _log_if_huge(loss) else "loss")
+        drawn[acc] = False
         for key, style in (("top1", "-"), ("top5", "--")):
-            _plot(acc, run.train, x, key, label=f"train {key}", color="tab:blue", linestyle=style)
-            _plot(acc, run.vals, x, key, label=f"val {key}", color="tab:orange", linestyle=style)
+            drawn[acc] |= _plot(acc, run.train, x, key, label=f"train {key}", color="tab:blue", linestyle=style)
+            drawn[acc] |= _plot(acc, run.vals, x, key, label=f"val {key}", color="tab:orange", linestyle=style)
         acc.set_title("accuracy (%)")
         if row == 0:
-            _plot(third, run.train, x, "lr", color="tab:green")
+            drawn[third] = _plot(third, run.train, x, "lr", color="tab:green")
             third.set_title("learning rate")
         else:
-            _plot(third, run.train, x, "images_per_s", color="tab:purple")
+            drawn[third] = _plot(third, run.train, x, "images_per_s", color="tab:purple")
             third.set_title("images/s (all ranks)")
             third.set_ylim(bottom=0)
-        _plot(wait, run.train, x, "data_wait_fraction", color="tab:red")
+        drawn[wait] = _plot(wait, run.train, x, "data_wait_fraction", color="tab:red")
         wait.set_title("data-wait fraction")
         wait.set_ylim(0, 1.02)
         for ax in axes[row]:
             ax.set_xlabel(xlabel)
             ax.grid(alpha=0.3)
+            if not drawn[ax]:
+                _unused(ax, ax.get_title())
     for ax in axes[1]:
         for index, (end, start) in enumerate(run.downtimes[:MAX_RESTART_MARKS]):
             ax.axvspan((end - t0) / scale, (start - t0) / scale, color="0.85")
