@@ -25,7 +25,7 @@ from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.problems import position_of, problems_from_validation
 from hpctrain.jobspec.profiles import ClusterProfile, apply_profile, available_profiles, config_dir, load_profile
 from hpctrain.jobspec.script_args import fill_sweep
-from hpctrain.jobspec.script_checks import is_spec_key
+from hpctrain.jobspec.script_checks import is_spec_key, program_problems, raw_program_problems
 from hpctrain.jobspec.study_axes import StudyPoint, check_axes, combinations, point_label
 from hpctrain.jobspec.yaml_source import _SpecLoader, read_spec_file
 
@@ -86,7 +86,10 @@ def load_job(
     *,
     cluster: str | None = None,
     environ: Mapping[str, str] | None = None,
+    check_program: bool = False,
 ) -> LoadedJob:
+    """The spec at ``path`` resolved, or a ``SpecError`` listing every problem; ``check_program``
+    (validate, submit, --dry-run; not a run's own spec.yaml): a ``script:``'s file is there too."""
     source = Path(path)
     data, positions = read_spec_file(source)
     overridden: set[str] = set()
@@ -100,6 +103,12 @@ def load_job(
 
     problems: list[SpecProblem] = []
     job = _resolve(data, positions, overridden, environ, source, problems)
+    if check_program:
+        if job is None:  # other keys are wrong: the script's file is still checked, all problems at once
+            found = raw_program_problems(data.get("script"))
+        else:
+            found = program_problems(job.spec) if job.spec.script is not None else []
+        problems += [_positioned(p, positions) for p in found]
     points: tuple[StudyPoint, ...] = ()
     axis_problems = [_positioned(p, positions) for p in check_axes(data.get("study"))]
     # An axis check says more than the model's "input should be a valid list" about the same key.

@@ -141,6 +141,29 @@ def _sweep_problems(spec: JobSpec) -> list[SpecProblem]:
     return problems
 
 
+def raw_program_problems(section: object) -> list[SpecProblem]:
+    """:func:`program_problems` of a ``script:`` section in a spec that did not validate (another key is
+    wrong, or this section): its ``path``, when it names one, so that every mistake is reported at once."""
+    if not isinstance(section, dict) or not isinstance(section.get("path"), str) or not section["path"].strip():
+        return []
+    return _path_problems(Path.cwd() / Path(section["path"]).expanduser())
+
+
+def _path_problems(path: Path) -> list[SpecProblem]:
+    if not path.exists():
+        return [
+            SpecProblem(
+                "script.path",
+                f"{path} does not exist (a relative path is read from where you run hpctrain, {Path.cwd()})",
+            )
+        ]
+    if not path.is_file():
+        return [SpecProblem("script.path", f"{path} is not a regular file; name the script itself")]
+    if not os.access(path, os.R_OK):
+        return [SpecProblem("script.path", f"{path} is not readable by you")]
+    return []
+
+
 def is_spec_key(key: str) -> bool:
     """Whether a dotted sweep key names the spec (a top-level field), rather than a script's own parameter."""
     from hpctrain.jobspec.models import JobSpec
@@ -158,19 +181,7 @@ def program_problems(spec: JobSpec) -> list[SpecProblem]:
     script = spec.script
     assert script is not None
     if script.path is not None:
-        path = Path(script.path)
-        if not path.exists():
-            return [
-                SpecProblem(
-                    "script.path",
-                    f"{path} does not exist (a relative path is read from where you run hpctrain, {Path.cwd()})",
-                )
-            ]
-        if not path.is_file():
-            return [SpecProblem("script.path", f"{path} is not a regular file; name the script itself")]
-        if not os.access(path, os.R_OK):
-            return [SpecProblem("script.path", f"{path} is not readable by you")]
-        return []
+        return _path_problems(Path(script.path))
     if spec.container is not None:
         return []  # the module may exist only inside the image
     assert script.module is not None

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain.jobspec.lead_time import lead_time_warning
+from hpctrain.jobspec.slurm_time import parse_time_limit
 
 if TYPE_CHECKING:  # the rest is imported where used: 'hpctrain validate' runs from here, and stays light
     from hpctrain.contract.slurm import Slurm
@@ -33,6 +34,17 @@ class Validation:
     warnings: tuple[str, ...]
 
 
+def limit_words(seconds: int) -> str:
+    """A time limit in words, so ``time: 90`` (minutes, to Slurm) is not read as hours: ``1 h 30 min``."""
+    parts = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
+    words, left = [], seconds
+    for unit, size in parts:
+        if left >= size:
+            words.append(f"{left // size} {unit}")
+            left %= size
+    return " ".join(words) or "0 s"
+
+
 def validate(path: str | Path, overrides: Sequence[str] = (), *, cluster: str | None = None) -> Validation:
     """The validate verb's one sequence (``hpctrain validate``, ``hpctrain.load_job``): read and check the
     spec, read (never mount) a packed image named by data.root, and read (never import) an entry point's
@@ -40,11 +52,7 @@ def validate(path: str | Path, overrides: Sequence[str] = (), *, cluster: str | 
     from hpctrain.errors import SpecError, SpecProblem
     from hpctrain.jobspec.load import load_job
 
-    job = load_job(path, overrides, cluster=cluster)
-    if job.spec.script is not None:  # the script is there to be submitted (a run's own spec.yaml needs not)
-        from hpctrain.launch.script_code import require_program
-
-        require_program(job)
+    job = load_job(path, overrides, cluster=cluster, check_program=True)  # with every other problem at once
     findings = file_findings(job)
     errors = [f for f in findings if f.level == "error"]
     if errors:
@@ -77,7 +85,7 @@ def describe(job: LoadedJob) -> str:
     if spec.runs_trainer:
         layout = spec.batch_layout
         line += f"global batch {layout.global_batch} ({layout.describe()}), "
-    line += f"{what}, time {spec.resources.time}"
+    line += f"{what}, time {spec.resources.time} ({limit_words(parse_time_limit(spec.resources.time))})"
     cost = fewest_nodes_step_cost(spec)
     if cost is not None:  # e.g. 16 -> 15 nodes of 4 GPUs: 1.09x, the ideal 1.07x
         fewest = spec.resources.fewest_nodes

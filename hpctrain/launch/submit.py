@@ -137,7 +137,11 @@ def submit(
     from hpctrain.launch.submission import backend_for
 
     steps = steps or Steps()
-    job = load_job(job, overrides, cluster=cluster) if isinstance(job, (str, Path)) else revalidated(job)
+    job = (
+        load_job(job, overrides, cluster=cluster, check_program=True)
+        if isinstance(job, (str, Path))
+        else revalidated(job)
+    )
     warnings = plan.spec_warnings(job) + ([] if job.is_study else plan.container_warnings(job, local=local))
     steps.warned(warnings)
     backend = backend_for(job, local)

@@ -200,3 +200,27 @@ def test_eviction_is_refused_for_a_script_and_auto_is_off(tmp_path: Path) -> Non
     assert "forward times" in found["health.eviction.enabled"]
     job = load_job(write(tmp_path, text.replace("EVICT", "auto")))
     assert job.spec.resources.heals and not job.spec.evicts, "a script reports no forward times to judge"
+
+
+def test_a_missing_script_is_reported_with_the_specs_other_mistakes(tmp_path: Path) -> None:
+    """'Every mistake at once': a schema error elsewhere no longer hides the missing file (validate, submit)."""
+    from hpctrain.launch.plan import validate
+
+    path = write(tmp_path, "name: s\nresources: {nodes: 0, time: 90}\nscript: {path: nope.py, per: sometimes}\n")
+    with pytest.raises(SpecError) as caught:
+        validate(path)
+    found = {problem.key: (problem.line, problem.message) for problem in caught.value.problems}
+    assert set(found) == {"resources.nodes", "script.per", "script.path"}
+    assert found["script.path"] == (3, f"{tmp_path / 'nope.py'} does not exist (a relative path is read "
+                                    f"from where you run hpctrain, {tmp_path})")  # fmt: skip
+    assert load_job(write(tmp_path, "name: s\nscript: {path: gone.py}\n")).spec.script is not None  # resume's load
+
+
+def test_validate_says_the_time_limits_unit(tmp_path: Path) -> None:
+    from hpctrain.launch.plan import limit_words, validate
+
+    assert (
+        "time 90 (1 h 30 min)"
+        in validate(write(tmp_path, "name: s\nresources: {time: 90}\nscript: {path: train.py}\n")).summary
+    )
+    assert (limit_words(86400 + 61), limit_words(1800)) == ("1 d 1 min 1 s", "30 min")
