@@ -24,13 +24,17 @@ if [ ! -x .venv/bin/python ]; then
   say "creating .venv with $("$python" --version 2>&1) ($python)"
   "$python" -m venv .venv
 fi
-# pip's own lines, less the noise: which package it fetches (with its size) and what it installed
-progress() { grep --line-buffered -E '^(Collecting|  Downloading|Installing collected|Successfully installed|ERROR)' | sed -u 's/^ */  pip: /' || true; }
+# pip's own lines, less the noise: which package it fetches (with its size, or the local wheel it takes)
+# and what it installed; its longest step, unpacking, prints nothing, so say so before it
+progress() {
+  grep --line-buffered -E '^(Collecting|  Downloading|Processing|  Using cached|Installing collected|Successfully installed|ERROR)' \
+    | sed -u -e 's/^ */  pip: /' -e '/Installing collected/a\  pip: (unpacking them: the longest step, 1-2 min on 2 cores, and silent)' || true
+}
 if ! .venv/bin/python -c "$probe" 2>/dev/null \
    || [ setup.cfg -nt .venv/.hpctrain-installed ] || [ constraints.txt -nt .venv/.hpctrain-installed ]; then
   torch_pin=$(grep -E '^torch==' constraints.txt | cut -d= -f3)
   say "installing hpctrain ($target) with torch $torch_pin (CPU and CUDA wheels) and its dependencies into .venv:"
-  say "about 5 min and 3 GB the first time (most of it the torch wheel and its CUDA libraries)"
+  say "the first time: the download (several GB: torch with its CUDA libraries), then ~2 min to unpack 5.7 GB"
   started=$(date +%s)
   .venv/bin/python -m pip install --quiet --upgrade pip wheel setuptools 2>&1 | grep -v "is ignored" || true
   # setup.cfg's package_dir (=.) makes the editable install a plain .pth path entry

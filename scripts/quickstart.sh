@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The quickstart: install hpctrain into .venv, make a small real-JPEG dataset, train jobs/quickstart.yaml
-# on this machine (2 DDP ranks on CPU, no Slurm, no GPU). About 12 min on 2 cores the first time (5 of
-# them the install). It installs Python packages into .venv and nothing else: no system packages (those
-# are the test bed's, scripts/install-testbed.sh, which scripts/test.sh runs).
+# on this machine (2 DDP ranks on CPU, no Slurm, no GPU). The first time: the download of torch (several
+# GB), then ~5 min on 2 cores (docs/testing.md#a-newcomers-first-run-on-a-fresh-clone). It installs
+# Python packages into .venv and nothing else: no system packages (those are the test bed's,
+# scripts/install-testbed.sh, which scripts/test.sh runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$(date +%s)
@@ -11,7 +12,7 @@ step "1/3 install hpctrain and its Python dependencies into $PWD/.venv (pip; no 
 bash scripts/install.sh --no-test
 step "2/3 make a 10-class JPEG dataset in data/quickstart (1,200 images, ~10 s)"
 .venv/bin/hpctrain make-dataset data/quickstart --classes 10 --per-class 120 --image-size 64
-step "3/3 train jobs/quickstart.yaml: ResNet-18, 2 DDP ranks on this CPU, 6 epochs (~6 min on 2 cores)"
+step "3/3 train jobs/quickstart.yaml: ResNet-18, 2 DDP ranks on this CPU, 6 epochs (~2-3 min on 2 cores)"
 code=0
 .venv/bin/hpctrain submit jobs/quickstart.yaml "$@" || code=$?
 echo "== quickstart: done in $(($(date +%s) - started)) s (exit $code)"
