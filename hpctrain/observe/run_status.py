@@ -220,8 +220,9 @@ def registry_runs(limit: int = RECENT_RUNS, *, under: Path | None = None) -> lis
 
 def _of_project(entry: dict[str, Any], run_dir: Path, project: Path) -> bool:
     submitted_from = entry.get("submit_dir")
-    places = [run_dir, *([Path(submitted_from)] if isinstance(submitted_from, str) else [])]
-    return any(place == project or project in place.parents for place in places)
+    if not isinstance(submitted_from, str):
+        return True  # recorded before submit_dir was: whose it is is unknown, so it is listed (as it was)
+    return any(place == project or project in place.parents for place in (run_dir, Path(submitted_from)))
 
 
 def runs_under(output_dir: Path, limit: int = RECENT_RUNS) -> list[tuple[str, float, Path]]:

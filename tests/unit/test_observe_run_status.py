@@ -315,3 +315,12 @@ def test_status_lists_the_runs_of_the_project_here_whole(tmp_path: Path, monkeyp
     (tmp_path / "other").mkdir()
     none_here = hpctrain("status", env=env, cwd=tmp_path / "other")
     assert "no runs submitted from" in none_here.stdout and "hpctrain status --all" in none_here.stdout
+
+
+def test_a_registry_entry_from_before_submit_dir_is_still_listed(tmp_path: Path) -> None:
+    from hpctrain.observe import run_status
+
+    run_dir = fake_run(tmp_path / "elsewhere", "93939")
+    registry = job_registry.registry_path()
+    registry.write_text(json.dumps({"job_id": "93939", "run_dir": str(run_dir), "time": 1.7e9}) + "\n")
+    assert [run[2] for run in run_status.registry_runs(under=tmp_path / "project")] == [run_dir]
