@@ -87,6 +87,9 @@ def start_training(tmp_path: Path, data_root: Path) -> tuple[subprocess.Popen[st
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # the test's own process group never sees the signals
+        # Ctrl-C's Python handler even where this test runs as a background job (CI's tiers do), which starts
+        # with SIGINT ignored and would hand that on
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509
     )
     try:
         run_dir = wait_for(lambda: training_started(tmp_path / "runs"), 300, "the first training step")

@@ -391,11 +391,17 @@ def test_submit_local_stops_its_run_on_ctrl_c_sigterm_and_sighup(
 
     stopped: list[SubmittedRun] = []
     monkeypatch.setattr(follow, "stop_local", lambda submitted, timeout_s: stopped.append(submitted))
-    before = {one: signal.getsignal(one) for one in follow.STOPS}
-    submitted = SubmittedRun("4242", tmp_path, "local", [EndlessJob(tmp_path, signum)], [tmp_path])
-    assert follow.follow_local(submitted, stream=io.StringIO()) == 128 + signum
-    assert stopped == [submitted]  # as hpctrain cancel: the tasks save, then stop (Ctrl-C included)
-    assert {one: signal.getsignal(one) for one in follow.STOPS} == before
+    # Ctrl-C as a terminal's shell gives it: Python's handler (a background job of a script, as CI's unit tier
+    # is, starts with SIGINT ignored, where no Ctrl-C can come and the signal sent below would be lost)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        before = {one: signal.getsignal(one) for one in follow.STOPS}
+        submitted = SubmittedRun("4242", tmp_path, "local", [EndlessJob(tmp_path, signum)], [tmp_path])
+        assert follow.follow_local(submitted, stream=io.StringIO()) == 128 + signum
+        assert stopped == [submitted]  # as hpctrain cancel: the tasks save, then stop (Ctrl-C included)
+        assert {one: signal.getsignal(one) for one in follow.STOPS} == before
+    finally:
+        signal.signal(signal.SIGINT, previous_int)
     err = capsys.readouterr().err
     assert f"{follow.stop_name(signum)}: stopping the run's processes; they save a checkpoint first" in err
 
