@@ -33,10 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from hpctrain.contract import job_registry
 from hpctrain.contract.cancel_marker import write_cancel_marker
 from hpctrain.contract.rundir import RUN_FILE, latest_checkpoint_step, read_run_info, trial_dir
 from hpctrain.contract.slurm import Slurm, SlurmCommandError, WaitTimedOut, checked_job_id
 from hpctrain.contract.slurm_states import is_final
+from hpctrain.contract.study_file import point_dir, read_study, study_dir_of
 from hpctrain.contract.summary import Summary, read_summary
 from hpctrain.errors import ClusterError, HpctrainError, RunDirError
 from hpctrain.launch import local_run
@@ -122,9 +124,6 @@ def cancel(
     """The cancel verb's one door (``hpctrain cancel``, ``hpctrain.cancel``): ``target`` names a study
     directory (every point is cancelled: :func:`cancel_study`) or a run (a run directory or a Slurm job id:
     :func:`cancel_run`). A missing path, or a folder that is neither, is a ``RunDirError``."""
-    from hpctrain.contract import job_registry
-    from hpctrain.contract.study_file import read_study, study_dir_of
-
     if (study_dir := study_dir_of(target)) is None:
         return cancel_run(job_registry.resolve_run(target), timeout_s, slurm=slurm)
     points = cancel_study(study_dir, read_study(study_dir)["points"], timeout_s, slurm=slurm)
@@ -207,8 +206,6 @@ def cancel_study(
 ) -> list[PointCancelled]:
     """Cancel every submitted point of a study (``points``: study.json's records) through :func:`cancel_run`;
     one point's error is recorded and the next point is cancelled all the same."""
-    from hpctrain.contract.study_file import point_dir
-
     slurm = slurm or Slurm()
     done = []
     for point in points:
