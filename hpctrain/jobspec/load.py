@@ -26,7 +26,7 @@ from hpctrain.jobspec.problems import position_of, problems_from_validation
 from hpctrain.jobspec.profiles import ClusterProfile, apply_profile, available_profiles, config_dir, load_profile
 from hpctrain.jobspec.script_args import fill_sweep
 from hpctrain.jobspec.script_checks import is_spec_key
-from hpctrain.jobspec.study_axes import StudyPoint, check_axes, combinations, point_label
+from hpctrain.jobspec.study_axes import check_axes, combinations, point_label
 from hpctrain.jobspec.yaml_source import _SpecLoader, read_spec_file
 
 
@@ -48,6 +48,15 @@ class LoadedJob:
     @property
     def is_study(self) -> bool:
         return bool(self.points)
+
+
+@dataclass(frozen=True)
+class StudyPoint:
+    """One point of a study: its label (and run folder name), its axis values and its resolved job."""
+
+    label: str
+    values: dict[str, Any]
+    job: LoadedJob
 
 
 def parse_override(text: str) -> tuple[str, Any]:

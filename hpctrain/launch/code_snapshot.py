@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hpctrain.contract.entrypoint import default_search_path
 from hpctrain.contract.rundir import CODE_DIR, run_home
 from hpctrain.errors import UsageError
 from hpctrain.launch.code_selection import Selection, select
@@ -229,10 +230,3 @@ def _stdlib_roots() -> set[Path]:
 
     paths = sysconfig.get_paths()
     return {Path(paths[key]).resolve() for key in ("stdlib", "platstdlib") if paths.get(key)}
-
-
-def default_search_path() -> list[str]:
-    """Where ``python -m`` on a node started from here looks first: this directory, then ``sys.path``."""
-    import sys
-
-    return [os.getcwd(), *(entry for entry in sys.path if entry)]
