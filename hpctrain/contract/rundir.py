@@ -87,7 +87,9 @@ STACKS_DIR = "stacks"
 STUDY_FILE = "study.json"
 CODE_DIR = "code"  # the snapshot of the entry point's code (a sweep's trials share their sweep's)
 CHECKPOINT_FORMAT_VERSION = 1
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+# a step folder's name: ASCII digits only, whole name (no trailing newline), at most 18 of them (an int64)
+_STEP_DIR = re.compile(r"step-([0-9]{1,18})", re.ASCII)
+MAX_STEP = 10**18 - 1
 TRIAL_DIR = re.compile(r"^trial-\d{3,}$")
 _JOB_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z_.-]{0,63}$")
 
@@ -392,11 +394,16 @@ def checkpoint_meta(step_dir: Path, layout: str | None = None) -> dict[str, Any]
     The trainer's layout must list its ``state.pt``. File names are plain names, never paths.
     The folder must lie inside the run (``RUN/checkpoints/step-N``'s run directory, symlinks
     resolved): a checkpoint reached through a symlink out of the run is not the run's; its files,
-    plain names that are no symlinks, then lie inside too.
+    plain names that are no symlinks, then lie inside too. Its step is meta.json's ``global_step``
+    (an int from 0 to :data:`MAX_STEP`); a ``step-N`` folder's name must say the same N: a name is
+    never trusted alone (``step-`` and 21 nines is no step of any checkpoint).
     """
     run_dir = Path(step_dir).parent.parent
     meta = read_json_object(Path(step_dir) / META_FILE, within=run_dir)
     if not meta or meta.get("format_version") != CHECKPOINT_FORMAT_VERSION or not is_inside(step_dir, run_dir):
+        return None
+    step, named = meta.get("global_step"), folder_step(Path(step_dir).name)
+    if type(step) is not int or not 0 <= step <= MAX_STEP or (named is not None and named != step):
         return None
     found = checkpoint_layout(meta)
     if found not in CHECKPOINT_LAYOUTS or (layout is not None and found != layout):
@@ -414,6 +421,22 @@ def checkpoint_meta(step_dir: Path, layout: str | None = None) -> dict[str, Any]
     return meta
 
 
+def folder_step(name: str) -> int | None:
+    """The step a ``step-N`` folder's name says (ASCII digits, the whole name), else None; checked
+    against its meta.json by :func:`checkpoint_meta` before anything uses it."""
+    match = _STEP_DIR.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def checkpoint_step(step_dir: Path) -> int:
+    """The step of a complete checkpoint folder (as :func:`complete_checkpoints` lists them): its meta's."""
+    meta = checkpoint_meta(step_dir) or {}
+    step = meta.get("global_step")
+    if type(step) is not int:
+        raise RunDirError(f"{step_dir} is not a complete checkpoint (its {META_FILE} has no step)")
+    return step
+
+
 def _has_size(path: Path, size: Any) -> bool:
     try:
         info = path.lstat()
@@ -428,9 +451,9 @@ def complete_checkpoints(directory: Path, layout: str | None = None) -> list[Pat
     if not Path(directory).is_dir():
         return []
     for child in Path(directory).iterdir():
-        match = _STEP_DIR.match(child.name)
-        if match and child.is_dir() and checkpoint_meta(child, layout) is not None:
-            found.append((int(match.group(1)), child))
+        step = folder_step(child.name)
+        if step is not None and child.is_dir() and checkpoint_meta(child, layout) is not None:
+            found.append((step, child))
     return [path for _, path in sorted(found)]
 
 
@@ -442,7 +465,7 @@ def latest_checkpoint(directory: Path, layout: str | None = None) -> Path | None
 def best_checkpoint(directory: Path) -> Path | None:
     """The folder ``best.json`` points at, if it is complete."""
     pointer = read_json_object(Path(directory) / BEST_FILE, within=Path(directory).parent)
-    if not pointer or not isinstance(pointer.get("dir"), str) or not _STEP_DIR.match(pointer["dir"]):
+    if not pointer or not isinstance(pointer.get("dir"), str) or folder_step(pointer["dir"]) is None:
         return None  # only a step-N folder beside it, never a path out of the run
     path = Path(directory) / pointer["dir"]
     return path if checkpoint_meta(path) is not None else None
@@ -453,9 +476,7 @@ def latest_checkpoint_step(run_dir: Path) -> int | None:
     latest = latest_checkpoint(checkpoints_dir(run_dir))
     if latest is None:
         return None
-    meta = checkpoint_meta(latest) or {}
-    step = meta.get("global_step")
-    return int(step) if isinstance(step, int) else int(latest.name.split("-")[1])
+    return checkpoint_step(latest)
 
 
 def checkpoint_metas(run_dir: Path, *, complete_only: bool = True) -> list[dict[str, Any]]:
@@ -468,5 +489,9 @@ def checkpoint_metas(run_dir: Path, *, complete_only: bool = True) -> list[dict[
     if complete_only:
         return [meta for path in complete_checkpoints(checkpoints_dir(run_dir)) if (meta := checkpoint_meta(path))]
     folders = sorted(checkpoints_dir(run_dir).glob("step-*")) if checkpoints_dir(run_dir).is_dir() else []
-    metas = (read_json_object(folder / META_FILE, within=run_dir) for folder in folders if _STEP_DIR.match(folder.name))
+    metas = (
+        read_json_object(folder / META_FILE, within=run_dir)
+        for folder in folders
+        if folder_step(folder.name) is not None
+    )
     return [meta for meta in metas if meta]

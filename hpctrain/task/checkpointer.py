@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -251,12 +252,13 @@ class Checkpointer:
         with heartbeat.phase("checkpoint"):
             self._group.arrive("load()", -1)
             refused: CheckpointError | None = None
-            try:
-                candidates = self._candidates(path)
-            except CheckpointError as exc:  # rank 0 alone looked: the others learn of it below
-                candidates, refused = [], exc
+            candidates = self._candidates(path)
             while True:
-                step = self._group.broadcast_int(REFUSED if refused else candidates.pop() if candidates else -1)
+                try:
+                    offer = next(candidates, -1)
+                except CheckpointError as exc:  # rank 0 alone looked: the others learn of it below
+                    offer, refused = REFUSED, exc
+                step = self._group.broadcast_int(offer)
                 if step == REFUSED:
                     raise refused or CheckpointError(f"{self.directory}: rank 0 refused to load (see its log)")
                 if step < 0 and self._skipped:
@@ -279,17 +281,22 @@ class Checkpointer:
         log.info("resumed from %s (step %d)", folder, step)
         return step
 
-    def _candidates(self, path: str | Path | None) -> list[int]:
-        """Rank 0's steps to try, newest last; others get them one by one."""
+    def _candidates(self, path: str | Path | None) -> Iterator[int]:
+        """Rank 0's steps to try, newest first, each folder examined when it is asked for (at most
+        ``step_folders.MAX_EXAMINED`` of them); the others get them one by one."""
         if not self.info.is_main:
-            return []
+            return
         if path is not None:
             meta = rundir.read_json_object(Path(path) / rundir.META_FILE) or {}
             step = meta.get("global_step")
-            if not isinstance(step, int) or step < 0:
+            if type(step) is not int or not 0 <= step <= rundir.MAX_STEP:
                 raise CheckpointError(f"{path} is not a complete hpctrain.task checkpoint (no meta.json with its step)")
-            return [step]
-        found = self.folders.checkpoints()
+            yield step
+            return
+        found = False
+        for folder in self.folders.newest_first():
+            found = True
+            yield rundir.checkpoint_step(folder)  # meta.json's step, which the folder's name must match
         if not found:
             foreign = rundir.complete_checkpoints(self.directory)
             if foreign:
@@ -299,7 +306,6 @@ class Checkpointer:
                     "saving would replace them",
                     hint="give this loop its own folder: Checkpointer(directory=...), or move those away",
                 )
-        return [int(p.name.split("-")[1]) for p in found]
 
     def _load_folder(self, folder: Path, *, explicit: bool) -> bool:
         """Load ``folder`` on every rank: True when loaded, False when it is damaged (every rank agrees)."""

@@ -235,3 +235,16 @@ def test_a_folder_named_through_a_symlink_is_used_where_it_is(tmp_path: Path) ->
     link.symlink_to(tmp_path / "scratch" / "ckpt")  # checkpoints on scratch space, outside work/
     task.Checkpointer(link, **parts()).save(3)
     assert task.Checkpointer(link, **parts(seed=2)).load() == 3
+
+
+def test_the_runs_checkpoint_dir_linked_out_of_the_run_is_refused_never_started_over(tmp_path: Path) -> None:
+    scratch = tmp_path.parent / f"{tmp_path.name}-scratch"
+    scratch.mkdir()
+    (tmp_path / "checkpoints").symlink_to(scratch)  # RUN/checkpoints -> scratch, a common set-up
+    ckpt = task.Checkpointer(**parts())
+    for call in (ckpt.load, lambda: ckpt.save(1), ckpt.checkpoints):
+        with pytest.raises(CheckpointError, match="never be listed, loaded or pruned") as raised:
+            call()
+        assert f"Checkpointer(directory={str(scratch)!r})" in (raised.value.hint or "")
+    task.Checkpointer(scratch, **parts()).save(4)  # named where it is, the folder is followed by every call
+    assert task.Checkpointer(scratch, **parts(seed=1)).load() == 4 and not list(Path(tmp_path).glob(".tmp-*"))
