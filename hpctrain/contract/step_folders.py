@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 
 TEMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
-_HASH_CHUNK = 8 << 20
+_HASH_CHUNK = 1 << 20
 MAX_EXAMINED = 16  # step folders one load looks at, newest first (a directory keeps keep_last of them)
 
 

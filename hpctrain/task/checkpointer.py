@@ -53,7 +53,7 @@ from hpctrain.runtime import heartbeat
 from hpctrain.task import dcp_io
 from hpctrain.task.checkpoint_check import DamagedCheckpoint, check_fits, metadata_of
 from hpctrain.task.group import DCP_ERRORS, SideGroup, first_line
-from hpctrain.task.parts import Part, apply_loaded, classify, decode_blobs, load_template, save_state
+from hpctrain.task.parts import Part, apply_loaded, classify, decode_blobs, held_keys, load_template, save_state
 from hpctrain.task.session import session
 
 log = logging.getLogger(__name__)
@@ -312,7 +312,7 @@ class Checkpointer:
         damaged: str | None = None
         refused: CheckpointError | None = None
         try:
-            meta, metadata = metadata_of(folder, FORMAT)
+            meta, metadata, budget = metadata_of(folder, FORMAT, held_keys(self.parts, self.info.rank))
             same_ranks = meta.get("world_size") == self.info.world_size
             template = load_template(self.parts, self.info.rank, _blob_sizes(metadata), same_ranks)
             check_fits(folder, self.parts, template, metadata, self.info.rank, same_ranks)
@@ -326,7 +326,7 @@ class Checkpointer:
         if verdict == 1:
             return self._damaged(folder, damaged or "damaged, as another rank found", explicit)
         try:
-            reader = dcp_io.SafeReader(folder)
+            reader = dcp_io.SafeReader(folder, pickle_budget=budget)
             with self._group.quiet():
                 dcp.load(template, storage_reader=reader, planner=dcp_io.SafeLoadPlanner(), **self._group.dcp_args())
         except CheckpointError:
@@ -335,7 +335,7 @@ class Checkpointer:
             return self._damaged(folder, f"reading it failed: {first_line(exc)}", explicit)
         decoded, unsafe = {}, None
         try:  # every blob judged before any part is touched
-            decoded = decode_blobs(self.parts, template, self.info.rank, same_ranks=same_ranks)
+            decoded = decode_blobs(self.parts, template, self.info.rank, self.info.device, same_ranks=same_ranks)
         except CheckpointError as exc:
             unsafe = exc.message
         if self._group.max_int(int(unsafe is not None)):
