@@ -87,11 +87,17 @@ def metadata_of(folder: Path, fmt: str, keys: Collection[str]) -> tuple[dict[str
     return meta, metadata, budget
 
 
+MIN_RANK_FILE_BYTES = 4096  # every rank writes a file with at least its RNG state (6.6 KB as torch.save writes it)
+
+
 def saved_ranks(meta: Mapping[str, Any]) -> int:
-    """How many ranks may have written the folder: its recorded world size, but no more than its data files."""
+    """How many ranks may have written the folder: its recorded world size, but no more than the data files
+    that hold what a rank writes at least (a list of empty files does not make the budget grow)."""
     world = meta.get("world_size")
-    data_files = sum(1 for name in meta["files"] if name != METADATA_FILE)
-    return max(1, min(world if type(world) is int else 1, data_files))
+    written = sum(
+        1 for name, entry in meta["files"].items() if name != METADATA_FILE and entry["size"] >= MIN_RANK_FILE_BYTES
+    )
+    return max(1, min(world if type(world) is int else 1, written))
 
 
 def check_fits(

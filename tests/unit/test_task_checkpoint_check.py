@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import pickle
+import time
 import tracemalloc
 import zipfile
 from collections.abc import Callable
@@ -26,8 +27,10 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
 
 from hpctrain import task
 from hpctrain.contract.rundir import META_FILE
+from hpctrain.contract.step_folders import MAX_EXAMINED
 from hpctrain.errors import CheckpointError
 from hpctrain.task import dcp_io, torch_archive
+from hpctrain.task.checkpoint_check import MIN_RANK_FILE_BYTES, saved_ranks
 from hpctrain.task.dcp_io import METADATA_FILE, UnsafeCheckpoint, from_blob, load_metadata
 
 pytestmark = pytest.mark.usefixtures("task_local")
@@ -305,3 +308,24 @@ def test_the_values_pickles_together_are_bounded_by_what_the_loop_can_need(
     with caplog.at_level(logging.WARNING):
         assert task.Checkpointer(tmp_path / "ckpt", **parts(seed=3)).load() == 2
     assert f"skipping damaged checkpoint {crafted}" in caplog.text and "can need, together" in caplog.text
+
+
+def test_listed_files_that_hold_nothing_do_not_make_the_metadata_budget_grow() -> None:
+    empty = {f"__{rank}_0.distcp": {"size": 0} for rank in range(60_000)}
+    assert saved_ranks({"world_size": 60_000, "files": {**empty, METADATA_FILE: {"size": 1 << 30}}}) == 1
+    written = {f"__{rank}_0.distcp": {"size": MIN_RANK_FILE_BYTES} for rank in range(8)}
+    assert saved_ranks({"world_size": 8, "files": {**empty, **written}}) == 8
+    assert saved_ranks({"world_size": 2, "files": written}) == 2  # no more than it says wrote it
+    assert saved_ranks({"world_size": "8", "files": written}) == 1
+
+
+def test_a_directory_crowded_with_damaged_folders_ends_in_a_refusal_in_bounded_time(tmp_path: Path) -> None:
+    ckpt = task.Checkpointer(tmp_path / "ckpt", keep_last=40, **parts())
+    ckpt.save(1)
+    for step in range(2, MAX_EXAMINED + 5):
+        folder = ckpt.save(step)
+        reseal_metadata(folder, (folder / METADATA_FILE).read_bytes(), digest=False)  # read by nothing
+    started = time.monotonic()
+    with pytest.raises(CheckpointError, match=f"the newest {MAX_EXAMINED} step folders .* the 4 older ones"):
+        task.Checkpointer(tmp_path / "ckpt", **parts(seed=2)).load()
+    assert time.monotonic() - started < 60
