@@ -44,7 +44,9 @@ excludes from; and, on a compute node, the job's own folder
 A checkpoint is complete (its ``meta.json``, written last, records the size
 of every file it holds: the trainer's ``state.pt``, or a
 torch.distributed.checkpoint folder's files) or it is ignored;
-``contract/step_folders.py`` writes them. ``summary.json`` is read as a typed
+``contract/step_folders.py`` writes them. A folder's step is what its
+``meta.json`` records; a ``step-N`` name (ASCII digits, at most 18) is only
+believed when it says the same N. ``summary.json`` is read as a typed
 :class:`~hpctrain.contract.summary.Summary` that tolerates missing, extra and
 half-written fields.
 Every write here is atomic (temp file, fsync, rename). Torch-free.

@@ -27,7 +27,11 @@ naming each, and keeps them), reshards onto the current ranks, and refuses a
 folder written by another model or run -- naming the keys that do not match,
 before anything is loaded. What a folder holds is untrusted input
 (``checkpoint_check.py``, ``dcp_io.py``): no pickle but DCP's own metadata
-classes, nothing read outside its files, nothing allocated it does not hold.
+classes, nothing read outside its files, nothing allocated it does not hold,
+and nothing read beyond what the registered parts can legitimately need
+(``dcp_io.metadata_budget``); a load examines at most
+``step_folders.MAX_EXAMINED`` folders, and a directory that is a link out of
+the run is refused by every call (``contract/step_folders.py``).
 """
 
 from __future__ import annotations
