@@ -430,15 +430,6 @@ def folder_step(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def checkpoint_step(step_dir: Path) -> int:
-    """The step of a complete checkpoint folder (as :func:`complete_checkpoints` lists them): its meta's."""
-    meta = checkpoint_meta(step_dir) or {}
-    step = meta.get("global_step")
-    if type(step) is not int:
-        raise RunDirError(f"{step_dir} is not a complete checkpoint (its {META_FILE} has no step)")
-    return step
-
-
 def _has_size(path: Path, size: Any) -> bool:
     try:
         info = path.lstat()
@@ -476,9 +467,7 @@ def best_checkpoint(directory: Path) -> Path | None:
 def latest_checkpoint_step(run_dir: Path) -> int | None:
     """Global step of the run's newest complete checkpoint."""
     latest = latest_checkpoint(checkpoints_dir(run_dir))
-    if latest is None:
-        return None
-    return checkpoint_step(latest)
+    return None if latest is None else folder_step(latest.name)  # listed: its meta.json says the same step
 
 
 def checkpoint_metas(run_dir: Path, *, complete_only: bool = True) -> list[dict[str, Any]]:
@@ -491,9 +480,6 @@ def checkpoint_metas(run_dir: Path, *, complete_only: bool = True) -> list[dict[
     if complete_only:
         return [meta for path in complete_checkpoints(checkpoints_dir(run_dir)) if (meta := checkpoint_meta(path))]
     folders = sorted(checkpoints_dir(run_dir).glob("step-*")) if checkpoints_dir(run_dir).is_dir() else []
-    metas = (
-        read_json_object(folder / META_FILE, within=run_dir)
-        for folder in folders
-        if folder_step(folder.name) is not None
-    )
+    folders = [folder for folder in folders if folder_step(folder.name) is not None]
+    metas = (read_json_object(folder / META_FILE, within=run_dir) for folder in folders)
     return [meta for meta in metas if meta]

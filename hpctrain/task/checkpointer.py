@@ -300,7 +300,7 @@ class Checkpointer:
         found = False
         for folder in self.folders.newest_first():
             found = True
-            yield rundir.checkpoint_step(folder)  # meta.json's step, which the folder's name must match
+            yield rundir.folder_step(folder.name) or 0  # listed: the name says its meta.json's step
         if not found:
             foreign = rundir.complete_checkpoints(self.directory)
             if foreign:
