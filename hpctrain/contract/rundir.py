@@ -438,21 +438,23 @@ def _has_size(path: Path, size: Any) -> bool:
     return stat.S_ISREG(info.st_mode) and isinstance(size, int) and info.st_size == size
 
 
-def complete_checkpoints(directory: Path, layout: str | None = None) -> list[Path]:
-    """Complete ``step-N`` folders under a checkpoints directory (of ``layout`` only, if given), oldest first."""
-    found = []
+def step_folders(directory: Path) -> list[Path]:
+    """Every folder named ``step-N`` under a checkpoints directory, complete or not, newest (by name) first."""
     if not Path(directory).is_dir():
         return []
-    for child in Path(directory).iterdir():
-        step = folder_step(child.name)
-        if step is not None and child.is_dir() and checkpoint_meta(child, layout) is not None:
-            found.append((step, child))
-    return [path for _, path in sorted(found)]
+    named = [(step, child) for child in Path(directory).iterdir() if (step := folder_step(child.name)) is not None]
+    return [child for _, child in sorted(named, reverse=True)]
+
+
+def complete_checkpoints(directory: Path, layout: str | None = None) -> list[Path]:
+    """Complete ``step-N`` folders under a checkpoints directory (of ``layout`` only, if given), oldest first."""
+    found = [child for child in step_folders(directory) if child.is_dir() and checkpoint_meta(child, layout)]
+    return found[::-1]
 
 
 def latest_checkpoint(directory: Path, layout: str | None = None) -> Path | None:
-    found = complete_checkpoints(directory, layout)
-    return found[-1] if found else None
+    """The newest complete folder, examined newest first (one meta.json read when the newest is complete)."""
+    return next((child for child in step_folders(directory) if child.is_dir() and checkpoint_meta(child, layout)), None)
 
 
 def best_checkpoint(directory: Path) -> Path | None:

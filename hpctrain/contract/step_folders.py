@@ -90,14 +90,8 @@ class StepFolders:
         turn; examined one at a time as they are asked for. Raises :class:`CheckpointError` once
         :data:`MAX_EXAMINED` step folders were examined and more are asked for."""
         self.check_directory()
-        named = []
-        if self.directory.is_dir():
-            for child in self.directory.iterdir():
-                step = rundir.folder_step(child.name)
-                if step is not None and (newest is None or step <= newest):
-                    named.append((step, child))
-        named.sort(reverse=True)
-        for count, (_, child) in enumerate(named):
+        named = [child for child in rundir.step_folders(self.directory) if newest is None or _step(child) <= newest]
+        for count, child in enumerate(named):
             if count == MAX_EXAMINED:
                 raise CheckpointError(
                     f"the newest {MAX_EXAMINED} step folders under {self.directory} are incomplete, damaged or "
@@ -221,6 +215,10 @@ class StepFolders:
                     log.info("removing leftover %s from an interrupted checkpoint write", child)
                     shutil.rmtree(child, ignore_errors=True)
         self._swept = True
+
+
+def _step(folder: Path) -> int:
+    return rundir.folder_step(folder.name) or 0
 
 
 # -- durable file operations ------------------------------------------------------------------------------------

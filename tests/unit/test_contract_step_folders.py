@@ -166,3 +166,17 @@ def test_a_checkpoints_dir_linked_out_of_the_run_is_refused_by_save_list_and_loa
     checkpoints_dir(run).symlink_to(inside)  # a link that stays inside the run is followed by all of them
     written = dcp_step(StepFolders(checkpoints_dir(run), layout=DCP_LAYOUT, keep_last=2), 2)
     assert complete_checkpoints(checkpoints_dir(run)) == [written]
+
+
+def test_the_latest_checkpoint_is_found_newest_first_without_examining_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpctrain.contract import rundir
+
+    folders = StepFolders(checkpoints_dir(tmp_path), layout=DCP_LAYOUT, keep_last=50)
+    for step in (3, 10, 200):
+        dcp_step(folders, step)
+    examined: list[str] = []
+    real = rundir.checkpoint_meta
+    monkeypatch.setattr(rundir, "checkpoint_meta", lambda path, *a: examined.append(path.name) or real(path, *a))
+    assert latest_checkpoint_step(tmp_path) == 200 and examined == ["step-00000200"]
