@@ -14,8 +14,9 @@ ignored -- is :func:`hpctrain.contract.rundir.complete_checkpoints`.
    file with its size, the caller's facts -- written last and fsynced, the
    folder fsynced and renamed to ``step-N`` (a ``step-N`` of the same step is
    moved to ``.old-*`` first), the directory fsynced;
-4. :meth:`StepFolders.prune`: the newest ``keep_last`` of this layout (and the
-   best, where kept) stay; the others are renamed ``.old-*`` and removed. On
+4. :meth:`StepFolders.prune`: the newest ``keep_last`` of this layout up to the
+   step just saved (and the best, where kept, and any of a later step) stay;
+   the others are renamed ``.old-*`` and removed. On
    FUSE and NFS a file still open somewhere keeps its folder for a while, so
    every prune retries the ``.old-*`` folders earlier ones could not remove.
 
@@ -188,10 +189,15 @@ class StepFolders:
         pointer = {"dir": name, "step": info["step"], "epoch": info.get("epoch"), "metric": info["metric"]}
         rundir.write_json_atomic(self.directory / BEST_FILE, pointer)
 
-    def prune(self) -> None:
-        """Keep the newest ``keep_last`` complete folders of this layout (and the best); remove the others."""
+    def prune(self, saved: int | None = None) -> None:
+        """Keep the newest ``keep_last`` complete folders of this layout (and the best); remove the others.
+
+        ``saved``: the step just saved. Folders of later steps are not counted among the newest (nor
+        removed): a folder planted as ``step-99999999``, or a damaged one a resume skipped, must not push
+        the writer's own checkpoints out."""
         found = self.checkpoints()
-        keep = set(found[-self.keep_last :])
+        ours = [path for path in found if saved is None or _step(path) <= saved]
+        keep = set(ours[-self.keep_last :]) | {path for path in found if path not in ours}
         best = self.best()
         if best is not None:
             keep.add(best)

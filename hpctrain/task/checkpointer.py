@@ -200,7 +200,7 @@ class Checkpointer:
             "write_s": round(write_s, 3),
         }
         self.folders.commit(tmp, step, files=files, info=info)
-        self.folders.prune()
+        self.folders.prune(step)
 
     def wait(self) -> None:
         """Block until an async save is on disk (and in place); raise its error. Collective with async saves."""

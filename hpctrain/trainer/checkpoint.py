@@ -221,7 +221,7 @@ class CheckpointManager:
         final = self.folders.commit(tmp, info["step"], files=files, info=info)
         if self.keep_best and info["metric"] is not None:
             self.folders.update_best(final.name, info)
-        self.folders.prune()
+        self.folders.prune(info["step"])
 
 
 # -- reading ----------------------------------------------------------------------------------------------------

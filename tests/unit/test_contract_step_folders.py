@@ -180,3 +180,13 @@ def test_the_latest_checkpoint_is_found_newest_first_without_examining_the_rest(
     real = rundir.checkpoint_meta
     monkeypatch.setattr(rundir, "checkpoint_meta", lambda path, *a: examined.append(path.name) or real(path, *a))
     assert latest_checkpoint_step(tmp_path) == 200 and examined == ["step-00000200"]
+
+
+def test_folders_of_later_steps_never_push_the_writers_own_out(tmp_path: Path) -> None:
+    folders = StepFolders(checkpoints_dir(tmp_path), layout=DCP_LAYOUT, keep_last=2)
+    planted = [dcp_step(folders, step) for step in (99_999_998, 99_999_999)]  # complete, from "the future"
+    for step in (1, 2, 3):
+        dcp_step(folders, step)
+        folders.prune(step)
+    names = [p.name for p in complete_checkpoints(folders.directory)]
+    assert names == ["step-00000002", "step-00000003", *(p.name for p in planted)]
