@@ -424,10 +424,10 @@ def checkpoint_meta(step_dir: Path, layout: str | None = None) -> dict[str, Any]
 
 
 def folder_step(name: str) -> int | None:
-    """The step a ``step-N`` folder's name says (ASCII digits, the whole name), else None; checked
-    against its meta.json by :func:`checkpoint_meta` before anything uses it."""
+    """The step a ``step-N`` folder's name says (ASCII digits, the whole name, spelled as
+    :func:`step_dir_name` spells it), else None; checked against its meta.json by :func:`checkpoint_meta`."""
     match = _STEP_DIR.fullmatch(name)
-    return int(match.group(1)) if match else None
+    return int(match.group(1)) if match and name == step_dir_name(int(match.group(1))) else None
 
 
 def _has_size(path: Path, size: Any) -> bool:

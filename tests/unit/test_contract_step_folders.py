@@ -111,7 +111,16 @@ def test_keep_last_below_one_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["step-" + "9" * 21, "step-\u0661\u0662", "step-00000007\n", "step-+7", "step- 7", "step-0x7", "step-"],
+    [
+        "step-" + "9" * 21,
+        "step-\u0661\u0662",
+        "step-00000007\n",
+        "step-+7",
+        "step-0x7",
+        "step-",
+        "step-7",
+        "step-000000007",
+    ],
 )
 def test_a_folder_name_that_is_no_plain_step_is_never_listed(tmp_path: Path, name: str) -> None:
     folders = StepFolders(checkpoints_dir(tmp_path), layout=DCP_LAYOUT, keep_last=5)
