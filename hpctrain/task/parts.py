@@ -151,10 +151,16 @@ def decode_blobs(
     for part in [*parts, Part(RNG_PART, None, "rank")]:
         key = part.key(rank)
         if (part.kind == "object" or (part.kind == "rank" and same_ranks)) and key in loaded:
-            live = capture_rng_state(device) if part.name == RNG_PART else part.obj.state_dict()
-            bound = blob_pickle_bound(to_blob(live, part.name).numel())
-            decoded[key] = from_blob(loaded[key], part.name, bound)
+            decoded[key] = from_blob(loaded[key], part.name, blob_pickle_bound(_live_bytes(part, device)))
     return decoded
+
+
+def _live_bytes(part: Part, device: torch.device) -> int:
+    """The bytes of the blob ``part`` would save now (0 when its live state cannot be saved at all)."""
+    try:
+        return to_blob(capture_rng_state(device) if part.name == RNG_PART else part.obj.state_dict(), part.name).numel()
+    except CheckpointError:
+        return 0
 
 
 def apply_loaded(
