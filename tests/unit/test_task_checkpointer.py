@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import pickle
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -248,3 +249,11 @@ def test_the_runs_checkpoint_dir_linked_out_of_the_run_is_refused_never_started_
         assert f"Checkpointer(directory={str(scratch)!r})" in (raised.value.hint or "")
     task.Checkpointer(scratch, **parts()).save(4)  # named where it is, the folder is followed by every call
     assert task.Checkpointer(scratch, **parts(seed=1)).load() == 4 and not list(Path(tmp_path).glob(".tmp-*"))
+
+
+def test_a_folder_whose_name_claims_another_step_is_never_loaded_as_that_step(tmp_path: Path) -> None:
+    saved = task.Checkpointer(tmp_path / "ckpt", **parts()).save(6)
+    for name in ("step-" + "9" * 21, "step-00000099", "step-\u0661\u0660\u0660"):  # meta.json says 6 in each
+        shutil.copytree(saved, saved.parent / name)
+    ckpt = task.Checkpointer(tmp_path / "ckpt", **parts(seed=1))
+    assert ckpt.load() == 6 and ckpt.last_loaded == saved and ckpt.checkpoints() == [saved]
