@@ -38,7 +38,9 @@ have planted folders), so the rules are:
 * **A load examines at most** :data:`MAX_EXAMINED` **step folders**, newest
   first, one at a time (:meth:`StepFolders.newest_first`): a directory
   crowded with damaged or planted folders ends in a refusal naming the
-  count, in bounded time, never in a search of every one.
+  count, in bounded time, never in a search of every one. A prune examines
+  at most ``keep_last`` + :data:`MAX_EXAMINED`, up to the step just saved:
+  folders of later steps are never examined, counted or removed.
 """
 
 from __future__ import annotations
@@ -192,12 +194,18 @@ class StepFolders:
     def prune(self, saved: int | None = None) -> None:
         """Keep the newest ``keep_last`` complete folders of this layout (and the best); remove the others.
 
-        ``saved``: the step just saved. Folders of later steps are not counted among the newest (nor
-        removed): a folder planted as ``step-99999999``, or a damaged one a resume skipped, must not push
-        the writer's own checkpoints out."""
-        found = self.checkpoints()
-        ours = [path for path in found if saved is None or _step(path) <= saved]
-        keep = set(ours[-self.keep_last :]) | {path for path in found if path not in ours}
+        ``saved``: the step just saved. Folders of later steps are neither examined nor counted among the
+        newest (nor removed): a folder planted as ``step-99999999``, or a damaged one a resume skipped, must
+        not push the writer's own checkpoints out. At most ``keep_last`` + :data:`MAX_EXAMINED` folders are
+        examined, newest first: a crowded directory is thinned over several saves."""
+        self.check_directory()
+        ours = [path for path in rundir.step_folders(self.directory) if saved is None or _step(path) <= saved]
+        found = [  # newest first; a crowded directory is thinned over several saves, never all at once
+            path
+            for path in ours[: self.keep_last + MAX_EXAMINED]
+            if path.is_dir() and rundir.checkpoint_meta(path, self.layout) is not None
+        ]
+        keep = set(found[: self.keep_last])
         best = self.best()
         if best is not None:
             keep.add(best)

@@ -199,3 +199,22 @@ def test_folders_of_later_steps_never_push_the_writers_own_out(tmp_path: Path) -
         folders.prune(step)
     names = [p.name for p in complete_checkpoints(folders.directory)]
     assert names == ["step-00000002", "step-00000003", *(p.name for p in planted)]
+
+
+def test_a_prune_examines_a_bounded_number_of_folders_and_thins_a_crowded_directory_over_saves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpctrain.contract import rundir
+
+    folders = StepFolders(checkpoints_dir(tmp_path), layout=DCP_LAYOUT, keep_last=2)
+    future = dcp_step(folders, 99_999_999)
+    for step in range(1, 31):
+        dcp_step(folders, step)
+    examined: list[str] = []
+    real = rundir.checkpoint_meta
+    monkeypatch.setattr(rundir, "checkpoint_meta", lambda path, *a: examined.append(path.name) or real(path, *a))
+    folders.prune(30)
+    assert len(examined) <= 2 + MAX_EXAMINED + 1 and future.name not in examined  # (+1: best.json's check)
+    assert len(complete_checkpoints(folders.directory)) == 1 + 2 + (30 - 2 - MAX_EXAMINED)
+    folders.prune(30)
+    assert [p.name for p in complete_checkpoints(folders.directory)] == ["step-00000029", "step-00000030", future.name]
