@@ -76,7 +76,7 @@ class SpecError(HpctrainError):
         self.problems = problems
         lines = [p.render(source) for p in problems]
         count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
-        super().__init__(f"{source}: {count}:\n  " + "\n  ".join(lines), hint)
+        super().__init__(f"{printable(source)}: {count}:\n  " + "\n  ".join(lines), hint)
 
 
 class UsageError(HpctrainError):
