@@ -12,6 +12,7 @@ import os
 import time
 from pathlib import Path
 
+from hpctrain.contract.file_writes import open_append
 from hpctrain.contract.rundir import RUN_FILE
 from hpctrain.contract.runfiles import RunFileError, iter_lines, load_json, plausible
 from hpctrain.errors import RunDirError
@@ -29,7 +30,7 @@ def record(job_id: str, run_dir: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps({"job_id": job_id, "run_dir": str(run_dir), "time": time.time()}) + "\n"
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = open_append(path)
         try:
             os.write(fd, line.encode())
         finally:

@@ -53,15 +53,14 @@ Every write here is atomic (temp file, fsync, rename). Torch-free.
 from __future__ import annotations
 
 import json
-import os
 import re
 import stat
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hpctrain.contract.file_writes import write_atomic
 from hpctrain.contract.runfiles import RunFileError, check_inside, printable, read_json
 from hpctrain.errors import RunDirError
 
@@ -274,23 +273,8 @@ def task_log_path(run_dir: Path, info: Mapping[str, Any], rank: int, *, err: boo
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` so readers see the old file or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """Write ``text`` so readers see the old file or the new one, never half (and never through a link)."""
+    write_atomic(path, text)
 
 
 def write_json_atomic(path: Path, value: Mapping[str, Any], *, sort_keys: bool = False) -> None:
