@@ -28,6 +28,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import IO
 
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -63,14 +64,19 @@ def write_temporary(beside: str | Path, data: str | bytes, *, suffix: str = ".tm
     return Path(tmp)
 
 
-def copy_atomic(source: str | Path, path: str | Path) -> None:
-    """Copy the file ``source`` to ``path`` through a fresh temporary file, then replace the name (not
-    fsynced: for many files, such as a staged dataset, whose completeness a marker records)."""
+def copy_atomic(source: str | Path | IO[bytes], path: str | Path) -> None:
+    """Copy ``source`` (a file's path, or a file open for reading) to ``path`` through a fresh temporary
+    file, then replace the name (not fsynced: for many files, such as a staged dataset or a code snapshot,
+    whose completeness something else records)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     try:
-        with open(source, "rb") as src, os.fdopen(fd, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
+        with os.fdopen(fd, "wb") as dst:
+            if isinstance(source, (str, Path)):
+                with open(source, "rb") as src:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+            else:
+                shutil.copyfileobj(source, dst, 1 << 20)
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)

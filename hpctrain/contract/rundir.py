@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.contract.file_writes import write_atomic
-from hpctrain.contract.runfiles import RunFileError, check_inside, printable, read_json
+from hpctrain.contract.runfiles import RunFileError, check_inside, printable, read_json, real_path
 from hpctrain.errors import RunDirError
 
 RUN_FILE = "run.json"
@@ -301,7 +301,7 @@ def new_run_id(now: float | None = None) -> str:
 
 def next_run_dir(output_dir: str, name: str, now: float | None = None) -> Path:
     """The directory a new run would get (not created): a dry run shows this."""
-    base = Path(output_dir).expanduser().resolve() / name
+    base = real_path(Path(output_dir).expanduser()) / name
     run_id = new_run_id(now)
     candidate, suffix = base / run_id, 1
     while candidate.exists():

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from hpctrain.contract.file_writes import open_append, open_resumable, write_atomic
 from hpctrain.contract.process_tokens import TOKEN_ENV
-from hpctrain.contract.runfiles import RunFileError, load_json, read_bounded
+from hpctrain.contract.runfiles import RunFileError, load_json, read_bounded, real_path
 from hpctrain.dataset import node_folder
 from hpctrain.dataset.mount_release import is_mounted, release, start_watcher
 from hpctrain.dataset.squashfs import ImageError, read_superblock, require_tool
@@ -78,7 +78,7 @@ def open_image(
     Raises ``ImageError`` on every task of the node when the leader cannot mount it.
     """
     log = log or _print
-    image, stage_dir = image.resolve(), stage_dir.absolute()  # squashfuse and the watcher run in /
+    image, stage_dir = real_path(image), stage_dir.absolute()  # squashfuse and the watcher run in /
     try:
         base, attempt = node_folder.job_folder(stage_dir, environ, sweep=is_node_leader)
     except (OSError, node_folder.NodeFolderError) as exc:

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from hpctrain.contract.runfiles import real_path
 from hpctrain.errors import SpecError, SpecProblem, UsageError
 from hpctrain.jobspec.cross_checks import check_resolved
 from hpctrain.jobspec.models import JobSpec
@@ -239,7 +240,7 @@ def absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
         if path is None:
             return None
         expanded = Path(path).expanduser()
-        return str(expanded if expanded.is_absolute() else (base / expanded).resolve())
+        return str(expanded if expanded.is_absolute() else real_path(base / expanded))
 
     update: dict[str, Any] = {
         "output_dir": absolute(spec.output_dir),

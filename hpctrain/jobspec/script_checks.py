@@ -12,6 +12,7 @@ on a node would, without importing it. Torch-free.
 
 from __future__ import annotations
 
+import errno
 import importlib.machinery
 import os
 import sys
@@ -159,6 +160,9 @@ def program_problems(spec: JobSpec) -> list[SpecProblem]:
     assert script is not None
     if script.path is not None:
         path = Path(script.path)
+        broken = _broken_link(path)
+        if broken is not None:
+            return [SpecProblem("script.path", f"{path} is {broken}; name the script itself")]
         if not path.exists():
             return [
                 SpecProblem(
@@ -184,6 +188,18 @@ def program_problems(spec: JobSpec) -> list[SpecProblem]:
             )
         ]
     return []
+
+
+def _broken_link(path: Path) -> str | None:
+    """What is wrong with ``path`` when it is a symlink that leads nowhere: a loop, or a missing target."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink loop (or leads through one)"
+        if path.is_symlink():
+            return f"a symlink to {os.readlink(path)}, which does not exist"
+    return None
 
 
 def module_file(module: str, search_path: Sequence[str] | None = None) -> Path | None:

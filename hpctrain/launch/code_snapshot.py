@@ -26,9 +26,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hpctrain.contract.file_writes import copy_atomic
 from hpctrain.contract.rundir import CODE_DIR, run_home
-from hpctrain.errors import UsageError
-from hpctrain.launch.code_selection import Selection, select
+from hpctrain.contract.runfiles import RunFileError, open_regular, real_path
+from hpctrain.errors import UsageError, printable
+from hpctrain.launch.code_selection import Selection, root_refusal, select, target_refusal
 
 SNAPSHOT_DIR = CODE_DIR
 MAX_SNAPSHOT_BYTES = 200 * 1024 * 1024
@@ -88,14 +90,21 @@ def locate(entrypoint: str, search_path: Sequence[str] | None = None) -> CodeSou
     if spec is None:
         return None
     if spec.submodule_search_locations:  # a package (regular or namespace)
-        location = Path(next(iter(spec.submodule_search_locations))).resolve()
+        location = real_path(next(iter(spec.submodule_search_locations)))
     elif spec.origin and spec.origin not in ("built-in", "frozen"):
-        location = Path(spec.origin).resolve()
+        location = real_path(spec.origin)
     else:
         return None
     import_dir = location.parent
     if in_environment(import_dir):
         return None  # an installed distribution or the standard library: the environment's, not the user's tree
+    why = root_refusal(import_dir)
+    if why is not None and "hidden" in why:  # a package that leads into ~/.ssh: nothing of it is copied
+        raise UsageError(
+            f"entrypoint: {package} is imported from {printable(import_dir)}: {why}, and hpctrain never copies "
+            "a hidden folder into a run",
+            hint="keep your code in a folder of its own (not hidden), or submit with --no-snapshot",
+        )
     return CodeSource(package=package, import_dir=import_dir, files_root=location, git_root=git_toplevel(import_dir))
 
 
@@ -114,8 +123,7 @@ def take(source: CodeSource, run_dir: Path, chosen: Selection | None = None) -> 
     for relative in chosen.files:
         destination = target / relative
         destination.parent.mkdir(parents=True, exist_ok=True)
-        real = (chosen.root / relative).resolve()  # inside the root: the selection left out every other
-        shutil.copy2(real, destination, follow_symlinks=True)
+        _copy_one(chosen.root, relative, destination)
     commit, dirty = git_state(source.git_root, chosen) if source.git_root else (None, None)
     return Snapshot(
         path=SNAPSHOT_DIR,
@@ -132,14 +140,32 @@ def take(source: CodeSource, run_dir: Path, chosen: Selection | None = None) -> 
     )
 
 
+def _copy_one(root: Path, relative: Path, destination: Path) -> None:
+    """Copy one selected file, its resolved target checked again as it is opened (the tree may have changed
+    since it was selected): inside ``root``, not hidden, a regular file (code_selection.py's rule)."""
+    why = target_refusal(root / relative, root)
+    try:
+        if why is None:
+            with open_regular(root / relative, within=root) as source:
+                copy_atomic(source, destination)
+            shutil.copystat(real_path(root / relative), destination)
+            return
+    except (OSError, RunFileError) as exc:
+        why = str(exc.strerror if isinstance(exc, OSError) and exc.strerror else exc)
+    raise UsageError(
+        f"the code snapshot cannot copy {printable(root / relative)}: {why}",
+        hint="the folder changed while it was being copied; submit again (or with --no-snapshot)",
+    )
+
+
 def import_root(run_dir: Path, recorded: object) -> Path | None:
     """The copy's sys.path entry from ``run.json``'s ``code_snapshot``, if it is there."""
     if not isinstance(recorded, dict) or not isinstance(recorded.get("import_root"), str):
         return None
-    run_dir = Path(run_dir).resolve()
+    run_dir = real_path(run_dir)
     # a sweep's trials share the copy in the sweep's directory, one level up
     home = run_home(run_dir)
-    root = (run_dir / recorded["import_root"]).resolve()
+    root = real_path(run_dir / recorded["import_root"])
     if home not in root.parents and root != home:
         return None  # a hand-edited run.json pointing elsewhere is not followed
     return root
@@ -161,7 +187,7 @@ def for_trial(record: dict[str, object], sweep_dir: Path, trial_dir: Path) -> di
 
 def git_toplevel(directory: Path) -> Path | None:
     out = _git(directory, "rev-parse", "--show-toplevel")
-    return Path(out.strip()).resolve() if out else None
+    return real_path(out.strip()) if out else None
 
 
 def git_lister(source: CodeSource) -> Callable[[Path], set[Path]]:
@@ -220,7 +246,7 @@ def in_environment(directory: Path) -> bool:
     user's tree: site-packages, or the standard library (stdlib, platstdlib, lib-dynload)."""
     if directory.name in ("site-packages", "dist-packages"):
         return True
-    directory = directory.resolve()
+    directory = real_path(directory)
     return any(directory == root or root in directory.parents for root in _stdlib_roots())
 
 
@@ -228,7 +254,7 @@ def _stdlib_roots() -> set[Path]:
     import sysconfig
 
     paths = sysconfig.get_paths()
-    return {Path(paths[key]).resolve() for key in ("stdlib", "platstdlib") if paths.get(key)}
+    return {real_path(paths[key]) for key in ("stdlib", "platstdlib") if paths.get(key)}
 
 
 def default_search_path() -> list[str]:

@@ -32,6 +32,7 @@ from hpctrain.contract.rundir import (
     trial_dir,
     write_run_info,
 )
+from hpctrain.contract.runfiles import real_path
 from hpctrain.dataset import squashfs
 from hpctrain.errors import ClusterError, UsageError
 from hpctrain.jobspec.load import LoadedJob
@@ -128,7 +129,7 @@ def supervisor_command(spec: JobSpec, run_dir: Path) -> str | None:
 
 def container_mounts(spec: JobSpec) -> list[str]:
     """Bind mounts: the spec's, plus output_dir, data.root and the submit directory at their own paths."""
-    own = [str(Path(p).expanduser().resolve()) for p in (spec.output_dir, spec.data.root, Path.cwd()) if p]
+    own = [str(real_path(Path(p).expanduser())) for p in (spec.output_dir, spec.data.root, Path.cwd()) if p]
     for path in own:
         if "," in path or ":" in path:
             raise UsageError(
@@ -146,7 +147,7 @@ def pyxis_arguments(spec: JobSpec) -> list[str]:
     return [
         f"--container-image={spec.container.image}",
         f"--container-mounts={','.join(container_mounts(spec))}",
-        f"--container-workdir={Path.cwd().resolve()}",
+        f"--container-workdir={real_path(Path.cwd())}",
         *spec.container.options,
     ]
 
@@ -158,9 +159,9 @@ def task_python(spec: JobSpec) -> str:
     inner = python_command(spec.container.python, hold_stop_signals=True)
     if spec.container.runtime == "pyxis":
         return inner
-    apptainer = ["apptainer", "exec", "--bind", ",".join(container_mounts(spec)), "--pwd", str(Path.cwd().resolve())]
+    apptainer = ["apptainer", "exec", "--bind", ",".join(container_mounts(spec)), "--pwd", str(real_path(Path.cwd()))]
     if spec.data.root and squashfs.is_image(Path(spec.data.root).expanduser()):  # a packed dataset image
-        image = str(Path(spec.data.root).expanduser().resolve())
+        image = str(real_path(Path(spec.data.root).expanduser()))
         apptainer += ["--bind", f"{image}:{squashfs.APPTAINER_BIND}:image-src=/"]
         apptainer += ["--env", f"{squashfs.BIND_ENV}={squashfs.APPTAINER_BIND}"]
     options = list(spec.container.options)
@@ -441,7 +442,7 @@ def _record_submission(
             "name": job.spec.name,
             "created_at": time.time(),
             "hpctrain_version": hpctrain.__version__,
-            "spec_source": str(job.source.resolve()),
+            "spec_source": str(real_path(job.source)),
             "job_ids": [],
         }
     info.update(

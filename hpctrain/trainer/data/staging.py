@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hpctrain.contract.file_writes import copy_atomic, write_atomic
-from hpctrain.contract.runfiles import RunFileError, load_json, read_bounded
+from hpctrain.contract.runfiles import RunFileError, load_json, read_bounded, real_path
 from hpctrain.dataset import node_folder
 from hpctrain.errors import TrainingConfigError
 from hpctrain.trainer.data.index import DatasetIndex
@@ -62,7 +62,7 @@ def resolve_stage_dir(
 
 def stage_key(source_root: Path, indices: Sequence[tuple[str, DatasetIndex]]) -> str:
     """A digest of the source and of every sample's path and label: another dataset gets another copy."""
-    digest = hashlib.sha256(str(source_root.resolve()).encode(errors="surrogateescape"))
+    digest = hashlib.sha256(str(real_path(source_root)).encode(errors="surrogateescape"))
     for split, index in indices:
         digest.update(f"\0{split}\0{len(index.samples)}".encode(errors="surrogateescape"))
         for rel, label in index.samples:
