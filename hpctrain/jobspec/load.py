@@ -249,7 +249,7 @@ def absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
     }
     if spec.script is not None:
         workdir = spec.script.workdir
-        if workdir is not None and not workdir.startswith("{"):  # '{run_dir}/x' is absolute once filled
+        if workdir and not workdir.startswith("{"):  # '{run_dir}/x' is absolute once filled; '' is refused
             workdir = absolute(workdir)
         update["script"] = spec.script.model_copy(update={"path": absolute(spec.script.path), "workdir": workdir})
     return spec.model_copy(update=update)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from hpctrain.errors import SpecProblem
 from hpctrain.jobspec.script_args import PER_RANK, PlaceholderError, placeholders, sweep_keys_used
+from hpctrain.jobspec.script_inputs import argument_problems, workdir_problems
 
 if TYPE_CHECKING:
     from hpctrain.jobspec.models import JobSpec, Script
@@ -83,6 +84,7 @@ def script_problems(spec: JobSpec) -> list[SpecProblem]:
         )
     problems += _per_node_problems(script)
     problems += _sweep_problems(spec)
+    problems += argument_problems(script)  # as this spec (a sweep trial) fills them: script_inputs.py
     return problems
 
 
@@ -150,12 +152,18 @@ def is_spec_key(key: str) -> bool:
 
 
 def program_problems(spec: JobSpec) -> list[SpecProblem]:
-    """The script file or module exists here (after ``absolute_paths``: the path is absolute).
+    """The script file or module exists here (after ``absolute_paths``: the path is absolute), and an
+    absolute ``workdir`` can be created (``script_inputs.workdir_problems``).
 
     Not part of :func:`script_problems`: ``validate``, ``submit`` and ``--dry-run`` ask it of the spec a
     user submits, but a run's own ``spec.yaml`` loads (``resume``) after the file moved, since every
     attempt runs the run's copy of it.
     """
+    assert spec.script is not None
+    return _program_problems(spec) + workdir_problems(spec.script)
+
+
+def _program_problems(spec: JobSpec) -> list[SpecProblem]:
     script = spec.script
     assert script is not None
     if script.path is not None:
