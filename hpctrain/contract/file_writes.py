@@ -30,6 +30,8 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
+from hpctrain.errors import printable
+
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -159,6 +161,24 @@ def open_resumable(path: str | Path) -> int:
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise _named(exc, path) from None
+
+
+def write_failure(exc: OSError, where: str | Path) -> str:
+    """What a failed write says: the file, the reason, and for a full disk or quota which file system and
+    how much room it has left (``where``: the folder written into, when the error names no file)."""
+    target = exc.filename if exc.filename is not None else where
+    text = f"cannot write {printable(target)}: {exc.strerror or exc}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        folder = Path(target)
+        while not folder.is_dir() and folder.parent != folder:
+            folder = folder.parent
+        try:
+            usage = shutil.disk_usage(folder)
+            text += f" (the file system holding {printable(folder)} has {usage.free / 2**20:.0f} MiB free"
+            text += f" of {usage.total / 2**30:.1f} GiB)"
+        except OSError:
+            pass
+    return text
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -109,16 +109,19 @@ def locate(entrypoint: str, search_path: Sequence[str] | None = None) -> CodeSou
 
 
 def plan(source: CodeSource) -> Selection:
-    """What :func:`take` would copy and leave out (``submit --dry-run`` prints it)."""
+    """What :func:`take` would copy and leave out (``submit --dry-run`` prints it); a UsageError when it is
+    more than a snapshot holds (:func:`check_size`: the one decision, the dry run's and the submit's)."""
     listed = git_lister(source) if source.git_root is not None else None
-    return select(source.import_dir, source.package, listed)
+    chosen = select(source.import_dir, source.package, listed)
+    check_size(chosen, source)
+    return chosen
 
 
 def take(source: CodeSource, run_dir: Path, chosen: Selection | None = None) -> Snapshot:
     """Copy ``source`` into ``run_dir/code`` and describe the copy; ``chosen``: another selection of its
     import directory's files than :func:`plan`'s (a script's folder: ``launch/script_code.py``)."""
     chosen = plan(source) if chosen is None else chosen
-    total = _check_size(chosen, source)
+    total = check_size(chosen, source)
     target = Path(run_dir) / SNAPSHOT_DIR
     for relative in chosen.files:
         destination = target / relative
@@ -142,20 +145,23 @@ def take(source: CodeSource, run_dir: Path, chosen: Selection | None = None) -> 
 
 def _copy_one(root: Path, relative: Path, destination: Path) -> None:
     """Copy one selected file, its resolved target checked again as it is opened (the tree may have changed
-    since it was selected): inside ``root``, not hidden, a regular file (code_selection.py's rule)."""
+    since it was selected): inside ``root``, not hidden, a regular file (code_selection.py's rule). An error
+    writing the copy (a full disk) is the caller's OSError, naming the copy."""
     why = target_refusal(root / relative, root)
-    try:
-        if why is None:
-            with open_regular(root / relative, within=root) as source:
-                copy_atomic(source, destination)
-            shutil.copystat(real_path(root / relative), destination)
-            return
-    except (OSError, RunFileError) as exc:
-        why = str(exc.strerror if isinstance(exc, OSError) and exc.strerror else exc)
-    raise UsageError(
-        f"the code snapshot cannot copy {printable(root / relative)}: {why}",
-        hint="the folder changed while it was being copied; submit again (or with --no-snapshot)",
-    )
+    source = None
+    if why is None:
+        try:
+            source = open_regular(root / relative, within=root)
+        except (OSError, RunFileError) as exc:
+            why = str(exc.strerror if isinstance(exc, OSError) and exc.strerror else exc)
+    if source is None:
+        raise UsageError(
+            f"the code snapshot cannot copy {printable(root / relative)}: {why}",
+            hint="the folder changed while it was being copied; submit again (or with --no-snapshot)",
+        )
+    with source:
+        copy_atomic(source, destination)
+    shutil.copystat(real_path(root / relative), destination)
 
 
 def import_root(run_dir: Path, recorded: object) -> Path | None:
@@ -229,12 +235,23 @@ def _git(directory: Path, *args: str) -> str | None:
 # ------------------------------------------------------------------ helpers
 
 
-def _check_size(chosen: Selection, source: CodeSource) -> int:
-    total = sum((chosen.root / name).stat().st_size for name in chosen.files)
+def check_size(chosen: Selection, source: CodeSource) -> int:
+    """The bytes the selection copies; a UsageError when the files or bytes are more than a snapshot holds
+    (``MAX_SNAPSHOT_FILES``, ``MAX_SNAPSHOT_BYTES``). Asked by every plan and again by :func:`take`."""
+    total = 0
+    for name in chosen.files:
+        try:
+            total += os.stat(chosen.root / name).st_size
+        except OSError:
+            continue  # gone since it was listed: take() says so when it copies
+        if total > MAX_SNAPSHOT_BYTES:
+            break
     if total > MAX_SNAPSHOT_BYTES or len(chosen.files) > MAX_SNAPSHOT_FILES:
+        size = f"over {MAX_SNAPSHOT_BYTES / 2**20:.0f}" if total > MAX_SNAPSHOT_BYTES else f"{total / 2**20:.0f}"
         raise UsageError(
-            f"the code snapshot of {source.package} ({', '.join(chosen.packages)} in {chosen.root}) would copy "
-            f"{total / 2**20:.0f} MiB ({len(chosen.files)} files) into the run directory",
+            f"the code snapshot of {source.package} ({', '.join(chosen.packages)} in {printable(chosen.root)}) "
+            f"would copy {size} MiB ({len(chosen.files)} files; at most {MAX_SNAPSHOT_FILES:,} files and "
+            f"{MAX_SNAPSHOT_BYTES / 2**20:.0f} MiB) into the run directory",
             hint="keep data and weights out of the package (or in .gitignore), "
             "or submit with --no-snapshot to run the live tree",
         )

@@ -83,7 +83,9 @@ def plan(source: code_snapshot.CodeSource, spec: JobSpec) -> Selection:
     if spec.script.module is not None:
         return code_snapshot.plan(source)
     listed = code_snapshot.git_lister(source) if source.git_root is not None else None
-    return select_folder(source.import_dir, listed, skip=[Path(spec.output_dir)])
+    chosen = select_folder(source.import_dir, listed, skip=[Path(spec.output_dir)])
+    code_snapshot.check_size(chosen, source)  # the dry run decides as the submit does
+    return chosen
 
 
 def take(source: code_snapshot.CodeSource, spec: JobSpec, run_dir: Path) -> code_snapshot.Snapshot:

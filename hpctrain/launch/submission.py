@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import hpctrain
 from hpctrain.contract import job_registry
+from hpctrain.contract.file_writes import write_failure
 from hpctrain.contract.rundir import (
     atomic_write_text,
     create_run_dir,
@@ -34,7 +35,7 @@ from hpctrain.contract.rundir import (
 )
 from hpctrain.contract.runfiles import real_path
 from hpctrain.dataset import squashfs
-from hpctrain.errors import ClusterError, UsageError
+from hpctrain.errors import ClusterError, RunDirError, UsageError
 from hpctrain.jobspec.load import LoadedJob
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.profiles import ClusterProfile
@@ -268,8 +269,8 @@ def submit_run(
         run_dir = create_run_dir(job.spec.output_dir, job.spec.name)
     else:
         run_dir.mkdir(parents=True)
-    trial_dirs = _write_trials(job, run_dir)
     try:
+        trial_dirs = _write_trials(job, run_dir)
         copied = _snapshot_code(job, run_dir) if snapshot else None
         record = copied.as_json() if copied else None
         code_root = str(run_dir / copied.import_root) if copied and job.spec.script is None else None
@@ -277,6 +278,11 @@ def submit_run(
     except (ClusterError, UsageError):
         _remove_unsubmitted(run_dir)
         raise
+    except OSError as exc:  # a full disk, a quota, a folder turned read-only: which file, which disk
+        message = write_failure(exc, run_dir)
+        _remove_unsubmitted(run_dir)
+        hint = "free space there, or set output_dir (--set output_dir=DIR) to another file system"
+        raise RunDirError(message, hint=hint) from None
     job_id = jobs[0].job_id.split("_")[0] if job.is_sweep else jobs[0].job_id
     code = {"code_snapshot": record} if record else {}
     from hpctrain.launch.code_snapshot import for_trial
@@ -376,6 +382,8 @@ def _launch(
             return [executor.submit(launchers[0])]
         return list(executor.submit_array(launchers))
     except (FailedJobError, OSError, RuntimeError) as exc:
+        if isinstance(exc, OSError) and exc.errno is not None and not isinstance(exc, FileNotFoundError):
+            raise  # writing the job's files (a full disk): submit_run names the file and its disk
         meaning, hint = classify_sbatch_failure(str(exc))
         raise ClusterError(f"sbatch: {meaning}: {_first_lines(str(exc))}", hint=hint) from None
 

@@ -217,3 +217,25 @@ def test_symlink_loops_are_left_out_never_a_traceback(tmp_path: Path) -> None:
     snap = script_code.take(source, job, tmp_path / "runs" / "1")
     assert copied_files(tmp_path / "runs" / "1") == ["code/train.py"]
     assert sum("symlink loop" in note for note in snap.left_out) == 5
+
+
+@pytest.mark.parametrize("limit", ["bytes", "files"])
+def test_the_dry_run_refuses_what_the_submit_refuses(
+    limit: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One decision for both (the red team's dry run called a 10 GiB, 100k-file folder copyable)."""
+    monkeypatch.setattr(code_snapshot, "MAX_SNAPSHOT_BYTES" if limit == "bytes" else "MAX_SNAPSHOT_FILES", 3)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("import os\n")
+    for index in range(4):
+        (project / f"data{index}.bin").write_bytes(b"")
+    job = spec(tmp_path / "runs", path=str(project / "train.py"))
+    source = script_code.locate(job.script)  # type: ignore[arg-type]
+    assert source is not None
+    with pytest.raises(UsageError, match="would copy") as planned:
+        script_code.planned(job, tmp_path / "runs" / "1", snapshot=True)
+    with pytest.raises(UsageError, match="would copy") as taken:
+        script_code.take(source, job, tmp_path / "runs" / "1")
+    assert str(planned.value) == str(taken.value)
+    assert not (tmp_path / "runs" / "1" / "code").exists()
