@@ -14,6 +14,13 @@ entry point, on every attempt (requeues and ``hpctrain resume`` included).
 files differ from it, how many files and bytes were copied, and what was
 left out. The built-in trainer (no ``entrypoint``) is hpctrain's own code
 and is not copied; its version is in ``run.json`` already.
+
+One decision for ``--dry-run`` and ``submit``: every plan (:func:`plan`,
+``script_code.plan``) asks :func:`check_size`, and :func:`take` asks it again,
+so a dry run refuses what the submit would (``MAX_SNAPSHOT_FILES``,
+``MAX_SNAPSHOT_BYTES``). Each file is copied from its resolved target after a
+second check (``code_selection.target_refusal``), through a fresh temporary
+file (``contract/file_writes.copy_atomic``).
 """
 
 from __future__ import annotations
