@@ -66,13 +66,14 @@ def write_temporary(beside: str | Path, data: str | bytes, *, suffix: str = ".tm
     return Path(tmp)
 
 
-def copy_atomic(source: str | Path | IO[bytes], path: str | Path) -> None:
+def copy_atomic(source: str | Path | IO[bytes], path: str | Path, *, mode: int | None = None) -> None:
     """Copy ``source`` (a file's path, or a file open for reading) to ``path`` through a fresh temporary
     file, then replace the name (not fsynced: for many files, such as a staged dataset or a code snapshot,
-    whose completeness something else records)."""
+    whose completeness something else records). ``mode``: default the umask's, as a plain copy gets."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     try:
+        os.fchmod(fd, user_file_mode() if mode is None else mode)
         with os.fdopen(fd, "wb") as dst:
             if isinstance(source, (str, Path)):
                 with open(source, "rb") as src:

@@ -100,3 +100,15 @@ def test_every_writer_in_hpctrain_goes_through_the_rule() -> None:
             if PLAIN_WRITE.search(line) and not line.lstrip().startswith("#"):
                 offenders.append(f"{name}:{number}: {line.strip()}")
     assert not offenders, "write through contract/file_writes.py instead:\n" + "\n".join(offenders)
+
+
+def test_copies_get_the_umasks_mode_as_a_plain_copy_does(tmp_path: Path) -> None:
+    from hpctrain.contract.file_writes import copy_atomic
+
+    (tmp_path / "src").write_text("data")
+    old = os.umask(0o022)
+    try:
+        copy_atomic(tmp_path / "src", tmp_path / "dst")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "dst").read_text() == "data" and (tmp_path / "dst").stat().st_mode & 0o777 == 0o644
