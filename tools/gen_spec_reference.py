@@ -63,6 +63,11 @@ How to read the tables:
 - Messages quote what the spec says as inert text: a control character in a
   key, a value, a path, a profile's name or an override (a terminal escape, a
   newline that would forge a second line) is printed as `\\x1b`, `\\x0a`.
+- A spec's text holds no control character other than tab and line ends: a
+  C0 control, DEL, any C1 byte (U+0080-U+009F, NEL among them) or U+2028/U+2029
+  is a problem named with its line and column (YAML readers take some of them
+  for line breaks a person does not see). Write one inside a quoted value as
+  an escape (`"\\u2028"`) if you truly mean it.
 - Time limits use Slurm's forms: `MM`, `MM:SS`, `HH:MM:SS`, `D-HH`,
   `D-HH:MM`, `D-HH:MM:SS`. Quote them in YAML (`time: "24:00:00"`).
 - Editors can complete and check specs against the JSON Schema:

@@ -55,16 +55,15 @@ Every write here is atomic (temp file, fsync, rename). Torch-free.
 from __future__ import annotations
 
 import json
-import os
 import re
 import stat
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract.runfiles import RunFileError, check_inside, printable, read_json
+from hpctrain.contract.file_writes import write_atomic
+from hpctrain.contract.runfiles import RunFileError, check_inside, printable, read_json, real_path
 from hpctrain.errors import RunDirError
 
 RUN_FILE = "run.json"
@@ -278,23 +277,8 @@ def task_log_path(run_dir: Path, info: Mapping[str, Any], rank: int, *, err: boo
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` so readers see the old file or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """Write ``text`` so readers see the old file or the new one, never half (and never through a link)."""
+    write_atomic(path, text)
 
 
 def write_json_atomic(path: Path, value: Mapping[str, Any], *, sort_keys: bool = False) -> None:
@@ -321,7 +305,7 @@ def new_run_id(now: float | None = None) -> str:
 
 def next_run_dir(output_dir: str, name: str, now: float | None = None) -> Path:
     """The directory a new run would get (not created): a dry run shows this."""
-    base = Path(output_dir).expanduser().resolve() / name
+    base = real_path(Path(output_dir).expanduser()) / name
     run_id = new_run_id(now)
     candidate, suffix = base / run_id, 1
     while candidate.exists():

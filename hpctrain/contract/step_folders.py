@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.contract import rundir
+from hpctrain.contract.file_writes import user_file_mode, write_atomic
 from hpctrain.contract.rundir import BEST_FILE, META_FILE, read_json_object, step_dir_name
 from hpctrain.errors import CheckpointError
 
@@ -257,7 +258,4 @@ def fsync_path(path: Path) -> None:
 
 
 def write_file_synced(path: Path, text: str) -> None:
-    with open(path, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
+    write_atomic(path, text, mode=user_file_mode())  # readable as the checkpoint's other files are

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from hpctrain.contract.runfiles import real_path
 from hpctrain.errors import SpecError, SpecProblem, UsageError
 from hpctrain.jobspec.cross_checks import check_resolved
 from hpctrain.jobspec.models import JobSpec
@@ -248,7 +249,7 @@ def absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
         if path is None:
             return None
         expanded = Path(path).expanduser()
-        return str(expanded if expanded.is_absolute() else (base / expanded).resolve())
+        return str(expanded if expanded.is_absolute() else real_path(base / expanded))
 
     update: dict[str, Any] = {
         "output_dir": absolute(spec.output_dir),
@@ -257,7 +258,7 @@ def absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
     }
     if spec.script is not None:
         workdir = spec.script.workdir
-        if workdir is not None and not workdir.startswith("{"):  # '{run_dir}/x' is absolute once filled
+        if workdir and not workdir.startswith("{"):  # '{run_dir}/x' is absolute once filled; '' is refused
             workdir = absolute(workdir)
         update["script"] = spec.script.model_copy(update={"path": absolute(spec.script.path), "workdir": workdir})
     return spec.model_copy(update=update)

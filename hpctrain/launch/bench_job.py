@@ -20,6 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from hpctrain.contract.file_writes import write_atomic
 from hpctrain.contract.runfiles import load_json, printable, read_tail
 from hpctrain.contract.slurm import Slurm, WaitTimedOut, sbatch_wrap_command
 from hpctrain.diagnose import data_bench_job
@@ -80,7 +81,7 @@ def run_on_slurm(
     request = folder / REQUEST_NAME
     document = {"spec": spec.model_dump(mode="json"), "profile": profile.model_dump(mode="json")}
     document.update(options=asdict(options), source=source)
-    request.write_text(json.dumps(document))
+    write_atomic(request, json.dumps(document))
     command = sbatch_wrap_command(
         job_name=f"{spec.name}-bench-data",
         wrap=bench_wrap(spec, profile, folder.absolute(), request.absolute()),
