@@ -248,7 +248,7 @@ def test_a_step_on_fewer_nodes_runs_the_spec_on_them(tmp_path: Path) -> None:
 def test_a_task_on_fewer_nodes_tells_the_trainer_the_runs_micro_batches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hpctrain.runtime.launcher import TaskLauncher
+    from hpctrain.programs.launcher import TaskLauncher
 
     spec = load(tmp_path, "min_nodes: 1").spec
     monkeypatch.setenv(node_loss.STEP_NODES_VAR, "1")

@@ -59,11 +59,7 @@ SLURM_CLIENT = "hpctrain.contract.slurm"
 
 # (login-side module, runtime module it imports) -> why.
 RUNTIME_ON_THE_LOGIN_SIDE = {
-    ("hpctrain.launch.submission", "hpctrain.runtime.launcher"): "the task launcher submitit pickles into the job",
-    ("hpctrain.launch.submission", "hpctrain.runtime.torchrun_node"): "the torchrun node launcher, pickled likewise",
-    ("hpctrain.launch.submission", "hpctrain.runtime.script_launcher"): "a script job's task wrapper, pickled likewise",
-    ("hpctrain.launch.submission", "hpctrain.runtime.script_torchrun"): "a script job's torchrun node task, pickled",
-    ("hpctrain.launch.dry_run", "hpctrain.runtime.script_command"): (
+    ("hpctrain.launch.dry_run", "hpctrain.runtime.script.command"): (
         "--dry-run prints every script process's command line from the wrapper's own functions, so it cannot drift"
     ),
     ("hpctrain.launch.dry_run", "hpctrain.runtime.rank_plan"): (
