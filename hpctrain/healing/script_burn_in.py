@@ -51,7 +51,7 @@ from typing import Any, Literal
 from hpctrain.errors import HpctrainError
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.node_health import BURN_IN_EXIT, BURN_IN_VAR, STEP_ID_VAR, burn_in_applies
-from hpctrain.runtime.context import TaskEnv
+from hpctrain.runtime.context import TaskEnv, configure_logging
 from hpctrain.runtime.master import burn_in_port
 from hpctrain.runtime.script.child import launch_argv
 from hpctrain.runtime.stop import StopRequest
@@ -157,8 +157,6 @@ def main(argv: list[str]) -> int:
     run_dir, port = Path(argv[0]), int(argv[1])
     spec = JobSpec.model_validate(json.loads(sys.stdin.buffer.read(MAX_SPEC_BYTES)))
     env = replace(derive_task_env(os.environ, spec_master_port=spec.distributed.master_port), master_port=port)
-    from hpctrain.programs.launcher import configure_logging
-
     configure_logging(env)
     from hpctrain.healing.burn_in import run_burn_in
     from hpctrain.runtime.context import TaskContext

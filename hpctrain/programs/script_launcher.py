@@ -53,12 +53,11 @@ from hpctrain.jobspec.node_health import STEP_ID_VAR
 from hpctrain.programs.launcher import (
     ALLOW_LOOPBACK_MASTER_VAR,
     TaskLauncher,
-    configure_logging,
     end_if_completed,
     report_failure,
 )
 from hpctrain.runtime import stop_signals
-from hpctrain.runtime.context import TaskEnv
+from hpctrain.runtime.context import TaskEnv, configure_logging
 from hpctrain.runtime.master import check_master_address
 from hpctrain.runtime.script import command as script_command
 from hpctrain.runtime.script.child import ExitStatus, OutputTail, ScriptProcess, Silence, ignored_signals

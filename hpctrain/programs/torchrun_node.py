@@ -68,9 +68,9 @@ from hpctrain.contract.cpu_share import omp_num_threads
 from hpctrain.contract.rundir import torchrun_failures_path
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
-from hpctrain.programs.launcher import ALLOW_LOOPBACK_MASTER_VAR, configure_logging, end_if_completed, report_failure
+from hpctrain.programs.launcher import ALLOW_LOOPBACK_MASTER_VAR, end_if_completed, report_failure
 from hpctrain.runtime import stop_signals
-from hpctrain.runtime.context import TaskEnv
+from hpctrain.runtime.context import TaskEnv, configure_logging
 from hpctrain.runtime.master import check_master_address, check_port_free
 from hpctrain.runtime.task_env import LAUNCHER_VAR, derive_task_env, rank_hint
 
