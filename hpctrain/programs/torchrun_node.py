@@ -8,7 +8,7 @@ Slurm's requeue is the one restart mechanism, because it also gives the job
 new nodes, a new attempt number (SLURM_RESTART_COUNT) and the exact resume
 from the last checkpoint, while a torchrun restart would rerun the ranks on
 the same nodes behind Slurm's back. torchrun runs
-``python -m hpctrain.runtime.torchrun_worker`` once per process; a worker is
+``python -m hpctrain.programs.torchrun_worker`` once per process; a worker is
 an ordinary hpctrain task (TaskEnv from torchrun's variables plus the node
 task's SLURM_*), so training, stop signals, the requeue decision (global rank
 0, once per job), the exact resume and clean-up are those of srun tasks.
@@ -68,13 +68,13 @@ from hpctrain.contract.cpu_share import omp_num_threads
 from hpctrain.contract.rundir import torchrun_failures_path
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
+from hpctrain.programs.launcher import ALLOW_LOOPBACK_MASTER_VAR, end_if_completed, report_failure
 from hpctrain.runtime import stop_signals
-from hpctrain.runtime.context import TaskEnv
-from hpctrain.runtime.launcher import ALLOW_LOOPBACK_MASTER_VAR, configure_logging, end_if_completed, report_failure
+from hpctrain.runtime.context import TaskEnv, configure_logging
 from hpctrain.runtime.master import check_master_address, check_port_free
 from hpctrain.runtime.task_env import LAUNCHER_VAR, derive_task_env, rank_hint
 
-WORKER_MODULE = "hpctrain.runtime.torchrun_worker"
+WORKER_MODULE = "hpctrain.programs.torchrun_worker"
 SPEC_FILE = "spec.json"
 # torchrun waits this long for a failed node's other workers before SIGKILL (its default: 30 s).
 SHUTDOWN_TIMEOUT_S = 5
@@ -125,7 +125,7 @@ def torchrun_command(
     The rendezvous store lives on the first node (``is_host`` says so rather
     than torchrun guessing from host names); joining may take as long as the
     spec's collective timeout. ``worker_module`` is each rank's program and
-    ``options`` are torchrun options more (a script job's ranks: runtime/script_torchrun.py).
+    ``options`` are torchrun options more (a script job's ranks: programs/script_torchrun.py).
     """
     is_host = 1 if env.node_rank == 0 else 0
     return [
