@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.contract.cancel_marker import cancel_marker_paths
+from hpctrain.contract.file_writes import write_atomic
 from hpctrain.contract.rundir import hang_claim_path, heartbeat_path, read_run_info
 from hpctrain.contract.script_env import ScriptCode
 from hpctrain.contract.summary import read_summary, write_summary
@@ -303,7 +304,7 @@ class ScriptLauncher(TaskLauncher):
         claim = hang_claim_path(Path(self.run_dir), env.job_id)
         try:
             claim.parent.mkdir(parents=True, exist_ok=True)
-            os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            write_atomic(claim, "", exclusive=True, mode=0o644)
             first = True
         except OSError:
             first = False

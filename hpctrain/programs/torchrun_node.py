@@ -65,6 +65,7 @@ from typing import Any
 import psutil
 
 from hpctrain.contract.cpu_share import omp_num_threads
+from hpctrain.contract.file_writes import open_append, write_atomic
 from hpctrain.contract.rundir import torchrun_failures_path
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
@@ -273,7 +274,7 @@ class TorchrunNodeLauncher:
         self.start_reaper()
         state_dir = Path(tempfile.mkdtemp(prefix="hpctrain-torchrun-"))
         try:
-            (state_dir / SPEC_FILE).write_text(json.dumps(self.worker_payload()))
+            write_atomic(state_dir / SPEC_FILE, json.dumps(self.worker_payload()))
             log_start = _own_stderr_size()
             command = torchrun_command(
                 env, spec, state_dir, worker_module=self.worker_module, options=self.torchrun_options
@@ -323,8 +324,11 @@ class TorchrunNodeLauncher:
         path = torchrun_failures_path(self.run_dir)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a") as handle:
-                handle.write(failure_line(node, rank, reason))
+            fd = open_append(path)
+            try:
+                os.write(fd, failure_line(node, rank, reason).encode())
+            finally:
+                os.close(fd)
         except OSError as exc:
             print(f"hpctrain: could not report the failure of rank {rank}: {exc}", file=sys.stderr)
 
@@ -428,7 +432,7 @@ def write_failure(state_dir: Path, what: str) -> None:
     """A rank's last word for :func:`death_reason` (``failed-RANK``), before it exits; best effort."""
     rank = os.environ.get("RANK", str(os.getpid()))
     try:
-        (state_dir / f"failed-{rank}").write_text(what)
+        write_atomic(state_dir / f"failed-{rank}", what)
     except OSError:
         pass
 
@@ -436,6 +440,4 @@ def write_failure(state_dir: Path, what: str) -> None:
 def write_result(state_dir: Path, result: dict[str, Any]) -> None:
     """A rank's result for the node task (``result-RANK.pkl``), installed whole by a rename."""
     path = state_dir / f"result-{result['rank']}.pkl"
-    temp = path.with_suffix(".tmp")
-    temp.write_bytes(pickle.dumps(result))
-    os.replace(temp, path)
+    write_atomic(path, pickle.dumps(result))
