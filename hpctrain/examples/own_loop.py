@@ -178,7 +178,7 @@ if __name__ == "__main__":
     args = vars(parse_args())
     run_dir = Path(args.pop("run_dir"))
     if RUN_DIR_VAR not in os.environ:  # by hand or under torchrun: the run is --run-dir (a script: job has its own)
-        args["data_root"] = str(Path(args["data_root"]).resolve())
+        args["data_root"] = os.path.abspath(args["data_root"])  # before the chdir below
         run_dir.mkdir(parents=True, exist_ok=True)
         os.chdir(run_dir)  # the task API's run directory outside hpctrain is the working directory
     try:
