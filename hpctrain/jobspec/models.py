@@ -36,6 +36,7 @@ from hpctrain.jobspec.fields import (
 )
 from hpctrain.jobspec.slurm_time import ALLOWED_FORMS, parse_time_limit
 from hpctrain.jobspec.strategy_traits import traits
+from hpctrain.jobspec.tracking import Tracking
 
 Strategy = Literal["single", "dp", "ddp", "hogwild", "ps", "pipeline", "model_parallel", "horovod"]
 Precision = Literal["fp32", "fp16", "bf16", "O0", "O1", "O2", "O3"]
@@ -776,6 +777,9 @@ class JobSpec(Section):
     container: Annotated[
         Container | None, Field(description="Run the tasks inside a container image (pyxis or Apptainer).")
     ] = None
+    tracking: Annotated[
+        Tracking, Field(description="W&B and MLflow runs, sent by 'hpctrain sync' (docs/tracking.md).")
+    ] = Tracking()
 
     @field_validator("output_dir")
     @classmethod
