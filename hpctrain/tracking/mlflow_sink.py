@@ -15,6 +15,8 @@ of minutes), unless ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` says otherwise.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -139,7 +141,8 @@ class MlflowSink:
         self._batch(metrics=[Metric(k, v, int(time_s * 1000), step or 0) for k, v in numbers.items()])
         try:
             if status in STATUSES:
-                self.client.set_terminated(self.run_id, STATUSES[status], end_time=int(time_s * 1000))
+                with contextlib.redirect_stdout(io.StringIO()):  # its "View run" lines would break --json
+                    self.client.set_terminated(self.run_id, STATUSES[status], end_time=int(time_s * 1000))
             else:
                 self.client.update_run(self.run_id, "RUNNING")
         except Exception as exc:
