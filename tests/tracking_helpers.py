@@ -8,9 +8,19 @@ is ``last_loss(step)``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from tests.net_helpers import free_port
 
 TRACKING_ID = "abcdef0123456789"
 
@@ -57,3 +67,49 @@ def craft_run(run: Path, tracking: dict[str, Any], *, status: str = "running", l
     write_checkpoint(run, 6)
     write_summary(run, status)
     return run
+
+
+@contextlib.contextmanager
+def mlflow_server(home: Path, start_timeout_s: float = 180) -> Iterator[str]:
+    """A real ``mlflow server`` on 127.0.0.1 with a SQLite store under ``home``; its URI. Stopped after."""
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    command = [
+        str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{home}/db.sqlite",
+        "--artifacts-destination", str(home / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+        "--workers", "1",
+    ]  # fmt: skip
+    log = (home / "server.log").open("w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=home)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("mlflow server did not start:\n" + (home / "server.log").read_text()[-3000:])
+            time.sleep(0.5)
+        yield uri
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+
+
+def last_values(metrics: Path, field: str = "loss") -> dict[int, float]:
+    """metrics.jsonl's last value of ``field`` for each train_step's global step (the one that counts)."""
+    values = {}
+    for line in metrics.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("kind") == "train_step" and field in record:
+            values[record["global_step"]] = record[field]
+    return values

@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from hpctrain.contract.rundir import (
+    RUN_FILE,
     is_trial_dir,
     latest_checkpoint_step,
     metrics_path,
@@ -106,7 +107,8 @@ def run_dirs(target: Path) -> list[Path]:
     from hpctrain.contract.study_file import point_dir, read_study, study_dir_of
 
     if (study := study_dir_of(target)) is not None:
-        return [d for point in read_study(study)["points"] for d in run_dirs(point_dir(study, point))]
+        points = [point_dir(study, point) for point in read_study(study)["points"]]
+        return [d for point in points if (point / RUN_FILE).exists() for d in run_dirs(point)]  # submitted ones
     info = read_run_info(target)
     trials = info.get("trials")
     if isinstance(trials, int) and not isinstance(trials, bool) and 0 < trials <= 100_000:

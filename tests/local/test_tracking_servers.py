@@ -11,11 +11,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +25,7 @@ from hpctrain.contract.tracking_state import read_cursor
 from hpctrain.tracking import sync as sync_module
 from hpctrain.tracking.sync import load_run, sync_tracker
 from tests.net_helpers import free_port
-from tests.tracking_helpers import TRACKING_ID, craft_run, last_loss, write_summary
+from tests.tracking_helpers import TRACKING_ID, craft_run, last_loss, mlflow_server, write_summary
 
 mlflow = pytest.importorskip("mlflow")
 BIN = Path(sys.executable).parent
@@ -39,37 +37,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real ``mlflow server`` with a SQLite backend; its URI."""
     if shutil.which("mlflow", path=str(BIN)) is None:
         pytest.skip("the mlflow server is not installed (pip install mlflow)")
-    home = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    command = [
-        str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{home}/db.sqlite",
-        "--artifacts-destination", str(home / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-        "--workers", "1",
-    ]  # fmt: skip
-    log = (home / "server.log").open("w")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=home)
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("mlflow server did not start:\n" + (home / "server.log").read_text()[-3000:])
-            time.sleep(0.5)
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
         yield uri
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        log.close()
 
 
 @pytest.fixture

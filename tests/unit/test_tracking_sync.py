@@ -190,3 +190,19 @@ def test_one_failing_run_does_not_stop_the_others_and_follow_stops_when_all_are_
         ("trial-001", "mlflow", False),
     ]
     assert results[1].complete
+
+
+def test_a_study_syncs_each_submitted_point_as_its_own_tracker_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    study = tmp_path / "study"
+    study.mkdir()
+    points = [{"label": f"nodes-{n}", "run_dir": f"nodes-{n}"} for n in (1, 2, 4)]
+    (study / "study.json").write_text(json.dumps({"kind": "study", "version": 1, "points": points}))
+    for n, ident in ((1, "1111111111111111"), (2, "2222222222222222")):  # nodes-4 was never submitted
+        run = craft_run(study / f"nodes-{n}", MLFLOW, status="completed")
+        (run / "run.json").write_text(json.dumps({"tracking_id": ident}))
+    monkeypatch.setattr(sync_module, "_sink", lambda tracker, tracking: FakeMlflow())
+    results = sync(study)
+    assert [(r.run_dir.name, r.through, r.error) for r in results] == [("nodes-1", 15, None), ("nodes-2", 15, None)]
+    assert sorted(FakeMlflow.runs) == ["1111111111111111", "2222222222222222"]
