@@ -11,13 +11,18 @@
   acknowledged: the tracker's own run id, the last step sent, the events,
   parameters and artifacts sent. It is written atomically, and only after
   the tracker acknowledged what it records (``hpctrain/tracking/sync.py``).
+  One sync at a time sends a run to a tracker: :func:`sync_lock` (``TRACKER.lock``,
+  ``flock``) makes a second one (another terminal, a cron job) skip the run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import secrets
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,3 +123,20 @@ def write_cursor(run_dir: Path, cursor: Cursor) -> None:
 
 def cursor_fields(cursor: Cursor) -> dict[str, Any]:
     return asdict(cursor)
+
+
+@contextlib.contextmanager
+def sync_lock(run_dir: Path, tracker: str) -> Iterator[bool]:
+    """Hold the run's sync lock for ``tracker`` while the block runs: True, or False when another sync has it."""
+    path = cursor_path(run_dir, tracker).with_suffix(".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # releases the lock

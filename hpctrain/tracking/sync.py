@@ -44,7 +44,7 @@ from hpctrain.contract.rundir import (
 )
 from hpctrain.contract.runfiles import RunFileError, iter_lines
 from hpctrain.contract.summary import read_summary
-from hpctrain.contract.tracking_state import Cursor, read_cursor, tracking_id, write_cursor
+from hpctrain.contract.tracking_state import Cursor, read_cursor, sync_lock, tracking_id, write_cursor
 from hpctrain.errors import HpctrainError, RunDirError, SpecError, printable
 from hpctrain.jobspec.tracking import Tracking
 from hpctrain.jobspec.yaml_source import read_spec_file
@@ -171,8 +171,18 @@ def _lines(run_dir: Path) -> Iterator[bytes]:
 
 
 def sync_tracker(run: _Run, tracker: str, sink: Any = None) -> Synced:
-    """Send ``run``'s new settled steps (and params, facts, figures, end) to ``tracker``; write the cursor."""
+    """Send ``run``'s new settled steps (and params, facts, figures, end) to ``tracker``; write the cursor.
+    A run another sync is sending to ``tracker`` right now is left to it (``waiting`` says so)."""
     sink = sink if sink is not None else _sink(tracker, run.tracking)
+    with sync_lock(run.run_dir, tracker) as mine:
+        if mine:
+            return _sync_locked(run, tracker, sink)
+    saved = read_cursor(run.run_dir, tracker)
+    busy = f"another 'hpctrain sync' is sending this run to {tracker} now; left to it"
+    return Synced(run.run_dir, tracker, sink.where, saved.run_ref, 0, saved.sent_step, None, saved.final, busy)
+
+
+def _sync_locked(run: _Run, tracker: str, sink: Any) -> Synced:
     saved = read_cursor(run.run_dir, tracker)
     work = Cursor(tracker, run_ref=saved.run_ref) if sink.rewrites else replace(saved)
     plan = _plan(run, work, saved)

@@ -68,7 +68,10 @@ class WandbSink:
                 dir=str(run_dir),
                 mode=self.config.mode,
                 resume="allow",
-                settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
+                # the login node's git, code and system stats are not the run's: the run's facts come from its files
+                settings=wandb.Settings(
+                    console="off", silent=True, x_disable_stats=True, disable_git=True, disable_code=True
+                ),
             )
         except Exception as exc:
             raise _failed("opening the run", exc) from None

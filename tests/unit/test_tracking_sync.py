@@ -206,3 +206,15 @@ def test_a_study_syncs_each_submitted_point_as_its_own_tracker_run(
     results = sync(study)
     assert [(r.run_dir.name, r.through, r.error) for r in results] == [("nodes-1", 15, None), ("nodes-2", 15, None)]
     assert sorted(FakeMlflow.runs) == ["1111111111111111", "2222222222222222"]
+
+
+def test_a_second_sync_of_the_same_run_leaves_it_to_the_first(tmp_path: Path) -> None:
+    from hpctrain.contract.tracking_state import sync_lock
+
+    run = craft_run(tmp_path / "run", MLFLOW, status="completed")
+    with sync_lock(run, "mlflow") as mine:
+        assert mine
+        busy = sync_once(run)
+    assert busy.sent == 0 and "another 'hpctrain sync' is sending this run" in busy.waiting
+    assert TRACKING_ID not in FakeMlflow.runs and not busy.complete
+    assert sync_once(run).through == 15  # the lock went with the first
