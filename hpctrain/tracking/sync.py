@@ -137,7 +137,8 @@ def load_run(run_dir: Path, *, ended: bool = False) -> _Run:
             "runs; for this one, add it to RUN/spec.yaml (read at every sync; docs/tracking.md)",
         )
     summary = read_summary(run_dir)
-    final = summary.status if summary is not None and summary.is_final else ("stopped" if ended else None)
+    status = run_end(run_dir)
+    final = status if status is not None else ("stopped" if ended else None)
     name = str(spec.get("name") or run_dir.parent.name)
     label = f"{name}/{run_dir.parent.name}/{run_dir.name}" if is_trial_dir(run_dir) else f"{name}/{run_dir.name}"
     folder = report_dir(run_dir)
@@ -148,6 +149,26 @@ def load_run(run_dir: Path, *, ended: bool = False) -> _Run:
         run_dir, spec, tracking, label, tracking_id(run_dir), final, latest_checkpoint_step(run_dir), summary,
         reports[:MAX_REPORT_FILES],
     )  # fmt: skip
+
+
+def run_end(run_dir: Path) -> str | None:
+    """How the run ended (completed, stopped, failed), or None while it may go on.
+
+    ``status``'s rule (observe/run_status.py: the summary, reconciled with Slurm's state: a
+    job that died without writing its end has failed), and one more: a run whose job Slurm
+    will still start (a requeue after a time limit or a preemption leaves summary.json saying
+    "stopped" while the job is PENDING again) has not ended. Where Slurm cannot be asked (a
+    run directory copied to a laptop), the summary says it.
+    """
+    from hpctrain.contract.slurm_states import run_state
+    from hpctrain.contract.summary import FINAL_STATUSES
+    from hpctrain.observe.run_status import run_status
+
+    facts = run_status(run_dir)
+    if run_state(str(facts.get("slurm_state") or "")) in ("pending", "running", "ending"):
+        return None  # the job runs, or will run again
+    status = facts.get("status")
+    return status if status in FINAL_STATUSES else None
 
 
 def _sink(tracker: str, tracking: Tracking) -> Any:

@@ -218,3 +218,23 @@ def test_a_second_sync_of_the_same_run_leaves_it_to_the_first(tmp_path: Path) ->
     assert busy.sent == 0 and "another 'hpctrain sync' is sending this run" in busy.waiting
     assert TRACKING_ID not in FakeMlflow.runs and not busy.complete
     assert sync_once(run).through == 15  # the lock went with the first
+
+
+@pytest.mark.parametrize(
+    ("slurm_state", "status", "end"),
+    [
+        ("PENDING", "stopped", None),  # requeued after a time limit: summary.json says stopped until it restarts
+        ("RUNNING", "running", None),
+        ("COMPLETING", "completed", None),
+        ("COMPLETED", "completed", "completed"),
+        ("FAILED", "failed", "failed"),  # status reconciles a job that died without writing its end
+        ("unknown (no Slurm here)", "stopped", "stopped"),  # a copied run directory: the summary says
+    ],
+)
+def test_a_run_ends_when_its_summary_says_so_and_slurm_will_not_start_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slurm_state: str, status: str, end: str | None
+) -> None:
+    from hpctrain.observe import run_status
+
+    monkeypatch.setattr(run_status, "run_status", lambda run_dir: {"slurm_state": slurm_state, "status": status})
+    assert sync_module.run_end(tmp_path) == end
