@@ -1,35 +1,25 @@
-"""The ``tracking:`` section: which experiment trackers a run appears in (W&B, MLflow), and its checks.
+"""The ``tracking:`` section: which experiment trackers a run appears in (W&B, MLflow).
 
-Pure and torch-free, and no tracker library is imported here: whether one is
-installed is asked of ``importlib`` (:func:`tracking_problems`), so ``validate``
-refuses a spec whose tracker is missing with the install line before anything
-reaches the queue. The wing that sends runs there is ``hpctrain/tracking/``
-(docs/tracking.md). Credentials are never spec keys: the trackers read them
-from their own environment variables or files on the machine that syncs
-(:data:`CREDENTIAL_VARS`), and a spec that carries one (in ``env:`` or in a
-URI's ``user:password@``) is refused, since the spec is copied into the run
-directory and printed by ``--dry-run``.
+Pure and torch-free; no tracker library is imported here. The checks that
+need the rest of the spec (is the tracker installed, a secret in ``env:``)
+and what ``--dry-run`` says are ``tracking_checks.py``'s; the wing that sends
+runs there is ``hpctrain/tracking/`` (docs/tracking.md). Credentials are
+never spec keys: a URI's ``user:password@`` is refused here, since the spec
+is copied into the run directory and printed by ``--dry-run``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
-from hpctrain.errors import SpecProblem
 from hpctrain.jobspec.fields import NAME_PATTERN
+from hpctrain.jobspec.section import Section
 
-if TYPE_CHECKING:
-    from hpctrain.jobspec.models import JobSpec
-
-# tracker -> (the module that must import, the extra that installs it)
-PACKAGES = {"wandb": ("wandb", "hpctrain[wandb]"), "mlflow": ("mlflow", "hpctrain[mlflow]")}
-# environment variables that hold a tracker's secret: read where 'hpctrain sync' runs, never put in a spec
-CREDENTIAL_VARS = ("WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_USERNAME")
+TRACKERS = ("wandb", "mlflow")  # in the order they are synced
 _URI_SCHEMES = ("http", "https", "file", "sqlite", "databricks")
 
 
@@ -46,19 +36,7 @@ TrackerName = Annotated[str, AfterValidator(_one_line(250))]
 Tags = Annotated[list[TrackerName], Field(max_length=64)]
 
 
-class _Section(BaseModel):
-    # the job spec's section config (jobspec/models.py's Section), spelled here so models.py can import this
-    model_config = ConfigDict(
-        extra="forbid",
-        validate_assignment=True,
-        str_strip_whitespace=True,
-        strict=True,
-        allow_inf_nan=False,
-        defer_build=True,
-    )
-
-
-class Wandb(_Section):
+class Wandb(Section):
     """A Weights & Biases run: one per hpctrain run, whatever the number of restarts."""
 
     project: Annotated[str, Field(pattern=NAME_PATTERN, description="W&B project the run goes to.")]
@@ -76,7 +54,7 @@ class Wandb(_Section):
     ] = "offline"
 
 
-class Mlflow(_Section):
+class Mlflow(Section):
     """An MLflow run: one per hpctrain run, whatever the number of restarts."""
 
     tracking_uri: Annotated[
@@ -106,7 +84,7 @@ class Mlflow(_Section):
         return value
 
 
-class Tracking(_Section):
+class Tracking(Section):
     """Experiment trackers the run appears in (docs/tracking.md); TensorBoard (RUN/tb/) is always written."""
 
     wandb: Annotated[Wandb | None, Field(description="A Weights & Biases run (pip install 'hpctrain[wandb]').")] = None
@@ -115,57 +93,4 @@ class Tracking(_Section):
     @property
     def trackers(self) -> tuple[str, ...]:
         """The configured trackers' names, in a fixed order."""
-        return tuple(name for name in PACKAGES if getattr(self, name) is not None)
-
-
-def installed(tracker: str) -> bool:
-    """Whether ``tracker``'s package can be imported here (asked of importlib; nothing is imported)."""
-    try:
-        return importlib.util.find_spec(PACKAGES[tracker][0]) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def tracking_problems(spec: JobSpec) -> list[SpecProblem]:
-    """Every reason ``spec``'s tracking section cannot work here: a tracker not installed, a secret in env."""
-    problems = []
-    for tracker in spec.tracking.trackers:
-        if not installed(tracker):
-            extra = PACKAGES[tracker][1]
-            problems.append(
-                SpecProblem(
-                    f"tracking.{tracker}",
-                    f"{tracker} is not installed: pip install '{extra}' (or remove tracking.{tracker})",
-                )
-            )
-    for key in spec.env:
-        if key in CREDENTIAL_VARS:
-            problems.append(
-                SpecProblem(
-                    f"env.{key}",
-                    "a secret in the spec is copied into the run directory (spec.yaml) and printed by --dry-run; "
-                    "export it where 'hpctrain sync' runs instead (docs/tracking.md)",
-                )
-            )
-    return problems
-
-
-def where_runs_appear(spec: JobSpec, run_label: str) -> list[str]:
-    """One line per tracker saying where the run will appear (``--dry-run``, ``validate``)."""
-    lines, tracking = [], spec.tracking
-    if tracking.wandb is not None:
-        wandb = tracking.wandb
-        place = f"{wandb.entity}/{wandb.project}" if wandb.entity else f"project {wandb.project}"
-        how = (
-            "written offline into RUN/wandb/ by 'hpctrain sync RUN', then 'wandb sync RUN/wandb/offline-run-*'"
-            if wandb.mode == "offline"
-            else "sent by 'hpctrain sync RUN'"
-        )
-        lines.append(f"W&B: {place}, run '{wandb.name or run_label}' ({how})")
-    if tracking.mlflow is not None:
-        mlflow = tracking.mlflow
-        lines.append(
-            f"MLflow: {mlflow.tracking_uri}, experiment '{mlflow.experiment}', run '{run_label}' "
-            "(sent by 'hpctrain sync RUN' from a machine that reaches the server)"
-        )
-    return lines
+        return tuple(name for name in TRACKERS if getattr(self, name) is not None)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import SpecError
-from hpctrain.jobspec import tracking
+from hpctrain.jobspec import tracking_checks as tracking
 from hpctrain.jobspec.load import load_job
 from hpctrain.launch.dry_run import dry_run
 
@@ -65,7 +65,7 @@ def test_a_tracker_that_is_not_installed_is_refused_with_the_install_line(
 
 def test_installed_asks_importlib_without_importing() -> None:
     code = (
-        "import sys; from hpctrain.jobspec.tracking import installed; "
+        "import sys; from hpctrain.jobspec.tracking_checks import installed; "
         "print(installed('mlflow'), installed('wandb'), 'mlflow' in sys.modules, 'wandb' in sys.modules)"
     )
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
