@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpctrain.contract.file_writes import open_resumable, write_atomic
 from hpctrain.contract.rundir import RUN_FILE, read_json_object, run_home, tracking_dir, write_json_atomic
 from hpctrain.contract.runfiles import RunFileError, read_bounded
 from hpctrain.errors import RunDirError
@@ -49,24 +50,22 @@ def tracking_id(run_dir: Path) -> str:
     if isinstance(chosen, str) and TRACKING_ID.match(chosen):
         return chosen
     path = tracking_dir(run_dir) / ID_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        try:
-            found = read_bounded(path, 64, within=run_home(Path(run_dir))).decode(errors="replace").strip()
-        except (OSError, RunFileError):
-            found = ""
-        if not TRACKING_ID.match(found):
-            raise RunDirError(
-                f"{path}: not a tracking id ({found[:40]!r})",
-                hint="remove the file; the next 'hpctrain sync' starts a new tracker run for this run",
-            ) from None
-        return found
     chosen = new_tracking_id()
-    with os.fdopen(fd, "w") as handle:
-        handle.write(chosen + "\n")
-    return chosen
+    try:
+        write_atomic(path, chosen + "\n", exclusive=True, mode=0o644)  # the first sync's choice stays
+        return chosen
+    except FileExistsError:
+        pass
+    try:
+        found = read_bounded(path, 64, within=run_home(Path(run_dir))).decode(errors="replace").strip()
+    except (OSError, RunFileError):
+        found = ""
+    if not TRACKING_ID.match(found):
+        raise RunDirError(
+            f"{path}: not a tracking id ({found[:40]!r})",
+            hint="remove the file; the next 'hpctrain sync' starts a new tracker run for this run",
+        )
+    return found
 
 
 @dataclass
@@ -130,7 +129,7 @@ def sync_lock(run_dir: Path, tracker: str) -> Iterator[bool]:
     """Hold the run's sync lock for ``tracker`` while the block runs: True, or False when another sync has it."""
     path = cursor_path(run_dir, tracker).with_suffix(".lock")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = open_resumable(path)  # created if missing, never through a symlink
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.contract.rundir import wandb_dir
+from hpctrain.contract.runfiles import real_path
 from hpctrain.errors import printable
 from hpctrain.jobspec.tracking import Wandb
 from hpctrain.tracking.mlflow_sink import TrackerError
@@ -99,7 +100,7 @@ class WandbSink:
         """Finish the run (W&B's acknowledgement); offline, the folders of earlier syncs then go."""
         if self.run is None:
             return
-        current = Path(self.run.dir).parent.resolve()  # RUN/wandb/offline-run-DATE-ID/files -> its folder
+        current = real_path(Path(self.run.dir).parent)  # RUN/wandb/offline-run-DATE-ID/files -> its folder
         try:
             self.run.finish(exit_code=1 if self.status == "failed" else 0)
         except Exception as exc:
@@ -108,7 +109,7 @@ class WandbSink:
             self.run = None
         if self.rewrites and self.folder is not None:
             for old in self._before:
-                if old.resolve() != current:
+                if real_path(old) != current:
                     shutil.rmtree(old, ignore_errors=True)
 
 
