@@ -113,3 +113,16 @@ def last_values(metrics: Path, field: str = "loss") -> dict[int, float]:
         if record.get("kind") == "train_step" and field in record:
             values[record["global_step"]] = record[field]
     return values
+
+
+def wandb_records(folder: Path) -> list[dict[str, Any]]:
+    """The records of the one W&B offline run under ``folder``, as W&B's own reader (wandb-core) prints them."""
+    [log] = folder.glob("offline-run-*/run-*.wandb")
+    inspected = subprocess.run(
+        [str(Path(sys.executable).parent / "wandb"), "leet", "inspect", str(log), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert inspected.returncode == 0, inspected.stderr
+    return [json.loads(line) for line in inspected.stdout.splitlines() if line.strip()]

@@ -25,7 +25,7 @@ from hpctrain.contract.tracking_state import read_cursor
 from hpctrain.tracking import sync as sync_module
 from hpctrain.tracking.sync import load_run, sync_tracker
 from tests.net_helpers import free_port
-from tests.tracking_helpers import TRACKING_ID, craft_run, last_loss, mlflow_server, write_summary
+from tests.tracking_helpers import TRACKING_ID, craft_run, last_loss, mlflow_server, wandb_records, write_summary
 
 mlflow = pytest.importorskip("mlflow")
 BIN = Path(sys.executable).parent
@@ -143,15 +143,6 @@ def test_a_server_that_is_down_is_a_clear_error_and_nothing_is_recorded(tmp_path
     assert f"error: MLflow at {uri}: opening the run failed" in done.stderr and "Traceback" not in done.stderr
     assert "nothing is sent twice" in done.stderr
     assert not (run / ".hpctrain" / "tracking" / "mlflow.json").exists()
-
-
-def wandb_records(folder: Path) -> list[dict[str, Any]]:
-    [log] = folder.glob("offline-run-*/run-*.wandb")
-    inspected = subprocess.run(
-        [str(BIN / "wandb"), "leet", "inspect", str(log), "--json"], capture_output=True, text=True, timeout=120
-    )
-    assert inspected.returncode == 0, inspected.stderr
-    return [json.loads(line) for line in inspected.stdout.splitlines() if line.strip()]
 
 
 def test_a_wandb_offline_run_is_one_folder_one_id_each_step_once(tmp_path: Path) -> None:
