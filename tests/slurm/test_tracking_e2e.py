@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from hpctrain.contract.rundir import metrics_path
-from tests.tracking_helpers import last_values, mlflow_server, wandb_records
+from tests.tracking_helpers import last_values, mlflow_server
 
 from .hpctrain_cli import hpctrain, task_logs
 from .stop_helpers import (
@@ -63,7 +63,6 @@ def test_a_requeued_run_that_loses_a_node_is_one_mlflow_run_with_each_step_once(
         run = submit(
             workspace, "name=tracked", "resources.spare_nodes=1", "health.burn_in.enabled=false",
             f"tracking.mlflow.tracking_uri={uri}", "tracking.mlflow.experiment=e2e",
-            "tracking.wandb.project=e2e", "tracking.wandb.mode=offline",
         )  # fmt: skip
         info = json.loads((run.run_dir / "run.json").read_text())
         wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
@@ -117,12 +116,3 @@ def test_a_requeued_run_that_loses_a_node_is_one_mlflow_run_with_each_step_once(
         marked = client.get_metric_history(tracked.info.run_id, "hpctrain/redone_steps")
         assert sum(m.value for m in marked) == len(redone), (marked, logged)  # each redo marked at its step
         assert tracked.info.status == "FINISHED" and tracked.data.params["resources.spare_nodes"] == "1"
-
-    # W&B, offline: one folder, the run's tracking id, each step once (read back with W&B's own reader)
-    [folder] = (run.run_dir / "wandb").glob("offline-run-*")
-    assert folder.name.endswith(info["tracking_id"])
-    records = wandb_records(run.run_dir / "wandb")
-    assert [r["run"]["run_id"] for r in records if r["type"] == "run"] == [info["tracking_id"]]
-    history = [r["history"]["item"] for r in records if r["type"] == "history"]
-    assert {item["_step"]: item["train/loss"] for item in history if "train/loss" in item} == expected
-    assert len([item for item in history if "train/loss" in item]) == TOTAL_STEPS
