@@ -7,6 +7,7 @@ library it needs (never torch).
 
 from __future__ import annotations
 
+import sys as _sys
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -61,6 +62,9 @@ __all__ = [  # what _LAZY names, spelled out for tools that read __all__ without
 ]
 
 if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+
     from hpctrain.api import cancel, doctor, forget_node, load_job, nodes, report, resume, status, submit, sync
     from hpctrain.diagnose.doctor import DoctorReport
     from hpctrain.errors import (
@@ -94,3 +98,48 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
+
+
+# -- the programs' old names, for jobs pickled before they moved (issue 36) ------------------------------------------
+# submitit pickles the program a job runs (launch/submission.py) and pickle names its class by module path: a job
+# submitted before the programs left runtime/ for programs/, requeued after an upgrade, unpickles
+# ``hpctrain.runtime.launcher.TaskLauncher``. Every unpickling of an ``hpctrain.*`` class imports this package first,
+# which puts ``_OldNames`` last on ``sys.meta_path``: asked only when no file answers, and only for these names, it
+# gives a module whose attributes are the new module's, so the old name unpickles to the very same class. Not files at
+# the old paths: a runtime/launcher.py importing programs/ would be the pieces importing what stands above them. Only
+# the four pickled programs are here (torchrun_worker and the script pieces are started by name by a program of the
+# same install). Keep them while jobs submitted with hpctrain 0.1 may be requeued (test_programs_old_names.py).
+_OLD_PROGRAM_NAMES = {  # old module -> where it lives now
+    "hpctrain.runtime.launcher": "hpctrain.programs.launcher",
+    "hpctrain.runtime.torchrun_node": "hpctrain.programs.torchrun_node",
+    "hpctrain.runtime.script_launcher": "hpctrain.programs.script_launcher",
+    "hpctrain.runtime.script_torchrun": "hpctrain.programs.script_torchrun",
+}
+
+
+class _OldNames:
+    """Finder and loader of the old names (the import system calls these on the class itself)."""
+
+    @staticmethod
+    def find_spec(name: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        if name not in _OLD_PROGRAM_NAMES:
+            return None
+        from importlib.machinery import ModuleSpec
+
+        return ModuleSpec(name, _OldNames)
+
+    @staticmethod
+    def create_module(spec: ModuleSpec) -> None:
+        return None  # a plain module
+
+    @staticmethod
+    def exec_module(module: ModuleType) -> None:
+        import importlib
+
+        moved_to = importlib.import_module(_OLD_PROGRAM_NAMES[module.__name__])
+        module.__doc__ = f"Moved to {moved_to.__name__}; kept for jobs pickled before (hpctrain._OLD_PROGRAM_NAMES)."
+        module.__getattr__ = lambda name: getattr(moved_to, name)  # type: ignore[method-assign]  # PEP 562
+
+
+if _OldNames not in _sys.meta_path:
+    _sys.meta_path.append(_OldNames)

@@ -26,7 +26,7 @@ directory holds::
     .hpctrain/cancel-requested          ``hpctrain cancel``'s marker (contract/cancel_marker.py)
     .hpctrain/torchrun-failures.log     launcher torchrun: each node's first failed rank, for rank 0
     .hpctrain/script-exits/ATTEMPT/task-N.json  a script job: how task N's script failed (exit code, last
-                                        lines; runtime/script_outcome.py)
+                                        lines; runtime/script/outcome.py)
     .hpctrain/supervisor.json           a healing job's record of the step it runs (contract/node_records.py;
                                         written by healing/record.py)
     .hpctrain/slurm-relay/              a container job's Slurm requests, answered outside the image
@@ -141,7 +141,7 @@ def torchrun_failures_path(run_dir: str | Path) -> Path:
 
 
 def script_exit_path(run_dir: str | Path, attempt: str, task: int) -> Path:
-    """Where task ``task`` of a script job's start ``attempt`` records how its script failed (script_outcome.py)."""
+    """Where task ``task`` of a script job's start ``attempt`` records how its script failed (runtime/script/)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", attempt) or "local"
     return Path(run_dir) / CONTROL_DIR / SCRIPT_EXITS_NAME / safe / f"task-{task:05d}.json"
 

@@ -1,7 +1,7 @@
 """Healing: a job that keeps its allocation when a node dies, hangs or sickens.
 
 Its own wing, as torchtitan keeps fault tolerance apart: the trainer never
-imports it, and the task launcher only ``burn_in.run_burn_in`` (the probes run
+imports it, and the task launcher (``programs/launcher.py``) only ``burn_in.run_burn_in`` (the probes run
 inside the training step, before the trainer); a script's wrapper runs them in
 a child of its own before the script (``script_burn_in.py``). The sbatch script of a job
 with ``resources.min_nodes`` or ``spare_nodes`` runs its batch step as
@@ -13,9 +13,13 @@ spare, drop, requeue without it, fail), whatever the cause:
   chosen nodes and watches it: lost nodes, the burn-in's verdict, slow nodes;
 * ``evidence.py`` gathers what a failed step shows (srun's reports,
   heartbeats, the hang report, slurmd and Slurm's node states);
-* ``decide.py`` (pure) blames a node and decides;
-* ``record.py`` writes it down (summary.json's node events, the supervisor's
-  record, the user's bad-node ledger) and requeues with ``ExcNodeList``;
+* ``decide.py`` (pure) blames a node and answers every node question (the
+  first start, a lost node, the batch node's loss, the burn-in's verdict, a
+  slow node, a crash loop): one ``Situation`` in, one ``Decision`` out;
+* ``record.py`` builds the situation from the run's record and is the one
+  executor (``HealRecord.carry_out``): summary.json's node events, the user's
+  bad-node ledger, the log line, then the requeue with ``ExcNodeList`` or the
+  run failed;
 * ``guardian.py`` watches the batch node itself from another node;
 * ``burn_in.py``, ``probes.py`` (task side, torch) and ``scores.py`` (pure):
   the burn-in before every multi-node step; ``script_burn_in.py`` runs it

@@ -35,7 +35,6 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.contract.node_records import BURN_IN_KEY, BurnIn, NodeScore, appended
-from hpctrain.contract.slurm import Slurm, SlurmCommandError
 from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.healing import decide, probes, scores
 from hpctrain.jobspec.node_health import BURN_IN_EXIT, BURN_IN_VAR, STEP_ID_VAR
@@ -228,41 +227,22 @@ def probe(ctx: TaskContext) -> BurnIn:
 
 
 def decide_here(ctx: TaskContext, record: BurnIn) -> str:
-    """Rank 0 of a job without a supervisor: the one decider's answer, recorded and carried out."""
+    """Rank 0 of a job without a supervisor: the one decider's answer, carried out by the one executor."""
     from hpctrain.healing.record import HealRecord
 
-    spec, env = ctx.spec, ctx.env
-    heal = HealRecord(ctx.run_dir, spec, os.environ, say=log.warning)
+    heal = HealRecord(ctx.run_dir, ctx.spec, os.environ, say=log.warning)
     blamed = [decide.Blame(s.node, s.reason or "flagged", kind="burn-in") for s in record.scores if s.flagged]
-    res = spec.resources
-    decision = decide.decide(
+    situation = heal.situation(
         blamed,
         step_nodes=record.nodes,
-        allocation=record.nodes,
-        excluded=heal.excluded,
-        batch_node=heal.batch_node,
-        nodes=res.nodes,
-        min_nodes=res.fewest_nodes,
-        fits=lambda count: decide.batch_fits(spec, count),  # only nodes here: no min_nodes below it
-        can_requeue=heal.can_requeue and env.under_slurm,
+        allocation=record.nodes,  # only nodes here: no spare, no min_nodes below it
+        can_requeue=heal.can_requeue and ctx.env.under_slurm,
+        ranks_alive=True,  # the ranks train on the flagged nodes if Slurm refuses the requeue
     )
-    if decision.action == "requeue":
-        slurm = Slurm()
-        try:
-            slurm.requeue_job(env.slurm_job_id)
-        except SlurmCommandError as exc:
-            decision = decide.Decision("keep", nodes=tuple(record.nodes), why=f"the requeue failed: {exc}")
-        else:
-            try:  # Slurm takes ExcNodeList only from a pending job: after the requeue (healing/record.py)
-                slurm.exclude_nodes(env.slurm_job_id, decision.excluded)
-            except SlurmCommandError as exc:
-                log.warning("could not keep %s out of the next start: %s", ",".join(decision.excluded), exc)
+    evidence = {s.node: s.model_dump(exclude={"node", "flagged"}) for s in record.scores if s.flagged}
+    decision = heal.carry_out(situation, decide.decide(situation), evidence)
     record.action = decision.action
     _write(ctx, record)
-    evidence = {s.node: s.model_dump(exclude={"node", "flagged"}) for s in record.scores if s.flagged}
-    heal.add_events(blamed, decision, None, evidence)
-    for found in blamed:
-        log.warning("%s", decide.log_line(found, None, decision, None))
     return decision.action
 
 

@@ -21,9 +21,20 @@ A lost node is one :class:`Blame` kind; burn-in's flagged nodes
   micro-batches, ``jobspec/shares.py``);
 * **requeue**: without the blamed nodes (``ExcNodeList``), when too few are
   left, or the lost node ran the batch step;
-* **fail**: nothing to blame, or a lost node with no requeue left; and
-  :func:`crash_loop` stops a run whose checkpoints stopped advancing over
-  ``signals.crash_loop_attempts`` attempts.
+* **fail**: a lost node with no requeue left, or a crash loop: the run's
+  checkpoints stopped advancing over ``signals.crash_loop_attempts`` attempts
+  (:func:`crash_loop`), whatever the rest would do;
+* **start**: before the first step, nothing blamed: the nodes to start on
+  (the allocation without the run's excluded nodes), or requeue/fail when too
+  few are left.
+
+Every node question -- the first start's choice, a lost node, the batch node's
+loss (the guardian, or the next start looking back), the burn-in's verdict, a
+slow node, a crash loop -- is one :class:`Situation` handed to :func:`decide`
+(``HealRecord.situation`` builds it from the run's record), and every answer
+is carried out in one place, ``HealRecord.carry_out`` (``healing/record.py``):
+recorded, said, then a requeue with ``ExcNodeList`` or the run failed.
+``tests/unit/test_healing_decide.py`` lists the callers.
 """
 
 from __future__ import annotations
@@ -39,7 +50,7 @@ from hpctrain.jobspec.batch import BatchLayout, micro_batch_problem
 if TYPE_CHECKING:
     from hpctrain.jobspec.models import JobSpec
 
-Action = Literal["keep", "swap", "drop", "requeue", "fail"]
+Action = Literal["start", "keep", "swap", "drop", "requeue", "fail"]
 BlameKind = Literal["lost", "burn-in", "slow"]  # gone or killed; flagged by the burn-in; evicted as slow
 
 # Step-reason words that mean the task was killed rather than that it raised.
@@ -100,11 +111,38 @@ class Decision:
     nodes: tuple[str, ...] = ()  # where the next step runs (continue)
     excluded: tuple[str, ...] = ()  # every node the run keeps away from
     why: str = ""  # for a keep, a requeue or a failure
+    requeued_by_slurm: bool = False  # a requeue that already happened: recorded, not carried out again
+    if_requeue_fails: Literal["keep", "fail"] = "fail"  # when Slurm refuses the requeue
 
     @property
     def continues(self) -> bool:
-        """The run goes on inside the allocation (keep, swap, drop)."""
-        return self.action in ("keep", "swap", "drop")
+        """The run goes on inside the allocation (start, keep, swap, drop)."""
+        return self.action in ("start", "keep", "swap", "drop")
+
+
+@dataclass(frozen=True)
+class Situation:
+    """Everything the decider reads about one node question: what is blamed, where the run stands, what it may do.
+
+    ``HealRecord.situation`` (``healing/record.py``) builds it from the run's record; a test, by hand.
+    """
+
+    blamed: tuple[Blame, ...]  # (): before the first step, which nodes to start on
+    step_nodes: tuple[str, ...]  # the step's nodes in rank order; () before the first step
+    allocation: tuple[str, ...]  # the job's nodes
+    excluded: tuple[str, ...]  # nodes the run keeps away from already
+    batch_node: str  # the node of the batch step (its loss ends the allocation's use)
+    nodes: int  # resources.nodes
+    min_nodes: int  # the fewest the run trains on
+    fits: Callable[[int], bool]  # whether the run's global batch can be shared by that many nodes
+    can_requeue: bool = True  # requeues on and not spent (and worth it: never for a slow node)
+    requeued_by_slurm: bool = False  # this start is the requeue already: the last start's batch node died with it
+    ranks_alive: bool = False  # the ranks still run on ``step_nodes``: a requeue Slurm refuses keeps them
+    step: int | None = None  # the run's last step, for the record and the crash loop's account
+    checkpoint_step: int | None = None  # the run's last complete checkpoint now
+    history: tuple[Mapping[str, Any], ...] = ()  # the run's node events so far (summary.json)
+    job_id: str = ""
+    crash_loop_attempts: int | None = None  # signals.crash_loop_attempts; None: this question ends no crash loop
 
 
 def node_failures_in(text: str) -> list[str]:
@@ -172,66 +210,67 @@ def choose_nodes(
     return None
 
 
-def decide(
-    found: Blame | Sequence[Blame] | None,
-    *,
-    step_nodes: Sequence[str],
-    allocation: Sequence[str],
-    excluded: Sequence[str],
-    batch_node: str,
-    nodes: int,
-    min_nodes: int,
-    fits: Callable[[int], bool],
-    can_requeue: bool = True,
-) -> Decision:
-    """What to do about the blamed node(s) ``found`` (None: nothing to blame) after or before a step.
+def decide(situation: Situation) -> Decision:
+    """The one answer to a node question: start, keep, swap, drop, requeue or fail (see the module docstring)."""
+    if not situation.blamed:
+        return _first_start(situation) if not situation.step_nodes else _keep(situation)
+    return _unless_a_crash_loop(situation, _about_blamed(situation))
 
-    ``can_requeue``: the job may still requeue (requeues on and not spent); when it may not, a sick node
-    is kept and a lost one ends the run.
-    """
-    if found is None:
-        return Decision("fail", excluded=tuple(excluded), why="no node to blame: the training code failed")
-    blamed = [found] if isinstance(found, Blame) else list(found)
-    if not blamed:
-        return Decision("keep", nodes=tuple(step_nodes), excluded=tuple(excluded))
-    out = tuple(dict.fromkeys([*excluded, *(b.node for b in blamed)]))
-    lost = [b for b in blamed if b.kind == "lost"]
-    if any(b.node == batch_node for b in lost):
-        return _requeue_or_not(
-            out,
-            f"{batch_node} runs the batch step",
-            lost=True,
-            can_requeue=can_requeue,
-            step_nodes=step_nodes,
-            excluded=excluded,
-        )
-    survivors = [n for n in step_nodes if n not in out]
-    spares = [n for n in allocation if n not in out and n not in step_nodes]
-    chosen = choose_nodes(survivors, spares, nodes=nodes, min_nodes=min_nodes, fits=fits)
+
+def _first_start(s: Situation) -> Decision:
+    healthy = [n for n in s.allocation if n not in s.excluded]
+    chosen = choose_nodes(healthy, [], nodes=s.nodes, min_nodes=s.min_nodes, fits=s.fits)
+    if chosen is None:
+        why = f"{len(healthy)} healthy node{'s' * (len(healthy) != 1)} left, min_nodes is {s.min_nodes}"
+        return _requeue_or_not(s, s.excluded, why, lost=True)
+    return Decision("start", nodes=chosen, excluded=s.excluded)
+
+
+def _keep(s: Situation) -> Decision:
+    return Decision("keep", nodes=s.step_nodes, excluded=s.excluded)
+
+
+def _about_blamed(s: Situation) -> Decision:
+    out = tuple(dict.fromkeys([*s.excluded, *(b.node for b in s.blamed)]))
+    lost = [b for b in s.blamed if b.kind == "lost"]
+    if any(b.node == s.batch_node for b in lost):
+        if s.requeued_by_slurm:
+            return Decision("requeue", excluded=out, why="Slurm requeued the job", requeued_by_slurm=True)
+        return _requeue_or_not(s, out, f"{s.batch_node} ran the batch step", lost=True)
+    survivors = [n for n in s.step_nodes if n not in out]
+    spares = [n for n in s.allocation if n not in out and n not in s.step_nodes]
+    chosen = choose_nodes(survivors, spares, nodes=s.nodes, min_nodes=s.min_nodes, fits=s.fits)
     if chosen is None:
         left = len(survivors) + len(spares)
-        why = f"{left} healthy node{'s' * (left != 1)} left, min_nodes is {min_nodes}"
-        return _requeue_or_not(
-            out, why, lost=bool(lost), can_requeue=can_requeue, step_nodes=step_nodes, excluded=excluded
-        )
-    return Decision("drop" if len(chosen) < len(step_nodes) else "swap", nodes=chosen, excluded=out)
+        why = f"{left} healthy node{'s' * (left != 1)} left, min_nodes is {s.min_nodes}"
+        return _requeue_or_not(s, out, why, lost=bool(lost))
+    return Decision("drop" if len(chosen) < len(s.step_nodes) else "swap", nodes=chosen, excluded=out)
 
 
-def _requeue_or_not(
-    out: tuple[str, ...],
-    why: str,
-    *,
-    lost: bool,
-    can_requeue: bool,
-    step_nodes: Sequence[str],
-    excluded: Sequence[str],
-) -> Decision:
-    if can_requeue:
-        return Decision("requeue", excluded=out, why=why)
+def _requeue_or_not(s: Situation, out: tuple[str, ...], why: str, *, lost: bool) -> Decision:
+    if s.can_requeue:
+        fallback = "keep" if s.ranks_alive and not lost else "fail"
+        return Decision("requeue", excluded=out, why=why, if_requeue_fails=fallback)
     if lost:
         return Decision("fail", excluded=out, why=f"{why}; no requeue left (signals.max_requeues)")
-    keep_out = tuple(excluded)
-    return Decision("keep", nodes=tuple(step_nodes), excluded=keep_out, why=f"{why}, and no requeue left: kept")
+    return Decision("keep", nodes=s.step_nodes, excluded=s.excluded, why=f"{why}, and no requeue left: kept")
+
+
+def _unless_a_crash_loop(s: Situation, decision: Decision) -> Decision:
+    """``fail`` when this attempt is the ``crash_loop_attempts``-th in a row without a newer checkpoint."""
+    if s.crash_loop_attempts is None or decision.action == "fail":
+        return decision
+    first = s.blamed[0]
+    now = {"job_id": s.job_id, "time": None, "checkpoint_step": s.checkpoint_step, "node": first.node}
+    loop = crash_loop([*s.history, {**now, "step": s.step, "reason": first.reason}], s.crash_loop_attempts)
+    if loop is None:
+        return decision
+    since = f"step {s.checkpoint_step}" if s.checkpoint_step is not None else "the start"
+    why = (
+        f"crash loop: {len(loop)} attempts in a row ended without a checkpoint newer than {since} "
+        f"({describe_attempts(loop)})"
+    )
+    return Decision("fail", excluded=decision.excluded, why=why)
 
 
 def crash_loop(failures: Sequence[Mapping[str, Any]], limit: int) -> list[Mapping[str, Any]] | None:

@@ -143,7 +143,7 @@ def guard(
         for line in watch.see(seen, unreadable):
             say(line)
         if watch.silent() and probe.lost_reason(batch_node) is not None:
-            return take_out(record, batch_node, last, say)
+            return take_out(record, batch_node, last)
         time.sleep(poll_s)
 
 
@@ -191,18 +191,16 @@ class RecordWatch:
         return self.stale or time.monotonic() - self.changed_at > self.silent_s
 
 
-def take_out(record: HealRecord, batch_node: str, seen: dict[str, Any], say: Say) -> int:
-    """Record the batch node's loss, requeue without it, and close the record (the next start knows)."""
+def take_out(record: HealRecord, batch_node: str, seen: dict[str, Any]) -> int:
+    """Close the record (the next start knows), then lose the batch node: the run requeues without it."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the requeue's SIGTERM: ExcNodeList comes after it
-    decision = exclude_batch_node(
-        record, batch_node, "the batch step's node does not answer", "it ran the batch step", say
-    )
     nodes = seen.get("nodes")
     record.write_record(nodes if isinstance(nodes, list) else [], ended=True, batch_node=batch_node)
-    return record.requeue_or_fail(decision.why)
+    decision = lose_batch_node(record, batch_node, "the batch step's node does not answer")
+    return 0 if decision.action == "requeue" else 1
 
 
-def blame_previous_start(record: HealRecord, probe: NodeProbe, say: Say) -> None:
+def blame_previous_start(record: HealRecord, probe: NodeProbe) -> None:
     """When this job's previous start ended with its batch step (its record never says ended) and Slurm
     now marks that node bad, the node went down with it: record it, and keep it out."""
     seen = record.read_record()
@@ -214,20 +212,21 @@ def blame_previous_start(record: HealRecord, probe: NodeProbe, say: Say) -> None
     state = probe.node_states([node]).get(node)
     if state is None or not decide.bad_node_state(state):
         return
-    exclude_batch_node(
-        record, node, f"the batch step's node went down (Slurm marks it {state})", "Slurm requeued the job", say
-    )
+    lose_batch_node(record, node, f"the batch step's node went down (Slurm marks it {state})", requeued_by_slurm=True)
 
 
-def exclude_batch_node(record: HealRecord, node: str, reason: str, why: str, say: Say) -> decide.Decision:
-    """The batch node ``node`` is lost: the run requeues without it; recorded and said in one line."""
-    found = decide.Blame(node, reason)
-    excluded = tuple(dict.fromkeys([*record.excluded, node]))
-    decision = decide.Decision("requeue", excluded=excluded, why=why)
+def lose_batch_node(record: HealRecord, node: str, reason: str, *, requeued_by_slurm: bool = False) -> decide.Decision:
+    """The batch node ``node`` is lost: the decider's answer (requeue without it, or fail), carried out."""
     step = last_step(record.run_dir, [node])
-    failures = record.add_failure(found, decision, step)
-    say(decide.log_line(found, step, decision, failures[-1]["checkpoint_step"]))
-    return decision
+    situation = record.situation(
+        [decide.Blame(node, reason)],
+        step_nodes=(),
+        allocation=(),
+        step=step,
+        batch_node=node,
+        requeued_by_slurm=requeued_by_slurm,
+    )
+    return record.carry_out(situation, decide.decide(situation))
 
 
 def main(argv: Sequence[str]) -> int:

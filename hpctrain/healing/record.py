@@ -1,7 +1,10 @@
-"""What a healing job writes down, and how it leaves its allocation: node failures, its record, a requeue.
+"""What a healing job knows and writes down, and the one executor of its node decisions.
 
-Shared by the batch step's supervisor (``healing/supervisor.py``) and the
-guardian that watches the batch node from another one (``healing/guardian.py``):
+Shared by the batch step's supervisor (``healing/supervisor.py``), the
+guardian that watches the batch node from another one (``healing/guardian.py``)
+and a plain job's burn-in (``healing/burn_in.py``). :meth:`HealRecord.situation`
+is the run as the decider sees it (``decide.Situation``);
+:meth:`HealRecord.carry_out` is the one place a decision is carried out:
 
 * ``summary.json``: ``excluded_nodes`` and ``node_failures`` (kept by every
   later attempt, ``trainer/reporting.py``; one ``contract.node_records.NodeEvent``
@@ -13,7 +16,8 @@ guardian that watches the batch node from another one (``healing/guardian.py``):
   its ``time``, that the supervisor is alive (rewritten every
   :data:`RECORD_EVERY_S`);
 * the requeue: ``scontrol requeue``, then ``ExcNodeList`` with every excluded
-  node, or a failure when requeues are spent or off.
+  node; when Slurm refuses it, the decision's fallback (keep ranks that still
+  run, else fail the run).
 
 Torch-free.
 """
@@ -111,11 +115,85 @@ class HealRecord:
         except ValidationError:
             return None, f"{path} is not a supervisor record"
 
-    # -- summary.json --------------------------------------------------------------------------------------------
-    def add_failure(self, found: decide.Blame, decision: decide.Decision, step: int | None) -> list[dict[str, Any]]:
-        """Record the loss of ``found.node``; every node event of the run so far, this one last."""
-        return self.add_events([found], decision, step)
+    # -- the decider's view, and the one executor ---------------------------------------------------------------
+    def situation(
+        self,
+        blamed: Sequence[decide.Blame],
+        *,
+        step_nodes: Sequence[str],
+        allocation: Sequence[str],
+        step: int | None = None,
+        can_requeue: bool | None = None,
+        batch_node: str | None = None,
+        requeued_by_slurm: bool = False,
+        ranks_alive: bool = False,
+        crash_loop: bool = False,
+    ) -> decide.Situation:
+        """The node question about ``blamed`` (none: which nodes to start on) as ``decide.decide`` reads it.
 
+        ``can_requeue``: None for the run's own answer (:attr:`can_requeue`); ``crash_loop``: whether this
+        answer may end the run as a crash loop (``signals.crash_loop_attempts``; after a failed step).
+        """
+        res = self.spec.resources
+        history: list[Mapping[str, Any]] = []
+        if crash_loop:
+            summary = read_summary(self.run_dir)
+            events = summary.fields().get(NODE_EVENTS_KEY) if summary is not None else None
+            history = [e for e in events or [] if isinstance(e, dict)]
+        return decide.Situation(
+            blamed=tuple(blamed),
+            step_nodes=tuple(step_nodes),
+            allocation=tuple(allocation),
+            excluded=tuple(self.excluded),
+            batch_node=batch_node or self.batch_node,
+            nodes=res.nodes,
+            min_nodes=res.fewest_nodes,
+            fits=lambda count: decide.batch_fits(self.spec, count),
+            can_requeue=self.can_requeue if can_requeue is None else can_requeue,
+            requeued_by_slurm=requeued_by_slurm,
+            ranks_alive=ranks_alive,
+            step=step,
+            checkpoint_step=latest_checkpoint_step(self.run_dir) if blamed else None,
+            history=tuple(history),
+            job_id=self.job_id,
+            crash_loop_attempts=self.spec.signals.crash_loop_attempts if crash_loop else None,
+        )
+
+    def carry_out(
+        self,
+        situation: decide.Situation,
+        decision: decide.Decision,
+        evidence: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> decide.Decision:
+        """Record the decision about ``situation.blamed`` (summary.json's node events, the ledger), say it, and do
+        it: requeue with ``ExcNodeList``, or fail the run. The decision as done: a requeue Slurm refused becomes its
+        fallback (``if_requeue_fails``). The only place a healing job requeues or fails for a node."""
+        if situation.blamed:
+            events = self.add_events(situation.blamed, decision, situation.step, evidence)
+            checkpoint = events[-1]["checkpoint_step"]
+            for found in situation.blamed:
+                self.say(decide.log_line(found, situation.step, decision, checkpoint))
+        if decision.action == "fail":
+            self.fail(decision.why)
+        elif decision.action == "requeue" and not decision.requeued_by_slurm:
+            refused = self._requeue()
+            if refused is not None and decision.if_requeue_fails == "keep":
+                decision = decide.Decision(
+                    "keep",
+                    nodes=situation.step_nodes,
+                    excluded=situation.excluded,
+                    why=f"the requeue failed: {refused}",
+                )
+                self.say(f"could not requeue ({refused}): training on {','.join(decision.nodes)}")
+                self.add_events((), decision, situation.step)  # the last events' action is keep, and so is the run
+            elif refused is not None:
+                decision = decide.Decision(
+                    "fail", excluded=decision.excluded, why=f"{decision.why}; requeue failed: {refused}"
+                )
+                self.fail(decision.why)
+        return decision
+
+    # -- summary.json --------------------------------------------------------------------------------------------
     def add_events(
         self,
         blamed: Sequence[decide.Blame],
@@ -130,6 +208,11 @@ class HealRecord:
         summary = read_summary(self.run_dir)
         fields = summary.fields() if summary is not None else {}
         events = fields.get(NODE_EVENTS_KEY)
+        if not blamed and isinstance(events, list):  # the last decision, done otherwise (carry_out): its events
+            last = [e for e in events if isinstance(e, dict)][-1:]
+            for event in events:
+                if isinstance(event, dict) and last and event.get("time") == last[0].get("time"):
+                    event["action"] = decision.action
         checkpoint = latest_checkpoint_step(self.run_dir)
         moment = round(time.time(), 3)  # one decision, one time: the crash-loop check counts it once
         for found in blamed:
@@ -201,20 +284,14 @@ class HealRecord:
         write_summary(self.run_dir, fields)
 
     # -- leaving the allocation ----------------------------------------------------------------------------------
-    def requeue_or_fail(self, why: str) -> int:
-        """Requeue with the excluded nodes kept out (``ExcNodeList``), or fail when requeues are spent or off;
-        the batch step's exit status."""
-        if not self.can_requeue:
-            self.fail(f"{why}; no requeue left (signals.max_requeues)")
-            return 1
+    def _requeue(self) -> str | None:
+        """Requeue with the excluded nodes kept out (``ExcNodeList``); None, or why Slurm refused."""
         try:
             Slurm().requeue_job(self.job_id)
         except SlurmCommandError as exc:
-            self.say(f"could not requeue: {exc}")
-            self.fail(f"{why}; requeue failed: {exc}")
-            return 1
+            return str(exc)
         self._exclude_from_next_start()
-        return 0
+        return None
 
     def _exclude_from_next_start(self) -> None:
         """``ExcNodeList`` for the requeued job. Slurm takes it only from a pending job ("Job is no longer

@@ -1,6 +1,6 @@
 """The burn-in of a ``script:`` job: the nodes probed before the user's script starts, as before the trainer.
 
-A script's wrapper (``runtime/script_launcher.py``) imports no torch and forms
+A script's wrapper (``programs/script_launcher.py``) imports no torch and forms
 no process group; the script brings its own. So each wrapper task of a
 multi-node start (the first, each requeue, each relaunch after a lost node)
 runs one short child before it starts the script,
@@ -51,9 +51,9 @@ from typing import Any, Literal
 from hpctrain.errors import HpctrainError
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.node_health import BURN_IN_EXIT, BURN_IN_VAR, STEP_ID_VAR, burn_in_applies
-from hpctrain.runtime.context import TaskEnv
+from hpctrain.runtime.context import TaskEnv, configure_logging
 from hpctrain.runtime.master import burn_in_port
-from hpctrain.runtime.script_child import launch_argv
+from hpctrain.runtime.script.child import launch_argv
 from hpctrain.runtime.stop import StopRequest
 from hpctrain.runtime.task_env import derive_task_env, thread_env
 
@@ -84,7 +84,7 @@ def stop_wait_s(spec: JobSpec) -> float:
 
 
 def child_argv(python: str, run_dir: str, port: int, ignored: list[str]) -> list[str]:
-    """The child's command line, started with ``ignored`` signals ignored (``script_child.launch_argv``). Pure."""
+    """The child's command line, started with ``ignored`` signals ignored (``script/child.py: launch_argv``). Pure."""
     return launch_argv([python, "-m", MODULE, run_dir, str(port)], ignored)
 
 
@@ -157,8 +157,6 @@ def main(argv: list[str]) -> int:
     run_dir, port = Path(argv[0]), int(argv[1])
     spec = JobSpec.model_validate(json.loads(sys.stdin.buffer.read(MAX_SPEC_BYTES)))
     env = replace(derive_task_env(os.environ, spec_master_port=spec.distributed.master_port), master_port=port)
-    from hpctrain.runtime.launcher import configure_logging
-
     configure_logging(env)
     from hpctrain.healing.burn_in import run_burn_in
     from hpctrain.runtime.context import TaskContext

@@ -119,7 +119,7 @@ class Supervisor:
     # -- the loop ----------------------------------------------------------------------------------------------
     def run(self) -> int:
         self.install_handlers()
-        guardian.blame_previous_start(self.record, self.probe, say)
+        guardian.blame_previous_start(self.record, self.probe)
         try:
             return self.supervise()
         finally:
@@ -135,12 +135,11 @@ class Supervisor:
             except SlurmCommandError as exc:
                 say(f"could not keep Slurm from starting it again: {exc}")
             return 0
-        res = self.spec.resources
-        healthy = [n for n in self.allocation if n not in self.record.excluded]
-        nodes = decide.choose_nodes(healthy, [], nodes=res.nodes, min_nodes=res.fewest_nodes, fits=self.fits)
-        if nodes is None:
-            return self.record.requeue_or_fail(f"{len(healthy)} healthy nodes left, min_nodes is {res.fewest_nodes}")
-        attempt = 0
+        first = self.record.situation((), step_nodes=(), allocation=self.allocation)
+        decision = self.record.carry_out(first, decide.decide(first))
+        if not decision.continues:
+            return 0 if decision.action == "requeue" else 1
+        nodes, attempt = decision.nodes, 0
         while True:
             if self.stopping:
                 say("the job is ending (SIGTERM): no training step is started")
@@ -155,54 +154,30 @@ class Supervisor:
             nodes, attempt = next_nodes, attempt + 1
 
     def after_failure(self, outcome: decide.StepOutcome) -> tuple[str, ...] | int:
-        """Blame, decide, record and say; the next step's nodes, or the batch step's exit status."""
+        """Blame, then decide and carry it out; the next step's nodes, or the batch step's exit status."""
         failed = outcome.exit_code or 1
-        res = self.spec.resources
         blamed = list(outcome.sick) or [b for b in [decide.blame(outcome)] if b is not None]
         if not blamed:
             say(f"the training step failed (exit {outcome.exit_code}) and no node is to blame; the job ends")
             return failed
-        found = blamed[0]
-        slow = found.kind == "slow"
-        decision = decide.decide(
+        kind = blamed[0].kind
+        step = evidence.last_step(self.run_dir, outcome.nodes)
+        situation = self.record.situation(
             blamed,
             step_nodes=outcome.nodes,
             allocation=self.allocation,
-            excluded=self.record.excluded,
-            batch_node=self.record.batch_node,
-            nodes=res.nodes,
-            min_nodes=res.fewest_nodes,
-            fits=self.fits,
-            can_requeue=self.record.can_requeue and not slow,  # a slow node is never worth the queue
+            step=step,
+            can_requeue=self.record.can_requeue and kind != "slow",  # a slow node is never worth the queue
+            crash_loop=True,
         )
-        step = evidence.last_step(self.run_dir, outcome.nodes)
-        failures = self.record.add_events(blamed, decision, step, dict(outcome.evidence))
-        checkpoint = failures[-1]["checkpoint_step"]
-        if slow:
-            self.record_eviction(outcome, decision, step, checkpoint)
-        if decision.action == "keep" and found.kind == "burn-in":
+        decision = self.record.carry_out(situation, decide.decide(situation), dict(outcome.evidence))
+        if kind == "slow":
+            self.record_eviction(outcome, decision, step, situation.checkpoint_step)
+        if decision.action == "keep" and kind == "burn-in":
             self.burn_in_off = True
-        loop = decide.crash_loop(failures, self.spec.signals.crash_loop_attempts)
-        if loop is not None and decision.action != "fail":
-            since = f"step {checkpoint}" if checkpoint is not None else "the start"
-            why = (
-                f"crash loop: {len(loop)} attempts in a row ended without a checkpoint newer than {since} "
-                f"({decide.describe_attempts(loop)})"
-            )
-            decision = decide.Decision("fail", excluded=decision.excluded, why=why)
-            self.record.fail(why)
-        for one in blamed:
-            say(decide.log_line(one, step, decision, checkpoint))
         if decision.continues:
             return decision.nodes
-        if decision.action == "requeue":
-            return self.record.requeue_or_fail(decision.why)
-        if decision.action == "fail" and loop is None:
-            self.record.fail(decision.why)
-        return failed
-
-    def fits(self, count: int) -> bool:
-        return decide.batch_fits(self.spec, count)
+        return 0 if decision.action == "requeue" else failed
 
     def record_eviction(
         self, outcome: decide.StepOutcome, decision: decide.Decision, step: int | None, checkpoint: int | None
@@ -248,24 +223,15 @@ class Supervisor:
         verdict = self.slow.observe(speeds, len(step.nodes), time.monotonic())
         if verdict is None:
             return None
-        res = self.spec.resources
-        decision = decide.decide(
-            decide.Blame(verdict.node, verdict.reason(), kind="slow"),
-            step_nodes=step.nodes,
-            allocation=self.allocation,
-            excluded=self.record.excluded,
-            batch_node=self.record.batch_node,
-            nodes=res.nodes,
-            min_nodes=res.fewest_nodes,
-            fits=self.fits,
-            can_requeue=False,
-        )
+        slow = decide.Blame(verdict.node, verdict.reason(), kind="slow")
+        ask = self.record.situation([slow], step_nodes=step.nodes, allocation=self.allocation, can_requeue=False)
+        decision = decide.decide(ask)  # asked only: carried out once the step has ended (after_failure)
         if not decision.continues or decision.action == "keep":
             say(f"node {verdict.node} is slow ({verdict.reason()}) but the run cannot go on without it; kept")
             self.slow = None  # said once; the rest of the run trains on it
             return None
         step.evidence[verdict.node] = verdict.evidence()
-        return decide.Blame(verdict.node, verdict.reason(), kind="slow")
+        return slow
 
     # -- one step ----------------------------------------------------------------------------------------------
     def start(self, nodes: tuple[str, ...], attempt: int) -> RunningStep:

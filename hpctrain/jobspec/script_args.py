@@ -7,7 +7,7 @@ anything else with a brace is a mistake reported by ``validate``, never a
 surprise in the job. ``{sweep.KEY}`` is the value a sweep trial gives KEY; it
 is filled when the sweep is expanded, so each trial's ``spec.yaml`` shows its
 own arguments. Pure and torch-free: the spec checks, ``--dry-run`` and the
-task wrapper (``runtime/script_command.py``) all use these functions.
+task wrapper (``runtime/script/command.py``) all use these functions.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from hpctrain.jobspec.script_inputs import argument_problems, workdir_problems
 if TYPE_CHECKING:
     from hpctrain.jobspec.models import JobSpec, Script
 
-# Seconds a time-limit stop keeps for hpctrain's requeue after the script's exit (see runtime/script_child.py).
+# Seconds a time-limit stop keeps for hpctrain's requeue after the script's exit (see runtime/script/child.py).
 REQUEUE_MARGIN_S = 15
 
 

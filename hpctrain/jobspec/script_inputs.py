@@ -22,17 +22,26 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from hpctrain.errors import SpecProblem, printable
-
-if TYPE_CHECKING:
-    from hpctrain.jobspec.models import Script
 
 MAX_ARG_BYTES = 128 * 1024 - 1  # MAX_ARG_STRLEN (32 pages) less the NUL that ends the string
 MAX_ARGS_BYTES = 1 << 20  # all arguments: ARG_MAX is commonly 2 MiB, shared with the environment
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # the argument rule (script_args.check_text uses it too)
+
+
+class ScriptInputs(Protocol):
+    """What these checks read of a ``script:`` section (jobspec/script.py's ``Script``), named here so that this
+    module, which the field types below the sections use, imports no section."""
+
+    @property
+    def args(self) -> Sequence[str]: ...
+
+    @property
+    def workdir(self) -> str | None: ...
 
 
 def _shown(text: str, limit: int = 60) -> str:
@@ -40,7 +49,7 @@ def _shown(text: str, limit: int = 60) -> str:
     return repr(printable(short))
 
 
-def argument_problems(script: Script) -> list[SpecProblem]:
+def argument_problems(script: ScriptInputs) -> list[SpecProblem]:
     """Each argument (and the workdir) as filled for this spec: characters and sizes (the module docstring)."""
     problems = []
     texts = [(f"script.args.{index}", arg) for index, arg in enumerate(script.args)]
@@ -80,7 +89,7 @@ def argument_problems(script: Script) -> list[SpecProblem]:
     return problems
 
 
-def workdir_problems(script: Script) -> list[SpecProblem]:
+def workdir_problems(script: ScriptInputs) -> list[SpecProblem]:
     """Whether an absolute ``workdir`` can be created on this machine's file system (the module docstring)."""
     workdir = script.workdir
     if not workdir or not workdir.startswith("/") or "{" in workdir:

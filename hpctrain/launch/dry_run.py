@@ -80,7 +80,7 @@ def script_plan(job: LoadedJob, run_dir: Path, *, local: bool, snapshot: bool) -
     import sys
 
     from hpctrain.launch.script_code import planned
-    from hpctrain.runtime.script_command import plan_commands
+    from hpctrain.runtime.script.command import plan_commands
 
     spec = job.trials[0]
     assert spec.script is not None

@@ -394,11 +394,11 @@ def task_launchers(
 ) -> list:
     """One launcher per trial, each holding that trial's resolved spec (a plain job is one trial).
 
-    ``launcher: torchrun`` under Slurm runs a node task per node (runtime/torchrun_node.py);
+    ``launcher: torchrun`` under Slurm runs a node task per node (programs/torchrun_node.py);
     a local run starts its processes as always (submitit's local executor).
     """
-    from hpctrain.runtime.launcher import TaskLauncher  # light: imports no torch
-    from hpctrain.runtime.torchrun_node import TorchrunNodeLauncher
+    from hpctrain.programs.launcher import TaskLauncher  # light: imports no torch
+    from hpctrain.programs.torchrun_node import TorchrunNodeLauncher
 
     launcher = TorchrunNodeLauncher if backend == "slurm" and job.spec.launcher == "torchrun" else TaskLauncher
     return [
@@ -410,13 +410,13 @@ def task_launchers(
 def script_launchers(
     job: LoadedJob, run_dir: Path, trial_dirs: list[Path], backend: Backend, code_record: object
 ) -> list:
-    """One script wrapper per trial (runtime/script_launcher.py); under ``launcher: torchrun`` on Slurm, a
+    """One script wrapper per trial (programs/script_launcher.py); under ``launcher: torchrun`` on Slurm, a
     node task per node that starts torchrun with each rank's wrapper as its program (script_torchrun.py)."""
     from dataclasses import asdict
 
     from hpctrain.launch.script_code import preempt_grace_s, script_code
-    from hpctrain.runtime.script_launcher import ScriptLauncher
-    from hpctrain.runtime.script_torchrun import ScriptTorchrunNode
+    from hpctrain.programs.script_launcher import ScriptLauncher
+    from hpctrain.programs.script_torchrun import ScriptTorchrunNode
 
     found = script_code(job.spec, run_dir, code_record)
     if found.file is not None and not Path(found.file).is_file():  # a resume without a copy, its file gone

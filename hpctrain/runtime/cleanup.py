@@ -50,6 +50,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from hpctrain.contract.file_writes import open_append
 from hpctrain.contract.process_tokens import (
     GRACE_S,
     HOLD_OPTION,
@@ -239,7 +240,7 @@ def redirect_stdio(log_path: str | None) -> object | None:
     stream = None
     if log_path:
         try:
-            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fd = open_append(log_path)
             os.dup2(fd, 2)
             os.close(fd)
             stream = sys.stderr
@@ -258,7 +259,7 @@ def begin_watching(log_path: str | None, *, detached: bool) -> WatcherLog:
         detach()
         log = WatcherLog(redirect_stdio(log_path))
     else:
-        log = WatcherLog(open(log_path, "a") if log_path else None)  # noqa: SIM115
+        log = WatcherLog(os.fdopen(open_append(log_path), "a") if log_path else None)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     return log
@@ -297,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     watch_p.add_argument("--detach", action="store_true", help="fork, print the watcher's PID, exit")
     args = parser.parse_args(argv)
     if args.command == "kill":
-        log = WatcherLog(open(args.log, "a") if args.log else sys.stderr)  # noqa: SIM115
+        log = WatcherLog(os.fdopen(open_append(args.log), "a") if args.log else sys.stderr)
         kill_token_processes(args.token, args.grace_s, log=log)
         return 0
     log = begin_watching(args.log, detached=args.detach)

@@ -8,6 +8,8 @@ and user entry points receive.
 
 from __future__ import annotations
 
+import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -120,3 +122,15 @@ def register_context(ctx: TaskContext | None) -> None:
 def registered_context() -> TaskContext | None:
     """The task context the launcher registered in this process, if any."""
     return _registered
+
+
+def configure_logging(env: TaskEnv) -> None:
+    """Send hpctrain's own log records (resumes, checkpoint warnings) to the task's
+    stderr log, tagged with the rank; other libraries' logging is left alone."""
+    logger = logging.getLogger("hpctrain")
+    if logger.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"hpctrain rank {env.global_rank} %(levelname)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)

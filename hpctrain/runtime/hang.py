@@ -54,6 +54,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from hpctrain.contract.file_writes import open_append, write_atomic
 from hpctrain.contract.heartbeat_files import Heartbeat, first_stopped, read_heartbeats
 from hpctrain.contract.rundir import hang_claim_path, stack_dump_path, stacks_dir
 from hpctrain.contract.summary import read_summary, write_summary
@@ -169,21 +170,22 @@ def claim_report(run_dir: Path, job_id: str) -> bool:
     path = hang_claim_path(run_dir, job_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        write_atomic(path, f"{os.getpid()}\n", exclusive=True, mode=0o644)
     except FileExistsError:
         return False
-    os.write(fd, f"{os.getpid()}\n".encode())
-    os.close(fd)
     return True
 
 
 def dump_stacks(path: Path, header: str) -> None:
     """Every thread's Python stack into ``path`` (faulthandler: works while other threads are stuck)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        handle.write(header + "\n\n")
-        handle.flush()
-        faulthandler.dump_traceback(file=handle, all_threads=True)
+    fd = open_append(path)  # never through a link
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, (header + "\n\n").encode())
+        faulthandler.dump_traceback(file=fd, all_threads=True)
+    finally:
+        os.close(fd)
 
 
 def report_written(run_dir: Path, job_id: str) -> bool:

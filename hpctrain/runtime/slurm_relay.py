@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from hpctrain.contract.file_writes import write_atomic
 from hpctrain.contract.slurm import (
     VERSION_COMMAND,
     Runner,
@@ -61,10 +62,9 @@ def relay_runner(directory: str | Path, version: str | None = None) -> Runner:
         if request is None:
             raise FileNotFoundError(f"{command[0]}: not relayed out of the container")
         name = uuid.uuid4().hex
-        tmp, req, res = folder / f".{name}.tmp", folder / f"{name}.req", folder / f"{name}.res"
+        req, res = folder / f"{name}.req", folder / f"{name}.res"
         folder.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(request + "\n")
-        os.replace(tmp, req)
+        write_atomic(req, request + "\n", mode=0o644)
         deadline = None if timeout is None else time.monotonic() + timeout
         while not res.exists():
             if deadline is not None and time.monotonic() > deadline:

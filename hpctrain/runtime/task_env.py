@@ -75,7 +75,7 @@ TORCHRUN_VARS = {
     "restart_count": "TORCHELASTIC_RESTART_COUNT",
 }
 
-# Set by hpctrain's node task (runtime/torchrun_node.py) for the torchrun it starts.
+# Set by hpctrain's node task (programs/torchrun_node.py) for the torchrun it starts.
 LAUNCHER_VAR = "HPCTRAIN_LAUNCHER"
 
 _TASKS_PER_NODE_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")

@@ -51,6 +51,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 
 from hpctrain.contract import rundir
 from hpctrain.contract.rundir import DCP_LAYOUT, step_dir_name
+from hpctrain.contract.runfiles import real_path
 from hpctrain.contract.step_folders import StepFolders, file_digest
 from hpctrain.errors import CheckpointError
 from hpctrain.runtime import heartbeat
@@ -89,7 +90,7 @@ class Checkpointer:
         self.info = info
         # a folder you name is taken where it really is (a link to scratch space works); the run's own
         # checkpoints must lie inside the run, as the trainer's (rundir.checkpoint_meta)
-        self.directory = Path(directory).resolve() if directory is not None else info.checkpoint_dir
+        self.directory = real_path(directory) if directory is not None else info.checkpoint_dir
         self.folders = StepFolders(self.directory, layout=DCP_LAYOUT, keep_last=keep_last)
         if every_steps is not None and every_steps < 1:
             raise CheckpointError(f"Checkpointer: every_steps must be at least 1 (got {every_steps})")

@@ -10,7 +10,7 @@
    up, else of the torchrun variables hpctrain set; run and checkpoint
    directories, restart count and job id from hpctrain's variables;
    ``HPCTRAIN_STOP_SIGNAL`` becomes the stop request, and this rank's
-   heartbeat thread and hang watchdog start (``runtime/script_process.py``);
+   heartbeat thread and hang watchdog start (``runtime/script/process.py``);
 3. **anything else** (``python train.py``, ``torchrun``, a hand-written
    ``srun``): the ranks that launcher set, the working directory as the run
    directory, SIGTERM as the stop request, no heartbeats.
@@ -38,9 +38,10 @@ from hpctrain.contract import script_env
 from hpctrain.contract.cancel_marker import cancel_marker_paths
 from hpctrain.contract.rundir import checkpoints_dir
 from hpctrain.errors import DistributedSetupError
-from hpctrain.runtime import heartbeat, script_process
+from hpctrain.runtime import heartbeat
 from hpctrain.runtime.context import registered_context
 from hpctrain.runtime.run_summary import UserRunSummary
+from hpctrain.runtime.script import process as script_process
 from hpctrain.runtime.stop import StopReason, StopRequest
 from hpctrain.runtime.task_env import derive_task_env
 

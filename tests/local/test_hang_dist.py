@@ -26,7 +26,7 @@ STUCK = 1
 
 WORKER = """
 import json, sys
-from hpctrain.runtime.launcher import TaskLauncher
+from hpctrain.programs.launcher import TaskLauncher
 TaskLauncher(json.loads(sys.argv[2]), sys.argv[1])()
 """
 

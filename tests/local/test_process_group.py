@@ -16,8 +16,8 @@ import submitit
 
 from hpctrain.errors import DistributedSetupError
 from hpctrain.jobspec.models import Distributed
+from hpctrain.programs.launcher import TaskLauncher
 from hpctrain.runtime.context import TaskEnv
-from hpctrain.runtime.launcher import TaskLauncher
 from hpctrain.runtime.task_env import one_node_env
 from tests.net_helpers import free_port
 

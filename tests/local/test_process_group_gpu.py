@@ -12,8 +12,8 @@ import pytest
 import submitit
 import torch
 
+from hpctrain.programs.launcher import TaskLauncher
 from hpctrain.runtime.context import TaskEnv
-from hpctrain.runtime.launcher import TaskLauncher
 from tests.net_helpers import free_port
 
 pytestmark = [

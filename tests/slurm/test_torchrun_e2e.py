@@ -72,7 +72,7 @@ def worker_pid(cluster: SlurmCluster, job_id: str, rank: int) -> int | None:
         pid
         for pid in cluster.processes_with_env("SLURM_JOB_ID", job_id)
         if environ_of(pid).get("RANK") == str(rank)
-        and "hpctrain.runtime.torchrun_worker" in cmdline_of(pid)
+        and "hpctrain.programs.torchrun_worker" in cmdline_of(pid)
         and "torch.distributed.run" in cmdline_of(parent_of(pid))  # torchrun's child, not a data-loader worker
     ]
     return found[0] if len(found) == 1 else None

@@ -109,7 +109,7 @@ def test_the_task_names_the_entry_point_instead_of_a_raw_type_error(
     tree: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A decorated function passes the login node unjudged; the task reads its real signature."""
-    from hpctrain.runtime.launcher import load_user_code
+    from hpctrain.programs.launcher import load_user_code
 
     (tree / "jobcode.py").write_text(
         "import functools\n\ndef keep(f):\n    @functools.wraps(f)\n    def inner(*a, **k):\n"

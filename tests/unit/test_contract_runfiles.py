@@ -667,15 +667,13 @@ def test_real_path_never_raises_on_a_loop(tmp_path: Path) -> None:
 
 def test_no_user_path_is_resolved_with_pathlib() -> None:
     """The category of the loop crash: every resolve in hpctrain/ goes through runfiles.real_path
-    (``Path(__file__).resolve()`` of hpctrain's own files aside; runtime/ and task/ are being moved, pending)."""
+    (``Path(__file__).resolve()`` of hpctrain's own files aside)."""
     import re
 
     hpctrain_dir = Path(__file__).resolve().parents[2] / "hpctrain"
     offenders = []
     for path in sorted(hpctrain_dir.rglob("*.py")):
         name = path.relative_to(hpctrain_dir).as_posix()
-        if name.startswith(("runtime/", "task/")):
-            continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("#")[0]
             if re.search(r"\.resolve\(", code) and "__file__" not in code and "``" not in code:

@@ -27,7 +27,7 @@ WRITERS = [
     ("trainer/trainer.py", "_progress_fields"),
     ("trainer/strategies/hogwild.py", "_end_epoch"),  # only its summary[...] = ... (its dicts are metrics)
     ("trainer/strategies/ps.py", "serve_step"),
-    ("healing/record.py", "add_failure"),
+    ("healing/record.py", "add_events"),
     ("healing/record.py", "fail"),
 ]
 NOT_SUMMARY = {"kind", "node", "step", "checkpoint_step", "reason", "action", "nodes", "time", "worker"}

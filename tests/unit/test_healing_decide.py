@@ -3,6 +3,7 @@ decisions (which node to blame, what next, a crash loop), and what the tasks and
 
 from __future__ import annotations
 
+import ast
 import shlex
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from hpctrain.contract.srun_report import TaskFailure
 from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.errors import DistributedSetupError, SpecError
 from hpctrain.healing import decide as healing
-from hpctrain.healing.decide import Blame, StepOutcome
+from hpctrain.healing.decide import Blame, Decision, Situation, StepOutcome
 from hpctrain.jobspec import node_loss
 from hpctrain.jobspec.load import load_job
 from hpctrain.jobspec.models import JobSpec
@@ -184,12 +185,19 @@ def test_srun_node_failures_and_bad_node_states_are_read() -> None:
 
 
 # -- decide ------------------------------------------------------------------------------------------------------
-def decide(found: Blame | None, *, min_nodes: int = 3, allocation: tuple[str, ...] = (*NODES, "n4"), **kw: Any) -> Any:
+def situation(
+    found: Blame | list[Blame], *, min_nodes: int = 3, allocation: tuple[str, ...] = (*NODES, "n4"), **kw: Any
+) -> Situation:
     args: dict[str, Any] = dict(
         step_nodes=NODES, allocation=allocation, excluded=(), batch_node="n1", nodes=3, min_nodes=min_nodes
     )
     args.update(kw)
-    return healing.decide(found, fits=args.pop("fits", lambda n: True), **args)
+    blamed = (found,) if isinstance(found, Blame) else tuple(found)
+    return Situation(blamed=blamed, fits=args.pop("fits", lambda n: True), **args)
+
+
+def decide(found: Blame | list[Blame], **kw: Any) -> Decision:
+    return healing.decide(situation(found, **kw))
 
 
 def test_a_lost_node_is_replaced_by_a_spare() -> None:
@@ -214,8 +222,14 @@ def test_nodes_excluded_before_stay_excluded() -> None:
     assert decision.nodes == ("n1", "n2") and decision.excluded == ("n4", "n3")
 
 
-def test_nothing_to_blame_fails() -> None:
-    assert decide(None).action == "fail"
+def test_nothing_blamed_keeps_the_step_and_before_the_first_step_starts_on_the_healthy_nodes() -> None:
+    assert decide([]).action == "keep"
+    first = decide([], step_nodes=(), excluded=("n2",))
+    assert (first.action, first.nodes, first.continues) == ("start", ("n1", "n3", "n4"), True)
+    too_few = decide([], step_nodes=(), excluded=("n2", "n3"))
+    assert too_few.action == "requeue" and too_few.why == "2 healthy nodes left, min_nodes is 3"
+    spent = decide([], step_nodes=(), excluded=("n2", "n3"), can_requeue=False)
+    assert spent.action == "fail" and spent.why.endswith("no requeue left (signals.max_requeues)")
 
 
 # -- crash loop --------------------------------------------------------------------------------------------------
@@ -248,7 +262,7 @@ def test_a_step_on_fewer_nodes_runs_the_spec_on_them(tmp_path: Path) -> None:
 def test_a_task_on_fewer_nodes_tells_the_trainer_the_runs_micro_batches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hpctrain.runtime.launcher import TaskLauncher
+    from hpctrain.programs.launcher import TaskLauncher
 
     spec = load(tmp_path, "min_nodes: 1").spec
     monkeypatch.setenv(node_loss.STEP_NODES_VAR, "1")
@@ -331,3 +345,87 @@ def test_nodes_blamed_by_one_decision_are_one_attempt_of_a_crash_loop() -> None:
     one = [{"job_id": "7", "time": 5.0, "checkpoint_step": 20, "node": n} for n in ("n2", "n4")]
     assert healing.crash_loop([{"job_id": "7", "time": 1.0, "checkpoint_step": 20}, *one], 3) is None
     assert healing.crash_loop([{"job_id": "7", "time": 1.0, "checkpoint_step": 20}, *one], 2) is not None
+
+
+def test_the_batch_nodes_loss_requeues_and_a_requeue_slurm_made_is_only_recorded() -> None:
+    guardian = decide(Blame("n1", "its slurmd does not answer"), step_nodes=())
+    assert (guardian.action, guardian.excluded, guardian.why) == ("requeue", ("n1",), "n1 ran the batch step")
+    assert not guardian.requeued_by_slurm
+    looked_back = decide(Blame("n1", "down*"), step_nodes=(), excluded=("n4",), requeued_by_slurm=True)
+    assert (looked_back.action, looked_back.excluded, looked_back.requeued_by_slurm) == ("requeue", ("n4", "n1"), True)
+
+
+def test_a_requeue_slurm_refuses_keeps_the_ranks_only_when_they_live_and_nothing_is_lost() -> None:
+    flagged = Blame("n2", "compute 4x", kind="burn-in")
+    assert decide(flagged, allocation=NODES, ranks_alive=True).if_requeue_fails == "keep"
+    assert decide(flagged, allocation=NODES).if_requeue_fails == "fail"  # the step ended: nothing to keep
+    assert decide(Blame("n2", "gone"), allocation=NODES, ranks_alive=True).if_requeue_fails == "fail"
+
+
+def test_a_crash_loop_overrides_whatever_else_the_decider_would_do() -> None:
+    before = [{"job_id": "7", "time": 1.0, "checkpoint_step": 40, "node": "n3", "step": 44, "reason": "rank 2 killed"}]
+    loop = dict(history=tuple(before), checkpoint_step=40, step=45, job_id="7", crash_loop_attempts=2)
+    ended = decide(Blame("n2", "rank 3 killed"), **loop)
+    assert ended.action == "fail" and ended.excluded == ("n2",)
+    assert ended.why.startswith("crash loop: 2 attempts in a row ended without a checkpoint newer than step 40")
+    assert "attempt 2 (job 7): n2 at step 45, rank 3 killed" in ended.why
+    assert decide(Blame("n2", "rank 3 killed"), **{**loop, "checkpoint_step": 80}).action == "swap"  # it saved
+    assert decide(Blame("n2", "rank 3 killed"), **{**loop, "crash_loop_attempts": None}).action == "swap"
+
+
+# -- one decider, one executor: read from the source, as test_house_layering.py reads imports -----------------------
+PACKAGE = Path(healing.__file__).resolve().parents[1]
+DECIDE_CALLERS = {  # (module, function) -> the node question it asks
+    ("healing/supervisor.py", "Supervisor.supervise"): "the first start's nodes",
+    ("healing/supervisor.py", "Supervisor.after_failure"): "a lost node, a burn-in verdict, an eviction, a crash loop",
+    ("healing/supervisor.py", "Supervisor.slow_node"): "whether the run can go on without a slow node (asked only)",
+    ("healing/guardian.py", "lose_batch_node"): "the batch node's loss (the guardian, or the next start looking back)",
+    ("healing/burn_in.py", "decide_here"): "a plain job's burn-in verdict",
+}
+# What only the decider does, and what only the executor (HealRecord.carry_out and its own steps) does.
+DECIDER_ONLY = {"decide": None, "Decision": "healing/record.py:HealRecord.carry_out", "choose_nodes": None}
+DECIDER_ONLY |= {"crash_loop": None}
+EXECUTOR_ONLY = {"requeue_job": "HealRecord._requeue", "exclude_nodes": "HealRecord._exclude_from_next_start"}
+
+
+def calls_in(path: Path) -> list[tuple[str, str, int]]:
+    """(called name, enclosing Class.function, line) of every call in ``path``."""
+    found: list[tuple[str, str, int]] = []
+
+    def walk(node: ast.AST, where: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = where
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                inner = f"{where}.{child.name}" if where else child.name
+            if isinstance(child, ast.Call):
+                name = getattr(child.func, "attr", getattr(child.func, "id", ""))
+                found.append((name, inner, child.lineno))
+            walk(child, inner)
+
+    walk(ast.parse(path.read_text(), str(path)), "")
+    return found
+
+
+def test_every_node_decision_is_a_decide_call_and_one_executor_carries_it_out() -> None:
+    callers, misplaced = set(), []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = path.relative_to(PACKAGE).as_posix()
+        for name, where, line in calls_in(path):
+            if name == "decide" and module != "healing/decide.py":
+                callers.add((module, where))
+            elif name in DECIDER_ONLY and module != "healing/decide.py" and f"{module}:{where}" != DECIDER_ONLY[name]:
+                misplaced.append(f"{module}:{line} ({where}) calls {name}: only the decider (healing/decide.py) does")
+            elif name in EXECUTOR_ONLY and module.startswith("healing/") and where != EXECUTOR_ONLY[name]:
+                misplaced.append(f"{module}:{line} ({where}) calls {name}: only HealRecord.carry_out does")
+    assert callers == set(DECIDE_CALLERS), "decide() callers changed: " + repr(sorted(callers ^ set(DECIDE_CALLERS)))
+    assert not misplaced, "a node decision made or carried out outside the one decider and executor:\n  " + (
+        "\n  ".join(misplaced)
+    )
+    carriers = {
+        (path.relative_to(PACKAGE).as_posix(), where)
+        for path in PACKAGE.rglob("*.py")
+        for name, where, _ in calls_in(path)
+        if name == "carry_out"
+    }
+    asked_only = {("healing/supervisor.py", "Supervisor.slow_node")}
+    assert carriers == set(DECIDE_CALLERS) - asked_only, "each answer is carried out where it was asked"

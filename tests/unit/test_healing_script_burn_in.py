@@ -169,7 +169,7 @@ def test_a_script_probes_with_the_matrix_product_not_the_trainers_default_model(
 
 def test_the_scripts_summary_keeps_the_burn_in_records(tmp_path: Path) -> None:
     from hpctrain.contract.summary import read_summary, write_summary
-    from hpctrain.runtime.script_outcome import ScriptSummary
+    from hpctrain.runtime.script.outcome import ScriptSummary
 
     write_summary(tmp_path, {"status": "running", "burn_in": [{"nodes": ["n1", "n2"], "flagged": []}]})
     ScriptSummary(tmp_path, {"name": "s"}, enabled=True).write("completed")

@@ -264,7 +264,7 @@ def test_the_guardian_requeues_without_a_batch_node_that_went_silent(fake: Path)
     assert guardian.guard(sup, probe, "n1", say, poll_s=0.01) == 0
     assert log.read_text() == (
         "hpctrain guardian: node n1 lost before the first step (the batch step's node does not answer); "
-        "requeueing without n1 (it ran the batch step)\n"
+        "requeueing without n1 (n1 ran the batch step)\n"
     )
     log = slurm_log(fake)
     assert "scontrol requeue 7" in log and "ExcNodeList=n1" in log

@@ -15,9 +15,15 @@ imported). Each rule fails with the list of offending imports, as
   by :data:`TASK_ONLY`.
 * ``hpctrain.task`` (what a user's own loop imports) never imports the
   built-in trainer: the trainer is built on the task API, not the reverse.
-* The login side imports ``hpctrain.runtime`` only for what is pickled into
-  the job (the task launchers), or where :data:`RUNTIME_ON_THE_LOGIN_SIDE`
-  says why: ``runtime/`` is the tasks' package, not a library for the login side.
+* The login side imports ``hpctrain.runtime`` and ``hpctrain.programs`` only for
+  what is pickled into the job (the programs), or where
+  :data:`RUNTIME_ON_THE_LOGIN_SIDE` says why: they are the tasks' packages, not a
+  library for the login side.
+* The task side flows down (issue 36): ``programs/`` (what a task runs) ->
+  ``healing/`` -> ``trainer/`` -> ``task/`` -> ``runtime/`` (the pieces). A piece
+  of ``runtime/`` imports neither a program, ``healing/`` nor ``trainer/``; the
+  trainer never imports healing; a program is imported only by another program
+  and by ``launch/submission.py`` (to pickle it).
 * No argv that starts with a Slurm client command (``sbatch``, ``squeue``,
   ``scontrol``...) is written outside the one client, ``contract/slurm.py``:
   neither a list or tuple literal nor a call's first argument.
@@ -38,9 +44,22 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "hpctrain"
 LOGIN_SIDE = ("contract", "jobspec", "launch", "observe", "diagnose", "cli", "dataset", "tracking")
 TRACKER_LIBRARIES = ("wandb", "mlflow")
-TASK_SIDE = ("hpctrain.trainer", "hpctrain.task", "hpctrain.runtime", "hpctrain.healing", "hpctrain.examples")
+TASK_SIDE = (
+    "hpctrain.trainer",
+    "hpctrain.task",
+    "hpctrain.runtime",
+    "hpctrain.healing",
+    "hpctrain.programs",
+    "hpctrain.examples",
+)
 HEAVY = ("torch", "torchvision", "hpctrain.trainer", "hpctrain.task")
 MAX_LOOSE_MODULES = 5
+TASK_PACKAGES = ("hpctrain.runtime", "hpctrain.programs")
+# (importer, or a package of importers; the program it may import) -> why.
+PROGRAM_IMPORTERS = {
+    ("hpctrain.programs", "hpctrain.programs"): "a program builds on another (a torchrun worker is a TaskLauncher)",
+    ("hpctrain.launch.submission", "hpctrain.programs"): "it pickles the program into the job",
+}
 
 # (module, function, imported name prefix) -> why only a task (or a compute node) runs that function.
 TASK_ONLY = {
@@ -65,11 +84,11 @@ SLURM_CLIENT = "hpctrain.contract.slurm"
 
 # (login-side module, runtime module it imports) -> why.
 RUNTIME_ON_THE_LOGIN_SIDE = {
-    ("hpctrain.launch.submission", "hpctrain.runtime.launcher"): "the task launcher submitit pickles into the job",
-    ("hpctrain.launch.submission", "hpctrain.runtime.torchrun_node"): "the torchrun node launcher, pickled likewise",
-    ("hpctrain.launch.submission", "hpctrain.runtime.script_launcher"): "a script job's task wrapper, pickled likewise",
-    ("hpctrain.launch.submission", "hpctrain.runtime.script_torchrun"): "a script job's torchrun node task, pickled",
-    ("hpctrain.launch.dry_run", "hpctrain.runtime.script_command"): (
+    ("hpctrain.launch.submission", "hpctrain.programs.launcher"): "the task launcher submitit pickles into the job",
+    ("hpctrain.launch.submission", "hpctrain.programs.torchrun_node"): "the torchrun node launcher, pickled likewise",
+    ("hpctrain.launch.submission", "hpctrain.programs.script_launcher"): "a script job's task wrapper, pickled too",
+    ("hpctrain.launch.submission", "hpctrain.programs.script_torchrun"): "a script job's torchrun node task, pickled",
+    ("hpctrain.launch.dry_run", "hpctrain.runtime.script.command"): (
         "--dry-run prints every script process's command line from the wrapper's own functions, so it cannot drift"
     ),
     ("hpctrain.launch.dry_run", "hpctrain.runtime.rank_plan"): (
@@ -205,7 +224,8 @@ def test_the_login_side_imports_the_runtime_only_for_the_job() -> None:
     found, allowed = [], set()
     for item in ALL_IMPORTS:
         side = item.module.split(".")[1] if item.module.count(".") else ""
-        if side not in LOGIN_SIDE or not is_under(item.name, "hpctrain.runtime") or item.name == "hpctrain.runtime":
+        task_package = next((p for p in TASK_PACKAGES if is_under(item.name, p)), None)
+        if side not in LOGIN_SIDE or task_package is None or item.name == task_package:
             continue
         key = next((k for k in RUNTIME_ON_THE_LOGIN_SIDE if k[0] == item.module and is_under(item.name, k[1])), None)
         if key is not None:
@@ -213,12 +233,42 @@ def test_the_login_side_imports_the_runtime_only_for_the_job() -> None:
         else:
             found.append(item)
     assert not found, (
-        "login-side code imports hpctrain.runtime (the tasks' package); move what both sides need into contract/, "
-        "what the login side needs to its own package, or (for what is pickled into the job) add it to "
-        "RUNTIME_ON_THE_LOGIN_SIDE with the reason:" + offenders(found)
+        "login-side code imports hpctrain.runtime or hpctrain.programs (the tasks' packages); move what both "
+        "sides need into contract/, what the login side needs to its own package, or (for what is pickled "
+        "into the job) add it to RUNTIME_ON_THE_LOGIN_SIDE with the reason:" + offenders(found)
     )
     stale = set(RUNTIME_ON_THE_LOGIN_SIDE) - allowed
     assert not stale, f"RUNTIME_ON_THE_LOGIN_SIDE entries no longer needed, remove them: {sorted(stale)}"
+
+
+def test_the_runtime_pieces_never_import_a_program_healing_or_the_trainer() -> None:
+    above = ("hpctrain.programs", "hpctrain.healing", "hpctrain.trainer")
+    found = [
+        item
+        for item in ALL_IMPORTS
+        if is_under(item.module, "hpctrain.runtime") and any(is_under(item.name, name) for name in above)
+    ]
+    assert not found, (
+        "a piece of runtime/ imports what stands above it; hand the piece what it needs from the program "
+        "that calls it, or move the shared part down into runtime/:" + offenders(found)
+    )
+
+
+def test_the_trainer_never_imports_healing() -> None:
+    found = [
+        item
+        for item in ALL_IMPORTS
+        if is_under(item.module, "hpctrain.trainer") and is_under(item.name, "hpctrain.healing")
+    ]
+    assert not found, "healing is its own wing above the trainer (the program runs both):" + offenders(found)
+
+
+def test_a_program_is_imported_only_by_a_program_or_to_be_pickled() -> None:
+    def allowed(item: Import) -> bool:
+        return any(is_under(item.module, who) and is_under(item.name, what) for who, what in PROGRAM_IMPORTERS)
+
+    found = [item for item in ALL_IMPORTS if is_under(item.name, "hpctrain.programs") and not allowed(item)]
+    assert not found, "only a program, or launch/submission.py to pickle it, imports a program:" + offenders(found)
 
 
 def slurm_argv(path: Path) -> Iterator[str]:

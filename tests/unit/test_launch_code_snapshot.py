@@ -11,7 +11,7 @@ import pytest
 from hpctrain.contract.rundir import code_dir
 from hpctrain.errors import HpctrainError, UsageError
 from hpctrain.launch import code_snapshot
-from hpctrain.runtime.launcher import load_user_code
+from hpctrain.programs.launcher import load_user_code
 from tests.git_helpers import git
 
 

@@ -1,4 +1,4 @@
-"""The script's process (hpctrain/runtime/script_child.py): its own session, a stop that reaches its whole
+"""The script's process (hpctrain/runtime/script/child.py): its own session, a stop that reaches its whole
 group, signals it starts with ignored, its last lines read back, its silence measured. Real small processes
 (sh and python, no torch)."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.runtime.script_child import (
+from hpctrain.runtime.script.child import (
     ExitStatus,
     OutputTail,
     ScriptProcess,

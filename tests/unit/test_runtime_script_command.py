@@ -1,4 +1,4 @@
-"""What each process of a script job gets (hpctrain/runtime/script_command.py): pure functions over plain data."""
+"""What each process of a script job gets (hpctrain/runtime/script/command.py): pure functions over plain data."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hpctrain.contract import script_env
 from hpctrain.contract.script_env import ScriptCode
 from hpctrain.jobspec.models import JobSpec
-from hpctrain.runtime.script_command import (
+from hpctrain.runtime.script.command import (
     command,
     environ,
     layout,

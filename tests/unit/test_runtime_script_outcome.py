@@ -1,4 +1,4 @@
-"""How a script job's start is recorded (hpctrain/runtime/script_outcome.py): exit records, which failure is
+"""How a script job's start is recorded (hpctrain/runtime/script/outcome.py): exit records, which failure is
 named first, the summary the main task writes."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from hpctrain.contract.rundir import script_exit_path
 from hpctrain.contract.srun_report import TaskFailure
 from hpctrain.contract.summary import read_summary, write_summary
-from hpctrain.runtime.script_outcome import (
+from hpctrain.runtime.script.outcome import (
     FailureWatch,
     ScriptExit,
     ScriptSummary,

@@ -1,4 +1,4 @@
-"""runtime/script_process.py: a script's stop signal and heartbeat thread, from the wrapper's variables."""
+"""runtime/script/process.py: a script's stop signal and heartbeat thread, from the wrapper's variables."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hpctrain.contract.rundir import heartbeat_path
 from hpctrain.contract.script_env import HANG_TIMEOUT_VAR, HEARTBEAT_INTERVAL_VAR, STOP_SIGNAL_VAR
 from hpctrain.errors import DistributedSetupError
 from hpctrain.runtime import heartbeat
-from hpctrain.runtime.script_process import install_stop_signal, seconds, start_script_monitor, stop_signal
+from hpctrain.runtime.script.process import install_stop_signal, seconds, start_script_monitor, stop_signal
 from hpctrain.runtime.stop import StopRequest
 
 

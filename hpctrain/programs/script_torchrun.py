@@ -1,12 +1,12 @@
 """``launcher: torchrun`` for a ``script:`` job: torchrun on every node, each rank's program the script's wrapper.
 
-The node task is the trainer's (``runtime/torchrun_node.py``: one Slurm task
+The node task is the trainer's (``programs/torchrun_node.py``: one Slurm task
 per node, the c10d rendezvous on the first node, ``--max-restarts 0``, stop
 signals forwarded to torchrun's children, the node's reaper, the first failed
 rank reported to ``torchrun-failures.log``). Each rank torchrun starts is
-``python -m hpctrain.runtime.script_torchrun STATE_DIR``: a
+``python -m hpctrain.programs.script_torchrun STATE_DIR``: a
 :class:`ScriptTorchrunWorker`, the same wrapper as under srun
-(``runtime/script_launcher.py``), which runs the user's script with torchrun's
+(``programs/script_launcher.py``), which runs the user's script with torchrun's
 environment (``RANK``, ``LOCAL_RANK``, ``TORCHELASTIC_*``...) and hpctrain's,
 stops it, and records how it failed. So a script under torchrun gets what it
 gets under srun: its own stop signal and grace, the failed rank named with its
@@ -24,19 +24,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpctrain.runtime import failures
-from hpctrain.runtime.context import TaskEnv
-from hpctrain.runtime.script_launcher import ScriptLauncher
-from hpctrain.runtime.script_outcome import PeerFailed, ScriptExit, ScriptFailed
-from hpctrain.runtime.torchrun_node import (
+from hpctrain.programs.script_launcher import ScriptLauncher
+from hpctrain.programs.torchrun_node import (
     PEER_FAILURE,
     PEER_FAILURE_EXIT,
     TorchrunNodeLauncher,
     write_failure,
 )
-from hpctrain.runtime.torchrun_worker import failure_exit, failures_log, run_worker
+from hpctrain.programs.torchrun_worker import failure_exit, failures_log, run_worker
+from hpctrain.runtime import failures
+from hpctrain.runtime.context import TaskEnv
+from hpctrain.runtime.script.outcome import PeerFailed, ScriptExit, ScriptFailed
 
-SCRIPT_WORKER_MODULE = "hpctrain.runtime.script_torchrun"
+SCRIPT_WORKER_MODULE = "hpctrain.programs.script_torchrun"
 TEE_ALL = "--tee=3"  # stdout and stderr: to the node's log (prefixed) and to a file per rank
 
 

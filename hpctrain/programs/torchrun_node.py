@@ -8,7 +8,7 @@ Slurm's requeue is the one restart mechanism, because it also gives the job
 new nodes, a new attempt number (SLURM_RESTART_COUNT) and the exact resume
 from the last checkpoint, while a torchrun restart would rerun the ranks on
 the same nodes behind Slurm's back. torchrun runs
-``python -m hpctrain.runtime.torchrun_worker`` once per process; a worker is
+``python -m hpctrain.programs.torchrun_worker`` once per process; a worker is
 an ordinary hpctrain task (TaskEnv from torchrun's variables plus the node
 task's SLURM_*), so training, stop signals, the requeue decision (global rank
 0, once per job), the exact resume and clean-up are those of srun tasks.
@@ -65,16 +65,17 @@ from typing import Any
 import psutil
 
 from hpctrain.contract.cpu_share import omp_num_threads
+from hpctrain.contract.file_writes import open_append, write_atomic
 from hpctrain.contract.rundir import torchrun_failures_path
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
+from hpctrain.programs.launcher import ALLOW_LOOPBACK_MASTER_VAR, end_if_completed, report_failure
 from hpctrain.runtime import stop_signals
-from hpctrain.runtime.context import TaskEnv
-from hpctrain.runtime.launcher import ALLOW_LOOPBACK_MASTER_VAR, configure_logging, end_if_completed, report_failure
+from hpctrain.runtime.context import TaskEnv, configure_logging
 from hpctrain.runtime.master import check_master_address, check_port_free
 from hpctrain.runtime.task_env import LAUNCHER_VAR, derive_task_env, rank_hint
 
-WORKER_MODULE = "hpctrain.runtime.torchrun_worker"
+WORKER_MODULE = "hpctrain.programs.torchrun_worker"
 SPEC_FILE = "spec.json"
 # torchrun waits this long for a failed node's other workers before SIGKILL (its default: 30 s).
 SHUTDOWN_TIMEOUT_S = 5
@@ -125,7 +126,7 @@ def torchrun_command(
     The rendezvous store lives on the first node (``is_host`` says so rather
     than torchrun guessing from host names); joining may take as long as the
     spec's collective timeout. ``worker_module`` is each rank's program and
-    ``options`` are torchrun options more (a script job's ranks: runtime/script_torchrun.py).
+    ``options`` are torchrun options more (a script job's ranks: programs/script_torchrun.py).
     """
     is_host = 1 if env.node_rank == 0 else 0
     return [
@@ -273,7 +274,7 @@ class TorchrunNodeLauncher:
         self.start_reaper()
         state_dir = Path(tempfile.mkdtemp(prefix="hpctrain-torchrun-"))
         try:
-            (state_dir / SPEC_FILE).write_text(json.dumps(self.worker_payload()))
+            write_atomic(state_dir / SPEC_FILE, json.dumps(self.worker_payload()))
             log_start = _own_stderr_size()
             command = torchrun_command(
                 env, spec, state_dir, worker_module=self.worker_module, options=self.torchrun_options
@@ -323,8 +324,11 @@ class TorchrunNodeLauncher:
         path = torchrun_failures_path(self.run_dir)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a") as handle:
-                handle.write(failure_line(node, rank, reason))
+            fd = open_append(path)
+            try:
+                os.write(fd, failure_line(node, rank, reason).encode())
+            finally:
+                os.close(fd)
         except OSError as exc:
             print(f"hpctrain: could not report the failure of rank {rank}: {exc}", file=sys.stderr)
 
@@ -428,7 +432,7 @@ def write_failure(state_dir: Path, what: str) -> None:
     """A rank's last word for :func:`death_reason` (``failed-RANK``), before it exits; best effort."""
     rank = os.environ.get("RANK", str(os.getpid()))
     try:
-        (state_dir / f"failed-{rank}").write_text(what)
+        write_atomic(state_dir / f"failed-{rank}", what)
     except OSError:
         pass
 
@@ -436,6 +440,4 @@ def write_failure(state_dir: Path, what: str) -> None:
 def write_result(state_dir: Path, result: dict[str, Any]) -> None:
     """A rank's result for the node task (``result-RANK.pkl``), installed whole by a rename."""
     path = state_dir / f"result-{result['rank']}.pkl"
-    temp = path.with_suffix(".tmp")
-    temp.write_bytes(pickle.dumps(result))
-    os.replace(temp, path)
+    write_atomic(path, pickle.dumps(result))

@@ -11,7 +11,7 @@ script, ``hpctrain.task`` (or a script that only records heartbeats with
   boundary (``StopRequest.agreed``), never in the middle of a step;
 * :func:`start_script_monitor`: the rank's heartbeat thread and, when
   ``HPCTRAIN_HANG_TIMEOUT_S`` is set, the hang watchdog, as the launcher starts
-  them for an entry point (``runtime/launcher.py``).
+  them for an entry point (``programs/launcher.py``).
 
 A malformed variable is a ``DistributedSetupError`` naming it.
 """

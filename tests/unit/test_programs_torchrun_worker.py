@@ -1,4 +1,4 @@
-"""A rank's process under torchrun (hpctrain/runtime/torchrun_worker.py's run_worker, which the script's
+"""A rank's process under torchrun (hpctrain/programs/torchrun_worker.py's run_worker, which the script's
 worker shares): what it leaves in the node task's state folder and the status it exits with."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-import hpctrain.runtime.script_torchrun as script_torchrun
-from hpctrain.runtime.script_outcome import PeerFailed, ScriptFailed
-from hpctrain.runtime.torchrun_node import PEER_FAILURE_EXIT, SPEC_FILE, death_reason
-from hpctrain.runtime.torchrun_worker import run_worker
+import hpctrain.programs.script_torchrun as script_torchrun
+from hpctrain.programs.torchrun_node import PEER_FAILURE_EXIT, SPEC_FILE, death_reason
+from hpctrain.programs.torchrun_worker import run_worker
+from hpctrain.runtime.script.outcome import PeerFailed, ScriptFailed
 
 RANK = 3
 
@@ -75,5 +75,5 @@ def test_the_script_workers_own_failures(state: Path, monkeypatch: pytest.Monkey
 
 
 def test_a_wrong_command_line_says_how_to_call_it(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_worker([], "hpctrain.runtime.torchrun_worker", ending({})) == 2
-    assert capsys.readouterr().err == "usage: python -m hpctrain.runtime.torchrun_worker STATE_DIR\n"
+    assert run_worker([], "hpctrain.programs.torchrun_worker", ending({})) == 2
+    assert capsys.readouterr().err == "usage: python -m hpctrain.programs.torchrun_worker STATE_DIR\n"

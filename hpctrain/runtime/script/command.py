@@ -2,7 +2,7 @@
 
 Pure functions of the task's ``TaskEnv``, the spec and where the script's code
 is (:class:`ScriptCode`, decided at submit): the task wrapper
-(``runtime/script_launcher.py``) starts exactly this, and ``submit --dry-run``
+(``programs/script_launcher.py``) starts exactly this, and ``submit --dry-run``
 prints it for every rank from planned values (``plan_commands``). The variable
 names are the contract's (``contract/script_env.py``). Torch-free.
 

@@ -1,4 +1,4 @@
-"""One rank under ``launcher: torchrun``: what torchrun runs, ``python -m hpctrain.runtime.torchrun_worker STATE_DIR``.
+"""One rank under ``launcher: torchrun``: what torchrun runs, ``python -m hpctrain.programs.torchrun_worker STATE_DIR``.
 
 The node task (torchrun_node.py) leaves the spec and the run directory in
 ``STATE_DIR/spec.json``. A worker is an ordinary hpctrain task
@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.contract.rundir import torchrun_failures_path
+from hpctrain.programs.launcher import TaskLauncher
+from hpctrain.programs.torchrun_node import PEER_FAILURE, PEER_FAILURE_EXIT, SPEC_FILE, write_failure, write_result
 from hpctrain.runtime import failures
 from hpctrain.runtime.context import TaskEnv
-from hpctrain.runtime.launcher import TaskLauncher
-from hpctrain.runtime.torchrun_node import PEER_FAILURE, PEER_FAILURE_EXIT, SPEC_FILE, write_failure, write_result
 
 
 class TorchrunWorker(TaskLauncher):

@@ -1,4 +1,4 @@
-"""The script wrapper's story in one process (hpctrain/runtime/script_launcher.py): a single task outside Slurm
+"""The script wrapper's story in one process (hpctrain/programs/script_launcher.py): a single task outside Slurm
 runs small torch-free scripts to each end: completed, failed (named, with its last lines), stopped (the stop
 signal passed on, or the script killed at its stop timeout), a stop before the script started, and the
 silence watchdog."""
@@ -17,8 +17,8 @@ import pytest
 
 from hpctrain.contract.summary import read_summary
 from hpctrain.jobspec.models import JobSpec
-from hpctrain.runtime.script_launcher import ScriptLauncher
-from hpctrain.runtime.script_outcome import ScriptFailed
+from hpctrain.programs.script_launcher import ScriptLauncher
+from hpctrain.runtime.script.outcome import ScriptFailed
 
 
 @pytest.fixture(autouse=True)

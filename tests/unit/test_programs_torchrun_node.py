@@ -24,9 +24,8 @@ from hpctrain.jobspec.load import load_job
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.profiles import BUILTIN_PROFILES, apply_profile
 from hpctrain.launch.submission import slurm_parameters, task_launchers
-from hpctrain.runtime.launcher import TaskLauncher
-from hpctrain.runtime.task_env import derive_task_env
-from hpctrain.runtime.torchrun_node import (
+from hpctrain.programs.launcher import TaskLauncher
+from hpctrain.programs.torchrun_node import (
     PEER_FAILURE,
     PEER_FAILURE_EXIT,
     TorchrunNodeLauncher,
@@ -39,6 +38,7 @@ from hpctrain.runtime.torchrun_node import (
     worker_environ,
     worker_pids,
 )
+from hpctrain.runtime.task_env import derive_task_env
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -48,7 +48,7 @@ EXAMPLE = REPO / "jobs" / "smoke_2x2_torchrun_cpu.yaml"
 TORCHRUN_REPORT = """\
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ======================================================
-hpctrain.runtime.torchrun_worker FAILED
+hpctrain.programs.torchrun_worker FAILED
 ------------------------------------------------------
 Failures:
 [1]:
@@ -127,7 +127,7 @@ def test_the_torchrun_command_of_each_node() -> None:
     first = derive_task_env(node_task_env(0, SLURM_RESTART_COUNT="1"))
     command = torchrun_command(first, spec, Path("/tmp/state"), python="PY")
     assert command[:3] == ["PY", "-m", "torch.distributed.run"]
-    assert command[-3:] == ["-m", "hpctrain.runtime.torchrun_worker", "/tmp/state"]
+    assert command[-3:] == ["-m", "hpctrain.programs.torchrun_worker", "/tmp/state"]
     assert "--nnodes=2" in command and "--nproc-per-node=2" in command
     assert "--rdzv-backend=c10d" in command and "--rdzv-id=1234" in command
     # The endpoint is the first node and the port srun tasks would use for this attempt of the job.

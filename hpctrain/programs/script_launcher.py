@@ -2,7 +2,7 @@
 
 ``ScriptLauncher`` is the task wrapper, one per rank (``script.per: rank``)
 or per node (``per: node``); under ``launcher: torchrun`` each rank's
-wrapper is torchrun's program (``runtime/script_torchrun.py``). Its story:
+wrapper is torchrun's program (``programs/script_torchrun.py``). Its story:
 
 1. the stop handling is installed first (:meth:`ScriptLauncher.install_stop_handling`,
    the one place it happens), before the spec is even validated, and takes over
@@ -14,8 +14,8 @@ wrapper is torchrun's program (``runtime/script_torchrun.py``). Its story:
    start's number (``{restart}``),
    the summary (``running``, main task only), the reaper (cleanup.py);
 3. a multi-node start probes its nodes first (``healing/script_burn_in.py``: the burn-in, which may end the
-   task to take a sick node out); the script runs in its own session (``runtime/script_child.py``) with the
-   torchrun and hpctrain variables (``runtime/script_command.py``), in the run
+   task to take a sick node out); the script runs in its own session (``runtime/script/child.py``) with the
+   torchrun and hpctrain variables (``runtime/script/command.py``), in the run
    directory or ``script.workdir``;
 4. a stop request sends ``script.stop_signal`` to its process group, waits for
    it within the stop timeout, and kills the group after that;
@@ -24,7 +24,7 @@ wrapper is torchrun's program (``runtime/script_torchrun.py``). Its story:
    ``stopped`` and goes through ``runtime/requeue.py``'s decision exactly as the
    trainer's stop does (global rank 0 requeues on a time limit, Slurm on a
    preemption); any other end is ``failed``, recorded with the first failed
-   process (``runtime/script_outcome.py``), and the task fails so that
+   process (``runtime/script/outcome.py``), and the task fails so that
    ``srun --kill-on-bad-exit`` ends the others.
 
 Importing this module imports no torch, and neither does the wrapper: the script brings its own
@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.contract.cancel_marker import cancel_marker_paths
+from hpctrain.contract.file_writes import write_atomic
 from hpctrain.contract.rundir import hang_claim_path, heartbeat_path, read_run_info
 from hpctrain.contract.script_env import ScriptCode
 from hpctrain.contract.summary import read_summary, write_summary
@@ -50,18 +51,18 @@ from hpctrain.errors import DistributedSetupError, RunDirError
 from hpctrain.healing import script_burn_in
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.node_health import STEP_ID_VAR
-from hpctrain.runtime import script_command, stop_signals
-from hpctrain.runtime.context import TaskEnv
-from hpctrain.runtime.launcher import (
+from hpctrain.programs.launcher import (
     ALLOW_LOOPBACK_MASTER_VAR,
     TaskLauncher,
-    configure_logging,
     end_if_completed,
     report_failure,
 )
+from hpctrain.runtime import stop_signals
+from hpctrain.runtime.context import TaskEnv, configure_logging
 from hpctrain.runtime.master import check_master_address
-from hpctrain.runtime.script_child import ExitStatus, OutputTail, ScriptProcess, Silence, ignored_signals
-from hpctrain.runtime.script_outcome import (
+from hpctrain.runtime.script import command as script_command
+from hpctrain.runtime.script.child import ExitStatus, OutputTail, ScriptProcess, Silence, ignored_signals
+from hpctrain.runtime.script.outcome import (
     PEER_WAIT_S,
     RECORD_WAIT_S,
     FailureWatch,
@@ -303,7 +304,7 @@ class ScriptLauncher(TaskLauncher):
         claim = hang_claim_path(Path(self.run_dir), env.job_id)
         try:
             claim.parent.mkdir(parents=True, exist_ok=True)
-            os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            write_atomic(claim, "", exclusive=True, mode=0o644)
             first = True
         except OSError:
             first = False

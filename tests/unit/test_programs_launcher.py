@@ -15,9 +15,7 @@ import pytest
 from hpctrain.contract.heartbeat_files import read_heartbeats
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
-from hpctrain.runtime import stop_signals
-from hpctrain.runtime.hang import HangWatchdog
-from hpctrain.runtime.launcher import (
+from hpctrain.programs.launcher import (
     TaskLauncher,
     check_world_size,
     end_if_completed,
@@ -28,6 +26,8 @@ from hpctrain.runtime.launcher import (
     stopped_before_start,
     thread_env,
 )
+from hpctrain.runtime import stop_signals
+from hpctrain.runtime.hang import HangWatchdog
 from hpctrain.runtime.stop import StopRequest
 from hpctrain.runtime.task_env import derive_task_env
 
@@ -35,7 +35,7 @@ from hpctrain.runtime.task_env import derive_task_env
 def test_login_node_imports_do_not_pull_in_torch() -> None:
     code = (
         "import sys\n"
-        "import hpctrain.runtime.launcher, hpctrain.runtime.rank_plan, hpctrain.runtime.task_env\n"
+        "import hpctrain.programs.launcher, hpctrain.runtime.rank_plan, hpctrain.runtime.task_env\n"
         "import hpctrain.runtime.master, hpctrain.runtime.heartbeat, hpctrain.runtime.hang\n"
         "import hpctrain.runtime.gpu_monitor\n"
         "print('torch' in sys.modules)\n"

@@ -32,7 +32,7 @@ from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.runtime import failures, heartbeat, stop_signals
 from hpctrain.runtime.cleanup import leave_dataset_mount
-from hpctrain.runtime.context import TaskContext, TaskEnv, register_context
+from hpctrain.runtime.context import TaskContext, TaskEnv, configure_logging, register_context
 from hpctrain.runtime.master import check_master_address
 from hpctrain.runtime.run_summary import finish_summary
 from hpctrain.runtime.stop import StopReason, StopRequest, install_handlers
@@ -339,18 +339,6 @@ def batch_step_log(env: TaskEnv) -> failures.StepLog | None:
         return failures.StepLog(submitit.JobEnvironment().paths.stderr)
     except Exception:  # not started by submitit: nobody to ask
         return None
-
-
-def configure_logging(env: TaskEnv) -> None:
-    """Send hpctrain's own log records (resumes, checkpoint warnings) to the task's
-    stderr log, tagged with the rank; other libraries' logging is left alone."""
-    logger = logging.getLogger("hpctrain")
-    if logger.handlers:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"hpctrain rank {env.global_rank} %(levelname)s: %(message)s"))
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
 
 
 def load_user_code(
