@@ -15,7 +15,8 @@ __version__ = "0.1.0"
 # name -> module that defines it; loaded on first use (PEP 562), so 'import hpctrain' stays cheap.
 _LAZY = {
     **dict.fromkeys(
-        ("load_job", "submit", "status", "cancel", "resume", "report", "doctor", "nodes", "forget_node"), "hpctrain.api"
+        ("load_job", "submit", "status", "cancel", "resume", "report", "doctor", "nodes", "forget_node", "sync"),
+        "hpctrain.api",
     ),
     "Submission": "hpctrain.launch.submit",
     "RunStatus": "hpctrain.observe.run_status",
@@ -24,6 +25,7 @@ _LAZY = {
     "Report": "hpctrain.observe.report.build",
     "DoctorReport": "hpctrain.diagnose.doctor",
     "NodeLedger": "hpctrain.observe.node_ledger",
+    "Synced": "hpctrain.tracking.sync",
     **dict.fromkeys(
         ("HpctrainError", "SpecError", "UsageError", "ClusterError", "RunDirError", "CheckpointError", "RunStopped"),
         "hpctrain.errors",
@@ -44,6 +46,7 @@ __all__ = [  # what _LAZY names, spelled out for tools that read __all__ without
     "SpecError",
     "StudyStatus",
     "Submission",
+    "Synced",
     "UsageError",
     "__version__",
     "cancel",
@@ -55,13 +58,14 @@ __all__ = [  # what _LAZY names, spelled out for tools that read __all__ without
     "resume",
     "status",
     "submit",
+    "sync",
 ]
 
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
     from types import ModuleType
 
-    from hpctrain.api import cancel, doctor, forget_node, load_job, nodes, report, resume, status, submit
+    from hpctrain.api import cancel, doctor, forget_node, load_job, nodes, report, resume, status, submit, sync
     from hpctrain.diagnose.doctor import DoctorReport
     from hpctrain.errors import (
         CheckpointError,
@@ -78,6 +82,7 @@ if TYPE_CHECKING:
     from hpctrain.observe.report.build import Report
     from hpctrain.observe.run_status import RunStatus
     from hpctrain.observe.status import StudyStatus
+    from hpctrain.tracking.sync import Synced
 
 
 def __getattr__(name: str) -> Any:

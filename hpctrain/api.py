@@ -6,7 +6,7 @@ Each function checks its arguments, calls the same library sequence as its
 ``launch/cancel.py``, ``status`` -> ``observe/status.py``, ``report`` ->
 ``observe/report/build.py``, ``doctor`` -> ``diagnose/doctor.py``'s ``doctor_spec``, ``nodes``
 and ``forget_node`` -> ``observe/node_ledger.py``,
-``load_job`` -> ``launch/plan.py``'s validate. So both faces give the same
+``load_job`` -> ``launch/plan.py``'s validate, ``sync`` -> ``tracking/sync.py``. So both faces give the same
 answers: the same script, checks, status rule, cancel and resume policy.
 Nothing here exits or imports torch, and nothing prints but a local run
 stopped by Ctrl-C or a signal while waiting (on stderr); every refusal, a
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from hpctrain.observe.report.build import Report
     from hpctrain.observe.run_status import RunStatus
     from hpctrain.observe.status import StudyStatus
+    from hpctrain.tracking.sync import Synced
 
 MAX_TIMEOUT_S = 86400.0  # as 'hpctrain cancel --timeout'
 
@@ -170,6 +171,18 @@ def doctor(
         **_flags(probe=probe),
         probe_timeout_s=_seconds("probe_timeout_s", probe_timeout_s),
     )
+
+
+def sync(run: str | Path, *, follow: bool = False, interval_s: float = 30.0, ended: bool = False) -> tuple[Synced, ...]:
+    """Send what is new in a run (a study's points, a sweep's trials) to each tracker its spec names, as
+    ``hpctrain sync RUN [--follow] [--ended]``: one ``Synced`` per run and tracker (its ``error``, if the
+    tracker could not be reached: running it again sends the rest, nothing twice). docs/tracking.md."""
+    from hpctrain.tracking.sync import resolve_target
+    from hpctrain.tracking.sync import sync as sequence
+
+    flags = _flags(follow=follow, ended=ended)
+    target = resolve_target(_run("run", run))
+    return tuple(sequence(target, interval_s=_seconds("interval_s", interval_s), **flags))
 
 
 def nodes(*, cluster: str | None = None, include_expired: bool = False) -> NodeLedger:

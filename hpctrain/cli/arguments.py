@@ -140,6 +140,22 @@ def cmd_cancel(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def cmd_sync(parser: argparse.ArgumentParser) -> None:
+    _run_argument(parser)
+    parser.add_argument(
+        "-f", "--follow", action="store_true", help="sync again every --interval seconds until the runs ended"
+    )
+    parser.add_argument(
+        "--interval", type=_seconds(1, DAY_S), default=30.0, help="seconds between syncs with --follow (default 30)"
+    )
+    parser.add_argument(
+        "--ended",
+        action="store_true",
+        help="the run will not go on (killed for good): send its steps after the last checkpoint too",
+    )
+    parser.add_argument("--json", action="store_true", help="print each run's state in each tracker as JSON")
+
+
 def cmd_resume(parser: argparse.ArgumentParser) -> None:
     _run_argument(parser)
     parser.add_argument("--local", action="store_true", help="resume on this machine")

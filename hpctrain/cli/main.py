@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("hpctrain.cli.cmd_doctor", "check that this cluster can run a job spec, with the fix for each problem"),
     "bench-data": ("hpctrain.cli.cmd_bench_data", "measure whether the data pipeline keeps the job's GPUs busy"),
     "report": ("hpctrain.cli.cmd_report", "plots and tables (md + self-contained html) from runs and studies"),
+    "sync": ("hpctrain.cli.cmd_sync", "send a run's new metrics to its W&B and MLflow runs (from a login node)"),
     "nodes": ("hpctrain.cli.cmd_nodes", "the nodes your runs found sick or lost (the bad-node ledger); --forget NODE"),
 }
 

@@ -31,6 +31,8 @@ directory holds::
                                         written by healing/record.py)
     .hpctrain/slurm-relay/              a container job's Slurm requests, answered outside the image
                                         (runtime/slurm_relay.py)
+    .hpctrain/tracking/TRACKER.json     what 'hpctrain sync' has sent to each tracker (contract/tracking_state.py)
+    wandb/                              the run's W&B offline run folder, written by 'hpctrain sync'
 
 A study (one Slurm job per resource point) is ``OUTPUT_DIR/NAME/STUDY_ID/``
 with ``study.json`` listing its points (contract/study_file.py) and one run
@@ -79,6 +81,8 @@ TORCHRUN_FAILURES_NAME = "torchrun-failures.log"
 SUPERVISOR_RECORD_NAME = "supervisor.json"
 SCRIPT_EXITS_NAME = "script-exits"
 SLURM_RELAY_NAME = "slurm-relay"
+TRACKING_NAME = "tracking"
+WANDB_DIR = "wandb"
 REPORT_DIR = "report"
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
@@ -150,6 +154,16 @@ def supervisor_record_path(run_dir: str | Path) -> Path:
 def slurm_relay_dir(run_dir: str | Path) -> Path:
     """Where a container job's tasks leave Slurm requests for the batch step outside the image."""
     return Path(run_dir) / CONTROL_DIR / SLURM_RELAY_NAME
+
+
+def tracking_dir(run_dir: str | Path) -> Path:
+    """Where ``hpctrain sync`` keeps what it has sent to each tracker (contract/tracking_state.py)."""
+    return Path(run_dir) / CONTROL_DIR / TRACKING_NAME
+
+
+def wandb_dir(run_dir: str | Path) -> Path:
+    """Where ``hpctrain sync`` writes the run's W&B offline run (``tracking.wandb.mode: offline``)."""
+    return Path(run_dir) / WANDB_DIR
 
 
 def report_dir(run_dir: str | Path) -> Path:

@@ -9,7 +9,7 @@ Charter. Torch-free: every login-node command reads it. The layers, bottom up
    section (its field ranges and validators): ``resources.py``, ``trainer.py``
    (with the ps, pipeline and model_parallel settings), ``data.py``,
    ``distributed.py``, ``checkpoint.py``, ``signals.py``, ``script.py``,
-   ``health.py``, ``container.py``; and ``batch.py`` (the global batch of a
+   ``health.py``, ``container.py``, ``tracking.py``; and ``batch.py`` (the global batch of a
    ``trainer:`` section).
 3. ``models.py``: ``JobSpec`` assembles the sections, holds the job's own
    top-level keys (``name``, ``cluster``, ``sweep``, ``study``, ...) and the
@@ -17,7 +17,7 @@ Charter. Torch-free: every login-node command reads it. The layers, bottom up
    It re-exports every section, so ``from hpctrain.jobspec.models import X``
    works for each of them.
 4. Checks across sections, given a ``JobSpec``: ``node_loss.py``,
-   ``node_health.py``, ``script_checks.py``, ``layer_split.py``, gathered by
+   ``node_health.py``, ``script_checks.py``, ``layer_split.py``, ``tracking_checks.py``, gathered by
    ``cross_checks.py``; and ``profiles.py`` (cluster profiles).
 5. ``load.py``: YAML + ``--set`` + profile -> ``LoadedJob`` (with its sweep
    trials and study points, ``study_axes.py``), every problem reported at once.

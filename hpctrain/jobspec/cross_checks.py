@@ -28,6 +28,7 @@ from hpctrain.jobspec.profiles import ClusterProfile
 from hpctrain.jobspec.script_checks import script_problems
 from hpctrain.jobspec.slurm_time import parse_time_limit
 from hpctrain.jobspec.strategy_traits import traits
+from hpctrain.jobspec.tracking_checks import tracking_problems
 
 Check = Callable[[JobSpec, ClusterProfile], Iterable[SpecProblem]]
 
@@ -80,6 +81,10 @@ def node_health_fits(spec: JobSpec, profile: ClusterProfile) -> list[SpecProblem
 
 def script_fits(spec: JobSpec, profile: ClusterProfile) -> list[SpecProblem]:
     return script_problems(spec)
+
+
+def trackers_are_installed(spec: JobSpec, profile: ClusterProfile) -> list[SpecProblem]:
+    return tracking_problems(spec)
 
 
 def data_root_is_given(spec: JobSpec, profile: ClusterProfile) -> Iterator[SpecProblem]:
@@ -273,6 +278,7 @@ RESOLVED_CHECKS: tuple[Check, ...] = (
     validation_crops_fit,
     one_task_per_gpu,
     output_lies_outside_the_data,
+    trackers_are_installed,
 )
 TRAINER_CHECKS: tuple[Check, ...] = (
     arch_is_known,

@@ -39,6 +39,7 @@ from hpctrain.jobspec.script import Script
 from hpctrain.jobspec.section import Section
 from hpctrain.jobspec.signals import Signals
 from hpctrain.jobspec.strategy_traits import traits
+from hpctrain.jobspec.tracking import Tracking
 from hpctrain.jobspec.trainer import (
     APEX_LEVELS,
     ModelParallel,
@@ -126,6 +127,9 @@ class JobSpec(Section):
     container: Annotated[
         Container | None, Field(description="Run the tasks inside a container image (pyxis or Apptainer).")
     ] = None
+    tracking: Annotated[
+        Tracking, Field(description="W&B and MLflow runs, sent by 'hpctrain sync' (docs/tracking.md).")
+    ] = Tracking()
 
     @field_validator("output_dir")
     @classmethod

@@ -21,6 +21,7 @@ from hpctrain.jobspec.load import LoadedJob
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.node_health import burn_in_applies
 from hpctrain.jobspec.node_loss import node_count_text
+from hpctrain.jobspec.tracking_checks import where_runs_appear
 from hpctrain.launch.exclusion import plan_exclusion
 from hpctrain.launch.submission import backend_for, local_devices, render_script
 
@@ -60,6 +61,7 @@ def dry_run(job: LoadedJob, *, local: bool = False, snapshot: bool = True, exclu
         if job.spec.resources.heals:  # the script's --nodes counts the spares too
             text += f"\n# nodes: {node_count_text(job.spec.resources)}; the batch step supervises the training step\n"
         text += "".join(f"\n# {note}" for note in exclusion.notes) + ("\n" if exclusion.notes else "")
+    text += "".join(f"\n# {line}\n" for line in where_runs_appear(job.spec, f"{job.spec.name}/{run_dir.name}"))
     if job.spec.script is not None:
         from hpctrain.launch.script_code import require_program
 

@@ -34,6 +34,7 @@ from hpctrain.contract.rundir import (
     write_run_info,
 )
 from hpctrain.contract.runfiles import real_path
+from hpctrain.contract.tracking_state import TRACKING_ID_KEY, new_tracking_id
 from hpctrain.dataset import squashfs
 from hpctrain.errors import ClusterError, RunDirError, UsageError
 from hpctrain.jobspec.load import LoadedJob
@@ -468,6 +469,7 @@ def _record_submission(
     if job.spec.runs_trainer:
         info.setdefault("global_batch_size", job.spec.global_batch_size)  # as first submitted: resumes keep it
     info["job_ids"] = [*info.get("job_ids", []), job_id]
+    info.setdefault(TRACKING_ID_KEY, new_tracking_id())  # chosen once: every start continues one tracker run
     if trials is not None:
         info["trials"] = trials
     info.update(extra or {})

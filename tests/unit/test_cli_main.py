@@ -353,6 +353,7 @@ LIGHT_COMMANDS = {
     "cancel": ["cancel", "/nonexistent/run"],
     "doctor": ["doctor", "jobs/quickstart.yaml"],
     "report": ["report", "/nonexistent/run"],
+    "sync": ["sync", "/nonexistent/run"],
 }
 
 

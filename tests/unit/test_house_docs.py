@@ -63,7 +63,15 @@ def schema_keys() -> set[str]:
 
 
 # Keys whose values are free-form mappings: their own keys are the user's, not the schema's.
-FREE_FORM = {"env", "entrypoint_args", "sweep", "study", "resources.slurm_extra", "distributed.nccl_env"}
+FREE_FORM = {
+    "env",
+    "entrypoint_args",
+    "sweep",
+    "study",
+    "resources.slurm_extra",
+    "distributed.nccl_env",
+    "tracking.mlflow.tags",
+}
 
 
 def used_keys(data: dict[str, Any], prefix: str = "") -> set[str]:

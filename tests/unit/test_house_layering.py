@@ -27,6 +27,10 @@ imported). Each rule fails with the list of offending imports, as
 * No argv that starts with a Slurm client command (``sbatch``, ``squeue``,
   ``scontrol``...) is written outside the one client, ``contract/slurm.py``:
   neither a list or tuple literal nor a call's first argument.
+* Only the tracking wing (``hpctrain/tracking/``) imports a tracker library
+  (``wandb``, ``mlflow``), and the task side (the trainer, the task API, the
+  runtime that runs scripts, the healing wing) never imports the wing:
+  trackers read the run directory, training never waits on them.
 * At most five modules lie loose in ``hpctrain/``.
 """
 
@@ -38,7 +42,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hpctrain"
-LOGIN_SIDE = ("contract", "jobspec", "launch", "observe", "diagnose", "cli", "dataset")
+LOGIN_SIDE = ("contract", "jobspec", "launch", "observe", "diagnose", "cli", "dataset", "tracking")
+TRACKER_LIBRARIES = ("wandb", "mlflow")
+TASK_SIDE = (
+    "hpctrain.trainer",
+    "hpctrain.task",
+    "hpctrain.runtime",
+    "hpctrain.healing",
+    "hpctrain.programs",
+    "hpctrain.examples",
+)
 HEAVY = ("torch", "torchvision", "hpctrain.trainer", "hpctrain.task")
 MAX_LOOSE_MODULES = 5
 TASK_PACKAGES = ("hpctrain.runtime", "hpctrain.programs")
@@ -281,6 +294,22 @@ def test_no_slurm_command_is_spelled_outside_the_one_client() -> None:
         found
     )
     assert list(slurm_argv(PACKAGE / "contract" / "slurm.py")), "the scan finds the client's own commands"
+
+
+def test_only_the_tracking_wing_imports_a_tracker_and_training_never_imports_the_wing() -> None:
+    libraries = [
+        item
+        for item in ALL_IMPORTS
+        if any(is_under(item.name, lib) for lib in TRACKER_LIBRARIES) and not is_under(item.module, "hpctrain.tracking")
+    ]
+    assert not libraries, "a tracker library is imported outside hpctrain/tracking/:" + offenders(libraries)
+    wing = [
+        item
+        for item in ALL_IMPORTS
+        if is_under(item.name, "hpctrain.tracking") and any(is_under(item.module, side) for side in TASK_SIDE)
+    ]
+    assert not wing, "the task side imports the tracking wing (it reads the run directory instead):" + offenders(wing)
+    assert any(is_under(item.name, "mlflow") for item in ALL_IMPORTS), "the scan sees the wing's own imports"
 
 
 def test_few_modules_lie_loose_in_the_package() -> None:

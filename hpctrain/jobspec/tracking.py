@@ -1,0 +1,96 @@
+"""The ``tracking:`` section: which experiment trackers a run appears in (W&B, MLflow).
+
+Pure and torch-free; no tracker library is imported here. The checks that
+need the rest of the spec (is the tracker installed, a secret in ``env:``)
+and what ``--dry-run`` says are ``tracking_checks.py``'s; the wing that sends
+runs there is ``hpctrain/tracking/`` (docs/tracking.md). Credentials are
+never spec keys: a URI's ``user:password@`` is refused here, since the spec
+is copied into the run directory and printed by ``--dry-run``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, Field, field_validator
+
+from hpctrain.jobspec.fields import NAME_PATTERN
+from hpctrain.jobspec.section import Section
+
+TRACKERS = ("wandb", "mlflow")  # in the order they are synced
+_URI_SCHEMES = ("http", "https", "file", "sqlite", "databricks")
+
+
+def _one_line(limit: int) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if not value or len(value) > limit or any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ValueError(f"must be one line of 1 to {limit} printable characters")
+        return value
+
+    return check
+
+
+TrackerName = Annotated[str, AfterValidator(_one_line(250))]
+Tags = Annotated[list[TrackerName], Field(max_length=64)]
+
+
+class Wandb(Section):
+    """A Weights & Biases run: one per hpctrain run, whatever the number of restarts."""
+
+    project: Annotated[str, Field(pattern=NAME_PATTERN, description="W&B project the run goes to.")]
+    entity: Annotated[
+        str | None, Field(pattern=NAME_PATTERN, description="W&B team or user. Default: your default.")
+    ] = None
+    name: Annotated[TrackerName | None, Field(description="Display name. Default: NAME/RUN_ID.")] = None
+    tags: Annotated[Tags, Field(description="Tags on the run.")] = []
+    mode: Annotated[
+        Literal["offline", "online"],
+        Field(
+            description="offline: 'hpctrain sync' writes one W&B offline run folder in the run directory "
+            "(RUN/wandb/), for 'wandb sync' where the internet is; online: 'hpctrain sync' sends to W&B itself."
+        ),
+    ] = "offline"
+
+
+class Mlflow(Section):
+    """An MLflow run: one per hpctrain run, whatever the number of restarts."""
+
+    tracking_uri: Annotated[
+        Annotated[str, AfterValidator(_one_line(2000))],
+        Field(
+            description="MLflow tracking server, e.g. http://mlflow.example.org:5000 (credentials: "
+            "MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN where 'hpctrain sync' runs).",
+        ),
+    ]
+    experiment: Annotated[TrackerName, Field(description="Experiment name; created when missing.")] = "hpctrain"
+    tags: Annotated[
+        dict[TrackerName, Annotated[str, AfterValidator(_one_line(5000))]],
+        Field(max_length=64, description="Tags set on the run (key: value)."),
+    ] = {}
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _uri(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in _URI_SCHEMES:
+            raise ValueError(f"a URI of scheme {', '.join(_URI_SCHEMES)}, e.g. http://mlflow.example.org:5000")
+        if parts.password is not None or (parts.username and parts.scheme in ("http", "https")):
+            raise ValueError(
+                "holds a user name or password: the spec is copied into the run directory and printed; "
+                "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD where 'hpctrain sync' runs instead"
+            )
+        return value
+
+
+class Tracking(Section):
+    """Experiment trackers the run appears in (docs/tracking.md); TensorBoard (RUN/tb/) is always written."""
+
+    wandb: Annotated[Wandb | None, Field(description="A Weights & Biases run (pip install 'hpctrain[wandb]').")] = None
+    mlflow: Annotated[Mlflow | None, Field(description="An MLflow run (pip install 'hpctrain[mlflow]').")] = None
+
+    @property
+    def trackers(self) -> tuple[str, ...]:
+        """The configured trackers' names, in a fixed order."""
+        return tuple(name for name in TRACKERS if getattr(self, name) is not None)

@@ -1,0 +1,118 @@
+"""``hpctrain sync`` of a real Slurm run into a real MLflow server: one MLflow run for a run that was
+requeued (USR2, the time-limit signal) and lost a node mid-run (healed onto the spare), each optimizer
+step once, with metrics.jsonl's last value of it; the restart and the lost node visible.
+
+The MLflow server runs on this machine (127.0.0.1), as on a login node; the compute nodes never talk to
+it. The training run is the stop tests' small job (2 nodes x 2 gloo ranks, 3 epochs x 6 steps, a
+checkpoint every 2 steps) with ``resources.spare_nodes: 1`` on the three-node cluster.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from hpctrain.contract.rundir import metrics_path
+from tests.tracking_helpers import last_values, mlflow_server
+
+from .hpctrain_cli import hpctrain, task_logs
+from .stop_helpers import (
+    EPOCHS,
+    STEPS_PER_EPOCH,
+    Workspace,
+    latest_step,
+    make_workspace,
+    submit,
+    wait_for,
+    wait_requeued,
+)
+from .test_node_loss_e2e import kill_node
+
+if TYPE_CHECKING:
+    from .conftest import SlurmCluster
+
+mlflow = pytest.importorskip("mlflow")
+TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
+START_TIMEOUT_S = 120
+RUN_TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def cluster(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    slurm_cluster.resize(3)
+    try:
+        yield slurm_cluster
+    finally:
+        slurm_cluster.resize(2)
+
+
+@pytest.fixture(scope="module")
+def workspace(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    return make_workspace(cluster, tmp_path_factory.mktemp("tracking"))
+
+
+def test_a_requeued_run_that_loses_a_node_is_one_mlflow_run_with_each_step_once(
+    cluster: SlurmCluster, workspace: Workspace, tmp_path: Path
+) -> None:
+    with mlflow_server(tmp_path / "mlflow") as uri:
+        run = submit(
+            workspace, "name=tracked", "resources.spare_nodes=1", "health.burn_in.enabled=false",
+            f"tracking.mlflow.tracking_uri={uri}", "tracking.mlflow.experiment=e2e",
+        )  # fmt: skip
+        info = json.loads((run.run_dir / "run.json").read_text())
+        wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+        cluster.run("scancel", "--signal=USR2", run.job_id)
+        wait_requeued(cluster, run.job_id, restarts=1)
+        first_stop = latest_step(run.run_dir)
+        cluster.release(run.job_id)
+
+        early = hpctrain(workspace.env, "sync", str(run.run_dir), "--json")  # while it is requeued: settled steps
+        assert early.returncode == 0, early
+        [state] = json.loads(early.stdout)
+        assert state["through"] <= first_stop and state["final"] is None, state
+
+        wait_for(
+            lambda: latest_step(run.run_dir) > first_stop, "a checkpoint of the second start", START_TIMEOUT_S, run
+        )
+        # a step logged past the latest checkpoint, so the start after the loss is likely to redo it
+        wait_for(lambda: max(last_values(metrics_path(run.run_dir)), default=-1) > latest_step(run.run_dir),
+                 "a step past the checkpoint", START_TIMEOUT_S, run, poll_s=0.02)  # fmt: skip
+        kill_node("n2")
+        assert cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
+        summary = run.summary()
+        assert summary["status"] == "completed" and summary["global_step"] == TOTAL_STEPS, summary
+        assert [failure["node"] for failure in summary["node_failures"]] == ["n2"], summary
+
+        done = hpctrain(workspace.env, "sync", str(run.run_dir), "--json")
+        assert done.returncode == 0, done
+        [state] = json.loads(done.stdout)
+        assert (state["through"], state["final"]) == (TOTAL_STEPS, "completed"), state
+        again = hpctrain(workspace.env, "sync", str(run.run_dir), "--json")
+        assert json.loads(again.stdout)[0]["sent"] == 0
+
+        client = mlflow.tracking.MlflowClient(uri)
+        experiment = client.get_experiment_by_name("e2e")
+        [tracked] = client.search_runs([experiment.experiment_id])  # ONE run for every start of the job
+        assert tracked.data.tags["hpctrain.tracking_id"] == info["tracking_id"]
+        history = client.get_metric_history(tracked.info.run_id, "train/loss")
+        expected = last_values(metrics_path(run.run_dir))
+        logged = Counter(record["global_step"] for record in map(json.loads, metrics_path(run.run_dir).open())
+                         if record.get("kind") == "train_step")  # fmt: skip
+        assert sorted(expected) == list(range(1, TOTAL_STEPS + 1))
+        assert Counter(m.step for m in history) == dict.fromkeys(expected, 1), "each optimizer step exactly once"
+        assert {m.step: m.value for m in history} == expected, "the value of the start that kept the step"
+        tags = tracked.data.tags
+        assert tags["hpctrain.lost_nodes"] == "n2" and tags["hpctrain.status"] == "completed", tags
+        assert int(tags["hpctrain.restarts"]) >= 1, tags
+        assert [m.step for m in client.get_metric_history(tracked.info.run_id, "hpctrain/node_lost")] == [
+            summary["node_failures"][0]["step"]
+        ]
+        redone = sorted(step for step, count in logged.items() if count > 1)  # a race with the checkpoint decides
+        marked = client.get_metric_history(tracked.info.run_id, "hpctrain/redone_steps")
+        assert sum(m.value for m in marked) == len(redone), (marked, logged)  # each redo marked at its step
+        assert tracked.info.status == "FINISHED" and tracked.data.params["resources.spare_nodes"] == "1"

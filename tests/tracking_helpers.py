@@ -1,0 +1,128 @@
+"""A run directory as the trainer leaves it after restarts, for the tracking tests (unit and real servers).
+
+``craft_run``: attempt 1 logs steps 1-10 and checkpoints at 6; it is killed hard
+(a lost node at step 9); attempt 2 resumes from 6, so it logs 7-10 again with
+other values, then goes on to 15 and a validation. The last value of each step
+is ``last_loss(step)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tests.net_helpers import free_port
+
+TRACKING_ID = "abcdef0123456789"
+
+
+def first_loss(step: int) -> float:
+    return 10.0 - step
+
+
+def last_loss(step: int) -> float:
+    return first_loss(step) if step <= 6 else 100.0 - step
+
+
+def metric_line(step: int, loss: float, time: float, kind: str = "train_step") -> str:
+    return json.dumps({"kind": kind, "epoch": 0, "step": step, "global_step": step, "loss": loss, "time": time}) + "\n"
+
+
+def write_checkpoint(run: Path, step: int) -> None:
+    folder = run / "checkpoints" / f"step-{step:08d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "state.pt").write_bytes(b"x" * 10)
+    meta = {"format_version": 1, "files": {"state.pt": {"size": 10}}, "global_step": step}
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def write_summary(run: Path, status: str, **more: Any) -> None:
+    summary = {
+        "status": status,
+        "restarts": 1,
+        "node_failures": [{"node": "c2", "kind": "lost", "step": 9, "action": "requeue"}],
+        **more,
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
+def craft_run(run: Path, tracking: dict[str, Any], *, status: str = "running", last: int = 15) -> Path:
+    run.mkdir(parents=True)
+    spec = {"name": "trk", "trainer": {"lr": 0.1, "epochs": 1}, "tracking": tracking}
+    (run / "spec.yaml").write_text(json.dumps(spec))
+    (run / "run.json").write_text(json.dumps({"tracking_id": TRACKING_ID, "job_ids": ["101"]}))
+    lines = [metric_line(step, first_loss(step), 1000.0 + step) for step in range(1, 11)]
+    lines += [metric_line(step, last_loss(step), 2000.0 + step) for step in range(7, last + 1)]
+    lines.append(json.dumps({"kind": "val", "epoch": 0, "global_step": last, "top1": 50.0, "time": 3000.0}) + "\n")
+    (run / "metrics.jsonl").write_text("".join(lines))
+    write_checkpoint(run, 6)
+    write_summary(run, status)
+    return run
+
+
+@contextlib.contextmanager
+def mlflow_server(home: Path, start_timeout_s: float = 180) -> Iterator[str]:
+    """A real ``mlflow server`` on 127.0.0.1 with a SQLite store under ``home``; its URI. Stopped after."""
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    command = [
+        str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{home}/db.sqlite",
+        "--artifacts-destination", str(home / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+        "--workers", "1",
+    ]  # fmt: skip
+    log = (home / "server.log").open("w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=home)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("mlflow server did not start:\n" + (home / "server.log").read_text()[-3000:])
+            time.sleep(0.5)
+        yield uri
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+
+
+def last_values(metrics: Path, field: str = "loss") -> dict[int, float]:
+    """metrics.jsonl's last value of ``field`` for each train_step's global step (the one that counts)."""
+    values = {}
+    for line in metrics.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("kind") == "train_step" and field in record:
+            values[record["global_step"]] = record[field]
+    return values
+
+
+def wandb_records(folder: Path) -> list[dict[str, Any]]:
+    """The records of the one W&B offline run under ``folder``, as W&B's own reader (wandb-core) prints them."""
+    [log] = folder.glob("offline-run-*/run-*.wandb")
+    inspected = subprocess.run(
+        [str(Path(sys.executable).parent / "wandb"), "leet", "inspect", str(log), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert inspected.returncode == 0, inspected.stderr
+    return [json.loads(line) for line in inspected.stdout.splitlines() if line.strip()]
