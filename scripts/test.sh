@@ -71,7 +71,9 @@ echo "===== scripts/test.sh: unit and local tiers, in the background (log printe
 (
     started=$(date +%s)
     # no cache provider: the foreground sessions write .pytest_cache at the same time
-    if .venv/bin/python -m pytest --durations=25 -p no:cacheprovider tests/unit tests/local >"$cpu_log" 2>&1; then
+    # nice: the Slurm legs are the critical path and their jobs' timing is under test (burn-in, eviction,
+    # hang detection), so the background stream takes the CPU they leave
+    if nice -n 10 .venv/bin/python -m pytest --durations=25 -p no:cacheprovider tests/unit tests/local >"$cpu_log" 2>&1; then
         result=passed
     else
         result="FAILED ($?)"
