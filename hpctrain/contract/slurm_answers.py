@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
 
 from hpctrain.contract.slurm_states import normalise_state
 
@@ -112,6 +114,34 @@ def parse_partitions(output: str) -> dict[str, dict[str, str]]:
         if "PartitionName" in fields:
             partitions[fields["PartitionName"]] = fields
     return partitions
+
+
+@dataclass(frozen=True)
+class TestOnly:
+    """What ``sbatch --test-only`` says of a job it did not queue: when the scheduler would start it, where."""
+
+    start: datetime  # naive: slurmctld's local time, as Slurm prints it
+    processors: int
+    nodes: str
+    partition: str
+
+
+_TEST_ONLY = re.compile(
+    r"Job \d+ to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d) using (\d+) processors on nodes (\S+) in partition (\S+)"
+)
+
+
+def parse_test_only(text: str) -> TestOnly | None:
+    """``sbatch: Job 3 to start at 2026-11-29T00:20:00 using 2 processors on nodes n1 in partition debug``
+    (sbatch prints it on stderr) -> :class:`TestOnly`; None when the text says no such thing. Pure."""
+    match = _TEST_ONLY.search(text)
+    if match is None:
+        return None
+    try:
+        start = datetime.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+    return TestOnly(start, int(match.group(2)), match.group(3), match.group(4))
 
 
 # sbatch's refusals ("sbatch: error: Batch job submission failed: ...") -> what to change.
