@@ -14,7 +14,8 @@ __version__ = "0.1.0"
 # name -> module that defines it; loaded on first use (PEP 562), so 'import hpctrain' stays cheap.
 _LAZY = {
     **dict.fromkeys(
-        ("load_job", "submit", "status", "cancel", "resume", "report", "doctor", "nodes", "forget_node"), "hpctrain.api"
+        ("load_job", "submit", "status", "cancel", "resume", "report", "doctor", "nodes", "forget_node", "plan"),
+        "hpctrain.api",
     ),
     "Submission": "hpctrain.launch.submit",
     "RunStatus": "hpctrain.observe.run_status",
@@ -23,6 +24,7 @@ _LAZY = {
     "Report": "hpctrain.observe.report.build",
     "DoctorReport": "hpctrain.diagnose.doctor",
     "NodeLedger": "hpctrain.observe.node_ledger",
+    "Plan": "hpctrain.planning.plan",
     **dict.fromkeys(
         ("HpctrainError", "SpecError", "UsageError", "ClusterError", "RunDirError", "CheckpointError", "RunStopped"),
         "hpctrain.errors",
@@ -36,6 +38,7 @@ __all__ = [  # what _LAZY names, spelled out for tools that read __all__ without
     "DoctorReport",
     "HpctrainError",
     "NodeLedger",
+    "Plan",
     "Report",
     "RunDirError",
     "RunStatus",
@@ -50,6 +53,7 @@ __all__ = [  # what _LAZY names, spelled out for tools that read __all__ without
     "forget_node",
     "load_job",
     "nodes",
+    "plan",
     "report",
     "resume",
     "status",
@@ -57,7 +61,7 @@ __all__ = [  # what _LAZY names, spelled out for tools that read __all__ without
 ]
 
 if TYPE_CHECKING:
-    from hpctrain.api import cancel, doctor, forget_node, load_job, nodes, report, resume, status, submit
+    from hpctrain.api import cancel, doctor, forget_node, load_job, nodes, plan, report, resume, status, submit
     from hpctrain.diagnose.doctor import DoctorReport
     from hpctrain.errors import (
         CheckpointError,
@@ -74,6 +78,7 @@ if TYPE_CHECKING:
     from hpctrain.observe.report.build import Report
     from hpctrain.observe.run_status import RunStatus
     from hpctrain.observe.status import StudyStatus
+    from hpctrain.planning.plan import Plan
 
 
 def __getattr__(name: str) -> Any:

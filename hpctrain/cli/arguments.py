@@ -93,6 +93,52 @@ def cmd_submit(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def cmd_plan(parser: argparse.ArgumentParser) -> None:
+    _spec_arguments(parser)
+    parser.add_argument("--cluster", help="use this cluster profile instead of the spec's")
+    parser.add_argument(
+        "--nodes",
+        metavar="N,N,...",
+        help="node counts to compare (default: 1,2,4,8 the partition holds, and the spec's)",
+    )
+    parser.add_argument(
+        "--step-time",
+        type=_finite(0, DAY_S, above=True, unit=" seconds"),
+        metavar="S",
+        help="seconds per optimizer step, if no earlier run of this spec measured it (at --step-time-nodes)",
+    )
+    parser.add_argument(
+        "--step-time-nodes",
+        type=_whole(1, 4096),
+        metavar="N",
+        help="the node count --step-time was seen at (default: the spec's)",
+    )
+    parser.add_argument(
+        "--steps", type=_whole(1, 10**12), metavar="N", help="the run's optimizer steps (a script's own loop)"
+    )
+    parser.add_argument(
+        "--samples-per-epoch",
+        type=_whole(1, 10**12),
+        metavar="N",
+        help="training samples in an epoch (images), if no earlier run says",
+    )
+    parser.add_argument(
+        "--margin",
+        type=_finite(0, 10),
+        default=0.10,
+        metavar="F",
+        help="recommend the cheapest shape finishing within this fraction of the earliest (default 0.10)",
+    )
+    parser.add_argument(
+        "--restart",
+        type=_seconds(0, DAY_S),
+        default=120.0,
+        metavar="S",
+        help="seconds each chunk spends starting (imports, data, checkpoint load) before it trains (default 120)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
 def cmd_nodes(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--forget", metavar="NODE", help="remove NODE from your bad-node ledger")
     parser.add_argument("--cluster", help="only this cluster profile's entries (with --forget: only there)")

@@ -105,7 +105,7 @@ def show_job_command(job_id: str) -> list[str]:
     return ["scontrol", "--oneliner", "show", "job", checked_job_id(job_id)]
 
 
-def test_only_command(options: Sequence[tuple[str, str | int | bool | None]]) -> list[str]:
+def sbatch_test_only_command(options: Sequence[tuple[str, str | int | bool | None]]) -> list[str]:
     """``sbatch --test-only`` of a job with ``options`` (``--NAME=VALUE`` each; True: a bare flag; None, False
     and "": left out): Slurm's scheduler says when it would start such a job, and queues nothing. Pure."""
     args = ["sbatch", "--test-only"]
@@ -340,11 +340,11 @@ class Slurm:
 
     def test_only(
         self, options: Sequence[tuple[str, str | int | bool | None]], *, timeout_s: float = COMMAND_TIMEOUT_S
-    ) -> answers.TestOnly:
-        """When the scheduler would start a job with ``options`` now (:func:`test_only_command`; nothing is
+    ) -> answers.StartAnswer:
+        """When the scheduler would start a job with ``options`` now (:func:`sbatch_test_only_command`; nothing is
         queued). Raises SlurmCommandError: ``refused`` with what the refusal means and what to change (the
         job can never run so, a partition or account that is not there), or an answer that names no start."""
-        command = test_only_command(options)
+        command = sbatch_test_only_command(options)
         try:
             said = run_slurm(command, timeout_s=timeout_s, runner=self.runner, stderr=True)
         except SlurmCommandError as exc:

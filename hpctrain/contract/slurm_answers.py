@@ -117,7 +117,7 @@ def parse_partitions(output: str) -> dict[str, dict[str, str]]:
 
 
 @dataclass(frozen=True)
-class TestOnly:
+class StartAnswer:
     """What ``sbatch --test-only`` says of a job it did not queue: when the scheduler would start it, where."""
 
     start: datetime  # naive: slurmctld's local time, as Slurm prints it
@@ -131,9 +131,9 @@ _TEST_ONLY = re.compile(
 )
 
 
-def parse_test_only(text: str) -> TestOnly | None:
+def parse_test_only(text: str) -> StartAnswer | None:
     """``sbatch: Job 3 to start at 2026-11-29T00:20:00 using 2 processors on nodes n1 in partition debug``
-    (sbatch prints it on stderr) -> :class:`TestOnly`; None when the text says no such thing. Pure."""
+    (sbatch prints it on stderr) -> :class:`StartAnswer`; None when the text says no such thing. Pure."""
     match = _TEST_ONLY.search(text)
     if match is None:
         return None
@@ -141,7 +141,7 @@ def parse_test_only(text: str) -> TestOnly | None:
         start = datetime.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S")
     except ValueError:
         return None
-    return TestOnly(start, int(match.group(2)), match.group(3), match.group(4))
+    return StartAnswer(start, int(match.group(2)), match.group(3), match.group(4))
 
 
 # sbatch's refusals ("sbatch: error: Batch job submission failed: ...") -> what to change.
