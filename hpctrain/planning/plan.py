@@ -263,7 +263,7 @@ def shape_cells(shape: ShapePlan) -> tuple[str, ...]:
     if shape.problem:
         return (str(shape.nodes), gpus, steps, step_text, "-", "-", "-", "-", "-", f"cannot plan: {shape.problem}")
     assert line is not None and step is not None
-    starts = "unknown" if line.start_in_s is None else duration(line.start_in_s)
+    starts = "unknown" if line.start_in_s is None else "now" if line.start_in_s < 60 else duration(line.start_in_s)
     finish = "unknown" if line.finish_in_s is None else duration(line.finish_in_s)
     gpu_hours = "-" if line.gpu_hours is None else f"{line.gpu_hours:.1f}"
     source = step.source if not shape.start.unknown else f"{step.source}; start: {shape.start.unknown}"
