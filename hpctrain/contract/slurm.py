@@ -256,6 +256,18 @@ class Slurm:
         """The job's record from slurmctld (``scontrol show job``); raises SlurmCommandError."""
         return answers.parse_job_record(self.run(*show_job_command(job_id), timeout_s=timeout_s))
 
+    def job_times(self, job_id: str) -> answers.JobTimes | None:
+        """The job's state, (expected) start and end, and time left, from ``squeue``; None once squeue has
+        forgotten it. A pending job's start is the scheduler's own estimate (None until it has one).
+        Raises SlurmCommandError."""
+        command = ["squeue", "-h", "-t", "all", "-o", answers.JOB_TIMES_FORMAT, "-j", checked_job_id(job_id)]
+        try:
+            return answers.parse_job_times(self.run(*command))
+        except SlurmCommandError as exc:
+            if exc.kind == "unknown-job":
+                return None
+            raise
+
     def job_steps(self, job_id: str) -> list[tuple[str, str]]:
         """The job's running steps, (step id, name) each; raises SlurmCommandError."""
         return answers.parse_job_steps(self.run("squeue", "-h", "-s", "-j", checked_job_id(job_id), "-o", "%i %j"))

@@ -144,6 +144,56 @@ def parse_test_only(text: str) -> StartAnswer | None:
     return StartAnswer(start, int(match.group(2)), match.group(3), match.group(4))
 
 
+@dataclass(frozen=True)
+class JobTimes:
+    """What ``squeue -o %T|%S|%e|%l|%L|%M`` says of one job: its state, (expected) start and end, its time
+    limit, the time it has left and has used (seconds; None where Slurm prints none)."""
+
+    state: str
+    start: datetime | None  # a pending job: Slurm's expected start, when the scheduler has one
+    end: datetime | None
+    time_limit_s: int | None
+    time_left_s: int | None
+    time_used_s: int | None
+
+
+JOB_TIMES_FORMAT = "%T|%S|%e|%l|%L|%M"
+
+
+def parse_job_times(text: str) -> JobTimes | None:
+    """``RUNNING|2026-11-29T00:13:16|2026-11-29T00:23:16|10:00|9:57|0:03`` -> :class:`JobTimes`; None for
+    anything else. Pure."""
+    fields = text.strip().splitlines()[0].split("|") if text.strip() else []
+    if len(fields) != 6:
+        return None
+    state, start, end, limit, left, used = fields
+    return JobTimes(
+        normalise_state(state),
+        _when(start),
+        _when(end),
+        slurm_duration_s(limit),
+        slurm_duration_s(left),
+        slurm_duration_s(used),
+    )
+
+
+def slurm_duration_s(text: str) -> int | None:
+    """Slurm's printed duration (``9:57``, ``1:02:03``, ``2-01:02:03``) in seconds; None for ``UNLIMITED``,
+    ``INVALID``, ``N/A`` or anything else. Pure."""
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d\d)", text.strip())
+    if match is None:
+        return None
+    days, hours, minutes, seconds = (int(group) if group else 0 for group in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def _when(text: str) -> datetime | None:
+    try:
+        return datetime.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S")
+    except ValueError:  # N/A, Unknown, None
+        return None
+
+
 # sbatch's refusals ("sbatch: error: Batch job submission failed: ...") -> what to change.
 SBATCH_FAILURES: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (

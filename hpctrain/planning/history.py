@@ -61,7 +61,7 @@ class History:
 
 def key_of(spec: Mapping[str, Any]) -> tuple[Any, ...]:
     """The values of :data:`SAME` in a (resolved) spec mapping."""
-    return tuple(_dotted(spec, key) for key in SAME)
+    return tuple(dotted(spec, key) for key in SAME)
 
 
 def history(spec_home: Path, spec: Mapping[str, Any]) -> History:
@@ -70,7 +70,7 @@ def history(spec_home: Path, spec: Mapping[str, Any]) -> History:
     wanted = key_of(spec)
     for run_dir in _run_dirs(spec_home, found):
         found.looked_at += 1
-        earlier = _read_spec(run_dir)
+        earlier = read_run_spec(run_dir)
         if earlier is None or key_of(earlier) != wanted:
             continue
         _read_run(run_dir, earlier, found)
@@ -94,7 +94,7 @@ def _run_dirs(spec_home: Path, found: History) -> Iterator[Path]:
             yield child
 
 
-def _read_spec(run_dir: Path) -> dict[str, Any] | None:
+def read_run_spec(run_dir: Path) -> dict[str, Any] | None:
     path = spec_path(run_dir)
     if not path.is_file() or not is_inside(path, run_home(run_dir)):
         return None
@@ -107,9 +107,9 @@ def _read_spec(run_dir: Path) -> dict[str, Any] | None:
 
 def _read_run(run_dir: Path, spec: Mapping[str, Any], found: History) -> None:
     summary = read_summary(run_dir)
-    nodes = summary.num_nodes if summary and summary.num_nodes else _dotted(spec, "resources.nodes")
+    nodes = summary.num_nodes if summary and summary.num_nodes else dotted(spec, "resources.nodes")
     where = printable(str(run_dir))
-    step_s = _step_times(run_dir, found)
+    step_s = run_step_times(run_dir, found)
     if isinstance(nodes, int) and nodes >= 1 and len(step_s) >= MIN_STEPS:
         found.measurements.append(Measurement(nodes, statistics.median(step_s), len(step_s), where))
     if summary is None:
@@ -117,7 +117,7 @@ def _read_run(run_dir: Path, spec: Mapping[str, Any], found: History) -> None:
     per_epoch, batch, cap = (
         summary.steps_per_epoch,
         summary.global_batch_size,
-        _dotted(spec, "trainer.max_steps_per_epoch"),
+        dotted(spec, "trainer.max_steps_per_epoch"),
     )
     capped = isinstance(cap, int) and per_epoch is not None and per_epoch >= cap
     if found.samples_per_epoch is None and per_epoch and batch and per_epoch > 0 and batch > 0 and not capped:
@@ -126,15 +126,17 @@ def _read_run(run_dir: Path, spec: Mapping[str, Any], found: History) -> None:
         found.total_steps = (summary.total_steps, where)
 
 
-def _step_times(run_dir: Path, found: History) -> list[float]:
-    """The logged step times (``step_s`` of train_step records) at the end of the run's metrics.jsonl."""
+def run_step_times(run_dir: Path, found: History | None = None) -> list[float]:
+    """The logged step times (``step_s`` of train_step records) at the end of the run's metrics.jsonl; what
+    cannot be read is noted in ``found``."""
     path = metrics_path(run_dir)
     if not path.exists():
         return []
     try:
         tail = read_tail(path, METRICS_TAIL_BYTES, within=run_home(run_dir))
     except (OSError, RunFileError) as exc:
-        found.notes.append(f"skipped {printable(str(path))}: {exc}")
+        if found is not None:
+            found.notes.append(f"skipped {printable(str(path))}: {exc}")
         return []
     lines = tail.splitlines(keepends=True)
     if len(tail) >= METRICS_TAIL_BYTES and lines:
@@ -143,7 +145,7 @@ def _step_times(run_dir: Path, found: History) -> list[float]:
     return [r["step_s"] for r in records if plausible(r.get("step_s")) and 0 < r["step_s"] < 86400]
 
 
-def _dotted(data: Mapping[str, Any], key: str) -> Any:
+def dotted(data: Mapping[str, Any], key: str) -> Any:
     value: Any = data
     for part in key.split("."):
         if not isinstance(value, Mapping):
