@@ -51,6 +51,17 @@ def _seconds(low: float, high: float) -> Callable[[str], float]:
     return _finite(low, high, unit=" seconds")
 
 
+def _slurm_time(text: str) -> str:
+    """An argparse type: a Slurm time limit (``04:00:00``, ``1-00:00:00``, minutes), checked as the spec's."""
+    from hpctrain.jobspec.slurm_time import parse_time_limit
+
+    try:
+        parse_time_limit(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="job spec YAML file, e.g. jobs/quickstart.yaml")
     _set_argument(parser, "override a spec key, e.g. --set trainer.epochs=5 (repeatable; VALUE is read as YAML)")
@@ -85,6 +96,12 @@ def cmd_submit(parser: argparse.ArgumentParser) -> None:
         "--no-preflight",
         action="store_true",
         help="skip the checks before queueing (data.root exists, partition and its MaxTime)",
+    )
+    parser.add_argument(
+        "--time-min",
+        type=_slurm_time,
+        metavar="TIME",
+        help="the shortest time limit to accept (resources.time_min): backfill may start a shorter chunk sooner",
     )
     parser.add_argument(
         "--no-exclude",

@@ -152,6 +152,11 @@ def plan(
             f"resources.time {res.time} is above {partition.name}'s MaxTime: submit refuses it; "
             "planned as chunks of MaxTime"
         )
+    if res.time_min is not None:
+        notes.append(
+            f"resources.time_min {res.time_min}: Slurm may start a chunk sooner with a limit down to it (asked so by "
+            "--test-only); planned at the full limit, and each shorter chunk adds a restart"
+        )
     shapes = tuple(nodes) if nodes else _default_shapes(res.nodes, partition)
     times = step_times(shapes, found.measurements, user_step_s=step_time_s, user_nodes=step_time_nodes or res.nodes)
     if all(value is None for value in times.values()):
