@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.contract.slurm import Slurm, SlurmCommandError
+from hpctrain.errors import UsageError
 from hpctrain.jobspec.slurm_time import parse_time_limit
 
 if TYPE_CHECKING:
@@ -71,7 +72,8 @@ def partition_of(fields: Mapping[str, str]) -> Partition:
 
 
 def find_partition(slurm: Slurm, name: str | None) -> tuple[Partition | None, str]:
-    """The partition ``name`` (None: the cluster's default), or None and why it is not known."""
+    """The partition ``name`` (None: the cluster's default), or None and why it is not known; a name the
+    cluster does not have is the spec's mistake (UsageError)."""
     try:
         records = slurm.partitions()
     except SlurmCommandError as exc:
@@ -82,7 +84,10 @@ def find_partition(slurm: Slurm, name: str | None) -> tuple[Partition | None, st
             return None, "no partition named and the cluster has no default one"
     if name not in records:
         known = ", ".join(sorted(records)) or "none"
-        return None, f"partition {name!r} is not one of this cluster's ({known})"
+        raise UsageError(
+            f"resources.partition {name!r} is not a partition of this cluster ({known})",
+            hint="set resources.partition (or --set resources.partition=P) to one 'sinfo -s' lists",
+        )
     return partition_of(records[name]), ""
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.contract.slurm import SlurmCommandError, sbatch_test_only_command
-from hpctrain.contract.slurm_answers import parse_test_only
+from hpctrain.contract.slurm_answers import parse_job_times, parse_test_only
 from tests.fake_slurm import FakeSlurm
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
@@ -33,8 +33,9 @@ def test_a_start_is_read_from_the_recorded_answer(version: str) -> None:
 @pytest.mark.parametrize("version", [v for v in RECORDED if (GOLDEN / v / "sbatch_test_only_later.txt").is_file()])
 def test_a_held_node_puts_the_start_at_its_end(version: str) -> None:
     found = parse_test_only((GOLDEN / version / "sbatch_test_only_later.txt").read_text())
-    held = (GOLDEN / version / "scontrol_show_job_held.txt").read_text()
-    end = datetime.strptime(held.split(" EndTime=")[1].split()[0], "%Y-%m-%dT%H:%M:%S")
+    held = parse_job_times((GOLDEN / version / "squeue_times_running.txt").read_text())  # the node's holder
+    assert held is not None and held.end is not None
+    end = held.end
     assert found is not None and found.nodes == "n[1-2]" and abs((found.start - end).total_seconds()) <= 2
 
 

@@ -160,6 +160,26 @@ def test_without_slurm_every_start_is_unknown(tmp_path: Path, monkeypatch: pytes
     assert made.choice.nodes is None and "by its own run time alone" in made.choice.reason
 
 
+def test_a_partition_the_cluster_lacks_is_the_specs_mistake(tmp_path: Path, fake: FakeSlurm) -> None:
+    with pytest.raises(UsageError, match="'gpu' is not a partition of this cluster \\(debug, short, urgent\\)"):
+        plan(write_spec(tmp_path, partition="gpu"), nodes=(1,), steps=10, step_time_s=0.5, clock=lambda: NOW)
+    assert not fake.asked("sbatch")
+
+
+def test_a_local_profile_starts_now_without_asking_slurm(tmp_path: Path, fake: FakeSlurm) -> None:
+    spec = write_spec(tmp_path)
+    spec.write_text(spec.read_text().replace("cluster: slurm", "cluster: local"))
+    made = plan(spec, nodes=(1,), steps=100, step_time_s=0.5, clock=lambda: NOW)
+    assert made.shapes[0].start.in_s == 0 and made.choice.nodes == 1 and not fake.commands
+    assert any("runs on this machine" in note for note in made.notes)
+
+
+def test_time_min_is_asked_of_slurm_and_noted(tmp_path: Path, fake: FakeSlurm) -> None:
+    made = plan(write_spec(tmp_path, time_min="00:30:00"), nodes=(1,), steps=10, step_time_s=0.5, clock=lambda: NOW)
+    assert "--time-min=30" in fake.asked("sbatch")[0]
+    assert any("resources.time_min 00:30:00" in note for note in made.notes)
+
+
 def test_parse_shapes_refuses_absurd_lists() -> None:
     assert parse_shapes("8,1,2,2") == (1, 2, 8)
     for text in ("0", "1,x", "1,,2", "99999", ",".join(str(n) for n in range(1, 18)), "-1"):
