@@ -168,6 +168,9 @@ def plan(
     context = _Context(job, spec, tuple(overrides), cluster, work, partition, limit_s, restart_s, asker, clock)
     rows = [_shape(context, count, times[count]) for count in shapes]
     _history_note(found, notes)
+    notes.append(f"each chunk spends {restart_s:.0f} s starting before it trains: assumed (--restart), not measured")
+    if any(row.timeline is not None and row.timeline.chunks > 1 for row in rows):
+        notes.append("each chunk after the first is taken to wait in the queue as long as the first start does now")
     if any(row.start.unknown for row in rows):
         notes.append("a start Slurm did not give is shown as unknown, and so is that shape's finish")
     choice = recommend([(row.nodes, row.timeline) for row in rows if row.timeline is not None], margin)
