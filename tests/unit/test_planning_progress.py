@@ -16,7 +16,8 @@ from tests.fake_slurm import FakeSlurm
 pytestmark = pytest.mark.usefixtures("isolated")
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm" / "24.11"
-RUNNING = (GOLDEN / "squeue_times_running.txt").read_text()  # RUNNING, limit 10:00, 9:57 left
+RUNNING = (GOLDEN / "squeue_times_running.txt").read_text()  # RUNNING, limit 10:00, all of it left
+PENDING = (GOLDEN / "squeue_times_pending.txt").read_text()  # seconds after submit: no planned start yet
 NOW = datetime(2026, 11, 29, 0, 13, 19).timestamp()
 ASK = f"squeue -h -t all -o {JOB_TIMES_FORMAT} -j 77"
 
@@ -45,7 +46,7 @@ def at(seconds: float) -> str:
 def test_slurms_times_are_read_as_recorded() -> None:
     times = parse_job_times(RUNNING)
     assert times is not None and times.state == "RUNNING"
-    assert (times.time_limit_s, times.time_left_s, times.time_used_s) == (600, 597, 3)
+    assert (times.time_limit_s, times.time_left_s, times.time_used_s) == (600, 600, 0)
     assert times.end is not None and times.start is not None and (times.end - times.start).total_seconds() == 600
     assert [slurm_duration_s(t) for t in ("9:57", "1:02:03", "2-01:02:03", "UNLIMITED", "N/A")] == [
         597, 3723, 176523, None, None,
@@ -63,7 +64,7 @@ def test_a_running_run_that_fits_finishes_after_its_steps_left(tmp_path: Path) -
 def test_a_running_run_with_chunks_to_queue_gets_a_lower_bound_and_says_why(tmp_path: Path) -> None:
     fake = FakeSlurm(answers={ASK: (0, RUNNING)})
     found = estimate(run_dir(tmp_path, done=0, step_s=10.0), "77", fake.client(), clock=lambda: NOW)
-    # 2,000 s to train; 597 - 120 s fit now; then chunks of 600 - 120 - 120 s
+    # 2,000 s to train; 600 - 120 s fit now; then chunks of 600 - 120 - 120 s
     assert found is not None and found.expected_finish is None and found.chunks_left == 5
     assert found.finish_at_least is not None and "queue wait" in found.basis
 
@@ -77,7 +78,7 @@ def test_a_queued_run_shows_slurms_start_and_the_finish_after_it(tmp_path: Path)
 
 
 def test_a_queued_run_without_a_planned_start_says_so(tmp_path: Path) -> None:
-    fake = FakeSlurm(answers={ASK: (0, "PENDING|N/A|N/A|10:00|10:00|0:00\n")})
+    fake = FakeSlurm(answers={ASK: (0, PENDING)})
     found = estimate(run_dir(tmp_path, done=0), "77", fake.client(), clock=lambda: NOW)
     assert found is not None and found.expected_start is None and found.expected_finish is None
     assert "not planned the job's start" in found.basis
