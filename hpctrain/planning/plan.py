@@ -142,7 +142,10 @@ def plan(
     if why:
         notes.append(why)
     if local:
-        notes.append(f"cluster profile {job.profile.name!r} runs on this machine: a run starts when submitted")
+        notes.append(
+            f"cluster profile {job.profile.name!r} runs on this machine: a run starts when submitted, and every "
+            "node's tasks share this machine (more nodes are not faster here)"
+        )
     elif not here:
         notes.append("no Slurm on this machine: start times are unknown; run 'hpctrain plan' on a login node")
     limit_s, limit_source = res.time_s, f"resources.time {res.time}"
@@ -157,7 +160,7 @@ def plan(
             f"resources.time_min {res.time_min}: Slurm may start a chunk sooner with a limit down to it (asked so by "
             "--test-only); planned at the full limit, and each shorter chunk adds a restart"
         )
-    shapes = tuple(nodes) if nodes else _default_shapes(res.nodes, partition)
+    shapes = tuple(nodes) if nodes else (res.nodes,) if local else _default_shapes(res.nodes, partition)
     times = step_times(shapes, found.measurements, user_step_s=step_time_s, user_nodes=step_time_nodes or res.nodes)
     if all(value is None for value in times.values()):
         raise UsageError(

@@ -171,7 +171,8 @@ def test_a_partition_the_cluster_lacks_is_the_specs_mistake(tmp_path: Path, fake
 def test_a_local_profile_starts_now_without_asking_slurm(tmp_path: Path, fake: FakeSlurm) -> None:
     spec = write_spec(tmp_path)
     spec.write_text(spec.read_text().replace("cluster: slurm", "cluster: local"))
-    made = plan(spec, nodes=(1,), steps=100, step_time_s=0.5, clock=lambda: NOW)
+    made = plan(spec, steps=100, step_time_s=0.5, clock=lambda: NOW)
+    assert [shape.nodes for shape in made.shapes] == [1]  # the spec's own: one machine
     assert made.shapes[0].start.in_s == 0 and made.choice.nodes == 1 and not fake.commands
     assert any("runs on this machine" in note for note in made.notes)
 
