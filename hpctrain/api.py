@@ -4,7 +4,7 @@ Each function checks its arguments, calls the same library sequence as its
 ``hpctrain`` verb and returns that sequence's typed result: ``submit`` ->
 ``launch/submit.py``, ``resume`` -> ``launch/resume.py``, ``cancel`` ->
 ``launch/cancel.py``, ``status`` -> ``observe/status.py``, ``report`` ->
-``observe/report/build.py``, ``doctor`` -> ``diagnose/doctor.py``, ``nodes``
+``observe/report/build.py``, ``doctor`` -> ``diagnose/doctor.py``'s ``doctor_spec``, ``nodes``
 and ``forget_node`` -> ``observe/node_ledger.py``, ``plan`` -> ``planning/plan.py``,
 ``load_job`` -> ``launch/plan.py``'s validate. So both faces give the same
 answers: the same script, checks, status rule, cancel and resume policy.
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from hpctrain.errors import HpctrainError, UsageError
+from hpctrain.errors import UsageError
 
 if TYPE_CHECKING:
     from hpctrain.diagnose.doctor import DoctorReport
@@ -101,19 +101,16 @@ def cancel(run: str | Path, *, timeout_s: float = 60.0) -> Cancelled | tuple[Can
     the run's is refused (``RunDirError``); a study point's error is raised after the other points
     were cancelled.
     """
-    from hpctrain.contract.job_registry import resolve_run
-    from hpctrain.contract.study_file import read_study, study_dir_of
-    from hpctrain.launch.cancel import cancel_run, cancel_study
+    from hpctrain.launch.cancel import Cancelled
+    from hpctrain.launch.cancel import cancel as sequence
 
-    target, timeout_s = _run("run", run), _seconds("timeout_s", timeout_s)
-    if (study_dir := study_dir_of(target)) is None:
-        return cancel_run(resolve_run(target), timeout_s)
-    points = cancel_study(study_dir, read_study(study_dir)["points"], timeout_s)
-    failed = [point for point in points if point.error is not None]
-    if failed:
-        said = "; ".join(f"{point.label}: {point.error.message}" for point in failed if point.error is not None)
-        raise HpctrainError(f"{study_dir}: {len(failed)} point(s) could not be cancelled: {said}", failed[0].error.hint)
-    return tuple(point.result for point in points if point.result is not None)
+    done = sequence(_run("run", run), _seconds("timeout_s", timeout_s))
+    if isinstance(done, Cancelled):
+        return done
+    error = done.error()
+    if error is not None:
+        raise error
+    return tuple(point.result for point in done.points if point.result is not None)
 
 
 def resume(
@@ -152,13 +149,28 @@ def report(
     return sequence(listed, None if out is None else _path("out", out), _optional_text("baseline", baseline))
 
 
-def doctor(spec: str | Path | None = None, *, probe: bool = False, probe_timeout_s: float = 300.0) -> DoctorReport:
-    """Will this cluster run this job? Every check of ``hpctrain doctor [SPEC] [--probe]``, each ok /
-    warning / error with its fix (``DoctorReport``: ``checks``, ``ok``, ``as_json()``)."""
-    from hpctrain.diagnose.doctor import doctor as sequence
+def doctor(
+    spec: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    cluster: str | None = None,
+    probe: bool = False,
+    probe_timeout_s: float = 300.0,
+) -> DoctorReport:
+    """Will this cluster run this job? Every check of ``hpctrain doctor [SPEC] [--set ...] [--cluster C]
+    [--probe]``, each ok / warning / error with its fix (``DoctorReport``: ``checks``, ``ok``, ``as_json()``).
+    The spec is loaded by the same door as the verb's (``diagnose/doctor.py``'s ``doctor_spec``): a spec
+    wrong in itself is a ``SpecError``; a missing script file or an entry point that cannot take ``ctx``
+    is an error check of the report."""
+    from hpctrain.diagnose.doctor import doctor_spec
 
-    job = load_job(spec) if spec is not None else None
-    return sequence(job, **_flags(probe=probe), probe_timeout_s=_seconds("probe_timeout_s", probe_timeout_s))
+    return doctor_spec(
+        None if spec is None else _path("spec", spec),
+        _overrides(overrides),
+        cluster=_optional_text("cluster", cluster),
+        **_flags(probe=probe),
+        probe_timeout_s=_seconds("probe_timeout_s", probe_timeout_s),
+    )
 
 
 def plan(

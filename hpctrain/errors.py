@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 # C0/C1 controls (terminal escapes, newlines), zero-width and bidi overrides: what makes text lie on a terminal.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 
 
 def printable(value: object, *, keep: str = "") -> str:
@@ -76,7 +76,7 @@ class SpecError(HpctrainError):
         self.problems = problems
         lines = [p.render(source) for p in problems]
         count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
-        super().__init__(f"{source}: {count}:\n  " + "\n  ".join(lines), hint)
+        super().__init__(f"{printable(source)}: {count}:\n  " + "\n  ".join(lines), hint)
 
 
 class UsageError(HpctrainError):

@@ -3,9 +3,10 @@
 # Slurm test cluster (needs root; brought up and down by the tests themselves).
 # GPU tests run only where CUDA is available.
 #
-#   bash scripts/test.sh              # the CI matrix: every tier with the Slurm tier on 24.11,
-#                                     # then the Slurm contract subset on 22.05 and on 26.05,
-#                                     # then the scale smoke job (16 x 2 ranks) on 24.11
+#   bash scripts/test.sh              # the CI matrix: the unit and local tiers in the background
+#                                     # while the Slurm tier runs on 24.11, then the Slurm contract
+#                                     # subset on 22.05 and on 26.05; then the scale smoke job
+#                                     # (16 x 2 ranks) on 24.11, alone
 #   bash scripts/test.sh tests/unit   # any pytest arguments: one pytest run (Slurm 22.05 unless
 #                                     # HPCTRAIN_TEST_SLURM says otherwise)
 #   bash scripts/test.sh --slurm 24.11 tests/slurm -m slurm_contract
@@ -29,14 +30,24 @@ if [ $# -gt 0 ] || [ -n "${one_run:-}" ]; then
     exec .venv/bin/python -m pytest "$@"
 fi
 
-# The matrix (docs/testing.md): which Slurm version runs which tests.
-legs=(
-    "24.11|every tier|tests"
+# The matrix (docs/testing.md): two streams at once, because they need different things. The tiers
+# without a cluster (unit, local: CPU-bound, ~2 + ~15 min) run in the background while the Slurm legs
+# (one test cluster at a time, mostly waiting on Slurm's scheduling, requeues and signals) run in the
+# foreground, one Slurm version after another. The scale smoke job (~14 GiB) runs alone at the end.
+# Each leg prints its 25 slowest tests (--durations), so CI's log says what to trim when time grows.
+slurm_legs=(
+    "24.11|the whole Slurm tier|tests/slurm"
     "22.05|Slurm contract subset|tests/slurm -m slurm_contract"
     "26.05|Slurm contract subset|tests/slurm -m slurm_contract"
 )
 summary=()
 failed=0
+matrix_started=$(date +%s)
+leg_line() { # WHAT VERSION RESULT SECONDS: one line of the closing summary (VERSION - for no cluster)
+    local where="on Slurm $2"
+    [ "$2" = - ] && where="without a cluster"
+    printf '%-30s %-17s: %s in %ss' "$1" "$where" "$3" "$4"
+}
 run_leg() { # WHAT VERSION COMMAND...: one leg, timed, its result added to the summary
     local what=$1 version=$2 started result
     shift 2
@@ -48,14 +59,42 @@ run_leg() { # WHAT VERSION COMMAND...: one leg, timed, its result added to the s
         result="FAILED ($?)"
         failed=1
     fi
-    summary+=("$(printf '%-24s on Slurm %s: %s in %ss' "$what" "$version" "$result" "$(($(date +%s) - started))")")
+    summary+=("$(leg_line "$what" "$version" "$result" "$(($(date +%s) - started))")")
 }
-for leg in "${legs[@]}"; do
+
+# The background stream: unit and local tiers in one pytest session (no cluster; the Slurm
+# version only names the leg). Its output goes to a log that is printed whole when it ends.
+cpu_log=$(mktemp -t hpctrain-cpu-tiers.XXXXXX)
+cpu_result=$(mktemp -t hpctrain-cpu-result.XXXXXX)
+echo "===== scripts/test.sh: unit and local tiers, in the background (log printed when they end)"
+(
+    started=$(date +%s)
+    # no cache provider: the foreground sessions write .pytest_cache at the same time
+    if .venv/bin/python -m pytest --durations=25 -p no:cacheprovider tests/unit tests/local >"$cpu_log" 2>&1; then
+        result=passed
+    else
+        result="FAILED ($?)"
+    fi
+    leg_line "unit and local tiers" "-" "$result" "$(($(date +%s) - started))" >"$cpu_result"
+) &
+cpu_pid=$!
+# A stop of the script (Ctrl-C, CI's limit) ends the background stream too.
+trap 'pkill -TERM -P "$cpu_pid" 2>/dev/null; kill "$cpu_pid" 2>/dev/null || true' EXIT
+
+for leg in "${slurm_legs[@]}"; do
     IFS='|' read -r version what args <<<"$leg"
     # shellcheck disable=SC2086  # args is a fixed word list from the table above
-    # --durations: where a leg's time goes, so CI's log says what to trim when the hour gets close
     run_leg "$what" "$version" .venv/bin/python -m pytest --durations=25 $args
 done
+
+wait "$cpu_pid" || true
+trap - EXIT
+echo "===== scripts/test.sh: unit and local tiers (the background stream's log)"
+cat "$cpu_log"
+summary+=("$(cat "$cpu_result")")
+case "$(cat "$cpu_result")" in *passed*) ;; *) failed=1 ;; esac
+rm -f "$cpu_log" "$cpu_result"
+
 # HAL's scale: 16 nodes x 2 ranks = 32 gloo ranks, ~1.5 min and ~14 GiB of the 24 GiB machine, so
 # it runs alone, after the legs (docs/testing.md). 16 x 3 = 48 also completes (~20 GiB) but leaves
 # CI too thin a margin; run it by hand. It needs root, as the Slurm tier does.
@@ -65,6 +104,6 @@ elif [ -n "${CI:-}" ]; then
     summary+=("scale smoke: FAILED (needs root)")
     failed=1
 fi
-echo "===== scripts/test.sh: the matrix"
+echo "===== scripts/test.sh: the matrix ($(($(date +%s) - matrix_started))s in all)"
 printf '  %s\n' "${summary[@]}"
 exit "$failed"

@@ -3,7 +3,8 @@
 Runs here by default; ``--slurm`` runs the same measurement as a short
 single-task job on a compute node of the spec's cluster (same partition,
 cores per task and one of its GPUs) and prints its result. The measurement
-and the job are :mod:`hpctrain.diagnose.data_bench_job`.
+and the node's side of the job are :mod:`hpctrain.diagnose.data_bench_job`, submitting it
+:mod:`hpctrain.launch.bench_job`.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import json
 import sys
 
 from hpctrain.diagnose.data_bench import render_plain, render_rich
-from hpctrain.diagnose.data_bench_job import BenchOptions, measure, run_on_slurm
+from hpctrain.diagnose.data_bench_job import BenchOptions, measure
 from hpctrain.jobspec.load import load_job
+from hpctrain.launch.bench_job import run_on_slurm
 
 
 def run(args: argparse.Namespace) -> int:

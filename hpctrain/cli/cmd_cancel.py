@@ -12,28 +12,26 @@ from __future__ import annotations
 import argparse
 
 from hpctrain.cli.main import print_error
-from hpctrain.contract import job_registry
 from hpctrain.contract.runfiles import printable
-from hpctrain.contract.study_file import read_study, study_dir_of
-from hpctrain.launch.cancel import Cancelled, cancel_run, cancel_study
+from hpctrain.launch.cancel import Cancelled, cancel
 
 
 def run(args: argparse.Namespace) -> int:
-    if (study_dir := study_dir_of(args.run)) is None:
-        print_cancelled(cancel_run(job_registry.resolve_run(args.run), args.timeout))
+    done = cancel(args.run, args.timeout)
+    if isinstance(done, Cancelled):
+        print_cancelled(done)
         return 0
-    codes = []
-    for point in cancel_study(study_dir, read_study(study_dir)["points"], args.timeout):
+    for point in done.points:
         if point.result is None and point.error is None:
             print(f"{printable(point.label)}: never submitted")
             continue
         print(f"{printable(point.label)}:")
         if point.error is not None:  # one point's trouble does not keep the others running
             print_error(point.error)
-            codes.append(point.error.exit_code)
         elif point.result is not None:
             print_cancelled(point.result)
-    return max(codes, default=0)
+    error = done.error()
+    return 0 if error is None else error.exit_code
 
 
 def print_cancelled(done: Cancelled) -> None:

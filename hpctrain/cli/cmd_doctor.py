@@ -1,7 +1,7 @@
 """``hpctrain doctor [SPEC] [--probe] [--json]``: one table of checks, each ok / warning / error with its fix.
 
-A printer over ``hpctrain.diagnose.doctor``'s sequence (``hpctrain.doctor``
-calls the same). Exit 0 when no check is an error, 1 otherwise. Torch-free
+A printer over ``hpctrain.diagnose.doctor.doctor_spec`` (``hpctrain.doctor``
+calls the same door, which loads the spec). Exit 0 when no check is an error, 1 otherwise. Torch-free
 (login nodes).
 """
 
@@ -12,15 +12,20 @@ import json
 
 from hpctrain.diagnose import doctor, path_checks
 from hpctrain.diagnose.findings import Finding
-from hpctrain.jobspec.load import load_job
 
 MARKS = {"ok": "ok  ", "warning": "warn", "error": "FAIL"}
 
 
 def run(args: argparse.Namespace) -> int:
-    job = load_job(args.spec, args.overrides, cluster=args.cluster) if args.spec else None
     bounds = path_checks.MeasureBounds(max_files=args.measure_files, max_s=args.measure_seconds)
-    found = doctor.doctor(job, probe=args.probe, probe_timeout_s=args.probe_timeout, bounds=bounds)
+    found = doctor.doctor_spec(
+        args.spec or None,
+        args.overrides,
+        cluster=args.cluster,
+        probe=args.probe,
+        probe_timeout_s=args.probe_timeout,
+        bounds=bounds,
+    )
     if args.json:
         print(json.dumps(found.as_json(), indent=2))
     else:

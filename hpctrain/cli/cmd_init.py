@@ -6,11 +6,12 @@ import argparse
 import re
 from pathlib import Path
 
-from hpctrain.errors import UsageError
+from hpctrain.contract.file_writes import user_file_mode, write_atomic, write_temporary
+from hpctrain.errors import SpecError, UsageError, printable
 from hpctrain.jobspec.fields import NAME_PATTERN
-from hpctrain.jobspec.load import load_job
+from hpctrain.jobspec.load import LoadedJob, load_job
 from hpctrain.jobspec.profiles import ClusterProfile, load_profile
-from hpctrain.launch.templates import fill, read_template
+from hpctrain.launch.templates import fill_yaml, read_template
 
 # Per-GPU batch that fits: HAL's V100s (16 GB) hold 208 ResNet-50 images in fp16, not 256.
 GPU_BATCH = {"hal": 208}
@@ -36,20 +37,20 @@ def checked_profile(nodes: int, gpus_per_node: int, cluster: str) -> ClusterProf
 def render_spec(name: str, path: Path, *, nodes: int, gpus_per_node: int, arch: str, cluster: str) -> str:
     profile = checked_profile(nodes, gpus_per_node, cluster)
     on_gpu = gpus_per_node > 0
-    return fill(
+    return fill_yaml(
         read_template("job.yaml"),
         {
             "name": name,
             "path": str(path),
             "cluster": cluster,
-            "nodes": str(nodes),
-            "gpus_per_node": str(gpus_per_node),
+            "nodes": nodes,
+            "gpus_per_node": gpus_per_node,
             "time": "24:00:00" if on_gpu else "01:00:00",
             "arch": arch,
             "strategy": "ddp",
             "precision": "fp16" if on_gpu else "fp32",
-            "epochs": "90" if on_gpu else "10",
-            "batch_size": str(GPU_BATCH.get(cluster, DEFAULT_GPU_BATCH)) if on_gpu else "32",
+            "epochs": 90 if on_gpu else 10,
+            "batch_size": GPU_BATCH.get(cluster, DEFAULT_GPU_BATCH) if on_gpu else 32,
             "data_root": profile.data_root or "./data/imagenet-mini",
         },
     )
@@ -68,6 +69,33 @@ def render_script_spec(args: argparse.Namespace, path: Path) -> str:
     )
 
 
+def write_spec(path: Path, text: str, *, force: bool) -> LoadedJob:
+    """Write the spec only if it validates; created exclusively (``force``: replaced atomically), never
+    through a symlink planted under its name (contract/file_writes.py)."""
+    try:
+        draft = write_temporary(path, text, suffix=".draft.yaml")
+    except OSError as exc:
+        hint = "pick a directory you can write with --dir"
+        raise UsageError(f"cannot write {printable(path)}: {exc.strerror}", hint=hint) from None
+    try:
+        job = load_job(draft)  # what we write must validate; a spec that does not is never left behind
+    except SpecError as exc:  # said of the file it would have been, not of the draft
+        raise SpecError(str(path), exc.problems, hint=f"nothing was written; {exc.hint}") from None
+    finally:
+        draft.unlink(missing_ok=True)
+    try:
+        write_atomic(path, text, exclusive=not force, mode=user_file_mode())
+    except FileExistsError:
+        raise UsageError(
+            f"{printable(path)} already exists (a file or a link)", hint="pick another name, or pass --force"
+        ) from None
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write {printable(path)}: {exc.strerror}", hint="pick a directory you can write with --dir"
+        ) from None
+    return job
+
+
 def run(args: argparse.Namespace) -> int:
     if not re.match(NAME_PATTERN, args.name):
         raise UsageError(f"{args.name!r} is not a job name", hint="use letters, digits, '_', '.', '-'")
@@ -76,32 +104,23 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} must be positive")
     directory = Path(args.dir)
     if directory.exists() and not directory.is_dir():
-        raise UsageError(f"--dir {args.dir} is a file, not a directory", hint="pass a directory, e.g. --dir jobs")
+        raise UsageError(
+            f"--dir {printable(args.dir)} is a file, not a directory", hint="pass a directory, e.g. --dir jobs"
+        )
     path = directory / f"{args.name}.yaml"
-    if path.exists() and not args.force:
-        raise UsageError(f"{path} already exists", hint="pick another name, or pass --force to overwrite it")
+    if (path.exists() or path.is_symlink()) and not args.force:
+        raise UsageError(f"{printable(path)} already exists", hint="pick another name, or pass --force to overwrite it")
     if getattr(args, "script", None):
         text = render_script_spec(args, path)
     else:
         text = render_spec(
             args.name, path, nodes=args.nodes, gpus_per_node=args.gpus_per_node, arch=args.arch, cluster=args.cluster
         )
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        draft = path.with_name(f".{path.name}.draft.yaml")
-        draft.write_text(text)
-    except OSError as exc:
-        hint = "pick a directory you can write with --dir"
-        raise UsageError(f"cannot write {path}: {exc.strerror}", hint=hint) from None
-    try:
-        job = load_job(draft)  # what we write must validate; a spec that does not is never left behind
-    except BaseException:
-        draft.unlink(missing_ok=True)
-        raise
-    draft.replace(path)
-    what = job.spec.trainer.arch if job.spec.script is None else f"{args.script}, one process per {job.spec.script.per}"
+    job = write_spec(path, text, force=args.force)
+    script = job.spec.script
+    what = job.spec.trainer.arch if script is None else f"{printable(args.script)}, one process per {script.per}"
     print(
-        f"wrote {path}: {job.spec.resources.nodes} node(s) x {job.spec.resources.gpus_per_node} GPUs, "
-        f"{what}; next: hpctrain validate {path}"
+        f"wrote {printable(path)}: {job.spec.resources.nodes} node(s) x {job.spec.resources.gpus_per_node} GPUs, "
+        f"{what}; next: hpctrain validate {printable(path)}"
     )
     return 0

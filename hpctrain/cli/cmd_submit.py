@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 from hpctrain.cli.submit_printer import Printed, exit_code
+from hpctrain.errors import printable
 from hpctrain.launch.submit import submit
 
 
@@ -31,6 +32,6 @@ def run(args: argparse.Namespace) -> int:
         exclude_bad_nodes=not args.no_exclude,
         steps=Printed(args),
     )
-    if args.dry_run:
-        print(done.plan, end="")
+    if args.dry_run:  # the plan quotes spec values and folder names: nothing in it reaches the terminal raw
+        print(printable(done.plan, keep="\n\t"), end="")
     return exit_code(done)

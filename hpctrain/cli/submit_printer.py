@@ -3,7 +3,9 @@
 Both verbs run a library sequence (``launch/submit.py``, ``launch/resume.py``)
 that tells its :class:`~hpctrain.launch.submit.Steps` what happens; this is
 the command line's way of hearing it. ``--json``: one JSON line on stdout,
-a followed local run's log and every note on stderr.
+a followed local run's log and every note on stderr. Every line goes out
+through :func:`say`: it quotes folder names and spec values, which reach the
+terminal escaped (``hpctrain.errors.printable``), never raw.
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ from collections.abc import Sequence
 
 from hpctrain.cli.main import warn
 from hpctrain.contract.slurm_states import succeeded
+from hpctrain.errors import printable
 from hpctrain.launch.submit import Steps, Submission
+
+
+def say(text: str, **kwargs: object) -> None:
+    """``print`` of a line that quotes user text: control, bidi and line-separator characters escaped."""
+    print(printable(text, keep="\n"), **kwargs)  # type: ignore[call-overload]
 
 
 class Printed(Steps):
@@ -33,28 +41,28 @@ class Printed(Steps):
             print(json.dumps(submission.as_json()), flush=True)
         elif submission.points and submission.backend == "slurm":
             study = submission.run_dir
-            print(f"submitted study {study.name}: {len(submission.points)} jobs")
+            say(f"submitted study {study.name}: {len(submission.points)} jobs")
             for point in submission.points:
-                print(f"  {point.label:<24} job {point.job_id:<10} world size {point.world_size}")
-            print(f"  study dir: {study}")
-            print(f"  status:    hpctrain status {study}")
-            print(f"  cancel:    hpctrain cancel {study}")
+                say(f"  {point.label:<24} job {point.job_id:<10} world size {point.world_size}")
+            say(f"  study dir: {study}")
+            say(f"  status:    hpctrain status {study}")
+            say(f"  cancel:    hpctrain cancel {study}")
         elif not submission.points:
-            print("\n".join(submitted_lines(submission)), flush=True)
+            say("\n".join(submitted_lines(submission)), flush=True)
 
     def following(self, label: str, world_size: int) -> None:
-        print(f"# study point {label} (world size {world_size})", file=self.log, flush=True)
+        say(f"# study point {label} (world size {world_size})", file=self.log, flush=True)
 
     def ended(self, submission: Submission) -> None:
         if not self.as_json:
-            print(f"job {submission.job_id} ended: {submission.state}")
+            say(f"job {submission.job_id} ended: {submission.state}")
             if submission.run_completed and not succeeded(submission.state or ""):
-                print(
+                say(
                     f"the run completed; Slurm ended the job {submission.state} "
                     "(a preemption reached it in its last seconds)"
                 )
         if submission.ended_well is False:
-            print(
+            say(
                 f"error: job {submission.job_id} ended {submission.state}; "
                 f"see hpctrain logs {submission.run_dir} --err",
                 file=sys.stderr,

@@ -24,6 +24,8 @@ from __future__ import annotations
 import ast
 import importlib.machinery
 import inspect
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,3 +205,9 @@ class _Shown:
 
     def __repr__(self) -> str:
         return "..."
+
+
+def default_search_path() -> list[str]:
+    """Where ``python -m`` on a node started from here looks first: this directory, then ``sys.path``: where the
+    login side looks for an entry point's source (``launch/code_snapshot.py``, ``diagnose/preflight.py``)."""
+    return [os.getcwd(), *(entry for entry in sys.path if entry)]

@@ -12,8 +12,9 @@ import os
 import time
 from pathlib import Path
 
+from hpctrain.contract.file_writes import open_append
 from hpctrain.contract.rundir import RUN_FILE
-from hpctrain.contract.runfiles import RunFileError, iter_lines, load_json, plausible
+from hpctrain.contract.runfiles import RunFileError, iter_lines, load_json, plausible, real_path
 from hpctrain.errors import RunDirError
 
 MAX_ENTRY_BYTES = 64 << 10  # an entry is a job id, a path and a time
@@ -29,7 +30,7 @@ def record(job_id: str, run_dir: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps({"job_id": job_id, "run_dir": str(run_dir), "time": time.time()}) + "\n"
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = open_append(path)
         try:
             os.write(fd, line.encode())
         finally:
@@ -68,7 +69,7 @@ def resolve_run(run: str) -> Path:
                 f"{run}: not an hpctrain run directory (no {RUN_FILE})",
                 hint="pass OUTPUT_DIR/NAME/RUN_ID as printed by 'hpctrain submit', or its job id",
             )
-        return path.resolve()
+        return real_path(path)
     for entry in reversed(entries()):
         if entry.get("job_id") == run or entry.get("job_id", "").split("_")[0] == run:
             return Path(entry["run_dir"])

@@ -25,6 +25,7 @@ from pathlib import Path
 from sys import intern
 from typing import Any
 
+from hpctrain.contract.file_writes import open_append
 from hpctrain.contract.rundir import metrics_path
 from hpctrain.contract.runfiles import MAX_MAGNITUDE, RunFileError, load_json, open_regular
 
@@ -48,7 +49,7 @@ class MetricsAppender:
     """The run's metrics.jsonl held open for appending (rank 0 only): one ``write`` of one whole line per record."""
 
     def __init__(self, run_dir: Path) -> None:
-        self._fd: int | None = os.open(metrics_path(run_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd: int | None = open_append(metrics_path(run_dir))
 
     def append(self, record: Mapping[str, Any], *, now: float) -> None:
         if self._fd is not None:

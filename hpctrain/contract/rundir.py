@@ -44,7 +44,9 @@ excludes from; and, on a compute node, the job's own folder
 A checkpoint is complete (its ``meta.json``, written last, records the size
 of every file it holds: the trainer's ``state.pt``, or a
 torch.distributed.checkpoint folder's files) or it is ignored;
-``contract/step_folders.py`` writes them. ``summary.json`` is read as a typed
+``contract/step_folders.py`` writes them. A folder's step is what its
+``meta.json`` records; a ``step-N`` name (ASCII digits, at most 18) is only
+believed when it says the same N. ``summary.json`` is read as a typed
 :class:`~hpctrain.contract.summary.Summary` that tolerates missing, extra and
 half-written fields.
 Every write here is atomic (temp file, fsync, rename). Torch-free.
@@ -53,16 +55,15 @@ Every write here is atomic (temp file, fsync, rename). Torch-free.
 from __future__ import annotations
 
 import json
-import os
 import re
 import stat
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract.runfiles import RunFileError, check_inside, printable, read_json
+from hpctrain.contract.file_writes import write_atomic
+from hpctrain.contract.runfiles import RunFileError, check_inside, printable, read_json, real_path
 from hpctrain.errors import RunDirError
 
 RUN_FILE = "run.json"
@@ -87,7 +88,9 @@ STACKS_DIR = "stacks"
 STUDY_FILE = "study.json"
 CODE_DIR = "code"  # the snapshot of the entry point's code (a sweep's trials share their sweep's)
 CHECKPOINT_FORMAT_VERSION = 1
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+# a step folder's name: ASCII digits only, whole name (no trailing newline), at most 18 of them (an int64)
+_STEP_DIR = re.compile(r"step-([0-9]{1,18})", re.ASCII)
+MAX_STEP = 10**18 - 1
 TRIAL_DIR = re.compile(r"^trial-\d{3,}$")
 _JOB_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z_.-]{0,63}$")
 
@@ -274,23 +277,8 @@ def task_log_path(run_dir: Path, info: Mapping[str, Any], rank: int, *, err: boo
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` so readers see the old file or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """Write ``text`` so readers see the old file or the new one, never half (and never through a link)."""
+    write_atomic(path, text)
 
 
 def write_json_atomic(path: Path, value: Mapping[str, Any], *, sort_keys: bool = False) -> None:
@@ -317,7 +305,7 @@ def new_run_id(now: float | None = None) -> str:
 
 def next_run_dir(output_dir: str, name: str, now: float | None = None) -> Path:
     """The directory a new run would get (not created): a dry run shows this."""
-    base = Path(output_dir).expanduser().resolve() / name
+    base = real_path(Path(output_dir).expanduser()) / name
     run_id = new_run_id(now)
     candidate, suffix = base / run_id, 1
     while candidate.exists():
@@ -392,11 +380,16 @@ def checkpoint_meta(step_dir: Path, layout: str | None = None) -> dict[str, Any]
     The trainer's layout must list its ``state.pt``. File names are plain names, never paths.
     The folder must lie inside the run (``RUN/checkpoints/step-N``'s run directory, symlinks
     resolved): a checkpoint reached through a symlink out of the run is not the run's; its files,
-    plain names that are no symlinks, then lie inside too.
+    plain names that are no symlinks, then lie inside too. Its step is meta.json's ``global_step``
+    (an int from 0 to :data:`MAX_STEP`); a ``step-N`` folder's name must say the same N: a name is
+    never trusted alone (``step-`` and 21 nines is no step of any checkpoint).
     """
     run_dir = Path(step_dir).parent.parent
     meta = read_json_object(Path(step_dir) / META_FILE, within=run_dir)
     if not meta or meta.get("format_version") != CHECKPOINT_FORMAT_VERSION or not is_inside(step_dir, run_dir):
+        return None
+    step, named = meta.get("global_step"), folder_step(Path(step_dir).name)
+    if type(step) is not int or not 0 <= step <= MAX_STEP or (named is not None and named != step):
         return None
     found = checkpoint_layout(meta)
     if found not in CHECKPOINT_LAYOUTS or (layout is not None and found != layout):
@@ -414,6 +407,13 @@ def checkpoint_meta(step_dir: Path, layout: str | None = None) -> dict[str, Any]
     return meta
 
 
+def folder_step(name: str) -> int | None:
+    """The step a ``step-N`` folder's name says (ASCII digits, the whole name, spelled as
+    :func:`step_dir_name` spells it), else None; checked against its meta.json by :func:`checkpoint_meta`."""
+    match = _STEP_DIR.fullmatch(name)
+    return int(match.group(1)) if match and name == step_dir_name(int(match.group(1))) else None
+
+
 def _has_size(path: Path, size: Any) -> bool:
     try:
         info = path.lstat()
@@ -422,27 +422,29 @@ def _has_size(path: Path, size: Any) -> bool:
     return stat.S_ISREG(info.st_mode) and isinstance(size, int) and info.st_size == size
 
 
-def complete_checkpoints(directory: Path, layout: str | None = None) -> list[Path]:
-    """Complete ``step-N`` folders under a checkpoints directory (of ``layout`` only, if given), oldest first."""
-    found = []
+def step_folders(directory: Path) -> list[Path]:
+    """Every folder named ``step-N`` under a checkpoints directory, complete or not, newest (by name) first."""
     if not Path(directory).is_dir():
         return []
-    for child in Path(directory).iterdir():
-        match = _STEP_DIR.match(child.name)
-        if match and child.is_dir() and checkpoint_meta(child, layout) is not None:
-            found.append((int(match.group(1)), child))
-    return [path for _, path in sorted(found)]
+    named = [(step, child) for child in Path(directory).iterdir() if (step := folder_step(child.name)) is not None]
+    return [child for _, child in sorted(named, reverse=True)]
+
+
+def complete_checkpoints(directory: Path, layout: str | None = None) -> list[Path]:
+    """Complete ``step-N`` folders under a checkpoints directory (of ``layout`` only, if given), oldest first."""
+    found = [child for child in step_folders(directory) if child.is_dir() and checkpoint_meta(child, layout)]
+    return found[::-1]
 
 
 def latest_checkpoint(directory: Path, layout: str | None = None) -> Path | None:
-    found = complete_checkpoints(directory, layout)
-    return found[-1] if found else None
+    """The newest complete folder, examined newest first (one meta.json read when the newest is complete)."""
+    return next((child for child in step_folders(directory) if child.is_dir() and checkpoint_meta(child, layout)), None)
 
 
 def best_checkpoint(directory: Path) -> Path | None:
     """The folder ``best.json`` points at, if it is complete."""
     pointer = read_json_object(Path(directory) / BEST_FILE, within=Path(directory).parent)
-    if not pointer or not isinstance(pointer.get("dir"), str) or not _STEP_DIR.match(pointer["dir"]):
+    if not pointer or not isinstance(pointer.get("dir"), str) or folder_step(pointer["dir"]) is None:
         return None  # only a step-N folder beside it, never a path out of the run
     path = Path(directory) / pointer["dir"]
     return path if checkpoint_meta(path) is not None else None
@@ -451,11 +453,7 @@ def best_checkpoint(directory: Path) -> Path | None:
 def latest_checkpoint_step(run_dir: Path) -> int | None:
     """Global step of the run's newest complete checkpoint."""
     latest = latest_checkpoint(checkpoints_dir(run_dir))
-    if latest is None:
-        return None
-    meta = checkpoint_meta(latest) or {}
-    step = meta.get("global_step")
-    return int(step) if isinstance(step, int) else int(latest.name.split("-")[1])
+    return None if latest is None else folder_step(latest.name)  # listed: its meta.json says the same step
 
 
 def checkpoint_metas(run_dir: Path, *, complete_only: bool = True) -> list[dict[str, Any]]:
@@ -468,5 +466,6 @@ def checkpoint_metas(run_dir: Path, *, complete_only: bool = True) -> list[dict[
     if complete_only:
         return [meta for path in complete_checkpoints(checkpoints_dir(run_dir)) if (meta := checkpoint_meta(path))]
     folders = sorted(checkpoints_dir(run_dir).glob("step-*")) if checkpoints_dir(run_dir).is_dir() else []
-    metas = (read_json_object(folder / META_FILE, within=run_dir) for folder in folders if _STEP_DIR.match(folder.name))
+    folders = [folder for folder in folders if folder_step(folder.name) is not None]
+    metas = (read_json_object(folder / META_FILE, within=run_dir) for folder in folders)
     return [meta for meta in metas if meta]

@@ -26,6 +26,11 @@ login node. So every reader of its files goes through here:
   model, rich) can raise RecursionError. Every JSON reader of hpctrain's
   untrusted files (run directory, registry, metrics, packed index, index
   cache) decodes through it.
+* :func:`real_path` resolves symlinks without ever raising: a loop
+  (``a -> b -> a``) stays as far as it resolved and is then simply not a
+  file or folder (``Path.resolve()`` raises ``RuntimeError`` for it, which a
+  message quoting the target once turned into a traceback). Every resolve
+  of a user's path (spec files, scripts, packages, folders, run dirs) uses it.
 * :func:`printable` (the project's one escaper, ``hpctrain.errors``) and
   :func:`for_rich` make a string that came from a file safe to print: control
   characters (terminal escapes, newlines) are shown as ``\\x1b``, and rich
@@ -109,6 +114,11 @@ def check_inside(path: str | Path, within: str | Path, *, real: str | None = Non
             hint="a run's files stay inside its directory: replace the symlink with the file or folder itself "
             "(to keep runs elsewhere, set output_dir there)",
         )
+
+
+def real_path(path: str | Path) -> Path:
+    """``path`` absolute, symlinks resolved as far as they resolve; never raises (see the module docstring)."""
+    return Path(os.path.realpath(os.fspath(path)))
 
 
 def _fd_path(fd: int) -> str | None:

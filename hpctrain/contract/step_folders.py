@@ -14,14 +14,33 @@ ignored -- is :func:`hpctrain.contract.rundir.complete_checkpoints`.
    file with its size, the caller's facts -- written last and fsynced, the
    folder fsynced and renamed to ``step-N`` (a ``step-N`` of the same step is
    moved to ``.old-*`` first), the directory fsynced;
-4. :meth:`StepFolders.prune`: the newest ``keep_last`` of this layout (and the
-   best, where kept) stay; the others are renamed ``.old-*`` and removed. On
+4. :meth:`StepFolders.prune`: the newest ``keep_last`` of this layout up to the
+   step just saved (and the best, where kept, and any of a later step) stay;
+   the others are renamed ``.old-*`` and removed. On
    FUSE and NFS a file still open somewhere keeps its folder for a while, so
    every prune retries the ``.old-*`` folders earlier ones could not remove.
 
 One process commits into a directory (global rank 0); other ranks may fill a
 temp folder it began. A reader never sees a half-written ``step-N``: either
 the rename has happened, with meta.json inside, or the folder is not there.
+
+What a directory holds is untrusted (anyone with write access to the run may
+have planted folders), so the rules are:
+
+* **One place for save, list, load and prune.** A directory that leads out
+  of the folder it lies in (``RUN/checkpoints -> /scratch/...``) is refused
+  by every one of them with the reason (:meth:`StepFolders.check_directory`):
+  the listing never follows a link out of the run, so its checkpoints would
+  be written but never found, and a requeued run would start over in
+  silence. Name the real folder instead (it is then used where it is).
+* **A folder's step is its meta.json's**, which its name must match
+  (``rundir.checkpoint_meta``: ASCII digits, at most 18 of them).
+* **A load examines at most** :data:`MAX_EXAMINED` **step folders**, newest
+  first, one at a time (:meth:`StepFolders.newest_first`): a directory
+  crowded with damaged or planted folders ends in a refusal naming the
+  count, in bounded time, never in a search of every one. A prune examines
+  at most ``keep_last`` + :data:`MAX_EXAMINED`, up to the step just saved:
+  folders of later steps are never examined, counted or removed.
 """
 
 from __future__ import annotations
@@ -33,10 +52,12 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from hpctrain.contract import rundir
+from hpctrain.contract.file_writes import user_file_mode, write_atomic
 from hpctrain.contract.rundir import BEST_FILE, META_FILE, read_json_object, step_dir_name
 from hpctrain.errors import CheckpointError
 
@@ -44,7 +65,8 @@ log = logging.getLogger(__name__)
 
 TEMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
-_HASH_CHUNK = 8 << 20
+_HASH_CHUNK = 1 << 20
+MAX_EXAMINED = 16  # step folders one load looks at, newest first (a directory keeps keep_last of them)
 
 
 class StepFolders:
@@ -64,7 +86,39 @@ class StepFolders:
     # -- reading ------------------------------------------------------------------------------------------------
     def checkpoints(self) -> list[Path]:
         """Complete folders of this layout, oldest first."""
+        self.check_directory()
         return rundir.complete_checkpoints(self.directory, self.layout)
+
+    def newest_first(self, *, newest: int | None = None) -> Iterator[Path]:
+        """Complete folders of this layout (of step ``newest`` or older), newest first, for a load to try in
+        turn; examined one at a time as they are asked for. Raises :class:`CheckpointError` once
+        :data:`MAX_EXAMINED` step folders were examined and more are asked for."""
+        self.check_directory()
+        named = [child for child in rundir.step_folders(self.directory) if newest is None or _step(child) <= newest]
+        for count, child in enumerate(named):
+            if count == MAX_EXAMINED:
+                raise CheckpointError(
+                    f"the newest {MAX_EXAMINED} step folders under {self.directory} are incomplete, damaged or "
+                    f"of another kind; the {len(named) - count} older ones were not examined (a load looks at "
+                    f"{MAX_EXAMINED} at most)",
+                    hint="move the damaged step folders away (each load names why it skipped them), then resume",
+                )
+            if child.is_dir() and rundir.checkpoint_meta(child, self.layout) is not None:
+                yield child
+
+    def check_directory(self) -> None:
+        """Raise :class:`CheckpointError` when the directory leads out of the folder it lies in (a symlink to
+        scratch space): the listing would never follow it, so what is saved there would never be loaded."""
+        if rundir.is_inside(self.directory, self.directory.parent):
+            return
+        target = os.path.realpath(self.directory)
+        raise CheckpointError(
+            f"{self.directory} is a link to {target}, outside {self.directory.parent}: hpctrain never follows a "
+            "run's files out of the run, so checkpoints saved there would never be listed, loaded or pruned, and "
+            "a requeued run would start over",
+            hint=f"replace the link with a folder, or keep the whole run on that file system (output_dir); a "
+            f"task.Checkpointer may name the folder itself: Checkpointer(directory={target!r})",
+        )
 
     def latest(self) -> Path | None:
         found = self.checkpoints()
@@ -76,6 +130,7 @@ class StepFolders:
     # -- one folder's life --------------------------------------------------------------------------------------
     def begin(self, step: int) -> Path:
         """A new, empty temp folder for step ``step`` (the directory is created; leftovers swept once)."""
+        self.check_directory()
         self.directory.mkdir(parents=True, exist_ok=True)
         if not self._swept:
             self.sweep_leftovers()
@@ -137,10 +192,21 @@ class StepFolders:
         pointer = {"dir": name, "step": info["step"], "epoch": info.get("epoch"), "metric": info["metric"]}
         rundir.write_json_atomic(self.directory / BEST_FILE, pointer)
 
-    def prune(self) -> None:
-        """Keep the newest ``keep_last`` complete folders of this layout (and the best); remove the others."""
-        found = self.checkpoints()
-        keep = set(found[-self.keep_last :])
+    def prune(self, saved: int | None = None) -> None:
+        """Keep the newest ``keep_last`` complete folders of this layout (and the best); remove the others.
+
+        ``saved``: the step just saved. Folders of later steps are neither examined nor counted among the
+        newest (nor removed): a folder planted as ``step-99999999``, or a damaged one a resume skipped, must
+        not push the writer's own checkpoints out. At most ``keep_last`` + :data:`MAX_EXAMINED` folders are
+        examined, newest first: a crowded directory is thinned over several saves."""
+        self.check_directory()
+        ours = [path for path in rundir.step_folders(self.directory) if saved is None or _step(path) <= saved]
+        found = [  # newest first; a crowded directory is thinned over several saves, never all at once
+            path
+            for path in ours[: self.keep_last + MAX_EXAMINED]
+            if path.is_dir() and rundir.checkpoint_meta(path, self.layout) is not None
+        ]
+        keep = set(found[: self.keep_last])
         best = self.best()
         if best is not None:
             keep.add(best)
@@ -166,6 +232,10 @@ class StepFolders:
         self._swept = True
 
 
+def _step(folder: Path) -> int:
+    return rundir.folder_step(folder.name) or 0
+
+
 # -- durable file operations ------------------------------------------------------------------------------------
 def file_digest(path: Path) -> tuple[int, str]:
     """(size, sha256) of a file, read in chunks."""
@@ -188,7 +258,4 @@ def fsync_path(path: Path) -> None:
 
 
 def write_file_synced(path: Path, text: str) -> None:
-    with open(path, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
+    write_atomic(path, text, mode=user_file_mode())  # readable as the checkpoint's other files are

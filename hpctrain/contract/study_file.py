@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.contract.rundir import is_study_dir, study_file, write_json_atomic
-from hpctrain.contract.runfiles import printable, read_json
+from hpctrain.contract.runfiles import printable, read_json, real_path
 from hpctrain.errors import RunDirError
 
 STUDY_KIND = "study"
@@ -36,7 +36,7 @@ def study_dir_of(run: str | Path | None) -> Path | None:
     if not run:
         return None
     path = Path(run).expanduser()
-    return path.resolve() if is_study_dir(path) else None
+    return real_path(path) if is_study_dir(path) else None
 
 
 def write_study(study_dir: Path, record: dict[str, Any]) -> None:
@@ -87,7 +87,7 @@ def _inside_study(study_dir: Path, run_dir: str) -> bool:
     if not run_dir or relative.is_absolute() or ".." in relative.parts or relative == Path("."):
         return False
     try:
-        return (Path(study_dir) / relative).resolve().is_relative_to(Path(study_dir).resolve())
+        return real_path(Path(study_dir) / relative).is_relative_to(real_path(study_dir))
     except (OSError, RuntimeError, ValueError):
         return False
 

@@ -7,12 +7,15 @@ Every key the project writes is declared on :class:`Summary`: a reader names a
 field, never fishes in the extra keys. Every field may be missing, a field of
 the wrong type is dropped when read (never raised), and keys this version
 does not know (a newer hpctrain, a user's own) are kept and written back.
-Where the file lies is ``contract/rundir.py``'s (:func:`~hpctrain.contract.rundir.summary_path`).
+A writer that rewrites the file keeps what others wrote (:func:`kept_fields`): a
+script job's wrapper keeps the loop's ``task.set_summary`` fields in the final
+summary, deciding only the :data:`OUTCOME_KEYS`. Where the file lies is
+``contract/rundir.py``'s (:func:`~hpctrain.contract.rundir.summary_path`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,6 +28,24 @@ Status = Literal["running", "completed", "stopped", "failed"]
 FINAL_STATUSES: frozenset[str] = frozenset({"completed", "stopped", "failed"})
 # keys a new attempt of a run keeps: what the supervisor recorded about nodes (lost, burn-in, evicted)
 CARRIED_SUMMARY_KEYS = ("excluded_nodes", "node_failures", "burn_in", "evictions")
+# what the wrapper of a script job says about how an attempt ended; when it writes, every other key the
+# attempt wrote -- the loop's own task.set_summary fields (total_steps, weights_sha256, ...), its step -- stays
+OUTCOME_KEYS = frozenset(
+    {
+        "status",
+        "stop_reason",
+        "error",
+        "exit_code",
+        "wall_s",
+        "updated_at",
+        "failed_rank",
+        "failed_node",
+        "failed_reason",
+        "failed_exit_code",
+        "failed_signal",
+        "failed_stderr",
+    }
+)
 
 
 class Summary(BaseModel):
@@ -143,6 +164,15 @@ def parse_summary(data: Any) -> Summary | None:
 def read_summary(run_dir: Path) -> Summary | None:
     """The run's summary, or None when there is none (yet) or it cannot be read."""
     return parse_summary(read_json_object(summary_path(run_dir), within=run_home(run_dir)))
+
+
+def kept_fields(current: Summary | None, keep: Collection[str] | None = None) -> dict[str, Any]:
+    """What a writer that rewrites ``summary.json`` keeps of ``current``: the keys in ``keep``; with None, every
+    key but the :data:`OUTCOME_KEYS` it decides itself (a script job's wrapper after its script wrote)."""
+    fields = current.fields() if current is not None else {}
+    if keep is None:
+        return {key: value for key, value in fields.items() if key not in OUTCOME_KEYS}
+    return {key: value for key, value in fields.items() if key in keep}
 
 
 def write_summary(run_dir: Path, fields: Mapping[str, Any]) -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract.runfiles import RunFileError, load_json, open_regular, printable
+from hpctrain.contract.runfiles import RunFileError, load_json, open_regular, printable, real_path
 from hpctrain.dataset.walk import NOT_A_FILE, Tree, walk
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ def scan_split(root: str | Path) -> DatasetIndex:
     match) and is listed in ``empty_classes``; no class folders, no image at all,
     or a folder that cannot be listed raises ``IndexError_``.
     """
-    root = str(Path(root).resolve())
+    root = str(real_path(root))
     try:
         tree = walk(root, scope_depth=1, hidden_top=False)
     except OSError as exc:
@@ -202,7 +202,7 @@ def _unreadable(folder: str, exc: OSError) -> IndexError_:
 
 def cache_key(root: str | Path) -> str:
     """Path + mtimes of the split folder and its class folders (stats, not listings of the images)."""
-    root = str(Path(root).resolve())
+    root = str(real_path(root))
     parts = [root, str(os.stat(root).st_mtime_ns)]
     with os.scandir(root) as entries:
         for entry in sorted(entries, key=lambda e: e.name):
@@ -226,7 +226,7 @@ def cached_index(root: str | Path, cache_dir: str | Path | None) -> DatasetIndex
     except OSError:
         return scan_split(root)  # which names what cannot be read
     path = Path(cache_dir) / f"index-{key}.json"
-    split = str(Path(root).resolve())
+    split = str(real_path(root))
     try:
         data = load_json(_read_own_file(path, MAX_INDEX_BYTES))
         if not isinstance(data, dict) or data.get("version") != INDEX_VERSION or data.get("root") != split:

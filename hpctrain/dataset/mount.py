@@ -43,8 +43,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain.contract.file_writes import open_append, open_resumable, write_atomic
 from hpctrain.contract.process_tokens import TOKEN_ENV
-from hpctrain.contract.runfiles import RunFileError, load_json, read_bounded
+from hpctrain.contract.runfiles import RunFileError, load_json, read_bounded, real_path
 from hpctrain.dataset import node_folder
 from hpctrain.dataset.mount_release import is_mounted, release, start_watcher
 from hpctrain.dataset.squashfs import ImageError, read_superblock, require_tool
@@ -77,7 +78,7 @@ def open_image(
     Raises ``ImageError`` on every task of the node when the leader cannot mount it.
     """
     log = log or _print
-    image, stage_dir = image.resolve(), stage_dir.absolute()  # squashfuse and the watcher run in /
+    image, stage_dir = real_path(image), stage_dir.absolute()  # squashfuse and the watcher run in /
     try:
         base, attempt = node_folder.job_folder(stage_dir, environ, sweep=is_node_leader)
     except (OSError, node_folder.NodeFolderError) as exc:
@@ -168,7 +169,7 @@ def _start_squashfuse(squashfuse: str, image: Path, point: Path) -> Mounted:
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
     env["HPCTRAIN_IMAGE_MOUNT"] = str(point)  # never the environment of a task (see runtime/cleanup.py's watch)
     log_path = point.parent / f"{point.name}.log"
-    with open(log_path, "ab") as err:
+    with os.fdopen(open_append(log_path), "ab") as err:
         proc = subprocess.Popen(
             [squashfuse, "-f", str(image), str(point)],
             stdin=subprocess.DEVNULL,
@@ -226,7 +227,7 @@ def copy_image(image: Path, stage_dir: Path, log) -> Path:
         )
     log(f"hpctrain: data: copying {image} ({info.st_size / 2**20:.0f} MiB, from byte {done}) to {dest}")
     started = time.perf_counter()
-    with open(image, "rb") as src, open(part, "r+b" if done else "wb") as dst:
+    with open(image, "rb") as src, os.fdopen(open_resumable(part), "r+b") as dst:
         src.seek(done)
         dst.seek(done)
         dst.truncate(done)
@@ -265,9 +266,7 @@ def _wait(ready: Path, failed: Path, timeout_s: float) -> dict:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data))
 
 
 def _tail(path: Path) -> str:

@@ -2,7 +2,7 @@
 
 Every task that reads a node's mount (``hpctrain.dataset.mount``) registers
 its PID and start time under the job's node folder's ``users/``
-(``dataset/node_folder.py``); the last one to leave releases the mount.
+(``dataset/node_users.py``); the last one to leave releases the mount.
 For tasks that cannot act (SIGKILL), the node's first task starts a
 detached watcher, ``python -m hpctrain.dataset.mount_release``, the reaper's
 kind (``runtime/cleanup.py``'s :func:`~hpctrain.runtime.cleanup.start_detached`):
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from hpctrain.contract.process_tokens import TOKEN_ENV, alive, new_token
 from hpctrain.contract.runfiles import RunFileError, load_json, read_bounded
-from hpctrain.dataset.node_folder import live_users
+from hpctrain.dataset.node_users import live_users
 from hpctrain.runtime.cleanup import begin_watching, reaper_environ, start_detached
 
 MODULE = "hpctrain.dataset.mount_release"

@@ -29,7 +29,6 @@ that no live task uses and that have not changed for ``SWEEP_AFTER_S``
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import shutil
@@ -38,6 +37,8 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+
+from hpctrain.dataset.node_users import live_users, user_entry, users_lock
 
 # Who started us, by table: the job id and attempt of each launcher (see runtime/task_env.py).
 JOB_VARS = (
@@ -143,7 +144,7 @@ def release_mounts(folder: Path, log: Callable[[str], None]) -> None:
     """Unmount what the job mounted in ``folder`` (the node's last task to end: see ``mount``)."""
     if not any(folder.glob("mnt-*")):
         return
-    from hpctrain.dataset import mount_release  # which asks live_users here: imported only to release
+    from hpctrain.dataset import mount_release  # imported only to release
 
     for point in sorted(folder.glob("mnt-*")):
         if mount_release.is_mounted(point):
@@ -169,46 +170,6 @@ def sweep_stale(mine: Path, keep: Path, *, now: float | None = None) -> list[Pat
         except OSError:
             continue
     return removed
-
-
-def user_entry(folder: Path, pid: int) -> Path:
-    return folder / "users" / f"{pid}-{start_time(pid)}"
-
-
-class users_lock:  # noqa: N801 (used like a function: ``with users_lock(folder):``)
-    """An exclusive lock over the node's user registrations (the last one to leave releases the folder)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.path = folder / "users.lock"
-
-    def __enter__(self) -> None:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)  # closing drops the lock
-
-
-def live_users(users_dir: Path) -> list[int]:
-    """Registered tasks still running (the PID and its start time both match)."""
-    alive = []
-    try:
-        entries = list(users_dir.iterdir())
-    except OSError:
-        return []
-    for entry in entries:
-        pid, _, started = entry.name.partition("-")
-        if pid.isdigit() and started and start_time(int(pid)) == started:
-            alive.append(int(pid))
-    return alive
-
-
-def start_time(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
 
 
 def _node() -> str:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.contract.child_process import start_child
-from hpctrain.contract.runfiles import printable
+from hpctrain.contract.runfiles import printable, real_path
 from hpctrain.dataset.index import IndexError_, index_of
 from hpctrain.dataset.packed_index import PACKED_FORMAT
 from hpctrain.dataset.squashfs import INDEX_NAME, ImageError, check_image, count_entries, read_superblock, require_tool
@@ -155,7 +155,7 @@ def pack(
 ) -> PackResult:
     """Write the image of ``root`` to ``out``; raises ``PackError`` (nothing written) on bad input."""
     started = time.perf_counter()
-    root, out = Path(root).expanduser().resolve(), _out_path(out)
+    root, out = real_path(Path(root).expanduser()), _out_path(out)
     _check_input(root, out, force, processors)
     mksquashfs = _tool("mksquashfs")
     _tool("unsquashfs")
@@ -229,7 +229,7 @@ def _out_path(out: str | Path) -> Path:
     out = Path(out).expanduser()
     if out.is_symlink():
         raise PackError(f"{printable(out)} is a symlink", "name the image file itself, not a link to it")
-    return out.parent.resolve() / out.name
+    return real_path(out.parent) / out.name
 
 
 def _check_input(root: Path, out: Path, force: bool, processors: int | None) -> None:

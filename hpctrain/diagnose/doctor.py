@@ -1,7 +1,8 @@
 """``hpctrain doctor``: will this cluster run this job? Every check, with its fix. Torch-free.
 
-The doctor verb's one sequence (:func:`doctor`; ``hpctrain doctor`` prints
-it, ``hpctrain.doctor`` returns it): the cluster's checks
+The doctor verb's one door (:func:`doctor_spec`: it loads the spec, then runs
+:func:`doctor`; ``hpctrain doctor`` prints its report, ``hpctrain.doctor``
+returns it, so both faces load a spec alike): the cluster's checks
 (``diagnose/cluster_checks.py``: Slurm, the spec against its partition,
 nodes, associations and preemption), the paths' (``diagnose/path_checks.py``:
 output_dir, data.root, the Python environment, and for a local cluster how
@@ -13,7 +14,9 @@ job's demand.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hpctrain.contract.slurm import Slurm
@@ -29,7 +32,7 @@ from hpctrain.diagnose.path_checks import (
     sharing_check,
 )
 from hpctrain.errors import ClusterError
-from hpctrain.jobspec.load import LoadedJob
+from hpctrain.jobspec.load import LoadedJob, load_job
 
 Check = Finding  # doctor's name for a finding (every check yields some)
 
@@ -85,6 +88,24 @@ class DoctorReport:
         """What ``hpctrain doctor --json`` prints."""
         document = summary(list(self.checks))
         return {**document, "probe": self.probe} if self.probe is not None else document
+
+
+def doctor_spec(
+    spec: str | Path | None,
+    overrides: Sequence[str] = (),
+    *,
+    cluster: str | None = None,
+    probe: bool = False,
+    probe_timeout_s: float = 300.0,
+    bounds: MeasureBounds | None = None,
+    slurm: Slurm | None = None,
+) -> DoctorReport:
+    """The doctor verb's one door (``hpctrain doctor [SPEC]``, ``hpctrain.doctor``): load ``spec`` (None:
+    the cluster alone) as ``jobspec.load.load_job`` does -- a spec that is wrong in itself is a
+    ``SpecError`` listing every problem -- then :func:`doctor`. What the files behind the spec say (the
+    script's file, an entry point's source, data.root) are checks of the report, never refusals."""
+    job = load_job(spec, overrides, cluster=cluster) if spec is not None else None
+    return doctor(job, probe=probe, probe_timeout_s=probe_timeout_s, bounds=bounds, slurm=slurm)
 
 
 def doctor(

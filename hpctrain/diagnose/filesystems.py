@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from hpctrain.contract.runfiles import real_path
 from hpctrain.dataset import walk
 
 MOUNTS_FILE = "/proc/self/mounts"
@@ -106,7 +107,7 @@ def existing_ancestor(path: str | Path) -> Path:
     current = Path(os.path.abspath(os.path.expanduser(str(path))))
     while not current.exists() and current != current.parent:
         current = current.parent
-    return current.resolve()
+    return real_path(current)
 
 
 def mount_of(path: str | Path, mounts_text: str | None = None) -> Mount | None:

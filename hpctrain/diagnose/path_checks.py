@@ -1,5 +1,8 @@
 """``hpctrain doctor``'s questions to the file systems: can the job's nodes read and write where it says? Torch-free.
 
+* what the job runs: a ``script:``'s file or module, an entry point whose
+  source must take ``ctx`` (what ``validate`` and ``submit`` refuse, reported
+  here as checks: :func:`check_program`);
 * paths: ``output_dir``, ``data.root`` and the Python environment exist, have
   the permissions the job needs and sit on a file system compute nodes share;
   ``data.root`` looks like an ImageFolder (a sample, never a full scan);
@@ -20,8 +23,9 @@ from hpctrain.diagnose import filesystems
 from hpctrain.diagnose.data_bench import gpu_type, spec_demand
 from hpctrain.diagnose.filesystems import FileRate
 from hpctrain.diagnose.findings import Finding, Level
-from hpctrain.diagnose.preflight import check_data_root
+from hpctrain.diagnose.preflight import check_data_root, check_entrypoint
 from hpctrain.jobspec.load import LoadedJob
+from hpctrain.jobspec.script_checks import program_problems
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp"})
 SAMPLE_CLASSES = 5
@@ -32,7 +36,7 @@ SLOW_STAGE_MIN = 10.0  # data.stage: node spending longer than this opening file
 
 def check_paths(job: LoadedJob, *, slurm_backend: bool, mounts_text: str | None = None) -> list[Finding]:
     spec = job.spec
-    checks = [check_output_dir(spec.output_dir, slurm_backend, mounts_text)]
+    checks = [*check_program(job), check_output_dir(spec.output_dir, slurm_backend, mounts_text)]
     checks.append(sharing_check("python", sys.prefix, slurm_backend, mounts_text, "the job's Python environment"))
     data_findings = [f for trial in job.trials for f in check_data_root(trial)]
     if spec.runs_trainer and spec.data.root is not None:
@@ -46,6 +50,23 @@ def check_paths(job: LoadedJob, *, slurm_backend: bool, mounts_text: str | None 
         elif not data_findings:
             checks.append(sharing_check("data.root", spec.data.root, slurm_backend, mounts_text, "the dataset"))
             checks.append(check_image_folder(Path(spec.data.root), spec.data.train_dir, spec.data.val_dir))
+    return checks
+
+
+def check_program(job: LoadedJob) -> list[Finding]:
+    """The script's file or module is here (``script:``), and each trial's entry point can take ``ctx``:
+    what ``validate`` and ``submit`` refuse, as checks of the report (so doctor loads the spec as they do
+    and still shows every other check)."""
+    spec = job.spec
+    if spec.script is not None:
+        problems = program_problems(spec)
+        fix = "fix the path, or run hpctrain where it is relative to"
+        if problems:
+            return [Finding("error", p.key, p.message, fix) for p in problems]
+        return [Finding("ok", "script", f"{spec.script.program} is there to be submitted")]
+    checks: list[Finding] = []
+    for trial in job.trials:
+        checks += [f for f in check_entrypoint(trial) if f not in checks]
     return checks
 
 

@@ -67,8 +67,7 @@ def check_entrypoint(spec: JobSpec, search_path: Sequence[str] | None = None) ->
     (read with ``ast``: nothing is imported; ``contract/entrypoint.py`` says what is judged where)."""
     if spec.entrypoint is None:
         return []
-    from hpctrain.contract.entrypoint import source_problem
-    from hpctrain.launch.code_snapshot import default_search_path
+    from hpctrain.contract.entrypoint import default_search_path, source_problem
 
     paths = default_search_path() if search_path is None else search_path
     problem = source_problem(spec.entrypoint, spec.entrypoint_args, paths)

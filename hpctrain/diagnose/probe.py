@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract.runfiles import RunFileError, load_json, read_bounded
+from hpctrain.contract.runfiles import RunFileError, load_json, read_bounded, real_path
 from hpctrain.contract.slurm import Slurm, WaitTimedOut, sbatch_wrap_command
 from hpctrain.diagnose.filesystems import measure_file_rate
 from hpctrain.diagnose.findings import Finding
@@ -87,7 +87,7 @@ def run_probe(
     folder = Path(os.path.expanduser(output_dir)) / PROBE_DIR
     folder.mkdir(parents=True, exist_ok=True)
     output = folder / "probe-%j.out"
-    wrap = probe_command(sys.executable, data_root, str(Path(os.path.expanduser(output_dir)).resolve()), measure)
+    wrap = probe_command(sys.executable, data_root, str(real_path(os.path.expanduser(output_dir))), measure)
     job_id = slurm.submit_wrapped(
         sbatch_args(partition=partition, gres=gres, account=account, qos=qos, output=output, wrap=wrap)
     )

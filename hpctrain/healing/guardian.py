@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hpctrain.contract.file_writes import open_append
 from hpctrain.contract.rundir import guardian_log_path
 from hpctrain.healing import decide
 from hpctrain.healing.evidence import NodeProbe, last_step
@@ -59,7 +60,7 @@ def log_writer(path: Path) -> Say:
     def say(line: str) -> None:
         text = f"hpctrain guardian: {line}\n"
         try:
-            with open(path, "a", encoding="utf-8") as handle:
+            with os.fdopen(open_append(path), "a", encoding="utf-8") as handle:
                 handle.write(text)
         except OSError:
             sys.stderr.write(text)  # to srun, which drops it: nothing better is left

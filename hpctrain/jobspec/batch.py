@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from hpctrain.jobspec.strategy_traits import ELASTIC_STRATEGIES, traits
 
 if TYPE_CHECKING:
-    from hpctrain.jobspec.models import JobSpec, Trainer
+    from hpctrain.jobspec.trainer import Trainer
 
 REFERENCE_BATCH = 256
 # Micro-batches per rank per step that a checkpoint may claim where the run's global batch is not on record
@@ -104,20 +104,3 @@ def micro_batch_problem(micro_batches: int, ranks: int, *, strategy: str) -> str
             f"ranks (each computes at least one; at most {micro_batches} ranks)"
         )
     return None
-
-
-def reshape_problem(before: JobSpec, after: JobSpec) -> str | None:
-    """Why ``after`` (a resume with other resources) cannot keep the global batch of ``before``'s run."""
-    old, new = before.batch_layout, after.batch_layout
-    if new.per_process != old.per_process:
-        return (
-            f"resources: each process would load {new.per_process} images per step instead of the run's "
-            f"{old.per_process} (trainer.strategy: {after.trainer.strategy} spreads its batch over a task's GPUs)"
-        )
-    problem = micro_batch_problem(old.processes, new.processes, strategy=after.trainer.strategy)
-    if problem is None:
-        return None
-    per_node = after.tasks_per_node
-    most = old.processes // per_node
-    works = f"1 to {most}" if after.trainer.strategy in ELASTIC_STRATEGIES and most >= 1 else "none other"
-    return f"resources.nodes: {after.resources.nodes}: {problem}; node counts that keep it: {works}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from hpctrain.contract.runfiles import real_path
 from hpctrain.errors import SpecProblem
 from hpctrain.jobspec.archs import ARCH_PARAMS_M, unknown_arch_message
 from hpctrain.jobspec.horovod import horovod_refusal
@@ -129,8 +130,8 @@ def one_task_per_gpu(spec: JobSpec, profile: ClusterProfile) -> Iterator[SpecPro
 def output_lies_outside_the_data(spec: JobSpec, profile: ClusterProfile) -> Iterator[SpecProblem]:
     if spec.data.root is None:
         return
-    data_root = Path(spec.data.root).expanduser().resolve()
-    output = Path(spec.output_dir).expanduser().resolve()
+    data_root = real_path(Path(spec.data.root).expanduser())
+    output = real_path(Path(spec.output_dir).expanduser())
     if output == data_root or data_root in output.parents:
         yield SpecProblem(
             "output_dir",

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from hpctrain.contract.runfiles import real_path
 from hpctrain.errors import SpecError, SpecProblem, UsageError
 from hpctrain.jobspec.cross_checks import check_resolved
 from hpctrain.jobspec.models import JobSpec
@@ -26,7 +27,7 @@ from hpctrain.jobspec.problems import position_of, problems_from_validation
 from hpctrain.jobspec.profiles import ClusterProfile, apply_profile, available_profiles, config_dir, load_profile
 from hpctrain.jobspec.script_args import fill_sweep
 from hpctrain.jobspec.script_checks import is_spec_key
-from hpctrain.jobspec.study_axes import StudyPoint, check_axes, combinations, point_label
+from hpctrain.jobspec.study_axes import check_axes, combinations, point_label
 from hpctrain.jobspec.yaml_source import _SpecLoader, read_spec_file
 
 
@@ -48,6 +49,15 @@ class LoadedJob:
     @property
     def is_study(self) -> bool:
         return bool(self.points)
+
+
+@dataclass(frozen=True)
+class StudyPoint:
+    """One point of a study: its label (and run folder name), its axis values and its resolved job."""
+
+    label: str
+    values: dict[str, Any]
+    job: LoadedJob
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -239,7 +249,7 @@ def absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
         if path is None:
             return None
         expanded = Path(path).expanduser()
-        return str(expanded if expanded.is_absolute() else (base / expanded).resolve())
+        return str(expanded if expanded.is_absolute() else real_path(base / expanded))
 
     update: dict[str, Any] = {
         "output_dir": absolute(spec.output_dir),
@@ -248,7 +258,7 @@ def absolute_paths(spec: JobSpec, base: Path) -> JobSpec:
     }
     if spec.script is not None:
         workdir = spec.script.workdir
-        if workdir is not None and not workdir.startswith("{"):  # '{run_dir}/x' is absolute once filled
+        if workdir and not workdir.startswith("{"):  # '{run_dir}/x' is absolute once filled; '' is refused
             workdir = absolute(workdir)
         update["script"] = spec.script.model_copy(update={"path": absolute(spec.script.path), "workdir": workdir})
     return spec.model_copy(update=update)

@@ -1,4 +1,5 @@
-"""Which specs may heal from a lost node inside their allocation (``resources.min_nodes``, ``spare_nodes``).
+"""Which specs may heal from a lost node inside their allocation (``resources.min_nodes``, ``spare_nodes``),
+and which resumes on other resources keep the run's global batch (:func:`reshape_problem`).
 
 A run that continues on fewer nodes keeps its global batch by sharing its
 canonical micro-batches over fewer ranks (``jobspec/shares.py``: any number of
@@ -110,3 +111,20 @@ def step_spec(spec: JobSpec, environ: Mapping[str, str]) -> JobSpec:
             hint="only hpctrain's supervisor sets it; unset it",
         )
     return spec.model_copy(update={"resources": res.model_copy(update={"nodes": int(value)})})
+
+
+def reshape_problem(before: JobSpec, after: JobSpec) -> str | None:
+    """Why ``after`` (a resume with other resources) cannot keep the global batch of ``before``'s run."""
+    old, new = before.batch_layout, after.batch_layout
+    if new.per_process != old.per_process:
+        return (
+            f"resources: each process would load {new.per_process} images per step instead of the run's "
+            f"{old.per_process} (trainer.strategy: {after.trainer.strategy} spreads its batch over a task's GPUs)"
+        )
+    problem = micro_batch_problem(old.processes, new.processes, strategy=after.trainer.strategy)
+    if problem is None:
+        return None
+    per_node = after.tasks_per_node
+    most = old.processes // per_node
+    works = f"1 to {most}" if after.trainer.strategy in ELASTIC_STRATEGIES and most >= 1 else "none other"
+    return f"resources.nodes: {after.resources.nodes}: {problem}; node counts that keep it: {works}"

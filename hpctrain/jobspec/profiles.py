@@ -4,13 +4,20 @@ Built in: ``hal`` (NCSA HAL: Slurm partition ``gpu``, 4 V100 per node as GRES),
 ``slurm`` (any Slurm cluster, nothing assumed) and ``local`` (this machine, no
 Slurm). Users add their own as YAML files named ``NAME.yaml`` in ``$HPCTRAIN_CONFIG_DIR/clusters/`` (default
 ``~/.config/hpctrain/clusters/``); a user file with a built-in's name replaces it.
+
+Every profile :func:`load_profile` returns is the caller's own: a built-in is
+copied deeply on each load, and ``BUILTIN_PROFILES`` is a read-only mapping,
+so editing one loaded job's ``job.profile`` (its ``slurm_extra``, ``setup``,
+``env``) never reaches another job loaded later in the same process.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, field_validator
@@ -93,7 +100,7 @@ class ClusterProfile(Section):
         return safe_path(value)
 
 
-BUILTIN_PROFILES: dict[str, ClusterProfile] = {
+_BUILTINS: dict[str, ClusterProfile] = {
     "hal": ClusterProfile(
         name="hal",
         description="NCSA HAL: IBM AC922 nodes with 4 NVIDIA V100 each, shared read-only ImageNet",
@@ -120,6 +127,9 @@ BUILTIN_PROFILES: dict[str, ClusterProfile] = {
         gpus_per_node=0,
     ),
 }
+
+
+BUILTIN_PROFILES: Mapping[str, ClusterProfile] = MappingProxyType(_BUILTINS)  # read-only; load_profile copies
 
 
 def config_dir(environ: dict[str, str] | None = None) -> Path:
@@ -156,7 +166,7 @@ def load_profile(name: str, environ: dict[str, str] | None = None) -> ClusterPro
                 hint=f"fix the cluster profile; every job with 'cluster: {name}' uses it",
             ) from None
     if name in BUILTIN_PROFILES:
-        return BUILTIN_PROFILES[name]
+        return BUILTIN_PROFILES[name].model_copy(deep=True)  # the caller's own (the module docstring)
     raise KeyError(name)
 
 

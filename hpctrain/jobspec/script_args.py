@@ -16,6 +16,8 @@ import json
 import re
 from collections.abc import Mapping
 
+from hpctrain.jobspec.script_inputs import CONTROL
+
 # What each placeholder is, in the words --help and the docs use; the order is the one messages list them in.
 PLACEHOLDERS: dict[str, str] = {
     "master_addr": "the rendezvous host (the job's first node)",
@@ -34,7 +36,6 @@ PLACEHOLDERS: dict[str, str] = {
 PER_RANK = ("rank", "local_rank")  # a process per node has no rank of its own
 SWEEP_PREFIX = "sweep."
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 
 
@@ -83,7 +84,7 @@ def sweep_keys_used(text: str) -> list[str]:
 
 def check_text(text: str) -> str:
     """One argument (or the workdir) as the spec accepts it: braces well-formed, every name a placeholder."""
-    if _CONTROL.search(text):
+    if CONTROL.search(text):
         raise ValueError(
             f"{text!r} contains control characters (a newline, tab, escape or NUL); write each argument on one line"
         )

@@ -12,6 +12,7 @@ on a node would, without importing it. Torch-free.
 
 from __future__ import annotations
 
+import errno
 import importlib.machinery
 import os
 import sys
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from hpctrain.errors import SpecProblem
 from hpctrain.jobspec.script_args import PER_RANK, PlaceholderError, placeholders, sweep_keys_used
+from hpctrain.jobspec.script_inputs import argument_problems, workdir_problems
 
 if TYPE_CHECKING:
     from hpctrain.jobspec.models import JobSpec, Script
@@ -82,6 +84,7 @@ def script_problems(spec: JobSpec) -> list[SpecProblem]:
         )
     problems += _per_node_problems(script)
     problems += _sweep_problems(spec)
+    problems += argument_problems(script)  # as this spec (a sweep trial) fills them: script_inputs.py
     return problems
 
 
@@ -149,16 +152,25 @@ def is_spec_key(key: str) -> bool:
 
 
 def program_problems(spec: JobSpec) -> list[SpecProblem]:
-    """The script file or module exists here (after ``absolute_paths``: the path is absolute).
+    """The script file or module exists here (after ``absolute_paths``: the path is absolute), and an
+    absolute ``workdir`` can be created (``script_inputs.workdir_problems``).
 
     Not part of :func:`script_problems`: ``validate``, ``submit`` and ``--dry-run`` ask it of the spec a
     user submits, but a run's own ``spec.yaml`` loads (``resume``) after the file moved, since every
     attempt runs the run's copy of it.
     """
+    assert spec.script is not None
+    return _program_problems(spec) + workdir_problems(spec.script)
+
+
+def _program_problems(spec: JobSpec) -> list[SpecProblem]:
     script = spec.script
     assert script is not None
     if script.path is not None:
         path = Path(script.path)
+        broken = _broken_link(path)
+        if broken is not None:
+            return [SpecProblem("script.path", f"{path} is {broken}; name the script itself")]
         if not path.exists():
             return [
                 SpecProblem(
@@ -184,6 +196,18 @@ def program_problems(spec: JobSpec) -> list[SpecProblem]:
             )
         ]
     return []
+
+
+def _broken_link(path: Path) -> str | None:
+    """What is wrong with ``path`` when it is a symlink that leads nowhere: a loop, or a missing target."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink loop (or leads through one)"
+        if path.is_symlink():
+            return f"a symlink to {os.readlink(path)}, which does not exist"
+    return None
 
 
 def module_file(module: str, search_path: Sequence[str] | None = None) -> Path | None:

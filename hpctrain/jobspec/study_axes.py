@@ -3,7 +3,7 @@
 A ``study:`` maps dotted resource keys to lists (``resources.nodes: [1, 2, 4]``);
 the cartesian product of the lists gives the points, and each point becomes
 its own Slurm job (not an array task: an array shares one allocation size).
-Everything here is pure and torch-free; ``spec/load.py`` resolves each point's
+Everything here is pure and torch-free; ``jobspec/load.py`` resolves each point (its ``StudyPoint``)'s
 spec with these helpers, ``hpctrain/launch/study.py`` submits and records them.
 """
 
@@ -12,14 +12,10 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hpctrain.errors import SpecProblem
 from hpctrain.jobspec.fields import shown_value
-
-if TYPE_CHECKING:
-    from hpctrain.jobspec.load import LoadedJob
 
 # The resource keys that change a job's size; each takes whole numbers, so a
 # point's label is a safe folder name. Anything else stays the same across points.
@@ -29,15 +25,6 @@ STUDY_KEYS: tuple[str, ...] = (
     "resources.tasks_per_node",
     "resources.cpus_per_task",
 )
-
-
-@dataclass(frozen=True)
-class StudyPoint:
-    """One point of a study: its label (and run folder name), its axis values and its resolved job."""
-
-    label: str
-    values: dict[str, Any]
-    job: LoadedJob
 
 
 def check_axes(axes: object) -> list[SpecProblem]:

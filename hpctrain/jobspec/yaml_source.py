@@ -3,6 +3,13 @@ and a map from every dotted key to its line and column for error messages.
 
 YAML 1.1 reads ``24:00:00`` as the base-60 integer 86400 — a trap for Slurm
 time limits — so our loader resolves integers and floats the YAML 1.2 way.
+
+Control characters are refused before parsing, each named with its line and
+column (:func:`_check_characters`): C0 controls other than tab and line ends,
+DEL, every C1 control (U+0080-U+009F, NEL among them) and the Unicode line
+and paragraph separators. PyYAML reads NEL, U+2028 and U+2029 as line breaks
+(a key hidden on what looks like a comment's line) and raised a traceback at
+the others; no spec needs any of them.
 """
 
 from __future__ import annotations
@@ -88,11 +95,35 @@ for _tag, _kind in (("int", "whole number"), ("float", "number"), ("timestamp", 
     _SpecLoader.add_constructor(_tag, _refusing_bad_scalars(_kind, yaml.SafeLoader.yaml_constructors[_tag]))
 
 
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029]")
+MAX_CHARACTER_PROBLEMS = 10
+
+
+def _check_characters(text: str, source: str) -> None:
+    """A SpecError naming each control character (the module docstring), its line and column."""
+    problems = []
+    for match in _CONTROL.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        column = match.start() - (text.rfind("\n", 0, match.start()) + 1) + 1
+        code = f"U+{ord(match.group()):04X}"
+        problems.append(SpecProblem("", f"a control character ({code}) in the text; remove it", line, column))
+        if len(problems) == MAX_CHARACTER_PROBLEMS:
+            break
+    if problems:
+        raise SpecError(
+            source,
+            problems,
+            hint="retype the line: a spec is plain text (an editor or a copy from a web page put it there)",
+        )
+
+
 def parse_yaml_text(text: str, source: str) -> tuple[Any, dict[str, tuple[int, int]]]:
     """Parse text; return the data and {dotted key: (line, column)}, 1-based."""
+    _check_characters(text, source)
     _check_nesting(text, source)
-    loader = _SpecLoader(text)
+    loader = None
     try:
+        loader = _SpecLoader(text)  # its reader checks every character (ReaderError): inside the try
         node = loader.get_single_node()
         if node is not None:
             _check_expanded_size(node, source)
@@ -114,7 +145,8 @@ def parse_yaml_text(text: str, source: str) -> tuple[Any, dict[str, tuple[int, i
     except RecursionError:  # a nesting _check_nesting could not see (e.g. inside block scalars' neighbours)
         raise SpecError(source, [SpecProblem("", "invalid YAML: nested too deeply")]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     positions: dict[str, tuple[int, int]] = {}
     if node is not None:
         _collect_positions(node, "", positions)

@@ -33,10 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from hpctrain.contract import job_registry
 from hpctrain.contract.cancel_marker import write_cancel_marker
 from hpctrain.contract.rundir import RUN_FILE, latest_checkpoint_step, read_run_info, trial_dir
 from hpctrain.contract.slurm import Slurm, SlurmCommandError, WaitTimedOut, checked_job_id
 from hpctrain.contract.slurm_states import is_final
+from hpctrain.contract.study_file import point_dir, read_study, study_dir_of
 from hpctrain.contract.summary import Summary, read_summary
 from hpctrain.errors import ClusterError, HpctrainError, RunDirError
 from hpctrain.launch import local_run
@@ -89,6 +91,43 @@ class PointCancelled:
     run_dir: Path
     result: Cancelled | None = None
     error: HpctrainError | None = None
+
+
+@dataclass(frozen=True)
+class StudyCancelled:
+    """A study's cancel: one ``PointCancelled`` per point of its study.json, in its order."""
+
+    study_dir: Path
+    points: tuple[PointCancelled, ...]
+
+    @property
+    def failed(self) -> tuple[PointCancelled, ...]:
+        return tuple(point for point in self.points if point.error is not None)
+
+    def error(self) -> HpctrainError | None:
+        """The points that could not be cancelled, as one error with the worst point's exit code (what
+        ``hpctrain cancel`` exits with, what ``hpctrain.cancel`` raises); None when every point is done."""
+        failed = [point.error for point in self.failed if point.error is not None]
+        if not failed:
+            return None
+        said = "; ".join(f"{point.label}: {point.error.message}" for point in self.failed if point.error is not None)
+        error = HpctrainError(
+            f"{self.study_dir}: {len(failed)} point(s) could not be cancelled: {said}", failed[0].hint
+        )
+        error.exit_code = max(each.exit_code for each in failed)
+        return error
+
+
+def cancel(
+    target: str, timeout_s: float = DEFAULT_TIMEOUT_S, *, slurm: Slurm | None = None
+) -> Cancelled | StudyCancelled:
+    """The cancel verb's one door (``hpctrain cancel``, ``hpctrain.cancel``): ``target`` names a study
+    directory (every point is cancelled: :func:`cancel_study`) or a run (a run directory or a Slurm job id:
+    :func:`cancel_run`). A missing path, or a folder that is neither, is a ``RunDirError``."""
+    if (study_dir := study_dir_of(target)) is None:
+        return cancel_run(job_registry.resolve_run(target), timeout_s, slurm=slurm)
+    points = cancel_study(study_dir, read_study(study_dir)["points"], timeout_s, slurm=slurm)
+    return StudyCancelled(study_dir, tuple(points))
 
 
 def run_activity(run_dir: Path, info: dict[str, Any], slurm: Slurm) -> RunActivity:
@@ -167,8 +206,6 @@ def cancel_study(
 ) -> list[PointCancelled]:
     """Cancel every submitted point of a study (``points``: study.json's records) through :func:`cancel_run`;
     one point's error is recorded and the next point is cancelled all the same."""
-    from hpctrain.contract.study_file import point_dir
-
     slurm = slurm or Slurm()
     done = []
     for point in points:

@@ -16,6 +16,16 @@ user's tree happens to hold (a dotfiles ``$HOME`` under git holds ``.ssh/``):
   file or folder (``.ssh``, ``.env``, ``.git``), bytecode, a FIFO, socket or
   device, a folder reached twice (a symlink loop).
 
+The rule is on the **resolved target**, for every file copied: what a name
+leads to, all symlinks followed, must lie inside the root with no hidden
+folder or file on the way (``keys -> .secrets`` is as hidden as ``.secrets``),
+and the root itself, resolved, may not lie in a hidden folder of the home
+directory (a script or package that is a symlink into ``~/.ssh`` makes
+``~/.ssh`` the root: refused, :func:`root_refusal`). ``code_snapshot.take``
+checks each file again as it copies it. Paths are resolved with
+``contract.runfiles.real_path``, which never raises: a symlink loop is a
+file left out ("a symlink loop"), never a traceback.
+
 What is left out is said (:attr:`Selection.left_out`): ``submit`` prints it
 and ``run.json`` records it. A module imported only under a computed name
 (``import_module(f"models.{name}")`` of another top-level package) is not
@@ -25,12 +35,15 @@ seen; import it by name, or submit with ``--no-snapshot``.
 from __future__ import annotations
 
 import ast
+import errno
 import importlib.machinery
 import os
+import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpctrain.contract.runfiles import real_path
 from hpctrain.errors import printable
 
 MAX_PARSE_BYTES = 4 << 20  # a larger .py file is copied but not read for imports
@@ -65,7 +78,7 @@ class Selection:
 def select(import_dir: Path, package: str, git_listed: Callable[[Path], set[Path]] | None = None) -> Selection:
     """The import closure of ``package`` within ``import_dir``. In a git work tree ``git_listed(top)`` gives
     what git lists under one top-level package or module (paths relative to ``import_dir``)."""
-    chosen = Selection(root=Path(import_dir).resolve())
+    chosen = Selection(root=real_path(import_dir))
     queue, seen = [package], set()
     while queue:
         name = queue.pop(0)
@@ -75,10 +88,9 @@ def select(import_dir: Path, package: str, git_listed: Callable[[Path], set[Path
         found = _top_level(chosen.root, name)
         if found is None:
             continue  # the environment's (stdlib, site-packages) or not there: not ours to copy
-        if not _inside(found, chosen.root):
-            chosen.left_out.append(
-                f"{_relative(found, chosen.root)}: a symlink to {found.resolve()}, outside {chosen.root}"
-            )
+        why = target_refusal(found, chosen.root)
+        if why is not None:
+            chosen.left_out.append(f"{_relative(found, chosen.root)}: {why}")
             continue
         new = list(_files(found, chosen))
         if git_listed is not None:
@@ -100,7 +112,7 @@ def select_folder(
     """Every file of ``folder`` by the same rules (a script's folder: ``launch/script_code.py``), the folder
     its own root; in a git work tree only what ``git_listed(Path("."))`` lists. Nothing under a folder of
     ``skip`` (the run's output directory, should it lie in there: earlier runs are no code)."""
-    chosen = Selection(root=Path(folder).resolve())
+    chosen = Selection(root=real_path(folder))
     new = list(_files(chosen.root, chosen))
     if git_listed is not None:
         listed = git_listed(Path("."))
@@ -114,10 +126,10 @@ def select_folder(
 
 def _outside(files: list[Path], chosen: Selection, skip: Iterable[Path]) -> list[Path]:
     """``files`` less those under a folder of ``skip``, each such folder said once."""
-    folders = [Path(folder).resolve() for folder in skip]
+    folders = [real_path(Path(folder).expanduser()) for folder in skip]
     kept = []
     for name in files:
-        under = next((f for f in folders if f in (chosen.root / name).resolve().parents), None)
+        under = next((f for f in folders if f in real_path(chosen.root / name).parents), None)
         if under is None:
             kept.append(name)
         elif (note := f"{_relative(under, chosen.root)}: the run's output directory") not in chosen.left_out:
@@ -169,7 +181,7 @@ def _files(top: Path, chosen: Selection) -> Iterable[Path]:
     if not top.is_dir():
         yield _relative(top, chosen.root)
         return
-    visited = {top.resolve()}
+    visited = {real_path(top)}
     stack = [top]
     while stack:
         folder = stack.pop()
@@ -189,7 +201,7 @@ def _files(top: Path, chosen: Selection) -> Iterable[Path]:
             if why is not None:
                 chosen.left_out.append(f"{_relative(path, chosen.root)}: {why}")
             elif entry.is_dir():
-                real = path.resolve()
+                real = real_path(path)
                 if real in visited:
                     chosen.left_out.append(f"{_relative(path, chosen.root)}: a symlink loop (to {real})")
                 else:
@@ -201,22 +213,64 @@ def _files(top: Path, chosen: Selection) -> Iterable[Path]:
 
 
 def _refusal(path: Path, entry: os.DirEntry[str], root: Path) -> str | None:
-    """Why ``path`` is not copied, or None: a symlink out of ``root``, or not a regular file or folder."""
+    """Why ``path`` is not copied, or None: its target (symlinks resolved) breaks :func:`target_refusal`, or
+    it is not a regular file or folder."""
     try:
-        if entry.is_symlink() and not _inside(path, root):
-            return f"a symlink to {path.resolve()}, outside {root}"
+        if entry.is_symlink() and (why := target_refusal(path, root)) is not None:
+            return why
         if entry.is_dir() or entry.is_file():
             return None
     except OSError as exc:
         return f"unreadable ({exc.strerror})"
-    return "a broken symlink" if entry.is_symlink() else "not a regular file (a FIFO, socket or device)"
+    if entry.is_symlink():
+        return "a symlink loop" if _loops(path) else "a broken symlink"
+    return "not a regular file (a FIFO, socket or device)"
 
 
-def _inside(path: Path, root: Path) -> bool:
+def target_refusal(path: Path, root: Path) -> str | None:
+    """Why what ``path`` leads to may not be copied from ``root``, or None (the module docstring's rule):
+    outside ``root``, or hidden (a hidden name anywhere between ``root`` and the target)."""
+    real = real_path(path)
+    if _loops(path):
+        return "a symlink loop"
+    if not real.is_relative_to(root):
+        return f"a symlink to {printable(real)}, outside {printable(root)}"
+    hidden = next((part for part in real.relative_to(root).parts if part.startswith(".")), None)
+    if hidden is not None:
+        return f"leads to {printable(real)}, a hidden file or folder ({printable(hidden)})"
+    return None
+
+
+def root_refusal(folder: Path) -> str | None:
+    """Why the folder ``folder`` (resolved) may not be a snapshot's root, or None: it is the home directory
+    or a file system's root (everything the user has), a shared world-writable folder such as ``/tmp``
+    (everybody's files), or lies in a hidden folder of the home directory (``~/.ssh``)."""
+    real = real_path(folder)
+    home = real_path(Path.home())
+    if real == home:
+        return f"{printable(real)} is your home directory"
+    if real.parent == real:
+        return f"{printable(real)} is a file system's root"
     try:
-        return path.resolve().is_relative_to(root)
-    except (OSError, RuntimeError):
-        return False
+        mode = real.stat().st_mode
+    except OSError:
+        mode = 0
+    if mode & stat.S_ISVTX and mode & stat.S_IWOTH:
+        return f"{printable(real)} is a shared folder everyone writes into (world-writable, like /tmp)"
+    if real.is_relative_to(home):
+        hidden = next((part for part in real.relative_to(home).parts if part.startswith(".")), None)
+        if hidden is not None:
+            return f"{printable(real)} lies in the hidden folder {printable(home / hidden)}"
+    return None
+
+
+def _loops(path: Path) -> bool:
+    """Whether resolving ``path`` meets a symlink loop."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    return False
 
 
 def _relative(path: Path, root: Path) -> Path:

@@ -14,6 +14,13 @@ entry point, on every attempt (requeues and ``hpctrain resume`` included).
 files differ from it, how many files and bytes were copied, and what was
 left out. The built-in trainer (no ``entrypoint``) is hpctrain's own code
 and is not copied; its version is in ``run.json`` already.
+
+One decision for ``--dry-run`` and ``submit``: every plan (:func:`plan`,
+``script_code.plan``) asks :func:`check_size`, and :func:`take` asks it again,
+so a dry run refuses what the submit would (``MAX_SNAPSHOT_FILES``,
+``MAX_SNAPSHOT_BYTES``). Each file is copied from its resolved target after a
+second check (``code_selection.target_refusal``), through a fresh temporary
+file (``contract/file_writes.copy_atomic``).
 """
 
 from __future__ import annotations
@@ -26,9 +33,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hpctrain.contract.entrypoint import default_search_path
+from hpctrain.contract.file_writes import copy_atomic
 from hpctrain.contract.rundir import CODE_DIR, run_home
-from hpctrain.errors import UsageError
-from hpctrain.launch.code_selection import Selection, select
+from hpctrain.contract.runfiles import RunFileError, open_regular, real_path
+from hpctrain.errors import UsageError, printable
+from hpctrain.launch.code_selection import Selection, root_refusal, select, target_refusal
 
 SNAPSHOT_DIR = CODE_DIR
 MAX_SNAPSHOT_BYTES = 200 * 1024 * 1024
@@ -88,34 +98,43 @@ def locate(entrypoint: str, search_path: Sequence[str] | None = None) -> CodeSou
     if spec is None:
         return None
     if spec.submodule_search_locations:  # a package (regular or namespace)
-        location = Path(next(iter(spec.submodule_search_locations))).resolve()
+        location = real_path(next(iter(spec.submodule_search_locations)))
     elif spec.origin and spec.origin not in ("built-in", "frozen"):
-        location = Path(spec.origin).resolve()
+        location = real_path(spec.origin)
     else:
         return None
     import_dir = location.parent
     if in_environment(import_dir):
         return None  # an installed distribution or the standard library: the environment's, not the user's tree
+    why = root_refusal(import_dir)
+    if why is not None and "hidden" in why:  # a package that leads into ~/.ssh: nothing of it is copied
+        raise UsageError(
+            f"entrypoint: {package} is imported from {printable(import_dir)}: {why}, and hpctrain never copies "
+            "a hidden folder into a run",
+            hint="keep your code in a folder of its own (not hidden), or submit with --no-snapshot",
+        )
     return CodeSource(package=package, import_dir=import_dir, files_root=location, git_root=git_toplevel(import_dir))
 
 
 def plan(source: CodeSource) -> Selection:
-    """What :func:`take` would copy and leave out (``submit --dry-run`` prints it)."""
+    """What :func:`take` would copy and leave out (``submit --dry-run`` prints it); a UsageError when it is
+    more than a snapshot holds (:func:`check_size`: the one decision, the dry run's and the submit's)."""
     listed = git_lister(source) if source.git_root is not None else None
-    return select(source.import_dir, source.package, listed)
+    chosen = select(source.import_dir, source.package, listed)
+    check_size(chosen, source)
+    return chosen
 
 
 def take(source: CodeSource, run_dir: Path, chosen: Selection | None = None) -> Snapshot:
     """Copy ``source`` into ``run_dir/code`` and describe the copy; ``chosen``: another selection of its
     import directory's files than :func:`plan`'s (a script's folder: ``launch/script_code.py``)."""
     chosen = plan(source) if chosen is None else chosen
-    total = _check_size(chosen, source)
+    total = check_size(chosen, source)
     target = Path(run_dir) / SNAPSHOT_DIR
     for relative in chosen.files:
         destination = target / relative
         destination.parent.mkdir(parents=True, exist_ok=True)
-        real = (chosen.root / relative).resolve()  # inside the root: the selection left out every other
-        shutil.copy2(real, destination, follow_symlinks=True)
+        _copy_one(chosen.root, relative, destination)
     commit, dirty = git_state(source.git_root, chosen) if source.git_root else (None, None)
     return Snapshot(
         path=SNAPSHOT_DIR,
@@ -132,14 +151,35 @@ def take(source: CodeSource, run_dir: Path, chosen: Selection | None = None) -> 
     )
 
 
+def _copy_one(root: Path, relative: Path, destination: Path) -> None:
+    """Copy one selected file, its resolved target checked again as it is opened (the tree may have changed
+    since it was selected): inside ``root``, not hidden, a regular file (code_selection.py's rule). An error
+    writing the copy (a full disk) is the caller's OSError, naming the copy."""
+    why = target_refusal(root / relative, root)
+    source = None
+    if why is None:
+        try:
+            source = open_regular(root / relative, within=root)
+        except (OSError, RunFileError) as exc:
+            why = str(exc.strerror if isinstance(exc, OSError) and exc.strerror else exc)
+    if source is None:
+        raise UsageError(
+            f"the code snapshot cannot copy {printable(root / relative)}: {why}",
+            hint="the folder changed while it was being copied; submit again (or with --no-snapshot)",
+        )
+    with source:
+        copy_atomic(source, destination)
+    shutil.copystat(real_path(root / relative), destination)
+
+
 def import_root(run_dir: Path, recorded: object) -> Path | None:
     """The copy's sys.path entry from ``run.json``'s ``code_snapshot``, if it is there."""
     if not isinstance(recorded, dict) or not isinstance(recorded.get("import_root"), str):
         return None
-    run_dir = Path(run_dir).resolve()
+    run_dir = real_path(run_dir)
     # a sweep's trials share the copy in the sweep's directory, one level up
     home = run_home(run_dir)
-    root = (run_dir / recorded["import_root"]).resolve()
+    root = real_path(run_dir / recorded["import_root"])
     if home not in root.parents and root != home:
         return None  # a hand-edited run.json pointing elsewhere is not followed
     return root
@@ -161,7 +201,7 @@ def for_trial(record: dict[str, object], sweep_dir: Path, trial_dir: Path) -> di
 
 def git_toplevel(directory: Path) -> Path | None:
     out = _git(directory, "rev-parse", "--show-toplevel")
-    return Path(out.strip()).resolve() if out else None
+    return real_path(out.strip()) if out else None
 
 
 def git_lister(source: CodeSource) -> Callable[[Path], set[Path]]:
@@ -203,12 +243,23 @@ def _git(directory: Path, *args: str) -> str | None:
 # ------------------------------------------------------------------ helpers
 
 
-def _check_size(chosen: Selection, source: CodeSource) -> int:
-    total = sum((chosen.root / name).stat().st_size for name in chosen.files)
+def check_size(chosen: Selection, source: CodeSource) -> int:
+    """The bytes the selection copies; a UsageError when the files or bytes are more than a snapshot holds
+    (``MAX_SNAPSHOT_FILES``, ``MAX_SNAPSHOT_BYTES``). Asked by every plan and again by :func:`take`."""
+    total = 0
+    for name in chosen.files:
+        try:
+            total += os.stat(chosen.root / name).st_size
+        except OSError:
+            continue  # gone since it was listed: take() says so when it copies
+        if total > MAX_SNAPSHOT_BYTES:
+            break
     if total > MAX_SNAPSHOT_BYTES or len(chosen.files) > MAX_SNAPSHOT_FILES:
+        size = f"over {MAX_SNAPSHOT_BYTES / 2**20:.0f}" if total > MAX_SNAPSHOT_BYTES else f"{total / 2**20:.0f}"
         raise UsageError(
-            f"the code snapshot of {source.package} ({', '.join(chosen.packages)} in {chosen.root}) would copy "
-            f"{total / 2**20:.0f} MiB ({len(chosen.files)} files) into the run directory",
+            f"the code snapshot of {source.package} ({', '.join(chosen.packages)} in {printable(chosen.root)}) "
+            f"would copy {size} MiB ({len(chosen.files)} files; at most {MAX_SNAPSHOT_FILES:,} files and "
+            f"{MAX_SNAPSHOT_BYTES / 2**20:.0f} MiB) into the run directory",
             hint="keep data and weights out of the package (or in .gitignore), "
             "or submit with --no-snapshot to run the live tree",
         )
@@ -220,7 +271,7 @@ def in_environment(directory: Path) -> bool:
     user's tree: site-packages, or the standard library (stdlib, platstdlib, lib-dynload)."""
     if directory.name in ("site-packages", "dist-packages"):
         return True
-    directory = directory.resolve()
+    directory = real_path(directory)
     return any(directory == root or root in directory.parents for root in _stdlib_roots())
 
 
@@ -228,11 +279,4 @@ def _stdlib_roots() -> set[Path]:
     import sysconfig
 
     paths = sysconfig.get_paths()
-    return {Path(paths[key]).resolve() for key in ("stdlib", "platstdlib") if paths.get(key)}
-
-
-def default_search_path() -> list[str]:
-    """Where ``python -m`` on a node started from here looks first: this directory, then ``sys.path``."""
-    import sys
-
-    return [os.getcwd(), *(entry for entry in sys.path if entry)]
+    return {real_path(paths[key]) for key in ("stdlib", "platstdlib") if paths.get(key)}

@@ -1,5 +1,10 @@
 """What ``submit --dry-run`` shows: the exact sbatch script, the code snapshot plan and each rank's view.
 
+Its text quotes spec values, arguments and folder names: command lines are
+written with :func:`shell_words` (exact and pasteable, unprintable characters
+as ``$'\\u202e'``), and the CLI escapes whatever else it holds
+(``hpctrain.errors.printable``) before it reaches a terminal.
+
 The script is rendered from the same executor parameters a real submit uses
 (``submission.render_script``), so what it prints is what Slurm gets; nothing
 touches Slurm or the output directory. Torch-free.
@@ -98,8 +103,26 @@ def script_plan(job: LoadedJob, run_dir: Path, *, local: bool, snapshot: bool) -
             text += f"...  ({len(rows) - 16} more)\n"
             continue
         who, folder, argv = row
-        text += f"{who}: {shlex.join(argv)}" + ("" if len(workdirs) <= 1 else f"   (in {folder})") + "\n"
+        text += f"{who}: {shell_words(argv)}" + ("" if len(workdirs) <= 1 else f"   (in {folder})") + "\n"
     return text
+
+
+def shell_words(argv: list[str]) -> str:
+    """``argv`` as a shell command line a person can read and paste: an argument holding a character that
+    prints as nothing or reorders the line (a control, bidi, U+2028) is written in bash's ``$'...'`` form with
+    that character escaped, so the line shows exactly what the process gets; the rest as ``shlex.quote``."""
+    return " ".join(_ansi_c(word) if not word.isprintable() else shlex.quote(word) for word in argv)
+
+
+def _ansi_c(word: str) -> str:
+    def one(char: str) -> str:
+        if char in "\\'":
+            return "\\" + char
+        if char.isprintable():
+            return char
+        return f"\\x{ord(char):02x}" if ord(char) < 0x80 else f"\\u{ord(char):04x}"
+
+    return "$'" + "".join(one(char) for char in word) + "'"
 
 
 def burn_in_note(spec: JobSpec, *, local: bool) -> str:

@@ -26,8 +26,8 @@ from hpctrain.contract.runfiles import check_inside, printable
 from hpctrain.contract.slurm import Slurm
 from hpctrain.contract.study_file import read_study, study_dir_of
 from hpctrain.errors import UsageError
-from hpctrain.jobspec.batch import reshape_problem
 from hpctrain.jobspec.load import LoadedJob, load_job, parse_override
+from hpctrain.jobspec.node_loss import reshape_problem
 from hpctrain.launch import plan
 from hpctrain.launch.cancel import run_activity
 from hpctrain.launch.submission import SubmittedRun, resubmit

@@ -23,15 +23,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpctrain.contract.rundir import CODE_DIR, run_home
+from hpctrain.contract.runfiles import real_path
 from hpctrain.contract.script_env import ScriptCode
-from hpctrain.errors import ClusterError, SpecError, SpecProblem, UsageError
+from hpctrain.errors import ClusterError, SpecError, SpecProblem, UsageError, printable
 from hpctrain.jobspec.load import LoadedJob
 from hpctrain.jobspec.models import JobSpec, Script
 from hpctrain.jobspec.problems import position_of
 from hpctrain.jobspec.script_checks import module_file, program_problems
 from hpctrain.jobspec.yaml_source import read_spec_file
 from hpctrain.launch import code_snapshot
-from hpctrain.launch.code_selection import Selection, select_folder
+from hpctrain.launch.code_selection import Selection, root_refusal, select_folder
 
 SCRIPT_DIR_KEY = "script_dir"  # run.json code_snapshot: the copy of the script's folder, relative to the run
 
@@ -52,19 +53,21 @@ def require_program(job: LoadedJob) -> None:
 def locate(script: Script) -> code_snapshot.CodeSource | None:
     """What to copy for ``script``; None when nothing is (a module of the environment, or not found).
 
-    A script whose folder is a home directory or a file system's root is refused: its "folder" would be
-    everything the user has.
+    A script whose folder (symlinks resolved) is a home directory, a file system's root, a shared folder
+    such as ``/tmp`` or lies in a hidden folder (``~/.ssh``) is refused: its "folder" would be everything
+    the user has, everybody's files, or secrets (``code_selection.root_refusal``).
     """
     if script.module is not None:
         return code_snapshot.locate(f"{script.module}:main")
     assert script.path is not None
-    folder = Path(script.path).resolve().parent
+    folder = real_path(script.path).parent
     if code_snapshot.in_environment(folder):
         return None
-    if folder == Path.home().resolve() or folder.parent == folder:
+    why = root_refusal(folder)
+    if why is not None:
         raise UsageError(
-            f"{script.path} lies directly in {folder}, and hpctrain copies a script's folder into the run "
-            "(so a requeue runs what you submitted): that would copy all of it",
+            f"{printable(script.path)} lies directly in {printable(folder)}, and hpctrain copies a script's "
+            f"folder into the run (so a requeue runs what you submitted): {why}, so it would copy all of it",
             hint="move the script into a folder of its own, or submit with --no-snapshot",
         )
     name = Path(script.path).name
@@ -80,7 +83,9 @@ def plan(source: code_snapshot.CodeSource, spec: JobSpec) -> Selection:
     if spec.script.module is not None:
         return code_snapshot.plan(source)
     listed = code_snapshot.git_lister(source) if source.git_root is not None else None
-    return select_folder(source.import_dir, listed, skip=[Path(spec.output_dir)])
+    chosen = select_folder(source.import_dir, listed, skip=[Path(spec.output_dir)])
+    code_snapshot.check_size(chosen, source)  # the dry run decides as the submit does
+    return chosen
 
 
 def take(source: code_snapshot.CodeSource, spec: JobSpec, run_dir: Path) -> code_snapshot.Snapshot:
@@ -97,8 +102,8 @@ def _copy_of_folder(script: Script, source: code_snapshot.CodeSource) -> Path:
         return Path(CODE_DIR)  # the folder is the copy's root
     assert script.module is not None
     found = module_file(script.module, [str(source.import_dir)])
-    folder = found.resolve().parent if found is not None else source.import_dir
-    return Path(CODE_DIR) / folder.relative_to(source.import_dir.resolve())
+    folder = real_path(found).parent if found is not None else source.import_dir
+    return Path(CODE_DIR) / folder.relative_to(real_path(source.import_dir))
 
 
 def script_code(spec: JobSpec, run_dir: Path, record: object = None) -> ScriptCode:
@@ -123,8 +128,8 @@ def _copied_dir(run_dir: Path, record: object) -> Path | None:
     """The copy of the script's folder, if the record names one inside the run (a crafted run.json is not followed)."""
     if not isinstance(record, dict) or not isinstance(record.get(SCRIPT_DIR_KEY), str):
         return None
-    home = run_home(Path(run_dir).resolve())
-    folder = (Path(run_dir).resolve() / record[SCRIPT_DIR_KEY]).resolve()
+    home = run_home(real_path(run_dir))
+    folder = real_path(real_path(run_dir) / record[SCRIPT_DIR_KEY])
     return folder if home in folder.parents else None
 
 

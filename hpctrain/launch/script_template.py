@@ -12,13 +12,12 @@ told, in a comment, what that means for its resume. Torch-free.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.errors import UsageError
-from hpctrain.launch.templates import fill, read_template
+from hpctrain.launch.templates import fill_yaml, read_template
 
 MAX_SCRIPT_BYTES = 4 * 1024 * 1024  # what is read of the script to recognise its style
 _SPAWN = re.compile(r"\b(mp|multiprocessing|torch\.multiprocessing)\.spawn\(|\bstart_processes\(")
@@ -26,8 +25,8 @@ _LOCAL_RANK_ARG = re.compile(r"""["']--local[_-]rank["']""")
 _DIST_URL_ARG = re.compile(r"""["']--dist[_-]url["']""")
 HAL_ARGS = ("--dist-url", "tcp://{master_addr}:{master_port}", "--world-size", "{nnodes}", "--rank", "{node_rank}")
 NO_HANDLER = (
-    "\n# It installs no signal handler: at a stop it ends at once and resumes from what it saved last;"
-    "\n# save on SIGTERM (docs/scripts.md#what-a-script-does-to-resume) to lose nothing."
+    "\nIt installs no signal handler: at a stop it ends at once and resumes from what it saved last;"
+    "\nsave on SIGTERM (docs/scripts.md#what-a-script-does-to-resume) to lose nothing."
 )
 
 
@@ -35,7 +34,7 @@ NO_HANDLER = (
 class ScriptStyle:
     per: str
     args: list[str]
-    says: str  # one comment line for the spec
+    says: str  # the spec's comment on it (lines without their '#')
 
     @property
     def per_comment(self) -> str:
@@ -63,12 +62,12 @@ def style_of(text: str) -> ScriptStyle:
         args = list(HAL_ARGS) if _DIST_URL_ARG.search(text) else []
         if "--multiprocessing-distributed" in text:
             args.append("--multiprocessing-distributed")
-        says = "# Its text starts workers with mp.spawn: one process per node, as HAL's tutorial runs it."
+        says = "Its text starts workers with mp.spawn: one process per node, as HAL's tutorial runs it."
         return ScriptStyle("node", args, says + note)
     if _LOCAL_RANK_ARG.search(text):
-        says = "# It takes --local_rank, as under torch.distributed.launch: hpctrain passes each rank's."
+        says = "It takes --local_rank, as under torch.distributed.launch: hpctrain passes each rank's."
         return ScriptStyle("rank", ["--local_rank={local_rank}"], says + note)
-    says = "# It reads its rank from the environment, as under torchrun: hpctrain sets torchrun's variables."
+    says = "It reads its rank from the environment, as under torchrun: hpctrain sets torchrun's variables."
     return ScriptStyle("rank", [], says + note)
 
 
@@ -76,20 +75,19 @@ def render(
     name: str, path: Path, script: str, style: ScriptStyle, *, nodes: int, gpus_per_node: int, cluster: str
 ) -> str:
     """The spec's text (``script``: as the user wrote it, relative to where hpctrain runs)."""
-    return fill(
+    return fill_yaml(
         read_template("script_job.yaml"),
         {
             "name": name,
             "path": str(path),
             "script": script,
-            "script_yaml": json.dumps(script),  # quoted: any path is one YAML string
             "style": style.says,
             "cluster": cluster,
-            "nodes": str(nodes),
-            "gpus_per_node": str(gpus_per_node),
+            "nodes": nodes,
+            "gpus_per_node": gpus_per_node,
             "time": "24:00:00" if gpus_per_node else "01:00:00",
             "per": style.per,
             "per_comment": style.per_comment,
-            "args": json.dumps(style.args),
+            "args": style.args,
         },
     )

@@ -27,9 +27,8 @@ from hpctrain.contract.rundir import create_run_dir, study_file
 from hpctrain.contract.study_file import STUDY_KIND, STUDY_VERSION, point_dir, write_study
 from hpctrain.errors import ClusterError, UsageError
 from hpctrain.jobspec.batch import scaled_lr
-from hpctrain.jobspec.load import LoadedJob
+from hpctrain.jobspec.load import LoadedJob, StudyPoint
 from hpctrain.jobspec.node_loss import node_count_text
-from hpctrain.jobspec.study_axes import StudyPoint
 from hpctrain.launch.submission import SubmittedRun, render_script, submit_run
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import hpctrain
 from hpctrain.contract import job_registry
+from hpctrain.contract.file_writes import write_failure
 from hpctrain.contract.rundir import (
     atomic_write_text,
     create_run_dir,
@@ -32,8 +33,9 @@ from hpctrain.contract.rundir import (
     trial_dir,
     write_run_info,
 )
+from hpctrain.contract.runfiles import real_path
 from hpctrain.dataset import squashfs
-from hpctrain.errors import ClusterError, UsageError
+from hpctrain.errors import ClusterError, RunDirError, UsageError
 from hpctrain.jobspec.load import LoadedJob
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.profiles import ClusterProfile
@@ -130,7 +132,7 @@ def supervisor_command(spec: JobSpec, run_dir: Path) -> str | None:
 
 def container_mounts(spec: JobSpec) -> list[str]:
     """Bind mounts: the spec's, plus output_dir, data.root and the submit directory at their own paths."""
-    own = [str(Path(p).expanduser().resolve()) for p in (spec.output_dir, spec.data.root, Path.cwd()) if p]
+    own = [str(real_path(Path(p).expanduser())) for p in (spec.output_dir, spec.data.root, Path.cwd()) if p]
     for path in own:
         if "," in path or ":" in path:
             raise UsageError(
@@ -148,7 +150,7 @@ def pyxis_arguments(spec: JobSpec) -> list[str]:
     return [
         f"--container-image={spec.container.image}",
         f"--container-mounts={','.join(container_mounts(spec))}",
-        f"--container-workdir={Path.cwd().resolve()}",
+        f"--container-workdir={real_path(Path.cwd())}",
         *spec.container.options,
     ]
 
@@ -160,9 +162,9 @@ def task_python(spec: JobSpec) -> str:
     inner = python_command(spec.container.python, hold_stop_signals=True)
     if spec.container.runtime == "pyxis":
         return inner
-    apptainer = ["apptainer", "exec", "--bind", ",".join(container_mounts(spec)), "--pwd", str(Path.cwd().resolve())]
+    apptainer = ["apptainer", "exec", "--bind", ",".join(container_mounts(spec)), "--pwd", str(real_path(Path.cwd()))]
     if spec.data.root and squashfs.is_image(Path(spec.data.root).expanduser()):  # a packed dataset image
-        image = str(Path(spec.data.root).expanduser().resolve())
+        image = str(real_path(Path(spec.data.root).expanduser()))
         apptainer += ["--bind", f"{image}:{squashfs.APPTAINER_BIND}:image-src=/"]
         apptainer += ["--env", f"{squashfs.BIND_ENV}={squashfs.APPTAINER_BIND}"]
     options = list(spec.container.options)
@@ -269,8 +271,8 @@ def submit_run(
         run_dir = create_run_dir(job.spec.output_dir, job.spec.name)
     else:
         run_dir.mkdir(parents=True)
-    trial_dirs = _write_trials(job, run_dir)
     try:
+        trial_dirs = _write_trials(job, run_dir)
         copied = _snapshot_code(job, run_dir) if snapshot else None
         record = copied.as_json() if copied else None
         code_root = str(run_dir / copied.import_root) if copied and job.spec.script is None else None
@@ -278,6 +280,11 @@ def submit_run(
     except (ClusterError, UsageError):
         _remove_unsubmitted(run_dir)
         raise
+    except OSError as exc:  # a full disk, a quota, a folder turned read-only: which file, which disk
+        message = write_failure(exc, run_dir)
+        _remove_unsubmitted(run_dir)
+        hint = "free space there, or set output_dir (--set output_dir=DIR) to another file system"
+        raise RunDirError(message, hint=hint) from None
     job_id = jobs[0].job_id.split("_")[0] if job.is_sweep else jobs[0].job_id
     code = {"code_snapshot": record} if record else {}
     from hpctrain.launch.code_snapshot import for_trial
@@ -377,6 +384,8 @@ def _launch(
             return [executor.submit(launchers[0])]
         return list(executor.submit_array(launchers))
     except (FailedJobError, OSError, RuntimeError) as exc:
+        if isinstance(exc, OSError) and exc.errno is not None and not isinstance(exc, FileNotFoundError):
+            raise  # writing the job's files (a full disk): submit_run names the file and its disk
         meaning, hint = classify_sbatch_failure(str(exc))
         raise ClusterError(f"sbatch: {meaning}: {_first_lines(str(exc))}", hint=hint) from None
 
@@ -443,7 +452,7 @@ def _record_submission(
             "name": job.spec.name,
             "created_at": time.time(),
             "hpctrain_version": hpctrain.__version__,
-            "spec_source": str(job.source.resolve()),
+            "spec_source": str(real_path(job.source)),
             "job_ids": [],
         }
     info.update(

@@ -24,7 +24,7 @@ from typing import Any
 
 from hpctrain.contract.rundir import read_json_object, script_exit_path, write_json_atomic
 from hpctrain.contract.srun_report import TaskFailure, task_failures
-from hpctrain.contract.summary import CARRIED_SUMMARY_KEYS, Summary, read_summary
+from hpctrain.contract.summary import CARRIED_SUMMARY_KEYS, Summary, kept_fields, read_summary
 from hpctrain.contract.summary import write_summary as write_summary_file
 from hpctrain.errors import HpctrainError, printable
 from hpctrain.runtime.failures import NewLines, PollingWatch, looks_like_peer_failure
@@ -194,6 +194,7 @@ class ScriptSummary:
         self.static.setdefault("started_at", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         self.prior_wall_s = float(previous.wall_s or 0.0)
         self.failure_recorded = False
+        self.first_write = True  # before the script runs: only CARRIED_KEYS of an earlier attempt are kept
         self._lock = threading.Lock()
 
     def write(self, status: str, **fields: Any) -> None:
@@ -203,10 +204,9 @@ class ScriptSummary:
         with self._lock:
             if self.failure_recorded and status != "failed":
                 return
-            current = read_summary(self.run_dir)  # a healing job's supervisor adds lost nodes meanwhile
-            carried = {
-                key: value for key, value in (current.fields() if current else {}).items() if key in CARRIED_KEYS
-            }
+            # a healing job's supervisor adds lost nodes meanwhile, and the script its own fields (set_summary)
+            carried = kept_fields(read_summary(self.run_dir), CARRIED_KEYS if self.first_write else None)
+            self.first_write = False
             summary = {
                 **self.static,
                 **carried,

@@ -2,9 +2,11 @@
 
 * :func:`metadata_of` reads a step folder's ``meta.json`` and DCP ``.metadata``.
   A folder that is incomplete, damaged or unsafe (a file short or missing,
-  metadata that does not match its recorded digest, does not unpickle, names
+  metadata without a recorded digest or not matching it, larger than what
+  the loop's state can need -- ``dcp_io.metadata_budget``, judged from
+  meta.json before a byte of it is read --, that does not unpickle, names
   classes outside DCP's own, or places values outside the folder's files or
-  claims more bytes than are stored: ``dcp_io.check_storage``) raises
+  claims sizes its chunks and stored bytes do not back: ``dcp_io.check_storage``) raises
   :class:`DamagedCheckpoint`: the loader skips it and tries the previous one,
   as the built-in trainer does. A folder of another format or kind is an
   error: nothing is loaded from it.
@@ -16,6 +18,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,7 @@ from hpctrain.task.dcp_io import (
     check_storage,
     flat_keys,
     load_metadata,
+    metadata_budget,
     stored_shape,
 )
 from hpctrain.task.group import first_line
@@ -41,8 +45,9 @@ class DamagedCheckpoint(CheckpointError):
     """A checkpoint folder that is incomplete or damaged: skipped in favour of the previous one."""
 
 
-def metadata_of(folder: Path, fmt: str) -> tuple[dict[str, Any], Any]:
-    """(meta.json, DCP metadata) of a complete task checkpoint folder (see the module doc for what raises)."""
+def metadata_of(folder: Path, fmt: str, keys: Collection[str]) -> tuple[dict[str, Any], Any, int]:
+    """(meta.json, DCP metadata, the load's pickle budget) of a complete task checkpoint folder, for a loop
+    whose state has ``keys`` (see the module doc for what raises)."""
     meta = rundir.checkpoint_meta(folder, DCP_LAYOUT)
     if meta is None:
         found = rundir.read_json_object(folder / META_FILE)
@@ -58,17 +63,41 @@ def metadata_of(folder: Path, fmt: str) -> tuple[dict[str, Any], Any]:
             hint="point the Checkpointer at a folder of hpctrain.task checkpoints",
         )
     expected = meta["files"].get(METADATA_FILE, {})
-    if "sha256" in expected and file_digest(folder / METADATA_FILE)[1] != expected["sha256"]:
+    if not isinstance(expected.get("sha256"), str):
+        raise DamagedCheckpoint(
+            f"its {META_FILE} records no digest of {METADATA_FILE}, which hpctrain.task always does"
+        )
+    ranks = saved_ranks(meta)
+    budget = metadata_budget(keys, ranks)
+    if expected["size"] > budget:
+        raise DamagedCheckpoint(
+            f"its {METADATA_FILE} is {expected['size']} bytes, more than the {len(keys)} values this loop holds, "
+            f"saved by {ranks} ranks, can need ({budget} at most); not read"
+        )
+    if file_digest(folder / METADATA_FILE)[1] != expected["sha256"]:
         raise DamagedCheckpoint(f"{folder / METADATA_FILE} does not match the digest in its {META_FILE}")
     try:
-        metadata = load_metadata(folder / METADATA_FILE)
+        metadata = load_metadata(folder / METADATA_FILE, budget)
         check_storage(metadata, meta["files"])
     except UnsafeCheckpoint as exc:
         raise DamagedCheckpoint(f"unsafe: {exc.message}") from exc
     except Exception as exc:  # noqa: BLE001 - a crafted pickle raises what it likes (RecursionError, KeyError, ...)
         why = f"{type(exc).__name__}: {first_line(exc)}"
         raise DamagedCheckpoint(f"{folder / METADATA_FILE} cannot be read: {why}") from exc
-    return meta, metadata
+    return meta, metadata, budget
+
+
+MIN_RANK_FILE_BYTES = 4096  # every rank writes a file with at least its RNG state (6.6 KB as torch.save writes it)
+
+
+def saved_ranks(meta: Mapping[str, Any]) -> int:
+    """How many ranks may have written the folder: its recorded world size, but no more than the data files
+    that hold what a rank writes at least (a list of empty files does not make the budget grow)."""
+    world = meta.get("world_size")
+    written = sum(
+        1 for name, entry in meta["files"].items() if name != METADATA_FILE and entry["size"] >= MIN_RANK_FILE_BYTES
+    )
+    return max(1, min(world if type(world) is int else 1, written))
 
 
 def check_fits(

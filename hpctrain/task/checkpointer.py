@@ -27,7 +27,11 @@ naming each, and keeps them), reshards onto the current ranks, and refuses a
 folder written by another model or run -- naming the keys that do not match,
 before anything is loaded. What a folder holds is untrusted input
 (``checkpoint_check.py``, ``dcp_io.py``): no pickle but DCP's own metadata
-classes, nothing read outside its files, nothing allocated it does not hold.
+classes, nothing read outside its files, nothing allocated it does not hold,
+and nothing read beyond what the registered parts can legitimately need
+(``dcp_io.metadata_budget``); a load examines at most
+``step_folders.MAX_EXAMINED`` folders, and a directory that is a link out of
+the run is refused by every call (``contract/step_folders.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -52,7 +57,7 @@ from hpctrain.runtime import heartbeat
 from hpctrain.task import dcp_io
 from hpctrain.task.checkpoint_check import DamagedCheckpoint, check_fits, metadata_of
 from hpctrain.task.group import DCP_ERRORS, SideGroup, first_line
-from hpctrain.task.parts import Part, apply_loaded, classify, decode_blobs, load_template, save_state
+from hpctrain.task.parts import Part, apply_loaded, classify, decode_blobs, held_keys, load_template, save_state
 from hpctrain.task.session import session
 
 log = logging.getLogger(__name__)
@@ -195,7 +200,7 @@ class Checkpointer:
             "write_s": round(write_s, 3),
         }
         self.folders.commit(tmp, step, files=files, info=info)
-        self.folders.prune()
+        self.folders.prune(step)
 
     def wait(self) -> None:
         """Block until an async save is on disk (and in place); raise its error. Collective with async saves."""
@@ -251,12 +256,13 @@ class Checkpointer:
         with heartbeat.phase("checkpoint"):
             self._group.arrive("load()", -1)
             refused: CheckpointError | None = None
-            try:
-                candidates = self._candidates(path)
-            except CheckpointError as exc:  # rank 0 alone looked: the others learn of it below
-                candidates, refused = [], exc
+            candidates = self._candidates(path)
             while True:
-                step = self._group.broadcast_int(REFUSED if refused else candidates.pop() if candidates else -1)
+                try:
+                    offer = next(candidates, -1)
+                except CheckpointError as exc:  # rank 0 alone looked: the others learn of it below
+                    offer, refused = REFUSED, exc
+                step = self._group.broadcast_int(offer)
                 if step == REFUSED:
                     raise refused or CheckpointError(f"{self.directory}: rank 0 refused to load (see its log)")
                 if step < 0 and self._skipped:
@@ -279,17 +285,22 @@ class Checkpointer:
         log.info("resumed from %s (step %d)", folder, step)
         return step
 
-    def _candidates(self, path: str | Path | None) -> list[int]:
-        """Rank 0's steps to try, newest last; others get them one by one."""
+    def _candidates(self, path: str | Path | None) -> Iterator[int]:
+        """Rank 0's steps to try, newest first, each folder examined when it is asked for (at most
+        ``step_folders.MAX_EXAMINED`` of them); the others get them one by one."""
         if not self.info.is_main:
-            return []
+            return
         if path is not None:
             meta = rundir.read_json_object(Path(path) / rundir.META_FILE) or {}
             step = meta.get("global_step")
-            if not isinstance(step, int) or step < 0:
+            if type(step) is not int or not 0 <= step <= rundir.MAX_STEP:
                 raise CheckpointError(f"{path} is not a complete hpctrain.task checkpoint (no meta.json with its step)")
-            return [step]
-        found = self.folders.checkpoints()
+            yield step
+            return
+        found = False
+        for folder in self.folders.newest_first():
+            found = True
+            yield rundir.folder_step(folder.name) or 0  # listed: the name says its meta.json's step
         if not found:
             foreign = rundir.complete_checkpoints(self.directory)
             if foreign:
@@ -299,14 +310,13 @@ class Checkpointer:
                     "saving would replace them",
                     hint="give this loop its own folder: Checkpointer(directory=...), or move those away",
                 )
-        return [int(p.name.split("-")[1]) for p in found]
 
     def _load_folder(self, folder: Path, *, explicit: bool) -> bool:
         """Load ``folder`` on every rank: True when loaded, False when it is damaged (every rank agrees)."""
         damaged: str | None = None
         refused: CheckpointError | None = None
         try:
-            meta, metadata = metadata_of(folder, FORMAT)
+            meta, metadata, budget = metadata_of(folder, FORMAT, held_keys(self.parts, self.info.rank))
             same_ranks = meta.get("world_size") == self.info.world_size
             template = load_template(self.parts, self.info.rank, _blob_sizes(metadata), same_ranks)
             check_fits(folder, self.parts, template, metadata, self.info.rank, same_ranks)
@@ -320,7 +330,7 @@ class Checkpointer:
         if verdict == 1:
             return self._damaged(folder, damaged or "damaged, as another rank found", explicit)
         try:
-            reader = dcp_io.SafeReader(folder)
+            reader = dcp_io.SafeReader(folder, pickle_budget=budget)
             with self._group.quiet():
                 dcp.load(template, storage_reader=reader, planner=dcp_io.SafeLoadPlanner(), **self._group.dcp_args())
         except CheckpointError:
@@ -329,7 +339,7 @@ class Checkpointer:
             return self._damaged(folder, f"reading it failed: {first_line(exc)}", explicit)
         decoded, unsafe = {}, None
         try:  # every blob judged before any part is touched
-            decoded = decode_blobs(self.parts, template, self.info.rank, same_ranks=same_ranks)
+            decoded = decode_blobs(self.parts, template, self.info.rank, self.info.device, same_ranks=same_ranks)
         except CheckpointError as exc:
             unsafe = exc.message
         if self._group.max_int(int(unsafe is not None)):

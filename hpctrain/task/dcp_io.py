@@ -19,6 +19,17 @@ DCP writes a folder: one ``__R_0.distcp`` file per writing rank and a
   nothing compressed that would inflate, the pickle bounded), checked from its
   zip directory just before DCP reads it (:class:`SafeReader`), and so is each
   blob before it is unpickled.
+* **Loading is bounded by what the loop holds.** A pickle costs memory far
+  beyond its bytes as it is read (``torch_archive.py``), so each is bounded
+  before it is read by what this loop's state can legitimately need:
+  ``.metadata`` and the pickles of all values DCP reads, together, by
+  :func:`metadata_budget` (DCP writes ~230 bytes per value and writing rank;
+  four times that and the value's name, above 1 MiB); each blob's pickle by
+  :func:`blob_pickle_bound` (16 times the live part's, at least 2 MiB). Every
+  size that decides an allocation -- a tensor entry's size, each chunk's
+  offsets and sizes -- is a non-negative int, the chunks fill the entry's
+  size exactly, and their bytes are stored (:func:`check_storage`); a tensor
+  is allocated at the shape the loop holds (``checkpoint_check.check_fits``).
 * **Replicated state is written once, by one rank per node.** A value every
   rank holds alike (DDP's weights, a scheduler's state) is assigned to one of
   the nodes' first ranks (:func:`assign_replicated`, balanced by size), and
@@ -34,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import pickle
 import zlib
 from collections import OrderedDict, defaultdict
@@ -57,6 +69,10 @@ from hpctrain.task.torch_archive import ArchiveError, Window, check_records
 
 METADATA_FILE = ".metadata"
 MAX_METADATA_BYTES = 1 << 30  # DCP's metadata of the largest models is tens of megabytes
+METADATA_BASE_BYTES = 1 << 20
+METADATA_BYTES_PER_VALUE = 1024  # DCP writes ~230 per value and chunk (1.8 MB for 8,013 values): 4x, plus the name
+BLOB_PICKLE_GROWTH = 16  # a plain part's pickle may be this many times what the live part's is ...
+BLOB_PICKLE_FLOOR = 2 << 20  # ... and at least this many bytes
 
 _ALLOWED_CLASSES = {
     "torch.distributed.checkpoint.metadata": frozenset(
@@ -99,15 +115,27 @@ class MetadataUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def load_metadata(path: Path) -> Metadata:
-    """A step folder's ``.metadata`` (a regular file), through :class:`MetadataUnpickler`; bounded read."""
+def metadata_budget(keys: Collection[str], ranks: int) -> int:
+    """The most bytes the ``.metadata`` of a loop whose state has ``keys`` (DCP's flat keys), saved by
+    ``ranks`` writing ranks, can legitimately hold; and the most its values' pickles, read together, may."""
+    per_rank = sum(METADATA_BYTES_PER_VALUE + 4 * len(key) for key in keys)
+    return min(MAX_METADATA_BYTES, METADATA_BASE_BYTES + max(1, ranks) * per_rank)
+
+
+def blob_pickle_bound(live_bytes: int) -> int:
+    """The most bytes a plain part's pickle may have in a checkpoint, when the live part's blob has ``live_bytes``."""
+    return max(BLOB_PICKLE_FLOOR, BLOB_PICKLE_GROWTH * live_bytes)
+
+
+def load_metadata(path: Path, max_bytes: int = MAX_METADATA_BYTES) -> Metadata:
+    """A step folder's ``.metadata`` (a regular file of at most ``max_bytes``), through :class:`MetadataUnpickler`."""
     try:
-        with open_regular(path) as handle:
-            data = handle.read(MAX_METADATA_BYTES + 1)
+        with open_regular(path) as handle:  # read(n) would allocate n bytes at once: never more than the file has
+            data = handle.read(min(max_bytes, os.fstat(handle.fileno()).st_size) + 1)
     except RunFileError as exc:
         raise UnsafeCheckpoint(exc.message) from exc
-    if len(data) > MAX_METADATA_BYTES:
-        raise CheckpointError(f"{path} is larger than {MAX_METADATA_BYTES >> 20} MiB; not read")
+    if len(data) > max_bytes:
+        raise UnsafeCheckpoint(f"{path} is larger than {max_bytes} bytes; not read")
     metadata = MetadataUnpickler(io.BytesIO(data)).load()
     if not isinstance(metadata, Metadata):
         raise UnsafeCheckpoint(f"{path} does not hold checkpoint metadata (found {type(metadata).__name__})")
@@ -116,12 +144,17 @@ def load_metadata(path: Path) -> Metadata:
 
 class SafeReader(FileSystemReader):
     """DCP's file-system reader, with :func:`load_metadata` instead of ``pickle.load``, and each value's
-    archive checked (``torch_archive.check_records``) before DCP's ``torch.load`` reads it."""
+    archive checked (``torch_archive.check_records``) before DCP's ``torch.load`` reads it; the values'
+    pickles, together, at most ``pickle_budget`` bytes (:func:`metadata_budget`)."""
+
+    def __init__(self, path: str | Path, *, pickle_budget: int = MAX_METADATA_BYTES) -> None:
+        super().__init__(path)
+        self.metadata_max = self.pickle_left = pickle_budget
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")
         name = METADATA_FILE if rank is None else f"__{rank}{METADATA_FILE}"
-        metadata = load_metadata(Path(self.path) / name)
+        metadata = load_metadata(Path(self.path) / name, self.metadata_max)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -132,9 +165,12 @@ class SafeReader(FileSystemReader):
             raise UnsafeCheckpoint(f"{self.path}: a value stored through {list(sinfo.transform_descriptors)}")
         where = f"{Path(self.path) / sinfo.relative_path} at {sinfo.offset}"
         try:
-            check_records(Window(file, sinfo.offset, sinfo.length), sinfo.length, where)
+            found = check_records(
+                Window(file, sinfo.offset, sinfo.length), sinfo.length, where, max_pickle=self.pickle_left
+            )
         except ArchiveError as exc:
-            raise UnsafeCheckpoint(str(exc)) from exc
+            raise UnsafeCheckpoint(f"{exc} (what this loop's values can need, together)") from exc
+        self.pickle_left -= found.pickle
         return super()._slice_file(file, sinfo)
 
 
@@ -226,13 +262,14 @@ def flat_keys(state: Mapping[str, Any]) -> dict[str, Any]:
 
 def check_storage(metadata: Metadata, files: Mapping[str, Any]) -> None:
     """Raise :class:`UnsafeCheckpoint` unless every value DCP's ``metadata`` places lies inside a data file of
-    ``files`` (meta.json's, sizes checked on disk), stored without a decoding transform, and every tensor's
-    bytes are at most the bytes stored for it: a load reads and allocates nothing the folder does not hold."""
+    ``files`` (meta.json's, sizes checked on disk), stored without a decoding transform, and every tensor entry
+    is one a load can allocate: its size and each chunk's offsets and sizes non-negative ints, the chunks
+    inside the size and filling it exactly, their bytes at most the bytes stored for the entry."""
     stored: dict[str, int] = defaultdict(int)
     for index, info in (metadata.storage_data or {}).items():
         name, offset, length = (getattr(info, key, None) for key in ("relative_path", "offset", "length"))
         entry = files.get(name) if isinstance(name, str) and name != METADATA_FILE else None
-        if not isinstance(index, MetadataIndex) or not isinstance(entry, Mapping):
+        if not isinstance(index, MetadataIndex) or not isinstance(entry, Mapping) or not isinstance(index.fqn, str):
             raise UnsafeCheckpoint(f"a value is placed in {name!r}, which is not one of the folder's data files")
         if not all(type(v) is int and v >= 0 for v in (offset, length)) or offset + length > entry.get("size", -1):
             raise UnsafeCheckpoint(f"a value of {index.fqn!r} is placed outside {name!r} ({offset}+{length} bytes)")
@@ -241,18 +278,46 @@ def check_storage(metadata: Metadata, files: Mapping[str, Any]) -> None:
         stored[index.fqn] += length
     for key, entry in metadata.state_dict_metadata.items():
         if isinstance(entry, TensorStorageMetadata):
-            item = torch.empty((), dtype=entry.properties.dtype).element_size()
-            claimed = sum(_numel(chunk.sizes) for chunk in entry.chunks) * item
+            claimed = _entry_bytes(key, entry)
             if claimed > stored.get(key, 0):
                 raise UnsafeCheckpoint(
                     f"{key!r} claims {claimed} bytes, but {stored.get(key, 0)} are stored for it: not allocated"
                 )
 
 
-def _numel(sizes: Any) -> int:
+def _entry_bytes(key: str, entry: TensorStorageMetadata) -> int:
+    """The bytes a tensor entry's chunks hold, once its size and chunks are checked (see check_storage)."""
+    dtype = getattr(getattr(entry, "properties", None), "dtype", None)
+    if not isinstance(dtype, torch.dtype):
+        raise UnsafeCheckpoint(f"{key!r} has no tensor type ({dtype!r})")
+    shape = _sizes(key, "size", entry.size)
+    covered = 0
+    for chunk in entry.chunks if isinstance(entry.chunks, list) else ():
+        offsets, sizes = _sizes(key, "chunk offsets", chunk.offsets), _sizes(key, "chunk sizes", chunk.sizes)
+        if (
+            len(offsets) != len(shape)
+            or len(sizes) != len(shape)
+            or any(start + length > limit for start, length, limit in zip(offsets, sizes, shape))
+        ):
+            raise UnsafeCheckpoint(f"a chunk of {key!r} ({list(offsets)}+{list(sizes)}) lies outside its size {shape}")
+        covered += _numel(sizes)
+    if covered != _numel(shape):
+        raise UnsafeCheckpoint(f"{key!r} claims size {shape} ({_numel(shape)} elements), its chunks hold {covered}")
+    return covered * torch.empty((), dtype=dtype).element_size()
+
+
+def _sizes(key: str, what: str, value: Any) -> list[int]:
+    """``value`` as a list of non-negative ints (a torch.Size, a tuple), or UnsafeCheckpoint naming ``key``."""
+    if not isinstance(value, (tuple, list)) or not all(type(v) is int and v >= 0 for v in value):
+        shown = list(value) if isinstance(value, (tuple, list)) else repr(value)
+        raise UnsafeCheckpoint(f"{key!r}: its {what} {shown} are not all non-negative whole numbers")
+    return list(value)
+
+
+def _numel(sizes: list[int]) -> int:
     count = 1
     for size in sizes:
-        count *= int(size)
+        count *= size
     return count
 
 
@@ -277,11 +342,12 @@ def to_blob(state: Any, what: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
 
 
-def from_blob(blob: torch.Tensor, what: str) -> Any:
-    """The plain state of blob ``what``: its archive checked first, then ``torch.load(weights_only=True)``."""
+def from_blob(blob: torch.Tensor, what: str, max_pickle: int = BLOB_PICKLE_FLOOR) -> Any:
+    """The plain state of blob ``what``: its archive checked first (its pickle at most ``max_pickle`` bytes:
+    :func:`blob_pickle_bound`), then ``torch.load(weights_only=True)``."""
     data = io.BytesIO(blob.cpu().numpy().tobytes())
     try:
-        check_records(data, len(data.getbuffer()), what)
+        check_records(data, len(data.getbuffer()), what, max_pickle=max_pickle)
         data.seek(0)
         return torch.load(data, weights_only=True)
     except ArchiveError as exc:

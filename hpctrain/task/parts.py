@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from hpctrain.errors import CheckpointError
-from hpctrain.task.dcp_io import from_blob, to_blob
+from hpctrain.task.dcp_io import blob_pickle_bound, flat_keys, from_blob, to_blob
 from hpctrain.task.rng import capture_rng_state, restore_rng_state
 
 log = logging.getLogger(__name__)
@@ -135,15 +135,32 @@ def load_template(parts: list[Part], rank: int, blob_sizes: dict[str, int], same
     return template
 
 
-def decode_blobs(parts: list[Part], loaded: dict[str, Any], rank: int, *, same_ranks: bool) -> dict[str, Any]:
-    """The plain state of every blob this rank restores, unpickled safely (``dcp_io.from_blob``) before any
-    part is touched: a blob that is unsafe or damaged raises ``UnsafeCheckpoint`` with nothing applied."""
+def held_keys(parts: list[Part], rank: int) -> list[str]:
+    """DCP's flat keys of the state this loop holds (what a checkpoint of it can legitimately describe)."""
+    keys = list(flat_keys(load_template(parts, rank, {}, same_ranks=False)))
+    return keys + [part.key(rank) for part in [*parts, Part(RNG_PART, None, "rank")] if part.kind in ("object", "rank")]
+
+
+def decode_blobs(
+    parts: list[Part], loaded: dict[str, Any], rank: int, device: torch.device, *, same_ranks: bool
+) -> dict[str, Any]:
+    """The plain state of every blob this rank restores, unpickled safely (``dcp_io.from_blob``, its pickle
+    bounded by the live part's: ``dcp_io.blob_pickle_bound``) before any part is touched: a blob that is
+    unsafe or damaged raises ``UnsafeCheckpoint`` with nothing applied."""
     decoded = {}
     for part in [*parts, Part(RNG_PART, None, "rank")]:
         key = part.key(rank)
         if (part.kind == "object" or (part.kind == "rank" and same_ranks)) and key in loaded:
-            decoded[key] = from_blob(loaded[key], part.name)
+            decoded[key] = from_blob(loaded[key], part.name, blob_pickle_bound(_live_bytes(part, device)))
     return decoded
+
+
+def _live_bytes(part: Part, device: torch.device) -> int:
+    """The bytes of the blob ``part`` would save now (0 when its live state cannot be saved at all)."""
+    try:
+        return to_blob(capture_rng_state(device) if part.name == RNG_PART else part.obj.state_dict(), part.name).numel()
+    except CheckpointError:
+        return 0
 
 
 def apply_loaded(

@@ -26,7 +26,10 @@ this order, before a byte of tensor data is allocated:
 A checkpoint that fails any step is skipped with a warning naming it and
 why, and the previous one is tried; when every checkpoint was skipped, the
 load fails with :class:`CheckpointError` listing them (they are kept: a
-run that started over would prune them).
+run that started over would prune them). A load examines at most
+``step_folders.MAX_EXAMINED`` folders, and a checkpoints directory that is a
+link out of the run is refused, not searched in vain
+(``contract/step_folders.py``).
 
 Async saves copy every tensor into reusable CPU staging buffers (the only
 time the training loop is blocked, see snapshot.py) and write from a
@@ -168,11 +171,9 @@ class CheckpointManager:
                 ) from exc
             self.last_loaded = Path(path)
             return state
-        candidates = self.checkpoints()
-        if newest is not None:
-            candidates = [c for c in candidates if c.name <= Path(newest).name]
+        bound = None if newest is None else rundir.folder_step(Path(newest).name)
         skipped = []
-        for candidate in reversed(candidates):
+        for candidate in self.folders.newest_first(newest=bound):  # at most MAX_EXAMINED folders (step_folders.py)
             state, why = None, None
             try:
                 state = _load_checkpoint(candidate, map_location, check=check, max_bytes=max_bytes)
@@ -220,7 +221,7 @@ class CheckpointManager:
         final = self.folders.commit(tmp, info["step"], files=files, info=info)
         if self.keep_best and info["metric"] is not None:
             self.folders.update_best(final.name, info)
-        self.folders.prune()
+        self.folders.prune(info["step"])
 
 
 # -- reading ----------------------------------------------------------------------------------------------------

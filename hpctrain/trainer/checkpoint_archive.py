@@ -28,7 +28,7 @@ def check_archive(state_path: Path) -> int:
     try:
         size = state_path.stat().st_size
         with open(state_path, "rb") as handle:
-            return check_records(handle, size, str(state_path))
+            return check_records(handle, size, str(state_path)).data
     except OSError as exc:
         raise ArchiveError(f"{state_path} is not an archive torch.save writes ({exc})") from exc
 

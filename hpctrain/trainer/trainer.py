@@ -18,7 +18,6 @@ references on shared clusters:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -31,45 +30,27 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpctrain.contract.rundir import RUN_FILE, read_json_object, run_home
-from hpctrain.errors import TrainingConfigError
-from hpctrain.jobspec.batch import BatchLayout
 from hpctrain.jobspec.node_loss import RUN_MICRO_BATCHES_VAR
-from hpctrain.jobspec.shares import Part, SharePlan, describe_parts
-from hpctrain.jobspec.strategy_traits import traits
+from hpctrain.jobspec.shares import Part
 from hpctrain.runtime import heartbeat
 from hpctrain.runtime.context import TaskContext
-from hpctrain.runtime.stop import StopReason, all_reduce_max
+from hpctrain.runtime.stop import StopReason
 from hpctrain.task.rng import deterministic_mode, seed_everything
 from hpctrain.task.weights import weights_sha256
+from hpctrain.trainer.building import Building
 from hpctrain.trainer.checkpoint import CheckpointManager
-from hpctrain.trainer.checkpoint_archive import tensor_bytes
-from hpctrain.trainer.compiling import compile_failure, compile_model
-from hpctrain.trainer.data.loaders import build_loaders
-from hpctrain.trainer.elastic import run_micro_batches
+from hpctrain.trainer.checkpointing import Checkpointing
+from hpctrain.trainer.compiling import compile_failure
 from hpctrain.trainer.evaluation import Accuracy
-from hpctrain.trainer.forward_timer import ForwardTimer
-from hpctrain.trainer.models import build_model, resolve_num_classes
-from hpctrain.trainer.optim import build_optimizer, build_scheduler
-from hpctrain.trainer.precision import Precision, to_memory_format
 from hpctrain.trainer.reporting import Reporter, run_facts
-from hpctrain.trainer.split_norm import SplitNorm
 from hpctrain.trainer.state import (
     EpochSums,
     Progress,
     RngStates,
-    RunShape,
     SamplerPosition,
-    Stateful,
     StepWindow,
-    check_fields,
-    checkpoint_payload,
-    recorded_micro_batches,
-    restore_parts,
-    state_budget,
 )
-from hpctrain.trainer.step import TrainStep
-from hpctrain.trainer.strategies import EpochHost, EpochWorkers, build_strategy
+from hpctrain.trainer.strategies import EpochWorkers, build_strategy
 from hpctrain.trainer.strategies.collectives import distributed
 
 log = logging.getLogger(__name__)
@@ -80,8 +61,12 @@ def run_training(ctx: TaskContext) -> dict[str, Any]:
     return Trainer(ctx).fit()
 
 
-class Trainer:
+class Trainer(Building, Checkpointing):
     """One task's share of a training run.
+
+    The story is here; its set-up steps (``build_data``, ``build_model``, ``build_optimization``) are
+    ``building.py``'s, choosing, restoring and saving checkpoints (``load_checkpoint``, ``resume``,
+    ``save_checkpoint``) ``checkpointing.py``'s.
 
     ``on_step(trainer)`` runs after every optimizer step of this process (tests use it to raise stop
     requests at a chosen step); hogwild's steps run in worker processes and do not call it.
@@ -141,152 +126,10 @@ class Trainer:
         torch.manual_seed(self.cfg.seed + 1 + self.env.global_rank)  # per-rank dropout etc. (a resume overrides)
         self.resume()
 
-    def load_checkpoint(self) -> dict[str, Any] | None:
-        """The newest checkpoint whose fields fit this run, if a resume is due, read without its tensors (the
-        meta device: nothing is allocated before the model exists, see :meth:`resume`); fixes the run's
-        micro-batches per step. A checkpoint whose fields do not fit is skipped for the previous one."""
-        if self.cfg.evaluate_only and self.cfg.weights:
-            return None  # evaluate exactly the weights asked for (build_model loads them)
-        shape = self._run_shape(micro_batches=self._micro_batches_on_record())
-        state = self.checkpoints.load(
-            map_location="meta", check=lambda state, meta: check_fields(state, meta, shape), agree=_all_agree
-        )
-        if state is not None and not self.cfg.evaluate_only:
-            self.micro_batches = run_micro_batches(
-                state,
-                processes=self.layout.processes,
-                world_size=self.env.world_size,
-                strategy=self.strategy.name,
-                source=self.checkpoints.last_loaded,
-            )
-            self.reporter.static["global_batch_size"] = self.global_batch
-        return state
-
     @property
     def global_batch(self) -> int:
         """Images per optimizer step, whatever the number of ranks: what the learning rate follows."""
         return self.micro_batches * self.layout.per_process
-
-    def build_data(self) -> None:
-        rank, world = self.strategy.data_shard(self.env)
-        self.loaders = build_loaders(
-            self.ctx.spec.data,
-            self.cfg,
-            rank=rank,
-            world_size=world,
-            device_is_cuda=self.device.type == "cuda",
-            epoch_seed=self.cfg.seed,
-            batch_size=self.layout.per_process,
-            train_shard=self.strategy.train_shard(self.env),
-        )
-        self.plan: SharePlan | None = None  # how the ranks share each step's micro-batches, once the shape changed
-        self.images_scale: float = self.layout.processes  # this rank's images per step -> the whole job's
-        sampler = self.loaders.train_sampler
-        if sampler is not None and self.micro_batches != self.layout.processes:
-            sampler.set_micro_batches(self.micro_batches)  # elastic: run_micro_batches checked
-            self.plan = sampler.plan
-            mine = sum(part.samples for part in self.plan.parts(sampler.rank))
-            self.images_scale = self.micro_batches * self.layout.per_process / mine
-            log.info(
-                "the run's global batch is %d micro-batches of %d; this rank computes %s per step "
-                "(a step takes %.2fx the full shape's)",
-                self.micro_batches,
-                self.layout.per_process,
-                describe_parts(self.plan.parts(sampler.rank)),
-                self.plan.step_cost(),
-            )
-        self.full_epoch_steps = self._loader_steps()
-        self.steps_per_epoch = min(self.full_epoch_steps, self.cfg.max_steps_per_epoch or self.full_epoch_steps)
-        if self.loaders.train_loader is not None and self.steps_per_epoch == 0:
-            raise TrainingConfigError(
-                f"data.root: the train set gives no batches for rank {rank} of {world}",
-                hint="use a larger dataset, a smaller trainer.batch_size, or fewer tasks",
-            )
-        if self.loaders.train_sampler is not None:
-            self.sampler_position = SamplerPosition(self.loaders.train_sampler, self.progress, self.layout.per_process)
-
-    def build_model(self) -> None:
-        num_classes = resolve_num_classes(self.cfg, self.loaders.num_classes)
-        model = build_model(self.cfg, num_classes, image_size=self.ctx.spec.data.image_size)
-        self.module = to_memory_format(model.to(self.device), self.cfg.channels_last)
-
-    def build_optimization(self) -> None:
-        self.precision = Precision(self.cfg.precision, self.device)
-        self.optimizer = build_optimizer(self.module, self.cfg, self.global_batch)
-        self.module, self.optimizer = self.precision.prepare(self.module, self.optimizer)  # Apex: before wrapping
-        self.model = self.strategy.wrap(self.module, self.device)
-        # collective on a split plan (its groups); patches BatchNorm before compiling traces it
-        self.split_norm = SplitNorm(self.module, self.plan, self.env.global_rank)
-        if self.cfg.compile:
-            if not traits(self.strategy.name).compiles:  # the spec check refuses these too
-                raise TrainingConfigError(
-                    f"trainer.compile: torch.compile does not work with trainer.strategy: {self.strategy.name}",
-                    hint="set trainer.compile: false, or use trainer.strategy: ddp",
-                )
-            compile_model(self.model)  # in place: checkpoints keep the plain module's keys
-        self.scheduler = build_scheduler(self.optimizer, self.cfg, max(1, self.steps_per_epoch))
-        step = TrainStep(
-            self.model,
-            self.module,
-            self.optimizer,
-            self.scheduler,
-            self.precision,
-            self.criterion,
-            self.strategy,
-            self.device,
-            self.cfg.channels_last,
-        )
-        self.shared_step = step  # gradient accumulation (elastic resume) uses it directly
-        if not self.cfg.compile:  # hooks inside a compiled graph would break it; no eviction signal then
-            self.forward_timer = ForwardTimer(self.module, self.device)  # local work, for slow-node eviction
-        self.train_step = self.strategy.train_step(step)
-        self.strategy.attach(self.optimizer, self.scheduler, max(1, self.steps_per_epoch))
-        if self.loaders.train_dataset is not None:
-            self.workers = self.strategy.epoch_workers(self._epoch_host())
-
-    def resume(self) -> None:
-        """Continue from the newest complete checkpoint in the run directory, if there is one."""
-        if self.cfg.evaluate_only and self.cfg.weights:
-            return  # evaluate exactly the weights asked for (build_model loaded them)
-        found, self._checkpoint = self._checkpoint, None
-        if found is None:
-            if self.cfg.evaluate_only and not self.cfg.weights:
-                raise TrainingConfigError(
-                    f"trainer.evaluate_only: no trainer.weights and no checkpoint under {self.ctx.checkpoint_dir}",
-                    hint="set trainer.weights to a local weights file, or evaluate a run directory with checkpoints",
-                )
-            return
-        # now that the data and the model exist: every field against them, and the tensors against what the
-        # model and optimizer hold, both before a tensor is allocated; a failing one falls back to the previous
-        shape = self._run_shape(micro_batches=self.micro_batches, data=True)
-        state = self.checkpoints.load(
-            map_location=self.device,
-            check=lambda state, meta: check_fields(state, meta, shape),
-            max_bytes=self._state_budget(),
-            newest=self.checkpoints.last_loaded,
-            agree=_all_agree,
-        )
-        assert state is not None  # a search that skipped every checkpoint raises
-        parts = self.checkpoint_parts()
-        if self.cfg.evaluate_only:
-            parts = {"model": self.module, "progress": self.progress}
-        missing = restore_parts(state, parts, source=self.checkpoints.last_loaded)
-        if set(missing) - {"rng", "epoch_sums"}:
-            log.warning(
-                "the checkpoint was written by another strategy than %s: weights and position are restored, "
-                "optimizer state starts fresh and a partial epoch restarts from its beginning",
-                self.cfg.strategy,
-            )
-        self._saved_step = self.progress.global_step
-        log.info(
-            "resumed from %s (epoch %d, step %d)",
-            self.checkpoints.last_loaded,
-            self.progress.epoch + 1,
-            self.progress.step_in_epoch,
-        )
-        heartbeat.recorder().position(self.progress.global_step, self.progress.epoch)
-        if not self.cfg.evaluate_only:
-            self.resumed_from, self._partial_epoch = self.checkpoints.last_loaded, True
 
     # -- the story -------------------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
@@ -405,47 +248,7 @@ class Trainer:
         self.validate(max(0, self.progress.epochs_completed - 1))
         return self.write_summary("completed", final=True)
 
-    # -- checkpoints and summaries -------------------------------------------------------------------------------
-    def save_checkpoint(self, *, tag: str, metric: float | None = None) -> None:
-        """Collective (RNG states and epoch sums are gathered); only rank 0 writes."""
-        heartbeat.set_phase("checkpoint")  # a paused phase for the hang watchdog (docs/hangs.md)
-        self.strategy.sync_model(self.module)
-        state = checkpoint_payload(
-            self.checkpoint_parts(),
-            world_size=self.env.world_size,
-            batch_size=self.layout.per_process,
-            micro_batches=self.micro_batches,
-            spec=json.dumps(self.ctx.spec.model_dump(mode="json"), sort_keys=True),
-        )
-        if self.ctx.is_main:
-            self.checkpoints.save(
-                state, step=self.progress.global_step, epoch=self.progress.epoch, metric=metric, tag=tag
-            )
-            log.info(
-                "checkpoint %s at step %d (blocked %.3f s)",
-                tag,
-                self.progress.global_step,
-                self.checkpoints.last_stall_s,
-            )
-        self._saved_step = self.progress.global_step
-
-    def checkpoint_parts(self) -> dict[str, Stateful | None]:
-        """What a checkpoint holds, part by part, in format version 1's keys and order.
-
-        A strategy that trains in worker processes (hogwild) keeps the optimizers, schedules and data
-        positions itself, in its own part; the trainer's are then not saved.
-        """
-        own = self.workers is None
-        parts: dict[str, Stateful | None] = {
-            "model": self.module,
-            "optimizer": self.optimizer if own else None,
-            "scheduler": self.scheduler if own else None,
-            "precision": self.precision,
-            "sampler": self.sampler_position if own else None,
-            "hogwild": None,
-        }
-        parts.update(self.strategy.state_parts())
-        return {**parts, "progress": self.progress, "epoch_sums": self.epoch_sums, "rng": self.rng}
+    # -- summaries -------------------------------------------------------------------------------------------------
 
     def write_summary(self, status: str, *, stop_reason: str | None = None, final: bool = False) -> dict[str, Any]:
         """summary.json on rank 0; every rank gets the dict. ``final`` adds the weights digest on all ranks."""
@@ -462,33 +265,6 @@ class Trainer:
         continues = self.resumed_from is not None or self.reporter.prior_status == "stopped"
         resumes = self.reporter.prior_restarts + (1 if continues else 0)
         return {**fields, "restarts": max(self.env.restart_count, resumes), "global_rank": self.env.global_rank}
-
-    # -- what a checkpoint of this run may hold -----------------------------------------------------------------
-    def _run_shape(self, *, micro_batches: int | None, data: bool = False) -> RunShape:
-        """What a checkpoint must fit: the spec and this job's layout, and with ``data`` its steps per epoch."""
-        trains = data and self.workers is None and self.strategy.loads_data and not self.cfg.evaluate_only
-        return RunShape(
-            epochs=None if self.cfg.evaluate_only else self.cfg.epochs,
-            per_process=self.layout.per_process,
-            processes=self.layout.processes,
-            strategy=self.strategy.name,
-            micro_batches=micro_batches,
-            steps_per_epoch=self.steps_per_epoch if trains and self.steps_per_epoch > 0 else None,
-            trains_itself=self.workers is None,
-            evaluates_only=self.cfg.evaluate_only,
-        )
-
-    def _micro_batches_on_record(self) -> int | None:
-        run_info = read_json_object(self.ctx.run_dir / RUN_FILE, within=run_home(self.ctx.run_dir))
-        return recorded_micro_batches(os.environ.get(RUN_MICRO_BATCHES_VAR), run_info, self.layout.per_process)
-
-    def _state_budget(self) -> int:
-        """The most a checkpoint of this run may hold: the model, its optimizer state (per hogwild worker),
-        every rank's RNG states (``trainer/state.py``)."""
-        copies = self.cfg.hogwild_processes if self.workers is not None else 1
-        return state_budget(
-            tensor_bytes(self.module.state_dict())[0], optimizer_copies=copies, world_size=self.env.world_size
-        )
 
     # -- small steps -------------------------------------------------------------------------------------------
     def _one_step(self, batches: Any) -> tuple[torch.Tensor, float, int]:
@@ -546,42 +322,8 @@ class Trainer:
         }
         self.reporter.epoch_end(epoch=epoch, global_step=self.progress.global_step, values=values)
 
-    def _loader_steps(self) -> int:
-        """Steps the train loader has left in this epoch (each takes this rank's parts of the step)."""
-        return self.loaders.train_sampler.steps_len() if self.loaders.train_loader is not None else 0
-
     def _reported_steps_per_epoch(self) -> int:
         return self.workers.steps_per_epoch if self.workers is not None else self.steps_per_epoch
-
-    def _batch_layout(self) -> BatchLayout:
-        """The spec's batch layout over this job's tasks and the GPUs this task sees (dp checks they agree)."""
-        gpus_per_task = self.strategy.gpus_per_task(self.device)
-        return BatchLayout.of(self.cfg, tasks=self.env.world_size, gpus_per_task=gpus_per_task)
-
-    def _epoch_host(self) -> EpochHost:
-        return EpochHost(
-            spec=self.ctx.spec,
-            module=self.module,
-            layout=self.layout,
-            train_samples=len(self.loaders.train_dataset),
-            progress=self.progress,
-            epoch_sums=self.epoch_sums,
-            reporter=self.reporter,
-            stop=self.ctx.stop,
-            before_fork=self.checkpoints.wait,
-            summary=self.extra_summary,
-        )
-
-    def _reserve_checkpoint_buffers(self) -> None:
-        """Allocate the async staging buffers now, so the first checkpoint in the loop only copies."""
-        own_optimizer = self.checkpoint_parts()["optimizer"] is not None  # not: hogwild, pipeline
-        if not (self.ctx.is_main and self.ctx.spec.checkpoint.async_save and own_optimizer):
-            return
-        optimizer = self.optimizer.state_dict()
-        if not optimizer["state"] and self.cfg.momentum > 0:  # SGD creates its momentum at the first step
-            params = [p for group in self.optimizer.param_groups for p in group["params"]]
-            optimizer["state"] = {i: {"momentum_buffer": p.detach()} for i, p in enumerate(params)}
-        self.checkpoints.reserve({"model": self.module.state_dict(), "optimizer": optimizer})
 
     def _barrier(self) -> None:
         if distributed():
@@ -599,8 +341,3 @@ class Trainer:
         finally:
             self.strategy.close(failed=self._failed)
             self.reporter.close()
-
-
-def _all_agree(usable: bool) -> bool:
-    """Whether every rank could use a checkpoint (collective when distributed: every rank asks)."""
-    return all_reduce_max(0 if usable else 1) == 0

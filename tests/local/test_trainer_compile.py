@@ -13,7 +13,7 @@ from trainer_harness import context, job_spec
 
 from hpctrain.contract.rundir import checkpoints_dir, summary_path
 from hpctrain.errors import TrainingConfigError
-from hpctrain.trainer import trainer as trainer_module
+from hpctrain.trainer import building  # build_optimization compiles the model
 from hpctrain.trainer.checkpoint import CheckpointManager
 from hpctrain.trainer.compiling import compile_model
 from hpctrain.trainer.models import build_model
@@ -32,7 +32,7 @@ def test_a_compiled_run_trains_and_checkpoints_the_plain_keys(
 ) -> None:
     # aot_eager runs Dynamo and AOTAutograd (the graphs, the compiled backward) without Inductor's C++ build,
     # which takes minutes for a resnet on two CPU cores; test_inductor_compiles_a_small_model covers Inductor.
-    monkeypatch.setattr(trainer_module, "compile_model", functools.partial(compile_model, backend="aot_eager"))
+    monkeypatch.setattr(building, "compile_model", functools.partial(compile_model, backend="aot_eager"))
     spec = job_spec(data_root, trainer={"compile": True, "max_steps_per_epoch": 2})
     trainer = Trainer(context(tmp_path, spec))
     result = trainer.fit()
@@ -49,7 +49,7 @@ def test_a_compile_failure_is_a_config_error_with_a_hint(
     def broken_backend(graph: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> None:
         raise RuntimeError("no working C++ compiler found")
 
-    monkeypatch.setattr(trainer_module, "compile_model", functools.partial(compile_model, backend=broken_backend))
+    monkeypatch.setattr(building, "compile_model", functools.partial(compile_model, backend=broken_backend))
     spec = job_spec(data_root, trainer={"compile": True})
     with pytest.raises(TrainingConfigError) as info:
         Trainer(context(tmp_path, spec)).fit()

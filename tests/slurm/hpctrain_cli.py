@@ -118,3 +118,34 @@ def task_output(run_dir: Path) -> str:
     return "\n".join(
         p.read_text(errors="replace") for p in sorted(run_dir.rglob("*.out")) + sorted(run_dir.rglob("*.err"))
     )
+
+
+# -- the preamble of most end-to-end tests: a tiny dataset, then a submit that uses it ---------------------------
+
+
+def make_dataset(
+    env: dict[str, str], data: Path, *, classes: int = 4, per_class: int = 16, image_size: int = 32
+) -> Path:
+    """``hpctrain make-dataset DATA`` (by default 4 classes of 16 train images of 32 px: the smoke job's
+    2 steps per epoch on 4 ranks); the test fails here if it does not work. Returns ``data``."""
+    made = hpctrain(
+        env,
+        "make-dataset",
+        str(data),
+        *("--classes", str(classes), "--per-class", str(per_class), "--image-size", str(image_size)),
+        timeout=120,
+    )
+    assert made.returncode == 0, made
+    return data
+
+
+def data_sets(data: Path, runs: Path, *extra: str) -> list[str]:
+    """``--set data.root=DATA --set output_dir=RUNS``, then ``--set ITEM`` for each of ``extra``."""
+    return [arg for item in (f"data.root={data}", f"output_dir={runs}", *extra) for arg in ("--set", item)]
+
+
+def submit_json(env: dict[str, str], spec: str, *args: str, timeout: float = 120) -> tuple[CliResult, Any]:
+    """``hpctrain submit SPEC ARGS... --json``: the finished command and its JSON report (the job id and run
+    directory, or a study's runs); a command that printed no JSON fails the test with its output."""
+    submitted = hpctrain(env, "submit", spec, *args, "--json", timeout=timeout)
+    return submitted, submitted.json()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from hpctrain.contract.rundir import checkpoints_dir, metrics_path, summary_path
 
-from .hpctrain_cli import cli_env, hpctrain, task_logs
+from .hpctrain_cli import cli_env, hpctrain, make_dataset, task_logs
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -59,10 +59,7 @@ def make_workspace(cluster: SlurmCluster, tmp: Path, as_user: bool = False) -> W
     if as_user:
         tmp = cluster.user_dir(tmp.name)
     env = cli_env(cluster, tmp / "state", as_user=as_user)
-    data = tmp / "data"
-    made = hpctrain(env, "make-dataset", str(data), "--classes", "4", "--per-class", "16", "--image-size", "32")
-    assert made.returncode == 0, made
-    return Workspace(env=env, data=data, runs=tmp / "runs")
+    return Workspace(env=env, data=make_dataset(env, tmp / "data"), runs=tmp / "runs")
 
 
 @dataclass

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .hpctrain_cli import CliResult, cli_env, hpctrain, task_logs
+from .hpctrain_cli import CliResult, cli_env, data_sets, make_dataset, submit_json, task_logs
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -34,14 +34,8 @@ class SmokeStudy:
 def run_smoke_study(tmp_path: Path, cluster: SlurmCluster, *overrides: str) -> SmokeStudy:
     """Make a tiny dataset, submit the smoke study with ``--wait``, return it once both points ended."""
     env = cli_env(cluster, tmp_path / "state")
-    data = tmp_path / "data"
-    made = hpctrain(
-        env, "make-dataset", str(data), "--classes", "4", "--per-class", "16", "--image-size", "32", timeout=120
+    data = make_dataset(env, tmp_path / "data")
+    submitted, report = submit_json(
+        env, STUDY_SPEC, *data_sets(data, tmp_path / "runs", *overrides), "--wait", timeout=600
     )
-    assert made.returncode == 0, made
-    sets = [f"data.root={data}", f"output_dir={tmp_path / 'runs'}", *overrides]
-    submitted = hpctrain(
-        env, "submit", STUDY_SPEC, *(arg for item in sets for arg in ("--set", item)), "--wait", "--json", timeout=600
-    )
-    report = submitted.json()
     return SmokeStudy(env, submitted, Path(report["study_dir"]), report["runs"])

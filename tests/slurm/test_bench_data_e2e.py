@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from .hpctrain_cli import cli_env, hpctrain
+from .hpctrain_cli import cli_env, data_sets, hpctrain, make_dataset
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -20,10 +20,8 @@ SPEC = "jobs/smoke_2x2_cpu.yaml"
 def bench_setup(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[str]]:
     tmp = tmp_path_factory.mktemp("bench_data_e2e")
     env = cli_env(slurm_cluster, tmp / "state")
-    data = tmp / "data"
-    made = hpctrain(env, "make-dataset", str(data), "--classes", "3", "--per-class", "10", "--image-size", "32")
-    assert made.returncode == 0, made
-    args = ["--set", f"data.root={data}", "--set", f"output_dir={tmp / 'runs'}", "--seconds", "2", "--timeout", "240"]
+    data = make_dataset(env, tmp / "data", classes=3, per_class=10)
+    args = [*data_sets(data, tmp / "runs"), "--seconds", "2", "--timeout", "240"]
     return env, args
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from .hpctrain_cli import cli_env, hpctrain
+from .hpctrain_cli import cli_env, hpctrain, make_dataset
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -23,8 +23,7 @@ SMOKE_SPEC = "jobs/smoke_2x2_cpu.yaml"
 def workspace(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("doctor")
     env = cli_env(slurm_cluster, tmp / "state")
-    made = hpctrain(env, "make-dataset", str(tmp / "data"), "--classes", "2", "--per-class", "4", "--image-size", "16")
-    assert made.returncode == 0, made
+    make_dataset(env, tmp / "data", classes=2, per_class=4, image_size=16)
     return {"env": env, "data": tmp / "data", "runs": tmp / "runs", "tmp": tmp}
 
 

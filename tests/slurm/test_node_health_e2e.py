@@ -34,7 +34,7 @@ import pytest
 from hpctrain.contract.rundir import submitit_dir, summary_path
 
 from .conftest import SCRIPT
-from .hpctrain_cli import cli_env, hpctrain, task_logs
+from .hpctrain_cli import cli_env, hpctrain, make_dataset, task_logs
 from .stop_helpers import Run, latest_step, wait_for, wait_no_processes
 
 if TYPE_CHECKING:
@@ -80,9 +80,7 @@ def five_nodes(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
 def workspace(five_nodes: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("node-health")
     env = cli_env(five_nodes, tmp / "state")
-    data = tmp / "data"
-    made = hpctrain(env, "make-dataset", str(data), "--classes", "4", "--per-class", "32", "--image-size", "32")
-    assert made.returncode == 0, made
+    data = make_dataset(env, tmp / "data", per_class=32)
     return {"env": env, "data": data, "runs": tmp / "runs"}
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from hpctrain.contract.rundir import summary_path
 from tests.squashfs_tools import require_mount
 
-from .hpctrain_cli import cli_env, hpctrain, task_logs, task_output
+from .hpctrain_cli import cli_env, data_sets, hpctrain, make_dataset, submit_json, task_logs, task_output
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -71,19 +71,15 @@ def test_two_nodes_train_on_a_packed_image_and_leave_nothing_mounted(
     data, image, stage = tmp_path / "data", tmp_path / "data.sqsh", tmp_path / "stage"
     for node in slurm_cluster.nodes:
         (stage / node).mkdir(parents=True)  # a stage dir is never created
-    made = hpctrain(env, "make-dataset", str(data), "--classes", "4", "--per-class", "16", "--image-size", "32")
-    assert made.returncode == 0, made
+    make_dataset(env, data)
     packed = hpctrain(env, "pack", str(data), str(image))
     assert packed.returncode == 0, packed
     data.rename(tmp_path / "moved-away")  # the job must read the image only
 
     def submit(*extra: str, wait: bool = True) -> Path:
-        done = hpctrain(
-            env, "submit", SMOKE_SPEC, "--set", f"data.root={image}", "--set", f"output_dir={tmp_path / 'runs'}",
-            "--set", f"data.stage_dir={stage}/{{node}}", *extra, *(["--wait"] if wait else []), "--json",
-            timeout=300,
-        )  # fmt: skip
-        run_dir = Path(done.json()["run_dir"])
+        sets = data_sets(image, tmp_path / "runs", f"data.stage_dir={stage}/{{node}}")
+        done, report = submit_json(env, SMOKE_SPEC, *sets, *extra, *(["--wait"] if wait else []), timeout=300)
+        run_dir = Path(report["run_dir"])
         assert done.returncode == 0, f"{done}\n{task_logs(run_dir)}"
         return run_dir
 

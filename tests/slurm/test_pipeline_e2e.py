@@ -13,7 +13,7 @@ import torchvision
 from hpctrain.contract.rundir import checkpoints_dir, summary_path
 from hpctrain.trainer.checkpoint import CheckpointManager
 
-from .hpctrain_cli import cli_env, hpctrain, task_logs
+from .hpctrain_cli import cli_env, data_sets, make_dataset, submit_json, task_logs
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -24,24 +24,9 @@ def test_two_stage_pipeline_trains_across_two_nodes(
 ) -> None:
     tmp = tmp_path_factory.mktemp("pipeline_e2e")
     env = cli_env(slurm_cluster, tmp / "state")
-    data = tmp / "data"
-    made = hpctrain(
-        env, "make-dataset", str(data), "--classes", "4", "--per-class", "16", "--image-size", "32", timeout=120
-    )
-    assert made.returncode == 0, made
-    submitted = hpctrain(
-        env,
-        "submit",
-        "jobs/pipeline_2stage_cpu.yaml",
-        "--set",
-        f"data.root={data}",
-        "--set",
-        f"output_dir={tmp / 'runs'}",
-        "--wait",
-        "--json",
-        timeout=300,
-    )
-    report = submitted.json()
+    data = make_dataset(env, tmp / "data")
+    spec = "jobs/pipeline_2stage_cpu.yaml"
+    submitted, report = submit_json(env, spec, *data_sets(data, tmp / "runs"), "--wait", timeout=300)
     run_dir = Path(report["run_dir"])
     assert submitted.returncode == 0, f"{submitted}\n{task_logs(run_dir)}"
     assert slurm_cluster.wait_state(report["job_id"]) == "COMPLETED"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from hpctrain.contract.rundir import summary_path
 
-from .hpctrain_cli import cli_env, hpctrain, task_logs, task_output
+from .hpctrain_cli import cli_env, data_sets, make_dataset, submit_json, task_logs, task_output
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -30,16 +30,13 @@ def test_each_node_stages_once_into_its_own_folder_removed_when_the_run_ends(
     data, stage = tmp_path / "data", tmp_path / "stage"
     for node in slurm_cluster.nodes:
         (stage / node).mkdir(parents=True)
-    made = hpctrain(env, "make-dataset", str(data), "--classes", "4", "--per-class", "16", "--image-size", "32")
-    assert made.returncode == 0, made
+    make_dataset(env, data)
+    staged = ("data.stage=node", "trainer.epochs=1")
 
     def submit() -> Path:
-        done = hpctrain(
-            env, "submit", SMOKE_SPEC, "--set", f"data.root={data}", "--set", f"output_dir={tmp_path / 'runs'}",
-            "--set", "data.stage=node", "--set", f"data.stage_dir={stage}/{{node}}", "--set", "trainer.epochs=1",
-            "--wait", "--json", timeout=300,
-        )  # fmt: skip
-        run_dir = Path(done.json()["run_dir"])
+        sets = data_sets(data, tmp_path / "runs", *staged, f"data.stage_dir={stage}/{{node}}")
+        done, report = submit_json(env, SMOKE_SPEC, *sets, "--wait", timeout=300)
+        run_dir = Path(report["run_dir"])
         assert done.returncode == 0, f"{done}\n{task_logs(run_dir)}"
         return run_dir
 
@@ -55,10 +52,7 @@ def test_each_node_stages_once_into_its_own_folder_removed_when_the_run_ends(
         assert list(mine.iterdir()) == [], list(mine.iterdir())  # ... and the job's copy gone with the run
     assert output.count("(the run has ended)") == 2, output  # by each node's last task
 
-    missing = hpctrain(
-        env, "submit", SMOKE_SPEC, "--set", f"data.root={data}", "--set", f"output_dir={tmp_path / 'runs'}",
-        "--set", "data.stage=node", "--set", f"data.stage_dir={tmp_path / 'nowhere'}/{{node}}",
-        "--set", "trainer.epochs=1", "--wait", "--json", timeout=300,
-    )  # fmt: skip
-    assert missing.returncode != 0 and "does not exist" in task_output(Path(missing.json()["run_dir"]))
+    sets = data_sets(data, tmp_path / "runs", *staged, f"data.stage_dir={tmp_path / 'nowhere'}/{{node}}")
+    missing, report = submit_json(env, SMOKE_SPEC, *sets, "--wait", timeout=300)
+    assert missing.returncode != 0 and "does not exist" in task_output(Path(report["run_dir"]))
     assert not (tmp_path / "nowhere").exists()  # never created

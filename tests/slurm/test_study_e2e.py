@@ -16,7 +16,7 @@ import pytest
 from hpctrain.contract.rundir import run_info_path, study_file, summary_path
 from hpctrain.contract.summary import read_summary
 
-from .hpctrain_cli import cli_env, hpctrain, task_logs
+from .hpctrain_cli import cli_env, data_sets, hpctrain, make_dataset, submit_json, task_logs
 from .study_helpers import STUDY_SPEC, SmokeStudy, run_smoke_study
 
 if TYPE_CHECKING:
@@ -98,19 +98,10 @@ def test_preflight_refuses_a_point_larger_than_the_partition(slurm_cluster: Slur
 
 def test_cancel_of_a_study_cancels_every_points_job(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     env = cli_env(slurm_cluster, tmp_path / "state")
-    data = tmp_path / "data"
-    made = hpctrain(env, "make-dataset", str(data), "--classes", "4", "--per-class", "16", "--image-size", "32")
-    assert made.returncode == 0, made
-    submitted = hpctrain(
-        env,
-        "submit",
-        STUDY_SPEC,
-        *("--set", f"data.root={data}", "--set", f"output_dir={tmp_path / 'runs'}"),
-        *("--set", "trainer.epochs=100", "--set", "trainer.max_steps_per_epoch=100"),  # still running when cancelled
-        "--json",
-    )
+    data = make_dataset(env, tmp_path / "data")
+    long = ("trainer.epochs=100", "trainer.max_steps_per_epoch=100")  # still running when cancelled
+    submitted, report = submit_json(env, STUDY_SPEC, *data_sets(data, tmp_path / "runs", *long))
     assert submitted.returncode == 0, submitted
-    report = submitted.json()
     first, second = (run["job_id"] for run in report["runs"])
     wait_until_training(Path(report["runs"][0]["run_dir"]), timeout_s=120)
 

@@ -16,7 +16,7 @@ import pytest
 
 from hpctrain.contract.rundir import metrics_path, submitit_dir, summary_path
 
-from .hpctrain_cli import CliResult, cli_env, hpctrain, task_logs
+from .hpctrain_cli import CliResult, cli_env, data_sets, hpctrain, make_dataset, submit_json, task_logs
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -39,24 +39,8 @@ class TrainedRun:
 def trained_run(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
     tmp = tmp_path_factory.mktemp("trainer_e2e")
     env = cli_env(slurm_cluster, tmp / "state")
-    data = tmp / "data"
-    made = hpctrain(
-        env, "make-dataset", str(data), "--classes", "4", "--per-class", "16", "--image-size", "32", timeout=120
-    )
-    assert made.returncode == 0, made
-    submitted = hpctrain(
-        env,
-        "submit",
-        SMOKE_SPEC,
-        "--set",
-        f"data.root={data}",
-        "--set",
-        f"output_dir={tmp / 'runs'}",
-        "--wait",
-        "--json",
-        timeout=300,
-    )
-    report = submitted.json()
+    data = make_dataset(env, tmp / "data")
+    submitted, report = submit_json(env, SMOKE_SPEC, *data_sets(data, tmp / "runs"), "--wait", timeout=300)
     return TrainedRun(env, submitted, report["job_id"], Path(report["run_dir"]))
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from hpctrain.contract.rundir import heartbeats_dir
 
-from .hpctrain_cli import cli_env, hpctrain, task_logs
+from .hpctrain_cli import cli_env, data_sets, hpctrain, make_dataset, submit_json, task_logs
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -25,14 +25,9 @@ STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")
 
 def test_watch_follows_a_smoke_job_until_it_completes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     env = cli_env(slurm_cluster, tmp_path / "state")
-    data = tmp_path / "data"
-    made = hpctrain(env, "make-dataset", str(data), "--classes", "4", "--per-class", "16", "--image-size", "32")
-    assert made.returncode == 0, made
-    submitted = hpctrain(
-        env, "submit", SMOKE_SPEC, "--set", f"data.root={data}", "--set", f"output_dir={tmp_path / 'runs'}", "--json"
-    )
+    data = make_dataset(env, tmp_path / "data")
+    submitted, report = submit_json(env, SMOKE_SPEC, *data_sets(data, tmp_path / "runs"))
     assert submitted.returncode == 0, submitted
-    report = submitted.json()
     job_id, run_dir = report["job_id"], Path(report["run_dir"])
 
     watched = hpctrain(env, "status", job_id, "--watch", "--interval", "2", timeout=300)

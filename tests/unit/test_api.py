@@ -398,3 +398,89 @@ def test_wrong_argument_types_are_usage_errors_that_name_the_argument(call: Any)
     with pytest.raises(UsageError) as refused:
         call()
     assert "=" in refused.value.message  # names the argument and what it got
+
+
+# ------------------------------------- cancel and doctor: one library door each (launch/cancel.py, diagnose/doctor.py)
+
+
+def printed_cancel(done: Any) -> str:
+    """The line ``hpctrain cancel`` prints first for one run, from the API's answer."""
+    return f"job {done.job_id}: {done.state}; run status: {done.status}"
+
+
+def test_both_faces_cancel_a_study_and_refuse_a_missing_path_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_launch_study import made_study
+
+    study_dir = made_study(tmp_path, monkeypatch)
+    cli = in_process(capsys, "cancel", str(study_dir))
+    api = hpctrain.cancel(study_dir)
+    assert cli.returncode == 0 and [c.already_ended for c in api] == [True, True]
+    expected = [
+        line for point, done in zip(("nodes-1", "nodes-2"), api) for line in (f"{point}:", printed_cancel(done))
+    ]
+    assert [line for line in cli.stdout.splitlines() if not line.startswith(("last complete", "no checkpoint"))] == (
+        expected
+    )
+    for missing in (tmp_path / "nowhere", tmp_path / "runs"):  # not there; there, but neither a run nor a study
+        agree_on_the_error(
+            in_process(capsys, "cancel", str(missing)), through_api(lambda m=missing: hpctrain.cancel(m))
+        )
+
+
+def test_both_faces_report_a_study_point_that_cannot_be_cancelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_launch_study import made_study
+
+    study_dir = made_study(tmp_path, monkeypatch)
+    write_run_info(study_dir / "nodes-2", {"name": "st", "job_id": "--user=me", "backend": "slurm"})
+    FakeSlurm().install(monkeypatch)
+    cli = in_process(capsys, "cancel", str(study_dir))
+    code, _, message = through_api(lambda: hpctrain.cancel(study_dir))
+    assert cli.returncode == code != 0 and "nodes-1:" in cli.stdout and "nodes-2:" in cli.stdout
+    point_error = cli.stderr.removeprefix("error: ").splitlines()[0]
+    assert message.startswith(f"{study_dir}: 1 point(s) could not be cancelled: nodes-2: ") and point_error in message
+
+
+def doctor_spec_file(tmp_path: Path, extra: str = "") -> Path:
+    spec = tmp_path / "job.yaml"
+    runs, data = tmp_path / "runs", tmp_path / "d"
+    spec.write_text(f"name: j\ncluster: slurm\noutput_dir: {runs}\ndata: {{root: {data}}}\n{extra}")
+    return spec
+
+
+@pytest.mark.parametrize(
+    ("case", "extra"),
+    [
+        ("a run", ""),
+        ("a study", "study: {resources.nodes: [1, 2]}\n"),
+        # validate's loader (the API's, before) refused these; load_job (the CLI's) let them through unchecked
+        ("a missing script", "script: {path: MISSING}\n"),
+        ("an entry point that cannot take ctx", "entrypoint: 'doctor_entry:main'\n"),
+    ],
+)
+def test_both_faces_agree_on_the_doctor_of(
+    case: str, extra: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    FakeSlurm(answers={"scontrol ping": (0, "Slurmctld(primary) at ctl is DOWN\n")}).install(monkeypatch)
+    (tmp_path / "doctor_entry.py").write_text("def main():\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = doctor_spec_file(tmp_path, extra.replace("MISSING", str(tmp_path / "missing.py")))
+    cli = in_process(capsys, "doctor", str(spec), "--json", "--set", "trainer.epochs=2")
+    found = hpctrain.doctor(spec, ["trainer.epochs=2"])
+    assert cli.returncode == (0 if found.ok else 1) == 1 and json.loads(cli.stdout) == found.as_json()
+    errors = {check.key for check in found.checks if check.level == "error"}
+    wanted = {"a missing script": "script.path", "an entry point that cannot take ctx": "entrypoint"}.get(case)
+    assert "controller" in errors and (wanted is None or wanted in errors), found.checks
+
+
+def test_both_faces_refuse_a_missing_or_wrong_spec_for_the_doctor_alike(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nowhere.yaml"
+    agree_on_the_error(in_process(capsys, "doctor", str(missing)), through_api(lambda: hpctrain.doctor(missing)))
+    wrong = doctor_spec_file(tmp_path, "resources: {nodes: 0}\n")
+    cli, api = in_process(capsys, "doctor", str(wrong)), through_api(lambda: hpctrain.doctor(wrong))
+    assert cli.returncode == api[0] != 0 and "resources.nodes" in cli.stderr and "Traceback" not in cli.stderr

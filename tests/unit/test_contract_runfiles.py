@@ -651,3 +651,33 @@ def test_one_malformed_node_failure_costs_only_itself_in_status_watch_and_report
     assert any(line.endswith(f"lost nodes: {expected}") for line in plain_changes(None, watched))
     summary = read_summary(run_dir)
     assert summary is not None and summary.node_failures is not None and summary.node_failures[-1] == lost
+
+
+def test_real_path_never_raises_on_a_loop(tmp_path: Path) -> None:
+    from hpctrain.contract.runfiles import real_path
+
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    (tmp_path / "c").symlink_to(tmp_path / "real")
+    assert real_path(tmp_path / "a" / "x").name == "x"
+    assert real_path(tmp_path / "c") == tmp_path.resolve() / "real"
+    with pytest.raises(RuntimeError):  # what every resolve() of a user's path did (a traceback)
+        (tmp_path / "a").resolve()
+
+
+def test_no_user_path_is_resolved_with_pathlib() -> None:
+    """The category of the loop crash: every resolve in hpctrain/ goes through runfiles.real_path
+    (``Path(__file__).resolve()`` of hpctrain's own files aside; runtime/ and task/ are being moved, pending)."""
+    import re
+
+    hpctrain_dir = Path(__file__).resolve().parents[2] / "hpctrain"
+    offenders = []
+    for path in sorted(hpctrain_dir.rglob("*.py")):
+        name = path.relative_to(hpctrain_dir).as_posix()
+        if name.startswith(("runtime/", "task/")):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            if re.search(r"\.resolve\(", code) and "__file__" not in code and "``" not in code:
+                offenders.append(f"{name}:{number}: {line.strip()}")
+    assert not offenders, "use contract.runfiles.real_path:\n" + "\n".join(offenders)

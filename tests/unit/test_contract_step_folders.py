@@ -16,7 +16,7 @@ from hpctrain.contract.rundir import (
     complete_checkpoints,
     latest_checkpoint_step,
 )
-from hpctrain.contract.step_folders import StepFolders
+from hpctrain.contract.step_folders import MAX_EXAMINED, StepFolders
 from hpctrain.errors import CheckpointError
 
 
@@ -107,3 +107,114 @@ def test_the_first_begin_sweeps_crashed_writers_leftovers_and_a_resave_replaces(
 def test_keep_last_below_one_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="keep_last must be at least 1"):
         StepFolders(tmp_path, layout=DCP_LAYOUT, keep_last=0)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "step-" + "9" * 21,
+        "step-\u0661\u0662",
+        "step-00000007\n",
+        "step-+7",
+        "step-0x7",
+        "step-",
+        "step-7",
+        "step-000000007",
+    ],
+)
+def test_a_folder_name_that_is_no_plain_step_is_never_listed(tmp_path: Path, name: str) -> None:
+    folders = StepFolders(checkpoints_dir(tmp_path), layout=DCP_LAYOUT, keep_last=5)
+    good = dcp_step(folders, 7)
+    planted = good.parent / name
+    planted.mkdir()
+    for child in good.iterdir():
+        (planted / child.name).write_bytes(child.read_bytes())
+    assert complete_checkpoints(folders.directory) == [good]
+    assert list(folders.newest_first()) == [good] and latest_checkpoint_step(tmp_path) == 7
+
+
+def test_a_folders_step_is_its_meta_json_s_which_its_name_must_match(tmp_path: Path) -> None:
+    folders = StepFolders(checkpoints_dir(tmp_path), layout=DCP_LAYOUT, keep_last=5)
+    good = dcp_step(folders, 3)
+    renamed = dcp_step(folders, 4).rename(good.parent / "step-00090000")  # the name says 90000, meta.json 4
+    huge = dcp_step(folders, 5)
+    meta = json.loads((huge / META_FILE).read_text())
+    meta["global_step"] = 10**21  # a step no int64 holds, in a folder whose name agrees with nothing
+    (huge / META_FILE).write_text(json.dumps(meta))
+    assert checkpoint_meta(renamed) is None and checkpoint_meta(huge) is None
+    assert complete_checkpoints(folders.directory) == [good] and latest_checkpoint_step(tmp_path) == 3
+
+
+def test_a_load_examines_a_bounded_number_of_folders_and_then_says_so(tmp_path: Path) -> None:
+    folders = StepFolders(checkpoints_dir(tmp_path), layout=DCP_LAYOUT, keep_last=50)
+    dcp_step(folders, 1)
+    for step in range(2, 2 + MAX_EXAMINED + 3):
+        torn = dcp_step(folders, step)
+        (torn / ".metadata").write_bytes(b"short")  # no longer the recorded size: incomplete
+    with pytest.raises(CheckpointError, match=f"the newest {MAX_EXAMINED} step folders .* the 4 older ones"):
+        list(folders.newest_first())
+    assert [p.name for p in folders.newest_first(newest=5)] == ["step-00000001"]
+
+
+@pytest.mark.parametrize("layout", [DCP_LAYOUT, TRAINER_LAYOUT])
+def test_a_checkpoints_dir_linked_out_of_the_run_is_refused_by_save_list_and_load(tmp_path: Path, layout: str) -> None:
+    scratch = tmp_path / "scratch" / "ckpts"
+    scratch.mkdir(parents=True)
+    run = tmp_path / "run"
+    run.mkdir()
+    checkpoints_dir(run).symlink_to(scratch)
+    folders = StepFolders(checkpoints_dir(run), layout=layout, keep_last=2)
+    for call in (lambda: folders.begin(1), folders.checkpoints, lambda: list(folders.newest_first())):
+        with pytest.raises(CheckpointError, match="outside .* never be listed, loaded or pruned") as raised:
+            call()
+        assert repr(str(scratch)) in (raised.value.hint or "")
+    assert list(scratch.iterdir()) == []  # nothing written where it would never be found
+    inside = run / "elsewhere"
+    inside.mkdir()
+    checkpoints_dir(run).unlink()
+    checkpoints_dir(run).symlink_to(inside)  # a link that stays inside the run is followed by all of them
+    written = dcp_step(StepFolders(checkpoints_dir(run), layout=DCP_LAYOUT, keep_last=2), 2)
+    assert complete_checkpoints(checkpoints_dir(run)) == [written]
+
+
+def test_the_latest_checkpoint_is_found_newest_first_without_examining_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpctrain.contract import rundir
+
+    folders = StepFolders(checkpoints_dir(tmp_path), layout=DCP_LAYOUT, keep_last=50)
+    for step in (3, 10, 200):
+        dcp_step(folders, step)
+    examined: list[str] = []
+    real = rundir.checkpoint_meta
+    monkeypatch.setattr(rundir, "checkpoint_meta", lambda path, *a: examined.append(path.name) or real(path, *a))
+    assert latest_checkpoint_step(tmp_path) == 200 and examined == ["step-00000200"]
+
+
+def test_folders_of_later_steps_never_push_the_writers_own_out(tmp_path: Path) -> None:
+    folders = StepFolders(checkpoints_dir(tmp_path), layout=DCP_LAYOUT, keep_last=2)
+    planted = [dcp_step(folders, step) for step in (99_999_998, 99_999_999)]  # complete, from "the future"
+    for step in (1, 2, 3):
+        dcp_step(folders, step)
+        folders.prune(step)
+    names = [p.name for p in complete_checkpoints(folders.directory)]
+    assert names == ["step-00000002", "step-00000003", *(p.name for p in planted)]
+
+
+def test_a_prune_examines_a_bounded_number_of_folders_and_thins_a_crowded_directory_over_saves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpctrain.contract import rundir
+
+    folders = StepFolders(checkpoints_dir(tmp_path), layout=DCP_LAYOUT, keep_last=2)
+    future = dcp_step(folders, 99_999_999)
+    for step in range(1, 31):
+        dcp_step(folders, step)
+    examined: list[str] = []
+    real = rundir.checkpoint_meta
+    monkeypatch.setattr(rundir, "checkpoint_meta", lambda path, *a: examined.append(path.name) or real(path, *a))
+    folders.prune(30)
+    assert len(examined) <= 2 + MAX_EXAMINED + 1 and future.name not in examined  # (+1: best.json's check)
+    assert len(complete_checkpoints(folders.directory)) == 1 + 2 + (30 - 2 - MAX_EXAMINED)
+    folders.prune(30)
+    assert [p.name for p in complete_checkpoints(folders.directory)] == ["step-00000029", "step-00000030", future.name]

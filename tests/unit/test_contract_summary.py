@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.contract.summary import Summary, parse_summary
+from hpctrain.contract.summary import OUTCOME_KEYS, Summary, kept_fields, parse_summary
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hpctrain"
 # (module, function or class) that build what goes into summary.json
@@ -89,3 +89,12 @@ def test_declared_fields_are_read_typed_and_tolerantly(raw: dict, field: str, va
     summary = parse_summary({"status": "running", **raw})
     assert summary is not None and summary.status == "running" and getattr(summary, field) == value
     assert summary.fields() == {"status": "running", **raw}  # written back as it was, even a dropped value
+
+
+def test_a_rewrite_keeps_what_others_wrote_and_decides_only_its_own_keys() -> None:
+    current = parse_summary(
+        {"status": "running", "total_steps": 7, "weights_sha256": "f" * 64, "note": "mine", "failed_rank": 2}
+    )
+    assert kept_fields(current) == {"total_steps": 7, "weights_sha256": "f" * 64, "note": "mine"}
+    assert kept_fields(current, ("note", "excluded_nodes")) == {"note": "mine"}
+    assert kept_fields(None) == {} and {"status", "stop_reason", "wall_s", "failed_rank"} <= OUTCOME_KEYS

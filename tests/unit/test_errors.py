@@ -71,4 +71,6 @@ def test_every_error_and_hint_the_cli_prints_is_escaped(capsys: pytest.CaptureFi
     print_error(UsageError("no run \x1b[2Jhere\nsecond line", hint="try\n\x1b[31mthis"))
     err = capsys.readouterr().err
     assert err == "error: no run \\x1b[2Jhere\nsecond line\nhint: try\\x0a\\x1b[31mthis\n"
-    assert str(SpecError("s\x07.yaml", [SpecProblem("k\x07", "m")])).count("\\x07") == 2
+    assert str(SpecError("s\x07.yaml", [SpecProblem("k\x07", "m")])).count("\\x07") == 3
+    # the file named in the first line too: a newline in a folder's name must not start a line of its own
+    assert str(SpecError("d\nsetup: x/job.yaml", [SpecProblem("k", "m")])).splitlines()[0].startswith("d\\x0asetup")

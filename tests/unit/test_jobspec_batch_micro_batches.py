@@ -8,9 +8,10 @@ import pytest
 
 from hpctrain.contract.rundir import read_run_info, spec_path, submitit_dir
 from hpctrain.errors import TrainingConfigError, UsageError
-from hpctrain.jobspec.batch import micro_batch_positions, micro_batch_problem, reshape_problem
+from hpctrain.jobspec.batch import micro_batch_positions, micro_batch_problem
 from hpctrain.jobspec.load import load_job
 from hpctrain.jobspec.models import JobSpec
+from hpctrain.jobspec.node_loss import reshape_problem
 from hpctrain.launch import submission
 from hpctrain.launch.resume import reshaped
 from hpctrain.trainer.data import MicroBatchSampler, ResumableDistributedSampler

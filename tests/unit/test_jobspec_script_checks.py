@@ -200,3 +200,15 @@ def test_eviction_is_refused_for_a_script_and_auto_is_off(tmp_path: Path) -> Non
     assert "forward times" in found["health.eviction.enabled"]
     job = load_job(write(tmp_path, text.replace("EVICT", "auto")))
     assert job.spec.resources.heals and not job.spec.evicts, "a script reports no forward times to judge"
+
+
+@pytest.mark.parametrize("link", ["loop", "through a loop", "dangling"])
+def test_a_script_path_that_is_a_broken_link_says_which(link: str, tmp_path: Path) -> None:
+    """A loop once crashed validate/--dry-run/--local with RuntimeError; now each names what it is."""
+    (tmp_path / "l1").symlink_to(tmp_path / "l2")
+    (tmp_path / "l2").symlink_to(tmp_path / "l1")
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere.py")
+    path = {"loop": "l1", "through a loop": "l1/train.py", "dangling": "gone"}[link]
+    spec = write(tmp_path, f"name: s\nscript: {{path: {path}}}\n")
+    found = problems(spec)["script.path"]
+    assert ("symlink loop" in found) if link != "dangling" else ("nowhere.py" in found and "not exist" in found)

@@ -256,3 +256,44 @@ def test_submit_says_what_was_left_out(dotfiles_home: Path, tmp_path: Path, monk
         "7 files of mytrain, helpers, plugins copied into RUN_DIR/code/; left out 2: mytrain/shadow.py: a symlink "
         f"to /etc/shadow, outside {dotfiles_home.resolve()}; 1 hidden file or folder"
     )
+
+
+def test_an_entry_point_package_that_leads_into_a_hidden_home_folder_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    write(home / ".ssh" / "id_rsa", "key\n")
+    write(home / ".ssh" / "stolen" / "__init__.py", "")
+    write(home / ".ssh" / "stolen" / "job.py", "import id_rsa\ndef main(ctx):\n    pass\n")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "mypkg").symlink_to(home / ".ssh" / "stolen", target_is_directory=True)
+    with pytest.raises(UsageError, match="hidden folder") as caught:
+        code_snapshot.locate("mypkg.job:main", [str(tree)])
+    assert "--no-snapshot" in (caught.value.hint or "")
+
+
+def test_loops_in_an_entry_points_package_are_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``submit --dry-run`` of such a package says so, never a traceback (the message once resolved again)."""
+    from cli_helpers import in_process
+
+    tree = tmp_path / "tree"
+    write(tree / "mypkg" / "__init__.py", "")
+    write(tree / "mypkg" / "job.py", "def main(ctx):\n    pass\n")
+    (tree / "mypkg" / "l1").symlink_to(tree / "mypkg" / "l2")
+    (tree / "mypkg" / "l2").symlink_to(tree / "mypkg" / "l1")
+    (tree / "mypkg" / "sub").symlink_to("sub")
+    write(tree / "job.yaml", "name: x\ncluster: local\nresources: {gpus_per_node: 0}\nentrypoint: mypkg.job:main\n")
+    monkeypatch.chdir(tree)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HPCTRAIN_CONFIG_DIR", str(tmp_path / "config"))
+    source = code_snapshot.locate("mypkg.job:main", [str(tree)])
+    assert source is not None
+    snap = code_snapshot.take(source, tmp_path / "run")
+    assert snap.files == 2 and {"mypkg/l1: a symlink loop", "mypkg/sub: a symlink loop"} <= set(snap.left_out)
+    done = in_process(capsys, "submit", "job.yaml", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert "mypkg/l1: a symlink loop" in done.stdout and "Traceback" not in done.stderr

@@ -110,7 +110,7 @@ def test_a_script_directly_in_the_home_directory_is_refused(tmp_path: Path, monk
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "train.py").write_text("")
     job = spec(tmp_path / "runs", path=str(tmp_path / "train.py"))
-    with pytest.raises(UsageError, match="would copy all of it") as caught:
+    with pytest.raises(UsageError, match="your home directory, so it would copy all of it") as caught:
         script_code.locate(job.script)  # type: ignore[arg-type]
     assert "--no-snapshot" in (caught.value.hint or "")
 
@@ -120,3 +120,122 @@ def test_a_sweeps_record_seen_from_a_trial(tmp_path: Path) -> None:
     moved = code_snapshot.for_trial(record, tmp_path, tmp_path / "trial-000")
     assert {key: moved[key] for key in BOTH} == {"import_root": "../code", script_code.SCRIPT_DIR_KEY: "../code/proj"}
     assert moved["files"] == 3
+
+
+# -- the rule is on the resolved target (code_selection.py): whatever a name leads to ------------------------------
+def home_with_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_rsa").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+def test_a_script_that_leads_into_a_hidden_home_folder_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = home_with_secrets(tmp_path, monkeypatch)
+    (home / ".ssh" / "train.py").write_text("")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").symlink_to(home / ".ssh" / "train.py")  # the red team's case
+    (tmp_path / "linked").symlink_to(home / ".ssh", target_is_directory=True)  # the folder itself a link
+    (home / ".config" / "tool").mkdir(parents=True)  # any hidden folder of the home, however deep
+    (home / ".config" / "tool" / "train.py").write_text("")
+    for path in (project / "train.py", tmp_path / "linked" / "train.py", home / ".config" / "tool" / "train.py"):
+        with pytest.raises(UsageError, match="lies in the hidden folder") as caught:
+            script_code.locate(spec(tmp_path / "runs", path=str(path)).script)  # type: ignore[arg-type]
+        assert "--no-snapshot" in (caught.value.hint or "")
+
+
+def test_a_link_in_the_folder_to_a_hidden_one_is_left_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = home_with_secrets(tmp_path, monkeypatch)
+    project = tmp_path / "project"
+    (project / ".secrets").mkdir(parents=True)
+    (project / ".secrets" / "token").write_text("secret")
+    (project / "train.py").write_text("")
+    (project / "keys").symlink_to(project / ".secrets", target_is_directory=True)  # inside, but hidden
+    (project / "token.txt").symlink_to(project / ".secrets" / "token")
+    (project / "ssh").symlink_to(home / ".ssh", target_is_directory=True)  # outside
+    job = spec(tmp_path / "runs", path=str(project / "train.py"))
+    source = script_code.locate(job.script)  # type: ignore[arg-type]
+    assert source is not None
+    run_dir = tmp_path / "runs" / "1"
+    snap = script_code.take(source, job, run_dir)
+    assert copied_files(run_dir) == ["code/train.py"]
+    left = "\n".join(snap.left_out)
+    assert "keys: leads to" in left and "token.txt: leads to" in left and "a hidden file or folder" in left
+    assert f"ssh: a symlink to {home.resolve() / '.ssh'}, outside" in left
+
+
+def test_a_file_swapped_for_a_link_after_the_plan_is_not_copied(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / ".secrets").mkdir(parents=True)
+    (project / ".secrets" / "token").write_text("secret")
+    (project / "train.py").write_text("")
+    (project / "conf.yaml").write_text("lr: 1")
+    job = spec(tmp_path / "runs", path=str(project / "train.py"))
+    source = script_code.locate(job.script)  # type: ignore[arg-type]
+    assert source is not None
+    chosen = script_code.plan(source, job)
+    (project / "conf.yaml").unlink()
+    (project / "conf.yaml").symlink_to(project / ".secrets" / "token")
+    with pytest.raises(UsageError, match="conf.yaml: leads to .*hidden"):
+        code_snapshot.take(source, tmp_path / "run", chosen)
+    assert not (tmp_path / "run" / "code" / "conf.yaml").exists()
+
+
+@pytest.mark.parametrize("where", ["home", "root", "sticky"])
+def test_a_script_directly_in_a_folder_of_everything_is_refused(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$HOME and / as before, and now a shared folder everyone writes into (/tmp, /var/tmp, /dev/shm)."""
+    folder = {"home": tmp_path, "root": Path("/"), "sticky": tmp_path / "shared"}[where]
+    monkeypatch.setenv("HOME", str(tmp_path))
+    if where == "sticky":
+        folder.mkdir()
+        folder.chmod(0o1777)
+    why = {"home": "your home directory", "root": "a file system's root", "sticky": "world-writable"}[where]
+    with pytest.raises(UsageError, match=why):
+        script_code.locate(spec(tmp_path / "runs", path=str(folder / "train.py")).script)  # type: ignore[arg-type]
+
+
+def test_symlink_loops_are_left_out_never_a_traceback(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / "sub").mkdir(parents=True)
+    (project / "train.py").write_text("")
+    (project / "a").symlink_to(project / "b")
+    (project / "b").symlink_to(project / "a")
+    (project / "self").symlink_to("self")
+    (project / "sub" / "up").symlink_to(project / "sub" / "up2")
+    (project / "sub" / "up2").symlink_to(project / "sub" / "up")
+    job = spec(tmp_path / "runs", path=str(project / "train.py"))
+    source = script_code.locate(job.script)  # type: ignore[arg-type]
+    assert source is not None
+    code, lines = script_code.planned(job, tmp_path / "runs" / "1", snapshot=True)
+    assert "a: a symlink loop" in lines[1] and "self: a symlink loop" in lines[1]
+    snap = script_code.take(source, job, tmp_path / "runs" / "1")
+    assert copied_files(tmp_path / "runs" / "1") == ["code/train.py"]
+    assert sum("symlink loop" in note for note in snap.left_out) == 5
+
+
+@pytest.mark.parametrize("limit", ["bytes", "files"])
+def test_the_dry_run_refuses_what_the_submit_refuses(
+    limit: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One decision for both (the red team's dry run called a 10 GiB, 100k-file folder copyable)."""
+    monkeypatch.setattr(code_snapshot, "MAX_SNAPSHOT_BYTES" if limit == "bytes" else "MAX_SNAPSHOT_FILES", 3)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("import os\n")
+    for index in range(4):
+        (project / f"data{index}.bin").write_bytes(b"")
+    job = spec(tmp_path / "runs", path=str(project / "train.py"))
+    source = script_code.locate(job.script)  # type: ignore[arg-type]
+    assert source is not None
+    with pytest.raises(UsageError, match="would copy") as planned:
+        script_code.planned(job, tmp_path / "runs" / "1", snapshot=True)
+    with pytest.raises(UsageError, match="would copy") as taken:
+        script_code.take(source, job, tmp_path / "runs" / "1")
+    assert str(planned.value) == str(taken.value)
+    assert not (tmp_path / "runs" / "1" / "code").exists()

@@ -258,3 +258,31 @@ def test_container_options_are_runtime_flags_before_the_image() -> None:
         "hal", container={"runtime": "pyxis", "image": "a.sqsh", "options": ["--container-remap-root"]}
     )
     assert slurm_parameters(pyxis, profile, RUN_DIR)["srun_args"][-1] == "--container-remap-root"
+
+
+def test_a_full_disk_at_submit_names_the_file_and_its_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import errno
+
+    from cli_helpers import assert_user_error, in_process
+
+    from hpctrain.contract import file_writes
+
+    (tmp_path / "train.py").write_text("")
+    runs = tmp_path / "runs"
+    (tmp_path / "job.yaml").write_text(
+        f"name: s\ncluster: local\noutput_dir: {runs}\nresources: {{gpus_per_node: 0}}\nscript: {{path: train.py}}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HPCTRAIN_CONFIG_DIR", str(tmp_path / "config"))
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(file_writes.os, "fsync", full)
+    done = in_process(capsys, "submit", "job.yaml", "--local")
+    assert_user_error(done, 2, "No space left on device", "spec.yaml", "MiB free", "output_dir")
+    assert str(runs / "s") in done.stderr
+    assert not any((runs / "s").iterdir())  # the unsubmitted run directory is gone

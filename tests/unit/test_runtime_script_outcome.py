@@ -112,3 +112,31 @@ def test_the_watch_names_the_first_failure_from_srun_s_report(tmp_path: Path) ->
     written = read_summary(tmp_path)
     assert written is not None and (written.status, written.failed_rank, written.failed_exit_code) == ("failed", 3, 3)
     assert watch.settle(ECHO, wait_s=0.0) == OWN, "settled once"
+
+
+def test_the_final_summary_keeps_what_the_script_set_and_decides_only_the_outcome(tmp_path: Path) -> None:
+    write_summary(tmp_path, {"status": "stopped", "total_steps": 10, "excluded_nodes": ["n2"], "failed_rank": 1})
+    summary = ScriptSummary(tmp_path, {}, enabled=True)
+    summary.write("running")  # before the script runs: an earlier attempt's own fields are not this one's
+    started = read_summary(tmp_path)
+    assert started is not None and (started.total_steps, started.failed_rank, started.excluded_nodes) == (
+        None,
+        None,
+        ["n2"],
+    )
+    written_by_the_loop = {  # what task.set_summary and the loop's progress wrote meanwhile
+        **started.fields(),
+        "total_steps": 100,
+        "global_step": 100,
+        "weights_sha256": "ab" * 32,
+        "my_val_accuracy": 0.91,
+        "status": "completed",
+        "failed_reason": "a stale claim",
+    }
+    write_summary(tmp_path, written_by_the_loop)
+    summary.write("completed", exit_code=0)
+    final = read_summary(tmp_path)
+    assert final is not None and final.status == "completed" and final.fields()["exit_code"] == 0
+    assert (final.total_steps, final.global_step, final.weights_sha256) == (100, 100, "ab" * 32)
+    assert final.fields()["my_val_accuracy"] == 0.91 and final.excluded_nodes == ["n2"]
+    assert final.failed_reason is None, "how the attempt ended is the wrapper's to say"

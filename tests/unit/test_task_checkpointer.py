@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import pickle
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -235,3 +236,24 @@ def test_a_folder_named_through_a_symlink_is_used_where_it_is(tmp_path: Path) ->
     link.symlink_to(tmp_path / "scratch" / "ckpt")  # checkpoints on scratch space, outside work/
     task.Checkpointer(link, **parts()).save(3)
     assert task.Checkpointer(link, **parts(seed=2)).load() == 3
+
+
+def test_the_runs_checkpoint_dir_linked_out_of_the_run_is_refused_never_started_over(tmp_path: Path) -> None:
+    scratch = tmp_path.parent / f"{tmp_path.name}-scratch"
+    scratch.mkdir()
+    (tmp_path / "checkpoints").symlink_to(scratch)  # RUN/checkpoints -> scratch, a common set-up
+    ckpt = task.Checkpointer(**parts())
+    for call in (ckpt.load, lambda: ckpt.save(1), ckpt.checkpoints):
+        with pytest.raises(CheckpointError, match="never be listed, loaded or pruned") as raised:
+            call()
+        assert f"Checkpointer(directory={str(scratch)!r})" in (raised.value.hint or "")
+    task.Checkpointer(scratch, **parts()).save(4)  # named where it is, the folder is followed by every call
+    assert task.Checkpointer(scratch, **parts(seed=1)).load() == 4 and not list(Path(tmp_path).glob(".tmp-*"))
+
+
+def test_a_folder_whose_name_claims_another_step_is_never_loaded_as_that_step(tmp_path: Path) -> None:
+    saved = task.Checkpointer(tmp_path / "ckpt", **parts()).save(6)
+    for name in ("step-" + "9" * 21, "step-00000099", "step-\u0661\u0660\u0660"):  # meta.json says 6 in each
+        shutil.copytree(saved, saved.parent / name)
+    ckpt = task.Checkpointer(tmp_path / "ckpt", **parts(seed=1))
+    assert ckpt.load() == 6 and ckpt.last_loaded == saved and ckpt.checkpoints() == [saved]

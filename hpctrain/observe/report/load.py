@@ -42,7 +42,7 @@ from hpctrain.contract.rundir import (
     spec_path,
     summary_path,
 )
-from hpctrain.contract.runfiles import RunFileError, iter_lines, plausible, printable
+from hpctrain.contract.runfiles import RunFileError, iter_lines, plausible, printable, real_path
 from hpctrain.errors import RunDirError, SpecError
 from hpctrain.jobspec.yaml_source import read_spec_file
 
@@ -289,7 +289,7 @@ def load_targets(paths: list[Path]) -> list[RunData]:
 
 
 def _default_label(path: Path) -> str:
-    resolved = path.resolve()
+    resolved = real_path(path)
     return f"{resolved.parent.name}/{resolved.name}" if resolved.parent.name else resolved.name
 
 

@@ -26,13 +26,13 @@ import os
 import shutil
 import socket
 import stat
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from hpctrain.contract.runfiles import RunFileError, load_json, read_bounded
+from hpctrain.contract.file_writes import copy_atomic, write_atomic
+from hpctrain.contract.runfiles import RunFileError, load_json, read_bounded, real_path
 from hpctrain.dataset import node_folder
 from hpctrain.errors import TrainingConfigError
 from hpctrain.trainer.data.index import DatasetIndex
@@ -62,7 +62,7 @@ def resolve_stage_dir(
 
 def stage_key(source_root: Path, indices: Sequence[tuple[str, DatasetIndex]]) -> str:
     """A digest of the source and of every sample's path and label: another dataset gets another copy."""
-    digest = hashlib.sha256(str(source_root.resolve()).encode(errors="surrogateescape"))
+    digest = hashlib.sha256(str(real_path(source_root)).encode(errors="surrogateescape"))
     for split, index in indices:
         digest.update(f"\0{split}\0{len(index.samples)}".encode(errors="surrogateescape"))
         for rel, label in index.samples:
@@ -121,7 +121,7 @@ def _copy(
         dest.mkdir(exist_ok=True)
         (dest / DONE).unlink(missing_ok=True)
         (dest / FAILED).unlink(missing_ok=True)
-        (dest / KEY).write_text(json.dumps({"key": key}))
+        write_atomic(dest / KEY, json.dumps({"key": key}))
         listed = [(Path(idx.root) / rel, dest / split / rel) for split, idx in indices for rel, _ in idx.samples]
         with ThreadPoolExecutor(readers) as pool:
             sizes = list(pool.map(lambda job: _regular_size(job[0]), listed))
@@ -150,12 +150,12 @@ def _copy(
         rate = needed / 2**20 / seconds
         log(f"hpctrain: staged {needed / 2**20:.0f} MB in {seconds:.1f} s ({rate:.0f} MB/s, {readers} readers)")
         done = {"source": str(source_root), "files": len(jobs), "bytes": total, "key": key}
-        (dest / DONE).write_text(json.dumps(done))
+        write_atomic(dest / DONE, json.dumps(done))
     except BaseException as exc:
         message = exc.message if isinstance(exc, TrainingConfigError) else f"{type(exc).__name__}: {exc}"
         hint = exc.hint if isinstance(exc, TrainingConfigError) else "see the node leader's log"
         try:
-            (dest / FAILED).write_text(json.dumps({"message": message, "hint": hint}))
+            write_atomic(dest / FAILED, json.dumps({"message": message, "hint": hint}))
         except OSError:
             pass
         raise
@@ -182,9 +182,7 @@ def _same_size(path: Path, size: int) -> bool:
 
 def _copy_file(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f"{dst.name}.part-{os.getpid()}-{threading.get_ident()}")  # concurrent copiers are safe
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)  # a file is complete or absent: a resumed copy can trust sizes
+    copy_atomic(src, dst)  # a file is complete or absent: a resumed copy can trust sizes
 
 
 def _mtime(path: Path) -> float:
