@@ -126,8 +126,10 @@ class StartAnswer:
     partition: str
 
 
+# 26.05 prints a stray word after the time ("to start at 2026-11-29T00:57:09 a using 1 processors"): allowed.
 _TEST_ONLY = re.compile(
-    r"Job \d+ to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d) using (\d+) processors on nodes (\S+) in partition (\S+)"
+    r"Job \d+ to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?: \S+)? using (\d+) processors on nodes (\S+) "
+    r"in partition (\S+)"
 )
 
 
