@@ -15,7 +15,19 @@ __version__ = "0.1.0"
 # name -> module that defines it; loaded on first use (PEP 562), so 'import hpctrain' stays cheap.
 _LAZY = {
     **dict.fromkeys(
-        ("load_job", "submit", "status", "cancel", "resume", "report", "doctor", "nodes", "forget_node", "sync"),
+        (
+            "load_job",
+            "submit",
+            "status",
+            "cancel",
+            "resume",
+            "report",
+            "doctor",
+            "nodes",
+            "forget_node",
+            "sync",
+            "plan",
+        ),
         "hpctrain.api",
     ),
     "Submission": "hpctrain.launch.submit",
@@ -26,6 +38,7 @@ _LAZY = {
     "DoctorReport": "hpctrain.diagnose.doctor",
     "NodeLedger": "hpctrain.observe.node_ledger",
     "Synced": "hpctrain.tracking.sync",
+    "Plan": "hpctrain.planning.plan",
     **dict.fromkeys(
         ("HpctrainError", "SpecError", "UsageError", "ClusterError", "RunDirError", "CheckpointError", "RunStopped"),
         "hpctrain.errors",
@@ -39,6 +52,7 @@ __all__ = [  # what _LAZY names, spelled out for tools that read __all__ without
     "DoctorReport",
     "HpctrainError",
     "NodeLedger",
+    "Plan",
     "Report",
     "RunDirError",
     "RunStatus",
@@ -54,6 +68,7 @@ __all__ = [  # what _LAZY names, spelled out for tools that read __all__ without
     "forget_node",
     "load_job",
     "nodes",
+    "plan",
     "report",
     "resume",
     "status",
@@ -65,7 +80,7 @@ if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
     from types import ModuleType
 
-    from hpctrain.api import cancel, doctor, forget_node, load_job, nodes, report, resume, status, submit, sync
+    from hpctrain.api import cancel, doctor, forget_node, load_job, nodes, plan, report, resume, status, submit, sync
     from hpctrain.diagnose.doctor import DoctorReport
     from hpctrain.errors import (
         CheckpointError,
@@ -82,6 +97,7 @@ if TYPE_CHECKING:
     from hpctrain.observe.report.build import Report
     from hpctrain.observe.run_status import RunStatus
     from hpctrain.observe.status import StudyStatus
+    from hpctrain.planning.plan import Plan
     from hpctrain.tracking.sync import Synced
 
 

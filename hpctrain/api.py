@@ -7,6 +7,8 @@ Each function checks its arguments, calls the same library sequence as its
 ``observe/report/build.py``, ``doctor`` -> ``diagnose/doctor.py``'s ``doctor_spec``, ``nodes``
 and ``forget_node`` -> ``observe/node_ledger.py``,
 ``load_job`` -> ``launch/plan.py``'s validate, ``sync`` -> ``tracking/sync.py``. So both faces give the same
+and ``forget_node`` -> ``observe/node_ledger.py``, ``plan`` -> ``planning/plan.py``,
+``load_job`` -> ``launch/plan.py``'s validate. So both faces give the same
 answers: the same script, checks, status rule, cancel and resume policy.
 Nothing here exits or imports torch, and nothing prints but a local run
 stopped by Ctrl-C or a signal while waiting (on stderr); every refusal, a
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from hpctrain.observe.report.build import Report
     from hpctrain.observe.run_status import RunStatus
     from hpctrain.observe.status import StudyStatus
+    from hpctrain.planning.plan import Plan
     from hpctrain.tracking.sync import Synced
 
 MAX_TIMEOUT_S = 86400.0  # as 'hpctrain cancel --timeout'
@@ -183,6 +186,61 @@ def sync(run: str | Path, *, follow: bool = False, interval_s: float = 30.0, end
     flags = _flags(follow=follow, ended=ended)
     target = resolve_target(_run("run", run))
     return tuple(sequence(target, interval_s=_seconds("interval_s", interval_s), **flags))
+
+
+def plan(
+    spec: str | Path,
+    *,
+    nodes: Sequence[int] | str | None = None,
+    overrides: Sequence[str] = (),
+    cluster: str | None = None,
+    steps: int | None = None,
+    samples_per_epoch: int | None = None,
+    step_time_s: float | None = None,
+    step_time_nodes: int | None = None,
+    margin: float = 0.10,
+    restart_s: float = 120.0,
+) -> Plan:
+    """When ``spec`` would start and finish at each node count, and which to ask for, as ``hpctrain plan``:
+    ``Plan`` (``shapes``: each one's steps, step time and its source, start, chunks, finish, node- and
+    GPU-hours; ``choice``: the recommended node count and the reason; ``as_json()``: what ``--json`` prints).
+    ``nodes``: ``[1, 2, 4, 8]`` or ``"1,2,4,8"``; ``step_time_s``/``steps``/``samples_per_epoch``: what no
+    earlier run of the spec says. A start Slurm did not give is None, never guessed."""
+    from hpctrain.planning.plan import parse_shapes
+    from hpctrain.planning.plan import plan as sequence
+
+    if nodes is not None and not isinstance(nodes, str):
+        if isinstance(nodes, (bytes, bytearray)) or not isinstance(nodes, Sequence):
+            raise UsageError(f"nodes={nodes!r}: give a list of node counts", hint="nodes=[1, 2, 4, 8]")
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in nodes):
+            raise UsageError(f"nodes={nodes!r}: node counts are whole numbers", hint="nodes=[1, 2, 4, 8]")
+        nodes = ",".join(str(n) for n in nodes)
+    for name, value in (
+        ("steps", steps),
+        ("samples_per_epoch", samples_per_epoch),
+        ("step_time_nodes", step_time_nodes),
+    ):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise UsageError(f"{name}={value!r}: expected a whole number of at least 1, or None")
+    for name, number in (("step_time_s", step_time_s), ("margin", margin), ("restart_s", restart_s)):
+        if number is None and name == "step_time_s":
+            continue
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) or number < 0:
+            raise UsageError(f"{name}={number!r}: expected a finite number of at least 0")
+    if step_time_s is not None and step_time_s <= 0:
+        raise UsageError(f"step_time_s={step_time_s!r}: a step takes more than 0 seconds")
+    return sequence(
+        _path("spec", spec),
+        nodes=parse_shapes(nodes) if nodes is not None else None,
+        overrides=_overrides(overrides),
+        cluster=_optional_text("cluster", cluster),
+        steps=steps,
+        samples_per_epoch=samples_per_epoch,
+        step_time_s=None if step_time_s is None else float(step_time_s),
+        step_time_nodes=step_time_nodes,
+        margin=float(margin),
+        restart_s=float(restart_s),
+    )
 
 
 def nodes(*, cluster: str | None = None, include_expired: bool = False) -> NodeLedger:

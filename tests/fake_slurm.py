@@ -50,6 +50,15 @@ class FakeSlurm:
         self.answers: dict[str, Answer] = dict(answers or {})
         self.kill_wait_s, self.settle_on_cancel = kill_wait_s, settle_on_cancel
         self.commands: list[list[str]] = []
+        self.test_only_answers: dict[int, tuple[int, str]] = {}  # node count -> sbatch --test-only's answer
+
+    def test_only(self, argv: list[str]) -> tuple[int, str]:
+        """``sbatch --test-only --nodes=N ...``: :attr:`test_only_answers` [N], else a start now on n1."""
+        nodes = next((int(arg.split("=", 1)[1]) for arg in argv if arg.startswith("--nodes=")), 1)
+        return self.test_only_answers.get(
+            nodes,
+            (0, "sbatch: Job 9 to start at 2026-11-29T00:13:14 using 1 processors on nodes n1 in partition debug\n"),
+        )
 
     # ---------------------------------------------------------------- test side
 
@@ -82,6 +91,9 @@ class FakeSlurm:
                 answer = self.answers[prefix]
                 code, out = answer(argv) if callable(answer) else answer
                 return self._done(argv, code, out)
+        if argv[:2] == ["sbatch", "--test-only"]:  # sbatch prints its answer, and its refusal, on stderr
+            code, said = self.test_only(argv)
+            return subprocess.CompletedProcess(argv, code, "", said)
         handler = getattr(self, f"_{argv[0]}", None)
         if handler is None:
             raise AssertionError(f"FakeSlurm: unexpected command {text}")

@@ -51,6 +51,17 @@ def _seconds(low: float, high: float) -> Callable[[str], float]:
     return _finite(low, high, unit=" seconds")
 
 
+def _slurm_time(text: str) -> str:
+    """An argparse type: a Slurm time limit (``04:00:00``, ``1-00:00:00``, minutes), checked as the spec's."""
+    from hpctrain.jobspec.slurm_time import parse_time_limit
+
+    try:
+        parse_time_limit(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="job spec YAML file, e.g. jobs/quickstart.yaml")
     _set_argument(parser, "override a spec key, e.g. --set trainer.epochs=5 (repeatable; VALUE is read as YAML)")
@@ -87,10 +98,62 @@ def cmd_submit(parser: argparse.ArgumentParser) -> None:
         help="skip the checks before queueing (data.root exists, partition and its MaxTime)",
     )
     parser.add_argument(
+        "--time-min",
+        type=_slurm_time,
+        metavar="TIME",
+        help="the shortest time limit to accept (resources.time_min): backfill may start a shorter chunk sooner",
+    )
+    parser.add_argument(
         "--no-exclude",
         action="store_true",
         help="do not add the bad-node ledger's live nodes to --exclude ('hpctrain nodes' lists them)",
     )
+
+
+def cmd_plan(parser: argparse.ArgumentParser) -> None:
+    _spec_arguments(parser)
+    parser.add_argument("--cluster", help="use this cluster profile instead of the spec's")
+    parser.add_argument(
+        "--nodes",
+        metavar="N,N,...",
+        help="node counts to compare (default: 1,2,4,8 the partition holds, and the spec's)",
+    )
+    parser.add_argument(
+        "--step-time",
+        type=_finite(0, DAY_S, above=True, unit=" seconds"),
+        metavar="S",
+        help="seconds per optimizer step, if no earlier run of this spec measured it (at --step-time-nodes)",
+    )
+    parser.add_argument(
+        "--step-time-nodes",
+        type=_whole(1, 4096),
+        metavar="N",
+        help="the node count --step-time was seen at (default: the spec's)",
+    )
+    parser.add_argument(
+        "--steps", type=_whole(1, 10**12), metavar="N", help="the run's optimizer steps (a script's own loop)"
+    )
+    parser.add_argument(
+        "--samples-per-epoch",
+        type=_whole(1, 10**12),
+        metavar="N",
+        help="training samples in an epoch (images), if no earlier run says",
+    )
+    parser.add_argument(
+        "--margin",
+        type=_finite(0, 10),
+        default=0.10,
+        metavar="F",
+        help="recommend the cheapest shape finishing within this fraction of the earliest (default 0.10)",
+    )
+    parser.add_argument(
+        "--restart",
+        type=_seconds(0, DAY_S),
+        default=120.0,
+        metavar="S",
+        help="seconds each chunk spends starting (imports, data, checkpoint load) before it trains (default 120)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
 def cmd_nodes(parser: argparse.ArgumentParser) -> None:

@@ -21,7 +21,7 @@ from hpctrain.launch.submit import submit
 def run(args: argparse.Namespace) -> int:
     done = submit(
         args.spec,
-        overrides=args.overrides,
+        overrides=[*args.overrides, *([f"resources.time_min={args.time_min}"] if args.time_min else [])],
         cluster=args.cluster,
         dry_run=args.dry_run,
         local=args.local,

@@ -25,6 +25,7 @@ from hpctrain.errors import HpctrainError, printable
 COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("hpctrain.cli.cmd_validate", "check a job spec and print what it asks for"),
     "submit": ("hpctrain.cli.cmd_submit", "submit a job spec to Slurm (or run it here with --local)"),
+    "plan": ("hpctrain.cli.cmd_plan", "when a spec would start and finish at each node count, and which to ask for"),
     "status": ("hpctrain.cli.cmd_status", "show the state and progress of runs"),
     "logs": ("hpctrain.cli.cmd_logs", "print or follow a run's logs"),
     "cancel": ("hpctrain.cli.cmd_cancel", "cancel a run and make sure none of its processes survive"),

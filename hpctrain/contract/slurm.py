@@ -105,8 +105,22 @@ def show_job_command(job_id: str) -> list[str]:
     return ["scontrol", "--oneliner", "show", "job", checked_job_id(job_id)]
 
 
-def run_slurm(command: list[str], *, timeout_s: float = COMMAND_TIMEOUT_S, runner: Runner = subprocess.run) -> str:
-    """Run one Slurm command; its stdout, or a :class:`SlurmCommandError`."""
+def sbatch_test_only_command(options: Sequence[tuple[str, str | int | bool | None]]) -> list[str]:
+    """``sbatch --test-only`` of a job with ``options`` (``--NAME=VALUE`` each; True: a bare flag; None, False
+    and "": left out): Slurm's scheduler says when it would start such a job, and queues nothing. Pure."""
+    args = ["sbatch", "--test-only"]
+    for name, value in options:
+        if value is True:
+            args.append(f"--{name}")
+        elif value is not None and value is not False and value != "":
+            args.append(f"--{name}={value}")
+    return [*args, "--wrap", "true"]
+
+
+def run_slurm(
+    command: list[str], *, timeout_s: float = COMMAND_TIMEOUT_S, runner: Runner = subprocess.run, stderr: bool = False
+) -> str:
+    """Run one Slurm command; its stdout (``stderr``: and then its stderr), or a :class:`SlurmCommandError`."""
     try:
         done = runner(command, capture_output=True, text=True, timeout=timeout_s, check=False)
     except FileNotFoundError:
@@ -123,7 +137,7 @@ def run_slurm(command: list[str], *, timeout_s: float = COMMAND_TIMEOUT_S, runne
         ) from None
     if done.returncode != 0:
         raise classify_failure(command, done.returncode, done.stderr or done.stdout or "")
-    return done.stdout or ""
+    return (done.stdout or "") + ((done.stderr or "") if stderr else "")
 
 
 # ------------------------------------------------------------------ the client
@@ -242,6 +256,18 @@ class Slurm:
         """The job's record from slurmctld (``scontrol show job``); raises SlurmCommandError."""
         return answers.parse_job_record(self.run(*show_job_command(job_id), timeout_s=timeout_s))
 
+    def job_times(self, job_id: str) -> answers.JobTimes | None:
+        """The job's state, (expected) start and end, and time left, from ``squeue``; None once squeue has
+        forgotten it. A pending job's start is the scheduler's own estimate (None until it has one).
+        Raises SlurmCommandError."""
+        command = ["squeue", "-h", "-t", "all", "-o", answers.JOB_TIMES_FORMAT, "-j", checked_job_id(job_id)]
+        try:
+            return answers.parse_job_times(self.run(*command))
+        except SlurmCommandError as exc:
+            if exc.kind == "unknown-job":
+                return None
+            raise
+
     def job_steps(self, job_id: str) -> list[tuple[str, str]]:
         """The job's running steps, (step id, name) each; raises SlurmCommandError."""
         return answers.parse_job_steps(self.run("squeue", "-h", "-s", "-j", checked_job_id(job_id), "-o", "%i %j"))
@@ -323,6 +349,27 @@ class Slurm:
         except ClusterError:
             return None
         return answers.parse_associations(output)
+
+    def test_only(
+        self, options: Sequence[tuple[str, str | int | bool | None]], *, timeout_s: float = COMMAND_TIMEOUT_S
+    ) -> answers.StartAnswer:
+        """When the scheduler would start a job with ``options`` now (:func:`sbatch_test_only_command`; nothing is
+        queued). Raises SlurmCommandError: ``refused`` with what the refusal means and what to change (the
+        job can never run so, a partition or account that is not there), or an answer that names no start."""
+        command = sbatch_test_only_command(options)
+        try:
+            said = run_slurm(command, timeout_s=timeout_s, runner=self.runner, stderr=True)
+        except SlurmCommandError as exc:
+            if exc.kind != "refused":
+                raise
+            meaning, hint = answers.classify_sbatch_failure(exc.output)
+            first = " / ".join(exc.output.strip().splitlines()[:2])
+            raise SlurmCommandError(f"sbatch --test-only: {meaning}: {first}", "refused", hint, exc.output) from None
+        found = answers.parse_test_only(said)
+        if found is None:
+            shown = " / ".join(said.strip().splitlines()[:2]) or "nothing"
+            raise SlurmCommandError(f"sbatch --test-only named no start time (it said: {shown[:200]})", "refused")
+        return found
 
     # -------------------------------------------------------------- actions
 

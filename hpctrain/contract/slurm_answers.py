@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
 
 from hpctrain.contract.slurm_states import normalise_state
 
@@ -112,6 +114,86 @@ def parse_partitions(output: str) -> dict[str, dict[str, str]]:
         if "PartitionName" in fields:
             partitions[fields["PartitionName"]] = fields
     return partitions
+
+
+@dataclass(frozen=True)
+class StartAnswer:
+    """What ``sbatch --test-only`` says of a job it did not queue: when the scheduler would start it, where."""
+
+    start: datetime  # naive: slurmctld's local time, as Slurm prints it
+    processors: int
+    nodes: str
+    partition: str
+
+
+# 26.05 prints a stray word after the time ("to start at 2026-11-29T00:57:09 a using 1 processors"): allowed.
+_TEST_ONLY = re.compile(
+    r"Job \d+ to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?: \S+)? using (\d+) processors on nodes (\S+) "
+    r"in partition (\S+)"
+)
+
+
+def parse_test_only(text: str) -> StartAnswer | None:
+    """``sbatch: Job 3 to start at 2026-11-29T00:20:00 using 2 processors on nodes n1 in partition debug``
+    (sbatch prints it on stderr) -> :class:`StartAnswer`; None when the text says no such thing. Pure."""
+    match = _TEST_ONLY.search(text)
+    if match is None:
+        return None
+    try:
+        start = datetime.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+    return StartAnswer(start, int(match.group(2)), match.group(3), match.group(4))
+
+
+@dataclass(frozen=True)
+class JobTimes:
+    """What ``squeue -o %T|%S|%e|%l|%L|%M`` says of one job: its state, (expected) start and end, its time
+    limit, the time it has left and has used (seconds; None where Slurm prints none)."""
+
+    state: str
+    start: datetime | None  # a pending job: Slurm's expected start, when the scheduler has one
+    end: datetime | None
+    time_limit_s: int | None
+    time_left_s: int | None
+    time_used_s: int | None
+
+
+JOB_TIMES_FORMAT = "%T|%S|%e|%l|%L|%M"
+
+
+def parse_job_times(text: str) -> JobTimes | None:
+    """``RUNNING|2026-11-29T00:13:16|2026-11-29T00:23:16|10:00|9:57|0:03`` -> :class:`JobTimes`; None for
+    anything else. Pure."""
+    fields = text.strip().splitlines()[0].split("|") if text.strip() else []
+    if len(fields) != 6:
+        return None
+    state, start, end, limit, left, used = fields
+    return JobTimes(
+        normalise_state(state),
+        _when(start),
+        _when(end),
+        slurm_duration_s(limit),
+        slurm_duration_s(left),
+        slurm_duration_s(used),
+    )
+
+
+def slurm_duration_s(text: str) -> int | None:
+    """Slurm's printed duration (``9:57``, ``1:02:03``, ``2-01:02:03``) in seconds; None for ``UNLIMITED``,
+    ``INVALID``, ``N/A`` or anything else. Pure."""
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d\d)", text.strip())
+    if match is None:
+        return None
+    days, hours, minutes, seconds = (int(group) if group else 0 for group in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def _when(text: str) -> datetime | None:
+    try:
+        return datetime.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S")
+    except ValueError:  # N/A, Unknown, None
+        return None
 
 
 # sbatch's refusals ("sbatch: error: Batch job submission failed: ...") -> what to change.

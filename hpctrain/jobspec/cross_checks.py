@@ -71,6 +71,21 @@ def warning_comes_before_the_limit(spec: JobSpec, profile: ClusterProfile) -> It
         )
 
 
+def time_min_fits_the_time(spec: JobSpec, profile: ClusterProfile) -> Iterator[SpecProblem]:
+    res = spec.resources
+    if res.time_min is None:
+        return
+    shortest = parse_time_limit(res.time_min)
+    if shortest > res.time_s:
+        yield SpecProblem("resources.time_min", f"{res.time_min} is longer than resources.time {res.time}; lower it")
+    elif shortest <= spec.signals.signal_delay_s:
+        yield SpecProblem(
+            "resources.time_min",
+            f"{res.time_min} is not longer than the {spec.signals.signal_delay_s} s warning before the limit: "
+            "such a start could not save a checkpoint; raise it",
+        )
+
+
 def node_loss_fits(spec: JobSpec, profile: ClusterProfile) -> list[SpecProblem]:
     return node_loss_problems(spec)
 
@@ -270,6 +285,7 @@ RESOLVED_CHECKS: tuple[Check, ...] = (
     gpus_fit_a_node,
     time_fits_the_cluster,
     warning_comes_before_the_limit,
+    time_min_fits_the_time,
     node_loss_fits,
     node_health_fits,
     script_fits,

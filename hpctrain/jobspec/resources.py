@@ -53,6 +53,9 @@ class Resources(Section):
     cpus_per_task: Annotated[int | None, Field(ge=1, le=1024, description="CPUs per task.")] = None
     mem_gb: Annotated[float | None, Field(gt=0, description="Memory per node in GiB (--mem).")] = None
     time: Annotated[str, Field(description=f"Time limit: {ALLOWED_FORMS}.")] = "01:00:00"
+    time_min: Annotated[
+        str | None, Field(description="Shortest limit to accept (--time-min): backfill may start the job sooner.")
+    ] = None
     partition: Annotated[str | None, Field(description="Slurm partition (--partition). Default: the profile's.")] = None
     account: Annotated[str | None, Field(description="Slurm account to charge (--account).")] = None
     qos: Annotated[str | None, Field(description="Slurm quality of service (--qos).")] = None
@@ -69,6 +72,16 @@ class Resources(Section):
     def _time_is_slurm_time(cls, value: object) -> str:
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise ValueError(f"time must be a string such as '24:00:00' ({ALLOWED_FORMS})")
+        parse_time_limit(value)
+        return str(value)
+
+    @field_validator("time_min", mode="before")
+    @classmethod
+    def _time_min_is_slurm_time(cls, value: object) -> str | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise ValueError(f"time_min must be a string such as '04:00:00' ({ALLOWED_FORMS})")
         parse_time_limit(value)
         return str(value)
 

@@ -40,7 +40,7 @@ from hpctrain.errors import ClusterError, RunDirError, UsageError
 from hpctrain.jobspec.load import LoadedJob
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.profiles import ClusterProfile
-from hpctrain.jobspec.slurm_time import seconds_to_minutes
+from hpctrain.jobspec.slurm_time import parse_time_limit, seconds_to_minutes
 from hpctrain.jobspec.yaml_source import dump_yaml
 from hpctrain.launch.exclusion import Exclusion, plan_exclusion
 from hpctrain.launch.sbatch_script import python_command, render_sbatch, signal_parameter, slurm_mem, task_command
@@ -106,6 +106,8 @@ def slurm_parameters(
     if res.heals:  # the batch step supervises its training steps and survives a lost node
         params["nodes"] = res.allocated_nodes
         extra["no-kill"] = True
+    if res.time_min is not None:  # backfill may start a shorter chunk in a gap (docs/planning.md)
+        extra["time-min"] = seconds_to_minutes(parse_time_limit(res.time_min))
     extra.update(res.slurm_extra)
     if exclude:
         extra["exclude"] = ",".join(exclude)

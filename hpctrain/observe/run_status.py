@@ -84,9 +84,16 @@ def run_status(run_dir: Path, known_states: Mapping[str, str] | None = None, *, 
 
 def status_with_ranks(run_dir: Path, *, slurm: Slurm | None = None) -> tuple[dict, tuple[RankView, ...]]:
     """``run_status`` plus ``stragglers``, and each rank's last heartbeat: what ``hpctrain status RUN`` shows."""
+    slurm = slurm or Slurm()
     status = run_status(run_dir, slurm=slurm)
     ranks = run_ranks(run_dir, status)
     status["stragglers"] = [view.rank for view in ranks if view.straggler]
+    queued_or_running = is_pending(status["slurm_state"]) or status["slurm_state"] == "RUNNING"
+    if status.get("job_id") and queued_or_running and read_run_info(run_dir).get("backend") != "local":
+        from hpctrain.planning.progress import estimate  # the plan's own timeline (docs/planning.md)
+
+        found = estimate(run_dir, str(status["job_id"]), slurm)
+        status.update(found.as_dict() if found is not None else {})
     return status, ranks
 
 
@@ -135,6 +142,13 @@ class RunStatus:
     burn_in: str | None  # the last burn-in's scores and who it flagged
     evictions: str | None
     stragglers: list[int]
+    # a queued or running Slurm run's future (planning/progress.py): None when not known, 'basis' says why
+    expected_start: str | None = None
+    expected_finish: str | None = None
+    finish_at_least: str | None = None
+    steps_left: int | None = None
+    chunks_left: int | None = None
+    basis: str | None = None
     ranks: tuple[RankView, ...] = field(default=(), compare=False, repr=False)  # each rank's last heartbeat
 
     @property

@@ -8,7 +8,7 @@ imported). Each rule fails with the list of offending imports, as
   in the library packages beneath them.
 * ``contract/`` imports nothing of the project but ``hpctrain.errors`` and
   itself: both sides import it, so it must stand alone.
-* The login side (contract, jobspec, launch, observe, diagnose, cli, dataset)
+* The login side (contract, jobspec, launch, observe, diagnose, cli, dataset, planning)
   never imports torch, torchvision, ``hpctrain.trainer`` or the public task
   API ``hpctrain.task`` (login nodes are slow and shared). A function-level
   import inside a helper that only runs where torch belongs may be let through
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hpctrain"
-LOGIN_SIDE = ("contract", "jobspec", "launch", "observe", "diagnose", "cli", "dataset", "tracking")
+LOGIN_SIDE = ("contract", "jobspec", "launch", "observe", "diagnose", "cli", "dataset", "tracking", "planning")
 TRACKER_LIBRARIES = ("wandb", "mlflow")
 TASK_SIDE = (
     "hpctrain.trainer",

@@ -1,0 +1,154 @@
+"""This spec's earlier runs and study points, as evidence for a plan: step times, an epoch's samples.
+
+A run counts when its resolved ``spec.yaml`` trains the same thing on the same
+kind of node (:data:`SAME`: model, per-device batch, precision, strategy,
+data path, image size, the script or entry point, the cluster profile, GPUs
+and tasks per node); its node count may differ -- that is what a plan
+compares. Every file is read through ``contract/``'s readers, which are
+bounded and refuse what leads out of the run (a symlink, a FIFO, a huge or
+deeply nested file): the run directories are shared and anyone may have
+written them. What cannot be read is skipped and counted in the notes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpctrain.contract.metrics import parse_metric_lines
+from hpctrain.contract.rundir import is_inside, is_study_dir, metrics_path, run_home, spec_path
+from hpctrain.contract.runfiles import RunFileError, plausible, printable, read_tail
+from hpctrain.contract.study_file import point_dir, read_study
+from hpctrain.contract.summary import read_summary
+from hpctrain.errors import HpctrainError, SpecError
+from hpctrain.jobspec.yaml_source import read_spec_file
+from hpctrain.planning.step_time import Measurement
+
+# The keys two runs must share for one's step time to stand for the other's.
+SAME = (
+    "cluster",
+    "entrypoint",
+    "script",
+    "trainer.arch",
+    "trainer.batch_size",
+    "trainer.precision",
+    "trainer.strategy",
+    "trainer.channels_last",
+    "trainer.compile",
+    "data.root",
+    "data.image_size",
+    "resources.gpus_per_node",
+    "resources.tasks_per_node",
+)
+MAX_RUNS = 64  # the newest run directories of the spec that are looked at
+METRICS_TAIL_BYTES = 4 << 20  # of each run's metrics.jsonl, only the end is read
+MIN_STEPS = 3  # logged step times a measurement needs
+
+
+@dataclass
+class History:
+    """What earlier runs of the spec say: step times per node count, an epoch's samples, a total."""
+
+    measurements: list[Measurement] = field(default_factory=list)
+    samples_per_epoch: tuple[int, str] | None = None  # (samples, which run)
+    total_steps: tuple[int, str] | None = None
+    looked_at: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def key_of(spec: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The values of :data:`SAME` in a (resolved) spec mapping."""
+    return tuple(dotted(spec, key) for key in SAME)
+
+
+def history(spec_home: Path, spec: Mapping[str, Any]) -> History:
+    """Earlier runs under ``spec_home`` (OUTPUT_DIR/NAME) that match ``spec`` (its resolved mapping)."""
+    found = History()
+    wanted = key_of(spec)
+    for run_dir in _run_dirs(spec_home, found):
+        found.looked_at += 1
+        earlier = read_run_spec(run_dir)
+        if earlier is None or key_of(earlier) != wanted:
+            continue
+        _read_run(run_dir, earlier, found)
+    return found
+
+
+def _run_dirs(spec_home: Path, found: History) -> Iterator[Path]:
+    try:
+        children = sorted((p for p in spec_home.iterdir() if p.is_dir() and not p.is_symlink()), reverse=True)
+    except OSError:
+        return
+    for child in children[:MAX_RUNS]:
+        if is_study_dir(child):
+            try:
+                points = read_study(child)["points"]
+            except HpctrainError as exc:
+                found.notes.append(f"skipped study {child}: {exc.message}")
+                continue
+            yield from (point_dir(child, point) for point in points)
+        else:
+            yield child
+
+
+def read_run_spec(run_dir: Path) -> dict[str, Any] | None:
+    path = spec_path(run_dir)
+    if not path.is_file() or not is_inside(path, run_home(run_dir)):
+        return None
+    try:
+        data, _positions = read_spec_file(path)
+    except SpecError:
+        return None
+    return data
+
+
+def _read_run(run_dir: Path, spec: Mapping[str, Any], found: History) -> None:
+    summary = read_summary(run_dir)
+    nodes = summary.num_nodes if summary and summary.num_nodes else dotted(spec, "resources.nodes")
+    where = printable(str(run_dir))
+    step_s = run_step_times(run_dir, found)
+    if isinstance(nodes, int) and nodes >= 1 and len(step_s) >= MIN_STEPS:
+        found.measurements.append(Measurement(nodes, statistics.median(step_s), len(step_s), where))
+    if summary is None:
+        return
+    per_epoch, batch, cap = (
+        summary.steps_per_epoch,
+        summary.global_batch_size,
+        dotted(spec, "trainer.max_steps_per_epoch"),
+    )
+    capped = isinstance(cap, int) and per_epoch is not None and per_epoch >= cap
+    if found.samples_per_epoch is None and per_epoch and batch and per_epoch > 0 and batch > 0 and not capped:
+        found.samples_per_epoch = (per_epoch * batch, where)
+    if found.total_steps is None and summary.total_steps and summary.total_steps > 0:
+        found.total_steps = (summary.total_steps, where)
+
+
+def run_step_times(run_dir: Path, found: History | None = None) -> list[float]:
+    """The logged step times (``step_s`` of train_step records) at the end of the run's metrics.jsonl; what
+    cannot be read is noted in ``found``."""
+    path = metrics_path(run_dir)
+    if not path.exists():
+        return []
+    try:
+        tail = read_tail(path, METRICS_TAIL_BYTES, within=run_home(run_dir))
+    except (OSError, RunFileError) as exc:
+        if found is not None:
+            found.notes.append(f"skipped {printable(str(path))}: {exc}")
+        return []
+    lines = tail.splitlines(keepends=True)
+    if len(tail) >= METRICS_TAIL_BYTES and lines:
+        lines = lines[1:]  # the first piece may be the end of a longer line
+    records, _notes = parse_metric_lines(lines, kinds=("train_step",), timed=False)
+    return [r["step_s"] for r in records if plausible(r.get("step_s")) and 0 < r["step_s"] < 86400]
+
+
+def dotted(data: Mapping[str, Any], key: str) -> Any:
+    value: Any = data
+    for part in key.split("."):
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(part)
+    return value

@@ -1,0 +1,113 @@
+"""The step time at each shape, from the best source, always named. Pure.
+
+Best first: this spec's earlier runs and study points at that node count
+(the median of their logged step times); a scaling model fitted to them for
+node counts never measured; the user's own ``--step-time`` (at the spec's own
+node count, or the one it names). ``trainer.batch_size`` is per device, so
+every shape does the same work per device and step: with two or more
+measured node counts the model is ``t(n) = a + b * log2(n)`` (least squares,
+``b`` at least 0: a step never gets faster with more nodes at a fixed
+per-device batch; the log term is what a tree or ring all-reduce adds); with
+one, ``t(n) = t(n0)`` (perfect weak scaling: the optimistic bound). Every
+shape the model answers for is marked extrapolated, with the model in words.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One earlier run's step time at ``nodes``: the median of ``steps`` logged step times (seconds)."""
+
+    nodes: int
+    step_s: float
+    steps: int
+    where: str  # the run directory (or study point), for the plan's sources
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """The step time a plan uses at one shape, where it came from, and whether it was measured there."""
+
+    seconds: float
+    source: str
+    extrapolated: bool
+
+
+@dataclass(frozen=True)
+class ScalingModel:
+    """``t(n) = a + b * log2(n)`` seconds per step, fitted to ``points`` (node count -> seconds)."""
+
+    a: float
+    b: float
+    points: tuple[int, ...]
+
+    def at(self, nodes: int) -> float:
+        return self.a + self.b * math.log2(nodes)
+
+    def describe(self) -> str:
+        shapes = ", ".join(str(n) for n in self.points)
+        if self.b == 0:
+            return f"t(n) = {self.a:.3g} s (perfect weak scaling from {shapes} node{'s' if shapes != '1' else ''})"
+        return f"t(n) = {self.a:.3g} s + {self.b:.3g} s x log2(n), fitted to {shapes} nodes"
+
+
+def fit(points: Mapping[int, float]) -> ScalingModel | None:
+    """The scaling model through measured ``points`` (node count -> step seconds); None without points."""
+    if not points:
+        return None
+    nodes = sorted(points)
+    if len(nodes) == 1:
+        return ScalingModel(points[nodes[0]], 0.0, (nodes[0],))
+    xs = [math.log2(n) for n in nodes]
+    ys = [points[n] for n in nodes]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread if spread else 0.0
+    if slope <= 0:
+        return ScalingModel(mean_y, 0.0, tuple(nodes))
+    return ScalingModel(mean_y - slope * mean_x, slope, tuple(nodes))
+
+
+def measured_by_nodes(measurements: Sequence[Measurement]) -> dict[int, Measurement]:
+    """The best measurement per node count: the one that logged the most steps."""
+    best: dict[int, Measurement] = {}
+    for found in measurements:
+        if found.nodes not in best or found.steps > best[found.nodes].steps:
+            best[found.nodes] = found
+    return best
+
+
+def step_times(
+    shapes: Sequence[int],
+    measurements: Sequence[Measurement],
+    *,
+    user_step_s: float | None = None,
+    user_nodes: int | None = None,
+) -> dict[int, StepTime | None]:
+    """Each shape's step time, or None where nothing says (no run of this spec, no ``--step-time``)."""
+    best = measured_by_nodes(measurements)
+    model = fit({n: m.step_s for n, m in best.items()})
+    user_model = fit({user_nodes: user_step_s}) if user_step_s is not None and user_nodes is not None else None
+    answers: dict[int, StepTime | None] = {}
+    for nodes in shapes:
+        if nodes in best:
+            found = best[nodes]
+            answers[nodes] = StepTime(
+                found.step_s, f"measured: median of {found.steps} logged steps in {found.where}", False
+            )
+        elif user_model is not None and nodes == user_nodes:
+            answers[nodes] = StepTime(user_model.at(nodes), "--step-time (yours)", False)
+        elif model is not None:
+            answers[nodes] = StepTime(model.at(nodes), f"extrapolated: {model.describe()}", True)
+        elif user_model is not None:
+            answers[nodes] = StepTime(
+                user_model.at(nodes), f"extrapolated from your --step-time: {user_model.describe()}", True
+            )
+        else:
+            answers[nodes] = None
+    return answers
