@@ -208,7 +208,10 @@ def test_rehearse_proves_the_job_resumes(slurm_cluster: SlurmCluster, workspace:
         workspace.env, "rehearse", SMOKE_SPEC, *workspace.sets("name=rehearsal"), "--timeout", "240", timeout=300
     )
     report_timing("hpctrain rehearse", time.monotonic() - started)
-    assert rehearsal.returncode == 0, rehearsal
+    # on a failure, every rank's last lines: the CI rehearsal of 2026-11-29 saw this job end by the hang
+    # watchdog (exit 87) 100 s after its USR2, the stop checkpoint never written, once in six runs
+    runs = sorted(workspace.runs.glob("rehearsal/*"))
+    assert rehearsal.returncode == 0, f"{rehearsal}\n" + "\n".join(task_logs(run) for run in runs)
     assert "requeued and resumed" in rehearsal.stdout, rehearsal
     assert "rehearsal passed" in rehearsal.stdout, rehearsal
     report = rehearsal.json()
