@@ -112,7 +112,7 @@ def write_atomic(path: str | Path, data: str | bytes, *, exclusive: bool = False
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
 def _link_new(tmp: str, path: Path, raw: bytes, mode: int | None) -> None:
@@ -182,9 +182,10 @@ def write_failure(exc: OSError, where: str | Path) -> str:
     return text
 
 
-def _fsync_dir(directory: Path) -> None:
-    dir_fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: str | Path) -> None:
+    """fsync a file or a directory (a directory's fsync makes a rename inside it durable)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.contract import rundir
-from hpctrain.contract.file_writes import user_file_mode, write_atomic
+from hpctrain.contract.file_writes import fsync_path, user_file_mode, write_atomic
 from hpctrain.contract.rundir import BEST_FILE, META_FILE, read_json_object, step_dir_name
 from hpctrain.errors import CheckpointError
 
@@ -246,15 +246,6 @@ def file_digest(path: Path) -> tuple[int, str]:
             digest.update(chunk)
             size += len(chunk)
     return size, digest.hexdigest()
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file or a directory (a directory's fsync makes a rename inside it durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_file_synced(path: Path, text: str) -> None:

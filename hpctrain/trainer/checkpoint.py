@@ -50,8 +50,9 @@ from typing import Any
 import torch
 
 from hpctrain.contract import rundir
+from hpctrain.contract.file_writes import fsync_path
 from hpctrain.contract.rundir import META_FILE, STATE_FILE, TRAINER_LAYOUT, step_dir_name
-from hpctrain.contract.step_folders import StepFolders, file_digest, fsync_path
+from hpctrain.contract.step_folders import StepFolders, file_digest
 from hpctrain.errors import CheckpointError
 from hpctrain.trainer.checkpoint_archive import ArchiveError, check_archive, tensor_bytes
 from hpctrain.trainer.snapshot import SAFE_SCALARS, StagingBuffers, refuse_type
