@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,8 @@ from hpctrain.task.session import TaskInfo, context, session
 
 DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for a collective
 CONNECT_TIMEOUT_S = 300.0  # how long a rank waits to reach rank 0 (not under torchrun: its agent waits)
+# At exit, how long gloo's worker threads get to let go of the last collective's tensors (see _destroy).
+SETTLE_AT_EXIT_S = 0.3
 
 
 def init_process_group(backend: str = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S) -> TaskInfo:
@@ -87,5 +90,18 @@ def _up() -> bool:
 
 
 def _destroy() -> None:
+    """At exit, while the interpreter is whole: let the collectives' worker threads finish, then end the group.
+
+    A gloo worker thread lets go of a finished collective's work a moment after the caller's ``wait``
+    returned; the work holds the caller's tensors, and letting go of a tensor that has a Python object takes
+    the GIL. When that moment falls after the interpreter began finalizing (a loaded machine, the last
+    collective right before exit), taking the GIL ends the thread inside C++ and the process aborts
+    ("terminate called without an active exception", SIGABRT; rank 1 of 2 in 1 of ~15 runs under load, the
+    core showing ``ProcessGroupGloo::runLoop`` -> ``~AsyncAllreduceWork`` -> ``decref_pyobject``). Nothing
+    in torch waits for that (``destroy_process_group`` neither joins gloo's threads nor waits for them;
+    pytorch PR 179291 tried an atexit hook and was abandoned), so the main thread sleeps, giving up the GIL
+    and the CPU, long enough for a descheduled worker to run its last few instructions.
+    """
     if _up():
+        time.sleep(SETTLE_AT_EXIT_S)
         dist.destroy_process_group()
