@@ -12,6 +12,7 @@ directory. A local run is followed in the foreground: it ends with this process.
 from __future__ import annotations
 
 import argparse
+import json
 
 from hpctrain.cli.submit_printer import Printed, exit_code
 from hpctrain.errors import printable
@@ -21,7 +22,11 @@ from hpctrain.launch.submit import submit
 def run(args: argparse.Namespace) -> int:
     done = submit(
         args.spec,
-        overrides=[*args.overrides, *([f"resources.time_min={args.time_min}"] if args.time_min else [])],
+        overrides=[
+            *args.overrides,
+            *([f"resources.time_min={args.time_min}"] if args.time_min else []),
+            *([f"after.run={json.dumps(args.after)}"] if args.after else []),  # JSON is YAML: a job id stays text
+        ],
         cluster=args.cluster,
         dry_run=args.dry_run,
         local=args.local,

@@ -142,6 +142,10 @@ def submit(
         if isinstance(job, (str, Path))
         else revalidated(job)
     )
+    if job.spec.after is not None:  # the upstream resolved, the dependency on its current job (launch/chain.py)
+        from hpctrain.launch.chain import linked
+
+        job = linked(job, local=local, slurm=slurm)
     warnings = plan.spec_warnings(job) + ([] if job.is_study else plan.container_warnings(job, local=local))
     steps.warned(warnings)
     backend = backend_for(job, local)
@@ -162,6 +166,10 @@ def submit(
     from hpctrain.launch.submission import submit_run
 
     submitted = submit_run(job, local=local, snapshot=snapshot, exclude_bad_nodes=exclude_bad_nodes)
+    if job.spec.after is not None:
+        from hpctrain.launch.chain import record
+
+        record(submitted.run_dir, job, cancel=lambda: [one.cancel(check=False) for one in submitted.jobs])
     steps.warned(submitted.notes)  # the bad-node ledger's exclusions
     one = Submission(submitted.run_dir, submitted.job_id, submitted.backend, warnings=(*warnings, *submitted.notes),
                      cluster=job.profile.name, world_size=job.spec.world_size, code=submitted.code)  # fmt: skip
