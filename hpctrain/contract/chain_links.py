@@ -103,6 +103,9 @@ def _number(value: object) -> bool:
 def outcome(upstream: Path, *, job_ended: bool) -> Outcome:
     """How the upstream run stands, from its own record. ``job_ended``: Slurm says its job has ended, so a
     summary still "running" (or none) means rank 0 was lost: failed. A cancel marker makes a stop a cancel."""
+    ended_by_chain = read_chain_end(upstream)  # an upstream its own chain ended: as cancelled, or still waiting
+    if ended_by_chain is not None:
+        return "stopped" if ended_by_chain.get("kind") == "wait" else "cancelled"
     summary = read_summary(upstream)
     status = summary.status if summary is not None else None
     if status == "completed":

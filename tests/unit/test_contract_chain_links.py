@@ -119,3 +119,12 @@ def test_end_reasons_say_what_happened_and_what_to_do(tmp_path: Path) -> None:
     link = Link(tmp_path / "dep", tmp_path / "up", "completed")
     assert "failed" in chain_links.end_reason(link, "failed") and "never ran" in chain_links.end_reason(link, "failed")
     assert f"hpctrain resume {tmp_path / 'up'}" in chain_links.end_reason(link, "stopped")
+
+
+def test_an_upstream_its_chain_ended_counts_as_cancelled_or_still_waiting(tmp_path: Path) -> None:
+    ended = make_run(tmp_path / "ended", status="stopped")
+    chain_links.write_chain_end(ended, "after: x failed", tmp_path / "x", "end")
+    assert outcome(ended, job_ended=True) == "cancelled"
+    waiting = make_run(tmp_path / "waiting", status="stopped")
+    chain_links.write_chain_end(waiting, "after: x stopped", tmp_path / "x", "wait")
+    assert outcome(waiting, job_ended=True) == "stopped"
