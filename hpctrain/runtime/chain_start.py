@@ -26,7 +26,6 @@ from hpctrain.contract.chain_links import (
     upstream_values,
     write_chain_end,
 )
-from hpctrain.contract.rundir import read_json_object, run_home, run_info_path
 from hpctrain.contract.summary import write_summary
 from hpctrain.errors import UsageError
 from hpctrain.jobspec.after import AFTER_PREFIX
@@ -41,7 +40,9 @@ def begin(spec: JobSpec, run_dir: str, *, is_main: bool, exit_process: Callable[
     if spec.after is None:
         return {}
     link = Link(Path(run_dir), Path(spec.after.run), spec.after.when)
-    found = outcome(link.upstream, job_ended=not _upstream_moved_on(spec, link.upstream))
+    # Slurm starts this job once the upstream's current job has ended (or it had when this was submitted):
+    # a summary still "running" then means that job lost its rank 0
+    found = outcome(link.upstream, job_ended=True)
     decision = decide(link.when, found)
     if decision != "start":
         reason = end_reason(link, found)
@@ -61,14 +62,6 @@ def begin(spec: JobSpec, run_dir: str, *, is_main: bool, exit_process: Callable[
             "own files are under {after.checkpoint_dir}",
         )
     return values
-
-
-def _upstream_moved_on(spec: JobSpec, upstream: Path) -> bool:
-    """Whether the upstream's current job is newer than the one this job waited for (it was resumed since)."""
-    waited = str(spec.resources.slurm_extra.get("dependency", "")).partition(":")[2]
-    info = read_json_object(run_info_path(upstream), within=run_home(upstream)) or {}
-    current = info.get("job_id")
-    return bool(waited) and isinstance(current, str) and current != waited
 
 
 def fill_entrypoint_args(spec: JobSpec, values: Mapping[str, str]) -> JobSpec:
