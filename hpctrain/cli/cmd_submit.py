@@ -12,7 +12,6 @@ directory. A local run is followed in the foreground: it ends with this process.
 from __future__ import annotations
 
 import argparse
-import json
 
 from hpctrain.cli.submit_printer import Printed, exit_code
 from hpctrain.errors import printable
@@ -25,7 +24,6 @@ def run(args: argparse.Namespace) -> int:
         overrides=[
             *args.overrides,
             *([f"resources.time_min={args.time_min}"] if args.time_min else []),
-            *([f"after.run={json.dumps(args.after)}"] if args.after else []),  # JSON is YAML: a job id stays text
         ],
         cluster=args.cluster,
         dry_run=args.dry_run,
@@ -36,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
         snapshot=not args.no_snapshot,
         exclude_bad_nodes=not args.no_exclude,
         steps=Printed(args),
+        after=args.after,
     )
     if args.dry_run:  # the plan quotes spec values and folder names: nothing in it reaches the terminal raw
         print(printable(done.plan, keep="\n\t"), end="")

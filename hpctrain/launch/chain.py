@@ -26,6 +26,7 @@ any process here having to watch it. What this side does:
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from dataclasses import replace
@@ -51,9 +52,27 @@ from hpctrain.contract.slurm_states import is_final, is_pending
 from hpctrain.contract.study_file import study_dir_of
 from hpctrain.contract.summary import read_summary
 from hpctrain.errors import ClusterError, HpctrainError, RunDirError, UsageError
+from hpctrain.jobspec.after import After
 from hpctrain.jobspec.load import LoadedJob
 
 DEPENDENCY_KEY = "dependency"
+
+
+def after_override(run: str | None) -> list[str]:
+    """``--after RUN`` as the ``--set`` it means (JSON is YAML: a job id stays text)."""
+    return [f"after.run={json.dumps(run)}"] if run else []
+
+
+def with_upstream(job: LoadedJob, run: str | None) -> LoadedJob:
+    """A loaded job with ``after.run`` set to ``run`` (its ``when`` kept); checked again by the caller."""
+    if not run:
+        return job
+
+    def changed(spec):  # noqa: ANN001, ANN202 - JobSpec
+        after = After(run=run, when=spec.after.when if spec.after is not None else "completed")
+        return spec.model_copy(update={"after": after})
+
+    return replace(job, spec=changed(job.spec), trials=tuple(changed(trial) for trial in job.trials))
 
 
 def linked(job: LoadedJob, *, local: bool = False, slurm: Slurm | None = None) -> LoadedJob:

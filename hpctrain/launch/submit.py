@@ -121,6 +121,7 @@ def submit(
     exclude_bad_nodes: bool = True,
     steps: Steps | None = None,
     slurm: Slurm | None = None,
+    after: str | None = None,
 ) -> Submission:
     """Submit ``job`` to Slurm, or run it here (``local``, or a local cluster profile).
 
@@ -131,16 +132,19 @@ def submit(
     with ``state``. ``follow_local``: follow a local run to its end even without ``wait`` (a command
     line's process must: the run ends with it). ``preflight=False`` skips the checks before the
     queue, ``snapshot=False`` the code copy, ``exclude_bad_nodes=False`` the bad-node ledger's
-    ``--exclude``.
+    ``--exclude``. ``after``: start once that run (a run directory or job id) has completed (``after.run``;
+    docs/chains.md).
     """
     from hpctrain.jobspec.load import load_job, revalidated
     from hpctrain.launch.submission import backend_for
 
     steps = steps or Steps()
+    from hpctrain.launch.chain import after_override, with_upstream
+
     job = (
-        load_job(job, overrides, cluster=cluster, check_program=True)
+        load_job(job, [*overrides, *after_override(after)], cluster=cluster, check_program=True)
         if isinstance(job, (str, Path))
-        else revalidated(job)
+        else revalidated(with_upstream(job, after))
     )
     if job.spec.after is not None:  # the upstream resolved, the dependency on its current job (launch/chain.py)
         from hpctrain.launch.chain import linked

@@ -150,3 +150,10 @@ def test_cancel_dependents_cancels_the_chain_below_and_records_why(tmp_path: Pat
     assert cancelled == [third, second]
     assert "cancelled with" in read_chain_end(second)["reason"]  # type: ignore[index]
     assert read_chain_end(done_already) is None
+
+
+def test_after_from_the_command_line_or_python_names_the_upstream(tmp_path: Path) -> None:
+    assert chain.after_override("12345") == ['after.run="12345"'] and chain.after_override(None) == []
+    job = chain.with_upstream(job_after(tmp_path, "/old", when="failed"), "/new")
+    assert job.spec.after is not None and (job.spec.after.run, job.spec.after.when) == ("/new", "failed")
+    assert job.trials[0].after == job.spec.after
