@@ -8,7 +8,7 @@ re-point. A dependent that the chain ended without running it says why in
 ``.hpctrain/chain-ended.json``; ``status`` shows it, and the upstream's
 next ``resume`` submits such dependents again.
 
-:func:`decide` is the one decider: given the condition and how the upstream
+:func:`chain_decision` is the one decider: given the condition and how the upstream
 ended, start, end, or wait for the upstream's resume. Every read of another
 run's directory is bounded, of regular files only, and never follows a
 symlink out of that run: an upstream may belong to someone else.
@@ -128,7 +128,7 @@ _TABLE: dict[str, dict[str, Decision]] = {
 }
 
 
-def decide(when: str, upstream_outcome: Outcome) -> Decision:
+def chain_decision(when: str, upstream_outcome: Outcome) -> Decision:
     """Start, end (the condition can no longer hold), or wait (the upstream runs, or stopped and may be resumed)."""
     return _TABLE.get(when, _TABLE["completed"]).get(upstream_outcome, "wait")
 
@@ -144,7 +144,7 @@ def end_reason(link: Link, upstream_outcome: Outcome) -> str:
 
 
 def write_chain_end(run_dir: Path, reason: str, upstream: Path, kind: str) -> None:
-    """Record why the chain ended this run (``kind``: ``end`` or ``wait``, as :func:`decide` said)."""
+    """Record why the chain ended this run (``kind``: ``end`` or ``wait``, as :func:`chain_decision` said)."""
     (Path(run_dir) / CONTROL_DIR).mkdir(parents=True, exist_ok=True)
     record = {"reason": reason, "upstream": str(upstream), "kind": kind, "time": time.time()}
     write_json_atomic(chain_end_path(run_dir), record)

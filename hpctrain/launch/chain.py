@@ -9,7 +9,7 @@ forever (``DependencyNeverSatisfied``), or cancelled at once where the
 cluster sets ``kill_invalid_depend``. So Slurm is asked only "has the
 upstream's current job ended?" (``afterany:JOB``); what that end means is
 read from the upstream's run directory when the dependent starts
-(``runtime/chain_start.py``, by ``contract/chain_links.decide``). A failed
+(``runtime/chain_start.py``, by ``contract/chain_links.chain_decision``). A failed
 upstream thus ends its dependents with the reason in their status without
 any process here having to watch it. What this side does:
 
@@ -37,7 +37,7 @@ from hpctrain.contract.chain_links import (
     AFTER_KEY,
     MAX_CHAIN,
     Link,
-    decide,
+    chain_decision,
     dependents_of,
     end_reason,
     outcome,
@@ -124,7 +124,7 @@ def _dependency(link: Link, info: dict, where: str, *, local: bool, slurm: Slurm
             )
         return f"afterany:{job_id}"
     found = outcome(link.upstream, job_ended=True)
-    decision = decide(link.when, found)
+    decision = chain_decision(link.when, found)
     if decision == "start":
         return None
     hint = f"resume it first: hpctrain resume {link.upstream}" if decision == "wait" else "choose another run"

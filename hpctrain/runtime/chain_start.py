@@ -3,7 +3,7 @@
 Slurm starts a dependent once its upstream's current job has ended in any
 way (``afterany``, ``launch/chain.py`` says why). What that end means is read
 here, from the upstream's own run directory, by the one decider
-(``contract/chain_links.decide``): the condition holds (start, with the
+(``contract/chain_links.chain_decision``): the condition holds (start, with the
 ``{after.NAME}`` values), can no longer hold (end: the upstream failed, or
 completed where ``when: failed``), or the upstream stopped and may be
 resumed (wait: end now, and its ``resume`` submits this run again). Global
@@ -20,7 +20,7 @@ from typing import Any
 
 from hpctrain.contract.chain_links import (
     Link,
-    decide,
+    chain_decision,
     end_reason,
     outcome,
     upstream_values,
@@ -43,7 +43,7 @@ def begin(spec: JobSpec, run_dir: str, *, is_main: bool, exit_process: Callable[
     # Slurm starts this job once the upstream's current job has ended (or it had when this was submitted):
     # a summary still "running" then means that job lost its rank 0
     found = outcome(link.upstream, job_ended=True)
-    decision = decide(link.when, found)
+    decision = chain_decision(link.when, found)
     if decision != "start":
         reason = end_reason(link, found)
         print(f"hpctrain: {reason}", file=sys.stderr, flush=True)

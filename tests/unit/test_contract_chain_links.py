@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from hpctrain.contract import chain_links
-from hpctrain.contract.chain_links import Link, decide, dependents_of, outcome, record_dependent, upstream_values
+from hpctrain.contract.chain_links import (
+    Link,
+    chain_decision,
+    dependents_of,
+    outcome,
+    record_dependent,
+    upstream_values,
+)
 from hpctrain.contract.summary import write_summary
 
 
@@ -48,7 +55,7 @@ def make_checkpoint(run_dir: Path, step: int) -> Path:
     ],
 )
 def test_the_decider_starts_ends_or_waits(when: str, upstream: str, decision: str) -> None:
-    assert decide(when, upstream) == decision  # type: ignore[arg-type]
+    assert chain_decision(when, upstream) == decision  # type: ignore[arg-type]
 
 
 def test_the_outcome_reads_the_upstreams_own_record(tmp_path: Path) -> None:
