@@ -59,6 +59,7 @@ def submit(
     snapshot: bool = True,
     exclude_bad_nodes: bool = True,
     log: TextIO | None = None,
+    after: str | None = None,
 ) -> Submission:
     """Submit a job (a ``load_job`` result, or a spec path) to Slurm, or with ``local=True`` run it here.
 
@@ -68,7 +69,8 @@ def submit(
     the checks before the queue (``--no-preflight``), ``snapshot=False`` the code copy
     (``--no-snapshot``), ``exclude_bad_nodes=False`` the bad-node ledger's ``--exclude``
     (``--no-exclude``); ``log``: a stream that gets rank 0's log of a local run while waiting.
-    A ``load_job`` result changed since is checked again (``SpecError``).
+    A ``load_job`` result changed since is checked again (``SpecError``). ``after``: start once that run
+    (a run directory or job id) has completed (``--after``; docs/chains.md).
     """
     from hpctrain.jobspec.load import LoadedJob
     from hpctrain.launch.submit import submit as sequence
@@ -83,7 +85,7 @@ def submit(
         snapshot=snapshot,
         exclude_bad_nodes=exclude_bad_nodes,
     )
-    return sequence(job, **flags, steps=_steps(log))
+    return sequence(job, **flags, steps=_steps(log), after=after)
 
 
 def status(run: str | Path) -> RunStatus | StudyStatus:

@@ -108,6 +108,12 @@ def cmd_submit(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not add the bad-node ledger's live nodes to --exclude ('hpctrain nodes' lists them)",
     )
+    parser.add_argument(
+        "--after",
+        metavar="RUN",
+        help="start once the run RUN (its run directory or job id) has completed (after.when: ended, failed); "
+        "its results as {after.run_dir} {after.checkpoint}... (docs/chains.md)",
+    )
 
 
 def cmd_plan(parser: argparse.ArgumentParser) -> None:

@@ -37,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
 def print_cancelled(done: Cancelled) -> None:
     """Where one run stands once cancel is done with it."""
     run_dir = done.run_dir
+    for dependent in done.dependents:
+        print(f"cancelled with its chain: {printable(str(dependent))}")
     print(f"job {done.job_id}: {done.state}; run status: {done.status}")
     if not done.settled:
         print(

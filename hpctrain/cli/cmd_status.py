@@ -20,6 +20,7 @@ from hpctrain.contract import job_registry
 from hpctrain.contract.runfiles import for_rich, json_safe, printable
 from hpctrain.contract.study_file import study_dir_of
 from hpctrain.errors import RunDirError, UsageError
+from hpctrain.observe.chain_view import chain_lines
 from hpctrain.observe.live_view import rank_table
 from hpctrain.observe.run_status import RECENT_KEYS, RunStatus, recent_rows, registry_runs, runs_under
 from hpctrain.observe.status import COLUMNS, StudyStatus, point_cells, status
@@ -58,7 +59,11 @@ def print_run(found: RunStatus, *, as_json: bool, show_ranks: bool) -> int:
         print(json.dumps(json_safe(shown), allow_nan=False))
         return 0
     for key, value in facts.items():
-        if key == "failed_stderr" and isinstance(value, list) and value:  # a failed script's last lines
+        if key == "chain":
+            if value:  # after: the whole chain, this run marked
+                print(f"{'chain':>20}:")
+                print("\n".join(f"{'':>20}  {printable(line)}" for line in chain_lines(value, found.run_dir)))
+        elif key == "failed_stderr" and isinstance(value, list) and value:  # a failed script's last lines
             print(f"{key:>20}: (last {len(value)} lines)")
             print("\n".join(f"{'':>20}  | {printable(line)}" for line in value))
         elif value not in (None, [], ""):

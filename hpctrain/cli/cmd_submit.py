@@ -21,7 +21,10 @@ from hpctrain.launch.submit import submit
 def run(args: argparse.Namespace) -> int:
     done = submit(
         args.spec,
-        overrides=[*args.overrides, *([f"resources.time_min={args.time_min}"] if args.time_min else [])],
+        overrides=[
+            *args.overrides,
+            *([f"resources.time_min={args.time_min}"] if args.time_min else []),
+        ],
         cluster=args.cluster,
         dry_run=args.dry_run,
         local=args.local,
@@ -31,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
         snapshot=not args.no_snapshot,
         exclude_bad_nodes=not args.no_exclude,
         steps=Printed(args),
+        after=args.after,
     )
     if args.dry_run:  # the plan quotes spec values and folder names: nothing in it reaches the terminal raw
         print(printable(done.plan, keep="\n\t"), end="")

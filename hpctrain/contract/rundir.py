@@ -90,6 +90,8 @@ BEST_FILE = "best.json"
 HEARTBEATS_DIR = "heartbeats"
 STACKS_DIR = "stacks"
 STUDY_FILE = "study.json"
+CHAIN_END_NAME = "chain-ended.json"  # why after: ended this run without running it (contract/chain_links.py)
+DEPENDENTS_NAME = "dependents"  # one file per run chained after this one
 CODE_DIR = "code"  # the snapshot of the entry point's code (a sweep's trials share their sweep's)
 CHECKPOINT_FORMAT_VERSION = 1
 # a step folder's name: ASCII digits only, whole name (no trailing newline), at most 18 of them (an int64)
@@ -149,6 +151,14 @@ def script_exit_path(run_dir: str | Path, attempt: str, task: int) -> Path:
 def supervisor_record_path(run_dir: str | Path) -> Path:
     """Where a healing job's batch step records the step it runs (healing/supervisor.py)."""
     return Path(run_dir) / CONTROL_DIR / SUPERVISOR_RECORD_NAME
+
+
+def chain_end_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CONTROL_DIR / CHAIN_END_NAME
+
+
+def dependents_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CONTROL_DIR / DEPENDENTS_NAME
 
 
 def slurm_relay_dir(run_dir: str | Path) -> Path:

@@ -407,6 +407,10 @@ class Slurm:
         self.sleep(RELEASE_AFTER_REQUEUE_S)
         self.run("scontrol", "update", f"JobId={checked_job_id(job_id)}", "StartTime=now")
 
+    def set_dependency(self, job_id: str, dependency: str) -> None:
+        """Point a pending job's dependency elsewhere (``afterany:JOB``): a chain's upstream got a new job."""
+        self.run("scontrol", "update", f"JobId={checked_job_id(job_id)}", f"Dependency={dependency}")
+
     def requeue_job(self, job_id: str, *, timeout_s: float = COMMAND_TIMEOUT_S) -> None:
         self.run(*requeue_command(job_id), timeout_s=timeout_s)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from hpctrain.contract.runfiles import real_path
 from hpctrain.errors import SpecProblem
 from hpctrain.jobspec.archs import ARCH_PARAMS_M, unknown_arch_message
+from hpctrain.jobspec.chain_checks import chain_problems
 from hpctrain.jobspec.horovod import horovod_refusal
 from hpctrain.jobspec.layer_split import check_layer_split
 from hpctrain.jobspec.models import APEX_LEVELS, JobSpec
@@ -43,6 +44,10 @@ def _gpus(spec: JobSpec) -> int:
 
 
 # ------------------------------------------------------------------ every job
+
+
+def chains_fit(spec: JobSpec, profile: ClusterProfile) -> Iterator[SpecProblem]:
+    return chain_problems(spec)
 
 
 def gpus_fit_a_node(spec: JobSpec, profile: ClusterProfile) -> Iterator[SpecProblem]:
@@ -295,6 +300,7 @@ RESOLVED_CHECKS: tuple[Check, ...] = (
     one_task_per_gpu,
     output_lies_outside_the_data,
     trackers_are_installed,
+    chains_fit,
 )
 TRAINER_CHECKS: tuple[Check, ...] = (
     arch_is_known,

@@ -3,7 +3,7 @@
 Each section lives in its own module with its checks beside it
 (``resources.py``, ``trainer.py``, ``data.py``, ``distributed.py``,
 ``checkpoint.py``, ``signals.py``, ``script.py``, ``health.py``,
-``container.py``; the base they share is ``section.py``). This module holds
+``container.py``, ``after.py``; the base they share is ``section.py``). This module holds
 the job's own top-level keys, the list of sections, and the values derived
 from several of them. Adding a section is one field line here (and its
 import): see the charter in ``hpctrain/jobspec/__init__.py``.
@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
+from hpctrain.jobspec.after import After
 from hpctrain.jobspec.batch import BatchLayout
 from hpctrain.jobspec.checkpoint import Checkpoint
 from hpctrain.jobspec.container import OWNED_CONTAINER_FLAGS, Container
@@ -52,6 +53,7 @@ from hpctrain.jobspec.trainer import (
 
 __all__ = [
     "APEX_LEVELS",
+    "After",
     "MAX_IMAGE_PIXELS",
     "OWNED_CONTAINER_FLAGS",
     "BurnIn",
@@ -130,6 +132,10 @@ class JobSpec(Section):
     tracking: Annotated[
         Tracking, Field(description="W&B and MLflow runs, sent by 'hpctrain sync' (docs/tracking.md).")
     ] = Tracking()
+    after: Annotated[
+        After | None,
+        Field(description="Start once another run has completed, ended or failed; {after.NAME} (docs/chains.md)."),
+    ] = None
 
     @field_validator("output_dir")
     @classmethod

@@ -16,6 +16,7 @@ import json
 import re
 from collections.abc import Mapping
 
+from hpctrain.jobspec.after import AFTER_PREFIX, after_known_list, is_after_name
 from hpctrain.jobspec.script_inputs import CONTROL
 
 # What each placeholder is, in the words --help and the docs use; the order is the one messages list them in.
@@ -45,7 +46,7 @@ class PlaceholderError(ValueError):
 
 def known_list() -> str:
     """Every placeholder, as a message lists them."""
-    return " ".join(f"{{{name}}}" for name in PLACEHOLDERS) + " {sweep.KEY}"
+    return " ".join(f"{{{name}}}" for name in PLACEHOLDERS) + " {sweep.KEY} " + after_known_list()
 
 
 def placeholders(text: str) -> list[str]:
@@ -65,9 +66,21 @@ def placeholders(text: str) -> list[str]:
 
 
 def unknown_names(text: str) -> list[str]:
-    """The names in ``text`` that are no placeholder (a ``sweep.KEY`` counts as one); raises
-    ``PlaceholderError`` for a lone brace."""
-    return [name for name in placeholders(text) if name not in PLACEHOLDERS and not is_sweep_name(name)]
+    """The names in ``text`` that are no placeholder (a ``sweep.KEY`` and a known ``after.NAME`` count as
+    one); raises ``PlaceholderError`` for a lone brace."""
+    return [
+        name
+        for name in placeholders(text)
+        if name not in PLACEHOLDERS and not is_sweep_name(name) and not is_after_name(name)
+    ]
+
+
+def after_names_used(text: str) -> list[str]:
+    """The ``after.NAME`` placeholders ``text`` uses, known or not (a malformed text names none)."""
+    try:
+        return [name for name in placeholders(text) if name.startswith(AFTER_PREFIX)]
+    except PlaceholderError:
+        return []
 
 
 def is_sweep_name(name: str) -> bool:
@@ -127,6 +140,19 @@ def fill_sweep(text: str, params: Mapping[str, object]) -> str:
         name = match.group(1)
         if name is not None and is_sweep_name(name) and name[len(SWEEP_PREFIX) :] in params:
             return escape(value_text(params[name[len(SWEEP_PREFIX) :]]))
+        return match.group(0)
+
+    return _TOKEN.sub(replace, text)
+
+
+def fill_after(text: str, values: Mapping[str, str], *, escaped: bool = True) -> str:
+    """``text`` with each ``{after.NAME}`` of ``values`` (keyed ``after.NAME``) replaced by its value, escaped
+    for a later :func:`fill` (``escaped=False``: as the final text); every other token is kept as written."""
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name is not None and name.startswith(AFTER_PREFIX) and name in values:
+            return escape(values[name]) if escaped else values[name]
         return match.group(0)
 
     return _TOKEN.sub(replace, text)

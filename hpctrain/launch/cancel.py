@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -80,6 +80,7 @@ class Cancelled:
     checkpoint_step: int | None
     already_ended: bool = False
     script: str | None = None
+    dependents: tuple[Path, ...] = ()  # the runs chained after it, cancelled with it (after:, docs/chains.md)
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,12 @@ def cancel(
     directory (every point is cancelled: :func:`cancel_study`) or a run (a run directory or a Slurm job id:
     :func:`cancel_run`). A missing path, or a folder that is neither, is a ``RunDirError``."""
     if (study_dir := study_dir_of(target)) is None:
-        return cancel_run(job_registry.resolve_run(target), timeout_s, slurm=slurm)
+        from hpctrain.launch.chain import cancel_dependents
+
+        run_dir = job_registry.resolve_run(target)
+        # its chain first, so that no dependent starts on the cancel of its upstream (launch/chain.py)
+        chained = cancel_dependents(run_dir, lambda one: cancel_run(one, timeout_s, slurm=slurm))
+        return replace(cancel_run(run_dir, timeout_s, slurm=slurm), dependents=tuple(chained))
     points = cancel_study(study_dir, read_study(study_dir)["points"], timeout_s, slurm=slurm)
     return StudyCancelled(study_dir, tuple(points))
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from hpctrain.contract import job_registry
 from hpctrain.contract.cancel_marker import clear_cancel_marker
+from hpctrain.contract.chain_links import clear_chain_end
 from hpctrain.contract.rundir import read_run_info, spec_path
 from hpctrain.contract.runfiles import check_inside, printable
 from hpctrain.contract.slurm import Slurm
@@ -82,10 +83,24 @@ def prepare(run: str | Path, overrides: Sequence[str] = (), *, slurm: Slurm | No
     return run_dir, job
 
 
-def start(run_dir: Path, job: LoadedJob, *, local: bool = False) -> SubmittedRun:
-    """Submit the next attempt of a run that ``prepare`` accepted (its cancel marker cleared first)."""
+def start(run_dir: Path, job: LoadedJob, *, local: bool = False, slurm: Slurm | None = None) -> SubmittedRun:
+    """Submit the next attempt of a run that ``prepare`` accepted (its cancel marker cleared first). A chained
+    run waits for its upstream's current job; the run's own dependents are re-pointed to the new job, and
+    those its chain ended are submitted again (``launch/chain.py``)."""
+    from hpctrain.launch import chain
+
+    if job.spec.after is not None:
+        job = chain.linked(job, local=local, slurm=slurm)
     clear_cancel_marker(run_dir)
-    return resubmit(run_dir, job, local=local)
+    clear_chain_end(run_dir)
+    submitted = resubmit(run_dir, job, local=local)
+    if submitted.backend == "slurm":
+
+        def again(dependent: Path) -> object:
+            return start(dependent, load_job(spec_path(dependent)), slurm=slurm)
+
+        submitted.notes = (*submitted.notes, *chain.repoint(run_dir, submitted.job_id, again, slurm=slurm or Slurm()))
+    return submitted
 
 
 def resume(
@@ -105,7 +120,7 @@ def resume(
     run_dir, job = prepare(run, overrides, slurm=slurm)
     warnings = plan.spec_warnings(job, run_dir)
     steps.warned(warnings)
-    submitted = start(run_dir, job, local=local)
+    submitted = start(run_dir, job, local=local, slurm=slurm)
     steps.warned(submitted.notes)  # the bad-node ledger's exclusions
     one = Submission(submitted.run_dir, submitted.job_id, submitted.backend, warnings=(*warnings, *submitted.notes),
                      cluster=job.profile.name, world_size=job.spec.world_size)  # fmt: skip

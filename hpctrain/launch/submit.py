@@ -121,6 +121,7 @@ def submit(
     exclude_bad_nodes: bool = True,
     steps: Steps | None = None,
     slurm: Slurm | None = None,
+    after: str | None = None,
 ) -> Submission:
     """Submit ``job`` to Slurm, or run it here (``local``, or a local cluster profile).
 
@@ -131,17 +132,24 @@ def submit(
     with ``state``. ``follow_local``: follow a local run to its end even without ``wait`` (a command
     line's process must: the run ends with it). ``preflight=False`` skips the checks before the
     queue, ``snapshot=False`` the code copy, ``exclude_bad_nodes=False`` the bad-node ledger's
-    ``--exclude``.
+    ``--exclude``. ``after``: start once that run (a run directory or job id) has completed (``after.run``;
+    docs/chains.md).
     """
     from hpctrain.jobspec.load import load_job, revalidated
     from hpctrain.launch.submission import backend_for
 
     steps = steps or Steps()
+    from hpctrain.launch.chain import after_override, with_upstream
+
     job = (
-        load_job(job, overrides, cluster=cluster, check_program=True)
+        load_job(job, [*overrides, *after_override(after)], cluster=cluster, check_program=True)
         if isinstance(job, (str, Path))
-        else revalidated(job)
+        else revalidated(with_upstream(job, after))
     )
+    if job.spec.after is not None:  # the upstream resolved, the dependency on its current job (launch/chain.py)
+        from hpctrain.launch.chain import linked
+
+        job = linked(job, local=local, slurm=slurm)
     warnings = plan.spec_warnings(job) + ([] if job.is_study else plan.container_warnings(job, local=local))
     steps.warned(warnings)
     backend = backend_for(job, local)
@@ -162,6 +170,10 @@ def submit(
     from hpctrain.launch.submission import submit_run
 
     submitted = submit_run(job, local=local, snapshot=snapshot, exclude_bad_nodes=exclude_bad_nodes)
+    if job.spec.after is not None:
+        from hpctrain.launch.chain import record
+
+        record(submitted.run_dir, job, cancel=lambda: [one.cancel(check=False) for one in submitted.jobs])
     steps.warned(submitted.notes)  # the bad-node ledger's exclusions
     one = Submission(submitted.run_dir, submitted.job_id, submitted.backend, warnings=(*warnings, *submitted.notes),
                      cluster=job.profile.name, world_size=job.spec.world_size, code=submitted.code)  # fmt: skip

@@ -149,6 +149,7 @@ class RunStatus:
     steps_left: int | None = None
     chunks_left: int | None = None
     basis: str | None = None
+    chain: list[dict[str, Any]] = field(default_factory=list)  # after: its chain, first run first (chain_view.py)
     ranks: tuple[RankView, ...] = field(default=(), compare=False, repr=False)  # each rank's last heartbeat
 
     @property

@@ -45,8 +45,11 @@ def status(target: str | Path, *, slurm: Slurm | None = None) -> RunStatus | Stu
     if (study_dir := study_dir_of(target)) is not None:
         document = study_status(study_dir, slurm=slurm)
         return StudyStatus(document["study_dir"], document["name"], tuple(document["points"]))
-    facts, ranks = status_with_ranks(resolve_run(str(target)), slurm=slurm)
-    return replace(RunStatus(**facts), ranks=ranks)
+    from hpctrain.observe.chain_view import chain_rows
+
+    run_dir = resolve_run(str(target))
+    facts, ranks = status_with_ranks(run_dir, slurm=slurm)
+    return replace(RunStatus(**facts, chain=chain_rows(run_dir, slurm=slurm)), ranks=ranks)
 
 
 def study_status(study_dir: Path, *, slurm: Slurm | None = None) -> dict[str, Any]:

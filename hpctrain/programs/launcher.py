@@ -30,7 +30,7 @@ from hpctrain.contract.entrypoint import call_text, function_problem
 from hpctrain.contract.summary import Summary, read_summary, write_summary
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
-from hpctrain.runtime import failures, heartbeat, stop_signals
+from hpctrain.runtime import chain_start, failures, heartbeat, stop_signals
 from hpctrain.runtime.cleanup import leave_dataset_mount
 from hpctrain.runtime.context import TaskContext, TaskEnv, configure_logging, register_context
 from hpctrain.runtime.master import check_master_address
@@ -63,7 +63,8 @@ class TaskLauncher:
             rank = str(env.global_rank)
             configure_logging(env)
             end_if_completed(self.run_dir, env, self.exit_without_result)
-            result = self.run(spec, env)
+            after = chain_start.begin(spec, self.run_dir, is_main=env.is_main, exit_process=self.exit_without_result)
+            result = self.run(chain_start.fill_entrypoint_args(spec, after), env)
         except BaseException as exc:
             if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 report_failure(rank, exc)

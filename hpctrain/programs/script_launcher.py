@@ -57,7 +57,7 @@ from hpctrain.programs.launcher import (
     end_if_completed,
     report_failure,
 )
-from hpctrain.runtime import stop_signals
+from hpctrain.runtime import chain_start, stop_signals
 from hpctrain.runtime.context import TaskEnv, configure_logging
 from hpctrain.runtime.master import check_master_address
 from hpctrain.runtime.script import command as script_command
@@ -129,6 +129,9 @@ class ScriptLauncher(TaskLauncher):
             restart = self.restart_number(env)
             # Slurm started a finished job again (not: this start's rank 0 finished first)
             end_if_completed(self.run_dir, env, self.exit_without_result, this_start=restart)
+            self.after = chain_start.begin(
+                spec, self.run_dir, is_main=env.is_main, exit_process=self.exit_without_result
+            )
             result = self.run_script(spec, env, stop, restart)
         except BaseException as exc:
             if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
@@ -156,7 +159,7 @@ class ScriptLauncher(TaskLauncher):
 
         code = ScriptCode(**self.code)
         place = script_command.layout(env, spec)
-        values = script_command.placeholder_values(place, self.run_dir, code, restart)
+        values = {**script_command.placeholder_values(place, self.run_dir, code, restart), **getattr(self, "after", {})}
         argv = script_command.command(sys.executable, code, script, values)
         cwd = script_command.workdir(script, values, self.run_dir)
         Path(cwd).mkdir(parents=True, exist_ok=True)
