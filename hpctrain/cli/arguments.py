@@ -184,6 +184,12 @@ def cmd_status(parser: argparse.ArgumentParser) -> None:
         help="--watch: seconds between looks (default 5; 2 to 3600)",
     )
     parser.add_argument("--ranks", action="store_true", help="RUN: every rank's last heartbeat (--watch: each change)")
+    parser.add_argument(
+        "--sync",
+        action="store_true",
+        help="--watch: send the run's new steps to its W&B/MLflow runs as it goes, and the rest at its end "
+        "(as 'hpctrain sync RUN'; a tracker that is down never holds the watch)",
+    )
 
 
 def cmd_logs(parser: argparse.ArgumentParser) -> None:
