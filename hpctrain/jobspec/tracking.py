@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Annotated, Literal
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from pydantic import AfterValidator, Field, field_validator
 
@@ -73,6 +73,8 @@ class Mlflow(Section):
     @field_validator("tracking_uri")
     @classmethod
     def _uri(cls, value: str) -> str:
+        if value == "databricks":  # MLflow's name for the workspace of the default Databricks profile
+            return value
         parts = urlsplit(value)
         if parts.scheme not in _URI_SCHEMES:
             raise ValueError(f"a URI of scheme {', '.join(_URI_SCHEMES)}, e.g. http://mlflow.example.org:5000")
@@ -81,7 +83,31 @@ class Mlflow(Section):
                 "holds a user name or password: the spec is copied into the run directory and printed; "
                 "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD where 'hpctrain sync' runs instead"
             )
+        if problem := _uri_problem(value, parts):
+            raise ValueError(problem)
         return value
+
+
+def _uri_problem(value: str, parts: SplitResult) -> str:
+    """What makes a tracking URI of a known scheme unusable, said with the form to write; "" when none."""
+    if any(c.isspace() for c in value):
+        return "has a space in it; e.g. http://mlflow.example.org:5000"
+    if parts.scheme in ("http", "https"):
+        try:
+            port = parts.port
+        except ValueError:
+            return f"has a port that is not a number from 1 to 65535 ({parts.netloc!r}); e.g. http://host:5000"
+        if not parts.hostname:
+            return "has no host name; e.g. http://mlflow.example.org:5000 (the address 'mlflow server' listens on)"
+        if port == 0:
+            return "has port 0; e.g. http://mlflow.example.org:5000"
+        if parts.query or parts.fragment:
+            return "has a query or fragment; give the server's base address, e.g. http://mlflow.example.org:5000"
+    if parts.scheme == "file" and (parts.netloc not in ("", "localhost") or not parts.path.startswith("/")):
+        return "a file store is an absolute folder: file:///home/me/mlruns (three slashes)"
+    if parts.scheme == "sqlite" and (parts.netloc or len(parts.path) < 2 or not parts.path.startswith("/")):
+        return "a SQLite store is sqlite:///relative.db or sqlite:////absolute/path.db"
+    return ""
 
 
 class Tracking(Section):
