@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Annotated, Literal
 from urllib.parse import SplitResult, urlsplit
 
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from hpctrain.jobspec.fields import NAME_PATTERN
 from hpctrain.jobspec.section import Section
@@ -115,6 +115,23 @@ class Tracking(Section):
 
     wandb: Annotated[Wandb | None, Field(description="A Weights & Biases run (pip install 'hpctrain[wandb]').")] = None
     mlflow: Annotated[Mlflow | None, Field(description="An MLflow run (pip install 'hpctrain[mlflow]').")] = None
+    live: Annotated[
+        bool,
+        Field(
+            description="Also send from the job while it trains: global rank 0's node runs 'hpctrain sync' in a "
+            "process of its own every live_interval_s (for clusters whose nodes reach the trackers; training never "
+            "waits on it). Off: only 'hpctrain sync' (or status --watch --sync) where you run it sends.",
+        ),
+    ] = False
+    live_interval_s: Annotated[
+        float, Field(ge=5, le=3600, description="tracking.live: seconds between the node's syncs.")
+    ] = 30.0
+
+    @model_validator(mode="after")
+    def _live_needs_a_tracker(self) -> Tracking:
+        if self.live and not self.trackers:
+            raise ValueError("tracking.live sends to the trackers this section names: add tracking.mlflow or .wandb")
+        return self
 
     @property
     def trackers(self) -> tuple[str, ...]:
