@@ -153,6 +153,15 @@ def cmd_plan(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds each chunk spends starting (imports, data, checkpoint load) before it trains (default 120)",
     )
+    parser.add_argument(
+        "--measure",
+        nargs="?",
+        const=40,
+        type=_whole(3, 10_000),
+        metavar="STEPS",
+        help="first run the spec at 1 node for STEPS optimizer steps (default 40) and wait, so the plan has a "
+        "measured step time (the built-in trainer's spec)",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
