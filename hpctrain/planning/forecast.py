@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from hpctrain.jobspec.load import LoadedJob
 
 ISO = "%Y-%m-%dT%H:%M:%S%z"
+SUBMIT_RUNS = 8  # earlier runs a submit reads (plan reads 64): the newest say the most, and submit stays quick
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,8 @@ def forecast(
 
     ``steps_done``: steps the run already kept (a resume trains the rest)."""
     now, spec, notes = clock(), job.spec, []
-    found = history(Path(spec.output_dir).expanduser() / spec.name, spec.model_dump(mode="json"))
+    spec_home = Path(spec.output_dir).expanduser() / spec.name
+    found = history(spec_home, spec.model_dump(mode="json"), max_runs=SUBMIT_RUNS)
     try:
         work = work_of(
             spec_name=spec.name,
