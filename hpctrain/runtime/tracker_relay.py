@@ -10,12 +10,14 @@ start is a warning on stderr, never a failed task.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain.contract.child_process import start_child
+from hpctrain.contract.file_writes import open_append
 from hpctrain.contract.rundir import tracking_dir
 
 if TYPE_CHECKING:
@@ -40,8 +42,11 @@ def start_live_sender(spec: JobSpec, run_dir: str | Path, *, is_main: bool) -> s
     try:
         folder = tracking_dir(run_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        with open(folder / LIVE_LOG, "ab") as log:
+        log = open_append(folder / LIVE_LOG)
+        try:
             return start_child(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        finally:
+            os.close(log)  # the child has its own copy
     except OSError as exc:
         print(f"hpctrain: warning: tracking.live: the sender did not start ({exc}); 'hpctrain sync RUN' sends "
               "the run from where you run it", file=sys.stderr)  # fmt: skip

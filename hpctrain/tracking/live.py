@@ -92,6 +92,7 @@ def _one_sync(run_dir: Path, sync_once: Callable[[Path], list], state: LiveState
         results = sync_once(run_dir)
     except HpctrainError as exc:
         state.failed_syncs, state.last_error = state.failed_syncs + 1, exc.message[:500]
+        print(f"{time.strftime('%H:%M:%S')} not synced: {exc.message}", flush=True)
         return [], True
     errors = [r.error for r in results if getattr(r, "error", None) is not None]
     state.sent_steps += sum(getattr(r, "sent", 0) for r in results)

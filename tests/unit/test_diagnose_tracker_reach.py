@@ -21,6 +21,13 @@ from hpctrain.launch.plan import check_before_queueing
 pytestmark = pytest.mark.usefixtures("isolated")
 
 
+@pytest.fixture(autouse=True)
+def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The servers here are this machine's: a proxy in the environment must not stand between."""
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+
+
 class Health(http.server.BaseHTTPRequestHandler):
     status, body = 200, b"OK"
 

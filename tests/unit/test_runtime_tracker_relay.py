@@ -54,3 +54,28 @@ def test_a_sender_that_cannot_start_is_a_warning_not_a_failed_task(
     monkeypatch.setattr(tracker_relay, "start_child", no_fork)
     assert start_live_sender(spec, tmp_path / "run", is_main=True) is None
     assert "tracking.live: the sender did not start" in capsys.readouterr().err
+
+
+def test_the_sender_starts_logs_into_the_run_and_ends_on_sigterm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import time
+
+    spec = spec_of(tmp_path, LIVE, monkeypatch)
+    run_dir = tmp_path / "run"  # no spec.yaml: each sync fails, and is counted
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+    sender = start_live_sender(spec, run_dir, is_main=True)
+    assert sender is not None
+    try:
+        state = run_dir / ".hpctrain" / "tracking" / "live.json"
+        deadline = time.monotonic() + 120
+        while not state.exists():
+            assert time.monotonic() < deadline and sender.poll() is None, "the sender wrote no state"
+            time.sleep(0.2)
+        sender.terminate()
+        assert sender.wait(timeout=90) == 0
+    finally:
+        sender.kill()
+    assert json.loads(state.read_text())["failed_syncs"] >= 1
+    assert "not synced" in (run_dir / ".hpctrain" / "tracking" / "live.log").read_text()
