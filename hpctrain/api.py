@@ -202,12 +202,14 @@ def plan(
     step_time_nodes: int | None = None,
     margin: float = 0.10,
     restart_s: float = 120.0,
+    measure_steps: int | None = None,
 ) -> Plan:
     """When ``spec`` would start and finish at each node count, and which to ask for, as ``hpctrain plan``:
     ``Plan`` (``shapes``: each one's steps, step time and its source, start, chunks, finish, node- and
     GPU-hours; ``choice``: the recommended node count and the reason; ``as_json()``: what ``--json`` prints).
     ``nodes``: ``[1, 2, 4, 8]`` or ``"1,2,4,8"``; ``step_time_s``/``steps``/``samples_per_epoch``: what no
-    earlier run of the spec says. A start Slurm did not give is None, never guessed."""
+    earlier run of the spec says. ``measure_steps``: first run the spec at one node for that many steps and
+    wait for it (``hpctrain plan --measure``). A start Slurm did not give is None, never guessed."""
     from hpctrain.planning.plan import parse_shapes
     from hpctrain.planning.plan import plan as sequence
 
@@ -221,6 +223,7 @@ def plan(
         ("steps", steps),
         ("samples_per_epoch", samples_per_epoch),
         ("step_time_nodes", step_time_nodes),
+        ("measure_steps", measure_steps),
     ):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise UsageError(f"{name}={value!r}: expected a whole number of at least 1, or None")
@@ -242,6 +245,7 @@ def plan(
         step_time_nodes=step_time_nodes,
         margin=float(margin),
         restart_s=float(restart_s),
+        measure_steps=measure_steps,
     )
 
 

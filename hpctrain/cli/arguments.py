@@ -159,6 +159,15 @@ def cmd_plan(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds each chunk spends starting (imports, data, checkpoint load) before it trains (default 120)",
     )
+    parser.add_argument(
+        "--measure",
+        nargs="?",
+        const=40,
+        type=_whole(3, 10_000),
+        metavar="STEPS",
+        help="first run the spec at 1 node for STEPS optimizer steps (default 40) and wait, so the plan has a "
+        "measured step time (the built-in trainer's spec)",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -190,6 +199,12 @@ def cmd_status(parser: argparse.ArgumentParser) -> None:
         help="--watch: seconds between looks (default 5; 2 to 3600)",
     )
     parser.add_argument("--ranks", action="store_true", help="RUN: every rank's last heartbeat (--watch: each change)")
+    parser.add_argument(
+        "--sync",
+        action="store_true",
+        help="--watch: send the run's new steps to its W&B/MLflow runs as it goes, and the rest at its end "
+        "(as 'hpctrain sync RUN'; a tracker that is down never holds the watch)",
+    )
 
 
 def cmd_logs(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,5 @@
-"""``hpctrain plan SPEC [--nodes 1,2,4,8] [--json]``: when each shape would start and finish, and the pick.
+"""``hpctrain plan SPEC [--nodes 1,2,4,8] [--measure [STEPS]] [--json]``: when each shape would start and finish,
+and the pick.
 
 A printer over ``hpctrain.planning.plan`` (``hpctrain.plan`` calls the same).
 """
@@ -29,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
         step_time_nodes=args.step_time_nodes,
         margin=args.margin,
         restart_s=args.restart,
+        measure_steps=args.measure,
     )
     if args.json:
         print(json.dumps(json_safe(found.as_json()), allow_nan=False))

@@ -33,6 +33,8 @@ RANK_TABLE_UP_TO = 8  # the plain status shows every rank's heartbeat up to this
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "watch", False):
         return watch(args)
+    if getattr(args, "sync", False):
+        raise UsageError("--sync keeps a watched run's trackers up to date", hint="hpctrain status RUN --watch --sync")
     if not args.run:
         return list_recent(args)
     found = status(args.run)
@@ -49,7 +51,7 @@ def watch(args: argparse.Namespace) -> int:
         raise UsageError("--watch follows one run", hint=f"watch one point: hpctrain status {study_dir}/POINT --watch")
     if not args.run:
         raise UsageError("--watch follows one run", hint="hpctrain status RUN --watch (RUN: run dir or job id)")
-    return watch(job_registry.resolve_run(args.run), interval_s=args.interval, show_ranks=args.ranks)
+    return watch(job_registry.resolve_run(args.run), interval_s=args.interval, show_ranks=args.ranks, sync=args.sync)
 
 
 def print_run(found: RunStatus, *, as_json: bool, show_ranks: bool) -> int:

@@ -78,6 +78,8 @@ def submitted_lines(submission: Submission) -> list[str]:
         from hpctrain.launch.plan import code_line
 
         lines.append(f"  code:    {code_line(submission.code)}")
+    if submission.forecast is not None:
+        lines += submission.forecast.lines()
     if submission.backend == "slurm":
         lines += [
             f"  follow:  hpctrain logs {run_dir} --follow",

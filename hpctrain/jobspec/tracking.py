@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Annotated, Literal
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from hpctrain.jobspec.fields import NAME_PATTERN
 from hpctrain.jobspec.section import Section
@@ -73,6 +73,8 @@ class Mlflow(Section):
     @field_validator("tracking_uri")
     @classmethod
     def _uri(cls, value: str) -> str:
+        if value == "databricks":  # MLflow's name for the workspace of the default Databricks profile
+            return value
         parts = urlsplit(value)
         if parts.scheme not in _URI_SCHEMES:
             raise ValueError(f"a URI of scheme {', '.join(_URI_SCHEMES)}, e.g. http://mlflow.example.org:5000")
@@ -81,7 +83,31 @@ class Mlflow(Section):
                 "holds a user name or password: the spec is copied into the run directory and printed; "
                 "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD where 'hpctrain sync' runs instead"
             )
+        if problem := _uri_problem(value, parts):
+            raise ValueError(problem)
         return value
+
+
+def _uri_problem(value: str, parts: SplitResult) -> str:
+    """What makes a tracking URI of a known scheme unusable, said with the form to write; "" when none."""
+    if any(c.isspace() for c in value):
+        return "has a space in it; e.g. http://mlflow.example.org:5000"
+    if parts.scheme in ("http", "https"):
+        try:
+            port = parts.port
+        except ValueError:
+            return f"has a port that is not a number from 1 to 65535 ({parts.netloc!r}); e.g. http://host:5000"
+        if not parts.hostname:
+            return "has no host name; e.g. http://mlflow.example.org:5000 (the address 'mlflow server' listens on)"
+        if port == 0:
+            return "has port 0; e.g. http://mlflow.example.org:5000"
+        if parts.query or parts.fragment:
+            return "has a query or fragment; give the server's base address, e.g. http://mlflow.example.org:5000"
+    if parts.scheme == "file" and (parts.netloc not in ("", "localhost") or not parts.path.startswith("/")):
+        return "a file store is an absolute folder: file:///home/me/mlruns (three slashes)"
+    if parts.scheme == "sqlite" and (parts.netloc or len(parts.path) < 2 or not parts.path.startswith("/")):
+        return "a SQLite store is sqlite:///relative.db or sqlite:////absolute/path.db"
+    return ""
 
 
 class Tracking(Section):
@@ -89,6 +115,23 @@ class Tracking(Section):
 
     wandb: Annotated[Wandb | None, Field(description="A Weights & Biases run (pip install 'hpctrain[wandb]').")] = None
     mlflow: Annotated[Mlflow | None, Field(description="An MLflow run (pip install 'hpctrain[mlflow]').")] = None
+    live: Annotated[
+        bool,
+        Field(
+            description="Also send from the job while it trains: global rank 0's node runs 'hpctrain sync' in a "
+            "process of its own every live_interval_s (for clusters whose nodes reach the trackers; training never "
+            "waits on it). Off: only 'hpctrain sync' (or status --watch --sync) where you run it sends.",
+        ),
+    ] = False
+    live_interval_s: Annotated[
+        float, Field(ge=5, le=3600, description="tracking.live: seconds between the node's syncs.")
+    ] = 30.0
+
+    @model_validator(mode="after")
+    def _live_needs_a_tracker(self) -> Tracking:
+        if self.live and not self.trackers:
+            raise ValueError("tracking.live sends to the trackers this section names: add tracking.mlflow or .wandb")
+        return self
 
     @property
     def trackers(self) -> tuple[str, ...]:

@@ -133,6 +133,10 @@ def check_before_queueing(job: LoadedJob, *, local: bool, slurm: Slurm | None = 
         )
     else:
         findings = run_preflight(job, slurm_backend=slurm_backend, slurm=slurm)
+    if job.spec.tracking.trackers:  # the network's word on the trackers: warnings, bounded (diagnose/tracker_reach.py)
+        from hpctrain.diagnose.tracker_reach import check_trackers
+
+        findings += check_trackers(job.spec)
     warnings = [f"{job.source}: {f.key}: {f.message}" for f in findings if f.level == "warning"]
     raise_for_errors(job, findings)
     return warnings

@@ -32,7 +32,7 @@ from hpctrain.jobspec.node_loss import reshape_problem
 from hpctrain.launch import plan
 from hpctrain.launch.cancel import run_activity
 from hpctrain.launch.submission import SubmittedRun, resubmit
-from hpctrain.launch.submit import Steps, Submission, finish
+from hpctrain.launch.submit import Steps, Submission, finish, forecast_of
 
 
 def refuse_while_writing(run_dir: Path, info: dict[str, Any], *, slurm: Slurm | None = None) -> None:
@@ -122,11 +122,20 @@ def resume(
     steps.warned(warnings)
     submitted = start(run_dir, job, local=local, slurm=slurm)
     steps.warned(submitted.notes)  # the bad-node ledger's exclusions
+    made = forecast_of(job, submitted, slurm, by="resume", steps_done=_steps_done(run_dir))
     one = Submission(submitted.run_dir, submitted.job_id, submitted.backend, warnings=(*warnings, *submitted.notes),
-                     cluster=job.profile.name, world_size=job.spec.world_size)  # fmt: skip
+                     cluster=job.profile.name, world_size=job.spec.world_size, forecast=made)  # fmt: skip
     steps.submitted(one)
     follow = wait or (follow_local and submitted.backend == "local")
     return finish(one, submitted, wait=follow, steps=steps, slurm=slurm)
+
+
+def _steps_done(run_dir: Path) -> int:
+    """The steps the run kept (its latest checkpoint's, else the summary's): a resume trains the rest."""
+    from hpctrain.contract.summary import read_summary
+
+    summary = read_summary(run_dir)
+    return summary.global_step or 0 if summary is not None else 0
 
 
 def refuse_study(study_dir: Path) -> None:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from hpctrain.jobspec.load import LoadedJob
     from hpctrain.launch.code_snapshot import Snapshot
     from hpctrain.launch.submission import SubmittedRun
+    from hpctrain.planning.forecast import Forecast
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,8 @@ class Submission:
     hurt, and the bad-node ledger's exclusions; ``state``: once waited for, the job's end (Slurm's
     state; a local run's status); ``run_completed``: the run's own summary says it completed, whatever
     Slurm called the job's end (``follow.run_completed``); ``code``: what the code snapshot copied and
-    left out.
+    left out; ``forecast``: a queued Slurm run's expected start and finish (``planning/forecast.py``),
+    also recorded in the run (``contract/estimates.py``).
     """
 
     run_dir: Path
@@ -62,6 +64,7 @@ class Submission:
     cluster: str | None = None
     world_size: int | None = None
     code: Snapshot | None = None
+    forecast: Forecast | None = None
 
     @property
     def ended_well(self) -> bool | None:
@@ -83,7 +86,8 @@ class Submission:
             runs = [{"job_id": p.job_id, "run_dir": str(p.run_dir), "label": p.label, "world_size": p.world_size}
                     for p in self.points]  # fmt: skip
             return {"study_dir": str(self.run_dir), "runs": runs}
-        return {"job_id": self.job_id, "run_dir": str(self.run_dir), "cluster": self.cluster, "backend": self.backend}
+        found = {"job_id": self.job_id, "run_dir": str(self.run_dir), "cluster": self.cluster, "backend": self.backend}
+        return found if self.forecast is None else {**found, "estimate": self.forecast.record()}
 
 
 class Steps:
@@ -176,7 +180,8 @@ def submit(
         record(submitted.run_dir, job, cancel=lambda: [one.cancel(check=False) for one in submitted.jobs])
     steps.warned(submitted.notes)  # the bad-node ledger's exclusions
     one = Submission(submitted.run_dir, submitted.job_id, submitted.backend, warnings=(*warnings, *submitted.notes),
-                     cluster=job.profile.name, world_size=job.spec.world_size, code=submitted.code)  # fmt: skip
+                     cluster=job.profile.name, world_size=job.spec.world_size, code=submitted.code,
+                     forecast=forecast_of(job, submitted, slurm))  # fmt: skip
     steps.submitted(one)
     return finish(one, submitted, wait=wait or (follow_local and backend == "local"), steps=steps, slurm=slurm)
 
@@ -195,6 +200,27 @@ def finish(one: Submission, submitted: SubmittedRun, *, wait: bool, steps: Steps
     code = follow.follow_local(submitted, stream=steps.log if steps.log is not None else io.StringIO())
     _raise_for_stop(code, submitted.run_dir)
     return replace(one, state=follow.local_status(submitted))
+
+
+def forecast_of(job: LoadedJob, submitted: SubmittedRun, slurm: Slurm | None, **how: Any) -> Forecast | None:
+    """A queued Slurm run's expected start and finish, recorded in the run; None for a local run, a
+    study or sweep, or when it could not be made (an estimate never fails a submit)."""
+    if submitted.backend != "slurm" or job.is_study or job.spec.sweep or not submitted.job_id:
+        return None
+    from hpctrain.contract.estimates import record_estimate
+    from hpctrain.contract.slurm import Slurm
+    from hpctrain.errors import HpctrainError
+    from hpctrain.planning.forecast import forecast
+
+    try:
+        made = forecast(job, submitted.job_id, slurm if slurm is not None else Slurm(), **how)
+    except (HpctrainError, OSError, ValueError):
+        return None
+    try:
+        record_estimate(submitted.run_dir, made.record())
+    except OSError:
+        pass  # shown, not kept: report has no prediction to compare with
+    return made
 
 
 def _raise_for_stop(code: int, run_dir: Path, note: str = "") -> None:

@@ -1,8 +1,10 @@
 """Watching a run (``hpctrain status RUN --watch``): poll it until its job ends, as a live panel or as plain
 change lines.
 
-Each poll makes at most one Slurm call (``sacct``, or ``squeue`` on a cluster
-without accounting) and reads the run directory once; ``metrics.jsonl`` is
+Each poll makes one Slurm call (``sacct``, or ``squeue`` on a cluster
+without accounting), and one more a minute for the run's expected finish
+(``watch_extras.py``, which also keeps the trackers synced with ``--sync``),
+and reads the run directory once; ``metrics.jsonl`` is
 tailed from where the last poll stopped. The watch ends when Slurm says the
 job has ended (after up to ``settle_s`` more for the run's final summary), or,
 without Slurm (local runs, no client here), when summary.json is final; a
@@ -31,6 +33,7 @@ from hpctrain.launch import local_run
 from hpctrain.observe.live_status import MetricsTail, Snapshot, build_snapshot, read_run
 from hpctrain.observe.live_view import final_lines, plain_changes, rich_view
 from hpctrain.observe.run_status import display_status, reconcile
+from hpctrain.observe.watch_extras import WatchExtras
 
 MIN_INTERVAL_S = 2.0
 DEFAULT_INTERVAL_S = 5.0
@@ -106,22 +109,27 @@ def watch(
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
     settle_s: float = SETTLE_S,
+    sync: bool = False,
 ) -> int:
-    """Show the run until its job ends; the exit code says how it ended."""
+    """Show the run until its job ends; the exit code says how it ended. ``sync``: keep the run's trackers
+    up to date as it goes, and send the rest at its end (``watch_extras.py``)."""
     out = out or sys.stdout
     tty = out.isatty() if tty is None else tty
     poller = poller or JobPoller()
+    on_slurm = poller.have_slurm and read_run_info(run_dir).get("backend") != "local"
+    extras = WatchExtras(run_dir, poller.slurm if on_slurm else None, sync=sync, now=clock())
     tail = MetricsTail(metrics_path(run_dir), within=run_home(run_dir))
     interval_s = max(MIN_INTERVAL_S, interval_s)
     live = None
     if tty:
-        from rich.console import Console
+        from rich.console import Console, Group
         from rich.live import Live
+        from rich.text import Text
 
         live = Live(console=Console(file=out), auto_refresh=False, transient=False)
         live.start()
     try:
-        previous, ended_at = None, None
+        previous, ended_at, shown = None, None, []
         while True:
             now = clock()
             snap, summary_final = take_snapshot(run_dir, tail, poller, now)
@@ -130,16 +138,20 @@ def watch(
             # a local run whose process is gone writes nothing more: no wait for its summary
             gone = snap.slurm_state == local_run.GONE_STATE
             done = snap.final and (summary_final or gone or now - (ended_at or now) >= settle_s)
+            news = [] if done else extras.tick(now, running=not snap.final)
             if live is not None:
-                live.update(rich_view(snap, interval_s=interval_s), refresh=True)
+                shown = news[-1:] or shown
+                view = rich_view(snap, interval_s=interval_s)
+                live.update(Group(view, *(Text(line, style="dim") for line in shown)) if shown else view, refresh=True)
                 if done:
                     live.stop()
                     live = None
-                    _write(out, final_lines(snap)[-1:])
+                    _write(out, [*extras.ended(now), *final_lines(snap)[-1:]])
             elif done:
-                _write(out, final_lines(snap))
+                last = final_lines(snap)
+                _write(out, [*last[:-1], *extras.ended(now), *last[-1:]])
             else:
-                _write(out, plain_changes(previous, snap, show_ranks=show_ranks))
+                _write(out, [*plain_changes(previous, snap, show_ranks=show_ranks), *news])
             if done:
                 return exit_code(snap)
             previous = snap

@@ -64,11 +64,12 @@ def key_of(spec: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(dotted(spec, key) for key in SAME)
 
 
-def history(spec_home: Path, spec: Mapping[str, Any]) -> History:
-    """Earlier runs under ``spec_home`` (OUTPUT_DIR/NAME) that match ``spec`` (its resolved mapping)."""
+def history(spec_home: Path, spec: Mapping[str, Any], *, max_runs: int = MAX_RUNS) -> History:
+    """Earlier runs under ``spec_home`` (OUTPUT_DIR/NAME) that match ``spec`` (its resolved mapping); the
+    newest ``max_runs`` folders are looked at."""
     found = History()
     wanted = key_of(spec)
-    for run_dir in _run_dirs(spec_home, found):
+    for run_dir in _run_dirs(spec_home, found, max_runs):
         found.looked_at += 1
         earlier = read_run_spec(run_dir)
         if earlier is None or key_of(earlier) != wanted:
@@ -77,12 +78,12 @@ def history(spec_home: Path, spec: Mapping[str, Any]) -> History:
     return found
 
 
-def _run_dirs(spec_home: Path, found: History) -> Iterator[Path]:
+def _run_dirs(spec_home: Path, found: History, max_runs: int = MAX_RUNS) -> Iterator[Path]:
     try:
         children = sorted((p for p in spec_home.iterdir() if p.is_dir() and not p.is_symlink()), reverse=True)
     except OSError:
         return
-    for child in children[:MAX_RUNS]:
+    for child in children[:max_runs]:
         if is_study_dir(child):
             try:
                 points = read_study(child)["points"]

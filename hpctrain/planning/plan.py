@@ -112,14 +112,24 @@ def plan(
     step_time_nodes: int | None = None,
     margin: float = DEFAULT_MARGIN,
     restart_s: float = RESTART_S,
+    measure_steps: int | None = None,
     slurm: Slurm | None = None,
     clock: Callable[[], float] = time.time,
 ) -> Plan:
-    """The plan of ``spec`` at each of ``nodes`` (default: 1, 2, 4, 8 that the partition holds, and the spec's)."""
+    """The plan of ``spec`` at each of ``nodes`` (default: 1, 2, 4, 8 that the partition holds, and the spec's).
+    ``measure_steps``: first run the spec cut down to one node and that many steps, and wait (``measure.py``)."""
     from hpctrain.jobspec.load import load_job
 
     job = load_job(spec, overrides, cluster=cluster)
     res, notes = job.spec.resources, []
+    if measure_steps is not None:
+        from hpctrain.planning.measure import measure
+
+        measured = measure(spec, overrides=overrides, cluster=cluster, steps=measure_steps)
+        notes.append(
+            f"--measure: job {measured.job_id} ran {measured.steps} step(s) at 1 node ({measured.state}), in "
+            f"{measured.run_dir}" + ("" if measured.step_s is None else f": median step {measured.step_s:.3g} s")
+        )
     if job.is_study or job.spec.sweep:
         notes.append("a study or sweep spec: planned as its base spec (each point is its own run)")
     spec_home = Path(job.spec.output_dir).expanduser() / job.spec.name
@@ -165,7 +175,8 @@ def plan(
     if all(value is None for value in times.values()):
         raise UsageError(
             f"{spec}: no step time: no earlier run of this spec under {spec_home} logged one",
-            hint="give --step-time SECONDS (one optimizer step at the spec's node count), or run the spec once",
+            hint="give --step-time SECONDS (one optimizer step at the spec's node count), or --measure (runs it "
+            "at 1 node for 40 steps first), or run the spec once",
         )
     asker: Slurm | Literal["local"] | None = "local" if local else slurm if here else None
     context = _Context(job, spec, tuple(overrides), cluster, work, partition, limit_s, restart_s, asker, clock)

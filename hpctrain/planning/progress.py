@@ -45,6 +45,17 @@ class Estimate:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def line(self) -> str:
+        """One line for ``status --watch``: the start while queued, the finish (or its lower bound)."""
+        parts = [f"expected start {self.expected_start}"] if self.expected_start else []
+        if self.expected_finish:
+            parts.append(f"expected finish {self.expected_finish}")
+        elif self.finish_at_least:
+            parts.append(f"finish not before {self.finish_at_least} (+ {self.chunks_left} chunk(s)' queue waits)")
+        else:
+            parts.append("finish not known yet")
+        return f"{', '.join(parts)} ({self.basis})" if self.basis else ", ".join(parts)
+
 
 def estimate(run_dir: Path, job_id: str, slurm: Slurm, *, clock: Callable[[], float] = time.time) -> Estimate | None:
     """The run's expected start and finish while Slurm holds its job queued or running; None otherwise."""

@@ -37,6 +37,7 @@ from hpctrain.runtime.master import check_master_address
 from hpctrain.runtime.run_summary import finish_summary
 from hpctrain.runtime.stop import StopReason, StopRequest, install_handlers
 from hpctrain.runtime.task_env import derive_task_env, export_torchrun_env, rank_hint, thread_env
+from hpctrain.runtime.tracker_relay import start_live_sender
 
 # Set to 1 on test clusters whose "nodes" are loopback aliases of one machine.
 ALLOW_LOOPBACK_MASTER_VAR = "HPCTRAIN_ALLOW_LOOPBACK_MASTER"
@@ -109,6 +110,7 @@ class TaskLauncher:
         # before the group forms: import errors fail fast
         user_code = load_user_code(spec.entrypoint, getattr(self, "code_root", None), spec.entrypoint_args)
         self.start_reaper()
+        start_live_sender(spec, self.run_dir, is_main=env.is_main)  # tracking.live: a process of its own
 
         from hpctrain.runtime.process_group import process_group
 

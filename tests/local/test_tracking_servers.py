@@ -166,3 +166,59 @@ def test_a_wandb_offline_run_is_one_folder_one_id_each_step_once(tmp_path: Path)
     assert [item["_step"] for item in history if "hpctrain/node_lost" in item] == [9]
     stored = [p for p in run.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
     assert not stored, f"the API key landed in {stored}"
+
+
+def live_sender(run: Path, *, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``tracking.live``'s sender, as global rank 0's task starts it (runtime/tracker_relay.py)."""
+    root = Path(__file__).resolve().parents[2]
+    environment = {**os.environ, "PYTHONPATH": str(root), **(env or {})}
+    argv = [sys.executable, "-m", "hpctrain.tracking.live", str(run), "--interval", "1"]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment)
+
+
+def wait_for(condition: Any, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.5)
+
+
+def live_state(run: Path) -> dict[str, Any]:
+    path = run / ".hpctrain" / "tracking" / "live.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def test_the_live_sender_feeds_the_server_as_the_run_goes_and_ends_once_it_has_all(server: str, tmp_path: Path) -> None:
+    run = craft_run(tmp_path / "run", {"mlflow": {"tracking_uri": server, "experiment": "live"}, "live": True})
+    sender = live_sender(run)
+    try:
+        wait_for(
+            lambda: (
+                (run / ".hpctrain" / "tracking" / "mlflow.json").exists() and read_cursor(run, "mlflow").sent_step == 6
+            )
+        )
+        assert sender.poll() is None  # the run goes on: so does the sender
+        write_summary(run, "completed", stop_reason="finished")
+        assert sender.wait(timeout=180) == 0  # everything is in the tracker: it ends by itself
+    finally:
+        sender.kill()
+    client, tracked = tracked_run(server, "live")
+    assert steps_of(client, tracked, "train/loss") == [(step, last_loss(step)) for step in range(1, 16)]
+    assert live_state(run)["failed_syncs"] == 0 and live_state(run)["through"] == {"mlflow": 15}
+
+
+def test_the_live_sender_survives_a_server_that_is_down_and_ends_when_the_task_does(tmp_path: Path) -> None:
+    uri = f"http://127.0.0.1:{free_port()}"
+    run = craft_run(tmp_path / "run", {"mlflow": {"tracking_uri": uri}, "live": True})
+    sender = live_sender(run)
+    try:
+        wait_for(lambda: live_state(run).get("failed_syncs", 0) >= 1)
+        assert sender.poll() is None  # a tracker that is down never ends it, nor the run
+        began = time.monotonic()
+        sender.terminate()  # the task ended (the parent's death signal)
+        assert sender.wait(timeout=120) == 0 and time.monotonic() - began < 60  # one last sync, bounded
+    finally:
+        sender.kill()
+    state = live_state(run)
+    assert state["failed_syncs"] >= 2 and "opening the run failed" in state["last_error"]
+    assert not (run / ".hpctrain" / "tracking" / "mlflow.json").exists()  # nothing claimed sent

@@ -2,8 +2,10 @@
 requeued (USR2, the time-limit signal) and lost a node mid-run (healed onto the spare), each optimizer
 step once, with metrics.jsonl's last value of it; the restart and the lost node visible.
 
-The MLflow server runs on this machine (127.0.0.1), as on a login node; the compute nodes never talk to
-it. The training run is the stop tests' small job (2 nodes x 2 gloo ranks, 3 epochs x 6 steps, a
+The MLflow server runs on this machine (127.0.0.1), as on a login node; with ``tracking.live`` global
+rank 0's node also runs the sender beside the trainer (whether it reaches the server or not, the steps
+in MLflow must be each step once, and the login side's sync fills in the rest).
+The training run is the stop tests' small job (2 nodes x 2 gloo ranks, 3 epochs x 6 steps, a
 checkpoint every 2 steps) with ``resources.spare_nodes: 1`` on the three-node cluster.
 """
 
@@ -63,6 +65,7 @@ def test_a_requeued_run_that_loses_a_node_is_one_mlflow_run_with_each_step_once(
         run = submit(
             workspace, "name=tracked", "resources.spare_nodes=1", "health.burn_in.enabled=false",
             f"tracking.mlflow.tracking_uri={uri}", "tracking.mlflow.experiment=e2e",
+            "tracking.live=true", "tracking.live_interval_s=5",
         )  # fmt: skip
         info = json.loads((run.run_dir / "run.json").read_text())
         wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
@@ -88,6 +91,8 @@ def test_a_requeued_run_that_loses_a_node_is_one_mlflow_run_with_each_step_once(
         assert summary["status"] == "completed" and summary["global_step"] == TOTAL_STEPS, summary
         assert [failure["node"] for failure in summary["node_failures"]] == ["n2"], summary
 
+        live = json.loads((run.run_dir / ".hpctrain" / "tracking" / "live.json").read_text())
+        assert live["syncs"] >= 1, live  # rank 0's sender ran on the nodes beside the trainer (tracking.live)
         done = hpctrain(workspace.env, "sync", str(run.run_dir), "--json")
         assert done.returncode == 0, done
         [state] = json.loads(done.stdout)

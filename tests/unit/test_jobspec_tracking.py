@@ -91,6 +91,37 @@ def test_bad_sections_name_the_key(tmp_path: Path, section: str, key: str) -> No
 
 
 @pytest.mark.usefixtures("everything_installed")
+@pytest.mark.parametrize(
+    ("uri", "fix"),
+    [
+        ("http://", "http://mlflow.example.org:5000"),
+        ("http://:5000", "has no host name"),
+        ("http://mlflow:50x0", "not a number"),
+        ("http://mlflow:99999", "not a number"),
+        ("http://mlflow:0", "port 0"),
+        ("http://mlflow:5000/#/experiments/1", "base address"),
+        ("http://ml flow:5000", "space"),
+        ("file:mlruns", "file:///home/me/mlruns"),
+        ("file://server/mlruns", "three slashes"),
+        ("sqlite://mlflow.db", "sqlite:///relative.db"),
+        ("sqlite:///", "sqlite:////absolute/path.db"),
+    ],
+)
+def test_a_tracking_uri_that_cannot_work_is_refused_with_the_form_to_write(tmp_path: Path, uri: str, fix: str) -> None:
+    [problem] = problems_of(tmp_path, f"{{mlflow: {{tracking_uri: '{uri}'}}}}")
+    assert problem.startswith("tracking.mlflow.tracking_uri") and fix in problem, problem
+
+
+@pytest.mark.usefixtures("everything_installed")
+@pytest.mark.parametrize(
+    "uri", ["http://mlflow:5000", "https://mlflow.example.org/base/", "file:///srv/mlruns", "sqlite:///m.db",
+            "sqlite:////srv/m.db", "databricks", "http://[::1]:5000"],
+)  # fmt: skip
+def test_usable_tracking_uris_pass(tmp_path: Path, uri: str) -> None:
+    assert load(tmp_path, f"{{mlflow: {{tracking_uri: '{uri}'}}}}").spec.tracking.mlflow.tracking_uri == uri
+
+
+@pytest.mark.usefixtures("everything_installed")
 def test_a_password_in_the_uri_is_refused_without_echoing_it_as_advice(tmp_path: Path) -> None:
     [problem] = problems_of(tmp_path, "{mlflow: {tracking_uri: 'http://bob:secret@mlflow:5000'}}")
     assert "MLFLOW_TRACKING_PASSWORD" in problem

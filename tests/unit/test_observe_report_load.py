@@ -195,3 +195,26 @@ def test_a_run_without_metrics_says_whether_it_ended_and_what_would_add_curves(t
     ]
     summary_path(tmp_path).write_text(json.dumps({"status": "running"}))
     assert load_run(tmp_path, "trainer").notes == ["no metrics.jsonl yet: the run has not logged a training step"]
+
+
+def test_a_run_shows_the_estimate_submit_gave_against_its_real_finish(tmp_path: Path) -> None:
+    from hpctrain.contract.estimates import record_estimate
+    from hpctrain.planning.forecast import _parse
+
+    run_dir = tmp_path / "run"
+    simulate_run(run_dir)
+    summary = json.loads(summary_path(run_dir).read_text())
+    started, finished = _parse(summary["started_at"]), _parse(summary["updated_at"])
+    assert started is not None and finished is not None
+    record_estimate(run_dir, {"made_at": started - 100, "start_at": started, "finish_at": finished + 50})
+    [run] = load_targets([run_dir])
+    assert run.predicted.startswith("start: predicted") and "late over the" in run.predicted
+    [plain] = load_targets([_copy_without_estimates(run_dir, tmp_path / "plain")])
+    assert plain.predicted == ""
+
+
+def _copy_without_estimates(run_dir: Path, to: Path) -> Path:
+    import shutil
+
+    shutil.copytree(run_dir, to, ignore=shutil.ignore_patterns("estimates.json"))
+    return to

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.contract import job_registry
+from hpctrain.contract.estimates import read_estimates
 from hpctrain.contract.heartbeat_files import read_heartbeats, straggler_medians
 from hpctrain.contract.metrics import parse_metric_lines
 from hpctrain.contract.rundir import (
@@ -43,9 +44,10 @@ from hpctrain.contract.rundir import (
     summary_path,
 )
 from hpctrain.contract.runfiles import RunFileError, iter_lines, plausible, printable, real_path
-from hpctrain.contract.summary import FINAL_STATUSES
+from hpctrain.contract.summary import FINAL_STATUSES, parse_summary
 from hpctrain.errors import RunDirError, SpecError
 from hpctrain.jobspec.yaml_source import read_spec_file
+from hpctrain.planning.forecast import compare
 
 KINDS = ("train_step", "epoch", "val")  # the records a report plots (gpu samples are not)
 
@@ -67,6 +69,7 @@ class RunData:
     restarts: int = 0
     stragglers: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    predicted: str = ""  # the estimate submit gave against what happened (planning/forecast.py)
 
     @property
     def has_metrics(self) -> bool:
@@ -204,6 +207,8 @@ def load_run(
     attach_metrics(run, _metric_lines(run, metrics_path(path), run_home(path)))
     if not run.summary and summary_path(path).exists():
         run.notes.append("summary.json unreadable")
+    outcome = compare(read_estimates(path), parse_summary(run.summary))
+    run.predicted = "" if outcome is None else outcome.line()
     for beat, typical in straggler_medians(read_heartbeats(path)):
         run.stragglers.append(
             f"rank {beat.rank} on {printable(beat.node or '?')}: median step {beat.step_time_median_s:.3f} s"

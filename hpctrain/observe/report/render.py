@@ -129,6 +129,8 @@ def _run_facts(run: RunData) -> list[str]:
         facts.append(f"evicted: {evicted}")
     if burn_in := burn_in_text(run.summary.get("burn_in")):
         facts.append(f"burn-in: {burn_in}")
+    if run.predicted:
+        facts.append(f"time to result, as estimated at submit: {run.predicted}")
     facts.extend(f"note: {note}" for note in run.notes)
     return facts
 
