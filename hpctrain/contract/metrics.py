@@ -30,7 +30,13 @@ from hpctrain.contract.rundir import metrics_path
 from hpctrain.contract.runfiles import MAX_MAGNITUDE, RunFileError, load_json, open_regular
 
 # Each kind of record and the field that says which step or epoch it is.
-KEYS = {"train_step": "global_step", "epoch": "epoch", "val": "epoch", "gpu": "global_step"}
+KEYS = {
+    "train_step": "global_step",
+    "epoch": "epoch",
+    "val": "epoch",
+    "gpu": "global_step",
+    "step_split": "global_step",
+}
 KINDS = tuple(KEYS)
 COUNTERS = ("epoch", "step", "global_step", "rank")  # whole numbers; every other field but "kind" is a number
 RATE_WINDOW = 20  # train_step records the live step rate (and so the ETA) is measured over

@@ -27,6 +27,7 @@ from hpctrain.trainer.state import (
     SamplerPosition,
 )
 from hpctrain.trainer.step import TrainStep
+from hpctrain.trainer.step_split import StepClock
 from hpctrain.trainer.strategies import EpochHost
 
 log = logging.getLogger("hpctrain.trainer.trainer")  # the trainer's log lines keep their logger's name
@@ -93,6 +94,7 @@ class Building:
                 )
             compile_model(self.model)  # in place: checkpoints keep the plain module's keys
         self.scheduler = build_scheduler(self.optimizer, self.cfg, max(1, self.steps_per_epoch))
+        self.clock = StepClock(self.device)  # where each step's time goes (step_split.py)
         step = TrainStep(
             self.model,
             self.module,
@@ -103,7 +105,9 @@ class Building:
             self.strategy,
             self.device,
             self.cfg.channels_last,
+            clock=self.clock,
         )
+        self.clock.watch_ddp(self.model)  # exposed communication: from the last bucket to the backward's end
         self.shared_step = step  # gradient accumulation (elastic resume) uses it directly
         if not self.cfg.compile:  # hooks inside a compiled graph would break it; no eviction signal then
             self.forward_timer = ForwardTimer(self.module, self.device)  # local work, for slow-node eviction
