@@ -17,6 +17,7 @@ from hpctrain.trainer.trainer import Trainer
 
 SLOW_FORWARD_S = 0.3  # added to each forward of the slowed rank
 SLOW_SAMPLE_S = 0.04  # added to each training sample read (8 per step)
+
 TRAINER = {"strategy": "ddp", "arch": "resnet18", "epochs": 1, "max_steps_per_epoch": 12, "log_every_steps": 2}
 
 
