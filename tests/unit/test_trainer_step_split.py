@@ -1,0 +1,67 @@
+"""StepClock: laps on the CPU add up to the window's wall time; the DDP hook is only for DDP; CUDA events."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from hpctrain.contract.step_split import MEASURED
+from hpctrain.trainer.step_split import NoClock, StepClock
+
+
+def test_cpu_laps_add_up_to_the_wall_time_and_go_to_their_parts() -> None:
+    clock = StepClock(torch.device("cpu"))
+    for _ in range(3):
+        time.sleep(0.01)
+        clock.lap("data")
+        time.sleep(0.02)
+        clock.lap("forward")
+        clock.step_done()
+    sums, wall = clock._seconds()
+    by_part = dict(zip(MEASURED, sums))
+    assert by_part["data"] >= 0.03 and by_part["forward"] >= 0.06
+    assert sum(sums) == pytest.approx(wall, abs=0.002)
+    record = clock.window(global_step=3, epoch=0)
+    assert record is not None and record["steps"] == 3 and record["ranks"] == 1
+    assert record["forward_s"] == pytest.approx(by_part["forward"] / 3, abs=1e-5)
+
+
+def test_the_backward_splits_at_the_last_bucket_handed_over() -> None:
+    clock = StepClock(torch.device("cpu"))
+    time.sleep(0.01)
+    clock._grads_handed = time.perf_counter()  # what the comm hook notes
+    time.sleep(0.02)
+    clock.backward_done()
+    by_part = dict(zip(MEASURED, clock.sums))
+    assert 0.009 <= by_part["backward"] < 0.02 and by_part["comm"] >= 0.019
+    clock.backward_done()  # no hand-over (no DDP): all backward
+    assert clock.sums[MEASURED.index("comm")] == by_part["comm"]
+
+
+def test_an_empty_window_gives_no_record_and_the_no_clock_does_nothing() -> None:
+    assert StepClock(torch.device("cpu")).window(global_step=0, epoch=0) is None
+    NoClock().lap("data")
+    NoClock().backward_done()
+
+
+def test_only_a_ddp_model_gets_the_comm_hook() -> None:
+    assert StepClock(torch.device("cpu")).watch_ddp(nn.Linear(2, 2)) is False
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_events_are_read_once_at_the_windows_end() -> None:
+    clock = StepClock(torch.device("cuda"))
+    x = torch.randn(2048, 2048, device="cuda")
+    for _ in range(2):
+        clock.lap("data")
+        for _ in range(10):
+            x = x @ x / 2048
+        clock.lap("forward")
+        clock.step_done()
+    sums, wall = clock._seconds()
+    by_part = dict(zip(MEASURED, sums))
+    assert by_part["forward"] > by_part["data"] >= 0
+    assert sum(sums) == pytest.approx(wall, rel=0.01)
