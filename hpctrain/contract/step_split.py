@@ -70,6 +70,9 @@ def split_record(
     checkpoint = max(s.get("checkpoint", 0.0) for s in rank_sums) / n  # a stall on one rank holds up all
     straggler = max(0.0, local[slowest] / n - sum(typical.values())) if len(rank_sums) > 1 else 0.0
     comm = wall - sum(typical.values()) - checkpoint - straggler
+    if len(rank_sums) == 1:  # no collective to wait in: the stop check's and the loop's own time
+        typical["other"] += max(0.0, comm)
+        comm = min(0.0, comm)
     if comm < 0:  # measured waits shorter than the split implies (clock noise): keep the sum, trim straggler
         straggler, comm = max(0.0, straggler + comm), 0.0
     record: dict[str, Any] = {"kind": KIND, "epoch": epoch, "global_step": global_step}

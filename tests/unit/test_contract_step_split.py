@@ -37,10 +37,10 @@ def test_one_slow_rank_is_straggler_wait_not_forward() -> None:
     assert record["slowest_forward_s"] == pytest.approx(1.5) and record["slowest_data_s"] == 0
 
 
-def test_one_rank_has_no_straggler_and_its_collective_free_wall_is_its_parts() -> None:
-    record = split_record([sums(data=0.3, forward=0.3, backward=0.4)], [1.0], 4, global_step=4, epoch=0)
-    assert record["straggler_s"] == 0 and record["comm_s"] == pytest.approx(0.0, abs=1e-9)
-    assert record["data_s"] == pytest.approx(0.075)
+def test_one_rank_has_no_straggler_and_its_stop_check_is_loop_time() -> None:
+    record = split_record([sums(data=0.3, forward=0.3, backward=0.3, sync=0.1)], [1.0], 4, global_step=4, epoch=0)
+    assert record["straggler_s"] == 0 and record["comm_s"] == 0
+    assert record["data_s"] == pytest.approx(0.075) and record["other_s"] == pytest.approx(0.025)
 
 
 def test_a_wall_shorter_than_the_split_implies_trims_straggler_first() -> None:

@@ -59,7 +59,7 @@ def _comm_growth(scales: list[Split]) -> str:
     if len(points) < 2:
         return ""
     (d0, c0), (d1, c1) = points[0], points[-1]
-    return f", growing from {_ms(c0)} at {d0} to {_ms(c1)} at {count_text(d1, scales[-1].device_kind)}"
+    return f"it grew from {_ms(c0)} at {d0} to {_ms(c1)} at {count_text(d1, scales[-1].device_kind)}; "
 
 
 def _evidence(part: str, loss: float, seconds: float, split: Split, scaling: bool) -> str:
@@ -77,7 +77,7 @@ def _hint(part: str, split: Split, scales: list[Split]) -> str | None:
         )
     if part == "comm":
         return (
-            f"exposed communication{_comm_growth(scales)}: the backward does not hide the all-reduce; try larger "
+            f"{_comm_growth(scales)}the backward does not hide the all-reduce: try larger "
             "DDP buckets (bucket_cap_mb), gradient compression (a DDP comm hook such as fp16_compress_hook), "
             "or fewer, larger nodes (more of the all-reduce stays inside a node)"
         )
@@ -143,6 +143,7 @@ def causes(bars: list[Bar], splits: list[Split]) -> list[Cause]:
 @dataclass
 class Prediction:
     devices: int
+    device_kind: str
     efficiency: float
     dominant: str  # the part losing the most there
     dominant_loss: float
@@ -173,5 +174,5 @@ def predict(splits: list[Split], factors: tuple[int, ...] = FACTORS) -> list[Pre
         grown["compute"] = sum(parts[p] for p in COMPUTE) - sum(base.parts[p] for p in COMPUTE) / base.per_image * per
         dominant = max(grown, key=grown.__getitem__)
         model = f"communication {_ms(parts['comm'])} per step (measured {_ms(ys[0])} -> {_ms(ys[1])})"
-        out.append(Prediction(devices, base_s / step, dominant, grown[dominant] / step, model))
+        out.append(Prediction(devices, top.device_kind, base_s / step, dominant, grown[dominant] / step, model))
     return out

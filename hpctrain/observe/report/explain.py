@@ -109,8 +109,9 @@ def _cells(bar: Bar, splits: list[Split]) -> list[str]:
 
 def _prediction_text(p: Prediction) -> str:
     return (
-        f"{p.devices} devices: about {p.efficiency * 100:.0f} % efficiency; {LABELS.get(p.dominant, p.dominant)} "
-        f"would lose the most ({p.dominant_loss * 100:.0f} % of the step); {p.model}"
+        f"{count_text(p.devices, p.device_kind)}: about {p.efficiency * 100:.0f} % efficiency; "
+        f"{LABELS.get(p.dominant, p.dominant)} would lose the most ({p.dominant_loss * 100:.0f} % of the step); "
+        f"{p.model}"
     )
 
 
