@@ -84,6 +84,24 @@ def split_record(
     return {k: round(v, 6) if isinstance(v, float) else v for k, v in record.items()}
 
 
+SHORT = {"data": "data", "h2d": "copy", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "other": "loop"}
+SHORT |= {"checkpoint": "ckpt", "comm": "comm", "straggler": "straggler"}
+
+
+def brief(record: Mapping[str, Any]) -> str | None:
+    """``fwd 21% bwd 43% comm 22% straggler 7% (slowest rank 5) data 4%``: the parts of at least 1 %, largest first."""
+    parts = parts_of(record)
+    total = sum(parts.values())
+    if total <= 0:
+        return None
+    shown = sorted((v / total, p) for p, v in parts.items() if v / total >= 0.01)[::-1]
+    text = " ".join(f"{SHORT[p]} {share * 100:.0f}%" for share, p in shown)
+    slowest = record.get("slowest_rank")
+    if parts["straggler"] / total >= 0.01 and isinstance(slowest, int):
+        text = text.replace("straggler ", f"straggler(rank {slowest}) ")
+    return text
+
+
 def parts_of(record: Mapping[str, Any]) -> dict[str, float]:
     """A step_split record's parts in seconds per step (a missing or unreadable one as 0)."""
     out = {}

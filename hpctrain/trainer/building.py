@@ -107,7 +107,8 @@ class Building:
             self.cfg.channels_last,
             clock=self.clock,
         )
-        self.clock.watch_ddp(self.model)  # exposed communication: from the last bucket to the backward's end
+        if not self.cfg.compile:  # exposed communication: from the last bucket to the backward's end
+            self.clock.watch_ddp(self.model)
         self.shared_step = step  # gradient accumulation (elastic resume) uses it directly
         if not self.cfg.compile:  # hooks inside a compiled graph would break it; no eviction signal then
             self.forward_timer = ForwardTimer(self.module, self.device)  # local work, for slow-node eviction

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from hpctrain.contract.step_split import MEASURED, PARTS, parts_of, split_record
+from hpctrain.contract.metrics import MetricsTail, append_metrics
+from hpctrain.contract.rundir import metrics_path
+from hpctrain.contract.step_split import MEASURED, PARTS, brief, parts_of, split_record
 
 
 def sums(**seconds: float) -> dict[str, float]:
@@ -66,3 +70,20 @@ def test_no_rank_or_no_step_is_an_error() -> None:
         split_record([], [], 1, global_step=0, epoch=0)
     with pytest.raises(ValueError):
         split_record([sums()], [1.0], 0, global_step=0, epoch=0)
+
+
+def test_brief_names_the_parts_largest_first_and_the_slowest_rank() -> None:
+    record = {"forward_s": 0.21, "backward_s": 0.43, "comm_s": 0.22, "straggler_s": 0.07, "data_s": 0.04}
+    record |= {"h2d_s": 0.03, "other_s": 0.001, "slowest_rank": 5}
+    assert brief(record) == "bwd 43% comm 22% fwd 21% straggler(rank 5) 7% data 4% copy 3%"
+    assert brief({"forward_s": 0}) is None
+
+
+def test_the_live_tail_keeps_the_newest_split(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    for step in (2, 4):
+        append_metrics(run, {"kind": "step_split", "global_step": step, "epoch": 0, "forward_s": 0.1}, now=1.0)
+    tail = MetricsTail(metrics_path(run))
+    tail.read()
+    assert tail.last_split is not None and tail.last_split["global_step"] == 4 and not tail.steps
