@@ -25,9 +25,9 @@ import torch
 import torchvision
 from torch import nn
 
+from hpctrain.task.step_timer import NoClock, StepClock
 from hpctrain.trainer.precision import Precision
 from hpctrain.trainer.step import TrainStep
-from hpctrain.trainer.step_split import NoClock, StepClock
 
 LAPS_PER_STEP = 9  # other, sync, data, h2d, forward, backward (+comm), comm, optimizer, other (checkpoint: rare)
 

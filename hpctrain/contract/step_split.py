@@ -1,6 +1,6 @@
 """Where each step's time went: the parts every rank measures, and the ``step_split`` record. Torch-free.
 
-Every rank of the trainer laps a clock through each step (``trainer/step_split.py``):
+Every rank laps a clock through each step (``task/step_timer.py``: the built-in trainer, your own loop):
 each interval of the step's wall time goes to exactly one *measured* part, so on
 a rank the parts add up to its wall time. Over a log window the ranks gather
 their sums (one small all-gather per window, never per step) and rank 0 turns

@@ -16,6 +16,7 @@ from hpctrain.errors import TrainingConfigError
 from hpctrain.jobspec.batch import BatchLayout
 from hpctrain.jobspec.shares import SharePlan, describe_parts
 from hpctrain.jobspec.strategy_traits import traits
+from hpctrain.task.step_timer import StepClock
 from hpctrain.trainer.compiling import compile_model
 from hpctrain.trainer.data.loaders import build_loaders
 from hpctrain.trainer.forward_timer import ForwardTimer
@@ -27,7 +28,6 @@ from hpctrain.trainer.state import (
     SamplerPosition,
 )
 from hpctrain.trainer.step import TrainStep
-from hpctrain.trainer.step_split import StepClock
 from hpctrain.trainer.strategies import EpochHost
 
 log = logging.getLogger("hpctrain.trainer.trainer")  # the trainer's log lines keep their logger's name

@@ -23,9 +23,9 @@ import torch
 from torch import nn
 
 from hpctrain.runtime import heartbeat
+from hpctrain.task.step_timer import NoClock, StepClock
 from hpctrain.trainer.batches import batch_to_device
 from hpctrain.trainer.precision import Precision
-from hpctrain.trainer.step_split import NoClock, StepClock
 
 
 class StepHooks(Protocol):
@@ -45,7 +45,7 @@ class TrainStep:
     """Forward, backward and optimizer step of ``model`` on one batch; call it with (images, targets).
 
     ``model`` is what the forward runs (the strategy's wrapper), ``module`` the
-    plain model inside it; ``clock`` is lapped through the step's parts (``step_split.py``).
+    plain model inside it; ``clock`` is lapped through the step's parts (``task/step_timer.py``).
     """
 
     model: nn.Module

@@ -1,5 +1,25 @@
 """Each rank laps a clock through its steps; once per log window the ranks combine their sums.
 
+The built-in trainer laps :class:`StepClock` itself; your own loop uses
+:class:`StepTimer` (``hpctrain.task.StepTimer``), the same clock with a
+``log`` that writes the window's ``step_split`` record (docs/scaling.md)::
+
+    timer = task.StepTimer(model)            # after task.ddp(model): watches its all-reduce
+    for step, (x, y) in enumerate(loader):
+        timer.lap("data")
+        x, y = x.to(device), y.to(device)
+        timer.lap("h2d")
+        loss = loss_fn(model(x), y)
+        timer.lap("forward")
+        loss.backward()
+        timer.backward_done()                # backward compute | exposed communication
+        optimizer.step()
+        timer.lap("optimizer")
+        timer.step_done()
+        if (step + 1) % 20 == 0:
+            task.log(step + 1, loss=loss.item())
+            timer.log(step + 1)              # collective: every rank, at the same steps
+
 ``lap(part)`` gives the time since the previous lap to ``part`` (one of
 ``contract/step_split.MEASURED``), so a rank's parts add up to its wall time.
 On the CPU the clock is ``perf_counter``; on a GPU each lap records a CUDA
@@ -150,3 +170,32 @@ class NoClock:
 
     def backward_done(self) -> None:
         pass
+
+
+class StepTimer(StepClock):
+    """A :class:`StepClock` for your own loop: ``log(step)`` writes the window into metrics.jsonl (rank 0).
+
+    ``model``: a DDP model whose all-reduce to watch (the comm hook is registered now, before its first
+    forward); ``device``: the one the loop computes on (default: ``task.context().device``).
+    """
+
+    def __init__(self, model: nn.Module | None = None, device: torch.device | None = None) -> None:
+        from hpctrain.task.session import session
+
+        super().__init__(device or session().info.device)
+        if model is not None:
+            self.watch_ddp(model)
+
+    def log(self, step: int, *, epoch: int = 0) -> dict[str, Any] | None:
+        """End the window at optimizer step ``step``: every rank's split, written by rank 0; a new window begins.
+
+        Collective when distributed (every rank calls it at the same steps); returns the record (every rank).
+        """
+        from hpctrain.task.reporting import append_record
+
+        self.lap("other")
+        record = self.window(global_step=step, epoch=epoch)
+        if record is not None:
+            append_record(record)
+        self.restart()
+        return record
