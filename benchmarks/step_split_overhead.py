@@ -10,7 +10,7 @@ Two measurements, both against a baseline in the same run:
   machine is shared: the ratio's range over rounds is reported, and is mostly noise).
 
 Exits 1 when the laps' share is above ``--max-share`` (default 0.01, the issue's 1 %). On one rank the
-window has no all-gather; on several it adds one all-gather of 11 numbers per rank per window.
+window has no all-gather; on several it adds one all-gather of 12 numbers per rank per window.
 Usage: ``python benchmarks/step_split_overhead.py [--rounds 5] [--steps 20]``.
 """
 
@@ -29,7 +29,7 @@ from hpctrain.task.step_timer import NoClock, StepClock
 from hpctrain.trainer.precision import Precision
 from hpctrain.trainer.step import TrainStep
 
-LAPS_PER_STEP = 9  # other, sync, data, h2d, forward, backward (+comm), comm, optimizer, other (checkpoint: rare)
+LAPS_PER_STEP = 10  # other, sync, data, h2d, forward, backward, comm (DDP), comm, optimizer, unsplit
 
 
 class NoHooks:

@@ -26,17 +26,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 # What a rank laps its clock into, in the order a step meets them.
-MEASURED = ("data", "h2d", "forward", "backward", "comm", "optimizer", "checkpoint", "sync", "other")
-LOCAL = ("data", "h2d", "forward", "backward", "optimizer", "other")  # the rank's own work
+# ``unsplit``: a strategy with a step of its own (pipeline, ps) is timed whole, its communication inside it.
+MEASURED = ("data", "h2d", "forward", "backward", "comm", "optimizer", "unsplit", "checkpoint", "sync", "other")
+LOCAL = ("data", "h2d", "forward", "backward", "optimizer", "unsplit", "other")  # the rank's own work
 # The parts of a step_split record (its ``<part>_s`` fields), in the order a waterfall shows them.
-PARTS = ("data", "h2d", "forward", "backward", "optimizer", "other", "checkpoint", "comm", "straggler")
-COMPUTE = ("h2d", "forward", "backward", "optimizer")  # what a perfectly scaled step would still take
+PARTS = ("data", "h2d", "forward", "backward", "optimizer", "unsplit", "other", "checkpoint", "comm", "straggler")
+COMPUTE = ("h2d", "forward", "backward", "optimizer", "unsplit")  # what a perfectly scaled step would still take
 LABELS = {
     "data": "data wait",
     "h2d": "host-to-device copy",
     "forward": "forward",
     "backward": "backward compute",
     "optimizer": "optimizer",
+    "unsplit": "step (not split: the strategy's own)",
     "other": "other (loop, logging)",
     "checkpoint": "checkpoint stall",
     "comm": "exposed communication",
@@ -85,6 +87,7 @@ def split_record(
 
 
 SHORT = {"data": "data", "h2d": "copy", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "other": "loop"}
+SHORT["unsplit"] = "step"
 SHORT |= {"checkpoint": "ckpt", "comm": "comm", "straggler": "straggler"}
 
 

@@ -275,6 +275,7 @@ class Trainer(Building, Checkpointing):
         """Train on the next batch (or, on a ps server, serve the step): the sums to log, data wait, images."""
         if not self.strategy.loads_data:
             sums = self.strategy.serve_step()  # worker 0's batch, for the log lines
+            self.clock.lap("unsplit")
             return sums, 0.0, int(sums[-1].item())
         fetch_started = time.perf_counter()
         if self._step_parts is None:  # every run that never changed shape: one micro-batch per rank
@@ -282,6 +283,7 @@ class Trainer(Building, Checkpointing):
             data_s = time.perf_counter() - fetch_started
             self.clock.lap("data")
             sums = self.train_step(images, targets)
+            self.clock.lap("unsplit")  # ~0 after TrainStep's own laps; a pipeline's or ps's whole step
             self.strategy.after_step(sums)
             self.epoch_sums.add(sums)
             return sums, data_s, targets.shape[0]
@@ -294,6 +296,7 @@ class Trainer(Building, Checkpointing):
             divisors=[self.plan.loss_divisor(part) for part in parts],
             contexts=[self.split_norm.part(part) for part in parts],
         )
+        self.clock.lap("unsplit")
         self.strategy.after_step(sums)
         self.epoch_sums.add(sums)
         return sums, data_s, sum(targets.shape[0] for _, targets in micro)
