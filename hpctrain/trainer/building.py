@@ -94,7 +94,7 @@ class Building:
                 )
             compile_model(self.model)  # in place: checkpoints keep the plain module's keys
         self.scheduler = build_scheduler(self.optimizer, self.cfg, max(1, self.steps_per_epoch))
-        self.clock = StepClock(self.device)  # where each step's time goes (step_split.py)
+        self.clock = StepClock(self.device)  # where each step's time goes (task/step_timer.py)
         step = TrainStep(
             self.model,
             self.module,

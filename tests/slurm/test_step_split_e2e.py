@@ -74,10 +74,11 @@ def test_a_slow_node_is_named_as_the_largest_loss(slurm_cluster: SlurmCluster, t
 
     shown = hpctrain(env, "report", str(run_dir), "--out", str(tmp_path / "report"), "--json", timeout=120)
     assert shown.returncode == 0, shown
-    waterfall = shown.json()["waterfall"]
-    top = waterfall["causes"][0]
-    assert top["part"] == "straggler" and f"straggler {SLOW}:" in top["evidence"], waterfall["causes"]
-    assert waterfall["splits"][0]["slowest_node"] == SLOW
-    assert waterfall["bars"][0]["losses"][0]["part"] == "straggler"
+    waterfall = json.loads(shown.stdout)["waterfall"]  # report --json prints one indented document
     text = (tmp_path / "report" / "report.md").read_text()
+    assert waterfall["causes"], text
+    top = waterfall["causes"][0]
+    assert top["part"] == "straggler" and f"straggler {SLOW}:" in top["evidence"], text
+    assert waterfall["splits"][0]["slowest_node"] == SLOW
+    assert waterfall["bars"][0]["losses"][0]["part"] == "straggler", text
     assert f"straggler {SLOW}" in text

@@ -68,6 +68,7 @@ def test_cuda_events_are_read_once_at_the_windows_end() -> None:
     assert sum(sums) == pytest.approx(wall, rel=0.01)
 
 
+@pytest.mark.usefixtures("task_local")
 def test_your_own_loop_logs_its_split_for_the_report(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """task.StepTimer in a script's loop: one step_split record per log(), which the report explains."""
     from hpctrain import task
@@ -75,27 +76,22 @@ def test_your_own_loop_logs_its_split_for_the_report(monkeypatch: pytest.MonkeyP
     from hpctrain.contract.metrics import parse_metric_lines
     from hpctrain.contract.rundir import metrics_path
     from hpctrain.observe.report.build import report
-    from hpctrain.task import session as task_session
 
     run = tmp_path / "run"
     run.mkdir()
     for name, value in {"RANK": "0", "WORLD_SIZE": "1", script_env.RUN_DIR_VAR: str(run)}.items():
         monkeypatch.setenv(name, value)
-    task_session.reset()
-    try:
-        timer = task.StepTimer(nn.Linear(2, 2))  # not DDP: nothing to watch
-        for step in range(1, 9):
-            time.sleep(0.02)
-            timer.lap("data")
-            time.sleep(0.005)
-            timer.lap("forward")
-            timer.step_done()
-            if step % 2 == 0:
-                task.log(step, epoch=0, loss=1.0)
-                record = timer.log(step)
-                assert record is not None and record["steps"] == 2
-    finally:
-        task_session.reset()
+    timer = task.StepTimer(nn.Linear(2, 2))  # not DDP: nothing to watch
+    for step in range(1, 9):
+        time.sleep(0.02)
+        timer.lap("data")
+        time.sleep(0.005)
+        timer.lap("forward")
+        timer.step_done()
+        if step % 2 == 0:
+            task.log(step, epoch=0, loss=1.0)
+            record = timer.log(step)
+            assert record is not None and record["steps"] == 2
     lines = metrics_path(run).read_bytes().splitlines(keepends=True)
     splits, _ = parse_metric_lines(lines, kinds=("step_split",))
     assert [r["global_step"] for r in splits] == [2, 4, 6, 8]
