@@ -66,6 +66,9 @@ def test_a_slow_rank_is_named_as_the_largest_loss(runs: Path) -> None:
         "rank 1 was the slowest" in ex["causes"][0]["evidence"] and "most in its forward" in ex["causes"][0]["evidence"]
     )
     assert ex["bars"][0]["losses"][0]["part"] == "straggler"
+    for name in ("report.md", "report.html"):  # the same waterfall line in both
+        text = (runs / "report-slow_rank" / name).read_text()
+        assert "Where the step time goes" in text and "2 processes: " in text and "straggler rank 1 " in text
 
 
 def test_a_slow_loader_is_named_as_the_largest_loss(runs: Path) -> None:
