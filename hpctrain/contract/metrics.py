@@ -30,7 +30,13 @@ from hpctrain.contract.rundir import metrics_path
 from hpctrain.contract.runfiles import MAX_MAGNITUDE, RunFileError, load_json, open_regular
 
 # Each kind of record and the field that says which step or epoch it is.
-KEYS = {"train_step": "global_step", "epoch": "epoch", "val": "epoch", "gpu": "global_step"}
+KEYS = {
+    "train_step": "global_step",
+    "epoch": "epoch",
+    "val": "epoch",
+    "gpu": "global_step",
+    "step_split": "global_step",
+}
 KINDS = tuple(KEYS)
 COUNTERS = ("epoch", "step", "global_step", "rank")  # whole numbers; every other field but "kind" is a number
 RATE_WINDOW = 20  # train_step records the live step rate (and so the ETA) is measured over
@@ -159,13 +165,14 @@ class MetricsTail:
         self.first_read_bytes = first_read_bytes
         self.steps: deque[dict[str, Any]] = deque(maxlen=window)
         self.last_epoch: dict[str, Any] | None = None
+        self.last_split: dict[str, Any] | None = None  # the newest step_split record (contract/step_split.py)
 
     def read(self) -> None:
         try:
             with open_regular(self.path, within=self.within) as handle:
                 size = handle.seek(0, 2)
                 if size < self.offset:
-                    self.offset, self.last_epoch = 0, None
+                    self.offset, self.last_epoch, self.last_split = 0, None, None
                     self.steps.clear()
                 skip_partial = size - self.offset > self.first_read_bytes
                 if skip_partial:  # a long run's file (or a burst since the last poll): only its end matters
@@ -179,7 +186,9 @@ class MetricsTail:
             chunk, self.offset = chunk[start:], self.offset + start
         complete = chunk[: chunk.rfind(b"\n") + 1]
         self.offset += len(complete)
-        records, _ = parse_metric_lines(complete.splitlines(keepends=True), kinds=("train_step", "epoch"), timed=False)
+        records, _ = parse_metric_lines(
+            complete.splitlines(keepends=True), kinds=("train_step", "epoch", "step_split"), timed=False
+        )
         for record in records:
             self._take(record)
 
@@ -188,6 +197,9 @@ class MetricsTail:
             return
         if record["kind"] == "epoch":
             self.last_epoch = record
+            return
+        if record["kind"] == "step_split":
+            self.last_split = record
             return
         if self.steps and record["global_step"] <= self.steps[-1]["global_step"]:
             self.steps.clear()  # a resume replays the steps since its checkpoint

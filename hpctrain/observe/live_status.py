@@ -21,6 +21,7 @@ from hpctrain.contract.metrics import MetricsTail
 from hpctrain.contract.rundir import META_FILE, checkpoint_meta, checkpoints_dir, latest_checkpoint
 from hpctrain.contract.runfiles import MAX_MAGNITUDE, printable
 from hpctrain.contract.slurm_states import is_pending
+from hpctrain.contract.step_split import brief
 from hpctrain.contract.summary import Summary, read_summary
 from hpctrain.observe.node_losses import burn_in_text, evictions_text, node_loss_text
 
@@ -81,6 +82,7 @@ class Snapshot:
     burn_in: str | None = None  # the last burn-in
     evictions: str | None = None  # slow nodes evicted
     script: bool = False  # a script: job, which reports steps only through hpctrain.task
+    step_split: str | None = None  # where the last log window's steps went (contract/step_split.brief)
 
 
 @dataclass
@@ -177,6 +179,7 @@ def build_snapshot(
         lost_nodes=node_loss_text(summary.node_failures),
         burn_in=burn_in_text(summary.burn_in),
         evictions=evictions_text(summary.evictions),
+        step_split=brief(tail.last_split) if tail.last_split and not final else None,
     )
 
 

@@ -70,6 +70,8 @@ def progress_text(snap: Snapshot) -> str:
         parts.append(f"eta {duration(snap.eta_s)}")
     if snap.val_top1 is not None:
         parts.append(f"val top1 {snap.val_top1:.2f}")
+    if snap.step_split:
+        parts.append(f"step: {snap.step_split}")
     return " | ".join(parts)
 
 
@@ -216,6 +218,8 @@ def rich_view(snap: Snapshot, *, interval_s: float | None = None) -> RenderableT
     grid.add_row("speed", rate, "" if snap.final else f"eta {duration(snap.eta_s)}")
     wait = "?" if snap.data_wait_fraction is None else f"{100 * snap.data_wait_fraction:.0f}%"
     grid.add_row("data wait", wait, "")
+    if snap.step_split:
+        grid.add_row("step time", snap.step_split, "")
     grid.add_row("checkpoint", checkpoint_text(snap), "")
     grid.add_row("restarts", str(snap.restarts or 0), "")
     if snap.val_top1 is not None:

@@ -43,7 +43,8 @@ What it owns, by module:
   :func:`accumulate`, :func:`worker_init`;
 * ``parallel``: :func:`ddp`, DistributedDataParallel that sums as it did
   before a resume;
-* ``rng``, ``weights``: generator states, :func:`weights_sha256`.
+* ``rng``, ``weights``: generator states, :func:`weights_sha256`;
+* ``step_timer``: :class:`StepTimer`, where each step's time goes (docs/scaling.md).
 
 The built-in trainer builds on the same pieces (samplers, RNG, weights digest,
 and the checkpoint folder life of ``contract/step_folders.py``). The task side
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
     from hpctrain.task.reporting import beat, log, phase, set_summary, step
     from hpctrain.task.samplers import ExactEvalSampler
     from hpctrain.task.session import TaskInfo, context
+    from hpctrain.task.step_timer import StepTimer
     from hpctrain.task.stop import should_stop, stop_reason, stopped
     from hpctrain.task.weights import weights_sha256
 
@@ -87,11 +89,13 @@ _PUBLIC = {
     "ddp": "parallel",
     "init_process_group": "process_group",
     "weights_sha256": "weights",
+    "StepTimer": "step_timer",
 }
 __all__ = [
     "Checkpointer",
     "ElasticLoader",
     "ExactEvalSampler",
+    "StepTimer",
     "TaskInfo",
     "accumulate",
     "beat",

@@ -48,12 +48,23 @@ def log(step: int, *, epoch: int | None = None, **scalars: Any) -> None:
                 hint=f"rename the scalar (reserved: {', '.join(sorted(RESERVED))}; epoch= is the epoch)",
             )
         record[name] = _number(name, value)
+    _append(current, record)
+    if current.summary is not None:
+        current.summary.progress(record["global_step"])
+
+
+def append_record(record: dict[str, Any]) -> None:
+    """Append a record hpctrain built (a ``step_split`` window of :class:`hpctrain.task.StepTimer`); rank 0 writes."""
+    current = session()
+    if current.info.is_main:
+        _append(current, record)
+
+
+def _append(current: Any, record: dict[str, Any]) -> None:
     appender = current.extra.get("metrics")
     if appender is None:
         appender = current.extra["metrics"] = MetricsAppender(current.info.run_dir)
     appender.append(record, now=time.time())
-    if current.summary is not None:
-        current.summary.progress(record["global_step"])
 
 
 def set_summary(**fields: Any) -> None:

@@ -16,6 +16,7 @@ from hpctrain.errors import TrainingConfigError
 from hpctrain.jobspec.batch import BatchLayout
 from hpctrain.jobspec.shares import SharePlan, describe_parts
 from hpctrain.jobspec.strategy_traits import traits
+from hpctrain.task.step_timer import StepClock
 from hpctrain.trainer.compiling import compile_model
 from hpctrain.trainer.data.loaders import build_loaders
 from hpctrain.trainer.forward_timer import ForwardTimer
@@ -93,6 +94,7 @@ class Building:
                 )
             compile_model(self.model)  # in place: checkpoints keep the plain module's keys
         self.scheduler = build_scheduler(self.optimizer, self.cfg, max(1, self.steps_per_epoch))
+        self.clock = StepClock(self.device)  # where each step's time goes (task/step_timer.py)
         step = TrainStep(
             self.model,
             self.module,
@@ -103,7 +105,10 @@ class Building:
             self.strategy,
             self.device,
             self.cfg.channels_last,
+            clock=self.clock,
         )
+        if not self.cfg.compile:  # exposed communication: from the last bucket to the backward's end
+            self.clock.watch_ddp(self.model)
         self.shared_step = step  # gradient accumulation (elastic resume) uses it directly
         if not self.cfg.compile:  # hooks inside a compiled graph would break it; no eviction signal then
             self.forward_timer = ForwardTimer(self.module, self.device)  # local work, for slow-node eviction

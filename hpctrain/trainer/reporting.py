@@ -168,6 +168,11 @@ class Reporter:
         self._scalars(TRAIN_SCALARS, values, global_step)
         self._show(epoch, step, global_step, values)
 
+    def step_split(self, record: dict[str, Any]) -> None:
+        """A window's step_split record (``contract/step_split.py``): where its steps' time went, on every rank."""
+        if self.enabled:
+            self._write_metrics(record)
+
     def advance(self, global_step: int) -> None:
         """Move the progress bar (cheap; called every step)."""
         if self._progress is not None:

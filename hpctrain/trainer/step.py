@@ -16,13 +16,14 @@ import functools
 import operator
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from hpctrain.runtime import heartbeat
+from hpctrain.task.step_timer import NoClock, StepClock
 from hpctrain.trainer.batches import batch_to_device
 from hpctrain.trainer.precision import Precision
 
@@ -44,7 +45,7 @@ class TrainStep:
     """Forward, backward and optimizer step of ``model`` on one batch; call it with (images, targets).
 
     ``model`` is what the forward runs (the strategy's wrapper), ``module`` the
-    plain model inside it.
+    plain model inside it; ``clock`` is lapped through the step's parts (``task/step_timer.py``).
     """
 
     model: nn.Module
@@ -56,6 +57,7 @@ class TrainStep:
     hooks: StepHooks
     device: torch.device
     channels_last: bool = False
+    clock: StepClock | NoClock = field(default_factory=NoClock)
 
     def __call__(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimizer step; returns this batch's [correct1, correct5, loss*n, n] on the device."""
@@ -83,15 +85,20 @@ class TrainStep:
             divisor = len(batches) if divisors is None else divisors[index]
             context = contexts[index] if contexts is not None else contextlib.nullcontext()
             images, targets = batch_to_device(images, targets, self.device, channels_last=self.channels_last)
+            self.clock.lap("h2d")
             self.hooks.before_forward(self.module)
             with sync, context:
                 with self.precision.autocast():
                     output = self.model(images)
                     loss = self.hooks.loss(self.criterion, output, targets)
+                self.clock.lap("forward")
                 self.precision.backward(loss if divisor == 1 else loss / divisor, self.optimizer)
+                self.clock.backward_done()
             parts.append(self.hooks.sums(output, targets, loss))
-        self.hooks.after_backward(self.module)
+        self.hooks.after_backward(self.module)  # dp's own all-reduce of the gradients
+        self.clock.lap("comm")
         heartbeat.set_phase("optimizer")
         self.precision.step(self.optimizer)
         self.scheduler.step()
+        self.clock.lap("optimizer")
         return functools.reduce(operator.add, parts)

@@ -170,12 +170,16 @@ class Trainer(Building, Checkpointing):
         with torch.random.fork_rng(devices=[]):  # starting an iterator must not draw from the global RNG
             batches = iter(self.loaders.train_loader) if loads else iter(())
         self._step_parts = self.loaders.train_sampler.step_parts() if self.plan is not None else None
+        self.clock.restart()
         for step in range(start, self.steps_per_epoch):
+            self.clock.lap("other")
             reason = self.ctx.stop.agreed()
+            self.clock.lap("sync")  # a collective: waits for the slowest rank
             if reason is not None:
                 return reason
             heartbeat.set_phase("data")
             sums, data_s, images = self._one_step(batches)  # phases forward_backward, allreduce (dp), optimizer
+            self.clock.step_done()
             window.add(sums, data_s=data_s, images=images)
             epoch_timer.add(None, data_s=data_s, images=images)
             self.progress.step_in_epoch, self.progress.global_step = step + 1, self.progress.global_step + 1
@@ -271,23 +275,28 @@ class Trainer(Building, Checkpointing):
         """Train on the next batch (or, on a ps server, serve the step): the sums to log, data wait, images."""
         if not self.strategy.loads_data:
             sums = self.strategy.serve_step()  # worker 0's batch, for the log lines
+            self.clock.lap("unsplit")
             return sums, 0.0, int(sums[-1].item())
         fetch_started = time.perf_counter()
         if self._step_parts is None:  # every run that never changed shape: one micro-batch per rank
             images, targets = next(batches)
             data_s = time.perf_counter() - fetch_started
+            self.clock.lap("data")
             sums = self.train_step(images, targets)
+            self.clock.lap("unsplit")  # ~0 after TrainStep's own laps; a pipeline's or ps's whole step
             self.strategy.after_step(sums)
             self.epoch_sums.add(sums)
             return sums, data_s, targets.shape[0]
         parts = next(self._step_parts)
         micro = [next(batches) for _ in parts]
         data_s = time.perf_counter() - fetch_started
+        self.clock.lap("data")
         sums = self.shared_step.accumulate(
             micro,
             divisors=[self.plan.loss_divisor(part) for part in parts],
             contexts=[self.split_norm.part(part) for part in parts],
         )
+        self.clock.lap("unsplit")
         self.strategy.after_step(sums)
         self.epoch_sums.add(sums)
         return sums, data_s, sum(targets.shape[0] for _, targets in micro)
@@ -299,15 +308,22 @@ class Trainer(Building, Checkpointing):
         last = step + 1 == self.steps_per_epoch
         if (step + 1) % self.cfg.log_every_steps == 0 or last:
             values = window.values(world_size=self.images_scale, lr=self.optimizer.param_groups[0]["lr"])
+            self.clock.lap("other")
+            split = self.clock.window(global_step=self.progress.global_step, epoch=epoch)  # collective
             self.reporter.train_step(
                 epoch=epoch, step=step + 1, global_step=self.progress.global_step, values=values, steps=window.steps
             )
+            if split is not None:
+                self.reporter.step_split(split)
             window.reset()
+            self.clock.restart()  # both windows leave out the gather and the writes (rank 0's alone: not a straggler)
             self.progress.data_wait_fraction = epoch_timer.data_wait_fraction()  # the epoch's so far, for summaries
         every = self.ctx.spec.checkpoint.every_steps
         epoch_save_follows = last and (epoch + 1) % self.ctx.spec.checkpoint.every_epochs == 0
         if every and self.progress.global_step % every == 0 and not epoch_save_follows:
+            self.clock.lap("other")
             self.save_checkpoint(tag="step")
+            self.clock.lap("checkpoint")
 
     def _end_epoch_train_metrics(self, epoch: int, timer: StepWindow) -> None:
         train = Accuracy.from_sums(self.epoch_sums.total())

@@ -212,6 +212,23 @@ def test_plain_output_prints_a_line_per_change_not_per_poll(tmp_path: Path) -> N
     assert len(plain_changes(first, later)) == 1 and "global step 4/8" in plain_changes(first, later)[0]
 
 
+def test_the_watch_shows_where_the_last_windows_steps_went(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)
+    write_summary(run_dir, status="running", global_step=4)
+    split = {"kind": "step_split", "global_step": 4, "epoch": 0, "time": NOW, "slowest_rank": 3}
+    split |= {"forward_s": 0.1, "backward_s": 0.2, "comm_s": 0.06, "straggler_s": 0.04}
+    append_metrics(run_dir, step_record(2, NOW - 10), step_record(4, NOW), split)
+    snap = snapshot(run_dir)
+    assert snap.step_split == "bwd 50% fwd 25% comm 15% straggler(rank 3) 10%"
+    assert (
+        "| eta 20 s | step: bwd 50% fwd 25% comm 15% straggler(rank 3) 10% | checkpoint" in plain_changes(None, snap)[0]
+    )
+    console = Console(file=io.StringIO(), width=120)
+    console.print(rich_view(snap))
+    assert "step time" in console.file.getvalue()
+    assert snapshot(run_dir, final=True).step_split is None  # an ended run: the report explains it
+
+
 def test_rank_lines_come_when_ranks_first_report_and_with_show_ranks(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path)
     write_summary(run_dir, status="running", global_step=5)

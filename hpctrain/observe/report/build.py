@@ -20,6 +20,7 @@ from hpctrain.contract.runfiles import RunFileError, open_regular
 from hpctrain.errors import RunDirError, UsageError
 from hpctrain.observe.report import plots, render
 from hpctrain.observe.report.baselines import BASELINES
+from hpctrain.observe.report.explain import explain
 from hpctrain.observe.report.load import RunData, load_targets
 from hpctrain.observe.report.render import MARKER, html_page, markdown
 from hpctrain.observe.report.table import scaling_table, series_summary
@@ -77,6 +78,7 @@ def make_report(targets: list[Path], out: Path | None, baseline: str | None = No
         )
     rows = scaling_table(runs)
     report = render.Report(runs=runs, rows=rows, baseline=BASELINES[baseline] if baseline else None)
+    report.explanation = explain(runs, rows)
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"{out_dir} is not a directory", hint="choose another directory with --out DIR")
     images = _image_paths(runs, out_dir)
@@ -202,6 +204,7 @@ def as_json(written: Written) -> dict[str, Any]:
         "notes": report.notes,
         "runs": [series_summary(run) for run in report.runs],
         "table": [row.as_dict() for row in report.rows],
+        "waterfall": report.explanation.as_dict(),
         "baseline": None
         if report.baseline is None
         else {

@@ -44,6 +44,7 @@ from hpctrain.contract.rundir import (
     summary_path,
 )
 from hpctrain.contract.runfiles import RunFileError, iter_lines, plausible, printable, real_path
+from hpctrain.contract.step_split import KIND as SPLIT_KIND
 from hpctrain.contract.summary import FINAL_STATUSES, parse_summary
 from hpctrain.errors import RunDirError, SpecError
 from hpctrain.jobspec.yaml_source import read_spec_file
@@ -70,6 +71,8 @@ class RunData:
     stragglers: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     predicted: str = ""  # the estimate submit gave against what happened (planning/forecast.py)
+    splits: list[dict[str, Any]] = field(default_factory=list)  # step_split records (contract/step_split.py)
+    nodes: dict[int, str] = field(default_factory=dict)  # rank -> node, from the heartbeats
 
     @property
     def has_metrics(self) -> bool:
@@ -160,8 +163,10 @@ def _latest_per_key(records: list[dict[str, Any]], key: str) -> list[dict[str, A
 
 def attach_metrics(run: RunData, lines: Iterable[bytes]) -> None:
     """Fill ``run``'s series, attempts and restart count from metrics.jsonl's ``lines``."""
-    records, notes = parse_metric_lines(lines, kinds=KINDS)
+    records, notes = parse_metric_lines(lines, kinds=(*KINDS, SPLIT_KIND))
     run.notes.extend(notes)
+    splits = [r for r in records if r["kind"] == SPLIT_KIND]
+    records = [r for r in records if r["kind"] != SPLIT_KIND]
     job_ids = run.info.get("job_ids")
     expected = max(_int(run.summary.get("restarts")), len(job_ids) - 1 if isinstance(job_ids, list) else 0, 0)
     starts = split_attempts(records, expected)
@@ -176,6 +181,9 @@ def attach_metrics(run: RunData, lines: Iterable[bytes]) -> None:
     run.train = _latest_per_key(by_kind["train_step"], "global_step")
     run.epochs = _latest_per_key(by_kind["epoch"], "epoch")
     run.vals = _latest_per_key(by_kind["val"], "epoch")
+    for record in splits:  # the attempt of the train records it follows
+        record["attempt"] = next((r["attempt"] for r in reversed(records) if r["time"] <= record["time"]), 0)
+    run.splits = _latest_per_key(splits, "global_step")
 
 
 def _int(value: Any) -> int:
@@ -209,7 +217,9 @@ def load_run(
         run.notes.append("summary.json unreadable")
     outcome = compare(read_estimates(path), parse_summary(run.summary))
     run.predicted = "" if outcome is None else outcome.line()
-    for beat, typical in straggler_medians(read_heartbeats(path)):
+    beats = read_heartbeats(path)
+    run.nodes = {beat.rank: printable(beat.node) for beat in beats if beat.node}
+    for beat, typical in straggler_medians(beats):
         run.stragglers.append(
             f"rank {beat.rank} on {printable(beat.node or '?')}: median step {beat.step_time_median_s:.3f} s"
             f" vs {typical:.3f} s on the other ranks"

@@ -19,6 +19,7 @@ from pathlib import Path
 from hpctrain.contract.runfiles import printable
 from hpctrain.observe.node_losses import burn_in_text, evictions_text, node_loss_text
 from hpctrain.observe.report.baselines import Baseline
+from hpctrain.observe.report.explain import Explanation, html_section, markdown_lines
 from hpctrain.observe.report.load import RunData
 from hpctrain.observe.report.table import Row
 
@@ -43,6 +44,7 @@ class Report:
     baseline: Baseline | None = None
     notes: list[str] = field(default_factory=list)
     created: float = field(default_factory=time.time)
+    explanation: Explanation = field(default_factory=Explanation)  # where the step time goes (explain.py)
 
 
 def _f(value: float | None, digits: int = 1) -> str:
@@ -168,6 +170,7 @@ def markdown(report: Report, out_dir: Path) -> str:
     lines += [f"_{IMG_PER_S_DEFINITION}_", ""]
     if report.scaling_image is not None:
         lines += [f"![scaling]({report.scaling_image.relative_to(out_dir)})", ""]
+    lines += markdown_lines(report.explanation, _md_table)
     if report.baseline is not None:
         header, rows = baseline_cells(report.baseline)
         lines += [f"### Reference: {report.baseline.title}", "", *_md_table(header, rows), ""]
@@ -231,6 +234,7 @@ def html_page(report: Report) -> str:
     if report.scaling_image is not None:
         caption = report.baseline.caption if report.baseline is not None else None
         parts.append(_figure(report.scaling_image, "scaling", caption))
+    parts += html_section(report.explanation, _html_table)
     if report.baseline is not None:
         header, rows = baseline_cells(report.baseline)
         parts += [f"<h3>Reference: {html.escape(report.baseline.title)}</h3>", _html_table(header, rows)]

@@ -1,0 +1,178 @@
+"""From the waterfall to causes named with what to try, and a prediction at the next scales. Pure functions.
+
+A cause is named only from evidence: a loss of at least :data:`MIN_LOSS` of the
+step time at the largest measured scale (its scaling bar when there are two
+scales or more, else its step bar), each hint quoting the numbers it rests on.
+A straggler is named only when one rank was the slowest in most steady windows
+(``waterfall.PERSISTENT``) and by at least :data:`MIN_STRAGGLER_EXCESS` of the
+typical rank's own work; random jitter between ranks moves from rank to rank
+and stays a part of the wait, unnamed.
+
+What-if (:func:`predict`), a simple model over the two largest measured scales,
+per image and rank, with the per-rank batch of the largest one (weak scaling):
+the rank's own work (data, compute, loop, checkpoint) stays as measured at the
+largest scale; exposed communication follows a line in log2(devices) through
+the measured scales (a ring all-reduce's latency term grows with log p, its
+bandwidth term is flat), never below the largest scale's; straggler wait stays
+at least as measured (more nodes, more chances of a slow one).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hpctrain.contract.step_split import COMPUTE, LABELS, LOCAL
+from hpctrain.observe.report.waterfall import Bar, Split, by_scale, count_text
+
+MIN_LOSS = 0.10  # a part must cost at least this share of the step to be named a cause
+MIN_STRAGGLER_EXCESS = 0.30  # the slowest rank's extra local work, as a share of the typical rank's
+FACTORS = (2, 4)  # what-if scales: these times the largest measured
+
+
+@dataclass
+class Cause:
+    part: str
+    loss: float  # share of the step time at the scale it was found
+    where: str  # the scale's label
+    evidence: str  # the numbers
+    hint: str  # what to try
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def text(self) -> str:
+        return f"{self.evidence} -> {self.hint}"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def _pct(fraction: float) -> str:
+    return f"{fraction * 100:.0f} %"
+
+
+def _comm_growth(scales: list[Split]) -> str:
+    points = [(s.devices, s.parts["comm"] / s.per_image * scales[-1].per_image) for s in scales]
+    if len(points) < 2:
+        return ""
+    (d0, c0), (d1, c1) = points[0], points[-1]
+    return f"it grew from {_ms(c0)} at {d0} to {_ms(c1)} at {count_text(d1, scales[-1].device_kind)}; "
+
+
+def _evidence(part: str, loss: float, seconds: float, split: Split, scaling: bool) -> str:
+    what = "more than at the baseline" if scaling else "per step"
+    scale = count_text(split.devices, split.device_kind)
+    return f"{LABELS.get(part, part)} {_ms(seconds)} {what} at {scale} ({_pct(loss)} of the step)"
+
+
+def _hint(part: str, split: Split, scales: list[Split]) -> str | None:
+    if part == "data":
+        workers = f" (now {split.data_workers})" if split.data_workers is not None else ""
+        return (
+            f"the input pipeline cannot keep up: measure it with `hpctrain bench-data`, raise data.workers"
+            f"{workers}, or read a packed image (`hpctrain pack`, docs/data.md)"
+        )
+    if part == "comm":
+        return (
+            f"{_comm_growth(scales)}the backward does not hide the all-reduce: try larger "
+            "DDP buckets (bucket_cap_mb), gradient compression (a DDP comm hook such as fp16_compress_hook), "
+            "or fewer, larger nodes (more of the all-reduce stays inside a node)"
+        )
+    if part == "checkpoint":
+        return (
+            "checkpoints stall the steps: set checkpoint.async_save: true, or save less often (checkpoint.every_steps)"
+        )
+    if part == "other":
+        return "the loop itself (logging, callbacks) takes this long: log less often (trainer.log_every_steps)"
+    if part == "compute":
+        return (
+            "each rank's own compute per image grew with the scale: look for synchronised BatchNorm, a smaller "
+            "per-rank batch (less efficient kernels), or slower nodes in the larger allocation"
+        )
+    return None
+
+
+def _straggler(split: Split, loss: float, where: str) -> Cause | None:
+    if split.slowest_rank is None:
+        return None
+    typical = sum(split.parts[p] for p in LOCAL)
+    excess = sum(split.slowest_excess.values())
+    if typical <= 0 or excess < MIN_STRAGGLER_EXCESS * typical:
+        return None
+    worst = max(split.slowest_excess, key=split.slowest_excess.__getitem__)
+    node = split.slowest_node or "its node"
+    evidence = (
+        f"straggler {split.slowest_node or f'rank {split.slowest_rank}'}: rank {split.slowest_rank} was the slowest "
+        f"in {split.slowest_windows} of {split.windows} windows, {_ms(excess)} per step behind the typical rank "
+        f"(+{_pct(excess / typical)}, most in its {LABELS[worst]}: +{_ms(split.slowest_excess[worst])}); "
+        f"the others waited {_ms(split.parts['straggler'])} per step ({_pct(loss)} of the step)"
+    )
+    hint = (
+        f"check {node} (`hpctrain nodes`, its burn-in scores in docs/node-health.md), leave it out of the "
+        "allocation (--exclude) or let slow-node eviction (health.eviction) replace it"
+    )
+    return Cause("straggler", loss, where, evidence, hint)
+
+
+def causes(bars: list[Bar], splits: list[Split]) -> list[Cause]:
+    """The causes at the largest scale, largest loss first; empty when no part costs MIN_LOSS."""
+    scales = by_scale(splits)
+    if not scales or not bars:
+        return []
+    top = scales[-1]
+    bar = next((b for b in reversed(bars) if b.devices == top.devices), bars[-1])
+    found = []
+    for loss in bar.losses:
+        if loss.fraction < MIN_LOSS:
+            break
+        if loss.part == "straggler":
+            cause = _straggler(top, loss.fraction, bar.label)
+        else:
+            hint = _hint(loss.part, top, scales)
+            scaling = bar.kind == "scaling"
+            evidence = _evidence(loss.part, loss.fraction, loss.seconds, top, scaling)
+            cause = Cause(loss.part, loss.fraction, bar.label, evidence, hint) if hint else None
+        if cause is not None:
+            found.append(cause)
+    return found
+
+
+@dataclass
+class Prediction:
+    devices: int
+    device_kind: str
+    efficiency: float
+    dominant: str  # the part losing the most there
+    dominant_loss: float
+    model: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def predict(splits: list[Split], factors: tuple[int, ...] = FACTORS) -> list[Prediction]:
+    """Efficiency at ``factors`` x the largest measured scale (see the module docstring); [] with one scale."""
+    scales = by_scale(splits)
+    if len(scales) < 2:
+        return []
+    base, top = scales[0], scales[-1]
+    per = top.per_image  # everything in seconds per step at the largest scale's per-rank batch
+    base_s = base.step_s / base.per_image * per
+    xs = [math.log2(max(1, s.devices)) for s in scales[-2:]]
+    ys = [s.parts["comm"] / s.per_image * per for s in scales[-2:]]
+    slope = (ys[1] - ys[0]) / (xs[1] - xs[0]) if xs[1] != xs[0] else 0.0
+    out = []
+    for factor in factors:
+        devices = top.devices * factor
+        parts = dict(top.parts)
+        parts["comm"] = max(top.parts["comm"], ys[1] + slope * (math.log2(devices) - xs[1]))
+        step = sum(parts.values())
+        grown = {p: parts[p] - base.parts[p] / base.per_image * per for p in parts if p not in COMPUTE}
+        grown["compute"] = sum(parts[p] for p in COMPUTE) - sum(base.parts[p] for p in COMPUTE) / base.per_image * per
+        dominant = max(grown, key=grown.__getitem__)
+        model = f"communication {_ms(parts['comm'])} per step (measured {_ms(ys[0])} -> {_ms(ys[1])})"
+        out.append(Prediction(devices, top.device_kind, base_s / step, dominant, grown[dominant] / step, model))
+    return out

@@ -1,0 +1,193 @@
+"""The waterfall: per scale, ideal vs actual step time and the efficiency lost to each part. Pure functions.
+
+A run's split is the mean of its steady ``step_split`` records (``contract/step_split.py``):
+the first window of every epoch is left out (loader start, warm-up, the ranks arriving
+at different times) when the epoch has others. Step times are compared per image
+and rank (``step_s x ranks / global batch``), so that a study that changes the
+per-rank batch still compares like with like.
+
+* **Scaling bars** (a study, or several runs at two or more scales): the scale
+  with the fewest devices is the baseline; at a scale of N devices the
+  efficiency is ``t_base / t_N`` (the scaling table's definition, in step time)
+  and each part's loss is ``(p_N - p_base) / t_N`` (per image and rank), so the
+  losses add up to ``1 - efficiency``. A part that shrank is a gain (negative).
+* **Step bars** (every scale, and the only one a single run has): the ideal
+  step is its compute (host-to-device copy, forward, backward, optimizer);
+  each other part's loss is its share of the step.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hpctrain.contract.step_split import COMPUTE, LOCAL, PARTS, parts_of
+
+PERSISTENT = 2 / 3  # a straggler is the slowest rank in at least this share of the steady windows
+
+
+@dataclass
+class Split:
+    """One run's steady split (seconds per step, means over its steady windows)."""
+
+    label: str
+    devices: int
+    device_kind: str
+    ranks: int
+    global_batch: int | None
+    parts: dict[str, float]
+    step_s: float
+    windows: int
+    slowest_rank: int | None = None  # the rank that was slowest in most windows, if it was in PERSISTENT of them
+    slowest_windows: int = 0
+    slowest_excess: dict[str, float] = field(default_factory=dict)  # its mean excess per local part (s per step)
+    slowest_node: str | None = None
+    data_workers: int | None = None
+
+    @property
+    def per_image(self) -> float:
+        """Seconds per step -> seconds per image and rank (1 when the batch is unknown)."""
+        return self.ranks / self.global_batch if self.global_batch else 1.0
+
+    @property
+    def compute_s(self) -> float:
+        return sum(self.parts[p] for p in COMPUTE)
+
+
+@dataclass
+class Loss:
+    part: str  # a PARTS name, or "compute" (scaling bars: the compute parts together)
+    fraction: float  # of the actual step time
+    seconds: float  # per step at this scale (for scaling bars: the growth over the baseline, at this scale's batch)
+
+
+@dataclass
+class Bar:
+    label: str
+    devices: int
+    device_kind: str
+    kind: str  # "scaling" or "step"
+    actual_s: float  # seconds per step
+    ideal_s: float
+    efficiency: float
+    losses: list[Loss]  # largest first; gains (negative) last
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def count_text(number: int, kind: str) -> str:
+    """``4 processes``, ``1 GPU``."""
+    return f"{number} {kind}" + ("" if number == 1 else "es" if kind.endswith("s") else "s")
+
+
+def steady_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The step_split records without the first of each epoch of each attempt (when that epoch has more)."""
+    groups: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for record in records:
+        groups.setdefault((record.get("attempt"), record.get("epoch")), []).append(record)
+    steady = [r for group in groups.values() for r in (group[1:] if len(group) > 1 else group)]
+    return sorted(steady, key=lambda r: r.get("global_step") or 0)
+
+
+def run_split(
+    label: str,
+    records: list[dict[str, Any]],
+    *,
+    devices: int | None,
+    device_kind: str = "process",
+    global_batch: int | None = None,
+    nodes_of_ranks: dict[int, str] | None = None,
+    data_workers: int | None = None,
+) -> Split | None:
+    """A run's steady split from its step_split records; None without any."""
+    steady = [r for r in steady_records(records) if isinstance(r.get("step_s"), (int, float)) and r["step_s"] > 0]
+    if not steady:
+        return None
+    parts = {p: statistics.fmean(parts_of(r)[p] for r in steady) for p in PARTS}
+    ranks = max(int(r.get("ranks") or 1) for r in steady)
+    split = Split(
+        label=label,
+        devices=devices or ranks,
+        device_kind=device_kind,
+        ranks=ranks,
+        global_batch=global_batch,
+        parts=parts,
+        step_s=sum(parts.values()),
+        windows=len(steady),
+        data_workers=data_workers,
+    )
+    slowest = Counter(r.get("slowest_rank") for r in steady if isinstance(r.get("slowest_rank"), int))
+    if ranks > 1 and slowest:
+        rank, count = slowest.most_common(1)[0]
+        if count >= PERSISTENT * len(steady):
+            mine = [r for r in steady if r.get("slowest_rank") == rank]
+            split.slowest_rank, split.slowest_windows = rank, count
+            split.slowest_excess = {p: statistics.fmean(_num(r.get(f"slowest_{p}_s")) for r in mine) for p in LOCAL}
+            split.slowest_node = (nodes_of_ranks or {}).get(rank)
+    return split
+
+
+def _num(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and value >= 0 else 0.0
+
+
+def step_bar(split: Split) -> Bar:
+    """Ideal: the compute alone; every other part is a loss (its share of the step)."""
+    losses = [Loss(p, split.parts[p] / split.step_s, split.parts[p]) for p in PARTS if p not in COMPUTE]
+    return Bar(
+        label=split.label,
+        devices=split.devices,
+        device_kind=split.device_kind,
+        kind="step",
+        actual_s=split.step_s,
+        ideal_s=split.compute_s,
+        efficiency=split.compute_s / split.step_s,
+        losses=_ordered(losses),
+    )
+
+
+def scaling_bar(split: Split, base: Split) -> Bar:
+    """Ideal: the baseline's step time per image and rank, at this scale's batch; losses: what grew."""
+    scale = split.per_image
+    to_here = base.per_image / scale  # baseline seconds (per its step) -> seconds per this scale's step
+    grown = {p: split.parts[p] - base.parts[p] * to_here for p in PARTS if p not in COMPUTE}
+    grown["compute"] = split.compute_s - base.compute_s * to_here
+    ideal = base.step_s * to_here
+    losses = [Loss(p, s / split.step_s, s) for p, s in grown.items()]
+    return Bar(
+        label=split.label,
+        devices=split.devices,
+        device_kind=split.device_kind,
+        kind="scaling",
+        actual_s=split.step_s,
+        ideal_s=ideal,
+        efficiency=ideal / split.step_s,
+        losses=_ordered(losses),
+    )
+
+
+def _ordered(losses: list[Loss]) -> list[Loss]:
+    return sorted(losses, key=lambda loss: -loss.fraction)
+
+
+def by_scale(splits: list[Split]) -> list[Split]:
+    """One split per number of devices (the one with the most windows), fewest devices first."""
+    best: dict[int, Split] = {}
+    for split in splits:
+        if split.devices not in best or split.windows > best[split.devices].windows:
+            best[split.devices] = split
+    return [best[d] for d in sorted(best)]
+
+
+def waterfall(splits: list[Split]) -> list[Bar]:
+    """Every scale's step bar, and from two scales on, every larger scale's scaling bar (fewest devices first)."""
+    scales = by_scale(splits)
+    bars = []
+    for split in scales:
+        bars.append(step_bar(split))
+        if len(scales) > 1 and split is not scales[0]:
+            bars.append(scaling_bar(split, scales[0]))
+    return bars

@@ -1,0 +1,201 @@
+"""Each rank laps a clock through its steps; once per log window the ranks combine their sums.
+
+The built-in trainer laps :class:`StepClock` itself; your own loop uses
+:class:`StepTimer` (``hpctrain.task.StepTimer``), the same clock with a
+``log`` that writes the window's ``step_split`` record (docs/scaling.md)::
+
+    timer = task.StepTimer(model)            # after task.ddp(model): watches its all-reduce
+    for step, (x, y) in enumerate(loader):
+        timer.lap("data")
+        x, y = x.to(device), y.to(device)
+        timer.lap("h2d")
+        loss = loss_fn(model(x), y)
+        timer.lap("forward")
+        loss.backward()
+        timer.backward_done()                # backward compute | exposed communication
+        optimizer.step()
+        timer.lap("optimizer")
+        timer.step_done()
+        if (step + 1) % 20 == 0:
+            task.log(step + 1, loss=loss.item())
+            timer.log(step + 1)              # collective: every rank, at the same steps
+
+``lap(part)`` gives the time since the previous lap to ``part`` (one of
+``contract/step_split.MEASURED``), so a rank's parts add up to its wall time.
+On the CPU the clock is ``perf_counter``; on a GPU each lap records a CUDA
+event on the current stream (no synchronisation) and the window's events are
+read once, at the window's end, where the log line waits for the device anyway.
+
+DDP's all-reduce runs inside the backward. A comm hook (DDP's default
+all-reduce, wrapped) notes when the last gradient bucket is handed over: the
+backward's compute ends there, and what follows until the backward returns is
+communication the backward did not hide (``comm``). A model whose strategy
+registered its own comm hook is left alone (its backward is all ``backward``).
+
+:meth:`StepClock.window` is collective (one all-gather of a few numbers per rank).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hpctrain.contract.step_split import MEASURED, split_record
+
+INDEX = {part: i for i, part in enumerate(MEASURED)}
+
+
+class StepClock:
+    """One rank's lapped sums over the current window (see the module docstring)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.sums = [0.0] * len(MEASURED)
+        self.steps = 0
+        self._grads_handed: Any = None  # when the last bucket was handed to the all-reduce (time or event)
+        self._events: list[tuple[int, Any]] = []
+        self.restart()
+
+    def restart(self) -> None:
+        """Begin a new window now."""
+        self.sums = [0.0] * len(MEASURED)
+        self.steps = 0
+        self._events = []
+        if self.cuda:
+            self._last: Any = self._event()
+            self._window_start: Any = self._last
+        else:
+            self._last = self._window_start = time.perf_counter()
+
+    def _event(self) -> Any:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def lap(self, part: str) -> None:
+        """The time since the last lap was spent in ``part``."""
+        if self.cuda:
+            event = self._event()
+            self._events.append((INDEX[part], event))
+        else:
+            now = time.perf_counter()
+            self.sums[INDEX[part]] += now - self._last
+            self._last = now
+
+    def backward_done(self) -> None:
+        """The backward returned: split it at the last bucket's hand-over into compute and exposed comm."""
+        handed, self._grads_handed = self._grads_handed, None
+        if handed is None:
+            self.lap("backward")
+        elif self.cuda:
+            self._events.append((INDEX["backward"], handed))
+            self.lap("comm")
+        else:
+            self.sums[INDEX["backward"]] += handed - self._last
+            self._last = handed
+            self.lap("comm")
+
+    def step_done(self) -> None:
+        self.steps += 1
+
+    def watch_ddp(self, model: nn.Module) -> bool:
+        """Register the comm hook on a DDP model; whether it was (never on a model with a hook of its own)."""
+        if not isinstance(model, nn.parallel.DistributedDataParallel) or getattr(model, "_comm_hooks", None):
+            return False
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        group = model.process_group
+
+        def hook(state: Any, bucket: Any) -> Any:
+            self._grads_handed = self._event() if self.cuda else time.perf_counter()
+            return allreduce_hook(group, bucket)
+
+        # DDP checks the annotations themselves; this module's are strings (``from __future__ import annotations``)
+        hook.__annotations__ = {
+            "state": object,
+            "bucket": dist.GradBucket,
+            "return": torch.futures.Future[torch.Tensor],
+        }
+        model.register_comm_hook(None, hook)
+        return True
+
+    def _seconds(self) -> tuple[list[float], float]:
+        """This window's sums and wall time in seconds (on a GPU: reads the events, after they completed)."""
+        if not self.cuda:
+            return list(self.sums), time.perf_counter() - self._window_start
+        sums = [0.0] * len(MEASURED)
+        if not self._events:
+            return sums, 0.0
+        self._events[-1][1].synchronize()  # the window's last event: every earlier one has completed too
+        previous = self._window_start
+        for index, event in self._events:
+            sums[index] += max(0.0, previous.elapsed_time(event) / 1000)
+            previous = event
+        return sums, self._window_start.elapsed_time(previous) / 1000
+
+    def window(self, *, global_step: int, epoch: int) -> dict[str, Any] | None:
+        """Every rank's window combined into a step_split record (every rank gets it); :meth:`restart` follows.
+
+        Collective when distributed: every rank calls it at the same step.
+        """
+        if self.steps == 0:
+            return None
+        sums, wall = self._seconds()
+        rows = [[*sums, wall, float(self.steps)]]
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+            mine = torch.tensor(rows[0], dtype=torch.float64, device=device)
+            every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+            dist.all_gather(every, mine)
+            rows = [t.tolist() for t in every]
+        steps = int(min(row[-1] for row in rows))
+        rank_sums = [dict(zip(MEASURED, row[: len(MEASURED)])) for row in rows]
+        return split_record(
+            rank_sums, [row[len(MEASURED)] for row in rows], steps, global_step=global_step, epoch=epoch
+        )
+
+
+class NoClock:
+    """A clock that measures nothing (hogwild's workers, parameter servers): every call is a no-op."""
+
+    steps = 0
+
+    def lap(self, part: str) -> None:
+        pass
+
+    def backward_done(self) -> None:
+        pass
+
+
+class StepTimer(StepClock):
+    """A :class:`StepClock` for your own loop: ``log(step)`` writes the window into metrics.jsonl (rank 0).
+
+    ``model``: a DDP model whose all-reduce to watch (the comm hook is registered now, before its first
+    forward); ``device``: the one the loop computes on (default: ``task.context().device``).
+    """
+
+    def __init__(self, model: nn.Module | None = None, device: torch.device | None = None) -> None:
+        from hpctrain.task.session import session
+
+        super().__init__(device or session().info.device)
+        if model is not None:
+            self.watch_ddp(model)
+
+    def log(self, step: int, *, epoch: int = 0) -> dict[str, Any] | None:
+        """End the window at optimizer step ``step``: every rank's split, written by rank 0; a new window begins.
+
+        Collective when distributed (every rank calls it at the same steps); returns the record (every rank).
+        """
+        from hpctrain.task.reporting import append_record
+
+        self.lap("other")
+        record = self.window(global_step=step, epoch=epoch)
+        if record is not None:
+            append_record(record)
+        self.restart()
+        return record

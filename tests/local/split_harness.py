@@ -1,0 +1,48 @@
+"""Scenarios for the step-split tests: two gloo ranks train ddp clean, with one rank slowed, with a slow loader.
+
+The injected causes are sleeps patched into this rank's process only (a forward pre-hook on rank 1's
+module; the train dataset's ``__getitem__`` on every rank), so the trainer itself runs unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from trainer_harness import job_spec, train
+
+from hpctrain.trainer.data import datasets
+from hpctrain.trainer.trainer import Trainer
+
+SLOW_FORWARD_S = 0.3  # added to each forward of the slowed rank
+SLOW_SAMPLE_S = 0.04  # added to each training sample read (8 per step)
+
+TRAINER = {"strategy": "ddp", "arch": "resnet18", "epochs": 1, "max_steps_per_epoch": 12, "log_every_steps": 2}
+
+
+def _slow_forward(slow_rank: int) -> Any:
+    build_model = Trainer.build_model
+
+    def build(self: Trainer) -> None:
+        build_model(self)
+        if self.env.global_rank == slow_rank:
+            self.module.register_forward_pre_hook(lambda module, args: time.sleep(SLOW_FORWARD_S))
+
+    return build
+
+
+def scenario_split(rank: int, world_size: int, *, data_root: str, base_dir: str, case: str) -> dict[str, Any]:
+    """One ddp run of ``case``: "clean", "slow_rank" (rank 1's forward slowed) or "slow_data"."""
+    if case == "slow_rank":
+        Trainer.build_model = _slow_forward(1)  # type: ignore[method-assign]
+    elif case == "slow_data":
+        read = datasets.TrainImages.__getitem__
+
+        def slow_read(self: Any, index: int) -> Any:
+            time.sleep(SLOW_SAMPLE_S)
+            return read(self, index)
+
+        datasets.TrainImages.__getitem__ = slow_read  # type: ignore[method-assign]
+    spec = job_spec(Path(data_root), trainer=TRAINER)
+    return train(Path(base_dir) / case, spec, rank=rank, world_size=world_size)

@@ -1,0 +1,84 @@
+"""One slow node on the two-node test cluster: the report names it as the largest loss of the step.
+
+A 2-node ddp job (one gloo rank per node) trains 10 steps with n2 held at
+10 % of a core (``slurm-cluster slow``, the quota the node-health tests use).
+Its step_split records must add up to the step time the trainer measured on
+its own (5 %), and ``hpctrain report --json`` must name a straggler on n2, most
+of it in n2's own compute, as the largest loss. (The clean counterpart, and the
+slow loader, are the local tests' ``tests/local/test_step_split.py``; a clean
+study here would double this test's wall time.)
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpctrain.contract.rundir import metrics_path
+from hpctrain.contract.step_split import PARTS
+
+from .conftest import SCRIPT
+from .hpctrain_cli import cli_env, hpctrain, make_dataset, task_logs
+
+if TYPE_CHECKING:
+    from .conftest import SlurmCluster
+
+SLOW, SLOW_PCT, STEPS = "n2", 10, 10
+SETS = (
+    "resources.nodes=2",
+    "resources.tasks_per_node=1",
+    "trainer.epochs=1",
+    f"trainer.max_steps_per_epoch={STEPS}",
+    "trainer.log_every_steps=2",
+    "health.burn_in.enabled=false",  # it would flag n2 before training (tests/slurm/test_node_health_e2e.py)
+)
+
+
+def slow(node: str, pct: float | None) -> None:
+    args = ["slow", node, "--off"] if pct is None else ["slow", node, "--cpu-pct", str(pct)]
+    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def records(run_dir: Path, kind: str) -> dict[int, dict[str, Any]]:
+    lines = metrics_path(run_dir).read_text().splitlines()
+    return {r["global_step"]: r for r in map(json.loads, lines) if r["kind"] == kind}
+
+
+def test_a_slow_node_is_named_as_the_largest_loss(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    env = cli_env(slurm_cluster, tmp_path / "state")
+    data = make_dataset(env, tmp_path / "data", per_class=48)  # 12 steps of 2 x 8 images
+    args = []
+    for item in ("name=split", f"data.root={data}", f"output_dir={tmp_path / 'runs'}", *SETS):
+        args += ["--set", item]
+    slow(SLOW, SLOW_PCT)
+    try:
+        done = hpctrain(env, "submit", "jobs/smoke_2x2_cpu.yaml", "--json", *args, timeout=60)
+        assert done.returncode == 0, done
+        job_id, run_dir = done.json()["job_id"], Path(done.json()["run_dir"])
+        state = slurm_cluster.wait_state(job_id, timeout=480)
+    finally:
+        slow(SLOW, None)
+    assert state == "COMPLETED", task_logs(run_dir)
+
+    splits, steps = records(run_dir, "step_split"), records(run_dir, "train_step")
+    steady = [g for g in splits if g > 2]
+    assert len(steady) >= 3, splits
+    parts = statistics.fmean(sum(splits[g][f"{p}_s"] for p in PARTS) for g in steady)
+    measured = statistics.fmean(steps[g]["step_s"] for g in steady)
+    assert abs(parts / measured - 1) < 0.05, (parts, measured)
+
+    shown = hpctrain(env, "report", str(run_dir), "--out", str(tmp_path / "report"), "--json", timeout=120)
+    assert shown.returncode == 0, shown
+    waterfall = json.loads(shown.stdout)["waterfall"]  # report --json prints one indented document
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert waterfall["causes"], text
+    top = waterfall["causes"][0]
+    assert top["part"] == "straggler" and f"straggler {SLOW}:" in top["evidence"], text
+    assert waterfall["splits"][0]["slowest_node"] == SLOW
+    assert waterfall["bars"][0]["losses"][0]["part"] == "straggler", text
+    assert f"straggler {SLOW}" in text
