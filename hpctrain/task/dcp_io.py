@@ -65,7 +65,7 @@ from torch.distributed.tensor import DTensor
 
 from hpctrain.contract.runfiles import RunFileError, open_regular
 from hpctrain.errors import CheckpointError
-from hpctrain.task.torch_archive import ArchiveError, Window, check_records
+from hpctrain.task.torch_archive import ArchiveError, check_records
 
 METADATA_FILE = ".metadata"
 MAX_METADATA_BYTES = 1 << 30  # DCP's metadata of the largest models is tens of megabytes
@@ -147,31 +147,40 @@ class SafeReader(FileSystemReader):
     archive checked (``torch_archive.check_records``) before DCP's ``torch.load`` reads it; the values'
     pickles, together, at most ``pickle_budget`` bytes (:func:`metadata_budget`)."""
 
-    def __init__(self, path: str | Path, *, pickle_budget: int = MAX_METADATA_BYTES) -> None:
+    def __init__(
+        self, path: str | Path, *, pickle_budget: int = MAX_METADATA_BYTES, metadata: Metadata | None = None
+    ) -> None:
         super().__init__(path)
         self.metadata_max = self.pickle_left = pickle_budget
+        self.metadata = metadata  # already read (and checked) by the caller: not unpickled twice
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")
         name = METADATA_FILE if rank is None else f"__{rank}{METADATA_FILE}"
-        metadata = load_metadata(Path(self.path) / name, self.metadata_max)
+        if rank is None and self.metadata is not None:
+            metadata = self.metadata
+        else:
+            metadata = load_metadata(Path(self.path) / name, self.metadata_max)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
     def _slice_file(self, file: Any, sinfo: Any) -> Any:
+        """The value's archive, read whole in one call (``check_storage`` held its length against the file's
+        size): ``torch.load`` then reads memory, not the file through many small reads of a view of it."""
         if sinfo.transform_descriptors:  # check_storage refused them already; DCP would decode (decompress) them
             raise UnsafeCheckpoint(f"{self.path}: a value stored through {list(sinfo.transform_descriptors)}")
         where = f"{Path(self.path) / sinfo.relative_path} at {sinfo.offset}"
+        file.seek(sinfo.offset)
+        value = io.BytesIO(file.read(sinfo.length))
         try:
-            found = check_records(
-                Window(file, sinfo.offset, sinfo.length), sinfo.length, where, max_pickle=self.pickle_left
-            )
+            found = check_records(value, len(value.getbuffer()), where, max_pickle=self.pickle_left)
         except ArchiveError as exc:
             raise UnsafeCheckpoint(f"{exc} (what this loop's values can need, together)") from exc
         self.pickle_left -= found.pickle
-        return super()._slice_file(file, sinfo)
+        value.seek(0)
+        return value
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

@@ -115,29 +115,38 @@ def save_state(parts: list[Part], rank: int, device: torch.device) -> dict[str, 
 
 
 # -- loading -----------------------------------------------------------------------------------------------------
-def load_template(parts: list[Part], rank: int, blob_sizes: dict[str, int], same_ranks: bool) -> dict[str, Any]:
-    """What ``dcp.load`` fills in place: live state of modules and optimizers, empty blobs of saved sizes.
+def live_state(parts: list[Part]) -> dict[str, Any]:
+    """The live state of the modules and optimizers (their tensors, not copies): what ``dcp.load`` fills."""
+    state: dict[str, Any] = {}
+    for part in parts:
+        if part.kind == "module":
+            state[part.name] = get_model_state_dict(part.obj)
+        elif part.kind == "optimizer":
+            state[part.name] = get_optimizer_state_dict(part.module, part.obj)
+    return state
+
+
+def load_template(
+    parts: list[Part], rank: int, blob_sizes: dict[str, int], same_ranks: bool, live: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """What ``dcp.load`` fills in place: ``live`` (default: :func:`live_state`), empty blobs of saved sizes.
 
     A rank part (and the RNG) is asked for only when the number of ranks is unchanged (``same_ranks``).
     ``blob_sizes``: the saved size of each blob key; a registered part missing there is left out here
     (the key check reports it).
     """
-    template: dict[str, Any] = {}
+    template = dict(live_state(parts) if live is None else live)
     for part in [*parts, Part(RNG_PART, None, "rank")]:
-        if part.kind == "module":
-            template[part.name] = get_model_state_dict(part.obj)
-        elif part.kind == "optimizer":
-            template[part.name] = get_optimizer_state_dict(part.module, part.obj)
-        elif part.kind == "object" or same_ranks:
+        if part.kind == "object" or (part.kind == "rank" and same_ranks):
             key = part.key(rank)
             if key in blob_sizes:
                 template[key] = torch.empty(blob_sizes[key], dtype=torch.uint8)
     return template
 
 
-def held_keys(parts: list[Part], rank: int) -> list[str]:
+def held_keys(parts: list[Part], rank: int, live: dict[str, Any] | None = None) -> list[str]:
     """DCP's flat keys of the state this loop holds (what a checkpoint of it can legitimately describe)."""
-    keys = list(flat_keys(load_template(parts, rank, {}, same_ranks=False)))
+    keys = list(flat_keys(live_state(parts) if live is None else live))
     return keys + [part.key(rank) for part in [*parts, Part(RNG_PART, None, "rank")] if part.kind in ("object", "rank")]
 
 
