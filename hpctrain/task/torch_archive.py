@@ -17,6 +17,7 @@ loop holds: ``max_pickle`` (:data:`MAX_PICKLE_BYTES` when it has no better).
 
 from __future__ import annotations
 
+import io
 import zipfile
 from typing import IO, NamedTuple
 
@@ -60,3 +61,36 @@ def check_records(source: IO[bytes], size: int, where: str, *, max_pickle: int |
             pickled += record.file_size
         data += record.file_size if "/data/" in record.filename else 0
     return Records(data, pickled)
+
+
+class Window(io.RawIOBase):
+    """``length`` bytes of ``stream`` from ``offset`` on, as a seekable file of their own (one value of a DCP
+    data file), so :func:`check_records` and ``zipfile`` see that value's archive and nothing past it."""
+
+    def __init__(self, stream: IO[bytes], offset: int, length: int) -> None:
+        super().__init__()
+        self._stream, self._offset, self._length, self._pos = stream, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+        self._pos = max(0, base + pos)
+        return self._pos
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        count = max(0, min(len(buffer), self._length - self._pos))
+        if not count:
+            return 0
+        self._stream.seek(self._offset + self._pos)
+        data = self._stream.read(count)
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
