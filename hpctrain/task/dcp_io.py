@@ -17,8 +17,11 @@ DCP writes a folder: one ``__R_0.distcp`` file per writing rank and a
   transform) and each tensor's bytes against the bytes stored for it; each
   value read is an archive ``torch.save`` wrote as it is (``torch_archive.py``:
   nothing compressed that would inflate, the pickle bounded), checked from its
-  zip directory just before DCP reads it (:class:`SafeReader`), and so is each
-  blob before it is unpickled.
+  zip directory just before it is read (:class:`SafeReader`), and so is each
+  blob before it is unpickled. A whole CPU tensor is read straight into the
+  loop's (``tensor_read.py``: its pickle must describe exactly that tensor);
+  anything else through DCP's reader. Each rank reads without DCP's plan
+  exchange (``no_dist``; the checkpointer has the ranks agree on the outcome).
 * **Loading is bounded by what the loop holds.** A pickle costs memory far
   beyond its bytes as it is read (``torch_archive.py``), so each is bounded
   before it is read by what this loop's state can legitimately need:
