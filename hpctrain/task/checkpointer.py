@@ -68,6 +68,7 @@ from hpctrain.task.parts import (
     load_template,
     save_state,
 )
+from hpctrain.task.plain_state import snapshot
 from hpctrain.task.process_group import require_group
 from hpctrain.task.session import session
 from hpctrain.task.staging import StagingWriter
@@ -346,6 +347,7 @@ class Checkpointer:
         # Each rank reads what it holds without DCP's plan exchange (no_dist): the metadata says where every
         # value lies, and a rank's plan depends on nothing the others hold; the ranks agree on the outcome below.
         failed: str | None = None
+        asked = snapshot(live)
         try:
             reader = dcp_io.SafeReader(folder, pickle_budget=budget, metadata=metadata)
             with self._group.quiet():
@@ -363,7 +365,7 @@ class Checkpointer:
             unsafe = exc.message
         if self._group.max_int(int(unsafe is not None)):
             return self._damaged(folder, unsafe or "a blob another rank read is unsafe or damaged", explicit)
-        kept = apply_loaded(self.parts, template, decoded, self.info.rank, self.info.device)
+        kept = apply_loaded(self.parts, template, decoded, self.info.rank, self.info.device, asked)
         if kept:
             log.warning(
                 "%s was written by %s ranks, this run has %d: %s kept as this run made them (per-rank state)",
