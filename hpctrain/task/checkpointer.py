@@ -58,9 +58,20 @@ from hpctrain.runtime import heartbeat
 from hpctrain.task import dcp_io
 from hpctrain.task.checkpoint_check import DamagedCheckpoint, check_fits, metadata_of
 from hpctrain.task.group import DCP_ERRORS, SideGroup, first_line
-from hpctrain.task.parts import Part, apply_loaded, classify, decode_blobs, held_keys, load_template, save_state
+from hpctrain.task.parts import (
+    Part,
+    apply_loaded,
+    classify,
+    decode_blobs,
+    held_keys,
+    live_state,
+    load_template,
+    save_state,
+)
+from hpctrain.task.plain_state import snapshot
 from hpctrain.task.process_group import require_group
 from hpctrain.task.session import session
+from hpctrain.task.staging import StagingWriter
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +120,7 @@ class Checkpointer:
         self._pending_tmp: Path | None = None
         self._committer: threading.Thread | None = None
         self._commit_error: BaseException | None = None
-        self._async_writer: FileSystemWriter | None = None
+        self._async_writer: StagingWriter | None = None
         # modules first: an optimizer is matched to the registered module whose parameters it updates
         ordered = sorted(parts.items(), key=lambda item: not isinstance(item[1], nn.Module))
         for name, obj in ordered:
@@ -164,8 +175,8 @@ class Checkpointer:
         return self.directory / step_dir_name(step)
 
     def _save_async(self, state: dict[str, Any], tmp: Path, step: int, started: float) -> None:
-        if self._async_writer is None:  # kept: with CUDA its pinned staging buffers are reused from save to save
-            self._async_writer = FileSystemWriter(tmp, cache_staged_state_dict=torch.cuda.is_available())
+        if self._async_writer is None:  # kept: its staging buffers are reused from save to save (staging.py)
+            self._async_writer = StagingWriter(tmp)
         future, error = None, None
         try:
             with self._group.quiet():
@@ -319,9 +330,10 @@ class Checkpointer:
         damaged: str | None = None
         refused: CheckpointError | None = None
         try:
-            meta, metadata, budget = metadata_of(folder, FORMAT, held_keys(self.parts, self.info.rank))
+            live = live_state(self.parts)  # asked for once: DCP's state_dict helpers cost per parameter
+            meta, metadata, budget = metadata_of(folder, FORMAT, held_keys(self.parts, self.info.rank, live))
             same_ranks = meta.get("world_size") == self.info.world_size
-            template = load_template(self.parts, self.info.rank, _blob_sizes(metadata), same_ranks)
+            template = load_template(self.parts, self.info.rank, _blob_sizes(metadata), same_ranks, live)
             check_fits(folder, self.parts, template, metadata, self.info.rank, same_ranks)
         except DamagedCheckpoint as exc:
             damaged = str(exc)
@@ -332,14 +344,20 @@ class Checkpointer:
             raise refused or CheckpointError(f"{folder} cannot be loaded: another rank refused it (see its log)")
         if verdict == 1:
             return self._damaged(folder, damaged or "damaged, as another rank found", explicit)
+        # Each rank reads what it holds without DCP's plan exchange (no_dist): the metadata says where every
+        # value lies, and a rank's plan depends on nothing the others hold; the ranks agree on the outcome below.
+        failed: str | None = None
+        asked = snapshot(live)
         try:
-            reader = dcp_io.SafeReader(folder, pickle_budget=budget)
+            reader = dcp_io.SafeReader(folder, pickle_budget=budget, metadata=metadata)
             with self._group.quiet():
-                dcp.load(template, storage_reader=reader, planner=dcp_io.SafeLoadPlanner(), **self._group.dcp_args())
+                dcp.load(template, storage_reader=reader, planner=dcp_io.SafeLoadPlanner(), no_dist=True)
         except CheckpointError:
             raise
-        except DCP_ERRORS as exc:  # DCP raises the same on every rank (an unsafe value: SafeReader's refusal)
-            return self._damaged(folder, f"reading it failed: {first_line(exc)}", explicit)
+        except DCP_ERRORS as exc:  # an unsafe value (SafeReader's refusal), a short file
+            failed = f"reading it failed: {first_line(exc)}"
+        if self._group.max_int(int(failed is not None)):
+            return self._damaged(folder, failed or "reading it failed on another rank (see its log)", explicit)
         decoded, unsafe = {}, None
         try:  # every blob judged before any part is touched
             decoded = decode_blobs(self.parts, template, self.info.rank, self.info.device, same_ranks=same_ranks)
@@ -347,7 +365,7 @@ class Checkpointer:
             unsafe = exc.message
         if self._group.max_int(int(unsafe is not None)):
             return self._damaged(folder, unsafe or "a blob another rank read is unsafe or damaged", explicit)
-        kept = apply_loaded(self.parts, template, decoded, self.info.rank, self.info.device)
+        kept = apply_loaded(self.parts, template, decoded, self.info.rank, self.info.device, asked)
         if kept:
             log.warning(
                 "%s was written by %s ranks, this run has %d: %s kept as this run made them (per-rank state)",

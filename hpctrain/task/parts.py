@@ -25,15 +25,10 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from hpctrain.errors import CheckpointError
 from hpctrain.task.dcp_io import blob_pickle_bound, flat_keys, from_blob, to_blob
+from hpctrain.task.plain_state import PlainState
 from hpctrain.task.rng import capture_rng_state, restore_rng_state
 
 log = logging.getLogger(__name__)
@@ -50,6 +45,7 @@ class Part:
     obj: Any
     kind: Kind
     module: nn.Module | None = None  # an optimizer's model
+    plain: PlainState | None = None  # a module's or optimizer's DCP state (plain_state.py)
 
     def key(self, rank: int) -> str:
         """The part's top-level key in a checkpoint (a rank part's includes the rank)."""
@@ -81,9 +77,10 @@ def classify(name: str, obj: Any, modules: list[Part], *, per_rank: bool = False
                 "last bits; wrap it with hpctrain.task.ddp(model) to resume bit for bit",
                 name,
             )
-        return Part(name, obj, "module")
+        return Part(name, obj, "module", plain=PlainState(obj))
     if isinstance(obj, torch.optim.Optimizer):
-        return Part(name, obj, "optimizer", module=_owner(name, obj, modules))
+        owner = _owner(name, obj, modules)
+        return Part(name, obj, "optimizer", module=owner, plain=PlainState(owner, obj))
     return Part(name, obj, "object")
 
 
@@ -104,10 +101,8 @@ def save_state(parts: list[Part], rank: int, device: torch.device) -> dict[str, 
     """Every part's state under its key: what every rank hands to ``dcp.save``."""
     state: dict[str, Any] = {}
     for part in parts:
-        if part.kind == "module":
-            state[part.name] = get_model_state_dict(part.obj)
-        elif part.kind == "optimizer":
-            state[part.name] = get_optimizer_state_dict(part.module, part.obj)
+        if part.plain is not None:
+            state[part.name] = part.plain.state()
         else:
             state[part.key(rank)] = to_blob(part.obj.state_dict(), part.name)
     state[f"{RNG_PART}/rank-{rank:05d}"] = to_blob(capture_rng_state(device), RNG_PART)
@@ -115,29 +110,36 @@ def save_state(parts: list[Part], rank: int, device: torch.device) -> dict[str, 
 
 
 # -- loading -----------------------------------------------------------------------------------------------------
-def load_template(parts: list[Part], rank: int, blob_sizes: dict[str, int], same_ranks: bool) -> dict[str, Any]:
-    """What ``dcp.load`` fills in place: live state of modules and optimizers, empty blobs of saved sizes.
+def live_state(parts: list[Part]) -> dict[str, Any]:
+    """The live state of the modules and optimizers (their tensors, not copies): what ``dcp.load`` fills."""
+    state: dict[str, Any] = {}
+    for part in parts:
+        if part.plain is not None:
+            state[part.name] = part.plain.state()
+    return state
+
+
+def load_template(
+    parts: list[Part], rank: int, blob_sizes: dict[str, int], same_ranks: bool, live: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """What ``dcp.load`` fills in place: ``live`` (default: :func:`live_state`), empty blobs of saved sizes.
 
     A rank part (and the RNG) is asked for only when the number of ranks is unchanged (``same_ranks``).
     ``blob_sizes``: the saved size of each blob key; a registered part missing there is left out here
     (the key check reports it).
     """
-    template: dict[str, Any] = {}
+    template = dict(live_state(parts) if live is None else live)
     for part in [*parts, Part(RNG_PART, None, "rank")]:
-        if part.kind == "module":
-            template[part.name] = get_model_state_dict(part.obj)
-        elif part.kind == "optimizer":
-            template[part.name] = get_optimizer_state_dict(part.module, part.obj)
-        elif part.kind == "object" or same_ranks:
+        if part.kind == "object" or (part.kind == "rank" and same_ranks):
             key = part.key(rank)
             if key in blob_sizes:
                 template[key] = torch.empty(blob_sizes[key], dtype=torch.uint8)
     return template
 
 
-def held_keys(parts: list[Part], rank: int) -> list[str]:
+def held_keys(parts: list[Part], rank: int, live: dict[str, Any] | None = None) -> list[str]:
     """DCP's flat keys of the state this loop holds (what a checkpoint of it can legitimately describe)."""
-    keys = list(flat_keys(load_template(parts, rank, {}, same_ranks=False)))
+    keys = list(flat_keys(live_state(parts) if live is None else live))
     return keys + [part.key(rank) for part in [*parts, Part(RNG_PART, None, "rank")] if part.kind in ("object", "rank")]
 
 
@@ -164,16 +166,20 @@ def _live_bytes(part: Part, device: torch.device) -> int:
 
 
 def apply_loaded(
-    parts: list[Part], loaded: dict[str, Any], decoded: dict[str, Any], rank: int, device: torch.device
+    parts: list[Part],
+    loaded: dict[str, Any],
+    decoded: dict[str, Any],
+    rank: int,
+    device: torch.device,
+    asked: dict[str, Any],
 ) -> list[str]:
-    """Hand each part its loaded state (``decoded``: the blobs'); the names of parts kept as they were
-    (rank parts and the RNG on another number of ranks)."""
+    """Hand each part its loaded state (``decoded``: the blobs'; ``asked``: a ``plain_state.snapshot`` of the
+    live state before DCP filled it); the names of parts kept as they were (rank parts and the RNG on another
+    number of ranks)."""
     kept = []
     for part in parts:
-        if part.kind == "module":
-            set_model_state_dict(part.obj, loaded[part.name])
-        elif part.kind == "optimizer":
-            set_optimizer_state_dict(part.module, part.obj, loaded[part.name])
+        if part.plain is not None:
+            part.plain.set(loaded[part.name], asked[part.name])
         elif part.key(rank) in decoded:
             part.obj.load_state_dict(decoded[part.key(rank)])
         else:

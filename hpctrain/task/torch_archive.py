@@ -65,7 +65,7 @@ def check_records(source: IO[bytes], size: int, where: str, *, max_pickle: int |
 
 class Window(io.RawIOBase):
     """``length`` bytes of ``stream`` from ``offset`` on, as a seekable file of their own (one value of a DCP
-    data file), so :func:`check_records` sees that value's archive and nothing past it."""
+    data file), so :func:`check_records` and ``zipfile`` see that value's archive and nothing past it."""
 
     def __init__(self, stream: IO[bytes], offset: int, length: int) -> None:
         super().__init__()

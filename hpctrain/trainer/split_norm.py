@@ -7,12 +7,18 @@ whole micro-batch. While a piece runs (:meth:`SplitNorm.part`), every BatchNorm 
 mode takes its mean and variance over the whole micro-batch instead: one all-gather of each
 rank's (count, mean, M2) in the forward, merged in group order (Chan et al.), and one all-reduce
 of (sum dy, sum dy * (x - mean)) in the backward -- what ``torch.nn.SyncBatchNorm`` does for a
-whole batch, on CPU (gloo) and GPU alike. Its running statistics are updated once per piece,
-with the micro-batch's statistics, as the whole micro-batch's forward would.
+whole batch, on CPU (gloo) and GPU alike.
 
-Nothing of this exists on a run whose ranks compute whole micro-batches (every run that never
-changed shape): no groups, no patched layers, the same kernels. A model without BatchNorm needs
-no exchange at all: its samples do not meet before the loss.
+The running statistics follow the full shape's: there rank r computed micro-batch r alone, so its
+running statistics were updated once a step, with micro-batch r's (and DDP broadcasts rank 0's to
+every rank at each step's first forward). On any other shape rank r still computes micro-batch r
+whole (``jobspec/shares.py``), and only that part updates them; a rank's other parts (more whole
+micro-batches, a piece) normalise with their batch's statistics and leave the running ones alone.
+Without this a rank of a whole micro-batch and a piece moved them twice a step: 13 % off the
+undisturbed run's after one step (issue 42, item 8).
+
+Nothing of this exists on a run that never changed shape: no groups, no patched layers, the same
+kernels. A model without BatchNorm needs no exchange at all: its samples do not meet before the loss.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -35,9 +42,11 @@ class SplitNorm:
 
     def __init__(self, module: nn.Module, plan: SharePlan | None, rank: int) -> None:
         self.group: Any = None  # this rank's process group, while a piece runs
+        self.tracks = True  # whether the part running updates the running statistics (the canonical one)
+        self.rank = rank
         self._groups: dict[int, Any] = {}
         norms = [m for m in module.modules() if isinstance(m, _BatchNorm)]
-        self.active = plan is not None and plan.split and bool(norms)  # BatchNorm layers patched
+        self.active = plan is not None and bool(norms)  # BatchNorm layers patched: the shape changed
         if not self.active:
             return
         for index, ranks in enumerate(plan.groups):  # collective: every rank creates every group, in order
@@ -50,13 +59,14 @@ class SplitNorm:
 
     @contextlib.contextmanager
     def part(self, part: Part) -> Iterator[None]:
-        """While ``part``'s forward runs: its group's statistics, when it is a piece of a split micro-batch."""
+        """While ``part``'s forward runs: its group's statistics, when it is a piece of a split micro-batch;
+        the running statistics updated only when it is the micro-batch this rank computed in the full shape."""
         group = self._groups.get(part.group) if part.group is not None else None
-        self.group = group
+        self.group, self.tracks = group, part.micro_batch == self.rank
         try:
             yield
         finally:
-            self.group = None
+            self.group, self.tracks = None, True
 
 
 def _dispatching_forward(split: SplitNorm) -> Any:
@@ -64,26 +74,24 @@ def _dispatching_forward(split: SplitNorm) -> Any:
     # collectives run as written, and a compiled graph never bakes in which group was active
     @torch.compiler.disable
     def forward(self: _BatchNorm, x: torch.Tensor) -> torch.Tensor:
-        if split.group is None or not self.training:
+        if not self.training or (split.group is None and split.tracks):
             return type(self).forward(self, x)
+        if split.group is None:  # a whole micro-batch another rank computed in the full shape
+            self._check_input_dim(x)
+            return F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
         return split_batch_norm(self, x, split.group)
 
     return forward
 
 
 def split_batch_norm(norm: _BatchNorm, x: torch.Tensor, group: Any) -> torch.Tensor:
-    """``norm`` in training mode on ``x``, one piece of a batch spread over ``group``'s ranks."""
+    """``norm`` in training mode on ``x``, one piece of a batch spread over ``group``'s ranks.
+
+    Its running statistics stay as they are: a piece is never of the micro-batch its rank computed in the
+    full shape (micro-batches left over are numbered from the ranks' count up, ``jobspec/shares.py``).
+    """
     norm._check_input_dim(x)
     mean, var, total = _group_stats(x, group)
-    if norm.track_running_stats and norm.running_mean is not None and norm.running_var is not None:
-        factor = 0.0 if norm.momentum is None else norm.momentum
-        if norm.num_batches_tracked is not None:
-            norm.num_batches_tracked.add_(1)
-            factor = 1.0 / float(norm.num_batches_tracked) if norm.momentum is None else norm.momentum
-        with torch.no_grad():
-            unbiased = var * total / (total - 1).clamp(min=1)
-            norm.running_mean.mul_(1 - factor).add_(mean.to(norm.running_mean.dtype), alpha=factor)
-            norm.running_var.mul_(1 - factor).add_(unbiased.to(norm.running_var.dtype), alpha=factor)
     invstd = torch.rsqrt(var + norm.eps)
     return _SplitBatchNorm.apply(x, norm.weight, norm.bias, mean, invstd, total, group)
 

@@ -40,6 +40,7 @@ def compare(case: str, rank: int, world_size: int) -> dict[str, bool]:
     whole = make()
     ours = make()
     ours.load_state_dict(whole.state_dict())
+    before = {name: value.clone() for name, value in ours.state_dict().items()}
     for norm in (whole, ours):
         norm.train()
 
@@ -65,10 +66,8 @@ def compare(case: str, rank: int, world_size: int) -> dict[str, bool]:
         "output": torch.allclose(out, reference_out[part.start : part.stop], rtol=0, atol=1e-12),
         "input": torch.allclose(piece.grad, reference_x.grad[part.start : part.stop], rtol=0, atol=1e-12),
         "params": all(torch.allclose(grads[name], p.grad, rtol=0, atol=1e-12) for name, p in whole.named_parameters()),
-        "buffers": all(
-            torch.allclose(ours.state_dict()[name].double(), value.double(), rtol=0, atol=1e-12)
-            for name, value in whole.state_dict().items()
-        ),
+        # a piece is never the micro-batch its rank computed in the full shape: its running statistics stay
+        "buffers": all(torch.equal(ours.state_dict()[name], value) for name, value in before.items()),
         "format": out.is_contiguous(memory_format=torch.channels_last) if channels_last else out.is_contiguous(),
     }
     native = make()
@@ -79,15 +78,36 @@ def compare(case: str, rank: int, world_size: int) -> dict[str, bool]:
 
 
 def test_pieces_on_three_ranks_normalise_as_the_whole_batch(tmp_path: Path) -> None:
-    # output and input gradient of each piece, summed parameter gradients (as DDP sums them) and running
-    # statistics after two steps agree with the whole batch's to 1e-12 in float64; eval mode is the layer's own
+    # output and input gradient of each piece and summed parameter gradients (as DDP sums them) agree with the
+    # whole batch's to 1e-12 in float64; running statistics are left alone; eval mode is the layer's own
     matched = dict.fromkeys(("output", "input", "params", "buffers", "format", "eval_unchanged"), True)
     assert run_ranks(scenario_pieces, 3, tmp_path / "out") == [dict.fromkeys(CASES, matched)] * 3
 
 
-def test_a_model_without_batchnorm_or_a_plan_without_pieces_changes_nothing() -> None:
+def test_a_model_without_batchnorm_or_a_run_that_never_changed_shape_changes_nothing() -> None:
     plain = nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3))
     assert not SplitNorm(plain, SharePlan(4, 3, 8), rank=0).active  # no BatchNorm: no group, nothing patched
     norm = nn.BatchNorm2d(3)
-    assert not SplitNorm(norm, SharePlan(4, 2, 8), rank=0).active  # 2 whole micro-batches each
     assert not SplitNorm(norm, None, rank=0).active and "forward" not in vars(norm)
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_only_the_full_shapes_micro_batch_of_a_rank_moves_its_running_statistics(momentum: float | None) -> None:
+    # 4 micro-batches on 2 ranks: rank 1 computes micro-batches 1 and 3 whole; in the full shape it computed
+    # micro-batch 1 alone, so only that one moves its running statistics (and counts a batch), and micro-batch
+    # 3 is normalised exactly as the layer's own forward would (its batch's statistics)
+    plan = SharePlan(micro_batches=4, ranks=2, batch_size=6)
+    torch.manual_seed(0)
+    batches = {1: torch.randn(6, 3, 4, 4) * 2 + 1, 3: torch.randn(6, 3, 4, 4) - 2}
+    ours, full_shape = nn.BatchNorm2d(3, momentum=momentum), nn.BatchNorm2d(3, momentum=momentum)
+    split = SplitNorm(ours, plan, rank=1)
+    assert split.active and [part.micro_batch for part in plan.parts(1)] == [1, 3]
+    outputs = {}
+    for part in plan.parts(1):
+        with split.part(part):
+            outputs[part.micro_batch] = ours(batches[part.micro_batch])
+    expected = full_shape(batches[1])
+    assert torch.equal(outputs[1], expected)
+    for name, value in full_shape.state_dict().items():
+        assert torch.equal(ours.state_dict()[name], value), name
+    assert torch.equal(outputs[3], nn.BatchNorm2d(3, momentum=momentum)(batches[3]))

@@ -179,27 +179,34 @@ def scenario_elastic(
     stop_after: int | None = None,
     batch_size: int = 4,
     arch: str = "resnet18",
+    float64: bool = True,
+    every_steps: int = 100,
+    keep_last: int = 2,
+    epochs: int = 2,
 ) -> dict[str, Any]:
     """One attempt of a deterministic ddp run in float64; also the samples of every (epoch, step) this rank saw.
 
     float64, so that what differs by summation order alone stays far below a tight tolerance: resnet18's
-    BatchNorm over 4 samples of 1x1 maps amplifies float32 rounding a hundredfold per step.
+    BatchNorm over 4 samples of 1x1 maps amplifies float32 rounding a hundredfold per step. ``float64=False``:
+    float32, as users train.
     """
     from hpctrain.trainer import batches, data
 
     to_model_input = batches.to_model_input
-    batches.to_model_input = lambda *args, **kwargs: to_model_input(*args, **kwargs).double()  # type: ignore[assignment]
-    torch.set_default_dtype(torch.float64)
+    if float64:
+        batches.to_model_input = lambda *args, **kwargs: to_model_input(*args, **kwargs).double()  # type: ignore[assignment]
+        torch.set_default_dtype(torch.float64)
 
     trainer = {
         "arch": arch,
         "strategy": "ddp",
-        "epochs": 2,
+        "epochs": epochs,
         "batch_size": batch_size,
         "max_steps_per_epoch": 4,
         "deterministic": True,
     }
-    spec = job_spec(Path(data_root), trainer=trainer, checkpoint={"every_steps": 100})
+    checkpoint = {"every_steps": every_steps, "keep_last": keep_last}
+    spec = job_spec(Path(data_root), trainer=trainer, checkpoint=checkpoint)
     seen: list[list[int]] = []
     original = data.ResumableDistributedSampler.batches
 

@@ -254,6 +254,14 @@ def final_weights(run_dir: Path) -> dict[str, Any]:
     return {name: value for name, value in model.items() if not name.endswith(BN_BUFFERS)}
 
 
+def running_statistics(run_dir: Path) -> dict[str, Any]:
+    """The last checkpoint's BatchNorm running means and variances (rank 0's)."""
+    from hpctrain.trainer.checkpoint import CheckpointManager
+
+    model = CheckpointManager(checkpoints_dir(run_dir)).load()["model"]
+    return {name: value.double() for name, value in model.items() if name.endswith(BN_BUFFERS[:2])}
+
+
 def test_three_nodes_without_a_spare_heal_onto_two_with_the_undisturbed_weights(
     cluster: SlurmCluster, workspace: Workspace
 ) -> None:
@@ -283,6 +291,13 @@ def test_three_nodes_without_a_spare_heal_onto_two_with_the_undisturbed_weights(
     change = sum(float((ours[k] - theirs[k]).square().sum()) for k in theirs) ** 0.5
     size = sum(float(theirs[k].square().sum()) for k in theirs) ** 0.5
     assert change <= 1e-3 * size, f"weights {change / size:.2e} apart (relative)"
+    ours, theirs = running_statistics(run.run_dir), running_statistics(undisturbed.run_dir)
+    change = sum(float((ours[k] - theirs[k]).square().sum()) for k in theirs) ** 0.5
+    size = sum(float(theirs[k].square().sum()) for k in theirs) ** 0.5
+    # they follow the full shape's micro-batches (issue 42, item 8): 9.3e-03 apart after the 9 steps on Slurm
+    # 24.11 (float32 drift, as the weights'); 56-58 % four steps after the heal before, when a rank's piece
+    # moved them too. Exact at the first step after it: tests/local/test_resume_uneven.py.
+    assert change <= 0.1 * size, f"BatchNorm running statistics {change / size:.2e} apart (relative)"
     assert_nothing_left(cluster, run.job_id)
 
 
