@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from hpctrain.errors import SpecProblem
-from hpctrain.jobspec.after import AFTER_PLACEHOLDERS, AFTER_PREFIX, after_known_list
+from hpctrain.jobspec.after_names import AFTER_PLACEHOLDERS, AFTER_PREFIX, after_known_list
 from hpctrain.jobspec.script_args import after_names_used
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ import json
 import re
 from collections.abc import Mapping
 
-from hpctrain.jobspec.after import AFTER_PREFIX, after_known_list, is_after_name
+from hpctrain.jobspec.after_names import AFTER_PREFIX, after_known_list, is_after_name
 from hpctrain.jobspec.script_inputs import CONTROL
 
 # What each placeholder is, in the words --help and the docs use; the order is the one messages list them in.
