@@ -138,10 +138,10 @@ SetEnv HOME={home} HPCTRAIN_CONFIG_DIR={home / "config"} XDG_STATE_HOME={home / 
     login.trust(login.host_key())
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation folder
     inner = f"mount --bind {pam} /etc/pam.d && exec {SSHD} -D -e -f {folder / 'sshd_config'}"
-    log = open(folder / "sshd.log", "wb")
-    server = subprocess.Popen(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner], stdout=log, stderr=log
-    )
+    with open(folder / "sshd.log", "wb") as log:
+        server = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner], stdout=log, stderr=log
+        )
     try:
         deadline = time.monotonic() + 30
         while not _listening(port):
@@ -156,7 +156,6 @@ SetEnv HOME={home} HPCTRAIN_CONFIG_DIR={home / "config"} XDG_STATE_HOME={home / 
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
-        log.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -219,7 +219,6 @@ def test_a_dead_master_is_said_at_once_with_the_command_to_open_one(login: OtpLo
 @pytest.mark.parametrize("known", ["changed", "unknown"])
 def test_an_unknown_or_changed_host_key_is_refused(login: OtpLogin, laptop: dict[str, str], known: str) -> None:
     hpctrain(laptop, "login", "otp", "--close")
-    other = OtpLogin.host_key  # noqa: F841 (the real key is replaced below)
     login.trust("AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl" if known == "changed" else None)
     before = login.prompts()
     code, shown = login_with_code(laptop, login)
