@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from hpctrain.contract.file_writes import write_atomic
-from hpctrain.errors import UsageError
+from hpctrain.errors import RemoteError, UsageError
 from hpctrain.jobspec.profiles import config_dir
 from hpctrain.launch.code_snapshot import MAX_SNAPSHOT_BYTES, MAX_SNAPSHOT_FILES
 
@@ -140,9 +140,12 @@ def unpack(data: bytes, destination: Path) -> list[str]:
     """A tar from the login node (a report's files), unpacked with tarfile's 'data' filter: no links out,
     no absolute paths, no devices."""
     destination.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
-        names = [member.name for member in tar.getmembers() if member.isfile()]
-        tar.extractall(destination, filter="data")
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+            names = [member.name for member in tar.getmembers() if member.isfile()]
+            tar.extractall(destination, filter="data")
+    except (tarfile.TarError, OSError) as exc:
+        raise RemoteError(f"the files from the login node were refused: {exc}", "ship") from None
     return names
 
 
