@@ -165,16 +165,15 @@ def report(connection: Connection, args: argparse.Namespace, words: list[str]) -
     local = Path(args.out or "report")
     token = shipping.new_token()
     there = f"~/hpctrain-submits/reports/{token}"
-    words = [w for w in words]
     if args.out:
         index = out_index(words)
         del words[index : index + (1 if "=" in words[index] else 2)]
     code = connection.run([*hpctrain_words(connection), *words, "--out", there]).returncode
     fetched = connection.run(
-        ["sh", "-c", 'cd "$1" 2>/dev/null && tar -cf - . ; rm -rf "$1"', "sh", there.replace("~/", "", 1)],
+        ["sh", "-c", 'cd "$HOME/$1" 2>/dev/null && tar -cf - . ; rm -rf "$HOME/$1"', "sh", there[2:]],
         capture=True,
     )
-    if code == 0 and fetched.stdout:
+    if fetched.stdout:
         names = shipping.unpack(fetched.stdout, local)
         print(f"report: {len(names)} files copied to {local}/")
     return code

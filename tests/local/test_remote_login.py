@@ -166,6 +166,11 @@ def test_one_prompt_for_a_whole_sitting_of_verbs(login: OtpLogin, laptop: dict[s
     assert "hello from the login node: [\"it's\", 'a b']" in logs.stdout, logs.stdout
     status = hpctrain(laptop, "status", run_dir, "--cluster", "otp")
     assert status.returncode == 0 and "completed" in status.stdout.lower(), status.stdout + status.stderr
+    follow = hpctrain(laptop, "logs", "-f", run_dir, "--cluster", "otp")
+    assert follow.returncode == 0 and "hello from the login node" in follow.stdout, follow.stderr
+    report = hpctrain(laptop, "report", run_dir, "--cluster", "otp", "--out", str(tmp_path / "my report"))
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert (tmp_path / "my report" / "report.md").is_file() and "copied to" in report.stdout
     first, again = (hpctrain(laptop, "cancel", run_dir, "--cluster", "otp") for _ in range(2))
     assert first.returncode == again.returncode and "Traceback" not in first.stderr + again.stderr
     assert login.prompts() == before + 1, "every verb went through the one connection"
