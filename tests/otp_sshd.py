@@ -11,10 +11,13 @@ pam_exec; :func:`missing` says which is absent.
 from __future__ import annotations
 
 import os
+import pty
+import select
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -73,6 +76,33 @@ class OtpLogin:
         """The laptop's known_hosts: this host's key, another key (a changed host), or none (unknown)."""
         line = f"[127.0.0.1]:{self.port} ssh-ed25519 {key}\n" if key else ""
         (self.dir / "known_hosts").write_text(line)
+
+
+def login_with_code(
+    env: dict[str, str], login: OtpLogin, code: str | None = None, cluster: str = "otp"
+) -> tuple[int, str]:
+    """``hpctrain login CLUSTER`` on a terminal (a pty), typing the code when asked; (exit status, what it showed)."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execve(sys.executable, [sys.executable, "-m", "hpctrain", "login", cluster], env)
+    seen, typed = b"", False
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+            if not typed and b"assword:" in seen:
+                os.write(fd, ((code or login.code()) + "\n").encode())
+                typed = True
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status), seen.decode(errors="replace")
 
 
 def _free_port() -> int:

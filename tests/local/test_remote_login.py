@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
-import select
 import subprocess
 import sys
 import time
@@ -27,7 +25,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from otp_sshd import OtpLogin, missing, otp_login  # noqa: E402
+from otp_sshd import OtpLogin, login_with_code, missing, otp_login  # noqa: E402
 
 pytestmark = pytest.mark.local_dist
 
@@ -94,31 +92,6 @@ def hpctrain(
         text=True,
         timeout=timeout,
     )
-
-
-def login_with_code(env: dict[str, str], login: OtpLogin, code: str | None = None) -> tuple[int, str]:
-    """``hpctrain login otp`` on a terminal (a pty), typing the code when asked; (exit status, what it showed)."""
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.execve(sys.executable, [sys.executable, "-m", "hpctrain", "login", "otp"], env)
-    seen, typed = b"", False
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.5)
-        if ready:
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            seen += chunk
-            if not typed and b"assword:" in seen:
-                os.write(fd, ((code or login.code()) + "\n").encode())
-                typed = True
-    _, status = os.waitpid(pid, 0)
-    os.close(fd)
-    return os.waitstatus_to_exitcode(status), seen.decode(errors="replace")
 
 
 def project(tmp_path: Path, login: OtpLogin, sleep_s: float = 0) -> tuple[Path, str]:
