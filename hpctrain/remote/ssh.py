@@ -136,13 +136,16 @@ class Connection:
         *,
         input: bytes | None = None,
         capture: bool = False,
+        terminal: bool = False,
     ) -> subprocess.CompletedProcess[bytes]:
         """Run ``words`` on the login node through the master; ssh's own failures become RemoteError.
 
         The login shell gets one line whose every word is quoted (shlex.quote), so a path with spaces or
         quotes arrives as one argument. ``capture``: keep stdout and stderr (else they stream to ours).
+        ``terminal``: a terminal there too (``-tt``: ``status --watch``'s live view; Ctrl-C reaches it).
         """
-        argv = [*self._argv("-o", "ControlMaster=no", "-o", "BatchMode=yes", "-T"), self.login.host]
+        tty = "-tt" if terminal else "-T"
+        argv = [*self._argv("-o", "ControlMaster=no", "-o", "BatchMode=yes", tty), self.login.host]
         pipe = subprocess.PIPE if capture else None
         done = subprocess.run(
             [*argv, remote_line(words)],

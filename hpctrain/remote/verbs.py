@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -115,7 +116,8 @@ def forward(name: str, args: argparse.Namespace, argv: Sequence[str]) -> int:
         return submit(connection, args, words)
     if args.command == "report":
         return report(connection, args, words)
-    return connection.run([*hpctrain_words(connection), *words]).returncode
+    at_terminal = sys.stdin.isatty() and sys.stdout.isatty()
+    return connection.run([*hpctrain_words(connection), *words], terminal=at_terminal).returncode
 
 
 def submit(connection: Connection, args: argparse.Namespace, words: list[str]) -> int:
