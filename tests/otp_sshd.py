@@ -82,9 +82,14 @@ def login_with_code(
     env: dict[str, str], login: OtpLogin, code: str | None = None, cluster: str = "otp"
 ) -> tuple[int, str]:
     """``hpctrain login CLUSTER`` on a terminal (a pty), typing the code when asked; (exit status, what it showed)."""
+    return on_terminal(env, login, "login", cluster, code=code)
+
+
+def on_terminal(env: dict[str, str], login: OtpLogin, *args: str, code: str | None = None) -> tuple[int, str]:
+    """``hpctrain ARGS`` on a terminal (a pty), typing the code if asked; (exit status, what it showed)."""
     pid, fd = pty.fork()
     if pid == 0:
-        os.execve(sys.executable, [sys.executable, "-m", "hpctrain", "login", cluster], env)
+        os.execve(sys.executable, [sys.executable, "-m", "hpctrain", *args], env)
     seen, typed = b"", False
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:

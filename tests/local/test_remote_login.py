@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from otp_sshd import OtpLogin, login_with_code, missing, otp_login  # noqa: E402
+from otp_sshd import OtpLogin, login_with_code, missing, on_terminal, otp_login  # noqa: E402
 
 pytestmark = pytest.mark.local_dist
 
@@ -192,6 +192,16 @@ def test_a_dead_master_is_said_at_once_with_the_command_to_open_one(login: OtpLo
     assert login.prompts() == before, "no prompt, no hang"
     check = hpctrain(laptop, "login", "otp", "--check")
     assert check.returncode == 1 and "not connected" in check.stdout
+
+
+def test_at_a_terminal_a_command_opens_the_connection_itself_once(login: OtpLogin, laptop: dict[str, str]) -> None:
+    hpctrain(laptop, "login", "otp", "--close")
+    before = login.prompts()
+    code, shown = on_terminal(laptop, login, "status", "--all", "--cluster", "otp")
+    assert code == 0 and "opening the one connection to otp" in shown, shown
+    assert login.prompts() == before + 1
+    code, shown = on_terminal(laptop, login, "status", "--all", "--cluster", "otp")  # a terminal there too (-tt)
+    assert code == 0 and "assword" not in shown and login.prompts() == before + 1, shown
 
 
 @pytest.mark.parametrize("known", ["changed", "unknown"])
