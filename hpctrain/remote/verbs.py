@@ -52,14 +52,17 @@ def remote_cluster(args: argparse.Namespace) -> str | None:
     name = getattr(args, "cluster", None)
     if not name or args.command not in FORWARDED or os.environ.get(REMOTE_SIDE):
         return None
-    if login_of(name) is not None:
-        return str(name)
-    if args.command in SELECTOR_ONLY:
+    if args.command not in SELECTOR_ONLY:  # --cluster is the verb's own (a profile, or a ledger's cluster name)
+        try:
+            return str(name) if load_profile(name).login is not None else None
+        except KeyError:
+            return None
+    if login_of(name) is None:
         raise UsageError(
             f"cluster profile {name!r} names no login host, so '{args.command} --cluster' has nowhere to go",
             hint=f"add login: {{host: ...}} to {name}'s profile (docs/remote.md), or run without --cluster",
         )
-    return None
+    return str(name)
 
 
 def connect(name: str) -> Connection:
@@ -116,32 +119,27 @@ def forward(name: str, args: argparse.Namespace, argv: Sequence[str]) -> int:
         return submit(connection, args, words)
     if args.command == "report":
         return report(connection, args, words)
+    if getattr(args, "spec", None):  # plan SPEC, doctor SPEC: the spec and its code are read there
+        return with_project(connection, args, words)
     at_terminal = sys.stdin.isatty() and sys.stdout.isatty()
     return connection.run([*hpctrain_words(connection), *words], terminal=at_terminal).returncode
 
 
-def submit(connection: Connection, args: argparse.Namespace, words: list[str]) -> int:
-    """Ship the project and the spec, then submit on the login node exactly once for this command line."""
+def ship(connection: Connection, spec_path: str, token: str) -> str:
+    """Send the project folder (which must hold the spec) to the login node's stage ``token``; the spec's
+    path in it. A stage a first attempt already claimed keeps what it was sent."""
     project = Path.cwd()
-    spec = Path(args.spec).resolve()
+    spec = Path(spec_path).resolve()
     try:
         spec_rel = spec.relative_to(project)
-        spec_bytes = spec.read_bytes()
     except ValueError:
         raise UsageError(
-            f"{args.spec}: a remote submit ships the folder it is run from, and the spec is not in it",
-            hint="cd to your project folder (the one holding the spec and its code) and submit from there",
+            f"{spec_path}: a remote command ships the folder it is run from, and the spec is not in it",
+            hint="cd to your project folder (the one holding the spec and its code) and run it from there",
         ) from None
-    except OSError as exc:
-        raise UsageError(f"{args.spec}: cannot read the spec: {exc.strerror}") from None
-    key = shipping.pending_key(connection.name, words, spec_bytes)
-    token, retried = shipping.token_for(key)
-    if retried:
-        print(f"hpctrain: retrying submit {token} (an earlier attempt got no answer)", flush=True)
     files = sorted({*shipping.project_files(project), spec_rel})
-    shipped = connection.run(
-        ["sh", "-c", shipping.RECEIVE, "sh", token], input=shipping.tar_stream(project, files), capture=True
-    )
+    data = shipping.tar_stream(project, files)
+    shipped = connection.run(["sh", "-c", shipping.RECEIVE, "sh", token], input=data, capture=True)
     if shipped.returncode != 0:
         raise RemoteError(
             f"{connection.name}: could not unpack the project on the login node: "
@@ -149,7 +147,21 @@ def submit(connection: Connection, args: argparse.Namespace, words: list[str]) -
             "ship",
             hint="is the home folder there full or not writable?",
         )
-    remote = [*connection.login.command_words(), *replace_spec(words, args.spec, str(spec_rel))]
+    return str(spec_rel)
+
+
+def submit(connection: Connection, args: argparse.Namespace, words: list[str]) -> int:
+    """Ship the project and the spec, then submit on the login node exactly once for this command line."""
+    try:
+        spec_bytes = Path(args.spec).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"{args.spec}: cannot read the spec: {exc.strerror}") from None
+    key = shipping.pending_key(connection.name, words, spec_bytes)
+    token, retried = shipping.token_for(key)
+    if retried:
+        print(f"hpctrain: retrying submit {token} (an earlier attempt got no answer)", flush=True)
+    spec_rel = ship(connection, args.spec, token)
+    remote = [*connection.login.command_words(), *replace_spec(words, args.spec, spec_rel)]
     done = connection.run(["sh", "-s", token, *remote], input=shipping.SUBMIT_ONCE.encode())
     if done.returncode in (97, 98):
         raise RemoteError(
@@ -160,6 +172,15 @@ def submit(connection: Connection, args: argparse.Namespace, words: list[str]) -
         )
     shipping.settled(key)
     return done.returncode
+
+
+def with_project(connection: Connection, args: argparse.Namespace, words: list[str]) -> int:
+    """A verb that reads a spec (plan, doctor): run there from a shipped copy of the project, then drop it."""
+    token = shipping.new_token()
+    spec_rel = ship(connection, args.spec, token)
+    run_there = 'stage="$HOME/hpctrain-submits/$1"; shift; (cd "$stage/tree" && "$@"); rc=$?; rm -rf "$stage"; exit $rc'
+    command = [*hpctrain_words(connection), *replace_spec(words, args.spec, spec_rel)]
+    return connection.run(["sh", "-c", run_there, "sh", token, *command]).returncode
 
 
 def report(connection: Connection, args: argparse.Namespace, words: list[str]) -> int:

@@ -144,6 +144,10 @@ def test_one_prompt_for_a_whole_sitting_of_verbs(login: OtpLogin, laptop: dict[s
     report = hpctrain(laptop, "report", run_dir, "--cluster", "otp", "--out", str(tmp_path / "my report"))
     assert report.returncode == 0, report.stdout + report.stderr
     assert (tmp_path / "my report" / "report.md").is_file() and "copied to" in report.stdout
+    stages = set((login.home / "hpctrain-submits").iterdir())
+    doctor = hpctrain(laptop, "doctor", spec, "--cluster", "otp", cwd=folder)  # reads the spec there
+    assert doctor.returncode == 0 and "train it.py is there" in doctor.stdout, doctor.stdout + doctor.stderr
+    assert set((login.home / "hpctrain-submits").iterdir()) == stages, "its shipped copy is dropped after"
     first, again = (hpctrain(laptop, "cancel", run_dir, "--cluster", "otp") for _ in range(2))
     assert first.returncode == again.returncode and "Traceback" not in first.stderr + again.stderr
     assert login.prompts() == before + 1, "every verb went through the one connection"

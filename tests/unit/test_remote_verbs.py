@@ -56,6 +56,7 @@ def test_which_commands_go_to_the_login_node(isolated: Path, monkeypatch: pytest
     assert verbs.remote_cluster(args("submit", "hal")) == "hal"
     assert verbs.remote_cluster(args("validate", "hal")) is None, "a spec is checked here"
     assert verbs.remote_cluster(args("submit", "slurm")) is None, "no login: the usual submit"
+    assert verbs.remote_cluster(args("nodes", "other")) is None, "the ledger's cluster names are not all profiles"
     monkeypatch.setenv(verbs.REMOTE_SIDE, "1")
     assert verbs.remote_cluster(args("submit", "hal")) is None, "on the login node it never goes remote again"
 
