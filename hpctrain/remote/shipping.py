@@ -126,7 +126,7 @@ def project_files(project: Path) -> list[Path]:
 
 def tar_stream(project: Path, files: Sequence[Path]) -> bytes:
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    with tarfile.open(fileobj=buffer, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # in memory
         for name in files:
             info = tar.gettarinfo(str(project / name), arcname=str(name))
             info.uid = info.gid = 0

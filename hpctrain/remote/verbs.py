@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hpctrain import __version__
+from hpctrain.contract.file_writes import write_atomic
 from hpctrain.errors import RemoteError, UsageError
 from hpctrain.jobspec.login import LoginHost
 from hpctrain.jobspec.profiles import available_profiles, load_profile
@@ -105,7 +106,7 @@ def check_hpctrain(connection: Connection) -> str:
             "version",
             hint=f"on the login node: {install} (or upgrade here to its release)",
         )
-    marker.write_text(__version__)
+    write_atomic(marker, __version__)
     return theirs
 
 
