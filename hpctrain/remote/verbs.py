@@ -24,6 +24,7 @@ from pathlib import Path
 
 from hpctrain import __version__
 from hpctrain.contract.file_writes import write_atomic
+from hpctrain.contract.runfiles import real_path
 from hpctrain.errors import RemoteError, UsageError
 from hpctrain.jobspec.login import LoginHost
 from hpctrain.jobspec.profiles import available_profiles, load_profile
@@ -129,8 +130,8 @@ def forward(name: str, args: argparse.Namespace, argv: Sequence[str]) -> int:
 def ship(connection: Connection, spec_path: str, token: str) -> str:
     """Send the project folder (which must hold the spec) to the login node's stage ``token``; the spec's
     path in it. A stage a first attempt already claimed keeps what it was sent."""
-    project = Path.cwd()
-    spec = Path(spec_path).resolve()
+    project = real_path(Path.cwd())
+    spec = real_path(spec_path)
     try:
         spec_rel = spec.relative_to(project)
     except ValueError:
