@@ -13,26 +13,25 @@ from typing import Annotated
 
 from pydantic import Field, field_validator
 
+from hpctrain.jobspec.fields import (
+    LOGIN_HOST_PATTERN,
+    LOGIN_JUMP_PATTERN,
+    LOGIN_USER_PATTERN,
+    SSH_TIME_PATTERN,
+)
 from hpctrain.jobspec.section import Section
-
-# Never starts with '-' (an ssh option smuggled in as a host or user name).
-HOST_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*$"
-USER_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
-_HOP = r"([A-Za-z0-9_][A-Za-z0-9_.-]*@)?[A-Za-z0-9_][A-Za-z0-9_.-]*(:[0-9]+)?"
-JUMP_PATTERN = rf"^{_HOP}(,{_HOP})*$"
-PERSIST_PATTERN = r"^([0-9]+[smhdw]?)+$"
 
 
 class LoginHost(Section):
     """How to reach the cluster's login node; unset keys are left to ``~/.ssh/config``."""
 
-    host: Annotated[str, Field(pattern=HOST_PATTERN, description="login node, e.g. hal.ncsa.illinois.edu")]
-    user: Annotated[str | None, Field(pattern=USER_PATTERN, description="account on the cluster")] = None
+    host: Annotated[str, Field(pattern=LOGIN_HOST_PATTERN, description="login node, e.g. hal.ncsa.illinois.edu")]
+    user: Annotated[str | None, Field(pattern=LOGIN_USER_PATTERN, description="account on the cluster")] = None
     port: Annotated[int | None, Field(ge=1, le=65535)] = None
-    jump: Annotated[str | None, Field(pattern=JUMP_PATTERN, description="ssh -J: [user@]host[:port],...")] = None
+    jump: Annotated[str | None, Field(pattern=LOGIN_JUMP_PATTERN, description="ssh -J: [user@]host[:port],...")] = None
     ssh_config: Annotated[str | None, Field(description="an ssh_config file to use instead of ~/.ssh/config")] = None
     persist: Annotated[
-        str, Field(pattern=PERSIST_PATTERN, description="how long the one connection stays open unused (ssh time)")
+        str, Field(pattern=SSH_TIME_PATTERN, description="how long the one connection stays open unused (ssh time)")
     ] = "8h"
     hpctrain: Annotated[
         str, Field(description="the command that runs hpctrain on the login node, e.g. '~/venv/bin/hpctrain'")
