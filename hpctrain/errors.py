@@ -122,3 +122,19 @@ class TrainingConfigError(HpctrainError):
     (fp16 on CPU, Apex not installed, missing dataset...)."""
 
     exit_code = 2
+
+
+class RemoteError(HpctrainError):
+    """A cluster's login node could not be reached or asked (``hpctrain/remote/``).
+
+    ``kind`` says what callers can act on: ``no_master`` (no live connection:
+    ``hpctrain login NAME``), ``host_key`` (unknown or changed host key),
+    ``auth``, ``unreachable``, ``no_hpctrain``, ``version``, ``interrupted``
+    (a submit stopped on the login node before it ended), ``socket_dir``.
+    """
+
+    exit_code = 6
+
+    def __init__(self, message: str, kind: str, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.kind = kind

@@ -205,6 +205,7 @@ def cmd_status(parser: argparse.ArgumentParser) -> None:
         help="--watch: send the run's new steps to its W&B/MLflow runs as it goes, and the rest at its end "
         "(as 'hpctrain sync RUN'; a tracker that is down never holds the watch)",
     )
+    parser.add_argument("--cluster", help="ask this cluster's login node (a profile with login:, docs/remote.md)")
 
 
 def cmd_logs(parser: argparse.ArgumentParser) -> None:
@@ -215,6 +216,7 @@ def cmd_logs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-n", "--lines", type=_whole(0, 1_000_000), default=50, help="lines from the end (default 50; 0 = all)"
     )
+    parser.add_argument("--cluster", help="ask this cluster's login node (a profile with login:, docs/remote.md)")
 
 
 def cmd_cancel(parser: argparse.ArgumentParser) -> None:
@@ -222,6 +224,7 @@ def cmd_cancel(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=_seconds(0, DAY_S), default=60.0, help="seconds to wait for the job to end (0 to 86400)"
     )
+    parser.add_argument("--cluster", help="ask this cluster's login node (a profile with login:, docs/remote.md)")
 
 
 def cmd_sync(parser: argparse.ArgumentParser) -> None:
@@ -238,6 +241,7 @@ def cmd_sync(parser: argparse.ArgumentParser) -> None:
         help="the run will not go on (killed for good): send its steps after the last checkpoint too",
     )
     parser.add_argument("--json", action="store_true", help="print each run's state in each tracker as JSON")
+    parser.add_argument("--cluster", help="ask this cluster's login node (a profile with login:, docs/remote.md)")
 
 
 def cmd_resume(parser: argparse.ArgumentParser) -> None:
@@ -250,6 +254,7 @@ def cmd_resume(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--wait", action="store_true", help="block until the job ends")
     parser.add_argument("--json", action="store_true", help="print the submission as JSON")
+    parser.add_argument("--cluster", help="ask this cluster's login node (a profile with login:, docs/remote.md)")
 
 
 def cmd_rehearse(parser: argparse.ArgumentParser) -> None:
@@ -363,3 +368,10 @@ def cmd_report(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="directory for report.md, report.html and PNGs (default: RUN_OR_STUDY/report)")
     parser.add_argument("--baseline", choices=["hal"], help="draw published reference numbers (hal: NCSA HAL V100)")
     parser.add_argument("--json", action="store_true", help="print the numbers (series summaries, table) as JSON")
+    parser.add_argument("--cluster", help="ask this cluster's login node (a profile with login:, docs/remote.md)")
+
+
+def cmd_login(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("cluster", help="a cluster profile with login: (docs/remote.md)")
+    parser.add_argument("--check", action="store_true", help="only say whether the connection is open (exit 0 if so)")
+    parser.add_argument("--close", action="store_true", help="close the connection")

@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("hpctrain.cli.cmd_report", "plots and tables (md + self-contained html) from runs and studies"),
     "sync": ("hpctrain.cli.cmd_sync", "send a run's new metrics to its W&B and MLflow runs (from a login node)"),
     "nodes": ("hpctrain.cli.cmd_nodes", "the nodes your runs found sick or lost (the bad-node ledger); --forget NODE"),
+    "login": ("hpctrain.cli.cmd_login", "open the one SSH connection to a cluster's login node (password/OTP once)"),
 }
 
 
@@ -78,12 +79,19 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace | None:
     if not getattr(args, "_module", None):
         parser.print_help()
         return None
+    args._argv = argv  # what a remote cluster's login node is asked (hpctrain/remote/verbs.py)
     return args
 
 
 def run(args: argparse.Namespace) -> int:
     skip_plugin_search()
     try:
+        if getattr(args, "cluster", None) and args.command != "login":
+            from hpctrain.remote import verbs  # a profile with login: answers from its login node
+
+            remote = verbs.remote_cluster(args)
+            if remote is not None:
+                return verbs.forward(remote, args, getattr(args, "_argv", []))
         command = importlib.import_module(args._module)
         return int(command.run(args) or 0)
     except HpctrainError as exc:

@@ -24,6 +24,12 @@ SLURM_WORD_PATTERN = r"^[A-Za-z0-9_.,:=/@%+\[\]&|!()*][A-Za-z0-9_.,:=/@%+\-\[\]&
 NCCL_NAME_PATTERN = r"^(NCCL|TORCH_NCCL)_[A-Z0-9_]+$"
 MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+# A profile's login: (jobspec/login.py): never a leading '-' (an ssh option smuggled in as a name).
+LOGIN_HOST_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*$"
+LOGIN_USER_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+_HOP = r"([A-Za-z0-9_][A-Za-z0-9_.-]*@)?[A-Za-z0-9_][A-Za-z0-9_.-]*(:[0-9]+)?"
+LOGIN_JUMP_PATTERN = rf"^{_HOP}(,{_HOP})*$"
+SSH_TIME_PATTERN = r"^([0-9]+[smhdw]?)+$"
 # Characters that would let a setup line run more than the one command it names.
 _SETUP_FORBIDDEN = re.compile(r"[;&|<>`\n\r\x00]|\$\(")
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
@@ -182,6 +188,10 @@ PATTERN_RULES: dict[str, str] = {
     CONTAINER_OPTION_PATTERN: "is not a runtime flag: write one flag per entry such as --nv, --no-privs or "
     "--drop-caps=CAP_SYS_RESOURCE (a value joined with '=': letters, digits and _ . , : = / @ % + -)",
     MODULE_PATTERN: "is not a module name such as 'mypkg.train' (dotted Python identifiers)",
+    LOGIN_HOST_PATTERN: "is not a host name: letters, digits and _ . : -, not starting with '-' or '.'",
+    LOGIN_USER_PATTERN: "is not an account name: letters, digits and _ . -, not starting with '-' or '.'",
+    LOGIN_JUMP_PATTERN: "is not a jump host: write [user@]host[:port], several joined with ',' (ssh -J)",
+    SSH_TIME_PATTERN: "is not an ssh time: write e.g. 8h, 30m, 1d or 3600 (seconds)",
     CONTAINER_PYTHON_PATTERN: "is not an interpreter: write a name or path such as python3 or /opt/conda/bin/python "
     "(letters, digits and _ . / + -, not starting with '-')",
 }

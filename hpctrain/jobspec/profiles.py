@@ -32,6 +32,7 @@ from hpctrain.jobspec.fields import (
     check_slurm_word,
     safe_path,
 )
+from hpctrain.jobspec.login import LoginHost
 from hpctrain.jobspec.models import JobSpec, Section
 from hpctrain.jobspec.problems import problems_from_validation
 from hpctrain.jobspec.slurm_time import parse_time_limit
@@ -64,6 +65,9 @@ class ClusterProfile(Section):
     setup: SetupLines = []
     env: EnvMap = {}
     slurm_extra: SlurmExtraMap = {}
+    login: Annotated[
+        LoginHost | None, Field(description="the login node, to run every verb from a laptop (docs/remote.md)")
+    ] = None
 
     @field_validator("mem_gb")
     @classmethod

@@ -27,6 +27,8 @@ imported). Each rule fails with the list of offending imports, as
 * No argv that starts with a Slurm client command (``sbatch``, ``squeue``,
   ``scontrol``...) is written outside the one client, ``contract/slurm.py``:
   neither a list or tuple literal nor a call's first argument.
+* ``ssh`` (and scp, sftp, rsync) is started only by ``remote/ssh.py``: one
+  connection per cluster, in BatchMode after the one interactive login.
 * Only the tracking wing (``hpctrain/tracking/``) imports a tracker library
   (``wandb``, ``mlflow``), and the task side (the trainer, the task API, the
   runtime that runs scripts, the healing wing) never imports the wing:
@@ -42,7 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hpctrain"
-LOGIN_SIDE = ("contract", "jobspec", "launch", "observe", "diagnose", "cli", "dataset", "tracking", "planning")
+LOGIN_SIDE = (
+    "contract", "jobspec", "launch", "observe", "diagnose", "cli", "dataset", "tracking", "planning", "remote"
+)  # fmt: skip
 TRACKER_LIBRARIES = ("wandb", "mlflow")
 TASK_SIDE = (
     "hpctrain.trainer",
@@ -81,6 +85,9 @@ SLURM_COMMANDS = frozenset(
     {"sbatch", "squeue", "sacct", "sacctmgr", "scontrol", "scancel", "sinfo", "sstat", "sprio", "sshare", "salloc"}
 )
 SLURM_CLIENT = "hpctrain.contract.slurm"
+# The remote wing's one connection is the only starter of ssh (its argv begins with ssh.SSH).
+SSH_COMMANDS = frozenset({"ssh", "scp", "sftp", "rsync", "sshpass"})
+SSH_CLIENT = "hpctrain.remote.ssh"
 
 # (login-side module, runtime module it imports) -> why.
 RUNTIME_ON_THE_LOGIN_SIDE = {
@@ -271,7 +278,7 @@ def test_a_program_is_imported_only_by_a_program_or_to_be_pickled() -> None:
     assert not found, "only a program, or launch/submission.py to pickle it, imports a program:" + offenders(found)
 
 
-def slurm_argv(path: Path) -> Iterator[str]:
+def slurm_argv(path: Path, commands: frozenset[str] = SLURM_COMMANDS) -> Iterator[str]:
     """``module:line`` of every list/tuple literal, and every call, whose first item is a Slurm command
     (not a type's ``Literal[...]``, nor ``which("sbatch")``, which asks whether it is installed)."""
     tree = ast.parse(path.read_text(), str(path))
@@ -283,7 +290,7 @@ def slurm_argv(path: Path) -> Iterator[str]:
             first = node.args[0] if node.args else None
         else:
             continue
-        if isinstance(first, ast.Constant) and isinstance(first.value, str) and first.value in SLURM_COMMANDS:
+        if isinstance(first, ast.Constant) and isinstance(first.value, str) and first.value in commands:
             yield f"{module_name(path)}:{node.lineno} starts an argv with {first.value!r}"
 
 
@@ -294,6 +301,15 @@ def test_no_slurm_command_is_spelled_outside_the_one_client() -> None:
         found
     )
     assert list(slurm_argv(PACKAGE / "contract" / "slurm.py")), "the scan finds the client's own commands"
+
+
+def test_ssh_is_started_only_by_the_remote_wings_one_connection() -> None:
+    found = [where for path in sorted(PACKAGE.rglob("*.py")) if module_name(path) != SSH_CLIENT
+             for where in slurm_argv(path, SSH_COMMANDS)]  # fmt: skip
+    assert not found, "reach a login node through hpctrain.remote.ssh.Connection:\n  " + "\n  ".join(found)
+    from hpctrain.remote import ssh
+
+    assert ssh.SSH == "ssh"
 
 
 def test_only_the_tracking_wing_imports_a_tracker_and_training_never_imports_the_wing() -> None:
