@@ -16,7 +16,9 @@ from hpctrain.jobspec.section import Section
 
 REPO = Path(__file__).resolve().parents[2]
 # What a section module may import of the package (the charter's layer 1, hpctrain/jobspec/__init__.py).
-BASE_LAYER = {f"hpctrain.jobspec.{name}" for name in ("section", "fields", "slurm_time", "strategy_traits")}
+BASE_LAYER = {
+    f"hpctrain.jobspec.{name}" for name in ("section", "fields", "slurm_time", "strategy_traits", "after_names")
+}
 
 
 def section_fields() -> dict[str, type[BaseModel]]:
