@@ -4,12 +4,13 @@ Charter. Torch-free: every login-node command reads it. The layers, bottom up
 (a module imports only from layers below it, so the package has no circle):
 
 1. ``section.py`` (the ``Section`` base: unknown keys are errors), ``fields.py``
-   (shared field types and patterns), ``slurm_time.py``, ``strategy_traits.py``.
+   (shared field types and patterns), ``slurm_time.py``, ``strategy_traits.py``, ``after_names.py``
+   (the ``{after.NAME}`` placeholders' names).
 2. One module per YAML section, each with the checks that need only that
    section (its field ranges and validators): ``resources.py``, ``trainer.py``
    (with the ps, pipeline and model_parallel settings), ``data.py``,
    ``distributed.py``, ``checkpoint.py``, ``signals.py``, ``script.py``,
-   ``health.py``, ``container.py``, ``tracking.py``; and ``batch.py`` (the global batch of a
+   ``health.py``, ``container.py``, ``tracking.py``, ``after.py``; and ``batch.py`` (the global batch of a
    ``trainer:`` section).
 3. ``models.py``: ``JobSpec`` assembles the sections, holds the job's own
    top-level keys (``name``, ``cluster``, ``sweep``, ``study``, ...) and the
