@@ -2,8 +2,9 @@
 
 Every window's parts add up to the step time the trainer measured on its own (train_step's step_s),
 and the report names the injected cause as the largest loss, on the right rank; the clean run names
-neither a straggler nor a data wait. (It may name exposed communication: gloo on a shared 2-core
-machine really does not hide its all-reduce behind the backward.)
+neither a straggler nor a data wait of an injected cause's size (on a quiet machine: neither at all; see
+the test). (It may name exposed communication: gloo on a shared 2-core machine really does not hide its
+all-reduce behind the backward.)
 """
 
 from __future__ import annotations
@@ -77,7 +78,17 @@ def test_a_slow_loader_is_named_as_the_largest_loss(runs: Path) -> None:
     assert ex["bars"][0]["losses"][0]["part"] == "data"
 
 
-def test_a_clean_run_names_no_straggler_and_no_data_wait(runs: Path) -> None:
+def loss_of(ex: dict[str, Any], part: str) -> float:
+    """The largest loss the report names for ``part`` (0 when it names none)."""
+    return max((c["loss"] for c in ex["causes"] if c["part"] == part), default=0.0)
+
+
+def test_a_clean_run_names_no_straggler_and_no_data_wait_of_an_injected_size(runs: Path) -> None:
+    """Nothing injected, nothing of an injected cause's size named. Not "nothing at all": CI runs this tier
+    beside the Slurm tier's jobs under `nice`, and two ranks sharing two busy cores really are uneven (a
+    clean run once named rank 1 a straggler there); an injected 0.3 s forward or 40 ms per image is far more."""
     ex = explained(runs, "clean")
     assert ex["splits"][0]["ranks"] == 2
-    assert not {c["part"] for c in ex["causes"]} & {"straggler", "data"}
+    slow_rank, slow_data = explained(runs, "slow_rank"), explained(runs, "slow_data")
+    assert loss_of(ex, "straggler") < 0.5 * loss_of(slow_rank, "straggler"), ex["causes"]
+    assert loss_of(ex, "data") < 0.5 * loss_of(slow_data, "data"), ex["causes"]
