@@ -18,7 +18,6 @@ its trackers kept up to date.
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +27,7 @@ from hpctrain.contract.runfiles import printable
 from hpctrain.contract.slurm import Slurm
 from hpctrain.contract.summary import read_summary
 from hpctrain.errors import HpctrainError
+from hpctrain.observe.live_view import stamp  # the one stamp of a watch's lines
 
 if TYPE_CHECKING:
     from hpctrain.tracking.sync import Synced
@@ -35,10 +35,6 @@ if TYPE_CHECKING:
 ESTIMATE_EVERY_S = 60.0
 SYNC_EVERY_S = 30.0
 FINAL_SYNC_WAIT_S = 120.0  # the last sync's bound: a tracker that does not answer is left to 'hpctrain sync'
-
-
-def stamp(now: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(now))
 
 
 class WatchExtras:
@@ -77,7 +73,8 @@ class WatchExtras:
         return lines
 
     def ended(self, now: float, *, wait_s: float = FINAL_SYNC_WAIT_S) -> list[str]:
-        """The last lines: predicted vs real, and (``--sync``) the last sync, waited for up to ``wait_s``."""
+        """The last lines: predicted vs real, and (``--sync``) the last sync, waited for up to ``wait_s``; each
+        timestamped like every other line a watch prints (a pipe reads them as one log)."""
         from hpctrain.planning.forecast import compare
 
         lines = []
@@ -94,7 +91,7 @@ class WatchExtras:
                     "trackers: a sync is still waiting for its server; 'hpctrain sync RUN' sends the rest"
                 )
             lines += self.heard
-        return lines
+        return [f"{stamp(now)} {line}" for line in lines]
 
     def _ask_estimate(self) -> str:
         from hpctrain.planning.progress import estimate

@@ -31,7 +31,8 @@ from typing import Any
 from hpctrain.contract.metrics import parse_metric_line
 from hpctrain.contract.summary import Summary
 
-PREFIX = {"train_step": "train", "epoch": "epoch", "val": "val", "gpu": "gpu"}
+# Each record kind's metric prefix; a kind not named here (a newer writer's) is not sent.
+PREFIX = {"train_step": "train", "epoch": "epoch", "val": "val", "gpu": "gpu", "step_split": "split"}
 OWN_FIELDS = frozenset({"kind", "time", "global_step", "epoch", "step", "rank"})
 RESTART_METRIC = "hpctrain/restart"  # the attempt number, at the first step of each new attempt
 REDONE_METRIC = "hpctrain/redone_steps"  # how many steps that attempt repeated
@@ -92,8 +93,11 @@ def read_history(lines: Iterable[bytes], *, after_step: int = -1, sent_bytes: in
             if start >= sent_bytes and sent_bytes:
                 late.add(step)
             continue
+        prefix = PREFIX.get(record["kind"])
+        if prefix is None:
+            continue
         values = {
-            f"{PREFIX[record['kind']]}/{key}": float(value)
+            f"{prefix}/{key}": float(value)
             for key, value in record.items()
             if key not in OWN_FIELDS and isinstance(value, (int, float)) and not isinstance(value, bool)
         }

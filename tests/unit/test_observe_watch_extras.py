@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import threading
 from datetime import datetime
 from pathlib import Path
@@ -26,6 +27,9 @@ pytestmark = pytest.mark.usefixtures("isolated")
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm" / "24.11"
 NOW = datetime(2026, 11, 29, 0, 13, 19).timestamp()
+
+
+STAMPED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")
 
 
 def iso(at: float) -> str:
@@ -65,7 +69,8 @@ def test_watch_ends_with_predicted_vs_real_just_before_its_last_line(tmp_path: P
     out = io.StringIO()
     assert watch(run_dir, out=out, tty=False, poller=JobPoller(fake.client()), clock=lambda: NOW, sleep=print) == 0
     lines = out.getvalue().splitlines()
-    assert lines[-2].startswith("estimated at submit: start: predicted") and "10% late" in lines[-2]
+    assert lines[-2][19:].startswith(" estimated at submit: start: predicted") and "10% late" in lines[-2]
+    assert all(STAMPED.match(line) for line in lines), lines  # every line of a piped watch is timestamped
     assert lines[-1].endswith("ended COMPLETED; run status: completed")
 
 
@@ -91,7 +96,7 @@ def test_sync_runs_beside_the_watch_and_once_more_at_the_end(tmp_path: Path, mon
     extras.worker.join(10)
     assert extras.tick(NOW + SYNC_EVERY_S + 2, running=True)[0].endswith("mlflow: synced through step 6")
     last = extras.ended(NOW + 100)
-    assert len(calls) == 3 and last[-1] == "mlflow: synced through step 15, run completed"
+    assert len(calls) == 3 and last[-1].endswith(" mlflow: synced through step 15, run completed")
 
 
 def test_a_tracker_that_cannot_be_reached_is_a_line_not_the_end(
@@ -105,8 +110,8 @@ def test_a_tracker_that_cannot_be_reached_is_a_line_not_the_end(
     assert extras.worker is not None
     extras.worker.join(10)
     heard += extras.tick(NOW + 1, running=True)
-    assert [line[9:] for line in heard] == ["mlflow: not synced: http://m: connection refused"]
-    assert extras.ended(NOW + 2) == ["mlflow: not synced: http://m: connection refused"]
+    assert [line[20:] for line in heard] == ["mlflow: not synced: http://m: connection refused"]
+    assert [line[20:] for line in extras.ended(NOW + 2)] == ["mlflow: not synced: http://m: connection refused"]
 
 
 def test_sync_without_watch_says_how_to_use_it(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -114,3 +114,17 @@ def test_garbage_and_foreign_lines_are_skipped() -> None:
 def test_the_spec_becomes_flat_parameters() -> None:
     params = flat_params({"name": "x", "trainer": {"lr": 0.1, "step_epochs": [30, 60]}, "env": {}, "s": None})
     assert params == {"name": "x", "trainer.lr": "0.1", "trainer.step_epochs": "[30, 60]", "env": "{}", "s": "null"}
+
+
+def test_a_step_split_record_is_sent_under_split_and_a_kind_without_a_prefix_is_not() -> None:
+    """The trainer's per-window step split (contract/step_split.py) beside its train_step at the same step;
+    a sync of a run with one failed with a KeyError before (the CI rehearsal of 2026-11-29)."""
+    split = {"kind": "step_split", "global_step": 2, "time": 5.0, "ranks": 2, "forward_s": 0.25, "data_s": 0.5}
+    lines = lines_of(metric_line(2, 1.5, 4.0) + json.dumps(split) + "\n")
+    history = read_history(lines)
+    assert history.steps[2].values == {
+        "train/loss": 1.5,
+        "split/ranks": 2.0,
+        "split/forward_s": 0.25,
+        "split/data_s": 0.5,
+    }
