@@ -87,15 +87,15 @@ def user_prefix(ids: str, slurm_conf: Path) -> list[str]:
     return [*enter, f"--root={record['rootfs']}", f"--wd={REPO_ROOT}", *drop]
 
 
-def hpctrain(env: dict[str, str], *args: str, timeout: float = 120) -> CliResult:
-    """``hpctrain ARGS`` in the repository root; its output is captured, never a TTY."""
+def hpctrain(env: dict[str, str], *args: str, timeout: float = 120, cwd: Path = REPO_ROOT) -> CliResult:
+    """``hpctrain ARGS`` in ``cwd`` (the repository root); its output is captured, never a TTY."""
     start = time.monotonic()
     env = dict(env)
     as_user = user_prefix(env.pop(AS_USER, ""), Path(env.get("SLURM_CONF", "/")))
     proc = subprocess.run(
         [*as_user, sys.executable, "-m", "hpctrain", *args],
         env=env,
-        cwd=REPO_ROOT,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ import yaml
 
 from tests.otp_sshd import login_with_code, missing, otp_login
 
-from .hpctrain_cli import CliResult
+from .hpctrain_cli import CliResult, hpctrain
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -85,7 +84,7 @@ def test_a_sitting_on_the_cluster_through_the_otp_login_node(slurm_cluster: Slur
         assert code == 0, shown
 
         def remote(*args: str, timeout: float = 180) -> CliResult:
-            return hpctrain_in(laptop, folder, *args, "--cluster", "otp", timeout=timeout)
+            return hpctrain(laptop, *args, "--cluster", "otp", timeout=timeout, cwd=folder)
 
         submitted = remote("submit", "job.yaml", "--json")
         assert submitted.returncode == 0, submitted
@@ -107,17 +106,3 @@ def test_a_sitting_on_the_cluster_through_the_otp_login_node(slurm_cluster: Slur
         done = remote("status", str(run_dir), "--json")
         assert "completed" in json.dumps(done.json()).lower(), done
         assert login.prompts() == 1, "one code for the whole sitting"
-
-
-def hpctrain_in(env: dict[str, str], cwd: Path, *args: str, timeout: float) -> CliResult:
-    start = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
-    return CliResult(tuple(args), proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)

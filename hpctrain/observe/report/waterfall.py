@@ -137,16 +137,7 @@ def _num(value: Any) -> float:
 def step_bar(split: Split) -> Bar:
     """Ideal: the compute alone; every other part is a loss (its share of the step)."""
     losses = [Loss(p, split.parts[p] / split.step_s, split.parts[p]) for p in PARTS if p not in COMPUTE]
-    return Bar(
-        label=split.label,
-        devices=split.devices,
-        device_kind=split.device_kind,
-        kind="step",
-        actual_s=split.step_s,
-        ideal_s=split.compute_s,
-        efficiency=split.compute_s / split.step_s,
-        losses=_ordered(losses),
-    )
+    return _bar(split, "step", split.compute_s, losses)
 
 
 def scaling_bar(split: Split, base: Split) -> Bar:
@@ -157,14 +148,19 @@ def scaling_bar(split: Split, base: Split) -> Bar:
     grown["compute"] = split.compute_s - base.compute_s * to_here
     ideal = base.step_s * to_here
     losses = [Loss(p, s / split.step_s, s) for p, s in grown.items()]
+    return _bar(split, "scaling", ideal, losses)
+
+
+def _bar(split: Split, kind: str, ideal_s: float, losses: list[Loss]) -> Bar:
+    """``split``'s bar of ``kind`` against ``ideal_s``, its losses largest first."""
     return Bar(
         label=split.label,
         devices=split.devices,
         device_kind=split.device_kind,
-        kind="scaling",
+        kind=kind,
         actual_s=split.step_s,
-        ideal_s=ideal,
-        efficiency=ideal / split.step_s,
+        ideal_s=ideal_s,
+        efficiency=ideal_s / split.step_s,
         losses=_ordered(losses),
     )
 
