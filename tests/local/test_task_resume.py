@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from task_harness import logs, run_ranks, start_ranks, wait_ranks
 
-from hpctrain.contract.rundir import META_FILE, checkpoints_dir, heartbeat_path, metrics_path, summary_path
+from hpctrain.contract.rundir import checkpoints_dir, heartbeat_path, metrics_path, summary_path
 
 pytestmark = pytest.mark.local_dist
 
@@ -51,13 +51,24 @@ def script_env(run: Path, restart: int) -> dict[str, str]:
 def run_script(command: list[str], run: Path, restart: int, logs_to: Path, stop_after: int | None = None) -> None:
     procs = start_ranks(command, 2, env=script_env(run, restart), cwd=run, log_dir=logs_to)
     if stop_after is not None:
+        # Signalled once the loop logged step ``stop_after`` (metrics lines stay; the step's checkpoint folder
+        # is pruned a few steps later, so a poll starved by a busy machine could miss it and wait for nothing).
         deadline = time.monotonic() + 120
-        while not list(checkpoints_dir(run).glob(f"step-{stop_after:08d}/{META_FILE}")):
-            assert time.monotonic() < deadline, logs(logs_to)
-            time.sleep(0.1)
+        while logged_steps(run) < stop_after:
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), logs(logs_to)
+            time.sleep(0.05)
         for proc in procs:
             os.killpg(proc.pid, signal.SIGUSR1)  # the wrapper signals each script's process group
     assert wait_ranks(procs, logs_to) == [0, 0], logs(logs_to)
+
+
+def logged_steps(run: Path) -> int:
+    """The newest step the loop logged (0 before the first)."""
+    try:
+        lines = metrics_path(run).read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    return max((json.loads(line)["global_step"] for line in lines if line.endswith("}")), default=0)
 
 
 def summary(run: Path) -> dict[str, Any]:
