@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target='.[test]'
-probe="import hpctrain, torch, torchvision, submitit, pytest"
+probe="import hpctrain, torch, torchvision, submitit, pytest, xdist"
 if [ "${1:-}" = "--no-test" ]; then
   target='.'
   probe="import hpctrain, torch, torchvision, submitit"

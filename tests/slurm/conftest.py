@@ -9,10 +9,20 @@ version's root filesystem cannot be made (no package registry), the tier is
 skipped, except under CI (env CI set), where that is a failure: CI must run
 this tier. Tests marked `slurm_contract` are the subset every version must pass
 (`-m slurm_contract`).
+
+Tests marked `slurm_shared` may run beside each other on the one cluster: they
+do not restart, resize, slow or kill any of it, preempt through the `urgent`
+partition, read the whole queue, or time anything a neighbour's job could
+slow. scripts/test.sh runs them two at a time (pytest-xdist, `-n 2 --dist
+loadfile`), then the others alone. Under xdist each worker is a session of its
+own: the first one brings the cluster up (the others wait on a lock and find it
+up), and none brings it down (scripts/test.sh does, between versions).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import pwd
 import shutil
@@ -287,6 +297,23 @@ def _skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
+def _xdist_worker() -> bool:
+    """Whether this session is one of several pytest-xdist workers sharing the cluster."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
+@contextlib.contextmanager
+def _up_lock(state_dir: Path) -> Iterator[None]:
+    """Held while a session checks and brings up the cluster (beside the state dir: `down` removes that)."""
+    lock = state_dir.parent / f".{state_dir.name}.up.lock"
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _keep_cluster() -> bool:
     return os.environ.get("HPCTRAIN_KEEP_CLUSTER", "") not in ("", "0")
 
@@ -303,6 +330,10 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers", "shared_fs: data and output_dir on a network mount (`slurm-cluster up --shared`, sshfs)"
+    )
+    config.addinivalue_line(
+        "markers",
+        "slurm_shared: safe beside other slurm_shared tests on the same cluster at once (scripts/test.sh: -n 2)",
     )
 
 
@@ -322,25 +353,28 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 
     slurm = os.environ.get(SLURM_VERSION_ENV, "") or DEFAULT_SLURM
     state_dir = Path(os.environ.get("HPCTRAIN_SLURM_STATE", DEFAULT_STATE_DIR)).resolve()
-    status = _script("status", "--state-dir", str(state_dir), timeout=60, ok=(0, 1, 3))
-    was_up = status.returncode == 0 and f"slurm={slurm} " in status.stdout
     nodes = ["n1", "n2"]
-    try:
-        up_args = _up_args(slurm, len(nodes), "cgroup", state_dir)
-        up = _script("up", *up_args, timeout=FIRST_UP_TIMEOUT_S, ok=(0, ROOTFS_UNAVAILABLE))
-    except RuntimeError as exc:
-        if not _keep_cluster():
-            _script("down", "--state-dir", str(state_dir), timeout=120)
-        pytest.fail(str(exc), pytrace=False)
+    with _up_lock(state_dir):  # xdist's workers start at once: one brings the cluster up, the others find it up
+        status = _script("status", "--state-dir", str(state_dir), timeout=60, ok=(0, 1, 3))
+        was_up = status.returncode == 0 and f"slurm={slurm} " in status.stdout
+        try:
+            up_args = _up_args(slurm, len(nodes), "cgroup", state_dir)
+            up = _script("up", *up_args, timeout=FIRST_UP_TIMEOUT_S, ok=(0, ROOTFS_UNAVAILABLE))
+        except RuntimeError as exc:
+            if not _keep_cluster() and not _xdist_worker():
+                _script("down", "--state-dir", str(state_dir), timeout=120)
+            pytest.fail(str(exc), pytrace=False)
     if up.returncode == ROOTFS_UNAVAILABLE:
         _skip_or_fail(f"Slurm {slurm} is not available here: {up.stderr.strip()}")
 
     _cluster = SlurmCluster(state_dir=state_dir, nodes=nodes, env=_client_env(state_dir), slurm=slurm)
+    if not _xdist_worker():  # a session alone on the cluster starts with an empty queue
+        _cancel_all(_cluster, "jobs an earlier session left queued")
     try:
         yield _cluster
     finally:
         _cluster = None
-        if _keep_cluster() or was_up:
+        if _keep_cluster() or was_up or _xdist_worker():
             print(
                 f"\nslurm test cluster left up (state dir {state_dir}); "
                 f"stop it with: {SCRIPT} down --state-dir {state_dir}"
@@ -353,16 +387,27 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 def no_job_outlives_its_file(slurm_cluster: SlurmCluster) -> Iterator[None]:
     """Cancel what a file's failed test left queued, so its failure does not become the next file's.
 
-    Tests that care assert an empty queue themselves; this only stops the cascade.
+    Tests that care assert an empty queue themselves; this only stops the cascade. Under xdist the queue
+    holds the other workers' jobs too: the leftovers are only named (the next exclusive session cancels them).
     """
     yield
-    left = slurm_cluster.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
+    if _xdist_worker():
+        left = slurm_cluster.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
+        if left:
+            print(f"\njobs in the queue after this file (this worker's or another's): {' '.join(left)}")
+        return
+    _cancel_all(slurm_cluster, "jobs a failed test left queued")
+
+
+def _cancel_all(cluster: SlurmCluster, what: str) -> None:
+    """Cancel every queued job and wait (up to 60 s) until the queue is empty."""
+    left = cluster.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
     if not left:
         return
-    print(f"\ncancelling jobs a failed test left queued: {' '.join(left)}")
-    slurm_cluster.run("scancel", *left, check=False)
+    print(f"\ncancelling {what}: {' '.join(left)}")
+    cluster.run("scancel", *left, check=False)
     deadline = time.monotonic() + 60
-    while slurm_cluster.run("squeue", "-h", "-o", "%i", check=False).stdout.split() and time.monotonic() < deadline:
+    while cluster.run("squeue", "-h", "-o", "%i", check=False).stdout.split() and time.monotonic() < deadline:
         time.sleep(0.5)
 
 
