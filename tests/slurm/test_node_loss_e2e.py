@@ -57,9 +57,9 @@ TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
 START_TIMEOUT_S = 120  # submit -> first checkpoint: 4 ranks importing torch on 2 cores
 RUN_TIMEOUT_S = 240
 # A lost node that still held processes of the job (the batch node; the last node lost before a requeue)
-# keeps the requeued job COMPLETING until Slurm marks it DOWN: SlurmdTimeout (60 s on the test cluster)
+# keeps the requeued job COMPLETING until Slurm marks it DOWN: SlurmdTimeout (30 s on the test cluster)
 # after its last answer to a ping, which comes every SlurmdTimeout/3 s. Measured 74 s on 24.11 from the
-# kill; the CI machine's load adds to it (over 90 s once). A hang guard, not a timing.
+# kill with SlurmdTimeout 60; the CI machine's load adds to it (over 90 s once). A hang guard, not a timing.
 REQUEUE_AFTER_LOSS_TIMEOUT_S = 240
 HANG_TIMEOUT_S = 15  # distributed.hang_timeout_s of the hung-rank test (the spec's timeout_s is 120)
 BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
