@@ -147,7 +147,8 @@ def _ms(seconds: float) -> str:
 class StepModel:
     """The model over measured scales (see the module docstring); ``at(devices)`` answers for any scale."""
 
-    def __init__(self, scales: Sequence[Scale]) -> None:
+    def __init__(self, scales: Sequence[Scale], kind: str = "devices") -> None:
+        self.kind = kind  # what a scale counts, plural: "GPUs", "processes"
         self.scales = one_per_scale([s for s in scales if s.devices >= 1 and s.step_s > 0])
         if not self.scales:
             raise ValueError("the step model needs at least one measured scale")
@@ -164,7 +165,7 @@ class StepModel:
         parts["comm"] = comm
         if devices == 1:
             parts["comm"] = parts["straggler"] = 0.0
-            how = "none at one device"
+            how = "none on one device"
         step = sum(parts.values())
         efficiency = base.step_s * base.per_image / per / step
         if devices > base.devices:  # the scaling bar: what grew against the smallest scale, per image and rank
@@ -174,7 +175,7 @@ class StepModel:
             grown = {p: parts[p] for p in PARTS if p not in COMPUTE}
         dominant = max(grown, key=grown.__getitem__)
         measured = any(s.devices == devices for s in self.scales)
-        where = f"{anchor.devices}" if measured else f"{anchor.devices} (the nearest measured)"
+        where = f"{anchor.devices} {self.kind}" + ("" if measured else " (the nearest measured)")
         model = (
             f"step-split model: the rank's own work per image as measured at {where}; "
             f"exposed communication {_ms(parts['comm'])} per step ({how})"
@@ -183,13 +184,13 @@ class StepModel:
 
     def _comm(self, devices: int) -> tuple[float, str]:
         """Exposed communication per step at ``devices``, and how it was found (words)."""
-        points = [(math.log2(s.devices), s.parts["comm"], s.devices) for s in self.scales]
+        points = [(math.log2(s.devices), s.parts["comm"], f"{s.devices} {self.kind}") for s in self.scales]
         x = math.log2(devices)
         exact = next((c for px, c, _ in points if px == x), None)
         if exact is not None:
             return exact, "measured"
         if len(points) == 1:
-            return points[0][1], f"held at the one measured scale's, {points[0][2]} devices: optimistic"
+            return points[0][1], f"held at the one measured scale's, {points[0][2]}: optimistic"
         if x > points[-1][0]:
             (x0, c0, d0), (x1, c1, d1) = points[-2], points[-1]
             line = c1 + (c1 - c0) / (x1 - x0) * (x - x1)

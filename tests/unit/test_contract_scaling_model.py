@@ -28,7 +28,8 @@ def test_above_the_largest_scale_comm_grows_on_a_line_in_log2_devices() -> None:
     assert at32.dominant == "comm" and at32.dominant_label == "exposed communication"
     assert at32.dominant_loss == pytest.approx((0.030 - 0.012) / 0.099)
     assert not at16.measured
-    assert "exposed communication 24.0 ms per step" in at16.model and "12.0 ms at 4 and 18.0 ms at 8" in at16.model
+    assert "exposed communication 24.0 ms per step" in at16.model
+    assert "12.0 ms at 4 devices and 18.0 ms at 8 devices" in at16.model
 
 
 def test_a_fixed_global_batch_halves_the_ranks_own_work_but_not_its_communication() -> None:
@@ -61,7 +62,7 @@ def test_below_the_smallest_scale_comm_shrinks_and_one_device_has_none() -> None
     assert at2.dominant == "data" and at2.dominant_label == "data wait"
     at1 = model.at(1)
     assert at1.parts["comm"] == 0 and at1.parts["straggler"] == 0 and at1.step_s == pytest.approx(0.070)
-    assert "none at one device" in at1.model
+    assert "none on one device" in at1.model
     steep = [Scale(4, 1.0, parts(forward=0.05, comm=0.002)), Scale(8, 1.0, parts(forward=0.05, comm=0.030))]
     assert StepModel(steep).at(2).parts["comm"] == 0.0  # the line would go below zero
 
@@ -78,13 +79,13 @@ def test_between_measured_scales_comm_is_interpolated_and_the_larger_neighbour_a
     ]
     at8 = StepModel(apart).at(8)
     assert at8.parts["comm"] == pytest.approx(0.020) and at8.parts["forward"] == pytest.approx(0.060)
-    assert "measured at 16 (the nearest measured)" in at8.model
+    assert "measured at 16 devices (the nearest measured)" in at8.model
 
 
 def test_one_measured_scale_holds_comm_and_says_so() -> None:
-    at8 = StepModel(WEAK[:1]).at(8)
+    at8 = StepModel(WEAK[:1], kind="GPUs").at(8)
     assert at8.parts["comm"] == pytest.approx(0.012) and at8.step_s == pytest.approx(0.080)
-    assert "optimistic" in at8.model
+    assert "held at the one measured scale's, 4 GPUs: optimistic" in at8.model
 
 
 def test_bad_input_is_refused() -> None:

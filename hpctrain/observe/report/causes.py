@@ -169,5 +169,6 @@ def predict(splits: list[Split], factors: tuple[int, ...] = FACTORS) -> list[Pre
     scales = by_scale(splits)
     if len(scales) < 2:
         return []
-    model, top = StepModel([s.scale() for s in scales]), scales[-1]
+    top = scales[-1]
+    model = StepModel([s.scale() for s in scales], kind=count_text(2, top.device_kind).split(" ", 1)[1])
     return [Prediction.of(model.at(top.devices * factor), top.device_kind) for factor in factors]
