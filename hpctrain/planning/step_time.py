@@ -104,7 +104,7 @@ def measured_by_nodes(measurements: Sequence[Measurement]) -> dict[int, Measurem
 def split_model(measurements: Sequence[Measurement]) -> tuple[StepModel, float] | None:
     """The what-if model over the measurements that logged step_split records, and its devices per node (the
     earlier runs share GPUs and tasks per node); None when none did."""
-    scaled = [(m.nodes, m.scale) for m in measurements if m.scale is not None]
+    scaled = [(m.nodes, m.scale) for m in measurements if m.scale is not None and m.scale.step_s > 0]
     if not scaled:
         return None
     nodes, scale = scaled[0]

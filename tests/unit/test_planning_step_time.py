@@ -55,3 +55,10 @@ def test_the_users_step_time_at_its_node_count_still_wins_there() -> None:
     runs = [Measurement(1, 0.364, 40, "runs/a", AT_1), Measurement(2, 0.386, 40, "runs/b", AT_2)]
     four = step_times((4,), runs, user_step_s=0.5, user_nodes=4)[4]
     assert four is not None and four.model == "yours" and four.seconds == 0.5
+
+
+def test_records_whose_parts_say_nothing_leave_the_fit_to_answer() -> None:
+    empty = Scale(4, 1 / 64, {p: 0.0 for p in PARTS})  # step_s logged, every part missing or unreadable
+    runs = [Measurement(1, 0.30, 40, "runs/a", empty), Measurement(2, 0.34, 40, "runs/b")]
+    four = step_times((4,), runs)[4]
+    assert four is not None and four.model == "fit" and four.seconds == pytest.approx(0.38)
