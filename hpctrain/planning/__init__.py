@@ -10,7 +10,9 @@ writes or imports torch (login side). Its parts, in the order a plan is made:
   batch, precision, data), read through ``contract/``'s bounded readers:
   measured step times per node count, the samples of an epoch.
 * ``step_time.py``: the step time at each shape from the best source, named:
-  measured, a fitted scaling model (extrapolated), or the user's number.
+  measured, the report's what-if model over earlier runs' ``step_split``
+  records (``contract/scaling_model.py``) or else a fitted scaling model
+  (both extrapolated), or the user's number.
 * ``cluster.py``: what Slurm says -- the partition's limits and
   ``sbatch --test-only``'s start, through the one client.
 * ``timeline.py``: chunks (time limit), each chunk's queue wait and restart,

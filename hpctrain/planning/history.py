@@ -21,8 +21,10 @@ from typing import Any
 from hpctrain.contract.metrics import parse_metric_lines
 from hpctrain.contract.rundir import is_inside, is_study_dir, metrics_path, run_home, spec_path
 from hpctrain.contract.runfiles import RunFileError, plausible, printable, read_tail
+from hpctrain.contract.scaling_model import Scale, run_devices, scale_of
+from hpctrain.contract.step_split import KIND as SPLIT_KIND
 from hpctrain.contract.study_file import point_dir, read_study
-from hpctrain.contract.summary import read_summary
+from hpctrain.contract.summary import Summary, read_summary
 from hpctrain.errors import HpctrainError, SpecError
 from hpctrain.jobspec.yaml_source import read_spec_file
 from hpctrain.planning.step_time import Measurement
@@ -110,9 +112,11 @@ def _read_run(run_dir: Path, spec: Mapping[str, Any], found: History) -> None:
     summary = read_summary(run_dir)
     nodes = summary.num_nodes if summary and summary.num_nodes else dotted(spec, "resources.nodes")
     where = printable(str(run_dir))
-    step_s = run_step_times(run_dir, found)
+    records = metric_records(run_dir, found)
+    step_s = step_times_of(records)
     if isinstance(nodes, int) and nodes >= 1 and len(step_s) >= MIN_STEPS:
-        found.measurements.append(Measurement(nodes, statistics.median(step_s), len(step_s), where))
+        scale = _scale(records, summary, spec, nodes)
+        found.measurements.append(Measurement(nodes, statistics.median(step_s), len(step_s), where, scale))
     if summary is None:
         return
     per_epoch, batch, cap = (
@@ -130,6 +134,19 @@ def _read_run(run_dir: Path, spec: Mapping[str, Any], found: History) -> None:
 def run_step_times(run_dir: Path, found: History | None = None) -> list[float]:
     """The logged step times (``step_s`` of train_step records) at the end of the run's metrics.jsonl; what
     cannot be read is noted in ``found``."""
+    return step_times_of(metric_records(run_dir, found))
+
+
+def step_times_of(records: list[dict[str, Any]]) -> list[float]:
+    return [
+        r["step_s"]
+        for r in records
+        if r["kind"] == "train_step" and plausible(r.get("step_s")) and 0 < r["step_s"] < 86400
+    ]
+
+
+def metric_records(run_dir: Path, found: History | None = None) -> list[dict[str, Any]]:
+    """The train_step and step_split records at the end of the run's metrics.jsonl, in file order."""
     path = metrics_path(run_dir)
     if not path.exists():
         return []
@@ -142,8 +159,24 @@ def run_step_times(run_dir: Path, found: History | None = None) -> list[float]:
     lines = tail.splitlines(keepends=True)
     if len(tail) >= METRICS_TAIL_BYTES and lines:
         lines = lines[1:]  # the first piece may be the end of a longer line
-    records, _notes = parse_metric_lines(lines, kinds=("train_step",), timed=False)
-    return [r["step_s"] for r in records if plausible(r.get("step_s")) and 0 < r["step_s"] < 86400]
+    records, _notes = parse_metric_lines(lines, kinds=("train_step", SPLIT_KIND), timed=False)
+    return records
+
+
+def _scale(records: list[dict[str, Any]], summary: Summary | None, spec: Mapping[str, Any], nodes: int) -> Scale | None:
+    """The run's measured split as a scale of the what-if model (devices as the report counts them), or None."""
+    latest: dict[Any, dict[str, Any]] = {}
+    for record in records:  # a window logged again after a restart: the later one, as the report keeps
+        if record["kind"] == SPLIT_KIND:
+            latest[record.get("global_step")] = record
+    if not latest:
+        return None
+    gpn = dotted(spec, "resources.gpus_per_node")
+    world = summary.world_size if summary is not None else None
+    on_cpu = summary is not None and isinstance(summary.device, str) and summary.device.startswith("cpu")
+    devices, _kind = run_devices(nodes, gpn if isinstance(gpn, int) else None, world, on_cpu)
+    batch = summary.global_batch_size if summary is not None else None
+    return scale_of(list(latest.values()), devices=devices, global_batch=batch)
 
 
 def dotted(data: Mapping[str, Any], key: str) -> Any:

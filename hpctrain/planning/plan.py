@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 DEFAULT_SHAPES = (1, 2, 4, 8)
 MAX_SHAPES = 16
 MAX_NODES = 4096  # the spec's own bound on resources.nodes
-COLUMNS = ("nodes", "GPUs", "steps", "step time", "starts in", "chunks", "finishes in", "node-h", "GPU-h", "source")
+COLUMNS = ("nodes", "GPUs", "steps", "step time", "starts in", "chunks", "finishes in", "node-h", "GPU-h")
+COLUMNS += ("dominates", "source")
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,12 @@ def plan(
     context = _Context(job, spec, tuple(overrides), cluster, work, partition, limit_s, restart_s, asker, clock)
     rows = [_shape(context, count, times[count]) for count in shapes]
     _history_note(found, notes)
+    if any(t is not None and t.model == "step split" for t in times.values()):
+        splits = sum(1 for m in found.measurements if m.scale is not None)
+        notes.append(
+            f"shapes no run measured: the report's what-if model over the step_split records of {splits} earlier "
+            "run(s) (docs/scaling.md); 'dominates' is what would lose the most there"
+        )
     notes.append(f"each chunk spends {restart_s:.0f} s starting before it trains: assumed (--restart), not measured")
     if any(row.timeline is not None and row.timeline.chunks > 1 for row in rows):
         notes.append("each chunk after the first is taken to wait in the queue as long as the first start does now")
@@ -282,8 +289,21 @@ def shape_cells(shape: ShapePlan) -> tuple[str, ...]:
     gpus = str(shape.gpus) if shape.gpus else "-"
     steps = f"{shape.steps:,}" if shape.steps is not None else "?"
     step_text = "?" if step is None else f"{step.seconds:.3g} s" + (" (extrap.)" if step.extrapolated else "")
+    dominates = (step.dominates() if step is not None else "") or "-"
     if shape.problem:
-        return (str(shape.nodes), gpus, steps, step_text, "-", "-", "-", "-", "-", f"cannot plan: {shape.problem}")
+        return (
+            str(shape.nodes),
+            gpus,
+            steps,
+            step_text,
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+            dominates,
+            f"cannot plan: {shape.problem}",
+        )
     assert line is not None and step is not None
     starts = "unknown" if line.start_in_s is None else "now" if line.start_in_s < 60 else duration(line.start_in_s)
     finish = "unknown" if line.finish_in_s is None else duration(line.finish_in_s)
@@ -299,6 +319,7 @@ def shape_cells(shape: ShapePlan) -> tuple[str, ...]:
         finish,
         f"{line.node_hours:.1f}",
         gpu_hours,
+        dominates,
         source,
     )
 
@@ -313,6 +334,9 @@ def _shape_json(shape: ShapePlan, now: float) -> dict[str, Any]:
         "step_s": None if step is None else step.seconds,
         "step_source": None if step is None else step.source,
         "extrapolated": None if step is None else step.extrapolated,
+        "step_model": None if step is None else step.model,
+        "dominant": None if step is None else step.dominant,
+        "dominant_loss": None if step is None else step.dominant_loss,
         "start_in_s": shape.start.in_s,
         "expected_start": None if shape.start.in_s is None else _iso(now + shape.start.in_s),
         "start_unknown": shape.start.unknown or None,

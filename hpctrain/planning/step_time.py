@@ -1,10 +1,17 @@
 """The step time at each shape, from the best source, always named. Pure.
 
 Best first: this spec's earlier runs and study points at that node count
-(the median of their logged step times); a scaling model fitted to them for
-node counts never measured; the user's own ``--step-time`` (at the spec's own
-node count, or the one it names). ``trainer.batch_size`` is per device, so
-every shape does the same work per device and step: with two or more
+(the median of their logged step times); for node counts never measured, the
+report's what-if model (``contract/scaling_model.py``) when an earlier run
+logged ``step_split`` records, else a scaling model fitted to the step
+times; the user's own ``--step-time`` (at the spec's own node count, or the
+one it names). Every shape's :class:`StepTime` says which (``model``) and,
+where the split model answers, what dominates there in the report's words.
+
+``trainer.batch_size`` is per device, so every shape does the same work per
+device and step: the split model keeps the rank's own work per image of the
+largest measured scale and grows the exposed communication in log2(devices).
+Without step_split records, with two or more
 measured node counts the model is ``t(n) = a + b * log2(n)`` (least squares,
 ``b`` at least 0: a step never gets faster with more nodes at a fixed
 per-device batch; the log term is what a tree or ring all-reduce adds); with
@@ -18,6 +25,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from hpctrain.contract.scaling_model import Scale, StepModel, label
+
 
 @dataclass(frozen=True)
 class Measurement:
@@ -27,6 +36,7 @@ class Measurement:
     step_s: float
     steps: int
     where: str  # the run directory (or study point), for the plan's sources
+    scale: Scale | None = None  # its step_split records as a scale of the what-if model, when it logged them
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,15 @@ class StepTime:
     seconds: float
     source: str
     extrapolated: bool
+    model: str = "measured"  # "measured", "step split" (the report's what-if model), "fit" (a + b log2 n), "yours"
+    dominant: str | None = None  # what loses the most there, in the report's words (the split model only)
+    dominant_loss: float | None = None  # its share of the step
+
+    def dominates(self) -> str:
+        """``exposed communication 23 %``, or "" where no split model says."""
+        if self.dominant is None or self.dominant_loss is None:
+            return ""
+        return f"{self.dominant} {self.dominant_loss * 100:.0f} %"
 
 
 @dataclass(frozen=True)
@@ -82,6 +101,16 @@ def measured_by_nodes(measurements: Sequence[Measurement]) -> dict[int, Measurem
     return best
 
 
+def split_model(measurements: Sequence[Measurement]) -> tuple[StepModel, float] | None:
+    """The what-if model over the measurements that logged step_split records, and its devices per node (the
+    earlier runs share GPUs and tasks per node); None when none did."""
+    scaled = [(m.nodes, m.scale) for m in measurements if m.scale is not None and m.scale.step_s > 0]
+    if not scaled:
+        return None
+    nodes, scale = scaled[0]
+    return StepModel([s for _, s in scaled]), scale.devices / nodes
+
+
 def step_times(
     shapes: Sequence[int],
     measurements: Sequence[Measurement],
@@ -92,21 +121,28 @@ def step_times(
     """Each shape's step time, or None where nothing says (no run of this spec, no ``--step-time``)."""
     best = measured_by_nodes(measurements)
     model = fit({n: m.step_s for n, m in best.items()})
+    split = split_model(measurements)
     user_model = fit({user_nodes: user_step_s}) if user_step_s is not None and user_nodes is not None else None
     answers: dict[int, StepTime | None] = {}
     for nodes in shapes:
+        estimate = split[0].at(max(1, round(nodes * split[1]))) if split is not None else None
+        dominant = None if estimate is None else label(estimate.dominant)
+        loss = None if estimate is None else estimate.dominant_loss
         if nodes in best:
             found = best[nodes]
-            answers[nodes] = StepTime(
-                found.step_s, f"measured: median of {found.steps} logged steps in {found.where}", False
-            )
+            source = f"measured: median of {found.steps} logged steps in {found.where}"
+            answers[nodes] = StepTime(found.step_s, source, False, "measured", dominant, loss)
         elif user_model is not None and nodes == user_nodes:
-            answers[nodes] = StepTime(user_model.at(nodes), "--step-time (yours)", False)
+            answers[nodes] = StepTime(user_model.at(nodes), "--step-time (yours)", False, "yours")
+        elif estimate is not None:
+            answers[nodes] = StepTime(
+                estimate.step_s, f"extrapolated: {estimate.model}", True, "step split", dominant, loss
+            )
         elif model is not None:
-            answers[nodes] = StepTime(model.at(nodes), f"extrapolated: {model.describe()}", True)
+            answers[nodes] = StepTime(model.at(nodes), f"extrapolated: {model.describe()}", True, "fit")
         elif user_model is not None:
             answers[nodes] = StepTime(
-                user_model.at(nodes), f"extrapolated from your --step-time: {user_model.describe()}", True
+                user_model.at(nodes), f"extrapolated from your --step-time: {user_model.describe()}", True, "yours"
             )
         else:
             answers[nodes] = None

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
+from hpctrain.contract.scaling_model import steady_records
 from hpctrain.contract.step_split import LOCAL, PARTS
 from hpctrain.observe.report.causes import MIN_LOSS, causes, predict
-from hpctrain.observe.report.waterfall import run_split, steady_records, waterfall
+from hpctrain.observe.report.waterfall import run_split, waterfall
 
 COMPUTE = {"h2d": 0.004, "forward": 0.030, "backward": 0.060, "optimizer": 0.006}
 

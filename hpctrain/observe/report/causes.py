@@ -8,22 +8,20 @@ A straggler is named only when one rank was the slowest in most steady windows
 typical rank's own work; random jitter between ranks moves from rank to rank
 and stays a part of the wait, unnamed.
 
-What-if (:func:`predict`), a simple model over the two largest measured scales,
-per image and rank, with the per-rank batch of the largest one (weak scaling):
-the rank's own work (data, compute, loop, checkpoint) stays as measured at the
-largest scale; exposed communication follows a line in log2(devices) through
-the measured scales (a ring all-reduce's latency term grows with log p, its
-bandwidth term is flat), never below the largest scale's; straggler wait stays
-at least as measured (more nodes, more chances of a slow one).
+What-if (:func:`predict`): the step at 2x and 4x the largest measured scale
+from the one model ``hpctrain plan`` uses too (``contract/scaling_model.py``:
+the rank's own work per image as measured at the largest scale, exposed
+communication on a line in log2(devices) through the two largest), with the
+largest scale's per-rank batch (weak scaling).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hpctrain.contract.step_split import COMPUTE, LABELS, LOCAL
+from hpctrain.contract.scaling_model import Estimate, StepModel
+from hpctrain.contract.step_split import LABELS, LOCAL
 from hpctrain.observe.report.waterfall import Bar, Split, by_scale, count_text
 
 MIN_LOSS = 0.10  # a part must cost at least this share of the step to be named a cause
@@ -55,7 +53,7 @@ def _pct(fraction: float) -> str:
 
 
 def _comm_growth(scales: list[Split]) -> str:
-    points = [(s.devices, s.parts["comm"] / s.per_image * scales[-1].per_image) for s in scales]
+    points = [(s.devices, s.parts["comm"]) for s in scales]  # per step: the gradients' size is the model's
     if len(points) < 2:
         return ""
     (d0, c0), (d1, c1) = points[0], points[-1]
@@ -148,31 +146,29 @@ class Prediction:
     dominant: str  # the part losing the most there
     dominant_loss: float
     model: str
+    step_s: float  # the predicted step time (seconds), as ``hpctrain plan`` would give it
+
+    @classmethod
+    def of(cls, estimate: Estimate, device_kind: str) -> Prediction:
+        return cls(
+            estimate.devices,
+            device_kind,
+            estimate.efficiency,
+            estimate.dominant,
+            estimate.dominant_loss,
+            estimate.model,
+            estimate.step_s,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def predict(splits: list[Split], factors: tuple[int, ...] = FACTORS) -> list[Prediction]:
-    """Efficiency at ``factors`` x the largest measured scale (see the module docstring); [] with one scale."""
+    """The step at ``factors`` x the largest measured scale, with its per-rank batch; [] with one scale."""
     scales = by_scale(splits)
     if len(scales) < 2:
         return []
-    base, top = scales[0], scales[-1]
-    per = top.per_image  # everything in seconds per step at the largest scale's per-rank batch
-    base_s = base.step_s / base.per_image * per
-    xs = [math.log2(max(1, s.devices)) for s in scales[-2:]]
-    ys = [s.parts["comm"] / s.per_image * per for s in scales[-2:]]
-    slope = (ys[1] - ys[0]) / (xs[1] - xs[0]) if xs[1] != xs[0] else 0.0
-    out = []
-    for factor in factors:
-        devices = top.devices * factor
-        parts = dict(top.parts)
-        parts["comm"] = max(top.parts["comm"], ys[1] + slope * (math.log2(devices) - xs[1]))
-        step = sum(parts.values())
-        grown = {p: parts[p] - base.parts[p] / base.per_image * per for p in parts if p not in COMPUTE}
-        grown["compute"] = sum(parts[p] for p in COMPUTE) - sum(base.parts[p] for p in COMPUTE) / base.per_image * per
-        dominant = max(grown, key=grown.__getitem__)
-        model = f"communication {_ms(parts['comm'])} per step (measured {_ms(ys[0])} -> {_ms(ys[1])})"
-        out.append(Prediction(devices, top.device_kind, base_s / step, dominant, grown[dominant] / step, model))
-    return out
+    top = scales[-1]
+    model = StepModel([s.scale() for s in scales], kind=count_text(2, top.device_kind).split(" ", 1)[1])
+    return [Prediction.of(model.at(top.devices * factor), top.device_kind) for factor in factors]

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hpctrain.contract.runfiles import plausible
+from hpctrain.contract.scaling_model import run_devices
 from hpctrain.observe.report.load import RunData
 
 
@@ -161,10 +162,7 @@ def resources(run: RunData) -> tuple[int | None, int | None, str, int | None]:
         gpn = _whole(spec_res.get("gpus_per_node"))
     device = summary.get("device")
     on_cpu = isinstance(device, str) and device.startswith("cpu")
-    if not on_cpu and gpn and nodes:
-        devices, kind = nodes * gpn, "GPU"
-    else:
-        devices, kind = world, "process"
+    devices, kind = run_devices(nodes, gpn, world, on_cpu)
     batch = _whole(point.get("global_batch")) or _whole(summary.get("global_batch_size"))
     return nodes, devices, kind, batch
 

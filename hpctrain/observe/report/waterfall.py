@@ -1,6 +1,6 @@
 """The waterfall: per scale, ideal vs actual step time and the efficiency lost to each part. Pure functions.
 
-A run's split is the mean of its steady ``step_split`` records (``contract/step_split.py``):
+A run's split is the mean of its steady ``step_split`` records (``contract/scaling_model.py``):
 the first window of every epoch is left out (loader start, warm-up, the ranks arriving
 at different times) when the epoch has others. Step times are compared per image
 and rank (``step_s x ranks / global batch``), so that a study that changes the
@@ -23,7 +23,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hpctrain.contract.step_split import COMPUTE, LOCAL, PARTS, parts_of
+from hpctrain.contract.scaling_model import Scale, mean_parts, one_per_scale, ranks_of, usable
+from hpctrain.contract.step_split import COMPUTE, LOCAL, PARTS
 
 PERSISTENT = 2 / 3  # a straggler is the slowest rank in at least this share of the steady windows
 
@@ -55,6 +56,10 @@ class Split:
     def compute_s(self) -> float:
         return sum(self.parts[p] for p in COMPUTE)
 
+    def scale(self) -> Scale:
+        """This split as a measured scale of the what-if model (``contract/scaling_model.py``)."""
+        return Scale(self.devices, self.per_image, dict(self.parts), self.windows)
+
 
 @dataclass
 class Loss:
@@ -83,15 +88,6 @@ def count_text(number: int, kind: str) -> str:
     return f"{number} {kind}" + ("" if number == 1 else "es" if kind.endswith("s") else "s")
 
 
-def steady_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The step_split records without the first of each epoch of each attempt (when that epoch has more)."""
-    groups: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
-    for record in records:
-        groups.setdefault((record.get("attempt"), record.get("epoch")), []).append(record)
-    steady = [r for group in groups.values() for r in (group[1:] if len(group) > 1 else group)]
-    return sorted(steady, key=lambda r: r.get("global_step") or 0)
-
-
 def run_split(
     label: str,
     records: list[dict[str, Any]],
@@ -103,11 +99,11 @@ def run_split(
     data_workers: int | None = None,
 ) -> Split | None:
     """A run's steady split from its step_split records; None without any."""
-    steady = [r for r in steady_records(records) if isinstance(r.get("step_s"), (int, float)) and r["step_s"] > 0]
+    steady = usable(records)
     if not steady:
         return None
-    parts = {p: statistics.fmean(parts_of(r)[p] for r in steady) for p in PARTS}
-    ranks = max(int(r.get("ranks") or 1) for r in steady)
+    parts = mean_parts(steady)
+    ranks = ranks_of(steady)
     split = Split(
         label=label,
         devices=devices or ranks,
@@ -171,11 +167,7 @@ def _ordered(losses: list[Loss]) -> list[Loss]:
 
 def by_scale(splits: list[Split]) -> list[Split]:
     """One split per number of devices (the one with the most windows), fewest devices first."""
-    best: dict[int, Split] = {}
-    for split in splits:
-        if split.devices not in best or split.windows > best[split.devices].windows:
-            best[split.devices] = split
-    return [best[d] for d in sorted(best)]
+    return one_per_scale(splits)
 
 
 def waterfall(splits: list[Split]) -> list[Bar]:
