@@ -8,9 +8,9 @@ imported). Each rule fails with the list of offending imports, as
   in the library packages beneath them.
 * ``contract/`` imports nothing of the project but ``hpctrain.errors`` and
   itself: both sides import it, so it must stand alone.
-* The login side (contract, jobspec, launch, observe, diagnose, cli, dataset, planning)
-  never imports torch, torchvision, ``hpctrain.trainer`` or the public task
-  API ``hpctrain.task`` (login nodes are slow and shared). A function-level
+* The login side (contract, jobspec, jobscript, launch, observe, diagnose, cli, dataset, tracking, planning,
+  remote) never imports torch, torchvision, ``hpctrain.trainer`` or the public
+  task API ``hpctrain.task`` (login nodes are slow and shared). A function-level
   import inside a helper that only runs where torch belongs may be let through
   by :data:`TASK_ONLY`.
 * ``hpctrain.task`` (what a user's own loop imports) never imports the
@@ -45,7 +45,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hpctrain"
 LOGIN_SIDE = (
-    "contract", "jobspec", "launch", "observe", "diagnose", "cli", "dataset", "tracking", "planning", "remote"
+    "contract", "jobspec", "jobscript", "launch", "observe", "diagnose", "cli", "dataset", "tracking", "planning", "remote"
 )  # fmt: skip
 TRACKER_LIBRARIES = ("wandb", "mlflow")
 TASK_SIDE = (
@@ -80,7 +80,7 @@ TASK_ONLY = {
     ("hpctrain.diagnose.data_bench_job", "measure", "hpctrain.trainer"): "the same measurement: the trainer's pipeline",
 }
 # The commands that talk to Slurm's controller or database. ``srun`` is not among them: it starts the tasks
-# inside the batch script (launch/sbatch_script.py) and the healing supervisor's steps.
+# inside the batch script (jobscript/sbatch_script.py) and the healing supervisor's steps.
 SLURM_COMMANDS = frozenset(
     {"sbatch", "squeue", "sacct", "sacctmgr", "scontrol", "scancel", "sinfo", "sstat", "sprio", "sshare", "salloc"}
 )

@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
+from hpctrain.jobscript.parameters import slurm_parameters
 from hpctrain.jobspec.load import load_job
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.profiles import BUILTIN_PROFILES, ClusterProfile, apply_profile
-from hpctrain.launch.submission import local_parameters, render_script, slurm_parameters, task_python
+from hpctrain.launch.submission import local_parameters, render_script, task_python
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
