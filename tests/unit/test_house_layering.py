@@ -33,6 +33,10 @@ imported). Each rule fails with the list of offending imports, as
   (``wandb``, ``mlflow``), and the task side (the trainer, the task API, the
   runtime that runs scripts, the healing wing) never imports the wing:
   trackers read the run directory, training never waits on them.
+* The login side flows down too (issue 36), in :data:`LOGIN_FLOORS`' order:
+  no package imports one standing above it (``planning/`` is handed launch's
+  submit, the tracking wing asks ``launch/run_state.py`` whether a run has
+  ended), and nothing beneath the package face imports it.
 * At most five modules lie loose in ``hpctrain/``.
 """
 
@@ -45,7 +49,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hpctrain"
 LOGIN_SIDE = (
-    "contract", "jobspec", "jobscript", "launch", "observe", "diagnose", "cli", "dataset", "tracking", "planning", "remote"
+    "contract", "jobspec", "jobscript", "launch", "observe", "diagnose", "cli", "dataset", "tracking", "planning",
+    "remote",
 )  # fmt: skip
 TRACKER_LIBRARIES = ("wandb", "mlflow")
 TASK_SIDE = (
@@ -58,6 +63,11 @@ TASK_SIDE = (
 )
 HEAVY = ("torch", "torchvision", "hpctrain.trainer", "hpctrain.task")
 MAX_LOOSE_MODULES = 5
+# The login side's packages from the ground up: each imports only those before it (and the task side's
+# packages where the rules below let it). farm-studio's "arrows that run back up" are these imports.
+LOGIN_FLOORS = (
+    "contract", "jobspec", "jobscript", "dataset", "diagnose", "planning", "launch", "tracking", "observe", "remote"
+)  # fmt: skip
 TASK_PACKAGES = ("hpctrain.runtime", "hpctrain.programs")
 # (importer, or a package of importers; the program it may import) -> why.
 PROGRAM_IMPORTERS = {
@@ -326,6 +336,26 @@ def test_only_the_tracking_wing_imports_a_tracker_and_training_never_imports_the
     ]
     assert not wing, "the task side imports the tracking wing (it reads the run directory instead):" + offenders(wing)
     assert any(is_under(item.name, "mlflow") for item in ALL_IMPORTS), "the scan sees the wing's own imports"
+
+
+def test_the_login_side_flows_down() -> None:
+    def floor(name: str) -> int | None:
+        parts = name.split(".")
+        return LOGIN_FLOORS.index(parts[1]) if len(parts) > 1 and parts[1] in LOGIN_FLOORS else None
+
+    found = [
+        item
+        for item in ALL_IMPORTS
+        if (low := floor(item.module)) is not None
+        and ((high := floor(item.name)) is not None and high > low or item.name == "hpctrain")
+    ]
+    assert not found, (
+        "a login-side package imports one above it (or the package face); move the shared part down, or hand "
+        "it down from the caller:" + offenders(found)
+    )
+    assert {module.split(".")[1] for module in {item.module for item in ALL_IMPORTS} if floor(module) is not None} == (
+        set(LOGIN_FLOORS)
+    ), "the scan sees every floor"
 
 
 def test_few_modules_lie_loose_in_the_package() -> None:
