@@ -117,7 +117,7 @@ def __dir__() -> list[str]:
 
 
 # -- the programs' old names, for jobs pickled before they moved (issue 36) ------------------------------------------
-# submitit pickles the program a job runs (launch/submission.py) and pickle names its class by module path: a job
+# submitit pickles the program a job runs (launch/task_programs.py) and pickle names its class by module path: a job
 # submitted before the programs left runtime/ for programs/, requeued after an upgrade, unpickles
 # ``hpctrain.runtime.launcher.TaskLauncher``. Every unpickling of an ``hpctrain.*`` class imports this package first,
 # which puts ``_OldNames`` last on ``sys.meta_path``: asked only when no file answers, and only for these names, it

@@ -268,6 +268,7 @@ def _launch(
     from submitit.core.utils import FailedJobError
 
     from hpctrain.contract.slurm_answers import classify_sbatch_failure
+    from hpctrain.launch.task_programs import script_launchers, task_launchers
 
     executor = build_executor(job, backend, run_dir, exclude)
     if job.spec.script is not None:
@@ -289,52 +290,6 @@ def _launch(
             raise  # writing the job's files (a full disk): submit_run names the file and its disk
         meaning, hint = classify_sbatch_failure(str(exc))
         raise ClusterError(f"sbatch: {meaning}: {_first_lines(str(exc))}", hint=hint) from None
-
-
-def task_launchers(
-    job: LoadedJob, run_dirs: list[Path], backend: Backend = "slurm", code_root: str | None = None
-) -> list:
-    """One launcher per trial, each holding that trial's resolved spec (a plain job is one trial).
-
-    ``launcher: torchrun`` under Slurm runs a node task per node (programs/torchrun_node.py);
-    a local run starts its processes as always (submitit's local executor).
-    """
-    from hpctrain.programs.launcher import TaskLauncher  # light: imports no torch
-    from hpctrain.programs.torchrun_node import TorchrunNodeLauncher
-
-    launcher = TorchrunNodeLauncher if backend == "slurm" and job.spec.launcher == "torchrun" else TaskLauncher
-    return [
-        launcher(trial.model_dump(mode="json"), str(d), code_root)
-        for trial, d in zip(job.trials, run_dirs, strict=True)
-    ]
-
-
-def script_launchers(
-    job: LoadedJob, run_dir: Path, trial_dirs: list[Path], backend: Backend, code_record: object
-) -> list:
-    """One script wrapper per trial (programs/script_launcher.py); under ``launcher: torchrun`` on Slurm, a
-    node task per node that starts torchrun with each rank's wrapper as its program (script_torchrun.py)."""
-    from dataclasses import asdict
-
-    from hpctrain.launch.script_code import preempt_grace_s, script_code
-    from hpctrain.programs.script_launcher import ScriptLauncher
-    from hpctrain.programs.script_torchrun import ScriptTorchrunNode
-
-    found = script_code(job.spec, run_dir, code_record)
-    if found.file is not None and not Path(found.file).is_file():  # a resume without a copy, its file gone
-        raise UsageError(
-            f"{found.file}: the script is not there (the run has no copy of it: submitted with --no-snapshot)",
-            hint="put it back where it was, or submit the spec again",
-        )
-    code = asdict(found)
-    grace = preempt_grace_s(job.spec) if backend == "slurm" else None
-    node = backend == "slurm" and job.spec.launcher == "torchrun"
-    return [
-        ScriptTorchrunNode(trial.model_dump(mode="json"), str(d), code, grace)
-        if node
-        else ScriptLauncher(trial.model_dump(mode="json"), str(d), code, grace)
-        for trial, d in zip(job.trials, trial_dirs, strict=True)
-    ]
 
 
 def _record_submission(

@@ -23,7 +23,7 @@ imported). Each rule fails with the list of offending imports, as
   ``healing/`` -> ``trainer/`` -> ``task/`` -> ``runtime/`` (the pieces). A piece
   of ``runtime/`` imports neither a program, ``healing/`` nor ``trainer/``; the
   trainer never imports healing; a program is imported only by another program
-  and by ``launch/submission.py`` (to pickle it).
+  and by ``launch/task_programs.py`` (which builds it for submitit to pickle).
 * No argv that starts with a Slurm client command (``sbatch``, ``squeue``,
   ``scontrol``...) is written outside the one client, ``contract/slurm.py``:
   neither a list or tuple literal nor a call's first argument.
@@ -72,7 +72,7 @@ TASK_PACKAGES = ("hpctrain.runtime", "hpctrain.programs")
 # (importer, or a package of importers; the program it may import) -> why.
 PROGRAM_IMPORTERS = {
     ("hpctrain.programs", "hpctrain.programs"): "a program builds on another (a torchrun worker is a TaskLauncher)",
-    ("hpctrain.launch.submission", "hpctrain.programs"): "it pickles the program into the job",
+    ("hpctrain.launch.task_programs", "hpctrain.programs"): "it builds the program submitit pickles into the job",
 }
 
 # (module, function, imported name prefix) -> why only a task (or a compute node) runs that function.
@@ -101,10 +101,10 @@ SSH_CLIENT = "hpctrain.remote.ssh"
 
 # (login-side module, runtime module it imports) -> why.
 RUNTIME_ON_THE_LOGIN_SIDE = {
-    ("hpctrain.launch.submission", "hpctrain.programs.launcher"): "the task launcher submitit pickles into the job",
-    ("hpctrain.launch.submission", "hpctrain.programs.torchrun_node"): "the torchrun node launcher, pickled likewise",
-    ("hpctrain.launch.submission", "hpctrain.programs.script_launcher"): "a script job's task wrapper, pickled too",
-    ("hpctrain.launch.submission", "hpctrain.programs.script_torchrun"): "a script job's torchrun node task, pickled",
+    ("hpctrain.launch.task_programs", "hpctrain.programs.launcher"): "the task launcher submitit pickles into the job",
+    ("hpctrain.launch.task_programs", "hpctrain.programs.torchrun_node"): "the torchrun node launcher, likewise",
+    ("hpctrain.launch.task_programs", "hpctrain.programs.script_launcher"): "a script job's task wrapper, pickled too",
+    ("hpctrain.launch.task_programs", "hpctrain.programs.script_torchrun"): "a script job's torchrun node task",
     ("hpctrain.launch.dry_run", "hpctrain.runtime.script.command"): (
         "--dry-run prints every script process's command line from the wrapper's own functions, so it cannot drift"
     ),
@@ -285,7 +285,7 @@ def test_a_program_is_imported_only_by_a_program_or_to_be_pickled() -> None:
         return any(is_under(item.module, who) and is_under(item.name, what) for who, what in PROGRAM_IMPORTERS)
 
     found = [item for item in ALL_IMPORTS if is_under(item.name, "hpctrain.programs") and not allowed(item)]
-    assert not found, "only a program, or launch/submission.py to pickle it, imports a program:" + offenders(found)
+    assert not found, "only a program, or launch/task_programs.py to pickle it, imports a program:" + offenders(found)
 
 
 def slurm_argv(path: Path, commands: frozenset[str] = SLURM_COMMANDS) -> Iterator[str]:

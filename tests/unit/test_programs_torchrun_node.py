@@ -24,7 +24,7 @@ from hpctrain.jobscript.parameters import slurm_parameters
 from hpctrain.jobspec.load import load_job
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.profiles import BUILTIN_PROFILES, apply_profile
-from hpctrain.launch.submission import task_launchers
+from hpctrain.launch.task_programs import task_launchers
 from hpctrain.programs.launcher import TaskLauncher
 from hpctrain.programs.torchrun_node import (
     PEER_FAILURE,
