@@ -31,10 +31,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from hpctrain.contract.checkpoint_listing import latest_checkpoint_step
 from hpctrain.contract.rundir import (
     RUN_FILE,
     is_trial_dir,
-    latest_checkpoint_step,
     metrics_path,
     read_run_info,
     report_dir,
