@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from hpctrain.contract.slurm import Slurm, SlurmCommandError
 from hpctrain.errors import UsageError
-from hpctrain.jobscript.parameters import slurm_parameters
 from hpctrain.jobspec.slurm_time import parse_time_limit
 
 if TYPE_CHECKING:
@@ -94,6 +93,8 @@ def find_partition(slurm: Slurm, name: str | None) -> tuple[Partition | None, st
 
 def test_only_options(job: LoadedJob, time_min: int) -> list[tuple[str, Any]]:
     """``sbatch`` options of the job ``submit`` would queue (``job`` loaded at the shape), for ``time_min``."""
+    from hpctrain.jobscript.parameters import slurm_parameters  # here: status and report need not load it
+
     params = slurm_parameters(job.spec, job.profile, Path("/dev/null"))
     options: list[tuple[str, Any]] = [(flag, params.get(key)) for key, flag in FLAGS.items()]
     options.append(("time", time_min))
