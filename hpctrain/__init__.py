@@ -10,8 +10,6 @@ from __future__ import annotations
 import sys as _sys
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 # name -> module that defines it; loaded on first use (PEP 562), so 'import hpctrain' stays cheap.
 _LAZY = {
     **dict.fromkeys(
@@ -30,6 +28,7 @@ _LAZY = {
         ),
         "hpctrain.api",
     ),
+    "__version__": "hpctrain.version",  # defined there, so that what records it need not import this face
     "Submission": "hpctrain.launch.submit",
     "RunStatus": "hpctrain.observe.run_status",
     "StudyStatus": "hpctrain.observe.status",
@@ -99,6 +98,7 @@ if TYPE_CHECKING:
     from hpctrain.observe.status import StudyStatus
     from hpctrain.planning.plan import Plan
     from hpctrain.tracking.sync import Synced
+    from hpctrain.version import __version__
 
 
 def __getattr__(name: str) -> Any:
@@ -117,7 +117,7 @@ def __dir__() -> list[str]:
 
 
 # -- the programs' old names, for jobs pickled before they moved (issue 36) ------------------------------------------
-# submitit pickles the program a job runs (launch/submission.py) and pickle names its class by module path: a job
+# submitit pickles the program a job runs (launch/task_programs.py) and pickle names its class by module path: a job
 # submitted before the programs left runtime/ for programs/, requeued after an upgrade, unpickles
 # ``hpctrain.runtime.launcher.TaskLauncher``. Every unpickling of an ``hpctrain.*`` class imports this package first,
 # which puts ``_OldNames`` last on ``sys.meta_path``: asked only when no file answers, and only for these names, it

@@ -246,7 +246,15 @@ def plan(
         margin=float(margin),
         restart_s=float(restart_s),
         measure_steps=measure_steps,
+        submit=_submit_sequence() if measure_steps is not None else None,
     )
+
+
+def _submit_sequence() -> Any:
+    """The one submit sequence, which ``plan``'s measurement runs through (planning stands beneath launch)."""
+    from hpctrain.launch.submit import submit as sequence
+
+    return sequence
 
 
 def nodes(*, cluster: str | None = None, include_expired: bool = False) -> NodeLedger:

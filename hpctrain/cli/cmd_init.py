@@ -9,11 +9,11 @@ from pathlib import Path
 
 from hpctrain.contract.file_writes import user_file_mode, write_atomic, write_temporary
 from hpctrain.errors import SpecError, UsageError, printable
+from hpctrain.jobscript.templates import fill_yaml, read_template
 from hpctrain.jobspec.fields import NAME_PATTERN
 from hpctrain.jobspec.load import LoadedJob, load_job
 from hpctrain.jobspec.profiles import ClusterProfile, load_profile
 from hpctrain.launch import init_defaults
-from hpctrain.launch.templates import fill_yaml, read_template
 
 # Per-GPU batch that fits: HAL's V100s (16 GB) hold 208 ResNet-50 images in fp16, not 256.
 GPU_BATCH = {"hal": 208}

@@ -19,6 +19,10 @@ from hpctrain.planning.timeline import duration
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.measure is not None:  # the measurement runs through the one submit sequence
+        from hpctrain.launch.submit import submit
+    else:
+        submit = None
     found = plan(
         args.spec,
         nodes=parse_shapes(args.nodes) if args.nodes is not None else None,
@@ -31,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
         margin=args.margin,
         restart_s=args.restart,
         measure_steps=args.measure,
+        submit=submit,
     )
     if args.json:
         print(json.dumps(json_safe(found.as_json()), allow_nan=False))

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hpctrain.contract.cancel_marker import cancel_marker_paths
+from hpctrain.contract.checkpoint_listing import latest_checkpoint
 from hpctrain.contract.rundir import (
     CONTROL_DIR,
     chain_end_path,
     checkpoints_dir,
     dependents_dir,
-    latest_checkpoint,
     read_json_object,
     run_home,
     run_info_path,

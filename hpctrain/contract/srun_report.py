@@ -6,7 +6,7 @@ the others; the torchrun launcher's node tasks write the same words
 (``torchrun: error: ...``, with global ranks) into
 ``.hpctrain/torchrun-failures.log``. Rank 0 records the first one in
 ``summary.json`` (``runtime/failures.py``), ``status`` names it for a job
-whose rank 0 could not (``observe/run_status.py``), and the healing
+whose rank 0 could not (``launch/run_state.py``), and the healing
 supervisor weighs every one (``healing/``): one parser for all of them.
 """
 

@@ -4,7 +4,7 @@ The one implementation of a checkpoint folder's life, shared by the built-in
 trainer (``trainer/checkpoint.py``: one ``state.pt`` that rank 0 writes) and
 ``hpctrain.task``'s checkpointer (a torch.distributed.checkpoint folder that
 every rank writes a part of). The listing that readers use -- complete or
-ignored -- is :func:`hpctrain.contract.rundir.complete_checkpoints`.
+ignored -- is :func:`hpctrain.contract.checkpoint_listing.complete_checkpoints`.
 
 1. :meth:`StepFolders.begin`: a fresh ``.tmp-step-N-<id>/`` beside the final
    folder (the first call of a writer first sweeps ``.tmp-*`` and ``.old-*``
@@ -34,7 +34,7 @@ have planted folders), so the rules are:
   be written but never found, and a requeued run would start over in
   silence. Name the real folder instead (it is then used where it is).
 * **A folder's step is its meta.json's**, which its name must match
-  (``rundir.checkpoint_meta``: ASCII digits, at most 18 of them).
+  (``checkpoint_listing.checkpoint_meta``: ASCII digits, at most 18 of them).
 * **A load examines at most** :data:`MAX_EXAMINED` **step folders**, newest
   first, one at a time (:meth:`StepFolders.newest_first`): a directory
   crowded with damaged or planted folders ends in a refusal naming the
@@ -56,7 +56,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract import rundir
+from hpctrain.contract import checkpoint_listing, rundir
 from hpctrain.contract.file_writes import fsync_path, user_file_mode, write_atomic
 from hpctrain.contract.rundir import BEST_FILE, META_FILE, read_json_object, step_dir_name
 from hpctrain.errors import CheckpointError
@@ -70,12 +70,12 @@ MAX_EXAMINED = 16  # step folders one load looks at, newest first (a directory k
 
 
 class StepFolders:
-    """The write side of one checkpoints directory, for one layout (``rundir.CHECKPOINT_LAYOUTS``)."""
+    """The write side of one checkpoints directory, for one layout (``checkpoint_listing.CHECKPOINT_LAYOUTS``)."""
 
     def __init__(self, directory: Path, *, layout: str, keep_last: int, keep_best: bool = False) -> None:
         if keep_last < 1:
             raise CheckpointError(f"keep_last must be at least 1 (got {keep_last})", hint="keep at least one")
-        if layout not in rundir.CHECKPOINT_LAYOUTS:
+        if layout not in checkpoint_listing.CHECKPOINT_LAYOUTS:
             raise ValueError(f"unknown checkpoint layout {layout!r}")
         self.directory = Path(directory)
         self.layout = layout
@@ -87,14 +87,18 @@ class StepFolders:
     def checkpoints(self) -> list[Path]:
         """Complete folders of this layout, oldest first."""
         self.check_directory()
-        return rundir.complete_checkpoints(self.directory, self.layout)
+        return checkpoint_listing.complete_checkpoints(self.directory, self.layout)
 
     def newest_first(self, *, newest: int | None = None) -> Iterator[Path]:
         """Complete folders of this layout (of step ``newest`` or older), newest first, for a load to try in
         turn; examined one at a time as they are asked for. Raises :class:`CheckpointError` once
         :data:`MAX_EXAMINED` step folders were examined and more are asked for."""
         self.check_directory()
-        named = [child for child in rundir.step_folders(self.directory) if newest is None or _step(child) <= newest]
+        named = [
+            child
+            for child in checkpoint_listing.step_folders(self.directory)
+            if newest is None or _step(child) <= newest
+        ]
         for count, child in enumerate(named):
             if count == MAX_EXAMINED:
                 raise CheckpointError(
@@ -103,7 +107,7 @@ class StepFolders:
                     f"{MAX_EXAMINED} at most)",
                     hint="move the damaged step folders away (each load names why it skipped them), then resume",
                 )
-            if child.is_dir() and rundir.checkpoint_meta(child, self.layout) is not None:
+            if child.is_dir() and checkpoint_listing.checkpoint_meta(child, self.layout) is not None:
                 yield child
 
     def check_directory(self) -> None:
@@ -125,7 +129,7 @@ class StepFolders:
         return found[-1] if found else None
 
     def best(self) -> Path | None:
-        return rundir.best_checkpoint(self.directory) if self.keep_best else None
+        return checkpoint_listing.best_checkpoint(self.directory) if self.keep_best else None
 
     # -- one folder's life --------------------------------------------------------------------------------------
     def begin(self, step: int) -> Path:
@@ -149,7 +153,7 @@ class StepFolders:
         (``global_step``, ``write_s``, ...). On failure the temp folder is removed and the error raised.
         """
         meta = {
-            "format_version": rundir.CHECKPOINT_FORMAT_VERSION,
+            "format_version": checkpoint_listing.CHECKPOINT_FORMAT_VERSION,
             "layout": self.layout,
             "step": int(step),
             "global_step": int(step),
@@ -200,11 +204,13 @@ class StepFolders:
         not push the writer's own checkpoints out. At most ``keep_last`` + :data:`MAX_EXAMINED` folders are
         examined, newest first: a crowded directory is thinned over several saves."""
         self.check_directory()
-        ours = [path for path in rundir.step_folders(self.directory) if saved is None or _step(path) <= saved]
+        ours = [
+            path for path in checkpoint_listing.step_folders(self.directory) if saved is None or _step(path) <= saved
+        ]
         found = [  # newest first; a crowded directory is thinned over several saves, never all at once
             path
             for path in ours[: self.keep_last + MAX_EXAMINED]
-            if path.is_dir() and rundir.checkpoint_meta(path, self.layout) is not None
+            if path.is_dir() and checkpoint_listing.checkpoint_meta(path, self.layout) is not None
         ]
         keep = set(found[: self.keep_last])
         best = self.best()
@@ -233,7 +239,7 @@ class StepFolders:
 
 
 def _step(folder: Path) -> int:
-    return rundir.folder_step(folder.name) or 0
+    return checkpoint_listing.folder_step(folder.name) or 0
 
 
 # -- durable file operations ------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from hpctrain.contract import bad_nodes
+from hpctrain.contract.checkpoint_listing import latest_checkpoint_step
 from hpctrain.contract.node_records import (
     NODE_EVENTS_KEY,
     NodeEvent,
@@ -40,12 +41,7 @@ from hpctrain.contract.node_records import (
     appended,
     write_supervisor_record,
 )
-from hpctrain.contract.rundir import (
-    latest_checkpoint_step,
-    read_run_info,
-    spec_path,
-    supervisor_record_path,
-)
+from hpctrain.contract.rundir import read_run_info, spec_path, supervisor_record_path
 from hpctrain.contract.runfiles import RunFileError, check_inside, printable, read_json
 from hpctrain.contract.slurm import Slurm, SlurmCommandError
 from hpctrain.contract.summary import read_summary, write_summary

@@ -39,7 +39,7 @@ def estimated_save_s(spec: JobSpec) -> tuple[float, str]:
 
 def measured_save_s(run_dir: Path) -> float | None:
     """The slowest checkpoint write recorded in a run directory, if any."""
-    from hpctrain.contract.rundir import checkpoint_metas  # only with a run: validate need not load it
+    from hpctrain.contract.checkpoint_listing import checkpoint_metas
 
     times = []
     for meta in checkpoint_metas(run_dir, complete_only=False):

@@ -27,10 +27,10 @@ from hpctrain.diagnose import data_bench_job
 from hpctrain.diagnose.data_bench import BenchReport
 from hpctrain.diagnose.data_bench_job import MARKER, MAX_OUTPUT_BYTES, REQUEST_NAME, BenchOptions
 from hpctrain.errors import ClusterError, HpctrainError
+from hpctrain.jobscript.parameters import slurm_parameters
+from hpctrain.jobscript.sbatch_script import python_command
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.profiles import ClusterProfile
-from hpctrain.launch.sbatch_script import python_command
-from hpctrain.launch.submission import slurm_parameters
 
 
 def bench_sbatch_options(spec: JobSpec, profile: ClusterProfile, folder: Path) -> list[tuple[str, Any]]:

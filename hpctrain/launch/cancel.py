@@ -35,7 +35,8 @@ from typing import Any, Literal
 
 from hpctrain.contract import job_registry
 from hpctrain.contract.cancel_marker import write_cancel_marker
-from hpctrain.contract.rundir import RUN_FILE, latest_checkpoint_step, read_run_info, trial_dir
+from hpctrain.contract.checkpoint_listing import latest_checkpoint_step
+from hpctrain.contract.rundir import RUN_FILE, read_run_info, trial_dir
 from hpctrain.contract.slurm import Slurm, SlurmCommandError, WaitTimedOut, checked_job_id
 from hpctrain.contract.slurm_states import is_final
 from hpctrain.contract.study_file import point_dir, read_study, study_dir_of

@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from hpctrain.contract.rundir import latest_checkpoint_step, run_home
+from hpctrain.contract.checkpoint_listing import latest_checkpoint_step
+from hpctrain.contract.rundir import run_home
 from hpctrain.contract.runfiles import copy_out
 from hpctrain.contract.slurm import Slurm
 from hpctrain.contract.summary import Summary, read_summary

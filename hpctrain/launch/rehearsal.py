@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from hpctrain.contract import rundir
 from hpctrain.contract.cancel_marker import write_cancel_marker
-from hpctrain.contract.rundir import latest_checkpoint_step
+from hpctrain.contract.checkpoint_listing import latest_checkpoint_step
 from hpctrain.contract.slurm import Slurm, WaitTimedOut
 from hpctrain.contract.slurm_states import is_final, is_pending
 from hpctrain.contract.summary import Summary, read_summary

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.errors import UsageError
-from hpctrain.launch.templates import fill_yaml, read_template
+from hpctrain.jobscript.templates import fill_yaml, read_template
 
 MAX_SCRIPT_BYTES = 4 * 1024 * 1024  # what is read of the script to recognise its style
 _SPAWN = re.compile(r"\b(mp|multiprocessing|torch\.multiprocessing)\.spawn\(|\bstart_processes\(")

@@ -1,9 +1,9 @@
 """From a loaded job to a submitit executor, its sbatch script, and a submitted run.
 
 There is one script (TorchX's ``submit = schedule(dryrun(...))``): spec ->
-executor parameters is the pure ``slurm_parameters``, tested against golden
-files, and ``sbatch_script.render_sbatch`` turns those parameters into the text
-``sbatch`` receives. ``render_script`` prints it for ``--dry-run`` without
+executor parameters is the pure ``jobscript.parameters.slurm_parameters``, tested
+against golden files, and ``jobscript.sbatch_script.render_sbatch`` turns those
+parameters into the text ``sbatch`` receives. ``render_script`` prints it for ``--dry-run`` without
 importing submitit; ``build_executor``'s submitit executor writes the same
 text when ``submit`` hands it the per-task callable.
 """
@@ -13,21 +13,18 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import hpctrain
 from hpctrain.contract import job_registry
 from hpctrain.contract.file_writes import write_failure
 from hpctrain.contract.rundir import (
     atomic_write_text,
     create_run_dir,
     read_run_info,
-    slurm_relay_dir,
     spec_path,
     submitit_dir,
     trial_dir,
@@ -37,15 +34,15 @@ from hpctrain.contract.runfiles import real_path
 from hpctrain.contract.tracking_state import TRACKING_ID_KEY, new_tracking_id
 from hpctrain.dataset import squashfs
 from hpctrain.errors import ClusterError, RunDirError, UsageError
+from hpctrain.jobscript.parameters import container_mounts, slurm_parameters, supervisor_command
+from hpctrain.jobscript.sbatch_script import python_command, render_sbatch, task_command
 from hpctrain.jobspec.load import LoadedJob
 from hpctrain.jobspec.models import JobSpec
-from hpctrain.jobspec.profiles import ClusterProfile
-from hpctrain.jobspec.slurm_time import parse_time_limit, seconds_to_minutes
+from hpctrain.jobspec.slurm_time import seconds_to_minutes
 from hpctrain.jobspec.yaml_source import dump_yaml
 from hpctrain.launch.exclusion import Exclusion, plan_exclusion
-from hpctrain.launch.sbatch_script import python_command, render_sbatch, signal_parameter, slurm_mem, task_command
-from hpctrain.launch.templates import render_preamble, render_slurm_relay
 from hpctrain.runtime.rank_plan import local_visible_devices
+from hpctrain.version import __version__
 
 if TYPE_CHECKING:
     import submitit
@@ -53,107 +50,10 @@ if TYPE_CHECKING:
     from hpctrain.launch import code_snapshot
 
 Backend = Literal["slurm", "local"]
-# A task that exits non-zero ends the whole step at once instead of leaving the
-# other ranks blocked in a collective until the NCCL/gloo timeout.
-SRUN_ARGS = ("--kill-on-bad-exit=1",)
 
 
 def backend_for(job: LoadedJob, local: bool) -> Backend:
     return "local" if local or job.profile.scheduler == "local" else "slurm"
-
-
-def slurm_parameters(
-    spec: JobSpec, profile: ClusterProfile, run_dir: Path, exclude: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters for a resolved spec; ``exclude``: nodes for ``--exclude`` (the spec's
-    own ``slurm_extra`` exclude among them, ``launch/exclusion.py``). Pure."""
-    res = spec.resources
-    gpus = res.gpus_per_node or 0
-    params: dict[str, Any] = {
-        "job_name": spec.name,
-        "nodes": res.nodes,
-        "ntasks_per_node": spec.tasks_per_node,
-        "time": seconds_to_minutes(res.time_s),
-        "signal_delay_s": spec.signals.signal_delay_s,
-        "srun_args": list(SRUN_ARGS),
-        "setup": render_preamble(spec.setup, spec.env, str(run_dir)),
-        "array_parallelism": res.array_parallelism,
-        "wckey": None,  # submitit's default wckey is rejected where TrackWCKey is enforced
-        "stderr_to_stdout": False,
-    }
-    for key in ("partition", "account", "qos", "constraint", "cpus_per_task"):
-        if getattr(res, key) is not None:
-            params[key] = getattr(res, key)
-    if spec.one_task_per_node:
-        # One Slurm task per node (torchrun, or a script per node), holding the CPUs of the processes it starts.
-        params["ntasks_per_node"] = 1
-        if res.cpus_per_task is not None:
-            params["cpus_per_task"] = res.cpus_per_task * spec.tasks_per_node
-    if res.mem_gb is not None:
-        params["mem"] = slurm_mem(res.mem_gb)
-    if res.exclusive:
-        params["exclusive"] = True
-    if gpus and profile.gpu_gres:
-        params["gres"] = profile.gpu_gres.format(gpus=gpus)
-    elif gpus:
-        params["gpus_per_node"] = gpus
-    extra: dict[str, Any] = {}
-    wants_requeue = spec.signals.requeue_on_timeout or spec.signals.requeue_on_preemption
-    extra["requeue" if wants_requeue else "no-requeue"] = True
-    # Written from the spec, always: submitit's own line takes its signal from
-    # SUBMITIT_PREEMPT_SIGNAL in the submitting shell, which the tasks never see.
-    extra["signal"] = signal_parameter(spec.signals.timeout_signal, spec.signals.signal_delay_s)
-    if res.heals:  # the batch step supervises its training steps and survives a lost node
-        params["nodes"] = res.allocated_nodes
-        extra["no-kill"] = True
-    if res.time_min is not None:  # backfill may start a shorter chunk in a gap (docs/planning.md)
-        extra["time-min"] = seconds_to_minutes(parse_time_limit(res.time_min))
-    extra.update(res.slurm_extra)
-    if exclude:
-        extra["exclude"] = ",".join(exclude)
-    params["additional_parameters"] = extra
-    if spec.container is not None:
-        params["setup"] += render_slurm_relay(str(slurm_relay_dir(run_dir)))
-        if spec.container.runtime == "pyxis":
-            params["srun_args"] += pyxis_arguments(spec)
-    return params
-
-
-def supervisor_command(spec: JobSpec, run_dir: Path) -> str | None:
-    """A healing job's batch-step supervisor, which runs the srun line after it as often as lost nodes
-    require (healing/supervisor.py); None for every other job."""
-    if not spec.resources.heals:
-        return None
-    # exec: the batch step's main process, so that SIGTERM (a requeue, scancel) reaches it, not a shell
-    # whose default death ends the step at once, before the supervisor has said ExcNodeList;
-    # under stop_signals, which counts SIGTERM from its first line (runtime/stop_signals.py)
-    python, run = shlex.quote(sys.executable), shlex.quote(str(run_dir))
-    return f"exec {python} -m hpctrain.runtime.stop_signals hpctrain.healing.supervisor {run} --"
-
-
-def container_mounts(spec: JobSpec) -> list[str]:
-    """Bind mounts: the spec's, plus output_dir, data.root and the submit directory at their own paths."""
-    own = [str(real_path(Path(p).expanduser())) for p in (spec.output_dir, spec.data.root, Path.cwd()) if p]
-    for path in own:
-        if "," in path or ":" in path:
-            raise UsageError(
-                f"{path} has a ',' or ':', which container mount lists cannot carry",
-                hint="move output_dir / data.root / the submit directory to a path without them",
-            )
-    mounts = list(spec.container.mounts)
-    for path in own:
-        if not any(m.split(":")[0] == path for m in mounts):
-            mounts.append(path)
-    return mounts
-
-
-def pyxis_arguments(spec: JobSpec) -> list[str]:
-    return [
-        f"--container-image={spec.container.image}",
-        f"--container-mounts={','.join(container_mounts(spec))}",
-        f"--container-workdir={real_path(Path.cwd())}",
-        *spec.container.options,
-    ]
 
 
 def task_python(spec: JobSpec) -> str:
@@ -368,6 +268,7 @@ def _launch(
     from submitit.core.utils import FailedJobError
 
     from hpctrain.contract.slurm_answers import classify_sbatch_failure
+    from hpctrain.launch.task_programs import script_launchers, task_launchers
 
     executor = build_executor(job, backend, run_dir, exclude)
     if job.spec.script is not None:
@@ -391,52 +292,6 @@ def _launch(
         raise ClusterError(f"sbatch: {meaning}: {_first_lines(str(exc))}", hint=hint) from None
 
 
-def task_launchers(
-    job: LoadedJob, run_dirs: list[Path], backend: Backend = "slurm", code_root: str | None = None
-) -> list:
-    """One launcher per trial, each holding that trial's resolved spec (a plain job is one trial).
-
-    ``launcher: torchrun`` under Slurm runs a node task per node (programs/torchrun_node.py);
-    a local run starts its processes as always (submitit's local executor).
-    """
-    from hpctrain.programs.launcher import TaskLauncher  # light: imports no torch
-    from hpctrain.programs.torchrun_node import TorchrunNodeLauncher
-
-    launcher = TorchrunNodeLauncher if backend == "slurm" and job.spec.launcher == "torchrun" else TaskLauncher
-    return [
-        launcher(trial.model_dump(mode="json"), str(d), code_root)
-        for trial, d in zip(job.trials, run_dirs, strict=True)
-    ]
-
-
-def script_launchers(
-    job: LoadedJob, run_dir: Path, trial_dirs: list[Path], backend: Backend, code_record: object
-) -> list:
-    """One script wrapper per trial (programs/script_launcher.py); under ``launcher: torchrun`` on Slurm, a
-    node task per node that starts torchrun with each rank's wrapper as its program (script_torchrun.py)."""
-    from dataclasses import asdict
-
-    from hpctrain.launch.script_code import preempt_grace_s, script_code
-    from hpctrain.programs.script_launcher import ScriptLauncher
-    from hpctrain.programs.script_torchrun import ScriptTorchrunNode
-
-    found = script_code(job.spec, run_dir, code_record)
-    if found.file is not None and not Path(found.file).is_file():  # a resume without a copy, its file gone
-        raise UsageError(
-            f"{found.file}: the script is not there (the run has no copy of it: submitted with --no-snapshot)",
-            hint="put it back where it was, or submit the spec again",
-        )
-    code = asdict(found)
-    grace = preempt_grace_s(job.spec) if backend == "slurm" else None
-    node = backend == "slurm" and job.spec.launcher == "torchrun"
-    return [
-        ScriptTorchrunNode(trial.model_dump(mode="json"), str(d), code, grace)
-        if node
-        else ScriptLauncher(trial.model_dump(mode="json"), str(d), code, grace)
-        for trial, d in zip(job.trials, trial_dirs, strict=True)
-    ]
-
-
 def _record_submission(
     run_dir: Path,
     job: LoadedJob,
@@ -452,7 +307,7 @@ def _record_submission(
         info = {
             "name": job.spec.name,
             "created_at": time.time(),
-            "hpctrain_version": hpctrain.__version__,
+            "hpctrain_version": __version__,
             "spec_source": str(real_path(job.source)),
             "job_ids": [],
         }

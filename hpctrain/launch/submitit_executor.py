@@ -1,5 +1,5 @@
 """submitit's executors as hpctrain uses them: Slurm writing hpctrain's sbatch script
-(``sbatch_script.py``), local with a controller that can be told apart from any other process.
+(``jobscript/sbatch_script.py``), local with a controller that can be told apart from any other process.
 
 Importing this imports submitit (and asyncio with it): ``hpctrain.launch.submission``
 loads it only to submit, never for ``--dry-run``.
@@ -14,15 +14,15 @@ from pathlib import Path
 import submitit
 
 from hpctrain.contract.child_process import start_child
+from hpctrain.jobscript.sbatch_script import render_sbatch
 from hpctrain.launch import local_run
-from hpctrain.launch.sbatch_script import render_sbatch
 
 
 class SlurmExecutor(submitit.SlurmExecutor):
     """Constructible without ``srun``, so a login node or a laptop can prepare a
     submission (``submit`` checks for ``sbatch`` itself); the script is ours."""
 
-    supervisor: str | None = None  # a healing job's batch-step supervisor (launch.submission.supervisor_command)
+    supervisor: str | None = None  # a healing job's batch-step supervisor (jobscript.parameters.supervisor_command)
 
     @classmethod
     def affinity(cls) -> int:

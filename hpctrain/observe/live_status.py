@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpctrain.contract.checkpoint_listing import checkpoint_meta, latest_checkpoint
 from hpctrain.contract.heartbeat_files import Heartbeat, find_stragglers, read_heartbeats
 from hpctrain.contract.metrics import MetricsTail
-from hpctrain.contract.rundir import META_FILE, checkpoint_meta, checkpoints_dir, latest_checkpoint
+from hpctrain.contract.rundir import META_FILE, checkpoints_dir
 from hpctrain.contract.runfiles import MAX_MAGNITUDE, printable
 from hpctrain.contract.slurm_states import is_pending
 from hpctrain.contract.step_split import brief

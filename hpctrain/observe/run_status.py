@@ -1,11 +1,9 @@
-"""The run status rule: what state a run is in, from Slurm's word (or a local run's processes) and summary.json.
+"""A run's status as ``hpctrain status`` shows it: its state, progress, ranks and future, and the recent runs.
 
-One rule for every view: ``hpctrain status`` (one run, a study's points, the
-list of recent runs), ``status --watch`` and the Python API all read a run
-through here. A job that ended while its summary still says "running" lost
-rank 0 (killed, out of memory, node failure), and is shown as failed with the
-task srun reported first; a job that never started shows Slurm's word
-(pending, cancelled). Torch-free.
+Every view of a run (one run, a study's points, the list of recent runs,
+``status --watch`` and the Python API) reads it through here, on the one
+state rule (``launch/run_state.py``: Slurm's word, or a local run's
+processes, reconciled with summary.json). Torch-free.
 """
 
 from __future__ import annotations
@@ -18,16 +16,15 @@ from typing import Any
 
 from hpctrain.contract import job_registry
 from hpctrain.contract.heartbeat_files import read_heartbeats
-from hpctrain.contract.rundir import RUN_FILE, read_run_info, run_home
-from hpctrain.contract.runfiles import plausible, read_tail
+from hpctrain.contract.rundir import RUN_FILE, read_run_info
+from hpctrain.contract.runfiles import plausible
 from hpctrain.contract.slurm import Slurm
-from hpctrain.contract.slurm_states import ended_unsuccessfully, is_final, is_pending, succeeded, was_cancelled
-from hpctrain.contract.srun_report import first_task_failure
-from hpctrain.contract.summary import Summary, parse_summary, read_summary
-from hpctrain.errors import ClusterError, RunDirError
+from hpctrain.contract.slurm_states import ended_unsuccessfully, is_final, is_pending, was_cancelled
+from hpctrain.contract.summary import Summary, read_summary
+from hpctrain.errors import RunDirError
 from hpctrain.launch import local_run
+from hpctrain.launch.run_state import display_status, run_state
 from hpctrain.observe.live_status import RankView, rank_views
-from hpctrain.observe.logs import log_path
 from hpctrain.observe.node_losses import burn_in_text, evictions_text, node_loss_text
 
 PROGRESS_KEYS = (
@@ -52,21 +49,12 @@ PROGRESS_KEYS = (
     "hung_phase",
     "hung_frozen_s",
 )
-FAILURE_LOG_TAIL_BYTES = 4 << 20  # srun reports a failed task at the end of the batch step's log
 RECENT_RUNS = 20
 
 
 def run_status(run_dir: Path, known_states: Mapping[str, str] | None = None, *, slurm: Slurm | None = None) -> dict:
     """The run's state and progress; ``known_states``: job id -> Slurm state, where the caller asked already."""
-    info = read_run_info(run_dir)
-    recorded = read_summary(run_dir)
-    job_id = str(info.get("job_id", ""))
-    known = (known_states or {}).get(job_id)
-    if info.get("backend") == "local":
-        state = local_run.state(info, run_dir, summary_final=bool(recorded and recorded.is_final))
-    else:
-        state = known or _slurm_state(job_id, slurm or Slurm())
-    summary = parse_summary(reconcile(recorded.fields() if recorded else {}, state, run_dir)) or Summary()
+    info, state, summary = run_state(run_dir, known_states, slurm=slurm)
     return {
         "run_dir": str(run_dir),
         "name": info.get("name"),
@@ -160,53 +148,6 @@ class RunStatus:
     def as_dict(self) -> dict[str, Any]:
         """The same keys, in the same order, as ``hpctrain status RUN --json`` (without ``--ranks``)."""
         return {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "ranks"}
-
-
-def reconcile(summary: dict[str, Any], slurm_state: str, run_dir: Path) -> dict[str, Any]:
-    """A job that Slurm says has ended (or a local run whose processes are gone) but whose summary
-    still says "running" lost its rank 0 (killed, out of memory, node failure): say so, and name
-    the task srun reported as failed first in the batch step's log."""
-    if (
-        (not is_final(slurm_state) and slurm_state != local_run.GONE_STATE)
-        or succeeded(slurm_state)
-        or summary.get("status") not in (None, "running")
-        or (summary.get("status") is None and was_cancelled(slurm_state))  # cancelled before it started
-    ):
-        return summary
-    summary = {**summary, "status": "stopped" if was_cancelled(slurm_state) else "failed"}
-    if summary.get("failed_rank") is None:
-        try:
-            tail = read_tail(log_path(run_dir, 0, err=True), FAILURE_LOG_TAIL_BYTES, within=run_home(run_dir))
-            failure = first_task_failure(tail.decode("utf-8", errors="replace"))
-        except (OSError, RunDirError):
-            failure = None
-        if failure is not None:
-            summary.update(failed_rank=failure.rank, failed_node=failure.node, failed_reason=failure.reason)
-        elif slurm_state == local_run.GONE_STATE and summary.get("failed_reason") is None:
-            summary["failed_reason"] = "its processes ended without recording an end (killed, e.g. out of memory)"
-    return summary
-
-
-def display_status(status: str | None, slurm_state: str | None) -> str | None:
-    """The run's own status, or what Slurm knows when the run never started (pending, cancelled while queued)."""
-    if status is not None or slurm_state is None:
-        return status
-    if is_pending(slurm_state):
-        return "pending"
-    if was_cancelled(slurm_state):
-        return "cancelled"
-    if ended_unsuccessfully(slurm_state) or slurm_state == local_run.GONE_STATE:
-        return "failed"
-    return None
-
-
-def _slurm_state(job_id: str, slurm: Slurm) -> str:
-    if not job_id or not slurm.available():
-        return "unknown (no Slurm here)"
-    try:
-        return slurm.job_state(job_id)
-    except ClusterError as exc:
-        return f"unknown ({exc.message})"
 
 
 # ------------------------------------------------------------------ recent runs

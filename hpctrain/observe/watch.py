@@ -30,9 +30,9 @@ from hpctrain.contract.slurm_states import is_final, succeeded
 from hpctrain.contract.summary import Summary, parse_summary, read_summary
 from hpctrain.errors import ClusterError
 from hpctrain.launch import local_run
+from hpctrain.launch.run_state import display_status, reconcile
 from hpctrain.observe.live_status import MetricsTail, Snapshot, build_snapshot, read_run
 from hpctrain.observe.live_view import final_lines, plain_changes, rich_view
-from hpctrain.observe.run_status import display_status, reconcile
 from hpctrain.observe.watch_extras import WatchExtras
 
 MIN_INTERVAL_S = 2.0

@@ -1,8 +1,10 @@
 """Time to result: when a run would start, how long it would train, and which shape finishes first.
 
 ``hpctrain plan SPEC --nodes 1,2,4,8`` and ``hpctrain.plan(...)`` call
-:func:`hpctrain.planning.plan.plan`. The package reads; it never submits,
-writes or imports torch (login side). Its parts, in the order a plan is made:
+:func:`hpctrain.planning.plan.plan`. The package reads; it never submits by
+itself, writes or imports torch (login side), and it stands beneath
+``launch/`` (whose submit records a forecast made here): what it asks Slurm
+about is ``jobscript/``'s job. Its parts, in the order a plan is made:
 
 * ``work.py``: the work in optimizer steps at each shape (epochs x steps per
   epoch), and where the step count came from -- or what is missing.
@@ -13,6 +15,8 @@ writes or imports torch (login side). Its parts, in the order a plan is made:
   measured, the report's what-if model over earlier runs' ``step_split``
   records (``contract/scaling_model.py``) or else a fitted scaling model
   (both extrapolated), or the user's number.
+* ``measure.py``: ``--measure``, a short run of the spec through the submit
+  sequence that the faces hand down (``launch.submit.submit``).
 * ``cluster.py``: what Slurm says -- the partition's limits and
   ``sbatch --test-only``'s start, through the one client.
 * ``timeline.py``: chunks (time limit), each chunk's queue wait and restart,

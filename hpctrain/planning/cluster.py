@@ -1,7 +1,7 @@
 """What Slurm says about a plan's shapes: the partition's limits, and when ``sbatch --test-only`` would start each.
 
 Everything goes through the one client (``contract/slurm.py``). The options
-asked are the run's own (``launch/submission.py``'s ``slurm_parameters``, so
+asked are the run's own (``jobscript/parameters.py``'s ``slurm_parameters``, so
 the question is the job ``submit`` would queue) at each node count, with the
 time limit a chunk will have. Each way Slurm cannot answer becomes words in
 the shape's row, never a start time: no Slurm on this machine, a controller
@@ -93,7 +93,7 @@ def find_partition(slurm: Slurm, name: str | None) -> tuple[Partition | None, st
 
 def test_only_options(job: LoadedJob, time_min: int) -> list[tuple[str, Any]]:
     """``sbatch`` options of the job ``submit`` would queue (``job`` loaded at the shape), for ``time_min``."""
-    from hpctrain.launch.submission import slurm_parameters
+    from hpctrain.jobscript.parameters import slurm_parameters  # here: status and report need not load it
 
     params = slurm_parameters(job.spec, job.profile, Path("/dev/null"))
     options: list[tuple[str, Any]] = [(flag, params.get(key)) for key, flag in FLAGS.items()]

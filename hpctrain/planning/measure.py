@@ -6,7 +6,8 @@ spec as it is (its model, batch, precision and input pipeline, on its
 partition) cut down to one node and :data:`MEASURE_STEPS` optimizer steps
 (``trainer.epochs=1``, ``trainer.max_steps_per_epoch``), through the one
 submit sequence (``launch/submit.py``: the same checks, script and run
-directory), and waits for it. Its run directory lies under the spec's own
+directory; the faces hand it down as ``submit``, since planning stands
+beneath launch), and waits for it. Its run directory lies under the spec's own
 ``OUTPUT_DIR/NAME``, so the plan's history (``history.py``) reads its step
 times as any earlier run's: measured at one node, the other shapes
 extrapolated from it and marked so. The first steps (warm-up) weigh little:
@@ -61,9 +62,10 @@ def measure(
     overrides: Sequence[str] = (),
     cluster: str | None = None,
     steps: int = MEASURE_STEPS,
-    submit: Callable[..., Any] | None = None,
+    submit: Callable[..., Any],
 ) -> Measured:
-    """Run the cut-down spec and wait for it; its step time is then in the spec's history. Raises UsageError
+    """Run the cut-down spec through ``submit`` (``launch.submit.submit``, or its stand-in) and wait for it; its
+    step time is then in the spec's history. Raises UsageError
     for a spec that is not the trainer's, SpecError for one that cannot be cut down, ClusterError from Slurm."""
     import statistics
 
@@ -81,8 +83,6 @@ def measure(
         )
     if job.is_study or job.spec.sweep:
         raise UsageError(f"{spec}: --measure runs one spec, not a study or sweep", hint="measure its base spec")
-    if submit is None:
-        from hpctrain.launch.submit import submit
     done = submit(spec, overrides=[*overrides, *measurement_overrides(steps)], cluster=cluster, wait=True)
     times = run_step_times(done.run_dir)
     if not times:

@@ -114,11 +114,14 @@ def plan(
     margin: float = DEFAULT_MARGIN,
     restart_s: float = RESTART_S,
     measure_steps: int | None = None,
+    submit: Callable[..., Any] | None = None,
     slurm: Slurm | None = None,
     clock: Callable[[], float] = time.time,
 ) -> Plan:
     """The plan of ``spec`` at each of ``nodes`` (default: 1, 2, 4, 8 that the partition holds, and the spec's).
-    ``measure_steps``: first run the spec cut down to one node and that many steps, and wait (``measure.py``)."""
+    ``measure_steps``: first run the spec cut down to one node and that many steps, and wait (``measure.py``),
+    through ``submit``: the submit sequence (``launch.submit.submit``), which the faces hand down because
+    planning stands beneath launch (launch's submit records a forecast made here)."""
     from hpctrain.jobspec.load import load_job
 
     job = load_job(spec, overrides, cluster=cluster)
@@ -126,7 +129,9 @@ def plan(
     if measure_steps is not None:
         from hpctrain.planning.measure import measure
 
-        measured = measure(spec, overrides=overrides, cluster=cluster, steps=measure_steps)
+        if submit is None:
+            raise TypeError("plan(measure_steps=...) needs submit= (launch.submit.submit) to run the measurement")
+        measured = measure(spec, overrides=overrides, cluster=cluster, steps=measure_steps, submit=submit)
         notes.append(
             f"--measure: job {measured.job_id} ran {measured.steps} step(s) at 1 node ({measured.state}), in "
             f"{measured.run_dir}" + ("" if measured.step_s is None else f": median step {measured.step_s:.3g} s")

@@ -12,7 +12,8 @@ summary, the requeue) and takes every step from a piece beneath it; the pieces n
   (its pieces are ``runtime/script/``);
 * ``script_torchrun.py``: ``ScriptTorchrunNode`` and each rank's wrapper under torchrun.
 
-Who may import a program: ``launch/submission.py``, to pickle it into the job, and another program.
+Who may import a program: ``launch/task_programs.py``, which builds it for submitit to pickle into
+the job, and another program.
 submitit pickles the class by its module path, so a program's module is part of every submitted
 job: the package root (``hpctrain/__init__.py``) keeps the names they had before they came here
 (issue 36), and a program that moves again must keep its old name there likewise.

@@ -22,7 +22,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hpctrain import __version__
 from hpctrain.contract.file_writes import write_atomic
 from hpctrain.contract.runfiles import real_path
 from hpctrain.errors import RemoteError, UsageError
@@ -30,6 +29,7 @@ from hpctrain.jobspec.login import LoginHost
 from hpctrain.jobspec.profiles import available_profiles, load_profile
 from hpctrain.remote import shipping
 from hpctrain.remote.ssh import Connection
+from hpctrain.version import __version__
 
 # Verbs that run on the login node when --cluster names a profile with login:. For the first set
 # --cluster only chooses the login node (the login side's verb has no such flag): it is not sent.

@@ -27,7 +27,7 @@ Setting ``os.environ`` later reaches children that exec, but not children
 that only fork (data-loader workers). Two answers, both used:
 
 * the batch script starts each task as ``python -m hpctrain.runtime.cleanup
-  exec PYTHON ...`` (``launch/sbatch_script.py``'s ``python_command``, for
+  exec PYTHON ...`` (``jobscript/sbatch_script.py``'s ``python_command``, for
   submitit's ``python=``), which execs the real task with a fresh token already
   in its environment (and, with ``--hold-stop-signals``, Slurm's stop signals
   held until the task listens: ``stop_signals.py``);

@@ -22,8 +22,9 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from hpctrain.contract import rundir
-from hpctrain.contract.rundir import DCP_LAYOUT, META_FILE
+from hpctrain.contract import checkpoint_listing, rundir
+from hpctrain.contract.checkpoint_listing import DCP_LAYOUT
+from hpctrain.contract.rundir import META_FILE
 from hpctrain.contract.step_folders import file_digest
 from hpctrain.errors import CheckpointError
 from hpctrain.task.dcp_io import (
@@ -48,10 +49,14 @@ class DamagedCheckpoint(CheckpointError):
 def metadata_of(folder: Path, fmt: str, keys: Collection[str]) -> tuple[dict[str, Any], Any, int]:
     """(meta.json, DCP metadata, the load's pickle budget) of a complete task checkpoint folder, for a loop
     whose state has ``keys`` (see the module doc for what raises)."""
-    meta = rundir.checkpoint_meta(folder, DCP_LAYOUT)
+    meta = checkpoint_listing.checkpoint_meta(folder, DCP_LAYOUT)
     if meta is None:
         found = rundir.read_json_object(folder / META_FILE)
-        if found and rundir.checkpoint_layout(found) != DCP_LAYOUT and rundir.checkpoint_meta(folder) is not None:
+        if (
+            found
+            and checkpoint_listing.checkpoint_layout(found) != DCP_LAYOUT
+            and checkpoint_listing.checkpoint_meta(folder) is not None
+        ):
             raise CheckpointError(
                 f"{folder} is a checkpoint of the built-in trainer (state.pt), not of hpctrain.task",
                 hint="load it with the trainer, or point the Checkpointer at this loop's own folder",

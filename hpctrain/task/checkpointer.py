@@ -49,8 +49,9 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
 
-from hpctrain.contract import rundir
-from hpctrain.contract.rundir import DCP_LAYOUT, step_dir_name
+from hpctrain.contract import checkpoint_listing, rundir
+from hpctrain.contract.checkpoint_listing import DCP_LAYOUT
+from hpctrain.contract.rundir import step_dir_name
 from hpctrain.contract.runfiles import real_path
 from hpctrain.contract.step_folders import StepFolders, file_digest
 from hpctrain.errors import CheckpointError
@@ -102,7 +103,7 @@ class Checkpointer:
         info = session().info
         self.info = info
         # a folder you name is taken where it really is (a link to scratch space works); the run's own
-        # checkpoints must lie inside the run, as the trainer's (rundir.checkpoint_meta)
+        # checkpoints must lie inside the run, as the trainer's (checkpoint_listing.checkpoint_meta)
         self.directory = real_path(directory) if directory is not None else info.checkpoint_dir
         self.folders = StepFolders(self.directory, layout=DCP_LAYOUT, keep_last=keep_last)
         if every_steps is not None and every_steps < 1:
@@ -307,16 +308,16 @@ class Checkpointer:
         if path is not None:
             meta = rundir.read_json_object(Path(path) / rundir.META_FILE) or {}
             step = meta.get("global_step")
-            if type(step) is not int or not 0 <= step <= rundir.MAX_STEP:
+            if type(step) is not int or not 0 <= step <= checkpoint_listing.MAX_STEP:
                 raise CheckpointError(f"{path} is not a complete hpctrain.task checkpoint (no meta.json with its step)")
             yield step
             return
         found = False
         for folder in self.folders.newest_first():
             found = True
-            yield rundir.folder_step(folder.name) or 0  # listed: the name says its meta.json's step
+            yield checkpoint_listing.folder_step(folder.name) or 0  # listed: the name says its meta.json's step
         if not found:
-            foreign = rundir.complete_checkpoints(self.directory)
+            foreign = checkpoint_listing.complete_checkpoints(self.directory)
             if foreign:
                 raise CheckpointError(
                     f"{self.directory} holds {len(foreign)} checkpoints of another kind (the built-in trainer's "

@@ -31,10 +31,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from hpctrain.contract.checkpoint_listing import latest_checkpoint_step
 from hpctrain.contract.rundir import (
     RUN_FILE,
     is_trial_dir,
-    latest_checkpoint_step,
     metrics_path,
     read_run_info,
     report_dir,
@@ -154,20 +154,20 @@ def load_run(run_dir: Path, *, ended: bool = False) -> _Run:
 def run_end(run_dir: Path) -> str | None:
     """How the run ended (completed, stopped, failed), or None while it may go on.
 
-    ``status``'s rule (observe/run_status.py: the summary, reconciled with Slurm's state: a
+    ``status``'s rule (launch/run_state.py: the summary, reconciled with Slurm's state: a
     job that died without writing its end has failed), and one more: a run whose job Slurm
     will still start (a requeue after a time limit or a preemption leaves summary.json saying
     "stopped" while the job is PENDING again) has not ended. Where Slurm cannot be asked (a
     run directory copied to a laptop), the summary says it.
     """
-    from hpctrain.contract.slurm_states import run_state
+    from hpctrain.contract.slurm_states import run_state as slurm_run_state
     from hpctrain.contract.summary import FINAL_STATUSES
-    from hpctrain.observe.run_status import run_status
+    from hpctrain.launch.run_state import display_status, run_state
 
-    facts = run_status(run_dir)
-    if run_state(str(facts.get("slurm_state") or "")) in ("pending", "running", "ending"):
+    _, state, summary = run_state(run_dir)
+    if slurm_run_state(state) in ("pending", "running", "ending"):
         return None  # the job runs, or will run again
-    status = facts.get("status")
+    status = display_status(summary.status, state)
     return status if status in FINAL_STATUSES else None
 
 

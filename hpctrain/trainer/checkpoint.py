@@ -49,9 +49,10 @@ from typing import Any
 
 import torch
 
-from hpctrain.contract import rundir
+from hpctrain.contract import checkpoint_listing
+from hpctrain.contract.checkpoint_listing import TRAINER_LAYOUT
 from hpctrain.contract.file_writes import fsync_path
-from hpctrain.contract.rundir import META_FILE, STATE_FILE, TRAINER_LAYOUT, step_dir_name
+from hpctrain.contract.rundir import META_FILE, STATE_FILE, step_dir_name
 from hpctrain.contract.step_folders import StepFolders, file_digest
 from hpctrain.errors import CheckpointError
 from hpctrain.trainer.checkpoint_archive import ArchiveError, check_archive, tensor_bytes
@@ -59,7 +60,7 @@ from hpctrain.trainer.snapshot import SAFE_SCALARS, StagingBuffers, refuse_type
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = rundir.CHECKPOINT_FORMAT_VERSION
+FORMAT_VERSION = checkpoint_listing.CHECKPOINT_FORMAT_VERSION
 # ``check(state, meta)``: judge a checkpoint's fields (its tensors are on the meta device); raise CheckpointError.
 Check = Callable[[dict[str, Any], dict[str, Any] | None], None]
 
@@ -139,7 +140,7 @@ class CheckpointManager:
         return self.folders.latest()
 
     def best(self) -> Path | None:
-        return rundir.best_checkpoint(self.directory)
+        return checkpoint_listing.best_checkpoint(self.directory)
 
     def load(
         self,
@@ -172,7 +173,7 @@ class CheckpointManager:
                 ) from exc
             self.last_loaded = Path(path)
             return state
-        bound = None if newest is None else rundir.folder_step(Path(newest).name)
+        bound = None if newest is None else checkpoint_listing.folder_step(Path(newest).name)
         skipped = []
         for candidate in self.folders.newest_first(newest=bound):  # at most MAX_EXAMINED folders (step_folders.py)
             state, why = None, None
@@ -280,7 +281,7 @@ def _torch_load(state_path: Path, map_location: Any) -> dict[str, Any]:
 
 def _read_meta(path: Path, *, quick_check: bool) -> dict[str, Any] | None:
     """Meta of a complete checkpoint directory, or None. ``quick_check`` compares sizes but skips the hash."""
-    meta = rundir.checkpoint_meta(path, TRAINER_LAYOUT)
+    meta = checkpoint_listing.checkpoint_meta(path, TRAINER_LAYOUT)
     if meta is None:
         return None
     if not quick_check and file_digest(path / STATE_FILE)[1] != meta["files"][STATE_FILE].get("sha256"):

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from hpctrain.contract import process_tokens
-from hpctrain.launch.sbatch_script import python_command
+from hpctrain.jobscript.sbatch_script import python_command
 from hpctrain.runtime import cleanup
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")

@@ -1,5 +1,5 @@
 """``hpctrain init`` (hpctrain/cli/cmd_init.py) against hostile folders and names: what it writes is one
-spec with only its own keys (launch/templates.py's rule), written exclusively or replaced atomically, never
+spec with only its own keys (jobscript/templates.py's rule), written exclusively or replaced atomically, never
 through a symlink planted under its name (contract/file_writes.py's rule)."""
 
 from __future__ import annotations

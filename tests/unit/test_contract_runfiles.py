@@ -436,7 +436,7 @@ def test_report_md_escapes_labels_statuses_and_host_names(tmp_path: Path) -> Non
 
 
 def test_best_json_cannot_point_out_of_the_checkpoints(tmp_path: Path) -> None:
-    from hpctrain.contract.rundir import best_checkpoint
+    from hpctrain.contract.checkpoint_listing import best_checkpoint
 
     write_json(checkpoints_dir(tmp_path) / "best.json", {"dir": "../../elsewhere/step-00000001"})
     assert best_checkpoint(checkpoints_dir(tmp_path)) is None
@@ -501,8 +501,8 @@ def test_logs_do_not_follow_a_submitit_symlink_out_of_the_run(tmp_path: Path) ->
 
 def test_no_reader_follows_a_symlink_out_of_the_run(tmp_path: Path) -> None:
     """status, report, heartbeats, metrics, summary and checkpoints: the same rule, one mechanism."""
+    from hpctrain.contract.checkpoint_listing import latest_checkpoint_step
     from hpctrain.contract.heartbeat_files import read_heartbeats
-    from hpctrain.contract.rundir import latest_checkpoint_step
 
     run_dir, elsewhere = linked_out_run(tmp_path)
     assert read_summary(run_dir) is None and read_heartbeats(run_dir) == []

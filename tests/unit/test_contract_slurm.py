@@ -13,7 +13,7 @@ from hpctrain.contract import slurm
 from hpctrain.contract.slurm import Slurm, SlurmCommandError, classify_failure, run_slurm, show_job_command
 from hpctrain.contract.slurm_answers import parse_kill_wait_s, parse_max_array_size
 from hpctrain.errors import ClusterError
-from hpctrain.launch.sbatch_script import signal_parameter
+from hpctrain.jobscript.sbatch_script import signal_parameter
 from tests.fake_slurm import FakeSlurm, nowhere, on_path
 
 # The shape of ``scontrol show config`` (Slurm 22.05), trimmed.

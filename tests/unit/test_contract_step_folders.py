@@ -1,4 +1,4 @@
-"""contract/step_folders.py: one folder life for both checkpoint layouts, and rundir's listing of them."""
+"""contract/step_folders.py: one folder life for both checkpoint layouts, and checkpoint_listing's listing of them."""
 
 from __future__ import annotations
 
@@ -7,15 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.contract.rundir import (
+from hpctrain.contract.checkpoint_listing import (
     DCP_LAYOUT,
-    META_FILE,
     TRAINER_LAYOUT,
     checkpoint_meta,
-    checkpoints_dir,
     complete_checkpoints,
     latest_checkpoint_step,
 )
+from hpctrain.contract.rundir import META_FILE, checkpoints_dir
 from hpctrain.contract.step_folders import MAX_EXAMINED, StepFolders
 from hpctrain.errors import CheckpointError
 
@@ -180,14 +179,16 @@ def test_a_checkpoints_dir_linked_out_of_the_run_is_refused_by_save_list_and_loa
 def test_the_latest_checkpoint_is_found_newest_first_without_examining_the_rest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hpctrain.contract import rundir
+    from hpctrain.contract import checkpoint_listing
 
     folders = StepFolders(checkpoints_dir(tmp_path), layout=DCP_LAYOUT, keep_last=50)
     for step in (3, 10, 200):
         dcp_step(folders, step)
     examined: list[str] = []
-    real = rundir.checkpoint_meta
-    monkeypatch.setattr(rundir, "checkpoint_meta", lambda path, *a: examined.append(path.name) or real(path, *a))
+    real = checkpoint_listing.checkpoint_meta
+    monkeypatch.setattr(
+        checkpoint_listing, "checkpoint_meta", lambda path, *a: examined.append(path.name) or real(path, *a)
+    )
     assert latest_checkpoint_step(tmp_path) == 200 and examined == ["step-00000200"]
 
 
@@ -204,15 +205,17 @@ def test_folders_of_later_steps_never_push_the_writers_own_out(tmp_path: Path) -
 def test_a_prune_examines_a_bounded_number_of_folders_and_thins_a_crowded_directory_over_saves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hpctrain.contract import rundir
+    from hpctrain.contract import checkpoint_listing
 
     folders = StepFolders(checkpoints_dir(tmp_path), layout=DCP_LAYOUT, keep_last=2)
     future = dcp_step(folders, 99_999_999)
     for step in range(1, 31):
         dcp_step(folders, step)
     examined: list[str] = []
-    real = rundir.checkpoint_meta
-    monkeypatch.setattr(rundir, "checkpoint_meta", lambda path, *a: examined.append(path.name) or real(path, *a))
+    real = checkpoint_listing.checkpoint_meta
+    monkeypatch.setattr(
+        checkpoint_listing, "checkpoint_meta", lambda path, *a: examined.append(path.name) or real(path, *a)
+    )
     folders.prune(30)
     assert len(examined) <= 2 + MAX_EXAMINED + 1 and future.name not in examined  # (+1: best.json's check)
     assert len(complete_checkpoints(folders.directory)) == 1 + 2 + (30 - 2 - MAX_EXAMINED)

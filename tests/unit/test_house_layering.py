@@ -8,9 +8,9 @@ imported). Each rule fails with the list of offending imports, as
   in the library packages beneath them.
 * ``contract/`` imports nothing of the project but ``hpctrain.errors`` and
   itself: both sides import it, so it must stand alone.
-* The login side (contract, jobspec, launch, observe, diagnose, cli, dataset, planning)
-  never imports torch, torchvision, ``hpctrain.trainer`` or the public task
-  API ``hpctrain.task`` (login nodes are slow and shared). A function-level
+* The login side (contract, jobspec, jobscript, launch, observe, diagnose, cli, dataset, tracking, planning,
+  remote) never imports torch, torchvision, ``hpctrain.trainer`` or the public
+  task API ``hpctrain.task`` (login nodes are slow and shared). A function-level
   import inside a helper that only runs where torch belongs may be let through
   by :data:`TASK_ONLY`.
 * ``hpctrain.task`` (what a user's own loop imports) never imports the
@@ -23,7 +23,7 @@ imported). Each rule fails with the list of offending imports, as
   ``healing/`` -> ``trainer/`` -> ``task/`` -> ``runtime/`` (the pieces). A piece
   of ``runtime/`` imports neither a program, ``healing/`` nor ``trainer/``; the
   trainer never imports healing; a program is imported only by another program
-  and by ``launch/submission.py`` (to pickle it).
+  and by ``launch/task_programs.py`` (which builds it for submitit to pickle).
 * No argv that starts with a Slurm client command (``sbatch``, ``squeue``,
   ``scontrol``...) is written outside the one client, ``contract/slurm.py``:
   neither a list or tuple literal nor a call's first argument.
@@ -33,6 +33,10 @@ imported). Each rule fails with the list of offending imports, as
   (``wandb``, ``mlflow``), and the task side (the trainer, the task API, the
   runtime that runs scripts, the healing wing) never imports the wing:
   trackers read the run directory, training never waits on them.
+* The login side flows down too (issue 36), in :data:`LOGIN_FLOORS`' order:
+  no package imports one standing above it (``planning/`` is handed launch's
+  submit, the tracking wing asks ``launch/run_state.py`` whether a run has
+  ended), and nothing beneath the package face imports it.
 * At most five modules lie loose in ``hpctrain/``.
 """
 
@@ -45,7 +49,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hpctrain"
 LOGIN_SIDE = (
-    "contract", "jobspec", "launch", "observe", "diagnose", "cli", "dataset", "tracking", "planning", "remote"
+    "contract", "jobspec", "jobscript", "launch", "observe", "diagnose", "cli", "dataset", "tracking", "planning",
+    "remote",
 )  # fmt: skip
 TRACKER_LIBRARIES = ("wandb", "mlflow")
 TASK_SIDE = (
@@ -58,11 +63,16 @@ TASK_SIDE = (
 )
 HEAVY = ("torch", "torchvision", "hpctrain.trainer", "hpctrain.task")
 MAX_LOOSE_MODULES = 5
+# The login side's packages from the ground up: each imports only those before it (and the task side's
+# packages where the rules below let it). farm-studio's "arrows that run back up" are these imports.
+LOGIN_FLOORS = (
+    "contract", "jobspec", "jobscript", "dataset", "diagnose", "planning", "launch", "tracking", "observe", "remote"
+)  # fmt: skip
 TASK_PACKAGES = ("hpctrain.runtime", "hpctrain.programs")
 # (importer, or a package of importers; the program it may import) -> why.
 PROGRAM_IMPORTERS = {
     ("hpctrain.programs", "hpctrain.programs"): "a program builds on another (a torchrun worker is a TaskLauncher)",
-    ("hpctrain.launch.submission", "hpctrain.programs"): "it pickles the program into the job",
+    ("hpctrain.launch.task_programs", "hpctrain.programs"): "it builds the program submitit pickles into the job",
 }
 
 # (module, function, imported name prefix) -> why only a task (or a compute node) runs that function.
@@ -80,7 +90,7 @@ TASK_ONLY = {
     ("hpctrain.diagnose.data_bench_job", "measure", "hpctrain.trainer"): "the same measurement: the trainer's pipeline",
 }
 # The commands that talk to Slurm's controller or database. ``srun`` is not among them: it starts the tasks
-# inside the batch script (launch/sbatch_script.py) and the healing supervisor's steps.
+# inside the batch script (jobscript/sbatch_script.py) and the healing supervisor's steps.
 SLURM_COMMANDS = frozenset(
     {"sbatch", "squeue", "sacct", "sacctmgr", "scontrol", "scancel", "sinfo", "sstat", "sprio", "sshare", "salloc"}
 )
@@ -91,10 +101,10 @@ SSH_CLIENT = "hpctrain.remote.ssh"
 
 # (login-side module, runtime module it imports) -> why.
 RUNTIME_ON_THE_LOGIN_SIDE = {
-    ("hpctrain.launch.submission", "hpctrain.programs.launcher"): "the task launcher submitit pickles into the job",
-    ("hpctrain.launch.submission", "hpctrain.programs.torchrun_node"): "the torchrun node launcher, pickled likewise",
-    ("hpctrain.launch.submission", "hpctrain.programs.script_launcher"): "a script job's task wrapper, pickled too",
-    ("hpctrain.launch.submission", "hpctrain.programs.script_torchrun"): "a script job's torchrun node task, pickled",
+    ("hpctrain.launch.task_programs", "hpctrain.programs.launcher"): "the task launcher submitit pickles into the job",
+    ("hpctrain.launch.task_programs", "hpctrain.programs.torchrun_node"): "the torchrun node launcher, likewise",
+    ("hpctrain.launch.task_programs", "hpctrain.programs.script_launcher"): "a script job's task wrapper, pickled too",
+    ("hpctrain.launch.task_programs", "hpctrain.programs.script_torchrun"): "a script job's torchrun node task",
     ("hpctrain.launch.dry_run", "hpctrain.runtime.script.command"): (
         "--dry-run prints every script process's command line from the wrapper's own functions, so it cannot drift"
     ),
@@ -275,7 +285,7 @@ def test_a_program_is_imported_only_by_a_program_or_to_be_pickled() -> None:
         return any(is_under(item.module, who) and is_under(item.name, what) for who, what in PROGRAM_IMPORTERS)
 
     found = [item for item in ALL_IMPORTS if is_under(item.name, "hpctrain.programs") and not allowed(item)]
-    assert not found, "only a program, or launch/submission.py to pickle it, imports a program:" + offenders(found)
+    assert not found, "only a program, or launch/task_programs.py to pickle it, imports a program:" + offenders(found)
 
 
 def slurm_argv(path: Path, commands: frozenset[str] = SLURM_COMMANDS) -> Iterator[str]:
@@ -326,6 +336,26 @@ def test_only_the_tracking_wing_imports_a_tracker_and_training_never_imports_the
     ]
     assert not wing, "the task side imports the tracking wing (it reads the run directory instead):" + offenders(wing)
     assert any(is_under(item.name, "mlflow") for item in ALL_IMPORTS), "the scan sees the wing's own imports"
+
+
+def test_the_login_side_flows_down() -> None:
+    def floor(name: str) -> int | None:
+        parts = name.split(".")
+        return LOGIN_FLOORS.index(parts[1]) if len(parts) > 1 and parts[1] in LOGIN_FLOORS else None
+
+    found = [
+        item
+        for item in ALL_IMPORTS
+        if (low := floor(item.module)) is not None
+        and ((high := floor(item.name)) is not None and high > low or item.name == "hpctrain")
+    ]
+    assert not found, (
+        "a login-side package imports one above it (or the package face); move the shared part down, or hand "
+        "it down from the caller:" + offenders(found)
+    )
+    assert {module.split(".")[1] for module in {item.module for item in ALL_IMPORTS} if floor(module) is not None} == (
+        set(LOGIN_FLOORS)
+    ), "the scan sees every floor"
 
 
 def test_few_modules_lie_loose_in_the_package() -> None:

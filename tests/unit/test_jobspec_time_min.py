@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import SpecError
+from hpctrain.jobscript.parameters import slurm_parameters
 from hpctrain.jobspec.load import load_job
-from hpctrain.launch.submission import slurm_parameters
 from tests.unit.cli_helpers import assert_user_error, in_process
 
 pytestmark = pytest.mark.usefixtures("isolated")

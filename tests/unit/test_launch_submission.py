@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
+from hpctrain.jobscript.parameters import slurm_parameters
 from hpctrain.jobspec.load import load_job
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.profiles import BUILTIN_PROFILES, ClusterProfile, apply_profile
-from hpctrain.launch.submission import local_parameters, render_script, slurm_parameters, task_python
+from hpctrain.launch.submission import local_parameters, render_script, task_python
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -226,24 +227,6 @@ def test_slurm_parameters_is_pure() -> None:
 def test_local_parameters_put_the_whole_world_on_this_machine(spec: dict, expected: dict) -> None:
     job, _ = resolved("local", **spec)
     assert local_parameters(job) == expected
-
-
-def test_every_trial_runs_its_own_spec_even_a_sweep_of_one(tmp_path: Path) -> None:
-    from hpctrain.jobspec.load import load_job
-    from hpctrain.launch.submission import task_launchers
-
-    spec = tmp_path / "one.yaml"
-    spec.write_text(
-        f"name: one\noutput_dir: {tmp_path / 'runs'}\ndata: {{root: {tmp_path / 'data'}}}\n"
-        "sweep: {trainer.lr: [0.3]}\n"
-    )
-    job = load_job(spec)
-    (launcher,) = task_launchers(job, [tmp_path / "trial-000"])
-    assert launcher.spec_data["trainer"]["lr"] == 0.3
-    assert launcher.run_dir == str(tmp_path / "trial-000")
-    plain = load_job(REPO / "jobs" / "quickstart.yaml")
-    (only,) = task_launchers(plain, [tmp_path / "run"])
-    assert only.spec_data == plain.spec.model_dump(mode="json")
 
 
 def test_container_options_are_runtime_flags_before_the_image() -> None:

@@ -149,7 +149,7 @@ def test_resume_refuses_a_sweep_parent(tmp_path: Path) -> None:
 
 
 def test_status_names_the_failed_task_when_rank_zero_could_not(tmp_path: Path) -> None:
-    from hpctrain.observe.run_status import reconcile
+    from hpctrain.launch.run_state import reconcile
 
     run_dir = fake_run(tmp_path, job_id="81")
     (submitit_dir(run_dir) / "81_0_log.err").write_text(
@@ -263,7 +263,7 @@ def test_status_output_dir_lists_the_runs_under_it_and_pending_cancelled_jobs(
 
 
 def test_status_words_from_slurm_when_the_run_never_started() -> None:
-    from hpctrain.observe.run_status import display_status
+    from hpctrain.launch.run_state import display_status
 
     assert display_status(None, "PENDING") == "pending"
     assert display_status(None, "CANCELLED") == "cancelled"

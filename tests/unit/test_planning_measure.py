@@ -69,14 +69,34 @@ def test_the_spec_is_cut_down_to_one_node_and_a_few_steps_and_waited_for(tmp_pat
 
 
 def test_plan_measure_makes_the_step_time_measured_at_one_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(submit_module, "submit", FakeSubmit())
     partitions = (GOLDEN / "scontrol_show_partition.txt").read_text()
     FakeSlurm(answers={"scontrol --oneliner show partition": (0, partitions)}).install(monkeypatch)
-    made = plan(write_spec(tmp_path), nodes=(2,), measure_steps=40, clock=lambda: NOW)
+    made = plan(write_spec(tmp_path), nodes=(2,), measure_steps=40, submit=FakeSubmit(), clock=lambda: NOW)
     for shape in made.shapes:  # min_nodes 2 rules out 1 node for the run; the measurement ran at 1 all the same
         assert shape.step_time is not None and shape.step_time.seconds == 0.5 and shape.step_time.extrapolated
         assert "from 1 node" in shape.step_time.source
     assert any(note.startswith("--measure: job 91 ran 40 step(s) at 1 node") for note in made.notes)
+
+
+def test_both_faces_hand_the_one_submit_sequence_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """planning stands beneath launch: ``hpctrain plan --measure`` and ``hpctrain.plan(measure_steps=)`` give
+    it launch's submit, the same sequence ``hpctrain submit`` runs."""
+    import hpctrain
+
+    fake = FakeSubmit()
+    monkeypatch.setattr(submit_module, "submit", fake)
+    partitions = (GOLDEN / "scontrol_show_partition.txt").read_text()
+    FakeSlurm(answers={"scontrol --oneliner show partition": (0, partitions)}).install(monkeypatch)
+    (tmp_path / "api").mkdir()
+    made = hpctrain.plan(write_spec(tmp_path / "api"), nodes=[2], measure_steps=40)
+    assert any(note.startswith("--measure: job 91 ran 40 step(s)") for note in made.notes)
+    (tmp_path / "cli").mkdir()
+    result = in_process(capsys, "plan", str(write_spec(tmp_path / "cli")), "--nodes", "2", "--measure", "40", "--json")
+    assert result.returncode == 0, result.stderr
+    assert any(note.startswith("--measure: job 91 ran 40 step(s)") for note in json.loads(result.stdout)["notes"])
+    assert [call["wait"] for call in fake.calls] == [True, True]
 
 
 def test_what_cannot_be_measured_is_said(tmp_path: Path) -> None:

@@ -98,8 +98,8 @@ def test_the_finder_answers_only_the_old_names() -> None:
 
 
 def test_the_old_names_are_exactly_the_programs_submitit_pickles() -> None:
-    """A program ``launch/submission.py`` hands submitit is pickled by name: it keeps its old name here."""
-    tree = ast.parse((PACKAGE / "launch" / "submission.py").read_text())
+    """A program ``launch/task_programs.py`` builds for submitit is pickled by name: it keeps its old name here."""
+    tree = ast.parse((PACKAGE / "launch" / "task_programs.py").read_text())
     pickled = {
         node.module
         for node in ast.walk(tree)

@@ -20,10 +20,11 @@ import pytest
 
 from hpctrain.contract.srun_report import first_task_failure
 from hpctrain.errors import SpecError
+from hpctrain.jobscript.parameters import slurm_parameters
 from hpctrain.jobspec.load import load_job
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.profiles import BUILTIN_PROFILES, apply_profile
-from hpctrain.launch.submission import slurm_parameters, task_launchers
+from hpctrain.launch.task_programs import task_launchers
 from hpctrain.programs.launcher import TaskLauncher
 from hpctrain.programs.torchrun_node import (
     PEER_FAILURE,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.contract import slurm
-from hpctrain.launch.templates import render_slurm_relay
+from hpctrain.jobscript.templates import render_slurm_relay
 from hpctrain.runtime.slurm_relay import relay_runner, request_for, slurm_runner
 
 FAKE_SCONTROL = """#!/bin/bash

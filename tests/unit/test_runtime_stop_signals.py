@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.launch.sbatch_script import python_command
+from hpctrain.jobscript.sbatch_script import python_command
 from hpctrain.runtime import stop_signals
 from hpctrain.runtime.stop import StopRequest
 

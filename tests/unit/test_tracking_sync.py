@@ -234,7 +234,8 @@ def test_a_second_sync_of_the_same_run_leaves_it_to_the_first(tmp_path: Path) ->
 def test_a_run_ends_when_its_summary_says_so_and_slurm_will_not_start_it_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slurm_state: str, status: str, end: str | None
 ) -> None:
-    from hpctrain.observe import run_status
+    from hpctrain.contract.summary import Summary
+    from hpctrain.launch import run_state
 
-    monkeypatch.setattr(run_status, "run_status", lambda run_dir: {"slurm_state": slurm_state, "status": status})
+    monkeypatch.setattr(run_state, "run_state", lambda run_dir: ({}, slurm_state, Summary(status=status)))
     assert sync_module.run_end(tmp_path) == end

@@ -1,4 +1,4 @@
-"""Filling a YAML template (hpctrain/launch/templates.py): values through the YAML emitter, comments
+"""Filling a YAML template (hpctrain/jobscript/templates.py): values through the YAML emitter, comments
 escaped, so no text can add a key to what it is written into."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from hpctrain.errors import UsageError
-from hpctrain.launch.templates import fill_yaml
+from hpctrain.jobscript.templates import fill_yaml
 
 HOSTILE = ["a\u2028b: 1", "a\x85b: 1", "x\r\ny: 2", "- [1]", "yes", "01:00:00", "24:00:00", "~", "'\"", "a #b"]
 HOSTILE += ["\u202e", "\u2029", "\ufeffkey: 1"]

@@ -10,9 +10,10 @@ import pytest
 from submitit.slurm.slurm import _make_sbatch_string
 
 from hpctrain.contract.rundir import submitit_dir
+from hpctrain.jobscript.parameters import slurm_parameters
+from hpctrain.jobscript.sbatch_script import render_sbatch, slurm_mem, task_command
 from hpctrain.jobspec.load import load_job
-from hpctrain.launch.sbatch_script import render_sbatch, slurm_mem, task_command
-from hpctrain.launch.submission import build_executor, render_script, slurm_parameters
+from hpctrain.launch.submission import build_executor, render_script
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_DIR = Path("/runs/X")

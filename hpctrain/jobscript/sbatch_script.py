@@ -8,7 +8,7 @@ and the per-task logs ``FOLDER/%j_%t_log.out`` (``%A_%a`` for arrays).
 ``hpctrain.launch.submission``'s executor hands submitit this text, and
 ``submit --dry-run`` prints the same text without importing submitit, which
 would cost a login-node command about a fifth of its time (it imports asyncio).
-``tests/unit/test_launch_sbatch_script.py`` checks the layout against submitit's
+``tests/unit/test_jobscript_sbatch_script.py`` checks the layout against submitit's
 renderer for every example job. Pure and torch-free.
 """
 
@@ -90,7 +90,7 @@ def render_sbatch(
     parameters: Mapping[str, Any], folder: str | Path, command: str, supervisor: str | None = None
 ) -> str:
     """The script for executor ``parameters`` (submitit's names), logs under ``folder``; ``supervisor``:
-    the command that runs the srun line in a healing job (``launch.submission.supervisor_command``)."""
+    the command that runs the srun line in a healing job (``jobscript.parameters.supervisor_command``)."""
     given = {k: v for k, v in {**DEFAULTS, **parameters}.items() if v is not None}  # None: leave it out
     sbatch = {k: v for k, v in given.items() if k not in NOT_SBATCH}
     sbatch["signal"] = signal_parameter("USR2", given["signal_delay_s"])  # submitit default; hpctrain overrides it
