@@ -33,3 +33,16 @@ def test_lists_and_numbers_keep_their_types() -> None:
 def test_what_cannot_be_one_value_is_refused() -> None:
     with pytest.raises(UsageError, match="cannot be written"):
         fill_yaml("key: {{v}}\n", {"v": object()})
+
+
+def test_an_installed_wheel_carries_every_template() -> None:
+    """setup.cfg's data_files name every file of templates/ (``init --script`` read script_job.yaml from a
+    checkout only: an installed hpctrain looks in <prefix>/share/hpctrain/templates)."""
+    import configparser
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    config = configparser.ConfigParser()
+    config.read(root / "setup.cfg")
+    listed = {Path(p.strip()).name for p in config["options.data_files"]["share/hpctrain/templates"].split(",")}
+    assert listed == {p.name for p in (root / "templates").iterdir() if p.is_file()}
