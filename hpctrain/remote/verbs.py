@@ -6,7 +6,8 @@ streams back unchanged, with its exit status: the answers are the login
 node's own. Three verbs need more than that:
 
 * ``submit`` ships the project folder and the spec first, and runs exactly
-  once per token (``shipping.py``);
+  once per token (``shipping.py``); ``resume`` ships nothing but runs once
+  per token too (a retry after a dropped connection never resumes twice);
 * ``report`` writes its files on the login node and copies them back into
   ``--out`` here (default ``./report``);
 * every verb checks first that the login node's hpctrain is there and of
@@ -119,6 +120,8 @@ def forward(name: str, args: argparse.Namespace, argv: Sequence[str]) -> int:
     words = without_cluster(argv) if args.command in SELECTOR_ONLY else list(argv)
     if args.command == "submit":
         return submit(connection, args, words)
+    if args.command == "resume":
+        return resume(connection, words)
     if args.command == "report":
         return report(connection, args, words)
     if getattr(args, "spec", None):  # plan SPEC, doctor SPEC: the spec and its code are read there
@@ -159,17 +162,36 @@ def submit(connection: Connection, args: argparse.Namespace, words: list[str]) -
     except OSError as exc:
         raise UsageError(f"{args.spec}: cannot read the spec: {exc.strerror}") from None
     key = shipping.pending_key(connection.name, words, spec_bytes)
+    token = claimed_token(connection, key, "submit")
+    spec_rel = ship(connection, args.spec, token)
+    return run_once(connection, key, token, "tree", replace_spec(words, args.spec, spec_rel))
+
+
+def resume(connection: Connection, words: list[str]) -> int:
+    """``resume RUN`` on the login node exactly once for this command line (nothing is shipped: it runs
+    from the home folder there, where a relative RUN means what it means in a plain ssh session)."""
+    key = shipping.pending_key(connection.name, words, b"")
+    token = claimed_token(connection, key, "resume")
+    return run_once(connection, key, token, "home", words)
+
+
+def claimed_token(connection: Connection, key: str, verb: str) -> str:
     token, retried = shipping.token_for(key)
     if retried:
-        print(f"hpctrain: retrying submit {token} (an earlier attempt got no answer)", flush=True)
-    spec_rel = ship(connection, args.spec, token)
-    remote = [*connection.login.command_words(), *replace_spec(words, args.spec, spec_rel)]
-    done = connection.run(["sh", "-s", token, *remote], input=shipping.SUBMIT_ONCE.encode())
+        print(f"hpctrain: retrying {verb} {token} (an earlier attempt got no answer)", flush=True)
+    return token
+
+
+def run_once(connection: Connection, key: str, token: str, where: str, words: list[str]) -> int:
+    """``words`` run by the login node's hpctrain once per ``token`` (``shipping.RUN_ONCE``): a retry
+    prints the first attempt's answer. The token is dropped once an answer arrived."""
+    remote = [*connection.login.command_words(), *words]
+    done = connection.run(["sh", "-s", token, where, *remote], input=shipping.RUN_ONCE.encode())
     if done.returncode in (97, 98):
         raise RemoteError(
-            f"{connection.name}: submit {token} stopped on the login node before it ended",
+            f"{connection.name}: {words[0]} {token} stopped on the login node before it ended",
             "interrupted",
-            hint=f"see 'hpctrain status --all --cluster {connection.name}' before you submit again; "
+            hint=f"see 'hpctrain status --all --cluster {connection.name}' before you {words[0]} again; "
             f"its output is in ~/hpctrain-submits/{token}/ there",
         )
     shipping.settled(key)

@@ -186,6 +186,42 @@ def test_a_submit_cut_mid_way_and_retried_runs_once(login: OtpLogin, laptop: dic
     assert count.read_text() == "ran\nran\n"
 
 
+def test_a_resume_cut_mid_way_and_retried_resumes_once_and_cancel_twice_is_harmless(
+    login: OtpLogin, laptop: dict[str, str], tmp_path: Path
+) -> None:
+    assert login_with_code(laptop, login)[0] == 0
+    folder, spec = project(tmp_path, login, sleep_s=8)
+    count = folder.parent / "count"
+    submitted = hpctrain(laptop, "submit", spec, "--cluster", "otp", cwd=folder)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    run_dir = submitted.stdout.split("run dir: ", 1)[1].splitlines()[0].strip()
+    first = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "resume", run_dir, "--cluster", "otp"],
+        env=laptop,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while count.read_text().count("ran") < 2:  # the resumed attempt runs on the login node: the connection drops
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.2)
+    assert hpctrain(laptop, "login", "otp", "--close").returncode == 0
+    out, err = first.communicate(timeout=60)
+    assert first.returncode != 0 and "Traceback" not in err, out + err
+
+    before = login.prompts()
+    assert login_with_code(laptop, login)[0] == 0
+    cancels = [hpctrain(laptop, "cancel", run_dir, "--cluster", "otp") for _ in range(2)]
+    assert [c.returncode for c in cancels] == [0, 0], [c.stdout + c.stderr for c in cancels]
+    assert "already" in cancels[1].stdout + cancels[1].stderr and "Traceback" not in cancels[0].stderr
+    retry = hpctrain(laptop, "resume", run_dir, "--cluster", "otp")
+    assert "retrying resume" in retry.stdout and "Traceback" not in retry.stderr, retry.stdout + retry.stderr
+    assert count.read_text() == "ran\nran\n", "one resume, not two"
+    assert login.prompts() == before + 1
+
+
 def test_a_dead_master_is_said_at_once_with_the_command_to_open_one(login: OtpLogin, laptop: dict[str, str]) -> None:
     hpctrain(laptop, "login", "otp", "--close")
     before = login.prompts()
