@@ -371,6 +371,13 @@ def cmd_report(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", help="ask this cluster's login node (a profile with login:, docs/remote.md)")
 
 
+def cmd_remote(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["prune"], help="prune: clean ~/hpctrain-submits (docs/remote.md)")
+    parser.add_argument("--older-than", metavar="AGE", help="age before a stage goes: 7d (default), 12h, 30m, 0")
+    parser.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
+    parser.add_argument("--cluster", help="on this cluster's login node (a profile with login:, docs/remote.md)")
+
+
 def cmd_login(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("cluster", help="a cluster profile with login: (docs/remote.md)")
     parser.add_argument("--check", action="store_true", help="only say whether the connection is open (exit 0 if so)")

@@ -34,7 +34,7 @@ from hpctrain.remote.ssh import Connection
 
 # Verbs that run on the login node when --cluster names a profile with login:. For the first set
 # --cluster only chooses the login node (the login side's verb has no such flag): it is not sent.
-SELECTOR_ONLY = ("status", "logs", "cancel", "resume", "report", "sync")
+SELECTOR_ONLY = ("status", "logs", "cancel", "resume", "report", "sync", "remote")
 FORWARDED = (*SELECTOR_ONLY, "submit", "nodes", "doctor", "plan")
 REMOTE_SIDE = "HPCTRAIN_REMOTE_SIDE"  # set on the login node: its --cluster never goes remote again
 VALUE_OPTIONS = {"--set", "--cluster", "--time-min", "--out", "--baseline", "--nodes", "--rank", "-n", "--lines"}
@@ -164,7 +164,18 @@ def submit(connection: Connection, args: argparse.Namespace, words: list[str]) -
     key = shipping.pending_key(connection.name, words, spec_bytes)
     token = claimed_token(connection, key, "submit")
     spec_rel = ship(connection, args.spec, token)
-    return run_once(connection, key, token, "tree", replace_spec(words, args.spec, spec_rel))
+    code = run_once(connection, key, token, "tree", replace_spec(words, args.spec, spec_rel))
+    prune_quietly(connection)
+    return code
+
+
+def prune_quietly(connection: Connection) -> None:
+    """After a submit: the login node's old shipped folders go by the default policy (``stages.py``).
+    Best effort: the submit has its answer, so nothing here may turn it into a failure."""
+    try:
+        connection.run([*hpctrain_words(connection), "remote", "prune"], capture=True)
+    except RemoteError:
+        pass
 
 
 def resume(connection: Connection, words: list[str]) -> int:

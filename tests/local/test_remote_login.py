@@ -222,6 +222,32 @@ def test_a_resume_cut_mid_way_and_retried_resumes_once_and_cancel_twice_is_harml
     assert login.prompts() == before + 1
 
 
+def test_prune_through_the_connection_and_after_each_submit(
+    login: OtpLogin, laptop: dict[str, str], tmp_path: Path
+) -> None:
+    assert login_with_code(laptop, login)[0] == 0
+    root = login.home / "hpctrain-submits"
+    root.mkdir(exist_ok=True)
+    old, never_run = root / ("a" * 24), root / ("b" * 24)
+    for stage in (old, never_run):
+        (stage / "tree").mkdir(parents=True)
+    (old / "claim").mkdir()
+    (old / "rc").write_text("0\n")
+    for path in (old / "rc", old, never_run):
+        os.utime(path, (time.time() - 9 * 86400,) * 2)
+    (root / "their notes").mkdir(exist_ok=True)
+    before = login.prompts()
+    dry = hpctrain(laptop, "remote", "prune", "--dry-run", "--cluster", "otp")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert f"{'a' * 24}: would drop its tree" in dry.stdout and f"{'b' * 24}: would drop" in dry.stdout, dry.stdout
+    assert (old / "tree").is_dir() and never_run.is_dir()
+    folder, spec = project(tmp_path, login)
+    assert hpctrain(laptop, "submit", spec, "--cluster", "otp", cwd=folder).returncode == 0
+    assert not (old / "tree").exists() and (old / "rc").is_file(), "a submit prunes by the default policy"
+    assert not never_run.exists() and (root / "their notes").is_dir()
+    assert login.prompts() == before
+
+
 def test_a_dead_master_is_said_at_once_with_the_command_to_open_one(login: OtpLogin, laptop: dict[str, str]) -> None:
     hpctrain(laptop, "login", "otp", "--close")
     before = login.prompts()
