@@ -224,6 +224,7 @@ def cmd_cancel(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=_seconds(0, DAY_S), default=60.0, help="seconds to wait for the job to end (0 to 86400)"
     )
+    parser.add_argument("--json", action="store_true", help="print where each run stands as JSON")
     parser.add_argument("--cluster", help="ask this cluster's login node (a profile with login:, docs/remote.md)")
 
 

@@ -248,6 +248,63 @@ def test_prune_through_the_connection_and_after_each_submit(
     assert login.prompts() == before
 
 
+# The Python face from the laptop: each call's result (or error) as JSON, and whether torch was imported.
+API_SITTING = """import json, sys, hpctrain
+from hpctrain.errors import HpctrainError
+said = {}
+def call(name, make):
+    try:
+        said[name] = make()
+    except HpctrainError as exc:
+        said[name] = {"error": type(exc).__name__, "message": exc.message, "hint": exc.hint}
+        return None
+    return said[name]
+if sys.argv[1] == "closed":
+    call("status", lambda: hpctrain.status("/nowhere", cluster="otp").status)
+else:
+    made = call("submit", lambda: hpctrain.submit(sys.argv[2], cluster="otp"))
+    said["submit"] = {"run_dir": str(made.run_dir), "backend": made.backend, "job_id": made.job_id}
+    run = said["submit"]["run_dir"]
+    call("status", lambda: hpctrain.status(run, cluster="otp").status)
+    call("cancel", lambda: hpctrain.cancel(run, cluster="otp").already_ended)
+    call("resume", lambda: hpctrain.resume("/nowhere/run", cluster="otp"))
+said["torch"] = "torch" in sys.modules
+print(json.dumps(said))
+"""
+
+
+def test_the_python_api_through_the_login_node(login: OtpLogin, laptop: dict[str, str], tmp_path: Path) -> None:
+    folder, spec = project(tmp_path, login)
+    hpctrain(laptop, "login", "otp", "--close")
+    before = login.prompts()
+
+    def sitting(*args: str) -> dict:
+        done = subprocess.run(
+            [sys.executable, "-c", API_SITTING, *args],
+            env=laptop,
+            cwd=folder,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return json.loads(done.stdout.splitlines()[-1])
+
+    closed = sitting("closed")
+    assert closed["status"]["error"] == "RemoteError" and "hpctrain login otp" in closed["status"]["hint"], closed
+    assert login.prompts() == before, "a library call never prompts"
+    assert login_with_code(laptop, login)[0] == 0
+    said = sitting("open", spec)
+    assert said["submit"]["backend"] == "local" and " " in said["submit"]["run_dir"], said
+    assert (folder.parent / "count").read_text() == "ran\n"
+    assert said["status"] == "completed" and said["cancel"] is True, said
+    assert said["resume"]["error"] == "UsageError", said
+    assert said["resume"]["message"].startswith("otp: "), said
+    assert said["torch"] is False
+    assert login.prompts() == before + 1
+
+
 def test_a_dead_master_is_said_at_once_with_the_command_to_open_one(login: OtpLogin, laptop: dict[str, str]) -> None:
     hpctrain(laptop, "login", "otp", "--close")
     before = login.prompts()
