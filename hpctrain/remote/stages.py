@@ -27,6 +27,8 @@ without following links and without blocking; removal never follows a link
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import shutil
@@ -204,15 +206,31 @@ def _stage(path: Path, now: float, *, report: bool) -> Stage:
 
 
 def _run_from_tree(stage: Path) -> str | None:
-    """The run directory the submit's answer names, when that run has no code snapshot of its own."""
-    for line in _read_small(stage / "out").splitlines():
-        if "run dir:" not in line:
-            continue
-        run_dir = Path(line.split("run dir:", 1)[1].strip())
+    """A run directory the submit's answer names (its printed ``run dir:`` / ``study dir:`` lines, or its
+    ``--json`` line) whose run has no code snapshot of its own, so runs from this tree."""
+    for run_dir in _answered_runs(_read_small(stage / "out")):
         info = _read_small(run_dir / "run.json")
         if info and '"code_snapshot"' not in info:
             return str(run_dir)
     return None
+
+
+def _answered_runs(out: str) -> Iterator[Path]:
+    for line in out.splitlines():
+        if line.startswith("{"):
+            try:
+                found = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(found, dict):
+                runs = [found, *(r for r in found.get("runs", []) if isinstance(r, dict))]
+                yield from (Path(r["run_dir"]) for r in runs if isinstance(r.get("run_dir"), str))
+        elif "run dir:" in line:
+            yield Path(line.split("run dir:", 1)[1].strip())
+        elif "study dir:" in line:
+            study = Path(line.split("study dir:", 1)[1].strip())
+            with contextlib.suppress(OSError):
+                yield from sorted(p for p in study.iterdir() if not p.is_symlink() and p.is_dir())
 
 
 def _read_small(path: Path) -> str:

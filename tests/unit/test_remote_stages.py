@@ -116,6 +116,25 @@ def test_prune_on_real_folders_keeps_a_referenced_run_and_never_follows_links(tm
     assert (root / "notes").is_dir()
 
 
+@pytest.mark.parametrize("answer", ["printed", "json", "study"])
+def test_a_no_snapshot_run_keeps_its_stage_however_the_submit_answered(tmp_path: Path, answer: str) -> None:
+    home = tmp_path / "home"
+    study = tmp_path / "runs" / "st"
+    run_dir = study / "nodes-1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({"job_ids": ["1"]}))
+    out = {
+        "printed": f"submitted job 1\n  run dir: {run_dir}\n",
+        "json": json.dumps({"job_id": "1", "run_dir": str(run_dir)}) + "\n",
+        "study": f"submitted study st: 1 jobs\n  study dir: {study}\n",
+    }[answer]
+    kept = stage(home / stages.STAGES_DIR, "a" * 24, age_s=40 * DAY, out=out)
+    [decision] = stages.prune(7 * DAY, home=home).decisions
+    assert decision.action == "keep" and str(run_dir) in decision.why and (kept / "tree").is_dir()
+    (run_dir / "run.json").write_text(json.dumps({"code_snapshot": {"files": 1}}))  # its own copy: not needed
+    assert stages.prune(7 * DAY, home=home).decisions[0].action == "drop"
+
+
 def test_another_users_stage_is_left_alone(tmp_path: Path) -> None:
     if os.getuid() != 0:
         pytest.skip("chown to another user needs root")
