@@ -4,7 +4,7 @@ Each remote submit (and resume) leaves a stage, ``~/hpctrain-submits/TOKEN/``:
 the shipped project (``tree/``, the big part) and the small record of the
 submit-once claim (``claim/``, ``out``, ``err``, ``rc``) that lets a retried
 command print the first attempt's answer. The policy, one decision per stage
-(:func:`decide`, pure):
+(:func:`fate_of`, pure):
 
 * in flight (claimed, no exit status, its process alive): kept whole;
 * a run still refers to it: kept whole. A run submitted with
@@ -63,7 +63,7 @@ class Stage:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Fate:
     stage: Stage
     action: str  # "keep", "drop-tree", "drop"
     why: str
@@ -71,7 +71,7 @@ class Decision:
 
 @dataclass(frozen=True)
 class Pruned:
-    decisions: tuple[Decision, ...]
+    decisions: tuple[Fate, ...]
     skipped: tuple[str, ...]  # passed over: not hpctrain's, a link, another user's
     failed: tuple[str, ...]
     dry_run: bool
@@ -90,25 +90,25 @@ def parse_age(text: str) -> float:
     return float(match.group(1)) * UNITS.get(match.group(2), 1)
 
 
-def decide(stage: Stage, older_than_s: float) -> Decision:
+def fate_of(stage: Stage, older_than_s: float) -> Fate:
     """What prune does with one stage (the module docstring's policy)."""
     if stage.report:
         if stage.age_s >= older_than_s:
-            return Decision(stage, "drop", "a report's files never fetched")
-        return Decision(stage, "keep", "a report's files, recent")
+            return Fate(stage, "drop", "a report's files never fetched")
+        return Fate(stage, "keep", "a report's files, recent")
     if stage.claimed and not stage.ended and stage.alive:
-        return Decision(stage, "keep", "its command is still running")
+        return Fate(stage, "keep", "its command is still running")
     if stage.referenced_by is not None:
-        return Decision(stage, "keep", f"{stage.referenced_by} runs from it (submitted with --no-snapshot)")
+        return Fate(stage, "keep", f"{stage.referenced_by} runs from it (submitted with --no-snapshot)")
     if stage.age_s < older_than_s:
-        return Decision(stage, "keep", "recent")
+        return Fate(stage, "keep", "recent")
     if not stage.claimed:
-        return Decision(stage, "drop", "shipped, never run")
+        return Fate(stage, "drop", "shipped, never run")
     if stage.age_s >= max(RECORD_S, older_than_s):
-        return Decision(stage, "drop", "old: its record too")
+        return Fate(stage, "drop", "old: its record too")
     if stage.has_tree:
-        return Decision(stage, "drop-tree", "its project copy (the record stays, for a late retry)")
-    return Decision(stage, "keep", "only its record is left")
+        return Fate(stage, "drop-tree", "its project copy (the record stays, for a late retry)")
+    return Fate(stage, "keep", "only its record is left")
 
 
 def stages_root(home: Path | None = None) -> Path:
@@ -130,7 +130,7 @@ def survey(root: Path, now: float | None = None) -> tuple[list[Stage], list[str]
 def prune(older_than_s: float = DEFAULT_OLDER_THAN_S, *, dry_run: bool = False, home: Path | None = None) -> Pruned:
     """Decide for every stage under ``~/hpctrain-submits`` and, unless ``dry_run``, carry it out."""
     found, skipped = survey(stages_root(home))
-    decisions = [decide(stage, older_than_s) for stage in found]
+    decisions = [fate_of(stage, older_than_s) for stage in found]
     failed: list[str] = []
     if not dry_run:
         for decision in decisions:
@@ -141,7 +141,7 @@ def prune(older_than_s: float = DEFAULT_OLDER_THAN_S, *, dry_run: bool = False, 
     return Pruned(tuple(decisions), tuple(skipped), tuple(failed), dry_run)
 
 
-def apply(decision: Decision) -> None:
+def apply(decision: Fate) -> None:
     """Carry out one decision; never follows a link (the stage was checked; rmtree walks by fd)."""
     target = decision.stage.path / "tree" if decision.action == "drop-tree" else decision.stage.path
     if decision.action == "keep":

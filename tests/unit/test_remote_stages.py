@@ -17,7 +17,7 @@ from cli_helpers import hpctrain
 
 from hpctrain.errors import UsageError
 from hpctrain.remote import stages
-from hpctrain.remote.stages import Stage, decide
+from hpctrain.remote.stages import Stage, fate_of
 
 DAY = 86400.0
 
@@ -45,13 +45,13 @@ def one(**facts: object) -> Stage:
     ],
 )
 def test_the_policy(facts: dict, action: str) -> None:
-    assert decide(one(**facts), 7 * DAY).action == action
+    assert fate_of(one(**facts), 7 * DAY).action == action
 
 
 def test_older_than_zero_still_keeps_what_is_running_or_referenced() -> None:
-    assert decide(one(ended=False, alive=True, age_s=0), 0).action == "keep"
-    assert decide(one(referenced_by="/r", age_s=0), 0).action == "keep"
-    assert decide(one(age_s=0), 0).action == "drop-tree", "a record stays 30 days whatever --older-than says"
+    assert fate_of(one(ended=False, alive=True, age_s=0), 0).action == "keep"
+    assert fate_of(one(referenced_by="/r", age_s=0), 0).action == "keep"
+    assert fate_of(one(age_s=0), 0).action == "drop-tree", "a record stays 30 days whatever --older-than says"
 
 
 @pytest.mark.parametrize(
