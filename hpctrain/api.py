@@ -10,6 +10,10 @@ and ``forget_node`` -> ``observe/node_ledger.py``,
 and ``forget_node`` -> ``observe/node_ledger.py``, ``plan`` -> ``planning/plan.py``,
 ``load_job`` -> ``launch/plan.py``'s validate. So both faces give the same
 answers: the same script, checks, status rule, cancel and resume policy.
+With ``cluster=`` naming a profile with ``login:``, ``submit``, ``status``,
+``cancel`` and ``resume`` go through that login node instead, by the CLI's
+``--cluster`` door (``remote/calls.py``): the same exactly-once, the same
+``RemoteError`` when no connection is open, the same result types.
 Nothing here exits or imports torch, and nothing prints but a local run
 stopped by Ctrl-C or a signal while waiting (on stderr); every refusal, a
 wrong argument type included, is an ``HpctrainError`` (``hpctrain.errors``)
@@ -60,6 +64,7 @@ def submit(
     exclude_bad_nodes: bool = True,
     log: TextIO | None = None,
     after: str | None = None,
+    cluster: str | None = None,
 ) -> Submission:
     """Submit a job (a ``load_job`` result, or a spec path) to Slurm, or with ``local=True`` run it here.
 
@@ -70,7 +75,10 @@ def submit(
     (``--no-snapshot``), ``exclude_bad_nodes=False`` the bad-node ledger's ``--exclude``
     (``--no-exclude``); ``log``: a stream that gets rank 0's log of a local run while waiting.
     A ``load_job`` result changed since is checked again (``SpecError``). ``after``: start once that run
-    (a run directory or job id) has completed (``--after``; docs/chains.md).
+    (a run directory or job id) has completed (``--after``; docs/chains.md). ``cluster``: that cluster
+    profile instead of the spec's; a profile with ``login:`` submits on its login node from here, as
+    ``hpctrain submit SPEC --cluster NAME`` does (the current folder shipped, exactly once;
+    docs/remote.md): ``job`` is then a spec path, and ``dry_run``, ``local`` and ``log`` are refused.
     """
     from hpctrain.jobspec.load import LoadedJob
     from hpctrain.launch.submit import submit as sequence
@@ -85,29 +93,45 @@ def submit(
         snapshot=snapshot,
         exclude_bad_nodes=exclude_bad_nodes,
     )
+    if (remote := _remote(cluster, selector=False)) is not None:
+        return _submit_there(remote, job, flags, log, _optional_text("after", after))
+    if cluster is not None and not isinstance(job, LoadedJob):
+        job = load_job(job, cluster=cluster)
     return sequence(job, **flags, steps=_steps(log), after=after)
 
 
-def status(run: str | Path) -> RunStatus | StudyStatus:
+def status(run: str | Path, *, cluster: str | None = None) -> RunStatus | StudyStatus:
     """A run's status (a run directory or a Slurm job id): ``RunStatus``, the facts
     ``hpctrain status RUN --json`` prints (and each rank's heartbeat, ``ranks``); a study directory:
-    ``StudyStatus``, one row per point."""
+    ``StudyStatus``, one row per point. ``cluster``: a profile with ``login:``, asked through its login
+    node (``run`` is a path there; ``ranks`` stay there; a study is refused: give a point)."""
     from hpctrain.observe.status import status as sequence
 
+    if (remote := _remote(cluster)) is not None:
+        from hpctrain.remote import calls
+
+        return calls.status(remote, _run("run", run))
     return sequence(_run("run", run))
 
 
-def cancel(run: str | Path, *, timeout_s: float = 60.0) -> Cancelled | tuple[Cancelled, ...]:
+def cancel(
+    run: str | Path, *, timeout_s: float = 60.0, cluster: str | None = None
+) -> Cancelled | tuple[Cancelled, ...]:
     """Cancel a run (run directory or job id) and wait until no process of it is left: ``Cancelled``
     (the job's end, the run's status, the last checkpoint's step). A study: one per submitted point.
 
     A run that has already ended is not cancelled: nothing is written or signalled, and the result
     says so (``already_ended``), as ``hpctrain cancel`` does. A run whose process nothing proves to be
     the run's is refused (``RunDirError``); a study point's error is raised after the other points
-    were cancelled.
+    were cancelled. ``cluster``: a profile with ``login:``, cancelled through its login node.
     """
     from hpctrain.launch.cancel import Cancelled
     from hpctrain.launch.cancel import cancel as sequence
+
+    if (remote := _remote(cluster)) is not None:
+        from hpctrain.remote import calls
+
+        return calls.cancel(remote, _run("run", run), _seconds("timeout_s", timeout_s))
 
     done = sequence(_run("run", run), _seconds("timeout_s", timeout_s))
     if isinstance(done, Cancelled):
@@ -125,15 +149,24 @@ def resume(
     local: bool = False,
     wait: bool = False,
     log: TextIO | None = None,
+    cluster: str | None = None,
 ) -> Submission:
     """Continue a stopped, cancelled or failed run as a new job in the same run directory, from its
     latest checkpoint; ``overrides``: ``resources.*`` only (another shape that keeps the global batch).
 
     Refused (``UsageError``) for a study, a sweep, or while the previous attempt may still be writing.
+    ``cluster``: a profile with ``login:``, resumed through its login node exactly once (a retry after a
+    dropped connection answers from the first attempt; docs/remote.md); ``local`` and ``log`` refused.
     """
     from hpctrain.launch.resume import resume as sequence
 
     flags = _flags(local=local, wait=wait)
+    if (remote := _remote(cluster)) is not None:
+        from hpctrain.remote import calls
+
+        _local_only(remote, local=local, log=log)
+        sets = [word for text in _overrides(overrides) for word in ("--set", text)]
+        return calls.resume(remote, _run("run", run), [*sets, *(["--wait"] if wait else [])])
     return sequence(_run("run", run), _overrides(overrides), **flags, steps=_steps(log))
 
 
@@ -274,6 +307,64 @@ def forget_node(node: str, *, cluster: str | None = None) -> int:
     if not isinstance(node, str) or not node.strip():
         raise UsageError(f"node={node!r}: expected a node name", hint="forget_node('n3')")
     return sequence(node, cluster=_optional_text("cluster", cluster))
+
+
+# ------------------------------------------------------------------ a cluster reached through its login node
+
+
+def _remote(cluster: Any, *, selector: bool = True) -> str | None:
+    """The cluster this call goes to through its login node (docs/remote.md), or None: it runs here.
+    ``selector``: ``cluster`` only says where (status, cancel, resume), so a profile without ``login:``
+    is refused; for submit it may also be just the profile to use here. On the login node itself
+    (the remote side of a forwarded command) every call runs here."""
+    import os
+
+    from hpctrain.remote import verbs
+
+    name = _optional_text("cluster", cluster)
+    if name is None or os.environ.get(verbs.REMOTE_SIDE):
+        return None
+    if selector:
+        if verbs.login_of(name) is None:
+            raise UsageError(
+                f"cluster profile {name!r} names no login host, so cluster= has nowhere to go",
+                hint=f"add login: {{host: ...}} to {name}'s profile (docs/remote.md), or call without cluster=",
+            )
+        return name
+    from hpctrain.jobspec.profiles import load_profile
+
+    try:
+        return name if load_profile(name).login is not None else None
+    except KeyError:
+        return None  # load_job says which profiles there are
+
+
+def _local_only(cluster: str, **given: Any) -> None:
+    for name, value in given.items():
+        if value not in (None, False):
+            raise UsageError(
+                f"{name}={value!r} with cluster={cluster!r}: a call through the login node cannot do that",
+                hint=f"call it without {name}=, or run it on the login node itself",
+            )
+
+
+def _submit_there(cluster: str, job: Any, flags: dict[str, bool], log: Any, after: str | None) -> Submission:
+    from hpctrain.jobspec.load import LoadedJob
+    from hpctrain.remote import calls
+
+    if isinstance(job, LoadedJob):
+        raise UsageError(
+            f"cluster={cluster!r}: a remote submit ships a spec file, not a load_job result",
+            hint="hpctrain.submit('jobs/x.yaml', cluster=...) from your project folder",
+        )
+    _local_only(cluster, dry_run=flags["dry_run"], local=flags["local"], log=log)
+    words = ["--cluster", cluster]
+    words += ["--wait"] if flags["wait"] else []
+    words += [] if flags["preflight"] else ["--no-preflight"]
+    words += [] if flags["snapshot"] else ["--no-snapshot"]
+    words += [] if flags["exclude_bad_nodes"] else ["--no-exclude"]
+    words += ["--after", after] if after else []
+    return calls.submit(cluster, job, words)
 
 
 # ------------------------------------------------------------------ arguments: refused with the name and the fix

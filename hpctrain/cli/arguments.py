@@ -224,6 +224,7 @@ def cmd_cancel(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=_seconds(0, DAY_S), default=60.0, help="seconds to wait for the job to end (0 to 86400)"
     )
+    parser.add_argument("--json", action="store_true", help="print where each run stands as JSON")
     parser.add_argument("--cluster", help="ask this cluster's login node (a profile with login:, docs/remote.md)")
 
 
@@ -369,6 +370,13 @@ def cmd_report(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", choices=["hal"], help="draw published reference numbers (hal: NCSA HAL V100)")
     parser.add_argument("--json", action="store_true", help="print the numbers (series summaries, table) as JSON")
     parser.add_argument("--cluster", help="ask this cluster's login node (a profile with login:, docs/remote.md)")
+
+
+def cmd_remote(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["prune"], help="prune: clean ~/hpctrain-submits (docs/remote.md)")
+    parser.add_argument("--older-than", metavar="AGE", help="age before a stage goes: 7d (default), 12h, 30m, 0")
+    parser.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
+    parser.add_argument("--cluster", help="on this cluster's login node (a profile with login:, docs/remote.md)")
 
 
 def cmd_login(parser: argparse.ArgumentParser) -> None:

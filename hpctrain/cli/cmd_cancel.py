@@ -10,14 +10,27 @@ one; one point's trouble is printed and does not keep the others running.
 from __future__ import annotations
 
 import argparse
+import json
 
 from hpctrain.cli.main import print_error
 from hpctrain.contract.runfiles import printable
-from hpctrain.launch.cancel import Cancelled, cancel
+from hpctrain.launch.cancel import Cancelled, cancel, cancelled_json
 
 
 def run(args: argparse.Namespace) -> int:
     done = cancel(args.run, args.timeout)
+    if getattr(args, "json", False):  # one JSON document: a run's Cancelled, or a study's points
+        if isinstance(done, Cancelled):
+            print(json.dumps(cancelled_json(done)))
+            return 0
+        points = [
+            {"label": p.label, "run_dir": str(p.run_dir), "result": p.result and cancelled_json(p.result),
+             "error": p.error and {"message": p.error.message, "hint": p.error.hint}}
+            for p in done.points
+        ]  # fmt: skip
+        print(json.dumps({"study_dir": str(done.study_dir), "points": points}))
+        error = done.error()
+        return 0 if error is None else error.exit_code
     if isinstance(done, Cancelled):
         print_cancelled(done)
         return 0

@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sync": ("hpctrain.cli.cmd_sync", "send a run's new metrics to its W&B and MLflow runs (from a login node)"),
     "nodes": ("hpctrain.cli.cmd_nodes", "the nodes your runs found sick or lost (the bad-node ledger); --forget NODE"),
     "login": ("hpctrain.cli.cmd_login", "open the one SSH connection to a cluster's login node (password/OTP once)"),
+    "remote": ("hpctrain.cli.cmd_remote", "prune: clean the login node's shipped project copies (~/hpctrain-submits)"),
 }
 
 

@@ -84,6 +84,15 @@ class Cancelled:
     dependents: tuple[Path, ...] = ()  # the runs chained after it, cancelled with it (after:, docs/chains.md)
 
 
+def cancelled_json(done: Cancelled) -> dict[str, Any]:
+    """What ``cancel --json`` prints for a run: ``Cancelled``'s fields, paths as text."""
+    return {
+        **{name: getattr(done, name) for name in done.__dataclass_fields__},
+        "run_dir": str(done.run_dir),
+        "dependents": [str(path) for path in done.dependents],
+    }
+
+
 @dataclass(frozen=True)
 class PointCancelled:
     """One study point's part of a study's cancel: its result, the error it met, or that it was never

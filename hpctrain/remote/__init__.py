@@ -12,8 +12,10 @@ there and brings back what it printed (and a report's figures).
   check / open / run / close, and ssh's failures as typed ``RemoteError``.
 * ``shipping.py`` -- what a submit sends (the project's files as a tar
   stream) and the laptop's record of a submit in flight (its token).
+* ``stages.py`` -- the login node's shipped folders and when they go
+  (``hpctrain remote prune``; runs on the login node, after each submit too).
 * ``verbs.py`` -- the thin runner: the version check, a verb forwarded,
-  submit exactly once, report with its figures copied back.
+  submit and resume exactly once, report with its figures copied back.
 
 Nothing on the task side imports this wing, and it imports nothing of the
 task side: the login node's hpctrain does the work, through its own verbs.

@@ -7,11 +7,11 @@ symlink or bytecode, and no more than a code snapshot may hold. The login
 node's ``hpctrain submit`` then takes the run's own code snapshot from that
 copy, by the usual rules (``launch/code_selection.py``).
 
-Exactly once: each submit has a token chosen here, kept in
-``CONFIG_DIR/remote/pending/`` under a key of (cluster, the command line,
+Exactly once: each submit (and each resume) has a token chosen here, kept
+in ``CONFIG_DIR/remote/pending/`` under a key of (cluster, the command line,
 the spec's bytes) until the login node's answer arrives. A retry of the same
 command after a dropped connection finds the token, and the login node
-(``SUBMIT_ONCE``) answers from the first attempt instead of submitting again.
+(``RUN_ONCE``) answers from the first attempt instead of running it again.
 """
 
 from __future__ import annotations
@@ -32,18 +32,27 @@ from hpctrain.launch.code_snapshot import MAX_SNAPSHOT_BYTES, MAX_SNAPSHOT_FILES
 
 TOKEN_CHARS = set("0123456789abcdef")
 
-# Read by `sh -s` from stdin on the login node with $1 = token, $2... = the hpctrain command. The first attempt
-# claims the token (mkdir is atomic) and starts the submit detached (setsid, no terminal), so a
-# dropped connection does not stop it half-way; every attempt then waits for its exit status and
-# prints what it printed. A claim whose process died without a status is said, never resubmitted.
-SUBMIT_ONCE = r"""
-token=$1; shift
+# Read by `sh -s` from stdin on the login node with $1 = token, $2 = where the command runs ("tree": the
+# shipped project, which RECEIVE made; "home": the home folder, for a verb that ships nothing, such as
+# resume), $3... = the hpctrain command. The first attempt claims the token (mkdir is atomic) and starts
+# the command detached (setsid, no terminal), so a dropped connection does not stop it half-way; every
+# attempt then waits for its exit status and prints what it printed. A claim whose process died without a
+# status is said, never run again.
+RUN_ONCE = r"""
+token=$1; where=$2; shift 2
 stage="$HOME/hpctrain-submits/$token"
-cd "$stage" 2>/dev/null || { echo "hpctrain-remote: nothing shipped for $token" >&2; exit 97; }
+if [ "$where" = tree ]; then
+  cd "$stage" 2>/dev/null || { echo "hpctrain-remote: nothing shipped for $token" >&2; exit 97; }
+  workdir="$stage/tree"
+else
+  umask 077; mkdir -p "$stage" && cd "$stage" || exit 96
+  workdir="$HOME"
+fi
 if mkdir claim 2>/dev/null; then
   if command -v setsid >/dev/null 2>&1; then detach=setsid; else detach=; fi
-  run='cd tree && HPCTRAIN_REMOTE_SIDE=1 "$@" >../out 2>../err </dev/null; echo $? >../rc.tmp; mv ../rc.tmp ../rc'
-  $detach sh -c "$run" sh "$@" </dev/null >/dev/null 2>&1 &
+  run='s=$1; cd "$2" && shift 2 && HPCTRAIN_REMOTE_SIDE=1 "$@" >"$s/out" 2>"$s/err" </dev/null'
+  run="$run"'; echo $? >"$s/rc.tmp"; mv "$s/rc.tmp" "$s/rc"'
+  $detach sh -c "$run" sh "$stage" "$workdir" "$@" </dev/null >/dev/null 2>&1 &
   echo $! >claim/pid.tmp && mv claim/pid.tmp claim/pid
 fi
 waited=0

@@ -6,7 +6,8 @@ streams back unchanged, with its exit status: the answers are the login
 node's own. Three verbs need more than that:
 
 * ``submit`` ships the project folder and the spec first, and runs exactly
-  once per token (``shipping.py``);
+  once per token (``shipping.py``); ``resume`` ships nothing but runs once
+  per token too (a retry after a dropped connection never resumes twice);
 * ``report`` writes its files on the login node and copies them back into
   ``--out`` here (default ``./report``);
 * every verb checks first that the login node's hpctrain is there and of
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,9 +33,11 @@ from hpctrain.remote import shipping
 from hpctrain.remote.ssh import Connection
 from hpctrain.version import __version__
 
+Answer = subprocess.CompletedProcess[bytes]
+
 # Verbs that run on the login node when --cluster names a profile with login:. For the first set
 # --cluster only chooses the login node (the login side's verb has no such flag): it is not sent.
-SELECTOR_ONLY = ("status", "logs", "cancel", "resume", "report", "sync")
+SELECTOR_ONLY = ("status", "logs", "cancel", "resume", "report", "sync", "remote")
 FORWARDED = (*SELECTOR_ONLY, "submit", "nodes", "doctor", "plan")
 REMOTE_SIDE = "HPCTRAIN_REMOTE_SIDE"  # set on the login node: its --cluster never goes remote again
 VALUE_OPTIONS = {"--set", "--cluster", "--time-min", "--out", "--baseline", "--nodes", "--rank", "-n", "--lines"}
@@ -118,7 +122,9 @@ def forward(name: str, args: argparse.Namespace, argv: Sequence[str]) -> int:
     check_hpctrain(connection)
     words = without_cluster(argv) if args.command in SELECTOR_ONLY else list(argv)
     if args.command == "submit":
-        return submit(connection, args, words)
+        return submit(connection, args, words).returncode
+    if args.command == "resume":
+        return resume(connection, words).returncode
     if args.command == "report":
         return report(connection, args, words)
     if getattr(args, "spec", None):  # plan SPEC, doctor SPEC: the spec and its code are read there
@@ -152,28 +158,60 @@ def ship(connection: Connection, spec_path: str, token: str) -> str:
     return str(spec_rel)
 
 
-def submit(connection: Connection, args: argparse.Namespace, words: list[str]) -> int:
+def submit(connection: Connection, args: argparse.Namespace, words: list[str], *, capture: bool = False) -> Answer:
     """Ship the project and the spec, then submit on the login node exactly once for this command line."""
     try:
         spec_bytes = Path(args.spec).read_bytes()
     except OSError as exc:
         raise UsageError(f"{args.spec}: cannot read the spec: {exc.strerror}") from None
     key = shipping.pending_key(connection.name, words, spec_bytes)
-    token, retried = shipping.token_for(key)
-    if retried:
-        print(f"hpctrain: retrying submit {token} (an earlier attempt got no answer)", flush=True)
+    token = claimed_token(connection, key, "submit", quiet=capture)
     spec_rel = ship(connection, args.spec, token)
-    remote = [*connection.login.command_words(), *replace_spec(words, args.spec, spec_rel)]
-    done = connection.run(["sh", "-s", token, *remote], input=shipping.SUBMIT_ONCE.encode())
+    done = run_once(connection, key, token, "tree", replace_spec(words, args.spec, spec_rel), capture=capture)
+    prune_quietly(connection)
+    return done
+
+
+def resume(connection: Connection, words: list[str], *, capture: bool = False) -> Answer:
+    """``resume RUN`` on the login node exactly once for this command line (nothing is shipped: it runs
+    from the home folder there, where a relative RUN means what it means in a plain ssh session)."""
+    key = shipping.pending_key(connection.name, words, b"")
+    token = claimed_token(connection, key, "resume", quiet=capture)
+    return run_once(connection, key, token, "home", words, capture=capture)
+
+
+def claimed_token(connection: Connection, key: str, verb: str, *, quiet: bool = False) -> str:
+    token, retried = shipping.token_for(key)
+    if retried and not quiet:
+        print(f"hpctrain: retrying {verb} {token} (an earlier attempt got no answer)", flush=True)
+    return token
+
+
+def run_once(
+    connection: Connection, key: str, token: str, where: str, words: list[str], *, capture: bool = False
+) -> Answer:
+    """``words`` run by the login node's hpctrain once per ``token`` (``shipping.RUN_ONCE``): a retry
+    prints the first attempt's answer. The token is dropped once an answer arrived."""
+    remote = [*connection.login.command_words(), *words]
+    done = connection.run(["sh", "-s", token, where, *remote], input=shipping.RUN_ONCE.encode(), capture=capture)
     if done.returncode in (97, 98):
         raise RemoteError(
-            f"{connection.name}: submit {token} stopped on the login node before it ended",
+            f"{connection.name}: {words[0]} {token} stopped on the login node before it ended",
             "interrupted",
-            hint=f"see 'hpctrain status --all --cluster {connection.name}' before you submit again; "
+            hint=f"see 'hpctrain status --all --cluster {connection.name}' before you {words[0]} again; "
             f"its output is in ~/hpctrain-submits/{token}/ there",
         )
     shipping.settled(key)
-    return done.returncode
+    return done
+
+
+def prune_quietly(connection: Connection) -> None:
+    """After a submit: the login node's old shipped folders go by the default policy (``stages.py``).
+    Best effort: the submit has its answer, so nothing here may turn it into a failure."""
+    try:
+        connection.run([*hpctrain_words(connection), "remote", "prune"], capture=True)
+    except RemoteError:
+        pass
 
 
 def with_project(connection: Connection, args: argparse.Namespace, words: list[str]) -> int:

@@ -186,6 +186,125 @@ def test_a_submit_cut_mid_way_and_retried_runs_once(login: OtpLogin, laptop: dic
     assert count.read_text() == "ran\nran\n"
 
 
+def test_a_resume_cut_mid_way_and_retried_resumes_once_and_cancel_twice_is_harmless(
+    login: OtpLogin, laptop: dict[str, str], tmp_path: Path
+) -> None:
+    assert login_with_code(laptop, login)[0] == 0
+    folder, spec = project(tmp_path, login, sleep_s=8)
+    count = folder.parent / "count"
+    submitted = hpctrain(laptop, "submit", spec, "--cluster", "otp", cwd=folder)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    run_dir = submitted.stdout.split("run dir: ", 1)[1].splitlines()[0].strip()
+    first = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "resume", run_dir, "--cluster", "otp"],
+        env=laptop,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while count.read_text().count("ran") < 2:  # the resumed attempt runs on the login node: the connection drops
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.2)
+    assert hpctrain(laptop, "login", "otp", "--close").returncode == 0
+    out, err = first.communicate(timeout=60)
+    assert first.returncode != 0 and "Traceback" not in err, out + err
+
+    before = login.prompts()
+    assert login_with_code(laptop, login)[0] == 0
+    cancels = [hpctrain(laptop, "cancel", run_dir, "--cluster", "otp") for _ in range(2)]
+    assert [c.returncode for c in cancels] == [0, 0], [c.stdout + c.stderr for c in cancels]
+    assert "already" in cancels[1].stdout + cancels[1].stderr and "Traceback" not in cancels[0].stderr
+    retry = hpctrain(laptop, "resume", run_dir, "--cluster", "otp")
+    assert "retrying resume" in retry.stdout and "Traceback" not in retry.stderr, retry.stdout + retry.stderr
+    assert count.read_text() == "ran\nran\n", "one resume, not two"
+    assert login.prompts() == before + 1
+
+
+def test_prune_through_the_connection_and_after_each_submit(
+    login: OtpLogin, laptop: dict[str, str], tmp_path: Path
+) -> None:
+    assert login_with_code(laptop, login)[0] == 0
+    root = login.home / "hpctrain-submits"
+    root.mkdir(exist_ok=True)
+    old, never_run = root / ("a" * 24), root / ("b" * 24)
+    for stage in (old, never_run):
+        (stage / "tree").mkdir(parents=True)
+    (old / "claim").mkdir()
+    (old / "rc").write_text("0\n")
+    for path in (old / "rc", old, never_run):
+        os.utime(path, (time.time() - 9 * 86400,) * 2)
+    (root / "their notes").mkdir(exist_ok=True)
+    before = login.prompts()
+    dry = hpctrain(laptop, "remote", "prune", "--dry-run", "--cluster", "otp")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert f"{'a' * 24}: would drop its tree" in dry.stdout and f"{'b' * 24}: would drop" in dry.stdout, dry.stdout
+    assert (old / "tree").is_dir() and never_run.is_dir()
+    folder, spec = project(tmp_path, login)
+    assert hpctrain(laptop, "submit", spec, "--cluster", "otp", cwd=folder).returncode == 0
+    assert not (old / "tree").exists() and (old / "rc").is_file(), "a submit prunes by the default policy"
+    assert not never_run.exists() and (root / "their notes").is_dir()
+    assert login.prompts() == before
+
+
+# The Python face from the laptop: each call's result (or error) as JSON, and whether torch was imported.
+API_SITTING = """import json, sys, hpctrain
+from hpctrain.errors import HpctrainError
+said = {}
+def call(name, make):
+    try:
+        said[name] = make()
+    except HpctrainError as exc:
+        said[name] = {"error": type(exc).__name__, "message": exc.message, "hint": exc.hint}
+        return None
+    return said[name]
+if sys.argv[1] == "closed":
+    call("status", lambda: hpctrain.status("/nowhere", cluster="otp").status)
+else:
+    made = call("submit", lambda: hpctrain.submit(sys.argv[2], cluster="otp"))
+    said["submit"] = {"run_dir": str(made.run_dir), "backend": made.backend, "job_id": made.job_id}
+    run = said["submit"]["run_dir"]
+    call("status", lambda: hpctrain.status(run, cluster="otp").status)
+    call("cancel", lambda: hpctrain.cancel(run, cluster="otp").already_ended)
+    call("resume", lambda: hpctrain.resume("/nowhere/run", cluster="otp"))
+said["torch"] = "torch" in sys.modules
+print(json.dumps(said))
+"""
+
+
+def test_the_python_api_through_the_login_node(login: OtpLogin, laptop: dict[str, str], tmp_path: Path) -> None:
+    folder, spec = project(tmp_path, login)
+    hpctrain(laptop, "login", "otp", "--close")
+    before = login.prompts()
+
+    def sitting(*args: str) -> dict:
+        done = subprocess.run(
+            [sys.executable, "-c", API_SITTING, *args],
+            env=laptop,
+            cwd=folder,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return json.loads(done.stdout.splitlines()[-1])
+
+    closed = sitting("closed")
+    assert closed["status"]["error"] == "RemoteError" and "hpctrain login otp" in closed["status"]["hint"], closed
+    assert login.prompts() == before, "a library call never prompts"
+    assert login_with_code(laptop, login)[0] == 0
+    said = sitting("open", spec)
+    assert said["submit"]["backend"] == "local" and " " in said["submit"]["run_dir"], said
+    assert (folder.parent / "count").read_text() == "ran\n"
+    assert said["status"] == "completed" and said["cancel"] is True, said
+    assert said["resume"]["error"] == "UsageError", said
+    assert said["resume"]["message"].startswith("otp: "), said
+    assert said["torch"] is False
+    assert login.prompts() == before + 1
+
+
 def test_a_dead_master_is_said_at_once_with_the_command_to_open_one(login: OtpLogin, laptop: dict[str, str]) -> None:
     hpctrain(laptop, "login", "otp", "--close")
     before = login.prompts()

@@ -209,6 +209,12 @@ def test_both_faces_cancel_an_ended_run_alike_writing_and_signalling_nothing(
     done = hpctrain.cancel(run_dir)
     assert code == 0 and done.already_ended and (done.state, done.status) == ("already ended (COMPLETED)", "completed")
     assert out.splitlines()[0] == f"job 4242: {done.state}; run status: {done.status}"
+    as_json = in_process(capsys, "cancel", str(run_dir), "--json")  # what a remote hpctrain.cancel reads back
+    assert as_json.returncode == 0 and json.loads(as_json.stdout) == {
+        **{name: getattr(done, name) for name in done.__dataclass_fields__},
+        "run_dir": str(run_dir),
+        "dependents": [],
+    }
     assert not cancel_marker_path(run_dir).exists() and not fake.asked("scancel")
 
 
@@ -423,6 +429,9 @@ def test_both_faces_cancel_a_study_and_refuse_a_missing_path_alike(
     assert [line for line in cli.stdout.splitlines() if not line.startswith(("last complete", "no checkpoint"))] == (
         expected
     )
+    as_json = json.loads(in_process(capsys, "cancel", str(study_dir), "--json").stdout)
+    assert [p["label"] for p in as_json["points"]] == ["nodes-1", "nodes-2"]
+    assert [p["result"]["already_ended"] for p in as_json["points"]] == [True, True]
     for missing in (tmp_path / "nowhere", tmp_path / "runs"):  # not there; there, but neither a run nor a study
         agree_on_the_error(
             in_process(capsys, "cancel", str(missing)), through_api(lambda m=missing: hpctrain.cancel(m))

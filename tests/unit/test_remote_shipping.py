@@ -35,11 +35,11 @@ def login_node(tmp_path: Path, token: str, **env: str) -> tuple[dict[str, str], 
     fake = tmp_path / "fake_submit.py"
     fake.write_text(FAKE_SUBMIT)
     environ = {**os.environ, "HOME": str(home), "COUNT": str(tmp_path / "count"), **env}
-    return environ, ["sh", "-s", token, "python3", str(fake), "submit", "job 'one'.yaml"]
+    return environ, ["sh", "-s", token, "tree", "python3", str(fake), "submit", "job 'one'.yaml"]
 
 
 def once(environ: dict[str, str], argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, input=shipping.SUBMIT_ONCE, env=environ, capture_output=True, text=True, timeout=60)
+    return subprocess.run(argv, input=shipping.RUN_ONCE, env=environ, capture_output=True, text=True, timeout=60)
 
 
 def test_a_retried_submit_answers_from_the_first_and_submits_once(tmp_path: Path) -> None:
@@ -54,7 +54,7 @@ def test_a_retried_submit_answers_from_the_first_and_submits_once(tmp_path: Path
 def test_a_retry_while_the_first_attempt_still_runs_waits_for_it(tmp_path: Path) -> None:
     environ, argv = login_node(tmp_path, "b" * 24, SLEEP_S="3")
     first = subprocess.Popen(argv, stdin=subprocess.PIPE, env=environ, stdout=subprocess.PIPE, text=True)
-    first.stdin.write(shipping.SUBMIT_ONCE)
+    first.stdin.write(shipping.RUN_ONCE)
     first.stdin.close()
     deadline = time.monotonic() + 30
     while not (tmp_path / "count").exists():
@@ -81,6 +81,19 @@ def test_nothing_shipped_is_said(tmp_path: Path) -> None:
     environ, argv = login_node(tmp_path, "d" * 24)
     argv[2] = "e" * 24
     assert once(environ, argv).returncode == 97
+
+
+def test_a_verb_that_ships_nothing_runs_once_from_the_home_folder(tmp_path: Path) -> None:
+    token = "9" * 24
+    environ, argv = login_node(tmp_path, "8" * 24)
+    argv[2:4] = [token, "home"]  # resume RUN: no shipped tree; a relative RUN means what it means at home
+    first, again = once(environ, argv), once(environ, argv)
+    assert first.returncode == again.returncode == 0, first.stderr
+    assert first.stdout == again.stdout and "job 4242 submitted" in first.stdout
+    assert (tmp_path / "count").read_text() == "submitted\n"
+    stage = tmp_path / "home" / "hpctrain-submits" / token
+    assert (stage / "rc").read_text() == "0\n" and not (stage / "tree").exists()
+    assert (stage.stat().st_mode & 0o077) == 0
 
 
 def receive(tmp_path: Path, token: str, data: bytes) -> subprocess.CompletedProcess[bytes]:
