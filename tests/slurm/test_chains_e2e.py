@@ -40,6 +40,9 @@ from .stop_helpers import (
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
 
+# Safe beside other tests on the one cluster (conftest.py: slurm_shared; scripts/test.sh runs these two at a time).
+pytestmark = pytest.mark.slurm_shared
+
 START_TIMEOUT_S = 120  # submit -> first checkpoint: 4 ranks importing torch on 2 cores
 RUN_TIMEOUT_S = 240
 ONE_TASK = {"nodes": 1, "tasks_per_node": 1}

@@ -14,6 +14,9 @@ from . import jobfuncs
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
 
+# Safe beside other tests on the one cluster (conftest.py: slurm_shared; scripts/test.sh runs these two at a time).
+pytestmark = pytest.mark.slurm_shared
+
 
 def _executor(folder: Path, **params: object) -> submitit.SlurmExecutor:
     executor = submitit.SlurmExecutor(folder=folder)

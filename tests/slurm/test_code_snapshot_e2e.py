@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
+
 from hpctrain.contract.rundir import code_dir, run_info_path
 from tests.git_helpers import git
 
@@ -14,6 +16,9 @@ from .stop_helpers import job_record, wait_for, wait_requeued
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
+
+# Safe beside other tests on the one cluster (conftest.py: slurm_shared; scripts/test.sh runs these two at a time).
+pytestmark = pytest.mark.slurm_shared
 
 ENTRY_SOURCE = '''
 import time

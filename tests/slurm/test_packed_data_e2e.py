@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
+
 from hpctrain.contract.rundir import summary_path
 from tests.squashfs_tools import require_mount
 
@@ -24,6 +26,9 @@ from .hpctrain_cli import cli_env, data_sets, hpctrain, make_dataset, submit_jso
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
+
+# Safe beside other tests on the one cluster (conftest.py: slurm_shared; scripts/test.sh runs these two at a time).
+pytestmark = pytest.mark.slurm_shared
 
 SMOKE_SPEC = "jobs/smoke_2x2_cpu.yaml"
 UNMOUNT_BUDGET_S = 60  # after the job ended (or was cancelled), its mounts are gone this much later

@@ -18,6 +18,9 @@ from .hpctrain_cli import cli_env, data_sets, make_dataset, submit_json, task_lo
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
 
+# Safe beside other tests on the one cluster (conftest.py: slurm_shared; scripts/test.sh runs these two at a time).
+pytestmark = pytest.mark.slurm_shared
+
 
 def test_two_stage_pipeline_trains_across_two_nodes(
     slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory

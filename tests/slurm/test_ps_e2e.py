@@ -29,6 +29,9 @@ from .stop_helpers import (
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
 
+# Safe beside other tests on the one cluster (conftest.py: slurm_shared; scripts/test.sh runs these two at a time).
+pytestmark = pytest.mark.slurm_shared
+
 PS_SPEC = "jobs/ps_sync_cpu.yaml"
 EPOCHS, STEPS_PER_EPOCH = 2, 4
 TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH

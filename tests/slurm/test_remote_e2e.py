@@ -29,6 +29,9 @@ from .hpctrain_cli import CliResult, hpctrain
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
 
+# Safe beside other tests on the one cluster (conftest.py: slurm_shared; scripts/test.sh runs these two at a time).
+pytestmark = pytest.mark.slurm_shared
+
 # First start: marks itself and waits to be cancelled; the resumed start ends at once.
 SCRIPT = """import os, pathlib, sys, time
 if pathlib.Path("started").exists():

@@ -22,6 +22,9 @@ from .study_helpers import SmokeStudy, run_smoke_study
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
 
+# Safe beside other tests on the one cluster (conftest.py: slurm_shared; scripts/test.sh runs these two at a time).
+pytestmark = pytest.mark.slurm_shared
+
 # Where a developer wants the pictures for docs/img (HPCTRAIN_REPORT_SHOTS=docs/img): a real study's report.
 SHOTS_DIR = os.environ.get("HPCTRAIN_REPORT_SHOTS")
 

@@ -24,6 +24,9 @@ from .hpctrain_cli import CliResult, cli_env, hpctrain, task_logs
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
 
+# Safe beside other tests on the one cluster (conftest.py: slurm_shared; scripts/test.sh runs these two at a time).
+pytestmark = pytest.mark.slurm_shared
+
 ALLREDUCE_SPEC = "jobs/entrypoint_allreduce.yaml"
 SMOKE_SPEC = "jobs/smoke_2x2_cpu.yaml"
 WORLD_SIZE = 4  # both specs: 2 nodes x 2 tasks

@@ -13,12 +13,17 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
+
 from hpctrain.contract.rundir import summary_path
 
 from .hpctrain_cli import cli_env, data_sets, make_dataset, submit_json, task_logs, task_output
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
+
+# Safe beside other tests on the one cluster (conftest.py: slurm_shared; scripts/test.sh runs these two at a time).
+pytestmark = pytest.mark.slurm_shared
 
 SMOKE_SPEC = "jobs/smoke_2x2_cpu.yaml"
 

@@ -22,6 +22,9 @@ from .study_helpers import STUDY_SPEC, SmokeStudy, run_smoke_study
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
 
+# Safe beside other tests on the one cluster (conftest.py: slurm_shared; scripts/test.sh runs these two at a time).
+pytestmark = pytest.mark.slurm_shared
+
 
 @pytest.fixture(scope="module")
 def smoke_study(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> SmokeStudy:

@@ -79,6 +79,7 @@ def worker_pid(cluster: SlurmCluster, job_id: str, rank: int) -> int | None:
 
 
 @pytest.mark.slurm_contract
+@pytest.mark.slurm_shared  # the preemption test is not: it preempts through `urgent`
 def test_ranks_0_to_3_run_two_per_node(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
     run = submit(workspace, TORCHRUN, "name=torchrun_layout", f"entrypoint={ENTRYPOINT_MODULE}:rank_layout")
     assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
@@ -113,11 +114,13 @@ def test_timeout_requeue_and_preemption_resume_bit_identically(
 
 
 @pytest.mark.slurm_contract
+@pytest.mark.slurm_shared
 def test_hpctrain_cancel_leaves_no_process_on_either_node(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
     run = submit(workspace, TORCHRUN, "name=torchrun_cancelled")
     cancel_leaves_nothing(slurm_cluster, workspace, run, "torchrun", START_TIMEOUT_S)
 
 
+@pytest.mark.slurm_shared
 def test_killed_rank_fails_the_job_and_is_named(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
     run = submit(workspace, TORCHRUN, "name=torchrun_killed_rank")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)

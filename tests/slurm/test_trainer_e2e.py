@@ -21,6 +21,9 @@ from .hpctrain_cli import CliResult, cli_env, data_sets, hpctrain, make_dataset,
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
 
+# Safe beside other tests on the one cluster (conftest.py: slurm_shared; scripts/test.sh runs these two at a time).
+pytestmark = pytest.mark.slurm_shared
+
 SMOKE_SPEC = "jobs/smoke_2x2_cpu.yaml"
 
 

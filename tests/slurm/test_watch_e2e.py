@@ -12,12 +12,17 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
+
 from hpctrain.contract.rundir import heartbeats_dir
 
 from .hpctrain_cli import cli_env, data_sets, hpctrain, make_dataset, submit_json, task_logs
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
+
+# Safe beside other tests on the one cluster (conftest.py: slurm_shared; scripts/test.sh runs these two at a time).
+pytestmark = pytest.mark.slurm_shared
 
 SMOKE_SPEC = "jobs/smoke_2x2_cpu.yaml"
 STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")
