@@ -55,6 +55,7 @@ from hpctrain.programs.launcher import (
     ALLOW_LOOPBACK_MASTER_VAR,
     TaskLauncher,
     end_if_completed,
+    record_this_start,
     report_failure,
 )
 from hpctrain.runtime import chain_start, stop_signals
@@ -116,6 +117,7 @@ class ScriptLauncher(TaskLauncher):
 
     def __call__(self) -> dict[str, Any]:
         stop_signals.listen()  # first: what Slurm sent since the task's first Python is counted (stop_signals.py)
+        began = time.time()  # this start's cost counts from here (contract/starts.py)
         stop = self.install_stop_handling()
         rank = rank_hint(os.environ)
         env: TaskEnv | None = None
@@ -133,6 +135,8 @@ class ScriptLauncher(TaskLauncher):
             self.after = chain_start.begin(
                 spec, self.run_dir, is_main=env.is_main, exit_process=self.exit_without_result
             )
+            if env.is_main:
+                record_this_start(self.run_dir, env, began)
             result = self.run_script(spec, env, stop, restart)
         except BaseException as exc:
             if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
