@@ -91,7 +91,8 @@ def began_from(environ: Mapping[str, str], fallback: float) -> float:
 
 @dataclass(frozen=True)
 class Start:
-    """One start of a run, as its lines say; ``first`` is the run's first start (nothing before it in the file)."""
+    """One start of a run, as its lines say; ``first``: the run's first start (no start line and no trained
+    step before it; any other is a restart: a requeue, a preemption's restart, a relaunch, a resume)."""
 
     began: float
     job_id: str | None = None
@@ -161,8 +162,9 @@ def parse_starts(lines: Iterable[bytes], *, whole_file: bool = True) -> list[Sta
         if not isinstance(record, dict):
             continue
         if record.get("kind") == "start" and (began := _time(record.get("began"))) is not None:
-            first = whole_file and not starts
-            starts.append(Start(began, _job(record.get("job_id")), _count(record.get("step_before")), first=first))
+            before = _count(record.get("step_before"))
+            first = whole_file and not starts and not before  # a start after trained steps restarts the run
+            starts.append(Start(began, _job(record.get("job_id")), before, first=first))
         elif record.get("kind") == "first_step" and starts and starts[-1].done is None:
             done, step = _time(record.get("done")), _count(record.get("global_step"))
             if done is not None and step is not None:
