@@ -7,9 +7,9 @@ checkpoint's load, the first (often slower) step. That cost is what a plan
 charges each chunk (``planning/timeline.py``), so the run records it:
 
 * the program that starts a task (``programs/``) appends a ``start`` line
-  on global rank 0 as soon as it knows it is rank 0: ``began`` is the time of
-  the program's first line (a torchrun node launcher hands its own down in
-  :data:`BEGAN_VAR`), ``step_before`` the run's step when it began (its
+  on global rank 0 as soon as it knows it is rank 0: ``began`` is when the
+  program's process started (:func:`process_began`; a torchrun node launcher
+  hands its own down to its workers in :data:`BEGAN_VAR`), ``step_before`` the run's step when it began (its
   ``summary.json``), ``job_id`` Slurm's (or the local run's) job;
 * rank 0's heartbeat thread (``runtime/heartbeat.py``) appends a
   ``first_step`` line once the first optimizer step of that start is done:
@@ -44,6 +44,7 @@ BEGAN_VAR = "HPCTRAIN_START_BEGAN"  # epoch seconds: when the outermost program 
 MAX_LINES = 512  # of the file, only the newest lines are read (two per start)
 MAX_BYTES = 256 << 10
 _MAX_JOB_ID = 64
+MAX_BEFORE_S = 600.0  # a process that started longer before its program's first line is not this start's
 
 
 def starts_path(run_dir: str | Path) -> Path:
@@ -74,6 +75,21 @@ def record_start(run_dir: str | Path, *, began: float, job_id: str | None, step_
 def record_first_step(run_dir: str | Path, *, done: float, global_step: int, job_id: str | None) -> None:
     """Append a ``first_step`` line (rank 0's heartbeat thread, once per start). Raises OSError."""
     _append(run_dir, {"kind": "first_step", "done": round(done, 3), "global_step": int(global_step), "job_id": job_id})
+
+
+def process_began(now: float, *, proc: Path = Path("/proc")) -> float:
+    """When this process started (Linux: ``/proc/self/stat``'s start time against ``/proc/uptime``), so a
+    start's cost includes the interpreter and the imports before the program's first line; ``now`` where
+    /proc cannot say, or says more than :data:`MAX_BEFORE_S` earlier (a program called inside a process
+    that lived on before it, such as a test's, did not begin then)."""
+    try:
+        fields = (proc / "self" / "stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22 of stat: after the name, the 20th
+        uptime = float((proc / "uptime").read_text().split()[0])
+        began = now - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return now
+    return began if now - MAX_BEFORE_S <= began <= now else now
 
 
 def began_from(environ: Mapping[str, str], fallback: float) -> float:

@@ -27,7 +27,7 @@ from typing import Any, TextIO
 
 from hpctrain.contract.cancel_marker import cancel_marker_paths
 from hpctrain.contract.entrypoint import call_text, function_problem
-from hpctrain.contract.starts import began_from, record_start
+from hpctrain.contract.starts import began_from, process_began, record_start
 from hpctrain.contract.summary import Summary, read_summary, write_summary
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
@@ -56,7 +56,7 @@ class TaskLauncher:
 
     def __call__(self) -> dict[str, Any]:
         stop_signals.listen()  # first: what Slurm sent since the task's first Python is counted now
-        began = time.time()  # this start's cost counts from here (contract/starts.py)
+        began = process_began(time.time())  # this start's cost counts from here (contract/starts.py)
         rank = rank_hint(os.environ)
         try:
             spec = JobSpec.model_validate(self.spec_data)

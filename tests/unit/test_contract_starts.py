@@ -13,6 +13,7 @@ from hpctrain.contract.starts import (
     Start,
     began_from,
     median_cost,
+    process_began,
     read_starts,
     record_first_step,
     record_start,
@@ -101,3 +102,17 @@ def test_the_outer_programs_began_is_taken_only_when_plausible() -> None:
     for bad in ("", "soon", "nan", "-1", "2000"):  # later than this program's own first line: not this start's
         assert began_from({BEGAN_VAR: bad}, 1000.0) == 1000.0
     assert began_from({}, 1000.0) == 1000.0
+
+
+def test_a_start_begins_when_its_process_started(tmp_path: Path) -> None:
+    hz = os.sysconf("SC_CLK_TCK")
+    (tmp_path / "self").mkdir()
+    (tmp_path / "uptime").write_text("5000.50 100.00\n")
+    fields = ["S"] + ["0"] * 18 + [str(int(4990.5 * hz))]  # started 10 s ago, by the boot clock
+    (tmp_path / "self" / "stat").write_text(f"123 (python (x)) {' '.join(fields)} 0 0\n")
+    assert process_began(1000.0, proc=tmp_path) == pytest.approx(990.0)
+    (tmp_path / "uptime").write_text("9000 1\n")  # started more than MAX_BEFORE_S ago: not this start's
+    assert process_began(1000.0, proc=tmp_path) == 1000.0
+    (tmp_path / "self" / "stat").write_text("garbage")
+    assert process_began(1000.0, proc=tmp_path) == 1000.0
+    assert 0 <= 1000.0 - process_began(1000.0, proc=tmp_path / "missing") < 1
