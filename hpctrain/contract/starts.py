@@ -9,8 +9,9 @@ charges each chunk (``planning/timeline.py``), so the run records it:
 * the program that starts a task (``programs/``) appends a ``start`` line
   on global rank 0 as soon as it knows it is rank 0: ``began`` is when the
   program's process started (:func:`process_began`; a torchrun node launcher
-  hands its own down to its workers in :data:`BEGAN_VAR`), ``step_before`` the run's step when it began (its
-  ``summary.json``), ``job_id`` Slurm's (or the local run's) job;
+  hands its own down to its workers in :data:`BEGAN_VAR`), ``step_before``
+  the run's step when it began (:func:`step_reached`: its summary, or its
+  last logged step), ``job_id`` Slurm's (or the local run's) job;
 * rank 0's heartbeat thread (``runtime/heartbeat.py``) appends a
   ``first_step`` line once the first optimizer step of that start is done:
   ``done`` is when the step was done, ``global_step`` its number.
@@ -36,14 +37,17 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.contract.file_writes import open_append
-from hpctrain.contract.rundir import CONTROL_DIR, run_home
+from hpctrain.contract.metrics import parse_metric_lines
+from hpctrain.contract.rundir import CONTROL_DIR, metrics_path, run_home
 from hpctrain.contract.runfiles import RunFileError, load_json, plausible, tail_lines
+from hpctrain.contract.summary import read_summary
 
 STARTS_NAME = "starts.jsonl"
 BEGAN_VAR = "HPCTRAIN_START_BEGAN"  # epoch seconds: when the outermost program of this start began
 MAX_LINES = 512  # of the file, only the newest lines are read (two per start)
 MAX_BYTES = 256 << 10
 _MAX_JOB_ID = 64
+METRICS_TAIL_LINES = 64  # of metrics.jsonl, the lines a start reads for the step its run had reached
 MAX_BEFORE_S = 600.0  # a process that started longer before its program's first line is not this start's
 
 
@@ -90,6 +94,20 @@ def process_began(now: float, *, proc: Path = Path("/proc")) -> float:
     except (OSError, ValueError, IndexError):
         return now
     return began if now - MAX_BEFORE_S <= began <= now else now
+
+
+def step_reached(run_dir: str | Path) -> int | None:
+    """The run's step when a start begins: the larger of ``summary.json``'s ``global_step`` and the last logged
+    ``train_step`` (a killed start logged steps its summary never said); None when neither says. Never raises."""
+    summary = read_summary(Path(run_dir))
+    steps = [summary.global_step] if summary is not None and summary.global_step is not None else []
+    try:
+        tail, _size = tail_lines(metrics_path(Path(run_dir)), METRICS_TAIL_LINES, within=run_home(Path(run_dir)))
+    except (OSError, RunFileError):
+        tail = b""
+    records, _notes = parse_metric_lines(tail.splitlines(keepends=True), kinds=("train_step",), timed=False)
+    steps += [r["global_step"] for r in records if isinstance(r.get("global_step"), int) and r["global_step"] >= 0]
+    return max(steps) if steps else None
 
 
 def began_from(environ: Mapping[str, str], fallback: float) -> float:

@@ -27,7 +27,7 @@ from typing import Any, TextIO
 
 from hpctrain.contract.cancel_marker import cancel_marker_paths
 from hpctrain.contract.entrypoint import call_text, function_problem
-from hpctrain.contract.starts import began_from, process_began, record_start
+from hpctrain.contract.starts import began_from, process_began, record_start, step_reached
 from hpctrain.contract.summary import Summary, read_summary, write_summary
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
@@ -278,9 +278,8 @@ def record_this_start(run_dir: str, env: TaskEnv, began: float) -> None:
     """
     if env.source in ("torchrun", "slurm-torchrun"):
         began = began_from(os.environ, began)
-    summary = read_summary(Path(run_dir))
     try:
-        record_start(run_dir, began=began, job_id=env.job_id, step_before=summary.global_step if summary else None)
+        record_start(run_dir, began=began, job_id=env.job_id, step_before=step_reached(run_dir))
     except OSError as exc:
         print(f"hpctrain: warning: could not record this start in {run_dir}: {exc}", file=sys.stderr)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from hpctrain.contract.starts import (
     record_first_step,
     record_start,
     starts_path,
+    step_reached,
 )
 
 
@@ -116,3 +118,18 @@ def test_a_start_begins_when_its_process_started(tmp_path: Path) -> None:
     (tmp_path / "self" / "stat").write_text("garbage")
     assert process_began(1000.0, proc=tmp_path) == 1000.0
     assert 0 <= 1000.0 - process_began(1000.0, proc=tmp_path / "missing") < 1
+
+
+def test_the_step_a_start_finds_is_the_summarys_or_the_last_logged_one(tmp_path: Path) -> None:
+    from hpctrain.contract.rundir import metrics_path
+    from hpctrain.contract.summary import write_summary
+
+    assert step_reached(tmp_path) is None
+    write_summary(tmp_path, {"status": "running", "global_step": 8})
+    assert step_reached(tmp_path) == 8
+    lines = [{"kind": "train_step", "global_step": step, "time": 1.0} for step in (9, 10, 11)]
+    metrics_path(tmp_path).write_text("".join(json.dumps(line) + "\n" for line in lines) + "torn {")
+    assert step_reached(tmp_path) == 11  # a killed start logged steps its summary never said
+    metrics_path(tmp_path).unlink()
+    os.mkfifo(metrics_path(tmp_path))
+    assert step_reached(tmp_path) == 8
