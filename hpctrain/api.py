@@ -234,7 +234,7 @@ def plan(
     step_time_s: float | None = None,
     step_time_nodes: int | None = None,
     margin: float = 0.10,
-    restart_s: float = 120.0,
+    restart_s: float | None = None,
     measure_steps: int | None = None,
 ) -> Plan:
     """When ``spec`` would start and finish at each node count, and which to ask for, as ``hpctrain plan``:
@@ -242,7 +242,8 @@ def plan(
     GPU-hours; ``choice``: the recommended node count and the reason; ``as_json()``: what ``--json`` prints).
     ``nodes``: ``[1, 2, 4, 8]`` or ``"1,2,4,8"``; ``step_time_s``/``steps``/``samples_per_epoch``: what no
     earlier run of the spec says. ``measure_steps``: first run the spec at one node for that many steps and
-    wait for it (``hpctrain plan --measure``). A start Slurm did not give is None, never guessed."""
+    wait for it (``hpctrain plan --measure``). A start Slurm did not give is None, never guessed.
+    ``restart_s``: each chunk's start-up; None: the median start cost the spec's earlier runs recorded, else 120 s."""
     from hpctrain.planning.plan import parse_shapes
     from hpctrain.planning.plan import plan as sequence
 
@@ -261,7 +262,7 @@ def plan(
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise UsageError(f"{name}={value!r}: expected a whole number of at least 1, or None")
     for name, number in (("step_time_s", step_time_s), ("margin", margin), ("restart_s", restart_s)):
-        if number is None and name == "step_time_s":
+        if number is None and name != "margin":
             continue
         if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) or number < 0:
             raise UsageError(f"{name}={number!r}: expected a finite number of at least 0")
@@ -277,7 +278,7 @@ def plan(
         step_time_s=None if step_time_s is None else float(step_time_s),
         step_time_nodes=step_time_nodes,
         margin=float(margin),
-        restart_s=float(restart_s),
+        restart_s=None if restart_s is None else float(restart_s),
         measure_steps=measure_steps,
         submit=_submit_sequence() if measure_steps is not None else None,
     )

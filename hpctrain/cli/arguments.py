@@ -155,9 +155,10 @@ def cmd_plan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--restart",
         type=_seconds(0, DAY_S),
-        default=120.0,
+        default=None,
         metavar="S",
-        help="seconds each chunk spends starting (imports, data, checkpoint load) before it trains (default 120)",
+        help="seconds each chunk spends starting (imports, data, checkpoint load) before it trains (default: the "
+        "median measured by this spec's earlier runs' starts, else 120)",
     )
     parser.add_argument(
         "--measure",

@@ -26,6 +26,7 @@ from hpctrain.launch import local_run
 from hpctrain.launch.run_state import display_status, run_state
 from hpctrain.observe.live_status import RankView, rank_views
 from hpctrain.observe.node_losses import burn_in_text, evictions_text, node_loss_text
+from hpctrain.observe.start_costs import last_start
 
 PROGRESS_KEYS = (
     "status",
@@ -67,6 +68,7 @@ def run_status(run_dir: Path, known_states: Mapping[str, str] | None = None, *, 
         "burn_in": burn_in_text(summary.burn_in),
         "evictions": evictions_text(summary.evictions),
         "status": display_status(summary.status, state),
+        "last_start": last_start(run_dir),
     }
 
 
@@ -137,6 +139,7 @@ class RunStatus:
     steps_left: int | None = None
     chunks_left: int | None = None
     basis: str | None = None
+    last_start: str | None = None  # the last start's cost, in words (observe/start_costs.py)
     chain: list[dict[str, Any]] = field(default_factory=list)  # after: its chain, first run first (chain_view.py)
     ranks: tuple[RankView, ...] = field(default=(), compare=False, repr=False)  # each rank's last heartbeat
 

@@ -29,8 +29,9 @@ from hpctrain.errors import ClusterError, UsageError
 from hpctrain.jobspec.slurm_time import seconds_to_minutes
 from hpctrain.planning.cluster import start_of, test_only_options
 from hpctrain.planning.history import history
+from hpctrain.planning.restart_cost import restart_cost
 from hpctrain.planning.step_time import step_times
-from hpctrain.planning.timeline import RESTART_S, duration, timeline
+from hpctrain.planning.timeline import duration, timeline
 from hpctrain.planning.work import work_of
 
 if TYPE_CHECKING:
@@ -112,6 +113,7 @@ def forecast(
     notes.insert(0, start_from)
     finish_in = chunks = None
     if steps is not None and step is not None:
+        restart = restart_cost(found)
         line = timeline(
             steps=steps,
             step_s=step.seconds,
@@ -120,12 +122,13 @@ def forecast(
             limit_s=spec.resources.time_s,
             stop_s=spec.signals.signal_delay_s,
             start_in_s=start_in,
-            restart_s=RESTART_S,
+            restart_s=restart.seconds,
         )
         finish_in, chunks = line.finish_in_s, line.chunks
         notes.append(
             f"{steps:,} steps at {step.seconds:.3g} s ({step.source}), {chunks} chunk(s) of {spec.resources.time}"
-            f"{', each later one queued as long' if chunks > 1 else ''}, {RESTART_S:.0f} s start-up each"
+            f"{', each later one queued as long' if chunks > 1 else ''}, {restart.seconds:.0f} s start-up each "
+            f"({'measured' if restart.measured else 'assumed'})"
         )
     return Forecast(
         now,

@@ -1,4 +1,4 @@
-"""This spec's earlier runs and study points, as evidence for a plan: step times, an epoch's samples.
+"""This spec's earlier runs and study points, as evidence for a plan: step times, an epoch's samples, restarts.
 
 A run counts when its resolved ``spec.yaml`` trains the same thing on the same
 kind of node (:data:`SAME`: model, per-device batch, precision, strategy,
@@ -22,6 +22,7 @@ from hpctrain.contract.metrics import parse_metric_lines
 from hpctrain.contract.rundir import is_inside, is_study_dir, metrics_path, run_home, spec_path
 from hpctrain.contract.runfiles import RunFileError, plausible, printable, read_tail
 from hpctrain.contract.scaling_model import Scale, run_devices, scale_of
+from hpctrain.contract.starts import read_starts
 from hpctrain.contract.step_split import KIND as SPLIT_KIND
 from hpctrain.contract.study_file import point_dir, read_study
 from hpctrain.contract.summary import Summary, read_summary
@@ -57,6 +58,9 @@ class History:
     measurements: list[Measurement] = field(default_factory=list)
     samples_per_epoch: tuple[int, str] | None = None  # (samples, which run)
     total_steps: tuple[int, str] | None = None
+    restart_costs: list[float] = field(default_factory=list)  # each later start's cost (contract/starts.py)
+    first_start_costs: list[float] = field(default_factory=list)  # each run's first start's
+    started_runs: int = 0  # runs whose starts gave a cost
     looked_at: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -117,6 +121,7 @@ def _read_run(run_dir: Path, spec: Mapping[str, Any], found: History) -> None:
     if isinstance(nodes, int) and nodes >= 1 and len(step_s) >= MIN_STEPS:
         scale = _scale(records, summary, spec, nodes)
         found.measurements.append(Measurement(nodes, statistics.median(step_s), len(step_s), where, scale))
+    _read_starts(run_dir, statistics.median(step_s) if step_s else None, found)
     if summary is None:
         return
     per_epoch, batch, cap = (
@@ -129,6 +134,15 @@ def _read_run(run_dir: Path, spec: Mapping[str, Any], found: History) -> None:
         found.samples_per_epoch = (per_epoch * batch, where)
     if found.total_steps is None and summary.total_steps and summary.total_steps > 0:
         found.total_steps = (summary.total_steps, where)
+
+
+def _read_starts(run_dir: Path, step_s: float | None, found: History) -> None:
+    """Each recorded start's cost (its start-up, and its redone steps at the run's median step time)."""
+    costs = [(start.first, cost) for start in read_starts(run_dir) if (cost := start.cost_s(step_s)) is not None]
+    if costs:
+        found.started_runs += 1
+    for first, cost in costs:
+        (found.first_start_costs if first else found.restart_costs).append(cost)
 
 
 def run_step_times(run_dir: Path, found: History | None = None) -> list[float]:

@@ -21,8 +21,9 @@ from hpctrain.errors import SpecError, UsageError
 from hpctrain.jobspec.slurm_time import seconds_to_minutes
 from hpctrain.planning.cluster import Partition, Start, find_partition, start_of, test_only_options
 from hpctrain.planning.history import History, history
+from hpctrain.planning.restart_cost import RestartCost, restart_cost
 from hpctrain.planning.step_time import StepTime, step_times
-from hpctrain.planning.timeline import DEFAULT_MARGIN, RESTART_S, Choice, Timeline, duration, recommend, timeline
+from hpctrain.planning.timeline import DEFAULT_MARGIN, Choice, Timeline, duration, recommend, timeline
 from hpctrain.planning.work import Work, work_of
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ class Plan:
     restart_s: float
     notes: tuple[str, ...] = field(default=())
     made_at: float = 0.0
+    restart: RestartCost | None = None  # where restart_s comes from (restart_cost.py)
 
     def as_json(self) -> dict[str, Any]:
         """What ``hpctrain plan --json`` prints: every number with its source; unknowns as null and a reason."""
@@ -74,6 +76,7 @@ class Plan:
             "chunk_limit_s": self.limit_s,
             "chunk_limit_source": self.limit_source,
             "restart_s": self.restart_s,
+            "restart": None if self.restart is None else self.restart.as_json(),
             "work_source": self.work.source,
             "shapes": [_shape_json(shape, self.made_at) for shape in self.shapes],
             "recommended_nodes": self.choice.nodes,
@@ -112,7 +115,7 @@ def plan(
     step_time_s: float | None = None,
     step_time_nodes: int | None = None,
     margin: float = DEFAULT_MARGIN,
-    restart_s: float = RESTART_S,
+    restart_s: float | None = None,
     measure_steps: int | None = None,
     submit: Callable[..., Any] | None = None,
     slurm: Slurm | None = None,
@@ -121,7 +124,8 @@ def plan(
     """The plan of ``spec`` at each of ``nodes`` (default: 1, 2, 4, 8 that the partition holds, and the spec's).
     ``measure_steps``: first run the spec cut down to one node and that many steps, and wait (``measure.py``),
     through ``submit``: the submit sequence (``launch.submit.submit``), which the faces hand down because
-    planning stands beneath launch (launch's submit records a forecast made here)."""
+    planning stands beneath launch (launch's submit records a forecast made here).
+    ``restart_s``: each chunk's start-up; None: measured by the spec's earlier runs, else assumed (restart_cost.py)."""
     from hpctrain.jobspec.load import load_job
 
     job = load_job(spec, overrides, cluster=cluster)
@@ -141,6 +145,7 @@ def plan(
     spec_home = Path(job.spec.output_dir).expanduser() / job.spec.name
     found = history(spec_home, job.spec.model_dump(mode="json"))
     notes += found.notes
+    restart = restart_cost(found, restart_s)
     work = work_of(
         spec_name=str(spec),
         runs_trainer=job.spec.runs_trainer,
@@ -185,7 +190,7 @@ def plan(
             "at 1 node for 40 steps first), or run the spec once",
         )
     asker: Slurm | Literal["local"] | None = "local" if local else slurm if here else None
-    context = _Context(job, spec, tuple(overrides), cluster, work, partition, limit_s, restart_s, asker, clock)
+    context = _Context(job, spec, tuple(overrides), cluster, work, partition, limit_s, restart.seconds, asker, clock)
     rows = [_shape(context, count, times[count]) for count in shapes]
     _history_note(found, notes)
     if any(t is not None and t.model == "step split" for t in times.values()):
@@ -194,7 +199,7 @@ def plan(
             f"shapes no run measured: the report's what-if model over the step_split records of {splits} earlier "
             "run(s) (docs/scaling.md); 'dominates' is what would lose the most there"
         )
-    notes.append(f"each chunk spends {restart_s:.0f} s starting before it trains: assumed (--restart), not measured")
+    notes.append(f"each chunk spends {restart.seconds:.0f} s starting before it trains: {restart.source}")
     if any(row.timeline is not None and row.timeline.chunks > 1 for row in rows):
         notes.append("each chunk after the first is taken to wait in the queue as long as the first start does now")
     if any(row.start.unknown for row in rows):
@@ -213,9 +218,10 @@ def plan(
         tuple(rows),
         choice,
         margin,
-        restart_s,
+        restart.seconds,
         tuple(notes),
         clock(),
+        restart,
     )
 
 

@@ -27,6 +27,7 @@ from typing import Any, TextIO
 
 from hpctrain.contract.cancel_marker import cancel_marker_paths
 from hpctrain.contract.entrypoint import call_text, function_problem
+from hpctrain.contract.starts import began_from, process_began, record_start, step_reached
 from hpctrain.contract.summary import Summary, read_summary, write_summary
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
@@ -55,6 +56,7 @@ class TaskLauncher:
 
     def __call__(self) -> dict[str, Any]:
         stop_signals.listen()  # first: what Slurm sent since the task's first Python is counted now
+        began = process_began(time.time())  # this start's cost counts from here (contract/starts.py)
         rank = rank_hint(os.environ)
         try:
             spec = JobSpec.model_validate(self.spec_data)
@@ -65,6 +67,8 @@ class TaskLauncher:
             configure_logging(env)
             end_if_completed(self.run_dir, env, self.exit_without_result)
             after = chain_start.begin(spec, self.run_dir, is_main=env.is_main, exit_process=self.exit_without_result)
+            if env.is_main:
+                record_this_start(self.run_dir, env, began)
             result = self.run(chain_start.fill_entrypoint_args(spec, after), env)
         except BaseException as exc:
             if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
@@ -165,7 +169,9 @@ class TaskLauncher:
         node = env.hostname if env.hostnames else socket.gethostname()  # torchrun names no hosts
         identity = {"rank": env.global_rank, "node": node, "pid": os.getpid(), "job_id": env.job_id}
         dist = spec.distributed
-        monitor = heartbeat.Monitor(run_dir, identity, interval_s=dist.heartbeat_interval_s, gpu_metrics=env.is_main)
+        monitor = heartbeat.Monitor(
+            run_dir, identity, interval_s=dist.heartbeat_interval_s, gpu_metrics=env.is_main, first_step=env.is_main
+        )
         if dist.hang_timeout is not None:
             monitor.watchdog = HangWatchdog(
                 run_dir,
@@ -263,6 +269,19 @@ def end_if_completed(
     )
     keep_ended(env, run=slurm_runner())
     exit_process(0)
+
+
+def record_this_start(run_dir: str, env: TaskEnv, began: float) -> None:
+    """Global rank 0: append this start's ``start`` line (``contract/starts.py``); never fails the task.
+
+    Under torchrun, the node launcher's first line began this start (it hands it down in ``BEGAN_VAR``).
+    """
+    if env.source in ("torchrun", "slurm-torchrun"):
+        began = began_from(os.environ, began)
+    try:
+        record_start(run_dir, began=began, job_id=env.job_id, step_before=step_reached(run_dir))
+    except OSError as exc:
+        print(f"hpctrain: warning: could not record this start in {run_dir}: {exc}", file=sys.stderr)
 
 
 def listen_for_stop(run_dir: str, env: TaskEnv, timeout_signal: str) -> StopRequest:

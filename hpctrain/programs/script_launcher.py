@@ -46,6 +46,7 @@ from hpctrain.contract.cancel_marker import cancel_marker_paths
 from hpctrain.contract.file_writes import write_atomic
 from hpctrain.contract.rundir import hang_claim_path, heartbeat_path, read_run_info
 from hpctrain.contract.script_env import ScriptCode
+from hpctrain.contract.starts import process_began
 from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.errors import DistributedSetupError, RunDirError
 from hpctrain.healing import script_burn_in
@@ -55,6 +56,7 @@ from hpctrain.programs.launcher import (
     ALLOW_LOOPBACK_MASTER_VAR,
     TaskLauncher,
     end_if_completed,
+    record_this_start,
     report_failure,
 )
 from hpctrain.runtime import chain_start, stop_signals
@@ -116,6 +118,7 @@ class ScriptLauncher(TaskLauncher):
 
     def __call__(self) -> dict[str, Any]:
         stop_signals.listen()  # first: what Slurm sent since the task's first Python is counted (stop_signals.py)
+        began = process_began(time.time())  # this start's cost counts from here (contract/starts.py)
         stop = self.install_stop_handling()
         rank = rank_hint(os.environ)
         env: TaskEnv | None = None
@@ -133,6 +136,8 @@ class ScriptLauncher(TaskLauncher):
             self.after = chain_start.begin(
                 spec, self.run_dir, is_main=env.is_main, exit_process=self.exit_without_result
             )
+            if env.is_main:
+                record_this_start(self.run_dir, env, began)
             result = self.run_script(spec, env, stop, restart)
         except BaseException as exc:
             if not isinstance(exc, (KeyboardInterrupt, SystemExit)):

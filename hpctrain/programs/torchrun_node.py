@@ -57,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,7 @@ import psutil
 from hpctrain.contract.cpu_share import omp_num_threads
 from hpctrain.contract.file_writes import open_append, write_atomic
 from hpctrain.contract.rundir import torchrun_failures_path
+from hpctrain.contract.starts import BEGAN_VAR, process_began
 from hpctrain.errors import DistributedSetupError, HpctrainError
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.programs.launcher import ALLOW_LOOPBACK_MASTER_VAR, end_if_completed, report_failure
@@ -253,6 +255,7 @@ class TorchrunNodeLauncher:
 
     def __call__(self) -> list[dict[str, Any]]:
         stop_signals.listen()  # first: the node task started with them held (cleanup.py)
+        os.environ[BEGAN_VAR] = f"{process_began(time.time()):.3f}"  # this start began: rank 0's worker records it
         try:
             spec = JobSpec.model_validate(self.spec_data)
             os.environ.update(spec.env)

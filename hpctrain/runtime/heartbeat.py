@@ -37,6 +37,7 @@ from typing import Any
 
 from hpctrain.contract.metrics import append_metrics
 from hpctrain.contract.rundir import heartbeat_path, write_json_atomic
+from hpctrain.contract.starts import record_first_step
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class Recorder:
         self.step_times: deque[float] = deque(maxlen=RECENT_STEPS)
         self.compute_times: deque[float] = deque(maxlen=RECENT_STEPS)
         self.compute_count = 0
+        self.first_step: tuple[int, float] | None = None  # (number, when) of the first step done here
         self._last_step_at: float | None = None
 
     def set_phase(self, name: str) -> str:
@@ -83,6 +85,8 @@ class Recorder:
         if self._last_step_at is not None:
             self.step_times.append(now - self._last_step_at)
         self._last_step_at, self.step_no, self.last_progress = now, number, now
+        if self.first_step is None:
+            self.first_step = (number, now)
         self.changes += 1
         self.armed = True
 
@@ -187,6 +191,7 @@ class Monitor:
         watchdog: Callable[[float], None] | None = None,
         gpu: Callable[[], dict[str, float] | None] | None = None,
         gpu_metrics: bool = False,
+        first_step: bool = False,
         clock: Callable[[], float] = time.time,
         poll_s: float = POLL_S,
     ) -> None:
@@ -197,6 +202,10 @@ class Monitor:
         self.watchdog = watchdog
         self.gpu = gpu
         self.gpu_metrics = gpu_metrics  # rank 0 also appends its samples to metrics.jsonl
+        # rank 0 also records when this start's first step was done (contract/starts.py)
+        self.first_step_pending = first_step
+        if first_step:
+            self.recorder.first_step = None  # a step of an earlier start in this process is not this one's
         self.clock = clock
         self.poll_s = min(poll_s, interval_s)
         self.path = heartbeat_path(self.run_dir, int(identity["rank"]))
@@ -226,6 +235,8 @@ class Monitor:
         """One round: the watchdog, then the heartbeat (and GPU sample) when due or after a milestone."""
         if self.watchdog is not None:
             self._guard("watchdog", self.watchdog, now)
+        if self.first_step_pending:
+            self._guard("first step", self._record_first_step, now)
         if self._last_write is None or now - self._last_write >= self.interval_s:
             if self.gpu is not None:
                 self._guard("gpu", self._sample_gpu, now)
@@ -253,6 +264,13 @@ class Monitor:
         if not self.run_dir.is_dir():
             raise OSError(f"run directory {self.run_dir} does not exist on this node (is it on a shared filesystem?)")
         write_json_atomic(self.path, self.heartbeat(now))
+
+    def _record_first_step(self, now: float) -> None:
+        first = self.recorder.first_step
+        if first is None:
+            return
+        self.first_step_pending = False
+        record_first_step(self.run_dir, done=first[1], global_step=first[0], job_id=self.identity.get("job_id"))
 
     def _sample_gpu(self, now: float) -> None:
         sample = self.gpu() if self.gpu is not None else None

@@ -130,7 +130,7 @@ def test_a_partition_limit_below_the_run_plans_chunks(tmp_path: Path, fake: Fake
     assert any("above debug's MaxTime" in note for note in made.notes)
     assert one.timeline is not None and one.timeline.chunks == 5  # 15,000 s / (3600 - 120 - stop) a chunk
     assert any("wait in the queue as long as the first" in note for note in made.notes)
-    assert any("assumed (--restart)" in note for note in made.notes)
+    assert any("120 s starting before it trains: assumed" in note for note in made.notes)
     assert "--time=60" in fake.asked("sbatch")[0]
 
 

@@ -226,3 +226,30 @@ def test_a_start_of_a_run_this_job_completed_ends_at_once(tmp_path, capsys: pyte
     end_if_completed(str(tmp_path), env, exits.append)
     assert exits == [0]
     assert "this job completed the run already (step 9); Slurm started it again" in capsys.readouterr().err
+
+
+def test_rank_zero_records_its_start_with_the_runs_step_and_a_torchrun_workers_node_start(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpctrain.contract.starts import BEGAN_VAR, read_starts
+    from hpctrain.contract.summary import write_summary
+    from hpctrain.programs.launcher import record_this_start
+
+    write_summary(tmp_path, {"status": "stopped", "global_step": 40})
+    monkeypatch.setenv(BEGAN_VAR, "900.0")  # a node launcher's, inherited: not this plain Slurm task's
+    slurm = {"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
+    record_this_start(str(tmp_path), derive_task_env({**slurm, "SLURM_JOB_NODELIST": "n1"}), 1000.0)
+    torchrun = {"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    torchrun |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400", "GROUP_RANK": "0"}
+    record_this_start(str(tmp_path), derive_task_env(torchrun), 1000.0)
+    plain, worker = read_starts(tmp_path)
+    assert (plain.began, plain.job_id, plain.step_before, plain.first) == (1000.0, "5", 40, False)
+    assert worker.began == 900.0  # the node launcher's process began this start
+
+
+def test_a_start_that_cannot_be_recorded_is_warned_about_not_fatal(tmp_path, capsys) -> None:
+    from hpctrain.programs.launcher import record_this_start
+
+    (tmp_path / ".hpctrain").write_text("a file where the folder goes")
+    record_this_start(str(tmp_path), derive_task_env({}), 1000.0)
+    assert "could not record this start" in capsys.readouterr().err

@@ -250,3 +250,29 @@ def test_milestones_are_written_at_once_and_ordinary_steps_wait_for_the_interval
     assert mon.writes == 4
     [beat] = read_heartbeats(tmp_path)
     assert (beat.step, beat.epoch, beat.phase, beat.interval_s) == (3, 1, "data", 10.0)
+
+
+def test_rank_zeros_monitor_records_when_this_starts_first_step_was_done(tmp_path: Path) -> None:
+    from hpctrain.contract.starts import read_starts, record_start
+
+    clock = Clock()
+    rec = Recorder(clock)
+    rec.step(5)  # a step of an earlier start in this process
+    record_start(tmp_path, began=990.0, job_id="77", step_before=7)
+    mon = monitor(tmp_path, rec, clock, first_step=True)
+    mon.tick(clock())
+    assert read_starts(tmp_path)[0].done is None  # no step of this start yet
+    rec.position(6)  # resumed from step 6's checkpoint
+    clock.now = 1004.0
+    rec.step(7)
+    clock.now = 1005.0
+    rec.step(8)
+    mon.tick(clock())
+    mon.tick(clock())
+    (start,) = read_starts(tmp_path)
+    assert start.done == 1004.0 and start.first_step == 7 and start.cost_s() == pytest.approx(14.0)
+    assert start.redone_steps == 1
+    other = tmp_path / "other"
+    other.mkdir()
+    monitor(other, Recorder(clock), clock).tick(clock())  # not rank 0's: writes no start record
+    assert not (other / ".hpctrain").exists()

@@ -48,6 +48,7 @@ from hpctrain.contract.step_split import KIND as SPLIT_KIND
 from hpctrain.contract.summary import FINAL_STATUSES, parse_summary
 from hpctrain.errors import RunDirError, SpecError
 from hpctrain.jobspec.yaml_source import read_spec_file
+from hpctrain.observe.start_costs import start_lines
 from hpctrain.planning.forecast import compare
 
 KINDS = ("train_step", "epoch", "val")  # the records a report plots (gpu samples are not)
@@ -71,6 +72,7 @@ class RunData:
     stragglers: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     predicted: str = ""  # the estimate submit gave against what happened (planning/forecast.py)
+    starts: list[str] = field(default_factory=list)  # each start's cost in words (observe/start_costs.py)
     splits: list[dict[str, Any]] = field(default_factory=list)  # step_split records (contract/step_split.py)
     nodes: dict[int, str] = field(default_factory=dict)  # rank -> node, from the heartbeats
 
@@ -217,6 +219,7 @@ def load_run(
         run.notes.append("summary.json unreadable")
     outcome = compare(read_estimates(path), parse_summary(run.summary))
     run.predicted = "" if outcome is None else outcome.line()
+    run.starts = start_lines(path, _median_step_s(run.train))
     beats = read_heartbeats(path)
     run.nodes = {beat.rank: printable(beat.node) for beat in beats if beat.node}
     for beat, typical in straggler_medians(beats):
@@ -225,6 +228,11 @@ def load_run(
             f" vs {typical:.3f} s on the other ranks"
         )
     return run
+
+
+def _median_step_s(train: list[dict[str, Any]]) -> float | None:
+    times = sorted(r["step_s"] for r in train if plausible(r.get("step_s")) and r["step_s"] > 0)
+    return times[len(times) // 2] if times else None
 
 
 def no_metrics_note(summary: dict[str, Any]) -> str:

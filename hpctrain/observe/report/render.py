@@ -133,6 +133,7 @@ def _run_facts(run: RunData) -> list[str]:
         facts.append(f"burn-in: {burn_in}")
     if run.predicted:
         facts.append(f"time to result, as estimated at submit: {run.predicted}")
+    facts.extend(run.starts)  # each start and its cost (observe/start_costs.py)
     facts.extend(f"note: {note}" for note in run.notes)
     return facts
 

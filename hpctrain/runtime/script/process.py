@@ -81,7 +81,7 @@ def start_script_monitor(
 
     interval = seconds(environ, HEARTBEAT_INTERVAL_VAR) or DEFAULT_HEARTBEAT_INTERVAL_S
     identity: dict[str, Any] = {"rank": rank, "node": node, "pid": pid, "job_id": job_id}
-    monitor = heartbeat.Monitor(run_dir, identity, interval_s=interval)
+    monitor = heartbeat.Monitor(run_dir, identity, interval_s=interval, first_step=rank == 0)
     limit = seconds(environ, HANG_TIMEOUT_VAR)
     if limit is not None:
         monitor.watchdog = HangWatchdog(
