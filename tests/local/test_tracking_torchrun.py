@@ -3,14 +3,16 @@
 A ``script:`` job on the task API (``hpctrain.task``), 2 gloo ranks on CPU, run as Slurm runs it: the
 node task (programs/script_torchrun.py's ``ScriptTorchrunNode``, one per node) in a Slurm task's
 environment, starting real torchrun and its ranks. The tracker is a real ``mlflow server`` (SQLite store,
-started here on 127.0.0.1 and stopped after). Slurm's commands are stubs that know no job, so nothing
-here reaches the test cluster.
+started here on 127.0.0.1 and stopped after), or a port where nothing listens. Slurm's commands are
+stubs that know no job, so nothing here reaches the test cluster; a preemption ends as Slurm ends it
+(the ranks wait for the job's end, the node task is SIGKILLed).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -57,7 +59,18 @@ for step, batches in loader.steps(ckpt.load(), STEPS):
 go, deadline = Path(sys.argv[1]), time.monotonic() + 120
 while not go.exists() and time.monotonic() < deadline:  # the test ends the run once it saw the steps
     time.sleep(0.2)
-""".replace("STEPS", str(STEPS))
+"""
+
+# The same loop, slow and long, stopping (a checkpoint, exit 0) when hpctrain asks it to.
+STOPPABLE = (
+    LOOP.replace("STEPS", "1000")
+    .replace(
+        "    optimizer.zero_grad()",
+        "    if task.should_stop():\n        ckpt.save(step)\n        sys.exit(0)\n"
+        "    time.sleep(0.2)\n    optimizer.zero_grad()",
+    )
+    .split("go, deadline")[0]
+)
 
 NODE = """
 import json, sys
@@ -94,11 +107,11 @@ def slurm_node_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def start_node_task(tmp_path: Path, uri: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
+def start_node_task(tmp_path: Path, uri: str, loop: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
     """The node task of a live-tracked script job under torchrun; (its process, the run dir, the go file)."""
     run, go = tmp_path / "run", tmp_path / "go"
     run.mkdir()
-    (tmp_path / "loop.py").write_text(LOOP)
+    (tmp_path / "loop.py").write_text(loop)
     spec = JobSpec.model_validate({
         "name": "live_torchrun", "cluster": "local", "output_dir": str(tmp_path), "launcher": "torchrun",
         "resources": {"nodes": 1, "tasks_per_node": 2, "time": "00:10:00"},
@@ -137,6 +150,12 @@ def steps_in_mlflow(uri: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for run in runs for m in client.get_metric_history(run.info.run_id, "train/loss"))
 
 
+def logged(run: Path) -> int:
+    """How many steps the run has logged."""
+    metrics = run / "metrics.jsonl"
+    return len(last_values(metrics)) if metrics.exists() else 0
+
+
 def wait_for(condition: Any, what: str, node: subprocess.Popen[bytes], log: Path, timeout_s: float = 150) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -148,7 +167,7 @@ def wait_for(condition: Any, what: str, node: subprocess.Popen[bytes], log: Path
 def test_the_node_task_of_rank_0_sends_each_step_live_once_and_its_sender_ends_with_it(
     server: str, tmp_path: Path
 ) -> None:
-    node, run, go = start_node_task(tmp_path, server)
+    node, run, go = start_node_task(tmp_path, server, LOOP.replace("STEPS", str(STEPS)))
     log = tmp_path / "node.log"
     try:
         # every step reaches MLflow while both ranks are still in the loop (the run is not over: live)
@@ -170,3 +189,29 @@ def test_the_node_task_of_rank_0_sends_each_step_live_once_and_its_sender_ends_w
     assert dict(history) == last_values(run / "metrics.jsonl")
     live = json.loads((run / ".hpctrain" / "tracking" / "live.json").read_text())
     assert live["through"] == {"mlflow": STEPS} and live["syncs"] >= 2
+
+
+def test_a_preempted_node_task_takes_its_sender_along_and_a_server_down_never_held_the_ranks(
+    tmp_path: Path,
+) -> None:
+    """A preemption: SIGTERM, the ranks checkpoint and wait for Slurm to end the job, which it does (SIGKILL)."""
+    node, run, _ = start_node_task(tmp_path, f"http://127.0.0.1:{free_port()}", STOPPABLE)  # nothing listens
+    log = tmp_path / "node.log"
+    live = run / ".hpctrain" / "tracking" / "live.json"
+    summary = run / "summary.json"
+    try:
+        wait_for(lambda: live.exists() and json.loads(live.read_text())["failed_syncs"] >= 1 and len(senders(run)) == 1,
+                 "the sender to fail a sync", node, log)  # fmt: skip
+        steps_before = logged(run)
+        wait_for(lambda: logged(run) >= steps_before + 5, "more steps", node, log)  # the ranks go on regardless
+        node.send_signal(signal.SIGTERM)  # as Slurm preempts the job: its node task passes it on to the ranks
+        wait_for(lambda: json.loads(summary.read_text()).get("status") == "stopped", "the ranks to stop", node, log)
+        [sender] = senders(run)
+        node.kill()  # Slurm ends the job (KillWait is over)
+        node.wait(timeout=30)
+        sender.wait(timeout=60)  # the parent's death signal; its last sync is bounded
+    finally:
+        node.kill()
+    assert senders(run) == []
+    assert json.loads(summary.read_text())["stop_reason"] == "preempted"
+    assert json.loads(live.read_text())["through"] == {"mlflow": -1}  # nothing claimed sent
