@@ -47,8 +47,9 @@ message, and fails so that srun ends the other nodes (``--kill-on-bad-exit``).
 rendezvous places the ranks, so the same thread sees it when that worker
 starts) starts the run's one sender, beside torchrun, never under it
 (torchrun ends a worker's whole process group); it ends when torchrun is done:
-after a completed run with up to ``LAST_SYNC_WAIT_S`` for its last sync, after
-a requeue or a failure at once (runtime/tracker_relay.py).
+after the ranks returned (the run completed, or stopped for good) with up to
+``LAST_SYNC_WAIT_S`` for its last sync, after a requeue or a failure at once
+(runtime/tracker_relay.py).
 Importing this module imports no torch.
 """
 
@@ -313,9 +314,9 @@ class TorchrunNodeLauncher:
             code = torchrun.wait()
             watch.stop()
             relay.stop()
-            completed = code == 0 and not any(state_dir.glob("exit-*"))
-            stop_live_sender(self.sender, wait_s=LAST_SYNC_WAIT_S if completed else 0.0)
-            if code == 0 and not completed:
+            ended = code == 0 and not any(state_dir.glob("exit-*"))  # every rank returned: the run is not back
+            stop_live_sender(self.sender, wait_s=LAST_SYNC_WAIT_S if ended else 0.0)
+            if code == 0 and not ended:
                 _end_without_result(state_dir)
             if code != 0:
                 error, failure = self.failed(env, code, _own_stderr_since(log_start))

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 LIVE_MODULE = "hpctrain.tracking.live"
 LIVE_LOG = "live.log"
-# How long a node task waits for the sender's last sync after a completed run: the sender bounds that
+# How long a node task waits for the sender's last sync after a run that ended for good: the sender bounds that
 # sync itself (tracking/live.py's LAST_SYNC_S, 30 s); this is its bound and the time to exit.
 LAST_SYNC_WAIT_S = 35.0
 
@@ -59,7 +59,7 @@ def start_live_sender(spec: JobSpec, run_dir: str | Path, *, is_main: bool) -> s
             return start_child(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         finally:
             os.close(log)  # the child has its own copy
-    except OSError as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
         print(f"hpctrain: warning: tracking.live: the sender did not start ({exc}); 'hpctrain sync RUN' sends "
               "the run from where you run it", file=sys.stderr)  # fmt: skip
         return None
@@ -67,7 +67,7 @@ def start_live_sender(spec: JobSpec, run_dir: str | Path, *, is_main: bool) -> s
 
 def stop_live_sender(sender: subprocess.Popen | None, *, wait_s: float = 0.0) -> None:
     """End the sender: SIGTERM, after which it makes one last sync bounded by its own clock. ``wait_s``:
-    wait that long for it (a completed run: its last steps are settled now), then kill it; 0: do not wait
+    wait that long for it (the run ended for good: its last steps are settled now), then kill it; 0: do not wait
     (a requeue or a failure ends the task at once; the parent's death signal and the reaper are the backstop).
     """
     if sender is None or sender.poll() is not None:

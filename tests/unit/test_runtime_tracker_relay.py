@@ -47,13 +47,16 @@ def test_live_without_a_tracker_is_refused_with_the_fix(tmp_path: Path, monkeypa
     assert "add tracking.mlflow or .wandb" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "failure", [OSError(11, "Resource temporarily unavailable"), subprocess.SubprocessError("in preexec_fn")]
+)
 def test_a_sender_that_cannot_start_is_a_warning_not_a_failed_task(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], failure: Exception
 ) -> None:
     spec = spec_of(tmp_path, LIVE, monkeypatch)
 
     def no_fork(*args: object, **kwargs: object) -> None:
-        raise OSError(11, "Resource temporarily unavailable")
+        raise failure
 
     monkeypatch.setattr(tracker_relay, "start_child", no_fork)
     assert start_live_sender(spec, tmp_path / "run", is_main=True) is None
