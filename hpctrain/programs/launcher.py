@@ -114,7 +114,7 @@ class TaskLauncher:
         # before the group forms: import errors fail fast
         user_code = load_user_code(spec.entrypoint, getattr(self, "code_root", None), spec.entrypoint_args)
         self.start_reaper()
-        start_live_sender(spec, self.run_dir, is_main=env.is_main)  # tracking.live: a process of its own
+        self.start_tracker_sender(spec, env)
 
         from hpctrain.runtime.process_group import process_group
 
@@ -192,6 +192,10 @@ class TaskLauncher:
         """End this process at once, with no result for submitit (the job is coming back)."""
         leave_dataset_mount()
         os._exit(status)
+
+    def start_tracker_sender(self, spec: JobSpec, env: TaskEnv) -> None:
+        """``tracking.live``: global rank 0 starts the sender, a process of its own (runtime/tracker_relay.py)."""
+        start_live_sender(spec, self.run_dir, is_main=env.is_main)
 
     def start_reaper(self) -> None:
         """Start the watcher that kills this task's leaked processes once it ends.

@@ -79,7 +79,6 @@ from hpctrain.runtime.script.outcome import (
 )
 from hpctrain.runtime.stop import StopRequest, install_handlers
 from hpctrain.runtime.task_env import derive_task_env, rank_hint
-from hpctrain.runtime.tracker_relay import start_live_sender
 
 POLL_S = 0.05
 LEFTOVER_WAIT_S = 2.0  # the script ended: its group's remaining processes get this long after SIGTERM
@@ -161,7 +160,7 @@ class ScriptLauncher(TaskLauncher):
         if env.is_main and report is not None:
             self.watch = FailureWatch(StepReport(report), Path(self.run_dir), self.attempt, self.summary).start()
         self.start_reaper()
-        start_live_sender(spec, self.run_dir, is_main=env.is_main)  # tracking.live: a process of its own
+        self.start_tracker_sender(spec, env)
         check_master_address(env, allow_loopback=os.environ.get(ALLOW_LOOPBACK_MASTER_VAR) == "1")
 
         code = ScriptCode(**self.code)

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hpctrain.jobspec.models import JobSpec
 from hpctrain.programs.script_launcher import ScriptLauncher
 from hpctrain.programs.torchrun_node import (
     PEER_FAILURE,
@@ -76,6 +77,9 @@ class ScriptTorchrunWorker(ScriptLauncher):
 
     def start_reaper(self) -> None:
         """The node task's reaper covers this rank and its script (they carry the node task's token)."""
+
+    def start_tracker_sender(self, spec: JobSpec, env: TaskEnv) -> None:
+        """The node task that hosts global rank 0 starts ``tracking.live``'s sender (torchrun_node.py)."""
 
     def exit_without_result(self, status: int) -> None:
         env = getattr(self, "_env", None)

@@ -42,6 +42,14 @@ looks, as it reads srun's report under srun. torchrun's own report comes only
 after it has torn the node's other workers down (up to 30 s), too late for
 rank 0; the node task still reads it (:func:`root_cause`) for its error
 message, and fails so that srun ends the other nodes (``--kill-on-bad-exit``).
+
+``tracking.live``: the node task whose torchrun started global rank 0 (the
+rendezvous places the ranks, so the same thread sees it when that worker
+starts) starts the run's one sender, beside torchrun, never under it
+(torchrun ends a worker's whole process group); it ends when torchrun is done:
+after the ranks returned (the run completed, or stopped for good) with up to
+``LAST_SYNC_WAIT_S`` for its last sync, after a requeue or a failure at once
+(runtime/tracker_relay.py).
 Importing this module imports no torch.
 """
 
@@ -76,6 +84,7 @@ from hpctrain.runtime import stop_signals
 from hpctrain.runtime.context import TaskEnv, configure_logging
 from hpctrain.runtime.master import check_master_address, check_port_free
 from hpctrain.runtime.task_env import LAUNCHER_VAR, derive_task_env, rank_hint
+from hpctrain.runtime.tracker_relay import LAST_SYNC_WAIT_S, start_live_sender, stop_live_sender
 
 WORKER_MODULE = "hpctrain.programs.torchrun_worker"
 SPEC_FILE = "spec.json"
@@ -198,12 +207,19 @@ def death_reason(state_dir: Path, rank: int) -> str | None:
 
 
 class WorkerWatch:
-    """Reports the first worker of this node that ends without finishing, as it happens."""
+    """Reports the first worker of this node that ends without finishing, as it happens; ``started`` hears
+    the global rank of each worker it sees start."""
 
     def __init__(
-        self, torchrun_pid: int, state_dir: Path, report: Callable[[int, str], None], poll_s: float = WATCH_POLL_S
+        self,
+        torchrun_pid: int,
+        state_dir: Path,
+        report: Callable[[int, str], None],
+        poll_s: float = WATCH_POLL_S,
+        started: Callable[[int], None] = lambda rank: None,
     ) -> None:
         self.torchrun_pid, self.state_dir, self.report, self.poll_s = torchrun_pid, state_dir, report, poll_s
+        self.started = started
         self.reported = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="hpctrain-worker-watch", daemon=True)
@@ -225,6 +241,7 @@ class WorkerWatch:
                 rank = _rank_of(pid)
                 if rank is not None:
                     known[pid] = rank
+                    self.started(rank)
             for pid in [pid for pid in known if pid not in alive]:
                 rank = known.pop(pid)
                 reason = death_reason(self.state_dir, rank)
@@ -247,6 +264,7 @@ class TorchrunNodeLauncher:
 
     worker_module = WORKER_MODULE  # each rank's program
     torchrun_options: tuple[str, ...] = ()
+    sender: subprocess.Popen | None = None  # tracking.live's, on the node of global rank 0
 
     def __init__(self, spec_data: dict[str, Any], run_dir: str, code_root: str | None = None) -> None:
         self.spec_data = spec_data
@@ -289,12 +307,19 @@ class TorchrunNodeLauncher:
             torchrun = subprocess.Popen(command, env=environ)
             relay = stop_signals.Relay(lambda: worker_pids(torchrun.pid, running=True), relayed).start()
             stop_signals.listen()  # unblocks the other USR signal too (nobody's)
-            watch = WorkerWatch(torchrun.pid, state_dir, lambda rank, why: self.report(env.hostname, rank, why))
+            watch = WorkerWatch(
+                torchrun.pid,
+                state_dir,
+                lambda rank, why: self.report(env.hostname, rank, why),
+                started=lambda rank: self.worker_started(spec, rank),
+            )
             watch.start()
             code = torchrun.wait()
             watch.stop()
             relay.stop()
-            if code == 0 and any(state_dir.glob("exit-*")):
+            ended = code == 0 and not any(state_dir.glob("exit-*"))  # every rank returned: the run is not back
+            stop_live_sender(self.sender, wait_s=LAST_SYNC_WAIT_S if ended else 0.0)
+            if code == 0 and not ended:
                 _end_without_result(state_dir)
             if code != 0:
                 error, failure = self.failed(env, code, _own_stderr_since(log_start))
@@ -305,6 +330,11 @@ class TorchrunNodeLauncher:
             return sorted(results, key=lambda result: result["rank"])
         finally:
             shutil.rmtree(state_dir, ignore_errors=True)
+
+    def worker_started(self, spec: JobSpec, rank: int) -> None:
+        """A worker of this node started: if it is global rank 0, this node sends the run to its trackers."""
+        if rank == 0 and self.sender is None:
+            self.sender = start_live_sender(spec, self.run_dir, is_main=True)
 
     def worker_payload(self) -> dict[str, Any]:
         """What each rank's program reads from ``STATE_DIR/spec.json``."""

@@ -16,7 +16,10 @@ reaches submitit, which runs the node task and not this process:
   ``torchrun-failures.log`` (written by the node tasks) instead of srun's report;
 * no reaper of its own: the node task's reaper covers every process of the
   node (one reaper per worker would kill the worker's siblings, which carry
-  the same token).
+  the same token);
+* no ``tracking.live`` sender of its own, not even global rank 0: the node
+  task that hosts rank 0 starts it (torchrun ends a worker's whole process
+  group when it tears the workers down, and it must be one per run).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.contract.rundir import torchrun_failures_path
+from hpctrain.jobspec.models import JobSpec
 from hpctrain.programs.launcher import TaskLauncher
 from hpctrain.programs.torchrun_node import PEER_FAILURE, PEER_FAILURE_EXIT, SPEC_FILE, write_failure, write_result
 from hpctrain.runtime import failures
@@ -52,6 +56,9 @@ class TorchrunWorker(TaskLauncher):
 
     def start_reaper(self) -> None:
         """The node task's reaper covers this process (see the module docstring)."""
+
+    def start_tracker_sender(self, spec: JobSpec, env: TaskEnv) -> None:
+        """The node task that hosts global rank 0 starts it (see the module docstring)."""
 
 
 def failures_log(run_dir: str | Path, env: TaskEnv) -> failures.StepLog | None:

@@ -1,4 +1,4 @@
-"""Global rank 0 starts the run's live tracker sender (``tracking.live``) beside the training, never inside it.
+"""The run's live tracker sender (``tracking.live``): started beside the training, never inside it.
 
 The task side never imports the tracking wing (tests/unit/test_house_layering.py):
 this module only starts ``python -m hpctrain.tracking.live RUN_DIR`` as a
@@ -6,6 +6,15 @@ child process that ends with the task (``contract/child_process.py``: the
 parent's death signal, SIGTERM, after which it makes one bounded last sync).
 Its output goes to ``RUN/.hpctrain/tracking/live.log``. A sender that cannot
 start is a warning on stderr, never a failed task.
+
+Who starts it: one process per start of the job, on the node of global rank 0.
+Under hpctrain's own launcher that is global rank 0's task
+(``programs/launcher.py``); under ``launcher: torchrun`` the node task whose
+torchrun started global rank 0 (``programs/torchrun_node.py``): the workers are
+torchrun's, which ends each one's whole process group when it tears them down,
+and torchrun's rendezvous, not Slurm, decides which node gets rank 0, so the
+node task starts it once it sees its worker of rank 0, and ends it with
+:func:`stop_live_sender` when torchrun is done.
 """
 
 from __future__ import annotations
@@ -25,6 +34,9 @@ if TYPE_CHECKING:
 
 LIVE_MODULE = "hpctrain.tracking.live"
 LIVE_LOG = "live.log"
+# How long a node task waits for the sender's last sync after a run that ended for good: the sender bounds that
+# sync itself (tracking/live.py's LAST_SYNC_S, 30 s); this is its bound and the time to exit.
+LAST_SYNC_WAIT_S = 35.0
 
 
 def live_sender_argv(spec: JobSpec, run_dir: str | Path, *, is_main: bool) -> list[str] | None:
@@ -47,7 +59,25 @@ def start_live_sender(spec: JobSpec, run_dir: str | Path, *, is_main: bool) -> s
             return start_child(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         finally:
             os.close(log)  # the child has its own copy
-    except OSError as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
         print(f"hpctrain: warning: tracking.live: the sender did not start ({exc}); 'hpctrain sync RUN' sends "
               "the run from where you run it", file=sys.stderr)  # fmt: skip
         return None
+
+
+def stop_live_sender(sender: subprocess.Popen | None, *, wait_s: float = 0.0) -> None:
+    """End the sender: SIGTERM, after which it makes one last sync bounded by its own clock. ``wait_s``:
+    wait that long for it (the run ended for good: its last steps are settled now), then kill it; 0: do not wait
+    (a requeue or a failure ends the task at once; the parent's death signal and the reaper are the backstop).
+    """
+    if sender is None or sender.poll() is not None:
+        return
+    try:
+        sender.terminate()
+        if wait_s > 0:
+            sender.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        sender.kill()
+        sender.wait()
+    except OSError:
+        pass  # gone meanwhile

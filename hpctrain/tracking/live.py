@@ -1,7 +1,9 @@
 """``tracking.live``: the run's trackers fed from the job while it trains, in a process of its own.
 
-``python -m hpctrain.tracking.live RUN_DIR`` is started by global rank 0's
-task (``runtime/tracker_relay.py``; the task never imports this wing) and
+``python -m hpctrain.tracking.live RUN_DIR`` is started on global rank 0's
+node, once per start of the job: by rank 0's task, or under ``launcher:
+torchrun`` by the node task that hosts rank 0 (``runtime/tracker_relay.py``;
+the task side never imports this wing), and
 runs ``hpctrain sync RUN_DIR`` every ``tracking.live_interval_s``: the same
 sequence, cursors and locks as the login side's, so a step is sent once
 whoever sends it, and what this process could not send the login side's
@@ -130,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # started by a task that held its stop signals (stop_signals.py): a held SIGTERM would never end it
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     done = threading.Event()
     worker = threading.Thread(
         target=lambda: (follow(Path(args.run_dir), interval_s=max(1.0, args.interval), stop=stop), done.set()),

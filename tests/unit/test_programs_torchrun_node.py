@@ -215,14 +215,17 @@ for worker in workers:
 """
 
 
-def test_the_watch_names_the_first_worker_that_dies_without_a_word(tmp_path: Path) -> None:
+def test_the_watch_hears_each_worker_start_and_names_the_first_that_dies_without_a_word(tmp_path: Path) -> None:
     """A stand-in for torchrun with two workers; rank 6 finishes, rank 7 is killed."""
     torchrun = subprocess.Popen([sys.executable, "-c", FAKE_TORCHRUN], stdout=subprocess.PIPE, text=True)
     try:
         assert torchrun.stdout is not None
         six, seven = (int(pid) for pid in torchrun.stdout.readline().split())
         reports: list[tuple[int, str]] = []
-        watch = WorkerWatch(torchrun.pid, tmp_path, lambda rank, why: reports.append((rank, why)), poll_s=0.05)
+        started: list[int] = []
+        watch = WorkerWatch(
+            torchrun.pid, tmp_path, lambda rank, why: reports.append((rank, why)), poll_s=0.05, started=started.append
+        )
         watch.start()
         deadline = time.monotonic() + 10
         while sorted(worker_pids(torchrun.pid)) != sorted([six, seven]) and time.monotonic() < deadline:
@@ -237,3 +240,48 @@ def test_the_watch_names_the_first_worker_that_dies_without_a_word(tmp_path: Pat
         torchrun.kill()
         torchrun.wait()
     assert reports == [(7, "Killed (ended without a result or an error)")] and watch.reported
+    assert sorted(started) == [6, 7]  # each once
+
+
+def test_only_the_node_task_that_hosts_global_rank_0_starts_the_live_sender_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rendezvous, not Slurm's node number, puts rank 0 on a node: the node task learns it from its worker."""
+    from hpctrain.programs import torchrun_node
+
+    started: list[tuple[str, bool]] = []
+    monkeypatch.setattr(
+        torchrun_node, "start_live_sender", lambda spec, run_dir, is_main: started.append((run_dir, is_main)) or "p"
+    )
+    spec = torchrun_spec(resources={"nodes": 2, "tasks_per_node": 2})
+    node = TorchrunNodeLauncher(spec.model_dump(mode="json"), "/runs/r")
+    for rank in (2, 3):
+        node.worker_started(spec, rank)
+    assert started == [] and node.sender is None  # this node hosts ranks 2 and 3: no sender
+    for rank in (1, 0, 0):  # rank 0 seen again (a second look): still one sender
+        node.worker_started(spec, rank)
+    assert started == [("/runs/r", True)] and node.sender == "p"
+
+
+def test_a_torchrun_worker_never_starts_a_sender_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Global rank 0's worker included: the node task does (torchrun ends a worker's process group)."""
+    from hpctrain.programs import launcher
+    from hpctrain.programs.script_torchrun import ScriptTorchrunWorker
+    from hpctrain.programs.torchrun_worker import TorchrunWorker
+
+    started: list[bool] = []
+    monkeypatch.setattr(launcher, "start_live_sender", lambda spec, run_dir, is_main: started.append(is_main))
+    spec = torchrun_spec()
+    torchrun_vars = {
+        **{"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"},
+        **{"GROUP_RANK": "0", "GROUP_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "1234"},
+        **{"MASTER_ADDR": "n1", "MASTER_PORT": "29500"},
+    }
+    rank_0 = derive_task_env({**node_task_env(0), **torchrun_vars, "HPCTRAIN_LAUNCHER": "torchrun"})
+    assert rank_0.is_main
+    data = spec.model_dump(mode="json")
+    TorchrunWorker(data, "/runs/r", Path("/state")).start_tracker_sender(spec, rank_0)
+    ScriptTorchrunWorker(data, "/runs/r", {}, None, Path("/state")).start_tracker_sender(spec, rank_0)
+    assert started == []
+    TaskLauncher(data, "/runs/r").start_tracker_sender(spec, rank_0)  # srun's rank 0 does
+    assert started == [True]

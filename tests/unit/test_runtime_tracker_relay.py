@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +15,7 @@ from hpctrain.errors import SpecError
 from hpctrain.jobspec import tracking_checks
 from hpctrain.jobspec.load import load_job
 from hpctrain.runtime import tracker_relay
-from hpctrain.runtime.tracker_relay import live_sender_argv, start_live_sender
+from hpctrain.runtime.tracker_relay import LAST_SYNC_WAIT_S, live_sender_argv, start_live_sender, stop_live_sender
 
 pytestmark = pytest.mark.usefixtures("isolated")
 
@@ -43,29 +47,33 @@ def test_live_without_a_tracker_is_refused_with_the_fix(tmp_path: Path, monkeypa
     assert "add tracking.mlflow or .wandb" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "failure", [OSError(11, "Resource temporarily unavailable"), subprocess.SubprocessError("in preexec_fn")]
+)
 def test_a_sender_that_cannot_start_is_a_warning_not_a_failed_task(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], failure: Exception
 ) -> None:
     spec = spec_of(tmp_path, LIVE, monkeypatch)
 
     def no_fork(*args: object, **kwargs: object) -> None:
-        raise OSError(11, "Resource temporarily unavailable")
+        raise failure
 
     monkeypatch.setattr(tracker_relay, "start_child", no_fork)
     assert start_live_sender(spec, tmp_path / "run", is_main=True) is None
     assert "tracking.live: the sender did not start" in capsys.readouterr().err
 
 
-def test_the_sender_starts_logs_into_the_run_and_ends_on_sigterm(
+def test_the_sender_starts_logs_into_the_run_and_ends_on_sigterm_even_if_started_with_it_held(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import json
-    import time
-
     spec = spec_of(tmp_path, LIVE, monkeypatch)
     run_dir = tmp_path / "run"  # no spec.yaml: each sync fails, and is counted
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
-    sender = start_live_sender(spec, run_dir, is_main=True)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # a node task holding its stop signals
+    try:
+        sender = start_live_sender(spec, run_dir, is_main=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     assert sender is not None
     try:
         state = run_dir / ".hpctrain" / "tracking" / "live.json"
@@ -79,3 +87,28 @@ def test_the_sender_starts_logs_into_the_run_and_ends_on_sigterm(
         sender.kill()
     assert json.loads(state.read_text())["failed_syncs"] >= 1
     assert "not synced" in (run_dir / ".hpctrain" / "tracking" / "live.log").read_text()
+
+
+STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
+
+
+def test_stopping_the_sender_waits_only_as_asked_and_kills_one_that_overstays() -> None:
+    from hpctrain.tracking.live import LAST_SYNC_S
+
+    assert LAST_SYNC_WAIT_S > LAST_SYNC_S  # a node task waits out the sender's own bound for its last sync
+    stop_live_sender(None)  # nothing started: nothing to do
+    polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stop_live_sender(polite, wait_s=30)
+    assert polite.returncode == -15  # SIGTERM, waited for
+    stubborn = subprocess.Popen([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE)
+    try:
+        assert stubborn.stdout is not None and stubborn.stdout.readline()  # its handler is in place
+        began = time.monotonic()
+        stop_live_sender(stubborn, wait_s=0.5)
+        assert stubborn.returncode == -9 and time.monotonic() - began < 10  # overstayed: killed
+        late = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        stop_live_sender(late)  # wait_s=0: SIGTERM, no waiting (a requeue or a failure ends the task now)
+        assert late.wait(timeout=30) == -15
+    finally:
+        stubborn.kill()
+        stubborn.wait()
