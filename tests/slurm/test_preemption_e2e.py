@@ -118,6 +118,7 @@ def test_requeue_then_preemption_resumes_bit_identically(
 
 
 @pytest.mark.slurm_contract
+@pytest.mark.slurm_shared
 def test_cancel_settles_before_it_returns_and_an_immediate_resume_continues_exactly(
     workspace: Workspace, reference_weights: str
 ) -> None:
@@ -149,6 +150,7 @@ def test_cancel_settles_before_it_returns_and_an_immediate_resume_continues_exac
 
 
 @pytest.mark.slurm_contract
+@pytest.mark.slurm_shared
 def test_killed_rank_fails_the_job_and_is_named(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
     run = submit(workspace, "name=killed_rank")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
@@ -170,6 +172,7 @@ def test_killed_rank_fails_the_job_and_is_named(slurm_cluster: SlurmCluster, wor
     assert leftovers == [], "processes of the failed job outlived it"
 
 
+@pytest.mark.slurm_shared
 def test_rank0_killed_mid_checkpoint_resumes_from_previous(
     slurm_cluster: SlurmCluster, workspace: Workspace, reference_weights: str
 ) -> None:

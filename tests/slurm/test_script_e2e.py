@@ -114,6 +114,7 @@ def test_torchrun_style_script_is_requeued_and_preempted_and_resumes_from_its_ow
     assert "rank 3: completed" in logs.stdout, logs
 
 
+@pytest.mark.slurm_shared
 def test_launch_style_script_under_torchrun_exit_3_is_named_and_resume_completes(
     slurm_cluster: SlurmCluster, ws: ScriptWorkspace
 ) -> None:
@@ -149,6 +150,7 @@ def test_launch_style_script_under_torchrun_exit_3_is_named_and_resume_completes
     assert "[default0]:rank 2: completed" in logs.stdout and "[default1]:rank 3: completed" in logs.stdout, logs
 
 
+@pytest.mark.slurm_shared
 def test_mp_spawn_script_per_node_completes(slurm_cluster: SlurmCluster, ws: ScriptWorkspace) -> None:
     """HAL's multi-node style: one process per node spawns two workers, rendezvous at tcp://{master_addr}."""
     args = ["--dist-url", "tcp://{master_addr}:{master_port}", "--world-size", "{nnodes}", "--rank", "{node_rank}"]
