@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -94,6 +94,21 @@ def hpctrain(
     )
 
 
+def started(env: dict[str, str], *args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
+    """``hpctrain ARGS`` started on "the laptop", its output piped (a command the test cuts mid-way)."""
+    argv = [sys.executable, "-m", "hpctrain", *args]
+    pipe = subprocess.PIPE
+    return subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe, text=True)
+
+
+def wait_while(proc: subprocess.Popen[str], condition: Callable[[], bool], timeout_s: float = 120) -> None:
+    """Wait while ``condition`` holds; fail with the command's output if it ended first or ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
+    while condition():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+
+
 def project(tmp_path: Path, login: OtpLogin, sleep_s: float = 0) -> tuple[Path, str]:
     """A project folder whose name has a space and a quote, with a spec whose name has both too."""
     folder = tmp_path / "my project's code"
@@ -157,19 +172,8 @@ def test_a_submit_cut_mid_way_and_retried_runs_once(login: OtpLogin, laptop: dic
     assert login_with_code(laptop, login)[0] == 0
     folder, spec = project(tmp_path, login, sleep_s=6)
     count = folder.parent / "count"
-    first = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain", "submit", spec, "--cluster", "otp"],
-        env=laptop,
-        cwd=folder,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while not count.exists():  # the job started on the login node: now the connection drops
-        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
-        time.sleep(0.2)
+    first = started(laptop, "submit", spec, "--cluster", "otp", cwd=folder)
+    wait_while(first, lambda: not count.exists())  # the job started on the login node: now the connection drops
     closed = hpctrain(laptop, "login", "otp", "--close")
     assert closed.returncode == 0, closed.stderr
     out, err = first.communicate(timeout=60)
@@ -195,18 +199,8 @@ def test_a_resume_cut_mid_way_and_retried_resumes_once_and_cancel_twice_is_harml
     submitted = hpctrain(laptop, "submit", spec, "--cluster", "otp", cwd=folder)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     run_dir = submitted.stdout.split("run dir: ", 1)[1].splitlines()[0].strip()
-    first = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain", "resume", run_dir, "--cluster", "otp"],
-        env=laptop,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while count.read_text().count("ran") < 2:  # the resumed attempt runs on the login node: the connection drops
-        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
-        time.sleep(0.2)
+    first = started(laptop, "resume", run_dir, "--cluster", "otp")
+    wait_while(first, lambda: count.read_text().count("ran") < 2)  # the resumed attempt runs: the connection drops
     assert hpctrain(laptop, "login", "otp", "--close").returncode == 0
     out, err = first.communicate(timeout=60)
     assert first.returncode != 0 and "Traceback" not in err, out + err
