@@ -156,6 +156,8 @@ def test_one_prompt_for_a_whole_sitting_of_verbs(login: OtpLogin, laptop: dict[s
     assert status.returncode == 0 and "completed" in status.stdout.lower(), status.stdout + status.stderr
     follow = hpctrain(laptop, "logs", "-f", run_dir, "--cluster", "otp")
     assert follow.returncode == 0 and "hello from the login node" in follow.stdout, follow.stderr
+    watch = hpctrain(laptop, "status", run_dir, "--watch", "--cluster", "otp")  # an ended run: one frame, then done
+    assert watch.returncode == 0 and "completed" in watch.stdout.lower(), watch.stdout + watch.stderr
     report = hpctrain(laptop, "report", run_dir, "--cluster", "otp", "--out", str(tmp_path / "my report"))
     assert report.returncode == 0, report.stdout + report.stderr
     assert (tmp_path / "my report" / "report.md").is_file() and "copied to" in report.stdout
