@@ -374,6 +374,11 @@ def test_an_index_that_leaves_its_split_or_lies_is_refused(samples: list, tmp_pa
     assert packed_index.read_packed(tmp_path / "nothing-here") is None
 
 
+def default_stop_signals() -> None:
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
 def test_a_signalled_pack_stops_mksquashfs_removes_its_temporary_and_keeps_the_old_image(
     signum: signal.Signals, tree: Path, tmp_path: Path, env
@@ -386,9 +391,12 @@ def test_a_signalled_pack_stops_mksquashfs_removes_its_temporary_and_keeps_the_o
     (fake / "mksquashfs").write_text(f"#!/bin/sh\necho $$ > {tmp_path}/mksquashfs.pid\nexec sleep 60\n")
     (fake / "mksquashfs").chmod(0o755)
     env["PATH"] = f"{fake}:{env['PATH']}"
+    # As a terminal starts it: a shell's background job (`cmd &` without job control, `nohup`) starts its children
+    # with SIGINT (and SIGHUP) ignored, and Python keeps an inherited SIGINT ignored (no KeyboardInterrupt), so
+    # a test run started that way waited out the fake mksquashfs instead (60 s, then a timeout).
     proc = subprocess.Popen(
         [sys.executable, "-m", "hpctrain", "pack", str(tree), str(out), "--force"], cwd=REPO, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_stop_signals,  # noqa: PLW1509
     )  # fmt: skip
     pid_file = tmp_path / "mksquashfs.pid"
     deadline = time.monotonic() + HANG_GUARD_S
