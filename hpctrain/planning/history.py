@@ -118,10 +118,11 @@ def _read_run(run_dir: Path, spec: Mapping[str, Any], found: History) -> None:
     where = printable(str(run_dir))
     records = metric_records(run_dir, found)
     step_s = step_times_of(records)
+    median_s = statistics.median(step_s) if step_s else None
     if isinstance(nodes, int) and nodes >= 1 and len(step_s) >= MIN_STEPS:
         scale = _scale(records, summary, spec, nodes)
-        found.measurements.append(Measurement(nodes, statistics.median(step_s), len(step_s), where, scale))
-    _read_starts(run_dir, statistics.median(step_s) if step_s else None, found)
+        found.measurements.append(Measurement(nodes, median_s, len(step_s), where, scale))
+    _read_starts(run_dir, median_s, found)
     if summary is None:
         return
     per_epoch, batch, cap = (
