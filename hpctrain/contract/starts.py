@@ -32,7 +32,7 @@ import json
 import os
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -202,8 +202,7 @@ def parse_starts(lines: Iterable[bytes], *, whole_file: bool = True) -> list[Sta
         elif record.get("kind") == "first_step" and starts and starts[-1].done is None:
             done, step = _time(record.get("done")), _count(record.get("global_step"))
             if done is not None and step is not None:
-                last = starts[-1]
-                starts[-1] = Start(last.began, last.job_id, last.step_before, done, step, last.first)
+                starts[-1] = replace(starts[-1], done=done, first_step=step)
     return starts
 
 
