@@ -226,3 +226,19 @@ def test_a_start_of_a_run_this_job_completed_ends_at_once(tmp_path, capsys: pyte
     end_if_completed(str(tmp_path), env, exits.append)
     assert exits == [0]
     assert "this job completed the run already (step 9); Slurm started it again" in capsys.readouterr().err
+
+
+def test_rank_zeros_own_error_takes_the_requeue_flag_away_but_a_lost_peer_does_not(tmp_path, monkeypatch) -> None:
+    """With ``--requeue=expedite`` Slurm holds a failed job (REQUEUE_HOLD) unless its Requeue flag is gone; a
+    bug on rank 0 ends the run for good, a broken collective may be a lost node, which Slurm should requeue."""
+    from tests.fake_slurm import FakeSlurm
+
+    fake = FakeSlurm({"77": "RUNNING"})
+    monkeypatch.setattr("hpctrain.runtime.slurm_relay.slurm_runner", lambda environ=None: fake)
+    launcher = TaskLauncher({}, str(tmp_path))
+    launcher._env = derive_task_env({**SLURM_RANK1, "SLURM_PROCID": "0", "SLURM_LOCALID": "0"})
+    launcher.record_failure(RuntimeError("Connection closed by peer [10.0.0.2]:4242"))
+    assert fake.asked("scontrol") == []
+    launcher.record_failure(ValueError("trainer.lr must be positive"))
+    assert fake.asked("scontrol") == [["scontrol", "update", "JobId=77", "Requeue=0"]]
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
