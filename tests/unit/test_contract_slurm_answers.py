@@ -144,17 +144,19 @@ def test_doctor_reads_every_version(version: str) -> None:
 
 def test_expedited_requeue_needs_25_11_and_the_switch(version: str) -> None:
     """The recorded test clusters: 22.05 and 24.11 have no expedited requeue; 26.05 has it once slurm.conf
-    says ``SlurmctldParameters=enable_expedited_requeue`` (the recording predates the switch)."""
+    says ``SlurmctldParameters=enable_expedited_requeue`` (the test cluster says it since this was recorded)."""
     config = parse_config(recorded(version, "scontrol_show_config.txt"))
     support = expedited_requeue_support(config)
-    assert not support.available
     if version == "26.05":
-        assert "lacks SlurmctldParameters=enable_expedited_requeue" in support.why, support
+        switched_on = "enable_expedited_requeue" in config.get("SlurmctldParameters", "")
+        assert support.available is switched_on, support
+        off = expedited_requeue_support({**config, "SlurmctldParameters": "(null)"})
+        assert "lacks SlurmctldParameters=enable_expedited_requeue" in off.why, off
         switched = {**config, "SlurmctldParameters": "enable_stepmgr,enable_expedited_requeue"}
         assert expedited_requeue_support(switched) == ExpeditedRequeue(
             True, "Slurm 26.05 with SlurmctldParameters=enable_expedited_requeue"
         )
     else:
-        assert "it came with 25.11" in support.why, support
+        assert not support.available and "it came with 25.11" in support.why, support
         assert not expedited_requeue_support({**config, "SlurmctldParameters": "enable_expedited_requeue"}).available
     assert "did not say its version" in expedited_requeue_support({}).why
