@@ -13,7 +13,10 @@ recorded in metrics.jsonl:
 * heal: ``resources.spare_nodes=1``: the supervisor continues on n1,n3;
 * requeue: a plain job: srun waits for Slurm's node-failure detection (SlurmdTimeout 60 s
   here, 300 s by default), Slurm requeues the job, and the benchmark releases it at once
-  (Slurm holds a requeued job ~120 s, and a real queue adds its wait: both left out).
+  (Slurm holds a requeued job ~120 s, and a real queue adds its wait: both left out);
+* expedite (``--expedite-repeats``, Slurm 25.11+: ``--slurm 26.05``): the same plain job with
+  ``resources.expedited_requeue=true``: Slurm requeues it at once, first in line, and nothing is
+  released (docs/preemption.md, "Expedited requeue").
 
 Overhead: plain and supervised runs without a loss, in pairs (which runs first alternates): the
 median step time of each (metrics.jsonl ``step_s``) and their ratio, and the supervisor's own CPU
@@ -52,14 +55,18 @@ LONGER = ("trainer.epochs=4", "trainer.max_steps_per_epoch=8")
 
 
 class Cluster:
-    def __init__(self) -> None:
+    def __init__(self, slurm: str | None = None) -> None:
+        self.slurm = slurm
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         env["SLURM_CONF"] = str(STATE_DIR / "etc" / "slurm.conf")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
         self.env = env
 
     def up(self, nodes: int) -> None:
-        subprocess.run([sys.executable, str(SCRIPT), "up", "--nodes", str(nodes)], check=True, capture_output=True)
+        version = ["--slurm", self.slurm] if self.slurm else []
+        subprocess.run(
+            [sys.executable, str(SCRIPT), "up", "--nodes", str(nodes), *version], check=True, capture_output=True
+        )
 
     def run(self, *args: str) -> str:
         return subprocess.run(args, env=self.env, capture_output=True, text=True, timeout=60).stdout
@@ -114,13 +121,15 @@ def next_step_after(run_dir: Path, when: float, resumed_from: int) -> float | No
     return min(later) - when if later else None
 
 
-def loss_repeat(cluster: Cluster, ws: Workspace, name: str, *sets: str, requeue: bool = False) -> float:
+def loss_repeat(
+    cluster: Cluster, ws: Workspace, name: str, *sets: str, requeue: bool = False, release: bool = True
+) -> float:
     cluster.up(3)  # a node killed before comes back
     run = submit(ws, f"name={name}", *LONGER, *sets)
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", 300, run)
     killed_at = kill_node("n2")
     resumed_from = latest_step(run.run_dir)
-    if requeue:
+    if requeue and release:
         wait_for(lambda: "PENDING" in cluster.run("squeue", "-h", "-j", run.job_id, "-o", "%T"), "requeue", 300, run)
         cluster.run("scontrol", "update", f"JobId={run.job_id}", "StartTime=now")
     seconds = wait_for(
@@ -180,14 +189,17 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--requeue-repeats", type=int, default=2)
     parser.add_argument("--overhead-repeats", type=int, default=3)
+    parser.add_argument("--expedite-repeats", type=int, default=0, help="Slurm 25.11+ only (--slurm 26.05)")
+    parser.add_argument("--slurm", help="the test cluster's Slurm version (slurm-cluster up --slurm)")
     parser.add_argument("--keep", action="store_true", help="leave the 3-node cluster up")
     parser.add_argument("--work", type=Path, default=Path("/tmp/hpctrain-bench-node-loss"))
     args = parser.parse_args()
-    cluster = Cluster()
+    cluster = Cluster(args.slurm)
     cluster.up(3)
     ws = make_workspace(cluster, args.work)  # type: ignore[arg-type]
     heal: list[float] = []
     requeue: list[float] = []
+    expedite: list[float] = []
     ratios: list[float] = []
     cpu: list[float] = []
     print(f"load average at the start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
@@ -198,6 +210,10 @@ def main() -> int:
         for k in range(args.requeue_repeats):
             requeue.append(loss_repeat(cluster, ws, f"requeue-{k}", requeue=True))
             print(f"requeue {k}: node death -> next training step: {requeue[-1]:.1f} s", flush=True)
+        for k in range(args.expedite_repeats):
+            sets = ("resources.expedited_requeue=true",)
+            expedite.append(loss_repeat(cluster, ws, f"expedite-{k}", *sets, requeue=True, release=False))
+            print(f"expedite {k}: node death -> next training step: {expedite[-1]:.1f} s", flush=True)
         for k in range(args.overhead_repeats):
             found = overhead_repeat(cluster, ws, k)
             ratios.append(found["ratio"])
@@ -213,6 +229,8 @@ def main() -> int:
             cluster.up(2)
     print(f"heal in the allocation: {spread(heal)}")
     print(f"requeue path (hold released at once): {spread(requeue)}")
+    if expedite:
+        print(f"requeue path, expedited (nothing released): {spread(expedite)}")
     print(f"median step supervised / plain: {spread(ratios, unit='', digits=3)}")
     print(f"supervisor CPU, % of one core: {spread(cpu, unit=' %', digits=2)}")
     print(f"load average at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")

@@ -320,6 +320,16 @@ class Slurm:
             return DEFAULT_MAX_ARRAY_SIZE
         return self._config_number("MaxArraySize", DEFAULT_MAX_ARRAY_SIZE, timeout_s=5.0)
 
+    def expedited_requeue(self, *, timeout_s: float = 10.0) -> answers.ExpeditedRequeue:
+        """Whether the cluster takes ``sbatch --requeue=expedite`` (Slurm 25.11+ with
+        ``SlurmctldParameters=enable_expedited_requeue``); never raises: a controller that does not
+        answer is "not available", with why."""
+        try:
+            config = self.config(timeout_s=timeout_s)
+        except ClusterError as exc:
+            return answers.ExpeditedRequeue(False, f"scontrol show config did not answer ({exc})")
+        return answers.expedited_requeue_support(config)
+
     def partitions(self, *, timeout_s: float = 10.0) -> dict[str, dict[str, str]]:
         """Every partition's record, from one ``scontrol show partition``; raises SlurmCommandError."""
         return answers.parse_partitions(self.run("scontrol", "--oneliner", "show", "partition", timeout_s=timeout_s))

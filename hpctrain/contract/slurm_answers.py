@@ -106,6 +106,38 @@ def parse_version(text: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+# Expedited requeue (``sbatch --requeue=expedite``): Slurm 25.11+, and only where slurm.conf says
+# ``SlurmctldParameters=enable_expedited_requeue`` (else slurmctld refuses the job: "not supported").
+EXPEDITED_REQUEUE_FROM = (25, 11)
+EXPEDITED_REQUEUE_SWITCH = "enable_expedited_requeue"
+
+
+@dataclass(frozen=True)
+class ExpeditedRequeue:
+    """Whether this cluster takes ``--requeue=expedite``; ``why``: what says so, for ``doctor`` and errors."""
+
+    available: bool
+    why: str
+
+
+def expedited_requeue_support(config: Mapping[str, str]) -> ExpeditedRequeue:
+    """From a parsed ``scontrol show config``: Slurm's version and ``SlurmctldParameters``. Pure.
+
+    slurmctld looks for the switch as a substring of ``SlurmctldParameters`` (``job_mgr.c``,
+    ``_expedited_requeue_enabled``); so does this."""
+    version = parse_version(config.get("SLURM_VERSION", ""))
+    if version is None:
+        return ExpeditedRequeue(False, "Slurm did not say its version (scontrol show config: SLURM_VERSION)")
+    shown = f"{version[0]}.{version[1]:02d}"
+    if version < EXPEDITED_REQUEUE_FROM:
+        return ExpeditedRequeue(False, f"Slurm {shown} has none (it came with 25.11)")
+    if EXPEDITED_REQUEUE_SWITCH not in config.get("SlurmctldParameters", ""):
+        return ExpeditedRequeue(
+            False, f"Slurm {shown}, but slurm.conf lacks SlurmctldParameters={EXPEDITED_REQUEUE_SWITCH}"
+        )
+    return ExpeditedRequeue(True, f"Slurm {shown} with SlurmctldParameters={EXPEDITED_REQUEUE_SWITCH}")
+
+
 def parse_partitions(output: str) -> dict[str, dict[str, str]]:
     """``scontrol -o show partition`` -> {name: {"MaxTime": ..., "Default": ..., "State": ...}}."""
     partitions = {}

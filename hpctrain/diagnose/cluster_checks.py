@@ -8,7 +8,9 @@ pure function over what it answered:
 * the spec against the cluster: its partition (up, MaxTime), nodes with the
   GPUs, CPUs and memory it asks for, account/QOS associations, what
   preemption does to it (requeue or cancel, the grace time to save), whether
-  ``signals.signal_delay_s`` leaves time for a checkpoint.
+  ``signals.signal_delay_s`` leaves time for a checkpoint;
+* expedited requeue (Slurm 25.11+): whether the cluster has it, and whether the
+  job uses it (``resources.expedited_requeue``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from functools import cached_property
 from typing import TypeVar
 
 from hpctrain.contract.slurm import Slurm
+from hpctrain.contract.slurm_answers import expedited_requeue_support
 from hpctrain.diagnose.findings import Finding
 from hpctrain.diagnose.preflight import check_partition
 from hpctrain.errors import ClusterError
@@ -269,6 +272,36 @@ def check_preemption(job: LoadedJob, config: dict[str, str], partition: dict[str
     if "CANCEL" in mode and not signals.requeue_on_preemption:
         return [Finding("warning", "preemption", detail, "set signals.requeue_on_preemption: true to come back")]
     return [Finding("ok", "preemption", detail)]
+
+
+def check_expedited_requeue(job: LoadedJob | None, config: dict[str, str]) -> list[Finding]:
+    """Whether the cluster has expedited requeue (``launch/expedite.py``), and whether this job uses it."""
+    name = "expedited requeue"
+    if not config:
+        return [Finding("warning", name, "unknown: scontrol show config did not answer")]
+    support = expedited_requeue_support(config)
+    setting = job.spec.resources.expedited_requeue if job is not None else None
+    said = f"{'available' if support.available else 'not available'} ({support.why})"
+    if job is None:
+        used = "; a spec uses it with resources.expedited_requeue: auto or true" if support.available else ""
+        return [Finding("ok", name, said + used)]
+    if not job.spec.requeues:
+        return [Finding("ok", name, f"{said}; not used: this job is never requeued")]
+    if setting is True and not support.available:
+        return [
+            Finding(
+                "error",
+                "resources.expedited_requeue",
+                f"true, but this cluster has no expedited requeue: {support.why}",
+                "set resources.expedited_requeue: auto (use it where the cluster has it) or false",
+            )
+        ]
+    if not support.available:
+        return [Finding("ok", name, f"{said}; this job is submitted with plain --requeue")]
+    if setting is False:
+        fix = "set resources.expedited_requeue: auto: after a node failure the job starts again at once, first in line"
+        return [Finding("ok", name, f"{said}; not used: resources.expedited_requeue is false", fix)]
+    return [Finding("ok", name, f"{said}; this job is submitted with --requeue=expedite")]
 
 
 def _grace_s(value: str) -> float:

@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.contract.slurm import Slurm
-from hpctrain.diagnose.cluster_checks import ClusterView, check_lead_time, check_slurm, check_spec_on_cluster
+from hpctrain.diagnose.cluster_checks import (
+    ClusterView,
+    check_expedited_requeue,
+    check_lead_time,
+    check_slurm,
+    check_spec_on_cluster,
+)
 from hpctrain.diagnose.findings import Finding
 from hpctrain.diagnose.path_checks import (
     MeasureBounds,
@@ -52,6 +58,8 @@ def run_checks(
         reachable = not any(c.level == "error" for c in checks)
         if job is not None and reachable:
             checks += check_spec_on_cluster(job, view)
+        if reachable:
+            checks += check_expedited_requeue(job, view.config)
     if job is not None:
         if job.spec.runs_trainer:
             checks += check_lead_time(job)

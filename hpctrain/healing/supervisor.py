@@ -138,7 +138,7 @@ class Supervisor:
         first = self.record.situation((), step_nodes=(), allocation=self.allocation)
         decision = self.record.carry_out(first, decide.decide(first))
         if not decision.continues:
-            return 0 if decision.action == "requeue" else 1
+            return 0 if decision.action == "requeue" else self.ended_failed(1)
         nodes, attempt = decision.nodes, 0
         while True:
             if self.stopping:
@@ -159,7 +159,7 @@ class Supervisor:
         blamed = list(outcome.sick) or [b for b in [decide.blame(outcome)] if b is not None]
         if not blamed:
             say(f"the training step failed (exit {outcome.exit_code}) and no node is to blame; the job ends")
-            return failed
+            return self.ended_failed(failed)
         kind = blamed[0].kind
         step = evidence.last_step(self.run_dir, outcome.nodes)
         situation = self.record.situation(
@@ -177,7 +177,18 @@ class Supervisor:
             self.burn_in_off = True
         if decision.continues:
             return decision.nodes
-        return 0 if decision.action == "requeue" else failed
+        return 0 if decision.action == "requeue" else self.ended_failed(failed)
+
+    def ended_failed(self, code: int) -> int:
+        """The run fails for good: take the job's ``Requeue`` flag away, as rank 0 does when a run ends
+        (runtime/requeue.py). With ``--requeue=expedite`` Slurm would otherwise keep a job whose batch step
+        exits non-zero on healthy nodes pending in ``REQUEUE_HOLD`` (docs/preemption.md); the supervisor
+        has judged the nodes already. ``code``, the batch step's exit status."""
+        try:
+            Slurm().disable_requeue(self.job_id)
+        except SlurmCommandError as exc:
+            say(f"could not keep Slurm from holding the failed job for a requeue: {exc}")
+        return code
 
     def record_eviction(
         self, outcome: decide.StepOutcome, decision: decide.Decision, step: int | None, checkpoint: int | None

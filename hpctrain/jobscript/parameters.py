@@ -30,10 +30,12 @@ SRUN_ARGS = ("--kill-on-bad-exit=1",)
 
 
 def slurm_parameters(
-    spec: JobSpec, profile: ClusterProfile, run_dir: Path, exclude: tuple[str, ...] = ()
+    spec: JobSpec, profile: ClusterProfile, run_dir: Path, exclude: tuple[str, ...] = (), *, expedite: bool = False
 ) -> dict[str, Any]:
     """submitit SlurmExecutor parameters for a resolved spec; ``exclude``: nodes for ``--exclude`` (the spec's
-    own ``slurm_extra`` exclude among them, ``launch/exclusion.py``). Pure."""
+    own ``slurm_extra`` exclude among them, ``launch/exclusion.py``); ``expedite``: ``--requeue=expedite``
+    for a requeueable job (``resources.expedited_requeue`` as resolved for the cluster,
+    ``launch/expedite.py``). Pure."""
     res = spec.resources
     gpus = res.gpus_per_node or 0
     params: dict[str, Any] = {
@@ -65,8 +67,10 @@ def slurm_parameters(
     elif gpus:
         params["gpus_per_node"] = gpus
     extra: dict[str, Any] = {}
-    wants_requeue = spec.signals.requeue_on_timeout or spec.signals.requeue_on_preemption
-    extra["requeue" if wants_requeue else "no-requeue"] = True
+    if not spec.requeues:
+        extra["no-requeue"] = True
+    else:  # expedite: after a node failure Slurm requeues it at once, at the head of the queue (Slurm 25.11+)
+        extra["requeue"] = "expedite" if expedite else True
     # Written from the spec, always: submitit's own line takes its signal from
     # SUBMITIT_PREEMPT_SIGNAL in the submitting shell, which the tasks never see.
     extra["signal"] = signal_parameter(spec.signals.timeout_signal, spec.signals.signal_delay_s)

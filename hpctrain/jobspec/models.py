@@ -182,6 +182,11 @@ class JobSpec(Section):
         return 1 if self.one_task_per_node else self.tasks_per_node
 
     @property
+    def requeues(self) -> bool:
+        """Whether the job may be requeued at all (``--requeue``, not ``--no-requeue``)."""
+        return self.signals.requeue_on_timeout or self.signals.requeue_on_preemption
+
+    @property
     def world_size(self) -> int:
         return self.resources.nodes * self.tasks_per_node
 

@@ -42,6 +42,12 @@ def node_loss_problems(spec: JobSpec) -> list[SpecProblem]:
             f"{res.allocated_nodes} nodes, most of them idle; set it to at most {res.nodes} (one spare per node)"
         )
         problems.append(SpecProblem("resources.spare_nodes", message))
+    if res.expedited_requeue is True and not spec.requeues:
+        message = (
+            "true asks Slurm to requeue the job at once after a node failure, but this job is never requeued "
+            "(signals.requeue_on_timeout and requeue_on_preemption are false); turn one on, or set it to auto or false"
+        )
+        problems.append(SpecProblem("resources.expedited_requeue", message))
     if problems or not res.heals:
         return problems
     key = "resources.min_nodes" if res.fewest_nodes < res.nodes else "resources.spare_nodes"

@@ -6,7 +6,7 @@ profile's limits) are in ``node_loss.py`` and ``cross_checks.py``.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
@@ -38,6 +38,15 @@ class Resources(Section):
             "validate and --dry-run say both.",
         ),
     ] = 0
+    expedited_requeue: Annotated[
+        bool | Literal["auto"],
+        Field(
+            description="Slurm's expedited requeue (25.11+, --requeue=expedite): after a node failure the job is "
+            "eligible again at once and goes to the head of the queue (docs/preemption.md). auto: where the "
+            "cluster enables it (SlurmctldParameters=enable_expedited_requeue; hpctrain doctor says); true: "
+            "refuse to submit where it does not; false: never.",
+        ),
+    ] = False
     gpus_per_node: Annotated[
         int | None, Field(ge=0, le=64, description="GPUs per node (0 = CPU job). Default: the profile's.")
     ] = None
@@ -84,6 +93,13 @@ class Resources(Section):
             raise ValueError(f"time_min must be a string such as '04:00:00' ({ALLOWED_FORMS})")
         parse_time_limit(value)
         return str(value)
+
+    @field_validator("expedited_requeue", mode="before")
+    @classmethod
+    def _auto_or_bool(cls, value: object) -> object:
+        if isinstance(value, bool) or value == "auto":
+            return value
+        raise ValueError(f"expedited_requeue must be auto, true or false, not {str(value)[:40]!r}")
 
     @field_validator("mem_gb")
     @classmethod

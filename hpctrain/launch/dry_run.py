@@ -23,6 +23,7 @@ from hpctrain.jobspec.node_health import burn_in_applies
 from hpctrain.jobspec.node_loss import node_count_text
 from hpctrain.jobspec.tracking_checks import where_runs_appear
 from hpctrain.launch.exclusion import plan_exclusion
+from hpctrain.launch.expedite import expedite_for
 from hpctrain.launch.submission import backend_for, local_devices, render_script
 
 
@@ -57,10 +58,12 @@ def dry_run(job: LoadedJob, *, local: bool = False, snapshot: bool = True, exclu
             text += f"# GPUs: the tasks see CUDA_VISIBLE_DEVICES={local_devices(job.spec)}\n"
     else:
         exclusion = plan_exclusion(job, use_ledger=exclude_bad_nodes)  # asks Slurm nothing
-        script = text = render_script(job, run_dir, exclusion.nodes)
+        expedite = expedite_for(job, support=None)  # nor here: auto is decided at submit
+        script = text = render_script(job, run_dir, exclusion.nodes, expedite=expedite.used)
         if job.spec.resources.heals:  # the script's --nodes counts the spares too
             text += f"\n# nodes: {node_count_text(job.spec.resources)}; the batch step supervises the training step\n"
-        text += "".join(f"\n# {note}" for note in exclusion.notes) + ("\n" if exclusion.notes else "")
+        notes = exclusion.notes + expedite.notes
+        text += "".join(f"\n# {note}" for note in notes) + ("\n" if notes else "")
     text += "".join(f"\n# {line}\n" for line in where_runs_appear(job.spec, f"{job.spec.name}/{run_dir.name}"))
     if job.spec.script is not None:
         from hpctrain.launch.script_code import require_program

@@ -41,6 +41,7 @@ from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.slurm_time import seconds_to_minutes
 from hpctrain.jobspec.yaml_source import dump_yaml
 from hpctrain.launch.exclusion import Exclusion, plan_exclusion
+from hpctrain.launch.expedite import Expedite, expedite_for
 from hpctrain.runtime.rank_plan import local_visible_devices
 from hpctrain.version import __version__
 
@@ -104,7 +105,9 @@ def local_devices(spec: JobSpec, environ: Mapping[str, str] | None = None) -> st
     return local_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"), gpus)
 
 
-def build_executor(job: LoadedJob, backend: Backend, run_dir: Path, exclude: tuple[str, ...] = ()) -> submitit.Executor:
+def build_executor(
+    job: LoadedJob, backend: Backend, run_dir: Path, exclude: tuple[str, ...] = (), *, expedite: bool = False
+) -> submitit.Executor:
     # here, not at the top: submitit imports asyncio, a fifth of a login-node command's time
     from hpctrain.launch.submitit_executor import LocalExecutor, SlurmExecutor
 
@@ -118,14 +121,14 @@ def build_executor(job: LoadedJob, backend: Backend, run_dir: Path, exclude: tup
         # Each task starts under the reaper's exec wrapper, so everything it
         # starts carries its token and is cleaned up after it (cleanup.py).
         executor = SlurmExecutor(folder=folder, python=task_python(job.spec))
-        executor.update_parameters(**slurm_parameters(job.spec, job.profile, run_dir, exclude))
+        executor.update_parameters(**slurm_parameters(job.spec, job.profile, run_dir, exclude, expedite=expedite))
         executor.supervisor = supervisor_command(job.spec, run_dir)
     return executor
 
 
-def render_script(job: LoadedJob, run_dir: Path, exclude: tuple[str, ...] = ()) -> str:
+def render_script(job: LoadedJob, run_dir: Path, exclude: tuple[str, ...] = (), *, expedite: bool = False) -> str:
     """The exact sbatch script ``submit`` would hand to Slurm for this job (without importing submitit)."""
-    parameters = slurm_parameters(job.spec, job.profile, run_dir, exclude)
+    parameters = slurm_parameters(job.spec, job.profile, run_dir, exclude, expedite=expedite)
     if job.is_sweep:
         parameters["map_count"] = len(job.trials)
     folder = submitit_dir(run_dir)
@@ -141,7 +144,7 @@ class SubmittedRun:
     jobs: list[submitit.Job]
     trial_dirs: list[Path]
     code: code_snapshot.Snapshot | None = None  # what was copied into RUN/code, and what was left out
-    notes: tuple[str, ...] = ()  # what the submit says besides: the bad-node ledger's exclusions
+    notes: tuple[str, ...] = ()  # what the submit says besides: the bad-node ledger's exclusions, expedited requeue
 
 
 def submit_run(
@@ -168,6 +171,7 @@ def submit_run(
             hint=f"run it here with 'hpctrain submit {job.source} --local', or submit from a login node",
         )
     exclusion = bad_node_exclusion(job, backend, exclude_bad_nodes)
+    expedite = expedite_choice(job, backend)
     if run_dir is None:
         run_dir = create_run_dir(job.spec.output_dir, job.spec.name)
     else:
@@ -177,7 +181,7 @@ def submit_run(
         copied = _snapshot_code(job, run_dir) if snapshot else None
         record = copied.as_json() if copied else None
         code_root = str(run_dir / copied.import_root) if copied and job.spec.script is None else None
-        jobs = _launch(job, backend, run_dir, trial_dirs, code_root, exclusion.nodes, record)
+        jobs = _launch(job, backend, run_dir, trial_dirs, code_root, exclusion.nodes, record, expedite.used)
     except (ClusterError, UsageError):
         _remove_unsubmitted(run_dir)
         raise
@@ -188,16 +192,31 @@ def submit_run(
         raise RunDirError(message, hint=hint) from None
     job_id = jobs[0].job_id.split("_")[0] if job.is_sweep else jobs[0].job_id
     code = {"code_snapshot": record} if record else {}
+    code.update(_expedite_record(expedite))
     from hpctrain.launch.code_snapshot import for_trial
 
     for one_dir, one in zip(trial_dirs, jobs):
         trial_code = {"code_snapshot": for_trial(record, run_dir, one_dir)} if record else {}
-        extra = {**trial_code, **_local_record(one)}
+        extra = {**trial_code, **_expedite_record(expedite), **_local_record(one)}
         _record_submission(one_dir, job, backend, one.job_id, submitit_dir(run_dir), extra=extra)
     if job.is_sweep:
         extra = {**code, **_local_record(jobs[0])}
         _record_submission(run_dir, job, backend, job_id, submitit_dir(run_dir), trials=len(jobs), extra=extra)
-    return SubmittedRun(job_id, run_dir, backend, jobs, trial_dirs, copied, exclusion.notes)
+    return SubmittedRun(job_id, run_dir, backend, jobs, trial_dirs, copied, exclusion.notes + expedite.notes)
+
+
+def expedite_choice(job: LoadedJob, backend: Backend) -> Expedite:
+    """Whether a Slurm submit uses ``--requeue=expedite`` (``launch/expedite.py``), asking the cluster."""
+    if backend != "slurm":
+        return Expedite()
+    from hpctrain.contract.slurm import Slurm
+
+    return expedite_for(job, support=Slurm().expedited_requeue)
+
+
+def _expedite_record(expedite: Expedite) -> dict[str, Any]:
+    """run.json's ``expedited_requeue`` (only when used): ``hpctrain doctor`` and the docs' readers look for it."""
+    return {"expedited_requeue": True} if expedite.used else {}
 
 
 def bad_node_exclusion(job: LoadedJob, backend: Backend, use_ledger: bool) -> Exclusion:
@@ -221,9 +240,12 @@ def resubmit(run_dir: Path, job: LoadedJob, *, local: bool = False) -> Submitted
     record = read_run_info(run_dir).get("code_snapshot")
     code_root = code_snapshot.import_root(run_dir, record) if job.spec.script is None else None
     exclusion = bad_node_exclusion(job, backend, True)  # the nodes this run (or another) found bad
-    jobs = _launch(job, backend, run_dir, [run_dir], str(code_root) if code_root else None, exclusion.nodes, record)
-    _record_submission(run_dir, job, backend, jobs[0].job_id, submitit_dir(run_dir), extra=_local_record(jobs[0]))
-    return SubmittedRun(jobs[0].job_id, run_dir, backend, jobs, [run_dir], notes=exclusion.notes)
+    expedite = expedite_choice(job, backend)
+    root = str(code_root) if code_root else None
+    jobs = _launch(job, backend, run_dir, [run_dir], root, exclusion.nodes, record, expedite.used)
+    extra = {**_expedite_record(expedite), **_local_record(jobs[0])}
+    _record_submission(run_dir, job, backend, jobs[0].job_id, submitit_dir(run_dir), extra=extra)
+    return SubmittedRun(jobs[0].job_id, run_dir, backend, jobs, [run_dir], notes=exclusion.notes + expedite.notes)
 
 
 def _write_trials(job: LoadedJob, run_dir: Path) -> list[Path]:
@@ -264,13 +286,14 @@ def _launch(
     code_root: str | None = None,
     exclude: tuple[str, ...] = (),
     code_record: object = None,
+    expedite: bool = False,
 ) -> list[submitit.Job]:
     from submitit.core.utils import FailedJobError
 
     from hpctrain.contract.slurm_answers import classify_sbatch_failure
     from hpctrain.launch.task_programs import script_launchers, task_launchers
 
-    executor = build_executor(job, backend, run_dir, exclude)
+    executor = build_executor(job, backend, run_dir, exclude, expedite=expedite)
     if job.spec.script is not None:
         launchers = script_launchers(job, run_dir, trial_dirs, backend, code_record)
     else:

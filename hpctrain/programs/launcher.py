@@ -223,6 +223,12 @@ class TaskLauncher:
             failures.record_failure(Path(self.run_dir), failure, exc)
         except Exception as error:  # the original error matters more
             print(f"hpctrain: could not record the failure in summary.json: {error}", file=sys.stderr)
+            return
+        if failures.is_own_error(failure, exc, env.global_rank):  # no requeue helps: ended (expedite: not held)
+            from hpctrain.runtime.requeue import keep_ended
+            from hpctrain.runtime.slurm_relay import slurm_runner
+
+            keep_ended(env, run=slurm_runner())
 
     def after_run(self, ctx: TaskContext, result: Any) -> None:
         """Requeue, wait for Slurm, or just finish, when the trainer stopped early.

@@ -273,6 +273,11 @@ class ScriptLauncher(TaskLauncher):
                 self.watch.settle(own, wait_s=PEER_WAIT_S if own.peer else 0.0)
             else:
                 self.summary.write("failed", **failure_fields(own))
+            if status.code is not None and not own.peer:  # its own error, not a lost peer: no requeue helps
+                from hpctrain.runtime.requeue import keep_ended
+                from hpctrain.runtime.slurm_relay import slurm_runner
+
+                keep_ended(env, run=slurm_runner())  # with --requeue=expedite: ended, not held (docs/preemption.md)
         else:
             self.late_failure(own)
         raise ScriptFailed(

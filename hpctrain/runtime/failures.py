@@ -199,6 +199,14 @@ def first_failure(
     return TaskFailure(own_rank, own_node, f"{type(exc).__name__}: {exc}")
 
 
+def is_own_error(failure: TaskFailure, exc: BaseException, own_rank: int) -> bool:
+    """Whether rank 0's failure is its own code's error (a bug, a config mistake), not the echo of a lost
+    peer or node: no requeue can help it. Then rank 0 takes the job's ``Requeue`` flag away
+    (``requeue.keep_ended``): with ``--requeue=expedite`` Slurm would otherwise keep the failed job
+    pending in ``REQUEUE_HOLD`` (a non-zero exit whose epilogs found every node healthy; docs/preemption.md)."""
+    return failure.rank == own_rank and not looks_like_peer_failure(exc)
+
+
 def record_failure(run_dir: Path, failure: TaskFailure, exc: BaseException | None = None) -> None:
     """Mark the run failed in summary.json, naming the task that failed first (global rank 0 only).
 

@@ -301,11 +301,27 @@ def test_three_nodes_without_a_spare_heal_onto_two_with_the_undisturbed_weights(
     assert_nothing_left(cluster, run.job_id)
 
 
+def next_step_after(run_dir: Path, when: float, resumed_from: int) -> float | None:
+    """Seconds from ``when`` to the first training step after ``resumed_from`` (metrics.jsonl), or None yet."""
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines if line.strip()]
+        later = [
+            r["time"]
+            for r in records
+            if r.get("kind") == "train_step" and r["time"] > when and r["global_step"] == resumed_from + 1
+        ]
+    except (OSError, ValueError, KeyError):
+        return None
+    return min(later) - when if later else None
+
+
 def test_the_batch_nodes_death_requeues_and_the_next_start_keeps_it_out(
     cluster: SlurmCluster, workspace: Workspace
 ) -> None:
     run = submit(workspace, "name=batchnode", "resources.min_nodes=1")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+    resumed_from, killed_at = latest_step(run.run_dir), time.time()
     kill_node("n1")  # the batch step and the supervisor die with it; the guardian on n2 requeues
     # ... even when the dead supervisor's last record is dated a year ahead (a clock ahead, or planted)
     record_path = supervisor_record_path(run.run_dir)
@@ -317,6 +333,13 @@ def test_the_batch_nodes_death_requeues_and_the_next_start_keeps_it_out(
     assert job_record(cluster, run.job_id).get("ExcNodeList") == "n1", batch_log(run.run_dir)
     cluster.release(run.job_id)
     state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    seconds = next_step_after(run.run_dir, killed_at, resumed_from)
+    if seconds is not None:
+        report_timing("batch node killed -> next training step, plain requeue (hold released by hand)", seconds)
+    assert_came_back_without_the_batch_node(cluster, run, state)
+
+
+def assert_came_back_without_the_batch_node(cluster: SlurmCluster, run: Run, state: str) -> None:
     logs = batch_log(run.run_dir)
     assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
     summary = run.summary()
@@ -326,6 +349,39 @@ def test_the_batch_nodes_death_requeues_and_the_next_start_keeps_it_out(
     assert (failure["node"], failure["action"]) == ("n1", "requeue"), failure
     assert failure["reason"] == "the batch step's node does not answer", failure
     assert_nothing_left(cluster, run.job_id)
+
+
+def slurm_release(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def test_with_expedited_requeue_the_batch_nodes_death_needs_no_release(
+    cluster: SlurmCluster, workspace: Workspace
+) -> None:
+    """``resources.expedited_requeue: true`` (Slurm 25.11+, the test cluster switches it on there): the
+    guardian's requeue leaves the job eligible at once (no ~120 s BeginTime hold to release), ExcNodeList
+    still keeps the dead batch node out, and the run completes on the other two."""
+    if slurm_release(cluster.slurm) < (25, 11):
+        pytest.skip(f"Slurm {cluster.slurm} has no expedited requeue (--requeue=expedite came with 25.11)")
+    run = submit(workspace, "name=expedite", "resources.min_nodes=1", "resources.expedited_requeue=true")
+    assert job_record(cluster, run.job_id).get("ExpeditedRequeue") == "Yes", job_record(cluster, run.job_id)
+    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+    resumed_from, killed_at = latest_step(run.run_dir), time.time()
+    kill_node("n1")
+    reasons: set[str] = set()
+
+    def back() -> float | None:
+        record = job_record(cluster, run.job_id)
+        if record.get("JobState") == "PENDING":
+            reasons.add(record.get("Reason", ""))
+        return next_step_after(run.run_dir, killed_at, resumed_from)
+
+    seconds = wait_for(back, "the next training step, without a release", REQUEUE_AFTER_LOSS_TIMEOUT_S, run, 0.5)
+    report_timing("batch node killed -> next training step, expedited requeue (nothing released)", seconds)
+    assert "BeginTime" not in reasons, reasons
+    assert job_record(cluster, run.job_id).get("ExcNodeList") == "n1", batch_log(run.run_dir)
+    assert_came_back_without_the_batch_node(cluster, run, cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S))
 
 
 BURN_IN_STEPS = 4

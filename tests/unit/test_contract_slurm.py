@@ -238,3 +238,14 @@ def test_a_refused_helper_job_says_what_to_change(tmp_path: Path) -> None:
         fake.client().submit_wrapped(command)
     assert refused.value.message.startswith("sbatch: the partition does not exist: sbatch: error:")
     assert "sinfo -s" in (refused.value.hint or "")
+
+
+def test_expedited_requeue_is_asked_of_scontrol_show_config_and_never_raises() -> None:
+    on = "SLURM_VERSION           = 26.05.5\nSlurmctldParameters     = enable_expedited_requeue\n"
+    fake = FakeSlurm(answers={"scontrol show config": (0, on)})
+    assert fake.client().expedited_requeue().available
+    down = FakeSlurm(
+        answers={"scontrol show config": (1, "slurm_load_ctl_conf error: Unable to contact slurm controller")}
+    )
+    support = down.client().expedited_requeue()
+    assert not support.available and "did not answer" in support.why

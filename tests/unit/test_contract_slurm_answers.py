@@ -16,7 +16,10 @@ import pytest
 
 from hpctrain.contract.slurm import Slurm, classify_failure
 from hpctrain.contract.slurm_answers import (
+    ExpeditedRequeue,
     classify_sbatch_failure,
+    expedited_requeue_support,
+    parse_config,
     parse_job_record,
     parse_kill_wait_s,
     parse_max_array_size,
@@ -137,3 +140,23 @@ def test_doctor_reads_every_version(version: str) -> None:
     assert view.config["PreemptType"] == "preempt/partition_prio"
     nodes = {node["NodeName"]: node for node in view.nodes}
     assert set(nodes) == {"n1", "n2"} and nodes["n1"]["CPUTot"] == "4" and nodes["n1"]["RealMemory"] == "4000"
+
+
+def test_expedited_requeue_needs_25_11_and_the_switch(version: str) -> None:
+    """The recorded test clusters: 22.05 and 24.11 have no expedited requeue; 26.05 has it once slurm.conf
+    says ``SlurmctldParameters=enable_expedited_requeue`` (the test cluster says it since this was recorded)."""
+    config = parse_config(recorded(version, "scontrol_show_config.txt"))
+    support = expedited_requeue_support(config)
+    if version == "26.05":
+        switched_on = "enable_expedited_requeue" in config.get("SlurmctldParameters", "")
+        assert support.available is switched_on, support
+        off = expedited_requeue_support({**config, "SlurmctldParameters": "(null)"})
+        assert "lacks SlurmctldParameters=enable_expedited_requeue" in off.why, off
+        switched = {**config, "SlurmctldParameters": "enable_stepmgr,enable_expedited_requeue"}
+        assert expedited_requeue_support(switched) == ExpeditedRequeue(
+            True, "Slurm 26.05 with SlurmctldParameters=enable_expedited_requeue"
+        )
+    else:
+        assert not support.available and "it came with 25.11" in support.why, support
+        assert not expedited_requeue_support({**config, "SlurmctldParameters": "enable_expedited_requeue"}).available
+    assert "did not say its version" in expedited_requeue_support({}).why

@@ -215,3 +215,33 @@ def test_cli_exit_code_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[st
         (tmp_path / "nodata" / split / "a" / "x.jpg").write_bytes(b"")
     assert main(["doctor", str(spec)]) == 0
     assert "nothing stops this job" in capsys.readouterr().out
+
+
+EXPEDITE_ON = "SLURM_VERSION = 26.05.5\nSlurmctldParameters = enable_expedited_requeue\n"
+
+
+def test_expedited_requeue_is_reported_with_whether_the_job_uses_it(tmp_path: Path) -> None:
+    on = fake_slurm(**{"scontrol show config": (0, CONFIG + EXPEDITE_ON)})
+    old = fake_slurm(**{"scontrol show config": (0, CONFIG + "SLURM_VERSION = 24.11.5\n")})
+    [cluster] = cluster_checks.check_expedited_requeue(None, on.config)
+    assert cluster.level == "ok" and cluster.detail.startswith("available (Slurm 26.05 with")
+    [unused] = cluster_checks.check_expedited_requeue(job(tmp_path), on.config)
+    assert "not used: resources.expedited_requeue is false" in unused.detail and "auto" in unused.fix
+    [used] = cluster_checks.check_expedited_requeue(job(tmp_path, "resources.expedited_requeue=auto"), on.config)
+    assert used.detail.endswith("this job is submitted with --requeue=expedite")
+    [plain] = cluster_checks.check_expedited_requeue(job(tmp_path, "resources.expedited_requeue=auto"), old.config)
+    assert (
+        plain.level == "ok"
+        and "not available (Slurm 24.11 has none" in plain.detail
+        and "plain --requeue" in plain.detail
+    )
+    [refused] = cluster_checks.check_expedited_requeue(job(tmp_path, "resources.expedited_requeue=true"), old.config)
+    assert (refused.level, refused.name) == ("error", "resources.expedited_requeue") and "auto" in refused.fix
+    [unknown] = cluster_checks.check_expedited_requeue(None, {})
+    assert unknown.level == "warning"
+
+
+def test_doctor_lists_expedited_requeue_among_its_checks(tmp_path: Path) -> None:
+    view = fake_slurm(**{"scontrol show config": (0, CONFIG + EXPEDITE_ON)})
+    checks = by_name(doctor.run_checks(job(tmp_path), slurm_backend=True, view=view))
+    assert checks["expedited requeue"].detail.startswith("available")

@@ -189,6 +189,7 @@ def test_a_rank_that_raised_ends_the_job_as_without_healing(fake: Path) -> None:
     assert rc == 1 and len(calls) == 1
     summary = read_summary(fake / "run")
     assert summary is None or not summary.node_failures
+    assert "scontrol update JobId=7 Requeue=0" in slurm_log(fake)  # expedite: ended, not held (REQUEUE_HOLD)
 
 
 def test_the_batch_nodes_rank_killed_requeues_without_it(fake: Path) -> None:
@@ -209,7 +210,7 @@ def test_a_crash_loop_stops_with_the_attempts(fake: Path) -> None:
     assert [(f["node"], f["action"]) for f in summary.node_failures or []] == [("n2", "swap"), ("n3", "fail")]
     assert summary.error is not None and summary.error.startswith("crash loop: 2 attempts in a row")
     assert "attempt 1 (job 7): n2" in summary.error and "attempt 2 (job 7): n3" in summary.error
-    assert "requeue" not in slurm_log(fake)
+    assert "requeue" not in slurm_log(fake) and "scontrol update JobId=7 Requeue=0" in slurm_log(fake)
 
 
 def test_an_unreadable_spec_runs_the_step_once_unsupervised(tmp_path: Path) -> None:

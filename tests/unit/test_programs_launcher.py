@@ -253,3 +253,19 @@ def test_a_start_that_cannot_be_recorded_is_warned_about_not_fatal(tmp_path, cap
     (tmp_path / ".hpctrain").write_text("a file where the folder goes")
     record_this_start(str(tmp_path), derive_task_env({}), 1000.0)
     assert "could not record this start" in capsys.readouterr().err
+
+
+def test_rank_zeros_own_error_takes_the_requeue_flag_away_but_a_lost_peer_does_not(tmp_path, monkeypatch) -> None:
+    """With ``--requeue=expedite`` Slurm holds a failed job (REQUEUE_HOLD) unless its Requeue flag is gone; a
+    bug on rank 0 ends the run for good, a broken collective may be a lost node, which Slurm should requeue."""
+    from tests.fake_slurm import FakeSlurm
+
+    fake = FakeSlurm({"77": "RUNNING"})
+    monkeypatch.setattr("hpctrain.runtime.slurm_relay.slurm_runner", lambda environ=None: fake)
+    launcher = TaskLauncher({}, str(tmp_path))
+    launcher._env = derive_task_env({**SLURM_RANK1, "SLURM_PROCID": "0", "SLURM_LOCALID": "0"})
+    launcher.record_failure(RuntimeError("Connection closed by peer [10.0.0.2]:4242"))
+    assert fake.asked("scontrol") == []
+    launcher.record_failure(ValueError("trainer.lr must be positive"))
+    assert fake.asked("scontrol") == [["scontrol", "update", "JobId=77", "Requeue=0"]]
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"

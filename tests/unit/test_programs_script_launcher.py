@@ -124,3 +124,21 @@ def stop_when_ready(tmp_path: Path) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=send, daemon=True).start()
+
+
+def test_a_scripts_own_error_ends_the_job_for_good_but_a_lost_peers_echo_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0's script exiting with its own error takes the job's Requeue flag away (``keep_ended``: with
+    ``--requeue=expedite`` Slurm would hold the failed job); a broken connection may be a lost node: left
+    to Slurm."""
+    from hpctrain.runtime import requeue
+
+    ended: list[int] = []
+    monkeypatch.setattr(requeue, "keep_ended", lambda env, run=None: ended.append(env.global_rank))
+    with pytest.raises(ScriptFailed):
+        launcher(tmp_path, "print('RuntimeError: Connection reset by peer', file=sys.stderr)\nsys.exit(1)\n")()
+    assert ended == []
+    with pytest.raises(ScriptFailed):
+        launcher(tmp_path, "print('ValueError: bad shard 7', file=sys.stderr)\nsys.exit(3)\n")()
+    assert ended == [0]

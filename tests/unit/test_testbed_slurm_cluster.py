@@ -67,3 +67,8 @@ def test_missing_sshfs_names_the_packages_to_install(
         "--shared: openssh-server, sshfs not installed; "
         "apt-get install sshfs openssh-server (scripts/install-testbed.sh does it as root)"
     )
+
+
+def test_expedited_requeue_is_switched_on_only_where_slurm_has_it(cluster: ModuleType) -> None:
+    assert cluster.slurmctld_parameters("26.05") == "SlurmctldParameters=enable_expedited_requeue\n"
+    assert cluster.slurmctld_parameters("24.11") == cluster.slurmctld_parameters("22.05") == ""
