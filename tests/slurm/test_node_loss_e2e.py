@@ -25,6 +25,7 @@ from hpctrain.contract.heartbeat_files import read_heartbeats
 from hpctrain.contract.rundir import (
     checkpoints_dir,
     guardian_log_path,
+    stacks_dir,
     submitit_dir,
     supervisor_record_path,
     write_json_atomic,
@@ -126,6 +127,36 @@ def batch_log(run_dir: Path) -> str:
     return "\n".join(p.read_text(errors="replace") for p in sorted(submitit_dir(run_dir).glob("*_0_log.err")))
 
 
+def run_evidence(run: Run) -> str:
+    """What a run says about how it went: its job log, every task's log tail, summary.json's failure and node
+    fields, and the head of each hang stack dump -- for a failure message that needs no second run to explain."""
+    summary = run.run_dir / "summary.json"
+    fields: dict[str, Any] = {}
+    if summary.is_file():
+        try:
+            fields = json.loads(summary.read_text(errors="replace"))
+        except ValueError:
+            fields = {"unreadable": summary.read_text(errors="replace")[:2000]}
+    wanted = ("status", "global_step", "failed_reason", "excluded_nodes", "node_failures", "hostnames")
+    picked = {k: v for k, v in fields.items() if k in wanted or k.startswith("hung_")}
+    stacks = [
+        f"===== {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[:60])
+        for path in sorted(stacks_dir(run.run_dir).glob("*.txt"))
+    ]
+    return "\n".join(
+        ["===== job log", batch_log(run.run_dir)[-6000:], task_logs(run.run_dir, lines=25)]
+        + [f"===== summary.json (failure and node fields): {json.dumps(picked)}", *stacks]
+    )
+
+
+def wait_ended(cluster: SlurmCluster, run: Run) -> str:
+    """The run's job's final state; when it does not end in time, a failure with the run's own evidence."""
+    try:
+        return cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{run_evidence(run)}") from None
+
+
 def assert_nothing_left(cluster: SlurmCluster, job_id: str) -> None:
     left, _ = wait_no_processes(cluster, job_id, timeout=60)
     assert left == [], f"processes of job {job_id} outlived it: {left}"
@@ -134,7 +165,7 @@ def assert_nothing_left(cluster: SlurmCluster, job_id: str) -> None:
 def assert_healed_onto_the_spare(cluster: SlurmCluster, ws: Workspace, run: Run) -> tuple[dict[str, Any], str]:
     """The run lost n2, went on on n1,n3 inside its allocation (never requeued) and completed, and says so
     in summary.json, the job log and ``status``; nothing is left running. Its node failure, and what status said."""
-    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    state = wait_ended(cluster, run)
     logs = batch_log(run.run_dir)
     assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
     summary = run.summary()
@@ -190,7 +221,7 @@ def test_rank_zero_killed_requeues_without_its_node(cluster: SlurmCluster, works
     wait_requeued(cluster, run.job_id, restarts=1, timeout=REQUEUE_AFTER_LOSS_TIMEOUT_S)  # failed once at 60 s
     assert job_record(cluster, run.job_id).get("ExcNodeList") == "n1", batch_log(run.run_dir)  # set before
     cluster.release(run.job_id)
-    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    state = wait_ended(cluster, run)
     assert state == "COMPLETED", f"{batch_log(run.run_dir)}\n{task_logs(run.run_dir)}"
 
     summary = run.summary()
@@ -232,7 +263,7 @@ def test_a_crash_loop_stops_the_run_and_lists_the_attempts(cluster: SlurmCluster
         "resources.spare_nodes=1",
         "signals.crash_loop_attempts=2",
     )
-    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    state = wait_ended(cluster, run)
     logs = batch_log(run.run_dir)
     assert state == "FAILED", logs
     summary = run.summary()
@@ -273,7 +304,7 @@ def test_three_nodes_without_a_spare_heal_onto_two_with_the_undisturbed_weights(
     run = submit(workspace, "name=shrink", *THREE_NODES, "resources.min_nodes=2")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
     kill_node("n2")
-    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    state = wait_ended(cluster, run)
     logs = batch_log(run.run_dir)
     assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
     summary, reference = run.summary(), undisturbed.summary()
@@ -332,7 +363,7 @@ def test_the_batch_nodes_death_requeues_and_the_next_start_keeps_it_out(
     assert "ahead of this node's clock" in guardian_log and "node n1 lost" in guardian_log, guardian_log
     assert job_record(cluster, run.job_id).get("ExcNodeList") == "n1", batch_log(run.run_dir)
     cluster.release(run.job_id)
-    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    state = wait_ended(cluster, run)
     seconds = next_step_after(run.run_dir, killed_at, resumed_from)
     if seconds is not None:
         report_timing("batch node killed -> next training step, plain requeue (hold released by hand)", seconds)
@@ -381,7 +412,7 @@ def test_with_expedited_requeue_the_batch_nodes_death_needs_no_release(
     report_timing("batch node killed -> next training step, expedited requeue (nothing released)", seconds)
     assert "BeginTime" not in reasons, reasons
     assert job_record(cluster, run.job_id).get("ExcNodeList") == "n1", batch_log(run.run_dir)
-    assert_came_back_without_the_batch_node(cluster, run, cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S))
+    assert_came_back_without_the_batch_node(cluster, run, wait_ended(cluster, run))
 
 
 BURN_IN_STEPS = 4
@@ -406,7 +437,7 @@ def test_a_script_jobs_burn_in_keeps_a_slow_node_out_before_the_script_starts(
     slow("n3", SLOW_PCT)
     try:
         run = ws.submit(spec)
-        state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+        state = wait_ended(cluster, run)
     finally:
         slow("n3", None)
     logs = batch_log(run.run_dir)
@@ -451,7 +482,7 @@ def test_a_script_restarts_on_the_survivor_with_the_smaller_world(cluster: Slurm
         lambda: has_checkpoint(run.run_dir) and len(steps_trained(run.run_dir)) >= 3, "steps", START_TIMEOUT_S, run
     )
     kill_node("n2")
-    state = cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+    state = wait_ended(cluster, run)
     logs = batch_log(run.run_dir)
     assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
     summary = run.summary()
