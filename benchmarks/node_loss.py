@@ -3,7 +3,7 @@ and what the supervision costs a run that loses nothing.
 
 Needs the Slurm test cluster (root, namespaces) with 3 nodes; hold its lock:
 
-    flock /tmp/hpctrain-cluster.lock python benchmarks/node_loss.py --repeats 3
+    flock /tmp/hpctrain-slurm.lock .venv/bin/python benchmarks/node_loss.py --repeats 3
 
 Each repeat trains the stop tests' small 2 x 2 CPU job (tests/slurm/stop_helpers.py),
 waits for its first checkpoint, and kills every process of node n2's namespace (slurmd
@@ -11,8 +11,8 @@ included: a power loss). It measures the seconds from the kill to the next train
 recorded in metrics.jsonl:
 
 * heal: ``resources.spare_nodes=1``: the supervisor continues on n1,n3;
-* requeue: a plain job: srun waits for Slurm's node-failure detection (SlurmdTimeout 60 s
-  here, 300 s by default), Slurm requeues the job, and the benchmark releases it at once
+* requeue: a plain job: srun waits for Slurm's node-failure detection (SlurmdTimeout 30 s on the test
+  cluster, 300 s by default), Slurm requeues the job, and the benchmark releases it at once
   (Slurm holds a requeued job ~120 s, and a real queue adds its wait: both left out);
 * expedite (``--expedite-repeats``, Slurm 25.11+: ``--slurm 26.05``): the same plain job with
   ``resources.expedited_requeue=true``: Slurm requeues it at once, first in line, and nothing is
