@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from hpctrain.contract import checkpoint_listing, rundir
@@ -55,6 +54,8 @@ from hpctrain.errors import CheckpointError
 from hpctrain.runtime import heartbeat
 from hpctrain.task import dcp_io
 from hpctrain.task.checkpoint_check import DamagedCheckpoint, check_fits, metadata_of
+from hpctrain.task.dcp_io import UnsafeCheckpoint
+from hpctrain.task.dcp_read import SafeReader, load_into
 from hpctrain.task.group import DCP_ERRORS, SideGroup, first_line
 from hpctrain.task.parts import (
     Part,
@@ -302,12 +303,14 @@ class Checkpointer:
         failed: str | None = None
         asked = snapshot(live)
         try:
-            reader = dcp_io.SafeReader(folder, pickle_budget=budget, metadata=metadata)
+            reader = SafeReader(folder, pickle_budget=budget, metadata=metadata)
             with self._group.quiet():
-                dcp.load(template, storage_reader=reader, planner=dcp_io.SafeLoadPlanner(), no_dist=True)
+                load_into(template, reader)
+        except UnsafeCheckpoint as exc:  # SafeReader's refusal of a value, before it is read
+            failed = f"reading it failed: {exc.message}"
         except CheckpointError:
             raise
-        except DCP_ERRORS as exc:  # an unsafe value (SafeReader's refusal), a short file
+        except DCP_ERRORS as exc:  # an unsafe value DCP's reader met (SafeReader's refusal), a short file
             failed = f"reading it failed: {first_line(exc)}"
         if self._group.max_int(int(failed is not None)):
             return self._damaged(folder, failed or "reading it failed on another rank (see its log)", explicit)

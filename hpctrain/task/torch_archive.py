@@ -37,12 +37,18 @@ def check_records(source: IO[bytes], size: int, where: str, *, max_pickle: int |
     """Raise :class:`ArchiveError` unless ``source`` (``size`` bytes, seekable) is an archive as ``torch.save``
     writes it: every record stored (not compressed) and inside it, the pickle at most ``max_pickle`` bytes
     (:data:`MAX_PICKLE_BYTES` when None). Reads only the zip's directory. ``where`` names it in errors."""
-    max_pickle = MAX_PICKLE_BYTES if max_pickle is None else max_pickle
     try:
         with zipfile.ZipFile(source) as archive:
             records = archive.infolist()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
         raise ArchiveError(f"{where} is not an archive torch.save writes ({exc})") from exc
+    return check_directory(records, size, where, max_pickle=max_pickle)
+
+
+def check_directory(records: list[zipfile.ZipInfo], size: int, where: str, *, max_pickle: int | None = None) -> Records:
+    """:func:`check_records` of an archive already opened (its ``infolist()``), for a reader that goes on to
+    read it: the directory is parsed once."""
+    max_pickle = MAX_PICKLE_BYTES if max_pickle is None else max_pickle
     data = pickled = 0
     for record in records:
         if record.compress_type != zipfile.ZIP_STORED or record.compress_size != record.file_size:
@@ -65,11 +71,17 @@ def check_records(source: IO[bytes], size: int, where: str, *, max_pickle: int |
 
 class Window(io.RawIOBase):
     """``length`` bytes of ``stream`` from ``offset`` on, as a seekable file of their own (one value of a DCP
-    data file), so :func:`check_records` and ``zipfile`` see that value's archive and nothing past it."""
+    data file), so :func:`check_records` and ``zipfile`` see that value's archive and nothing past it.
 
-    def __init__(self, stream: IO[bytes], offset: int, length: int) -> None:
+    Its first and last ``ends`` bytes are read once each, when first asked for: a zip's directory, its
+    records' headers and a tensor's pickle lie there, and ``zipfile`` reads them in many small pieces."""
+
+    def __init__(self, stream: IO[bytes], offset: int, length: int, *, ends: int = 0) -> None:
         super().__init__()
         self._stream, self._offset, self._length, self._pos = stream, offset, length, 0
+        self._ends = min(ends, length)
+        self._head: bytes | None = None
+        self._tail: bytes | None = None
 
     def readable(self) -> bool:
         return True
@@ -89,8 +101,27 @@ class Window(io.RawIOBase):
         count = max(0, min(len(buffer), self._length - self._pos))
         if not count:
             return 0
-        self._stream.seek(self._offset + self._pos)
-        data = self._stream.read(count)
+        data = self._from_ends(self._pos, count)
+        if data is None:
+            self._stream.seek(self._offset + self._pos)
+            data = self._stream.read(count)
         buffer[: len(data)] = data
         self._pos += len(data)
         return len(data)
+
+    def _from_ends(self, start: int, count: int) -> bytes | None:
+        """The ``count`` bytes at ``start`` from the kept ends, when they lie inside one of them."""
+        if start + count <= self._ends:
+            if self._head is None:
+                self._head = self._read_at(0, self._ends)
+            return self._head[start : start + count]
+        tail_start = self._length - self._ends
+        if self._ends and start >= tail_start:
+            if self._tail is None:
+                self._tail = self._read_at(tail_start, self._ends)
+            return self._tail[start - tail_start : start - tail_start + count]
+        return None
+
+    def _read_at(self, start: int, count: int) -> bytes:
+        self._stream.seek(self._offset + start)
+        return self._stream.read(count)
