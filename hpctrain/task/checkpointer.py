@@ -70,8 +70,7 @@ from hpctrain.task.parts import (
 from hpctrain.task.plain_state import snapshot
 from hpctrain.task.process_group import require_group
 from hpctrain.task.session import session
-from hpctrain.task.staging import Staging
-from hpctrain.task.writing import SaveWriter
+from hpctrain.task.writing import SaveWriter, Staging
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +116,7 @@ class Checkpointer:
         self.step: int | None = None  # the step of the newest checkpoint saved or loaded
         self._group = SideGroup(self.timeout_s)
         self._writer = SaveWriter(self.folders, self._group, is_main=info.is_main)
-        self._staging = Staging()  # kept: its buffers are reused from save to save (staging.py)
+        self._staging = Staging()  # kept: its buffers are reused from save to save (writing.py)
         self._pending_tmp: Path | None = None
         # modules first: an optimizer is matched to the registered module whose parameters it updates
         ordered = sorted(parts.items(), key=lambda item: not isinstance(item[1], nn.Module))

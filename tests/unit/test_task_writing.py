@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hpctrain.task.staging import Staging
+from hpctrain.task.writing import Staging
 
 
 def test_staging_reuses_its_buffers_and_copies_the_current_values() -> None:
