@@ -118,6 +118,7 @@ class Checkpointer:
         self._writer = SaveWriter(self.folders, self._group, is_main=info.is_main)
         self._staging = Staging()  # kept: its buffers are reused from save to save (writing.py)
         self._pending_tmp: Path | None = None
+        self._owners: tuple[int, dict[str, int]] | None = None  # (signature, owner of each replicated entry)
         # modules first: an optimizer is matched to the registered module whose parameters it updates
         ordered = sorted(parts.items(), key=lambda item: not isinstance(item[1], nn.Module))
         for name, obj in ordered:
@@ -150,9 +151,17 @@ class Checkpointer:
         current = session()
         blocking = (not self.async_save or current.agreed is not None) if blocking is None else blocking
         with heartbeat.phase("checkpoint"):
-            self._group.arrive(f"save(step={step})", step)
-            tmp = self._group.share_temp(self.folders, step, self.info.is_main)
-            state = self._own_share(save_state(self.parts, self.info.rank, self.info.device))
+            state = save_state(self.parts, self.info.rank, self.info.device)
+            flat, replicated, alike = self._replicated(state)
+            number, problem = self._group.begin_temp(self.folders, step, self.info.is_main)
+            try:  # one collective: every rank here, at this step, alike in what is replicated, and the folder
+                same, number = self._group.arrive(f"save(step={step})", step, alike=alike, offer=number)
+            except CheckpointError:
+                if self.info.is_main and number >= 0:
+                    self.folders.discard(self.folders.temp_path(step, f"{number:08x}"))
+                raise
+            tmp = self._group.temp_path(self.folders, step, number, problem)
+            state = self._own_share(state, flat, replicated, alike if same else None)
             facts = {
                 "format": FORMAT,
                 "world_size": self.info.world_size,
@@ -340,17 +349,25 @@ class Checkpointer:
         return False
 
     # -- helpers ----------------------------------------------------------------------------------------------------
-    def _own_share(self, state: dict[str, Any]) -> dict[str, Any]:
-        """What this rank hands DCP: its shards, its own state, and the replicated entries assigned to it."""
-        writers = self._group.node_writers()
-        if not writers:
-            return state  # one process: everything
+    def _replicated(self, state: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, int], int]:
+        """(DCP's flat state, its replicated entries' sizes, their signature), when there are node writers."""
+        if not self._group.node_writers():
+            return None, {}, 0  # one process: it writes everything
         flat = dcp_io.flat_keys(state)
         replicated = dcp_io.replicated_sizes(flat)
-        if not self._group.same_everywhere(dcp_io.signature(replicated)):
-            return state  # the ranks disagree on what is replicated: DCP's planner dedups it
-        owner = dcp_io.assign_replicated(replicated, writers)
-        return {key: value for key, value in flat.items() if owner.get(key, self.info.rank) == self.info.rank}
+        return flat, replicated, dcp_io.signature(replicated)
+
+    def _own_share(
+        self, state: dict[str, Any], flat: dict[str, Any] | None, replicated: dict[str, int], alike: int | None
+    ) -> dict[str, Any]:
+        """What this rank hands DCP: its shards, its own state, and the replicated entries assigned to it
+        (``alike``: their signature, None when the ranks' replicated entries differ: DCP's planner dedups them)."""
+        if flat is None or alike is None:
+            return state
+        if self._owners is None or self._owners[0] != alike:  # the same entries: the same assignment
+            self._owners = (alike, dcp_io.assign_replicated(replicated, self._group.node_writers()))
+        owner, rank = self._owners[1], self.info.rank
+        return {key: value for key, value in flat.items() if owner.get(key, rank) == rank}
 
     def _failed(self, what: str, step: int | None, exc: BaseException) -> CheckpointError:
         return CheckpointError(
