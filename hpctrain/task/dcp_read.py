@@ -64,6 +64,7 @@ class SafeReader(FileSystemReader):
         self.metadata_max = self.pickle_left = pickle_budget
         self.metadata = metadata  # already read (and checked) by the caller: not unpickled twice
         self._described: set[tuple[Any, ...]] = set()  # pickles found to describe a tensor (tensor_read.py)
+        self._folder = str(path)
         self._streams: dict[str, IO[bytes]] = {}
         self._places: dict[str, list[Any]] | None = None
 
@@ -134,7 +135,7 @@ class SafeReader(FileSystemReader):
     def _read_into(self, stream: IO[bytes], sinfo: Any, target: torch.Tensor) -> bool:
         if sinfo.transform_descriptors:  # check_storage refused them already
             return False
-        where = f"{Path(self.path) / sinfo.relative_path} at {sinfo.offset}"
+        where = f"{self._folder}/{sinfo.relative_path} at {sinfo.offset}"  # no Path per value: 482 of them
         try:
             pickled = read_into(stream, sinfo.offset, sinfo.length, target, where, self.pickle_left, self._described)
         except ArchiveError as exc:

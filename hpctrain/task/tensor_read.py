@@ -27,7 +27,7 @@ from typing import IO, Any
 import torch
 from torch import _weights_only_unpickler
 
-from hpctrain.task.torch_archive import ArchiveError, Window, check_directory
+from hpctrain.task.torch_archive import ArchiveError, Window, check_directory, plain_directory
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # a zip record's local header: signature ... name length, extra length
 _ENDS = 4096  # an archive's first and last bytes, read once: headers, its pickle, its directory (torch_archive.Window)
@@ -61,12 +61,14 @@ def read_into(
         return None
     value = Window(stream, offset, size, ends=_ENDS)
     try:
-        with zipfile.ZipFile(value) as archive:
-            infos = archive.infolist()
-            pickled = check_directory(infos, size, where, max_pickle=max_pickle).pickle
-            records = {info.filename.split("/", 1)[-1]: info for info in infos}
+        infos: list[Any] | None = plain_directory(value, size)  # torch's own small archives: no zipfile
+        if infos is None:
+            with zipfile.ZipFile(value) as archive:
+                infos = list(archive.infolist())
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
         raise ArchiveError(f"{where} is not an archive torch.save writes ({exc})") from exc
+    pickled = check_directory(infos, size, where, max_pickle=max_pickle).pickle
+    records = {info.filename.split("/", 1)[-1]: info for info in infos}
     if not {"data.pkl", "data/0"} <= set(records) <= _EXPECTED or records["data/0"].file_size != nbytes:
         return None
     order = records.get("byteorder")
@@ -125,7 +127,7 @@ def _describes(pickle: bytes, target: torch.Tensor, storage: torch.UntypedStorag
     )
 
 
-def _record(value: IO[bytes], info: zipfile.ZipInfo, size: int, where: str) -> bytes:
+def _record(value: IO[bytes], info: Any, size: int, where: str) -> bytes:
     """A stored record's bytes, read from where its local header says they begin (in the window's kept ends,
     for the small records: no ``zipfile`` stream per record)."""
     start = _data_start(value, info.header_offset, where)

@@ -18,10 +18,18 @@ loop holds: ``max_pickle`` (:data:`MAX_PICKLE_BYTES` when it has no better).
 from __future__ import annotations
 
 import io
+import struct
 import zipfile
-from typing import IO, NamedTuple
+from collections.abc import Sequence
+from typing import IO, Any, NamedTuple
 
 MAX_PICKLE_BYTES = 64 << 20  # a checkpoint's pickle is kilobytes to a few MB (RNG states of many ranks)
+
+
+_END = struct.Struct("<4s4H2LH")  # the end of central directory record
+_ENTRY = struct.Struct("<4s6H3L5H2L")  # a central directory entry, before its name, extra field and comment
+_ZIP64_TAIL = 56 + 20  # torch writes a zip64 end record and its locator before the end record
+_FULL = 0xFFFFFFFF  # a 32-bit field that says "see the zip64 extra field"
 
 
 class ArchiveError(Exception):
@@ -45,9 +53,9 @@ def check_records(source: IO[bytes], size: int, where: str, *, max_pickle: int |
     return check_directory(records, size, where, max_pickle=max_pickle)
 
 
-def check_directory(records: list[zipfile.ZipInfo], size: int, where: str, *, max_pickle: int | None = None) -> Records:
-    """:func:`check_records` of an archive already opened (its ``infolist()``), for a reader that goes on to
-    read it: the directory is parsed once."""
+def check_directory(records: Sequence[Any], size: int, where: str, *, max_pickle: int | None = None) -> Records:
+    """:func:`check_records` of an archive's directory already read (``zipfile``'s ``infolist()``, or
+    :func:`plain_directory`'s entries), for a reader that goes on to read it: the directory is parsed once."""
     max_pickle = MAX_PICKLE_BYTES if max_pickle is None else max_pickle
     data = pickled = 0
     for record in records:
@@ -67,6 +75,51 @@ def check_directory(records: list[zipfile.ZipInfo], size: int, where: str, *, ma
             pickled += record.file_size
         data += record.file_size if "/data/" in record.filename else 0
     return Records(data, pickled)
+
+
+class Entry(NamedTuple):
+    """A central directory entry, with the names ``zipfile.ZipInfo`` gives the same facts."""
+
+    filename: str
+    compress_type: int
+    compress_size: int
+    file_size: int
+    header_offset: int
+
+
+def plain_directory(source: IO[bytes], size: int) -> list[Entry] | None:
+    """The central directory of an archive of ``size`` bytes laid out as ``torch.save`` writes a small one
+    (the directory right before torch's zip64 end record or the end record, no comment, no zip64 fields),
+    read with two ``struct`` calls per entry; None for anything else (``zipfile`` reads it then). Nothing is
+    trusted: :func:`check_directory` judges the entries, and a reader bounds every read by ``size``."""
+    if size < _END.size:
+        return None
+    source.seek(size - _END.size)
+    end = source.read(_END.size)
+    if len(end) != _END.size:
+        return None
+    signature, disk, cd_disk, on_disk, count, cd_size, cd_offset, comment = _END.unpack(end)
+    directory_end = size - _END.size
+    if signature != b"PK\x05\x06" or disk or cd_disk or on_disk != count or comment:
+        return None
+    if cd_offset + cd_size not in (directory_end, directory_end - _ZIP64_TAIL) or cd_size > directory_end:
+        return None
+    source.seek(cd_offset)
+    directory = source.read(cd_size)
+    entries, at = [], 0
+    for _ in range(count):
+        if at + _ENTRY.size > len(directory):
+            return None
+        fields = _ENTRY.unpack_from(directory, at)
+        method, compressed, stored = fields[4], fields[8], fields[9]
+        name_length, extra_length, comment_length, offset = fields[10], fields[11], fields[12], fields[16]
+        name_end = at + _ENTRY.size + name_length
+        if fields[0] != b"PK\x01\x02" or name_end > len(directory) or _FULL in (compressed, stored, offset):
+            return None
+        name = directory[at + _ENTRY.size : name_end].decode("utf-8", errors="replace")
+        entries.append(Entry(name, method, compressed, stored, offset))
+        at = name_end + extra_length + comment_length
+    return entries if at == len(directory) else None
 
 
 class Window(io.RawIOBase):
