@@ -1,9 +1,18 @@
-"""An async save's staging copies into buffers kept from save to save, made anew when the state's layout changes."""
+"""How a save reaches the disk: the async save's copy into kept buffers (made anew when the state's layout
+changes), the background write whose failure is raised at wait(), the pruning that never fails a save."""
 
 from __future__ import annotations
 
-import torch
+import logging
+from pathlib import Path
 
+import pytest
+import torch
+from torch import nn
+
+from hpctrain import task
+from hpctrain.errors import CheckpointError
+from hpctrain.task import writing
 from hpctrain.task.writing import Staging
 
 
@@ -46,3 +55,39 @@ def test_every_tensor_is_copied_whatever_stream_copies_it() -> None:
     again = staging.stage(state)
     assert all(torch.equal(again[key], value) for key, value in state.items())
     staging.close()
+
+
+@pytest.mark.usefixtures("task_local")
+def test_a_failed_prune_is_a_warning_and_the_save_stands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = nn.Linear(3, 2)
+    ckpt = task.Checkpointer(tmp_path / "ckpt", keep_last=1, model=model)
+    ckpt.save(1)
+
+    def refuse(*args: object) -> None:
+        raise PermissionError("read-only")
+
+    monkeypatch.setattr(ckpt.folders, "prune", refuse)
+    with caplog.at_level(logging.WARNING):
+        ckpt.save(2)  # the prune runs after the save returned: its failure cannot fail the save
+        assert [p.name for p in ckpt.checkpoints()] == ["step-00000001", "step-00000002"]
+    assert "removing older checkpoints failed: read-only" in caplog.text
+
+
+@pytest.mark.usefixtures("task_local")
+def test_an_async_write_that_fails_raises_at_wait_and_leaves_no_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = nn.Linear(3, 2)
+    ckpt = task.Checkpointer(tmp_path / "ckpt", async_save=True, model=model)
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(writing.dcp, "save", full_disk)
+    ckpt.save(3)  # returns once the state is copied: the write fails in the background
+    with pytest.raises(CheckpointError, match="save of checkpoint step 3 .* No space left on device"):
+        ckpt.wait()
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == []  # the temp folder removed
+    ckpt.wait()  # reported once
