@@ -201,9 +201,10 @@ class Checkpointer:
         raise self._failed("save", step, cause) from cause
 
     def close(self) -> None:
-        """Wait for an async save and let go of its staging buffers; the checkpointer can still be used."""
+        """Wait for an async save, let go of its staging buffers and threads; the checkpointer can still be used."""
         self.wait()
         self._staging.close()
+        self._writer.close()
 
     def __enter__(self) -> Checkpointer:
         return self
