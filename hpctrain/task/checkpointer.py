@@ -62,6 +62,7 @@ from hpctrain.task.parts import (
     apply_loaded,
     classify,
     decode_blobs,
+    guess_fits,
     held_keys,
     live_state,
     load_template,
@@ -293,8 +294,13 @@ class Checkpointer:
         damaged: str | None = None
         refused: CheckpointError | None = None
         try:
-            live = live_state(self.parts)  # asked for once: DCP's state_dict helpers cost per parameter
+            # DCP's state helpers cost per parameter (a ResNet-50: 75 ms on a core): each part's own dictionary
+            # is used when it has exactly the keys the checkpoint holds for it, which a save wrote with DCP's names
+            live = live_state(self.parts, guessed=True)
             meta, metadata, budget = metadata_of(folder, FORMAT, held_keys(self.parts, self.info.rank, live))
+            if not guess_fits(self.parts, live, metadata.state_dict_metadata):
+                live = live_state(self.parts)
+                meta, metadata, budget = metadata_of(folder, FORMAT, held_keys(self.parts, self.info.rank, live))
             same_ranks = meta.get("world_size") == self.info.world_size
             template = load_template(self.parts, self.info.rank, _blob_sizes(metadata), same_ranks, live)
             check_fits(folder, self.parts, template, metadata, self.info.rank, same_ranks)
