@@ -46,6 +46,7 @@ copied through their local tensors.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -56,6 +57,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed._state_dict_utils import _create_cpu_state_dict
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, _StorageInfo
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
 from torch.distributed.tensor import DTensor
 
 from hpctrain.contract.step_folders import StepFolders, file_digest
@@ -65,6 +69,7 @@ from hpctrain.task.group import DCP_ERRORS, SideGroup
 log = logging.getLogger(__name__)
 
 COPY_STREAMS = 2
+WRITE_BUFFER_BYTES = 1 << 20  # torch.save writes each value's headers in many small pieces
 
 
 class Staging:
@@ -200,7 +205,7 @@ class SaveWriter:
     def _write(
         self, state: dict[str, Any], tmp: Path, step: int, facts: dict[str, Any], started: float, *, prune_later: bool
     ) -> None:
-        writer = FileSystemWriter(tmp, sync_files=True)
+        writer = FileWriter(tmp)
         planner = dcp_io.NodeWriterPlanner(self.group.node_writers())
         with self.group.quiet():
             metadata = dcp.save(state, storage_writer=writer, planner=planner, **self.group.dcp_args())
@@ -220,3 +225,43 @@ class SaveWriter:
         size, digest = file_digest(tmp / dcp_io.METADATA_FILE)
         files[dcp_io.METADATA_FILE] = {"size": size, "sha256": digest}
         self.folders.commit(tmp, step, files=files, info=facts)
+
+
+class FileWriter(FileSystemWriter):
+    """DCP's file-system writer (one file per rank, fsynced), writing each value of a state that is all on
+    the CPU straight into the file: the same ``torch.save`` archive per value and the same record of where
+    each lies as DCP's own loop, without its per-value stream wrapper (a class made per value) and loader
+    (a ResNet-50 has 492 values). A state with values on a device goes through DCP's loop, which overlaps
+    the copies to the host with the writes."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, sync_files=True)
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> torch.futures.Future[list[WriteResult]]:
+        state = getattr(planner, "state_dict", None)
+        on_cpu = isinstance(state, dict) and all(
+            not isinstance(value, torch.Tensor) or value.device.type == "cpu" for value in state.values()
+        )
+        if not on_cpu or self.thread_count != 1 or self.transforms.extensions:
+            return super().write_data(plan, planner)
+        name = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
+        results = []
+        with open(Path(self.path) / name, "wb", buffering=WRITE_BUFFER_BYTES) as stream:
+            byte_items = [item for item in plan.items if item.type == WriteItemType.BYTE_IO]
+            for item in byte_items + [item for item in plan.items if item.type != WriteItemType.BYTE_IO]:
+                offset = stream.tell()
+                data = planner.resolve_data(item)
+                if item.type == WriteItemType.BYTE_IO:
+                    stream.write(data.getbuffer())
+                else:
+                    tensor = data.detach()
+                    if tensor.untyped_storage().size() != tensor.nbytes:  # a view: save only its elements
+                        tensor = tensor.clone()
+                    torch.save(tensor, stream)
+                length = stream.tell() - offset
+                results.append(WriteResult(item.index, length, _StorageInfo(name, offset, length)))
+            stream.flush()
+            os.fsync(stream.fileno())
+        done: torch.futures.Future[list[WriteResult]] = torch.futures.Future()
+        done.set_result(results)
+        return done

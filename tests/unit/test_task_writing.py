@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint import FileSystemReader
 
 from hpctrain import task
 from hpctrain.errors import CheckpointError
@@ -91,3 +93,20 @@ def test_an_async_write_that_fails_raises_at_wait_and_leaves_no_folder(
         ckpt.wait()
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == []  # the temp folder removed
     ckpt.wait()  # reported once
+
+
+@pytest.mark.usefixtures("task_local")
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_folder_it_writes_loads_with_dcps_own_reader(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(5, 4)).sum().backward()
+    optimizer.step()
+    path = task.Checkpointer(tmp_path / "ckpt", model=model, optimizer=optimizer).save(1)
+
+    torch.manual_seed(1)
+    fresh = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 3))
+    state = {"model": fresh.state_dict()}
+    dcp.load(state, storage_reader=FileSystemReader(path), no_dist=True)  # DCP's reader: one archive per value
+    assert all(torch.equal(state["model"][key], value) for key, value in model.state_dict().items())
