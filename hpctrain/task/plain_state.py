@@ -15,7 +15,9 @@ hyper-parameters -- and from then on builds the same dictionaries itself. After
 a load that filled those very tensors in place, only the optimizer's
 hyper-parameters are left to set. Anything else (a DTensor, an optimizer
 without its state yet, a value DCP replaced instead of filling) goes to DCP's
-helpers, as before.
+helpers, as before. A load that comes before any save (a resume) does not ask
+DCP either when our dictionary has exactly the keys the checkpoint holds for
+the part (:meth:`PlainState.guess`): a save wrote them with DCP's names.
 """
 
 from __future__ import annotations

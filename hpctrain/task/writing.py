@@ -6,7 +6,9 @@ the temp folder rank 0 began:
 * :meth:`SaveWriter.write` writes it in the loop's thread (a sync save):
   ``dcp.save`` over the checkpointer's DCP group, each rank's file fsynced;
   rank 0 then commits the folder (``meta.json`` last, renamed into place:
-  ``contract/step_folders.py``);
+  ``contract/step_folders.py``). A state on the CPU is written by
+  :class:`FileWriter`: DCP's format (one ``torch.save`` archive per value),
+  without DCP's per-value stream wrapper and loader;
 * an async save first copies the state to memory (:class:`Staging`, below),
   then :meth:`SaveWriter.start` writes that copy in a background thread kept
   from save to save, commit included, and returns at once;
