@@ -374,7 +374,7 @@ class Checkpointer:
         if self._owners is None or self._owners[0] != alike:  # the same entries: the same assignment
             self._owners = (alike, dcp_io.assign_replicated(replicated, self._group.node_writers()))
         owner, rank = self._owners[1], self.info.rank
-        return {key: value for key, value in flat.items() if owner.get(key, rank) == rank}
+        return dcp_io.by_part({key: value for key, value in flat.items() if owner.get(key, rank) == rank})
 
     def _failed(self, what: str, step: int | None, exc: BaseException) -> CheckpointError:
         return CheckpointError(

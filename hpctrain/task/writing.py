@@ -83,8 +83,9 @@ class Staging:
         self._pool: ThreadPoolExecutor | None = None
 
     def stage(self, state: dict[str, Any]) -> dict[str, Any]:
-        """A flat copy of ``state`` whose tensors are kept buffers. The previous save's write must have
-        finished (the checkpointer waits for it first): the buffers are overwritten."""
+        """A copy of ``state`` whose tensors are kept buffers, DCP's flat keys grouped by part
+        (``dcp_io.by_part``). The previous save's write must have finished (the checkpointer waits for it
+        first): the buffers are overwritten."""
         flat, _ = flatten_state_dict(state)
         layout = state_layout(flat)
         if layout != self._layout:
@@ -114,7 +115,7 @@ class Staging:
         self._copy(host)
         if device:
             torch.cuda.synchronize()  # the device-to-host copies must land before the writer reads them
-        return staged
+        return dcp_io.by_part(staged)
 
     def _copy(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         if self._pool is None:
