@@ -162,19 +162,20 @@ class Checkpointer:
                     self.folders.discard(self.folders.temp_path(step, f"{number:08x}"))
                 raise
             tmp = self._group.temp_path(self.folders, step, number, problem)
-            state = self._own_share(state, flat, replicated, alike if same else None)
+            share = self._own_share(state, flat, replicated, alike if same else None)
+            shared = share is not state  # DCP's flat keys: grouped by part before DCP sees them (dcp_io.by_part)
             facts = {
                 "format": FORMAT,
                 "world_size": self.info.world_size,
                 "parts": {part.name: part.kind for part in self.parts},
             }
             if blocking:
-                error = self._writer.write(state, tmp, step, facts, started)
+                error = self._writer.write(dcp_io.by_part(share) if shared else share, tmp, step, facts, started)
                 self._settle(step, tmp, error)  # every rank returns once rank 0 put the folder in place
             else:
                 staged, error = None, None
                 try:
-                    staged = self._staging.stage(state)
+                    staged = self._staging.stage(share, flat=shared)
                 except DCP_ERRORS as exc:  # every rank learns of it in _settle, then raises
                     error = exc
                 self._settle(step, tmp, error)
@@ -374,7 +375,7 @@ class Checkpointer:
         if self._owners is None or self._owners[0] != alike:  # the same entries: the same assignment
             self._owners = (alike, dcp_io.assign_replicated(replicated, self._group.node_writers()))
         owner, rank = self._owners[1], self.info.rank
-        return dcp_io.by_part({key: value for key, value in flat.items() if owner.get(key, rank) == rank})
+        return {key: value for key, value in flat.items() if owner.get(key, rank) == rank}
 
     def _failed(self, what: str, step: int | None, exc: BaseException) -> CheckpointError:
         return CheckpointError(

@@ -82,20 +82,20 @@ class Staging:
         self._layout: tuple[Any, ...] = ()
         self._pool: ThreadPoolExecutor | None = None
 
-    def stage(self, state: dict[str, Any]) -> dict[str, Any]:
+    def stage(self, state: dict[str, Any], *, flat: bool = False) -> dict[str, Any]:
         """A copy of ``state`` whose tensors are kept buffers, DCP's flat keys grouped by part
         (``dcp_io.by_part``). The previous save's write must have finished (the checkpointer waits for it
-        first): the buffers are overwritten."""
-        flat, _ = flatten_state_dict(state)
-        layout = state_layout(flat)
+        first): the buffers are overwritten. ``flat``: ``state`` has DCP's flat keys already."""
+        flat_state = state if flat else flatten_state_dict(state)[0]
+        layout = state_layout(flat_state)
         if layout != self._layout:
-            tensors = {key: value for key, value in flat.items() if isinstance(value, torch.Tensor)}
+            tensors = {key: value for key, value in flat_state.items() if isinstance(value, torch.Tensor)}
             self._buffers = _create_cpu_state_dict(tensors, pin_memory=torch.cuda.is_available())
             self._layout = layout
         staged: dict[str, Any] = {}
         host: list[tuple[torch.Tensor, torch.Tensor]] = []
         device = False
-        for key, value in flat.items():
+        for key, value in flat_state.items():
             if not isinstance(value, torch.Tensor):
                 staged[key] = value
                 continue
