@@ -37,33 +37,32 @@ the run is refused by every call (``contract/step_folders.py``).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemWriter
 
 from hpctrain.contract import checkpoint_listing, rundir
 from hpctrain.contract.checkpoint_listing import DCP_LAYOUT
 from hpctrain.contract.rundir import step_dir_name
 from hpctrain.contract.runfiles import real_path
-from hpctrain.contract.step_folders import StepFolders, file_digest
+from hpctrain.contract.step_folders import StepFolders
 from hpctrain.errors import CheckpointError
 from hpctrain.runtime import heartbeat
 from hpctrain.task import dcp_io
 from hpctrain.task.checkpoint_check import DamagedCheckpoint, check_fits, metadata_of
+from hpctrain.task.dcp_io import UnsafeCheckpoint
+from hpctrain.task.dcp_read import SafeReader, load_into
 from hpctrain.task.group import DCP_ERRORS, SideGroup, first_line
 from hpctrain.task.parts import (
     Part,
     apply_loaded,
     classify,
     decode_blobs,
+    guess_fits,
     held_keys,
     live_state,
     load_template,
@@ -72,7 +71,7 @@ from hpctrain.task.parts import (
 from hpctrain.task.plain_state import snapshot
 from hpctrain.task.process_group import require_group
 from hpctrain.task.session import session
-from hpctrain.task.staging import StagingWriter
+from hpctrain.task.writing import SaveWriter, Staging
 
 log = logging.getLogger(__name__)
 
@@ -117,11 +116,10 @@ class Checkpointer:
         self._skipped: list[str] = []  # the folders the last load passed over, and why
         self.step: int | None = None  # the step of the newest checkpoint saved or loaded
         self._group = SideGroup(self.timeout_s)
-        self._pending: Future | None = None
+        self._writer = SaveWriter(self.folders, self._group, is_main=info.is_main)
+        self._staging = Staging()  # kept: its buffers are reused from save to save (writing.py)
         self._pending_tmp: Path | None = None
-        self._committer: threading.Thread | None = None
-        self._commit_error: BaseException | None = None
-        self._async_writer: StagingWriter | None = None
+        self._owners: tuple[int, dict[str, int]] | None = None  # (signature, owner of each replicated entry)
         # modules first: an optimizer is matched to the registered module whose parameters it updates
         ordered = sorted(parts.items(), key=lambda item: not isinstance(item[1], nn.Module))
         for name, obj in ordered:
@@ -154,84 +152,46 @@ class Checkpointer:
         current = session()
         blocking = (not self.async_save or current.agreed is not None) if blocking is None else blocking
         with heartbeat.phase("checkpoint"):
-            self._group.arrive(f"save(step={step})", step)
-            tmp = self._group.share_temp(self.folders, step, self.info.is_main)
-            state = self._own_share(save_state(self.parts, self.info.rank, self.info.device))
+            state = save_state(self.parts, self.info.rank, self.info.device)
+            flat, replicated, alike = self._replicated(state)
+            number, problem = self._group.begin_temp(self.folders, step, self.info.is_main)
+            try:  # one collective: every rank here, at this step, alike in what is replicated, and the folder
+                same, number = self._group.arrive(f"save(step={step})", step, alike=alike, offer=number)
+            except CheckpointError:
+                if self.info.is_main and number >= 0:
+                    self.folders.discard(self.folders.temp_path(step, f"{number:08x}"))
+                raise
+            tmp = self._group.temp_path(self.folders, step, number, problem)
+            share = self._own_share(state, flat, replicated, alike if same else None)
+            shared = share is not state  # DCP's flat keys: grouped by part before DCP sees them (dcp_io.by_part)
+            facts = {
+                "format": FORMAT,
+                "world_size": self.info.world_size,
+                "parts": {part.name: part.kind for part in self.parts},
+            }
             if blocking:
-                error: BaseException | None = None
-                try:
-                    with self._group.quiet():
-                        metadata = dcp.save(state, storage_writer=self._writer(tmp), **self._plan())
-                    if self.info.is_main:
-                        self._commit(tmp, step, metadata, time.perf_counter() - started)
-                except DCP_ERRORS as exc:  # every rank learns of it below, then raises
-                    error = exc
+                error = self._writer.write(dcp_io.by_part(share) if shared else share, tmp, step, facts, started)
                 self._settle(step, tmp, error)  # every rank returns once rank 0 put the folder in place
             else:
-                self._save_async(state, tmp, step, started)
+                staged, error = None, None
+                try:
+                    staged = self._staging.stage(share, flat=shared)
+                except DCP_ERRORS as exc:  # every rank learns of it in _settle, then raises
+                    error = exc
+                self._settle(step, tmp, error)
+                self._pending_tmp = tmp
+                self._writer.start(staged, tmp, step, facts, started)  # last: the writer thread wants the GIL
         self.step = step
         self.last_stall_s = time.perf_counter() - started
         if current.summary is not None:
             current.summary.progress(step, force=True)
         return self.directory / step_dir_name(step)
 
-    def _save_async(self, state: dict[str, Any], tmp: Path, step: int, started: float) -> None:
-        if self._async_writer is None:  # kept: its staging buffers are reused from save to save (staging.py)
-            self._async_writer = StagingWriter(tmp)
-        future, error = None, None
-        try:
-            with self._group.quiet():
-                future = dcp.async_save(state, checkpoint_id=tmp, storage_writer=self._async_writer, **self._plan())
-        except DCP_ERRORS as exc:  # every rank learns of it in _settle, then raises
-            error = exc
-        self._settle(step, tmp, error)
-        future = getattr(future, "upload_completion", future)  # newer torch returns both stages' futures
-        self._pending, self._pending_tmp = future, tmp
-        if self.info.is_main:
-            self._committer = threading.Thread(
-                target=self._commit_when_written, args=(future, tmp, step, started), name=f"checkpoint-commit-{step}"
-            )
-            self._committer.start()
-
-    def _commit_when_written(self, future: Future, tmp: Path, step: int, started: float) -> None:
-        try:
-            metadata = future.result()
-            self._commit(tmp, step, metadata, time.perf_counter() - started)
-        except BaseException as exc:  # surfaced by wait()
-            log.error("checkpoint of step %d failed: %s", step, exc)
-            self._commit_error = exc
-
-    def _commit(self, tmp: Path, step: int, metadata: Any, write_s: float) -> None:
-        """Rank 0: meta.json with every file's size (and the metadata's digest), rename into place, prune."""
-        files: dict[str, dict[str, Any]] = {
-            name: {"size": size} for name, size in dcp_io.data_file_sizes(metadata).items()
-        }
-        size, digest = file_digest(tmp / dcp_io.METADATA_FILE)
-        files[dcp_io.METADATA_FILE] = {"size": size, "sha256": digest}
-        info = {
-            "format": FORMAT,
-            "world_size": self.info.world_size,
-            "parts": {part.name: part.kind for part in self.parts},
-            "write_s": round(write_s, 3),
-        }
-        self.folders.commit(tmp, step, files=files, info=info)
-        self.folders.prune(step)
-
     def wait(self) -> None:
         """Block until an async save is on disk (and in place); raise its error. Collective with async saves."""
-        future, self._pending = self._pending, None
-        committer, self._committer = self._committer, None
-        if future is None:
-            return
-        error: BaseException | None = None
-        try:
-            future.result()
-        except BaseException as exc:  # noqa: BLE001 - every rank learns of it in _settle, then raises
-            error = exc
-        if committer is not None:
-            committer.join()
-        error, self._commit_error = error or self._commit_error, None
-        self._settle(self.step, self._pending_tmp, error)
+        pending, error = self._writer.wait()
+        if pending:
+            self._settle(self.step, self._pending_tmp, error)
 
     def _settle(self, step: int | None, tmp: Path | None, error: BaseException | None) -> None:
         """Every rank agrees whether the save worked; on failure rank 0 removes its temp folder and all raise."""
@@ -243,8 +203,10 @@ class Checkpointer:
         raise self._failed("save", step, cause) from cause
 
     def close(self) -> None:
-        """Wait for an async save; the checkpointer can still be used afterwards."""
+        """Wait for an async save, let go of its staging buffers and threads; the checkpointer can still be used."""
         self.wait()
+        self._staging.close()
+        self._writer.close()
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -256,9 +218,11 @@ class Checkpointer:
     # -- loading ------------------------------------------------------------------------------------------------------
     def checkpoints(self) -> list[Path]:
         """This directory's complete task checkpoints, oldest first."""
+        self._writer.pruned()
         return self.folders.checkpoints()
 
     def latest(self) -> Path | None:
+        self._writer.pruned()
         return self.folders.latest()
 
     def load(self, path: str | Path | None = None) -> int:
@@ -331,8 +295,13 @@ class Checkpointer:
         damaged: str | None = None
         refused: CheckpointError | None = None
         try:
-            live = live_state(self.parts)  # asked for once: DCP's state_dict helpers cost per parameter
+            # DCP's state helpers cost per parameter (a ResNet-50: 75 ms on a core): each part's own dictionary
+            # is used when it has exactly the keys the checkpoint holds for it, which a save wrote with DCP's names
+            live = live_state(self.parts, guessed=True)
             meta, metadata, budget = metadata_of(folder, FORMAT, held_keys(self.parts, self.info.rank, live))
+            if not guess_fits(self.parts, live, metadata.state_dict_metadata):
+                live = live_state(self.parts)
+                meta, metadata, budget = metadata_of(folder, FORMAT, held_keys(self.parts, self.info.rank, live))
             same_ranks = meta.get("world_size") == self.info.world_size
             template = load_template(self.parts, self.info.rank, _blob_sizes(metadata), same_ranks, live)
             check_fits(folder, self.parts, template, metadata, self.info.rank, same_ranks)
@@ -350,12 +319,14 @@ class Checkpointer:
         failed: str | None = None
         asked = snapshot(live)
         try:
-            reader = dcp_io.SafeReader(folder, pickle_budget=budget, metadata=metadata)
+            reader = SafeReader(folder, pickle_budget=budget, metadata=metadata)
             with self._group.quiet():
-                dcp.load(template, storage_reader=reader, planner=dcp_io.SafeLoadPlanner(), no_dist=True)
+                load_into(template, reader)
+        except UnsafeCheckpoint as exc:  # SafeReader's refusal of a value, before it is read
+            failed = f"reading it failed: {exc.message}"
         except CheckpointError:
             raise
-        except DCP_ERRORS as exc:  # an unsafe value (SafeReader's refusal), a short file
+        except DCP_ERRORS as exc:  # an unsafe value DCP's reader met (SafeReader's refusal), a short file
             failed = f"reading it failed: {first_line(exc)}"
         if self._group.max_int(int(failed is not None)):
             return self._damaged(folder, failed or "reading it failed on another rank (see its log)", explicit)
@@ -386,23 +357,25 @@ class Checkpointer:
         return False
 
     # -- helpers ----------------------------------------------------------------------------------------------------
-    def _own_share(self, state: dict[str, Any]) -> dict[str, Any]:
-        """What this rank hands DCP: its shards, its own state, and the replicated entries assigned to it."""
-        writers = self._group.node_writers()
-        if not writers:
-            return state  # one process: everything
+    def _replicated(self, state: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, int], int]:
+        """(DCP's flat state, its replicated entries' sizes, their signature), when there are node writers."""
+        if not self._group.node_writers():
+            return None, {}, 0  # one process: it writes everything
         flat = dcp_io.flat_keys(state)
         replicated = dcp_io.replicated_sizes(flat)
-        if not self._group.same_everywhere(dcp_io.signature(replicated)):
-            return state  # the ranks disagree on what is replicated: DCP's planner dedups it
-        owner = dcp_io.assign_replicated(replicated, writers)
-        return {key: value for key, value in flat.items() if owner.get(key, self.info.rank) == self.info.rank}
+        return flat, replicated, dcp_io.signature(replicated)
 
-    def _writer(self, tmp: Path) -> FileSystemWriter:
-        return FileSystemWriter(tmp, sync_files=True)
-
-    def _plan(self) -> dict[str, Any]:
-        return {"planner": dcp_io.NodeWriterPlanner(self._group.node_writers()), **self._group.dcp_args()}
+    def _own_share(
+        self, state: dict[str, Any], flat: dict[str, Any] | None, replicated: dict[str, int], alike: int | None
+    ) -> dict[str, Any]:
+        """What this rank hands DCP: its shards, its own state, and the replicated entries assigned to it
+        (``alike``: their signature, None when the ranks' replicated entries differ: DCP's planner dedups them)."""
+        if flat is None or alike is None:
+            return state
+        if self._owners is None or self._owners[0] != alike:  # the same entries: the same assignment
+            self._owners = (alike, dcp_io.assign_replicated(replicated, self._group.node_writers()))
+        owner, rank = self._owners[1], self.info.rank
+        return {key: value for key, value in flat.items() if owner.get(key, rank) == rank}
 
     def _failed(self, what: str, step: int | None, exc: BaseException) -> CheckpointError:
         return CheckpointError(

@@ -40,6 +40,8 @@ from hpctrain.task.session import session
 DCP_ERRORS = (Exception, CheckpointException)
 
 # gloo's monitored barrier on rank 0: "Ranks 1, 3 failed to pass monitoredBarrier in 5000 ms"
+_SEE_RANK_0 = "see rank 0's log"
+_LOWEST = -(2**62)  # what a rank other than 0 offers in arrive(): below any offer of rank 0's
 _MISSING = re.compile(r"Ranks? ([\d, ]+?) failed to pass monitoredBarrier")
 
 
@@ -88,11 +90,16 @@ class SideGroup:
         """What to pass DCP's save/load so that it talks over this group."""
         return {"process_group": self._dcp_group} if self._ensure() is not None else {"no_dist": True}
 
-    def arrive(self, what: str, step: int) -> None:
-        """Every rank is at ``what`` (within the timeout), and at the same ``step``; else a clear error."""
+    def arrive(self, what: str, step: int, *, alike: int = 0, offer: int = 0) -> tuple[bool, int]:
+        """Every rank is at ``what`` (within the timeout), and at the same ``step``; else a clear error.
+
+        In the same collective: whether every rank passed the same ``alike`` (a signature), and rank 0's
+        ``offer`` (what the others pass is ignored) -- a save agrees on both at once, not in one collective
+        each (every collective is a wait for the slowest rank while the loop is blocked).
+        """
         group = self._ensure()
         if group is None:
-            return
+            return True, offer
         rank = dist.get_rank()
         try:
             dist.monitored_barrier(group=group, timeout=self.timeout, wait_all_ranks=True)
@@ -105,7 +112,8 @@ class SideGroup:
                 hint="every rank must call save()/load() at the same step; an `if rank == 0:` around "
                 "save() is the usual cause (Checkpointer(timeout_s=...) sets the wait)",
             ) from exc
-        bounds = torch.tensor([step, -step], dtype=torch.int64)
+        offered = offer if rank == 0 else _LOWEST
+        bounds = torch.tensor([step, -step, alike, -alike, offered], dtype=torch.int64)
         dist.all_reduce(bounds, op=dist.ReduceOp.MAX, group=group)
         high, low = int(bounds[0]), -int(bounds[1])
         if high != low:
@@ -113,31 +121,26 @@ class SideGroup:
                 f"checkpoint {what} on rank {rank}: the ranks called it at different steps ({low} to {high})",
                 hint="call save() on every rank with the same step number",
             )
+        return int(bounds[2]) == -int(bounds[3]), int(bounds[4])
 
-    def same_everywhere(self, value: int) -> bool:
-        """Whether every rank passed the same ``value``."""
-        group = self._ensure()
-        if group is None:
-            return True
-        bounds = torch.tensor([value, -value], dtype=torch.int64)
-        dist.all_reduce(bounds, op=dist.ReduceOp.MAX, group=group)
-        return int(bounds[0]) == -int(bounds[1])
+    def begin_temp(self, folders: StepFolders, step: int, is_main: bool) -> tuple[int, str]:
+        """Rank 0 begins ``step``'s temp folder: (its token as a number, to offer in :meth:`arrive`; -1 and
+        why when it cannot). The other ranks: (0, "")."""
+        if not is_main:
+            return 0, ""
+        try:
+            return int(folders.begin(step).name.rsplit("-", 1)[1], 16), ""
+        except OSError as exc:
+            return -1, f"{exc.strerror or exc}"
 
-    def share_temp(self, folders: StepFolders, step: int, is_main: bool) -> Path:
-        """Rank 0 begins ``step``'s temp folder; every rank gets its path (or the same error)."""
-        number, problem = 0, "see rank 0's log"
-        if is_main:
-            try:
-                number = int(folders.begin(step).name.rsplit("-", 1)[1], 16)
-            except OSError as exc:
-                number, problem = -1, f"{exc.strerror or exc}"
-        shared = self.broadcast_int(number)
-        if shared < 0:
+    def temp_path(self, folders: StepFolders, step: int, number: int, problem: str) -> Path:
+        """The temp folder rank 0 began, from the number it offered (or the same error on every rank)."""
+        if number < 0:
             raise CheckpointError(
-                f"cannot make a checkpoint folder under {folders.directory}: {problem}",
+                f"cannot make a checkpoint folder under {folders.directory}: {problem or _SEE_RANK_0}",
                 hint="the checkpoint directory must be a writable folder on a filesystem every node shares",
             )
-        return folders.temp_path(step, f"{shared:08x}")
+        return folders.temp_path(step, f"{number:08x}")
 
     def broadcast_int(self, value: int) -> int:
         """Rank 0's ``value`` on every rank."""

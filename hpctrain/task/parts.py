@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -110,13 +111,27 @@ def save_state(parts: list[Part], rank: int, device: torch.device) -> dict[str, 
 
 
 # -- loading -----------------------------------------------------------------------------------------------------
-def live_state(parts: list[Part]) -> dict[str, Any]:
-    """The live state of the modules and optimizers (their tensors, not copies): what ``dcp.load`` fills."""
+def live_state(parts: list[Part], *, guessed: bool = False) -> dict[str, Any]:
+    """The live state of the modules and optimizers (their tensors, not copies): what ``dcp.load`` fills.
+    ``guessed``: each part's own dictionary where DCP was not asked yet (``PlainState.guess``), for a load
+    that confirms it with :func:`guess_fits`."""
     state: dict[str, Any] = {}
     for part in parts:
         if part.plain is not None:
-            state[part.name] = part.plain.state()
+            own = part.plain.guess() if guessed else None
+            state[part.name] = own if own is not None else part.plain.state()
     return state
+
+
+def guess_fits(parts: list[Part], live: dict[str, Any], stored: Collection[str]) -> bool:
+    """Whether every module's and optimizer's state in ``live`` has exactly the keys the checkpoint holds for
+    it (``stored``: its flat keys, written with DCP's names): then ours names what DCP's would."""
+    for part in parts:
+        if part.plain is not None:
+            prefix = part.name + "."
+            if set(flat_keys({part.name: live[part.name]})) != {key for key in stored if key.startswith(prefix)}:
+                return False
+    return True
 
 
 def load_template(

@@ -15,7 +15,9 @@ hyper-parameters -- and from then on builds the same dictionaries itself. After
 a load that filled those very tensors in place, only the optimizer's
 hyper-parameters are left to set. Anything else (a DTensor, an optimizer
 without its state yet, a value DCP replaced instead of filling) goes to DCP's
-helpers, as before.
+helpers, as before. A load that comes before any save (a resume) does not ask
+DCP either when our dictionary has exactly the keys the checkpoint holds for
+the part (:meth:`PlainState.guess`): a save wrote them with DCP's names.
 """
 
 from __future__ import annotations
@@ -64,15 +66,29 @@ class PlainState:
             else get_optimizer_state_dict(self.module, self.optimizer)
         )
         if self._trusted is None:
-            if self.optimizer is not None:
-                named = {id(p): name for name, p in unwrapped(self.module).named_parameters()}
-                self._names = [named.get(id(p), "") for group in self.optimizer.param_groups for p in group["params"]]
+            self._name_parameters()
             own = self._own() if all(self._names) else None
             self._trusted = own is not None and _same(own, state)
             if self._trusted:  # the same tensors and values: handed out as ours, so a load can skip setting them
                 self._own_given = True
                 return own  # type: ignore[return-value]
         return state
+
+    def guess(self) -> dict[str, Any] | None:
+        """For a load: our own dictionary, without asking DCP while it is undecided whether ours equals DCP's
+        (None when it cannot be built now, or DCP's must be used). A load confirms it against the checkpoint's
+        keys, which a save wrote with DCP's names (``parts.guess_fits``), and asks :meth:`state` otherwise."""
+        if self._trusted is False:
+            return None
+        self._name_parameters()
+        own = self._own() if all(self._names) else None
+        self._own_given = own is not None
+        return own
+
+    def _name_parameters(self) -> None:
+        if self.optimizer is not None and not self._names:
+            named = {id(p): name for name, p in unwrapped(self.module).named_parameters()}
+            self._names = [named.get(id(p), "") for group in self.optimizer.param_groups for p in group["params"]]
 
     def set(self, loaded: dict[str, Any], asked: dict[str, Any]) -> None:
         """After DCP filled ``loaded`` (``asked``: a :func:`snapshot` of the state handed to it before)."""

@@ -22,14 +22,15 @@ import io
 import struct
 import sys
 import zipfile
-from typing import IO
+from typing import IO, Any
 
 import torch
 from torch import _weights_only_unpickler
 
-from hpctrain.task.torch_archive import ArchiveError, Window, check_records
+from hpctrain.task.torch_archive import ArchiveError, Window, check_directory, plain_directory
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # a zip record's local header: signature ... name length, extra length
+_ENDS = 4096  # an archive's first and last bytes, read once: headers, its pickle, its directory (torch_archive.Window)
 _EXPECTED = {
     *("data.pkl", "data/0", "byteorder", "version", ".data/version", ".data/serialization_id"),
     *(".format_version", ".storage_alignment"),
@@ -41,27 +42,45 @@ class _Elsewhere(Exception):
 
 
 def read_into(
-    stream: IO[bytes], offset: int, size: int, target: torch.Tensor, where: str, max_pickle: int
+    stream: IO[bytes],
+    offset: int,
+    size: int,
+    target: torch.Tensor,
+    where: str,
+    max_pickle: int,
+    described: set[tuple[Any, ...]] | None = None,
 ) -> int | None:
     """Read the archive of ``size`` bytes at ``offset`` in ``stream`` into ``target``; the bytes of its pickle
     when it did, None when it is not a whole tensor this can read (DCP's reader must). :class:`ArchiveError`
-    when the archive breaks the rules (``where`` names it)."""
-    value = Window(stream, offset, size)
+    when the archive breaks the rules (``where`` names it). ``described``: a load's pickles already found to
+    describe exactly a tensor of a type, shape and strides (a model's many tensors of one shape have the same
+    pickle, unpickled once)."""
     nbytes = target.numel() * target.element_size()
     storage = target.untyped_storage() if target.device.type == "cpu" else None
     if storage is None or not target.is_contiguous() or target.storage_offset() or storage.nbytes() != nbytes:
         return None
-    pickled = check_records(value, size, where, max_pickle=max_pickle).pickle
-    value.seek(0)
-    with zipfile.ZipFile(value) as archive:
-        records = {info.filename.split("/", 1)[-1]: info for info in archive.infolist()}
-        if not {"data.pkl", "data/0"} <= set(records) <= _EXPECTED or records["data/0"].file_size != nbytes:
-            return None
-        if "byteorder" in records and archive.read(records["byteorder"]).decode(errors="replace") != sys.byteorder:
-            return None
-        pickle = archive.read(records["data.pkl"])
-    if not _describes(pickle, target, storage):
+    value = Window(stream, offset, size, ends=_ENDS)
+    try:
+        infos: list[Any] | None = plain_directory(value, size)  # torch's own small archives: no zipfile
+        if infos is None:
+            with zipfile.ZipFile(value) as archive:
+                infos = list(archive.infolist())
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
+        raise ArchiveError(f"{where} is not an archive torch.save writes ({exc})") from exc
+    pickled = check_directory(infos, size, where, max_pickle=max_pickle).pickle
+    records = {info.filename.split("/", 1)[-1]: info for info in infos}
+    if not {"data.pkl", "data/0"} <= set(records) <= _EXPECTED or records["data/0"].file_size != nbytes:
         return None
+    order = records.get("byteorder")
+    if order is not None and (order.file_size > 16 or _record(value, order, size, where) != sys.byteorder.encode()):
+        return None
+    pickle = _record(value, records["data.pkl"], size, where)  # its size bounded by check_directory
+    known = (pickle, target.dtype, tuple(target.shape), target.stride())
+    if described is None or known not in described:
+        if not _describes(pickle, target, storage):
+            return None
+        if described is not None:
+            described.add(known)
     start = _data_start(value, records["data/0"].header_offset, where)
     if start + nbytes > size:
         raise ArchiveError(f"{where}: its tensor record reaches past the end of the value")
@@ -106,6 +125,19 @@ def _describes(pickle: bytes, target: torch.Tensor, storage: torch.UntypedStorag
         and rebuilt.storage_offset() == 0
         and rebuilt.untyped_storage().data_ptr() == storage.data_ptr()
     )
+
+
+def _record(value: IO[bytes], info: Any, size: int, where: str) -> bytes:
+    """A stored record's bytes, read from where its local header says they begin (in the window's kept ends,
+    for the small records: no ``zipfile`` stream per record)."""
+    start = _data_start(value, info.header_offset, where)
+    if start + info.file_size > size:
+        raise ArchiveError(f"{where}: record {info.filename!r} reaches past the end of the value")
+    value.seek(start)
+    data = value.read(info.file_size)
+    if len(data) != info.file_size:
+        raise ArchiveError(f"{where}: record {info.filename!r} ends early")
+    return data
 
 
 def _data_start(value: IO[bytes], header_offset: int, where: str) -> int:

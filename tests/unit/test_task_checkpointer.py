@@ -257,3 +257,14 @@ def test_a_folder_whose_name_claims_another_step_is_never_loaded_as_that_step(tm
         shutil.copytree(saved, saved.parent / name)
     ckpt = task.Checkpointer(tmp_path / "ckpt", **parts(seed=1))
     assert ckpt.load() == 6 and ckpt.last_loaded == saved and ckpt.checkpoints() == [saved]
+
+
+def test_a_model_whose_own_names_differ_from_the_checkpoints_loads_through_dcps_names(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 3))
+    task.Checkpointer(tmp_path / "ckpt", model=plain).save(1)
+    torch.manual_seed(1)
+    wrapped = nn.Sequential(nn.Linear(4, 6), torch.compile(nn.Linear(6, 3)))  # its own keys: 1._orig_mod.weight
+    assert "1._orig_mod.weight" in wrapped.state_dict()
+    assert task.Checkpointer(tmp_path / "ckpt", model=wrapped).load() == 1  # DCP names it 1.weight, as saved
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), wrapped.state_dict().values()))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
+from hpctrain.task import plain_state
 from hpctrain.task.plain_state import PlainState, _same, snapshot
 
 
@@ -56,3 +58,19 @@ def test_a_value_dcp_replaced_goes_through_dcps_helper() -> None:
     replaced = dict(live, **{"3.bias": torch.tensor([7.0, 8.0])})  # not the live tensor: it must be set
     module.set(replaced, asked)
     assert torch.equal(model[3].bias.detach(), torch.tensor([7.0, 8.0]))
+
+
+def test_a_guess_is_our_own_dictionary_of_the_live_tensors_without_asking_dcp(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model, optimizer = model_and_optimizer()
+    module, optim = PlainState(model), PlainState(model, optimizer)
+    expected_module, expected_optim = get_model_state_dict(model), get_optimizer_state_dict(model, optimizer)
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("DCP was asked")
+
+    monkeypatch.setattr(plain_state, "get_model_state_dict", never)
+    monkeypatch.setattr(plain_state, "get_optimizer_state_dict", never)
+    assert _same(module.guess(), expected_module) and _same(optim.guess(), expected_optim)
+    assert module._trusted is None and module._own_given  # undecided: the first save still compares with DCP's

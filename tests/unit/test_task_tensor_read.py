@@ -56,3 +56,18 @@ def test_a_crafted_archive_is_refused_before_anything_is_read() -> None:
         read_into(io.BytesIO(bytes(data)), 0, len(data), torch.zeros(64), "v", max_pickle=8)  # over its bound
     with pytest.raises(ArchiveError, match="not an archive"):
         read_into(io.BytesIO(bytes(data[: len(data) // 2])), 0, len(data) // 2, torch.zeros(64), "v", 1 << 20)
+
+
+def test_a_pickle_found_to_describe_one_tensor_is_trusted_for_that_tensor_only() -> None:
+    described: set[tuple[object, ...]] = set()
+    saved = torch.randn(5, 7)
+    stream = archive(saved)
+    first = torch.zeros(5, 7)
+    assert read_into(stream, 0, len(stream.getbuffer()), first, "v", 1 << 20, described)
+    assert len(described) == 1 and torch.equal(first, saved)
+    second = torch.zeros(5, 7)  # a tensor of the same shape: its archive's pickle is the one already judged
+    assert read_into(archive(saved * 2), 0, len(stream.getbuffer()), second, "v", 1 << 20, described)
+    assert torch.equal(second, saved * 2) and len(described) == 1
+    for other in (torch.zeros(5, 7, dtype=torch.float64), torch.zeros(7, 5)):  # judged anew, and refused
+        assert read_into(archive(saved), 0, len(stream.getbuffer()), other, "v", 1 << 20, described) is None
+        assert not other.any()
