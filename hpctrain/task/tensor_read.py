@@ -21,13 +21,12 @@ from __future__ import annotations
 import io
 import struct
 import sys
-import zipfile
 from typing import IO, Any
 
 import torch
 from torch import _weights_only_unpickler
 
-from hpctrain.task.torch_archive import ArchiveError, Window, check_directory, plain_directory
+from hpctrain.task.torch_archive import ArchiveError, Window, check_directory, read_directory
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # a zip record's local header: signature ... name length, extra length
 _ENDS = 4096  # an archive's first and last bytes, read once: headers, its pickle, its directory (torch_archive.Window)
@@ -60,13 +59,7 @@ def read_into(
     if storage is None or not target.is_contiguous() or target.storage_offset() or storage.nbytes() != nbytes:
         return None
     value = Window(stream, offset, size, ends=_ENDS)
-    try:
-        infos: list[Any] | None = plain_directory(value, size)  # torch's own small archives: no zipfile
-        if infos is None:
-            with zipfile.ZipFile(value) as archive:
-                infos = list(archive.infolist())
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
-        raise ArchiveError(f"{where} is not an archive torch.save writes ({exc})") from exc
+    infos = read_directory(value, size, where)
     pickled = check_directory(infos, size, where, max_pickle=max_pickle).pickle
     records = {info.filename.split("/", 1)[-1]: info for info in infos}
     if not {"data.pkl", "data/0"} <= set(records) <= _EXPECTED or records["data/0"].file_size != nbytes:

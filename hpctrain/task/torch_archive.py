@@ -50,6 +50,13 @@ def check_records(source: IO[bytes], size: int, where: str, *, max_pickle: int |
     """Raise :class:`ArchiveError` unless ``source`` (``size`` bytes, seekable) is an archive as ``torch.save``
     writes it: every record stored (not compressed) and inside it, the pickle at most ``max_pickle`` bytes
     (:data:`MAX_PICKLE_BYTES` when None). Reads only the zip's directory. ``where`` names it in errors."""
+    return check_directory(read_directory(source, size, where), size, where, max_pickle=max_pickle)
+
+
+def read_directory(source: IO[bytes], size: int, where: str) -> list[Any]:
+    """The entries of the zip directory of ``source`` (``size`` bytes, seekable), judged by nobody yet:
+    :func:`plain_directory` for torch's own small archives, ``zipfile`` for any other; raise
+    :class:`ArchiveError` naming ``where`` when neither can read one."""
     try:
         records: list[Any] | None = plain_directory(source, size)  # torch's own small archives: no zipfile
         if records is None:
@@ -57,7 +64,7 @@ def check_records(source: IO[bytes], size: int, where: str, *, max_pickle: int |
                 records = list(archive.infolist())
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
         raise ArchiveError(f"{where} is not an archive torch.save writes ({exc})") from exc
-    return check_directory(records, size, where, max_pickle=max_pickle)
+    return records
 
 
 def check_directory(records: Sequence[Any], size: int, where: str, *, max_pickle: int | None = None) -> Records:
