@@ -33,11 +33,8 @@ make it cheap, as in the built-in trainer's ``trainer/snapshot.py``:
   only when the state's layout changed (an optimizer that created its state, a
   blob that grew): a copy into buffers of another layout would be wrong, not
   slow.
-* **Parallel copies.** The host copies run as :data:`COPY_STREAMS`
-  single-threaded streams on a kept pool (``Tensor.copy_`` lets go of the GIL):
-  one stream is bound by one core's memory bandwidth, and torch's own
-  multi-threaded copy spin-waits when other threads hold the cores (the trainer
-  measured it 10-40x slower beside data-loader workers).
+* **Parallel copies.** The host copies run as a few single-threaded streams on
+  a kept pool (``task/host_copy.py``, the trainer's too).
 
 The copy is of DCP's flat state (``model.layer.weight``,
 ``optimizer.param_groups.0.lr``): its tensors are the buffers, its plain values
@@ -67,10 +64,10 @@ from torch.distributed.tensor import DTensor
 from hpctrain.contract.step_folders import StepFolders, file_digest
 from hpctrain.task import dcp_io
 from hpctrain.task.group import DCP_ERRORS, SideGroup
+from hpctrain.task.host_copy import HostCopies
 
 log = logging.getLogger(__name__)
 
-COPY_STREAMS = 2
 WRITE_BUFFER_BYTES = 1 << 20  # torch.save writes each value's headers in many small pieces
 
 
@@ -80,7 +77,7 @@ class Staging:
     def __init__(self) -> None:
         self._buffers: dict[str, Any] = {}
         self._layout: tuple[Any, ...] = ()
-        self._pool: ThreadPoolExecutor | None = None
+        self._copies = HostCopies("checkpoint-staging")
 
     def stage(self, state: dict[str, Any], *, flat: bool = False) -> dict[str, Any]:
         """A copy of ``state`` whose tensors are kept buffers, DCP's flat keys grouped by part
@@ -112,36 +109,15 @@ class Staging:
             else:
                 target.copy_(source.detach(), non_blocking=True)
                 device = True
-        self._copy(host)
+        self._copies.copy(host)
         if device:
             torch.cuda.synchronize()  # the device-to-host copies must land before the writer reads them
         return dcp_io.by_part(staged)
 
-    def _copy(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(COPY_STREAMS, thread_name_prefix="checkpoint-staging")
-        pairs = sorted(pairs, key=lambda pair: -pair[0].numel() * pair[0].element_size())
-        shares = [pairs[i::COPY_STREAMS] for i in range(COPY_STREAMS)]  # largest first, dealt in turn: even
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            for future in [self._pool.submit(_copy_all, share) for share in shares if share]:
-                future.result()
-        finally:
-            torch.set_num_threads(threads)
-
     def close(self) -> None:
         """Let go of the buffers and the copying threads (a later :meth:`stage` makes them again)."""
         self._buffers, self._layout = {}, ()
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
-
-
-def _copy_all(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    with torch.no_grad():
-        for target, source in pairs:
-            target.copy_(source)
+        self._copies.close()
 
 
 def state_layout(flat: dict[str, Any]) -> tuple[Any, ...]:

@@ -9,15 +9,14 @@ strings), so that it loads with ``weights_only=True``.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
 import torch
 
 from hpctrain.errors import CheckpointError
+from hpctrain.task.host_copy import HostCopies
 
 SAFE_SCALARS = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
-_COPY_STREAMS = 2
 
 
 def refuse_type(value: Any, path: tuple[Any, ...]) -> NoReturn:
@@ -38,7 +37,7 @@ class StagingBuffers:
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
-        self._pool: ThreadPoolExecutor | None = None
+        self._copies = HostCopies("checkpoint-snapshot")
 
     def reserve(self, state: Any) -> None:
         self.snapshot(state)  # copying touches every page now, so the first real save does not fault them in
@@ -47,27 +46,14 @@ class StagingBuffers:
         """A copy of ``state`` whose tensors live in the staging buffers; unsafe types raise."""
         host_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         copied = self._walk(state, (), host_copies)
-        # Host copies run as parallel single-threaded memcpy streams: torch's own multi-threaded
-        # copy spin-waits when data-loader workers hold the other cores (measured 10-40x slower).
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(_COPY_STREAMS, thread_name_prefix="checkpoint-snapshot")
-            shares = [host_copies[i::_COPY_STREAMS] for i in range(_COPY_STREAMS)]
-            for future in [self._pool.submit(_copy_all, share) for share in shares]:
-                future.result()
-        finally:
-            torch.set_num_threads(threads)
+        self._copies.copy(host_copies)  # a few single-threaded streams (task/host_copy.py)
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()  # the non_blocking device-to-host copies must land before the writer reads
         return copied
 
     def release(self) -> None:
         self._buffers.clear()
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
+        self._copies.close()
 
     def _walk(self, value: Any, path: tuple[Any, ...], host_copies: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
         if isinstance(value, torch.Tensor):
@@ -96,8 +82,3 @@ class StagingBuffers:
         else:
             host_copies.append((buffer, tensor.detach()))
         return buffer
-
-
-def _copy_all(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    for destination, source in pairs:
-        destination.copy_(source)
