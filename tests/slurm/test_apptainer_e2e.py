@@ -33,12 +33,10 @@ from .stop_helpers import (
     cancel_leaves_nothing,
     cmdline_of,
     environ_of,
-    latest_step,
     make_workspace,
     report_timing,
     requeue_then_preempt,
     wait_for,
-    wait_requeued,
 )
 
 if TYPE_CHECKING:
@@ -124,27 +122,12 @@ def assert_relayed(run: Run) -> None:
     assert "job is running: requeue" in task_logs(run.run_dir, lines=400)  # scontrol show job, relayed
 
 
-def test_usr2_requeues_through_the_relay_and_resumes_bit_identically(
-    slurm_cluster: SlurmCluster, workspace: Workspace, image: Path, reference_weights: str
-) -> None:
-    started = time.monotonic()
-    run = submit_in_image(workspace, image, "apptainer_requeued")
-    assert_ranks_in_image(slurm_cluster, run, image)
-    wait_for(lambda: latest_step(run.run_dir) >= 2 or None, "the first checkpoint", START_TIMEOUT_S, run)
-    slurm_cluster.run("scancel", "--signal=USR2", run.job_id)  # the time-limit warning
-    wait_requeued(slurm_cluster, run.job_id, restarts=1, timeout=90)
-    slurm_cluster.release(run.job_id)
-    assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
-    report_timing("Apptainer run requeued through the relay, submit to end", time.monotonic() - started)
-    assert_completed_exactly(run, 1, reference_weights)
-    assert_relayed(run)
-
-
 def test_usr2_then_preemption_requeue_through_the_relay_and_resume_bit_identically(
     slurm_cluster: SlurmCluster, workspace: Workspace, image: Path, reference_weights: str, tmp_path: Path
 ) -> None:
     started = time.monotonic()
     run = submit_in_image(workspace, image, "apptainer_preempted")
+    assert_ranks_in_image(slurm_cluster, run, image)
     requeue_then_preempt(slurm_cluster, run, tmp_path, START_TIMEOUT_S)
     assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
     report_timing("Apptainer run requeued and preempted, submit to end", time.monotonic() - started)
