@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from forked_ranks import start_ranks
 from trainer_harness import context, job_spec, stop_at
 
 from hpctrain.trainer.trainer import Trainer
@@ -95,7 +95,7 @@ def run_ranks(scenario: str, world_size: int, out_dir: Path, runs: int = 1, **kw
     """``scenario`` in ``world_size`` spawned gloo ranks, given ``runs`` RPC ports; each rank's result."""
     out_dir.mkdir(parents=True, exist_ok=True)
     kwargs["ports"] = [rpc_base_port() for _ in range(runs)]
-    mp.spawn(_rank_main, args=(world_size, free_port(), scenario, out_dir, kwargs), nprocs=world_size, join=True)
+    start_ranks(_rank_main, (world_size, free_port(), scenario, out_dir, kwargs), world_size)
     return [json.loads((out_dir / f"rank-{rank}.json").read_text()) for rank in range(world_size)]
 
 

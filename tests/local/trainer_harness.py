@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from forked_ranks import start_ranks
 
 from hpctrain.dataset.generate import make_dataset
 from hpctrain.jobspec.models import JobSpec
@@ -116,7 +116,7 @@ def run_ranks(scenario: str | Callable[..., Any], world_size: int, out_dir: Path
     ``scenario`` names one of this module's SCENARIOS, or is a module-level function of another harness.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_rank_main, args=(world_size, free_port(), scenario, out_dir, kwargs), nprocs=world_size, join=True)
+    start_ranks(_rank_main, (world_size, free_port(), scenario, out_dir, kwargs), world_size)
     return [json.loads((out_dir / f"rank-{rank}.json").read_text()) for rank in range(world_size)]
 
 
