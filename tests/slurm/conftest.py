@@ -155,6 +155,29 @@ class SlurmCluster:
         time.sleep(RELEASE_AFTER_REQUEUE_S)
         self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
 
+    def configure(
+        self, nodes: int = 2, proctrack: str = "cgroup", shared: Path | None = None, apptainer: bool = False
+    ) -> None:
+        """The whole cluster as one file needs it (defaults: the 2-node cluster every other file runs on):
+        one ``slurm-cluster up``, a no-op when it is so and healthy, a restart otherwise (~20 s). A file that
+        needs another shape says so (:data:`CLUSTER_SHAPES`) and calls this from its module fixture; it does
+        not change the cluster back afterwards: the next file that needs the default asks for it.
+
+        Where Apptainer's root filesystem cannot be made (no package registry), the calling test is
+        skipped, or fails under CI."""
+        if proctrack not in ("cgroup", "linuxproc"):
+            raise ValueError(f"proctrack must be 'cgroup' or 'linuxproc', not {proctrack!r}")
+        self.nodes = [f"n{k}" for k in range(1, nodes + 1)]
+        self.proctrack, self.shared = proctrack, shared
+        if not apptainer:
+            self.apptainer = False
+            _script("up", *self._up_args())
+            return
+        up = _script("up", *self._up_args(apptainer=True), timeout=FIRST_UP_TIMEOUT_S, ok=(0, ROOTFS_UNAVAILABLE))
+        if up.returncode == ROOTFS_UNAVAILABLE:
+            _skip_or_fail(f"Apptainer is not available here: {up.stderr.strip()}")
+        self.apptainer = True
+
     def set_proctrack(self, mode: str) -> None:
         """Restart the cluster with ProctrackType=proctrack/<mode>; no-op if already so."""
         if mode not in ("cgroup", "linuxproc"):
@@ -175,17 +198,8 @@ class SlurmCluster:
         return folder
 
     def use_apptainer(self) -> None:
-        """Restart the cluster with the real Apptainer on every node (``up --apptainer``); no-op if already so.
-
-        Where Apptainer's root filesystem cannot be made (no package registry), the
-        calling test is skipped, or fails under CI.
-        """
-        if self.apptainer:
-            return
-        up = _script("up", *self._up_args(apptainer=True), timeout=FIRST_UP_TIMEOUT_S, ok=(0, ROOTFS_UNAVAILABLE))
-        if up.returncode == ROOTFS_UNAVAILABLE:
-            _skip_or_fail(f"Apptainer is not available here: {up.stderr.strip()}")
-        self.apptainer = True
+        """The 2-node cluster with the real Apptainer on every node (``up --apptainer``): :meth:`configure`."""
+        self.configure(apptainer=True)
 
     def build_image(self, out: Path) -> Path:
         """``slurm-cluster image OUT``: a small SIF image for the jobs (the venv is bound in)."""
@@ -196,7 +210,7 @@ class SlurmCluster:
         return out
 
     def use_shared(self, folder: Path | None) -> None:
-        """Restart the cluster with ``folder`` served to every node over sshfs (``up --shared``), or without.
+        """The 2-node cluster with ``folder`` served to every node over sshfs (``up --shared``): :meth:`configure`.
 
         Where sshfs or the OpenSSH server is not installed, the calling test is skipped, or fails under CI.
         """
@@ -205,8 +219,7 @@ class SlurmCluster:
         if folder is not None and missing:
             fix: str = _SCRIPT_MODULE.SHARED_FIX  # type: ignore[attr-defined]
             _skip_or_fail(f"--shared: {', '.join(missing)} not installed; {fix}")
-        self.shared = folder
-        _script("up", *self._up_args())
+        self.configure(shared=folder)
 
     def sftp_log(self, node: str) -> Path:
         """The sftp server's log of ``node``'s mount (``up --shared``): one line per open, listing, rename."""
@@ -342,6 +355,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if HERE in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.slurm)
+    items[:] = sorted(items, key=_shape_rank)  # stable: a file's tests keep their order
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -381,6 +395,29 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
             )
         else:
             _script("down", "--state-dir", str(state_dir), timeout=120)
+
+
+# The cluster shapes a file may ask for with a module-level ``CLUSTER_SHAPE``, in the order the files run:
+# the files on the default 2-node cluster first, then each shape's files together, so that each shape
+# costs one restart, and nothing is changed back at a file's end (the session ends, or the next file that
+# needs the default asks for it). A file that changes the cluster for one test only changes it back itself.
+CLUSTER_SHAPES = ("three nodes", "five nodes", "linuxproc", "shared", "apptainer")
+
+
+def _shape_rank(item: pytest.Item) -> int:
+    shape = getattr(item.module, "CLUSTER_SHAPE", None) if isinstance(item, pytest.Function) else None
+    if shape is not None and shape not in CLUSTER_SHAPES:
+        raise pytest.UsageError(f"{item.nodeid}: CLUSTER_SHAPE {shape!r} is not one of {CLUSTER_SHAPES}")
+    return 0 if shape is None else 1 + CLUSTER_SHAPES.index(shape)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def the_cluster_a_file_needs(request: pytest.FixtureRequest, slurm_cluster: SlurmCluster) -> None:
+    """A file without a ``CLUSTER_SHAPE`` runs on the default cluster, healthy (a node an earlier file
+    killed is started again); a file with one sets it up in its own module fixture. Under xdist (the
+    shared half) no file changes the cluster, and the workers leave it alone."""
+    if getattr(request.module, "CLUSTER_SHAPE", None) is None and not _xdist_worker():
+        slurm_cluster.configure()
 
 
 @pytest.fixture(scope="module", autouse=True)

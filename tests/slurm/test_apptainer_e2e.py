@@ -48,6 +48,9 @@ START_TIMEOUT_S = 120  # submit -> first checkpoint: 4 ranks starting Apptainer 
 RUN_TIMEOUT_S = 180
 
 
+CLUSTER_SHAPE = "apptainer"  # conftest.py: this file runs with the others that need it, after the default's
+
+
 @pytest.fixture(scope="module")
 def image(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
     started = time.monotonic()

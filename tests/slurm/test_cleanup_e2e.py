@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,13 +50,13 @@ LEFTOVER_BUDGET_S = 30  # after the job ended, nothing of it may be alive this m
 DATA_WORKERS = 2
 
 
+CLUSTER_SHAPE = "linuxproc"  # conftest.py: this file runs with the others that need it, after the default's
+
+
 @pytest.fixture(scope="module")
-def linuxproc(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
-    slurm_cluster.set_proctrack("linuxproc")
-    try:
-        yield slurm_cluster
-    finally:
-        slurm_cluster.set_proctrack("cgroup")
+def linuxproc(slurm_cluster: SlurmCluster) -> SlurmCluster:
+    slurm_cluster.configure(proctrack="linuxproc")
+    return slurm_cluster
 
 
 @pytest.fixture(scope="module")

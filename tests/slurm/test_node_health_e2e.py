@@ -66,14 +66,16 @@ def slow(node: str, pct: float | None) -> None:
     assert done.returncode == 0, done.stderr
 
 
+CLUSTER_SHAPE = "five nodes"  # conftest.py: this file runs with the others that need it, after the default's
+
+
 @pytest.fixture(scope="module")
 def five_nodes(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
-    slurm_cluster.resize(5)
+    slurm_cluster.configure(nodes=5)
     try:
         yield slurm_cluster
     finally:
         slow(SLOW, None)
-        slurm_cluster.resize(2)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,13 +81,13 @@ THREE_NODES = (
 )
 
 
+CLUSTER_SHAPE = "three nodes"  # conftest.py: this file runs with the others that need it, after the default's
+
+
 @pytest.fixture(scope="module")
-def three_nodes(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
-    slurm_cluster.resize(3)
-    try:
-        yield slurm_cluster
-    finally:
-        slurm_cluster.resize(2)
+def three_nodes(slurm_cluster: SlurmCluster) -> SlurmCluster:
+    slurm_cluster.configure(nodes=3)
+    return slurm_cluster
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,6 +49,7 @@ START_TIMEOUT_S = 120
 SERVER_LINE = re.compile(r'^(open|opendir|rename|posix-rename) (?:old )?"([^"]*)"(?: flags (\S+)| new "([^"]*)")?')
 
 pytestmark = pytest.mark.shared_fs
+CLUSTER_SHAPE = "shared"  # conftest.py: this file runs with the others that need it, after the default's
 
 
 class ServerLog:
@@ -82,16 +82,14 @@ class ServerLog:
 
 
 @pytest.fixture(scope="module")
-def shared(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workspace]:
-    """A workspace (dataset, runs) in a folder every node mounts over sshfs; the cluster goes back after."""
+def shared(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    """A workspace (dataset, runs) in a folder every node mounts over sshfs (conftest.py: the next file
+    that needs the default cluster asks for it)."""
     folder = tmp_path_factory.mktemp("shared")
     started = time.monotonic()
     slurm_cluster.use_shared(folder)
     report_timing("cluster restarted with --shared", time.monotonic() - started)
-    try:
-        yield make_workspace(slurm_cluster, folder)
-    finally:
-        slurm_cluster.use_shared(None)
+    return make_workspace(slurm_cluster, folder)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,13 +43,13 @@ START_TIMEOUT_S = 120
 RUN_TIMEOUT_S = 300
 
 
+CLUSTER_SHAPE = "three nodes"  # conftest.py: this file runs with the others that need it, after the default's
+
+
 @pytest.fixture(scope="module")
-def cluster(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
-    slurm_cluster.resize(3)
-    try:
-        yield slurm_cluster
-    finally:
-        slurm_cluster.resize(2)
+def cluster(slurm_cluster: SlurmCluster) -> SlurmCluster:
+    slurm_cluster.configure(nodes=3)
+    return slurm_cluster
 
 
 @pytest.fixture(scope="module")
