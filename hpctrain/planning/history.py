@@ -13,7 +13,7 @@ written them. What cannot be read is skipped and counted in the notes.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from hpctrain.contract.metrics import parse_metric_lines
 from hpctrain.contract.rundir import is_inside, is_study_dir, metrics_path, run_home, spec_path
 from hpctrain.contract.runfiles import RunFileError, plausible, printable, read_tail
 from hpctrain.contract.scaling_model import Scale, run_devices, scale_of
-from hpctrain.contract.starts import read_starts
+from hpctrain.contract.starts import Start, read_starts
 from hpctrain.contract.step_split import KIND as SPLIT_KIND
 from hpctrain.contract.study_file import point_dir, read_study
 from hpctrain.contract.summary import Summary, read_summary
@@ -119,9 +119,10 @@ def _read_run(run_dir: Path, spec: Mapping[str, Any], found: History) -> None:
     records = metric_records(run_dir, found)
     step_s = step_times_of(records)
     median_s = statistics.median(step_s) if step_s else None
-    if isinstance(nodes, int) and nodes >= 1 and len(step_s) >= MIN_STEPS:
+    pace = pace_of(records, read_starts(run_dir))
+    if isinstance(nodes, int) and nodes >= 1 and pace is not None and pace.steps >= MIN_STEPS:
         scale = _scale(records, summary, spec, nodes)
-        found.measurements.append(Measurement(nodes, median_s, len(step_s), where, scale))
+        found.measurements.append(Measurement(nodes, pace.seconds, pace.steps, where, scale, pace.basis))
     _read_starts(run_dir, median_s, found)
     if summary is None:
         return
@@ -144,6 +145,52 @@ def _read_starts(run_dir: Path, step_s: float | None, found: History) -> None:
         found.started_runs += 1
     for first, cost in costs:
         (found.first_start_costs if first else found.restart_costs).append(cost)
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How long a run took per training step: ``basis`` "wall" is the wall time between its logged steps
+    within each start (what a plan must count: the validation, checkpoints and epoch starts between steps
+    too), "median" the median of its logged step times where too few steps were logged in a row."""
+
+    seconds: float
+    steps: int
+    basis: str
+
+
+# Without a starts record (a run older than contract/starts.py), a pause this long between two logged steps
+# is taken for a restart, not for what a run does between steps (a long validation).
+RESTART_GAP_S = 600.0
+
+
+def pace_of(records: list[dict[str, Any]], starts: Sequence[Start] = ()) -> Pace | None:
+    """The run's seconds per step from its train_step records (file order) and its starts; None: no step."""
+    times = step_times_of(records)
+    if not times:
+        return None
+    median = statistics.median(times)
+    logged = [
+        (r["global_step"], r["time"])
+        for r in records
+        if r["kind"] == "train_step" and isinstance(r.get("global_step"), int) and plausible(r.get("time"))
+    ]
+    restarts = sorted(start.began for start in starts if not start.first)
+    span, steps = 0.0, 0
+    for (step_before, before), (step, at) in zip(logged, logged[1:]):
+        advanced, took = step - step_before, at - before
+        if advanced <= 0 or took < 0 or any(before < began <= at for began in restarts):
+            continue  # steps redone after a restart, a clock step back, or a restart in between
+        if not starts and took > max(RESTART_GAP_S, 100 * median * advanced):
+            continue
+        span, steps = span + took, steps + advanced
+    if steps >= MIN_STEPS and span > 0:
+        return Pace(span / steps, steps, "wall")
+    return Pace(median, len(times), "median")
+
+
+def run_pace(run_dir: Path) -> Pace | None:
+    """:func:`pace_of` a run directory (bounded reads, as everywhere here)."""
+    return pace_of(metric_records(run_dir), read_starts(run_dir))
 
 
 def run_step_times(run_dir: Path, found: History | None = None) -> list[float]:

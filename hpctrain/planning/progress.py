@@ -15,7 +15,6 @@ no step logged yet, a start the scheduler has not set -- stays None, and
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -27,7 +26,7 @@ from hpctrain.contract.slurm_states import is_pending
 from hpctrain.contract.summary import read_summary
 from hpctrain.errors import ClusterError
 from hpctrain.jobspec.slurm_time import parse_time_limit
-from hpctrain.planning.history import dotted, read_run_spec, run_step_times
+from hpctrain.planning.history import dotted, read_run_spec, run_pace
 from hpctrain.planning.timeline import duration, timeline
 
 
@@ -73,8 +72,8 @@ def estimate(run_dir: Path, job_id: str, slurm: Slurm, *, clock: Callable[[], fl
             summary.epochs * summary.steps_per_epoch if summary.epochs and summary.steps_per_epoch else None
         )
     steps_left = None if total is None else max(0, total - (summary.global_step or 0 if summary else 0))
-    step_times = run_step_times(run_dir)
-    step_s = statistics.median(step_times) if step_times else None
+    pace = run_pace(run_dir)  # wall time per step: what the run does between steps counts too
+    step_s = None if pace is None else pace.seconds
     spec = read_run_spec(run_dir) or {}
     limit_s, stop_s = times.time_limit_s or _limit_s(spec), dotted(spec, "signals.signal_delay_s")
     stop_s = stop_s if isinstance(stop_s, int) else 0

@@ -1,7 +1,9 @@
 """The step time at each shape, from the best source, always named. Pure.
 
 Best first: this spec's earlier runs and study points at that node count
-(the median of their logged step times); for node counts never measured, the
+(the wall time per step between their logged steps, whatever ran between
+them within a start included; the median of the logged step times where
+too few were logged in a row); for node counts never measured, the
 report's what-if model (``contract/scaling_model.py``) when an earlier run
 logged ``step_split`` records, else a scaling model fitted to the step
 times; the user's own ``--step-time`` (at the spec's own node count, or the
@@ -30,13 +32,15 @@ from hpctrain.contract.scaling_model import Scale, StepModel, label
 
 @dataclass(frozen=True)
 class Measurement:
-    """One earlier run's step time at ``nodes``: the median of ``steps`` logged step times (seconds)."""
+    """One earlier run's step time at ``nodes`` over ``steps`` logged steps (seconds): the wall time per step
+    between them ("wall": validation and checkpoints included) or their median ("median")."""
 
     nodes: int
     step_s: float
     steps: int
     where: str  # the run directory (or study point), for the plan's sources
     scale: Scale | None = None  # its step_split records as a scale of the what-if model, when it logged them
+    basis: str = "median"
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,12 @@ def step_times(
         loss = None if estimate is None else estimate.dominant_loss
         if nodes in best:
             found = best[nodes]
-            source = f"measured: median of {found.steps} logged steps in {found.where}"
+            source = (
+                f"measured: wall time per step over {found.steps} logged steps (validation and checkpoints "
+                f"included) in {found.where}"
+                if found.basis == "wall"
+                else f"measured: median of {found.steps} logged steps in {found.where}"
+            )
             answers[nodes] = StepTime(found.step_s, source, False, "measured", dominant, loss)
         elif user_model is not None and nodes == user_nodes:
             answers[nodes] = StepTime(user_model.at(nodes), "--step-time (yours)", False, "yours")

@@ -48,7 +48,7 @@ def earlier_run(spec: Path, step_s: float) -> None:
     (run_dir / "spec.yaml").write_text(json.dumps(job.spec.model_dump(mode="json")))
     summary = {"status": "completed", "num_nodes": 1, "steps_per_epoch": 100, "global_batch_size": 64}
     (run_dir / "summary.json").write_text(json.dumps(summary))
-    records = [{"kind": "train_step", "global_step": i, "step_s": step_s, "time": i} for i in range(1, 11)]
+    records = [{"kind": "train_step", "global_step": i, "step_s": step_s, "time": i * step_s} for i in range(1, 11)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 

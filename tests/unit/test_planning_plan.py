@@ -52,7 +52,7 @@ def earlier_run(spec: Path, nodes: int, step_s: float, *, name: str = "") -> Pat
     summary = {"status": "completed", "num_nodes": nodes, "steps_per_epoch": steps_per_epoch}
     (run_dir / "summary.json").write_text(json.dumps({**summary, "global_batch_size": job.spec.global_batch_size}))
     records = [
-        {"kind": "train_step", "epoch": 0, "step": i, "global_step": i, "step_s": step_s, "time": i}
+        {"kind": "train_step", "epoch": 0, "step": i, "global_step": i, "step_s": step_s, "time": i * step_s}
         for i in range(1, 11)
     ]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -32,7 +32,7 @@ def run_dir(
     (folder / "summary.json").write_text(json.dumps(summary))
     (folder / "spec.yaml").write_text("resources:\n  time: '00:10:00'\nsignals:\n  signal_delay_s: 120\n")
     lines = [
-        {"kind": "train_step", "epoch": 0, "step": i, "global_step": i, "step_s": step_s, "time": i}
+        {"kind": "train_step", "epoch": 0, "step": i, "global_step": i, "step_s": step_s, "time": i * step_s}
         for i in range(1, 6)
     ]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
