@@ -320,6 +320,14 @@ class Slurm:
             return DEFAULT_MAX_ARRAY_SIZE
         return self._config_number("MaxArraySize", DEFAULT_MAX_ARRAY_SIZE, timeout_s=5.0)
 
+    def requeue_hold_s(self, *, timeout_s: float = 10.0) -> int:
+        """How long a requeued job is held before it may start again (Slurm's cred_expire); never raises:
+        Slurm's default, 120 s, when the controller does not answer."""
+        try:
+            return answers.requeue_hold_s(self.config(timeout_s=timeout_s))
+        except ClusterError:
+            return answers.DEFAULT_REQUEUE_HOLD_S
+
     def expedited_requeue(self, *, timeout_s: float = 10.0) -> answers.ExpeditedRequeue:
         """Whether the cluster takes ``sbatch --requeue=expedite`` (Slurm 25.11+ with
         ``SlurmctldParameters=enable_expedited_requeue``); never raises: a controller that does not

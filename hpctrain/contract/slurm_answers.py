@@ -120,6 +120,20 @@ class ExpeditedRequeue:
     why: str
 
 
+DEFAULT_REQUEUE_HOLD_S = 120  # Slurm's cred_expire default
+
+
+def requeue_hold_s(config: Mapping[str, str]) -> int:
+    """How long Slurm holds a job after a requeue before it may start again (``Reason=BeginTime``): the
+    job credential's lifetime, ``cred_expire`` in ``AuthInfo`` (or a ``CredExpire`` line), 120 s unless
+    set. A job submitted with ``--requeue=expedite`` is not held. Pure."""
+    match = re.search(r"cred_expire=(\d+)", config.get("AuthInfo", ""))
+    if match:
+        return int(match.group(1))
+    value = config_number(config, "CredExpire")
+    return DEFAULT_REQUEUE_HOLD_S if value is None else value
+
+
 def expedited_requeue_support(config: Mapping[str, str]) -> ExpeditedRequeue:
     """From a parsed ``scontrol show config``: Slurm's version and ``SlurmctldParameters``. Pure.
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.contract.slurm import Slurm, SlurmCommandError
+from hpctrain.contract.slurm_answers import DEFAULT_REQUEUE_HOLD_S
 from hpctrain.errors import UsageError
 from hpctrain.jobspec.slurm_time import parse_time_limit
 
@@ -126,3 +127,14 @@ def _seconds(text: str) -> int | None:
 
 def _count(text: str) -> int | None:
     return int(text) if text.isdigit() else None
+
+
+def requeue_hold(expedited: bool | str, slurm: Slurm | None) -> tuple[float, str]:
+    """Seconds Slurm holds a requeued chunk before it may start, and what says so: none with expedited
+    requeue (``resources.expedited_requeue`` true, or auto where the cluster has it), else the cluster's
+    job credential lifetime (``cred_expire``; Slurm's 120 s where no cluster answers)."""
+    if slurm is None:
+        return float(DEFAULT_REQUEUE_HOLD_S), "Slurm's default cred_expire; no cluster asked"
+    if expedited is True or (expedited == "auto" and slurm.expedited_requeue().available):
+        return 0.0, "expedited requeue: not held"
+    return float(slurm.requeue_hold_s()), "the cluster's cred_expire: a requeued job's BeginTime"

@@ -27,11 +27,11 @@ from hpctrain.contract.slurm import Slurm
 from hpctrain.contract.slurm_states import is_pending
 from hpctrain.errors import ClusterError, UsageError
 from hpctrain.jobspec.slurm_time import seconds_to_minutes
-from hpctrain.planning.cluster import start_of, test_only_options
+from hpctrain.planning.cluster import requeue_hold, start_of, test_only_options
 from hpctrain.planning.history import history
 from hpctrain.planning.restart_cost import restart_cost
 from hpctrain.planning.step_time import step_times
-from hpctrain.planning.timeline import duration, timeline
+from hpctrain.planning.timeline import Timeline, duration, timeline
 from hpctrain.planning.work import work_of
 
 if TYPE_CHECKING:
@@ -114,20 +114,29 @@ def forecast(
     finish_in = chunks = None
     if steps is not None and step is not None:
         restart = restart_cost(found)
-        line = timeline(
-            steps=steps,
-            step_s=step.seconds,
-            nodes=nodes,
-            gpus_per_node=spec.resources.gpus_per_node or 0,
-            limit_s=spec.resources.time_s,
-            stop_s=spec.signals.signal_delay_s,
-            start_in_s=start_in,
-            restart_s=restart.seconds,
-        )
+
+        def line_with(hold_s: float) -> Timeline:
+            return timeline(
+                steps=steps,
+                step_s=step.seconds,
+                nodes=nodes,
+                gpus_per_node=spec.resources.gpus_per_node or 0,
+                limit_s=spec.resources.time_s,
+                stop_s=spec.signals.signal_delay_s,
+                start_in_s=start_in,
+                restart_s=restart.seconds,
+                requeue_hold_s=hold_s,
+            )
+
+        line, hold_s = line_with(0.0), 0.0
+        if line.chunks > 1:  # only then one more Slurm call: how long each requeued chunk is held
+            hold_s, _why = requeue_hold(spec.resources.expedited_requeue, slurm)
+            line = line_with(hold_s)
         finish_in, chunks = line.finish_in_s, line.chunks
         notes.append(
             f"{steps:,} steps at {step.seconds:.3g} s ({step.source}), {chunks} chunk(s) of {spec.resources.time}"
-            f"{', each later one queued as long' if chunks > 1 else ''}, {restart.seconds:.0f} s start-up each "
+            f"{f', each later one held {hold_s:.0f} s after its requeue, then queued as long' if chunks > 1 else ''}"
+            f", {restart.seconds:.0f} s start-up each "
             f"({'measured' if restart.measured else 'assumed'})"
         )
     return Forecast(

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from hpctrain.contract.slurm import Slurm
 from hpctrain.errors import SpecError, UsageError
 from hpctrain.jobspec.slurm_time import seconds_to_minutes
-from hpctrain.planning.cluster import Partition, Start, find_partition, start_of, test_only_options
+from hpctrain.planning.cluster import Partition, Start, find_partition, requeue_hold, start_of, test_only_options
 from hpctrain.planning.history import History, history
 from hpctrain.planning.restart_cost import RestartCost, restart_cost
 from hpctrain.planning.step_time import StepTime, step_times
@@ -190,7 +190,10 @@ def plan(
             "at 1 node for 40 steps first), or run the spec once",
         )
     asker: Slurm | Literal["local"] | None = "local" if local else slurm if here else None
-    context = _Context(job, spec, tuple(overrides), cluster, work, partition, limit_s, restart.seconds, asker, clock)
+    hold_s, hold_why = requeue_hold(res.expedited_requeue, slurm if here else None)
+    context = _Context(
+        job, spec, tuple(overrides), cluster, work, partition, limit_s, restart.seconds, asker, clock, hold_s
+    )
     rows = [_shape(context, count, times[count]) for count in shapes]
     _history_note(found, notes)
     if any(t is not None and t.model == "step split" for t in times.values()):
@@ -201,7 +204,10 @@ def plan(
         )
     notes.append(f"each chunk spends {restart.seconds:.0f} s starting before it trains: {restart.source}")
     if any(row.timeline is not None and row.timeline.chunks > 1 for row in rows):
-        notes.append("each chunk after the first is taken to wait in the queue as long as the first start does now")
+        notes.append(
+            f"each chunk after the first is held {hold_s:.0f} s after its requeue ({hold_why}), then taken to "
+            "wait in the queue as long as the first start does now"
+        )
     if any(row.start.unknown for row in rows):
         notes.append("a start Slurm did not give is shown as unknown, and so is that shape's finish")
     choice = recommend([(row.nodes, row.timeline) for row in rows if row.timeline is not None], margin)
@@ -239,6 +245,7 @@ class _Context:
     restart_s: float
     slurm: Slurm | Literal["local"] | None  # "local": runs here, starts now; None: no Slurm on this machine
     clock: Callable[[], float]
+    requeue_hold_s: float = 0.0  # Slurm's hold of a requeued job before its next chunk may start
 
 
 def _shape(context: _Context, count: int, step_time: StepTime | None) -> ShapePlan:
@@ -278,6 +285,7 @@ def _shape(context: _Context, count: int, step_time: StepTime | None) -> ShapePl
         stop_s=job.spec.signals.signal_delay_s,
         start_in_s=start.in_s,
         restart_s=context.restart_s,
+        requeue_hold_s=context.requeue_hold_s,
     )
     return ShapePlan(count, gpus, batch, total, step_time, start, line)
 

@@ -5,8 +5,10 @@ partition's MaxTime where that is shorter) runs as chunks: each chunk is one
 job of the requeue-and-resume chain (docs/requeue.md). Each one pays a
 restart (start-up and the checkpoint's load: :data:`RESTART_S` unless told)
 and stops training ``signal_delay_s`` before its limit to save; every chunk
-after the first waits in the queue again, taken as long as the first start's
-wait (what Slurm says now; it cannot say what the queue will be then).
+after the first is held by Slurm after its requeue (``requeue_hold_s``: the
+job credential's lifetime, 120 s by default; none with expedited requeue)
+and then waits in the queue again, taken as long as the first start's wait
+(what Slurm says now; it cannot say what the queue will be then).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def timeline(
     stop_s: float,
     start_in_s: float | None,
     restart_s: float = RESTART_S,
+    requeue_hold_s: float = 0.0,
 ) -> Timeline:
     """The run at one shape: its chunks, when it starts and finishes (seconds from now), its hours."""
     train_s = steps * step_s
@@ -62,7 +65,7 @@ def timeline(
     useful = limit_s - restart_s - stop_s
     last_train_s = train_s - (chunks - 1) * useful
     held_s = (chunks - 1) * limit_s + restart_s + last_train_s
-    finish = None if start_in_s is None else start_in_s + held_s + (chunks - 1) * start_in_s
+    finish = None if start_in_s is None else start_in_s + held_s + (chunks - 1) * (requeue_hold_s + start_in_s)
     node_hours = nodes * held_s / 3600
     return Timeline(
         chunks, train_s, held_s, start_in_s, finish, node_hours, node_hours * gpus_per_node if gpus_per_node else None

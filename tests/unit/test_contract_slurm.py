@@ -11,7 +11,12 @@ import pytest
 
 from hpctrain.contract import slurm
 from hpctrain.contract.slurm import Slurm, SlurmCommandError, classify_failure, run_slurm, show_job_command
-from hpctrain.contract.slurm_answers import parse_kill_wait_s, parse_max_array_size
+from hpctrain.contract.slurm_answers import (
+    DEFAULT_REQUEUE_HOLD_S,
+    parse_kill_wait_s,
+    parse_max_array_size,
+    requeue_hold_s,
+)
 from hpctrain.errors import ClusterError
 from hpctrain.jobscript.sbatch_script import signal_parameter
 from tests.fake_slurm import FakeSlurm, nowhere, on_path
@@ -249,3 +254,9 @@ def test_expedited_requeue_is_asked_of_scontrol_show_config_and_never_raises() -
     )
     support = down.client().expedited_requeue()
     assert not support.available and "did not answer" in support.why
+
+
+def test_the_requeue_hold_is_the_job_credentials_lifetime() -> None:
+    assert requeue_hold_s({"AuthInfo": "cred_expire=300,socket=/run/munge.sock"}) == 300
+    assert requeue_hold_s({"CredExpire": "45 sec"}) == 45
+    assert requeue_hold_s({"AuthInfo": "(null)"}) == DEFAULT_REQUEUE_HOLD_S == 120

@@ -51,7 +51,9 @@ class FakeSubmit:
         (run_dir / "spec.yaml").write_text(json.dumps(job.spec.model_dump(mode="json")))
         (run_dir / "summary.json").write_text(json.dumps({"status": "completed", "num_nodes": 1}))
         steps = range(1, 41) if self.step_s is not None else ()
-        lines = [{"kind": "train_step", "global_step": i, "step_s": self.step_s, "time": i * self.step_s} for i in steps]
+        lines = [
+            {"kind": "train_step", "global_step": i, "step_s": self.step_s, "time": i * self.step_s} for i in steps
+        ]
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
         return Submission(run_dir, "91", "slurm", state="COMPLETED" if self.step_s else "FAILED")
 

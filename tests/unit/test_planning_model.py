@@ -165,3 +165,14 @@ def test_nothing_is_recommended_on_guessed_starts() -> None:
 
 def test_durations_read_in_two_units() -> None:
     assert [duration(s) for s in (40, 720, 18_600, 273_600)] == ["40 s", "12 min", "5 h 10 min", "3 d 4 h"]
+
+
+def test_each_later_chunk_waits_out_slurms_requeue_hold() -> None:
+    # 300 s of training in chunks of 120 s that train 120 - 10 - 20 = 90 s: 4 chunks, three of them requeued
+    line = timeline(steps=300, step_s=1.0, nodes=1, gpus_per_node=0, limit_s=120, stop_s=20, start_in_s=5.0,
+                    restart_s=10.0, requeue_hold_s=120.0)  # fmt: skip
+    plain = timeline(steps=300, step_s=1.0, nodes=1, gpus_per_node=0, limit_s=120, stop_s=20, start_in_s=5.0,
+                     restart_s=10.0)  # fmt: skip
+    assert (line.chunks, plain.chunks) == (4, 4)
+    assert line.finish_in_s == plain.finish_in_s + 3 * 120  # type: ignore[operator]
+    assert line.held_s == plain.held_s  # the hold is waiting, not allocated time
