@@ -26,6 +26,7 @@ from hpctrain.contract.slurm_states import is_pending
 from hpctrain.contract.summary import read_summary
 from hpctrain.errors import ClusterError
 from hpctrain.jobspec.slurm_time import parse_time_limit
+from hpctrain.planning.cluster import requeue_hold
 from hpctrain.planning.history import dotted, read_run_spec, run_pace
 from hpctrain.planning.timeline import duration, timeline
 
@@ -98,9 +99,23 @@ def estimate(run_dir: Path, job_id: str, slurm: Slurm, *, clock: Callable[[], fl
                 stop_s=stop_s,
                 start_in_s=start_in,
             )
+            hold_s = _hold_s(spec, slurm) if line.chunks > 1 else 0.0
+            if hold_s:
+                line = timeline(
+                    steps=steps_left,
+                    step_s=step_s,
+                    nodes=1,
+                    gpus_per_node=0,
+                    limit_s=limit_s,
+                    stop_s=stop_s,
+                    start_in_s=start_in,
+                    requeue_hold_s=hold_s,
+                )
             finish, chunks = line.finish_in_s, line.chunks
             notes.append(
-                f"finish: {steps_left:,} steps at {step_s:.3g} s, {chunks} chunk(s), each later one queued as long"
+                f"finish: {steps_left:,} steps at {step_s:.3g} s, {chunks} chunk(s), each later one "
+                + (f"held {hold_s:.0f} s after its requeue, then " if hold_s else "")
+                + "queued as long"
             )
         return Estimate(_iso(now, start_in), _iso(now, finish), None, steps_left, chunks, "; ".join(notes))
     # running: the rest of this chunk, then chunks still to queue
@@ -126,10 +141,12 @@ def estimate(run_dir: Path, job_id: str, slurm: Slurm, *, clock: Callable[[], fl
         stop_s=stop_s,
         start_in_s=0.0,
     )
-    at_least = times.time_left_s + rest.held_s
+    hold_s = _hold_s(spec, slurm)
+    at_least = times.time_left_s + rest.held_s + rest.chunks * hold_s
     basis = (
         f"{steps_left:,} steps left at {step_s:.3g} s: this job's {duration(times.time_left_s)} and {rest.chunks} more "
-        f"chunk(s); at least {duration(at_least)}, plus each chunk's queue wait (not known before it is queued)"
+        f"chunk(s), each held {hold_s:.0f} s after its requeue; at least {duration(at_least)}, plus each chunk's "
+        "queue wait (not known before it is queued)"
     )
     return Estimate(None, None, _iso(now, at_least), steps_left, rest.chunks, basis)
 
@@ -144,3 +161,9 @@ def _limit_s(spec: dict[str, Any]) -> int | None:
 
 def _iso(now: float, in_s: float | None) -> str | None:
     return None if in_s is None else time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now + in_s))
+
+
+def _hold_s(spec: dict[str, Any], slurm: Slurm) -> float:
+    """Slurm's hold of each requeued chunk of this run (planning/cluster.py), from its resolved spec."""
+    expedited = dotted(spec, "resources.expedited_requeue")
+    return requeue_hold(expedited if isinstance(expedited, bool) or expedited == "auto" else False, slurm)[0]
