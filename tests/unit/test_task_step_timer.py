@@ -174,3 +174,25 @@ def test_a_rank_slow_in_its_backward_only_is_named_and_the_ranks_waiting_for_it_
     waiting = {**healthy, "comm": 400}
     beats = step_beats(healthy, waiting, healthy, monkeypatch=monkeypatch)
     assert SlowWatch(1.5, 0, 10).observe(node_speeds(beats, ["n0", "n1", "n2"], since=0), 3, now=0) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_each_steps_own_compute_is_read_once_its_events_completed(monkeypatch: pytest.MonkeyPatch) -> None:
+    recorder = heartbeat.Recorder()
+    monkeypatch.setattr(heartbeat, "_recorder", recorder)
+    clock = StepClock(torch.device("cuda"))
+    clock.feeds_heartbeat = True
+    x = torch.randn(2048, 2048, device="cuda")
+    for _ in range(4):
+        clock.lap("data")
+        for _ in range(10):
+            x = x @ x / 2048
+        clock.lap("forward")
+        clock.backward_done()
+        clock.lap("optimizer")
+        clock.step_done()
+    torch.cuda.synchronize()
+    clock.step_done()  # harvests the completed steps; never waits
+    assert recorder.compute_count == 4 and recorder.compute_kind == "step"
+    assert all(t > 0 for t in recorder.compute_times)
