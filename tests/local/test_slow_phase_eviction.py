@@ -1,4 +1,5 @@
-"""Two gloo ranks train ddp, rank 1 slowed in its backward only (split_harness.py): eviction names it.
+"""Two gloo ranks train ddp, rank 1 slowed in its backward only (split_harness.py): eviction names it;
+and the same with your own loop lapping ``task.StepTimer`` (task_harness.py).
 
 Each rank's heartbeat carries its steps' own compute (forward, backward up to its last gradient bucket's
 hand-over, optimizer; ``task/step_timer.py``). The slowed rank's forward is as fast as the other's, which
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 import split_harness
+import task_harness
 from trainer_harness import run_ranks
 
 from hpctrain.contract.heartbeat_files import Heartbeat
@@ -75,3 +77,13 @@ def test_its_forward_was_not_slow_so_the_forward_alone_would_not_have_seen_it(ru
 def test_a_clean_run_names_no_node(runs: Path) -> None:
     speeds, found = verdict(ranks_of(runs, "clean"))
     assert len(speeds) == 2 and found is None, speeds
+
+
+def test_your_own_loop_with_a_step_timer_feeds_eviction_the_same_way(tmp_path: Path) -> None:
+    """hpctrain.task: a DDP loop that laps ``task.StepTimer`` puts the same step compute in its heartbeat."""
+    args = {"slow_rank": 1, "slow_s": 0.1, "steps": 12}
+    ranks = task_harness.run_ranks("timed_loop", 2, tmp_path / "out", **args)
+    speeds, found = verdict(ranks)
+    assert [speed.kind for speed in speeds.values()] == ["step", "step"]
+    assert found is not None and found.node == "node-b", speeds
+    assert speeds["node-a"].ms < 100 <= found.ms
