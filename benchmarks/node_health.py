@@ -120,9 +120,9 @@ def rate(records: list[dict[str, Any]], start: float, end: float) -> float | Non
     return statistics.median(values) if values else None
 
 
-def eviction(env: dict[str, str], work: Path, pct: float, spare: bool) -> dict[str, Any]:
+def eviction(env: dict[str, str], work: Path, pct: float, spare: bool, epochs: int = 6) -> dict[str, Any]:
     sets = [
-        "trainer.epochs=6",
+        f"trainer.epochs={epochs}",
         "trainer.max_steps_per_epoch=16",
         "checkpoint.every_steps=4",
         "trainer.log_every_steps=1",
@@ -163,6 +163,12 @@ def main() -> int:
     parser.add_argument(
         "--evict-pct", type=float, default=10.0, help="the slow node's share of a core, eviction jobs (default 10)"
     )
+    parser.add_argument(
+        "--evict-epochs",
+        type=int,
+        default=6,
+        help="epochs of 16 steps of the eviction jobs (default 6; more leaves steps after a slower eviction)",
+    )
     parser.add_argument("--skip-eviction", action="store_true")
     parser.add_argument("--skip-burn-in", action="store_true", help="only the eviction jobs")
     parser.add_argument("--work", type=Path, default=Path("/tmp/hpctrain-bench-node-health"))
@@ -180,8 +186,8 @@ def main() -> int:
         if not args.skip_burn_in:
             results.update(burn_in_numbers(env, args))
         if not args.skip_eviction:
-            results["eviction"] = eviction(env, args.work, args.evict_pct, spare=True)
-            results["plain"] = eviction(env, args.work, args.evict_pct, spare=False)
+            results["eviction"] = eviction(env, args.work, args.evict_pct, spare=True, epochs=args.evict_epochs)
+            results["plain"] = eviction(env, args.work, args.evict_pct, spare=False, epochs=args.evict_epochs)
     finally:
         cluster("down")
     print(f"load average at the end: {os.getloadavg()[0]:.2f}", flush=True)

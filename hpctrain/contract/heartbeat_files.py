@@ -18,6 +18,10 @@ from hpctrain.contract.rundir import heartbeats_dir, read_json_object, run_home
 
 STRAGGLER_FACTOR = 1.3  # a rank whose median step time is > 1.3x the others' is a straggler
 
+# What a heartbeat's compute times measure: a step's own compute (forward, backward up to the last gradient
+# bucket's hand-over, optimizer: DDP) or the forward of the rank's module alone (no DDP comm hook to split at).
+COMPUTE_KINDS = ("step", "forward")
+
 # What a rank is doing, in the order of a training step (plus the rest of its life).
 PHASES = ("setup", "burn-in", "data", "forward_backward", "allreduce", "optimizer", "checkpoint", "validation", "done")
 
@@ -38,10 +42,11 @@ class Heartbeat(BaseModel):
     last_progress: float = 0.0  # unix time ``step`` last advanced (or the rank started)
     step_time_median_s: float | None = None
     recent_step_times_s: list[float] = []
-    # the forward of the rank's own module: local work, without the collective waits every step time has
+    # the rank's own work, without the collective waits every step time has: per ``compute_kind``
     compute_time_median_s: float | None = None
     recent_compute_times_s: list[float] = []
-    compute_count: int = 0  # forwards timed by this process
+    compute_count: int = 0  # samples timed by this process
+    compute_kind: str | None = Field(None, max_length=16)  # one of COMPUTE_KINDS; None (older files): forward
     time: float = 0.0  # unix time the file was written
     interval_s: float | None = None  # how often the rank's heartbeat thread writes (None: older files)
     gpu_util_pct: float | None = None

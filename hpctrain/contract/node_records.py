@@ -89,7 +89,8 @@ class Eviction(_Record):
     node: str = Field(max_length=255)
     step: int | None = None
     checkpoint_step: int | None = None
-    node_ms: float | None = None  # its median forward time
+    node_ms: float | None = None  # its median compute time, of ``compute_kind``
+    compute_kind: str | None = Field(None, max_length=16)  # step, forward (None: older records, forward)
     others_ms: float | None = None  # the median of the other nodes' medians
     ratio: float | None = None
     slow_for_s: float | None = None  # how long it had been this slow

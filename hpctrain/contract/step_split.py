@@ -32,6 +32,10 @@ LOCAL = ("data", "h2d", "forward", "backward", "optimizer", "unsplit", "other") 
 # The parts of a step_split record (its ``<part>_s`` fields), in the order a waterfall shows them.
 PARTS = ("data", "h2d", "forward", "backward", "optimizer", "unsplit", "other", "checkpoint", "comm", "straggler")
 COMPUTE = ("h2d", "forward", "backward", "optimizer", "unsplit")  # what a perfectly scaled step would still take
+# A rank's own compute in a step, without any wait for a peer (the backward ends at its last gradient bucket's
+# hand-over): what slow-node eviction compares (``healing/eviction.py``). Not ``data`` (a shared file system's
+# stalls are no node's fault), not ``unsplit`` (a strategy's own step has its communication inside).
+OWN = ("h2d", "forward", "backward", "optimizer")
 LABELS = {
     "data": "data wait",
     "h2d": "host-to-device copy",

@@ -13,7 +13,7 @@ explicit ``--nodelist``, and watches:
 * a suspect's slurmd: a TCP connect to its port; no answer means lost;
 * the burn-in's record of the step (``STEP_ID_VAR`` names it): flagged nodes
   end the step before it trains (``healing/burn_in.py``);
-* each node's forward times in the heartbeats: a node that stays slower than
+* each node's compute times in the heartbeats: a node that stays slower than
   the others is evicted (``healing/eviction.py``; ``health.eviction``).
 
 srun itself only gives up on a dead node at Slurm's node-failure detection
@@ -65,7 +65,7 @@ from hpctrain.runtime.task_env import parse_hostlist
 POLL_S = 1.0
 SETTLE_S = 3.0  # after srun reported a failed task: how long the other nodes get to report too
 STOP_WAIT_S = 5.0  # for srun to exit once its step was killed
-EVICTION_POLL_S = 2.0  # how often the heartbeats' forward times are compared (they change per heartbeat)
+EVICTION_POLL_S = 2.0  # how often the heartbeats' compute times are compared (they change per heartbeat)
 START_GUARDIAN = True
 
 
@@ -200,7 +200,8 @@ class Supervisor:
             node=found.node,
             step=step,
             checkpoint_step=checkpoint,
-            node_ms=numbers.get("forward_ms"),
+            node_ms=numbers.get("compute_ms", numbers.get("forward_ms")),
+            compute_kind=numbers.get("compute_kind"),
             others_ms=numbers.get("others_ms"),
             ratio=numbers.get("ratio"),
             slow_for_s=numbers.get("slow_for_s"),

@@ -72,7 +72,8 @@ class Eviction(Section):
         Field(
             ge=1.1,
             le=100,
-            description="Slow: the node's median forward time is more than this factor of the other nodes' median.",
+            description="Slow: the node's median compute time (a step's own, or the forward) is more than this "
+            "factor of the others'.",
         ),
     ] = 1.5
     window_s: Annotated[

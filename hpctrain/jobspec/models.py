@@ -206,7 +206,7 @@ class JobSpec(Section):
     @property
     def evicts(self) -> bool:
         """Slow nodes are evicted during training (``health.eviction``; auto: when the job can lose a node).
-        Never from a script: it reports no forward times."""
+        Never from a script: it reports no compute times."""
         enabled = self.health.eviction.enabled
         if self.script is not None:
             return False

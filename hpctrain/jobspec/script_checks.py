@@ -78,8 +78,8 @@ def script_problems(spec: JobSpec) -> list[SpecProblem]:
         problems.append(
             SpecProblem(
                 "health.eviction.enabled",
-                "true, but eviction compares the built-in trainer's forward times, which a script does not "
-                "report: a script job is never evicted from; remove it (or set it to auto)",
+                "true, but eviction compares the ranks' compute times, which only the built-in trainer and an "
+                "entrypoint's task.StepTimer report: a script job is never evicted from; remove it (or set it to auto)",
             )
         )
     problems += _per_node_problems(script)

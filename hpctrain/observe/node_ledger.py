@@ -3,7 +3,7 @@ bad-node ledger, with the evidence an administrator can act on, and forgetting a
 
 The entries come from ``contract/bad_nodes.py`` (read bounded and tolerant);
 each becomes one row: node, cluster, why (the kind and the reason), the
-numbers behind it (burn-in scores, forward times, the step it was lost at),
+numbers behind it (burn-in scores, compute times, the step it was lost at),
 the run and job, when, and until when ``submit`` excludes it. Text from the
 file is made printable. The CLI prints a :class:`NodeLedger` (``--json``:
 :meth:`NodeLedger.as_json`), the Python API returns it. Torch-free.

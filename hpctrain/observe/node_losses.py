@@ -79,7 +79,8 @@ def evictions_text(value: Any) -> str | None:
     parts = []
     for one in found[-SHOWN:]:
         at = f" at step {one.step}" if one.step is not None else ""
-        why = f"forward {_num(one.node_ms)} ms vs {_num(one.others_ms)} ms, {_num(one.ratio)}x"
+        what = "step compute" if one.compute_kind == "step" else "forward"
+        why = f"{what} {_num(one.node_ms)} ms vs {_num(one.others_ms)} ms, {_num(one.ratio)}x"
         parts.append(f"{one.node}{at} ({why}, slow for {_num(one.slow_for_s)} s): {_done(one.action, one.nodes)}")
     return printable("; ".join(parts))
 

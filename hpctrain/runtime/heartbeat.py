@@ -64,6 +64,7 @@ class Recorder:
         self.step_times: deque[float] = deque(maxlen=RECENT_STEPS)
         self.compute_times: deque[float] = deque(maxlen=RECENT_STEPS)
         self.compute_count = 0
+        self.compute_kind: str | None = None  # what compute_times measure (contract/heartbeat_files.COMPUTE_KINDS)
         self.first_step: tuple[int, float] | None = None  # (number, when) of the first step done here
         self._last_step_at: float | None = None
 
@@ -90,10 +91,12 @@ class Recorder:
         self.changes += 1
         self.armed = True
 
-    def compute(self, seconds: float) -> None:
-        """One forward of the rank's own module took ``seconds`` (local work: slow-node eviction compares it)."""
+    def compute(self, seconds: float, kind: str = "forward") -> None:
+        """The rank's own work took ``seconds`` (no waits: slow-node eviction compares it). ``kind``: one
+        step's own compute (``step``, ``task/step_timer.py``) or one forward of its module (``forward``)."""
         self.compute_times.append(seconds)
         self.compute_count += 1
+        self.compute_kind = kind
 
     def position(self, number: int, epoch: int | None = None) -> None:
         """Start counting at step ``number`` (a resume) without calling it progress."""
@@ -129,6 +132,7 @@ class Recorder:
             "recent_compute_times_s": [round(t, 5) for t in computes],
             "compute_time_median_s": round(statistics.median(computes), 5) if computes else None,
             "compute_count": self.compute_count,
+            "compute_kind": self.compute_kind,
         }
 
 

@@ -32,6 +32,14 @@ backward's compute ends there, and what follows until the backward returns is
 communication the backward did not hide (``comm``). A model whose strategy
 registered its own comm hook is left alone (its backward is all ``backward``).
 
+Where the hook is on, each step's own compute (``contract/step_split.OWN``:
+copy, forward, backward up to the last bucket's hand-over, optimizer; no
+wait for a peer in it) also goes to the heartbeat (``compute_kind: step``),
+which slow-node eviction compares (``healing/eviction.py``): a rank slow in
+any of them is seen, a rank that only waits for a slow peer is not. On a
+GPU a step's events are read once they have completed (``query``, a step or
+so later), never synchronising the stream.
+
 :meth:`StepClock.window` is collective (one all-gather of a few numbers per rank).
 """
 
@@ -44,9 +52,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpctrain.contract.step_split import MEASURED, split_record
+from hpctrain.contract.step_split import MEASURED, OWN, split_record
+from hpctrain.runtime import heartbeat
 
 INDEX = {part: i for i, part in enumerate(MEASURED)}
+OWN_PARTS = frozenset(INDEX[part] for part in OWN)
 
 
 class StepClock:
@@ -59,6 +69,10 @@ class StepClock:
         self.steps = 0
         self._grads_handed: Any = None  # when the last bucket was handed to the all-reduce (time or event)
         self._events: list[tuple[int, Any]] = []
+        self.feeds_heartbeat = False  # set by watch_ddp: the step's own compute is split from its waits
+        self._own = 0.0  # this step's own compute so far (CPU)
+        self._own_events: list[tuple[Any, Any]] = []  # this step's own intervals (GPU: start and end events)
+        self._pending: list[list[tuple[Any, Any]]] = []  # GPU: steps done whose events may not have completed
         self.restart()
 
     def restart(self) -> None:
@@ -71,6 +85,7 @@ class StepClock:
             self._window_start: Any = self._last
         else:
             self._last = self._window_start = time.perf_counter()
+        self._previous: Any = self._last  # the last lap's end (GPU: its event)
 
     def _event(self) -> Any:
         event = torch.cuda.Event(enable_timing=True)
@@ -79,29 +94,51 @@ class StepClock:
 
     def lap(self, part: str) -> None:
         """The time since the last lap was spent in ``part``."""
+        self._until(INDEX[part], self._event() if self.cuda else time.perf_counter())
+
+    def _until(self, index: int, end: Any) -> None:
+        """The time from the last lap to ``end`` (a time, or an event on a GPU) was spent in part ``index``."""
         if self.cuda:
-            event = self._event()
-            self._events.append((INDEX[part], event))
+            self._events.append((index, end))
+            if index in OWN_PARTS:
+                self._own_events.append((self._previous, end))
         else:
-            now = time.perf_counter()
-            self.sums[INDEX[part]] += now - self._last
-            self._last = now
+            self.sums[index] += end - self._last
+            if index in OWN_PARTS:
+                self._own += end - self._last
+            self._last = end
+        self._previous = end
 
     def backward_done(self) -> None:
         """The backward returned: split it at the last bucket's hand-over into compute and exposed comm."""
         handed, self._grads_handed = self._grads_handed, None
-        if handed is None:
-            self.lap("backward")
-        elif self.cuda:
-            self._events.append((INDEX["backward"], handed))
+        if handed is not None:
+            self._until(INDEX["backward"], handed)
             self.lap("comm")
         else:
-            self.sums[INDEX["backward"]] += handed - self._last
-            self._last = handed
-            self.lap("comm")
+            self.lap("backward")
 
     def step_done(self) -> None:
+        """A step ended; its own compute goes to the heartbeat where the DDP hook splits it from the waits."""
         self.steps += 1
+        if not self.feeds_heartbeat:
+            self._own, self._own_events = 0.0, []
+        elif self.cuda:
+            if self._own_events:
+                self._pending.append(self._own_events)
+            self._own_events = []
+            self._harvest()
+        else:
+            heartbeat.recorder().compute(self._own, kind="step")
+            self._own = 0.0
+
+    def _harvest(self) -> None:
+        """The GPU steps whose events have completed, oldest first, into the heartbeat (never waits)."""
+        while self._pending and self._pending[0][-1][1].query():
+            intervals = self._pending.pop(0)
+            seconds = sum(max(0.0, start.elapsed_time(end)) for start, end in intervals) / 1000
+            heartbeat.recorder().compute(seconds, kind="step")
+        del self._pending[:-8]  # never more than a few steps in flight
 
     def watch_ddp(self, model: nn.Module) -> bool:
         """Register the comm hook on a DDP model; whether it was (never on a model with a hook of its own)."""
@@ -122,6 +159,7 @@ class StepClock:
             "return": torch.futures.Future[torch.Tensor],
         }
         model.register_comm_hook(None, hook)
+        self.feeds_heartbeat = True
         return True
 
     def _seconds(self) -> tuple[list[float], float]:

@@ -107,11 +107,12 @@ class Building:
             self.cfg.channels_last,
             clock=self.clock,
         )
-        if not self.cfg.compile:  # exposed communication: from the last bucket to the backward's end
-            self.clock.watch_ddp(self.model)
+        # hooks inside a compiled graph would break it: no split of the backward and no eviction signal then.
+        # With DDP the clock's comm hook splits the backward, and each step's own compute feeds slow-node
+        # eviction; without it (single, dp, a strategy's own hook) only the forward is known to be local work.
+        if not self.cfg.compile and not self.clock.watch_ddp(self.model):
+            self.forward_timer = ForwardTimer(self.module, self.device)
         self.shared_step = step  # gradient accumulation (elastic resume) uses it directly
-        if not self.cfg.compile:  # hooks inside a compiled graph would break it; no eviction signal then
-            self.forward_timer = ForwardTimer(self.module, self.device)  # local work, for slow-node eviction
         self.train_step = self.strategy.train_step(step)
         self.strategy.attach(self.optimizer, self.scheduler, max(1, self.steps_per_epoch))
         if self.loaders.train_dataset is not None:

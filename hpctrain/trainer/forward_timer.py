@@ -1,5 +1,10 @@
 """Each rank times the forward of its own module, for slow-node eviction (``healing/eviction.py``).
 
+The fallback where the step clock cannot split the backward from the
+gradients' communication (no DDP comm hook: single, dp, a strategy with a
+hook of its own); with DDP the clock feeds eviction each step's whole own
+compute instead (``task/step_timer.py``), which also sees a slow backward.
+
 In synchronous data-parallel training every rank's step takes as long as the
 slowest one's; the forward of the plain module inside DDP's wrapper is the
 rank's own work (DDP broadcasts buffers *before* it calls the module), so its

@@ -230,7 +230,39 @@ class Counter:
         self.value = state["value"]
 
 
+def timed_loop(out: Path, args: dict[str, Any]) -> dict[str, Any]:
+    """Your own DDP loop lapping a task.StepTimer, rank ``slow_rank``'s backward slowed by ``slow_s`` (a
+    backward hook on its last layer); this rank's heartbeat as its monitor would write it."""
+    import time as clock
+
+    import torch
+    from torch import nn
+
+    from hpctrain import task
+    from hpctrain.runtime import heartbeat
+
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8))
+    if task.context().rank == args["slow_rank"]:
+        module[-1].register_full_backward_hook(lambda layer, grad_in, grad_out: clock.sleep(args["slow_s"]))
+    model = task.ddp(module)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    timer = task.StepTimer(model)
+    for _ in range(args["steps"]):
+        timer.lap("data")
+        loss = model(torch.randn(32, 64)).square().mean()
+        timer.lap("forward")
+        loss.backward()
+        timer.backward_done()
+        optimizer.step()
+        optimizer.zero_grad()
+        timer.lap("optimizer")
+        timer.step_done()
+    return {"heartbeat": heartbeat.recorder().snapshot()}
+
+
 SCENARIOS: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
+    "timed_loop": timed_loop,
     "save_sharded": save_sharded,
     "load_sharded": load_sharded,
     "bad_saves": bad_saves,

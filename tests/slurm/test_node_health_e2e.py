@@ -17,7 +17,9 @@ Both write n3 into the workspace's bad-node ledger; the next submit's dry
 run excludes it, ``hpctrain nodes`` shows the evidence. The node is slowed to
 10 % of a core, not 25 %: on the shared 2-core machine a healthy rank may get
 less than a quarter of a core (the 25 % detection rate is a benchmark,
-``benchmarks/node_health.py``).
+``benchmarks/node_health.py``); and at 25 % run A's 24 steps end about when
+the eviction comes (measured twice on 24.11: evicted both times, but 2 s
+after the last step), too close for a test.
 """
 
 from __future__ import annotations
@@ -136,6 +138,7 @@ def test_slow_nodes_are_evicted_during_training_and_kept_out_by_the_burn_in(
         slow(SLOW, None)
     [evicted] = summary_a["evictions"]
     assert evicted["node"] == SLOW and evicted["ratio"] > 1.5 and evicted["action"] == "swap", evicted
+    assert evicted["compute_kind"] == "step", evicted  # each step's own compute, not the forward alone
     assert [(e["node"], e["kind"], e["action"]) for e in summary_a["node_failures"]] == [(SLOW, "slow", "swap")]
     assert summary_a["hostnames"] == ["n1", "n2", "n4", "n5"] and summary_a["excluded_nodes"] == [SLOW]
     assert [b["flagged"] for b in summary_a["burn_in"]] == [[], []]  # the relaunch's burn-in too

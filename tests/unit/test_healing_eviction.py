@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from hpctrain.contract.heartbeat_files import Heartbeat
 from hpctrain.healing.eviction import NodeSpeed, SlowWatch, node_speeds
 
@@ -45,3 +47,52 @@ def test_a_node_is_its_slowest_rank_of_this_step() -> None:
     ]
     found = node_speeds(beats, ["n1", "n2", "n3"], since=90)
     assert found == {"n1": NodeSpeed("n1", 300.0, 12), "n2": NodeSpeed("n2", 100.0, 40)}
+
+
+def test_noisy_healthy_step_times_never_evict() -> None:
+    """Four healthy nodes, each step's own compute 30 ms +- 40 % with a spike of 5x every tenth step: the
+    medians stay within the margin, so no node is named in ten minutes of heartbeats."""
+    rng = random.Random(42)
+    watch = SlowWatch(margin=1.5, window_s=30, min_steps=10)
+    recent: dict[str, list[float]] = {f"n{i}": [] for i in range(4)}
+    for second in range(600):
+        for times in recent.values():
+            sample = 0.03 * rng.uniform(0.6, 1.4) * (5 if rng.random() < 0.1 else 1)
+            times[:] = [*times, sample][-20:]
+        beats = [
+            Heartbeat(
+                rank=i,
+                node=node,
+                time=second,
+                recent_compute_times_s=times,
+                compute_count=second + 1,
+                compute_kind="step",
+            )
+            for i, (node, times) in enumerate(recent.items())
+        ]
+        assert watch.observe(node_speeds(beats, list(recent), since=second), 4, now=second) is None
+
+
+def test_one_kind_is_compared_and_an_older_heartbeat_is_a_forward() -> None:
+    beats = [
+        Heartbeat(rank=0, node="n1", time=100, compute_time_median_s=0.1, compute_count=30, compute_kind="step"),
+        Heartbeat(rank=1, node="n2", time=100, compute_time_median_s=0.1, compute_count=30, compute_kind="step"),
+        Heartbeat(rank=2, node="n3", time=100, compute_time_median_s=0.02, compute_count=30),  # forward: left out
+    ]
+    assert set(node_speeds(beats, ["n1", "n2", "n3"], since=0)) == {"n1", "n2"}
+    older = Heartbeat.model_validate({"rank": 0, "node": "n1", "compute_time_median_s": 0.1, "compute_count": 3})
+    [speed] = node_speeds([older], ["n1"], since=0).values()
+    assert older.compute_kind is None and speed.kind == "forward"
+
+
+def test_the_evidence_says_what_was_measured() -> None:
+    slow = SlowWatch(margin=1.5, window_s=0, min_steps=1).observe(
+        {"n1": NodeSpeed("n1", 100, 5, "step"), "n2": NodeSpeed("n2", 400, 5, "step")}, 2, now=0
+    )
+    assert slow is not None and slow.evidence() == {
+        "compute_ms": 400,
+        "compute_kind": "step",
+        "others_ms": 100,
+        "ratio": 4.0,
+        "slow_for_s": 0,
+    }

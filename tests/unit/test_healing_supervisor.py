@@ -24,7 +24,7 @@ from tests.fake_slurm import FakeSlurm
 # Each call of the fake srun takes its behaviour from the next line of plan.txt:
 # "ok", "raise NODE TASK" (a task exits 1), "kill NODE TASK" (a task is killed) or "hang NODE TASK"
 # (the hang watchdog names the task: it claims the report, writes it into summary.json, the ranks exit 87),
-# "flag NODE" (the burn-in flagged NODE) or "slow NODE" (heartbeats say NODE forwards 4x slower).
+# "flag NODE" (the burn-in flagged NODE) or "slow NODE" (heartbeats say NODE's steps compute 4x slower).
 FAKE_SRUN = """#!{python}
 import json, os, sys
 from pathlib import Path
@@ -44,13 +44,14 @@ if plan[0] == "flag":  # the burn-in flagged a node: rank 0 records it for this 
     (run / "summary.json").write_text(json.dumps(dict(burn_in=[record])))
     print("srun: error: n1: task 0: Exited with exit code 75", file=sys.stderr, flush=True)
     sys.exit(75)
-if plan[0] == "slow":  # every rank's heartbeat: the node plan[1] forwards 4x slower; then train until ended
+if plan[0] == "slow":  # every rank's heartbeat: the node plan[1] computes 4x slower; then train until ended
     import time
     beats = here / "run" / "heartbeats"
     beats.mkdir(exist_ok=True)
     for index, node in enumerate(nodes * 2):
         median = 0.4 if node == plan[1] else 0.1
-        beat = dict(rank=index, node=node, time=time.time() + 1, compute_time_median_s=median, compute_count=50)
+        beat = dict(rank=index, node=node, time=time.time() + 1, compute_time_median_s=median, compute_count=50,
+                    compute_kind="step")
         (beats / f"rank-{{index:05d}}.json").write_text(json.dumps(beat))
     time.sleep(60)
     sys.exit(0)
@@ -473,6 +474,7 @@ def test_a_node_that_stays_slow_is_evicted_and_the_run_goes_on_with_the_spare(
     assert (event["node"], event["kind"], event["action"]) == ("n2", "slow", "swap")
     [evicted] = summary.evictions or []
     assert (evicted["node"], evicted["ratio"], evicted["node_ms"], evicted["others_ms"]) == ("n2", 4.0, 400.0, 100.0)
+    assert evicted["compute_kind"] == "step" and event["reason"].startswith("step compute 400 ms vs 100 ms")
     assert ledger_nodes(fake) == [("n2", "slow")]
 
 

@@ -197,9 +197,9 @@ def test_eviction_is_refused_for_a_script_and_auto_is_off(tmp_path: Path) -> Non
         script: {path: train.py}
         """
     found = problems(write(tmp_path, text.replace("EVICT", "true")))
-    assert "forward times" in found["health.eviction.enabled"]
+    assert "compute times" in found["health.eviction.enabled"]
     job = load_job(write(tmp_path, text.replace("EVICT", "auto")))
-    assert job.spec.resources.heals and not job.spec.evicts, "a script reports no forward times to judge"
+    assert job.spec.resources.heals and not job.spec.evicts, "a script reports no compute times to judge"
 
 
 @pytest.mark.parametrize("link", ["loop", "through a loop", "dangling"])

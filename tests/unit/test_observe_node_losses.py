@@ -36,6 +36,9 @@ def test_evictions_and_node_events_name_the_kind_and_what_was_done() -> None:
     ]
     assert evictions_text(evicted) == (
         "n3 at step 12 (forward 410 ms vs 150 ms, 2.73x, slow for 10 s): swapped for a spare, training on n1,n2,n5"
+    )  # a record from before compute_kind: the forward
+    assert evictions_text([{**evicted[0], "compute_kind": "step"}]) == (
+        "n3 at step 12 (step compute 410 ms vs 150 ms, 2.73x, slow for 10 s): swapped for a spare, training on n1,n2,n5"
     )
     events = [
         {"node": "n3", "kind": "slow", "step": 12, "reason": "forward 3x", "action": "swap", "nodes": ["n1"]},

@@ -1,4 +1,5 @@
-"""StepClock: laps on the CPU add up to the window's wall time; the DDP hook is only for DDP; CUDA events."""
+"""StepClock: laps on the CPU add up to the window's wall time; the DDP hook is only for DDP; CUDA events;
+each step's own compute in the heartbeat, which tells slow-node eviction a slow backward from a wait."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import pytest
 import torch
 from torch import nn
 
+from hpctrain.contract.heartbeat_files import Heartbeat
 from hpctrain.contract.step_split import MEASURED
+from hpctrain.healing.eviction import SlowWatch, node_speeds
+from hpctrain.runtime import heartbeat
+from hpctrain.task import step_timer
 from hpctrain.task.step_timer import NoClock, StepClock
 
 
@@ -97,3 +102,97 @@ def test_your_own_loop_logs_its_split_for_the_report(monkeypatch: pytest.MonkeyP
     assert [r["global_step"] for r in splits] == [2, 4, 6, 8]
     causes = report([run], out=tmp_path / "report").as_json()["waterfall"]["causes"]
     assert causes[0]["part"] == "data" and "per step at 1 process" in causes[0]["evidence"]
+
+
+class FakeTime:
+    """``perf_counter`` that moves only when told (the clock's module reads ``time.perf_counter``)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def run_steps(
+    monkeypatch: pytest.MonkeyPatch, ms: dict[str, float], *, ddp: bool, steps: int = 3
+) -> heartbeat.Recorder:
+    """``steps`` steps lapped through a CPU clock, ``ms[part]`` each (``comm``: after the last bucket's
+    hand-over, when ``ddp``); the heartbeat recorder they fed."""
+    fake, recorder = FakeTime(), heartbeat.Recorder()
+    monkeypatch.setattr(step_timer, "time", fake)
+    monkeypatch.setattr(heartbeat, "_recorder", recorder)
+    clock = StepClock(torch.device("cpu"))
+    clock.feeds_heartbeat = ddp  # what watch_ddp sets on a DDP model
+    for _ in range(steps):
+        for part in ("data", "h2d", "forward"):
+            fake.now += ms.get(part, 0) / 1000
+            clock.lap(part)
+        fake.now += ms.get("backward", 0) / 1000
+        if ddp:
+            clock._grads_handed = fake.now  # what the comm hook notes at the last bucket
+            fake.now += ms.get("comm", 0) / 1000
+        clock.backward_done()
+        fake.now += ms.get("optimizer", 0) / 1000
+        clock.lap("optimizer")
+        clock.step_done()
+    return recorder
+
+
+def test_each_steps_own_compute_goes_to_the_heartbeat_without_data_or_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    parts = {"data": 50, "h2d": 1, "forward": 10, "backward": 20, "comm": 300, "optimizer": 4}
+    recorder = run_steps(monkeypatch, parts, ddp=True)
+    snapshot = recorder.snapshot()
+    assert snapshot["compute_kind"] == "step" and snapshot["compute_count"] == 3
+    assert snapshot["recent_compute_times_s"] == pytest.approx([0.035] * 3, abs=1e-6)  # 1 + 10 + 20 + 4 ms
+    assert run_steps(monkeypatch, parts, ddp=False).snapshot()["compute_count"] == 0  # no hook: the forward timer's
+
+
+def step_beats(*nodes_ms: dict[str, float], monkeypatch: pytest.MonkeyPatch) -> list[Heartbeat]:
+    """One heartbeat per node (rank i on node ``n{i}``) after 12 steps of the given parts."""
+    beats = []
+    for rank, ms in enumerate(nodes_ms):
+        snapshot = run_steps(monkeypatch, ms, ddp=True, steps=12).snapshot()
+        beats.append(Heartbeat(rank=rank, node=f"n{rank}", time=100.0, **snapshot))
+    return beats
+
+
+def test_a_rank_slow_in_its_backward_only_is_named_and_the_ranks_waiting_for_it_are_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The 25 % node's pattern: its forward as fast as the others', its backward 4x; the others wait for its
+    last bucket in their all-reduce (their comm), it does not wait at all."""
+    healthy = {"data": 5, "forward": 10, "backward": 20, "comm": 65, "optimizer": 3}
+    slow = {"data": 5, "forward": 10, "backward": 80, "comm": 5, "optimizer": 3}
+    beats = step_beats(healthy, healthy, slow, healthy, monkeypatch=monkeypatch)
+    speeds = node_speeds(beats, ["n0", "n1", "n2", "n3"], since=0)
+    assert {node: round(s.ms) for node, s in speeds.items()} == {"n0": 33, "n1": 33, "n2": 93, "n3": 33}
+    found = SlowWatch(margin=1.5, window_s=0, min_steps=10).observe(speeds, 4, now=0)
+    assert found is not None and found.node == "n2" and found.kind == "step"
+    assert found.reason() == "step compute 93 ms vs 33 ms on the other nodes (2.8x) for 0 s"
+    # a rank that only waits longer (its peer slow in the link): never blamed
+    waiting = {**healthy, "comm": 400}
+    beats = step_beats(healthy, waiting, healthy, monkeypatch=monkeypatch)
+    assert SlowWatch(1.5, 0, 10).observe(node_speeds(beats, ["n0", "n1", "n2"], since=0), 3, now=0) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_each_steps_own_compute_is_read_once_its_events_completed(monkeypatch: pytest.MonkeyPatch) -> None:
+    recorder = heartbeat.Recorder()
+    monkeypatch.setattr(heartbeat, "_recorder", recorder)
+    clock = StepClock(torch.device("cuda"))
+    clock.feeds_heartbeat = True
+    x = torch.randn(2048, 2048, device="cuda")
+    for _ in range(4):
+        clock.lap("data")
+        for _ in range(10):
+            x = x @ x / 2048
+        clock.lap("forward")
+        clock.backward_done()
+        clock.lap("optimizer")
+        clock.step_done()
+    torch.cuda.synchronize()
+    clock.step_done()  # harvests the completed steps; never waits
+    assert recorder.compute_count == 4 and recorder.compute_kind == "step"
+    assert all(t > 0 for t in recorder.compute_times)
