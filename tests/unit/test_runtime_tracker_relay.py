@@ -112,3 +112,19 @@ def test_stopping_the_sender_waits_only_as_asked_and_kills_one_that_overstays() 
     finally:
         stubborn.kill()
         stubborn.wait()
+
+
+HEARS = "import sys; line = sys.stdin.readline(); sys.exit(0 if line == 'ended\\n' else 3)"
+
+
+def test_a_run_that_ended_for_good_is_said_on_the_senders_stdin_not_with_sigterm() -> None:
+    """Inside the job Slurm calls it RUNNING: only the node task can tell the sender the run's end may be sent."""
+    told = subprocess.Popen([sys.executable, "-c", HEARS], stdin=subprocess.PIPE)
+    stop_live_sender(told, wait_s=30, ended=True)
+    assert told.returncode == 0  # it read "ended" and exited by itself: no SIGTERM came
+    gone = subprocess.Popen([sys.executable, "-c", "pass"], stdin=subprocess.PIPE)
+    gone.wait(timeout=30)
+    stop_live_sender(gone, wait_s=1, ended=True)  # ended meanwhile: nothing to say, no error
+    deaf = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # no stdin pipe
+    stop_live_sender(deaf, wait_s=30, ended=True)
+    assert deaf.returncode == -15  # SIGTERM, as before
