@@ -94,6 +94,8 @@ def _say_ended(sender: subprocess.Popen) -> bool:
     """Tell the sender that the run ended for good; False where it cannot hear it (no stdin, gone)."""
     if sender.stdin is None:
         return False
+    if sender.stdin.closed:
+        return True  # said already
     try:
         sender.stdin.write(ENDED_LINE)
         sender.stdin.close()
