@@ -25,8 +25,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.contract.child_process import start_child
 from hpctrain.contract.file_writes import open_append
@@ -60,13 +61,40 @@ def start_live_sender(spec: JobSpec, run_dir: str | Path, *, is_main: bool) -> s
         folder.mkdir(parents=True, exist_ok=True)
         log = open_append(folder / LIVE_LOG)
         try:
-            return start_child(argv, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT)
+            return start_kept(argv, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT)
         finally:
             os.close(log)  # the child has its own copy
     except (OSError, subprocess.SubprocessError) as exc:
         print(f"hpctrain: warning: tracking.live: the sender did not start ({exc}); 'hpctrain sync RUN' sends "
               "the run from where you run it", file=sys.stderr)  # fmt: skip
         return None
+
+
+def start_kept(argv: list[str], **popen: Any) -> subprocess.Popen:
+    """:func:`start_child` from a thread that lives as long as the child (it waits for it).
+
+    The parent's death signal (``PR_SET_PDEATHSIG``) fires when the *thread* that started the child
+    ends, not the process: under torchrun the node task hears of rank 0's start in its worker watch
+    thread, which ends when torchrun does, so the sender got SIGTERM then, before the node task could
+    tell it that the run ended (found on the Slurm test cluster: the MLflow run stayed RUNNING).
+    """
+    started: list[subprocess.Popen | BaseException] = []
+    ready = threading.Event()
+
+    def keep() -> None:
+        try:
+            started.append(start_child(argv, **popen))
+        except BaseException as exc:  # handed to the caller's thread
+            started.append(exc)
+        ready.set()
+        if isinstance(started[0], subprocess.Popen):
+            started[0].wait()  # this thread ends with the child, never before
+
+    threading.Thread(target=keep, name="hpctrain-live-sender", daemon=True).start()
+    ready.wait()
+    if isinstance(started[0], BaseException):
+        raise started[0]
+    return started[0]
 
 
 def stop_live_sender(sender: subprocess.Popen | None, *, wait_s: float = 0.0, ended: bool = False) -> None:

@@ -121,6 +121,7 @@ def _one_sync(run_dir: Path, sync_once: Callable[[Path], list], state: LiveState
         state.failed_syncs, state.last_error = state.failed_syncs + 1, errors[0].message[:500]
     for result in results:
         note = f"error: {result.error.message}" if result.error is not None else f"through step {result.through}"
+        note += f", ended: {result.final}" if getattr(result, "final", None) else ""
         print(f"{time.strftime('%H:%M:%S')} {result.tracker}: sent {result.sent}, {note}", flush=True)
     return results, bool(errors)
 
@@ -130,6 +131,7 @@ def listen(lines: Iterable[str], ended: threading.Event, stop: threading.Event) 
     or none was given: /dev/null) says nothing."""
     for line in lines:
         if line.strip() == ENDED_LINE:
+            print(f"{time.strftime('%H:%M:%S')} the run ended (its task says): the last sync sends its end", flush=True)
             ended.set()
             stop.set()
             return

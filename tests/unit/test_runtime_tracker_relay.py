@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -128,3 +129,25 @@ def test_a_run_that_ended_for_good_is_said_on_the_senders_stdin_not_with_sigterm
     deaf = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # no stdin pipe
     stop_live_sender(deaf, wait_s=30, ended=True)
     assert deaf.returncode == -15  # SIGTERM, as before
+
+
+def test_a_sender_started_from_a_thread_that_ends_lives_on_until_told() -> None:
+    """The parent's death signal follows the starting thread: under torchrun that is the node task's worker
+    watch, which ends with torchrun, before the node task tells the sender that the run ended."""
+    from hpctrain.runtime.tracker_relay import start_kept
+
+    box: list[subprocess.Popen] = []
+    starter = threading.Thread(
+        target=lambda: box.append(start_kept([sys.executable, "-c", HEARS], stdin=subprocess.PIPE))
+    )
+    starter.start()
+    starter.join()  # the thread that started it is gone
+    [sender] = box
+    try:
+        time.sleep(1.0)
+        assert sender.poll() is None, "the sender got the parent's death signal when its starting thread ended"
+        stop_live_sender(sender, wait_s=30, ended=True)
+        assert sender.returncode == 0  # it heard "ended"
+    finally:
+        sender.kill()
+        sender.wait()
