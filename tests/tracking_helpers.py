@@ -70,30 +70,32 @@ def craft_run(run: Path, tracking: dict[str, Any], *, status: str = "running", l
 
 
 @contextlib.contextmanager
-def mlflow_server(home: Path, start_timeout_s: float = 180) -> Iterator[str]:
-    """A real ``mlflow server`` on 127.0.0.1 with a SQLite store under ``home``; its URI. Stopped after."""
+def mlflow_server(
+    home: Path, start_timeout_s: float = 180, *, host: str = "127.0.0.1", wait: bool = True
+) -> Iterator[str]:
+    """A real ``mlflow server`` on ``host`` with a SQLite store under ``home``; its URI. Stopped after.
+
+    ``host``: 127.0.0.1 serves this machine only; the Slurm test cluster's nodes live in network namespaces
+    of their own and reach this machine at its bridge address (tests/slurm/conftest.py's ``HOST_ADDR``).
+    ``wait=False`` yields the URI at once, while the server starts (its 6-10 s overlap what the caller does
+    meanwhile, such as a Slurm job starting); :func:`wait_serving` waits for it later.
+    """
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
     command = [
         str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{home}/db.sqlite",
-        "--artifacts-destination", str(home / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+        "--artifacts-destination", str(home / "artifacts"), "--host", host, "--port", str(port),
         "--workers", "1",
     ]  # fmt: skip
     log = (home / "server.log").open("w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=home)
-    uri = f"http://127.0.0.1:{port}"
+    uri = f"http://{host}:{port}"
     try:
-        deadline = time.monotonic() + start_timeout_s
-        while True:
+        if wait:
             try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("mlflow server did not start:\n" + (home / "server.log").read_text()[-3000:])
-            time.sleep(0.5)
+                wait_serving(uri, start_timeout_s, process)
+            except RuntimeError as exc:
+                raise RuntimeError(f"{exc}:\n" + (home / "server.log").read_text()[-3000:]) from None
         yield uri
     finally:
         os.killpg(process.pid, signal.SIGTERM)
@@ -103,6 +105,21 @@ def mlflow_server(home: Path, start_timeout_s: float = 180) -> Iterator[str]:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         log.close()
+
+
+def wait_serving(uri: str, timeout_s: float = 180, process: subprocess.Popen | None = None) -> None:
+    """Wait until the MLflow server at ``uri`` answers its health check (``process``: fail as soon as it ends)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        if (process is not None and process.poll() is not None) or time.monotonic() > deadline:
+            raise RuntimeError(f"the mlflow server at {uri} did not start (its server.log says why)")
+        time.sleep(0.5)
 
 
 def last_values(metrics: Path, field: str = "loss") -> dict[int, float]:

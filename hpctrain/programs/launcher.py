@@ -18,6 +18,7 @@ import importlib
 import logging
 import os
 import socket
+import subprocess
 import sys
 import time
 import traceback
@@ -38,7 +39,7 @@ from hpctrain.runtime.master import check_master_address
 from hpctrain.runtime.run_summary import finish_summary
 from hpctrain.runtime.stop import StopReason, StopRequest, install_handlers
 from hpctrain.runtime.task_env import derive_task_env, export_torchrun_env, rank_hint, thread_env
-from hpctrain.runtime.tracker_relay import start_live_sender
+from hpctrain.runtime.tracker_relay import LAST_SYNC_WAIT_S, start_live_sender, stop_live_sender
 
 # Set to 1 on test clusters whose "nodes" are loopback aliases of one machine.
 ALLOW_LOOPBACK_MASTER_VAR = "HPCTRAIN_ALLOW_LOOPBACK_MASTER"
@@ -48,6 +49,8 @@ UserCode = Callable[..., Any]
 
 class TaskLauncher:
     """The callable submitit runs once per task; returns this rank's result."""
+
+    sender: subprocess.Popen | None = None  # tracking.live's, started by global rank 0
 
     def __init__(self, spec_data: dict[str, Any], run_dir: str, code_root: str | None = None) -> None:
         self.spec_data = spec_data
@@ -97,6 +100,7 @@ class TaskLauncher:
         try:
             result = self._run_monitored(spec, env, monitor)
             ended = True  # done, or stopped for good: the node's copies of the dataset can go
+            stop_live_sender(self.sender, wait_s=LAST_SYNC_WAIT_S, ended=True)  # the run's end goes out too
             return result
         except BaseException:
             if monitor is not None:
@@ -194,8 +198,9 @@ class TaskLauncher:
         os._exit(status)
 
     def start_tracker_sender(self, spec: JobSpec, env: TaskEnv) -> None:
-        """``tracking.live``: global rank 0 starts the sender, a process of its own (runtime/tracker_relay.py)."""
-        start_live_sender(spec, self.run_dir, is_main=env.is_main)
+        """``tracking.live``: global rank 0 starts the sender, a process of its own (runtime/tracker_relay.py),
+        and tells it when the run ended for good (a requeue or a failure leaves it to the parent's death signal)."""
+        self.sender = start_live_sender(spec, self.run_dir, is_main=env.is_main)
 
     def start_reaper(self) -> None:
         """Start the watcher that kills this task's leaked processes once it ends.

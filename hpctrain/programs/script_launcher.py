@@ -79,6 +79,7 @@ from hpctrain.runtime.script.outcome import (
 )
 from hpctrain.runtime.stop import StopRequest, install_handlers
 from hpctrain.runtime.task_env import derive_task_env, rank_hint
+from hpctrain.runtime.tracker_relay import LAST_SYNC_WAIT_S, stop_live_sender
 
 POLL_S = 0.05
 LEFTOVER_WAIT_S = 2.0  # the script ended: its group's remaining processes get this long after SIGTERM
@@ -252,6 +253,7 @@ class ScriptLauncher(TaskLauncher):
         from hpctrain.runtime.slurm_relay import slurm_runner
 
         keep_ended(env, run=slurm_runner())  # global rank 0: Requeue=0, so Slurm never starts it again
+        stop_live_sender(self.sender, wait_s=LAST_SYNC_WAIT_S, ended=True)  # tracking.live: the end goes out too
         return {"status": "completed", "exit_code": 0}
 
     def failed(self, spec: JobSpec, env: TaskEnv, status: ExitStatus, stderr: list[str]) -> dict[str, Any]:

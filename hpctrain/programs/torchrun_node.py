@@ -318,7 +318,7 @@ class TorchrunNodeLauncher:
             watch.stop()
             relay.stop()
             ended = code == 0 and not any(state_dir.glob("exit-*"))  # every rank returned: the run is not back
-            stop_live_sender(self.sender, wait_s=LAST_SYNC_WAIT_S if ended else 0.0)
+            stop_live_sender(self.sender, wait_s=LAST_SYNC_WAIT_S if ended else 0.0, ended=ended)
             if code == 0 and not ended:
                 _end_without_result(state_dir)
             if code != 0:

@@ -20,6 +20,15 @@ whoever sends it, and what this process could not send the login side's
 * it ends with the task (the parent's death signal), after one last sync
   bounded by :data:`LAST_SYNC_S`.
 
+How it learns that the run ended: its sync runs inside the job, so Slurm says
+the job is RUNNING and ``hpctrain sync``'s rule (a running job may go on) would
+keep the tracker's run open forever. The task that started it knows better and
+says so on the sender's standard input: a line ``ended`` (:data:`ENDED_LINE`)
+means every rank returned and the run is not coming back; the sender then makes
+its last sync as ``hpctrain sync --ended`` does, so the run's end (FINISHED, its
+summary's numbers) reaches the tracker. SIGTERM alone (a requeue, a preemption,
+a failure) leaves the run open for the next start.
+
 What it did is counted in ``RUN/.hpctrain/tracking/live.json`` (syncs, steps
 sent, failed syncs, the last error, the steps it is behind) and its log
 ``live.log`` beside it; ``hpctrain sync RUN`` afterwards fills in every step.
@@ -30,9 +39,10 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -43,6 +53,7 @@ LIVE_STATE = "live.json"
 LIVE_LOG = "live.log"
 MAX_BACKOFF_S = 300.0
 LAST_SYNC_S = 30.0
+ENDED_LINE = "ended"  # on the sender's stdin, from the task that started it: the run ended for good
 QUICK_CLIENT = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
 
@@ -68,17 +79,22 @@ def follow(
     *,
     interval_s: float,
     stop: threading.Event,
-    sync_once: Callable[[Path], list] | None = None,
+    ended: threading.Event | None = None,
+    sync_once: Callable[..., list] | None = None,
     clock: Callable[[], float] = time.time,
 ) -> LiveState:
     """Sync every ``interval_s`` (longer after failures) until the run is in its trackers whole or ``stop``
-    is set; then one last sync. Never raises for a tracker's sake."""
+    is set; then one last sync, which sends the run's end if ``ended`` is set. Never raises for a tracker's
+    sake."""
     if sync_once is None:
         from hpctrain.tracking.sync import sync as sync_once
     state, wait = LiveState(through={}), interval_s
     while True:
         last = stop.is_set()
-        results, failed = _one_sync(run_dir, sync_once, state)
+        if last and ended is not None and ended.is_set():
+            results, failed = _one_sync(run_dir, lambda run: sync_once(run, ended=True), state)
+        else:
+            results, failed = _one_sync(run_dir, sync_once, state)
         state.updated_at = clock()
         _save(run_dir, state)
         complete = bool(results) and all(getattr(r, "complete", False) for r in results)
@@ -105,8 +121,20 @@ def _one_sync(run_dir: Path, sync_once: Callable[[Path], list], state: LiveState
         state.failed_syncs, state.last_error = state.failed_syncs + 1, errors[0].message[:500]
     for result in results:
         note = f"error: {result.error.message}" if result.error is not None else f"through step {result.through}"
+        note += f", ended: {result.final}" if getattr(result, "final", None) else ""
         print(f"{time.strftime('%H:%M:%S')} {result.tracker}: sent {result.sent}, {note}", flush=True)
     return results, bool(errors)
+
+
+def listen(lines: Iterable[str], ended: threading.Event, stop: threading.Event) -> None:
+    """The task's word on stdin: :data:`ENDED_LINE` sets ``ended`` and ``stop``. Its end (the task closed it,
+    or none was given: /dev/null) says nothing."""
+    for line in lines:
+        if line.strip() == ENDED_LINE:
+            print(f"{time.strftime('%H:%M:%S')} the run ended (its task says): the last sync sends its end", flush=True)
+            ended.set()
+            stop.set()
+            return
 
 
 def _save(run_dir: Path, state: LiveState) -> None:
@@ -134,10 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     # started by a task that held its stop signals (stop_signals.py): a held SIGTERM would never end it
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
-    done = threading.Event()
+    ended, done = threading.Event(), threading.Event()
+    threading.Thread(target=listen, args=(sys.stdin, ended, stop), daemon=True).start()
+    run_dir, interval_s = Path(args.run_dir), max(1.0, args.interval)
     worker = threading.Thread(
-        target=lambda: (follow(Path(args.run_dir), interval_s=max(1.0, args.interval), stop=stop), done.set()),
-        daemon=True,
+        target=lambda: (follow(run_dir, interval_s=interval_s, stop=stop, ended=ended), done.set()), daemon=True
     )
     worker.start()
     while not done.wait(1.0):

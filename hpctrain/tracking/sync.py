@@ -43,7 +43,7 @@ from hpctrain.contract.rundir import (
     trial_dir,
 )
 from hpctrain.contract.runfiles import RunFileError, iter_lines
-from hpctrain.contract.summary import read_summary
+from hpctrain.contract.summary import FINAL_STATUSES, read_summary
 from hpctrain.contract.tracking_state import Cursor, read_cursor, sync_lock, tracking_id, write_cursor
 from hpctrain.errors import HpctrainError, RunDirError, SpecError, printable
 from hpctrain.jobspec.tracking import Tracking
@@ -137,8 +137,9 @@ def load_run(run_dir: Path, *, ended: bool = False) -> _Run:
             "runs; for this one, add it to RUN/spec.yaml (read at every sync; docs/tracking.md)",
         )
     summary = read_summary(run_dir)
-    status = run_end(run_dir)
-    final = status if status is not None else ("stopped" if ended else None)
+    final = run_end(run_dir)
+    if final is None and ended:  # the caller knows the run will not go on (Slurm may still call it running)
+        final = summary.status if summary is not None and summary.status in FINAL_STATUSES else "stopped"
     name = str(spec.get("name") or run_dir.parent.name)
     label = f"{name}/{run_dir.parent.name}/{run_dir.name}" if is_trial_dir(run_dir) else f"{name}/{run_dir.name}"
     folder = report_dir(run_dir)
@@ -161,7 +162,6 @@ def run_end(run_dir: Path) -> str | None:
     run directory copied to a laptop), the summary says it.
     """
     from hpctrain.contract.slurm_states import run_state as slurm_run_state
-    from hpctrain.contract.summary import FINAL_STATUSES
     from hpctrain.launch.run_state import display_status, run_state
 
     _, state, summary = run_state(run_dir)

@@ -189,6 +189,8 @@ def test_the_node_task_of_rank_0_sends_each_step_live_once_and_its_sender_ends_w
     assert dict(history) == last_values(run / "metrics.jsonl")
     live = json.loads((run / ".hpctrain" / "tracking" / "live.json").read_text())
     assert live["through"] == {"mlflow": STEPS} and live["syncs"] >= 2
+    said = (run / ".hpctrain" / "tracking" / "live.log").read_text()
+    assert "the run ended (its task says)" in said, said  # the node task told it, on its stdin
 
 
 def test_a_preempted_node_task_takes_its_sender_along_and_a_server_down_never_held_the_ranks(

@@ -56,6 +56,9 @@ _SCRIPT_MODULE = load_cluster_script("slurm-cluster")  # it owns the list of off
 DEFAULT_SLURM: str = _SCRIPT_MODULE.DEFAULT_SLURM  # type: ignore[attr-defined]
 TEST_USER: str = _SCRIPT_MODULE.TEST_USER  # type: ignore[attr-defined]
 SLURM_VERSIONS: dict[str, str | None] = _SCRIPT_MODULE.SLURM_VERSIONS  # type: ignore[attr-defined]
+# This machine's address on the nodes' bridge: where a server the test starts here (a login node's, such as a
+# tracking server) is reached from the nodes, which have network namespaces of their own (127.0.0.1 is theirs).
+HOST_ADDR: str = _SCRIPT_MODULE.HOST_ADDR  # type: ignore[attr-defined]
 
 # sacct's terminal states; "CANCELLED by 0" is normalised to "CANCELLED".
 FINAL_STATES = frozenset(

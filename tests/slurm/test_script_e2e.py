@@ -14,10 +14,17 @@ the srun report, the reaper, torchrun) goes through the same code as the
 trainer's (``runtime/requeue.py``), whose contract tests cover every version;
 the requeue-and-preemption test passed on 22.05 and 26.05 by hand (65 s, 60 s)
 and stays out of CI's side legs to keep its hour.
+
+That requeued and preempted job also carries a W&B tracker in offline mode (no
+job of its own: CI time): the script records its loss with ``hpctrain.task.log``,
+``hpctrain sync`` writes the run's one offline W&B run from here, and W&B's own
+reader (wandb-core) reads it back: one run id across the three starts, each
+step once.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +46,7 @@ from .stop_helpers import (
     wait_no_processes,
     wait_requeued,
 )
+from .tracker_checks import assert_one_wandb_run_each_step_once
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -46,6 +54,7 @@ if TYPE_CHECKING:
 START_TIMEOUT_S = 120  # submit -> first checkpoint: 4 processes importing torch on 2 cores
 RUN_TIMEOUT_S = 180
 LEFTOVER_BUDGET_S = 30
+WANDB = {"project": "e2e-script", "mode": "offline"}
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +80,11 @@ def test_torchrun_style_script_is_requeued_and_preempted_and_resumes_from_its_ow
 ) -> None:
     """The time-limit warning (USR2), then partition preemption: each time the script gets SIGTERM, saves at
     a step boundary and exits; hpctrain requeues (the warning) or Slurm does (preemption), and the next start
-    resumes from the script's own checkpoint: every step is trained exactly once."""
+    resumes from the script's own checkpoint: every step is trained exactly once. Its ``task.log`` losses are
+    ONE W&B offline run, each step once."""
     started = time.monotonic()
-    spec = ws.spec("ddp_env", {"path": "ddp_env.py", "args": ["--steps", "14", "--step-s", "0.5", "--tag", "{rank}"]})
+    args = ["--steps", "14", "--step-s", "0.5", "--task-log", "--tag", "{rank}"]
+    spec = ws.spec("ddp_env", {"path": "ddp_env.py", "args": args}, tracking={"wandb": WANDB})
     run = ws.submit(spec)
     wait_for(lambda: has_checkpoint(run.run_dir), "the script's first checkpoint", START_TIMEOUT_S, run)
     slurm_cluster.run("scancel", "--signal=USR2", run.job_id)
@@ -112,6 +123,14 @@ def test_torchrun_style_script_is_requeued_and_preempted_and_resumes_from_its_ow
     assert "status: completed" in status.stdout and "restarts: 2" in status.stdout, status
     logs = hpctrain(ws.env, "logs", str(run.run_dir), "--rank", "3")
     assert "rank 3: completed" in logs.stdout, logs
+
+    checks = time.monotonic()
+    synced = hpctrain(ws.env, "sync", str(run.run_dir), "--json", timeout=180)  # as the test user, from here
+    assert synced.returncode == 0, synced
+    [state] = json.loads(synced.stdout)  # one indented document
+    assert (state["tracker"], state["through"], state["final"]) == ("wandb", 14, "completed"), state
+    assert_one_wandb_run_each_step_once(run.run_dir, WANDB["project"])
+    report_timing("script: W&B offline sync and read-back", time.monotonic() - checks)
 
 
 @pytest.mark.slurm_shared

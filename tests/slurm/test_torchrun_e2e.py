@@ -4,6 +4,13 @@ The same 2 x 2 gloo jobs as the srun tests (stop_helpers.py), submitted with
 ``--set launcher=torchrun``: the ranks come out where srun would put them, a
 time-limit requeue and a preemption resume bit-identically, ``hpctrain
 cancel`` leaves no process on either node, and a killed rank is named.
+
+The requeued and preempted run also carries ``tracking.mlflow`` with
+``tracking.live`` (CI time: no job of its own): a real ``mlflow server``
+(SQLite) on this machine's bridge address, which the nodes reach, is fed during the run by the
+sender that the node task hosting global rank 0 starts beside torchrun, at
+each of the three starts; with no ``hpctrain sync`` from here it ends as ONE
+MLflow run with each step once.
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ import pytest
 from submitit.core.utils import pickle_load
 
 from hpctrain.contract.rundir import submitit_dir
+from tests.tracking_helpers import mlflow_server, wait_serving
 
+from .conftest import HOST_ADDR
 from .entrypoints import ENTRYPOINT_MODULE
 from .hpctrain_cli import task_logs
 from .stop_helpers import (
@@ -39,6 +48,7 @@ from .stop_helpers import (
     wait_for,
     wait_no_processes,
 )
+from .tracker_checks import assert_one_mlflow_run_each_step_once, live_mlflow_sets, live_state, live_steps_sent
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -100,17 +110,32 @@ def test_ranks_0_to_3_run_two_per_node(slurm_cluster: SlurmCluster, workspace: W
 def test_timeout_requeue_and_preemption_resume_bit_identically(
     slurm_cluster: SlurmCluster, workspace: Workspace, reference_weights: str, tmp_path: Path
 ) -> None:
+    pytest.importorskip("mlflow")
     started = time.monotonic()
-    run = submit(workspace, TORCHRUN, "name=torchrun_requeued")
+    with mlflow_server(tmp_path / "mlflow", host=HOST_ADDR, wait=False) as uri:  # it starts while the job does
+        run = submit(workspace, TORCHRUN, "name=torchrun_requeued", *live_mlflow_sets(uri, "torchrun"))
 
-    # The time-limit signal reaches every process of the step; the ranks checkpoint, rank 0 requeues.
-    # Then a preemption: SIGTERM to everything, which neither the node task nor torchrun may act on.
-    first_stop, _ = requeue_then_preempt(slurm_cluster, run, tmp_path, START_TIMEOUT_S)
-    assert 2 <= first_stop < TOTAL_STEPS
+        # The time-limit signal reaches every process of the step; the ranks checkpoint, rank 0 requeues.
+        # Then a preemption: SIGTERM to everything, which neither the node task nor torchrun may act on.
+        first_stop, _ = requeue_then_preempt(slurm_cluster, run, tmp_path, START_TIMEOUT_S)
+        assert 2 <= first_stop < TOTAL_STEPS
 
-    assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
-    report_timing("torchrun: requeued + preempted run, submit to end", time.monotonic() - started)
-    assert_completed_exactly(run, 2, reference_weights)
+        assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
+        report_timing("torchrun: requeued + preempted run, submit to end", time.monotonic() - started)
+        assert_completed_exactly(run, 2, reference_weights)
+
+        checks = time.monotonic()
+        # tracking.live alone (no `hpctrain sync` from here): the last start's sender sent every step, and
+        # the senders of all starts together sent each step once (a sender that found the server still
+        # starting, 6-30 s here, tried again later)
+        wait_serving(uri, timeout_s=5)  # up long since: the job's senders reached it
+        assert live_state(run.run_dir)["through"] == {"mlflow": TOTAL_STEPS}, live_state(run.run_dir)
+        assert live_steps_sent(run.run_dir) == TOTAL_STEPS
+        tracked = assert_one_mlflow_run_each_step_once(uri, "torchrun", run.run_dir)
+        tags = tracked.data.tags
+        assert (tags["hpctrain.status"], tags["hpctrain.restarts"]) == ("completed", "2"), tags
+        assert tracked.info.status == "FINISHED", "the node task told its sender that the run ended"
+    report_timing("torchrun: MLflow checks and the server's stop", time.monotonic() - checks)
 
 
 @pytest.mark.slurm_contract

@@ -2,9 +2,10 @@
 requeued (USR2, the time-limit signal) and lost a node mid-run (healed onto the spare), each optimizer
 step once, with metrics.jsonl's last value of it; the restart and the lost node visible.
 
-The MLflow server runs on this machine (127.0.0.1), as on a login node; with ``tracking.live`` global
-rank 0's node also runs the sender beside the trainer (whether it reaches the server or not, the steps
-in MLflow must be each step once, and the login side's sync fills in the rest).
+The MLflow server runs on this machine, as on a login node, at its address on the nodes' bridge (the
+nodes have network namespaces of their own); with ``tracking.live`` global rank 0's node also runs the
+sender beside the trainer: the senders of the starts and the login side's syncs together send each step
+once.
 The training run is the stop tests' small job (2 nodes x 2 gloo ranks, 3 epochs x 6 steps, a
 checkpoint every 2 steps) with ``resources.spare_nodes: 1`` on the three-node cluster.
 """
@@ -21,6 +22,7 @@ import pytest
 from hpctrain.contract.rundir import metrics_path
 from tests.tracking_helpers import last_values, mlflow_server
 
+from .conftest import HOST_ADDR
 from .hpctrain_cli import hpctrain, task_logs
 from .stop_helpers import (
     EPOCHS,
@@ -33,6 +35,7 @@ from .stop_helpers import (
     wait_requeued,
 )
 from .test_node_loss_e2e import kill_node
+from .tracker_checks import live_state, live_steps_sent
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -60,7 +63,7 @@ def workspace(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -
 def test_a_requeued_run_that_loses_a_node_is_one_mlflow_run_with_each_step_once(
     cluster: SlurmCluster, workspace: Workspace, tmp_path: Path
 ) -> None:
-    with mlflow_server(tmp_path / "mlflow") as uri:
+    with mlflow_server(tmp_path / "mlflow", host=HOST_ADDR) as uri:
         run = submit(
             workspace, "name=tracked", "resources.spare_nodes=1", "health.burn_in.enabled=false",
             f"tracking.mlflow.tracking_uri={uri}", "tracking.mlflow.experiment=e2e",
@@ -90,16 +93,21 @@ def test_a_requeued_run_that_loses_a_node_is_one_mlflow_run_with_each_step_once(
         assert summary["status"] == "completed" and summary["global_step"] == TOTAL_STEPS, summary
         assert [failure["node"] for failure in summary["node_failures"]] == ["n2"], summary
 
-        live = json.loads((run.run_dir / ".hpctrain" / "tracking" / "live.json").read_text())
-        assert live["syncs"] >= 1, live  # rank 0's sender ran on the nodes beside the trainer (tracking.live)
+        # the last start's sender (rank 0's task told it the run ended) sent every step and the run's end
+        assert live_state(run.run_dir)["through"] == {"mlflow": TOTAL_STEPS}, live_state(run.run_dir)
+        client = mlflow.tracking.MlflowClient(uri)
+        [tracked] = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
+        assert tracked.info.status == "FINISHED", "tracking.live sent the run's end"
         done = hpctrain(workspace.env, "sync", str(run.run_dir), "--json")
         assert done.returncode == 0, done
-        [state] = json.loads(done.stdout)
-        assert (state["through"], state["final"]) == (TOTAL_STEPS, "completed"), state
+        [finished] = json.loads(done.stdout)
+        assert (finished["through"], finished["final"]) == (TOTAL_STEPS, "completed"), finished
+        # rank 0's node sent steps too (tracking.live, beside the trainer): together, each step once
+        assert live_steps_sent(run.run_dir) > 0, live_state(run.run_dir)
+        assert live_steps_sent(run.run_dir) + state["sent"] + finished["sent"] == TOTAL_STEPS
         again = hpctrain(workspace.env, "sync", str(run.run_dir), "--json")
         assert json.loads(again.stdout)[0]["sent"] == 0
 
-        client = mlflow.tracking.MlflowClient(uri)
         experiment = client.get_experiment_by_name("e2e")
         [tracked] = client.search_runs([experiment.experiment_id])  # ONE run for every start of the job
         assert tracked.data.tags["hpctrain.tracking_id"] == info["tracking_id"]

@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -112,3 +113,41 @@ def test_stopping_the_sender_waits_only_as_asked_and_kills_one_that_overstays() 
     finally:
         stubborn.kill()
         stubborn.wait()
+
+
+HEARS = "import sys; line = sys.stdin.readline(); sys.exit(0 if line == 'ended\\n' else 3)"
+
+
+def test_a_run_that_ended_for_good_is_said_on_the_senders_stdin_not_with_sigterm() -> None:
+    """Inside the job Slurm calls it RUNNING: only the node task can tell the sender the run's end may be sent."""
+    told = subprocess.Popen([sys.executable, "-c", HEARS], stdin=subprocess.PIPE)
+    stop_live_sender(told, wait_s=30, ended=True)
+    assert told.returncode == 0  # it read "ended" and exited by itself: no SIGTERM came
+    gone = subprocess.Popen([sys.executable, "-c", "pass"], stdin=subprocess.PIPE)
+    gone.wait(timeout=30)
+    stop_live_sender(gone, wait_s=1, ended=True)  # ended meanwhile: nothing to say, no error
+    deaf = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # no stdin pipe
+    stop_live_sender(deaf, wait_s=30, ended=True)
+    assert deaf.returncode == -15  # SIGTERM, as before
+
+
+def test_a_sender_started_from_a_thread_that_ends_lives_on_until_told() -> None:
+    """The parent's death signal follows the starting thread: under torchrun that is the node task's worker
+    watch, which ends with torchrun, before the node task tells the sender that the run ended."""
+    from hpctrain.runtime.tracker_relay import start_kept
+
+    box: list[subprocess.Popen] = []
+    starter = threading.Thread(
+        target=lambda: box.append(start_kept([sys.executable, "-c", HEARS], stdin=subprocess.PIPE))
+    )
+    starter.start()
+    starter.join()  # the thread that started it is gone
+    [sender] = box
+    try:
+        time.sleep(1.0)
+        assert sender.poll() is None, "the sender got the parent's death signal when its starting thread ended"
+        stop_live_sender(sender, wait_s=30, ended=True)
+        assert sender.returncode == 0  # it heard "ended"
+    finally:
+        sender.kill()
+        sender.wait()

@@ -3,13 +3,14 @@ down, counts what it could not send, and ends with one last sync; never raising 
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import ClusterError
-from hpctrain.tracking.live import MAX_BACKOFF_S, follow, live_state_path
+from hpctrain.tracking.live import MAX_BACKOFF_S, follow, listen, live_state_path
 from hpctrain.tracking.sync import Synced
 
 
@@ -71,3 +72,25 @@ def test_a_stop_gets_one_last_sync(tmp_path: Path) -> None:
     stop = Waits(stop_after=2)
     state = follow(tmp_path, interval_s=10, stop=stop, sync_once=running)
     assert len(calls) == 3 and stop.waits == [10, 10] and state.behind == 15
+
+
+def test_the_tasks_word_that_the_run_ended_makes_the_last_sync_send_its_end(tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+
+    def syncing(run_dir: Path, **more: Any) -> list[Synced]:
+        calls.append(more)
+        return [result(run_dir, 20, sent=1, final="completed" if more.get("ended") else None)]
+
+    stop, ended = threading.Event(), threading.Event()
+    listen(io.StringIO("noise\nended\n"), ended, stop)
+    assert ended.is_set() and stop.is_set()
+    follow(tmp_path, interval_s=10, stop=stop, ended=ended, sync_once=syncing)
+    assert calls == [{"ended": True}]  # as `hpctrain sync --ended`: Slurm's RUNNING for its own job is no answer
+
+    quiet_stop, quiet = threading.Event(), threading.Event()
+    listen(io.StringIO(""), quiet, quiet_stop)  # /dev/null (srun's rank 0 task), or the task closed it unsaid
+    assert not quiet.is_set() and not quiet_stop.is_set()
+    quiet_stop.set()  # SIGTERM: a requeue, a preemption or a failure leaves the run open
+    calls.clear()
+    follow(tmp_path, interval_s=10, stop=quiet_stop, ended=quiet, sync_once=syncing)
+    assert calls == [{}]

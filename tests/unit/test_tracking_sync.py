@@ -146,6 +146,18 @@ def test_ended_sends_the_steps_of_a_run_that_will_not_go_on(tmp_path: Path) -> N
     assert (done.through, done.final) == (15, "stopped")
 
 
+def test_ended_inside_its_own_job_sends_the_summarys_end_though_slurm_calls_it_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tracking.live's last sync runs inside the job (Slurm: RUNNING); the node task said the run ended."""
+    run = craft_run(tmp_path / "run", MLFLOW, status="completed")
+    monkeypatch.setattr(sync_module, "run_end", lambda run_dir: None)  # the job runs: it may go on
+    assert sync_once(run).final is None
+    done = sync_once(run, ended=True)
+    assert (done.through, done.final) == (15, "completed")
+    assert FakeMlflow.runs[TRACKING_ID]["status"] == "completed"
+
+
 def test_a_resumed_run_reopens_and_a_changed_spec_value_becomes_a_tag(tmp_path: Path) -> None:
     run = craft_run(tmp_path / "run", MLFLOW, status="stopped")
     sync_once(run)

@@ -6,7 +6,8 @@ signal hpctrain names in ``HPCTRAIN_STOP_SIGNAL`` (the ranks agree with one
 all-reduce, so all stop at the same step), and leaves for the tests what each
 start did: ``steps.log`` (every step trained, by rank 0) and
 ``env-RESTART-RANK.json`` (its arguments, folder and environment). Plain
-PyTorch; nothing of hpctrain is imported.
+PyTorch; nothing of hpctrain is imported (a script may hand ``train`` the task
+API's ``log``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -63,11 +65,19 @@ def write_json(path: Path, value: dict) -> None:
     os.replace(temp, path)
 
 
-def train(rank: int, steps: int, step_s: float, fail: tuple[int, int] | None = None, loader_workers: int = 0) -> str:
+def train(
+    rank: int,
+    steps: int,
+    step_s: float,
+    fail: tuple[int, int] | None = None,
+    loader_workers: int = 0,
+    log: Callable[..., None] | None = None,
+) -> str:
     """``steps`` steps of a linear model under DDP, resuming from the checkpoint; "completed" or "stopped".
 
     ``fail``: (rank, step) at which that rank exits with status 3 (once per run: a marker remembers it).
     ``loader_workers``: a DataLoader with that many workers is read once per step (processes to clean up).
+    ``log``: called as ``log(step + 1, loss=...)`` after each step (``hpctrain.task.log``: rank 0 writes).
     """
     batches = None
     if loader_workers:
@@ -83,8 +93,8 @@ def train(rank: int, steps: int, step_s: float, fail: tuple[int, int] | None = N
         model.load_state_dict(state["model"])
         start = int(state["step"])
     if rank == 0:
-        with open("steps.log", "a") as log:
-            log.write(f"start {os.environ.get('HPCTRAIN_RESTART_COUNT')} {start}\n")
+        with open("steps.log", "a") as steps_log:
+            steps_log.write(f"start {os.environ.get('HPCTRAIN_RESTART_COUNT')} {start}\n")
     for step in range(start, steps):
         flag = torch.tensor([1 if STOP["asked"] else 0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -105,9 +115,11 @@ def train(rank: int, steps: int, step_s: float, fail: tuple[int, int] | None = N
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if log is not None:
+            log(step + 1, loss=float(loss.detach()))
         if rank == 0:
-            with open("steps.log", "a") as log:
-                log.write(f"step {step}\n")
+            with open("steps.log", "a") as steps_log:
+                steps_log.write(f"step {step}\n")
         if (step + 1) % 2 == 0:
             save(rank, model, step + 1)
         time.sleep(step_s)
