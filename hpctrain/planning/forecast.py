@@ -31,7 +31,7 @@ from hpctrain.planning.cluster import requeue_hold, start_of, test_only_options
 from hpctrain.planning.history import history
 from hpctrain.planning.restart_cost import restart_cost
 from hpctrain.planning.step_time import step_times
-from hpctrain.planning.timeline import Timeline, duration, timeline
+from hpctrain.planning.timeline import duration, timeline, with_hold
 from hpctrain.planning.work import work_of
 
 if TYPE_CHECKING:
@@ -115,23 +115,20 @@ def forecast(
     if steps is not None and step is not None:
         restart = restart_cost(found)
 
-        def line_with(hold_s: float) -> Timeline:
-            return timeline(
-                steps=steps,
-                step_s=step.seconds,
-                nodes=nodes,
-                gpus_per_node=spec.resources.gpus_per_node or 0,
-                limit_s=spec.resources.time_s,
-                stop_s=spec.signals.signal_delay_s,
-                start_in_s=start_in,
-                restart_s=restart.seconds,
-                requeue_hold_s=hold_s,
-            )
-
-        line, hold_s = line_with(0.0), 0.0
+        line = timeline(
+            steps=steps,
+            step_s=step.seconds,
+            nodes=nodes,
+            gpus_per_node=spec.resources.gpus_per_node or 0,
+            limit_s=spec.resources.time_s,
+            stop_s=spec.signals.signal_delay_s,
+            start_in_s=start_in,
+            restart_s=restart.seconds,
+        )
+        hold_s = 0.0
         if line.chunks > 1:  # only then one more Slurm call: how long each requeued chunk is held
             hold_s, _why = requeue_hold(spec.resources.expedited_requeue, slurm)
-            line = line_with(hold_s)
+            line = with_hold(line, hold_s)
         finish_in, chunks = line.finish_in_s, line.chunks
         notes.append(
             f"{steps:,} steps at {step.seconds:.3g} s ({step.source}), {chunks} chunk(s) of {spec.resources.time}"

@@ -28,7 +28,7 @@ from hpctrain.errors import ClusterError
 from hpctrain.jobspec.slurm_time import parse_time_limit
 from hpctrain.planning.cluster import requeue_hold
 from hpctrain.planning.history import dotted, read_run_spec, run_pace
-from hpctrain.planning.timeline import duration, timeline
+from hpctrain.planning.timeline import duration, timeline, with_hold
 
 
 @dataclass(frozen=True)
@@ -100,17 +100,7 @@ def estimate(run_dir: Path, job_id: str, slurm: Slurm, *, clock: Callable[[], fl
                 start_in_s=start_in,
             )
             hold_s = _hold_s(spec, slurm) if line.chunks > 1 else 0.0
-            if hold_s:
-                line = timeline(
-                    steps=steps_left,
-                    step_s=step_s,
-                    nodes=1,
-                    gpus_per_node=0,
-                    limit_s=limit_s,
-                    stop_s=stop_s,
-                    start_in_s=start_in,
-                    requeue_hold_s=hold_s,
-                )
+            line = with_hold(line, hold_s)
             finish, chunks = line.finish_in_s, line.chunks
             notes.append(
                 f"finish: {steps_left:,} steps at {step_s:.3g} s, {chunks} chunk(s), each later one "

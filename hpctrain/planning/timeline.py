@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hpctrain.errors import UsageError
 
@@ -70,6 +70,14 @@ def timeline(
     return Timeline(
         chunks, train_s, held_s, start_in_s, finish, node_hours, node_hours * gpus_per_node if gpus_per_node else None
     )
+
+
+def with_hold(line: Timeline, requeue_hold_s: float) -> Timeline:
+    """The same run when each chunk after the first is also held ``requeue_hold_s`` after its requeue (as
+    :func:`timeline` counts it): for a caller that asks Slurm for the hold only once it knows there are chunks."""
+    if line.finish_in_s is None or line.chunks <= 1:
+        return line
+    return replace(line, finish_in_s=line.finish_in_s + (line.chunks - 1) * requeue_hold_s)
 
 
 @dataclass(frozen=True)

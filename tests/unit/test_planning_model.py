@@ -8,7 +8,7 @@ import pytest
 
 from hpctrain.errors import UsageError
 from hpctrain.planning.step_time import Measurement, fit, step_times
-from hpctrain.planning.timeline import Timeline, chunk_count, duration, recommend, timeline
+from hpctrain.planning.timeline import Timeline, chunk_count, duration, recommend, timeline, with_hold
 from hpctrain.planning.work import NoStepCount, Work, work_of
 
 # ------------------------------------------------------------------ work
@@ -176,3 +176,4 @@ def test_each_later_chunk_waits_out_slurms_requeue_hold() -> None:
     assert (line.chunks, plain.chunks) == (4, 4)
     assert line.finish_in_s == plain.finish_in_s + 3 * 120  # type: ignore[operator]
     assert line.held_s == plain.held_s  # the hold is waiting, not allocated time
+    assert with_hold(plain, 120.0) == line  # the same, added once the chunks are known
