@@ -114,7 +114,6 @@ def forecast(
     finish_in = chunks = None
     if steps is not None and step is not None:
         restart = restart_cost(found)
-
         line = timeline(
             steps=steps,
             step_s=step.seconds,

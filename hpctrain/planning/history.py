@@ -117,13 +117,12 @@ def _read_run(run_dir: Path, spec: Mapping[str, Any], found: History) -> None:
     nodes = summary.num_nodes if summary and summary.num_nodes else dotted(spec, "resources.nodes")
     where = printable(str(run_dir))
     records = metric_records(run_dir, found)
-    step_s = step_times_of(records)
-    median_s = statistics.median(step_s) if step_s else None
-    pace = pace_of(records, read_starts(run_dir))
+    starts = read_starts(run_dir)
+    pace = pace_of(records, starts)
     if isinstance(nodes, int) and nodes >= 1 and pace is not None and pace.steps >= MIN_STEPS:
         scale = _scale(records, summary, spec, nodes)
         found.measurements.append(Measurement(nodes, pace.seconds, pace.steps, where, scale, pace.basis))
-    _read_starts(run_dir, median_s, found)
+    _read_starts(starts, None if pace is None else pace.median_s, found)
     if summary is None:
         return
     per_epoch, batch, cap = (
@@ -138,9 +137,9 @@ def _read_run(run_dir: Path, spec: Mapping[str, Any], found: History) -> None:
         found.total_steps = (summary.total_steps, where)
 
 
-def _read_starts(run_dir: Path, step_s: float | None, found: History) -> None:
+def _read_starts(starts: Sequence[Start], step_s: float | None, found: History) -> None:
     """Each recorded start's cost (its start-up, and its redone steps at the run's median step time)."""
-    costs = [(start.first, cost) for start in read_starts(run_dir) if (cost := start.cost_s(step_s)) is not None]
+    costs = [(start.first, cost) for start in starts if (cost := start.cost_s(step_s)) is not None]
     if costs:
         found.started_runs += 1
     for first, cost in costs:
@@ -156,6 +155,7 @@ class Pace:
     seconds: float
     steps: int
     basis: str
+    median_s: float  # the median of the logged step times either way (a restart's redone steps cost it)
 
 
 # Without a starts record (a run older than contract/starts.py), a pause this long between two logged steps
@@ -184,8 +184,8 @@ def pace_of(records: list[dict[str, Any]], starts: Sequence[Start] = ()) -> Pace
             continue
         span, steps = span + took, steps + advanced
     if steps >= MIN_STEPS and span > 0:
-        return Pace(span / steps, steps, "wall")
-    return Pace(median, len(times), "median")
+        return Pace(span / steps, steps, "wall", median)
+    return Pace(median, len(times), "median", median)
 
 
 def run_pace(run_dir: Path) -> Pace | None:

@@ -30,7 +30,7 @@ def test_a_restart_and_the_steps_it_redid_are_left_out() -> None:
     first, later = steps(1, 10, 0.0), steps(7, 14, 61.0)
     starts = [Start(began=0.0, first=True), Start(began=60.0)]
     pace = pace_of(first + later, starts)
-    assert pace == Pace(pytest.approx(0.1), 9 + 7, "wall")
+    assert pace == Pace(pytest.approx(0.1), 9 + 7, "wall", 0.1)
 
 
 def test_without_a_starts_record_only_a_long_pause_is_taken_for_a_restart() -> None:
@@ -43,10 +43,10 @@ def test_without_a_starts_record_only_a_long_pause_is_taken_for_a_restart() -> N
 def test_too_few_steps_in_a_row_fall_back_to_the_median() -> None:
     # step 5, then a start that redid 3 and 4: one step in a row is too few to time
     records = [steps(5, 5, 0.0, step_s=0.3)[0], *steps(3, 4, 50.0, step_s=0.2)]
-    assert pace_of(records) == Pace(0.2, 3, "median")
+    assert pace_of(records) == Pace(0.2, 3, "median", 0.2)
     assert pace_of([]) is None
 
 
 def test_steps_logged_every_few_steps_are_timed_over_the_steps_between_them() -> None:
     records = [{"kind": "train_step", "global_step": g, "step_s": 0.1, "time": 0.15 * g} for g in (10, 20, 30)]
-    assert pace_of(records) == Pace(pytest.approx(0.15), 20, "wall")
+    assert pace_of(records) == Pace(pytest.approx(0.15), 20, "wall", 0.1)
