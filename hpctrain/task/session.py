@@ -9,7 +9,8 @@
    ``contract/script_env.py``'s): the ranks of the process group once it is
    up, else of the torchrun variables hpctrain set; run and checkpoint
    directories, restart count and job id from hpctrain's variables;
-   ``HPCTRAIN_STOP_SIGNAL`` becomes the stop request, and this rank's
+   ``HPCTRAIN_STOP_SIGNAL`` becomes the stop request (a handler the script
+   installed for it still runs, after hpctrain's), and this rank's
    heartbeat thread and hang watchdog start (``runtime/script/process.py``);
 3. **anything else** (``python train.py``, ``torchrun``, a hand-written
    ``srun``): the ranks that launcher set, the working directory as the run
@@ -86,6 +87,7 @@ class Session:
     summary: UserRunSummary | None = None
     monitor: heartbeat.Monitor | None = None
     agreed: StopReason | None = None  # the last answer of should_stop()
+    stop_handler: script_process.StopHandler | None = None  # the task API's own (scripts, plain processes)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -144,13 +146,14 @@ def _resolve(environ: os._Environ[str] | dict[str, str], previous: Session | Non
         return _start(made, previous, hostnames=list(env.hostnames))
     script = script_env.RUN_DIR_VAR in environ
     info = _own_info(environ, script=script)
+    handler = None
     if previous is not None:  # the same process, now with its process group: keep its stop request
-        stop = previous.stop
+        stop, handler = previous.stop, previous.stop_handler
     else:
         stop = StopRequest(cancel_markers=cancel_marker_paths(info.run_dir) if script else (), job_ids=[info.job_id])
         signum = script_process.stop_signal(environ) if script else signal.SIGTERM
-        script_process.install_stop_signal(stop, signum)
-    made = Session(info=info, stop=stop, with_process_group=_distributed())
+        handler = script_process.install_stop_signal(stop, signum)  # keeps the script's own handler
+    made = Session(info=info, stop=stop, with_process_group=_distributed(), stop_handler=handler)
     if previous is not None:
         made.agreed, made.monitor = previous.agreed, previous.monitor
     if script and made.monitor is None and (made.with_process_group or "RANK" in environ):

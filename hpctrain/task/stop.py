@@ -35,6 +35,8 @@ def should_stop() -> StopReason | None:
     """
     require_group("hpctrain.task.should_stop()")
     current = session()
+    if current.stop_handler is not None:
+        current.stop_handler.check()  # says once when the script replaced it since
     reason = current.stop.agreed()
     current.agreed = reason
     return reason

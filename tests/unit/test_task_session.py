@@ -187,3 +187,48 @@ def test_several_ranks_without_a_group_that_cannot_be_formed_stop_at_once(
     assert "init_process_group()" in (err.value.hint or "")
     with pytest.raises(DistributedSetupError, match=r"hpctrain.task.should_stop\(\): "):
         task.should_stop()
+
+
+OWN_STOP_SCRIPT = """
+import signal, sys, time
+OWN = []
+signal.signal(signal.SIGTERM, lambda signum, frame: OWN.append(signum))  # the script's own graceful stop
+from hpctrain import task
+task.log(1, loss=1.0)  # its first hpctrain.task call (not task.context()): it installs the task API's handler
+print("ready", flush=True)
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    if reason := task.should_stop():
+        time.sleep(0.2)  # a second signal would be counted meanwhile
+        print(f"stopped reason={reason} own={len(OWN)} status={task.stopped()['status']}", flush=True)
+        sys.exit(0)
+    time.sleep(0.02)
+sys.exit(3)
+"""
+
+
+def test_a_script_with_its_own_stop_handler_keeps_it_and_should_stop_hears_the_signal(tmp_path: Path) -> None:
+    """A real script process: its own SIGTERM handler, then hpctrain.task; the wrapper's SIGTERM reaches both."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (tmp_path / "own_stop.py").write_text(OWN_STOP_SCRIPT)
+    variables = {"RANK": "0", "WORLD_SIZE": "1", script_env.RUN_DIR_VAR: str(run), script_env.STOP_SIGNAL_VAR: "TERM"}
+    env = {**os.environ, **variables, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    child = subprocess.Popen(
+        [sys.executable, str(tmp_path / "own_stop.py")],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        child.send_signal(signal.SIGTERM)  # what the wrapper sends the script's process group
+        out, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 0, err
+    assert out == "stopped reason=preempted own=1 status=stopped\n"  # once to each: hpctrain's note, its handler
+    assert err.count("hpctrain.task: SIGTERM already has this process's own handler (__main__.<lambda>)") == 1
+    assert json.loads(summary_path(run).read_text())["status"] == "stopped"

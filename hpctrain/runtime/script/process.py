@@ -8,7 +8,11 @@ script, ``hpctrain.task`` (or a script that only records heartbeats with
 * :func:`install_stop_signal`: ``HPCTRAIN_STOP_SIGNAL`` (TERM, INT or USR1;
   TERM when unset) -- what the wrapper sends the script's process group to
   stop it -- becomes a stop request, which the loop sees at its next step
-  boundary (``StopRequest.agreed``), never in the middle of a step;
+  boundary (``StopRequest.agreed``), never in the middle of a step. A handler
+  the script installed itself (its own graceful stop) is kept: hpctrain's
+  :class:`StopHandler` notes the stop, then calls it, and says so once on
+  stderr; a handler the script installs *after* hpctrain's is named once by
+  :meth:`StopHandler.check` (``task.should_stop()`` calls it);
 * :func:`start_script_monitor`: the rank's heartbeat thread and, when
   ``HPCTRAIN_HANG_TIMEOUT_S`` is set, the hang watchdog, as the launcher starts
   them for an entry point (``programs/launcher.py``).
@@ -19,8 +23,9 @@ A malformed variable is a ``DistributedSetupError`` naming it.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +49,97 @@ def stop_signal(environ: Mapping[str, str]) -> signal.Signals:
     return signal.Signals[f"SIG{value}"]
 
 
-def install_stop_signal(stop: StopRequest, signum: int) -> bool:
-    """Route ``signum`` to ``stop`` (as a preemption-like stop); False when not in the main thread."""
-    if threading.current_thread() is not threading.main_thread():
+Say = Callable[[str], None]
+
+
+def say_on_stderr(text: str) -> None:
+    print(f"hpctrain.task: {text}", file=sys.stderr, flush=True)
+
+
+class StopHandler:
+    """hpctrain's handler for the stop signal: notes the stop, then calls the handler it found (the script's own).
+
+    Signal-safe: it only sets the flag and calls on; an exception the script's handler raises (``sys.exit``
+    in its graceful stop) goes on to the script as it would without hpctrain.
+    """
+
+    def __init__(self, stop: StopRequest, signum: int, previous: Any, say: Say = say_on_stderr) -> None:
+        self.stop, self.signum, self.previous, self.say = stop, signal.Signals(signum), previous, say
+        self.warned = False
+
+    def __call__(self, number: int, frame: Any) -> None:
+        self.stop.note_term()
+        previous = self.previous
+        if callable(previous):
+            previous(number, frame)
+
+    def check(self) -> bool:
+        """Whether this is still the signal's handler; says once on stderr when the script replaced it."""
+        current = signal.getsignal(self.signum)
+        if current is self:
+            return True
+        if not self.warned:
+            self.warned = True
+            name = self.signum.name
+            if callable(current):
+                self.say(
+                    f"{name}'s handler was replaced after hpctrain.task installed its own ({describe(current)}): "
+                    "task.should_stop() hears the job's stop signal only if that handler calls the one "
+                    "signal.signal() returned; install yours before the first hpctrain.task call instead: hpctrain "
+                    "then calls it after noting the stop"
+                )
+            else:
+                self.say(
+                    f"{name} was set to {describe(current)} after hpctrain.task installed its handler: "
+                    "task.should_stop() no longer hears the job's stop signal"
+                )
         return False
 
-    def on_stop(number: int, frame: object) -> None:
-        stop.note_term()
 
-    signal.signal(signum, on_stop)
-    return True
+def install_stop_signal(stop: StopRequest, signum: int, say: Say = say_on_stderr) -> StopHandler | None:
+    """Route ``signum`` to ``stop`` (as a preemption-like stop), keeping the script's own handler (see the module
+    docstring); None when not in the main thread (Python allows handlers only there)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    handler = StopHandler(stop, signum, chained(signal.getsignal(signum)), say)
+    # A signal before this line runs what was there; from it on, hpctrain's note and then that handler.
+    found = signal.signal(signum, handler)
+    handler.previous = chained(found)  # the same, unless a handler that ran in between changed it
+    name = handler.signum.name
+    if callable(handler.previous):
+        say(
+            f"{name} already has this process's own handler ({describe(handler.previous)}): it still runs, after "
+            "hpctrain.task notes the stop for task.should_stop()"
+        )
+    elif found is None:
+        say(f"{name} had a handler installed outside Python; hpctrain.task's stop handler replaces it")
+    elif found == signal.SIG_IGN:
+        say(
+            f"{name} was ignored in this process; hpctrain.task now notes it as a stop request instead (processes "
+            "started from here on no longer inherit the ignore)"
+        )
+    return handler
+
+
+def chained(handler: Any) -> Any:
+    """What hpctrain's handler calls on: the script's own handler; None for the defaults and hpctrain's own
+    earlier handler (whose script handler it takes over), so that nothing runs twice."""
+    while isinstance(handler, StopHandler):
+        handler = handler.previous
+    if not callable(handler) or handler is signal.default_int_handler:
+        return None
+    return handler
+
+
+def describe(handler: Any) -> str:
+    """``module.function`` of a handler, for a message; never raises."""
+    if handler is None:
+        return "installed outside Python"
+    if handler in (signal.SIG_DFL, signal.SIG_IGN):
+        return signal.Handlers(handler).name
+    module = getattr(handler, "__module__", None) or "?"
+    name = getattr(handler, "__qualname__", None) or type(handler).__qualname__
+    return f"{module}.{name}"
 
 
 def seconds(environ: Mapping[str, str], name: str) -> float | None:
