@@ -15,11 +15,13 @@ trainer's (``runtime/requeue.py``), whose contract tests cover every version;
 the requeue-and-preemption test passed on 22.05 and 26.05 by hand (65 s, 60 s)
 and stays out of CI's side legs to keep its hour.
 
-That requeued and preempted job also carries a W&B tracker in offline mode (no
-job of its own: CI time): the script records its loss with ``hpctrain.task.log``,
-``hpctrain sync`` writes the run's one offline W&B run from here, and W&B's own
-reader (wandb-core) reads it back: one run id across the three starts, each
-step once.
+That requeued and preempted job also carries two trackers (no job of its own:
+CI time): the script records its loss with ``hpctrain.task.log`` (after
+installing its own stop handler, which the task API keeps); ``tracking.live``
+sends it from rank 0's node to a real MLflow server on this machine, one MLflow
+run across the three starts, each step once, FINISHED by the last start; the
+W&B tracker in offline mode is one offline W&B run, read back with W&B's own
+reader (wandb-core) after ``hpctrain sync`` from here, which sends nothing twice.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from hpctrain.contract.rundir import submitit_dir, task_log_name
+from hpctrain.contract.rundir import submitit_dir, task_log_name, tracking_dir
+from tests.tracking_helpers import mlflow_server, wait_serving
 
+from .conftest import HOST_ADDR
 from .hpctrain_cli import hpctrain, task_logs
 from .script_helpers import ScriptWorkspace, env_report, has_checkpoint, make_script_workspace, starts, steps_trained
 from .stop_helpers import (
@@ -46,7 +50,13 @@ from .stop_helpers import (
     wait_no_processes,
     wait_requeued,
 )
-from .tracker_checks import assert_one_wandb_run_each_step_once
+from .tracker_checks import (
+    LIVE_INTERVAL_S,
+    assert_one_mlflow_run_each_step_once,
+    assert_one_wandb_run_each_step_once,
+    live_state,
+    live_steps_sent,
+)
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -80,57 +90,77 @@ def test_torchrun_style_script_is_requeued_and_preempted_and_resumes_from_its_ow
 ) -> None:
     """The time-limit warning (USR2), then partition preemption: each time the script gets SIGTERM, saves at
     a step boundary and exits; hpctrain requeues (the warning) or Slurm does (preemption), and the next start
-    resumes from the script's own checkpoint: every step is trained exactly once. Its ``task.log`` losses are
-    ONE W&B offline run, each step once."""
+    resumes from the script's own checkpoint: every step is trained exactly once. The script's own stop handler
+    comes before its first ``hpctrain.task`` call, which keeps it. Its ``task.log`` losses are ONE MLflow run,
+    sent by ``tracking.live`` from rank 0's node alone, and ONE W&B offline run, each step once."""
+    pytest.importorskip("mlflow")
     started = time.monotonic()
     args = ["--steps", "14", "--step-s", "0.5", "--task-log", "--tag", "{rank}"]
-    spec = ws.spec("ddp_env", {"path": "ddp_env.py", "args": args}, tracking={"wandb": WANDB})
-    run = ws.submit(spec)
-    wait_for(lambda: has_checkpoint(run.run_dir), "the script's first checkpoint", START_TIMEOUT_S, run)
-    slurm_cluster.run("scancel", "--signal=USR2", run.job_id)
-    wait_requeued(slurm_cluster, run.job_id, restarts=1)
-    first_stop = len(steps_trained(run.run_dir))
-    slurm_cluster.release(run.job_id)
+    with mlflow_server(tmp_path / "mlflow", host=HOST_ADDR, wait=False) as uri:  # it starts while the job does
+        live = {"live": True, "live_interval_s": LIVE_INTERVAL_S}
+        tracking = {"wandb": WANDB, "mlflow": {"tracking_uri": uri, "experiment": "script"}, **live}
+        spec = ws.spec("ddp_env", {"path": "ddp_env.py", "args": args}, tracking=tracking)
+        run = ws.submit(spec)
+        wait_for(lambda: has_checkpoint(run.run_dir), "the script's first checkpoint", START_TIMEOUT_S, run)
+        slurm_cluster.run("scancel", "--signal=USR2", run.job_id)
+        wait_requeued(slurm_cluster, run.job_id, restarts=1)
+        first_stop = len(steps_trained(run.run_dir))
+        slurm_cluster.release(run.job_id)
 
-    wait_for(
-        lambda: len(steps_trained(run.run_dir)) > first_stop + 1, "steps of the second start", START_TIMEOUT_S, run
-    )
-    preemptor = slurm_cluster.sbatch(
-        "-p", "urgent", "-N2", "--exclusive", "-o", str(tmp_path / "urgent-%j.out"), "--wrap", "sleep 5"
-    )
-    wait_requeued(slurm_cluster, run.job_id, restarts=2, timeout=90)
-    second_stop = len(steps_trained(run.run_dir))
-    slurm_cluster.release(run.job_id)
-    assert slurm_cluster.wait_state(preemptor, timeout=60) == "COMPLETED"
-    assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
-    report_timing("script: requeued + preempted run, submit to end", time.monotonic() - started)
+        wait_for(
+            lambda: len(steps_trained(run.run_dir)) > first_stop + 1, "steps of the second start", START_TIMEOUT_S, run
+        )
+        preemptor = slurm_cluster.sbatch(
+            "-p", "urgent", "-N2", "--exclusive", "-o", str(tmp_path / "urgent-%j.out"), "--wrap", "sleep 5"
+        )
+        wait_requeued(slurm_cluster, run.job_id, restarts=2, timeout=90)
+        second_stop = len(steps_trained(run.run_dir))
+        slurm_cluster.release(run.job_id)
+        assert slurm_cluster.wait_state(preemptor, timeout=60) == "COMPLETED"
+        assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
+        report_timing("script: requeued + preempted run, submit to end", time.monotonic() - started)
 
-    assert steps_trained(run.run_dir) == list(range(14)), "every step once, in order, across three starts"
-    assert starts(run.run_dir) == [(0, 0), (1, first_stop), (2, second_stop)], "each start resumed where it stopped"
-    assert 2 <= first_stop < second_stop < 14
-    summary = run.summary()
-    assert (summary["status"], summary["restarts"], summary["script"]) == (
-        "completed",
-        2,
-        str(ws.scripts / "ddp_env.py"),
-    )
-    assert_layout(run, 0)
-    assert_layout(run, 2)
-    assert env_report(run.run_dir, 1, 3)["argv"][-1] == "3", "placeholders are filled per rank"
-    out = (submitit_dir(run.run_dir) / task_log_name(run.job_id, 0, err=True)).read_text()
-    assert "stopping (timeout): sent SIGTERM" in out and "stopping (preempted): sent SIGTERM" in out, out
-    status = hpctrain(ws.env, "status", str(run.run_dir))
-    assert "status: completed" in status.stdout and "restarts: 2" in status.stdout, status
-    logs = hpctrain(ws.env, "logs", str(run.run_dir), "--rank", "3")
-    assert "rank 3: completed" in logs.stdout, logs
+        assert steps_trained(run.run_dir) == list(range(14)), "every step once, in order, across three starts"
+        assert starts(run.run_dir) == [(0, 0), (1, first_stop), (2, second_stop)], "each start resumed where it stopped"
+        assert 2 <= first_stop < second_stop < 14
+        summary = run.summary()
+        assert (summary["status"], summary["restarts"], summary["script"]) == (
+            "completed",
+            2,
+            str(ws.scripts / "ddp_env.py"),
+        )
+        assert_layout(run, 0)
+        assert_layout(run, 2)
+        assert env_report(run.run_dir, 1, 3)["argv"][-1] == "3", "placeholders are filled per rank"
+        out = (submitit_dir(run.run_dir) / task_log_name(run.job_id, 0, err=True)).read_text()
+        assert "stopping (timeout): sent SIGTERM" in out and "stopping (preempted): sent SIGTERM" in out, out
+        kept = "hpctrain.task: SIGTERM already has this process's own handler (common.on_stop_signal.<locals>.<lambda>)"
+        assert kept in out, out  # and the stops above show that it ran: only the script's own flag stops it
+        status = hpctrain(ws.env, "status", str(run.run_dir))
+        assert "status: completed" in status.stdout and "restarts: 2" in status.stdout, status
+        logs = hpctrain(ws.env, "logs", str(run.run_dir), "--rank", "3")
+        assert "rank 3: completed" in logs.stdout, logs
 
-    checks = time.monotonic()
-    synced = hpctrain(ws.env, "sync", str(run.run_dir), "--json", timeout=180)  # as the test user, from here
-    assert synced.returncode == 0, synced
-    [state] = json.loads(synced.stdout)  # one indented document
-    assert (state["tracker"], state["through"], state["final"]) == ("wandb", 14, "completed"), state
-    assert_one_wandb_run_each_step_once(run.run_dir, WANDB["project"])
-    report_timing("script: W&B offline sync and read-back", time.monotonic() - checks)
+        checks = time.monotonic()
+        # tracking.live alone (the sync below comes after): rank 0's sender of the last start sent every step
+        # when its task said the run ended, and the senders of all starts together each step once
+        wait_serving(uri, timeout_s=5)  # up long since: the job's senders reached it
+        live_log = (tracking_dir(run.run_dir) / "live.log").read_text()
+        assert live_state(run.run_dir)["through"].get("mlflow") == 14, f"{live_state(run.run_dir)}\n{live_log}"
+        print(f"\n[live.log]\n{live_log}", flush=True)  # W&B offline: written by the node's sender too, or later
+        assert live_steps_sent(run.run_dir) == 14
+        tracked = assert_one_mlflow_run_each_step_once(uri, "script", run.run_dir)
+        tags = tracked.data.tags
+        assert (tags["hpctrain.status"], tags["hpctrain.restarts"]) == ("completed", "2"), tags
+        assert tracked.info.status == "FINISHED", "rank 0's task told its sender that the run ended"
+        synced = hpctrain(ws.env, "sync", str(run.run_dir), "--json", timeout=180)  # as the test user, from here
+        assert synced.returncode == 0, synced
+        states = {state["tracker"]: state for state in json.loads(synced.stdout)}
+        for tracker in ("wandb", "mlflow"):
+            assert (states[tracker]["through"], states[tracker]["final"]) == (14, "completed"), states
+        assert_one_wandb_run_each_step_once(run.run_dir, WANDB["project"])
+        assert_one_mlflow_run_each_step_once(uri, "script", run.run_dir)  # the sync sent nothing twice
+        report_timing("script: MLflow and W&B offline checks, sync and read-back", time.monotonic() - checks)
 
 
 @pytest.mark.slurm_shared

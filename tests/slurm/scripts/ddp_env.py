@@ -19,15 +19,15 @@ parser.add_argument("--fail-step", type=int, default=2)
 parser.add_argument("--tag", default="")
 parser.add_argument("--task-log", action="store_true", help="log each step's loss with hpctrain.task.log")
 args = parser.parse_args()
+on_stop_signal()  # the script's own stop handler first; the task API's, below, keeps it and calls it
 if args.task_log:
     from hpctrain import task
 
-    task.context()  # the task API's session (and its stop handler) first: the script's own handler, below, wins
+    task.context()  # hpctrain's handler notes the stop for task.should_stop(), then calls the script's
     log = task.log
 else:
     log = None
 
-on_stop_signal()
 rank = int(os.environ["RANK"])
 report_env(rank, {"local_rank": int(os.environ["LOCAL_RANK"])})
 dist.init_process_group("gloo")
