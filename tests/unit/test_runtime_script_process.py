@@ -42,8 +42,8 @@ def test_the_stop_signal_becomes_a_stop_request() -> None:
 
 @pytest.fixture
 def usr1() -> Iterator[None]:
-    """SIGUSR1's handler put back after the test."""
-    previous = signal.getsignal(signal.SIGUSR1)
+    """SIGUSR1 at its default for the test (an earlier test may have left a handler), put back after it."""
+    previous = signal.signal(signal.SIGUSR1, signal.SIG_DFL)
     yield
     signal.signal(signal.SIGUSR1, previous)
 
