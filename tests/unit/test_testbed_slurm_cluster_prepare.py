@@ -6,6 +6,8 @@ the temporary folder renamed into place, and what `prepare` asks for.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -107,7 +109,7 @@ def test_prepare_makes_each_version_and_apptainer_once_and_starts_no_cluster(
     monkeypatch.setattr(cluster, "ensure_packages", lambda: asked.append("host packages"))
     monkeypatch.setattr(cluster, "ensure_rootfs", lambda version: asked.append(version))
     monkeypatch.setattr(cluster, "ensure_apptainer", lambda: asked.append("apptainer"))
-    monkeypatch.setattr(cluster, "ensure_image_rootfs", lambda: asked.append("image"))
+    monkeypatch.setattr(cluster, "ensure_image_sif", lambda paths: asked.append("image"))
     monkeypatch.setattr(cluster, "up", lambda *a, **k: pytest.fail("prepare started a cluster"))
     cluster.prepare(["24.11", "22.05", "26.05", "24.11"], apptainer=True)
     assert asked == ["host packages", "24.11", "26.05", "apptainer", "image"]  # 22.05 is the host's
@@ -132,3 +134,33 @@ def test_prepare_refuses_a_version_that_is_not_offered(
     monkeypatch.setattr(cluster, "prepare", lambda *a: pytest.fail("prepared an unknown version"))
     assert cluster.main(["prepare", "--slurm", "24.11", "23.02"]) == 2
     assert "--slurm 23.02 is not offered; choose one of 22.05" in capsys.readouterr().err
+
+
+def test_the_sif_image_is_packed_once_per_image_root_filesystem_and_copied_out(
+    cluster: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    sandbox = tmp_path / "cache" / "image" / "root"
+    sandbox.mkdir(parents=True)
+    (sandbox.parent / "complete").write_text("the image's root filesystem\n")
+    monkeypatch.setattr(cluster, "ensure_image_rootfs", lambda: sandbox)
+    monkeypatch.setattr(cluster, "start_apptainer", lambda paths, name, binds: 4242)
+    monkeypatch.setattr(cluster, "stop_rootfs", lambda *a, **k: [])
+    packed: list[str] = []
+
+    def apptainer_build(argv: list[str], **_: object) -> subprocess.CompletedProcess:
+        assert argv[-3:-1] == ["--force", argv[-2]] and argv[-1] == str(sandbox)
+        Path(argv[-2]).write_bytes(b"SIF %d" % len(packed))
+        packed.append(argv[-2])
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(cluster, "run", apptainer_build)
+    paths = cluster.Paths(tmp_path / "state")
+    first, second = tmp_path / "a.sif", tmp_path / "b.sif"
+    cluster.build_image(paths, first)
+    cluster.build_image(paths, second)
+    assert first.read_bytes() == second.read_bytes() == b"SIF 0" and len(packed) == 1
+    assert not Path(packed[0]).exists()  # packed beside, then renamed into place
+    stamp = sandbox.parent / "complete"
+    os.utime(stamp, ns=(stamp.stat().st_atime_ns, stamp.stat().st_mtime_ns + 10**9))  # the rootfs made again
+    cluster.build_image(paths, first)
+    assert first.read_bytes() == b"SIF 1" and len(packed) == 2
