@@ -4,9 +4,10 @@
 # GPU tests run only where CUDA is available.
 #
 #   bash scripts/test.sh              # the CI matrix: the unit and local tiers in the background
-#                                     # while the Slurm test bed is made ready (slurm-cluster prepare:
-#                                     # root filesystems; cached) and the Slurm tier runs on 24.11, then the Slurm contract
-#                                     # subset on 22.05 and on 26.05; then the scale smoke job
+#                                     # while, in the foreground, the Slurm test bed is made ready
+#                                     # (slurm-cluster prepare: root filesystems, cached), the Slurm
+#                                     # tier runs on 24.11, then the Slurm contract subset on 22.05
+#                                     # and on 26.05; then the scale smoke job
 #                                     # (16 x 2 ranks) on 24.11, alone
 #   bash scripts/test.sh tests/unit   # any pytest arguments: one pytest run (Slurm 22.05 unless
 #                                     # HPCTRAIN_TEST_SLURM says otherwise)
@@ -94,7 +95,7 @@ cpu_pid=$!
 trap 'pkill -TERM -P "$cpu_pid" 2>/dev/null; kill "$cpu_pid" 2>/dev/null || true' EXIT
 
 # The Slurm test bed's one-time downloads and builds (the host's Slurm packages, mmdebstrap, the root
-# filesystems of 24.11, 26.05 and Apptainer's): made before the first leg rather than inside its first
+# filesystems of 24.11, 26.05 and Apptainer's, the SIF image): made before the first leg rather than inside its first
 # test. .ci/run starts the same `prepare` in the background before pip installs: this one then waits
 # for the builds in progress (a lock in the cache) and finds them made. Only as root, as the legs.
 if [ "$(id -u)" = 0 ]; then
