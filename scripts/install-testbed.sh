@@ -32,6 +32,14 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
   done
   exit 0
 fi
+# One apt-get at a time with tests/cluster/slurm-cluster (`prepare`, which CI starts in the background,
+# installs mmdebstrap and the host's Slurm): apt-get update fails on another's lock instead of waiting.
+exec 9>>/run/lock/hpctrain-apt.lock
+if ! flock -n 9; then
+  say "waiting for another apt-get (slurm-cluster prepare, pid $(cat /run/lock/hpctrain-apt.lock 2>/dev/null || echo ?))"
+  flock 9
+fi
+echo $$ >/run/lock/hpctrain-apt.lock # who holds it, for a waiting slurm-cluster to name
 log=$(mktemp "${TMPDIR:-/tmp}/install-testbed.XXXXXX")
 updated=
 for entry in "${missing[@]}"; do
@@ -43,7 +51,7 @@ for entry in "${missing[@]}"; do
   fi
   # shellcheck disable=SC2086  # packages is a word list from the table above
   if { [ -n "$updated" ] || apt-get update -qq >>"$log" 2>&1; } && updated=1 \
-     && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $packages >>"$log" 2>&1; then
+     && DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=600 -y -qq --no-install-recommends $packages >>"$log" 2>&1; then
     :
   else
     say "could not install $packages: $needed_by skip(s) (fail under CI); apt-get's output is in $log"

@@ -4,8 +4,10 @@
 # GPU tests run only where CUDA is available.
 #
 #   bash scripts/test.sh              # the CI matrix: the unit and local tiers in the background
-#                                     # while the Slurm tier runs on 24.11, then the Slurm contract
-#                                     # subset on 22.05 and on 26.05; then the scale smoke job
+#                                     # while, in the foreground, the Slurm test bed is made ready
+#                                     # (slurm-cluster prepare: root filesystems, cached), the Slurm
+#                                     # tier runs on 24.11, then the Slurm contract subset on 22.05
+#                                     # and on 26.05; then the scale smoke job
 #                                     # (16 x 2 ranks) on 24.11, alone
 #   bash scripts/test.sh tests/unit   # any pytest arguments: one pytest run (Slurm 22.05 unless
 #                                     # HPCTRAIN_TEST_SLURM says otherwise)
@@ -91,6 +93,25 @@ echo "===== scripts/test.sh: unit and local tiers, in the background (log printe
 cpu_pid=$!
 # A stop of the script (Ctrl-C, CI's limit) ends the background stream too.
 trap 'pkill -TERM -P "$cpu_pid" 2>/dev/null; kill "$cpu_pid" 2>/dev/null || true' EXIT
+
+# The Slurm test bed's one-time downloads and builds (the host's Slurm packages, mmdebstrap, the root
+# filesystems of 24.11, 26.05 and Apptainer's, the SIF image): made before the first leg rather than inside its first
+# test. .ci/run starts the same `prepare` in the background before pip installs: this one then waits
+# for the builds in progress (a lock in the cache) and finds them made. Only as root, as the legs.
+if [ "$(id -u)" = 0 ]; then
+    echo "===== scripts/test.sh: the Slurm test bed (slurm-cluster prepare; waits for a build in progress)"
+    started=$(date +%s)
+    rc=0
+    python3 tests/cluster/slurm-cluster prepare --slurm 24.11 22.05 26.05 --apptainer || rc=$?
+    result=passed
+    if [ "$rc" = 4 ] && [ -z "${CI:-}" ]; then
+        result="unavailable (exit 4, above): the Slurm tests that need it skip"
+    elif [ "$rc" != 0 ]; then
+        result="FAILED ($rc, above)"
+        failed=1
+    fi
+    summary+=("$(leg_line "Slurm test bed (slurm-cluster prepare)" - "$result" "$(($(date +%s) - started))")")
+fi
 
 for leg in "${slurm_legs[@]}"; do
     IFS='|' read -r version what shared alone <<<"$leg"
