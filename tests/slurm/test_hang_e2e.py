@@ -75,7 +75,7 @@ def test_a_hung_rank_is_named_and_the_job_fails_fast(slurm_cluster: SlurmCluster
 
     beats = {beat.rank: beat for beat in read_heartbeats(run_dir)}
     assert sorted(beats) == list(range(WORLD_SIZE)), logs
-    assert beats[STUCK_RANK].node == "n2"  # Slurm's block distribution: ranks 2-3 on the second node
+    assert beats[STUCK_RANK].node == slurm_cluster.nodes[1]  # Slurm's block distribution: ranks 2-3 on the second node
     summary = read_summary(run_dir)
     assert summary is not None, logs
     assert summary.status == "failed"

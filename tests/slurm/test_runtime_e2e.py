@@ -91,7 +91,8 @@ def test_allreduce_entrypoint_runs_on_two_nodes(slurm_cluster: SlurmCluster, tmp
     results = task_results(run_dir, report["job_id"], WORLD_SIZE)
     assert [r["rank"] for r in results] == [0, 1, 2, 3]
     # Slurm's block distribution: ranks 0-1 on the first node, 2-3 on the second.
-    assert [r["hostname"] for r in results] == ["n1", "n1", "n2", "n2"]
+    first, second = slurm_cluster.nodes
+    assert [r["hostname"] for r in results] == [first, first, second, second]
     for r in results:
         out = r["result"]
         assert out["hostname"] == r["hostname"], r  # the user code ran where the launcher did
