@@ -10,6 +10,9 @@ skipped, except under CI (env CI set), where that is a failure: CI must run
 this tier. Tests marked `slurm_contract` are the subset every version must pass
 (`-m slurm_contract`).
 
+$HPCTRAIN_SLURM_INSTANCE picks the cluster instance (0 by default; scripts/test.sh runs the side
+releases on instance 1 beside 24.11 on instance 0): tests name nodes from `slurm_cluster.nodes`.
+
 Tests marked `slurm_shared` may run beside each other on the one cluster: they
 do not restart, resize, slow or kill any of it, preempt through the `urgent`
 partition, read the whole queue, or time anything a neighbour's job could
