@@ -6,9 +6,10 @@
 #   bash scripts/test.sh              # the CI matrix: the unit and local tiers in the background
 #                                     # while, in the foreground, the Slurm test bed is made ready
 #                                     # (slurm-cluster prepare: root filesystems, cached), the Slurm
-#                                     # tier runs on 24.11, then the Slurm contract subset on 22.05
-#                                     # and on 26.05; then the scale smoke job
-#                                     # (16 x 2 ranks) on 24.11, alone
+#                                     # tier runs on 24.11, and beside its second
+#                                     # half the Slurm contract subset on 22.05 and on 26.05 (a
+#                                     # second test cluster); then the scale smoke job (16 x 2
+#                                     # ranks) on 24.11, alone
 #   bash scripts/test.sh tests/unit   # any pytest arguments: one pytest run (Slurm 22.05 unless
 #                                     # HPCTRAIN_TEST_SLURM says otherwise)
 #   bash scripts/test.sh --slurm 24.11 tests/slurm -m slurm_contract
@@ -33,20 +34,28 @@ if [ $# -gt 0 ] || [ -n "${one_run:-}" ]; then
     exec .venv/bin/python -m pytest "$@"
 fi
 
-# The matrix (docs/testing.md): two streams at once, because they need different things. The tiers
-# without a cluster (unit, local: CPU-bound, ~2 + ~15 min) run in the background while the Slurm legs
-# (one test cluster at a time, mostly waiting on Slurm's scheduling, requeues and signals) run in the
-# foreground, one Slurm version after another. Each Slurm leg has two halves on the same cluster: the
-# tests marked slurm_shared two at a time (pytest-xdist: -n 2, a file's tests on one worker), then the
-# others alone (they restart, resize, slow or kill the cluster, preempt, read the whole queue or time
-# things). The contract tests that must run alone run on the oldest and the newest version (22.05,
-# 26.05), not again on 24.11, which runs every other test. The scale smoke job (~14 GiB) runs alone at
-# the end. Each half prints its 25 slowest tests (--durations), so CI's log says what to trim.
-slurm_legs=( # version | what | the shared half's tests | the alone half's tests (pytest -m)
+# The matrix (docs/testing.md): three streams at once, because they need different things. The tiers
+# without a cluster (unit, local: CPU-bound, ~2 + ~15 min) run in the background for the whole matrix. In
+# the foreground, Slurm 24.11's legs (its whole tier: mostly waiting on Slurm's scheduling, requeues and
+# signals) run on the test cluster's instance 0. Once 24.11's CPU-heavy two-at-a-time half is done, the
+# contract subsets of the side releases (22.05, then 26.05) run on a second cluster, instance 1 (nodes
+# m1.., its own bridge, ports and job ids: tests/cluster/slurm-cluster), beside 24.11's alone half, which
+# leaves most of the machine idle while it waits on Slurm. Each Slurm leg has two halves on the same
+# cluster: the tests marked slurm_shared two at a time (pytest-xdist: -n 2, a file's tests on one worker),
+# then the others alone on their cluster (they restart, resize, slow or kill it, preempt, read the whole
+# queue or time things). The contract tests that must run alone run on the oldest and the newest release,
+# not again on 24.11, which runs every other test. Priorities: 24.11 (the longest stream) first, the side
+# releases at nice 5 (their daemons and jobs inherit it), the tiers without a cluster at nice 10. The
+# scale smoke job (~14 GiB) runs alone at the end. Each half prints its 25 slowest tests (--durations),
+# so CI's log says what to trim.
+main_legs=( # version | what | the shared half's tests | the alone half's tests (pytest -m)
     "24.11|the Slurm tier|slurm_shared|not slurm_shared and not slurm_contract"
+)
+side_legs=(
     "22.05|Slurm contract subset|slurm_contract and slurm_shared|slurm_contract and not slurm_shared"
     "26.05|Slurm contract subset|slurm_contract and slurm_shared|slurm_contract and not slurm_shared"
 )
+SIDE_INSTANCE=1
 summary=()
 failed=0
 matrix_started=$(date +%s)
@@ -72,17 +81,28 @@ run_leg() { # WHAT VERSION COMMAND...: one leg, timed, its result added to the s
     esac
     summary+=("$(leg_line "$what" "$version" "$result" "$(($(date +%s) - started))")")
 }
+slurm_half() { # VERSION WHAT SHARED|ALONE MARKERS: one half of a Slurm leg on this stream's cluster instance
+    if [ "$3" = shared ]; then
+        run_leg "$2, two at a time" "$1" \
+            .venv/bin/python -m pytest --durations=25 -p no:cacheprovider -n 2 --dist loadfile -m "$4" tests/slurm
+    else
+        run_leg "$2, alone" "$1" .venv/bin/python -m pytest --durations=25 -p no:cacheprovider -m "$4" tests/slurm
+    fi
+}
+leg_down() { # the xdist half leaves the cluster up; the next leg starts clean
+    python3 tests/cluster/slurm-cluster down >/dev/null || true
+}
 
 # The background stream: unit and local tiers in one pytest session (no cluster; the Slurm
 # version only names the leg). Its output goes to a log that is printed whole when it ends.
 cpu_log=$(mktemp -t hpctrain-cpu-tiers.XXXXXX)
 cpu_result=$(mktemp -t hpctrain-cpu-result.XXXXXX)
+side_log=$(mktemp -t hpctrain-side-legs.XXXXXX)
+side_result=$(mktemp -t hpctrain-side-result.XXXXXX)
 echo "===== scripts/test.sh: unit and local tiers, in the background (log printed when they end)"
 (
     started=$(date +%s)
     # no cache provider: the foreground sessions write .pytest_cache at the same time
-    # nice: the Slurm legs are the critical path and their jobs' timing is under test (burn-in, eviction,
-    # hang detection), so the background stream takes the CPU they leave
     if nice -n 10 .venv/bin/python -m pytest --durations=25 -p no:cacheprovider tests/unit tests/local >"$cpu_log" 2>&1; then
         result=passed
     else
@@ -91,8 +111,15 @@ echo "===== scripts/test.sh: unit and local tiers, in the background (log printe
     leg_line "unit and local tiers" "-" "$result" "$(($(date +%s) - started))" >"$cpu_result"
 ) &
 cpu_pid=$!
-# A stop of the script (Ctrl-C, CI's limit) ends the background stream too.
-trap 'pkill -TERM -P "$cpu_pid" 2>/dev/null; kill "$cpu_pid" 2>/dev/null || true' EXIT
+side_pid=
+# A stop of the script (Ctrl-C, CI's limit) ends the background streams too.
+stop_streams() {
+    for pid in $cpu_pid $side_pid; do
+        pkill -TERM -P "$pid" 2>/dev/null
+        kill "$pid" 2>/dev/null || true
+    done
+}
+trap stop_streams EXIT
 
 # The Slurm test bed's one-time downloads and builds (the host's Slurm packages, mmdebstrap, the root
 # filesystems of 24.11, 26.05 and Apptainer's, the SIF image): made before the first leg rather than inside its first
@@ -113,21 +140,45 @@ if [ "$(id -u)" = 0 ]; then
     summary+=("$(leg_line "Slurm test bed (slurm-cluster prepare)" - "$result" "$(($(date +%s) - started))")")
 fi
 
-for leg in "${slurm_legs[@]}"; do
-    IFS='|' read -r version what shared alone <<<"$leg"
-    run_leg "$what, two at a time" "$version" \
-        .venv/bin/python -m pytest --durations=25 -p no:cacheprovider -n 2 --dist loadfile -m "$shared" tests/slurm
-    run_leg "$what, alone" "$version" .venv/bin/python -m pytest --durations=25 -m "$alone" tests/slurm
-    python3 tests/cluster/slurm-cluster down >/dev/null || true # the xdist half leaves it up; the next leg starts clean
-done
+IFS='|' read -r version what shared alone <<<"${main_legs[0]}"
+slurm_half "$version" "$what" shared "$shared"
+echo "===== scripts/test.sh: the side releases' contract subsets, beside this, on cluster instance $SIDE_INSTANCE (log printed when they end)"
+(
+    renice -n 5 -p "$BASHPID" >/dev/null # before anything starts: pytest, the cluster's daemons and jobs inherit it
+    export HPCTRAIN_SLURM_INSTANCE=$SIDE_INSTANCE
+    summary=()
+    failed=0
+    for leg in "${side_legs[@]}"; do
+        IFS='|' read -r version what shared alone <<<"$leg"
+        slurm_half "$version" "$what" shared "$shared"
+        slurm_half "$version" "$what" alone "$alone"
+        leg_down
+    done
+    printf '%s\n' "${summary[@]}" >"$side_result"
+    exit "$failed"
+) >"$side_log" 2>&1 &
+side_pid=$!
+slurm_half "$version" "$what" alone "$alone"
+leg_down
 
+wait "$side_pid" || true
+echo "===== scripts/test.sh: the side releases' contract subsets (their log)"
+cat "$side_log"
+if [ -s "$side_result" ]; then
+    mapfile -t side_lines <"$side_result"
+    summary+=("${side_lines[@]}")
+    case "$(cat "$side_result")" in *FAILED*) failed=1 ;; esac
+else
+    summary+=("the side releases' contract subsets: FAILED (ended without a result)")
+    failed=1
+fi
 wait "$cpu_pid" || true
 trap - EXIT
 echo "===== scripts/test.sh: unit and local tiers (the background stream's log)"
 cat "$cpu_log"
 summary+=("$(cat "$cpu_result")")
 case "$(cat "$cpu_result")" in *passed*) ;; *) failed=1 ;; esac
-rm -f "$cpu_log" "$cpu_result"
+rm -f "$cpu_log" "$cpu_result" "$side_log" "$side_result"
 
 # HAL's scale: 16 nodes x 2 ranks = 32 gloo ranks, ~1.5 min and ~14 GiB of the 24 GiB machine, so
 # it runs alone, after the legs (docs/testing.md). 16 x 3 = 48 also completes (~20 GiB) but leaves

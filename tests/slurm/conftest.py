@@ -10,6 +10,9 @@ skipped, except under CI (env CI set), where that is a failure: CI must run
 this tier. Tests marked `slurm_contract` are the subset every version must pass
 (`-m slurm_contract`).
 
+$HPCTRAIN_SLURM_INSTANCE picks the cluster instance (0 by default; scripts/test.sh runs the side
+releases on instance 1 beside 24.11 on instance 0): tests name nodes from `slurm_cluster.nodes`.
+
 Tests marked `slurm_shared` may run beside each other on the one cluster: they
 do not restart, resize, slow or kill any of it, preempt through the `urgent`
 partition, read the whole queue, or time anything a neighbour's job could
@@ -43,7 +46,6 @@ from tests.cluster_scripts import load_cluster_script
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
 SCRIPT = REPO_ROOT / "tests" / "cluster" / "slurm-cluster"
-DEFAULT_STATE_DIR = "/tmp/hpctrain-slurm"
 UP_TIMEOUT_S = 300  # includes an apt-get install on a bare machine
 # Building a newer version's root filesystem (first use only) adds ~30 s with a good mirror.
 FIRST_UP_TIMEOUT_S = 1800
@@ -59,6 +61,17 @@ SLURM_VERSIONS: dict[str, str | None] = _SCRIPT_MODULE.SLURM_VERSIONS  # type: i
 # This machine's address on the nodes' bridge: where a server the test starts here (a login node's, such as a
 # tracking server) is reached from the nodes, which have network namespaces of their own (127.0.0.1 is theirs).
 HOST_ADDR: str = _SCRIPT_MODULE.HOST_ADDR  # type: ignore[attr-defined]
+# The cluster instance this session uses ($HPCTRAIN_SLURM_INSTANCE, 0 by default; scripts/test.sh runs the side
+# releases' contract subsets on instance 1 beside 24.11's tests on 0): its state dir, node names and clients.
+INSTANCE: int = _SCRIPT_MODULE.INSTANCE  # type: ignore[attr-defined]
+DEFAULT_STATE_DIR: str = _SCRIPT_MODULE.DEFAULT_STATE_DIR  # type: ignore[attr-defined]
+WRAPPER_DIR: Path = _SCRIPT_MODULE.WRAPPER_DIR  # type: ignore[attr-defined]
+
+
+def node_names(count: int) -> list[str]:
+    """The names of a ``count``-node cluster of this instance (n1.. on instance 0, m1.. on instance 1)."""
+    return _SCRIPT_MODULE.node_names(count)  # type: ignore[attr-defined, no-any-return]
+
 
 # sacct's terminal states; "CANCELLED by 0" is normalised to "CANCELLED".
 FINAL_STATES = frozenset(
@@ -170,7 +183,7 @@ class SlurmCluster:
         skipped, or fails under CI."""
         if proctrack not in ("cgroup", "linuxproc"):
             raise ValueError(f"proctrack must be 'cgroup' or 'linuxproc', not {proctrack!r}")
-        self.nodes = [f"n{k}" for k in range(1, nodes + 1)]
+        self.nodes = node_names(nodes)
         self.proctrack, self.shared = proctrack, shared
         if not apptainer:
             self.apptainer = False
@@ -190,7 +203,7 @@ class SlurmCluster:
 
     def resize(self, nodes: int) -> None:
         """Restart the cluster with ``nodes`` nodes (and every dead daemon started again); no-op if so and healthy."""
-        self.nodes = [f"n{k}" for k in range(1, nodes + 1)]
+        self.nodes = node_names(nodes)
         _script("up", *self._up_args())
 
     def user_dir(self, name: str) -> Path:
@@ -302,6 +315,8 @@ def _client_env(state_dir: Path) -> dict[str, str]:
     # Drop SLURM_* of an enclosing job (CI may itself run under Slurm), keep our own conf.
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["SLURM_CONF"] = str(state_dir / "etc" / "slurm.conf")
+    if INSTANCE != 0:  # this instance's clients before instance 0's wrappers in /usr/local/bin
+        env["PATH"] = os.pathsep.join(p for p in (str(WRAPPER_DIR), env.get("PATH")) if p)
     # Jobs import hpctrain and tests.* from this checkout: sbatch exports the environment.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     return env
@@ -370,7 +385,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 
     slurm = os.environ.get(SLURM_VERSION_ENV, "") or DEFAULT_SLURM
     state_dir = Path(os.environ.get("HPCTRAIN_SLURM_STATE", DEFAULT_STATE_DIR)).resolve()
-    nodes = ["n1", "n2"]
+    nodes = node_names(2)
     with _up_lock(state_dir):  # xdist's workers start at once: one brings the cluster up, the others find it up
         status = _script("status", "--state-dir", str(state_dir), timeout=60, ok=(0, 1, 3))
         was_up = status.returncode == 0 and f"slurm={slurm} " in status.stdout
@@ -385,6 +400,8 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         _skip_or_fail(f"Slurm {slurm} is not available here: {up.stderr.strip()}")
 
     _cluster = SlurmCluster(state_dir=state_dir, nodes=nodes, env=_client_env(state_dir), slurm=slurm)
+    if INSTANCE != 0:  # what a test runs without the cluster's env (submitit's own sbatch) finds this instance too
+        os.environ.update({key: _cluster.env[key] for key in ("SLURM_CONF", "PATH")})
     if not _xdist_worker():  # a session alone on the cluster starts with an empty queue
         _cancel_all(_cluster, "jobs an earlier session left queued")
     try:

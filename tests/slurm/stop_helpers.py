@@ -46,12 +46,13 @@ class Workspace:
     data: Path
     runs: Path
 
+    def set_items(self, *extra: str) -> list[str]:
+        """The training run's ``KEY=VALUE`` overrides, plus ``extra``."""
+        return [f"data.root={self.data}", f"output_dir={self.runs}", *TRAIN_SETS, *extra]
+
     def sets(self, *extra: str) -> list[str]:
         """``--set`` arguments for the training run, plus ``extra``."""
-        args = []
-        for item in (f"data.root={self.data}", f"output_dir={self.runs}", *TRAIN_SETS, *extra):
-            args += ["--set", item]
-        return args
+        return [arg for item in self.set_items(*extra) for arg in ("--set", item)]
 
 
 def make_workspace(cluster: SlurmCluster, tmp: Path, as_user: bool = False) -> Workspace:

@@ -10,6 +10,7 @@ import pytest
 import submitit
 
 from . import jobfuncs
+from .conftest import HOST_ADDR
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -40,7 +41,7 @@ def _results(job: submitit.Job, cluster: SlurmCluster, timeout: float = 60) -> l
 @pytest.mark.slurm_contract
 def test_srun_spans_two_named_nodes(slurm_cluster: SlurmCluster) -> None:
     out = slurm_cluster.run("srun", "-N2", "hostname").stdout.split()
-    assert sorted(out) == ["n1", "n2"]
+    assert sorted(out) == slurm_cluster.nodes
 
 
 @pytest.mark.slurm_contract
@@ -58,7 +59,7 @@ def test_submitit_two_nodes_two_tasks_each(slurm_cluster: SlurmCluster, tmp_path
     job = executor.submit(jobfuncs.whoami)
     results = _results(job, slurm_cluster)
     assert sorted(r["procid"] for r in results) == [0, 1, 2, 3]
-    assert sorted({r["host"] for r in results}) == ["n1", "n2"]
+    assert sorted({r["host"] for r in results}) == slurm_cluster.nodes
     assert sorted(r["localid"] for r in results) == [0, 0, 1, 1]
 
 
@@ -83,8 +84,10 @@ def test_sacct_reports_completed_and_failed(slurm_cluster: SlurmCluster, tmp_pat
 @pytest.mark.slurm_contract
 def test_jobs_resolve_node_names(slurm_cluster: SlurmCluster) -> None:
     # torch's TCPStore connects to the master by name: every node must resolve every node.
-    out = slurm_cluster.run("srun", "-N2", "getent", "hosts", "n1", "n2").stdout
-    assert out.count("10.213.7.11") == 2 and out.count("10.213.7.12") == 2
+    first, second = slurm_cluster.nodes
+    out = slurm_cluster.run("srun", "-N2", "getent", "hosts", first, second).stdout
+    subnet = HOST_ADDR.rsplit(".", 1)[0]
+    assert out.count(f"{subnet}.11 ") == 2 and out.count(f"{subnet}.12 ") == 2, out
 
 
 @pytest.mark.slurm_contract

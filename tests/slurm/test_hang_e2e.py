@@ -75,14 +75,15 @@ def test_a_hung_rank_is_named_and_the_job_fails_fast(slurm_cluster: SlurmCluster
 
     beats = {beat.rank: beat for beat in read_heartbeats(run_dir)}
     assert sorted(beats) == list(range(WORLD_SIZE)), logs
-    assert beats[STUCK_RANK].node == "n2"  # Slurm's block distribution: ranks 2-3 on the second node
+    assert beats[STUCK_RANK].node == slurm_cluster.nodes[1]  # Slurm's block distribution: ranks 2-3 on the second node
     summary = read_summary(run_dir)
     assert summary is not None, logs
     assert summary.status == "failed"
     assert summary.hung_rank == STUCK_RANK, f"{summary}\n{logs}"
     assert summary.hung_node == beats[STUCK_RANK].node
     assert summary.hung_phase == "forward_backward"  # stuck in its compute, before the all-reduce
-    assert summary.failed_reason.startswith(f"hang: rank {STUCK_RANK} on node n2 made no progress")  # type: ignore[union-attr]
+    stuck_on = f"hang: rank {STUCK_RANK} on node {slurm_cluster.nodes[1]}"
+    assert summary.failed_reason.startswith(f"{stuck_on} made no progress")  # type: ignore[union-attr]
     assert summary.stack_dumps == str(stacks_dir(run_dir))
     for rank in range(WORLD_SIZE):
         assert stack_dump_path(run_dir, rank).is_file(), f"rank {rank} dumped no stacks\n{logs}"
@@ -92,5 +93,5 @@ def test_a_hung_rank_is_named_and_the_job_fails_fast(slurm_cluster: SlurmCluster
         assert " in all_reduce" in stack_dump_path(run_dir, rank).read_text()
 
     status = hpctrain(env, "status", str(run_dir))
-    assert f"hang: rank {STUCK_RANK} on node n2" in status.stdout, status
+    assert stuck_on in status.stdout, status
     assert wait_no_processes(slurm_cluster, job_id) == [], "processes of the hung job outlived it"

@@ -19,6 +19,7 @@ import pytest
 from hpctrain.contract.rundir import submitit_dir
 
 from .hpctrain_cli import hpctrain, task_logs
+from .reference_store import reference_key, stored_weights
 from .setup_hold import BATCH_HOLD_SCRIPT, HOLD_VAR
 from .stop_entrypoints import ENTRYPOINT_MODULE
 from .stop_helpers import (
@@ -69,15 +70,22 @@ def workspace(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFact
 
 @pytest.fixture(scope="module")
 def reference_weights(slurm_cluster: SlurmCluster, workspace: Workspace) -> str:
-    """``weights_sha256`` of the run trained without interruption (same spec, same world size)."""
-    started = time.monotonic()
-    run = submit(workspace, "name=uninterrupted")
-    state = slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
-    assert state == "COMPLETED", task_logs(run.run_dir)
-    summary = run.summary()
-    assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", TOTAL_STEPS, 0), summary
-    report_timing("uninterrupted reference run", time.monotonic() - started)
-    return summary["weights_sha256"]
+    """``weights_sha256`` of the run trained without interruption (same spec, same world size): trained once
+    per code version and read from the store by the sessions after (tests/slurm/reference_store.py)."""
+
+    def train() -> str:
+        started = time.monotonic()
+        run = submit(workspace, "name=uninterrupted")
+        state = slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
+        assert state == "COMPLETED", task_logs(run.run_dir)
+        summary = run.summary()
+        done = (summary["status"], summary["global_step"], summary["restarts"])
+        assert done == ("completed", TOTAL_STEPS, 0), summary
+        report_timing("uninterrupted reference run", time.monotonic() - started)
+        return str(summary["weights_sha256"])
+
+    weights, _ = stored_weights(reference_key(SMOKE_SPEC, workspace.set_items(), workspace.data), train)
+    return weights
 
 
 @pytest.mark.slurm_contract
@@ -167,7 +175,8 @@ def test_killed_rank_fails_the_job_and_is_named(slurm_cluster: SlurmCluster, wor
     assert exit_code != "0:0", exit_code
     summary = run.summary()
     failed = {key: summary.get(key) for key in ("status", "failed_rank", "failed_node")}
-    assert failed == {"status": "failed", "failed_rank": 3, "failed_node": "n2"}, f"{summary}\n{task_logs(run.run_dir)}"
+    named = {"status": "failed", "failed_rank": 3, "failed_node": slurm_cluster.nodes[1]}
+    assert failed == named, f"{summary}\n{task_logs(run.run_dir)}"
     leftovers, _ = wait_no_processes(slurm_cluster, run.job_id, timeout=30)
     assert leftovers == [], "processes of the failed job outlived it"
 

@@ -91,7 +91,8 @@ def test_allreduce_entrypoint_runs_on_two_nodes(slurm_cluster: SlurmCluster, tmp
     results = task_results(run_dir, report["job_id"], WORLD_SIZE)
     assert [r["rank"] for r in results] == [0, 1, 2, 3]
     # Slurm's block distribution: ranks 0-1 on the first node, 2-3 on the second.
-    assert [r["hostname"] for r in results] == ["n1", "n1", "n2", "n2"]
+    first, second = slurm_cluster.nodes
+    assert [r["hostname"] for r in results] == [first, first, second, second]
     for r in results:
         out = r["result"]
         assert out["hostname"] == r["hostname"], r  # the user code ran where the launcher did
@@ -128,7 +129,7 @@ def test_failing_rank_fails_the_job_fast(slurm_cluster: SlurmCluster, tmp_path: 
     assert slurm_cluster.wait_state(job_id) == "FAILED"
 
     rank3_err = (submitit_dir(run_dir) / f"{job_id}_3_log.err").read_text(errors="replace")
-    expected = "hpctrain: rank 3 on node n2 failed: RuntimeError: deliberate failure on rank 3"
+    expected = f"hpctrain: rank 3 on node {slurm_cluster.nodes[1]} failed: RuntimeError: deliberate failure on rank 3"
     assert expected in rank3_err, logs
     for rank in (0, 1, 2):  # the survivors were killed, not blamed
         err = (submitit_dir(run_dir) / f"{job_id}_{rank}_log.err").read_text(errors="replace")

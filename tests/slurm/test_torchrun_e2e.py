@@ -72,7 +72,7 @@ def reference_weights(slurm_cluster: SlurmCluster, workspace: Workspace) -> str:
     assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
     summary = run.summary()
     assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", TOTAL_STEPS, 0), summary
-    assert (summary["world_size"], summary["hostnames"]) == (4, ["n1", "n2"]), summary
+    assert (summary["world_size"], summary["hostnames"]) == (4, slurm_cluster.nodes), summary
     return summary["weights_sha256"]
 
 
@@ -102,7 +102,8 @@ def test_ranks_0_to_3_run_two_per_node(slurm_cluster: SlurmCluster, workspace: W
             result = r["result"]
             assert (result["source"], result["slurm_job_id"], result["world_size"]) == ("slurm-torchrun", run.job_id, 4)
             assert (result["torchrun_rank"], result["ranks_seen"]) == (str(r["rank"]), 4)
-    assert layout == [(0, 0, "n1", "n1"), (1, 1, "n1", "n1"), (2, 0, "n2", "n2"), (3, 1, "n2", "n2")]
+    n1, n2 = slurm_cluster.nodes
+    assert layout == [(0, 0, n1, n1), (1, 1, n1, n1), (2, 0, n2, n2), (3, 1, n2, n2)]
     sacct = slurm_cluster.run("sacct", "-n", "-P", "-o", "JobID,NTasks", "-j", run.job_id).stdout
     assert f"{run.job_id}.0|2" in sacct.split(), f"one srun step of 2 tasks (one per node):\n{sacct}"
 
@@ -154,6 +155,7 @@ def test_killed_rank_fails_the_job_and_is_named(slurm_cluster: SlurmCluster, wor
     assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "FAILED", task_logs(run.run_dir)
     summary = run.summary()
     failed = {key: summary.get(key) for key in ("status", "failed_rank", "failed_node")}
-    assert failed == {"status": "failed", "failed_rank": 3, "failed_node": "n2"}, f"{summary}\n{task_logs(run.run_dir)}"
+    named = {"status": "failed", "failed_rank": 3, "failed_node": slurm_cluster.nodes[1]}
+    assert failed == named, f"{summary}\n{task_logs(run.run_dir)}"
     left, _ = wait_no_processes(slurm_cluster, run.job_id, timeout=LEFTOVER_BUDGET_S)
     assert left == [], f"processes of the failed job outlived it:\n{describe(left)}"
