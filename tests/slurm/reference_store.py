@@ -80,19 +80,16 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def stored_weights(key: str, train: Callable[[], str]) -> tuple[str, bool]:
-    """The reference weights of ``key``: read from the store, or trained now by ``train`` and stored.
-
-    Returns the weights' sha256 and whether they were trained in this call.
-    """
+def stored_weights(key: str, train: Callable[[], str]) -> str:
+    """The reference weights' sha256 of ``key``: read from the store, or trained now by ``train`` and stored."""
     store = _store()
     with _locked(store / f"{key}.lock"):
         file = store / f"{key}.json"
         with contextlib.suppress(OSError, ValueError, KeyError):
-            return str(json.loads(file.read_text())["weights_sha256"]), False
+            return str(json.loads(file.read_text())["weights_sha256"])
         weights = train()
         handle, partial = tempfile.mkstemp(dir=store, prefix=f".{key}.")
         with os.fdopen(handle, "w") as out:
             json.dump({"weights_sha256": weights}, out)
         os.replace(partial, file)
-        return weights, True
+        return weights

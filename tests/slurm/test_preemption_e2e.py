@@ -84,8 +84,7 @@ def reference_weights(slurm_cluster: SlurmCluster, workspace: Workspace) -> str:
         report_timing("uninterrupted reference run", time.monotonic() - started)
         return str(summary["weights_sha256"])
 
-    weights, _ = stored_weights(reference_key(SMOKE_SPEC, workspace.set_items(), workspace.data), train)
-    return weights
+    return stored_weights(reference_key(SMOKE_SPEC, workspace.set_items(), workspace.data), train)
 
 
 @pytest.mark.slurm_contract
