@@ -173,9 +173,7 @@ def requeue_then_preempt(cluster: SlurmCluster, run: Run, tmp: Path, start_timeo
     cluster.release(run.job_id)
 
     wait_for(lambda: latest_step(run.run_dir) > first_stop or None, "a checkpoint of attempt 2", start_timeout, run)
-    preemptor = cluster.sbatch(
-        "-p", "urgent", "-N2", "--exclusive", "-o", str(tmp / "urgent-%j.out"), "--wrap", "sleep 5"
-    )
+    preemptor = preempt(cluster, tmp)
     wait_requeued(cluster, run.job_id, restarts=2, timeout=90)
     second_stop = latest_step(run.run_dir)
     cluster.release(run.job_id)

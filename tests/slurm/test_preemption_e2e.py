@@ -104,9 +104,7 @@ def test_requeue_then_preemption_resumes_bit_identically(
 
     # 2. A job in the high-priority partition takes both nodes: SIGTERM; rank 0 requeues at once.
     wait_for(lambda: latest_step(run.run_dir) > first_stop, "a checkpoint of the second attempt", START_TIMEOUT_S, run)
-    preemptor = slurm_cluster.sbatch(
-        "-p", "urgent", "-N2", "--exclusive", "-o", str(tmp_path / "urgent-%j.out"), "--wrap", "sleep 5"
-    )
+    preemptor = preempt(slurm_cluster, tmp_path)
     preempt_s = wait_requeued(slurm_cluster, run.job_id, restarts=2, timeout=90)
     second_stop = latest_step(run.run_dir)
     slurm_cluster.release(run.job_id)

@@ -45,6 +45,7 @@ from .stop_helpers import (
     describe,
     escapees,
     job_record,
+    preempt,
     report_timing,
     wait_for,
     wait_no_processes,
@@ -110,9 +111,7 @@ def test_torchrun_style_script_is_requeued_and_preempted_and_resumes_from_its_ow
         wait_for(
             lambda: len(steps_trained(run.run_dir)) > first_stop + 1, "steps of the second start", START_TIMEOUT_S, run
         )
-        preemptor = slurm_cluster.sbatch(
-            "-p", "urgent", "-N2", "--exclusive", "-o", str(tmp_path / "urgent-%j.out"), "--wrap", "sleep 5"
-        )
+        preemptor = preempt(slurm_cluster, tmp_path)
         wait_requeued(slurm_cluster, run.job_id, restarts=2, timeout=90)
         second_stop = len(steps_trained(run.run_dir))
         slurm_cluster.release(run.job_id)
