@@ -18,7 +18,7 @@ from hpctrain.runtime import heartbeat
 from hpctrain.trainer.data import datasets
 from hpctrain.trainer.trainer import Trainer
 
-SLOW_FORWARD_S = 0.3  # added to each forward of the slowed rank
+SLOW_FORWARD_S = 0.6  # added to each forward of the slowed rank (far above what CI's load makes two ranks differ)
 SLOW_BACKWARD_S = 0.3  # added to each backward of the slowed rank, before its gradient buckets are handed over
 SLOW_SAMPLE_S = 0.04  # added to each training sample read (8 per step)
 
