@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,6 +82,20 @@ def test_an_exception_from_the_scripts_handler_reaches_the_script_after_the_note
         os.kill(os.getpid(), signal.SIGUSR1)
         time.sleep(1)  # the handler runs between bytecodes: at the latest here
     assert stop.local_reason == "preempted"
+
+
+def test_a_first_call_from_another_thread_says_why_the_stop_signal_is_not_heard(usr1: None) -> None:
+    said: list[str] = []
+    found: list[object] = []
+    thread = threading.Thread(
+        target=lambda: found.append(install_stop_signal(StopRequest(), signal.SIGUSR1, say=said.append)),
+        name="loader",
+    )
+    thread.start()
+    thread.join()
+    assert found == [None] and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+    assert len(said) == 1 and "thread 'loader', not the main thread" in said[0] and "SIGUSR1" in said[0]
+    assert "hpctrain cancel), which ends the process at once (no stop checkpoint)" in said[0]
 
 
 def test_a_second_install_takes_over_the_scripts_handler_once(usr1: None) -> None:

@@ -98,8 +98,14 @@ class StopHandler:
 
 def install_stop_signal(stop: StopRequest, signum: int, say: Say = say_on_stderr) -> StopHandler | None:
     """Route ``signum`` to ``stop`` (as a preemption-like stop), keeping the script's own handler (see the module
-    docstring); None when not in the main thread (Python allows handlers only there)."""
+    docstring); None when not in the main thread (Python allows handlers only there), said once."""
     if threading.current_thread() is not threading.main_thread():
+        say(
+            f"hpctrain.task was first called in thread {threading.current_thread().name!r}, not the main thread: "
+            f"Python lets only the main thread install a signal handler, so task.should_stop() does not hear "
+            f"{signal.Signals(signum).name} (preemption, the time limit, hpctrain cancel), which "
+            f"{_without_hpctrain(signal.getsignal(signum))}. Call hpctrain.task() once in the main thread first"
+        )
         return None
     handler = StopHandler(stop, signum, chained(signal.getsignal(signum)), say)
     # A signal before this line runs what was there; from it on, hpctrain's note and then that handler.
@@ -119,6 +125,15 @@ def install_stop_signal(stop: StopRequest, signum: int, say: Say = say_on_stderr
             "started from here on no longer inherit the ignore)"
         )
     return handler
+
+
+def _without_hpctrain(handler: Any) -> str:
+    """What a stop signal does in this process without hpctrain's handler."""
+    if handler == signal.SIG_IGN:
+        return "this process ignores"
+    if callable(handler) and handler is not signal.default_int_handler:
+        return f"only this process's own handler ({describe(handler)}) hears"
+    return "ends the process at once (no stop checkpoint)"
 
 
 def chained(handler: Any) -> Any:
