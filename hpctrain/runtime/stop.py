@@ -20,9 +20,10 @@ The marker itself (where it lies, what it says) is the contract's:
 from __future__ import annotations
 
 import signal
+import sys
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from hpctrain.contract.cancel_marker import marker_applies
 from hpctrain.runtime import heartbeat
@@ -50,6 +51,8 @@ class StopRequest:
         # "one more SIGTERM" to know that Slurm is ending the job.
         self.timeout_signals = 0
         self.term_signals = 0
+        self.handlers: dict[int, Any] = {}  # what install_handlers installed, checked by agreed()
+        self._replaced: set[int] = set()
 
     def request(self, reason: StopReason) -> None:
         # No lock: this runs in signal handlers (main thread, between bytecodes).
@@ -86,9 +89,44 @@ class StopRequest:
 
         Every rank must call it at the same step boundaries.
         """
+        self.check_handlers()
         code = all_reduce_max(self._refresh())
         self._code = max(self._code, code)
         return _CODE_REASONS.get(code)  # type: ignore[return-value]
+
+    def check_handlers(self) -> None:
+        """Say once per signal, on stderr, that code run after the launcher replaced its handler.
+
+        An entry point (or a library it calls) that installs its own SIGTERM handler takes the stop away
+        from this run: preemption, the time limit and ``hpctrain cancel`` would then end it without a stop
+        checkpoint and without a requeue, which nothing said until the job was gone.
+        """
+        for signum, ours in self.handlers.items():
+            current = signal.getsignal(signum)
+            if current is ours or signum in self._replaced:
+                continue
+            self._replaced.add(signum)
+            name = signal.Signals(signum).name
+            print(
+                f"hpctrain: {name}'s handler was replaced after the launcher installed its own "
+                f"({describe_handler(current)}): this run no longer hears {name} (preemption, the time limit, "
+                "hpctrain cancel) and cannot stop at a step boundary or requeue. Remove that handler (the "
+                "loop's ctx.stop.agreed() says when to stop), or call the handler signal.signal() returned "
+                "from yours",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def describe_handler(handler: Any) -> str:
+    """``module.function`` of a signal handler, for a message; never raises."""
+    if handler is None:
+        return "installed outside Python"
+    if handler in (signal.SIG_DFL, signal.SIG_IGN):
+        return signal.Handlers(handler).name
+    module = getattr(handler, "__module__", None) or "?"
+    name = getattr(handler, "__qualname__", None) or type(handler).__qualname__
+    return f"{module}.{name}"
 
 
 def all_reduce_max(code: int) -> int:
@@ -130,6 +168,7 @@ def install_handlers(stop: StopRequest, timeout_signal: str = "USR2") -> dict[in
     previous = {}
     for signum, handler in ((timeout_signum, on_timeout), (signal.SIGTERM, on_term)):
         previous[signum] = signal.signal(signum, handler)
+        stop.handlers[signum] = handler
     return previous
 
 

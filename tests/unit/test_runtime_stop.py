@@ -132,3 +132,23 @@ def test_agreed_without_process_group_is_the_local_reason(tmp_path: Path) -> Non
     assert stop.agreed() is None
     stop.note_timeout()
     assert stop.agreed() == "timeout"
+
+
+def test_an_entry_points_own_sigterm_handler_is_named_once(
+    handlers: StopRequest, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An entry point that installs its own SIGTERM handler takes the stop away from the run: said once."""
+    assert handlers.agreed() is None and capsys.readouterr().err == ""  # the launcher's own: nothing to say
+
+    def on_term(signum: int, frame: object) -> None:
+        pass
+
+    signal.signal(signal.SIGTERM, on_term)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert handlers.agreed() is None  # the run did not hear it
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "SIGTERM's handler was replaced after the launcher installed its own" in err
+    assert "test_runtime_stop.test_an_entry_points_own_sigterm_handler_is_named_once.<locals>.on_term" in err
+    assert "no longer hears SIGTERM (preemption, the time limit, hpctrain cancel)" in err
+    handlers.agreed()
+    assert capsys.readouterr().err == "", "once"

@@ -32,7 +32,7 @@ from typing import Any
 from hpctrain.contract.script_env import HANG_TIMEOUT_VAR, HEARTBEAT_INTERVAL_VAR, STOP_SIGNAL_VAR
 from hpctrain.errors import DistributedSetupError
 from hpctrain.runtime import heartbeat
-from hpctrain.runtime.stop import StopRequest
+from hpctrain.runtime.stop import StopRequest, describe_handler
 
 STOP_SIGNALS = ("TERM", "INT", "USR1")  # what script.stop_signal offers
 DEFAULT_HEARTBEAT_INTERVAL_S = 10.0  # distributed.heartbeat_interval_s's default
@@ -83,14 +83,15 @@ class StopHandler:
             name = self.signum.name
             if callable(current):
                 self.say(
-                    f"{name}'s handler was replaced after hpctrain.task installed its own ({describe(current)}): "
+                    f"{name}'s handler was replaced after hpctrain.task installed its own "
+                    f"({describe_handler(current)}): "
                     "task.should_stop() hears the job's stop signal only if that handler calls the one "
                     "signal.signal() returned; install yours before the first hpctrain.task call instead: hpctrain "
                     "then calls it after noting the stop"
                 )
             else:
                 self.say(
-                    f"{name} was set to {describe(current)} after hpctrain.task installed its handler: "
+                    f"{name} was set to {describe_handler(current)} after hpctrain.task installed its handler: "
                     "task.should_stop() no longer hears the job's stop signal"
                 )
         return False
@@ -114,8 +115,8 @@ def install_stop_signal(stop: StopRequest, signum: int, say: Say = say_on_stderr
     name = handler.signum.name
     if callable(handler.previous):
         say(
-            f"{name} already has this process's own handler ({describe(handler.previous)}): it still runs, after "
-            "hpctrain.task notes the stop for task.should_stop()"
+            f"{name} already has this process's own handler ({describe_handler(handler.previous)}): it still runs, "
+            "after hpctrain.task notes the stop for task.should_stop()"
         )
     elif found is None:
         say(f"{name} had a handler installed outside Python; hpctrain.task's stop handler replaces it")
@@ -132,7 +133,7 @@ def _without_hpctrain(handler: Any) -> str:
     if handler == signal.SIG_IGN:
         return "this process ignores"
     if callable(handler) and handler is not signal.default_int_handler:
-        return f"only this process's own handler ({describe(handler)}) hears"
+        return f"only this process's own handler ({describe_handler(handler)}) hears"
     return "ends the process at once (no stop checkpoint)"
 
 
@@ -144,17 +145,6 @@ def chained(handler: Any) -> Any:
     if not callable(handler) or handler is signal.default_int_handler:
         return None
     return handler
-
-
-def describe(handler: Any) -> str:
-    """``module.function`` of a handler, for a message; never raises."""
-    if handler is None:
-        return "installed outside Python"
-    if handler in (signal.SIG_DFL, signal.SIG_IGN):
-        return signal.Handlers(handler).name
-    module = getattr(handler, "__module__", None) or "?"
-    name = getattr(handler, "__qualname__", None) or type(handler).__qualname__
-    return f"{module}.{name}"
 
 
 def seconds(environ: Mapping[str, str], name: str) -> float | None:
