@@ -29,6 +29,7 @@ from hpctrain.contract.rundir import (
     supervisor_record_path,
     write_json_atomic,
 )
+from tests.tracking_helpers import mlflow_server, wait_serving
 
 from .entrypoints import ENTRYPOINT_MODULE
 from .hpctrain_cli import hpctrain, task_logs, task_output
@@ -49,6 +50,7 @@ from .stop_helpers import (
     wait_requeued,
 )
 from .test_node_health_e2e import SLOW_PCT, slow
+from .tracker_checks import assert_one_mlflow_run_each_step_once
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -472,28 +474,59 @@ SCRIPT_STEPS = 16  # 0.5 s each: n2 dies after the third
 
 def test_a_script_restarts_on_the_survivor_with_the_smaller_world(cluster: SlurmCluster, tmp_path: Path) -> None:
     """A ``script:`` job (plain PyTorch, issue 27) with ``min_nodes: 1``: n2 dies, the supervisor starts the
-    script again on n1 alone, with WORLD_SIZE 2 and restart 1, and it resumes from its own checkpoint."""
+    script again on n1 alone, with WORLD_SIZE 2 and restart 1, and it resumes from its own checkpoint.
+
+    Its ``task.log`` losses go to MLflow by ``hpctrain sync`` after the run (the nodes without internet, the
+    default case): ONE MLflow run, each step once with the value of the start that kept it, the restart and
+    the lost node in its tags and its ``hpctrain/node_lost`` event; a second sync sends nothing."""
+    mlflow = pytest.importorskip("mlflow")
     ws = make_script_workspace(cluster, tmp_path, as_user=False)  # as root, like the other jobs here
-    args = ["--steps", str(SCRIPT_STEPS), "--step-s", "0.5"]
-    spec = ws.spec("script_heal", {"path": "ddp_env.py", "args": args}, resources={"min_nodes": 1})
-    run = ws.submit(spec)
-    wait_for(
-        lambda: has_checkpoint(run.run_dir) and len(steps_trained(run.run_dir)) >= 3, "steps", START_TIMEOUT_S, run
-    )
-    kill_node("n2")
-    state = wait_ended(cluster, run)
-    logs = batch_log(run.run_dir)
-    assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
-    summary = run.summary()
-    assert (summary["status"], summary["restarts"], summary["world_size"]) == ("completed", 1, 2), summary
-    [failure] = summary["node_failures"]
-    assert (failure["node"], failure["action"], failure["nodes"]) == ("n2", "drop", ["n1"]), failure
-    [(_, _), (restart, resumed_from)] = starts(run.run_dir)
-    assert restart == 1 and resumed_from >= 2 and resumed_from % 2 == 0, "from its last snapshot.pt"
-    assert steps_trained(run.run_dir)[-(SCRIPT_STEPS - resumed_from) :] == list(range(resumed_from, SCRIPT_STEPS))
-    for rank in (0, 1):
-        got = env_report(run.run_dir, 1, rank)
-        assert (got["RANK"], got["WORLD_SIZE"], got["MASTER_ADDR"]) == (str(rank), "2", "n1"), got
-    assert not (run.run_dir / "env-1-2.json").exists(), "two ranks after the loss"
-    assert "continuing on n1" in logs
-    assert_nothing_left(cluster, run.job_id)
+    args = ["--steps", str(SCRIPT_STEPS), "--step-s", "0.5", "--task-log"]
+    with mlflow_server(tmp_path / "mlflow", wait=False) as uri:  # it starts while the job runs
+        tracking = {"mlflow": {"tracking_uri": uri, "experiment": "script_heal"}}
+        spec = ws.spec(
+            "script_heal", {"path": "ddp_env.py", "args": args}, resources={"min_nodes": 1}, tracking=tracking
+        )
+        run = ws.submit(spec)
+        wait_for(
+            lambda: has_checkpoint(run.run_dir) and len(steps_trained(run.run_dir)) >= 3, "steps", START_TIMEOUT_S, run
+        )
+        kill_node("n2")
+        state = wait_ended(cluster, run)
+        logs = batch_log(run.run_dir)
+        assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
+        summary = run.summary()
+        assert (summary["status"], summary["restarts"], summary["world_size"]) == ("completed", 1, 2), summary
+        [failure] = summary["node_failures"]
+        assert (failure["node"], failure["action"], failure["nodes"]) == ("n2", "drop", ["n1"]), failure
+        [(_, _), (restart, resumed_from)] = starts(run.run_dir)
+        assert restart == 1 and resumed_from >= 2 and resumed_from % 2 == 0, "from its last snapshot.pt"
+        assert steps_trained(run.run_dir)[-(SCRIPT_STEPS - resumed_from) :] == list(range(resumed_from, SCRIPT_STEPS))
+        for rank in (0, 1):
+            got = env_report(run.run_dir, 1, rank)
+            assert (got["RANK"], got["WORLD_SIZE"], got["MASTER_ADDR"]) == (str(rank), "2", "n1"), got
+        assert not (run.run_dir / "env-1-2.json").exists(), "two ranks after the loss"
+        assert "continuing on n1" in logs
+        assert_nothing_left(cluster, run.job_id)
+
+        checks = time.monotonic()
+        wait_serving(uri, timeout_s=120)
+        synced = hpctrain(ws.env, "sync", str(run.run_dir), "--json", timeout=180)
+        assert synced.returncode == 0, synced
+        [done] = json.loads(synced.stdout)
+        assert (done["through"], done["final"]) == (SCRIPT_STEPS, "completed"), done
+        tracked = assert_one_mlflow_run_each_step_once(uri, "script_heal", run.run_dir)
+        tags = tracked.data.tags
+        assert (tags["hpctrain.status"], tags["hpctrain.restarts"], tags["hpctrain.lost_nodes"]) == (
+            "completed",
+            "1",
+            "n2",
+        ), tags
+        client = mlflow.tracking.MlflowClient(uri)
+        lost = client.get_metric_history(tracked.info.run_id, "hpctrain/node_lost")
+        assert [m.step for m in lost] == [failure["step"]], (lost, failure)
+        assert tracked.info.status == "FINISHED"
+        again = hpctrain(ws.env, "sync", str(run.run_dir), "--json")
+        assert json.loads(again.stdout)[0]["sent"] == 0, again
+        assert_one_mlflow_run_each_step_once(uri, "script_heal", run.run_dir)
+        report_timing("script node loss: MLflow sync and checks", time.monotonic() - checks)
