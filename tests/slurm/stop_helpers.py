@@ -120,6 +120,14 @@ def temp_checkpoint_dirs(run_dir: Path, step: int | None = None) -> list[Path]:
     return sorted(checkpoints_dir(run_dir).glob(pattern))
 
 
+def a_step_logged(run_dir: Path) -> bool:
+    """Whether metrics.jsonl has a ``train_step`` line yet (while the run writes it: never raises)."""
+    try:
+        return '"kind": "train_step"' in metrics_path(run_dir).read_text()
+    except OSError:
+        return False
+
+
 def train_steps_logged(run_dir: Path) -> list[int]:
     """The global step of every ``train_step`` line of metrics.jsonl, in file order (one per step here)."""
     steps = []
