@@ -36,6 +36,10 @@ TRAIN_SETS = (
     "checkpoint.every_steps=2",
     "health.ledger_days=0",  # a node these tests kill must not be excluded from the next test's job
 )
+# For a run that a test cancels and never resumes: it must still be training when the cancel lands. The
+# 18-step run ends 10-20 s after its first checkpoint, and on a loaded 2-core machine `hpctrain cancel` took
+# 16 s and found the run completed (the srun twin, two at a time on 22.05: "run status: completed").
+UNTIL_CANCELLED = f"trainer.epochs={EPOCHS * 30}"
 
 
 @dataclass
@@ -114,6 +118,14 @@ def temp_checkpoint_dirs(run_dir: Path, step: int | None = None) -> list[Path]:
     """Checkpoint directories still being written (or left half-written), of ``step`` if given."""
     pattern = ".tmp-step-*" if step is None else f".tmp-step-{step:08d}-*"
     return sorted(checkpoints_dir(run_dir).glob(pattern))
+
+
+def a_step_logged(run_dir: Path) -> bool:
+    """Whether metrics.jsonl has a ``train_step`` line yet (while the run writes it: never raises)."""
+    try:
+        return '"kind": "train_step"' in metrics_path(run_dir).read_text()
+    except OSError:
+        return False
 
 
 def train_steps_logged(run_dir: Path) -> list[int]:
@@ -195,7 +207,9 @@ def assert_completed_exactly(run: Run, restarts: int, reference_weights: str) ->
 
 
 def cancel_leaves_nothing(cluster: SlurmCluster, ws: Workspace, run: Run, what: str, start_timeout: float) -> None:
-    """``hpctrain cancel`` after the first checkpoint: no process of the job on any node, stopped at a checkpoint."""
+    """``hpctrain cancel`` after the first checkpoint: no process of the job on any node, stopped at a checkpoint.
+
+    ``run`` must not end by itself first (:data:`UNTIL_CANCELLED`)."""
     wait_for(lambda: latest_step(run.run_dir) >= 2 or None, "the first checkpoint", start_timeout, run)
     started = time.monotonic()
     cancelled = hpctrain(ws.env, "cancel", str(run.run_dir), timeout=120)

@@ -27,6 +27,7 @@ from .hpctrain_cli import hpctrain, task_logs
 from .stop_helpers import (
     EPOCHS,
     STEPS_PER_EPOCH,
+    UNTIL_CANCELLED,
     Run,
     Workspace,
     assert_completed_exactly,
@@ -75,8 +76,9 @@ def bound_in() -> list[str]:
     return mounts
 
 
-def submit_in_image(ws: Workspace, image: Path, name: str) -> Run:
+def submit_in_image(ws: Workspace, image: Path, name: str, *more: str) -> Run:
     sets = [
+        *more,
         f"name={name}",
         f"container.image={image}",
         f"container.python={sys.executable}",
@@ -141,5 +143,5 @@ def test_usr2_then_preemption_requeue_through_the_relay_and_resume_bit_identical
 
 
 def test_cancel_leaves_no_process_on_any_node(slurm_cluster: SlurmCluster, workspace: Workspace, image: Path) -> None:
-    run = submit_in_image(workspace, image, "apptainer_cancelled")
+    run = submit_in_image(workspace, image, "apptainer_cancelled", UNTIL_CANCELLED)
     cancel_leaves_nothing(slurm_cluster, workspace, run, "Apptainer", START_TIMEOUT_S)

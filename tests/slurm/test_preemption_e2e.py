@@ -29,6 +29,7 @@ from .stop_helpers import (
     WORLD_SIZE,
     Run,
     Workspace,
+    a_step_logged,
     assert_completed_exactly,
     checkpoint_steps,
     job_record,
@@ -125,15 +126,22 @@ def test_requeue_then_preemption_resumes_bit_identically(
 @pytest.mark.slurm_contract
 @pytest.mark.slurm_shared
 def test_cancel_settles_before_it_returns_and_an_immediate_resume_continues_exactly(
-    workspace: Workspace, reference_weights: str
+    slurm_cluster: SlurmCluster, workspace: Workspace, reference_weights: str
 ) -> None:
     """``cancel`` used to return while the ranks were still writing the stop
     checkpoint (global step 4 at return, 7 ten seconds later); a ``resume``
-    typed then would start a new attempt beside the one still writing."""
+    typed then would start a new attempt beside the one still writing.
+
+    The run is the reference's 18 steps (the resume must end on its weights), which end 10-20 s after
+    the first step; under CI's load a CLI call takes 5-7 s to start, and ``cancel`` after a ``resume``
+    refused at the first checkpoint lost the race to the run's own end (3 of 3 on 22.05, two at a time:
+    "run status: completed"). So ``resume`` is refused while the job starts, and the cancel is sent as
+    soon as the first step is logged."""
     run = submit(workspace, "name=cancel_then_resume")
-    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+    assert slurm_cluster.wait_state(run.job_id, ("RUNNING",), timeout=START_TIMEOUT_S) == "RUNNING"
     refused = hpctrain(workspace.env, "resume", str(run.run_dir))
     assert refused.returncode == 2 and "still RUNNING" in refused.stderr, refused
+    wait_for(lambda: a_step_logged(run.run_dir), "the first step", START_TIMEOUT_S, run)
 
     started = time.monotonic()
     cancelled = hpctrain(workspace.env, "cancel", str(run.run_dir), timeout=120)

@@ -33,6 +33,7 @@ from .hpctrain_cli import task_logs
 from .stop_helpers import (
     EPOCHS,
     STEPS_PER_EPOCH,
+    UNTIL_CANCELLED,
     Workspace,
     assert_completed_exactly,
     cancel_leaves_nothing,
@@ -142,7 +143,7 @@ def test_timeout_requeue_and_preemption_resume_bit_identically(
 @pytest.mark.slurm_contract
 @pytest.mark.slurm_shared
 def test_hpctrain_cancel_leaves_no_process_on_either_node(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
-    run = submit(workspace, TORCHRUN, "name=torchrun_cancelled")
+    run = submit(workspace, TORCHRUN, "name=torchrun_cancelled", UNTIL_CANCELLED)  # training when the cancel lands
     cancel_leaves_nothing(slurm_cluster, workspace, run, "torchrun", START_TIMEOUT_S)
 
 
