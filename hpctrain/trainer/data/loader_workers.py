@@ -1,4 +1,4 @@
-"""What runs first in every data-loader worker: its seeds, and which SIGTERM it obeys."""
+"""What runs first in every data-loader worker: its seeds, which SIGTERM it obeys, and its stacks on request."""
 
 from __future__ import annotations
 
@@ -10,12 +10,16 @@ import threading
 import numpy as np
 import torch
 
+from hpctrain.runtime.child_stacks import answer_stack_requests
+
 
 def seed_worker(worker_id: int) -> None:
-    """Seed Python and NumPy from the per-worker torch seed the DataLoader chose; keep Slurm's SIGTERM out."""
+    """Seed Python and NumPy from the per-worker torch seed the DataLoader chose; keep Slurm's SIGTERM out;
+    answer the hang watchdog's request for stacks."""
     worker_seed = torch.initial_seed() % 2**32
     np.random.seed(worker_seed)
     random.seed(worker_seed)
+    answer_stack_requests()
     obey_only_parent_sigterm()
 
 
