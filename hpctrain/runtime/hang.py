@@ -18,7 +18,8 @@ next collective, so every rank's watchdog fires within about a step of each
 other. Each one then, in its own heartbeat thread:
 
 1. writes its heartbeat as it stands and dumps all its threads' Python stacks
-   (``faulthandler``) to ``stacks/rank-NNNNN.txt``;
+   (``faulthandler``) to ``stacks/rank-NNNNN.txt``; its data-loader workers
+   write theirs to the task's stderr log (``runtime/child_stacks.py``);
 2. tries to create the job's claim marker with ``O_EXCL``: exactly one rank wins;
 3. the winner waits a grace period (the others dump meanwhile), reads every
    heartbeat of this job, names the culprit (:func:`culprit`) and writes
@@ -58,6 +59,7 @@ from hpctrain.contract.file_writes import open_append, write_atomic
 from hpctrain.contract.heartbeat_files import Heartbeat, first_stopped, read_heartbeats
 from hpctrain.contract.rundir import hang_claim_path, stack_dump_path, stacks_dir
 from hpctrain.contract.summary import read_summary, write_summary
+from hpctrain.runtime.child_stacks import ask_workers_for_stacks
 from hpctrain.runtime.cleanup import leave_dataset_mount
 from hpctrain.runtime.heartbeat import Recorder
 
@@ -188,6 +190,22 @@ def dump_stacks(path: Path, header: str) -> None:
         os.close(fd)
 
 
+def note_worker_stacks(path: Path, workers: list[int]) -> None:
+    """Say in the rank's stack dump where its data-loader workers' stacks went (the task's stderr log)."""
+    if not workers:
+        return
+    pids = ", ".join(str(pid) for pid in workers)
+    line = f"\nThis rank's data-loader workers (pids {pids}) wrote their stacks to this task's stderr log.\n"
+    try:
+        fd = open_append(path)
+    except OSError:
+        return
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
 def report_written(run_dir: Path, job_id: str) -> bool:
     summary = read_summary(run_dir)
     return summary is not None and summary.hung_rank is not None and summary.hang_job_id == job_id
@@ -243,6 +261,7 @@ class HangWatchdog:
             dump_stacks(stack_dump_path(self.run_dir, self.rank), own)
         except OSError as exc:
             _say(f"hpctrain: rank {self.rank}: could not dump stacks: {exc}")
+        note_worker_stacks(stack_dump_path(self.run_dir, self.rank), ask_workers_for_stacks())
         try:
             self._report()
         except Exception as exc:  # the job must still end

@@ -12,7 +12,7 @@ from hpctrain.contract.rundir import hang_claim_path, heartbeat_path, stack_dump
 from hpctrain.contract.srun_report import TaskFailure
 from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.jobspec.models import Distributed
-from hpctrain.runtime import failures
+from hpctrain.runtime import failures, hang
 from hpctrain.runtime.hang import (
     HANG_EXIT_CODE,
     HangWatchdog,
@@ -348,3 +348,18 @@ def test_the_summary_agrees_with_the_frozen_ranks_own_file(tmp_path: Path) -> No
     assert fields is not None and fields["hung_rank"] == 1
     assert (fields["hung_phase"], fields["hung_step"]) == (own.phase, own.step) == ("forward_backward", 5)
     assert fields["hung_frozen_s"] is not None and fields["hung_frozen_s"] >= 43
+
+
+def test_the_stack_dump_says_where_the_data_loader_workers_wrote_theirs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock, calls = Clock(1000.0), []
+    rank = armed(clock, phase="validation", step=2)  # waiting for the first batch of a stuck val worker
+    monkeypatch.setattr(hang, "ask_workers_for_stacks", lambda: [4242, 4243])
+    dog = watchdog(tmp_path, 1, "n1", rank, clock, calls)
+    dog(1001.0)
+    with pytest.raises(Ended):
+        dog(1021.0)
+    stacks = stack_dump_path(tmp_path, 1).read_text()
+    assert "no progress in phase validation at step 2" in stacks
+    assert "data-loader workers (pids 4242, 4243) wrote their stacks to this task's stderr log" in stacks

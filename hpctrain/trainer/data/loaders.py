@@ -26,7 +26,7 @@ from hpctrain.trainer.data.device_decode import (
     resolve_decoder,
 )
 from hpctrain.trainer.data.index import torch_broadcast
-from hpctrain.trainer.data.loader_workers import seed_worker
+from hpctrain.trainer.data.loader_workers import ForkedLoader, seed_worker
 from hpctrain.trainer.data.sources import build_datasets
 
 
@@ -44,7 +44,7 @@ def build_val_loader(
     """Validation over the whole val set, sharded without padding (see ExactEvalSampler)."""
     sampler = ExactEvalSampler(val_dataset, world_size, rank)
     kwargs = _loader_kwargs(data_spec, device_is_cuda, seed)
-    return DataLoader(val_dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, **kwargs)
+    return ForkedLoader(val_dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, **kwargs)
 
 
 @dataclass
@@ -116,7 +116,7 @@ def build_loaders(
         return Loaders(None, val_loader, None, None, len(class_names), class_names)
     shard, shards = train_shard if train_shard is not None else (rank, world_size)
     sampler = ResumableDistributedSampler(train_ds, shards, shard, shuffle=True, seed=epoch_seed, batch_size=batch_size)
-    train_loader = DataLoader(
+    train_loader = ForkedLoader(
         train_ds,
         batch_sampler=MicroBatchSampler(sampler),
         collate_fn=collate,

@@ -1,0 +1,58 @@
+"""A data-loader worker stuck in its dataset answers the hang watchdog's request with its stacks.
+
+The rank's own dump shows only its wait for the next batch; the stuck code is in the worker
+(the first validation's hang under load, CI #48, left no trace of it).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from hpctrain.runtime.child_stacks import answering_workers, ask_workers_for_stacks
+from hpctrain.trainer.data import seed_worker
+
+pytestmark = pytest.mark.local_dist
+
+
+class StuckImages(Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return wait_for_a_lock_nobody_releases()
+
+
+def wait_for_a_lock_nobody_releases() -> torch.Tensor:
+    lock = threading.Lock()
+    lock.acquire()
+    lock.acquire()  # a lock held at fork by a thread the child does not have
+    raise AssertionError("unreachable")
+
+
+def test_a_stuck_worker_writes_its_stacks_to_stderr_on_request(capfd: pytest.CaptureFixture[str]) -> None:
+    loader = DataLoader(StuckImages(), batch_size=2, num_workers=1, worker_init_fn=seed_worker)
+    batches = iter(loader)  # the worker starts and takes its first indices; next() would wait forever
+    workers = list(batches._workers)  # type: ignore[attr-defined]
+    try:
+        deadline = time.monotonic() + 30
+        while not answering_workers(os.getpid()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ask_workers_for_stacks() == [workers[0].pid]
+        seen = ""
+        while "wait_for_a_lock_nobody_releases" not in seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+            seen += capfd.readouterr().err
+        assert "wait_for_a_lock_nobody_releases" in seen and "__getitem__" in seen
+        assert "sigterm-filter" in seen or "filter_sigterm" in seen  # every thread, not only the stuck one
+        assert workers[0].is_alive()  # a request, not an end
+    finally:
+        for worker in workers:
+            worker.terminate()  # the parent's SIGTERM: the worker exits (loader_workers.obey_only_parent_sigterm)
+            worker.join(timeout=10)
+        del batches

@@ -1,0 +1,61 @@
+"""Which children the hang watchdog asks for stacks: only data-loader workers that catch the signal."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from hpctrain.runtime.child_stacks import STACKS_SIGNAL, answering_workers, ask_workers_for_stacks, catches, child_pids
+
+QUIT_CAUGHT = 1 << (signal.SIGQUIT - 1)
+
+
+def status(caught: int) -> str:
+    return f"Name:\tpython\nSigBlk:\t0000000000000000\nSigIgn:\t0000000001001000\nSigCgt:\t{caught:016x}\n"
+
+
+def fake_proc(root: Path, parent: int, children: dict[int, tuple[str, int]]) -> Path:
+    """A /proc with ``parent``'s children spread over two threads; children: pid -> (comm, SigCgt mask)."""
+    pids = list(children)
+    for tid, mine in ((parent, pids[: len(pids) // 2]), (parent + 1, pids[len(pids) // 2 :])):
+        task = root / str(parent) / "task" / str(tid)
+        task.mkdir(parents=True)
+        (task / "children").write_text("".join(f"{pid} " for pid in mine))
+    for pid, (comm, caught) in children.items():
+        (root / str(pid)).mkdir()
+        (root / str(pid) / "comm").write_text(comm + "\n")
+        (root / str(pid) / "status").write_text(status(caught))
+    return root
+
+
+def test_catches_reads_the_sigcgt_mask() -> None:
+    assert catches(status(QUIT_CAUGHT | 1 << (signal.SIGTERM - 1)), signal.SIGQUIT)
+    assert not catches(status(1 << (signal.SIGTERM - 1)), signal.SIGQUIT)
+    assert not catches("Name:\tpython\n", signal.SIGQUIT)
+    assert not catches("SigCgt:\tnot-hex\n", signal.SIGQUIT)
+
+
+def test_only_workers_that_answer_are_asked(tmp_path: Path) -> None:
+    proc = fake_proc(
+        tmp_path,
+        100,
+        {
+            201: ("pt_data_worker", QUIT_CAUGHT),  # a worker that called answer_stack_requests
+            202: ("pt_data_worker", 0),  # a worker still starting: SIGQUIT would end it
+            203: ("python", QUIT_CAUGHT),  # another child (a tracker): not ours to signal
+            204: ("pt_data_worker", QUIT_CAUGHT),
+        },
+    )
+    assert child_pids(100, proc) == [201, 202, 203, 204]
+    assert answering_workers(100, proc) == [201, 204]
+
+
+def test_a_process_without_proc_entries_has_no_workers(tmp_path: Path) -> None:
+    assert child_pids(100, tmp_path) == []
+    assert ask_workers_for_stacks(100, tmp_path) == []
+
+
+def test_this_process_without_workers_asks_nobody() -> None:
+    assert STACKS_SIGNAL == signal.SIGQUIT
+    assert ask_workers_for_stacks(os.getpid()) == []
