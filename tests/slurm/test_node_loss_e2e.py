@@ -42,6 +42,7 @@ from .stop_helpers import (
     job_record,
     latest_step,
     make_workspace,
+    preempt,
     rank_pid,
     report_timing,
     submit,
@@ -469,15 +470,16 @@ def test_a_script_jobs_burn_in_keeps_a_slow_node_out_before_the_script_starts(
     assert_nothing_left(cluster, run.job_id)
 
 
-SCRIPT_STEPS = 16  # 0.5 s each: n2 dies after the third
+SCRIPT_STEPS = 24  # 0.5 s each: requeued, preempted, then n2 dies, each a few steps after the last
 
 
 def test_a_script_restarts_on_the_survivor_with_the_smaller_world(cluster: SlurmCluster, tmp_path: Path) -> None:
-    """A ``script:`` job (plain PyTorch, issue 27) with ``min_nodes: 1``: n2 dies, the supervisor starts the
-    script again on n1 alone, with WORLD_SIZE 2 and restart 1, and it resumes from its own checkpoint.
+    """A ``script:`` job (plain PyTorch, issue 27) with ``min_nodes: 1``, requeued by the time-limit signal
+    (USR2), then preempted (a job of the urgent partition), then n2 dies: the supervisor starts the script
+    again on n1 alone, with WORLD_SIZE 2 and restart 3, and every start resumes from its own checkpoint.
 
     Its ``task.log`` losses go to MLflow by ``hpctrain sync`` after the run (the nodes without internet, the
-    default case): ONE MLflow run, each step once with the value of the start that kept it, the restart and
+    default case): ONE MLflow run, each step once with the value of the start that kept it, the restarts and
     the lost node in its tags and its ``hpctrain/node_lost`` event; a second sync sends nothing."""
     mlflow = pytest.importorskip("mlflow")
     ws = make_script_workspace(cluster, tmp_path, as_user=False)  # as root, like the other jobs here
@@ -488,24 +490,37 @@ def test_a_script_restarts_on_the_survivor_with_the_smaller_world(cluster: Slurm
             "script_heal", {"path": "ddp_env.py", "args": args}, resources={"min_nodes": 1}, tracking=tracking
         )
         run = ws.submit(spec)
-        wait_for(
-            lambda: has_checkpoint(run.run_dir) and len(steps_trained(run.run_dir)) >= 3, "steps", START_TIMEOUT_S, run
-        )
+        wait_for(lambda: has_checkpoint(run.run_dir), "the script's first checkpoint", START_TIMEOUT_S, run)
+        cluster.run("scancel", "--signal=USR2", run.job_id)
+        wait_requeued(cluster, run.job_id, restarts=1)
+        first_stop = len(steps_trained(run.run_dir))
+        cluster.release(run.job_id)
+        wait_for(lambda: len(steps_trained(run.run_dir)) > first_stop + 1, "steps of start 2", START_TIMEOUT_S, run)
+        preemptor = preempt(cluster, tmp_path)  # two of the three nodes: the job's n1 or n2 among them
+        wait_requeued(cluster, run.job_id, restarts=2, timeout=90)
+        second_stop = len(steps_trained(run.run_dir))
+        cluster.release(run.job_id)
+        assert cluster.wait_state(preemptor, timeout=60) == "COMPLETED"
+        wait_for(lambda: len(steps_trained(run.run_dir)) >= second_stop + 3, "steps of start 3", START_TIMEOUT_S, run)
         kill_node("n2")
         state = wait_ended(cluster, run)
         logs = batch_log(run.run_dir)
         assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
         summary = run.summary()
-        assert (summary["status"], summary["restarts"], summary["world_size"]) == ("completed", 1, 2), summary
+        assert (summary["status"], summary["restarts"], summary["world_size"]) == ("completed", 3, 2), summary
         [failure] = summary["node_failures"]
         assert (failure["node"], failure["action"], failure["nodes"]) == ("n2", "drop", ["n1"]), failure
-        [(_, _), (restart, resumed_from)] = starts(run.run_dir)
-        assert restart == 1 and resumed_from >= 2 and resumed_from % 2 == 0, "from its last snapshot.pt"
-        assert steps_trained(run.run_dir)[-(SCRIPT_STEPS - resumed_from) :] == list(range(resumed_from, SCRIPT_STEPS))
+        *before, (restart, resumed_from) = starts(run.run_dir)
+        assert before == [(0, 0), (1, first_stop), (2, second_stop)], "the requeue and the preemption: exact"
+        assert restart == 3 and resumed_from >= second_stop and resumed_from % 2 == 0, "from its last snapshot.pt"
+        trained = steps_trained(run.run_dir)
+        cut = len(trained) - (SCRIPT_STEPS - resumed_from)
+        assert trained[:cut] == list(range(cut)) and cut >= resumed_from, "each step once until n2 died"
+        assert trained[cut:] == list(range(resumed_from, SCRIPT_STEPS)), "then from the last snapshot.pt on"
         for rank in (0, 1):
-            got = env_report(run.run_dir, 1, rank)
+            got = env_report(run.run_dir, 3, rank)
             assert (got["RANK"], got["WORLD_SIZE"], got["MASTER_ADDR"]) == (str(rank), "2", "n1"), got
-        assert not (run.run_dir / "env-1-2.json").exists(), "two ranks after the loss"
+        assert not (run.run_dir / "env-3-2.json").exists(), "two ranks after the loss"
         assert "continuing on n1" in logs
         assert_nothing_left(cluster, run.job_id)
 
@@ -519,12 +534,14 @@ def test_a_script_restarts_on_the_survivor_with_the_smaller_world(cluster: Slurm
         tags = tracked.data.tags
         assert (tags["hpctrain.status"], tags["hpctrain.restarts"], tags["hpctrain.lost_nodes"]) == (
             "completed",
-            "1",
+            "3",
             "n2",
         ), tags
         client = mlflow.tracking.MlflowClient(uri)
         lost = client.get_metric_history(tracked.info.run_id, "hpctrain/node_lost")
         assert [m.step for m in lost] == [failure["step"]], (lost, failure)
+        restarts = client.get_metric_history(tracked.info.run_id, "hpctrain/restart")
+        assert {m.value for m in restarts} >= {1.0, 2.0}, restarts  # the requeue's and the preemption's starts
         assert tracked.info.status == "FINISHED"
         again = hpctrain(ws.env, "sync", str(run.run_dir), "--json")
         assert json.loads(again.stdout)[0]["sent"] == 0, again

@@ -1,6 +1,7 @@
 """``hpctrain sync`` of a real Slurm run into a real MLflow server: one MLflow run for a run that was
-requeued (USR2, the time-limit signal) and lost a node mid-run (healed onto the spare), each optimizer
-step once, with metrics.jsonl's last value of it; the restart and the lost node visible.
+requeued (USR2, the time-limit signal), preempted (a job of the urgent partition) and lost a node mid-run
+(healed onto the spare), each optimizer step once, with metrics.jsonl's last value of it; the restarts and
+the lost node visible.
 
 The MLflow server runs on this machine, as on a login node, at its address on the nodes' bridge (the
 nodes have network namespaces of their own); with ``tracking.live`` global rank 0's node also runs the
@@ -30,6 +31,8 @@ from .stop_helpers import (
     Workspace,
     latest_step,
     make_workspace,
+    preempt,
+    stop_lines,
     submit,
     wait_for,
     wait_requeued,
@@ -84,6 +87,14 @@ def test_a_requeued_run_that_loses_a_node_is_one_mlflow_run_with_each_step_once(
         wait_for(
             lambda: latest_step(run.run_dir) > first_stop, "a checkpoint of the second start", START_TIMEOUT_S, run
         )
+        preemptor = preempt(cluster, tmp_path)  # the urgent partition's job takes two of the three nodes
+        wait_requeued(cluster, run.job_id, restarts=2, timeout=90)
+        second_stop = latest_step(run.run_dir)
+        cluster.release(run.job_id)
+        assert cluster.wait_state(preemptor, timeout=60) == "COMPLETED"
+        wait_for(
+            lambda: latest_step(run.run_dir) > second_stop, "a checkpoint of the third start", START_TIMEOUT_S, run
+        )
         # a step logged past the latest checkpoint, so the start after the loss is likely to redo it
         wait_for(lambda: max(last_values(metrics_path(run.run_dir)), default=-1) > latest_step(run.run_dir),
                  "a step past the checkpoint", START_TIMEOUT_S, run, poll_s=0.02)  # fmt: skip
@@ -120,7 +131,10 @@ def test_a_requeued_run_that_loses_a_node_is_one_mlflow_run_with_each_step_once(
         assert {m.step: m.value for m in history} == expected, "the value of the start that kept the step"
         tags = tracked.data.tags
         assert tags["hpctrain.lost_nodes"] == "n2" and tags["hpctrain.status"] == "completed", tags
-        assert int(tags["hpctrain.restarts"]) >= 1, tags
+        assert int(tags["hpctrain.restarts"]) >= 2, tags  # the requeue's start, the preemption's (and the heal's)
+        assert [line.split(")")[0] for line in stop_lines(run)] == ["stopping (timeout", "stopping (preempted"]
+        restarts = client.get_metric_history(tracked.info.run_id, "hpctrain/restart")
+        assert {m.value for m in restarts} >= {1.0, 2.0}, restarts  # each start's number, at its first step
         assert [m.step for m in client.get_metric_history(tracked.info.run_id, "hpctrain/node_lost")] == [
             summary["node_failures"][0]["step"]
         ]
