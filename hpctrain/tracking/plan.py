@@ -15,10 +15,15 @@ that shows up again after it was sent (a restart that fell back to an
 older checkpoint because the newest was damaged) is not sent twice: it is
 counted in ``late_steps`` and the ``hpctrain.late_redone_steps`` tag.
 
-Attempt boundaries are found in the same lines: a ``train_step`` whose step
-is not past the one logged just before it starts a new attempt
-(:class:`Restart`). Lost nodes and evictions come from the summary's
-records (``contract/node_records.py``'s fields), each with its step.
+Attempt boundaries come from the run's starts (``contract/starts.py``:
+every start of the run writes a line, also a requeue or a preemption that
+resumed exactly where the last start stopped): restart N at the first step
+that start trained. Steps redone after a hard kill are found in the metric
+lines: a ``train_step`` whose step is not past the one logged just before
+it begins a repeat (:class:`Restart`); a run without a starts file (written
+before it existed) gets its restarts from those repeats alone. Lost nodes
+and evictions come from the summary's records
+(``contract/node_records.py``'s fields), each with its step.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpctrain.contract.metrics import parse_metric_line
+from hpctrain.contract.starts import Start
 from hpctrain.contract.summary import Summary
 
 # Each record kind's metric prefix; a kind not named here (a newer writer's) is not sent.
@@ -127,11 +133,32 @@ class Event:
     text: str
 
 
-def run_events(history: History, summary: Summary | None) -> list[Event]:
-    """Restarts (from the lines), lost nodes and evictions (from the summary), each at its step."""
+def restart_steps(starts: Iterable[Start]) -> list[tuple[int, int]] | None:
+    """(restart number, the first step it trained) of every restart the starts record, in order; None when
+    they do not begin with the run's first start (no file, or only its newest lines were read). An event
+    is sent once its step is settled, like the step's values."""
+    found = list(starts)
+    if not found or not found[0].first:
+        return None
+    steps = []
+    for number, start in enumerate(found[1:], 1):
+        step = start.first_step  # its first step done, as its heartbeat recorded it
+        if step is None and start.step_before is not None:
+            step = start.step_before + 1  # none recorded (yet): the step after the run's when it began
+        if step is not None and step >= 1:
+            steps.append((number, step))
+    return steps
+
+
+def run_events(history: History, summary: Summary | None, starts: Iterable[Start] = ()) -> list[Event]:
+    """Restarts (from the run's starts; else from the lines' repeats), redone steps (from the lines), lost
+    nodes and evictions (from the summary), each at its step."""
+    boundaries = restart_steps(starts)
+    if boundaries is None:
+        boundaries = [(r.number, r.step) for r in history.restarts]
     events = [
-        Event(f"restart-{r.number}", r.step, RESTART_METRIC, float(r.number), f"restart {r.number} at step {r.step}")
-        for r in history.restarts
+        Event(f"restart-{number}", step, RESTART_METRIC, float(number), f"restart {number} at step {step}")
+        for number, step in boundaries
     ]
     events += [
         Event(f"redone-{r.number}", r.step, REDONE_METRIC, float(r.redone), f"{r.redone} steps redone")

@@ -43,6 +43,7 @@ from hpctrain.contract.rundir import (
     trial_dir,
 )
 from hpctrain.contract.runfiles import RunFileError, iter_lines
+from hpctrain.contract.starts import read_starts
 from hpctrain.contract.summary import FINAL_STATUSES, read_summary
 from hpctrain.contract.tracking_state import Cursor, read_cursor, sync_lock, tracking_id, write_cursor
 from hpctrain.errors import HpctrainError, RunDirError, SpecError, printable
@@ -268,7 +269,7 @@ class _Plan:
 def _plan(run: _Run, work: Cursor, saved: Cursor) -> _Plan:
     history = read_history(_lines(run.run_dir), after_step=work.sent_step, sent_bytes=work.sent_bytes)
     settled = settled_step(history, run.checkpoint, run.final is not None)
-    events = run_events(history, run.summary)
+    events = run_events(history, run.summary, read_starts(run.run_dir))
     late = sorted({*saved.late_steps, *history.late})
     batch = plan_batch(history, events, after_step=work.sent_step, settled=settled, sent=work.events)
     stray = late_events(events, after_step=work.sent_step, sent=work.events) if work.sent_step >= 0 else []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from hpctrain.contract.starts import Start
 from hpctrain.contract.summary import parse_summary
 from hpctrain.tracking.plan import (
     flat_params,
@@ -78,6 +79,27 @@ def test_events_go_with_their_step_once_and_late_ones_are_kept_apart() -> None:
     assert batch.steps[2].values["hpctrain/node_lost"] == 1.0 and batch.steps[2].step == 9
     assert [e.key for e in late_events(events, after_step=8, sent=["restart-1", "redone-1"])] == []
     assert [e.key for e in late_events(events, after_step=10, sent=["restart-1", "redone-1"])] == ["node-lost-0"]
+
+
+def test_every_start_is_a_restart_event_at_its_first_step_also_one_that_redid_nothing() -> None:
+    """A requeue and a preemption that resumed exactly (no step repeated in metrics.jsonl) are restarts 1
+    and 2 at their first steps; the hard kill's relaunch that redid steps 7-10 is restart 3."""
+    starts = [
+        Start(100.0, "5", None, 110.0, 1, first=True),
+        Start(200.0, "5", 3, 210.0, 4),  # the requeue: resumed at step 4
+        Start(300.0, "5", 5, None, None),  # the preemption's restart: no first step recorded (yet)
+        Start(400.0, "5", 10, 410.0, 7),  # after the lost node: from the checkpoint at 6
+    ]
+    events = run_events(read_history(restarted()), None, starts)
+    assert sorted((e.key, e.step, e.value) for e in events if e.metric == "hpctrain/restart") == [
+        ("restart-1", 4, 1.0),
+        ("restart-2", 6, 2.0),
+        ("restart-3", 7, 3.0),
+    ]
+    assert [(e.key, e.step, e.value) for e in events if e.metric == "hpctrain/redone_steps"] == [("redone-1", 7, 4.0)]
+    # only the newest lines of a long starts file: the repeats in the metric lines, as without one
+    partial = run_events(read_history(restarted()), None, starts[2:])
+    assert [(e.key, e.step) for e in partial if e.metric == "hpctrain/restart"] == [("restart-1", 7)]
 
 
 def test_steps_redone_after_they_were_sent_are_counted_not_sent_again() -> None:
