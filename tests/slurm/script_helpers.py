@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from .hpctrain_cli import cli_env, hpctrain
-from .stop_helpers import Run
+from .stop_helpers import Run, preempt, wait_for, wait_requeued
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -99,6 +99,24 @@ def env_report(run_dir: Path, restart: int, rank: int | str) -> dict[str, Any]:
 
 def has_checkpoint(run_dir: Path) -> bool:
     return (run_dir / "snapshot.pt").is_file()
+
+
+def requeue_then_preempt_script(cluster: SlurmCluster, run: Run, tmp: Path, start_timeout: float) -> tuple[int, int]:
+    """The time-limit signal (USR2) after the script's first checkpoint, then a job of the urgent partition once
+    the second start trained two steps; each requeued start released at once. Returns the steps trained when
+    the first and the second start stopped (the script's twin of ``stop_helpers.requeue_then_preempt``)."""
+    wait_for(lambda: has_checkpoint(run.run_dir), "the script's first checkpoint", start_timeout, run)
+    cluster.run("scancel", "--signal=USR2", run.job_id)
+    wait_requeued(cluster, run.job_id, restarts=1)
+    first_stop = len(steps_trained(run.run_dir))
+    cluster.release(run.job_id)
+    wait_for(lambda: len(steps_trained(run.run_dir)) > first_stop + 1, "steps of the second start", start_timeout, run)
+    preemptor = preempt(cluster, tmp)  # two nodes, exclusive: one of the job's among them
+    wait_requeued(cluster, run.job_id, restarts=2, timeout=90)
+    second_stop = len(steps_trained(run.run_dir))
+    cluster.release(run.job_id)
+    assert cluster.wait_state(preemptor, timeout=60) == "COMPLETED"
+    return first_stop, second_stop
 
 
 def _lines(path: Path) -> list[str]:

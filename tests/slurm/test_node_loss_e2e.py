@@ -33,7 +33,7 @@ from tests.tracking_helpers import mlflow_server, wait_serving
 
 from .entrypoints import ENTRYPOINT_MODULE
 from .hpctrain_cli import hpctrain, task_logs, task_output
-from .script_helpers import env_report, has_checkpoint, make_script_workspace, starts, steps_trained
+from .script_helpers import env_report, make_script_workspace, requeue_then_preempt_script, starts, steps_trained
 from .stop_helpers import (
     EPOCHS,
     STEPS_PER_EPOCH,
@@ -42,7 +42,6 @@ from .stop_helpers import (
     job_record,
     latest_step,
     make_workspace,
-    preempt,
     rank_pid,
     report_timing,
     submit,
@@ -490,17 +489,7 @@ def test_a_script_restarts_on_the_survivor_with_the_smaller_world(cluster: Slurm
             "script_heal", {"path": "ddp_env.py", "args": args}, resources={"min_nodes": 1}, tracking=tracking
         )
         run = ws.submit(spec)
-        wait_for(lambda: has_checkpoint(run.run_dir), "the script's first checkpoint", START_TIMEOUT_S, run)
-        cluster.run("scancel", "--signal=USR2", run.job_id)
-        wait_requeued(cluster, run.job_id, restarts=1)
-        first_stop = len(steps_trained(run.run_dir))
-        cluster.release(run.job_id)
-        wait_for(lambda: len(steps_trained(run.run_dir)) > first_stop + 1, "steps of start 2", START_TIMEOUT_S, run)
-        preemptor = preempt(cluster, tmp_path)  # two of the three nodes: the job's n1 or n2 among them
-        wait_requeued(cluster, run.job_id, restarts=2, timeout=90)
-        second_stop = len(steps_trained(run.run_dir))
-        cluster.release(run.job_id)
-        assert cluster.wait_state(preemptor, timeout=60) == "COMPLETED"
+        first_stop, second_stop = requeue_then_preempt_script(cluster, run, tmp_path, START_TIMEOUT_S)
         wait_for(lambda: len(steps_trained(run.run_dir)) >= second_stop + 3, "steps of start 3", START_TIMEOUT_S, run)
         kill_node("n2")
         state = wait_ended(cluster, run)

@@ -39,17 +39,22 @@ from tests.tracking_helpers import mlflow_server, wait_serving
 
 from .conftest import HOST_ADDR
 from .hpctrain_cli import hpctrain, task_logs
-from .script_helpers import ScriptWorkspace, env_report, has_checkpoint, make_script_workspace, starts, steps_trained
+from .script_helpers import (
+    ScriptWorkspace,
+    env_report,
+    make_script_workspace,
+    requeue_then_preempt_script,
+    starts,
+    steps_trained,
+)
 from .stop_helpers import (
     Run,
     describe,
     escapees,
     job_record,
-    preempt,
     report_timing,
     wait_for,
     wait_no_processes,
-    wait_requeued,
 )
 from .tracker_checks import (
     LIVE_INTERVAL_S,
@@ -102,20 +107,7 @@ def test_torchrun_style_script_is_requeued_and_preempted_and_resumes_from_its_ow
         tracking = {"wandb": WANDB, "mlflow": {"tracking_uri": uri, "experiment": "script"}, **live}
         spec = ws.spec("ddp_env", {"path": "ddp_env.py", "args": args}, tracking=tracking)
         run = ws.submit(spec)
-        wait_for(lambda: has_checkpoint(run.run_dir), "the script's first checkpoint", START_TIMEOUT_S, run)
-        slurm_cluster.run("scancel", "--signal=USR2", run.job_id)
-        wait_requeued(slurm_cluster, run.job_id, restarts=1)
-        first_stop = len(steps_trained(run.run_dir))
-        slurm_cluster.release(run.job_id)
-
-        wait_for(
-            lambda: len(steps_trained(run.run_dir)) > first_stop + 1, "steps of the second start", START_TIMEOUT_S, run
-        )
-        preemptor = preempt(slurm_cluster, tmp_path)
-        wait_requeued(slurm_cluster, run.job_id, restarts=2, timeout=90)
-        second_stop = len(steps_trained(run.run_dir))
-        slurm_cluster.release(run.job_id)
-        assert slurm_cluster.wait_state(preemptor, timeout=60) == "COMPLETED"
+        first_stop, second_stop = requeue_then_preempt_script(slurm_cluster, run, tmp_path, START_TIMEOUT_S)
         assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
         report_timing("script: requeued + preempted run, submit to end", time.monotonic() - started)
 
