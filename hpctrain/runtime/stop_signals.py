@@ -24,6 +24,8 @@ out). So, in the order a task meets them:
   what it counted before (:func:`child_environ`), and passes later signals on
   with a :class:`Relay`, which also gives a child that appears late every
   signal it missed, each once.
+* A forked child that sets up its own handling (a data-loader worker) is
+  forked inside :func:`held`: a signal sent to it before it is ready waits.
 * ``python -m hpctrain.runtime.stop_signals MODULE ARGS...`` runs MODULE as a
   program that counts from its first line (the healing supervisor).
 
@@ -39,13 +41,14 @@ library only: this runs in a process's first milliseconds.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import select
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import Protocol
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
@@ -101,6 +104,51 @@ _recorder: Recorder | None = None
 def hold(signals: Iterable[int] = STOP_SIGNALS) -> None:
     """Block ``signals`` in this thread: they wait, pending, until :func:`listen` (also across exec)."""
     signal.pthread_sigmask(signal.SIG_BLOCK, set(signals))
+
+
+@contextlib.contextmanager
+def held(signals: Iterable[int] = STOP_SIGNALS) -> Iterator[None]:
+    """``signals`` blocked in this thread for the block, the mask as it was after it.
+
+    For a fork whose child sets up its own handling of the stop signals (a data-loader
+    worker): the child starts with them held, so one sent to it before it is ready waits,
+    pending, for its handling instead of ending it. In the parent a signal that arrives
+    meanwhile is pending too (or taken by another thread), never lost.
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, set(signals))
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def obey_only_parent(signals: Iterable[int], *, exit_on: int = signal.SIGTERM) -> None:
+    """In a forked worker (a data-loader's), main thread: ``exit_on`` sent by the parent ends it at once
+    (what the parent's ``terminate()`` asks); every other one of ``signals`` and ``exit_on`` -- the job's,
+    which Slurm's linuxproc, a cancel or a preemption sends to every process of the task -- is dropped.
+
+    The worker's process decides when it ends: a worker that died of the job's signal made its rank
+    fail where it stood, before its stop checkpoint. One thread waits for the signals; they are
+    blocked in this thread and in every thread started later (a worker forked inside :func:`held`
+    has them blocked from its first instruction, so one sent before this call is judged here too).
+    """
+    parent = os.getppid()
+    wanted = {*signals, exit_on}
+    for signum in wanted:
+        signal.signal(signum, _never_fatal)  # whichever thread the kernel picks, if one does not block it
+    signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
+
+    def filter_signals() -> None:
+        while True:
+            info = signal.sigwaitinfo(wanted)
+            if info.si_signo == exit_on and info.si_pid == parent:
+                os._exit(0)
+
+    threading.Thread(target=filter_signals, name="sigterm-filter", daemon=True).start()
+
+
+def _never_fatal(signum: int, frame: object) -> None:
+    return None
 
 
 def listen(environ: MutableMapping[str, str] | None = None) -> Recorder:

@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from hpctrain.contract.script_env import RUN_MICRO_BATCHES_VAR, STOP_SIGNAL_VAR
 from hpctrain.errors import CheckpointError
 from hpctrain.jobspec.batch import MAX_ACCUMULATION, micro_batch_problem
+from hpctrain.runtime.stop_signals import held, obey_only_parent
 from hpctrain.task.process_group import require_group
 from hpctrain.task.samplers import MicroBatchSampler, ResumableDistributedSampler
 from hpctrain.task.session import context
@@ -140,7 +141,8 @@ class ElasticLoader:
             self.sampler.set_epoch(epoch)
             self.sampler.set_start_batch(offset, self.batch_size)
             self._tags.epoch = epoch
-            batches = iter(self.loader)
+            with held():  # its workers start with the stop signals pending until worker_init ignores them
+                batches = iter(self.loader)
             try:
                 for _ in range(per_epoch - offset):
                     yield step, [next(batches) for _ in range(self.accumulation)]
@@ -207,14 +209,16 @@ def accumulate(model: nn.Module, batches: list[Any]) -> Iterator[Any]:
 
 
 def worker_init(worker_id: int) -> None:
-    """A data-loader worker ignores the job's stop signal (its process decides when workers end).
+    """A data-loader worker drops the job's stop signal (its process decides when workers end).
 
     Slurm and hpctrain signal a task's whole process group; a worker that died of the signal would
-    make the loop fail before it saves. The loader's worker still exits with its parent.
+    make the loop fail before it saves. Its process's SIGTERM (the loader's ``terminate()`` of a
+    slow worker, and ``multiprocessing``'s at the process's exit, which then waits for the worker)
+    still ends it, and it exits with its parent. Workers are forked with the stop signals held
+    (``ElasticLoader.steps``), so one sent before this ran is judged here too.
     """
     name = os.environ.get(STOP_SIGNAL_VAR, "TERM").strip().upper().removeprefix("SIG")
-    for signum in {signal.SIGTERM, getattr(signal, f"SIG{name}", signal.SIGTERM)}:
-        signal.signal(signum, signal.SIG_IGN)
+    obey_only_parent({signal.SIGTERM, getattr(signal, f"SIG{name}", signal.SIGTERM)})
     parent = os.getppid()
 
     def exit_with_parent() -> None:  # what torch's own SIGTERM handling did for a dead parent

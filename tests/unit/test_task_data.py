@@ -119,17 +119,3 @@ def test_accumulate_all_reduces_only_in_the_last_micro_batch() -> None:
     for _ in accumulate(model, ["a", "b", "c"]):  # type: ignore[arg-type]
         model.synced.append(model._sync)
     assert model.synced == [False, False, True]
-
-
-def test_the_loaders_workers_outlive_the_stop_signal(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A worker ignores the job's stop signal: Slurm and hpctrain signal a task's whole process group."""
-    import signal
-
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    monkeypatch.setenv("HPCTRAIN_STOP_SIGNAL", "USR1")
-    try:
-        task_data.worker_init(0)
-        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
-    finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import random
 import signal
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from hpctrain.runtime import stop_signals
 from hpctrain.runtime.child_stacks import answer_stack_requests
 
 
@@ -35,12 +34,21 @@ class ForkedLoader(DataLoader):
     ``gc.freeze()`` before the fork (Python's own advice for fork without exec) moves what exists
     to a permanent generation that the child's collector never visits; the rank unfreezes right
     after its workers exist, so its own collections are as before.
+
+    The workers are forked with the stop signals held (``runtime/stop_signals.held``): under
+    ``proctrack/linuxproc`` a cancel's SIGTERM reaches every process of the task, a worker forked
+    a moment before too, and one that got it before its ``worker_init_fn`` had set up
+    :func:`obey_only_parent_sigterm` died of it (the rank then failed instead of saving its stop
+    checkpoint: CI 49's cancel at the first validation, whose workers were just forked). Held, it
+    waits for the worker's filter, which drops it. ``worker_init_fn`` must be :func:`seed_worker`
+    (or end in :func:`obey_only_parent_sigterm`); SIGUSR1/2 stay held in the worker.
     """
 
     def __iter__(self) -> Any:
         if self.num_workers == 0:
             return super().__iter__()
-        with frozen_heap():  # the first iterator forks the workers; later ones (persistent) reuse them
+        # the first iterator forks the workers; later ones (persistent) reuse them
+        with frozen_heap(), stop_signals.held():
             return super().__iter__()
 
 
@@ -78,13 +86,4 @@ def obey_only_parent_sigterm() -> None:
     checkpoint. The main process decides when its workers end: it shuts them
     down (terminating a slow one), or they exit when it is gone.
     """
-    parent = os.getppid()
-    signal.signal(signal.SIGTERM, lambda signum, frame: None)  # never fatal, whichever thread gets it
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started later inherit the mask
-
-    def filter_sigterm() -> None:
-        while True:
-            if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
-                os._exit(0)
-
-    threading.Thread(target=filter_sigterm, name="sigterm-filter", daemon=True).start()
+    stop_signals.obey_only_parent({signal.SIGTERM})

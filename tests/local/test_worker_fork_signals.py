@@ -1,0 +1,175 @@
+"""A data-loader worker survives the job's SIGTERM sent while it is still starting.
+
+Under ``proctrack/linuxproc`` a cancel's SIGTERM reaches every process of the task, a worker
+forked a moment before too (CI 49: a cancel at the first validation, whose workers were just
+forked, failed the rank instead of stopping it). Here the window between the fork and the
+worker's own signal handling is stretched to a second, and the SIGTERM comes from another
+process (``kill``), as Slurm's does: the worker must wait for its handling and keep serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from hpctrain.runtime.child_stacks import child_pids
+from hpctrain.task import data as task_data
+from hpctrain.task.data import ElasticLoader
+from hpctrain.task.session import TaskInfo
+from hpctrain.trainer.data.loader_workers import ForkedLoader, seed_worker
+
+pytestmark = pytest.mark.local_dist
+
+STARTING_S = 1.0  # how long a worker takes from its fork to its worker_init_fn here
+
+
+class Numbers(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor(index)
+
+
+def late(init: Callable[[int], None], worker_id: int) -> None:
+    time.sleep(STARTING_S)
+    init(worker_id)
+
+
+class SigtermFromElsewhere:
+    """Sends SIGTERM with ``kill`` (another process, as Slurm's) to the first child this process forks
+    after :meth:`start`; what it sent to, once done."""
+
+    def __init__(self) -> None:
+        self.before = set(child_pids(os.getpid()))
+        self.sent_to: int | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> SigtermFromElsewhere:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            new = [pid for pid in child_pids(os.getpid()) if pid not in self.before]
+            if new:
+                subprocess.run(["kill", "-TERM", str(new[0])], check=True)
+                self.sent_to = new[0]
+                return
+            time.sleep(0.01)
+
+    def done(self) -> int | None:
+        self.thread.join(timeout=35)
+        return self.sent_to
+
+
+def first_batch(batches: Iterator[torch.Tensor]) -> torch.Tensor:
+    sender = SigtermFromElsewhere().start()
+    batch = next(batches)  # the worker is still in its first second when the SIGTERM comes
+    assert sender.done() is not None
+    return batch
+
+
+def test_the_trainer_s_worker_started_a_moment_before_a_cancel_keeps_serving() -> None:
+    loader = ForkedLoader(Numbers(), batch_size=2, num_workers=1, worker_init_fn=functools.partial(late, seed_worker))
+    sender = SigtermFromElsewhere().start()
+    batches = iter(loader)
+    assert next(batches).tolist() == [0, 1]
+    worker = sender.done()
+    assert worker is not None and Path(f"/proc/{worker}").exists()
+    assert next(batches).tolist() == [2, 3]
+
+
+def test_a_plain_loader_s_worker_would_die_of_it() -> None:
+    """The control: the same worker forked by a plain DataLoader gets the SIGTERM before its filter."""
+    loader = DataLoader(Numbers(), batch_size=2, num_workers=1, worker_init_fn=functools.partial(late, seed_worker))
+    sender = SigtermFromElsewhere().start()
+    with pytest.raises(RuntimeError, match="Terminated|exited unexpectedly"):
+        next(iter(loader))
+    assert sender.done() is not None
+
+
+def test_the_task_api_s_worker_started_a_moment_before_a_cancel_keeps_serving(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    info = TaskInfo(0, 1, 0, 1, 0, 1, torch.device("cpu"), Path("."), Path("ck"), 0, "t", "h", "local")
+    monkeypatch.setattr(task_data, "context", lambda: info)
+    monkeypatch.setattr(task_data, "worker_init", functools.partial(late, task_data.worker_init))
+    loader = ElasticLoader(Numbers(), 2, shuffle=False, seeded_samples=False, num_workers=1)
+    sender = SigtermFromElsewhere().start()
+    steps = loader.steps(0, 2)
+    try:
+        step, [batch] = next(steps)
+        worker = sender.done()
+        assert worker is not None and Path(f"/proc/{worker}").exists()
+        assert (step, batch.tolist()) == (0, [0, 1])
+        step, [batch] = next(steps)
+        assert (step, batch.tolist()) == (1, [2, 3])
+    finally:
+        steps.close()
+
+
+CRASHING_LOOP = """
+import torch
+from torch.utils.data import Dataset
+from hpctrain.task import data as task_data
+from hpctrain.task.session import TaskInfo
+
+class Numbers(Dataset):
+    def __len__(self): return 4
+    def __getitem__(self, index): return torch.tensor(index)
+
+info = TaskInfo(0, 1, 0, 1, 0, 1, torch.device("cpu"), ".", "ck", 0, "t", "h", "local")
+task_data.context = lambda: info
+steps = task_data.ElasticLoader(Numbers(), 2, shuffle=False, seeded_samples=False, num_workers=1).steps(0)
+next(steps)
+raise SystemExit("the loop failed")  # its worker still alive: the traceback keeps the iterator
+"""
+
+
+def test_a_loop_that_fails_with_its_workers_alive_still_exits() -> None:
+    """At exit ``multiprocessing`` terminates the live workers (its process's SIGTERM) and waits for them:
+    a worker that dropped every SIGTERM kept the failed loop's process waiting forever."""
+    done = subprocess.run(
+        [sys.executable, "-c", CRASHING_LOOP], capture_output=True, text=True, timeout=120, env=os.environ
+    )
+    assert done.returncode == 1 and "the loop failed" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_task_worker_drops_the_job_s_signals_and_obeys_its_process_sigterm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slurm signals every process of a task (the stop signal, USR1 here, and SIGTERM): the worker stays;
+    the SIGTERM of the process that forked it (the loader's terminate) ends it at once, exit code 0."""
+    monkeypatch.setenv("HPCTRAIN_STOP_SIGNAL", "USR1")
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the worker
+        try:
+            task_data.worker_init(0)
+            time.sleep(60)
+        finally:
+            os._exit(3)
+    try:
+        time.sleep(0.5)
+        for name in ("USR1", "TERM"):
+            subprocess.run(["kill", f"-{name}", str(child)], check=True)
+        time.sleep(0.5)
+        assert os.waitpid(child, os.WNOHANG) == (0, 0), "the job's signal ended the worker"
+        os.kill(child, signal.SIGTERM)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
