@@ -219,7 +219,7 @@ def cancel_leaves_nothing(cluster: SlurmCluster, ws: Workspace, run: Run, what: 
     assert left == [], f"left behind by job {run.job_id}:\n{describe(left)}"
     assert cluster.wait_state(run.job_id) == "CANCELLED"
     summary = run.summary()
-    assert (summary["status"], summary["stop_reason"]) == ("stopped", "cancelled"), summary
+    assert (summary.get("status"), summary.get("stop_reason")) == ("stopped", "cancelled"), summary
     assert latest_step(run.run_dir) == summary["global_step"]
 
 

@@ -124,7 +124,9 @@ def test_hpctrain_cancel_leaves_nothing_and_the_run_resumes(linuxproc: SlurmClus
 
     # The run stopped at a step boundary with a complete checkpoint of that step.
     summary = run.summary()
-    assert (summary["status"], summary["stop_reason"]) == ("stopped", "cancelled"), summary
+    assert (summary.get("status"), summary.get("stop_reason")) == ("stopped", "cancelled"), (
+        f"{summary}\n{task_logs(run.run_dir)}"
+    )
     stopped_at = latest_step(run.run_dir)
     assert stopped_at == summary["global_step"], summary
     assert checkpoint_is_intact(checkpoints_dir(run.run_dir) / f"step-{stopped_at:08d}")
