@@ -2,9 +2,9 @@
 
 Under ``proctrack/linuxproc`` a cancel's SIGTERM reaches every process of the task, a worker
 forked a moment before too (CI 49: a cancel at the first validation, whose workers were just
-forked, failed the rank instead of stopping it). Here the window between the fork and the
-worker's own signal handling is stretched to a second, and the SIGTERM comes from another
-process (``kill``), as Slurm's does: the worker must wait for its handling and keep serving.
+forked, failed the rank instead of stopping it). Here the worker's start is held until the
+SIGTERM was sent, so it always comes between the fork and the worker's own signal handling, and
+it comes from another process (``kill``), as Slurm's does: the worker must keep serving.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,7 @@ from hpctrain.trainer.data.loader_workers import ForkedLoader, seed_worker
 
 pytestmark = pytest.mark.local_dist
 
-STARTING_S = 1.0  # how long a worker takes from its fork to its worker_init_fn here
+GATE_WAIT_S = 60.0  # a worker's start waits at most this long for the SIGTERM to have been sent
 
 
 class Numbers(Dataset):
@@ -43,16 +43,21 @@ class Numbers(Dataset):
         return torch.tensor(index)
 
 
-def late(init: Callable[[int], None], worker_id: int) -> None:
-    time.sleep(STARTING_S)
+def after_sent(gate: Path, init: Callable[[int], None], worker_id: int) -> None:
+    """A worker's start, held until the SIGTERM was sent to it (``gate`` exists): however loaded the machine,
+    the signal always comes before the worker's own handling (the window of CI 49, made certain)."""
+    deadline = time.monotonic() + GATE_WAIT_S
+    while not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
     init(worker_id)
 
 
 class SigtermFromElsewhere:
     """Sends SIGTERM with ``kill`` (another process, as Slurm's) to the first child this process forks
-    after :meth:`start`; what it sent to, once done."""
+    after :meth:`start`, then opens the gate; what it sent to, once done."""
 
-    def __init__(self) -> None:
+    def __init__(self, gate: Path) -> None:
+        self.gate = gate
         self.before = set(child_pids(os.getpid()))
         self.sent_to: int | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -62,30 +67,28 @@ class SigtermFromElsewhere:
         return self
 
     def _run(self) -> None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            new = [pid for pid in child_pids(os.getpid()) if pid not in self.before]
-            if new:
-                subprocess.run(["kill", "-TERM", str(new[0])], check=True)
-                self.sent_to = new[0]
-                return
-            time.sleep(0.01)
+        deadline = time.monotonic() + GATE_WAIT_S
+        try:
+            while time.monotonic() < deadline:
+                new = [pid for pid in child_pids(os.getpid()) if pid not in self.before]
+                if new:
+                    subprocess.run(["kill", "-TERM", str(new[0])], check=True)
+                    self.sent_to = new[0]
+                    return
+                time.sleep(0.01)
+        finally:
+            self.gate.touch()
 
     def done(self) -> int | None:
-        self.thread.join(timeout=35)
+        self.thread.join(timeout=GATE_WAIT_S + 5)
         return self.sent_to
 
 
-def first_batch(batches: Iterator[torch.Tensor]) -> torch.Tensor:
-    sender = SigtermFromElsewhere().start()
-    batch = next(batches)  # the worker is still in its first second when the SIGTERM comes
-    assert sender.done() is not None
-    return batch
-
-
-def test_the_trainer_s_worker_started_a_moment_before_a_cancel_keeps_serving() -> None:
-    loader = ForkedLoader(Numbers(), batch_size=2, num_workers=1, worker_init_fn=functools.partial(late, seed_worker))
-    sender = SigtermFromElsewhere().start()
+def test_the_trainer_s_worker_started_a_moment_before_a_cancel_keeps_serving(tmp_path: Path) -> None:
+    gate = tmp_path / "sent"
+    init = functools.partial(after_sent, gate, seed_worker)
+    loader = ForkedLoader(Numbers(), batch_size=2, num_workers=1, worker_init_fn=init)
+    sender = SigtermFromElsewhere(gate).start()
     batches = iter(loader)
     assert next(batches).tolist() == [0, 1]
     worker = sender.done()
@@ -93,23 +96,26 @@ def test_the_trainer_s_worker_started_a_moment_before_a_cancel_keeps_serving() -
     assert next(batches).tolist() == [2, 3]
 
 
-def test_a_plain_loader_s_worker_would_die_of_it() -> None:
+def test_a_plain_loader_s_worker_would_die_of_it(tmp_path: Path) -> None:
     """The control: the same worker forked by a plain DataLoader gets the SIGTERM before its filter."""
-    loader = DataLoader(Numbers(), batch_size=2, num_workers=1, worker_init_fn=functools.partial(late, seed_worker))
-    sender = SigtermFromElsewhere().start()
+    gate = tmp_path / "sent"
+    init = functools.partial(after_sent, gate, seed_worker)
+    loader = DataLoader(Numbers(), batch_size=2, num_workers=1, worker_init_fn=init)
+    sender = SigtermFromElsewhere(gate).start()
     with pytest.raises(RuntimeError, match="Terminated|exited unexpectedly"):
         next(iter(loader))
     assert sender.done() is not None
 
 
 def test_the_task_api_s_worker_started_a_moment_before_a_cancel_keeps_serving(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    gate = tmp_path / "sent"
     info = TaskInfo(0, 1, 0, 1, 0, 1, torch.device("cpu"), Path("."), Path("ck"), 0, "t", "h", "local")
     monkeypatch.setattr(task_data, "context", lambda: info)
-    monkeypatch.setattr(task_data, "worker_init", functools.partial(late, task_data.worker_init))
+    monkeypatch.setattr(task_data, "worker_init", functools.partial(after_sent, gate, task_data.worker_init))
     loader = ElasticLoader(Numbers(), 2, shuffle=False, seeded_samples=False, num_workers=1)
-    sender = SigtermFromElsewhere().start()
+    sender = SigtermFromElsewhere(gate).start()
     steps = loader.steps(0, 2)
     try:
         step, [batch] = next(steps)
