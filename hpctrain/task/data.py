@@ -39,7 +39,9 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from hpctrain.contract.script_env import RUN_MICRO_BATCHES_VAR, STOP_SIGNAL_VAR
 from hpctrain.errors import CheckpointError
 from hpctrain.jobspec.batch import MAX_ACCUMULATION, micro_batch_problem
-from hpctrain.runtime.stop_signals import held, obey_only_parent
+from hpctrain.runtime.child_stacks import answer_stack_requests
+from hpctrain.runtime.stop_signals import obey_only_parent
+from hpctrain.runtime.worker_fork import forking_workers
 from hpctrain.task.process_group import require_group
 from hpctrain.task.samplers import MicroBatchSampler, ResumableDistributedSampler
 from hpctrain.task.session import context
@@ -141,7 +143,7 @@ class ElasticLoader:
             self.sampler.set_epoch(epoch)
             self.sampler.set_start_batch(offset, self.batch_size)
             self._tags.epoch = epoch
-            with held():  # its workers start with the stop signals pending until worker_init ignores them
+            with forking_workers():  # a frozen heap, the stop signals held (runtime/worker_fork.py)
                 batches = iter(self.loader)
             try:
                 for _ in range(per_epoch - offset):
@@ -215,9 +217,11 @@ def worker_init(worker_id: int) -> None:
     make the loop fail before it saves. Its process's SIGTERM (the loader's ``terminate()`` of a
     slow worker, and ``multiprocessing``'s at the process's exit, which then waits for the worker)
     still ends it, and it exits with its parent. Workers are forked with the stop signals held
-    (``ElasticLoader.steps``), so one sent before this ran is judged here too.
+    (``ElasticLoader.steps``), so one sent before this ran is judged here too. A hung rank's watchdog
+    asks its workers for their stacks (SIGQUIT: ``runtime/child_stacks.py``), as the trainer's.
     """
     name = os.environ.get(STOP_SIGNAL_VAR, "TERM").strip().upper().removeprefix("SIG")
+    answer_stack_requests()  # the hang watchdog's request: this worker's stacks into the task's log
     obey_only_parent({signal.SIGTERM, getattr(signal, f"SIG{name}", signal.SIGTERM)})
     parent = os.getppid()
 

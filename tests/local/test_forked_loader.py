@@ -8,13 +8,17 @@ validation at step 2" on every rank of a 2-node job).
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from hpctrain.runtime.worker_fork import frozen_heap
+from hpctrain.task import data as task_data
+from hpctrain.task.session import TaskInfo
 from hpctrain.trainer.data import seed_worker
-from hpctrain.trainer.data.loader_workers import ForkedLoader, frozen_heap
+from hpctrain.trainer.data.loader_workers import ForkedLoader
 
 pytestmark = pytest.mark.local_dist
 
@@ -40,6 +44,19 @@ def test_workers_start_with_the_inherited_heap_frozen() -> None:
     tracked, frozen = worker_view(ForkedLoader)
     assert frozen >= inherited * 0.9 and tracked < inherited / 5
     assert gc.get_freeze_count() == 0  # the rank itself collects as before
+
+
+def test_the_task_api_s_workers_start_with_the_inherited_heap_frozen(monkeypatch: pytest.MonkeyPatch) -> None:
+    info = TaskInfo(0, 1, 0, 1, 0, 1, torch.device("cpu"), Path("."), Path("ck"), 0, "t", "h", "local")
+    monkeypatch.setattr(task_data, "context", lambda: info)
+    inherited = len(gc.get_objects())
+    loader = task_data.ElasticLoader(CollectorView(), 1, shuffle=False, seeded_samples=False, num_workers=1)
+    steps = loader.steps(0, 1)
+    _, [batch] = next(steps)
+    steps.close()
+    tracked, frozen = batch[0].tolist()
+    assert frozen >= inherited * 0.9 and tracked < inherited / 5
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_plain_loader_worker_would_walk_it_all() -> None:
