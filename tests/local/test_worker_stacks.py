@@ -9,12 +9,14 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hpctrain.runtime.child_stacks import answering_workers, ask_workers_for_stacks
+from hpctrain.task.data import worker_init as task_worker_init
 from hpctrain.trainer.data import seed_worker
 
 pytestmark = pytest.mark.local_dist
@@ -35,8 +37,11 @@ def wait_for_a_lock_nobody_releases() -> torch.Tensor:
     raise AssertionError("unreachable")
 
 
-def test_a_stuck_worker_writes_its_stacks_to_stderr_on_request(capfd: pytest.CaptureFixture[str]) -> None:
-    loader = DataLoader(StuckImages(), batch_size=2, num_workers=1, worker_init_fn=seed_worker)
+@pytest.mark.parametrize("init", [seed_worker, task_worker_init], ids=["trainer", "task-api"])
+def test_a_stuck_worker_writes_its_stacks_to_stderr_on_request(
+    capfd: pytest.CaptureFixture[str], init: Callable[[int], None]
+) -> None:
+    loader = DataLoader(StuckImages(), batch_size=2, num_workers=1, worker_init_fn=init)
     batches = iter(loader)  # the worker starts and takes its first indices; next() would wait forever
     workers = list(batches._workers)  # type: ignore[attr-defined]
     try:
