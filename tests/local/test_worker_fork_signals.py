@@ -96,10 +96,18 @@ def test_the_trainer_s_worker_started_a_moment_before_a_cancel_keeps_serving(tmp
     assert next(batches).tolist() == [2, 3]
 
 
+def unblocked_then(init: Callable[[int], None], worker_id: int) -> None:
+    """A worker of a rank whose SIGTERM is not blocked (a rank's, once the launcher listens), whatever mask
+    the test session's process was left with: an earlier test that held SIGTERM made the control's
+    worker inherit it blocked, and live (both CI rehearsals of this test; reproduced by blocking it)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    init(worker_id)
+
+
 def test_a_plain_loader_s_worker_would_die_of_it(tmp_path: Path) -> None:
     """The control: the same worker forked by a plain DataLoader gets the SIGTERM before its filter."""
     gate = tmp_path / "sent"
-    init = functools.partial(after_sent, gate, seed_worker)
+    init = functools.partial(unblocked_then, functools.partial(after_sent, gate, seed_worker))
     loader = DataLoader(Numbers(), batch_size=2, num_workers=1, worker_init_fn=init)
     sender = SigtermFromElsewhere(gate).start()
     with pytest.raises(RuntimeError, match="Terminated|exited unexpectedly"):
