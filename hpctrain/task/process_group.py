@@ -35,6 +35,7 @@ DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for a collective
 CONNECT_TIMEOUT_S = 300.0  # how long a rank waits to reach rank 0 (not under torchrun: its agent waits)
 # At exit, how long gloo's worker threads get to let go of the last collective's tensors (see _destroy).
 SETTLE_AT_EXIT_S = 0.3
+_settling = False  # the moment at exit is registered (settle_at_exit, or _destroy for a group formed here)
 
 
 def init_process_group(backend: str = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S) -> TaskInfo:
@@ -65,6 +66,8 @@ def init_process_group(backend: str = "auto", *, timeout_s: float = DEFAULT_TIME
     device = task_device(env, use_cuda=cuda)
     chosen = choose_backend(backend, cuda=cuda)
     start_process_group(env, chosen, device, timeout_s=timeout_s, connect_timeout_s=CONNECT_TIMEOUT_S)
+    global _settling
+    _settling = True  # _destroy gives gloo's threads their moment: settle_at_exit adds no second one
     atexit.register(_destroy)
     if env.is_main:
         print(
@@ -86,9 +89,6 @@ def require_group(what: str) -> None:
         init_process_group()
     except DistributedSetupError as exc:
         raise DistributedSetupError(f"{what}: {exc.message}", hint=exc.hint) from exc
-
-
-_settling = False
 
 
 def settle_at_exit() -> None:
