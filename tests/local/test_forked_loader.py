@@ -8,7 +8,6 @@ validation at step 2" on every rank of a 2-node job).
 from __future__ import annotations
 
 import gc
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,9 +15,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from hpctrain.runtime.worker_fork import frozen_heap
 from hpctrain.task import data as task_data
-from hpctrain.task.session import TaskInfo
 from hpctrain.trainer.data import seed_worker
 from hpctrain.trainer.data.loader_workers import ForkedLoader
+from tests.task_fakes import as_rank
 
 pytestmark = pytest.mark.local_dist
 
@@ -47,8 +46,7 @@ def test_workers_start_with_the_inherited_heap_frozen() -> None:
 
 
 def test_the_task_api_s_workers_start_with_the_inherited_heap_frozen(monkeypatch: pytest.MonkeyPatch) -> None:
-    info = TaskInfo(0, 1, 0, 1, 0, 1, torch.device("cpu"), Path("."), Path("ck"), 0, "t", "h", "local")
-    monkeypatch.setattr(task_data, "context", lambda: info)
+    as_rank(monkeypatch)
     inherited = len(gc.get_objects())
     loader = task_data.ElasticLoader(CollectorView(), 1, shuffle=False, seeded_samples=False, num_workers=1)
     steps = loader.steps(0, 1)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,8 +27,8 @@ from torch.utils.data import DataLoader, Dataset
 from hpctrain.runtime.child_stacks import child_pids
 from hpctrain.task import data as task_data
 from hpctrain.task.data import ElasticLoader
-from hpctrain.task.session import TaskInfo
 from hpctrain.trainer.data.loader_workers import ForkedLoader, seed_worker
+from tests.task_fakes import as_rank
 
 pytestmark = pytest.mark.local_dist
 
@@ -96,21 +96,31 @@ def test_the_trainer_s_worker_started_a_moment_before_a_cancel_keeps_serving(tmp
     assert next(batches).tolist() == [2, 3]
 
 
-def unblocked_then(init: Callable[[int], None], worker_id: int) -> None:
-    """A worker of a rank whose SIGTERM is not blocked (a rank's, once the launcher listens), whatever mask
-    the test session's process was left with: an earlier test that held SIGTERM made the control's
-    worker inherit it blocked, and live (both CI rehearsals of this test; reproduced by blocking it)."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-    init(worker_id)
+@contextlib.contextmanager
+def sigterm_at_its_default() -> Iterator[None]:
+    """SIGTERM at its default action and not blocked in this process (so in a worker forked meanwhile), whatever
+    the test session's process was left with, and put back after: an earlier test that held SIGTERM made the
+    control's worker inherit it blocked, and live (both CI rehearsals of this test; reproduced by blocking
+    it); an earlier test that created an ``ElasticLoader`` started the task API's session in the test process,
+    whose stop handler (it notes the stop) the worker inherited, and lived (2 of 5 runs after
+    tests/unit/test_task_data.py on a loaded machine). Set in the worker, it came too late when the SIGTERM
+    came first."""
+    handler = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGTERM, handler)
 
 
 def test_a_plain_loader_s_worker_would_die_of_it(tmp_path: Path) -> None:
     """The control: the same worker forked by a plain DataLoader gets the SIGTERM before its filter."""
     gate = tmp_path / "sent"
-    init = functools.partial(unblocked_then, functools.partial(after_sent, gate, seed_worker))
+    init = functools.partial(after_sent, gate, seed_worker)
     loader = DataLoader(Numbers(), batch_size=2, num_workers=1, worker_init_fn=init)
     sender = SigtermFromElsewhere(gate).start()
-    with pytest.raises(RuntimeError, match="Terminated|exited unexpectedly"):
+    with sigterm_at_its_default(), pytest.raises(RuntimeError, match="Terminated|exited unexpectedly"):
         next(iter(loader))
     assert sender.done() is not None
 
@@ -119,8 +129,7 @@ def test_the_task_api_s_worker_started_a_moment_before_a_cancel_keeps_serving(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     gate = tmp_path / "sent"
-    info = TaskInfo(0, 1, 0, 1, 0, 1, torch.device("cpu"), Path("."), Path("ck"), 0, "t", "h", "local")
-    monkeypatch.setattr(task_data, "context", lambda: info)
+    as_rank(monkeypatch)
     monkeypatch.setattr(task_data, "worker_init", functools.partial(after_sent, gate, task_data.worker_init))
     loader = ElasticLoader(Numbers(), 2, shuffle=False, seeded_samples=False, num_workers=1)
     sender = SigtermFromElsewhere(gate).start()

@@ -7,7 +7,6 @@ so the global batch of a step is the union of what every rank's loader yields.
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,7 +17,7 @@ from torch.utils.data import Dataset
 from hpctrain.errors import CheckpointError
 from hpctrain.task import data as task_data
 from hpctrain.task.data import ElasticLoader, accumulate
-from hpctrain.task.session import TaskInfo
+from tests.task_fakes import as_rank
 
 N = 40
 
@@ -31,11 +30,6 @@ class Indexed(Dataset):
 
     def __getitem__(self, index: int) -> tuple[int, float]:
         return index, float(torch.rand(())) + random.random() + float(np.random.rand())
-
-
-def as_rank(monkeypatch: pytest.MonkeyPatch, rank: int, world: int) -> None:
-    info = TaskInfo(rank, world, rank, world, 0, 1, torch.device("cpu"), Path("."), Path("ck"), 0, "t", "h", "local")
-    monkeypatch.setattr(task_data, "context", lambda: info)
 
 
 def loaders(monkeypatch: pytest.MonkeyPatch, world: int, **kwargs: Any) -> list[ElasticLoader]:
@@ -119,3 +113,15 @@ def test_accumulate_all_reduces_only_in_the_last_micro_batch() -> None:
     for _ in accumulate(model, ["a", "b", "c"]):  # type: ignore[arg-type]
         model.synced.append(model._sync)
     assert model.synced == [False, False, True]
+
+
+def test_a_loader_without_workers_forks_nothing_and_leaves_the_heap_and_signals_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def forking_workers() -> None:
+        raise AssertionError("forking_workers entered by a loader with num_workers=0")
+
+    monkeypatch.setattr(task_data, "forking_workers", forking_workers)
+    as_rank(monkeypatch)
+    loader = ElasticLoader(Indexed(), 2, shuffle=False, seeded_samples=False)
+    assert [(step, [batch[0].tolist()]) for step, [batch] in loader.steps(0, 2)] == [(0, [[0, 1]]), (1, [[2, 3]])]
