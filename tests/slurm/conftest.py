@@ -20,6 +20,10 @@ slow. scripts/test.sh runs them two at a time (pytest-xdist, `-n 2 --dist
 loadfile`), then the others alone. Under xdist each worker is a session of its
 own: the first one brings the cluster up (the others wait on a lock and find it
 up), and none brings it down (scripts/test.sh does, between versions).
+
+Tests marked `slurm_side` must run alone but say nothing release-specific: CI runs them on the side
+releases' cluster (26.05, instance 1, after its contract subset) instead of on 24.11's, whose alone half is
+CI's critical path while the side stream waits with minutes to spare (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -365,6 +369,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "slurm_shared: safe beside other slurm_shared tests on the same cluster at once (scripts/test.sh: -n 2)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "slurm_side: runs alone on the side releases' cluster (Slurm 26.05, instance 1) instead of on 24.11's "
+        "(scripts/test.sh): a release-neutral test that must run alone",
     )
 
 
