@@ -1,0 +1,154 @@
+"""The burn-in under ``launcher: torchrun``: the node tasks probe their nodes before torchrun starts
+(programs/torchrun_node.py over healing/script_burn_in.py), and torchrun's ranks run none of their own.
+The child is faked at the subprocess boundary; the probes run on the Slurm test cluster
+(tests/slurm/test_torchrun_burn_in_e2e.py)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpctrain.healing import script_burn_in
+from hpctrain.healing.script_burn_in import REQUEUED_EXIT, due
+from hpctrain.jobspec.models import JobSpec
+from hpctrain.jobspec.node_health import BURN_IN_VAR, STEP_ID_VAR, burn_in_applies
+from hpctrain.launch.dry_run import burn_in_note
+from hpctrain.programs import torchrun_node
+from hpctrain.programs.torchrun_node import RecordedStop, TorchrunNodeLauncher, worker_environ
+from hpctrain.runtime.task_env import derive_task_env
+
+
+def spec(**sections: Any) -> JobSpec:
+    data: dict[str, Any] = {"name": "t", "launcher": "torchrun", "resources": {"nodes": 3, "tasks_per_node": 2}}
+    return JobSpec.model_validate({**data, **sections})
+
+
+def node_task_env(node: int) -> dict[str, str]:
+    """The environment of node ``node``'s task in a 3-node torchrun job (one Slurm task per node)."""
+    return {
+        "SLURM_JOB_ID": "1234",
+        "SLURM_PROCID": str(node),
+        "SLURM_NTASKS": "3",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": str(node),
+        "SLURM_JOB_NUM_NODES": "3",
+        "SLURM_JOB_NODELIST": "n[1-3]",
+        "SLURM_TASKS_PER_NODE": "1(x3)",
+    }
+
+
+class FakeChild:
+    """The burn-in's child: ends with ``status`` at its second poll."""
+
+    def __init__(self, status: int) -> None:
+        self.status, self.polls = status, 2
+        self.stdin = io.BytesIO()
+        self.argv: list[str] = []
+
+    def poll(self) -> int | None:
+        self.polls -= 1
+        return self.status if self.polls <= 0 else None
+
+
+@pytest.fixture
+def node(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A node task's burn-in with a fake child; what it started, the exits it asked for, the counted signals."""
+    seen: dict[str, Any] = {"children": [], "exits": [], "counts": {}, "status": 0}
+    monkeypatch.setattr(script_burn_in, "POLL_S", 0.0)
+    monkeypatch.delenv(BURN_IN_VAR, raising=False)
+    monkeypatch.delenv(STEP_ID_VAR, raising=False)
+    monkeypatch.setattr(torchrun_node.stop_signals, "recorded", lambda: dict(seen["counts"]))
+    monkeypatch.setattr(torchrun_node, "_exit_at_once", seen["exits"].append)
+
+    def start(argv: list[str], **kwargs: Any) -> FakeChild:
+        child = FakeChild(seen["status"])
+        child.argv = argv
+        seen["children"].append(child)
+        return child
+
+    real = script_burn_in.before_script
+    monkeypatch.setattr(script_burn_in, "before_script", lambda *a, **k: real(*a, **k, start=start))
+    return seen
+
+
+def run_node(seen: dict[str, Any], monkeypatch: pytest.MonkeyPatch, the_spec: JobSpec) -> None:
+    for key, value in node_task_env(0).items():
+        monkeypatch.setenv(key, value)
+    env = derive_task_env(node_task_env(0))
+    TorchrunNodeLauncher(the_spec.model_dump(mode="json"), "/runs/r").burn_in(the_spec, env)
+
+
+def test_a_multi_node_torchrun_job_has_the_burn_in_and_its_node_task_runs_it() -> None:
+    assert burn_in_applies(spec(), 3)
+    assert not burn_in_applies(spec(), 1)
+    assert not burn_in_applies(spec(health={"burn_in": {"enabled": False}}), 3)
+    assert due(spec(), derive_task_env(node_task_env(1)), {})  # one member per node: the node task
+
+
+def test_torchruns_ranks_are_told_the_burn_in_is_done() -> None:
+    """Each rank would otherwise probe again inside torchrun's group (the trainer's) or start a child (a script's)."""
+    child = worker_environ(node_task_env(0), tasks_per_node=2)
+    assert child[BURN_IN_VAR] == "off"
+    torchrun_vars = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"}
+    rank = derive_task_env({**child, **torchrun_vars, "MASTER_ADDR": "n1", "MASTER_PORT": "29500"})
+    assert not due(spec(script={"path": "t.py"}), rank, child)
+
+
+def test_the_node_task_probes_before_torchrun_on_a_port_of_its_own(
+    node: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_node(node, monkeypatch, spec())
+    (child,) = node["children"]
+    assert child.argv[-3:-1] == ["hpctrain.healing.script_burn_in", "/runs/r"] and node["exits"] == []  # train
+    env = derive_task_env(node_task_env(0))
+    assert int(child.argv[-1]) != env.master_port  # never torchrun's rendezvous port
+
+
+def test_a_requeue_without_the_flagged_node_ends_the_node_task_without_a_result(
+    node: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node["status"] = REQUEUED_EXIT
+    run_node(node, monkeypatch, spec())
+    assert node["exits"] == [0]  # the exit protocol of requeue.py: no result, torchrun never started
+
+
+def test_a_stop_before_the_burn_in_skips_it(node: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    node["counts"] = {"USR2": 1}
+    run_node(node, monkeypatch, spec())
+    assert node["children"] == [] and node["exits"] == []  # torchrun's ranks get the signal and stop
+
+
+def test_the_node_tasks_stop_flag_is_what_its_handlers_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    counts: dict[str, int] = {}
+    monkeypatch.setattr(torchrun_node.stop_signals, "recorded", lambda: dict(counts))
+    stop = RecordedStop("USR2")
+    assert stop.local_reason is None
+    counts["USR1"] = 1  # not this job's time-limit signal
+    assert stop.local_reason is None
+    counts["USR2"] = 1
+    assert stop.local_reason == "timeout"
+    counts["TERM"] = 1
+    assert stop.local_reason == "preempted"
+
+
+def test_a_burn_in_that_cannot_run_is_said_in_torchruns_words(
+    node: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node["status"] = 1
+    run_node(node, monkeypatch, spec())
+    assert node["exits"] == []
+    assert "hpctrain: node n1: the burn-in failed (exit status 1; its lines above say why); torchrun starts " in (
+        capsys.readouterr().err
+    )
+
+
+def test_dry_run_says_the_burn_in_happens_under_torchrun_too(tmp_path: Path) -> None:
+    assert burn_in_note(spec(), local=False) == (
+        "\n# burn-in: every start probes its 3 nodes before torchrun starts (each node task probes its node) "
+        "(up to 20 s; a sick node is taken out; health.burn_in.enabled: false turns it off; docs/node-health.md)\n"
+    )
+    assert "before training starts" in burn_in_note(spec(launcher="srun"), local=False)
+    assert burn_in_note(spec(), local=True) == ""
