@@ -30,16 +30,18 @@ stop before the script started: the script is not started, the job requeues
 where the trainer's would. The child starts with the stop signals ignored, as the
 script does: under ``proctrack/linuxproc`` Slurm signals every process.
 Torch missing in the wrapper's Python: no burn-in, one line in the log.
+A burn-in that cannot run (a peer's child killed, a port taken) is said and
+skipped: the script starts, and whatever is broken shows there.
 
 Under ``launcher: torchrun`` (the trainer's jobs and a script's) the ranks
 start inside torchrun's agent, whose ``env://`` rendezvous owns the master
 port: there the node task (``programs/torchrun_node.py``, one per node) runs
-this same child before it starts torchrun (one member per node, on its first
-GPU), acts on the verdict with its own exit (a requeued job: no result, as
-above) and tells its ranks that the start's burn-in is done (``BURN_IN_VAR``).
-The compute probe is the run's model for a trainer job (``probes.compute_workload``).
-A burn-in that cannot run (a peer's child killed, a port taken) is said and
-skipped: the script starts, and whatever is broken shows there.
+this same child before it starts torchrun (one member per node, which probes
+every GPU of the node), acts on the verdict with its own exit (a requeued
+job: no result, as above) and tells its ranks that the start's burn-in is
+done (``BURN_IN_VAR``). The compute probe is the run's model for a trainer
+job (``probes.compute_workload``).
+
 Torch-free at import; the child imports torch.
 """
 

@@ -152,3 +152,32 @@ def test_dry_run_says_the_burn_in_happens_under_torchrun_too(tmp_path: Path) -> 
     )
     assert "before training starts" in burn_in_note(spec(launcher="srun"), local=False)
     assert burn_in_note(spec(), local=True) == ""
+
+
+# -- one process per node probes every GPU of it ---------------------------------------------------------------
+def test_a_nodes_only_process_probes_every_gpu_of_the_node_its_own_first() -> None:
+    import torch
+
+    from hpctrain.healing.probes import node_devices
+
+    cuda = [torch.device("cuda", i) for i in range(4)]
+    assert node_devices(cuda[0], processes_on_node=1, device_count=4) == cuda  # a torchrun node task
+    assert node_devices(cuda[2], processes_on_node=1, device_count=4) == [cuda[2], cuda[0], cuda[1], cuda[3]]
+    assert node_devices(cuda[1], processes_on_node=4, device_count=4) == [cuda[1]]  # srun: one rank per GPU
+    assert node_devices(cuda[0], processes_on_node=1, device_count=1) == [cuda[0]]
+    assert node_devices(torch.device("cpu"), processes_on_node=1, device_count=1) == [torch.device("cpu")]
+
+
+def test_a_pass_on_every_device_starts_each_before_it_waits_for_any(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from hpctrain.healing import probes
+
+    events: list[str] = []
+    monkeypatch.setattr(probes, "_sync", lambda device: events.append(f"sync {device}"))
+    devices = [torch.device("cuda", 0), torch.device("cuda", 1), torch.device("cuda", 2)]
+    works = [lambda batch, i=i: events.append(f"run {i} x{batch}") for i in range(3)]
+    probes.on_every_device(works, devices)(4)
+    # compute_probe syncs devices[0] itself after the pass
+    assert events == ["run 0 x4", "run 1 x4", "run 2 x4", "sync cuda:1", "sync cuda:2"]
+    assert probes.on_every_device(works[:1], devices[:1]) is works[0]  # one device: its workload as it is
