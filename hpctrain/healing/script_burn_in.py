@@ -115,10 +115,12 @@ def before_script(
     say: Callable[[str], None],
     start: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
     starts: str = "the script",
+    after_stop: str = "the script is not started",
 ) -> Outcome | None:
     """Run the burn-in of this start when it is due (the module docstring); None when it is not, or cannot
-    run here. Returns when the script (``starts``: what follows the burn-in, in its lines) may start (or
-    the start is ending: ``stop`` says so); ends the process when the verdict takes the node out."""
+    run here. Returns when the script (``starts``: what follows the burn-in, in its lines; ``after_stop``:
+    what a stop during it means) may start (or the start is ending: ``stop`` says so); ends the process
+    when the verdict takes the node out."""
     if not due(spec, env, os.environ):
         return None
     if importlib.util.find_spec("torch") is None:
@@ -149,7 +151,7 @@ def before_script(
             wait_s = stop_wait_s(spec)
             stop_deadline = time.monotonic() + wait_s
             said = f"stop ({stop.local_reason}) during the burn-in: it ends first (within {wait_s:.0f} s)"
-            say(f"{said}; {starts} is not started" if starts == "the script" else said)
+            say(f"{said}; {after_stop}")
         if stop_deadline is not None and time.monotonic() >= stop_deadline:
             say("the burn-in did not end in time after the stop: ended")
             process.kill()

@@ -351,8 +351,9 @@ class TorchrunNodeLauncher:
         if stop.local_reason is not None:
             return  # stopping already: torchrun's ranks stop before training
         script_burn_in.before_script(
-            spec, env, self.run_dir, stop, exit_process=_exit_at_once, say=_say_for(env.hostname), starts="torchrun"
-        )
+            spec, env, self.run_dir, stop, exit_process=_exit_at_once, say=_say_for(env.hostname),
+            starts="torchrun", after_stop="torchrun starts after it, and its ranks stop before training",
+        )  # fmt: skip
 
     def worker_started(self, spec: JobSpec, rank: int) -> None:
         """A worker of this node started: if it is global rank 0, this node sends the run to its trackers."""

@@ -181,3 +181,21 @@ def test_a_pass_on_every_device_starts_each_before_it_waits_for_any(monkeypatch:
     # compute_probe syncs devices[0] itself after the pass
     assert events == ["run 0 x4", "run 1 x4", "run 2 x4", "sync cuda:1", "sync cuda:2"]
     assert probes.on_every_device(works[:1], devices[:1]) is works[0]  # one device: its workload as it is
+
+
+def test_a_stop_during_the_burn_in_lets_it_end_then_torchrun_starts_and_its_ranks_stop(
+    node: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its verdict counts (node task 0 may have requeued the job); what was counted goes on to the ranks."""
+    calls = {"n": 0}
+
+    def recorded() -> dict[str, int]:
+        calls["n"] += 1
+        return {"TERM": 1} if calls["n"] > 1 else {}  # the signal comes once the child runs
+
+    monkeypatch.setattr(torchrun_node.stop_signals, "recorded", recorded)
+    run_node(node, monkeypatch, spec())
+    assert len(node["children"]) == 1 and node["exits"] == []
+    assert "hpctrain: node n1: stop (preempted) during the burn-in: it ends first (within 30 s); torchrun starts " in (
+        capsys.readouterr().err
+    )
