@@ -56,12 +56,19 @@ class Prober:
         self.first = ctx.env.global_rank == leaders[node_index]  # the node's first rank: pairs and reads
         self.phases: dict[str, float] = {}
         self.work: Callable[[int], None] | None = None
+        self.devices: list[torch.device] = [ctx.device]
         self.max_batch = 2
 
     def setup(self) -> None:
-        """Build the compute workload (the run's model: imports torchvision, which the trainer pays anyway)."""
+        """Build the compute workload (the run's model: imports torchvision, which the trainer pays anyway),
+        on every GPU of the node when this is its only process (a torchrun node task, a ``per: node`` task)."""
         started = time.perf_counter()
-        self.work, self.max_batch = probes.compute_workload(self.ctx.spec, self.ctx.device)
+        device = self.ctx.device
+        count = torch.cuda.device_count() if device.type == "cuda" else 1
+        self.devices = probes.node_devices(device, self.ctx.env.local_world_size, count)
+        built = [probes.compute_workload(self.ctx.spec, one) for one in self.devices]
+        self.work = probes.on_every_device([work for work, _ in built], self.devices)
+        self.max_batch = min(largest for _, largest in built)
         self.phases["setup"] = round(time.perf_counter() - started, 3)
 
     def measure(self, deadline: float, *, confirming: bool = False) -> dict[str, Any]:
@@ -71,7 +78,11 @@ class Prober:
         budget = deadline - time.perf_counter()
         mine: dict[str, Any] = {
             "rank": self.ctx.env.global_rank,
-            "gpu_problems": probes.gpu_problems(device, spec.resources.gpus_per_node or 0, self.first),
+            "gpu_problems": [
+                problem
+                for number, one in enumerate(self.devices)
+                for problem in probes.gpu_problems(one, spec.resources.gpus_per_node or 0, self.first and number == 0)
+            ],
         }
         mark = time.perf_counter()
 

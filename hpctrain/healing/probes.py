@@ -15,6 +15,11 @@
 * :func:`gpu_problems`: NVML's word on this rank's GPU (ECC, retired or
   remapped memory, clocks held down) and, on a node's first rank, the GPU count.
 
+A burn-in with one process per node (a torchrun job's node task, a script's
+``per: node`` wrapper) probes every GPU of its node (:func:`node_devices`):
+the compute workload runs on each of them at once (:func:`on_every_device`:
+a pass ends when the slowest GPU's has), and NVML looks at each.
+
 Every probe stops at its deadline; collectives agree on their repeat counts
 first (all-reduce MIN), so no rank waits for one that gave up. Task side: torch.
 """
@@ -97,6 +102,30 @@ def compute_workload(spec: JobSpec, device: torch.device) -> tuple[Callable[[int
         weights.grad = None
 
     return run_matmul, MATMUL_MAX_BATCH
+
+
+def node_devices(device: torch.device, processes_on_node: int, device_count: int) -> list[torch.device]:
+    """The devices this process probes: its own, or every GPU of the node when it is the node's only
+    process (its GPUs are then all of the node's it can see). Pure."""
+    if device.type != "cuda" or processes_on_node != 1 or device_count <= 1:
+        return [device]
+    first = device.index or 0
+    return [torch.device("cuda", first), *(torch.device("cuda", i) for i in range(device_count) if i != first)]
+
+
+def on_every_device(works: Sequence[Callable[[int], None]], devices: Sequence[torch.device]) -> Callable[[int], None]:
+    """One pass of each device's workload, started on all of them before any is waited for: the pass ends
+    (``compute_probe`` syncs ``devices[0]``) once every device has finished its own."""
+    if len(works) == 1:
+        return works[0]
+
+    def run_all(batch: int) -> None:
+        for work in works:
+            work(batch)  # queued on its device: CUDA returns before the kernels ran
+        for device in devices[1:]:
+            _sync(device)
+
+    return run_all
 
 
 def compute_probe(work: Callable[[int], None], device: torch.device, deadline: float, max_batch: int) -> list[float]:

@@ -1,4 +1,4 @@
-"""The burn-in of a ``script:`` job: the nodes probed before the user's script starts, as before the trainer.
+"""The burn-in in a child process: a ``script:`` job's, and every ``launcher: torchrun`` job's.
 
 A script's wrapper (``programs/script_launcher.py``) imports no torch and forms
 no process group; the script brings its own. So each wrapper task of a
@@ -32,6 +32,16 @@ script does: under ``proctrack/linuxproc`` Slurm signals every process.
 Torch missing in the wrapper's Python: no burn-in, one line in the log.
 A burn-in that cannot run (a peer's child killed, a port taken) is said and
 skipped: the script starts, and whatever is broken shows there.
+
+Under ``launcher: torchrun`` (the trainer's jobs and a script's) the ranks
+start inside torchrun's agent, whose ``env://`` rendezvous owns the master
+port: there the node task (``programs/torchrun_node.py``, one per node) runs
+this same child before it starts torchrun (one member per node, which probes
+every GPU of the node), acts on the verdict with its own exit (a requeued
+job: no result, as above) and tells its ranks that the start's burn-in is
+done (``BURN_IN_VAR``). The compute probe is the run's model for a trainer
+job (``probes.compute_workload``).
+
 Torch-free at import; the child imports torch.
 """
 
@@ -46,7 +56,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from hpctrain.errors import HpctrainError
 from hpctrain.jobspec.models import JobSpec
@@ -88,23 +98,33 @@ def child_argv(python: str, run_dir: str, port: int, ignored: list[str]) -> list
     return launch_argv([python, "-m", MODULE, run_dir, str(port)], ignored)
 
 
+class StopFlag(Protocol):
+    """What the burn-in's wait asks about a stop: a wrapper's ``StopRequest``, or a torchrun node task's count."""
+
+    @property
+    def local_reason(self) -> str | None: ...
+
+
 def before_script(
     spec: JobSpec,
     env: TaskEnv,
     run_dir: str,
-    stop: StopRequest,
+    stop: StopFlag,
     *,
     exit_process: Callable[[int], object],
     say: Callable[[str], None],
     start: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
+    starts: str = "the script",
+    after_stop: str = "the script is not started",
 ) -> Outcome | None:
     """Run the burn-in of this start when it is due (the module docstring); None when it is not, or cannot
-    run here. Returns when the script may start (or the start is ending: ``stop`` says so); ends the
-    process when the verdict takes the node out."""
+    run here. Returns when the script (``starts``: what follows the burn-in, in its lines; ``after_stop``:
+    what a stop during it means) may start (or the start is ending: ``stop`` says so); ends the process
+    when the verdict takes the node out."""
     if not due(spec, env, os.environ):
         return None
     if importlib.util.find_spec("torch") is None:
-        say(f"no burn-in: torch is not installed in {sys.executable}; the script starts without one")
+        say(f"no burn-in: torch is not installed in {sys.executable}; {starts} starts without one")
         return None
     port = burn_in_port(env.master_port, os.environ.get(STEP_ID_VAR) or f"{env.job_id}.{env.restart_count}")
     script = spec.script
@@ -117,7 +137,7 @@ def before_script(
             child_argv(sys.executable, run_dir, port, ignored), env=child_env, stdin=subprocess.PIPE, close_fds=True
         )
     except OSError as exc:
-        say(f"the burn-in could not start ({exc}); the script starts without it")
+        say(f"the burn-in could not start ({exc}); {starts} starts without it")
         return "failed"
     try:
         assert process.stdin is not None
@@ -131,7 +151,7 @@ def before_script(
             wait_s = stop_wait_s(spec)
             stop_deadline = time.monotonic() + wait_s
             said = f"stop ({stop.local_reason}) during the burn-in: it ends first (within {wait_s:.0f} s)"
-            say(f"{said}; the script is not started")
+            say(f"{said}; {after_stop}")
         if stop_deadline is not None and time.monotonic() >= stop_deadline:
             say("the burn-in did not end in time after the stop: ended")
             process.kill()
@@ -144,7 +164,7 @@ def before_script(
     elif found == "requeued":
         exit_process(0)  # no result: the job comes back without the node
     elif found == "failed":
-        say(f"the burn-in failed (exit status {code}; its lines above say why); the script starts without it")
+        say(f"the burn-in failed (exit status {code}; its lines above say why); {starts} starts without it")
     return found
 
 

@@ -20,8 +20,8 @@ class BurnIn(Section):
         bool,
         Field(
             description="Run the burn-in at the start of every training step on more than one node (first start, "
-            "each requeue, each relaunch after a lost node; a script: before the script starts; not under "
-            "launcher: torchrun); false: off (docs/node-health.md)."
+            "each requeue, each relaunch after a lost node; a script: before the script starts; launcher: "
+            "torchrun: each node task before it starts torchrun); false: off (docs/node-health.md)."
         ),
     ] = True
     budget_s: Annotated[

@@ -14,7 +14,8 @@ from hpctrain.errors import SpecProblem
 
 # Set by the supervisor on each training step it starts: JOB.RESTART.ATTEMPT (the burn-in records it).
 STEP_ID_VAR = "HPCTRAIN_STEP_ID"
-# Set to "off" by the supervisor after it kept a node the burn-in flagged: the next steps train without one.
+# Set to "off" by the supervisor after it kept a node the burn-in flagged: the next steps train without one;
+# and by a torchrun node task for its ranks: the node tasks ran this start's burn-in before torchrun.
 BURN_IN_VAR = "HPCTRAIN_BURN_IN"
 # Every rank's exit status when the burn-in flagged nodes and the supervisor must decide.
 BURN_IN_EXIT = 75
@@ -48,5 +49,6 @@ def node_health_problems(spec: JobSpec) -> list[SpecProblem]:
 
 
 def burn_in_applies(spec: JobSpec, step_nodes: int) -> bool:
-    """Whether a training step on ``step_nodes`` nodes starts with the burn-in: on, several nodes, srun tasks."""
-    return spec.health.burn_in.enabled and step_nodes > 1 and spec.launcher == "srun"
+    """Whether a training step on ``step_nodes`` nodes starts with the burn-in: on, several nodes. Under srun
+    the ranks (a script's wrapper tasks) run it; under ``launcher: torchrun`` the node tasks, before torchrun."""
+    return spec.health.burn_in.enabled and step_nodes > 1

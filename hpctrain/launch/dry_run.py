@@ -70,6 +70,7 @@ def dry_run(job: LoadedJob, *, local: bool = False, snapshot: bool = True, exclu
 
         require_program(job)
         return DryRun(run_dir, script, text + script_plan(job, run_dir, local=local, snapshot=snapshot))
+    text += burn_in_note(job.spec, local=backend_for(job, local) == "local")
     for line in snapshot_plan(job, snapshot=snapshot):
         text += f"\n{line}\n"
     text += f"\n# {job.spec.name}: what each rank will see\n"
@@ -131,14 +132,16 @@ def _ansi_c(word: str) -> str:
 
 
 def burn_in_note(spec: JobSpec, *, local: bool) -> str:
-    """Whether every start of a script job probes its nodes before the script (healing/script_burn_in.py)."""
+    """Whether every start probes its nodes before the script or the training starts (healing/burn_in.py;
+    under launcher: torchrun each node task, before torchrun)."""
     nodes, settings = spec.resources.nodes, spec.health.burn_in
-    if local or nodes < 2 or not settings.enabled:
+    if local or not burn_in_applies(spec, nodes):
         return ""
-    if not burn_in_applies(spec, nodes):
-        return "\n# burn-in: none under launcher: torchrun (docs/node-health.md)\n"
+    before = "the script starts" if spec.script is not None else "training starts"
+    if spec.launcher == "torchrun":
+        before = "torchrun starts (each node task probes its node)"
     return (
-        f"\n# burn-in: every start probes its {nodes} nodes before the script starts (up to {settings.budget_s:g} s; "
+        f"\n# burn-in: every start probes its {nodes} nodes before {before} (up to {settings.budget_s:g} s; "
         "a sick node is taken out; health.burn_in.enabled: false turns it off; docs/node-health.md)\n"
     )
 

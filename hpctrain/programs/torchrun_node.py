@@ -31,6 +31,16 @@ passes on, also to a worker that torchrun starts only after the signal came
 every descendant as well, so a worker may see a signal twice; its stop flags
 do not count duplicates twice in any way that matters (stop.py, requeue.py).
 
+Burn-in. Before torchrun, the node tasks probe their nodes together
+(``healing/script_burn_in.py``'s child: one process per node, its own gloo or
+NCCL group on its own port, never torchrun's rendezvous), exactly as the
+ranks do under srun: global node task 0's child scores, records, and requeues
+the job without a flagged node, and then every node task ends without a
+result; otherwise torchrun starts, and its ranks run no burn-in of their own
+(``BURN_IN_VAR``). A stop during it lets it end first; torchrun then starts
+with the signals counted, and its ranks stop before training as after any
+early stop.
+
 What comes back: a worker that returns leaves its result in a node-local
 state folder; one that ends without a result (the job was requeued) leaves a
 marker, and then the node task ends without a result too (requeue.py's exit
@@ -78,7 +88,9 @@ from hpctrain.contract.file_writes import open_append, write_atomic
 from hpctrain.contract.rundir import torchrun_failures_path
 from hpctrain.contract.starts import BEGAN_VAR, process_began
 from hpctrain.errors import DistributedSetupError, HpctrainError
+from hpctrain.healing import script_burn_in
 from hpctrain.jobspec.models import JobSpec
+from hpctrain.jobspec.node_health import BURN_IN_VAR
 from hpctrain.programs.launcher import ALLOW_LOOPBACK_MASTER_VAR, end_if_completed, report_failure
 from hpctrain.runtime import stop_signals
 from hpctrain.runtime.context import TaskEnv, configure_logging
@@ -165,6 +177,7 @@ def worker_environ(environ: dict[str, str], tasks_per_node: int) -> dict[str, st
     """torchrun's environment: the node task's, marked, with each worker's share of the CPUs. Pure."""
     child = dict(environ)
     child[LAUNCHER_VAR] = "torchrun"
+    child[BURN_IN_VAR] = "off"  # the node tasks ran this start's burn-in (TorchrunNodeLauncher.burn_in)
     threads = omp_num_threads(environ, sharers=tasks_per_node)  # no cpu_count: only Slurm's share is divided
     if threads is not None:
         child["OMP_NUM_THREADS"] = threads
@@ -293,6 +306,7 @@ class TorchrunNodeLauncher:
         relayed = relayed_signals(spec.signals.timeout_signal)
         signal.signal(signal.SIGCONT, signal.SIG_IGN)  # torchrun inherits "ignored" (see the module docstring)
         self.start_reaper()
+        self.burn_in(spec, env)
         state_dir = Path(tempfile.mkdtemp(prefix="hpctrain-torchrun-"))
         try:
             write_atomic(state_dir / SPEC_FILE, json.dumps(self.worker_payload()))
@@ -330,6 +344,16 @@ class TorchrunNodeLauncher:
             return sorted(results, key=lambda result: result["rank"])
         finally:
             shutil.rmtree(state_dir, ignore_errors=True)
+
+    def burn_in(self, spec: JobSpec, env: TaskEnv) -> None:
+        """Probe the nodes before torchrun starts (the module docstring); may end this process."""
+        stop = RecordedStop(spec.signals.timeout_signal)
+        if stop.local_reason is not None:
+            return  # stopping already: torchrun's ranks stop before training
+        script_burn_in.before_script(
+            spec, env, self.run_dir, stop, exit_process=_exit_at_once, say=_say_for(env.hostname),
+            starts="torchrun", after_stop="torchrun starts after it, and its ranks stop before training",
+        )  # fmt: skip
 
     def worker_started(self, spec: JobSpec, rank: int) -> None:
         """A worker of this node started: if it is global rank 0, this node sends the run to its trackers."""
@@ -373,6 +397,24 @@ class TorchrunNodeLauncher:
             start_reaper(ensure_task_token())
         except (RuntimeError, OSError) as exc:
             print(f"hpctrain: warning: leaked processes will not be cleaned up: {exc}", file=sys.stderr)
+
+
+class RecordedStop:
+    """The node task's stop flag: what its counting handlers (``stop_signals.listen``) saw so far."""
+
+    def __init__(self, timeout_signal: str) -> None:
+        self.timeout_signal = timeout_signal
+
+    @property
+    def local_reason(self) -> str | None:
+        counts = stop_signals.recorded()
+        if counts.get("TERM"):
+            return "preempted"  # or a cancel, or a requeue: torchrun's ranks tell them apart
+        return "timeout" if counts.get(self.timeout_signal) else None
+
+
+def _say_for(node: str) -> Callable[[str], None]:
+    return lambda line: print(f"hpctrain: node {node}: {line}", file=sys.stderr, flush=True)
 
 
 def node_env(spec: JobSpec) -> TaskEnv:

@@ -469,6 +469,45 @@ def test_a_script_jobs_burn_in_keeps_a_slow_node_out_before_the_script_starts(
     assert_nothing_left(cluster, run.job_id)
 
 
+def test_a_torchrun_jobs_burn_in_requeues_it_without_a_slow_node(cluster: SlurmCluster, workspace: Workspace) -> None:
+    """``launcher: torchrun``, 2 nodes x 1 rank, the second node Slurm gives it slowed to 10 % of a core before it
+    starts: the node tasks probe their nodes before torchrun (its rendezvous is not theirs), node task 0 flags the
+    slow node and requeues the job without it (no supervisor: torchrun jobs do not heal), and the requeued start
+    (a healthy burn-in) runs torchrun and trains to the end on the other two nodes. One start of each kind, in
+    one job (CI time)."""
+    began = time.monotonic()
+    first, sick, other = cluster.nodes
+    slow(sick, SLOW_PCT)
+    try:
+        run = submit(
+            workspace, "name=torchrun_burn_in", "launcher=torchrun", "resources.tasks_per_node=1",
+            "trainer.epochs=1", "health.burn_in.budget_s=10",
+        )  # fmt: skip
+        wait_requeued(cluster, run.job_id, restarts=1, timeout=RUN_TIMEOUT_S)
+    finally:
+        slow(sick, None)
+    logs = batch_log(run.run_dir)
+    assert job_record(cluster, run.job_id).get("ExcNodeList") == sick, logs
+    cluster.release(run.job_id)
+    state = wait_ended(cluster, run)
+    assert state == "COMPLETED", f"{batch_log(run.run_dir)}\n{task_logs(run.run_dir)}"
+    summary = run.summary()
+    assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", STEPS_PER_EPOCH, 1)
+    assert summary["hostnames"] == [first, other] and summary["excluded_nodes"] == [sick], summary
+    flagged, healthy = summary["burn_in"]
+    assert (flagged["nodes"], flagged["flagged"], flagged["action"]) == ([first, sick], [sick], "requeue"), flagged
+    assert (healthy["nodes"], healthy["flagged"]) == ([first, other], []), healthy
+    [failure] = summary["node_failures"]
+    assert (failure["node"], failure["kind"], failure["action"]) == (sick, "burn-in", "requeue"), failure
+    assert not list(run.run_dir.glob(".hpctrain/torchrun-failures.log")), "no rank failed: torchrun never started"
+    [reason] = [s["reason"] for s in flagged["scores"] if s["flagged"]]
+    phases = flagged.get("phases_s")  # the model's build on the slow node counts in seconds, not in the budget
+    report_timing(f"torchrun burn-in, 2 nodes, {sick} flagged ({reason}; phases {phases})", flagged["seconds"])
+    report_timing("torchrun burn-in, 2 healthy nodes", healthy["seconds"])
+    assert_nothing_left(cluster, run.job_id)
+    report_timing("torchrun burn-in test", time.monotonic() - began)
+
+
 SCRIPT_STEPS = 24  # 0.5 s each: requeued, preempted, then n2 dies, each a few steps after the last
 
 

@@ -55,6 +55,9 @@ if TYPE_CHECKING:
     from .conftest import SlurmCluster
 
 TORCHRUN = "launcher=torchrun"
+# The burn-in (the node tasks', before torchrun) runs in the uninterrupted run; the others leave it out (CI
+# time: each start would pay a torch import more); the slow node it flags: test_node_loss_e2e.py.
+NO_BURN_IN = "health.burn_in.enabled=false"
 TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
 START_TIMEOUT_S = 120  # submit -> first checkpoint: 2 torchruns and 4 ranks importing torch on 2 cores
 RUN_TIMEOUT_S = 180
@@ -74,6 +77,8 @@ def reference_weights(slurm_cluster: SlurmCluster, workspace: Workspace) -> str:
     summary = run.summary()
     assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", TOTAL_STEPS, 0), summary
     assert (summary["world_size"], summary["hostnames"]) == (4, slurm_cluster.nodes), summary
+    [burn_in] = summary["burn_in"]  # before torchrun started: nobody flagged, and the ranks trained
+    assert (burn_in["nodes"], burn_in["flagged"]) == (slurm_cluster.nodes, []), burn_in
     return summary["weights_sha256"]
 
 
@@ -92,7 +97,7 @@ def worker_pid(cluster: SlurmCluster, job_id: str, rank: int) -> int | None:
 @pytest.mark.slurm_contract
 @pytest.mark.slurm_shared  # the preemption test is not: it preempts through `urgent`
 def test_ranks_0_to_3_run_two_per_node(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
-    run = submit(workspace, TORCHRUN, "name=torchrun_layout", f"entrypoint={ENTRYPOINT_MODULE}:rank_layout")
+    run = submit(workspace, TORCHRUN, NO_BURN_IN, "name=torchrun_layout", f"entrypoint={ENTRYPOINT_MODULE}:rank_layout")
     assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
     layout = []
     for node_task in (0, 1):  # one Slurm task per node, each returning its node's ranks
@@ -115,7 +120,7 @@ def test_timeout_requeue_and_preemption_resume_bit_identically(
     pytest.importorskip("mlflow")
     started = time.monotonic()
     with mlflow_server(tmp_path / "mlflow", host=HOST_ADDR, wait=False) as uri:  # it starts while the job does
-        run = submit(workspace, TORCHRUN, "name=torchrun_requeued", *live_mlflow_sets(uri, "torchrun"))
+        run = submit(workspace, TORCHRUN, NO_BURN_IN, "name=torchrun_requeued", *live_mlflow_sets(uri, "torchrun"))
 
         # The time-limit signal reaches every process of the step; the ranks checkpoint, rank 0 requeues.
         # Then a preemption: SIGTERM to everything, which neither the node task nor torchrun may act on.
@@ -143,13 +148,14 @@ def test_timeout_requeue_and_preemption_resume_bit_identically(
 @pytest.mark.slurm_contract
 @pytest.mark.slurm_shared
 def test_hpctrain_cancel_leaves_no_process_on_either_node(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
-    run = submit(workspace, TORCHRUN, "name=torchrun_cancelled", UNTIL_CANCELLED)  # training when the cancel lands
+    # training when the cancel lands
+    run = submit(workspace, TORCHRUN, NO_BURN_IN, "name=torchrun_cancelled", UNTIL_CANCELLED)
     cancel_leaves_nothing(slurm_cluster, workspace, run, "torchrun", START_TIMEOUT_S)
 
 
 @pytest.mark.slurm_shared
 def test_killed_rank_fails_the_job_and_is_named(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
-    run = submit(workspace, TORCHRUN, "name=torchrun_killed_rank")
+    run = submit(workspace, TORCHRUN, NO_BURN_IN, "name=torchrun_killed_rank")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
     pid = wait_for(lambda: worker_pid(slurm_cluster, run.job_id, 3), "rank 3's process", 10, run)
     os.kill(pid, signal.SIGKILL)  # as the OOM killer would

@@ -74,7 +74,7 @@ def test_it_runs_on_every_multi_node_srun_start_unless_turned_off(monkeypatch: p
     assert due(spec(), ENV, {})
     assert not due(spec(), ENV, {BURN_IN_VAR: "off"})  # the supervisor kept a flagged node
     assert not due(spec(health={"burn_in": {"enabled": False}}), ENV, {})
-    assert not due(spec(launcher="torchrun"), replace(ENV, source="slurm-torchrun"), {})
+    assert not due(spec(launcher="torchrun"), replace(ENV, source="slurm-torchrun"), {BURN_IN_VAR: "off"})  # ranks
     assert not due(spec(), replace(ENV, num_nodes=1, hostnames=("n1",)), {})  # nothing to compare with
     assert not due(spec(), replace(ENV, source="submitit-local"), {})  # --local: one machine
 

@@ -25,8 +25,8 @@ def test_a_multi_node_script_job_says_every_start_probes_its_nodes() -> None:
     )
 
 
-def test_torchrun_says_it_has_none_and_off_local_or_one_node_say_nothing() -> None:
-    assert "none under launcher: torchrun" in burn_in_note(spec(launcher="torchrun"), local=False)
+def test_torchrun_says_its_node_tasks_probe_and_off_local_or_one_node_say_nothing() -> None:
+    assert "probes its 3 nodes before torchrun starts" in burn_in_note(spec(launcher="torchrun"), local=False)
     assert burn_in_note(spec(health={"burn_in": {"enabled": False}}), local=False) == ""
     assert burn_in_note(spec(), local=True) == ""
     assert burn_in_note(spec(nodes=1), local=False) == ""
