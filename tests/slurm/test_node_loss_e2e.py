@@ -469,6 +469,7 @@ def test_a_script_jobs_burn_in_keeps_a_slow_node_out_before_the_script_starts(
     assert_nothing_left(cluster, run.job_id)
 
 
+@pytest.mark.slurm_side  # names its nodes from the fixture; CI runs it on 26.05's cluster, off 24.11's critical path
 def test_a_torchrun_jobs_burn_in_requeues_it_without_a_slow_node(cluster: SlurmCluster, workspace: Workspace) -> None:
     """``launcher: torchrun``, 2 nodes x 1 rank, the second node Slurm gives it slowed to 10 % of a core before it
     starts: the node tasks probe their nodes before torchrun (its rendezvous is not theirs), node task 0 flags the
