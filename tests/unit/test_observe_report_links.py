@@ -65,13 +65,27 @@ def test_a_slow_node_the_run_no_longer_trains_on_is_not_named() -> None:
     assert slow_links(rates, trained_on=set(HEALTHY)).slow == ["ib05"]  # type: ignore[union-attr]
 
 
+def test_a_node_slow_in_its_pairs_and_in_its_compute_is_a_slow_host_not_a_slow_link() -> None:
+    compute = {node: 40.0 + i for i, node in enumerate(HEALTHY)}
+    rates = HEALTHY | {"ib05": 1450.0}
+    assert slow_links(rates, compute_ms=compute).slow == ["ib05"]  # type: ignore[union-attr]
+    link = slow_links(rates, compute_ms=compute | {"ib05": 130.0})
+    assert link is not None and link.slow == [] and link.slow_hosts == {"ib05": pytest.approx(130 / 43)}
+    assert link.text() == (
+        "in the burn-in, the pairwise all-reduce was slow (ib05's at 1450 MB/s (compute 3.0x)) but so was the "
+        "compute, against the other nodes' median: a slow host, not only a slow link"
+    )
+
+
 def test_the_latest_burn_in_with_rates_counts_and_junk_entries_are_skipped() -> None:
     older = {"scores": [{"node": n, "allreduce_mb_s": r} for n, r in HEALTHY.items()]}
     newer = {"scores": [{"node": "ib\x1b[31m01", "allreduce_mb_s": 900.0}, {"node": "ib02", "allreduce_mb_s": 12e3}]}
     single = {"scores": [{"node": "ib03", "allreduce_mb_s": 12e3}, {"node": "ib04", "allreduce_mb_s": None}]}
     summary = {"burn_in": [older, "junk", {"scores": "junk"}, newer, single, 7]}
-    assert latest_rates(summary) == {"ib\\x1b[31m01": 900.0, "ib02": 12e3}
-    assert latest_rates({"burn_in": "junk"}) == latest_rates({}) == {}
+    assert latest_rates(summary) == ({"ib\\x1b[31m01": 900.0, "ib02": 12e3}, {})
+    assert latest_rates({"burn_in": "junk"}) == latest_rates({}) == ({}, {})
+    newer["scores"][1]["compute_ms"] = 41.5
+    assert latest_rates(summary)[1] == {"ib02": 41.5}
 
 
 def test_exposed_communication_with_a_slow_link_is_named_on_its_node_with_both_numbers() -> None:

@@ -73,7 +73,8 @@ def explain(runs: list[RunData], rows: list[Row]) -> Explanation:
         )
         if split is not None:
             splits.append(split)
-            link = slow_links(latest_rates(run.summary), set(run.nodes.values()) or None)
+            rates, compute = latest_rates(run.summary)
+            link = slow_links(rates, set(run.nodes.values()) or None, compute)
             if link is not None:
                 links[split.label] = link
     bars = waterfall(splits)

@@ -17,6 +17,13 @@ other node has a fast pair left. From these numbers :func:`slow_links` names:
 * with **two nodes**, only their one pair's rate: both ends share it, so it
   says how fast the link between them ran, never which end is slow.
 
+A pairwise rate is measured by the hosts as much as by the link between them:
+a node whose CPU is starved (or whose GPU is throttled) all-reduces slowly
+over a perfect link (gloo's transfers are CPU work). A node whose burn-in
+compute was also :data:`HOST_FACTOR` times the other nodes' median or more is
+therefore not named a slow link; the text says its host was slow too (the
+straggler, if the steps show one, is then the cause to act on).
+
 The report (``causes.py``) quotes these only where exposed communication is a
 loss worth naming; it never names a link without a burn-in that measured it.
 """
@@ -32,6 +39,7 @@ from hpctrain.contract.node_records import BURN_IN_KEY, BurnIn, records
 from hpctrain.errors import printable
 
 LINK_FACTOR = 2.0  # the burn-in's default network_margin: healthy links differ by less, a degraded one by more
+HOST_FACTOR = 1.5  # the burn-in's default compute margin: a node this much slower in compute is a slow host
 MAX_NODES = 4096  # scores read from one burn-in record (summary.json is untrusted input)
 
 
@@ -42,6 +50,7 @@ class LinkEvidence:
     rates_mb_s: dict[str, float]  # node -> its best pairwise all-reduce rate
     slow: list[str] = field(default_factory=list)  # the nodes whose link is slow (empty: none, or cannot tell)
     others_mb_s: float | None = None  # the median of the other nodes' rates (when ``slow`` names nodes)
+    slow_hosts: dict[str, float] = field(default_factory=dict)  # slow pairs, but compute too: node -> x others'
 
     @property
     def pair_only(self) -> bool:
@@ -57,6 +66,14 @@ class LinkEvidence:
             return (
                 f"in the burn-in, {who}'s best pairwise all-reduce ran at {rates} against {_mb(self.others_mb_s)} "
                 f"on the other nodes ({factor:.1f}x slower)"
+            )
+        if self.slow_hosts:
+            hosts = ", ".join(
+                f"{n}'s at {_mb(self.rates_mb_s[n])} (compute {f:.1f}x)" for n, f in self.slow_hosts.items()
+            )
+            return (
+                f"in the burn-in, the pairwise all-reduce was slow ({hosts}) but so was the compute, against the "
+                "other nodes' median: a slow host, not only a slow link"
             )
         if self.pair_only:
             a, b = sorted(self.rates_mb_s)
@@ -78,24 +95,27 @@ def _mb(value: float | None) -> str:
     return f"{value:.0f} MB/s" if value >= 10 else f"{value:.2g} MB/s"
 
 
-def latest_rates(summary: Mapping[str, Any]) -> dict[str, float]:
-    """node -> best pairwise all-reduce MB/s of the latest burn-in that measured two nodes or more."""
+def latest_rates(summary: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
+    """(node -> best pairwise all-reduce MB/s, node -> compute ms per pass) of the latest burn-in that measured
+    two nodes' rates or more; two empty maps without one."""
     for burn_in in reversed(records(BurnIn, summary.get(BURN_IN_KEY))):
-        rates = {
-            printable(s.node): s.allreduce_mb_s
-            for s in burn_in.scores[:MAX_NODES]
-            if s.allreduce_mb_s is not None and s.allreduce_mb_s > 0
-        }
+        scores = burn_in.scores[:MAX_NODES]
+        rates = {printable(s.node): s.allreduce_mb_s for s in scores if s.allreduce_mb_s and s.allreduce_mb_s > 0}
         if len(rates) >= 2:
-            return rates
-    return {}
+            return rates, {printable(s.node): s.compute_ms for s in scores if s.compute_ms and s.compute_ms > 0}
+    return {}, {}
 
 
-def slow_links(rates_mb_s: Mapping[str, float], trained_on: set[str] | None = None) -> LinkEvidence | None:
+def slow_links(
+    rates_mb_s: Mapping[str, float],
+    trained_on: set[str] | None = None,
+    compute_ms: Mapping[str, float] | None = None,
+) -> LinkEvidence | None:
     """The evidence from one burn-in's rates (node -> MB/s); None without two nodes' rates.
 
     ``trained_on``: the nodes the measured steps ran on, when known; a slow node outside them (the run left it
-    behind after the burn-in) is not named.
+    behind after the burn-in) is not named. ``compute_ms``: the same burn-in's compute per pass, node -> ms; a
+    slow node whose compute was slow too is a slow host (``slow_hosts``), not a slow link.
     """
     rates = {node: float(rate) for node, rate in rates_mb_s.items() if rate > 0}
     if len(rates) < 2:
@@ -112,6 +132,20 @@ def slow_links(rates_mb_s: Mapping[str, float], trained_on: set[str] | None = No
         return evidence
     if trained_on is not None and not set(slow) <= trained_on:
         return evidence
+    hosts = _slow_hosts(slow, compute_ms or {})
+    if hosts:
+        evidence.slow_hosts = hosts
+        return evidence
     evidence.slow = sorted(slow, key=rates.__getitem__)
     evidence.others_mb_s = statistics.median(r for node, r in rates.items() if node not in slow)
     return evidence
+
+
+def _slow_hosts(nodes: list[str], compute_ms: Mapping[str, float]) -> dict[str, float]:
+    """Those of ``nodes`` whose compute was HOST_FACTOR times the other nodes' median or more -> that factor."""
+    found = {}
+    for node in nodes:
+        others = [ms for other, ms in compute_ms.items() if other != node and ms > 0]
+        if node in compute_ms and others and compute_ms[node] >= HOST_FACTOR * statistics.median(others):
+            found[node] = compute_ms[node] / statistics.median(others)
+    return found
