@@ -110,6 +110,12 @@ def one_run(env: dict[str, str], work: Path, case: str, node: str, index: int) -
         if inject:
             cluster(inject[0], node, "--off")
     result: dict[str, Any] = {"case": case, "state": state, "seconds": round(time.monotonic() - started, 1)}
+    return judged(env, work, result | {"run_dir": str(run_dir)}, node)
+
+
+def judged(env: dict[str, str], work: Path, result: dict[str, Any], node: str) -> dict[str, Any]:
+    """``result`` with what ``hpctrain report --json`` says about its run now."""
+    run_dir = Path(result["run_dir"])
     shown = hpctrain(env, "report", str(run_dir), "--out", str(work / "reports" / run_dir.name), "--json")
     if shown.returncode != 0:
         return result | {"error": shown.stderr[-500:]}
@@ -119,7 +125,7 @@ def one_run(env: dict[str, str], work: Path, case: str, node: str, index: int) -
     result["causes"] = [(c["part"], c.get("nodes", [])) for c in found]
     result["step_s"] = bars[0]["actual_s"] if bars else None
     result["losses"] = {x["part"]: round(x["fraction"], 3) for x in bars[0]["losses"]} if bars else {}
-    result["right"] = judge(case, found, node)
+    result["right"] = judge(result["case"], found, node)
     return result
 
 
@@ -136,6 +142,7 @@ def main() -> int:
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--work", type=Path, default=Path("/tmp/hpctrain-scaling-causes"))
     parser.add_argument("--json", type=Path, help="write every run's numbers here")
+    parser.add_argument("--again", action="store_true", help="no new runs: report every run under WORK/runs again")
     args = parser.parse_args()
     record = json.loads((STATE_DIR / "cluster.json").read_text())
     nodes = record.get("nodes", [])
@@ -150,13 +157,18 @@ def main() -> int:
         made = hpctrain(env, "make-dataset", str(args.work / "data"), "--classes", "4", "--per-class", "36")
         assert made.returncode == 0, made
     results = []
-    for index in range(args.repeats):
+    if args.again:
+        for run_dir in sorted((args.work / "runs").glob("*/*/")):
+            case = run_dir.parent.name.rsplit("-", 1)[0]
+            results.append(judged(env, args.work, {"case": case, "run_dir": str(run_dir)}, sick))
+            print(json.dumps(results[-1]), flush=True)
+    for index in range(0 if args.again else args.repeats):
         for case in args.cases:
             result = one_run(env, args.work, case, sick, index)
             results.append(result)
             print(json.dumps(result), flush=True)
     print("\n| case | runs | right | any cause named | step (s), range |\n|---|---|---|---|---|")
-    for case in args.cases:
+    for case in dict.fromkeys(r["case"] for r in results):
         mine = [r for r in results if r["case"] == case]
         steps = [r["step_s"] for r in mine if r.get("step_s")]
         span = f"{min(steps):.2f}-{max(steps):.2f}" if steps else "-"
