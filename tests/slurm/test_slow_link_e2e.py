@@ -65,8 +65,8 @@ def test_a_slow_link_is_named_on_its_node_as_the_largest_loss(three_nodes: Slurm
     args = []
     for item in ("name=link", f"data.root={data}", f"output_dir={tmp_path / 'runs'}", *SETS):
         args += ["--set", item]
-    slow_link(slow, RATE)
     try:
+        slow_link(slow, RATE)  # inside: a limit set on one end before the other failed is removed too
         done = hpctrain(env, "submit", "jobs/smoke_2x2_cpu.yaml", "--json", *args, timeout=60)
         assert done.returncode == 0, done
         job_id, run_dir = done.json()["job_id"], Path(done.json()["run_dir"])
