@@ -72,3 +72,12 @@ def test_missing_sshfs_names_the_packages_to_install(
 def test_expedited_requeue_is_switched_on_only_where_slurm_has_it(cluster: ModuleType) -> None:
     assert cluster.slurmctld_parameters("26.05") == "SlurmctldParameters=enable_expedited_requeue\n"
     assert cluster.slurmctld_parameters("24.11") == cluster.slurmctld_parameters("22.05") == ""
+
+
+def test_a_link_rate_is_read_in_tc_units_and_a_wrong_one_names_the_form(cluster: ModuleType) -> None:
+    assert cluster.rate_bits("200mbit") == 200e6
+    assert cluster.rate_bits("1.5gbit") == 1.5e9
+    assert cluster.rate_bits("512kbit") == 512e3
+    for wrong in ("200", "fast", "10kbit", "200mbps", "-5mbit"):
+        with pytest.raises(cluster.ClusterError, match="e.g. 200mbit"):
+            cluster.rate_bits(wrong)

@@ -3,6 +3,10 @@
 A cause is named only from evidence: a loss of at least :data:`MIN_LOSS` of the
 step time at the largest measured scale (its scaling bar when there are two
 scales or more, else its step bar), each hint quoting the numbers it rests on.
+Exposed communication is named a **slow link** on a node only from the run's
+burn-in (``links.py``: that node's best pairwise all-reduce well below the
+other nodes'); without one the hint quotes what the burn-in measured, if it
+ran, and names no node.
 A straggler is named only when one rank was the slowest in most steady windows
 (``waterfall.PERSISTENT``) and by at least :data:`MIN_STRAGGLER_EXCESS` of the
 typical rank's own work; random jitter between ranks moves from rank to rank
@@ -17,11 +21,13 @@ largest scale's per-rank batch (weak scaling).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hpctrain.contract.scaling_model import Estimate, StepModel
 from hpctrain.contract.step_split import LABELS, LOCAL
+from hpctrain.observe.report.links import LinkEvidence
 from hpctrain.observe.report.waterfall import Bar, Split, by_scale, count_text
 
 MIN_LOSS = 0.10  # a part must cost at least this share of the step to be named a cause
@@ -36,6 +42,7 @@ class Cause:
     where: str  # the scale's label
     evidence: str  # the numbers
     hint: str  # what to try
+    nodes: list[str] = field(default_factory=list)  # the nodes it is pinned on (a straggler, a slow link)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,11 +119,23 @@ def _straggler(split: Split, loss: float, where: str) -> Cause | None:
         f"check {node} (`hpctrain nodes`, its burn-in scores in docs/node-health.md), leave it out of the "
         "allocation (--exclude) or let slow-node eviction (health.eviction) replace it"
     )
-    return Cause("straggler", loss, where, evidence, hint)
+    return Cause("straggler", loss, where, evidence, hint, [split.slowest_node] if split.slowest_node else [])
 
 
-def causes(bars: list[Bar], splits: list[Split]) -> list[Cause]:
-    """The causes at the largest scale, largest loss first; empty when no part costs MIN_LOSS."""
+def _slow_link(loss: float, seconds: float, split: Split, where: str, scaling: bool, link: LinkEvidence) -> Cause:
+    nodes = ", ".join(link.slow)
+    evidence = f"slow link {nodes}: {_evidence('comm', loss, seconds, split, scaling)}; {link.text()}"
+    hint = (
+        f"every rank's all-reduce runs at the pace of the slowest link: check {nodes}'s network interface, cable "
+        f"and switch port (its burn-in scores: `hpctrain nodes`), or leave it out of the allocation (--exclude {nodes})"
+    )
+    return Cause("link", loss, where, evidence, hint, list(link.slow))
+
+
+def causes(bars: list[Bar], splits: list[Split], links: Mapping[str, LinkEvidence] | None = None) -> list[Cause]:
+    """The causes at the largest scale, largest loss first; empty when no part costs MIN_LOSS.
+
+    ``links``: a split's label -> what its run's burn-in said about the links (``links.py``)."""
     scales = by_scale(splits)
     if not scales or not bars:
         return []
@@ -126,12 +145,17 @@ def causes(bars: list[Bar], splits: list[Split]) -> list[Cause]:
     for loss in bar.losses:
         if loss.fraction < MIN_LOSS:
             break
+        link = (links or {}).get(top.label)
         if loss.part == "straggler":
             cause = _straggler(top, loss.fraction, bar.label)
+        elif loss.part == "comm" and link is not None and link.slow:
+            cause = _slow_link(loss.fraction, loss.seconds, top, bar.label, bar.kind == "scaling", link)
         else:
             hint = _hint(loss.part, top, scales)
             scaling = bar.kind == "scaling"
             evidence = _evidence(loss.part, loss.fraction, loss.seconds, top, scaling)
+            if loss.part == "comm" and link is not None:
+                evidence += f"; {link.text()}"
             cause = Cause(loss.part, loss.fraction, bar.label, evidence, hint) if hint else None
         if cause is not None:
             found.append(cause)

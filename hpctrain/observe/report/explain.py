@@ -9,11 +9,13 @@ what ``report --json`` carries under ``"waterfall"``.
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from hpctrain.contract.step_split import LABELS
 from hpctrain.observe.report.causes import Cause, Prediction, causes, predict
+from hpctrain.observe.report.links import LinkEvidence, latest_rates, slow_links
 from hpctrain.observe.report.load import RunData
 from hpctrain.observe.report.table import Row
 from hpctrain.observe.report.waterfall import Bar, Split, count_text, run_split, waterfall
@@ -58,6 +60,7 @@ def _workers(run: RunData) -> int | None:
 
 def explain(runs: list[RunData], rows: list[Row]) -> Explanation:
     splits = []
+    links: dict[str, LinkEvidence] = {}
     for run, row in zip(runs, rows):
         split = run_split(
             run.label,
@@ -70,11 +73,18 @@ def explain(runs: list[RunData], rows: list[Row]) -> Explanation:
         )
         if split is not None:
             splits.append(split)
+            rates, compute = latest_rates(run.summary)
+            link = slow_links(rates, set(run.nodes.values()) or None, compute)
+            if link is not None:
+                links[split.label] = link
     bars = waterfall(splits)
-    return Explanation(splits, bars, causes(bars, splits), predict(splits))
+    return Explanation(splits, bars, causes(bars, splits, links), predict(splits))
 
 
-def loss_name(part: str, bar: Bar, splits: list[Split]) -> str:
+def loss_name(part: str, bar: Bar, splits: list[Split], found: Sequence[Cause] = ()) -> str:
+    link = next((c for c in found if c.part == "link" and c.where == bar.label), None)
+    if part == "comm" and link is not None:
+        return f"{LABELS['comm']} (slow link {', '.join(link.nodes)})"
     if part != "straggler":
         return LABELS.get(part, part)
     split = next((s for s in splits if s.devices == bar.devices), None)
@@ -82,20 +92,22 @@ def loss_name(part: str, bar: Bar, splits: list[Split]) -> str:
     return f"straggler {who}" if who else "straggler wait"
 
 
-def summary_line(bar: Bar, splits: list[Split]) -> str:
+def _shown(bar: Bar, splits: list[Split], found: Sequence[Cause]) -> list[str]:
+    """``exposed communication 22 %`` for each loss of at least SHOWN_LOSS, largest first."""
+    named = [(loss_name(x.part, bar, splits, found), x.fraction) for x in bar.losses if x.fraction >= SHOWN_LOSS]
+    return [f"{name} {fraction * 100:.0f} %" for name, fraction in named]
+
+
+def summary_line(bar: Bar, splits: list[Split], found: Sequence[Cause] = ()) -> str:
     """``4 processes: 65 % - data wait 4 %, exposed communication 22 %, straggler node3 7 %``."""
-    shown = [
-        f"{loss_name(x.part, bar, splits)} {x.fraction * 100:.0f} %" for x in bar.losses if x.fraction >= SHOWN_LOSS
-    ]
+    shown = _shown(bar, splits, found)
     return f"{count_text(bar.devices, bar.device_kind)}: {bar.efficiency * 100:.0f} %" + (
         " - " + ", ".join(shown) if shown else ""
     )
 
 
-def _cells(bar: Bar, splits: list[Split]) -> list[str]:
-    shown = [
-        f"{loss_name(x.part, bar, splits)} {x.fraction * 100:.0f} %" for x in bar.losses if x.fraction >= SHOWN_LOSS
-    ]
+def _cells(bar: Bar, splits: list[Split], found: Sequence[Cause] = ()) -> list[str]:
+    shown = _shown(bar, splits, found)
     kind = "vs the smallest scale" if bar.kind == "scaling" else "vs its own compute"
     return [
         f"{count_text(bar.devices, bar.device_kind)} ({bar.label})",
@@ -126,8 +138,8 @@ def markdown_lines(ex: Explanation, table: Any) -> list[str]:
         return []
     lines = ["## Where the step time goes", ""]
     scaling = [b for b in ex.bars if b.kind == "scaling"] or [b for b in ex.bars if b.kind == "step"]
-    lines += [f"- {summary_line(b, ex.splits)}" for b in scaling] + [""]
-    lines += [*table(list(HEADER), [_cells(b, ex.splits) for b in ex.bars]), "", f"_{CAPTION}_", ""]
+    lines += [f"- {summary_line(b, ex.splits, ex.causes)}" for b in scaling] + [""]
+    lines += [*table(list(HEADER), [_cells(b, ex.splits, ex.causes) for b in ex.bars]), "", f"_{CAPTION}_", ""]
     lines += ["### Causes", ""]
     lines += [f"- {c.text()}" for c in ex.causes] or ["- none: no part costs 10 % of the step or more"]
     if ex.predictions:
@@ -139,10 +151,10 @@ def html_section(ex: Explanation, table: Any) -> list[str]:
     if not ex.bars:
         return []
     scaling = [b for b in ex.bars if b.kind == "scaling"] or [b for b in ex.bars if b.kind == "step"]
-    items = "".join(f"<li>{html.escape(summary_line(b, ex.splits))}</li>" for b in scaling)
+    items = "".join(f"<li>{html.escape(summary_line(b, ex.splits, ex.causes))}</li>" for b in scaling)
     parts = ["<h2>Where the step time goes</h2>", f"<ul>{items}</ul>"]
     parts += [
-        table(list(HEADER), [_cells(b, ex.splits) for b in ex.bars]),
+        table(list(HEADER), [_cells(b, ex.splits, ex.causes) for b in ex.bars]),
         f'<p class="def">{html.escape(CAPTION)}</p>',
     ]
     found = "".join(f"<li>{html.escape(c.text())}</li>" for c in ex.causes)
