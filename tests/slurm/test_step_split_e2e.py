@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from hpctrain.contract.rundir import metrics_path
 from hpctrain.contract.step_split import PARTS
 
@@ -26,6 +28,10 @@ from .hpctrain_cli import cli_env, hpctrain, make_dataset, task_logs
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
+
+# alone (it slows a node), nothing release-specific: CI runs it on 26.05's cluster beside 24.11's alone
+# half (docs/testing.md, `slurm_side`)
+pytestmark = pytest.mark.slurm_side
 
 SLOW_PCT, STEPS = 10, 10
 SETS = (
