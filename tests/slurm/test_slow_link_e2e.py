@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from .conftest import SCRIPT
-from .hpctrain_cli import cli_env, hpctrain, make_dataset, task_logs
+from .hpctrain_cli import cli_env, data_sets, hpctrain, make_dataset, submit_json, task_logs
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -65,15 +65,14 @@ def test_a_slow_link_is_named_on_its_node_as_the_largest_loss(three_nodes: Slurm
     slow = three_nodes.nodes[1]
     env = cli_env(three_nodes, tmp_path / "state")
     data = make_dataset(env, tmp_path / "data", per_class=36)  # 6 steps of 3 x 8 images
-    args = []
-    for item in ("name=link", f"data.root={data}", f"output_dir={tmp_path / 'runs'}", *SETS):
-        args += ["--set", item]
     try:
         slow_link(slow, RATE)  # inside: a limit set on one end before the other failed is removed too
-        done = hpctrain(env, "submit", "jobs/smoke_2x2_cpu.yaml", "--json", *args, timeout=60)
+        done, submitted = submit_json(
+            env, "jobs/smoke_2x2_cpu.yaml", *data_sets(data, tmp_path / "runs", "name=link", *SETS), timeout=60
+        )
         assert done.returncode == 0, done
-        job_id, run_dir = done.json()["job_id"], Path(done.json()["run_dir"])
-        state = three_nodes.wait_state(job_id, timeout=480)
+        run_dir = Path(submitted["run_dir"])
+        state = three_nodes.wait_state(submitted["job_id"], timeout=480)
     finally:
         slow_link(slow, None)
     assert state == "COMPLETED", task_logs(run_dir)

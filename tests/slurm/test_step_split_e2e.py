@@ -24,7 +24,7 @@ from hpctrain.contract.rundir import metrics_path
 from hpctrain.contract.step_split import PARTS
 
 from .conftest import SCRIPT
-from .hpctrain_cli import cli_env, hpctrain, make_dataset, task_logs
+from .hpctrain_cli import cli_env, data_sets, hpctrain, make_dataset, submit_json, task_logs
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -59,15 +59,14 @@ def test_a_slow_node_is_named_as_the_largest_loss(slurm_cluster: SlurmCluster, t
     slow_node = slurm_cluster.nodes[1]  # n2 on instance 0, m2 on instance 1
     env = cli_env(slurm_cluster, tmp_path / "state")
     data = make_dataset(env, tmp_path / "data", per_class=48)  # 12 steps of 2 x 8 images
-    args = []
-    for item in ("name=split", f"data.root={data}", f"output_dir={tmp_path / 'runs'}", *SETS):
-        args += ["--set", item]
     slow(slow_node, SLOW_PCT)
     try:
-        done = hpctrain(env, "submit", "jobs/smoke_2x2_cpu.yaml", "--json", *args, timeout=60)
+        done, submitted = submit_json(
+            env, "jobs/smoke_2x2_cpu.yaml", *data_sets(data, tmp_path / "runs", "name=split", *SETS), timeout=60
+        )
         assert done.returncode == 0, done
-        job_id, run_dir = done.json()["job_id"], Path(done.json()["run_dir"])
-        state = slurm_cluster.wait_state(job_id, timeout=480)
+        run_dir = Path(submitted["run_dir"])
+        state = slurm_cluster.wait_state(submitted["job_id"], timeout=480)
     finally:
         slow(slow_node, None)
     assert state == "COMPLETED", task_logs(run_dir)
