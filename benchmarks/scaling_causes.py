@@ -27,11 +27,11 @@ runs every case once, in this order, the second node being the sick one:
   largest cause is data wait (on no node). Needs the cluster up with ``--shared``.
 
 ``--study``: every case is a 1/2/4-node study instead (``study: resources.nodes:
-[1, 2, 4]``, submitted held and released one after another, so that the
-points do not share the cores), judged as ``hpctrain report STUDY_DIR`` judges it (the
-causes at the largest scale); the slow node is the second, which the 1-node
-point does not have. Needs four nodes. With ``--shared`` every case reads its data
-from the shared folder (clean too).
+[1, 2, 4]``, submitted while a blocking job holds every node, then held and
+released one after another, so that the points do not share the cores), judged
+as ``hpctrain report STUDY_DIR`` judges it (the causes at the largest scale);
+the slow node is the second, which the 1-node point does not have. Needs four
+nodes. With ``--shared`` every case reads its data from the shared folder.
 
 Prints one line per run and a table; ``--json FILE`` writes every run's numbers.
 """
@@ -66,7 +66,8 @@ CASES: dict[str, tuple[str, ...]] = {
     "data-256k": ("slow-share", "--rate", "256kbit"),
 }
 EXPECTED = {"node": "straggler", "link": "link", "data": "data"}  # case prefix -> the part that must come first
-ON_NODE = {"node", "link"}  # the causes named on the sick node
+ON_NODE = {"node", "link"}
+NODES: list[str] = []  # the cluster's nodes  # the causes named on the sick node
 SETS = (
     "resources.nodes=3",
     "resources.tasks_per_node=1",
@@ -131,11 +132,17 @@ def one_run(
     inject(case, node)
     started = time.monotonic()
     try:
-        held = env | {"SLURM_HOLD": "1"} if study else env  # sbatch --hold: released one point at a time
-        done = hpctrain(held, "submit", spec, "--json", *args, timeout=120)
-        assert done.returncode == 0, done
+        blocker = block_nodes(env) if study else None
+        try:
+            done = hpctrain(env, "submit", spec, "--json", *args, timeout=120)
+            assert done.returncode == 0, done
+            jobs = [r["job_id"] for r in done.json()["runs"]] if study else []
+            for job in jobs:
+                subprocess.run(["scontrol", "hold", job], env=env, capture_output=True)
+        finally:
+            if blocker:
+                subprocess.run(["scancel", blocker], env=env, capture_output=True)
         if study:
-            jobs = [r["job_id"] for r in done.json()["runs"]]
             run_dir = Path(done.json()["study_dir"])
             state = one_after_another(env, jobs)
         else:
@@ -147,11 +154,28 @@ def one_run(
     return judged(env, work, result | {"run_dir": str(run_dir)}, node)
 
 
+def block_nodes(env: dict[str, str]) -> str:
+    """A job that holds every node while the study is submitted (its points pend, then are held); its id."""
+    done = subprocess.run(
+        ["sbatch", "--parsable", "--exclusive", "-N", str(len(NODES)), "-p", "debug", "-t", "5", "-o", "/dev/null",
+         "--wrap", "sleep 300"], env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    job = done.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 60
+    while (
+        time.monotonic() < deadline
+        and "RUNNING"
+        not in subprocess.run(["squeue", "-h", "-o", "%T", "-j", job], env=env, capture_output=True, text=True).stdout
+    ):
+        time.sleep(0.5)
+    return job
+
+
 def one_after_another(env: dict[str, str], jobs: list[str]) -> str:
-    """The study's jobs (submitted held) one at a time, each released when the one before ended; their states."""
+    """The study's (held) jobs one at a time, each released when the one before ended; their states."""
     states = []
     for job in jobs:
-        subprocess.run(["scontrol", "release", job], env=env, capture_output=True, check=True)
+        subprocess.run(["scontrol", "release", job], env=env, capture_output=True)
         states.append(wait_done(env, job))
     return ",".join(states)
 
@@ -208,6 +232,7 @@ def main() -> int:
         )
         return 2
     sick = nodes[1]
+    NODES[:] = nodes
     args.work.mkdir(parents=True, exist_ok=True)
     os.chmod(args.work, 0o755)
     env = client_env(args.work)
