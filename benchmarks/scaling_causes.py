@@ -21,7 +21,7 @@ runs every case once, in this order, the second node being the sick one:
 * link-400 / link-100: ``slurm-cluster slow-link NODE --rate 400mbit / 100mbit``;
   right = the largest cause is a slow link on NODE.
 
-* data-1m / data-256k: ``slurm-cluster slow-share --rate 1mbit / 256kbit``: the data
+* data-1m / data-256k / data-128k: ``slurm-cluster slow-share --rate 1mbit / 256kbit / 128kbit``: the data
   set lies in the cluster's shared folder (``up --shared DIR``, read over sshfs)
   and the file server sends at that rate to all nodes together; right = the
   largest cause is data wait (on no node). Needs the cluster up with ``--shared``.
@@ -63,6 +63,7 @@ CASES: dict[str, tuple[str, ...]] = {
     "link-400": ("slow-link", "--rate", "400mbit"),
     "link-100": ("slow-link", "--rate", "100mbit"),
     "data-1m": ("slow-share", "--rate", "1mbit"),
+    "data-128k": ("slow-share", "--rate", "128kbit"),
     "data-256k": ("slow-share", "--rate", "256kbit"),
 }
 EXPECTED = {"node": "straggler", "link": "link", "data": "data"}  # case prefix -> the part that must come first
