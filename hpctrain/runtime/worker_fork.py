@@ -47,7 +47,11 @@ def frozen_heap() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def forking_workers() -> Iterator[None]:
-    """Around the call that forks a loader's workers (``iter(loader)``): a frozen heap, the stop signals held."""
+def forking_workers(num_workers: int) -> Iterator[None]:
+    """Around the call that forks a loader's workers (``iter(loader)``): a frozen heap, the stop signals held;
+    nothing for a loader without workers (``num_workers`` 0: nothing is forked)."""
+    if num_workers == 0:
+        yield
+        return
     with frozen_heap(), held():
         yield

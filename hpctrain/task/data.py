@@ -143,11 +143,8 @@ class ElasticLoader:
             self.sampler.set_epoch(epoch)
             self.sampler.set_start_batch(offset, self.batch_size)
             self._tags.epoch = epoch
-            if self.loader.num_workers:
-                with forking_workers():  # a frozen heap, the stop signals held (runtime/worker_fork.py)
-                    batches = iter(self.loader)
-            else:
-                batches = iter(self.loader)  # nothing forked: no freeze, no signal-mask change
+            with forking_workers(self.loader.num_workers):  # a frozen heap, the stop signals held (worker_fork.py)
+                batches = iter(self.loader)
             try:
                 for _ in range(per_epoch - offset):
                     yield step, [next(batches) for _ in range(self.accumulation)]

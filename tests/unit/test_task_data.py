@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 from hpctrain.errors import CheckpointError
-from hpctrain.task import data as task_data
+from hpctrain.runtime import worker_fork
 from hpctrain.task.data import ElasticLoader, accumulate
 from tests.task_fakes import as_rank
 
@@ -118,10 +118,14 @@ def test_accumulate_all_reduces_only_in_the_last_micro_batch() -> None:
 def test_a_loader_without_workers_forks_nothing_and_leaves_the_heap_and_signals_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def forking_workers() -> None:
-        raise AssertionError("forking_workers entered by a loader with num_workers=0")
+    def touched(what: str) -> Any:
+        def fail() -> None:
+            raise AssertionError(f"{what} by a loader with num_workers=0")
 
-    monkeypatch.setattr(task_data, "forking_workers", forking_workers)
+        return fail
+
+    monkeypatch.setattr(worker_fork, "frozen_heap", touched("heap frozen"))
+    monkeypatch.setattr(worker_fork, "held", touched("stop signals held"))
     as_rank(monkeypatch)
     loader = ElasticLoader(Indexed(), 2, shuffle=False, seeded_samples=False)
     assert [(step, [batch[0].tolist()]) for step, [batch] in loader.steps(0, 2)] == [(0, [[0, 1]]), (1, [[2, 3]])]

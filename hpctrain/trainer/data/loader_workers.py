@@ -22,9 +22,7 @@ class ForkedLoader(DataLoader):
     :func:`obey_only_parent_sigterm`); SIGUSR1/2 stay held in the worker."""
 
     def __iter__(self) -> Any:
-        if self.num_workers == 0:
-            return super().__iter__()
-        with forking_workers():  # the first iterator forks the workers; later ones (persistent) reuse them
+        with forking_workers(self.num_workers):  # the first iterator forks the workers; later ones reuse them
             return super().__iter__()
 
 
