@@ -142,15 +142,15 @@ def test_a_huge_axis_is_refused_at_the_study_cap_not_as_an_alias_bomb(tmp_path: 
     values = ", ".join(str(1 + i % 7) for i in range(count))  # duplicates too: the cap speaks first
     path = tmp_path / "study.yaml"
     path.write_text(f"name: st\ndata: {{root: /d}}\nstudy:\n  resources.nodes: [{values}]\n")
-    start = time.monotonic()
+    start = time.process_time()  # CPU time: the machine's load (CI's nice 10 under the Slurm legs) is not the test's
     found = problems(path)
-    assert time.monotonic() - start < 60  # hang guard only (was minutes)
+    assert time.process_time() - start < 60  # CPU seconds: a hang guard only (was minutes)
     assert list(found) == ["study.resources.nodes"]
     assert f"{count:,} values, but a study submits at most 256 jobs" in found["study.resources.nodes"]
-    start = time.monotonic()
+    start = time.process_time()
     assert [p.key for p in check_axes({"resources.nodes": list(range(count))})] == ["study.resources.nodes"]
     assert [p.key for p in check_axes({"resources.nodes": [1, 2] * 128})] == ["study.resources.nodes"]
-    assert time.monotonic() - start < 10  # hang guard: linear now
+    assert time.process_time() - start < 10  # CPU seconds, a hang guard: linear now
 
 
 def test_an_alias_bomb_is_still_an_alias_problem_next_to_a_long_list(tmp_path: Path) -> None:
