@@ -73,10 +73,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,7 +91,7 @@ from hpctrain.healing import script_burn_in
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.node_health import BURN_IN_VAR
 from hpctrain.programs.launcher import ALLOW_LOOPBACK_MASTER_VAR, end_if_completed, report_failure
-from hpctrain.runtime import stop_signals
+from hpctrain.runtime import node_dirs, stop_signals
 from hpctrain.runtime.context import TaskEnv, configure_logging
 from hpctrain.runtime.master import check_master_address, check_port_free
 from hpctrain.runtime.task_env import LAUNCHER_VAR, derive_task_env, rank_hint
@@ -305,9 +304,10 @@ class TorchrunNodeLauncher:
             check_port_free(env.master_port)
         relayed = relayed_signals(spec.signals.timeout_signal)
         signal.signal(signal.SIGCONT, signal.SIG_IGN)  # torchrun inherits "ignored" (see the module docstring)
-        self.start_reaper()
+        state_dir = node_dirs.planned("torchrun")  # named first: the reaper removes it after a SIGKILL
+        self.start_reaper(remove_dirs=(state_dir,))
         self.burn_in(spec, env)
-        state_dir = Path(tempfile.mkdtemp(prefix="hpctrain-torchrun-"))
+        make_state_dir(state_dir)
         try:
             write_atomic(state_dir / SPEC_FILE, json.dumps(self.worker_payload()))
             log_start = _own_stderr_size()
@@ -389,12 +389,13 @@ class TorchrunNodeLauncher:
         except OSError as exc:
             print(f"hpctrain: could not report the failure of rank {rank}: {exc}", file=sys.stderr)
 
-    def start_reaper(self) -> None:
-        """The node's reaper: torchrun and the workers carry this task's token (cleanup.py)."""
+    def start_reaper(self, remove_dirs: Sequence[Path] = ()) -> None:
+        """The node's reaper: torchrun and the workers carry this task's token (cleanup.py); after this
+        task it also removes ``remove_dirs`` (the state folder, which a killed task leaves: node_dirs.py)."""
         from hpctrain.runtime.cleanup import ensure_task_token, start_reaper
 
         try:
-            start_reaper(ensure_task_token())
+            start_reaper(ensure_task_token(), remove_dirs=remove_dirs)
         except (RuntimeError, OSError) as exc:
             print(f"hpctrain: warning: leaked processes will not be cleaned up: {exc}", file=sys.stderr)
 
@@ -489,6 +490,17 @@ def _own_stderr() -> Path | None:
         return Path(submitit.JobEnvironment().paths.stderr)
     except Exception:  # not started by submitit
         return None
+
+
+def make_state_dir(path: Path) -> None:
+    """The node-local state folder the reaper was told of (``node_dirs.planned``): ours alone, or an error."""
+    try:
+        node_dirs.create(path)
+    except OSError as exc:
+        raise HpctrainError(
+            f"the node task could not make its state folder {path}: {exc.strerror}",
+            hint="set TMPDIR (in the spec's env: section) to a node-local folder this user may write",
+        ) from None
 
 
 def _end_without_result(state_dir: Path) -> None:

@@ -14,7 +14,9 @@ SLURM_* variables, stdio on /dev/null, cwd ``/``), polls the task's PID; when
 the task is gone it sends SIGTERM to every process of the same user whose
 ``/proc/PID/environ`` holds the token (whole process groups at once where a
 group holds nothing else), SIGKILLs what is left after a grace period, and
-exits. Processes are found by token, never by name.
+exits. Processes are found by token, never by name. Then it removes the
+folders the task named when it started the watcher (``--remove-dir``: a torchrun
+node task's state folder, :mod:`hpctrain.runtime.node_dirs`), each checked again first.
 
 The same detached start (:func:`start_detached`) serves the watcher that
 releases a node's dataset mount after its tasks (``hpctrain.dataset.mount_release``).
@@ -35,7 +37,7 @@ that only fork (data-loader workers). Two answers, both used:
   watcher also records the task's descendants while it lives and reaps those.
 
 This module imports neither torch nor the rest of hpctrain but the contract's
-tokens: the watcher must start in well under a second.
+tokens and node_dirs: the watcher must start in well under a second.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from hpctrain.contract.process_tokens import (
     token_environ,
     without_tokens,
 )
+from hpctrain.runtime.node_dirs import remove_owned
 
 if TYPE_CHECKING:
     import psutil
@@ -100,16 +103,20 @@ def start_reaper(
     log_path: str | Path | None = None,
     python: str = sys.executable,
     timeout_s: float = 30.0,
+    remove_dirs: Sequence[str | Path] = (),
 ) -> int:
     """Start the detached watcher for ``watched_pid`` (default: this process); return its PID.
 
-    Raises ``RuntimeError`` if it did not start: the caller decides whether a
+    ``remove_dirs``: folders the watcher removes after the task (:func:`node_dirs.remove_owned`'s checks);
+    they may not exist yet. Raises ``RuntimeError`` if it did not start: the caller decides whether a
     missing safety net is worth failing the task for.
     """
     watched_pid = os.getpid() if watched_pid is None else watched_pid
     args = ["watch", "--token", token, "--pid", str(watched_pid), "--grace-s", str(grace_s), "--poll-s", str(poll_s)]
     if log_path is not None:
         args += ["--log", str(Path(log_path).absolute())]
+    for folder in remove_dirs:
+        args += ["--remove-dir", str(folder)]
     return start_detached(MODULE, args, reaper_environ(os.environ, token), python=python, timeout_s=timeout_s)
 
 
@@ -148,8 +155,16 @@ def start_detached(
     return int(out.strip())
 
 
-def watch(token: str, watched_pid: int, *, poll_s: float = POLL_S, grace_s: float = GRACE_S, log: WatcherLog) -> int:
-    """Wait for ``watched_pid`` to end, then reap the token's processes. The watcher's main loop."""
+def watch(
+    token: str,
+    watched_pid: int,
+    *,
+    poll_s: float = POLL_S,
+    grace_s: float = GRACE_S,
+    log: WatcherLog,
+    remove_dirs: Sequence[str] = (),
+) -> int:
+    """Wait for ``watched_pid`` to end, reap the token's processes, then remove ``remove_dirs``. The main loop."""
     import psutil
 
     watched: psutil.Process | None
@@ -181,12 +196,14 @@ def watch(token: str, watched_pid: int, *, poll_s: float = POLL_S, grace_s: floa
     log(f"task {watched_pid} ended")
     extra = [p for p in descendants.values() if alive(p)]
     if not extra and not find_token_processes(token, forked_from=forked_from, created_after=created_after):
-        log("nothing left to clean up")
-        return 0
-    pids = kill_token_processes(
-        token, grace_s, extra=extra, forked_from=forked_from, created_after=created_after, log=log
-    )
-    log(f"ended {len(pids)} leftover process(es): {pids}")
+        log("no process left to clean up")
+    else:
+        pids = kill_token_processes(
+            token, grace_s, extra=extra, forked_from=forked_from, created_after=created_after, log=log
+        )
+        log(f"ended {len(pids)} leftover process(es): {pids}")
+    for folder in remove_dirs:  # after the processes: a worker may still have been writing in it
+        log(f"{folder}: {remove_owned(folder)}")
     return 0
 
 
@@ -295,6 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--grace-s", type=float, default=GRACE_S)
         p.add_argument("--log", default=None, help="append what was done to this file")
     watch_p.add_argument("--poll-s", type=float, default=POLL_S)
+    watch_p.add_argument("--remove-dir", action="append", default=[], help="remove this folder after the task")
     watch_p.add_argument("--detach", action="store_true", help="fork, print the watcher's PID, exit")
     args = parser.parse_args(argv)
     if args.command == "kill":
@@ -303,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     log = begin_watching(args.log, detached=args.detach)
     log(f"watching task {args.pid}")
-    return watch(args.token, args.pid, poll_s=args.poll_s, grace_s=args.grace_s, log=log)
+    return watch(args.token, args.pid, poll_s=args.poll_s, grace_s=args.grace_s, log=log, remove_dirs=args.remove_dir)
 
 
 if __name__ == "__main__":

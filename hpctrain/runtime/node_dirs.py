@@ -1,0 +1,80 @@
+"""A task's private folder in the node's temp dir, and its safe removal after the task, however it ended.
+
+A torchrun node task keeps its ranks' results and markers in such a folder
+(programs/torchrun_node.py). Its own ``finally`` removes it, but a task that
+is SIGKILLed (Slurm's last kill after KillWait, the OOM killer) runs no
+``finally``. So the folder is *named* first (:func:`planned`), the task's
+reaper (runtime/cleanup.py) is told that name when it starts, and only then is
+the folder made (:func:`create`): there is no moment in which it exists and
+nobody will remove it. The reaper removes it once the task is gone
+(:func:`remove_owned`), after the task's processes, which may still write in it.
+
+The reaper removes only a path it was handed at start, never one it read from
+a place another user can write, and checks it again first: an absolute path
+without symlinks on the way, a name with :data:`PREFIX`, a directory (not a
+symlink) owned by this user. The folder goes where a site's job-scoped temp
+dir is, if it has one (Slurm's epilog removes that in any case): the first
+existing folder of ``$SLURM_TMPDIR`` and ``$TMPDIR``, else ``/tmp``, as
+``data.stage_dir``'s default (trainer/data/staging.py).
+Standard library only: the reaper imports this and must start in well under a second.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+PREFIX = "hpctrain-"  # the only names a reaper ever removes
+
+
+def temp_dir(env: Mapping[str, str]) -> str:
+    """The node's temp dir for a task: ``$SLURM_TMPDIR`` or ``$TMPDIR`` if it is a folder, else ``/tmp``."""
+    candidates = (env.get("SLURM_TMPDIR"), env.get("TMPDIR"))
+    return next((c for c in candidates if c and os.path.isdir(c)), "/tmp")
+
+
+def planned(kind: str, env: Mapping[str, str] | None = None) -> Path:
+    """A fresh, not yet existing folder name ``TEMP/hpctrain-KIND-RANDOM`` (symlinks on the way resolved)."""
+    base = os.path.realpath(temp_dir(os.environ if env is None else env))
+    return Path(base) / f"{PREFIX}{kind}-{secrets.token_hex(8)}"
+
+
+def create(path: Path) -> Path:
+    """Make the planned folder, this user's only (mode 0700); raises ``FileExistsError`` if the name is taken."""
+    os.mkdir(path, 0o700)
+    return path
+
+
+def remove_owned(path: str | Path, *, uid: int | None = None) -> str:
+    """Remove ``path`` if it is still what :func:`create` made; what happened, in a few words (for a log).
+
+    Never follows a symlink: the folder is opened relative to its checked
+    parent, and ``shutil.rmtree`` with ``dir_fd`` removes it without leaving it.
+    """
+    uid = os.geteuid() if uid is None else uid
+    path = str(path)
+    parent, name = os.path.split(path)
+    if not os.path.isabs(path) or not name.startswith(PREFIX) or os.path.realpath(parent) != parent:
+        return "refused: not an absolute hpctrain-* path without symlinks"
+    try:
+        parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        return f"not removed: {exc.strerror}"
+    try:
+        try:
+            st = os.lstat(name, dir_fd=parent_fd)
+        except FileNotFoundError:
+            return "already gone"
+        if not stat.S_ISDIR(st.st_mode):
+            return "refused: not a directory (a symlink or a file)"
+        if st.st_uid != uid:
+            return f"refused: owned by uid {st.st_uid}, not {uid}"
+        failed: list[str] = []
+        shutil.rmtree(name, dir_fd=parent_fd, onerror=lambda *args: failed.append(str(args[2][1])))
+        return f"partly removed: {failed[0]}" if failed else "removed"
+    finally:
+        os.close(parent_fd)
