@@ -210,3 +210,49 @@ def test_reaper_environment_has_no_token_and_no_slurm() -> None:
         {"PATH": "/bin", "SLURM_JOB_ID": "7", "HPCTRAIN_TASK_TOKEN": "abc", "OTHER": "xabcx"}, "abc"
     )
     assert env == {"PATH": "/bin"}
+
+
+FAKE_NODE_TASK = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from hpctrain.programs.torchrun_node import TorchrunNodeLauncher, make_state_dir
+    from hpctrain.runtime import node_dirs
+
+    state = node_dirs.planned("torchrun")  # in the test's TMPDIR, as run() names it
+    TorchrunNodeLauncher({}, "/nonexistent").start_reaper(remove_dirs=(state,))
+    make_state_dir(state)
+    (state / "torchrun-logs").mkdir()
+    # A worker (it carries the token) still writing in the folder when the node task dies.
+    code = "import itertools, sys, time\\nfor i in itertools.count():"
+    code += " open(f'{sys.argv[1]}/x-{i % 50}', 'w').write('x'); time.sleep(0.01)"
+    worker = subprocess.Popen([sys.executable, "-c", code, str(state)])
+    print(state, worker.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_sigkilled_torchrun_node_task_leaves_no_state_folder(tmp_path: Path) -> None:
+    temp = tmp_path / "node-tmp"
+    temp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in (process_tokens.TOKEN_ENV, "SLURM_TMPDIR")}
+    env["TMPDIR"] = str(temp)
+    task = subprocess.Popen(
+        [sys.executable, "-c", FAKE_NODE_TASK], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    worker = 0
+    try:
+        state, pid = task.stdout.readline().split()  # type: ignore[union-attr]
+        worker = int(pid)
+        assert Path(state).parent == temp and Path(state, "torchrun-logs").is_dir()
+        time.sleep(0.3)
+        task.send_signal(signal.SIGKILL)  # no finally runs: Slurm's last kill, the OOM killer
+        task.wait()
+        assert not _wait_gone([worker], timeout_s=10), "the reaper did not end the worker"
+        deadline = time.monotonic() + 10
+        while Path(state).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(temp.iterdir()) == [], "the killed node task's state folder was left on the node"
+    finally:
+        task.kill()
+        _kill_quietly([worker] if worker else [])
