@@ -304,6 +304,7 @@ class TorchrunNodeLauncher:
             check_port_free(env.master_port)
         relayed = relayed_signals(spec.signals.timeout_signal)
         signal.signal(signal.SIGCONT, signal.SIG_IGN)  # torchrun inherits "ignored" (see the module docstring)
+        self.sweep_state_dirs(env.hostname)
         state_dir = node_dirs.planned("torchrun")  # named first: the reaper removes it after a SIGKILL
         self.start_reaper(remove_dirs=(state_dir,))
         self.burn_in(spec, env)
@@ -388,6 +389,13 @@ class TorchrunNodeLauncher:
                 os.close(fd)
         except OSError as exc:
             print(f"hpctrain: could not report the failure of rank {rank}: {exc}", file=sys.stderr)
+
+    def sweep_state_dirs(self, node: str) -> None:
+        """Remove the state folders of this user's node tasks on this node that were killed with their reaper
+        (proctrack/cgroup's last SIGKILL ends both: node_dirs.py)."""
+        swept = node_dirs.sweep("torchrun")
+        if swept:
+            _say_for(node)(f"removed {len(swept)} state folder(s) of killed node tasks, e.g. {swept[0]}")
 
     def start_reaper(self, remove_dirs: Sequence[Path] = ()) -> None:
         """The node's reaper: torchrun and the workers carry this task's token (cleanup.py); after this

@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,42 @@ def test_a_planned_folder_is_a_fresh_name_in_the_job_scoped_temp_dir_first(tmp_p
     assert node_dirs.planned("torchrun", env).parent == job_tmp
     assert node_dirs.planned("torchrun", env) != node_dirs.planned("torchrun", env)
     assert node_dirs.planned("torchrun", {}).parent == Path(os.path.realpath("/tmp"))
+
+
+def test_a_planned_folder_names_its_task_host_pid_and_start() -> None:
+    name = node_dirs.planned("torchrun", {}).name
+    found = re.fullmatch(r"hpctrain-torchrun-[0-9a-f]{16}-(\d+)-(\d+)-(.+)", name)
+    assert found is not None, name
+    assert int(found[1]) == os.getpid() and int(found[2]) == node_dirs.process_start(os.getpid())
+    assert found[3] == re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:64]
+
+
+def ended_task_folder(temp: Path, kind: str = "torchrun", host: str | None = None) -> Path:
+    """A folder named like planned()'s by a task that has ended (a SIGKILLed node task whose reaper died too)."""
+    proc = subprocess.Popen(["sleep", "5"])
+    start = node_dirs.process_start(proc.pid)
+    proc.kill()
+    proc.wait()
+    host = host or re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:64]
+    folder = temp / f"hpctrain-{kind}-{os.urandom(8).hex()}-{proc.pid}-{start}-{host}"
+    (folder / "torchrun-logs").mkdir(parents=True)
+    return folder
+
+
+def test_the_sweep_removes_only_this_users_folders_of_ended_tasks_of_this_host(tmp_path: Path) -> None:
+    env = {"TMPDIR": str(tmp_path)}
+    dead = ended_task_folder(tmp_path)
+    live = node_dirs.create(node_dirs.planned("torchrun", env))  # this process's: alive
+    elsewhere = ended_task_folder(tmp_path, host="another-node")  # /tmp on a shared disk: PIDs mean nothing here
+    other_kind = ended_task_folder(tmp_path, kind="bench")
+    target = tmp_path / "precious"
+    target.mkdir()
+    planted = ended_task_folder(tmp_path)
+    shutil.rmtree(planted)
+    planted.symlink_to(target)  # a link with a dead task's name: never followed, never removed
+    assert node_dirs.sweep("torchrun", env) == [str(dead)]
+    assert not dead.exists() and live.is_dir() and elsewhere.is_dir() and other_kind.is_dir()
+    assert planted.is_symlink() and target.is_dir()
 
 
 def test_the_task_s_own_folder_is_removed_whole(tmp_path: Path) -> None:
