@@ -99,7 +99,9 @@ def slurm_node_env(tmp_path: Path) -> dict[str, str]:
         (stubs / command).write_text(NO_SUCH_JOB)
         (stubs / command).chmod(0o755)
     env = clean_env()
+    (tmp_path / "node-tmp").mkdir()
     env.update(
+        TMPDIR=str(tmp_path / "node-tmp"),  # the node task's state folder goes here (see state_folders)
         SLURM_JOB_ID="424242", SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_LOCALID="0", SLURM_NODEID="0",
         SLURM_JOB_NODELIST="localhost", SLURM_JOB_NUM_NODES="1", SLURM_TASKS_PER_NODE="1",
         HPCTRAIN_ALLOW_LOOPBACK_MASTER="1", PATH=f"{stubs}{os.pathsep}{env.get('PATH', '')}",
@@ -128,6 +130,16 @@ def start_node_task(tmp_path: Path, uri: str, loop: str) -> tuple[subprocess.Pop
     log = (tmp_path / "node.log").open("wb")
     node = subprocess.Popen(command, env=slurm_node_env(tmp_path), stdout=log, stderr=subprocess.STDOUT)
     return node, run, go
+
+
+def state_folders(tmp_path: Path, timeout_s: float = 0.0) -> list[Path]:
+    """The node task's state folders in its TMPDIR, once none is left or after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = sorted((tmp_path / "node-tmp").glob("hpctrain-torchrun-*"))
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.2)
 
 
 def senders(run: Path) -> list[psutil.Process]:
@@ -174,6 +186,7 @@ def test_the_node_task_of_rank_0_sends_each_step_live_once_and_its_sender_ends_w
         wait_for(lambda: {step for step, _ in steps_in_mlflow(server)} == set(range(1, STEPS + 1)),
                  "MLflow to have every step", node, log)  # fmt: skip
         assert Counter(step for step, _ in steps_in_mlflow(server)) == dict.fromkeys(range(1, STEPS + 1), 1)
+        assert len(state_folders(tmp_path)) == 1  # the ranks' results go there, in TMPDIR
         [sender] = senders(run)  # one per run, not one per rank ...
         assert sender.ppid() == node.pid  # ... started by the node task, not by a torchrun worker
         go.touch()
@@ -182,6 +195,7 @@ def test_the_node_task_of_rank_0_sends_each_step_live_once_and_its_sender_ends_w
         go.touch()
         node.kill()
     assert senders(run) == []  # it ended with the node task
+    assert state_folders(tmp_path) == []  # the node task's own end removed it
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["global_step"] == STEPS
     history = steps_in_mlflow(server)
@@ -212,11 +226,13 @@ def test_a_preempted_node_task_takes_its_sender_along_and_a_server_down_never_he
         node.send_signal(signal.SIGTERM)  # as Slurm preempts the job: its node task passes it on to the ranks
         wait_for(lambda: json.loads(summary.read_text()).get("status") == "stopped", "the ranks to stop", node, log)
         [sender] = senders(run)
+        assert len(state_folders(tmp_path)) == 1
         node.kill()  # Slurm ends the job (KillWait is over)
         node.wait(timeout=30)
         sender.wait(timeout=60)  # the parent's death signal; its last sync is bounded
     finally:
         node.kill()
     assert senders(run) == []
+    assert state_folders(tmp_path, timeout_s=20) == [], "the SIGKILLed node task's reaper left its state folder"
     assert json.loads(summary.read_text())["stop_reason"] == "preempted"
     assert json.loads(live.read_text())["through"] == {"mlflow": -1}  # nothing claimed sent
