@@ -391,11 +391,11 @@ class TorchrunNodeLauncher:
             print(f"hpctrain: could not report the failure of rank {rank}: {exc}", file=sys.stderr)
 
     def sweep_state_dirs(self, node: str) -> None:
-        """Remove the state folders of this user's node tasks on this node that were killed with their reaper
-        (proctrack/cgroup's last SIGKILL ends both: node_dirs.py)."""
+        """Remove the state folders this user's node tasks on this node left when they were killed with their
+        reaper (proctrack/cgroup's last SIGKILL ends both: node_dirs.py)."""
         swept = node_dirs.sweep("torchrun")
         if swept:
-            _say_for(node)(f"removed {len(swept)} state folder(s) of killed node tasks, e.g. {swept[0]}")
+            _say_for(node)(f"removed {len(swept)} state folder(s) of ended node tasks, e.g. {swept[0]}")
 
     def start_reaper(self, remove_dirs: Sequence[Path] = ()) -> None:
         """The node's reaper: torchrun and the workers carry this task's token (cleanup.py); after this

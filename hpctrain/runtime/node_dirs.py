@@ -120,6 +120,8 @@ def remove_owned(path: str | Path, *, uid: int | None = None) -> str:
             st = os.lstat(name, dir_fd=parent_fd)
         except FileNotFoundError:
             return "already gone"
+        except OSError as exc:
+            return f"not removed: {exc.strerror}"
         if not stat.S_ISDIR(st.st_mode):
             return "refused: not a directory (a symlink or a file)"
         if st.st_uid != uid:

@@ -125,11 +125,12 @@ def test_a_taken_name_is_an_error_not_someone_elses_folder(tmp_path: Path) -> No
     assert "TMPDIR" in (caught.value.hint or "")
 
 
-def test_the_node_task_names_the_folder_for_its_reaper_before_making_it_and_removes_it_at_its_end(
+def test_the_node_task_sweeps_then_names_the_folder_for_its_reaper_before_making_it_and_removes_it_at_its_end(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.delenv("SLURM_TMPDIR", raising=False)
+    left = ended_task_folder(tmp_path)  # by a node task killed with its reaper
     told: list[tuple[Path, bool]] = []
     made: list[Path] = []
 
@@ -158,3 +159,4 @@ def test_the_node_task_names_the_folder_for_its_reaper_before_making_it_and_remo
     assert not existed, "the reaper must know the folder before it exists"
     assert made == [path] and path.parent == tmp_path and path.name.startswith("hpctrain-torchrun-")
     assert not path.exists()  # the task's own finally
+    assert not left.exists()  # swept at the start
