@@ -198,7 +198,7 @@ class StepClock:
                 self.lap("sync")
 
         model.register_forward_pre_hook(enter)
-        model.module.register_forward_pre_hook(inner)
+        model.module.register_forward_pre_hook(inner, prepend=True)  # the module's own pre-hooks are its forward
 
     def _seconds(self) -> tuple[list[float], float]:
         """This window's sums and wall time in seconds (on a GPU: reads the events, after they completed)."""
