@@ -1,5 +1,6 @@
-"""StepClock: laps on the CPU add up to the window's wall time; the DDP hook is only for DDP; CUDA events;
-each step's own compute in the heartbeat, which tells slow-node eviction a slow backward from a wait."""
+"""StepClock: laps on the CPU add up to the window's wall time; the DDP hooks are only for DDP; CUDA events;
+each step's own compute in the heartbeat, which tells slow-node eviction a slow backward from a wait; the
+buffer broadcast before the forward (DDP's, dp's) is a wait (``sync``), not forward."""
 
 from __future__ import annotations
 
@@ -290,3 +291,30 @@ def test_on_a_gpu_the_wait_before_the_module_is_timed_with_events() -> None:
     by_part = dict(zip(MEASURED, sums))
     assert by_part["sync"] > by_part["forward"] >= 0
     assert sum(sums) == pytest.approx(wall, rel=0.01)
+
+
+def test_a_strategys_collective_before_the_forward_is_sync_not_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Multi-node dp broadcasts buffers in ``before_forward`` (a collective that waits for the slowest rank)."""
+    from hpctrain.trainer.precision import Precision
+    from hpctrain.trainer.step import TrainStep
+    from hpctrain.trainer.strategies.base import Strategy
+
+    fake = FakeTime()
+    monkeypatch.setattr(step_timer, "time", fake)
+
+    class BroadcastsFirst(Strategy):
+        def before_forward(self, module: nn.Module) -> None:
+            fake.now += 0.05
+
+    cpu = torch.device("cpu")
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    clock = StepClock(cpu)
+    step = TrainStep(
+        model, model, optimizer, scheduler, Precision("fp32", cpu), nn.CrossEntropyLoss(), BroadcastsFirst(), cpu
+    )
+    step.clock = clock
+    step(torch.randn(3, 4), torch.tensor([0, 1, 0]))
+    sums, _ = clock._seconds()
+    assert {part: round(s * 1000, 6) for part, s in zip(MEASURED, sums) if s} == {"sync": 50}
