@@ -181,13 +181,14 @@ class StepClock:
         ``model``: DDP, or any wrapper whose forward calls its ``model.module``. At the wrapper's entry the
         time since the last lap goes to ``forward`` (where it went without the hooks); at the module's own
         forward, the time since the entry goes to ``sync``. Forwards without gradients (validation: no
-        train step's time) are not lapped, nor the module called on its own.
+        train step's time) are not lapped, nor the module called on its own, nor a forward that
+        ``torch.compile`` traces (a clock read in its graph would be a constant).
         """
         entered = False
 
         def enter(module: nn.Module, args: Any) -> None:
             nonlocal entered
-            if torch.is_grad_enabled():
+            if torch.is_grad_enabled() and not torch.compiler.is_compiling():  # a compiled graph: not split
                 self.lap("forward")
                 entered = True
 
