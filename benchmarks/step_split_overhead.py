@@ -29,7 +29,8 @@ from hpctrain.task.step_timer import NoClock, StepClock
 from hpctrain.trainer.precision import Precision
 from hpctrain.trainer.step import TrainStep
 
-LAPS_PER_STEP = 10  # other, sync, data, h2d, forward, backward, comm (DDP), comm, optimizer, unsplit
+LAPS_PER_STEP = 13  # other, sync, data, h2d, sync (dp), forward + sync (DDP entry, its module), forward,
+# backward, comm (DDP), comm, optimizer, unsplit
 
 
 class NoHooks:

@@ -26,6 +26,15 @@ On the CPU the clock is ``perf_counter``; on a GPU each lap records a CUDA
 event on the current stream (no synchronisation) and the window's events are
 read once, at the window's end, where the log line waits for the device anyway.
 
+DDP's forward begins with a collective: with ``broadcast_buffers`` (on by
+default) rank 0's buffers (BatchNorm's running statistics) are broadcast
+before the module's own forward runs, so a rank whose batch came early waits
+there for the ranks whose batch came late. Two forward pre-hooks (one on the
+DDP wrapper, one on the module inside it) lap that stretch into ``sync``, the
+step's waits in collectives, not into ``forward``: the step split counts it
+as straggler wait where a slower rank's own work explains it. It costs two
+clock reads (on a GPU: two events) per forward; DDP itself is untouched.
+
 DDP's all-reduce runs inside the backward. A comm hook (DDP's default
 all-reduce, wrapped) notes when the last gradient bucket is handed over: the
 backward's compute ends there, and what follows until the backward returns is
@@ -141,8 +150,12 @@ class StepClock:
         del self._pending[:-8]  # never more than a few steps in flight
 
     def watch_ddp(self, model: nn.Module) -> bool:
-        """Register the comm hook on a DDP model; whether it was (never on a model with a hook of its own)."""
-        if not isinstance(model, nn.parallel.DistributedDataParallel) or getattr(model, "_comm_hooks", None):
+        """Time a DDP model's buffer sync and register the comm hook; whether the comm hook was registered
+        (never on a model with a hook of its own)."""
+        if not isinstance(model, nn.parallel.DistributedDataParallel):
+            return False
+        self.watch_buffer_sync(model)
+        if getattr(model, "_comm_hooks", None):
             return False
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
@@ -161,6 +174,32 @@ class StepClock:
         model.register_comm_hook(None, hook)
         self.feeds_heartbeat = True
         return True
+
+    def watch_buffer_sync(self, model: nn.Module) -> None:
+        """Lap DDP's work before its module's forward (the buffer broadcast, a collective) into ``sync``.
+
+        ``model``: DDP, or any wrapper whose forward calls its ``model.module``. At the wrapper's entry the
+        time since the last lap goes to ``forward`` (where it went without the hooks); at the module's own
+        forward, the time since the entry goes to ``sync``. Forwards without gradients (validation: no
+        train step's time) are not lapped, nor the module called on its own, nor a forward that
+        ``torch.compile`` traces (a clock read in its graph would be a constant).
+        """
+        entered = False
+
+        def enter(module: nn.Module, args: Any) -> None:
+            nonlocal entered
+            if torch.is_grad_enabled() and not torch.compiler.is_compiling():  # a compiled graph: not split
+                self.lap("forward")
+                entered = True
+
+        def inner(module: nn.Module, args: Any) -> None:
+            nonlocal entered
+            if entered:
+                entered = False
+                self.lap("sync")
+
+        model.register_forward_pre_hook(enter)
+        model.module.register_forward_pre_hook(inner, prepend=True)  # the module's own pre-hooks are its forward
 
     def _seconds(self) -> tuple[list[float], float]:
         """This window's sums and wall time in seconds (on a GPU: reads the events, after they completed)."""

@@ -87,6 +87,7 @@ class TrainStep:
             images, targets = batch_to_device(images, targets, self.device, channels_last=self.channels_last)
             self.clock.lap("h2d")
             self.hooks.before_forward(self.module)
+            self.clock.lap("sync")  # multi-node dp's buffer broadcast: a collective, waits for the slowest rank
             with sync, context:
                 with self.precision.autocast():
                     output = self.model(images)

@@ -2,8 +2,8 @@
 and for slow-node eviction, with rank 1 slowed in its backward only.
 
 The injected causes are sleeps patched into this rank's process only (a forward pre-hook on rank 1's
-module, or a backward hook on its last layer; the train dataset's ``__getitem__`` on every rank), so the
-trainer itself runs unchanged.
+module, or a backward hook on its last layer; the train dataset's ``__getitem__`` on every rank, longer
+on rank 1), so the trainer itself runs unchanged.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from hpctrain.trainer.trainer import Trainer
 
 SLOW_FORWARD_S = 0.6  # added to each forward of the slowed rank (far above what CI's load makes two ranks differ)
 SLOW_BACKWARD_S = 0.3  # added to each backward of the slowed rank, before its gradient buckets are handed over
-SLOW_SAMPLE_S = 0.04  # added to each training sample read (8 per step)
+SLOW_SAMPLE_S = 0.06  # added to each training sample read (8 per step)
+LATE_SAMPLE_S = 0.03  # added on top on rank 1 only: its batch comes later, rank 0 waits in DDP's buffer broadcast
 
 TRAINER = {"strategy": "ddp", "arch": "resnet18", "epochs": 1, "max_steps_per_epoch": 12, "log_every_steps": 2}
 
@@ -60,16 +61,20 @@ def scenario_eviction(rank: int, world_size: int, *, data_root: str, base_dir: s
 
 
 def scenario_split(rank: int, world_size: int, *, data_root: str, base_dir: str, case: str) -> dict[str, Any]:
-    """One ddp run of ``case``: "clean", "slow_rank" (rank 1's forward slowed) or "slow_data"."""
+    """One ddp run of ``case``: "clean", "slow_rank" (rank 1's forward slowed) or "slow_data" (every rank's
+    reads slowed, rank 1's more); with this rank's heartbeat (its steps' own compute)."""
     if case == "slow_rank":
         Trainer.build_model = _slow_forward(1)  # type: ignore[method-assign]
     elif case == "slow_data":
         read = datasets.TrainImages.__getitem__
 
+        delay = SLOW_SAMPLE_S + (LATE_SAMPLE_S if rank == 1 else 0.0)
+
         def slow_read(self: Any, index: int) -> Any:
-            time.sleep(SLOW_SAMPLE_S)
+            time.sleep(delay)
             return read(self, index)
 
         datasets.TrainImages.__getitem__ = slow_read  # type: ignore[method-assign]
     spec = job_spec(Path(data_root), trainer=TRAINER)
-    return train(Path(base_dir) / case, spec, rank=rank, world_size=world_size)
+    result = train(Path(base_dir) / case, spec, rank=rank, world_size=world_size)
+    return {"result": result, "heartbeat": heartbeat.recorder().snapshot()}

@@ -1,4 +1,5 @@
-"""Two gloo ranks train ddp: clean, with rank 1's forward slowed, with a slow loader (split_harness.py).
+"""Two gloo ranks train ddp: clean, with rank 1's forward slowed, with a slow loader, slower on rank 1
+(split_harness.py).
 
 Every window's parts add up to the step time the trainer measured on its own (train_step's step_s),
 and the report names the injected cause as the largest loss, on the right rank; the clean run names
@@ -76,6 +77,22 @@ def test_a_slow_loader_is_named_as_the_largest_loss(runs: Path) -> None:
     ex = explained(runs, "slow_data")
     assert ex["causes"][0]["part"] == "data" and "bench-data" in ex["causes"][0]["hint"]
     assert ex["bars"][0]["losses"][0]["part"] == "data"
+
+
+def test_the_wait_for_a_late_batch_is_straggler_wait_not_the_early_rank_s_forward(runs: Path) -> None:
+    """Rank 1's batch comes later (its reads are slower); rank 0 waits for it in DDP's buffer broadcast at the
+    start of its forward. That wait is not rank 0's own compute (its heartbeat's step compute, forward in it,
+    is about rank 1's; counted as forward before issue 41, it was longer by the whole delay), and the split
+    names it straggler wait, rank 1 the slowest by its data. (Then the two ranks' own work came out about
+    equal: the slowest rank either one, the straggler wait only jitter.)"""
+    late = split_harness.LATE_SAMPLE_S * 8  # per step: 8 samples per rank
+    own = [json.loads((runs / "out-slow_data" / f"rank-{r}.json").read_text())["heartbeat"] for r in range(2)]
+    assert [beat["compute_kind"] for beat in own] == ["step", "step"]
+    assert own[0]["compute_time_median_s"] - own[1]["compute_time_median_s"] < 0.5 * late, own
+    splits = [r for r in records(runs / "slow_data", "step_split") if r["global_step"] > 2]
+    assert sum(r["slowest_rank"] == 1 for r in splits) > len(splits) / 2, splits
+    assert statistics.fmean(r["straggler_s"] for r in splits) > 0.5 * late, splits
+    assert statistics.fmean(r["slowest_data_s"] for r in splits) > 0.5 * late, splits
 
 
 def seconds_of(ex: dict[str, Any], part: str) -> float:

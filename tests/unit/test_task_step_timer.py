@@ -1,5 +1,6 @@
-"""StepClock: laps on the CPU add up to the window's wall time; the DDP hook is only for DDP; CUDA events;
-each step's own compute in the heartbeat, which tells slow-node eviction a slow backward from a wait."""
+"""StepClock: laps on the CPU add up to the window's wall time; the DDP hooks are only for DDP; CUDA events;
+each step's own compute in the heartbeat, which tells slow-node eviction a slow backward from a wait; the
+buffer broadcast before the forward (DDP's, dp's) is a wait (``sync``), not forward."""
 
 from __future__ import annotations
 
@@ -51,10 +52,6 @@ def test_an_empty_window_gives_no_record_and_the_no_clock_does_nothing() -> None
     assert StepClock(torch.device("cpu")).window(global_step=0, epoch=0) is None
     NoClock().lap("data")
     NoClock().backward_done()
-
-
-def test_only_a_ddp_model_gets_the_comm_hook() -> None:
-    assert StepClock(torch.device("cpu")).watch_ddp(nn.Linear(2, 2)) is False
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -196,3 +193,128 @@ def test_on_a_gpu_each_steps_own_compute_is_read_once_its_events_completed(monke
     clock.step_done()  # harvests the completed steps; never waits
     assert recorder.compute_count == 4 and recorder.compute_kind == "step"
     assert all(t > 0 for t in recorder.compute_times)
+
+
+class Waits(nn.Module):
+    """What DDP's forward does, without a process group: ``wait_ms`` (its buffer broadcast, where a rank waits
+    for the slowest) before it calls ``self.module``, whose own forward takes ``compute_ms``."""
+
+    def __init__(self, fake: FakeTime, wait_ms: float, compute_ms: float) -> None:
+        super().__init__()
+        self.fake, self.wait_ms = fake, wait_ms
+        self.module = Computes(fake, compute_ms)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.fake.now += self.wait_ms / 1000
+        return self.module(x)
+
+
+class Computes(nn.Module):
+    def __init__(self, fake: FakeTime, compute_ms: float) -> None:
+        super().__init__()
+        self.fake, self.compute_ms = fake, compute_ms
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.fake.now += self.compute_ms / 1000
+        return x
+
+
+def test_the_wait_before_ddps_module_runs_is_sync_not_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank whose batch came early waits in DDP's buffer broadcast: that wait is ``sync`` (the split counts
+    it as straggler wait or communication), its forward is only the module's own; the parts still add up."""
+    fake, recorder = FakeTime(), heartbeat.Recorder()
+    monkeypatch.setattr(step_timer, "time", fake)
+    monkeypatch.setattr(heartbeat, "_recorder", recorder)
+    clock = StepClock(torch.device("cpu"))
+    clock.feeds_heartbeat = True
+    model = Waits(fake, wait_ms=200, compute_ms=10)
+    model.module.register_forward_pre_hook(lambda module, args: setattr(fake, "now", fake.now + 0.004))
+    clock.watch_buffer_sync(model)  # after the module's own pre-hook, which is still its forward
+    for _ in range(3):
+        fake.now += 0.005
+        clock.lap("data")
+        fake.now += 0.001  # the caller's own work before the call: forward, as without the hooks
+        model(torch.zeros(1))
+        fake.now += 0.002  # the loss
+        clock.lap("forward")
+        clock.step_done()
+    sums, wall = clock._seconds()
+    by_part = {part: round(s * 1000, 6) for part, s in zip(MEASURED, sums) if s}
+    assert by_part == {"data": 15, "forward": 51, "sync": 600}
+    assert sum(sums) == pytest.approx(wall)
+    assert recorder.snapshot()["recent_compute_times_s"] == pytest.approx([0.017] * 3)  # no wait in own compute
+
+
+def test_forwards_without_gradients_and_the_module_alone_are_not_lapped(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeTime()
+    monkeypatch.setattr(step_timer, "time", fake)
+    clock = StepClock(torch.device("cpu"))
+    model = Waits(fake, wait_ms=200, compute_ms=10)
+    clock.watch_buffer_sync(model)
+    with torch.no_grad():
+        model(torch.zeros(1))  # validation
+    model.module(torch.zeros(1))
+    clock.lap("other")
+    sums, _ = clock._seconds()
+    assert {part: round(s * 1000, 6) for part, s in zip(MEASURED, sums) if s} == {"other": 220}
+
+
+def test_only_a_ddp_model_gets_the_hooks() -> None:
+    model = nn.Linear(2, 2)
+    assert StepClock(torch.device("cpu")).watch_ddp(model) is False
+    assert not model._forward_pre_hooks
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_the_wait_before_the_module_is_timed_with_events() -> None:
+    class Busy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = nn.Identity()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for _ in range(10):  # the stream busy before the module runs, as behind a broadcast it waits for
+                x = x @ x / 2048
+            return self.module(x)
+
+    clock = StepClock(torch.device("cuda"))
+    model = Busy()
+    clock.watch_buffer_sync(model)
+    x = torch.randn(2048, 2048, device="cuda")
+    for _ in range(2):
+        clock.lap("data")
+        model(x)
+        clock.lap("forward")
+        clock.step_done()
+    sums, wall = clock._seconds()
+    by_part = dict(zip(MEASURED, sums))
+    assert by_part["sync"] > by_part["forward"] >= 0
+    assert sum(sums) == pytest.approx(wall, rel=0.01)
+
+
+def test_a_strategys_collective_before_the_forward_is_sync_not_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Multi-node dp broadcasts buffers in ``before_forward`` (a collective that waits for the slowest rank)."""
+    from hpctrain.trainer.precision import Precision
+    from hpctrain.trainer.step import TrainStep
+    from hpctrain.trainer.strategies.base import Strategy
+
+    fake = FakeTime()
+    monkeypatch.setattr(step_timer, "time", fake)
+
+    class BroadcastsFirst(Strategy):
+        def before_forward(self, module: nn.Module) -> None:
+            fake.now += 0.05
+
+    cpu = torch.device("cpu")
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    clock = StepClock(cpu)
+    step = TrainStep(
+        model, model, optimizer, scheduler, Precision("fp32", cpu), nn.CrossEntropyLoss(), BroadcastsFirst(), cpu
+    )
+    step.clock = clock
+    step(torch.randn(3, 4), torch.tensor([0, 1, 0]))
+    sums, _ = clock._seconds()
+    assert {part: round(s * 1000, 6) for part, s in zip(MEASURED, sums) if s} == {"sync": 50}
