@@ -43,6 +43,10 @@ from .stop_helpers import (
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
 
+# Alone (its own cluster shape), with nothing release-specific (the container is the subject; its nodes come from
+# the fixture): CI runs it in 26.05's alone half on the side cluster, off 24.11's critical path (docs/testing.md).
+pytestmark = pytest.mark.slurm_side
+
 SPEC = "jobs/smoke_apptainer_cpu.yaml"
 TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
 START_TIMEOUT_S = 120  # submit -> first checkpoint: 4 ranks starting Apptainer and importing torch on 2 cores
