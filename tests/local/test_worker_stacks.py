@@ -6,6 +6,7 @@ The rank's own dump shows only its wait for the next batch; the stuck code is in
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import threading
 import time
@@ -23,10 +24,14 @@ pytestmark = pytest.mark.local_dist
 
 
 class StuckImages(Dataset):
+    def __init__(self) -> None:
+        self.stuck = multiprocessing.Event()  # set in the (forked) worker as it enters the stuck code
+
     def __len__(self) -> int:
         return 8
 
     def __getitem__(self, index: int) -> torch.Tensor:
+        self.stuck.set()
         return wait_for_a_lock_nobody_releases()
 
 
@@ -41,11 +46,15 @@ def wait_for_a_lock_nobody_releases() -> torch.Tensor:
 def test_a_stuck_worker_writes_its_stacks_to_stderr_on_request(
     capfd: pytest.CaptureFixture[str], init: Callable[[int], None]
 ) -> None:
-    loader = DataLoader(StuckImages(), batch_size=2, num_workers=1, worker_init_fn=init)
+    images = StuckImages()
+    loader = DataLoader(images, batch_size=2, num_workers=1, worker_init_fn=init)
     batches = iter(loader)  # the worker starts and takes its first indices; next() would wait forever
     workers = list(batches._workers)  # type: ignore[attr-defined]
     try:
-        deadline = time.monotonic() + 30
+        # Asked only once the worker is in the stuck code: between its worker_init (it answers from there on)
+        # and its first __getitem__ a starved worker (CI's nice 10) dumped stacks without the stuck frame.
+        assert images.stuck.wait(timeout=60), "the worker never reached its dataset"
+        deadline = time.monotonic() + 60
         while not answering_workers(os.getpid()) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert ask_workers_for_stacks() == [workers[0].pid]
