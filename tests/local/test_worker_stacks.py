@@ -57,10 +57,12 @@ def test_a_stuck_worker_writes_its_stacks_to_stderr_on_request(
         deadline = time.monotonic() + 60
         while not answering_workers(os.getpid()) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert ask_workers_for_stacks() == [workers[0].pid]
+        # A dump is a snapshot: the event is set a moment before the worker blocks (its own Event.set() was once
+        # the dumped frame), so the request is repeated until the stuck frame shows, as a watchdog's next one would.
         seen = ""
         while "wait_for_a_lock_nobody_releases" not in seen and time.monotonic() < deadline:
-            time.sleep(0.05)
+            assert ask_workers_for_stacks() == [workers[0].pid]
+            time.sleep(0.5)
             seen += capfd.readouterr().err
         assert "wait_for_a_lock_nobody_releases" in seen and "__getitem__" in seen
         assert "filter_signals" in seen  # every thread, not only the stuck one (the SIGTERM filter)
