@@ -34,7 +34,7 @@ import secrets
 import shutil
 import socket
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 PREFIX = "hpctrain-"  # the only names a reaper ever removes
@@ -43,10 +43,11 @@ _NAME = re.compile(  # what planned() makes: KIND, a random part, the task's PID
 )
 
 
-def temp_dir(env: Mapping[str, str]) -> str:
-    """The node's temp dir for a task: ``$SLURM_TMPDIR`` or ``$TMPDIR`` if it is a folder, else ``/tmp``."""
+def temp_dir(env: Mapping[str, str], exists: Callable[[str], bool] = os.path.isdir) -> str:
+    """The node's temp dir for a task: ``$SLURM_TMPDIR`` or ``$TMPDIR`` if ``exists`` (a folder), else ``/tmp``
+    (also ``data.stage_dir``'s default: trainer/data/staging.py)."""
     candidates = (env.get("SLURM_TMPDIR"), env.get("TMPDIR"))
-    return next((c for c in candidates if c and os.path.isdir(c)), "/tmp")
+    return next((c for c in candidates if c and exists(c)), "/tmp")
 
 
 def planned(kind: str, env: Mapping[str, str] | None = None) -> Path:

@@ -35,6 +35,7 @@ from hpctrain.contract.file_writes import copy_atomic, write_atomic
 from hpctrain.contract.runfiles import RunFileError, load_json, read_bounded, real_path
 from hpctrain.dataset import node_folder
 from hpctrain.errors import TrainingConfigError
+from hpctrain.runtime.node_dirs import temp_dir
 from hpctrain.trainer.data.index import DatasetIndex
 
 DONE, FAILED, KEY = "STAGED", "FAILED", "KEY"
@@ -52,8 +53,7 @@ def resolve_stage_dir(
     $TMPDIR and /tmp that ``exists`` (a variable naming a folder that is gone, e.g. leaked from a job that
     has ended, is passed over rather than created)."""
     if not template:
-        candidates = (env.get("SLURM_TMPDIR"), env.get("TMPDIR"))
-        template = next((c for c in candidates if c and exists(c)), "/tmp")
+        template = temp_dir(env, exists)
     expanded = template.replace("{node}", node_name(env))
     for name, value in sorted(env.items(), key=lambda kv: -len(kv[0])):
         expanded = expanded.replace(f"${{{name}}}", value).replace(f"${name}", value)
