@@ -9,7 +9,8 @@ them into one ``step_split`` record of ``metrics.jsonl`` with :func:`split_recor
 A rank cannot see why it waited in a collective: the time after its backward
 until the all-reduce completes (``comm``) and in the step's other collectives
 (``sync``: the stop agreement; DDP's buffer broadcast before the module's
-forward) is either transfer or waiting for a slower rank.
+forward; rank 0's writes after a window's gather, which the others wait for)
+is either transfer or waiting for a slower rank.
 The ranks' sums tell them apart: the *typical* rank is the median of the ranks
 other than the slowest one (the one with the most local work); whatever the
 slowest rank's local work exceeds it by is **straggler** wait, everyone's; the

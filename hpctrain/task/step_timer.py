@@ -272,7 +272,8 @@ class StepTimer(StepClock):
 
         self.lap("other")
         record = self.window(global_step=step, epoch=epoch)
+        self.restart()  # every rank's next window starts as the gather ends; rank 0's write is in it as sync
         if record is not None:
             append_record(record)
-        self.restart()
+            self.lap("sync")
         return record

@@ -310,13 +310,18 @@ class Trainer(Building, Checkpointing):
             values = window.values(world_size=self.images_scale, lr=self.optimizer.param_groups[0]["lr"])
             self.clock.lap("other")
             split = self.clock.window(global_step=self.progress.global_step, epoch=epoch)  # collective
+            steps = window.steps
+            # Every rank's next windows start here, as the gather ends: rank 0's writes below are in its next
+            # window as ``sync``, where the others wait for them in their next collective (a window that began
+            # after them would be shorter than the others' by their length; CI's load made that 23 %).
+            window.reset()
+            self.clock.restart()
             self.reporter.train_step(
-                epoch=epoch, step=step + 1, global_step=self.progress.global_step, values=values, steps=window.steps
+                epoch=epoch, step=step + 1, global_step=self.progress.global_step, values=values, steps=steps
             )
             if split is not None:
                 self.reporter.step_split(split)
-            window.reset()
-            self.clock.restart()  # both windows leave out the gather and the writes (rank 0's alone: not a straggler)
+            self.clock.lap("sync")
             self.progress.data_wait_fraction = epoch_timer.data_wait_fraction()  # the epoch's so far, for summaries
         every = self.ctx.spec.checkpoint.every_steps
         epoch_save_follows = last and (epoch + 1) % self.ctx.spec.checkpoint.every_epochs == 0
