@@ -56,7 +56,8 @@ with open(f"row-{info.rank}.json", "w") as out:  # a file each: the ranks' stdou
 
 def torchrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
-    done = subprocess.run(command, cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=300)
+    env = {**clean_env(), "TMPDIR": str(cwd)}  # torchrun's own log folder (torchelastic_*): not left in /tmp
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
