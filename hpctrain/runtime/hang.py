@@ -40,7 +40,8 @@ in the kernel, stuck in native code that holds the GIL, or on a node that no
 longer answers): its file is older than its own write interval allows, so the
 step and phase in it are only its last recorded ones, and the report says so
 (``hung_frozen_s``). Otherwise the rank that stopped first is named
-(``hpctrain.contract.heartbeat_files.first_stopped``: lowest step, then oldest phase).
+(``hpctrain.contract.heartbeat_files.first_stopped``: lowest step, then oldest progress:
+entering its phase or its last beat).
 
 Torch-free.
 """

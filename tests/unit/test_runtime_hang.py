@@ -119,6 +119,20 @@ def test_a_rank_behind_by_a_step_is_the_culprit_whatever_its_phase_time(tmp_path
     assert hang_report(beats, "9", now=1100.0, run_dir=tmp_path)["hung_rank"] == 1  # type: ignore[index]
 
 
+def test_in_a_hung_validation_the_rank_without_batches_is_named_not_the_first_to_enter(tmp_path: Path) -> None:
+    """Every rank is in validation at the same step; rank 1 entered first but its batches went on (it waits
+    in the final all-reduce), rank 2 entered later and never had a batch."""
+    beats = [
+        Heartbeat(rank=0, node="n1", job_id="9", step=2, phase="validation", phase_since=1000.3, last_progress=1003.0),
+        Heartbeat(rank=1, node="n1", job_id="9", step=2, phase="validation", phase_since=1000.0, last_progress=1002.0),
+        Heartbeat(rank=2, node="n2", job_id="9", step=2, phase="validation", phase_since=1000.5, last_progress=990.0),
+        Heartbeat(rank=3, node="n2", job_id="9", step=2, phase="validation", phase_since=1000.4, last_progress=1002.5),
+    ]
+    fields = hang_report(beats, "9", now=1100.0, run_dir=tmp_path)
+    assert fields is not None and fields["hung_rank"] == 2
+    assert fields["failed_reason"] == "hang: rank 2 on node n2 made no progress in phase validation for 100 s (step 2)"
+
+
 def test_no_heartbeats_no_report(tmp_path: Path) -> None:
     assert hang_report([], "9", now=1.0, run_dir=tmp_path) is None
 
