@@ -19,12 +19,15 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 STACKS_SIGNAL = signal.SIGQUIT
 WORKER_NAME = "pt_data_worker"  # torch's name for a data-loader worker's thread (its /proc comm)
 PROC = Path("/proc")
 STDERR_FD = 2  # the task's stderr log, whatever sys.stderr has become
+WORKER_GAP_S = 1.0  # between two workers' dumps: each is a few writes of a few KB, done in well under this
 
 
 def answer_stack_requests() -> None:
@@ -73,13 +76,50 @@ def answering_workers(pid: int, proc: Path = PROC) -> list[int]:
     return workers
 
 
-def ask_workers_for_stacks(pid: int | None = None, proc: Path = PROC) -> list[int]:
-    """Ask this process's (or ``pid``'s) data-loader workers to write their stacks to stderr; the pids asked."""
-    asked = []
-    for worker in answering_workers(os.getpid() if pid is None else pid, proc):
+def worker_header(worker: int, rank_pid: int) -> str:
+    """The line before a worker's stacks in the task's log. Pure.
+
+    A forked worker's stack ends in its rank's frames as they were at the fork
+    (``iter(loader)`` -> ``Process.start`` -> ``popen_fork``): read under
+    ``_bootstrap``, they look like the rank stuck in ``fork()``. They are the
+    worker's own copy; where the rank is now is in its ``stacks/rank-NNNNN.txt``.
+    """
+    return (
+        f"hpctrain: data-loader worker {worker} of pid {rank_pid}: its stacks follow (the frames below "
+        "multiprocessing's _bootstrap are where its rank forked it, not where the rank is now)\n"
+    )
+
+
+def ask_workers_for_stacks(
+    pid: int | None = None,
+    proc: Path = PROC,
+    *,
+    gap_s: float = WORKER_GAP_S,
+    sleep: Callable[[float], None] = time.sleep,
+    kill: Callable[[int, int], None] = os.kill,
+) -> list[int]:
+    """Ask this process's (or ``pid``'s) data-loader workers to write their stacks to stderr; the pids asked.
+
+    One at a time, each after a header line naming it, ``gap_s`` apart: several workers that write
+    at once interleave their lines in the one log (the train loader's and the val loader's, seen in
+    a hung validation) until neither stack can be read.
+    """
+    rank_pid = os.getpid() if pid is None else pid
+    asked: list[int] = []
+    for worker in answering_workers(rank_pid, proc):
+        if asked:
+            sleep(gap_s)
+        _write_stderr(worker_header(worker, rank_pid))
         try:
-            os.kill(worker, STACKS_SIGNAL)
+            kill(worker, STACKS_SIGNAL)
         except OSError:  # it ended meanwhile
             continue
         asked.append(worker)
     return asked
+
+
+def _write_stderr(text: str) -> None:
+    try:
+        os.write(STDERR_FD, text.encode())
+    except OSError:
+        pass
