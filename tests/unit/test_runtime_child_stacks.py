@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.runtime.child_stacks import STACKS_SIGNAL, answering_workers, ask_workers_for_stacks, catches, child_pids
+from hpctrain.runtime.child_stacks import (
+    STACKS_SIGNAL,
+    answering_workers,
+    ask_workers_for_stacks,
+    catches,
+    child_pids,
+    silent_workers,
+)
 
 QUIT_CAUGHT = 1 << (signal.SIGQUIT - 1)
 
@@ -93,3 +100,12 @@ def test_a_worker_that_ended_meanwhile_is_not_counted(tmp_path: Path) -> None:
             raise ProcessLookupError(pid)
 
     assert ask_workers_for_stacks(100, proc, gap_s=0.0, kill=kill) == [204]
+
+
+def test_a_worker_that_cannot_answer_is_described_from_proc(tmp_path: Path) -> None:
+    proc = fake_proc(
+        tmp_path, 100, {201: ("pt_data_worker", QUIT_CAUGHT), 202: ("pt_data_worker", 0), 203: ("python", 0)}
+    )
+    (proc / "202" / "status").write_text("Name:\tpt_data_worker\nState:\tS (sleeping)\n" + status(0))
+    (proc / "202" / "wchan").write_text("futex_wait_queue")
+    assert silent_workers(100, proc) == ["202 (comm pt_data_worker, state S (sleeping), waiting in futex_wait_queue)"]
