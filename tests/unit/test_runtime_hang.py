@@ -19,6 +19,7 @@ from hpctrain.runtime.hang import (
     ProgressWatch,
     grace_s,
     hang_report,
+    note_worker_stacks,
     record_hang,
 )
 from hpctrain.runtime.heartbeat import Recorder
@@ -377,3 +378,17 @@ def test_the_stack_dump_says_where_the_data_loader_workers_wrote_theirs(
     stacks = stack_dump_path(tmp_path, 1).read_text()
     assert "no progress in phase validation at step 2" in stacks
     assert "data-loader workers (pids 4242, 4243) wrote their stacks to this task's stderr log" in stacks
+
+
+def test_the_rank_s_dump_names_its_workers_asked_and_those_that_could_not_answer(tmp_path: Path) -> None:
+    dump = stack_dump_path(tmp_path, 0)
+    dump.parent.mkdir(parents=True)
+    dump.write_text("hpctrain: rank 0 ...\n")
+    note_worker_stacks(dump, [201], ["202 (comm python, state S (sleeping), waiting in futex_wait_queue)"])
+    text = dump.read_text()
+    assert "workers (pids 201) wrote their stacks to this task's stderr log" in text
+    assert (
+        "could not answer (no handler yet): 202 (comm python, state S (sleeping), waiting in futex_wait_queue)" in text
+    )
+    note_worker_stacks(dump, [], [])
+    assert dump.read_text() == text  # nothing to say: nothing written
