@@ -92,6 +92,8 @@ def test_a_worker_stuck_before_its_init_answers_too(capfd: pytest.CaptureFixture
     workers = list(batches._workers)  # type: ignore[attr-defined]
     try:
         deadline = time.monotonic() + 60
+        while not answering_workers(os.getpid()) and time.monotonic() < deadline:
+            time.sleep(0.05)  # a starved child (CI's nice 10) may not have run its at-fork hook yet
         seen = ""
         while "init_behind_a_lock_held_at_fork" not in seen and time.monotonic() < deadline:
             assert ask_workers_for_stacks() == [workers[0].pid]
