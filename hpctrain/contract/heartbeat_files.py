@@ -39,7 +39,7 @@ class Heartbeat(BaseModel):
     step: int = 0  # global optimizer step the rank is working on
     phase: str = Field("setup", max_length=64)
     phase_since: float = 0.0  # unix time the rank entered ``phase``
-    last_progress: float = 0.0  # unix time ``step`` last advanced (or the rank started)
+    last_progress: float = 0.0  # unix time ``step`` last advanced or a beat (or the rank started)
     step_time_median_s: float | None = None
     recent_step_times_s: list[float] = []
     # the rank's own work, without the collective waits every step time has: per ``compute_kind``
@@ -115,12 +115,16 @@ def _median_without(values: Sequence[float], value: float) -> float:
 
 
 def first_stopped(beats: Iterable[Heartbeat]) -> Heartbeat | None:
-    """The rank that stopped making progress first: the lowest step, then the oldest phase.
+    """The rank that stopped making progress first: the lowest step, then the oldest progress (entering its
+    phase, or its last beat: a validation batch).
 
     In a hang the healthy ranks wait in a collective of a later step (or entered
-    it later) than the rank that is stuck, so the laggard is the culprit.
+    it later, or made progress in it later) than the rank that is stuck, so the
+    laggard is the culprit. Progress counts, not only the phase's start: every rank
+    of a hung validation is in phase ``validation`` at the same step, and the one
+    that entered it first may be the one whose batches went on.
     """
     candidates = [beat for beat in beats if beat.phase != "done"]
     if not candidates:
         return None
-    return min(candidates, key=lambda beat: (beat.step, beat.phase_since, beat.rank))
+    return min(candidates, key=lambda beat: (beat.step, max(beat.phase_since, beat.last_progress), beat.rank))

@@ -40,7 +40,8 @@ in the kernel, stuck in native code that holds the GIL, or on a node that no
 longer answers): its file is older than its own write interval allows, so the
 step and phase in it are only its last recorded ones, and the report says so
 (``hung_frozen_s``). Otherwise the rank that stopped first is named
-(``hpctrain.contract.heartbeat_files.first_stopped``: lowest step, then oldest phase).
+(``hpctrain.contract.heartbeat_files.first_stopped``: lowest step, then oldest progress:
+entering its phase or its last beat).
 
 Torch-free.
 """
@@ -59,7 +60,7 @@ from hpctrain.contract.file_writes import open_append, write_atomic
 from hpctrain.contract.heartbeat_files import Heartbeat, first_stopped, read_heartbeats
 from hpctrain.contract.rundir import hang_claim_path, stack_dump_path, stacks_dir
 from hpctrain.contract.summary import read_summary, write_summary
-from hpctrain.runtime.child_stacks import ask_workers_for_stacks
+from hpctrain.runtime.child_stacks import ask_workers_for_stacks, silent_workers
 from hpctrain.runtime.cleanup import leave_dataset_mount
 from hpctrain.runtime.heartbeat import Recorder
 
@@ -190,12 +191,17 @@ def dump_stacks(path: Path, header: str) -> None:
         os.close(fd)
 
 
-def note_worker_stacks(path: Path, workers: list[int]) -> None:
-    """Say in the rank's stack dump where its data-loader workers' stacks went (the task's stderr log)."""
-    if not workers:
+def note_worker_stacks(path: Path, workers: list[int], silent: list[str] | None = None) -> None:
+    """Say in the rank's stack dump where its data-loader workers' stacks went (the task's stderr log), and
+    which workers could not answer (``child_stacks.silent_workers``)."""
+    line = ""
+    if workers:
+        pids = ", ".join(str(pid) for pid in workers)
+        line += f"\nThis rank's data-loader workers (pids {pids}) wrote their stacks to this task's stderr log.\n"
+    if silent:
+        line += f"\nThis rank's data-loader workers that could not answer (no handler yet): {'; '.join(silent)}.\n"
+    if not line:
         return
-    pids = ", ".join(str(pid) for pid in workers)
-    line = f"\nThis rank's data-loader workers (pids {pids}) wrote their stacks to this task's stderr log.\n"
     try:
         fd = open_append(path)
     except OSError:
@@ -261,7 +267,7 @@ class HangWatchdog:
             dump_stacks(stack_dump_path(self.run_dir, self.rank), own)
         except OSError as exc:
             _say(f"hpctrain: rank {self.rank}: could not dump stacks: {exc}")
-        note_worker_stacks(stack_dump_path(self.run_dir, self.rank), ask_workers_for_stacks())
+        note_worker_stacks(stack_dump_path(self.run_dir, self.rank), ask_workers_for_stacks(), silent_workers())
         try:
             self._report()
         except Exception as exc:  # the job must still end

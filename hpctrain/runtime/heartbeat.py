@@ -103,7 +103,10 @@ class Recorder:
         self.step_no, self.epoch, self._last_step_at = number, epoch, None
 
     def beat(self) -> None:
-        """Progress that is not a step (a validation batch, a hogwild worker's report)."""
+        """Progress that is not a step (a validation batch, a hogwild worker's report): it moves
+        ``last_progress`` too, so that the hang report can tell a rank whose validation went on from one
+        that never had a batch (both wait in the same phase at the same step)."""
+        self.last_progress = self.clock()
         self.changes += 1
 
     def milestone(self) -> tuple[bool, int | None, str]:

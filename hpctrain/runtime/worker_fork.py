@@ -21,6 +21,10 @@ Both loaders of the house fork through :func:`forking_workers` (the trainer's
   for the worker's ``stop_signals.obey_only_parent``, which judges it. The workers' init function
   must install that handling (the trainer's ``seed_worker``, the task API's ``worker_init``).
 
+* **stacks from the first instruction** (``child_stacks.answering_from_fork``): a worker answers
+  the hang watchdog's request for stacks from the fork on, not only from its init function, so a
+  worker stuck in between is not invisible.
+
 Standard library only.
 """
 
@@ -30,6 +34,7 @@ import contextlib
 import gc
 from collections.abc import Iterator
 
+from hpctrain.runtime.child_stacks import answering_from_fork
 from hpctrain.runtime.stop_signals import held
 
 
@@ -48,10 +53,11 @@ def frozen_heap() -> Iterator[None]:
 
 @contextlib.contextmanager
 def forking_workers(num_workers: int) -> Iterator[None]:
-    """Around the call that forks a loader's workers (``iter(loader)``): a frozen heap, the stop signals held;
-    nothing for a loader without workers (``num_workers`` 0: nothing is forked)."""
+    """Around the call that forks a loader's workers (``iter(loader)``): a frozen heap, the stop signals held,
+    the children answering requests for stacks from the fork on; nothing for a loader without workers
+    (``num_workers`` 0: nothing is forked)."""
     if num_workers == 0:
         yield
         return
-    with frozen_heap(), held():
+    with frozen_heap(), held(), answering_from_fork():
         yield

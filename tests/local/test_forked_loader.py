@@ -8,6 +8,7 @@ validation at step 2" on every rank of a 2-node job).
 from __future__ import annotations
 
 import gc
+import multiprocessing
 
 import pytest
 import torch
@@ -84,3 +85,15 @@ def test_a_process_that_froze_its_heap_itself_keeps_it_frozen() -> None:
     with frozen_heap():
         assert not collector_visits(chosen)
     assert gc.get_freeze_count() == 0 and collector_visits(chosen)
+
+
+def test_workers_are_forked_whatever_the_interpreter_s_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The frozen heap, the held signals and the rank as the workers' parent hold only for a fork: a rank whose
+    default start method is spawn (started by spawn; forkserver is Python 3.14's default) still forks them."""
+    monkeypatch.setattr(
+        multiprocessing.context._default_context, "_actual_context", multiprocessing.get_context("spawn")
+    )
+    assert multiprocessing.get_start_method() == "spawn"
+    loader = ForkedLoader(list(range(4)), batch_size=2, num_workers=1)
+    assert loader.multiprocessing_context.get_start_method() == "fork"
+    assert ForkedLoader(list(range(4)), batch_size=2).multiprocessing_context is None  # no workers: nothing to start

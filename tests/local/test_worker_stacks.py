@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 from hpctrain.runtime.child_stacks import answering_workers, ask_workers_for_stacks
 from hpctrain.task.data import worker_init as task_worker_init
 from hpctrain.trainer.data import seed_worker
+from hpctrain.trainer.data.loader_workers import ForkedLoader
 
 pytestmark = pytest.mark.local_dist
 
@@ -70,5 +71,39 @@ def test_a_stuck_worker_writes_its_stacks_to_stderr_on_request(
     finally:
         for worker in workers:
             worker.terminate()  # the parent's SIGTERM: the worker exits (loader_workers.obey_only_parent_sigterm)
+            worker.join(timeout=10)
+        del batches
+
+
+HELD_AT_FORK = threading.Lock()
+
+
+def init_behind_a_lock_held_at_fork(worker_id: int) -> None:
+    HELD_AT_FORK.acquire()  # held by the rank at the fork: the child waits forever, before seed_worker
+    seed_worker(worker_id)
+
+
+def test_a_worker_stuck_before_its_init_answers_too(capfd: pytest.CaptureFixture[str]) -> None:
+    """A worker forked while a lock was held, stuck before its worker_init could register the handler, still
+    writes its stacks (it answers from the fork on: runtime/worker_fork.forking_workers), where it was invisible."""
+    loader = ForkedLoader(list(range(8)), batch_size=2, num_workers=1, worker_init_fn=init_behind_a_lock_held_at_fork)
+    with HELD_AT_FORK:
+        batches = iter(loader)
+    workers = list(batches._workers)  # type: ignore[attr-defined]
+    try:
+        deadline = time.monotonic() + 60
+        while not answering_workers(os.getpid()) and time.monotonic() < deadline:
+            time.sleep(0.05)  # a starved child (CI's nice 10) may not have run its at-fork hook yet
+        seen = ""
+        while "init_behind_a_lock_held_at_fork" not in seen and time.monotonic() < deadline:
+            assert ask_workers_for_stacks() == [workers[0].pid]
+            time.sleep(0.5)
+            seen += capfd.readouterr().err
+        assert "init_behind_a_lock_held_at_fork" in seen and "_worker_loop" in seen
+        assert f"data-loader worker {workers[0].pid} of pid {os.getpid()}" in seen
+        assert workers[0].is_alive()
+    finally:
+        for worker in workers:
+            worker.kill()  # its SIGTERM stays held: it never reached its handling
             worker.join(timeout=10)
         del batches

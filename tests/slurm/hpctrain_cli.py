@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.contract.rundir import submitit_dir
+from hpctrain.contract.rundir import stacks_dir, submitit_dir
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -104,12 +104,21 @@ def hpctrain(env: dict[str, str], *args: str, timeout: float = 120, cwd: Path = 
     return CliResult(tuple(args), proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
 
 
+HANG_LOG_LINES = 400  # after a hang: the task logs hold the data-loader workers' stacks, keep them whole
+
+
 def task_logs(run_dir: Path, lines: int = 40) -> str:
-    """The tail of every task's stderr in a run, for assertion messages."""
+    """The tail of every task's stderr in a run, for assertion messages; after a hang, every rank's stack
+    dump whole (the frame a hung rank is stuck in) and longer tails (its workers' stacks)."""
+    dumps = sorted(stacks_dir(run_dir).glob("rank-*.txt"))
+    keep = max(lines, HANG_LOG_LINES) if dumps else lines
     parts = []
     for path in sorted(submitit_dir(run_dir).glob("*_log.err")):
-        text = path.read_text(errors="replace").splitlines()[-lines:]
+        text = path.read_text(errors="replace").splitlines()[-keep:]
         parts.append(f"===== {path.name}\n" + "\n".join(text))
+    for path in dumps:
+        text = path.read_text(errors="replace").splitlines()[:HANG_LOG_LINES]
+        parts.append(f"===== {path.relative_to(run_dir)} (the hang watchdog's dump)\n" + "\n".join(text))
     return "\n".join(parts) or f"(no task logs under {run_dir / 'submitit'})"
 
 

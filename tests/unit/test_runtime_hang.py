@@ -19,6 +19,7 @@ from hpctrain.runtime.hang import (
     ProgressWatch,
     grace_s,
     hang_report,
+    note_worker_stacks,
     record_hang,
 )
 from hpctrain.runtime.heartbeat import Recorder
@@ -117,6 +118,20 @@ def test_the_report_names_the_rank_that_stopped_first(tmp_path: Path) -> None:
 def test_a_rank_behind_by_a_step_is_the_culprit_whatever_its_phase_time(tmp_path: Path) -> None:
     beats = [beat(0, "n1", 8, "allreduce", 1000.0), beat(1, "n1", 7, "data", 1005.0)]
     assert hang_report(beats, "9", now=1100.0, run_dir=tmp_path)["hung_rank"] == 1  # type: ignore[index]
+
+
+def test_in_a_hung_validation_the_rank_without_batches_is_named_not_the_first_to_enter(tmp_path: Path) -> None:
+    """Every rank is in validation at the same step; rank 1 entered first but its batches went on (it waits
+    in the final all-reduce), rank 2 entered later and never had a batch."""
+    beats = [
+        Heartbeat(rank=0, node="n1", job_id="9", step=2, phase="validation", phase_since=1000.3, last_progress=1003.0),
+        Heartbeat(rank=1, node="n1", job_id="9", step=2, phase="validation", phase_since=1000.0, last_progress=1002.0),
+        Heartbeat(rank=2, node="n2", job_id="9", step=2, phase="validation", phase_since=1000.5, last_progress=990.0),
+        Heartbeat(rank=3, node="n2", job_id="9", step=2, phase="validation", phase_since=1000.4, last_progress=1002.5),
+    ]
+    fields = hang_report(beats, "9", now=1100.0, run_dir=tmp_path)
+    assert fields is not None and fields["hung_rank"] == 2
+    assert fields["failed_reason"] == "hang: rank 2 on node n2 made no progress in phase validation for 100 s (step 2)"
 
 
 def test_no_heartbeats_no_report(tmp_path: Path) -> None:
@@ -363,3 +378,17 @@ def test_the_stack_dump_says_where_the_data_loader_workers_wrote_theirs(
     stacks = stack_dump_path(tmp_path, 1).read_text()
     assert "no progress in phase validation at step 2" in stacks
     assert "data-loader workers (pids 4242, 4243) wrote their stacks to this task's stderr log" in stacks
+
+
+def test_the_rank_s_dump_names_its_workers_asked_and_those_that_could_not_answer(tmp_path: Path) -> None:
+    dump = stack_dump_path(tmp_path, 0)
+    dump.parent.mkdir(parents=True)
+    dump.write_text("hpctrain: rank 0 ...\n")
+    note_worker_stacks(dump, [201], ["202 (comm python, state S (sleeping), waiting in futex_wait_queue)"])
+    text = dump.read_text()
+    assert "workers (pids 201) wrote their stacks to this task's stderr log" in text
+    assert (
+        "could not answer (no handler yet): 202 (comm python, state S (sleeping), waiting in futex_wait_queue)" in text
+    )
+    note_worker_stacks(dump, [], [])
+    assert dump.read_text() == text  # nothing to say: nothing written

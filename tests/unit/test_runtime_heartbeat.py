@@ -56,6 +56,21 @@ def test_phase_and_step_changes_are_recorded_with_their_times() -> None:
     assert (snap["epoch"], snap["phase"], snap["step"]) == (0, "data", 3)
 
 
+def test_a_beat_is_progress_with_its_time() -> None:
+    """A validation batch moves ``last_progress``: the hang report tells a rank whose validation went on
+    from one that never got a batch."""
+    clock = Clock()
+    rec = Recorder(clock)
+    rec.step(2)
+    clock.now = 1010.0
+    rec.set_phase("validation")
+    changes = rec.changes
+    clock.now = 1012.0
+    rec.beat()
+    assert (rec.last_progress, rec.changes, rec.step_no) == (1012.0, changes + 1, 2)
+    assert rec.snapshot()["last_progress"] == 1012.0
+
+
 def test_a_resume_position_is_not_progress_and_does_not_arm() -> None:
     rec = Recorder(Clock())
     rec.position(500, epoch=4)

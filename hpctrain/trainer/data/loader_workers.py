@@ -19,7 +19,18 @@ from hpctrain.runtime.worker_fork import forking_workers
 class ForkedLoader(DataLoader):
     """A DataLoader whose workers are forked from a frozen heap with the stop signals held
     (``runtime/worker_fork.py`` says why). ``worker_init_fn`` must be :func:`seed_worker` (or end in
-    :func:`obey_only_parent_sigterm`); SIGUSR1/2 stay held in the worker."""
+    :func:`obey_only_parent_sigterm`); SIGUSR1/2 stay held in the worker.
+
+    Forked by name (``multiprocessing_context="fork"``), not by the interpreter's default: what the
+    workers rely on -- the frozen heap, the held signals, a parent that is the rank (the SIGTERM filter,
+    the hang watchdog's request for stacks) -- holds only for a fork, and Python 3.14 makes
+    ``forkserver`` the default on Linux (a rank started by ``spawn`` has ``spawn`` as its default already).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("num_workers", 0) > 0:
+            kwargs.setdefault("multiprocessing_context", "fork")
+        super().__init__(*args, **kwargs)
 
     def __iter__(self) -> Any:
         with forking_workers(self.num_workers):  # the first iterator forks the workers; later ones reuse them
