@@ -97,9 +97,12 @@ def test_a_sync_killed_halfway_and_run_again_sends_nothing_twice(
 ) -> None:
     run = craft_run(tmp_path / "run", MLFLOW, status="completed", last=40)
     monkeypatch.setattr(sync_module, "_chunks", lambda steps: ([entry] for entry in steps))  # one step a batch
-    with pytest.raises(TrackerError):
-        sync_once(run, FakeMlflow(fail_on_batch=5))
+    failed = sync_once(run, FakeMlflow(fail_on_batch=5))
+    assert isinstance(failed.error, TrackerError) and not failed.complete
     assert read_cursor(run, "mlflow").sent_step == 4  # what the tracker acknowledged, no more
+    assert (failed.sent, failed.through, failed.final) == (4, 4, None)  # and what this sync counts as sent
+    with pytest.raises(TrackerError):  # nothing acknowledged: the error, as before
+        sync_once(run, FakeMlflow(fail_on_batch=1))
     sent = Counter((k, step) for k, step, _, _ in FakeMlflow.runs[TRACKING_ID]["metrics"])
     real_write = sync_module.write_cursor
     calls = {"n": 0}
