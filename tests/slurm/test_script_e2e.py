@@ -58,10 +58,10 @@ from .stop_helpers import (
 )
 from .tracker_checks import (
     LIVE_INTERVAL_S,
+    assert_live_steps_counted,
     assert_one_mlflow_run_each_step_once,
     assert_one_wandb_run_each_step_once,
     live_state,
-    live_steps_sent,
 )
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ def test_torchrun_style_script_is_requeued_and_preempted_and_resumes_from_its_ow
         live_log = (tracking_dir(run.run_dir) / "live.log").read_text()
         assert live_state(run.run_dir)["through"].get("mlflow") == 14, f"{live_state(run.run_dir)}\n{live_log}"
         print(f"\n[live.log]\n{live_log}", flush=True)  # W&B offline: written by the node's sender too, or later
-        assert live_steps_sent(run.run_dir) == 14
+        assert_live_steps_counted(run.run_dir, 14)  # never twice; each step once: in MLflow, next
         tracked = assert_one_mlflow_run_each_step_once(uri, "script", run.run_dir)
         tags = tracked.data.tags
         assert (tags["hpctrain.status"], tags["hpctrain.restarts"]) == ("completed", "2"), tags
