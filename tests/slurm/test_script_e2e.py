@@ -174,7 +174,7 @@ def test_launch_style_script_under_torchrun_exit_3_is_named_and_resume_completes
     status = hpctrain(ws.env, "status", str(run.run_dir))
     assert "failed_exit_code: 3" in status.stdout and "| rank 3: failing on purpose" in status.stdout, status
     batch_log = (submitit_dir(run.run_dir) / task_log_name(run.job_id, 0, err=True)).read_text()
-    assert "the script of rank 3 on n2 failed first: it exited with code 3" in batch_log, batch_log
+    assert f"the script of rank 3 on {second} failed first: it exited with code 3" in batch_log, batch_log
     left, _ = wait_no_processes(slurm_cluster, run.job_id, timeout=LEFTOVER_BUDGET_S)
     assert left == [], describe(left)
 
@@ -204,7 +204,7 @@ def test_mp_spawn_script_per_node_completes(slurm_cluster: SlurmCluster, ws: Scr
         assert (got["RANK"], got["LOCAL_RANK"], got["WORLD_SIZE"], got["GROUP_RANK"]) == (None, None, "4", str(node))
         assert got["argv"][:6] == [
             "--dist-url",
-            f"tcp://n1:{got['MASTER_PORT']}",
+            f"tcp://{slurm_cluster.nodes[0]}:{got['MASTER_PORT']}",
             "--world-size",
             "2",
             "--rank",
