@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
 def print_synced(result: Synced) -> None:
     where = f"{printable(result.run_dir)}" + (f" -> {printable(result.where)}" if result.tracker != "-" else "")
     if result.error is not None:
-        print(f"{where}: not synced")
+        sent = f"sent {result.sent} step(s), through step {result.through}, then " if result.sent else ""
+        print(f"{where}: {sent}not synced")
         print_error(result.error)
         return
     through = f"through step {result.through}" if result.through >= 0 else "no step yet"

@@ -32,6 +32,8 @@ a failure) leaves the run open for the next start.
 What it did is counted in ``RUN/.hpctrain/tracking/live.json`` (syncs, steps
 sent, failed syncs, the last error, the steps it is behind) and its log
 ``live.log`` beside it; ``hpctrain sync RUN`` afterwards fills in every step.
+The counts never count a step twice but may miss some: a sender killed after
+its sync's cursor write and before its line (docs/tracking.md).
 """
 
 from __future__ import annotations

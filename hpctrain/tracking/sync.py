@@ -233,20 +233,29 @@ def _sync_locked(run: _Run, tracker: str, sink: Any) -> Synced:
         work.events += [e.key for e in plan.stray]
         acknowledged()
     batch = plan.batch
-    for chunk in _chunks(batch.steps):
-        through = batch.through if chunk[-1] is batch.steps[-1] else chunk[-1].step
-        sink.send_steps(chunk, through=through)
-        work.sent_step, work.sent_bytes = through, plan.history.size
-        work.events += [e.key for e in batch.events if e.step <= through and e.key not in work.events]
-        acknowledged()
-    work.sent_step = max(work.sent_step, batch.through)
-    fresh = {key: path for key, path in plan.artifacts.items() if key not in work.artifacts}
-    if fresh:
-        sink.send_artifacts(list(fresh.values()))
-        work.artifacts += list(fresh)
-    if run.final != saved.final or sink.rewrites:
-        numbers = final_numbers(run.summary) if run.final and run.summary else {}
-        sink.finish(run.final, numbers, plan.history.max_step, time.time())
+    recorded = 0  # steps of the batches the cursor holds: this sync sent them, whatever fails after
+    try:
+        for chunk in _chunks(batch.steps):
+            through = batch.through if chunk[-1] is batch.steps[-1] else chunk[-1].step
+            sink.send_steps(chunk, through=through)
+            work.sent_step, work.sent_bytes = through, plan.history.size
+            work.events += [e.key for e in batch.events if e.step <= through and e.key not in work.events]
+            acknowledged()
+            recorded += len(chunk) if sink.acks_each_batch else 0
+        work.sent_step = max(work.sent_step, batch.through)
+        fresh = {key: path for key, path in plan.artifacts.items() if key not in work.artifacts}
+        if fresh:
+            sink.send_artifacts(list(fresh.values()))
+            work.artifacts += list(fresh)
+        if run.final != saved.final or sink.rewrites:
+            numbers = final_numbers(run.summary) if run.final and run.summary else {}
+            sink.finish(run.final, numbers, plan.history.max_step, time.time())
+    except HpctrainError as exc:
+        if not recorded:
+            raise
+        # a later batch, the figures or the end failed: the steps already recorded were sent, by this sync
+        return Synced(run.run_dir, tracker, sink.where, work.run_ref, recorded, work.sent_step,
+                      plan.history.max_step, saved.final, plan.waiting, error=exc)  # fmt: skip
     work.final = run.final
     sink.close()
     write_cursor(run.run_dir, work)

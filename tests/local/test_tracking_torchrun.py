@@ -143,10 +143,19 @@ def state_folders(tmp_path: Path, timeout_s: float = 0.0) -> list[Path]:
 
 
 def senders(run: Path) -> list[psutil.Process]:
-    """The run's live senders on this machine (``python -m hpctrain.tracking.live RUN ...``)."""
+    """The run's live senders on this machine (``python -m hpctrain.tracking.live RUN ...``).
+
+    Each a fresh ``psutil.Process``, not ``process_iter``'s: that one caches a Process per PID across calls
+    (and tests), so a PID that an earlier process held and a sender holds now came back as the earlier
+    process's object, the sender's command line read through it, and its ``ppid()`` raised NoSuchProcess
+    ("PID has been reused") for a sender that was running (rehearsal 17)."""
     found = []
-    for process in psutil.process_iter(["cmdline"]):
-        cmdline = process.info["cmdline"] or []
+    for pid in psutil.pids():
+        try:
+            process = psutil.Process(pid)
+            cmdline = process.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue  # ended (or not ours to read) between the listing and the look
         if "hpctrain.tracking.live" in cmdline and str(run) in cmdline:
             found.append(process)
     return found

@@ -49,7 +49,12 @@ from .stop_helpers import (
     wait_for,
     wait_no_processes,
 )
-from .tracker_checks import assert_one_mlflow_run_each_step_once, live_mlflow_sets, live_state, live_steps_sent
+from .tracker_checks import (
+    assert_live_steps_counted,
+    assert_one_mlflow_run_each_step_once,
+    live_mlflow_sets,
+    live_state,
+)
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -137,7 +142,7 @@ def test_timeout_requeue_and_preemption_resume_bit_identically(
         # starting, 6-30 s here, tried again later)
         wait_serving(uri, timeout_s=5)  # up long since: the job's senders reached it
         assert live_state(run.run_dir)["through"] == {"mlflow": TOTAL_STEPS}, live_state(run.run_dir)
-        assert live_steps_sent(run.run_dir) == TOTAL_STEPS
+        assert_live_steps_counted(run.run_dir, TOTAL_STEPS)  # never twice; each step once: in MLflow, next
         tracked = assert_one_mlflow_run_each_step_once(uri, "torchrun", run.run_dir)
         tags = tracked.data.tags
         assert (tags["hpctrain.status"], tags["hpctrain.restarts"]) == ("completed", "2"), tags

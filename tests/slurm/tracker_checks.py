@@ -41,9 +41,23 @@ def live_state(run_dir: Path) -> dict[str, Any]:
 
 
 def live_steps_sent(run_dir: Path) -> int:
-    """Steps the senders of every start sent, from their log (``mlflow: sent N, ...`` per sync)."""
+    """Steps the senders of every start sent, from their log (``mlflow: sent N, ...`` per sync).
+
+    A lower bound, never more (docs/tracking.md): a sync writes its line only after its cursor recorded the
+    steps, and cursors record each step once; a sender killed in between (SIGKILL: its node lost, or Slurm's
+    KillWait over during its last sync) delivered and recorded steps it never wrote a line for."""
     log = (tracking_dir(run_dir) / "live.log").read_text()
     return sum(int(n) for n in re.findall(r"^\S+ mlflow: sent (\d+),", log, flags=re.MULTILINE))
+
+
+def assert_live_steps_counted(run_dir: Path, total: int, *, others: int = 0) -> None:
+    """The senders of the starts sent steps, and they with ``others`` (the login side's syncs' ``sent``)
+    counted each of the ``total`` steps at most once: what is exact (each step once in the tracker) is
+    checked there (:func:`assert_one_mlflow_run_each_step_once`); the counts are :func:`live_steps_sent`'s
+    lower bound."""
+    live = live_steps_sent(run_dir)
+    log = (tracking_dir(run_dir) / "live.log").read_text()
+    assert live > 0 and live + others <= total, f"live {live} + others {others} vs {total} steps:\n{log[-3000:]}"
 
 
 def assert_one_mlflow_run_each_step_once(uri: str, experiment: str, run_dir: Path) -> Any:

@@ -97,9 +97,12 @@ def test_a_sync_killed_halfway_and_run_again_sends_nothing_twice(
 ) -> None:
     run = craft_run(tmp_path / "run", MLFLOW, status="completed", last=40)
     monkeypatch.setattr(sync_module, "_chunks", lambda steps: ([entry] for entry in steps))  # one step a batch
-    with pytest.raises(TrackerError):
-        sync_once(run, FakeMlflow(fail_on_batch=5))
+    failed = sync_once(run, FakeMlflow(fail_on_batch=5))
+    assert isinstance(failed.error, TrackerError) and not failed.complete
     assert read_cursor(run, "mlflow").sent_step == 4  # what the tracker acknowledged, no more
+    assert (failed.sent, failed.through, failed.final) == (4, 4, None)  # and what this sync counts as sent
+    with pytest.raises(TrackerError):  # nothing acknowledged: the error, as before
+        sync_once(run, FakeMlflow(fail_on_batch=1))
     sent = Counter((k, step) for k, step, _, _ in FakeMlflow.runs[TRACKING_ID]["metrics"])
     real_write = sync_module.write_cursor
     calls = {"n": 0}
@@ -114,7 +117,12 @@ def test_a_sync_killed_halfway_and_run_again_sends_nothing_twice(
     with pytest.raises(KeyboardInterrupt):
         sync_once(run)
     monkeypatch.setattr(sync_module, "write_cursor", real_write)
-    assert sync_once(run).through == 40
+    last = sync_once(run)
+    assert last.through == 40
+    # What the syncs that returned count (live.log adds it up) is a lower bound, never over: the killed sync
+    # recorded steps 5 and 6 (its cursor writes 1 and 2) and died before it could count them; step 7, which
+    # the tracker had but its cursor did not, the last sync sent again and counted once (docs/tracking.md).
+    assert failed.sent + last.sent == 40 - 2
     assert sent["train/loss", 4] == 1
     assert history() == [(step, last_loss(step)) for step in range(1, 41)]
     assert len(FakeMlflow.runs[TRACKING_ID]["metrics"]) == 40 + 1 + 3  # losses, val, restart/redone/node_lost
