@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from trainer_harness import job_spec, train
 
 from hpctrain.runtime import heartbeat
@@ -19,7 +20,13 @@ from hpctrain.trainer.data import datasets
 from hpctrain.trainer.trainer import Trainer
 
 SLOW_FORWARD_S = 0.6  # added to each forward of the slowed rank (far above what CI's load makes two ranks differ)
-SLOW_BACKWARD_S = 0.3  # added to each backward of the slowed rank, before its gradient buckets are handed over
+# Added to each backward of the slowed rank, before its gradient buckets are handed over: SLOW_BACKWARD_PER_FORWARD
+# times this step's forward on that rank, at least SLOW_BACKWARD_S. Sized by the rank's own speed, so that it stays
+# a node's backward about twice as slow however slow the machine is: a step's own compute is ~3-5 forwards, ~0.15-0.3 s
+# on the shared 2-core machine when calm (the floor then: 0.3 s), 0.6-1.9 s at nice 10 beside busy loops and up to
+# 4.4 s with other sessions' tests too (a fixed 0.3 s came to 1.42x in CI's rehearsal 17, under eviction's 1.5x).
+SLOW_BACKWARD_S = 0.3
+SLOW_BACKWARD_PER_FORWARD = 4.0
 SLOW_SAMPLE_S = 0.06  # added to each training sample read (8 per step)
 LATE_SAMPLE_S = 0.03  # added on top on rank 1 only: its batch comes later, rank 0 waits in DDP's buffer broadcast
 
@@ -37,27 +44,47 @@ def _slow_forward(slow_rank: int) -> Any:
     return build
 
 
-def _slow_backward(slow_rank: int) -> Any:
+INJECTED_S: list[float] = []  # this process's sleeps in its backward (or, in the clean run, the would-be ones)
+
+
+def _slow_backward(slow_rank: int, *, sleeps: bool) -> Any:
     """The backward of the last layer (``fc``, the first the backward meets) sleeps on ``slow_rank``: the
-    rest of its backward, and so every gradient bucket, comes later; its forward is untouched."""
+    rest of its backward, and so every gradient bucket, comes later; its forward is untouched. The sleep is
+    ``SLOW_BACKWARD_PER_FORWARD`` times the time from the module's forward to that hook (the forward, the loss,
+    ``fc``'s own backward), at least ``SLOW_BACKWARD_S``; each one is noted in ``INJECTED_S``. Without
+    ``sleeps`` (the clean run) only what it would have slept is noted."""
     build_model = Trainer.build_model
+    began = [0.0]
+
+    def forward_began(module: Any, args: Any) -> None:
+        if torch.is_grad_enabled():
+            began[0] = time.perf_counter()
+
+    def backward_hook(module: Any, grad_in: Any, grad_out: Any) -> None:
+        seconds = max(SLOW_BACKWARD_S, SLOW_BACKWARD_PER_FORWARD * (time.perf_counter() - began[0]))
+        if sleeps:
+            start = time.perf_counter()
+            time.sleep(seconds)
+            seconds = time.perf_counter() - start
+        INJECTED_S.append(seconds)
 
     def build(self: Trainer) -> None:
         build_model(self)
         if self.env.global_rank == slow_rank:
-            self.module.fc.register_full_backward_hook(lambda module, grad_in, grad_out: time.sleep(SLOW_BACKWARD_S))
+            self.module.register_forward_pre_hook(forward_began)
+            self.module.fc.register_full_backward_hook(backward_hook)
 
     return build
 
 
 def scenario_eviction(rank: int, world_size: int, *, data_root: str, base_dir: str, case: str) -> dict[str, Any]:
     """One ddp run of ``case``, "clean" or "slow_backward" (rank 1's backward slowed); with this rank's
-    heartbeat as its monitor would write it (``heartbeat``)."""
-    if case == "slow_backward":
-        Trainer.build_model = _slow_backward(1)  # type: ignore[method-assign]
+    heartbeat as its monitor would write it (``heartbeat``) and its backward's sleeps (``injected_s``; in the
+    clean run what rank 1 would have slept at that run's speed; none on rank 0)."""
+    Trainer.build_model = _slow_backward(1, sleeps=case == "slow_backward")  # type: ignore[method-assign]
     spec = job_spec(Path(data_root), trainer=TRAINER)
     result = train(Path(base_dir) / case, spec, rank=rank, world_size=world_size)
-    return {"result": result, "heartbeat": heartbeat.recorder().snapshot()}
+    return {"result": result, "heartbeat": heartbeat.recorder().snapshot(), "injected_s": INJECTED_S}
 
 
 def scenario_split(rank: int, world_size: int, *, data_root: str, base_dir: str, case: str) -> dict[str, Any]:

@@ -1,6 +1,10 @@
 """Two gloo ranks train ddp, rank 1 slowed in its backward only (split_harness.py): eviction names it;
 and the same with your own loop lapping ``task.StepTimer`` (task_harness.py).
 
+Rank 1's sleep is sized by its own forward in that step (split_harness.SLOW_BACKWARD_PER_FORWARD, at least
+SLOW_BACKWARD_S): a node about twice as slow at any machine speed. A fixed 0.3 s was 1.42x a loaded step's
+own compute in CI's rehearsal 17 (586 ms vs 831 ms, at nice 10 beside the Slurm jobs), under the 1.5x margin.
+
 Each rank's heartbeat carries its steps' own compute (forward, backward up to its last gradient bucket's
 hand-over, optimizer; ``task/step_timer.py``). The slowed rank's forward is as fast as the other's, which
 the forward-only timer of before would have compared; its step compute is not, and slow-node eviction's
@@ -56,36 +60,43 @@ def verdict(ranks: list[dict[str, Any]]) -> Any:
     return speeds, SlowWatch(margin=1.5, window_s=0, min_steps=10).observe(speeds, 2, now=0)
 
 
+def injected_ms(ranks: list[dict[str, Any]]) -> float:
+    """The median of rank 1's sleeps in its backward (split_harness.py: sized by its forward), in ms."""
+    assert not ranks[0]["injected_s"] and len(ranks[1]["injected_s"]) == 12
+    return statistics.median(ranks[1]["injected_s"]) * 1000
+
+
 def test_the_rank_slow_in_its_backward_is_the_one_named(runs: Path) -> None:
     ranks = ranks_of(runs, "slow_backward")
     assert [beat.compute_kind for beat in beats(ranks)] == ["step", "step"]
     speeds, found = verdict(ranks)
-    assert found is not None and found.node == "node-b", speeds
-    assert found.reason().startswith("step compute ") and found.ms >= split_harness.SLOW_BACKWARD_S * 1000
+    assert found is not None and found.node == "node-b", (speeds, injected_ms(ranks))
+    # each step's sleep is inside that step's own compute (the heartbeat rounds to 10 us)
+    assert found.reason().startswith("step compute ") and found.ms >= injected_ms(ranks) - 0.1
     # rank 0 waited for it in every all-reduce, and that wait is not its own compute: the two ranks' step compute
-    # stays apart by most of the injected sleep (in milliseconds, as the clean run's test: under CI's load the
-    # fast rank's own ~40 ms compute took 456 ms once, above the 300 ms sleep itself; counted with its waiting
-    # it would be as long as the slow rank's)
-    assert found.ms - speeds["node-a"].ms > 0.5 * split_harness.SLOW_BACKWARD_S * 1000, speeds
+    # stays apart by most of the injected sleep (counted with its waiting, rank 0's would be as long as rank 1's)
+    assert found.ms - speeds["node-a"].ms > 0.5 * injected_ms(ranks), (speeds, injected_ms(ranks))
 
 
 def test_its_forward_was_not_slow_so_the_forward_alone_would_not_have_seen_it(runs: Path) -> None:
     lines = metrics_path(runs / "slow_backward").read_text().splitlines()
     splits = [r for r in map(json.loads, lines) if r["kind"] == "step_split" and r["global_step"] > 2]
+    injected_s = statistics.fmean(ranks_of(runs, "slow_backward")[1]["injected_s"][2:])  # the same steps
     assert splits and all(r["slowest_rank"] == 1 for r in splits)
-    assert statistics.fmean(r["slowest_backward_s"] for r in splits) >= 0.8 * split_harness.SLOW_BACKWARD_S
-    assert statistics.fmean(r["slowest_forward_s"] for r in splits) < 0.2 * split_harness.SLOW_BACKWARD_S
+    assert statistics.fmean(r["slowest_backward_s"] for r in splits) >= 0.8 * injected_s, (splits, injected_s)
+    assert statistics.fmean(r["slowest_forward_s"] for r in splits) < 0.2 * injected_s, (splits, injected_s)
 
 
 def test_a_clean_run_s_ranks_differ_by_far_less_than_the_slowed_one(runs: Path) -> None:
-    """Without a slowed rank the two ranks' step compute differs only by the machine's unevenness, in
-    seconds per step far below the injected backward. (Not eviction's 1.5x margin itself: that is for
-    nodes with cores of their own; two ranks of a ~40 ms compute sharing two loaded cores crossed it
-    once, in a local run beside other 2-rank tests.)"""
-    speeds, _ = verdict(ranks_of(runs, "clean"))
+    """Without a slowed rank the two ranks' step compute differs only by the machine's unevenness, far below
+    what the slowed rank's sleep would have added at that run's speed (rank 1 notes it without sleeping).
+    (Not eviction's 1.5x margin itself: that is for nodes with cores of their own; two ranks of a ~40 ms
+    compute sharing two loaded cores crossed it once, in a local run beside other 2-rank tests.)"""
+    ranks = ranks_of(runs, "clean")
+    speeds, _ = verdict(ranks)
     assert len(speeds) == 2
     fast, slow = sorted(speed.ms for speed in speeds.values())
-    assert slow - fast < 0.5 * split_harness.SLOW_BACKWARD_S * 1000, speeds
+    assert slow - fast < 0.5 * injected_ms(ranks), (speeds, injected_ms(ranks))
 
 
 def test_your_own_loop_with_a_step_timer_feeds_eviction_the_same_way(tmp_path: Path) -> None:
