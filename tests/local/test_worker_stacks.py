@@ -103,6 +103,10 @@ def test_a_worker_stuck_before_its_init_answers_too(capfd: pytest.CaptureFixture
         assert f"data-loader worker {workers[0].pid} of pid {os.getpid()}" in seen
         assert workers[0].is_alive()
     finally:
+        # Killed, not ended: torch's SIGCHLD handler would raise "worker ... is killed by signal" in this process
+        # (the rehearsal's failure) unless the loader forgets its workers first, as its own shutdown does.
+        torch.utils.data._utils.signal_handling._remove_worker_pids(id(batches))
+        batches._worker_pids_set = False  # type: ignore[attr-defined]
         for worker in workers:
             worker.kill()  # its SIGTERM stays held: it never reached its handling
             worker.join(timeout=10)
