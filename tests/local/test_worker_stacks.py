@@ -43,6 +43,20 @@ def wait_for_a_lock_nobody_releases() -> torch.Tensor:
     raise AssertionError("unreachable")
 
 
+def stacks_once_they_show(frame: str, worker: int, capfd: pytest.CaptureFixture[str]) -> str:
+    """Once ``worker`` answers (a starved child, CI's nice 10, may not have registered yet), ask it for its
+    stacks every 0.5 s until ``frame`` shows (at most a minute); what its dumps wrote to stderr."""
+    deadline = time.monotonic() + 60
+    while not answering_workers(os.getpid()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    seen = ""
+    while frame not in seen and time.monotonic() < deadline:
+        assert ask_workers_for_stacks() == [worker]
+        time.sleep(0.5)
+        seen += capfd.readouterr().err
+    return seen
+
+
 @pytest.mark.parametrize("init", [seed_worker, task_worker_init], ids=["trainer", "task-api"])
 def test_a_stuck_worker_writes_its_stacks_to_stderr_on_request(
     capfd: pytest.CaptureFixture[str], init: Callable[[int], None]
@@ -55,16 +69,9 @@ def test_a_stuck_worker_writes_its_stacks_to_stderr_on_request(
         # Asked only once the worker is in the stuck code: between its worker_init (it answers from there on)
         # and its first __getitem__ a starved worker (CI's nice 10) dumped stacks without the stuck frame.
         assert images.stuck.wait(timeout=60), "the worker never reached its dataset"
-        deadline = time.monotonic() + 60
-        while not answering_workers(os.getpid()) and time.monotonic() < deadline:
-            time.sleep(0.05)
         # A dump is a snapshot: the event is set a moment before the worker blocks (its own Event.set() was once
         # the dumped frame), so the request is repeated until the stuck frame shows, as a watchdog's next one would.
-        seen = ""
-        while "wait_for_a_lock_nobody_releases" not in seen and time.monotonic() < deadline:
-            assert ask_workers_for_stacks() == [workers[0].pid]
-            time.sleep(0.5)
-            seen += capfd.readouterr().err
+        seen = stacks_once_they_show("wait_for_a_lock_nobody_releases", workers[0].pid, capfd)
         assert "wait_for_a_lock_nobody_releases" in seen and "__getitem__" in seen
         assert "filter_signals" in seen  # every thread, not only the stuck one (the SIGTERM filter)
         assert workers[0].is_alive()  # a request, not an end
@@ -91,14 +98,7 @@ def test_a_worker_stuck_before_its_init_answers_too(capfd: pytest.CaptureFixture
         batches = iter(loader)
     workers = list(batches._workers)  # type: ignore[attr-defined]
     try:
-        deadline = time.monotonic() + 60
-        while not answering_workers(os.getpid()) and time.monotonic() < deadline:
-            time.sleep(0.05)  # a starved child (CI's nice 10) may not have run its at-fork hook yet
-        seen = ""
-        while "init_behind_a_lock_held_at_fork" not in seen and time.monotonic() < deadline:
-            assert ask_workers_for_stacks() == [workers[0].pid]
-            time.sleep(0.5)
-            seen += capfd.readouterr().err
+        seen = stacks_once_they_show("init_behind_a_lock_held_at_fork", workers[0].pid, capfd)
         assert "init_behind_a_lock_held_at_fork" in seen and "_worker_loop" in seen
         assert f"data-loader worker {workers[0].pid} of pid {os.getpid()}" in seen
         assert workers[0].is_alive()
