@@ -105,18 +105,22 @@ def child_pids(pid: int, proc: Path = PROC) -> list[int]:
     return found
 
 
-def answering_workers(pid: int, proc: Path = PROC) -> list[int]:
-    """``pid``'s data-loader workers that answer :data:`STACKS_SIGNAL` (see the module's docstring)."""
-    workers = []
+def _loader_workers(pid: int, proc: Path) -> Iterator[tuple[int, str, str]]:
+    """``pid``'s data-loader workers (torch's thread name, or forked inside :func:`answering_from_fork`), each
+    as (pid, comm, ``/proc/PID/status`` text); one that ended meanwhile is passed over."""
     for child in child_pids(pid, proc):
         try:
             name = (proc / str(child) / "comm").read_text().strip()
             status = (proc / str(child) / "status").read_text()
         except OSError:  # it ended meanwhile
             continue
-        if (name == WORKER_NAME or child in _forked) and catches(status, STACKS_SIGNAL):
-            workers.append(child)
-    return workers
+        if name == WORKER_NAME or child in _forked:
+            yield child, name, status
+
+
+def answering_workers(pid: int, proc: Path = PROC) -> list[int]:
+    """``pid``'s data-loader workers that answer :data:`STACKS_SIGNAL` (see the module's docstring)."""
+    return [child for child, _, status in _loader_workers(pid, proc) if catches(status, STACKS_SIGNAL)]
 
 
 def silent_workers(pid: int | None = None, proc: Path = PROC) -> list[str]:
@@ -124,21 +128,15 @@ def silent_workers(pid: int | None = None, proc: Path = PROC) -> list[str]:
     waiting in W)`` from ``/proc``: a worker stuck before it could register (or whose rank forked it
     outside :func:`answering_from_fork`) still gets named, with where the kernel has it waiting."""
     found = []
-    for child in child_pids(os.getpid() if pid is None else pid, proc):
-        try:
-            name = (proc / str(child) / "comm").read_text().strip()
-            status = (proc / str(child) / "status").read_text()
-        except OSError:
+    for child, name, status in _loader_workers(os.getpid() if pid is None else pid, proc):
+        if catches(status, STACKS_SIGNAL):
             continue
-        if (name == WORKER_NAME or child in _forked) and not catches(status, STACKS_SIGNAL):
-            state = next(
-                (line.split(":", 1)[1].strip() for line in status.splitlines() if line.startswith("State:")), "?"
-            )
-            try:
-                wchan = (proc / str(child) / "wchan").read_text().strip() or "-"
-            except OSError:
-                wchan = "?"
-            found.append(f"{child} (comm {name}, state {state}, waiting in {wchan})")
+        state = next((line.split(":", 1)[1].strip() for line in status.splitlines() if line.startswith("State:")), "?")
+        try:
+            wchan = (proc / str(child) / "wchan").read_text().strip() or "-"
+        except OSError:
+            wchan = "?"
+        found.append(f"{child} (comm {name}, state {state}, waiting in {wchan})")
     return found
 
 
