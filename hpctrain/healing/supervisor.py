@@ -65,6 +65,7 @@ from hpctrain.runtime.task_env import parse_hostlist
 POLL_S = 1.0
 SETTLE_S = 3.0  # after srun reported a failed task: how long the other nodes get to report too
 STOP_WAIT_S = 5.0  # for srun to exit once its step was killed
+TEE_DRAIN_S = 10.0  # for the last lines of srun's stderr once srun has exited
 EVICTION_POLL_S = 2.0  # how often the heartbeats' compute times are compared (they change per heartbeat)
 START_GUARDIAN = True
 
@@ -83,6 +84,7 @@ class RunningStep:
     text: list[str] = field(default_factory=list)
     evidence: dict[str, dict[str, object]] = field(default_factory=dict)  # node -> numbers behind a blame
     sick: tuple[decide.Blame, ...] = ()  # a slow node the supervisor ended the step for
+    tee: threading.Thread | None = None
 
     def start_tee(self) -> None:
         def tee() -> None:
@@ -92,7 +94,15 @@ class RunningStep:
                 sys.stderr.flush()
                 self.text.append(raw.decode(errors="replace"))
 
-        threading.Thread(target=tee, daemon=True, name="srun-stderr").start()
+        self.tee = threading.Thread(target=tee, daemon=True, name="srun-stderr")
+        self.tee.start()
+
+    def drain(self) -> None:
+        """srun has exited: wait (bounded) until its last lines are read. Its exit does not mean the reader
+        thread has them: on a loaded node the last "task N: Killed" line, the one that names the lost
+        node, came after the exit, and the failure was judged without it (no node to blame)."""
+        if self.tee is not None:
+            self.tee.join(TEE_DRAIN_S)  # a process srun left behind may hold the pipe open: never wait forever
 
     @property
     def srun_text(self) -> str:
@@ -315,6 +325,7 @@ class Supervisor:
                     self.end_step(step)
                     break
         step.process.wait()
+        step.drain()
         if step.process.returncode == 0 and not lost and not step.sick:
             return decide.StepOutcome(nodes=step.nodes, exit_code=0)
         return self.outcome(step, lost)
