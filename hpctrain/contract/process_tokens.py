@@ -92,12 +92,21 @@ def find_token_processes(
     excluded = set(exclude_pids) | _self_and_ancestors()
     uid = os.getuid()
     found = []
-    for proc in psutil.process_iter(["uids", "create_time"]):
+    # A fresh Process per PID, not process_iter's: since psutil 6 that one keeps one Process per PID across
+    # calls without checking for reuse, so a long-lived caller (the supervisor, a local run's watcher) would
+    # get, for a PID the kernel gave to a new process, the old object, whose signals raise "PID reused" and
+    # never reach the new process that carries the token.
+    for pid in psutil.pids():
+        if pid in excluded:
+            continue
         try:
-            if proc.pid in excluded or proc.info["uids"] is None or proc.info["uids"].real != uid:
+            proc = psutil.Process(pid)
+            with proc.oneshot():
+                uids, created = proc.uids(), proc.create_time()
+            if uids.real != uid:
                 continue
             environ = proc.environ()
-            forked = forked_from is not None and proc.info["create_time"] >= created_after and environ == forked_from
+            forked = forked_from is not None and created >= created_after and environ == forked_from
             if (forked or environ.get(env_var) == token) and (where is None or where(environ)) and alive(proc):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):

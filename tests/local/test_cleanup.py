@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -256,3 +257,46 @@ def test_a_sigkilled_torchrun_node_task_leaves_no_state_folder(tmp_path: Path) -
     finally:
         task.kill()
         _kill_quietly([worker] if worker else [])
+
+
+PID_REUSE = """
+import json, os, subprocess, sys, time
+from hpctrain.contract import process_tokens
+
+token = process_tokens.new_token()
+earlier = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+time.sleep(0.3)
+assert process_tokens.find_token_processes(token) == []  # the caller has looked at every process once
+earlier.kill()
+earlier.wait()
+with open("/proc/sys/kernel/ns_last_pid", "w") as f:  # the kernel gives the earlier one's PID to the next
+    f.write(str(earlier.pid - 1))
+env = dict(os.environ, HPCTRAIN_TASK_TOKEN=token)
+later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env)
+time.sleep(0.3)
+try:
+    found = [p.pid for p in process_tokens.find_token_processes(token)]
+    killed = process_tokens.kill_token_processes(token, grace_s=2.0)
+    time.sleep(0.2)
+    ended = later.poll()
+finally:
+    later.kill()
+print(json.dumps(dict(same_pid=later.pid == earlier.pid, found=found, killed=killed, pid=later.pid, ended=ended)))
+"""
+
+
+@pytest.mark.skipif(
+    shutil.which("unshare") is None or os.geteuid() != 0, reason="needs unshare and root for a PID namespace"
+)
+def test_a_token_process_on_a_reused_pid_is_found_and_ended(tmp_path: Path) -> None:
+    """A long-lived caller looked at every process once; then a PID ended and the kernel gave it to a process
+    of the run. psutil's process_iter would hand back its old object for that PID (never re-checked since
+    psutil 6), the new process was not found, and it outlived the cleanup."""
+    (tmp_path / "script.py").write_text(PID_REUSE)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    command = ["unshare", "--fork", "--pid", "--mount-proc", sys.executable, str(tmp_path / "script.py")]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["same_pid"], out
+    assert out["found"] == [out["pid"]] and out["killed"] == [out["pid"]] and out["ended"] == -signal.SIGTERM, out
