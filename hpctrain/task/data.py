@@ -82,6 +82,8 @@ class ElasticLoader:
         self._tags = _TaggedBatches(MicroBatchSampler(self.sampler), tagged=seeded_samples)
         kwargs = {"generator": torch.Generator().manual_seed(seed), **loader_kwargs}
         kwargs["worker_init_fn"] = functools.partial(_init_worker, loader_kwargs.get("worker_init_fn"))
+        if kwargs.get("num_workers", 0) > 0:  # forked by name, as the trainer's ForkedLoader (loader_workers.py)
+            kwargs.setdefault("multiprocessing_context", "fork")
         source = _SeededSamples(dataset, seed) if seeded_samples else dataset
         self.loader = DataLoader(source, batch_sampler=self._tags, **kwargs)
 

@@ -129,3 +129,35 @@ def test_a_loader_without_workers_forks_nothing_and_leaves_the_heap_and_signals_
     as_rank(monkeypatch)
     loader = ElasticLoader(Indexed(), 2, shuffle=False, seeded_samples=False)
     assert [(step, [batch[0].tolist()]) for step, [batch] in loader.steps(0, 2)] == [(0, [[0, 1]]), (1, [[2, 3]])]
+
+
+MARK = "imported"  # a forked worker sees what the rank set here; a spawned or forkserver one imports it afresh
+
+
+class Marked(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> str:
+        return MARK
+
+
+def test_workers_are_forked_whatever_the_interpreters_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The held stop signals and the frozen heap are a fork's (runtime/worker_fork.py); Python 3.14 makes
+    forkserver Linux's default: the loader asks for a fork by name. A user's explicit choice stands."""
+    import multiprocessing
+
+    globals()["MARK"] = "set by the rank"
+    default = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("forkserver", force=True)
+    try:
+        as_rank(monkeypatch)
+        forked = ElasticLoader(Marked(), 2, shuffle=False, seeded_samples=False, num_workers=1)
+        assert [batches[0] for _, batches in forked.steps(0, 1)] == [["set by the rank", "set by the rank"]]
+        chosen = ElasticLoader(
+            Marked(), 2, shuffle=False, seeded_samples=False, num_workers=1, multiprocessing_context="forkserver"
+        )
+        assert [batches[0] for _, batches in chosen.steps(0, 1)] == [["imported", "imported"]]
+    finally:
+        globals()["MARK"] = "imported"
+        multiprocessing.set_start_method(default, force=True)
