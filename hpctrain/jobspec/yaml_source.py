@@ -32,26 +32,14 @@ MAX_EXPANDED_NODES = 100_000
 MAX_NESTING = 100
 
 
-class _SpecLoader(yaml.SafeLoader):
-    """SafeLoader without sexagesimal numbers and with duplicate-key detection."""
-
-
-_SpecLoader.yaml_implicit_resolvers = {
-    first: [
-        (tag, regexp) for tag, regexp in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
-    ]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
 _INT = re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0o?[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$")
 _FLOAT = re.compile(
     r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
     r"|\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
 )
-_SpecLoader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
-_SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
 
 
-def _construct_mapping(loader: _SpecLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+def _construct_mapping(loader: Any, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
     seen: dict[Any, yaml.Node] = {}
     for key_node, _ in node.value:
         if key_node.tag == "tag:yaml.org,2002:merge":
@@ -70,14 +58,11 @@ def _construct_mapping(loader: _SpecLoader, node: yaml.MappingNode, deep: bool =
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
 
-_SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def _refusing_bad_scalars(kind: str, construct: Any) -> Any:
     """A scalar constructor whose ValueError (a date like 2026-13-45, an integer of more than
     4300 digits) becomes a YAML error at the value's line, not a traceback."""
 
-    def checked(loader: _SpecLoader, node: yaml.ScalarNode) -> Any:
+    def checked(loader: Any, node: yaml.ScalarNode) -> Any:
         try:
             return construct(loader, node)
         except (ValueError, OverflowError) as exc:
@@ -90,9 +75,29 @@ def _refusing_bad_scalars(kind: str, construct: Any) -> Any:
     return checked
 
 
-for _tag, _kind in (("int", "whole number"), ("float", "number"), ("timestamp", "date")):
-    _tag = f"tag:yaml.org,2002:{_tag}"
-    _SpecLoader.add_constructor(_tag, _refusing_bad_scalars(_kind, yaml.SafeLoader.yaml_constructors[_tag]))
+def spec_loader(base: type[yaml.SafeLoader]) -> type[yaml.SafeLoader]:
+    """The spec loader on ``base``'s parser: SafeLoader's constructors without sexagesimal numbers,
+    with duplicate keys and bad scalars refused."""
+
+    class SpecLoader(base):  # type: ignore[valid-type,misc]
+        pass
+
+    SpecLoader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    SpecLoader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
+    SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+    SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+    for tag, kind in (("int", "whole number"), ("float", "number"), ("timestamp", "date")):
+        tag = f"tag:yaml.org,2002:{tag}"
+        SpecLoader.add_constructor(tag, _refusing_bad_scalars(kind, yaml.SafeLoader.yaml_constructors[tag]))
+    return SpecLoader
+
+
+# libyaml's parser where PyYAML has it (its wheels do): 4x faster on a 100,000-value study axis (0.9 vs 3.9
+# CPU s), 8x on a spec; the pure-Python parser otherwise. Resolving and constructing are Python in both.
+_SpecLoader = spec_loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029]")
@@ -133,6 +138,8 @@ def parse_yaml_text(text: str, source: str) -> tuple[Any, dict[str, tuple[int, i
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         message = " ".join(str(part) for part in (exc.context, exc.problem) if part)
+        if "maximum nesting depth" in message:  # libyaml's own bound (its parser is not recursive)
+            message = "nested too deeply"
         if "could not determine a constructor" in message:
             message = message.replace("could not determine a constructor for the tag", "YAML tag not allowed:")
             message += " (specs are plain data; remove the tag)"
