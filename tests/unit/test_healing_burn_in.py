@@ -71,9 +71,9 @@ def test_a_plain_job_requeues_without_the_flagged_node(tmp_path, monkeypatch) ->
     from hpctrain.contract.summary import read_summary
     from hpctrain.healing.burn_in import decide_here
 
-    fake = FakeSlurm()
+    fake = FakeSlurm(partition={"n1": "allocated", "n2": "allocated", "n3": "allocated", "n4": "idle"})
     ctx = plain_job(tmp_path, monkeypatch, fake)
-    assert decide_here(ctx, flagged_record()) == "requeue"
+    assert decide_here(ctx, flagged_record()) == "requeue"  # n1,n3,n4 are left: enough for 3 nodes
     assert [argv[1:] for argv in fake.asked("scontrol")] == [
         ["requeue", "41"],
         ["update", "JobId=41", "ExcNodeList=n2"],
@@ -99,3 +99,32 @@ def test_a_plain_job_that_cannot_requeue_keeps_the_node_and_trains(tmp_path, mon
     ctx = plain_job(tmp_path / "again", monkeypatch, refusing)
     assert decide_here(ctx, flagged_record()) == "keep"  # scontrol refused the requeue
     assert [argv[1] for argv in refusing.asked("scontrol")] == ["requeue"]
+
+
+def test_a_plain_job_keeps_a_flagged_node_its_partition_cannot_spare(tmp_path, monkeypatch, caplog) -> None:  # noqa: ANN001
+    # the CI rehearsal: a job on every node of its partition, a node flagged under load; a requeue without it
+    # would pend forever (BadConstraints)
+    from hpctrain.contract.summary import read_summary
+    from hpctrain.healing.burn_in import decide_here
+
+    fake = FakeSlurm(partition={"n1": "allocated", "n2": "allocated", "n3": "allocated", "n4": "drained"})
+    ctx = plain_job(tmp_path, monkeypatch, fake)
+    assert decide_here(ctx, flagged_record()) == "keep"
+    assert fake.asked("scontrol") == []  # no requeue, no ExcNodeList
+    why = "excluding n2 would leave 2 usable nodes in partition debug, the job needs 3: kept"
+    assert f"training on it anyway: {why}" in caplog.text
+    summary = read_summary(ctx.run_dir)
+    assert summary is not None and summary.burn_in[-1]["action"] == "keep" and not summary.excluded_nodes
+    [event] = summary.node_failures
+    assert (event["node"], event["kind"], event["action"], event["why"]) == ("n2", "burn-in", "keep", why)
+
+
+def test_a_plain_job_requeues_when_sinfo_cannot_say_and_the_log_says_so(tmp_path, monkeypatch, caplog) -> None:  # noqa: ANN001
+    from hpctrain.healing.burn_in import decide_here
+
+    fake = FakeSlurm(answers={"sinfo": (1, "sinfo: error: Unable to contact slurm controller (connect failure)")})
+    ctx = plain_job(tmp_path, monkeypatch, fake)
+    assert decide_here(ctx, flagged_record()) == "requeue"
+    assert [argv[1] for argv in fake.asked("scontrol")] == ["requeue", "update"]
+    assert "could not count the usable nodes of the cluster" in caplog.text
+    assert "requeued without checking" in caplog.text
