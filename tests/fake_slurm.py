@@ -137,6 +137,11 @@ class FakeSlurm:
             return 0, "slurm 24.11.5\n"
         if argv[1:2] == ["ping"]:
             return 0, "Slurmctld(primary) at ctl is UP\n"
+        if argv[1:4] == ["--oneliner", "show", "job"]:
+            job = argv[4]
+            if job not in self.jobs:
+                return 1, "slurm_load_jobs error: Invalid job id specified"
+            return 0, f"JobId={job} JobState={self.jobs[job]} ExcNodeList=(null)\n"
         if argv[1:4] in (["--oneliner", "show", "partition"], ["--oneliner", "show", "node"]):
             return 0, ""
         if argv[1:2] == ["update"] or argv[1:2] == ["requeue"]:

@@ -36,7 +36,7 @@ def parse_sacct_states(output: str) -> dict[str, str]:
 def parse_job_record(text: str) -> dict[str, str]:
     """The ``Key=Value`` fields of one ``scontrol -o show job`` line we use."""
     fields = {}
-    for key in ("JobState", "Restarts", "PreemptTime", "Requeue"):
+    for key in ("JobState", "Restarts", "PreemptTime", "Requeue", "ExcNodeList"):
         match = re.search(rf"(?:^|\s){key}=(\S+)", text)
         if match:
             fields[key] = match.group(1)

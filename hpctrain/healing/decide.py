@@ -129,10 +129,12 @@ class Room:
 
     partitions: Mapping[str, tuple[str, ...]]  # partition -> its usable nodes
     needs: int  # the nodes the job asks Slurm for
+    submitted: tuple[str, ...] = ()  # the job's own ExcNodeList (its --exclude: the spec's, the ledger's)
 
     def left(self, excluded: Sequence[str]) -> tuple[str, int]:
-        """The partition with the most usable nodes outside ``excluded``, and how many."""
-        counts = {name: len(set(nodes) - set(excluded)) for name, nodes in self.partitions.items()}
+        """The partition with the most usable nodes outside ``excluded`` and the job's own, and how many."""
+        out = set(excluded) | set(self.submitted)
+        counts = {name: len(set(nodes) - out) for name, nodes in self.partitions.items()}
         best = max(counts, key=lambda name: counts[name], default="")
         return best, counts.get(best, 0)
 
@@ -141,9 +143,11 @@ class Room:
         partition, count = self.left(excluded)
         if count >= self.needs:
             return None
+        also = [n for n in self.submitted if n not in excluded and any(n in ns for ns in self.partitions.values())]
+        besides = f" (besides {','.join(also)}, excluded at submit)" if also else ""
         return (
-            f"excluding {','.join(excluded)} would leave {count} usable node{'s' * (count != 1)} in partition "
-            f"{partition}, the job needs {self.needs}"
+            f"excluding {','.join(excluded)}{besides} would leave {count} usable node{'s' * (count != 1)} in "
+            f"partition {partition}, the job needs {self.needs}"
         )
 
 

@@ -46,10 +46,11 @@ from hpctrain.contract.runfiles import RunFileError, check_inside, printable, re
 from hpctrain.contract.slurm import Slurm, SlurmCommandError
 from hpctrain.contract.slurm_answers import plain_features
 from hpctrain.contract.summary import read_summary, write_summary
-from hpctrain.errors import RunDirError
+from hpctrain.errors import HpctrainError, RunDirError
 from hpctrain.healing import decide
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.yaml_source import read_spec_file
+from hpctrain.runtime.task_env import parse_hostlist
 
 RECORD_EVERY_S = 5.0  # the guardian takes a record older than guardian.SILENT_S for a dead batch node
 MAX_RECORD_BYTES = 64 << 10  # a record is a few hundred bytes
@@ -73,6 +74,7 @@ class HealRecord:
         self.restart = int(environ.get("SLURM_RESTART_COUNT") or 0)
         self.batch_node = environ.get("SLURMD_NODENAME") or socket.gethostname()
         self.partition = spec.resources.partition or environ.get("SLURM_JOB_PARTITION") or None
+        self.submitted_excluded: list[str] = []  # the job's own ExcNodeList, kept by a requeue (read by room)
         previous = read_summary(run_dir)
         recorded = previous.fields().get("excluded_nodes") if previous is not None else None
         self.excluded: list[str] = [n for n in recorded if isinstance(n, str)] if isinstance(recorded, list) else []
@@ -169,7 +171,23 @@ class HealRecord:
             return f"could not count the usable nodes of {where} ({exc.message}): requeued without checking"
         if not found:
             return f"sinfo listed no usable node of {where}: requeued without checking"
-        return decide.Room({name: tuple(nodes) for name, nodes in found.items()}, self.spec.resources.allocated_nodes)
+        self.submitted_excluded = self._job_excluded()
+        usable = {name: tuple(nodes) for name, nodes in found.items()}
+        return decide.Room(usable, self.spec.resources.allocated_nodes, tuple(self.submitted_excluded))
+
+    def _job_excluded(self) -> list[str]:
+        """The job's ExcNodeList now (its ``--exclude``: the spec's own and the ledger's); [] when Slurm cannot
+        say. A requeue's ``ExcNodeList`` replaces it, so the requeue keeps these too."""
+        try:
+            listed = Slurm().show_job(self.job_id).get("ExcNodeList", "")
+        except SlurmCommandError:
+            return []
+        if not listed or listed == "(null)":
+            return []
+        try:
+            return parse_hostlist(listed, variable="ExcNodeList")
+        except HpctrainError:
+            return []
 
     def carry_out(
         self,
@@ -314,9 +332,10 @@ class HealRecord:
         """``ExcNodeList`` for the requeued job. Slurm takes it only from a pending job ("Job is no longer
         pending execution" before the requeue, measured on 22.05); the supervisor is the batch step's main
         process (``exec``), so the requeue's SIGTERM leaves it KillWait to say it."""
-        if not self.excluded:
+        nodes = list(dict.fromkeys([*self.submitted_excluded, *self.excluded]))
+        if not nodes:
             return
         try:
-            Slurm().exclude_nodes(self.job_id, self.excluded)
+            Slurm().exclude_nodes(self.job_id, nodes)
         except SlurmCommandError as exc:
-            self.say(f"could not keep {','.join(self.excluded)} out of the next start: {exc}")
+            self.say(f"could not keep {','.join(nodes)} out of the next start: {exc}")

@@ -75,6 +75,7 @@ def test_a_plain_job_requeues_without_the_flagged_node(tmp_path, monkeypatch) ->
     ctx = plain_job(tmp_path, monkeypatch, fake)
     assert decide_here(ctx, flagged_record()) == "requeue"  # n1,n3,n4 are left: enough for 3 nodes
     assert [argv[1:] for argv in fake.asked("scontrol")] == [
+        ["--oneliner", "show", "job", "41"],  # the job's own ExcNodeList: counted, and kept by the requeue
         ["requeue", "41"],
         ["update", "JobId=41", "ExcNodeList=n2"],
     ]
@@ -110,7 +111,7 @@ def test_a_plain_job_keeps_a_flagged_node_its_partition_cannot_spare(tmp_path, m
     fake = FakeSlurm(partition={"n1": "allocated", "n2": "allocated", "n3": "allocated", "n4": "drained"})
     ctx = plain_job(tmp_path, monkeypatch, fake)
     assert decide_here(ctx, flagged_record()) == "keep"
-    assert fake.asked("scontrol") == []  # no requeue, no ExcNodeList
+    assert [argv[1] for argv in fake.asked("scontrol")] == ["--oneliner"]  # asked; no requeue, no ExcNodeList
     why = "excluding n2 would leave 2 usable nodes in partition debug, the job needs 3: kept"
     assert f"training on it anyway: {why}" in caplog.text
     summary = read_summary(ctx.run_dir)
@@ -128,3 +129,21 @@ def test_a_plain_job_requeues_when_sinfo_cannot_say_and_the_log_says_so(tmp_path
     assert [argv[1] for argv in fake.asked("scontrol")] == ["requeue", "update"]
     assert "could not count the usable nodes of the cluster" in caplog.text
     assert "requeued without checking" in caplog.text
+
+
+def test_the_jobs_own_exclusions_count_and_a_requeue_keeps_them(tmp_path, monkeypatch, caplog) -> None:  # noqa: ANN001
+    # the submit excluded n5 (the ledger, or the spec's slurm_extra): a requeue's ExcNodeList replaces the job's
+    from hpctrain.healing.burn_in import decide_here
+
+    usable = {"n1": "allocated", "n2": "allocated", "n3": "allocated", "n4": "idle", "n5": "idle"}
+    show = (0, "JobId=41 JobState=RUNNING ExcNodeList=n5\n")
+    fake = FakeSlurm(partition=usable, answers={"scontrol --oneliner show job": show})
+    ctx = plain_job(tmp_path, monkeypatch, fake)
+    assert decide_here(ctx, flagged_record()) == "requeue"  # n1,n3,n4 left
+    assert fake.asked("scontrol")[-1] == ["scontrol", "update", "JobId=41", "ExcNodeList=n5,n2"]
+    del usable["n4"]
+    (tmp_path / "again").mkdir()
+    fake = FakeSlurm(partition=usable, answers={"scontrol --oneliner show job": show})
+    ctx = plain_job(tmp_path / "again", monkeypatch, fake)
+    assert decide_here(ctx, flagged_record()) == "keep"
+    assert "excluding n2 (besides n5, excluded at submit) would leave 2 usable nodes in partition debug" in caplog.text
