@@ -147,3 +147,31 @@ def test_the_jobs_own_exclusions_count_and_a_requeue_keeps_them(tmp_path, monkey
     ctx = plain_job(tmp_path / "again", monkeypatch, fake)
     assert decide_here(ctx, flagged_record()) == "keep"
     assert "excluding n2 (besides n5, excluded at submit) would leave 2 usable nodes in partition debug" in caplog.text
+
+
+def test_a_kept_node_lets_every_rank_train_and_a_requeue_ends_them(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    # run_burn_in is what the trainer's ranks and the script/torchrun child (healing/script_burn_in.py) run:
+    # a keep returns the verdict (the child exits 0: the script or torchrun starts), a requeue exits without one
+    from types import SimpleNamespace
+
+    from hpctrain.healing import burn_in
+
+    monkeypatch.delenv("HPCTRAIN_STEP_ID", raising=False)
+    monkeypatch.delenv("HPCTRAIN_BURN_IN", raising=False)
+    fake_dist = SimpleNamespace(is_initialized=lambda: True, barrier=lambda: None)
+    fake_dist.broadcast_object_list = lambda objects, src: None  # one process: rank 0's answer is everyone's
+    monkeypatch.setattr(burn_in, "dist", fake_dist)
+    monkeypatch.setattr(burn_in, "probe", lambda ctx: flagged_record())
+    for usable, expected in (({"n1": "mixed", "n2": "mixed", "n3": "mixed"}, "keep"), ({"n4": "idle"}, "requeue")):
+        folder = tmp_path / expected
+        folder.mkdir()
+        ctx = plain_job(
+            folder, monkeypatch, FakeSlurm(partition={"n1": "mixed", "n2": "mixed", "n3": "mixed", **usable})
+        )
+        ctx.device = SimpleNamespace(type="cpu")
+        exits: list[int] = []
+        record = burn_in.run_burn_in(ctx, exit_process=exits.append)
+        if expected == "keep":
+            assert record is not None and record.action == "keep" and exits == []
+        else:
+            assert record is None and exits == [0]
