@@ -20,7 +20,9 @@ A lost node is one :class:`Blame` kind; burn-in's flagged nodes
   batch can be shared by (``batch_fits``: any number of ranks up to the run's
   micro-batches, ``jobspec/shares.py``);
 * **requeue**: without the blamed nodes (``ExcNodeList``), when too few are
-  left, or the lost node ran the batch step;
+  left, or the lost node ran the batch step; never into a job its partition
+  can no longer run (:class:`Room`, from ``sinfo``: then a flagged node is
+  kept, a lost one Slurm still runs jobs on is not kept out, a gone one fails);
 * **fail**: a lost node with no requeue left, or a crash loop: the run's
   checkpoints stopped advancing over ``signals.crash_loop_attempts`` attempts
   (:func:`crash_loop`), whatever the rest would do;
