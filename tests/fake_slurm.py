@@ -2,7 +2,7 @@
 
 :class:`FakeSlurm` is a ``subprocess.run`` stand-in for
 ``hpctrain.contract.slurm.Slurm``: it keeps a few jobs' states and answers
-``sacct``, ``squeue``, ``scancel``, ``scontrol`` and ``sbatch`` as Slurm does
+``sacct``, ``squeue``, ``scancel``, ``scontrol``, ``sbatch`` and ``sinfo`` (one partition's nodes) as Slurm does
 (``scancel`` ends a job as CANCELLED, with its processes still COMPLETING
 until :meth:`FakeSlurm.settle`), records every command, and lets a test
 script any other answer by command prefix. ``install(monkeypatch)`` makes it
@@ -44,12 +44,14 @@ class FakeSlurm:
         answers: Mapping[str, Answer] | None = None,
         kill_wait_s: int = 0,
         settle_on_cancel: bool = True,
+        partition: Mapping[str, str] | None = None,
     ) -> None:
         self.jobs: dict[str, str] = dict(jobs or {})
         self.stopping: set[str] = set()  # jobs whose processes are still stopping (squeue: COMPLETING)
         self.answers: dict[str, Answer] = dict(answers or {})
         self.kill_wait_s, self.settle_on_cancel = kill_wait_s, settle_on_cancel
         self.commands: list[list[str]] = []
+        self.partition: dict[str, str] = dict(partition or {})  # node -> sinfo state, all in partition debug
         self.test_only_answers: dict[int, tuple[int, str]] = {}  # node count -> sbatch --test-only's answer
 
     def test_only(self, argv: list[str]) -> tuple[int, str]:
@@ -135,11 +137,22 @@ class FakeSlurm:
             return 0, "slurm 24.11.5\n"
         if argv[1:2] == ["ping"]:
             return 0, "Slurmctld(primary) at ctl is UP\n"
+        if argv[1:4] == ["--oneliner", "show", "job"]:
+            job = argv[4]
+            if job not in self.jobs:
+                return 1, "slurm_load_jobs error: Invalid job id specified"
+            return 0, f"JobId={job} JobState={self.jobs[job]} ExcNodeList=(null)\n"
         if argv[1:4] in (["--oneliner", "show", "partition"], ["--oneliner", "show", "node"]):
             return 0, ""
         if argv[1:2] == ["update"] or argv[1:2] == ["requeue"]:
             return 0, ""
         raise AssertionError(f"FakeSlurm: unexpected command {' '.join(argv)}")
+
+    def _sinfo(self, argv: list[str]) -> tuple[int, str]:
+        """``sinfo -h -N -o "%N|%P|%T|%f"`` over :attr:`partition` (none: an empty answer)."""
+        if "%N|%P|%T|%f" not in argv:
+            raise AssertionError(f"FakeSlurm: unexpected command {' '.join(argv)}")
+        return 0, "".join(f"{node}|debug*|{state}|(null)\n" for node, state in self.partition.items())
 
     def _sacctmgr(self, argv: list[str]) -> tuple[int, str]:
         return 0, ""

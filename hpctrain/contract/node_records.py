@@ -49,6 +49,7 @@ class NodeEvent(_Record):
     checkpoint_step: int | None = None  # the run's newest complete checkpoint then
     reason: str = Field("", max_length=2000)
     action: str = Field("", max_length=32)  # keep, swap, drop, requeue, fail (continue: older runs)
+    why: str | None = Field(None, max_length=2000)  # why this action (a keep, a requeue, a failure)
     nodes: list[str] = []  # where the next step runs
     job_id: str | None = None
     time: float | None = None

@@ -447,16 +447,19 @@ class Slurm:
             self.run(*exclude_nodes_command(job_id, nodes))
 
     def partition_nodes(self, partition: str | None, *, timeout_s: float = 10.0) -> list[str]:
-        """The nodes of ``partition`` (the default partition for None) that are not down or drained."""
-        command = ["sinfo", "-h", "-N", "-o", "%N %T", "--responding"]
-        if partition:
-            command += ["-p", partition]
-        nodes = []
-        for line in self.run(*command, timeout_s=timeout_s).splitlines():
-            parts = line.split()
-            if len(parts) == 2 and not parts[1].rstrip("*~#$@%!^-").lower().startswith(("down", "drain", "fail")):
-                nodes.append(parts[0])
-        return list(dict.fromkeys(nodes))
+        """The nodes of ``partition`` (every partition for None) that may run a job (not down, drained, failed)."""
+        found = self.usable_nodes(partition, timeout_s=timeout_s)
+        return list(dict.fromkeys(node for nodes in found.values() for node in nodes))
+
+    def usable_nodes(
+        self, partitions: str | None, *, features: Sequence[str] = (), timeout_s: float = 10.0
+    ) -> dict[str, list[str]]:
+        """Each of ``partitions``' (a comma list; every partition for None) nodes that may run a job
+        (``slurm_answers.node_runs_jobs``) and offer every one of ``features``; raises SlurmCommandError."""
+        command = ["sinfo", "-h", "-N", "-o", answers.PARTITION_NODES_FORMAT]
+        if partitions:
+            command += ["-p", partitions]
+        return answers.parse_partition_nodes(self.run(*command, timeout_s=timeout_s), features)
 
 
 def exclude_nodes_command(job_id: str, nodes: Sequence[str]) -> list[str]:

@@ -11,7 +11,7 @@ what ``sbatch``'s refusals mean for the spec. Nothing here runs anything.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -36,7 +36,7 @@ def parse_sacct_states(output: str) -> dict[str, str]:
 def parse_job_record(text: str) -> dict[str, str]:
     """The ``Key=Value`` fields of one ``scontrol -o show job`` line we use."""
     fields = {}
-    for key in ("JobState", "Restarts", "PreemptTime", "Requeue"):
+    for key in ("JobState", "Restarts", "PreemptTime", "Requeue", "ExcNodeList"):
         match = re.search(rf"(?:^|\s){key}=(\S+)", text)
         if match:
             fields[key] = match.group(1)
@@ -88,6 +88,51 @@ def parse_associations(output: str) -> list[dict[str, str]]:
 def parse_node_states(output: str) -> dict[str, str]:
     """``sinfo -h -N -n NODES -o "%N %T"`` -> {node: state}; lines that are not two words are skipped."""
     return dict(line.split(None, 1) for line in output.splitlines() if len(line.split()) == 2)
+
+
+# sinfo %T node states (their base word, flags such as '*' or '~' stripped) that can never run a job until an
+# administrator acts: a job requeued onto too few nodes in other states pends forever (Reason=BadConstraints).
+# IDLE, MIXED, ALLOCATED, COMPLETING, RESERVED, MAINT, PLANNED and the power-saving states can run one later.
+NEVER_RUNS_JOBS = ("down", "drain", "drained", "draining", "fail", "failing", "future", "inval", "unknown")
+PARTITION_NODES_FORMAT = "%N|%P|%T|%f"
+
+
+def node_runs_jobs(state: str) -> bool:
+    """Whether a node in this ``sinfo -o %T`` state may run a job (now or once its current jobs end). Pure.
+
+    A trailing ``*`` (the node does not respond) counts as down; sinfo joins several states with ``+``."""
+    state = state.strip().lower()
+    if not state or state.endswith("*"):
+        return False
+    return not any(part.rstrip("~#$@%!^-") in NEVER_RUNS_JOBS for part in state.split("+"))
+
+
+def parse_partition_nodes(output: str, features: Sequence[str] = ()) -> dict[str, list[str]]:
+    """``sinfo -h -N -o "%N|%P|%T|%f"`` -> {partition: its nodes that may run a job and have every one of
+    ``features``}; the default partition's trailing ``*`` dropped, lines of another shape skipped. Pure."""
+    found: dict[str, list[str]] = {}
+    for line in output.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 4 or not parts[0] or not parts[1]:
+            continue
+        node, partition, state, offered = parts
+        has = {word.strip() for word in offered.split(",")}
+        if node_runs_jobs(state) and all(feature in has for feature in features):
+            nodes = found.setdefault(partition.rstrip("*"), [])
+            if node not in nodes:
+                nodes.append(node)
+    return found
+
+
+def plain_features(constraint: str | None) -> tuple[str, ...] | None:
+    """The features a ``--constraint`` of plain words joined by ``&`` (or ``,``) requires; None for anything
+    else (``|``, counts, brackets, ``!``): then nodes are counted without it. Pure."""
+    if not constraint:
+        return ()
+    words = re.split(r"[&,]", constraint)
+    if not all(re.fullmatch(r"[A-Za-z0-9_.:-]+", word) for word in words):
+        return None
+    return tuple(words)
 
 
 def parse_job_steps(output: str) -> list[tuple[str, str]]:

@@ -20,7 +20,9 @@ A lost node is one :class:`Blame` kind; burn-in's flagged nodes
   batch can be shared by (``batch_fits``: any number of ranks up to the run's
   micro-batches, ``jobspec/shares.py``);
 * **requeue**: without the blamed nodes (``ExcNodeList``), when too few are
-  left, or the lost node ran the batch step;
+  left, or the lost node ran the batch step; never into a job its partition
+  can no longer run (:class:`Room`, from ``sinfo``: then a flagged node is
+  kept, a lost one Slurm still runs jobs on is not kept out, a gone one fails);
 * **fail**: a lost node with no requeue left, or a crash loop: the run's
   checkpoints stopped advancing over ``signals.crash_loop_attempts`` attempts
   (:func:`crash_loop`), whatever the rest would do;
@@ -121,6 +123,37 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class Room:
+    """Where a requeued job could start again: each of its partitions' nodes that may run a job (sinfo).
+
+    A requeue keeps the job's request (``nodes`` + ``spare_nodes``); Slurm never starts it on fewer, and a
+    job that excludes too many of its partition's nodes pends with ``Reason=BadConstraints`` forever."""
+
+    partitions: Mapping[str, tuple[str, ...]]  # partition -> its usable nodes
+    needs: int  # the nodes the job asks Slurm for
+    submitted: tuple[str, ...] = ()  # the job's own ExcNodeList (its --exclude: the spec's, the ledger's)
+
+    def left(self, excluded: Sequence[str]) -> tuple[str, int]:
+        """The partition with the most usable nodes outside ``excluded`` and the job's own, and how many."""
+        out = set(excluded) | set(self.submitted)
+        counts = {name: len(set(nodes) - out) for name, nodes in self.partitions.items()}
+        best = max(counts, key=lambda name: counts[name], default="")
+        return best, counts.get(best, 0)
+
+    def shortfall(self, excluded: Sequence[str]) -> str | None:
+        """Why a requeue that keeps ``excluded`` out could never start; None when it can."""
+        partition, count = self.left(excluded)
+        if count >= self.needs:
+            return None
+        also = [n for n in self.submitted if n not in excluded and any(n in ns for ns in self.partitions.values())]
+        besides = f" (besides {','.join(also)}, excluded at submit)" if also else ""
+        return (
+            f"excluding {','.join(excluded)}{besides} would leave {count} usable node{'s' * (count != 1)} in "
+            f"partition {partition}, the job needs {self.needs}"
+        )
+
+
+@dataclass(frozen=True)
 class Situation:
     """Everything the decider reads about one node question: what is blamed, where the run stands, what it may do.
 
@@ -143,6 +176,7 @@ class Situation:
     history: tuple[Mapping[str, Any], ...] = ()  # the run's node events so far (summary.json)
     job_id: str = ""
     crash_loop_attempts: int | None = None  # signals.crash_loop_attempts; None: this question ends no crash loop
+    room: Callable[[], Room | str] | None = None  # asked before a requeue: Room, or why Slurm cannot say
 
 
 def node_failures_in(text: str) -> list[str]:
@@ -249,11 +283,31 @@ def _about_blamed(s: Situation) -> Decision:
 
 def _requeue_or_not(s: Situation, out: tuple[str, ...], why: str, *, lost: bool) -> Decision:
     if s.can_requeue:
-        fallback = "keep" if s.ranks_alive and not lost else "fail"
-        return Decision("requeue", excluded=out, why=why, if_requeue_fails=fallback)
+        fallback: Literal["keep", "fail"] = "keep" if s.ranks_alive and not lost else "fail"
+        room = s.room() if s.room is not None else None
+        if isinstance(room, str):  # sinfo failed: requeue as if there were room, and say so
+            return Decision("requeue", excluded=out, why=f"{why}; {room}", if_requeue_fails=fallback)
+        short = room.shortfall(out) if room is not None else None
+        if room is None or short is None:
+            return Decision("requeue", excluded=out, why=why, if_requeue_fails=fallback)
+        return _no_room(s, room, out, short, lost=lost)
     if lost:
         return Decision("fail", excluded=out, why=f"{why}; no requeue left (signals.max_requeues)")
     return Decision("keep", nodes=s.step_nodes, excluded=s.excluded, why=f"{why}, and no requeue left: kept")
+
+
+def _no_room(s: Situation, room: Room, out: tuple[str, ...], short: str, *, lost: bool) -> Decision:
+    """A requeue without ``out`` could never start: keep a sick node that still trains; for a lost one, requeue
+    without keeping out the blamed nodes Slurm still runs jobs on, or fail rather than pend forever."""
+    if not lost and s.step_nodes:
+        return Decision("keep", nodes=s.step_nodes, excluded=s.excluded, why=f"{short}: kept")
+    usable = {node for nodes in room.partitions.values() for node in nodes}
+    softer = tuple(n for n in out if n in s.excluded or n not in usable)
+    if softer != out and room.shortfall(softer) is None:
+        let_in = ",".join(n for n in out if n not in softer)
+        why = f"{short}, so {let_in} (which Slurm still runs jobs on) is not kept out"
+        return Decision("requeue", excluded=softer, why=why, if_requeue_fails="fail")
+    return Decision("fail", excluded=out, why=f"{short}: a requeue could never start (it would pend forever)")
 
 
 def _unless_a_crash_loop(s: Situation, decision: Decision) -> Decision:

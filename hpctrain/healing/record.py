@@ -44,11 +44,13 @@ from hpctrain.contract.node_records import (
 from hpctrain.contract.rundir import read_run_info, spec_path, supervisor_record_path
 from hpctrain.contract.runfiles import RunFileError, check_inside, printable, read_json
 from hpctrain.contract.slurm import Slurm, SlurmCommandError
+from hpctrain.contract.slurm_answers import plain_features
 from hpctrain.contract.summary import read_summary, write_summary
-from hpctrain.errors import RunDirError
+from hpctrain.errors import HpctrainError, RunDirError
 from hpctrain.healing import decide
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.yaml_source import read_spec_file
+from hpctrain.runtime.task_env import parse_hostlist
 
 RECORD_EVERY_S = 5.0  # the guardian takes a record older than guardian.SILENT_S for a dead batch node
 MAX_RECORD_BYTES = 64 << 10  # a record is a few hundred bytes
@@ -71,6 +73,8 @@ class HealRecord:
         self.job_id = environ["SLURM_JOB_ID"]
         self.restart = int(environ.get("SLURM_RESTART_COUNT") or 0)
         self.batch_node = environ.get("SLURMD_NODENAME") or socket.gethostname()
+        self.partition = spec.resources.partition or environ.get("SLURM_JOB_PARTITION") or None
+        self.submitted_excluded: list[str] = []  # the job's own ExcNodeList, kept by a requeue (read by room)
         previous = read_summary(run_dir)
         recorded = previous.fields().get("excluded_nodes") if previous is not None else None
         self.excluded: list[str] = [n for n in recorded if isinstance(n, str)] if isinstance(recorded, list) else []
@@ -153,7 +157,37 @@ class HealRecord:
             history=tuple(history),
             job_id=self.job_id,
             crash_loop_attempts=self.spec.signals.crash_loop_attempts if crash_loop else None,
+            room=self.room,
         )
+
+    def room(self) -> decide.Room | str:
+        """Where a requeue of this job could start: its partitions' usable nodes (``sinfo``), or why that is not
+        known (then the decider requeues as it did before it asked)."""
+        where = f"partition {self.partition}" if self.partition else "the cluster"
+        features = plain_features(self.spec.resources.constraint)
+        try:
+            found = Slurm().usable_nodes(self.partition, features=features or ())
+        except SlurmCommandError as exc:
+            return f"could not count the usable nodes of {where} ({exc.message}): requeued without checking"
+        if not found:
+            return f"sinfo listed no usable node of {where}: requeued without checking"
+        self.submitted_excluded = self._job_excluded()
+        usable = {name: tuple(nodes) for name, nodes in found.items()}
+        return decide.Room(usable, self.spec.resources.allocated_nodes, tuple(self.submitted_excluded))
+
+    def _job_excluded(self) -> list[str]:
+        """The job's ExcNodeList now (its ``--exclude``: the spec's own and the ledger's); [] when Slurm cannot
+        say. A requeue's ``ExcNodeList`` replaces it, so the requeue keeps these too."""
+        try:
+            listed = Slurm().show_job(self.job_id).get("ExcNodeList", "")
+        except SlurmCommandError:
+            return []
+        if not listed or listed == "(null)":
+            return []
+        try:
+            return parse_hostlist(listed, variable="ExcNodeList")
+        except HpctrainError:
+            return []
 
     def carry_out(
         self,
@@ -169,6 +203,10 @@ class HealRecord:
             checkpoint = events[-1]["checkpoint_step"]
             for found in situation.blamed:
                 self.say(decide.log_line(found, situation.step, decision, checkpoint))
+        elif decision.action in ("requeue", "fail") and decision.why:
+            self.say(
+                f"before the first step: {'requeueing' if decision.action == 'requeue' else 'stopping'}: {decision.why}"
+            )
         if decision.action == "fail":
             self.fail(decision.why)
         elif decision.action == "requeue" and not decision.requeued_by_slurm:
@@ -208,7 +246,7 @@ class HealRecord:
             last = [e for e in events if isinstance(e, dict)][-1:]
             for event in events:
                 if isinstance(event, dict) and last and event.get("time") == last[0].get("time"):
-                    event["action"] = decision.action
+                    event["action"], event["why"] = decision.action, decision.why[:2000]
         checkpoint = latest_checkpoint_step(self.run_dir)
         moment = round(time.time(), 3)  # one decision, one time: the crash-loop check counts it once
         for found in blamed:
@@ -219,6 +257,7 @@ class HealRecord:
                 checkpoint_step=checkpoint,
                 reason=found.reason,
                 action=decision.action,
+                why=decision.why[:2000] or None,
                 nodes=list(decision.nodes),
                 job_id=self.job_id,
                 time=moment,
@@ -293,9 +332,10 @@ class HealRecord:
         """``ExcNodeList`` for the requeued job. Slurm takes it only from a pending job ("Job is no longer
         pending execution" before the requeue, measured on 22.05); the supervisor is the batch step's main
         process (``exec``), so the requeue's SIGTERM leaves it KillWait to say it."""
-        if not self.excluded:
+        nodes = list(dict.fromkeys([*self.submitted_excluded, *self.excluded]))
+        if not nodes:
             return
         try:
-            Slurm().exclude_nodes(self.job_id, self.excluded)
+            Slurm().exclude_nodes(self.job_id, nodes)
         except SlurmCommandError as exc:
-            self.say(f"could not keep {','.join(self.excluded)} out of the next start: {exc}")
+            self.say(f"could not keep {','.join(nodes)} out of the next start: {exc}")

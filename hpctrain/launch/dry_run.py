@@ -142,7 +142,8 @@ def burn_in_note(spec: JobSpec, *, local: bool) -> str:
         before = "torchrun starts (each node task probes its node)"
     return (
         f"\n# burn-in: every start probes its {nodes} nodes before {before} (up to {settings.budget_s:g} s; "
-        "a sick node is taken out; health.burn_in.enabled: false turns it off; docs/node-health.md)\n"
+        "a sick node is taken out while its partition can spare it; health.burn_in.enabled: false turns it off; "
+        "docs/node-health.md)\n"
     )
 
 

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import pytest
 import submitit
 
+from hpctrain.contract.slurm import Slurm
+
 from . import jobfuncs
 from .conftest import HOST_ADDR
 
@@ -51,6 +53,11 @@ def test_partitions_preempt_by_priority_tier(slurm_cluster: SlurmCluster) -> Non
     assert "Default=YES" in debug and "PriorityTier=1 " in debug
     assert "PreemptMode=REQUEUE" in debug
     assert "PriorityTier=10 " in urgent and "PreemptMode=OFF" in urgent
+    # what the healing decider counts before a requeue that keeps nodes out (HealRecord.room): this release's
+    # sinfo, read by the one client (its format and states), per partition
+    client = Slurm(lambda command, **_: slurm_cluster.run(*command, check=False))
+    nodes = slurm_cluster.nodes
+    assert client.usable_nodes("debug,urgent") == {"debug": nodes, "urgent": nodes}
 
 
 @pytest.mark.slurm_contract

@@ -500,6 +500,9 @@ def test_a_torchrun_jobs_burn_in_requeues_it_without_a_slow_node(cluster: SlurmC
     assert (healthy["nodes"], healthy["flagged"]) == ([first, other], []), healthy
     [failure] = summary["node_failures"]
     assert (failure["node"], failure["kind"], failure["action"]) == (sick, "burn-in", "requeue"), failure
+    # the partition was counted (sinfo: 3 usable nodes, 2 left without the sick one, the job needs 2), so the
+    # requeue went ahead with nothing added to why ("...: requeued without checking" when sinfo cannot say)
+    assert failure["why"] == "1 healthy node left, min_nodes is 2", failure
     assert not list(run.run_dir.glob(".hpctrain/torchrun-failures.log")), "no rank failed: torchrun never started"
     [reason] = [s["reason"] for s in flagged["scores"] if s["flagged"]]
     phases = flagged.get("phases_s")  # the model's build on the slow node counts in seconds, not in the budget

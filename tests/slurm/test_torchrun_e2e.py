@@ -80,7 +80,9 @@ def reference_weights(slurm_cluster: SlurmCluster, workspace: Workspace) -> str:
     """``weights_sha256`` of the torchrun run trained without interruption."""
     # The burn-in runs and flags nobody; its margins here are wide: the test's two nodes share two loaded cores
     # (CI's other legs), and one once measured 2.2x the other's compute, flagged, and the job, excluded from
-    # half the cluster, never ran again (rehearsal 18). Flagging a slow node is test_node_loss_e2e.py's.
+    # half the cluster, never ran again (rehearsal 18). Such a flag now keeps the node (the partition could not
+    # run the job without it: docs/node-health.md), but costs a second pass. Flagging a slow node is
+    # test_node_loss_e2e.py's.
     run = submit(workspace, TORCHRUN, *WIDE_MARGINS, "name=torchrun_uninterrupted")
     assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
     summary = run.summary()

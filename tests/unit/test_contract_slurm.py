@@ -260,3 +260,44 @@ def test_the_requeue_hold_is_the_job_credentials_lifetime() -> None:
     assert requeue_hold_s({"AuthInfo": "cred_expire=300,socket=/run/munge.sock"}) == 300
     assert requeue_hold_s({"CredExpire": "45 sec"}) == 45
     assert requeue_hold_s({"AuthInfo": "(null)"}) == DEFAULT_REQUEUE_HOLD_S == 120
+
+
+# -- which nodes a requeued job could still get (healing/decide.py's Room) -------------------------------------------
+def test_node_states_that_can_never_run_a_job_are_told_apart() -> None:
+    from hpctrain.contract.slurm_answers import node_runs_jobs
+
+    runs = ["idle", "mixed", "allocated", "completing", "reserved", "maint", "planned", "idle~", "mixed-", "idle#"]
+    never = ["down", "down*", "idle*", "drained", "draining", "drain", "fail", "failing", "future", "inval", "unknown"]
+    never += ["idle+drain", "mixed+fail", "drained*", ""]
+    assert [state for state in runs if not node_runs_jobs(state)] == []
+    assert [state for state in never if node_runs_jobs(state)] == []
+
+
+def test_a_partitions_usable_nodes_are_read_per_partition_with_their_features() -> None:
+    from hpctrain.contract.slurm_answers import parse_partition_nodes
+
+    text = (
+        "l1|debug*|idle|(null)\nl2|debug*|drained|(null)\nl3|debug*|mixed|gpu,ib\nl3|big|mixed|gpu,ib\n"
+        "l4|big|down*|gpu\nl5|big|allocated|gpu\nnonsense line\n|debug|idle|x\n"
+    )
+    assert parse_partition_nodes(text) == {"debug": ["l1", "l3"], "big": ["l3", "l5"]}
+    assert parse_partition_nodes(text, ("gpu", "ib")) == {"debug": ["l3"], "big": ["l3"]}
+    assert parse_partition_nodes("") == {}
+
+
+def test_only_a_plain_constraint_filters_the_nodes_by_feature() -> None:
+    from hpctrain.contract.slurm_answers import plain_features
+
+    assert plain_features(None) == () and plain_features("v100&ib") == ("v100", "ib")
+    assert [plain_features(c) for c in ("v100|a100", "[rack1*2]", "!old", "gpu*2")] == [None] * 4
+
+
+def test_the_client_asks_sinfo_for_the_partitions_nodes() -> None:
+    fake = FakeSlurm(partition={"l1": "idle", "l2": "down*", "l3": "mixed"})
+    client = fake.client()
+    assert client.usable_nodes("debug,big") == {"debug": ["l1", "l3"]}
+    assert client.partition_nodes(None) == ["l1", "l3"]
+    assert fake.commands == [
+        ["sinfo", "-h", "-N", "-o", "%N|%P|%T|%f", "-p", "debug,big"],
+        ["sinfo", "-h", "-N", "-o", "%N|%P|%T|%f"],
+    ]

@@ -71,10 +71,11 @@ def test_a_plain_job_requeues_without_the_flagged_node(tmp_path, monkeypatch) ->
     from hpctrain.contract.summary import read_summary
     from hpctrain.healing.burn_in import decide_here
 
-    fake = FakeSlurm()
+    fake = FakeSlurm(partition={"n1": "allocated", "n2": "allocated", "n3": "allocated", "n4": "idle"})
     ctx = plain_job(tmp_path, monkeypatch, fake)
-    assert decide_here(ctx, flagged_record()) == "requeue"
+    assert decide_here(ctx, flagged_record()) == "requeue"  # n1,n3,n4 are left: enough for 3 nodes
     assert [argv[1:] for argv in fake.asked("scontrol")] == [
+        ["--oneliner", "show", "job", "41"],  # the job's own ExcNodeList: counted, and kept by the requeue
         ["requeue", "41"],
         ["update", "JobId=41", "ExcNodeList=n2"],
     ]
@@ -99,3 +100,78 @@ def test_a_plain_job_that_cannot_requeue_keeps_the_node_and_trains(tmp_path, mon
     ctx = plain_job(tmp_path / "again", monkeypatch, refusing)
     assert decide_here(ctx, flagged_record()) == "keep"  # scontrol refused the requeue
     assert [argv[1] for argv in refusing.asked("scontrol")] == ["requeue"]
+
+
+def test_a_plain_job_keeps_a_flagged_node_its_partition_cannot_spare(tmp_path, monkeypatch, caplog) -> None:  # noqa: ANN001
+    # the CI rehearsal: a job on every node of its partition, a node flagged under load; a requeue without it
+    # would pend forever (BadConstraints)
+    from hpctrain.contract.summary import read_summary
+    from hpctrain.healing.burn_in import decide_here
+
+    fake = FakeSlurm(partition={"n1": "allocated", "n2": "allocated", "n3": "allocated", "n4": "drained"})
+    ctx = plain_job(tmp_path, monkeypatch, fake)
+    assert decide_here(ctx, flagged_record()) == "keep"
+    assert [argv[1] for argv in fake.asked("scontrol")] == ["--oneliner"]  # asked; no requeue, no ExcNodeList
+    why = "excluding n2 would leave 2 usable nodes in partition debug, the job needs 3: kept"
+    assert f"training on it anyway: {why}" in caplog.text
+    summary = read_summary(ctx.run_dir)
+    assert summary is not None and summary.burn_in[-1]["action"] == "keep" and not summary.excluded_nodes
+    [event] = summary.node_failures
+    assert (event["node"], event["kind"], event["action"], event["why"]) == ("n2", "burn-in", "keep", why)
+
+
+def test_a_plain_job_requeues_when_sinfo_cannot_say_and_the_log_says_so(tmp_path, monkeypatch, caplog) -> None:  # noqa: ANN001
+    from hpctrain.healing.burn_in import decide_here
+
+    fake = FakeSlurm(answers={"sinfo": (1, "sinfo: error: Unable to contact slurm controller (connect failure)")})
+    ctx = plain_job(tmp_path, monkeypatch, fake)
+    assert decide_here(ctx, flagged_record()) == "requeue"
+    assert [argv[1] for argv in fake.asked("scontrol")] == ["requeue", "update"]
+    assert "could not count the usable nodes of the cluster" in caplog.text
+    assert "requeued without checking" in caplog.text
+
+
+def test_the_jobs_own_exclusions_count_and_a_requeue_keeps_them(tmp_path, monkeypatch, caplog) -> None:  # noqa: ANN001
+    # the submit excluded n5 (the ledger, or the spec's slurm_extra): a requeue's ExcNodeList replaces the job's
+    from hpctrain.healing.burn_in import decide_here
+
+    usable = {"n1": "allocated", "n2": "allocated", "n3": "allocated", "n4": "idle", "n5": "idle"}
+    show = (0, "JobId=41 JobState=RUNNING ExcNodeList=n5\n")
+    fake = FakeSlurm(partition=usable, answers={"scontrol --oneliner show job": show})
+    ctx = plain_job(tmp_path, monkeypatch, fake)
+    assert decide_here(ctx, flagged_record()) == "requeue"  # n1,n3,n4 left
+    assert fake.asked("scontrol")[-1] == ["scontrol", "update", "JobId=41", "ExcNodeList=n5,n2"]
+    del usable["n4"]
+    (tmp_path / "again").mkdir()
+    fake = FakeSlurm(partition=usable, answers={"scontrol --oneliner show job": show})
+    ctx = plain_job(tmp_path / "again", monkeypatch, fake)
+    assert decide_here(ctx, flagged_record()) == "keep"
+    assert "excluding n2 (besides n5, excluded at submit) would leave 2 usable nodes in partition debug" in caplog.text
+
+
+def test_a_kept_node_lets_every_rank_train_and_a_requeue_ends_them(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    # run_burn_in is what the trainer's ranks and the script/torchrun child (healing/script_burn_in.py) run:
+    # a keep returns the verdict (the child exits 0: the script or torchrun starts), a requeue exits without one
+    from types import SimpleNamespace
+
+    from hpctrain.healing import burn_in
+
+    monkeypatch.delenv("HPCTRAIN_STEP_ID", raising=False)
+    monkeypatch.delenv("HPCTRAIN_BURN_IN", raising=False)
+    fake_dist = SimpleNamespace(is_initialized=lambda: True, barrier=lambda: None)
+    fake_dist.broadcast_object_list = lambda objects, src: None  # one process: rank 0's answer is everyone's
+    monkeypatch.setattr(burn_in, "dist", fake_dist)
+    monkeypatch.setattr(burn_in, "probe", lambda ctx: flagged_record())
+    for usable, expected in (({"n1": "mixed", "n2": "mixed", "n3": "mixed"}, "keep"), ({"n4": "idle"}, "requeue")):
+        folder = tmp_path / expected
+        folder.mkdir()
+        ctx = plain_job(
+            folder, monkeypatch, FakeSlurm(partition={"n1": "mixed", "n2": "mixed", "n3": "mixed", **usable})
+        )
+        ctx.device = SimpleNamespace(type="cpu")
+        exits: list[int] = []
+        record = burn_in.run_burn_in(ctx, exit_process=exits.append)
+        if expected == "keep":
+            assert record is not None and record.action == "keep" and exits == []
+        else:
+            assert record is None and exits == [0]

@@ -362,6 +362,77 @@ def test_a_requeue_slurm_refuses_keeps_the_ranks_only_when_they_live_and_nothing
     assert decide(Blame("n2", "gone"), allocation=NODES, ranks_alive=True).if_requeue_fails == "fail"
 
 
+# -- no requeue into a job the partition can never run (sinfo's usable nodes) --------------------------------------
+def room(*nodes: str, needs: int = 3, partition: str = "debug") -> Any:
+    """What HealRecord.room answers: the partition's usable nodes, and what the job asks for."""
+    return lambda: healing.Room({partition: nodes}, needs)
+
+
+def test_a_requeue_that_leaves_enough_usable_nodes_goes_ahead_as_before() -> None:
+    flagged = Blame("n2", "compute 2.2x", kind="burn-in")
+    decision = decide(flagged, allocation=NODES, ranks_alive=True, room=room("n1", "n2", "n3", "n5"))
+    assert (decision.action, decision.excluded, decision.why) == (
+        "requeue",
+        ("n2",),
+        "2 healthy nodes left, min_nodes is 3",
+    )
+
+
+def test_a_flagged_node_the_partition_cannot_spare_is_kept_and_why() -> None:
+    flagged = Blame("n2", "compute 2.2x", kind="burn-in")
+    kept = decide(flagged, allocation=NODES, ranks_alive=True, room=room("n1", "n2", "n3"))
+    assert (kept.action, kept.nodes, kept.excluded) == ("keep", NODES, ())
+    assert kept.why == "excluding n2 would leave 2 usable nodes in partition debug, the job needs 3: kept"
+    line = healing.log_line(flagged, None, kept, None)
+    assert line == (
+        "node n2 flagged by the burn-in before the first step (compute 2.2x); training on it anyway: "
+        "excluding n2 would leave 2 usable nodes in partition debug, the job needs 3: kept"
+    )
+    # the supervisor's step ended (ranks gone): kept all the same, the next step starts on the same nodes
+    assert decide(flagged, allocation=NODES, room=room("n1", "n2", "n3")).action == "keep"
+    # nodes the run excluded before count as gone too
+    earlier = decide(flagged, allocation=NODES, excluded=("n5",), room=room("n1", "n2", "n3", "n5"))
+    assert earlier.action == "keep" and "excluding n5,n2 would leave 2 usable nodes" in earlier.why
+
+
+def test_a_job_with_several_partitions_requeues_when_one_of_them_has_room() -> None:
+    flagged = Blame("n2", "compute 2.2x", kind="burn-in")
+    both = lambda: healing.Room({"small": ("n1", "n2", "n3"), "big": ("n1", "n2", "n3", "n7")}, 3)  # noqa: E731
+    assert decide(flagged, allocation=NODES, room=both).action == "requeue"
+
+
+def test_a_lost_node_slurm_still_runs_jobs_on_is_not_kept_out_and_a_truly_lost_one_fails() -> None:
+    # n1 ran the batch step; its rank was killed but sinfo still lists it usable: requeue, n1 not excluded
+    soft = decide(Blame("n1", "rank 0 killed"), room=room("n1", "n2", "n3"))
+    assert (soft.action, soft.excluded) == ("requeue", ())
+    assert soft.why.endswith("so n1 (which Slurm still runs jobs on) is not kept out")
+    # n1 is down (not usable): a requeue could never start
+    lost = decide(Blame("n1", "slurmd does not answer"), room=room("n2", "n3"))
+    assert (lost.action, lost.excluded) == ("fail", ("n1",))
+    assert lost.why == (
+        "excluding n1 would leave 2 usable nodes in partition debug, the job needs 3: "
+        "a requeue could never start (it would pend forever)"
+    )
+    # before the first step, with too few healthy nodes in the allocation and none to spare in the partition
+    first = decide([], step_nodes=(), excluded=("n2", "n3"), room=room("n1", "n2", "n3", "n4"))
+    assert first.action == "fail" and "excluding n2,n3 would leave 2 usable nodes" in first.why
+
+
+def test_when_sinfo_cannot_say_the_requeue_goes_ahead_and_says_so() -> None:
+    said = "could not count the usable nodes of partition debug (sinfo: error): requeued without checking"
+    decision = decide(Blame("n2", "compute 2.2x", kind="burn-in"), allocation=NODES, room=lambda: said)
+    assert decision.action == "requeue" and decision.excluded == ("n2",)
+    assert decision.why == f"2 healthy nodes left, min_nodes is 3; {said}"
+
+
+def test_a_slow_node_never_asks_slurm_how_many_nodes_are_left() -> None:
+    def never() -> Any:
+        raise AssertionError("a slow node is never requeued for: the partition is not asked")
+
+    kept = decide(Blame("n2", "step compute 3x", kind="slow"), allocation=NODES, can_requeue=False, room=never)
+    assert kept.action == "keep"
+
+
 def test_a_crash_loop_overrides_whatever_else_the_decider_would_do() -> None:
     before = [{"job_id": "7", "time": 1.0, "checkpoint_step": 40, "node": "n3", "step": 44, "reason": "rank 2 killed"}]
     loop = dict(history=tuple(before), checkpoint_step=40, step=45, job_id="7", crash_loop_attempts=2)

@@ -72,13 +72,17 @@ _SLURMS: dict[Path, FakeSlurm] = {}  # tmp_path -> the Slurm its supervisor asks
 
 
 def slurm_answers() -> FakeSlurm:
-    """The job runs (``scontrol show job``); ``sinfo`` says what ``FAKE_SINFO`` holds."""
+    """The job runs (``scontrol show job``); ``sinfo`` says what ``FAKE_SINFO`` holds of the nodes' states, and
+    its partition has ``FAKE_PARTITION``'s nodes (``n1|debug*|idle|(null)`` lines; by default n1..n6, idle)."""
+    six = "".join(f"n{i}|debug*|idle|(null)\n" for i in range(1, 7))
+
+    def sinfo(argv: list[str]) -> tuple[int, str]:
+        if "%N|%P|%T|%f" in argv:
+            return 0, os.environ.get("FAKE_PARTITION", six)
+        return 0, os.environ.get("FAKE_SINFO", "") + "\n"
+
     return FakeSlurm(
-        {"7": "RUNNING"},
-        answers={
-            "scontrol --oneliner show job": (0, "JobId=7 JobState=RUNNING\n"),
-            "sinfo": lambda argv: (0, os.environ.get("FAKE_SINFO", "") + "\n"),
-        },
+        {"7": "RUNNING"}, answers={"scontrol --oneliner show job": (0, "JobId=7 JobState=RUNNING\n"), "sinfo": sinfo}
     )
 
 
@@ -455,6 +459,63 @@ def test_a_flagged_node_without_a_spare_requeues_the_job_without_it(fake: Path) 
     rc, calls = run(fake, ["flag n2"], {"nodes": 3, "spare_nodes": 1})
     assert rc == 0 and len(calls) == 1
     assert "requeue 7" in slurm_log(fake) and "ExcNodeList=n2" in slurm_log(fake)
+
+
+def partition(*nodes: str) -> str:
+    """``FAKE_PARTITION``: these nodes usable in partition debug, l9 drained."""
+    return "".join(f"{node}|debug*|allocated|(null)\n" for node in nodes) + "l9|debug*|drained|(null)\n"
+
+
+def test_a_flagged_node_the_partition_cannot_spare_is_kept_not_requeued_away_from(
+    fake: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the job asks for 4 nodes (3 + a spare) and its partition has 4 usable ones: without n2, 3 are left
+    monkeypatch.setenv("FAKE_PARTITION", partition("n1", "n2", "n3", "n4"))
+    rc, calls = run(fake, ["flag n2", "ok"], {"nodes": 3, "spare_nodes": 1})
+    assert rc == 0 and len(calls) == 2 and "--nodelist=n1,n2,n3" in calls[1]["argv"]
+    assert calls[1]["env"].get("HPCTRAIN_BURN_IN") == "off"  # kept: the next step trains without a burn-in
+    assert "requeue" not in slurm_log(fake) and "ExcNodeList" not in slurm_log(fake)
+    why = "excluding n2 would leave 3 usable nodes in partition debug, the job needs 4: kept"
+    assert f"training on it anyway: {why}" in capsys.readouterr().err
+    summary = read_summary(fake / "run")
+    assert summary is not None and not summary.excluded_nodes
+    assert [(e["action"], e["why"]) for e in summary.node_failures or []] == [("keep", why)]
+
+
+def test_a_lost_batch_node_the_partition_cannot_spare_fails_the_run_instead_of_pending_forever(
+    fake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_PARTITION", partition("n2", "n3"))  # n1 is down: sinfo lists it not usable
+    rc, calls = run(fake, ["kill n1 0", "ok"], {"spare_nodes": 1})
+    assert rc == 1 and len(calls) == 1
+    assert "requeue 7" not in slurm_log(fake) and "scontrol update JobId=7 Requeue=0" in slurm_log(fake)
+    summary = read_summary(fake / "run")
+    assert summary is not None and summary.status == "failed"
+    expected = "excluding n1 would leave 2 usable nodes in partition debug, the job needs 3"
+    assert summary.error == f"{expected}: a requeue could never start (it would pend forever)"
+
+
+def test_a_lost_batch_node_slurm_still_runs_jobs_on_is_requeued_without_being_kept_out(
+    fake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_PARTITION", partition("n1", "n2", "n3"))
+    rc, calls = run(fake, ["kill n1 0", "ok"], {"spare_nodes": 1})
+    assert rc == 0 and len(calls) == 1
+    assert "scontrol requeue 7" in slurm_log(fake) and "ExcNodeList" not in slurm_log(fake)
+    summary = read_summary(fake / "run")
+    assert summary is not None and not summary.excluded_nodes
+    [event] = summary.node_failures or []
+    assert event["action"] == "requeue" and event["why"].endswith("is not kept out")
+
+
+def test_when_sinfo_cannot_count_the_partition_the_run_requeues_as_before(
+    fake: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FAKE_PARTITION", "garbage\n")
+    rc, calls = run(fake, ["flag n2"], {"nodes": 3, "spare_nodes": 1})
+    assert rc == 0 and len(calls) == 1
+    assert "requeue 7" in slurm_log(fake) and "ExcNodeList=n2" in slurm_log(fake)
+    assert "sinfo listed no usable node of the cluster: requeued without checking" in capsys.readouterr().err
 
 
 def test_a_node_that_stays_slow_is_evicted_and_the_run_goes_on_with_the_spare(

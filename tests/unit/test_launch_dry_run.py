@@ -21,7 +21,7 @@ def spec(nodes: int = 3, **sections: Any) -> JobSpec:
 def test_a_multi_node_script_job_says_every_start_probes_its_nodes() -> None:
     assert burn_in_note(spec(), local=False) == (
         "\n# burn-in: every start probes its 3 nodes before the script starts (up to 20 s; a sick node is taken "
-        "out; health.burn_in.enabled: false turns it off; docs/node-health.md)\n"
+        "out while its partition can spare it; health.burn_in.enabled: false turns it off; docs/node-health.md)\n"
     )
 
 

@@ -148,7 +148,8 @@ def test_a_burn_in_that_cannot_run_is_said_in_torchruns_words(
 def test_dry_run_says_the_burn_in_happens_under_torchrun_too(tmp_path: Path) -> None:
     assert burn_in_note(spec(), local=False) == (
         "\n# burn-in: every start probes its 3 nodes before torchrun starts (each node task probes its node) "
-        "(up to 20 s; a sick node is taken out; health.burn_in.enabled: false turns it off; docs/node-health.md)\n"
+        "(up to 20 s; a sick node is taken out while its partition can spare it; health.burn_in.enabled: false "
+        "turns it off; docs/node-health.md)\n"
     )
     assert "before training starts" in burn_in_note(spec(launcher="srun"), local=False)
     assert burn_in_note(spec(), local=True) == ""
