@@ -21,7 +21,7 @@ from functools import cached_property
 from typing import TypeVar
 
 from hpctrain.contract.slurm import Slurm
-from hpctrain.contract.slurm_answers import expedited_requeue_support
+from hpctrain.contract.slurm_answers import expedited_requeue_support, node_runs_jobs
 from hpctrain.diagnose.findings import Finding
 from hpctrain.diagnose.preflight import check_partition
 from hpctrain.errors import ClusterError
@@ -185,9 +185,11 @@ def check_nodes(job: LoadedJob, partition: str, nodes: list[dict[str, str]]) -> 
     most_gpus = max(_gpus_of(n.get("Gres", "")) for n in members)
     most_cpus = max(int(n.get("CPUTot", "0") or 0) for n in members)
     if len(fitting) >= res.nodes:
-        return [
+        found = [
             Finding("ok", "resources", f"{len(fitting)} of {len(members)} nodes in {partition} fit one node's share")
         ]
+        usable = [n for n in fitting if node_runs_jobs(n.get("State", ""))]  # a down node gives no room
+        return found + check_room_to_leave_out(job, partition, len(usable))
     what = []
     if gpus > most_gpus:
         what.append(f"{gpus} GPUs per node (its nodes have at most {most_gpus})")
@@ -201,6 +203,29 @@ def check_nodes(job: LoadedJob, partition: str, nodes: list[dict[str, str]]) -> 
             "resources",
             f"partition {partition} can never give {', '.join(what)}",
             "lower resources.nodes / gpus_per_node / cpus_per_task / mem_gb, or pick another partition ('sinfo -N -l')",
+        )
+    ]
+
+
+def check_room_to_leave_out(job: LoadedJob, partition: str, fitting: int) -> list[Finding]:
+    """Whether a requeue could leave a sick node out: a job that needs every fitting node of its partition
+    keeps a node its burn-in flags, and fails on losing one it cannot replace (healing/decide.py's Room)."""
+    res, needs = job.spec.resources, job.spec.resources.allocated_nodes
+    if needs < 2 or not (job.spec.health.burn_in.enabled or res.heals):
+        return []
+    room = fitting - needs
+    if room > 0:
+        detail = f"a requeue can leave up to {room} sick or lost node{'s' * (room != 1)} of {partition} out"
+        return [Finding("ok", "node health", detail)]
+    return [
+        Finding(
+            "warning",
+            "node health",
+            f"the job needs all {fitting} usable nodes of {partition} that fit it: a node its burn-in flags is kept "
+            "(training starts on it), and a lost node that stays down fails the run rather than leave the job "
+            "pending forever",
+            "ask for fewer nodes (or spare_nodes) than the partition has, or pick a larger partition "
+            "(docs/node-health.md)",
         )
     ]
 

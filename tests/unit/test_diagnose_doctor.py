@@ -245,3 +245,27 @@ def test_doctor_lists_expedited_requeue_among_its_checks(tmp_path: Path) -> None
     view = fake_slurm(**{"scontrol show config": (0, CONFIG + EXPEDITE_ON)})
     checks = by_name(doctor.run_checks(job(tmp_path), slurm_backend=True, view=view))
     assert checks["expedited requeue"].detail.startswith("available")
+
+
+def test_a_job_that_needs_every_usable_node_is_told_a_sick_one_cannot_be_left_out(tmp_path: Path) -> None:
+    """healing/decide.py keeps a flagged node rather than requeue into a job the partition cannot run:
+    doctor says so before the job is submitted, counting only nodes that can run a job."""
+    full = by_name(cluster_checks.check_spec_on_cluster(job(tmp_path, "resources.nodes=2"), fake_slurm()))
+    assert full["node health"].level == "warning" and "all 2 usable nodes of debug" in full["node health"].detail
+    one = by_name(cluster_checks.check_spec_on_cluster(job(tmp_path, "resources.nodes=1"), fake_slurm()))
+    assert "node health" not in one  # a single node has no burn-in and nothing to leave out
+    three = NODES + "NodeName=n2 CPUTot=4 RealMemory=4000 Gres=(null) Partitions=debug State=IDLE\n"
+    room = fake_slurm(**{"scontrol --oneliner show node": (0, three)})
+    spare = by_name(cluster_checks.check_spec_on_cluster(job(tmp_path, "resources.nodes=2"), room))
+    assert spare["node health"].level == "ok" and "up to 1 sick or lost node of debug" in spare["node health"].detail
+    drained = fake_slurm(
+        **{"scontrol --oneliner show node": (0, three.replace("debug State=IDLE", "debug State=IDLE+DRAIN"))}
+    )
+    gone = by_name(cluster_checks.check_spec_on_cluster(job(tmp_path, "resources.nodes=2"), drained))
+    assert gone["node health"].level == "warning"
+    off = by_name(
+        cluster_checks.check_spec_on_cluster(
+            job(tmp_path, "resources.nodes=2", "health.burn_in.enabled=false"), fake_slurm()
+        )
+    )
+    assert "node health" not in off  # no burn-in and no healing: nothing is ever left out
