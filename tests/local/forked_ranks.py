@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,16 +25,25 @@ import torch.multiprocessing as mp
 PRELOAD = ["torch", "torch.distributed", "torchvision", "hpctrain.trainer.trainer"]
 
 
-def start_ranks(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int) -> None:
-    """``fn(rank, *args)`` in ``nprocs`` forked ranks; returns when all ended, raises as ``mp.spawn`` does."""
+def start_ranks(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, *, timeout_s: float | None = None) -> None:
+    """``fn(rank, *args)`` in ``nprocs`` forked ranks; returns when all ended, raises as ``mp.spawn`` does.
+
+    With ``timeout_s``, ranks still running after it are killed and an AssertionError says so."""
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)  # takes effect at the server's start
-    mp.start_processes(
+    context = mp.start_processes(
         _in_callers_environment,
         args=(fn, dict(os.environ), os.getcwd(), args),
         nprocs=nprocs,
-        join=True,
+        join=False,
         start_method="forkserver",
     )
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while not context.join(None if deadline is None else max(0.1, deadline - time.monotonic())):
+        if deadline is not None and time.monotonic() >= deadline:
+            running = [rank for rank, process in enumerate(context.processes) if process.is_alive()]
+            for process in context.processes:
+                process.kill()
+            raise AssertionError(f"ranks {running} still running after {timeout_s} s")
 
 
 def _in_callers_environment(

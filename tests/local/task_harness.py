@@ -1,9 +1,11 @@
-"""Multi-process scenarios of hpctrain.task, each rank a process started like torchrun starts one.
+"""Multi-process scenarios of hpctrain.task, each rank with the environment torchrun gives one.
 
-``python tests/local/task_harness.py SCENARIO OUT_DIR [JSON_ARGS]`` with RANK,
-WORLD_SIZE, MASTER_ADDR and MASTER_PORT set: the rank joins a gloo group,
-runs the scenario and writes ``OUT_DIR/rank-N.json``. :func:`run_ranks` starts
-them (and may add any environment, e.g. a script job's HPCTRAIN_* variables).
+:func:`run_ranks` forks each rank from the session's fork server (forked_ranks.py: torch is imported
+once, not once per rank), sets torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...)
+in it, and the rank joins a gloo group from them, runs the scenario and writes ``OUT_DIR/rank-N.json``.
+``python tests/local/task_harness.py SCENARIO OUT_DIR [JSON_ARGS]`` runs the same as a rank of its own
+with those variables set. :func:`start_ranks` starts any command as torchrun starts it (a new
+interpreter per rank, with any environment added, e.g. a script job's HPCTRAIN_* variables).
 """
 
 from __future__ import annotations
@@ -17,20 +19,37 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from forked_ranks import start_ranks as fork_ranks
+
 from tests.net_helpers import free_port
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
 
 
-def clean_env() -> dict[str, str]:
-    """This process's environment without any launcher's variables (Slurm, submitit, torchrun, hpctrain)."""
+def clean_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment (or ``environ``) without any launcher's variables (Slurm, submitit,
+    torchrun, hpctrain)."""
     prefixes = ("SLURM_", "SUBMITIT_", "TORCHELASTIC_", "HPCTRAIN_")
     names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes) and k not in names}
+    source = os.environ if environ is None else environ
+    env = {k: v for k, v in source.items() if not k.startswith(prefixes) and k not in names}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
     return env
+
+
+def torchrun_env(rank: int, world: int, port: str) -> dict[str, str]:
+    """The variables torchrun sets for one rank of ``world`` on this machine."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+        "GROUP_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+    }
 
 
 def start_ranks(
@@ -41,17 +60,7 @@ def start_ranks(
     log_dir.mkdir(parents=True, exist_ok=True)
     procs = []
     for rank in range(world):
-        rank_env = {
-            **clean_env(),
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(world),
-            "GROUP_RANK": "0",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            **(env or {}),
-        }
+        rank_env = {**clean_env(), **torchrun_env(rank, world, port), **(env or {})}
         log = open(log_dir / f"rank-{rank}.log", "wb")  # noqa: SIM115 - closed with the process
         procs.append(
             subprocess.Popen(
@@ -79,13 +88,21 @@ def logs(log_dir: Path) -> str:
 
 
 def run_ranks(scenario: str, world: int, out: Path, **kwargs: Any) -> list[dict[str, Any]]:
-    """Run ``scenario`` on ``world`` ranks; every rank's result (fails with the logs if a rank failed)."""
+    """Run ``scenario`` on ``world`` forked ranks; every rank's result (raises with a failed rank's traceback)."""
     out.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str(HERE), scenario, str(out), json.dumps(kwargs)]
-    procs = start_ranks(command, world, log_dir=out)
-    codes = wait_ranks(procs, out)
-    assert codes == [0] * world, f"exit codes {codes}\n{logs(out)}"
+    fork_ranks(_forked_rank, (world, str(free_port()), scenario, out, json.dumps(kwargs)), world, timeout_s=240)
     return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(world)]
+
+
+def _forked_rank(rank: int, world: int, port: str, scenario: str, out: Path, args: str) -> None:
+    """One rank as :func:`rank_main` runs it, in the environment torchrun would have given it."""
+    import torch
+
+    environ = {**clean_env(dict(os.environ)), **torchrun_env(rank, world, port)}
+    os.environ.clear()
+    os.environ.update(environ)
+    torch.set_num_threads(1)  # what OMP_NUM_THREADS=1 gives a started rank; torch was imported before it
+    _run_scenario(scenario, out, json.loads(args))
 
 
 # -- scenarios (run inside each rank) ----------------------------------------------------------------------------
@@ -271,9 +288,12 @@ SCENARIOS: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
 
 
 def rank_main() -> None:
+    _run_scenario(sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3]))
+
+
+def _run_scenario(scenario: str, out: Path, args: dict[str, Any]) -> None:
     import torch.distributed as dist
 
-    scenario, out, args = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
     dist.init_process_group("gloo")
     try:
         result = SCENARIOS[scenario](out, args)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import submitit
+import torch
+from forked_ranks import start_ranks
 
 from hpctrain.errors import DistributedSetupError
 from hpctrain.jobspec.models import Distributed
@@ -23,37 +23,36 @@ from tests.net_helpers import free_port
 
 pytestmark = pytest.mark.local_dist
 
-WORKER = """
-import json, os
-import torch, torch.distributed as dist
-from hpctrain.runtime.process_group import process_group
-from hpctrain.runtime.task_env import derive_task_env
-from hpctrain.jobspec.models import Distributed
 
-env = derive_task_env(os.environ)
-with process_group(env, Distributed(timeout_s=30), use_cuda=False, connect_timeout_s=20) as device:
-    value = torch.tensor([env.global_rank + 1.0])
-    dist.all_reduce(value)
-    row = {"rank": env.global_rank, "source": env.source, "sum": value.item(), "backend": dist.get_backend(),
-           "device": str(device)}
-row["destroyed"] = not dist.is_initialized()
-print(json.dumps(row))
-"""
+def worker(rank: int, envs: list[dict[str, str]], out: Path) -> None:
+    """One rank with its launcher's variables (and no other launcher's): forms the group from them alone."""
+    import torch.distributed as dist
+
+    from hpctrain.runtime.process_group import process_group
+    from hpctrain.runtime.task_env import derive_task_env
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_"))}
+    os.environ.clear()
+    os.environ.update(base | envs[rank])
+    env = derive_task_env(os.environ)
+    with process_group(env, Distributed(timeout_s=30), use_cuda=False, connect_timeout_s=20) as device:
+        value = torch.tensor([env.global_rank + 1.0])
+        dist.all_reduce(value)
+        row = {
+            "rank": env.global_rank,
+            "source": env.source,
+            "sum": value.item(),
+            "backend": dist.get_backend(),
+            "device": str(device),
+        }
+    row["destroyed"] = not dist.is_initialized()
+    (out / f"row-{rank}.json").write_text(json.dumps(row))
 
 
 def run_workers(envs: list[dict[str, str]], tmp_path: Path) -> list[dict[str, Any]]:
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_"))}
-    procs = [
-        subprocess.Popen([sys.executable, str(script)], env=base | env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for env in envs
-    ]
-    rows = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err.decode()
-        rows.append(json.loads(out.decode().strip().splitlines()[-1]))
+    """:func:`worker` on each env's rank, forked from the session's fork server (torch imported once)."""
+    start_ranks(worker, (envs, tmp_path), len(envs), timeout_s=60)
+    rows = [json.loads((tmp_path / f"row-{rank}.json").read_text()) for rank in range(len(envs))]
     return sorted(rows, key=lambda row: row["rank"])
 
 

@@ -1,7 +1,7 @@
 """hpctrain.task on several local gloo processes: resharding, a stopped script's exact resume, bad saves.
 
-Each rank is a process started as torchrun starts one (tests/local/task_harness.py);
-the script test adds the variables a ``script:`` job's wrapper sets.
+Each scenario rank is forked with the environment torchrun gives one (tests/local/task_harness.py);
+the script test starts its ranks as torchrun does and adds the variables a ``script:`` job's wrapper sets.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ launcher's variables), run directory ``tmp_path``, signal handlers restored.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -19,7 +20,22 @@ from pathlib import Path
 import pytest
 from cli_helpers import isolated_env
 
-from hpctrain.dataset.generate import make_dataset
+# One BLAS thread for numpy (read when numpy loads OpenBLAS, so before any test imports it): see one_torch_thread.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Every unit test's torch ops on one thread. CI runs this tier at nice 10 beside the Slurm legs on two cores:
+    a second intra-op thread that waits, spinning, for one the scheduler took away burned 2.5-6x the CPU of one
+    thread (efficientnet_b0's forward 44 s of wall time in CI #51); no unit test's assertion is about threads."""
+    torch = sys.modules.get("torch")  # a test that has not imported torch does not get it imported here
+    threads = torch.get_num_threads() if torch is not None else None
+    if torch is not None and threads != 1:
+        torch.set_num_threads(1)
+    yield
+    if torch is not None and threads != 1 and torch.get_num_threads() == 1:
+        torch.set_num_threads(threads)  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -68,6 +84,8 @@ def task_local(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small generated ImageFolder (3 classes, 8 train and 5 val JPEGs each, 40 px), one per test module."""
+    from hpctrain.dataset.generate import make_dataset
+
     out = tmp_path_factory.mktemp("data") / "ds"
     make_dataset(out, classes=3, per_class=8, val_per_class=5, image_size=40)
     return out

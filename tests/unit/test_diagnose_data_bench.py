@@ -1,5 +1,6 @@
 """``hpctrain bench-data``: the verdict from plain numbers, the demand table, cores per GPU, and the real
-command here (plain, --json, a missing data.root); the one-task Slurm job: test_launch_bench_job.py."""
+command here (plain, a missing data.root; --json and the stage disk in this process); the one-task Slurm job:
+test_launch_bench_job.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import in_process
 
 from hpctrain.dataset.generate import make_dataset
 from hpctrain.diagnose.data_bench import (
@@ -147,6 +149,12 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def _bench_here(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The command in this process (with the ``isolated`` fixture): a child would import torch and torchvision
+    again (~5 CPU s, most of such a test's); the plain test below runs the real command as a child."""
+    return in_process(capsys, "bench-data", str(REPO / "jobs" / "quickstart.yaml"), *args)
+
+
 def _bench(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HPCTRAIN_CONFIG_DIR": str(tmp / "config"), "XDG_STATE_HOME": str(tmp / "state")}
     return subprocess.run(
@@ -168,8 +176,9 @@ def test_bench_data_prints_figures_and_the_verdict(data_root: Path, tmp_path: Pa
     assert any("decode+augment (cpu):" in line for line in lines)
 
 
-def test_bench_data_json(data_root: Path, tmp_path: Path) -> None:
-    done = _bench("--set", f"data.root={data_root}", "--demand", "100", "--json", "--seconds", "2", tmp=tmp_path)
+@pytest.mark.usefixtures("isolated")
+def test_bench_data_json(data_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    done = _bench_here(capsys, "--set", f"data.root={data_root}", "--demand", "100", "--json", "--seconds", "2")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["demand"] == {"img_s_per_gpu": 100.0, "source": "--demand"}
@@ -188,20 +197,26 @@ def test_bench_data_slurm_without_slurm_says_so(data_root: Path, tmp_path: Path)
     assert done.returncode == 3 and "Traceback" not in done.stderr and "--slurm" in done.stderr
 
 
-def test_bench_data_measures_the_stage_disk_and_leaves_nothing_there(data_root: Path, tmp_path: Path) -> None:
+@pytest.mark.usefixtures("isolated")
+def test_bench_data_measures_the_stage_disk_and_leaves_nothing_there(
+    data_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     stage = tmp_path / "local-disk"
     args = ["--set", f"data.root={data_root}", "--stage-dir", str(stage), "--demand", "100", "--json"]
-    done = _bench(*args, "--seconds", "2", tmp=tmp_path)
+    done = _bench_here(capsys, *args, "--seconds", "2")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["stage_read"]["files"] == 12 and data["stage_read"]["path"].startswith(str(stage))
     assert not stage.exists()  # it created the missing folder for the sample and removed it again
 
 
-def test_bench_data_with_data_stage_node_does_not_stage_the_dataset(data_root: Path, tmp_path: Path) -> None:
+@pytest.mark.usefixtures("isolated")
+def test_bench_data_with_data_stage_node_does_not_stage_the_dataset(
+    data_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     stage = tmp_path / "node-local"
     args = ["--set", f"data.root={data_root}", "--set", "data.stage=node", "--set", f"data.stage_dir={stage}"]
-    done = _bench(*args, "--demand", "100", "--json", "--seconds", "2", tmp=tmp_path)
+    done = _bench_here(capsys, *args, "--demand", "100", "--json", "--seconds", "2")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["stage_read"]["files"] == 12
     assert not stage.exists()  # a sample was copied, read back and removed; no staged copy, no folder left
