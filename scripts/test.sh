@@ -103,8 +103,11 @@ side_result=$(mktemp -t hpctrain-side-result.XXXXXX)
 echo "===== scripts/test.sh: unit and local tiers, in the background (log printed when they end)"
 (
     started=$(date +%s)
-    # no cache provider: the foreground sessions write .pytest_cache at the same time
-    if nice -n 10 .venv/bin/python -m pytest --durations=25 -p no:cacheprovider tests/unit tests/local >"$cpu_log" 2>&1; then
+    # no cache provider: the foreground sessions write .pytest_cache at the same time. Two workers, a
+    # file each (its module fixtures stay shared): at nice 10 they take only what the Slurm legs leave,
+    # and one process could use one core at most while those legs wait on Slurm (docs/testing.md)
+    if nice -n 10 .venv/bin/python -m pytest --durations=25 -p no:cacheprovider -n 2 --dist loadfile \
+        tests/unit tests/local >"$cpu_log" 2>&1; then
         result=passed
     else
         result="FAILED ($?)"
