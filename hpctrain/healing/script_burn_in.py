@@ -15,6 +15,11 @@ of ours), scores, records and decider. Its exit status tells the wrapper the
 verdict; its end frees what the probes held (a CUDA context lives as long as
 its process, so none is left to the script).
 
+A CPU job with several wrapper tasks on a node runs one child per node
+(:func:`node_prober`): the node's first task's, one member per node; the
+node's other tasks wait for the verdict it leaves in the run directory
+(:func:`follow`) and act on it as their own.
+
 * nothing flagged, or a flagged node kept: the script starts;
 * a healing job: the wrapper exits with ``BURN_IN_EXIT`` and the supervisor
   decides (swap, drop, requeue without it, keep);
