@@ -83,7 +83,7 @@ STOP_MARGIN_S = 10.0
 NODE_ARG = "node"  # the child's third word: one member per node (node_prober)
 
 Outcome = Literal["train", "supervisor", "requeued", "failed", "stopped"]
-OUTCOMES = ("train", "supervisor", "requeued", "failed", "stopped")
+OUTCOMES: tuple[Outcome, ...] = ("train", "supervisor", "requeued", "failed", "stopped")
 
 
 def due(spec: JobSpec, env: TaskEnv, environ: Mapping[str, str]) -> bool:
@@ -237,7 +237,7 @@ def follow(verdict: Path, spec: JobSpec, stop: StopFlag, *, say: Callable[[str],
         except OSError:
             told = ""
         if told:
-            return told if told in OUTCOMES else "failed"  # type: ignore[return-value]
+            return next((one for one in OUTCOMES if one == told), "failed")
         stop_deadline = _stop_deadline(stop_deadline, spec, stop, say, after_stop)
         if stop_deadline is not None and time.monotonic() >= stop_deadline:
             say("the burn-in did not end in time after the stop")
