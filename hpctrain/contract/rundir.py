@@ -92,6 +92,7 @@ STACKS_DIR = "stacks"
 STUDY_FILE = "study.json"
 CHAIN_END_NAME = "chain-ended.json"  # why after: ended this run without running it (contract/chain_links.py)
 DEPENDENTS_NAME = "dependents"  # one file per run chained after this one
+BURN_IN_VERDICTS_NAME = "burn-in-verdicts"  # a node's burn-in verdict for its other tasks (healing/script_burn_in.py)
 CODE_DIR = "code"  # the snapshot of the entry point's code (a sweep's trials share their sweep's)
 TRIAL_DIR = re.compile(r"^trial-\d{3,}$")
 _JOB_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z_.-]{0,63}$")
@@ -160,6 +161,12 @@ def dependents_dir(run_dir: str | Path) -> Path:
 def slurm_relay_dir(run_dir: str | Path) -> Path:
     """Where a container job's tasks leave Slurm requests for the batch step outside the image."""
     return Path(run_dir) / CONTROL_DIR / SLURM_RELAY_NAME
+
+
+def burn_in_verdict_path(run_dir: str | Path, attempt: str, node_rank: int) -> Path:
+    """Where a node's burn-in prober leaves this start's (``attempt``) verdict for the node's other tasks."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", attempt or "local")
+    return Path(run_dir) / CONTROL_DIR / BURN_IN_VERDICTS_NAME / f"{safe}-node{node_rank}"
 
 
 def tracking_dir(run_dir: str | Path) -> Path:

@@ -43,7 +43,9 @@ log = logging.getLogger(__name__)
 BUCKET_MB = 25.0  # DistributedDataParallel's default bucket_cap_mb: what each all-reduce of a step moves
 MIN_PASS_S = 0.3  # CFS quotas act per 100 ms period: a shorter pass could slip between throttles
 ROUNDS = 3  # all-reduce repeats
-COMPUTE_ROUNDS = 8  # compute passes, as many as the deadline allows: the best one counts
+COMPUTE_ROUNDS = 8  # compute passes at most, as many as the deadline allows
+STEADY_ROUNDS = 4  # ... and fewer once every rank's first rounds agree within STEADY_SPREAD (steady_enough)
+STEADY_SPREAD = 1.3
 PAIR_REPEATS = 5
 READ_CHUNK = 4 << 20
 READ_MAX_BYTES = 256 << 20
@@ -130,8 +132,9 @@ def on_every_device(works: Sequence[Callable[[int], None]], devices: Sequence[to
 
 def compute_probe(work: Callable[[int], None], device: torch.device, deadline: float, max_batch: int) -> list[float]:
     """Milliseconds of each pass of ``work`` at the agreed batch: up to :data:`COMPUTE_ROUNDS` rounds, each
-    started on every rank together, so that they share the machine alike (collective: every rank calls it).
-    Their median is the node's number: a lucky or unlucky round moves it little."""
+    started on every rank together, so that they share the machine alike (collective: every rank calls it),
+    :data:`STEADY_ROUNDS` when every rank's agree (:func:`steady_enough`). Their median is the node's number:
+    a lucky or unlucky round moves it little."""
     one = float("inf")
     for _ in range(2):  # the first pass warms up: allocations, kernels, the first autograd graph
         started = time.perf_counter()
@@ -145,11 +148,20 @@ def compute_probe(work: Callable[[int], None], device: torch.device, deadline: f
         more = len(times) < COMPUTE_ROUNDS and (not times or time.perf_counter() + max(times) / 1000 < deadline)
         if not agree_min(1.0 if more else 0.0, device):
             break
+        if len(times) >= STEADY_ROUNDS and not agree_min(0.0 if steady_enough(times) else 1.0, device, op="MAX"):
+            break  # every rank measured the same pass again and again: more rounds would say it again
         started = time.perf_counter()
         work(batch)
         _sync(device)
         times.append(round((time.perf_counter() - started) * 1000, 3))
     return times
+
+
+def steady_enough(rounds_ms: Sequence[float]) -> bool:
+    """Whether a rank's rounds agree (slowest / fastest within :data:`STEADY_SPREAD`): its median would not move
+    with more. A CPU quota is steady too (every round slowed alike), so a slow node is flagged as before; a
+    machine whose load comes and goes runs every round the deadline allows. Pure."""
+    return len(rounds_ms) >= STEADY_ROUNDS and max(rounds_ms) <= STEADY_SPREAD * max(min(rounds_ms), 1e-6)
 
 
 # -------------------------------------------------------------------------------------------- all-reduce

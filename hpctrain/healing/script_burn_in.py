@@ -15,6 +15,11 @@ of ours), scores, records and decider. Its exit status tells the wrapper the
 verdict; its end frees what the probes held (a CUDA context lives as long as
 its process, so none is left to the script).
 
+A CPU job with several wrapper tasks on a node runs one child per node
+(:func:`node_prober`): the node's first task's, one member per node; the
+node's other tasks wait for the verdict it leaves in the run directory
+(:func:`follow`) and act on it as their own.
+
 * nothing flagged, or a flagged node kept: the script starts;
 * a healing job: the wrapper exits with ``BURN_IN_EXIT`` and the supervisor
   decides (swap, drop, requeue without it, keep);
@@ -58,6 +63,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from hpctrain.contract.file_writes import write_atomic
+from hpctrain.contract.rundir import burn_in_verdict_path
 from hpctrain.errors import HpctrainError
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.node_health import BURN_IN_EXIT, BURN_IN_VAR, STEP_ID_VAR, burn_in_applies
@@ -73,7 +80,10 @@ POLL_S = 0.05
 MAX_SPEC_BYTES = 4 << 20
 STOP_MARGIN_S = 10.0
 
+NODE_ARG = "node"  # the child's third word: one member per node (node_prober)
+
 Outcome = Literal["train", "supervisor", "requeued", "failed", "stopped"]
+OUTCOMES: tuple[Outcome, ...] = ("train", "supervisor", "requeued", "failed", "stopped")
 
 
 def due(spec: JobSpec, env: TaskEnv, environ: Mapping[str, str]) -> bool:
@@ -93,9 +103,10 @@ def stop_wait_s(spec: JobSpec) -> float:
     return spec.health.burn_in.budget_s + STOP_MARGIN_S
 
 
-def child_argv(python: str, run_dir: str, port: int, ignored: list[str]) -> list[str]:
-    """The child's command line, started with ``ignored`` signals ignored (``script/child.py: launch_argv``). Pure."""
-    return launch_argv([python, "-m", MODULE, run_dir, str(port)], ignored)
+def child_argv(python: str, run_dir: str, port: int, ignored: list[str], *, per_node: bool = False) -> list[str]:
+    """The child's command line, started with ``ignored`` signals ignored (``script/child.py: launch_argv``);
+    ``per_node``: the node's one member (:func:`node_prober`). Pure."""
+    return launch_argv([python, "-m", MODULE, run_dir, str(port), *([NODE_ARG] if per_node else [])], ignored)
 
 
 class StopFlag(Protocol):
@@ -103,6 +114,15 @@ class StopFlag(Protocol):
 
     @property
     def local_reason(self) -> str | None: ...
+
+
+def node_prober(spec: JobSpec, env: TaskEnv) -> bool:
+    """Whether one child per node probes for every wrapper task of the node: a CPU job with several tasks on a
+    node (``per: rank``). Its first task's child joins a group of one member per node and its verdict goes to
+    the node's other tasks (:func:`follow`): their own children would each import torch on the node's cores
+    at once, for the same numbers (a node is its slowest rank; a CPU quota slows all of them alike). A GPU job
+    keeps one child per rank: a task may see only its own GPU. Pure."""
+    return env.local_world_size > 1 and not spec.uses_gpus
 
 
 def before_script(
@@ -126,19 +146,57 @@ def before_script(
     if importlib.util.find_spec("torch") is None:
         say(f"no burn-in: torch is not installed in {sys.executable}; {starts} starts without one")
         return None
-    port = burn_in_port(env.master_port, os.environ.get(STEP_ID_VAR) or f"{env.job_id}.{env.restart_count}")
+    attempt = os.environ.get(STEP_ID_VAR) or f"{env.job_id}.{env.restart_count}"
+    verdict = burn_in_verdict_path(run_dir, attempt, env.node_rank) if node_prober(spec, env) else None
+    if verdict is not None and env.local_rank != 0:
+        found, code = follow(verdict, spec, stop, say=say, after_stop=after_stop), None
+    else:
+        found, code = _probe(spec, env, run_dir, attempt, stop, start, say, starts, after_stop, verdict is not None)
+        if verdict is not None:
+            _tell(verdict, found)
+    if found == "supervisor":
+        exit_process(BURN_IN_EXIT)  # the supervisor reads the record and decides
+    elif found == "requeued":
+        exit_process(0)  # no result: the job comes back without the node
+    elif found == "failed" and code is not None:
+        say(f"the burn-in failed (exit status {code}; its lines above say why); {starts} starts without it")
+    elif found == "failed" and verdict is not None and env.local_rank != 0:
+        say(f"the burn-in failed (the node's first task's lines say why); {starts} starts without it")
+    return found
+
+
+def _probe(
+    spec: JobSpec,
+    env: TaskEnv,
+    run_dir: str,
+    attempt: str,
+    stop: StopFlag,
+    start: Callable[..., subprocess.Popen[bytes]],
+    say: Callable[[str], None],
+    starts: str,
+    after_stop: str,
+    per_node: bool,
+) -> tuple[Outcome, int | None]:
+    """Run this task's child to its end: (the outcome, its exit status; None when it never ran or was killed)."""
+    port = burn_in_port(env.master_port, attempt)
     script = spec.script
     ignored = [spec.signals.timeout_signal, "TERM", "INT"]
     if script is not None and script.stop_signal not in ignored:
         ignored.append(script.stop_signal)
-    child_env = {**os.environ, **thread_env(os.environ, os.cpu_count()), "PYTHONUNBUFFERED": "1"}
+    threads = thread_env(os.environ, os.cpu_count())
+    if per_node and threads:  # the node's member computes with its tasks' share, all of them
+        threads = {name: str(int(value) * env.local_world_size) for name, value in threads.items()}
+    child_env = {**os.environ, **threads, "PYTHONUNBUFFERED": "1"}
     try:
         process = start(
-            child_argv(sys.executable, run_dir, port, ignored), env=child_env, stdin=subprocess.PIPE, close_fds=True
+            child_argv(sys.executable, run_dir, port, ignored, per_node=per_node),
+            env=child_env,
+            stdin=subprocess.PIPE,
+            close_fds=True,
         )
     except OSError as exc:
         say(f"the burn-in could not start ({exc}); {starts} starts without it")
-        return "failed"
+        return "failed", None
     try:
         assert process.stdin is not None
         process.stdin.write(json.dumps(spec.model_dump(mode="json")).encode())
@@ -147,49 +205,94 @@ def before_script(
         pass  # the child ended before it read the spec: its status says so
     stop_deadline: float | None = None
     while (code := process.poll()) is None:
-        if stop.local_reason is not None and stop_deadline is None:
-            wait_s = stop_wait_s(spec)
-            stop_deadline = time.monotonic() + wait_s
-            said = f"stop ({stop.local_reason}) during the burn-in: it ends first (within {wait_s:.0f} s)"
-            say(f"{said}; {after_stop}")
+        stop_deadline = _stop_deadline(stop_deadline, spec, stop, say, after_stop)
         if stop_deadline is not None and time.monotonic() >= stop_deadline:
             say("the burn-in did not end in time after the stop: ended")
             process.kill()
             process.wait()
-            return "stopped"
+            return "stopped", None
         time.sleep(POLL_S)
-    found = outcome(code)
-    if found == "supervisor":
-        exit_process(BURN_IN_EXIT)  # the supervisor reads the record and decides
-    elif found == "requeued":
-        exit_process(0)  # no result: the job comes back without the node
-    elif found == "failed":
-        say(f"the burn-in failed (exit status {code}; its lines above say why); {starts} starts without it")
-    return found
+    return outcome(code), code
+
+
+def _stop_deadline(
+    deadline: float | None, spec: JobSpec, stop: StopFlag, say: Callable[[str], None], after_stop: str
+) -> float | None:
+    """The moment a stop's wait ends: set (and said) once a stop is seen."""
+    if stop.local_reason is None or deadline is not None:
+        return deadline
+    wait_s = stop_wait_s(spec)
+    say(f"stop ({stop.local_reason}) during the burn-in: it ends first (within {wait_s:.0f} s); {after_stop}")
+    return time.monotonic() + wait_s
+
+
+def follow(verdict: Path, spec: JobSpec, stop: StopFlag, *, say: Callable[[str], None], after_stop: str) -> Outcome:
+    """A node's other task: wait for its first task's verdict (:func:`node_prober`). Bounded as that task's
+    child is (the group's timeout and the budget), and after a stop as the child is."""
+    limit = time.monotonic() + spec.distributed.timeout_s + spec.health.burn_in.budget_s + STOP_MARGIN_S
+    stop_deadline: float | None = None
+    while True:
+        try:
+            told = verdict.read_text(encoding="utf-8", errors="replace")[:32].strip()
+        except OSError:
+            told = ""
+        if told:
+            return next((one for one in OUTCOMES if one == told), "failed")
+        stop_deadline = _stop_deadline(stop_deadline, spec, stop, say, after_stop)
+        if stop_deadline is not None and time.monotonic() >= stop_deadline:
+            say("the burn-in did not end in time after the stop")
+            return "stopped"
+        if time.monotonic() >= limit:
+            return "failed"
+        time.sleep(POLL_S)
+
+
+def _tell(verdict: Path, found: Outcome) -> None:
+    """The node's first task: its verdict for the node's other tasks, before it acts on it."""
+    try:
+        verdict.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(verdict, found)
+    except OSError:
+        pass  # the others wait out their bound, then start without a verdict (srun ends them first if this leaves)
 
 
 # -- the child ----------------------------------------------------------------------------------------------
 def main(argv: list[str]) -> int:
     """The burn-in of this wrapper task: join the wrapper tasks' process group, probe, act. Collective."""
-    if len(argv) != 2 or not argv[1].isdigit():
-        print(f"usage: python -m {MODULE} RUN_DIR PORT < spec.json", file=sys.stderr)
+    if len(argv) not in (2, 3) or not argv[1].isdigit() or argv[2:] not in ([], [NODE_ARG]):
+        print(f"usage: python -m {MODULE} RUN_DIR PORT [{NODE_ARG}] < spec.json", file=sys.stderr)
         return 2
     run_dir, port = Path(argv[0]), int(argv[1])
     spec = JobSpec.model_validate(json.loads(sys.stdin.buffer.read(MAX_SPEC_BYTES)))
     env = replace(derive_task_env(os.environ, spec_master_port=spec.distributed.master_port), master_port=port)
+    if argv[2:]:
+        env = node_member(env)
     configure_logging(env)
+    began = time.time()
     from hpctrain.healing.burn_in import run_burn_in
     from hpctrain.runtime.context import TaskContext
     from hpctrain.runtime.process_group import process_group
 
+    laps = [began, time.time()]
     try:
         with process_group(env, spec.distributed, use_cuda=spec.uses_gpus) as device:
+            laps.append(time.time())
             ctx = TaskContext(env=env, spec=spec, run_dir=run_dir, device=device, stop=StopRequest())
             run_burn_in(ctx, exit_process=_leave)
     except HpctrainError as exc:  # a port taken, a peer unreachable: said in one line, the wrapper goes on
         print(f"hpctrain: rank {env.global_rank}: burn-in: {exc}", file=sys.stderr, flush=True)
         return 1
+    if len(laps) == 3:  # where a start's seconds went (benchmarks/script_overhead.py reads it)
+        laps.append(time.time())
+        (imports, join, probes) = (later - earlier for earlier, later in zip(laps, laps[1:]))
+        say = f"imports {imports:.1f} s, group {join:.1f} s, probes {probes:.1f} s (from {began:.3f})"
+        print(f"hpctrain: rank {env.global_rank}: burn-in: {say}", file=sys.stderr, flush=True)
     return 0
+
+
+def node_member(env: TaskEnv) -> TaskEnv:
+    """A node's one member in a group of one per node (:func:`node_prober`): its node's rank. Pure."""
+    return replace(env, global_rank=env.node_rank, world_size=env.num_nodes, local_rank=0, local_world_size=1)
 
 
 def _leave(status: int) -> Any:
@@ -197,5 +300,15 @@ def _leave(status: int) -> Any:
     os._exit(REQUEUED_EXIT if status == 0 else status)
 
 
+def _exit_now(status: int) -> None:
+    """End without the interpreter's clean-up: torch's takes seconds on a loaded node, while the script waits."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    _exit_now(main(sys.argv[1:]))

@@ -422,50 +422,54 @@ BURN_IN_STEPS = 4
 def test_a_script_jobs_burn_in_keeps_a_slow_node_out_before_the_script_starts(
     cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    """A ``script:`` job on 3 nodes with ``min_nodes: 2``, n3 slowed to 10 % of a core before it starts: the
-    wrappers' burn-in flags n3 before any script started, the supervisor drops it, and the script runs once,
-    to its end, on n1 and n2; summary.json records both burn-ins (the relaunch's flags nobody), the ledger n3.
+    """A ``script:`` job on 3 nodes x 2 ranks with ``min_nodes: 2``, the third node slowed to 10 % of a core before
+    it starts: the burn-in (one prober per node, for both its wrapper tasks) flags it before any script started,
+    the supervisor drops it, and the script runs once, to its end, on the other two; summary.json records both
+    burn-ins (the relaunch's flags nobody), the ledger the slow node.
     (Here, not in test_node_health_e2e.py: this module's cluster has the three nodes already; before the
     script's node-loss test, so that only one of the two pays for the cluster's restart after a killed node.)"""
+    first, second, sick = cluster.nodes
     ws = make_script_workspace(cluster, tmp_path, as_user=False)
     args = ["--steps", str(BURN_IN_STEPS), "--step-s", "0.2"]
     spec = ws.spec(
         "script_burn_in",
         {"path": "ddp_env.py", "args": args},
-        resources={"nodes": 3, "tasks_per_node": 1, "min_nodes": 2},
+        resources={"nodes": 3, "tasks_per_node": 2, "min_nodes": 2},
         health={"burn_in": {"budget_s": 10}},
     )
-    slow("n3", SLOW_PCT)
+    slow(sick, SLOW_PCT)
     try:
         run = ws.submit(spec)
         state = wait_ended(cluster, run)
     finally:
-        slow("n3", None)
+        slow(sick, None)
     logs = batch_log(run.run_dir)
     assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
     summary = run.summary()
-    assert (summary["status"], summary["world_size"], summary["hostnames"]) == ("completed", 2, ["n1", "n2"])
+    assert (summary["status"], summary["world_size"], summary["hostnames"]) == ("completed", 4, [first, second])
     flagged, healthy = summary["burn_in"]
     assert (flagged["nodes"], flagged["flagged"], flagged["action"]) == (
-        ["n1", "n2", "n3"],
-        ["n3"],
+        [first, second, sick],
+        [sick],
         "supervisor decides",
     )
-    assert (healthy["nodes"], healthy["flagged"]) == (["n1", "n2"], []), healthy
-    report_timing(f"script burn-in, 3 nodes, n3 flagged ({flagged['scores'][2]['reason']})", flagged["seconds"])
+    assert (healthy["nodes"], healthy["flagged"]) == ([first, second], []), healthy
+    report_timing(
+        f"script burn-in, 3 nodes x 2 ranks, {sick} flagged ({flagged['scores'][2]['reason']})", flagged["seconds"]
+    )
     report_timing("script burn-in, 2 healthy nodes", healthy["seconds"])
     [failure] = summary["node_failures"]
     assert (failure["node"], failure["kind"], failure["action"], failure["nodes"]) == (
-        "n3",
+        sick,
         "burn-in",
         "drop",
-        ["n1", "n2"],
+        [first, second],
     )
     assert starts(run.run_dir) == [(1, 0)], "the script started once, after the drop, from the beginning"
     assert steps_trained(run.run_dir) == list(range(BURN_IN_STEPS))
-    assert env_report(run.run_dir, 1, 1)["WORLD_SIZE"] == "2" and not (run.run_dir / "env-0-0.json").exists()
+    assert env_report(run.run_dir, 1, 3)["WORLD_SIZE"] == "4" and not (run.run_dir / "env-0-0.json").exists()
     ledger = hpctrain(ws.env, "nodes", "--json")
-    assert [(e["node"], e["kind"]) for e in ledger.json()] == [("n3", "burn-in")], ledger
+    assert [(e["node"], e["kind"]) for e in ledger.json()] == [(sick, "burn-in")], ledger
     assert_nothing_left(cluster, run.job_id)
 
 

@@ -175,3 +175,27 @@ def test_a_kept_node_lets_every_rank_train_and_a_requeue_ends_them(tmp_path, mon
             assert record is not None and record.action == "keep" and exits == []
         else:
             assert record is None and exits == [0]
+
+
+def test_compute_rounds_end_early_only_when_every_round_agrees() -> None:
+    """Four rounds within 1.3x say what eight would; a machine whose load comes and goes gets all eight."""
+    import itertools
+    import time
+
+    import torch
+
+    from hpctrain.healing.probes import COMPUTE_ROUNDS, STEADY_ROUNDS, compute_probe, steady_enough
+
+    assert steady_enough([100.0, 110.0, 125.0, 104.0])
+    assert not steady_enough([100.0, 100.0, 100.0])  # too few to tell
+    assert not steady_enough([100.0, 140.0, 100.0, 100.0])
+    assert steady_enough([900.0, 1000.0, 950.0, 980.0])  # a CPU quota slows every round alike: still counted
+
+    def work(pauses: itertools.cycle) -> object:
+        return lambda batch: time.sleep(next(pauses))
+
+    cpu, far = torch.device("cpu"), time.perf_counter() + 60
+    steady = compute_probe(work(itertools.cycle([0.02])), cpu, far, max_batch=2)  # type: ignore[arg-type]
+    assert len(steady) == STEADY_ROUNDS
+    noisy = compute_probe(work(itertools.cycle([0.02, 0.06])), cpu, far, max_batch=2)  # type: ignore[arg-type]
+    assert len(noisy) == COMPUTE_ROUNDS

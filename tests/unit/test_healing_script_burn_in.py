@@ -51,7 +51,22 @@ class FakeChild:
         return -9
 
 
-def run(child: FakeChild, monkeypatch: pytest.MonkeyPatch, stop: StopRequest | None = None, **sections: Any):  # noqa: ANN201
+@pytest.fixture(autouse=True)
+def run_dir(tmp_path: Path) -> Path:
+    RUN_DIR[0] = str(tmp_path)
+    return tmp_path
+
+
+RUN_DIR = ["/runs/r"]
+
+
+def run(  # noqa: ANN201
+    child: FakeChild,
+    monkeypatch: pytest.MonkeyPatch,
+    stop: StopRequest | None = None,
+    env: TaskEnv = ENV,
+    **sections: Any,
+):
     """``before_script`` with ``child`` as the subprocess; (its outcome, exit statuses asked for, lines said)."""
     monkeypatch.setattr(script_burn_in, "POLL_S", 0.0)
     monkeypatch.delenv(BURN_IN_VAR, raising=False)
@@ -64,7 +79,7 @@ def run(child: FakeChild, monkeypatch: pytest.MonkeyPatch, stop: StopRequest | N
         return child
 
     found = before_script(
-        spec(**sections), ENV, "/runs/r", stop or StopRequest(), exit_process=exits.append, say=said.append,
+        spec(**sections), env, RUN_DIR[0], stop or StopRequest(), exit_process=exits.append, say=said.append,
         start=start,  # type: ignore[arg-type]
     )  # fmt: skip
     return found, exits, said
@@ -94,8 +109,8 @@ def test_nobody_flagged_lets_the_script_start(monkeypatch: pytest.MonkeyPatch) -
     found, exits, said = run(child, monkeypatch)
     assert (found, exits, said) == ("train", [], [])
     assert json.loads(child.stdin.getvalue())["script"]["path"] == "t.py"  # the step's spec, on its stdin
-    assert child.argv[-4:] == ["-m", "hpctrain.healing.script_burn_in", "/runs/r", child.argv[-1]]
-    port = int(child.argv[-1])
+    assert child.argv[-5:] == ["-m", "hpctrain.healing.script_burn_in", RUN_DIR[0], child.argv[-2], "node"]
+    port = int(child.argv[-2])
     assert port != ENV.master_port and PORT_RANGE_START <= port < PORT_RANGE_END  # never the script's rendezvous
     assert child.argv[:2] == ["/bin/sh", "-c"] and 'trap "" USR2 TERM INT;' in child.argv[2]  # as the script
     assert child.env["PYTHONUNBUFFERED"] == "1"
@@ -179,3 +194,47 @@ def test_the_scripts_summary_keeps_the_burn_in_records(tmp_path: Path) -> None:
         and summary.status == "completed"
         and summary.burn_in == [{"nodes": ["n1", "n2"], "flagged": []}]
     )
+
+
+def test_a_cpu_nodes_first_task_probes_for_the_node_and_tells_its_other_tasks(
+    monkeypatch: pytest.MonkeyPatch, run_dir: Path
+) -> None:
+    """Two tasks on a node would import torch twice on the same cores for the same numbers."""
+    assert script_burn_in.node_prober(spec(), ENV)
+    assert not script_burn_in.node_prober(spec(resources={"nodes": 3, "tasks_per_node": 2, "gpus_per_node": 2}), ENV)
+    assert not script_burn_in.node_prober(spec(), replace(ENV, local_world_size=1))  # per: node, torchrun
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    first = FakeChild(REQUEUED_EXIT)
+    assert run(first, monkeypatch)[:2] == ("requeued", [0])
+    assert first.argv[-1] == "node" and first.env["OMP_NUM_THREADS"] == "6"  # both tasks' cores
+    other = FakeChild(0)
+    found, exits, said = run(other, monkeypatch, env=replace(ENV, global_rank=1, local_rank=1))
+    assert (found, exits, said, other.argv) == ("requeued", [0], [], [])  # the first task's verdict; no child
+    [verdict] = (run_dir / ".hpctrain" / "burn-in-verdicts").iterdir()
+    assert verdict.name == "41.0-node0" and verdict.read_text() == "requeued"
+
+
+def test_a_gpu_job_keeps_one_child_per_rank(monkeypatch: pytest.MonkeyPatch, run_dir: Path) -> None:
+    child = FakeChild(0)
+    other = replace(ENV, global_rank=1, local_rank=1)
+    assert (
+        run(child, monkeypatch, env=other, resources={"nodes": 3, "tasks_per_node": 2, "gpus_per_node": 2})[0]
+        == "train"
+    )
+    assert child.argv[-1] != "node" and not (run_dir / ".hpctrain").exists()
+
+
+def test_a_nodes_other_task_stopped_waits_as_the_child_would_then_goes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(script_burn_in, "STOP_MARGIN_S", -20.0)  # the 20 s budget is spent at once
+    stop = StopRequest()
+    stop.request("timeout")
+    found, exits, said = run(FakeChild(0), monkeypatch, stop, env=replace(ENV, global_rank=1, local_rank=1))
+    assert (found, exits) == ("stopped", [])
+    assert said[-1] == "the burn-in did not end in time after the stop"
+
+
+def test_a_nodes_member_is_its_node_in_a_group_of_nodes() -> None:
+    member = script_burn_in.node_member(replace(ENV, global_rank=3, local_rank=1, node_rank=1))
+    assert (member.global_rank, member.world_size, member.local_rank, member.local_world_size) == (1, 3, 0, 1)
+    assert member.hostnames == ENV.hostnames and member.master_addr == ENV.master_addr
