@@ -65,6 +65,7 @@ from typing import Any, Literal, Protocol
 
 from hpctrain.contract.file_writes import write_atomic
 from hpctrain.contract.rundir import burn_in_verdict_path
+from hpctrain.contract.runfiles import RunFileError, read_bounded
 from hpctrain.errors import HpctrainError
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.node_health import BURN_IN_EXIT, BURN_IN_VAR, STEP_ID_VAR, burn_in_applies
@@ -232,9 +233,9 @@ def follow(verdict: Path, spec: JobSpec, stop: StopFlag, *, say: Callable[[str],
     limit = time.monotonic() + spec.distributed.timeout_s + spec.health.burn_in.budget_s + STOP_MARGIN_S
     stop_deadline: float | None = None
     while True:
-        try:
-            told = verdict.read_text(encoding="utf-8", errors="replace")[:32].strip()
-        except OSError:
+        try:  # a regular file of a few bytes: anything else is no verdict (a link, a fifo, a planted blob)
+            told = read_bounded(verdict, 64, within=verdict.parent).decode("utf-8", errors="replace").strip()
+        except (OSError, RunFileError):
             told = ""
         if told:
             return next((one for one in OUTCOMES if one == told), "failed")

@@ -238,3 +238,22 @@ def test_a_nodes_member_is_its_node_in_a_group_of_nodes() -> None:
     member = script_burn_in.node_member(replace(ENV, global_rank=3, local_rank=1, node_rank=1))
     assert (member.global_rank, member.world_size, member.local_rank, member.local_world_size) == (1, 3, 0, 1)
     assert member.hostnames == ENV.hostnames and member.master_addr == ENV.master_addr
+
+
+def test_a_verdict_that_is_not_a_small_regular_file_is_no_verdict(
+    monkeypatch: pytest.MonkeyPatch, run_dir: Path
+) -> None:
+    """The node's other tasks read what lies at the verdict's path: a link or a blob there tells them nothing
+    (they wait out their bound and start without one), never what it points at nor a megabyte read."""
+    monkeypatch.setattr(script_burn_in, "STOP_MARGIN_S", -10_000.0)  # the bound is spent at once
+    verdict = script_burn_in.burn_in_verdict_path(run_dir, "41.0", 0)
+    verdict.parent.mkdir(parents=True)
+    (run_dir / "elsewhere").write_text("requeued")
+    verdict.symlink_to(run_dir / "elsewhere")
+    said: list[str] = []
+    assert script_burn_in.follow(verdict, spec(), StopRequest(), say=said.append, after_stop="") == "failed"
+    verdict.unlink()
+    verdict.write_text("requeued" + " " * 100_000)
+    assert script_burn_in.follow(verdict, spec(), StopRequest(), say=said.append, after_stop="") == "failed"
+    verdict.write_text("requeued")
+    assert script_burn_in.follow(verdict, spec(), StopRequest(), say=said.append, after_stop="") == "requeued"
