@@ -4,7 +4,6 @@ buffer broadcast before the forward (DDP's, dp's) is a wait (``sync``), not forw
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -19,31 +18,36 @@ from hpctrain.task import step_timer
 from hpctrain.task.step_timer import NoClock, StepClock
 
 
-def test_cpu_laps_add_up_to_the_wall_time_and_go_to_their_parts() -> None:
+def test_cpu_laps_add_up_to_the_wall_time_and_go_to_their_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeTime()  # real sleeps oversleep under CI's load, and the wall goes on after the last lap
+    monkeypatch.setattr(step_timer, "time", fake)
     clock = StepClock(torch.device("cpu"))
     for _ in range(3):
-        time.sleep(0.01)
+        fake.now += 0.010
         clock.lap("data")
-        time.sleep(0.02)
+        fake.now += 0.020
         clock.lap("forward")
         clock.step_done()
     sums, wall = clock._seconds()
     by_part = dict(zip(MEASURED, sums))
-    assert by_part["data"] >= 0.03 and by_part["forward"] >= 0.06
-    assert sum(sums) == pytest.approx(wall, abs=0.002)
+    assert by_part["data"] == pytest.approx(0.03) and by_part["forward"] == pytest.approx(0.06)
+    assert sum(sums) == pytest.approx(wall)
     record = clock.window(global_step=3, epoch=0)
     assert record is not None and record["steps"] == 3 and record["ranks"] == 1
     assert record["forward_s"] == pytest.approx(by_part["forward"] / 3, abs=1e-5)
 
 
-def test_the_backward_splits_at_the_last_bucket_handed_over() -> None:
+def test_the_backward_splits_at_the_last_bucket_handed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake clock: real sleeps overslept under CI's load (a 10 ms sleep took 21 ms in rehearsal 19)."""
+    fake = FakeTime()
+    monkeypatch.setattr(step_timer, "time", fake)
     clock = StepClock(torch.device("cpu"))
-    time.sleep(0.01)
-    clock._grads_handed = time.perf_counter()  # what the comm hook notes
-    time.sleep(0.02)
+    fake.now += 0.010
+    clock._grads_handed = fake.now  # what the comm hook notes
+    fake.now += 0.020
     clock.backward_done()
     by_part = dict(zip(MEASURED, clock.sums))
-    assert 0.009 <= by_part["backward"] < 0.02 and by_part["comm"] >= 0.019
+    assert by_part["backward"] == pytest.approx(0.010) and by_part["comm"] == pytest.approx(0.020)
     clock.backward_done()  # no hand-over (no DDP): all backward
     assert clock.sums[MEASURED.index("comm")] == by_part["comm"]
 
@@ -83,11 +87,13 @@ def test_your_own_loop_logs_its_split_for_the_report(monkeypatch: pytest.MonkeyP
     run.mkdir()
     for name, value in {"RANK": "0", "WORLD_SIZE": "1", script_env.RUN_DIR_VAR: str(run)}.items():
         monkeypatch.setenv(name, value)
+    fake = FakeTime()  # a real 5 ms sleep could oversleep the 20 ms one under load
+    monkeypatch.setattr(step_timer, "time", fake)
     timer = task.StepTimer(nn.Linear(2, 2))  # not DDP: nothing to watch
     for step in range(1, 9):
-        time.sleep(0.02)
+        fake.now += 0.020
         timer.lap("data")
-        time.sleep(0.005)
+        fake.now += 0.005
         timer.lap("forward")
         timer.step_done()
         if step % 2 == 0:
