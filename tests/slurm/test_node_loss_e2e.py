@@ -234,23 +234,31 @@ def test_rank_zero_killed_requeues_without_its_node(cluster: SlurmCluster, works
     assert_nothing_left(cluster, run.job_id)
 
 
-def test_no_spare_left_requeues_without_the_lost_nodes(cluster: SlurmCluster, workspace: Workspace) -> None:
+def test_no_spare_and_no_room_left_ends_the_run_instead_of_a_requeue_that_never_starts(
+    cluster: SlurmCluster, workspace: Workspace
+) -> None:
+    """Two of the three nodes lost: one healthy node left, min_nodes is 2, and a requeue without the lost two
+    would pend forever (BadConstraints: the partition has one usable node, the job asks for three); the run
+    fails, saying so, rather than wait in the queue for nothing."""
+    n1, n2, n3 = cluster.nodes[:3]
     run = submit(workspace, "name=nospare", "resources.spare_nodes=1")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
-    kill_node("n2")
+    kill_node(n2)
     first = latest_step(run.run_dir)
     wait_for(lambda: latest_step(run.run_dir) > first, "a checkpoint on the spare", START_TIMEOUT_S, run)
-    kill_node("n3")  # one node left, min_nodes is 2
-    wait_requeued(cluster, run.job_id, restarts=1, timeout=REQUEUE_AFTER_LOSS_TIMEOUT_S)
+    kill_node(n3)  # one node left, min_nodes is 2, and no other node in the partition
+    state = wait_ended(cluster, run)
     logs = batch_log(run.run_dir)
-    assert job_record(cluster, run.job_id).get("ExcNodeList") in ("n[2-3]", "n2,n3"), logs
+    assert state == "FAILED", logs
     summary = run.summary()
-    assert [(f["node"], f["action"]) for f in summary["node_failures"]] == [("n2", "swap"), ("n3", "requeue")]
-    assert summary["excluded_nodes"] == ["n2", "n3"]
-    assert "requeueing without n2,n3 (1 healthy node left, min_nodes is 2)" in logs
-    cluster.run("scancel", run.job_id)  # it cannot start again on this cluster: only n1 is left
-    # sacct keeps a RESIZING record for each node Slurm took out of the running job
-    wait_for(lambda: "CANCELLED" in cluster.job_states(run.job_id), "the job cancelled", 60, run)
+    assert summary["status"] == "failed", summary
+    assert [(f["node"], f["action"]) for f in summary["node_failures"]] == [(n2, "swap"), (n3, "fail")]
+    assert summary["excluded_nodes"] == [n2, n3], summary
+    expected = f"excluding {n2},{n3} would leave 1 usable node in partition"
+    assert expected in summary["error"] and "a requeue could never start" in summary["error"], summary
+    assert f"node {n3} lost at step" in logs and f"stopping: {expected}" in logs, logs
+    requeues = cluster.run("sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", run.job_id)
+    assert "REQUEUED" not in requeues.stdout
     assert_nothing_left(cluster, run.job_id)
 
 
