@@ -125,6 +125,9 @@ def test_ranks_0_to_3_run_two_per_node(slurm_cluster: SlurmCluster, workspace: W
     assert f"{run.job_id}.0|2" in sacct.split(), f"one srun step of 2 tasks (one per node):\n{sacct}"
 
 
+# alone (it preempts through `urgent`), nothing release-specific: CI runs it on 26.05's side cluster beside
+# 24.11's alone half, off the critical path (docs/testing.md, `slurm_side`)
+@pytest.mark.slurm_side
 def test_timeout_requeue_and_preemption_resume_bit_identically(
     slurm_cluster: SlurmCluster, workspace: Workspace, reference_weights: str, tmp_path: Path
 ) -> None:
