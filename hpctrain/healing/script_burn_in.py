@@ -298,7 +298,7 @@ def node_member(env: TaskEnv) -> TaskEnv:
 
 def _leave(status: int) -> Any:
     """``run_burn_in``'s exit: the supervisor's status as it is; its "requeued, no result" (0) as ours."""
-    os._exit(REQUEUED_EXIT if status == 0 else status)
+    _exit_now(REQUEUED_EXIT if status == 0 else status)
 
 
 def _exit_now(status: int) -> None:
