@@ -31,12 +31,15 @@ pytestmark = pytest.mark.local_dist
 
 REPO = Path(__file__).resolve().parents[2]
 HPCTRAIN = f"env PYTHONPATH={REPO} {sys.executable} -m hpctrain"
-# The job: counts its runs in a file outside the run, takes long enough to be cut mid-submit.
+# The job: counts its runs in a file outside the run; while the test holds it (a file it creates and
+# removes: ``hold``) it stays up (bounded), so a command can be cut mid-way however slow the machine is.
 SCRIPT = """import os, pathlib, sys, time
 with open(os.environ["COUNT_FILE"], "a") as out:
     out.write("ran\\n")
 print("hello from the login node:", sys.argv[1:], flush=True)
-time.sleep(float(os.environ.get("SLEEP_S", "0")))
+hold, deadline = os.environ["HOLD_FILE"], time.monotonic() + 300
+while os.path.exists(hold) and time.monotonic() < deadline:
+    time.sleep(0.1)
 """
 
 
@@ -109,7 +112,7 @@ def wait_while(proc: subprocess.Popen[str], condition: Callable[[], bool], timeo
         time.sleep(0.2)
 
 
-def project(tmp_path: Path, login: OtpLogin, sleep_s: float = 0) -> tuple[Path, str]:
+def project(tmp_path: Path, login: OtpLogin) -> tuple[Path, str]:
     """A project folder whose name has a space and a quote, with a spec whose name has both too."""
     folder = tmp_path / "my project's code"
     (folder / "code").mkdir(parents=True)
@@ -120,10 +123,16 @@ def project(tmp_path: Path, login: OtpLogin, sleep_s: float = 0) -> tuple[Path, 
         "output_dir": str(login.home / "runs dir"),
         "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00"},
         "script": {"path": "code/train it.py", "args": ["it's", "a b"]},
-        "env": {"COUNT_FILE": str(folder.parent / "count"), "SLEEP_S": str(sleep_s)},
+        "env": {"COUNT_FILE": str(folder.parent / "count"), "HOLD_FILE": str(folder.parent / "hold")},
     }
     (folder / "job 'one'.yaml").write_text(yaml.safe_dump(spec))
     return folder, "job 'one'.yaml"
+
+
+def hold(folder: Path, held: bool) -> None:
+    """While held, the project's job stays up once started (the test cuts the command that runs it)."""
+    path = folder.parent / "hold"
+    path.write_text("") if held else path.unlink()
 
 
 def runs(env: dict[str, str]) -> list[dict]:
@@ -172,14 +181,16 @@ def test_one_prompt_for_a_whole_sitting_of_verbs(login: OtpLogin, laptop: dict[s
 
 def test_a_submit_cut_mid_way_and_retried_runs_once(login: OtpLogin, laptop: dict[str, str], tmp_path: Path) -> None:
     assert login_with_code(laptop, login)[0] == 0
-    folder, spec = project(tmp_path, login, sleep_s=6)
+    folder, spec = project(tmp_path, login)
     count = folder.parent / "count"
+    hold(folder, True)
     first = started(laptop, "submit", spec, "--cluster", "otp", cwd=folder)
     wait_while(first, lambda: not count.exists())  # the job started on the login node: now the connection drops
     closed = hpctrain(laptop, "login", "otp", "--close")
     assert closed.returncode == 0, closed.stderr
     out, err = first.communicate(timeout=60)
     assert first.returncode != 0 and "Traceback" not in err, out + err
+    hold(folder, False)  # the job on the login node, if it still runs, may end now
 
     assert login_with_code(laptop, login)[0] == 0  # the user logs in again (a new connection: a new code)
     retry = hpctrain(laptop, "submit", spec, "--cluster", "otp", cwd=folder)
@@ -196,11 +207,12 @@ def test_a_resume_cut_mid_way_and_retried_resumes_once_and_cancel_twice_is_harml
     login: OtpLogin, laptop: dict[str, str], tmp_path: Path
 ) -> None:
     assert login_with_code(laptop, login)[0] == 0
-    folder, spec = project(tmp_path, login, sleep_s=8)
+    folder, spec = project(tmp_path, login)
     count = folder.parent / "count"
     submitted = hpctrain(laptop, "submit", spec, "--cluster", "otp", cwd=folder)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     run_dir = submitted.stdout.split("run dir: ", 1)[1].splitlines()[0].strip()
+    hold(folder, True)
     first = started(laptop, "resume", run_dir, "--cluster", "otp")
     wait_while(first, lambda: count.read_text().count("ran") < 2)  # the resumed attempt runs: the connection drops
     assert hpctrain(laptop, "login", "otp", "--close").returncode == 0
@@ -212,6 +224,7 @@ def test_a_resume_cut_mid_way_and_retried_resumes_once_and_cancel_twice_is_harml
     cancels = [hpctrain(laptop, "cancel", run_dir, "--cluster", "otp") for _ in range(2)]
     assert [c.returncode for c in cancels] == [0, 0], [c.stdout + c.stderr for c in cancels]
     assert "already" in cancels[1].stdout + cancels[1].stderr and "Traceback" not in cancels[0].stderr
+    hold(folder, False)
     retry = hpctrain(laptop, "resume", run_dir, "--cluster", "otp")
     assert "retrying resume" in retry.stdout and "Traceback" not in retry.stderr, retry.stdout + retry.stderr
     assert count.read_text() == "ran\nran\n", "one resume, not two"
