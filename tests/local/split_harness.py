@@ -19,7 +19,12 @@ from hpctrain.runtime import heartbeat
 from hpctrain.trainer.data import datasets
 from hpctrain.trainer.trainer import Trainer
 
-SLOW_FORWARD_S = 0.6  # added to each forward of the slowed rank (far above what CI's load makes two ranks differ)
+# Added to each forward of the slowed rank: SLOW_FORWARD_PER_FORWARD times that rank's previous forward (its module's
+# own, measured), at least SLOW_FORWARD_S. Sized by the rank's own speed as the backward's below: under CI's load every
+# step is several times longer and two ranks sharing two busy cores wait for each other in the all-reduce, so a fixed
+# 0.6 s came out smaller than that exposed communication once (CI #52 named "comm" the largest loss, not the straggler).
+SLOW_FORWARD_S = 0.6
+SLOW_FORWARD_PER_FORWARD = 6.0
 # Added to each backward of the slowed rank, before its gradient buckets are handed over: SLOW_BACKWARD_PER_FORWARD
 # times this step's forward on that rank, at least SLOW_BACKWARD_S. Sized by the rank's own speed, so that it stays
 # a node's backward about twice as slow however slow the machine is: a step's own compute is ~3-5 forwards, ~0.15-0.3 s
@@ -27,19 +32,58 @@ SLOW_FORWARD_S = 0.6  # added to each forward of the slowed rank (far above what
 # 4.4 s with other sessions' tests too (a fixed 0.3 s came to 1.42x in CI's rehearsal 17, under eviction's 1.5x).
 SLOW_BACKWARD_S = 0.3
 SLOW_BACKWARD_PER_FORWARD = 4.0
-SLOW_SAMPLE_S = 0.06  # added to each training sample read (8 per step)
-LATE_SAMPLE_S = 0.03  # added on top on rank 1 only: its batch comes later, rank 0 waits in DDP's buffer broadcast
+# Added to each training sample read on every rank: per step (8 reads) SLOW_DATA_PER_FORWARD times the rank's previous
+# forward, at least SLOW_SAMPLE_S * 8; well above rank 1's lateness below, which grows with the load the same way.
+SLOW_SAMPLE_S = 0.06
+SLOW_DATA_PER_FORWARD = 8.0
+# Added on top to each sample read on rank 1 only: its batch comes later and rank 0 waits in DDP's buffer broadcast.
+# Per step (8 reads) LATE_PER_FORWARD times rank 1's previous forward, at least LATE_SAMPLE_S * 8: the two ranks' own
+# compute differs by a few forwards' worth under load (0.3 s of 1.5-1.8 s at nice 10 beside two busy loops).
+LATE_SAMPLE_S = 0.03
+LATE_PER_FORWARD = 3.0
 
 TRAINER = {"strategy": "ddp", "arch": "resnet18", "epochs": 1, "max_steps_per_epoch": 12, "log_every_steps": 2}
+
+
+LAST_FORWARD_S = [0.0]  # this process's last training forward (the plain module's own, which DDP wraps later)
+LATE_S: list[float] = []  # this process's late reads, per step (rank 1 of slow_data)
+
+
+def _timed_forward(module: Any) -> None:
+    """Note each training forward's own time in ``LAST_FORWARD_S`` (``module``: the plain model, before DDP wraps
+    it; the pre-hooks registered on it before this one are not in that time)."""
+    began = [0.0]
+
+    def start(module: Any, args: Any) -> None:
+        began[0] = time.perf_counter()
+
+    def end(module: Any, args: Any, output: Any) -> None:
+        if torch.is_grad_enabled():
+            LAST_FORWARD_S[0] = time.perf_counter() - began[0]
+
+    module.register_forward_pre_hook(start)
+    module.register_forward_hook(end)
 
 
 def _slow_forward(slow_rank: int) -> Any:
     build_model = Trainer.build_model
 
+    def sleep(module: Any, args: Any) -> None:
+        time.sleep(max(SLOW_FORWARD_S, SLOW_FORWARD_PER_FORWARD * LAST_FORWARD_S[0]))
+
     def build(self: Trainer) -> None:
         build_model(self)
         if self.env.global_rank == slow_rank:
-            self.module.register_forward_pre_hook(lambda module, args: time.sleep(SLOW_FORWARD_S))
+            self.module.register_forward_pre_hook(sleep)  # before the clock's start: its own time is not in it
+            _timed_forward(self.module)
+
+    return build
+
+
+def _timed(build_model: Any) -> Any:
+    def build(self: Trainer) -> None:
+        build_model(self)
+        _timed_forward(self.module)
 
     return build
 
@@ -94,14 +138,19 @@ def scenario_split(rank: int, world_size: int, *, data_root: str, base_dir: str,
         Trainer.build_model = _slow_forward(1)  # type: ignore[method-assign]
     elif case == "slow_data":
         read = datasets.TrainImages.__getitem__
-
-        delay = SLOW_SAMPLE_S + (LATE_SAMPLE_S if rank == 1 else 0.0)
+        Trainer.build_model = _timed(Trainer.build_model)  # type: ignore[method-assign]
+        reads = [0]
 
         def slow_read(self: Any, index: int) -> Any:
-            time.sleep(delay)
+            late = max(LATE_SAMPLE_S * 8, LATE_PER_FORWARD * LAST_FORWARD_S[0]) if rank == 1 else 0.0
+            if rank == 1 and reads[0] % 8 == 0:
+                LATE_S.append(late)
+            reads[0] += 1
+            slow = max(SLOW_SAMPLE_S * 8, SLOW_DATA_PER_FORWARD * LAST_FORWARD_S[0])
+            time.sleep((slow + late) / 8)
             return read(self, index)
 
         datasets.TrainImages.__getitem__ = slow_read  # type: ignore[method-assign]
     spec = job_spec(Path(data_root), trainer=TRAINER)
     result = train(Path(base_dir) / case, spec, rank=rank, world_size=world_size)
-    return {"result": result, "heartbeat": heartbeat.recorder().snapshot()}
+    return {"result": result, "heartbeat": heartbeat.recorder().snapshot(), "late_s": LATE_S}
