@@ -45,6 +45,7 @@ STEP_NAME = "hpctrain-guard"
 POLL_S = 2.0
 SILENT_S = 20.0  # the supervisor rewrites its record every heal_record.RECORD_EVERY_S
 STOP_WAIT_S = 5.0  # for the guardian's srun to exit once ended
+MAX_STARTS_AGAIN = 3  # a guardian that ended while its step trains is started again at most this often per step
 
 Say = Callable[[str], None]
 
@@ -74,11 +75,36 @@ class GuardianStep:
     def __init__(self, srun: str, run_dir: Path, batch_node: str, environ: Mapping[str, str]) -> None:
         self.srun, self.run_dir, self.batch_node, self.environ = srun, run_dir, batch_node, dict(environ)
         self.process: subprocess.Popen[bytes] | None = None
+        self.placement: tuple[list[str], list[str], list[str]] | None = None  # start()'s nodes, for keep_up
+        self.started_again = 0
 
     def start(self, allocation: Sequence[str], excluded: Sequence[str], step_nodes: Sequence[str]) -> None:
-        """Start it unless it runs; a node of the allocation that is neither excluded nor the batch node."""
-        if self.process is not None and self.process.poll() is None:
+        """Start it unless it runs; a node of the allocation that is neither excluded nor the batch node.
+        A new step: the guardian may be started again (:meth:`keep_up`) up to ``MAX_STARTS_AGAIN`` times."""
+        self.placement, self.started_again = (list(allocation), list(excluded), list(step_nodes)), 0
+        self._start()
+
+    def keep_up(self) -> str | None:
+        """Start the guardian again when it ended while the step trains (its srun failed, or it did: it leaves
+        on its own only once the record says ended, or when it took the batch node out, and then the
+        supervisor is gone too); the line to log, or None. The supervisor calls it while its step runs."""
+        if self.process is None or self.placement is None or self.process.poll() is None:
+            return None
+        if self.started_again >= MAX_STARTS_AGAIN:
+            return None
+        self.started_again += 1
+        code = self.process.returncode
+        self._start()
+        log = log_path(self.run_dir, self.environ.get("SLURM_JOB_ID", "local"))
+        return (
+            f"the guardian's step ended (exit {code}) while the run trains; started again "
+            f"({self.started_again} of {MAX_STARTS_AGAIN}; its log, if it said why: {log})"
+        )
+
+    def _start(self) -> None:
+        if self.process is not None and self.process.poll() is None or self.placement is None:
             return
+        allocation, excluded, step_nodes = self.placement
         others = [n for n in allocation if n not in excluded and n != self.batch_node]
         others.sort(key=lambda n: n in step_nodes)  # a spare first: it has the most room
         if not others:

@@ -299,6 +299,9 @@ class Supervisor:
             if time.monotonic() - recorded >= RECORD_EVERY_S:
                 self.record.write_record(step.nodes)
                 recorded = time.monotonic()
+                again = self.guardian.keep_up() if START_GUARDIAN and not self.stopping else None
+                if again:
+                    say(again)
             if self.stopping:
                 continue
             if reported_at is None and first_task_failure(step.srun_text) is not None:

@@ -160,15 +160,19 @@ def job_record(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
     return fields
 
 
-def wait_requeued(cluster: SlurmCluster, job_id: str, restarts: int, timeout: float = 60) -> float:
-    """Wait until the job is PENDING again after its ``restarts``-th requeue; return the seconds waited."""
+def wait_requeued(
+    cluster: SlurmCluster, job_id: str, restarts: int, timeout: float = 60, run: Run | None = None
+) -> float:
+    """Wait until the job is PENDING again after its ``restarts``-th requeue; return the seconds waited.
+
+    ``run``: its logs (the tasks', the supervisor's and the guardian's) go into the failure message."""
     started = time.monotonic()
 
     def requeued() -> bool:
         record = job_record(cluster, job_id)
         return record.get("JobState") == "PENDING" and int(record.get("Restarts", "0")) >= restarts
 
-    wait_for(requeued, f"job {job_id} to be requeued (restart {restarts})", timeout, poll_s=0.2)
+    wait_for(requeued, f"job {job_id} to be requeued (restart {restarts})", timeout, run, poll_s=0.2)
     return time.monotonic() - started
 
 

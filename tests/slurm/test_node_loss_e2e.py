@@ -219,7 +219,7 @@ def test_rank_zero_killed_requeues_without_its_node(cluster: SlurmCluster, works
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
     pid = wait_for(lambda: rank_pid(cluster, run.job_id, 0), "rank 0's process", 30, run)
     os.kill(pid, signal.SIGKILL)  # rank 0 runs beside the batch step: that node cannot host the next step
-    wait_requeued(cluster, run.job_id, restarts=1, timeout=REQUEUE_AFTER_LOSS_TIMEOUT_S)  # failed once at 60 s
+    wait_requeued(cluster, run.job_id, restarts=1, timeout=REQUEUE_AFTER_LOSS_TIMEOUT_S, run=run)  # failed once at 60 s
     assert job_record(cluster, run.job_id).get("ExcNodeList") == "n1", batch_log(run.run_dir)  # set before
     cluster.release(run.job_id)
     state = wait_ended(cluster, run)
@@ -367,7 +367,7 @@ def test_the_batch_nodes_death_requeues_and_the_next_start_keeps_it_out(
     record_path = supervisor_record_path(run.run_dir)
     record = json.loads(record_path.read_text())
     write_json_atomic(record_path, {**record, "time": time.time() + 365 * 86400})
-    wait_requeued(cluster, run.job_id, restarts=1, timeout=REQUEUE_AFTER_LOSS_TIMEOUT_S)
+    wait_requeued(cluster, run.job_id, restarts=1, timeout=REQUEUE_AFTER_LOSS_TIMEOUT_S, run=run)
     guardian_log = guardian_log_path(run.run_dir, run.job_id).read_text()
     assert "ahead of this node's clock" in guardian_log and "node n1 lost" in guardian_log, guardian_log
     assert job_record(cluster, run.job_id).get("ExcNodeList") == "n1", batch_log(run.run_dir)

@@ -328,6 +328,42 @@ def test_the_guardian_step_leaves_srun_no_file_to_create(tmp_path: Path) -> None
     assert "--nodelist=n2" in argv and "--output=/dev/null" in argv and "--error=/dev/null" in argv  # type: ignore[operator]
 
 
+def test_a_guardian_that_ended_while_the_step_trains_is_started_again_a_bounded_number_of_times(
+    tmp_path: Path,
+) -> None:
+    """CI #52: the batch node died and no guardian requeued the job (it had ended, unseen). Its srun (here
+    ``false``: ends at once, exit 1) is started again each time the supervisor looks, at most MAX_STARTS_AGAIN
+    times per step, on the same node; a new step may start it again as often."""
+    from hpctrain.healing import guardian
+
+    step = guardian.GuardianStep("false", tmp_path, "n1", {"PATH": os.environ.get("PATH", ""), "SLURM_JOB_ID": "7"})
+    assert step.keep_up() is None  # never started: nothing to keep up
+    step.start(["n1", "n2"], excluded=[], step_nodes=["n1", "n2"])
+    lines = []
+    for _ in range(guardian.MAX_STARTS_AGAIN + 2):
+        assert step.process is not None
+        step.process.wait()
+        lines.append(step.keep_up())
+    again = [line for line in lines if line]
+    assert len(again) == guardian.MAX_STARTS_AGAIN and lines[-1] is None
+    assert "ended (exit 1)" in again[0] and f"started again (1 of {guardian.MAX_STARTS_AGAIN}" in again[0]
+    assert "7_guardian_log.err" in again[0]
+    assert "--nodelist=n2" in step.process.args  # type: ignore[operator]
+    step.start(["n1", "n2"], excluded=[], step_nodes=["n1", "n2"])  # the next step: counted afresh
+    step.process.wait()
+    assert step.keep_up() is not None
+    srun = tmp_path / "srun"
+    srun.write_text("#!/bin/sh\nexec sleep 60\n")
+    srun.chmod(0o755)
+    sleeping = guardian.GuardianStep(str(srun), tmp_path, "n1", {"PATH": os.environ.get("PATH", "")})
+    sleeping.start(["n1", "n2"], excluded=[], step_nodes=["n1"])  # a guardian that runs is left alone
+    assert sleeping.process is not None
+    first = sleeping.process
+    assert sleeping.keep_up() is None and sleeping.process is first
+    first.kill()
+    first.wait()
+
+
 def guardian_thread(fake: Path, lost: set[str], **kwargs: float) -> tuple[Any, list[int], Path]:
     """The guardian of job 7's first start watching n1, in a thread: (thread, [exit status], its log).
     ``lost``: the nodes whose slurmd does not answer (the caller may add to it later)."""
