@@ -56,7 +56,7 @@ for step, batches in loader.steps(ckpt.load(), STEPS):
     optimizer.step()
     task.log(step + 1, loss=100.0 + step)
     ckpt.maybe_save(step + 1)
-go, deadline = Path(sys.argv[1]), time.monotonic() + 120
+go, deadline = Path(sys.argv[1]), time.monotonic() + 400
 while not go.exists() and time.monotonic() < deadline:  # the test ends the run once it saw the steps
     time.sleep(0.2)
 """
@@ -177,7 +177,12 @@ def logged(run: Path) -> int:
     return len(last_values(metrics)) if metrics.exists() else 0
 
 
-def wait_for(condition: Any, what: str, node: subprocess.Popen[bytes], log: Path, timeout_s: float = 150) -> None:
+# A hang guard, not a timing: rehearsal 20 (the unit and local tiers at nice 10 beside three Slurm legs) took
+# 2 minutes from the node task's start to the loop's 6th step (two torch imports) and timed out at 150 s.
+WAIT_S = 360
+
+
+def wait_for(condition: Any, what: str, node: subprocess.Popen[bytes], log: Path, timeout_s: float = WAIT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert node.poll() is None, f"the node task ended before {what}:\n{log.read_text()[-3000:]}"
@@ -199,7 +204,7 @@ def test_the_node_task_of_rank_0_sends_each_step_live_once_and_its_sender_ends_w
         [sender] = senders(run)  # one per run, not one per rank ...
         assert sender.ppid() == node.pid  # ... started by the node task, not by a torchrun worker
         go.touch()
-        assert node.wait(timeout=120) == 0, log.read_text()[-3000:]
+        assert node.wait(timeout=WAIT_S) == 0, log.read_text()[-3000:]
     finally:
         go.touch()
         node.kill()
