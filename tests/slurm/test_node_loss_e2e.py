@@ -234,6 +234,7 @@ def test_rank_zero_killed_requeues_without_its_node(cluster: SlurmCluster, works
     assert_nothing_left(cluster, run.job_id)
 
 
+@pytest.mark.slurm_side  # names its nodes from the fixture; 198 s of 24.11's critical path in rehearsal 20
 def test_no_spare_and_no_room_left_ends_the_run_instead_of_a_requeue_that_never_starts(
     cluster: SlurmCluster, workspace: Workspace
 ) -> None:
