@@ -102,7 +102,7 @@ class GuardianStep:
         )
 
     def _start(self) -> None:
-        if self.process is not None and self.process.poll() is None or self.placement is None:
+        if (self.process is not None and self.process.poll() is None) or self.placement is None:
             return
         allocation, excluded, step_nodes = self.placement
         others = [n for n in allocation if n not in excluded and n != self.batch_node]
