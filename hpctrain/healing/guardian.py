@@ -88,7 +88,7 @@ class GuardianStep:
         """Start the guardian again when it ended while the step trains (its srun failed, or it did: it leaves
         on its own only once the record says ended, or when it took the batch node out, and then the
         supervisor is gone too); the line to log, or None. The supervisor calls it while its step runs."""
-        if self.process is None or self.placement is None or self.process.poll() is None:
+        if self.process is None or self.process.poll() is None:  # a process means start() set the placement
             return None
         if self.started_again >= MAX_STARTS_AGAIN:
             return None
