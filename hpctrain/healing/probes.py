@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 BUCKET_MB = 25.0  # DistributedDataParallel's default bucket_cap_mb: what each all-reduce of a step moves
 MIN_PASS_S = 0.3  # CFS quotas act per 100 ms period: a shorter pass could slip between throttles
+CALIBRATION_GROWTH = 4  # the batch's factor from one calibration pass to the next (pass_batch)
 ROUNDS = 3  # all-reduce repeats
 COMPUTE_ROUNDS = 8  # compute passes at most, as many as the deadline allows
 STEADY_ROUNDS = 4  # ... and fewer once every rank's first rounds agree within STEADY_SPREAD (steady_enough)
@@ -135,14 +136,8 @@ def compute_probe(work: Callable[[int], None], device: torch.device, deadline: f
     started on every rank together, so that they share the machine alike (collective: every rank calls it),
     :data:`STEADY_ROUNDS` when every rank's agree (:func:`steady_enough`). Their median is the node's number:
     a lucky or unlucky round moves it little."""
-    one = float("inf")
-    for _ in range(2):  # the first pass warms up: allocations, kernels, the first autograd graph
-        started = time.perf_counter()
-        work(2)  # batch norm wants two samples
-        _sync(device)
-        one = min(one, max((time.perf_counter() - started) / 2, 1e-5))
     # the fastest rank's pass must last MIN_PASS_S: a slow rank's own choice would make everyone's passes short
-    batch = int(agree_min(float(max(2, min(max(2, max_batch), MIN_PASS_S / one))), device, op="MAX"))
+    batch = int(agree_min(float(pass_batch(work, device, max_batch)), device, op="MAX"))
     times: list[float] = []
     while True:  # every round starts on every rank at once (the all-reduce)
         more = len(times) < COMPUTE_ROUNDS and (not times or time.perf_counter() + max(times) / 1000 < deadline)
@@ -155,6 +150,28 @@ def compute_probe(work: Callable[[int], None], device: torch.device, deadline: f
         _sync(device)
         times.append(round((time.perf_counter() - started) * 1000, 3))
     return times
+
+
+def pass_batch(work: Callable[[int], None], device: torch.device, max_batch: int) -> int:
+    """The batch at which a pass of ``work`` lasts :data:`MIN_PASS_S` here (at most ``max_batch``), measured at
+    a batch that grows :data:`CALIBRATION_GROWTH`-fold until a pass lasts half of that: a pass of two samples
+    is mostly fixed costs (the call, autograd's graph, waking threads), and a loaded machine stretches those
+    most. Scaled from it, CI #53's matrix-product passes came out at 3-8 ms, where one time slice given to
+    another process doubled a pass and a healthy node of two was flagged at 2.9x. Every pass after the first
+    (allocations, kernels, the first autograd graph) is timed; the last one counts."""
+    largest = max(2, max_batch)
+    work(2)  # the warm-up; batch norm wants two samples
+    _sync(device)
+    batch = 2
+    while True:
+        started = time.perf_counter()
+        work(batch)
+        _sync(device)
+        seconds = max(time.perf_counter() - started, 1e-6)
+        if seconds >= MIN_PASS_S / 2 or batch >= largest:
+            break
+        batch = min(largest, batch * CALIBRATION_GROWTH)
+    return max(2, min(largest, round(batch * MIN_PASS_S / seconds)))
 
 
 def steady_enough(rounds_ms: Sequence[float]) -> bool:

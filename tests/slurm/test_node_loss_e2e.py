@@ -462,7 +462,7 @@ def test_a_script_jobs_burn_in_keeps_a_slow_node_out_before_the_script_starts(
         [sick],
         "supervisor decides",
     )
-    assert (healthy["nodes"], healthy["flagged"]) == ([first, second], []), healthy
+    assert (healthy["nodes"], healthy["flagged"]) == ([first, second], []), json.dumps(healthy)  # whole: no repr cut
     report_timing(
         f"script burn-in, 3 nodes x 2 ranks, {sick} flagged ({flagged['scores'][2]['reason']})", flagged["seconds"]
     )
@@ -510,7 +510,7 @@ def test_a_torchrun_jobs_burn_in_requeues_it_without_a_slow_node(cluster: SlurmC
     assert summary["hostnames"] == [first, other] and summary["excluded_nodes"] == [sick], summary
     flagged, healthy = summary["burn_in"]
     assert (flagged["nodes"], flagged["flagged"], flagged["action"]) == ([first, sick], [sick], "requeue"), flagged
-    assert (healthy["nodes"], healthy["flagged"]) == ([first, other], []), healthy
+    assert (healthy["nodes"], healthy["flagged"]) == ([first, other], []), json.dumps(healthy)
     [failure] = summary["node_failures"]
     assert (failure["node"], failure["kind"], failure["action"]) == (sick, "burn-in", "requeue"), failure
     # the partition was counted (sinfo: 3 usable nodes, 2 left without the sick one, the job needs 2), so the
