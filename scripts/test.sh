@@ -47,7 +47,8 @@ fi
 # not again on 24.11, which runs every other test but those marked slurm_side (alone tests with nothing
 # release-specific: 26.05's alone half runs them, off 24.11's critical path). Priorities: 24.11 (the longest stream) first, the side
 # releases at nice 5 (their daemons and jobs inherit it), the tiers without a cluster at nice 10. The
-# scale smoke job (~14 GiB) runs alone at the end. Each half prints its 25 slowest tests (--durations),
+# scale smoke job (~14 GiB) runs after 24.11's legs and the unit and local tiers, beside the side stream's
+# last tests. Each half prints its 25 slowest tests (--durations),
 # so CI's log says what to trim.
 main_legs=( # version | what | the shared half's tests | the alone half's tests (pytest -m)
     "24.11|the Slurm tier|slurm_shared|not slurm_shared and not slurm_contract and not slurm_side"
@@ -165,7 +166,25 @@ side_pid=$!
 slurm_half "$version" "$what" alone "$alone"
 leg_down
 
+wait "$cpu_pid" || true
+echo "===== scripts/test.sh: unit and local tiers (the background stream's log)"
+cat "$cpu_log"
+summary+=("$(cat "$cpu_result")")
+case "$(cat "$cpu_result")" in *passed*) ;; *) failed=1 ;; esac
+
+# HAL's scale: 16 nodes x 2 ranks = 32 gloo ranks, ~1.5 min and ~14 GiB of the 24 GiB machine, so it waits
+# for the unit and local tiers (two workers' tests) and 24.11's legs; the side stream's last tests (one job
+# of a few ranks at a time, at nice 5) may still run beside it (docs/testing.md). 16 x 3 = 48 also completes
+# (~20 GiB) but leaves CI too thin a margin; run it by hand. It needs root, as the Slurm tier does.
+if [ "$(id -u)" = 0 ]; then
+    run_leg "scale smoke, 16 x 2 ranks" 24.11 tests/cluster/scale-smoke 16 2
+elif [ -n "${CI:-}" ]; then
+    summary+=("scale smoke: FAILED (needs root)")
+    failed=1
+fi
+
 wait "$side_pid" || true
+trap - EXIT
 echo "===== scripts/test.sh: the side releases' contract subsets (their log)"
 cat "$side_log"
 if [ -s "$side_result" ]; then
@@ -176,23 +195,7 @@ else
     summary+=("the side releases' contract subsets: FAILED (ended without a result)")
     failed=1
 fi
-wait "$cpu_pid" || true
-trap - EXIT
-echo "===== scripts/test.sh: unit and local tiers (the background stream's log)"
-cat "$cpu_log"
-summary+=("$(cat "$cpu_result")")
-case "$(cat "$cpu_result")" in *passed*) ;; *) failed=1 ;; esac
 rm -f "$cpu_log" "$cpu_result" "$side_log" "$side_result"
-
-# HAL's scale: 16 nodes x 2 ranks = 32 gloo ranks, ~1.5 min and ~14 GiB of the 24 GiB machine, so
-# it runs alone, after the legs (docs/testing.md). 16 x 3 = 48 also completes (~20 GiB) but leaves
-# CI too thin a margin; run it by hand. It needs root, as the Slurm tier does.
-if [ "$(id -u)" = 0 ]; then
-    run_leg "scale smoke, 16 x 2 ranks" 24.11 tests/cluster/scale-smoke 16 2
-elif [ -n "${CI:-}" ]; then
-    summary+=("scale smoke: FAILED (needs root)")
-    failed=1
-fi
 echo "===== scripts/test.sh: the matrix ($(($(date +%s) - matrix_started))s in all)"
 printf '  %s\n' "${summary[@]}"
 exit "$failed"

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from hpctrain.contract.rundir import checkpoints_dir, metrics_path, summary_path
 
 from .hpctrain_cli import cli_env, hpctrain, make_dataset, task_logs
+from .reference_store import reference_key, stored_weights
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -195,6 +196,25 @@ def requeue_then_preempt(cluster: SlurmCluster, run: Run, tmp: Path, start_timeo
     cluster.release(run.job_id)
     assert cluster.wait_state(preemptor, timeout=60) == "COMPLETED"
     return first_stop, second_stop
+
+
+def uninterrupted_weights(cluster: SlurmCluster, ws: Workspace, run_timeout: float) -> str:
+    """``weights_sha256`` of the 2 x 2 run trained without interruption, launched by srun: trained once per
+    code version and read from the store by every session and module after (tests/slurm/reference_store.py).
+    The torchrun tests compare with it too: torchrun's ranks are srun's, and the launcher changes no arithmetic."""
+
+    def train() -> str:
+        started = time.monotonic()
+        run = submit(ws, "name=uninterrupted")
+        state = cluster.wait_state(run.job_id, timeout=run_timeout)
+        assert state == "COMPLETED", task_logs(run.run_dir)
+        summary = run.summary()
+        done = (summary["status"], summary["global_step"], summary["restarts"])
+        assert done == ("completed", EPOCHS * STEPS_PER_EPOCH, 0), summary
+        report_timing("uninterrupted reference run", time.monotonic() - started)
+        return str(summary["weights_sha256"])
+
+    return stored_weights(reference_key(SMOKE_SPEC, ws.set_items(), ws.data), train)
 
 
 def assert_completed_exactly(run: Run, restarts: int, reference_weights: str) -> dict[str, Any]:

@@ -129,7 +129,7 @@ def test_slow_nodes_are_evicted_during_training_and_kept_out_by_the_burn_in(
     # run A: healthy start, n3 slowed mid-run, evicted
     run_a, _ = submit(workspace, "evict")
     first = wait_for(lambda: burn_ins(run_a), "the first burn-in", 180, run_a)
-    assert first[0]["flagged"] == [] and first[0]["nodes"] == ["n1", "n2", "n3", "n4"], json.dumps(first)  # no false alarm
+    assert first[0]["flagged"] == [] and first[0]["nodes"] == ["n1", "n2", "n3", "n4"], json.dumps(first)  # no alarm
     wait_for(lambda: latest_step(run_a.run_dir) >= 4, "the first checkpoint", 180, run_a)
     slow(SLOW, SLOW_PCT)
     try:

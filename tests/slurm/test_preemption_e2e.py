@@ -19,7 +19,6 @@ import pytest
 from hpctrain.contract.rundir import submitit_dir
 
 from .hpctrain_cli import hpctrain, task_logs
-from .reference_store import reference_key, stored_weights
 from .setup_hold import BATCH_HOLD_SCRIPT, HOLD_VAR
 from .stop_entrypoints import ENTRYPOINT_MODULE
 from .stop_helpers import (
@@ -43,6 +42,7 @@ from .stop_helpers import (
     submit,
     temp_checkpoint_dirs,
     train_steps_logged,
+    uninterrupted_weights,
     wait_files,
     wait_for,
     wait_no_processes,
@@ -71,21 +71,8 @@ def workspace(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFact
 
 @pytest.fixture(scope="module")
 def reference_weights(slurm_cluster: SlurmCluster, workspace: Workspace) -> str:
-    """``weights_sha256`` of the run trained without interruption (same spec, same world size): trained once
-    per code version and read from the store by the sessions after (tests/slurm/reference_store.py)."""
-
-    def train() -> str:
-        started = time.monotonic()
-        run = submit(workspace, "name=uninterrupted")
-        state = slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S)
-        assert state == "COMPLETED", task_logs(run.run_dir)
-        summary = run.summary()
-        done = (summary["status"], summary["global_step"], summary["restarts"])
-        assert done == ("completed", TOTAL_STEPS, 0), summary
-        report_timing("uninterrupted reference run", time.monotonic() - started)
-        return str(summary["weights_sha256"])
-
-    return stored_weights(reference_key(SMOKE_SPEC, workspace.set_items(), workspace.data), train)
+    """``weights_sha256`` of the run trained without interruption (same spec, same world size)."""
+    return uninterrupted_weights(slurm_cluster, workspace, RUN_TIMEOUT_S)
 
 
 @pytest.mark.slurm_contract

@@ -46,6 +46,7 @@ from .stop_helpers import (
     report_timing,
     requeue_then_preempt,
     submit,
+    uninterrupted_weights,
     wait_for,
     wait_no_processes,
 )
@@ -60,10 +61,9 @@ if TYPE_CHECKING:
     from .conftest import SlurmCluster
 
 TORCHRUN = "launcher=torchrun"
-# The burn-in (the node tasks', before torchrun) runs in the uninterrupted run; the others leave it out (CI
-# time: each start would pay a torch import more); the slow node it flags: test_node_loss_e2e.py.
+# The tests here leave the burn-in out (CI time: each start would pay a torch import more); a torchrun job's
+# burn-in, flagging a slow node and then nobody: test_node_loss_e2e.py.
 NO_BURN_IN = "health.burn_in.enabled=false"
-WIDE_MARGINS = ("health.burn_in.margin=10", "health.burn_in.network_margin=10")
 TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
 START_TIMEOUT_S = 120  # submit -> first checkpoint: 2 torchruns and 4 ranks importing torch on 2 cores
 RUN_TIMEOUT_S = 180
@@ -77,20 +77,10 @@ def workspace(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFact
 
 @pytest.fixture(scope="module")
 def reference_weights(slurm_cluster: SlurmCluster, workspace: Workspace) -> str:
-    """``weights_sha256`` of the torchrun run trained without interruption."""
-    # The burn-in runs and flags nobody; its margins here are wide: the test's two nodes share two loaded cores
-    # (CI's other legs), and one once measured 2.2x the other's compute, flagged, and the job, excluded from
-    # half the cluster, never ran again (rehearsal 18). Such a flag now keeps the node (the partition could not
-    # run the job without it: docs/node-health.md), but costs a second pass. Flagging a slow node is
-    # test_node_loss_e2e.py's.
-    run = submit(workspace, TORCHRUN, *WIDE_MARGINS, "name=torchrun_uninterrupted")
-    assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
-    summary = run.summary()
-    assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", TOTAL_STEPS, 0), summary
-    assert (summary["world_size"], summary["hostnames"]) == (4, slurm_cluster.nodes), summary
-    [burn_in] = summary["burn_in"]  # before torchrun started: nobody flagged, and the ranks trained
-    assert (burn_in["nodes"], burn_in["flagged"]) == (slurm_cluster.nodes, []), burn_in
-    return summary["weights_sha256"]
+    """``weights_sha256`` of the srun-launched run trained without interruption (stop_helpers'
+    ``uninterrupted_weights``, from the store when an earlier session trained it): a torchrun run, interrupted or
+    not, must end with it, since its ranks are srun's and the launcher changes no arithmetic."""
+    return uninterrupted_weights(slurm_cluster, workspace, RUN_TIMEOUT_S)
 
 
 def worker_pid(cluster: SlurmCluster, job_id: str, rank: int) -> int | None:

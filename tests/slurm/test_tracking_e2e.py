@@ -63,9 +63,8 @@ def workspace(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -
     return make_workspace(cluster, tmp_path_factory.mktemp("tracking"))
 
 
-# alone (it preempts and kills a node), nothing release-specific, node names from the fixture: CI runs it on
-# 26.05's side cluster beside 24.11's alone half, off the critical path (docs/testing.md, `slurm_side`)
-@pytest.mark.slurm_side
+# alone (it preempts and kills a node); on 24.11's alone half again since CI #53, whose side stream ended ~500 s
+# after 24.11's legs (docs/testing.md, `slurm_side`)
 def test_a_requeued_run_that_loses_a_node_is_one_mlflow_run_with_each_step_once(
     cluster: SlurmCluster, workspace: Workspace, tmp_path: Path
 ) -> None:
