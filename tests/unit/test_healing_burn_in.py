@@ -213,10 +213,12 @@ def test_compute_rounds_end_early_only_when_every_round_agrees() -> None:
     def work(pauses: itertools.cycle) -> object:
         return lambda batch: time.sleep(next(pauses))
 
+    # rounds of 200 ms: at nice 10 on a loaded machine a sleep's wake-up comes tens of ms late (rehearsal 21:
+    # rounds of 20 ms measured 20-31 ms, not steady), and 60 ms late is still within 1.3x of 200
     cpu, far = torch.device("cpu"), time.perf_counter() + 60
-    steady = compute_probe(work(itertools.cycle([0.02])), cpu, far, max_batch=2)  # type: ignore[arg-type]
-    assert len(steady) == STEADY_ROUNDS
-    noisy = compute_probe(work(itertools.cycle([0.02, 0.06])), cpu, far, max_batch=2)  # type: ignore[arg-type]
+    steady = compute_probe(work(itertools.cycle([0.2])), cpu, far, max_batch=2)  # type: ignore[arg-type]
+    assert len(steady) == STEADY_ROUNDS, steady
+    noisy = compute_probe(work(itertools.cycle([0.2, 0.6])), cpu, far, max_batch=2)  # type: ignore[arg-type]
     assert len(noisy) == COMPUTE_ROUNDS
 
 
@@ -233,7 +235,9 @@ def test_the_pass_batch_is_measured_where_the_fixed_costs_no_longer_dominate() -
     def work(batch: int) -> None:
         time.sleep(0.005 + batch * 1e-4)
 
+    # a late wake-up (a loaded machine) only makes a pass look longer and the batch smaller: the bounds are wide
+    # below (the scaled two-sample pass gave 0.06 x MIN_PASS_S) and tight above
     batch = pass_batch(work, torch.device("cpu"), 4096)
-    assert 0.8 * MIN_PASS_S <= 0.005 + batch * 1e-4 <= 1.2 * MIN_PASS_S, batch
+    assert 0.25 * MIN_PASS_S <= 0.005 + batch * 1e-4 <= 1.05 * MIN_PASS_S, batch
     assert pass_batch(work, torch.device("cpu"), 100) == 100
-    assert pass_batch(lambda batch: time.sleep(0.2), torch.device("cpu"), 4096) == 3  # 2 x 0.3 / 0.2
+    assert pass_batch(lambda batch: time.sleep(0.2), torch.device("cpu"), 4096) in (2, 3)  # 2 x 0.3 / 0.2
