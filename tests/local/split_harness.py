@@ -35,12 +35,13 @@ SLOW_BACKWARD_PER_FORWARD = 4.0
 # Added to each training sample read on every rank: per step (8 reads) SLOW_DATA_PER_FORWARD times the rank's previous
 # forward, at least SLOW_SAMPLE_S * 8; well above rank 1's lateness below, which grows with the load the same way.
 SLOW_SAMPLE_S = 0.06
-SLOW_DATA_PER_FORWARD = 8.0
+SLOW_DATA_PER_FORWARD = 16.0
 # Added on top to each sample read on rank 1 only: its batch comes later and rank 0 waits in DDP's buffer broadcast.
 # Per step (8 reads) LATE_PER_FORWARD times rank 1's previous forward, at least LATE_SAMPLE_S * 8: the two ranks' own
-# compute differs by a few forwards' worth under load (0.3 s of 1.5-1.8 s at nice 10 beside two busy loops).
+# compute differs by a few forwards' worth under load (0.3 s of 1.5-1.8 s at nice 10 beside two busy loops; in
+# rehearsal 22, beside CI's Slurm legs, by more than 3 forwards in 3 of 5 windows, which named rank 0 the slowest).
 LATE_SAMPLE_S = 0.03
-LATE_PER_FORWARD = 3.0
+LATE_PER_FORWARD = 6.0
 
 TRAINER = {"strategy": "ddp", "arch": "resnet18", "epochs": 1, "max_steps_per_epoch": 12, "log_every_steps": 2}
 
