@@ -133,7 +133,9 @@ def test_timeout_requeue_and_preemption_resume_bit_identically(
 
         assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
         report_timing("torchrun: requeued + preempted run, submit to end", time.monotonic() - started)
-        assert_completed_exactly(run, 2, reference_weights)
+        summary = assert_completed_exactly(run, 2, reference_weights)
+        # what the torchrun reference run asserted before it was the srun one's: 4 ranks on both nodes
+        assert (summary["world_size"], summary["hostnames"]) == (4, slurm_cluster.nodes), summary
 
         checks = time.monotonic()
         # tracking.live alone (no `hpctrain sync` from here): the last start's sender sent every step, and
