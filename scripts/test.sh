@@ -43,15 +43,15 @@ fi
 # leaves most of the machine idle while it waits on Slurm. Each Slurm leg has two halves on the same
 # cluster: the tests marked slurm_shared two at a time (pytest-xdist: -n 2, a file's tests on one worker),
 # then the others alone on their cluster (they restart, resize, slow or kill it, preempt, read the whole
-# queue or time things). The contract tests that must run alone run on the oldest and the newest release,
-# not again on 24.11, which runs every other test but those marked slurm_side (alone tests with nothing
-# release-specific: 26.05's alone half runs them, off 24.11's critical path). Priorities: 24.11 (the longest stream) first, the side
+# queue or time things). The contract tests run on the oldest and the newest release, not again on 24.11,
+# which runs every other test but those marked slurm_side (alone tests with nothing release-specific:
+# 26.05's alone half runs them, off 24.11's critical path). Priorities: 24.11 (the longest stream) first, the side
 # releases at nice 5 (their daemons and jobs inherit it), the tiers without a cluster at nice 10. The
 # scale smoke job (~14 GiB) runs after 24.11's legs and the unit and local tiers, beside the side stream's
 # last tests, at SCHED_IDLE. Each half prints its 25 slowest tests (--durations),
 # so CI's log says what to trim.
 main_legs=( # version | what | the shared half's tests | the alone half's tests (pytest -m)
-    "24.11|the Slurm tier|slurm_shared|not slurm_shared and not slurm_contract and not slurm_side"
+    "24.11|the Slurm tier|slurm_shared and not slurm_contract|not slurm_shared and not slurm_contract and not slurm_side"
 )
 side_legs=( # slurm_side: alone tests with nothing release-specific, moved off 24.11's critical path
     "22.05|Slurm contract subset|slurm_contract and slurm_shared|slurm_contract and not slurm_shared"

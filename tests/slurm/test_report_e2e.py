@@ -17,7 +17,7 @@ from hpctrain.contract.rundir import metrics_path, report_dir
 from tests.browser import image_widths, require_chromium, screenshot_colours
 
 from .hpctrain_cli import hpctrain
-from .study_helpers import SmokeStudy, run_smoke_study
+from .study_helpers import SmokeStudy, shared_smoke_study
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -31,7 +31,7 @@ SHOTS_DIR = os.environ.get("HPCTRAIN_REPORT_SHOTS")
 
 @pytest.fixture(scope="module")
 def study(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> SmokeStudy:
-    finished = run_smoke_study(tmp_path_factory.mktemp("report-study"), slurm_cluster, "trainer.epochs=3")
+    finished = shared_smoke_study(tmp_path_factory, slurm_cluster)  # test_study_e2e.py's study
     finished.check_submitted()
     return finished
 

@@ -1,7 +1,8 @@
 """A study end to end: the smoke job on 1 and 2 nodes, one Slurm job per point, then ``status``.
 
-One study (two small jobs, a few steps each) is shared by the first tests; the
-preflight and cancel tests submit their own.
+One study (two small jobs, a few steps each) is shared by the first tests, and
+by test_report_e2e.py (study_helpers.shared_smoke_study); the preflight and
+cancel tests submit their own.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from hpctrain.contract.rundir import run_info_path, study_file, summary_path
 from hpctrain.contract.summary import read_summary
 
 from .hpctrain_cli import cli_env, data_sets, hpctrain, make_dataset, submit_json, task_logs
-from .study_helpers import STUDY_SPEC, SmokeStudy, run_smoke_study
+from .study_helpers import STUDY_SPEC, SmokeStudy, shared_smoke_study
 
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.slurm_shared
 
 @pytest.fixture(scope="module")
 def smoke_study(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> SmokeStudy:
-    return run_smoke_study(tmp_path_factory.mktemp("study_e2e"), slurm_cluster)
+    return shared_smoke_study(tmp_path_factory, slurm_cluster)  # test_report_e2e.py reports on the same study
 
 
 @pytest.mark.slurm_contract
