@@ -52,6 +52,8 @@ class FakeSlurm:
         self.kill_wait_s, self.settle_on_cancel = kill_wait_s, settle_on_cancel
         self.commands: list[list[str]] = []
         self.partition: dict[str, str] = dict(partition or {})  # node -> sinfo state, all in partition debug
+        self.node_gres: dict[str, str] = {}  # node -> its sinfo %G (none: "(null)")
+        self.node_cpus: dict[str, int] = {}  # node -> its sinfo %c (none: 4)
         self.test_only_answers: dict[int, tuple[int, str]] = {}  # node count -> sbatch --test-only's answer
 
     def test_only(self, argv: list[str]) -> tuple[int, str]:
@@ -149,10 +151,14 @@ class FakeSlurm:
         raise AssertionError(f"FakeSlurm: unexpected command {' '.join(argv)}")
 
     def _sinfo(self, argv: list[str]) -> tuple[int, str]:
-        """``sinfo -h -N -o "%N|%P|%T|%f"`` over :attr:`partition` (none: an empty answer)."""
-        if "%N|%P|%T|%f" not in argv:
+        """``sinfo -h -N -o "%N|%P|%T|%f|%G|%c"`` over :attr:`partition` (none: an empty answer): each node has
+        :attr:`node_gres` (default no GRES) and :attr:`node_cpus` (default 4, as the test cluster's)."""
+        if "%N|%P|%T|%f|%G|%c" not in argv:
             raise AssertionError(f"FakeSlurm: unexpected command {' '.join(argv)}")
-        return 0, "".join(f"{node}|debug*|{state}|(null)\n" for node, state in self.partition.items())
+        return 0, "".join(
+            f"{node}|debug*|{state}|(null)|{self.node_gres.get(node, '(null)')}|{self.node_cpus.get(node, 4)}\n"
+            for node, state in self.partition.items()
+        )
 
     def _sacctmgr(self, argv: list[str]) -> tuple[int, str]:
         return 0, ""

@@ -446,20 +446,24 @@ class Slurm:
         if nodes:
             self.run(*exclude_nodes_command(job_id, nodes))
 
-    def partition_nodes(self, partition: str | None, *, timeout_s: float = 10.0) -> list[str]:
-        """The nodes of ``partition`` (every partition for None) that may run a job (not down, drained, failed)."""
-        found = self.usable_nodes(partition, timeout_s=timeout_s)
+    def partition_nodes(
+        self, partition: str | None, *, needs: answers.NodeNeeds | None = None, timeout_s: float = 10.0
+    ) -> list[str]:
+        """The nodes of ``partition`` (every partition for None) that may run a job (not down, drained, failed)
+        and offer what one node of it ``needs`` (features, GPUs, CPUs)."""
+        found = self.usable_nodes(partition, needs=needs, timeout_s=timeout_s)
         return list(dict.fromkeys(node for nodes in found.values() for node in nodes))
 
     def usable_nodes(
-        self, partitions: str | None, *, features: Sequence[str] = (), timeout_s: float = 10.0
+        self, partitions: str | None, *, needs: answers.NodeNeeds | None = None, timeout_s: float = 10.0
     ) -> dict[str, list[str]]:
         """Each of ``partitions``' (a comma list; every partition for None) nodes that may run a job
-        (``slurm_answers.node_runs_jobs``) and offer every one of ``features``; raises SlurmCommandError."""
+        (``slurm_answers.node_runs_jobs``) and offer what one node of it ``needs`` (``slurm_answers.NodeNeeds``:
+        features, GRES GPUs, CPUs); raises SlurmCommandError."""
         command = ["sinfo", "-h", "-N", "-o", answers.PARTITION_NODES_FORMAT]
         if partitions:
             command += ["-p", partitions]
-        return answers.parse_partition_nodes(self.run(*command, timeout_s=timeout_s), features)
+        return answers.parse_partition_nodes(self.run(*command, timeout_s=timeout_s), needs or answers.NodeNeeds())
 
 
 def exclude_nodes_command(job_id: str, nodes: Sequence[str]) -> list[str]:

@@ -94,7 +94,7 @@ def parse_node_states(output: str) -> dict[str, str]:
 # administrator acts: a job requeued onto too few nodes in other states pends forever (Reason=BadConstraints).
 # IDLE, MIXED, ALLOCATED, COMPLETING, RESERVED, MAINT, PLANNED and the power-saving states can run one later.
 NEVER_RUNS_JOBS = ("down", "drain", "drained", "draining", "fail", "failing", "future", "inval", "unknown")
-PARTITION_NODES_FORMAT = "%N|%P|%T|%f"
+PARTITION_NODES_FORMAT = "%N|%P|%T|%f|%G|%c"
 
 
 def node_runs_jobs(state: str) -> bool:
@@ -107,17 +107,64 @@ def node_runs_jobs(state: str) -> bool:
     return not any(part.rstrip("~#$@%!^-") in NEVER_RUNS_JOBS for part in state.split("+"))
 
 
-def parse_partition_nodes(output: str, features: Sequence[str] = ()) -> dict[str, list[str]]:
-    """``sinfo -h -N -o "%N|%P|%T|%f"`` -> {partition: its nodes that may run a job and have every one of
-    ``features``}; the default partition's trailing ``*`` dropped, lines of another shape skipped. Pure."""
+@dataclass(frozen=True)
+class NodeNeeds:
+    """What one node must offer to hold one node of a job: its features (``--constraint``), GPUs and CPUs
+    (0: any). A requeue or a submit that counts nodes without them counts nodes the job can never start on."""
+
+    features: tuple[str, ...] = ()
+    gpus: int = 0  # --gpus-per-node / --gres=gpu:N: the node's GRES gpu count
+    cpus: int = 0  # tasks per node x CPUs per task: the node's CPUs (sinfo %c)
+
+
+def gres_gpus(gres: str) -> int | None:
+    """``sinfo -o %G`` -> the node's GPUs: ``gpu:v100:4(S:0-1)`` 4, ``gpu:a:2,gpu:b:2`` 4, ``gpu`` 1,
+    ``(null)`` or no gpu 0; None when a gpu entry's count cannot be read (then nothing is judged). Pure."""
+    text = re.sub(r"\([^)]*\)", "", gres.strip())  # socket/index annotations: (S:0-1), (IDX:0,2)
+    total = 0
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        if parts[0] != "gpu":
+            continue
+        if len(parts) == 1:
+            total += 1
+            continue
+        count = parts[-1]
+        if not count.isdigit():
+            if len(parts) == 2:  # gpu:TYPE, one of it
+                total += 1
+                continue
+            return None
+        total += int(count)
+    return total
+
+
+def node_fits(needs: NodeNeeds, offered: str, gres: str, cpus: str) -> bool:
+    """Whether a node with these ``sinfo`` fields (``%f``, ``%G``, ``%c``) offers what ``needs`` asks. A field
+    sinfo printed in a shape we do not read counts as fitting: never fewer nodes than before it was asked."""
+    has = {word.strip() for word in offered.split(",")}
+    if not all(feature in has for feature in needs.features):
+        return False
+    if needs.gpus:
+        gpus = gres_gpus(gres)
+        if gpus is not None and gpus < needs.gpus:
+            return False
+    return not (needs.cpus and cpus.strip().isdigit() and int(cpus) < needs.cpus)
+
+
+def parse_partition_nodes(output: str, needs: NodeNeeds | Sequence[str] = ()) -> dict[str, list[str]]:
+    """``sinfo -h -N -o "%N|%P|%T|%f|%G|%c"`` -> {partition: its nodes that may run a job and offer what one
+    node of the job ``needs`` (a sequence: only those features)}; the default partition's trailing ``*``
+    dropped, lines of another shape skipped. Pure."""
+    if not isinstance(needs, NodeNeeds):
+        needs = NodeNeeds(features=tuple(needs))
     found: dict[str, list[str]] = {}
     for line in output.splitlines():
         parts = line.strip().split("|")
-        if len(parts) != 4 or not parts[0] or not parts[1]:
+        if len(parts) != 6 or not parts[0] or not parts[1]:
             continue
-        node, partition, state, offered = parts
-        has = {word.strip() for word in offered.split(",")}
-        if node_runs_jobs(state) and all(feature in has for feature in features):
+        node, partition, state, offered, gres, cpus = parts
+        if node_runs_jobs(state) and node_fits(needs, offered, gres, cpus):
             nodes = found.setdefault(partition.rstrip("*"), [])
             if node not in nodes:
                 nodes.append(node)

@@ -44,10 +44,10 @@ from hpctrain.contract.node_records import (
 from hpctrain.contract.rundir import read_run_info, spec_path, supervisor_record_path
 from hpctrain.contract.runfiles import RunFileError, check_inside, printable, read_json
 from hpctrain.contract.slurm import Slurm, SlurmCommandError
-from hpctrain.contract.slurm_answers import plain_features
 from hpctrain.contract.summary import read_summary, write_summary
 from hpctrain.errors import HpctrainError, RunDirError
 from hpctrain.healing import decide
+from hpctrain.jobscript.parameters import node_needs
 from hpctrain.jobspec.models import JobSpec
 from hpctrain.jobspec.yaml_source import read_spec_file
 from hpctrain.runtime.task_env import parse_hostlist
@@ -164,9 +164,8 @@ class HealRecord:
         """Where a requeue of this job could start: its partitions' usable nodes (``sinfo``), or why that is not
         known (then the decider requeues as it did before it asked)."""
         where = f"partition {self.partition}" if self.partition else "the cluster"
-        features = plain_features(self.spec.resources.constraint)
         try:
-            found = Slurm().usable_nodes(self.partition, features=features or ())
+            found = Slurm().usable_nodes(self.partition, needs=node_needs(self.spec))
         except SlurmCommandError as exc:
             return f"could not count the usable nodes of {where} ({exc.message}): requeued without checking"
         if not found:

@@ -17,6 +17,7 @@ from typing import Any
 
 from hpctrain.contract.rundir import slurm_relay_dir
 from hpctrain.contract.runfiles import real_path
+from hpctrain.contract.slurm_answers import NodeNeeds, plain_features
 from hpctrain.errors import UsageError
 from hpctrain.jobscript.sbatch_script import signal_parameter, slurm_mem
 from hpctrain.jobscript.templates import render_preamble, render_slurm_relay
@@ -88,6 +89,18 @@ def slurm_parameters(
         if spec.container.runtime == "pyxis":
             params["srun_args"] += pyxis_arguments(spec)
     return params
+
+
+def node_needs(spec: JobSpec) -> NodeNeeds:
+    """What one node of the job must offer, as ``slurm_parameters`` asks it: the ``--constraint``'s plain
+    features (none for an expression ``plain_features`` does not read), its GPUs and its tasks' CPUs. A count of
+    "usable nodes" (a requeue's room, a submit trimming the bad-node ledger) counts only such nodes. Pure."""
+    res = spec.resources
+    return NodeNeeds(
+        features=plain_features(res.constraint) or (),
+        gpus=res.gpus_per_node or 0,
+        cpus=spec.tasks_per_node * (res.cpus_per_task or 1),
+    )
 
 
 def supervisor_command(spec: JobSpec, run_dir: Path) -> str | None:

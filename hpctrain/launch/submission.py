@@ -34,7 +34,7 @@ from hpctrain.contract.runfiles import real_path
 from hpctrain.contract.tracking_state import TRACKING_ID_KEY, new_tracking_id
 from hpctrain.dataset import squashfs
 from hpctrain.errors import ClusterError, RunDirError, UsageError
-from hpctrain.jobscript.parameters import container_mounts, slurm_parameters, supervisor_command
+from hpctrain.jobscript.parameters import container_mounts, node_needs, slurm_parameters, supervisor_command
 from hpctrain.jobscript.sbatch_script import python_command, render_sbatch, task_command
 from hpctrain.jobspec.load import LoadedJob
 from hpctrain.jobspec.models import JobSpec
@@ -225,7 +225,10 @@ def bad_node_exclusion(job: LoadedJob, backend: Backend, use_ledger: bool) -> Ex
         return Exclusion()
     from hpctrain.contract.slurm import Slurm
 
-    return plan_exclusion(job, use_ledger=use_ledger, available=Slurm().partition_nodes)
+    needs = node_needs(job.spec)  # only nodes that can hold one of the job's nodes (GPUs, CPUs, features)
+    return plan_exclusion(
+        job, use_ledger=use_ledger, available=lambda partition: Slurm().partition_nodes(partition, needs=needs)
+    )
 
 
 def resubmit(run_dir: Path, job: LoadedJob, *, local: bool = False) -> SubmittedRun:

@@ -277,12 +277,50 @@ def test_a_partitions_usable_nodes_are_read_per_partition_with_their_features() 
     from hpctrain.contract.slurm_answers import parse_partition_nodes
 
     text = (
-        "l1|debug*|idle|(null)\nl2|debug*|drained|(null)\nl3|debug*|mixed|gpu,ib\nl3|big|mixed|gpu,ib\n"
-        "l4|big|down*|gpu\nl5|big|allocated|gpu\nnonsense line\n|debug|idle|x\n"
+        "l1|debug*|idle|(null)|(null)|4\nl2|debug*|drained|(null)|(null)|4\nl3|debug*|mixed|gpu,ib|(null)|4\n"
+        "l3|big|mixed|gpu,ib|(null)|4\nl4|big|down*|gpu|(null)|4\nl5|big|allocated|gpu|(null)|4\n"
+        "nonsense line\n|debug|idle|x|(null)|4\nl6|debug|idle|(null)\n"
     )
     assert parse_partition_nodes(text) == {"debug": ["l1", "l3"], "big": ["l3", "l5"]}
     assert parse_partition_nodes(text, ("gpu", "ib")) == {"debug": ["l3"], "big": ["l3"]}
     assert parse_partition_nodes("") == {}
+
+
+def test_a_node_without_the_jobs_gpus_or_cpus_is_not_counted() -> None:
+    """HAL's shape: 4 V100 a node; a partition that also holds 2-GPU and CPU-only nodes. A job of 4 GPUs (and
+    4 x 10 CPUs) a node can start on neither: a requeue's room and a submit's ledger trim must not count them."""
+    from hpctrain.contract.slurm_answers import NodeNeeds, parse_partition_nodes
+
+    text = (
+        "h1|gpu*|idle|v100|gpu:v100:4(S:0-1)|160\n"
+        "h2|gpu*|mixed|v100|gpu:v100:2(S:0)|160\n"
+        "h3|gpu*|idle|(null)|(null)|160\n"
+        "h4|gpu*|idle|a100|gpu:a100:2(S:0),gpu:v100:2(S:1)|160\n"
+        "h5|gpu*|idle|v100|gpu:v100:4(S:0-1)|32\n"
+        "h6|gpu*|idle|v100|gpu:v100:4,mps:400|160\n"
+    )
+    four_gpus = NodeNeeds(gpus=4, cpus=40)
+    assert parse_partition_nodes(text, four_gpus) == {"gpu": ["h1", "h4", "h6"]}
+    assert parse_partition_nodes(text, NodeNeeds(gpus=2, cpus=40)) == {"gpu": ["h1", "h2", "h4", "h6"]}
+    assert parse_partition_nodes(text, NodeNeeds(gpus=4, features=("v100",), cpus=160)) == {"gpu": ["h1", "h6"]}
+    assert parse_partition_nodes(text, NodeNeeds()) == {"gpu": ["h1", "h2", "h3", "h4", "h5", "h6"]}
+
+
+def test_gres_it_cannot_read_counts_the_node_as_before() -> None:
+    from hpctrain.contract.slurm_answers import NodeNeeds, gres_gpus, parse_partition_nodes
+
+    assert [gres_gpus(g) for g in ("(null)", "", "gpu", "gpu:2", "gpu:tesla", "mps:100", "gpu:v100:4(IDX:0,2)")] == [
+        0,
+        0,
+        1,
+        2,
+        1,
+        0,
+        4,
+    ]
+    assert gres_gpus("gpu:v100:4K") is None
+    text = "x1|p|idle|(null)|gpu:v100:4K|many\n"  # shapes sinfo never printed here: judged by state only
+    assert parse_partition_nodes(text, NodeNeeds(gpus=8, cpus=64)) == {"p": ["x1"]}
 
 
 def test_only_a_plain_constraint_filters_the_nodes_by_feature() -> None:
@@ -298,6 +336,6 @@ def test_the_client_asks_sinfo_for_the_partitions_nodes() -> None:
     assert client.usable_nodes("debug,big") == {"debug": ["l1", "l3"]}
     assert client.partition_nodes(None) == ["l1", "l3"]
     assert fake.commands == [
-        ["sinfo", "-h", "-N", "-o", "%N|%P|%T|%f", "-p", "debug,big"],
-        ["sinfo", "-h", "-N", "-o", "%N|%P|%T|%f"],
+        ["sinfo", "-h", "-N", "-o", "%N|%P|%T|%f|%G|%c", "-p", "debug,big"],
+        ["sinfo", "-h", "-N", "-o", "%N|%P|%T|%f|%G|%c"],
     ]

@@ -75,3 +75,35 @@ def test_a_broken_ledger_never_stops_a_submit(job, tmp_path: Path) -> None:  # n
     path.write_bytes(b"\x00" * 100 + b"\n{oops\n")
     found = plan_exclusion(job, available=lambda partition: ["n1", "n2", "n3"])
     assert found.nodes == () and "2 line(s) that are not ledger entries" in found.notes[0]
+
+
+GPU_SPEC = """\
+name: ex
+cluster: slurm
+data: {root: /datasets/x}
+resources: {nodes: 2, gpus_per_node: 4, cpus_per_task: 10, partition: debug}
+"""
+
+
+def test_a_submit_counts_only_the_nodes_that_hold_one_of_the_jobs_nodes(
+    tmp_path: Path, isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The partition has 4 usable nodes, but n3 and n4 have 2 GPUs: for a job of 4 GPUs (4 tasks x 10 CPUs) a
+    node only n1 and n2 count, so the ledger's n2 cannot be excluded (the job would pend forever)."""
+    from hpctrain.jobscript.parameters import node_needs
+    from hpctrain.launch.submission import bad_node_exclusion
+    from tests.fake_slurm import FakeSlurm
+
+    (tmp_path / "job.yaml").write_text(GPU_SPEC)
+    gpu_job = load_job(tmp_path / "job.yaml")
+    assert (node_needs(gpu_job.spec).gpus, node_needs(gpu_job.spec).cpus) == (4, 40)
+    fake = FakeSlurm(partition={"n1": "idle", "n2": "idle", "n3": "idle", "n4": "mixed"})
+    fake.node_gres = {"n1": "gpu:v100:4(S:0-1)", "n2": "gpu:v100:4(S:0-1)", "n3": "gpu:2", "n4": "gpu:2"}
+    fake.node_cpus = dict.fromkeys(fake.partition, 160)
+    fake.install(monkeypatch)
+    listed("n2")
+    found = bad_node_exclusion(gpu_job, "slurm", use_ledger=True)
+    assert found.nodes == ()
+    assert any("lists 1 of the 2 usable nodes of partition debug, but the job needs 2" in n for n in found.notes), (
+        found.notes
+    )
