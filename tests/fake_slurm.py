@@ -151,12 +151,12 @@ class FakeSlurm:
         raise AssertionError(f"FakeSlurm: unexpected command {' '.join(argv)}")
 
     def _sinfo(self, argv: list[str]) -> tuple[int, str]:
-        """``sinfo -h -N -o "%N|%P|%T|%f|%G|%c"`` over :attr:`partition` (none: an empty answer): each node has
-        :attr:`node_gres` (default no GRES) and :attr:`node_cpus` (default 4, as the test cluster's)."""
-        if "%N|%P|%T|%f|%G|%c" not in argv:
+        """``sinfo -h -N -o "%N|%P|%T|%f|%G|%c|%m"`` over :attr:`partition` (none: an empty answer): each node has
+        :attr:`node_gres` (default no GRES) and :attr:`node_cpus` (default 4, as the test cluster's), 3900 MB."""
+        if "%N|%P|%T|%f|%G|%c|%m" not in argv:
             raise AssertionError(f"FakeSlurm: unexpected command {' '.join(argv)}")
         return 0, "".join(
-            f"{node}|debug*|{state}|(null)|{self.node_gres.get(node, '(null)')}|{self.node_cpus.get(node, 4)}\n"
+            f"{node}|debug*|{state}|(null)|{self.node_gres.get(node, '(null)')}|{self.node_cpus.get(node, 4)}|3900\n"
             for node, state in self.partition.items()
         )
 

@@ -94,7 +94,7 @@ def parse_node_states(output: str) -> dict[str, str]:
 # administrator acts: a job requeued onto too few nodes in other states pends forever (Reason=BadConstraints).
 # IDLE, MIXED, ALLOCATED, COMPLETING, RESERVED, MAINT, PLANNED and the power-saving states can run one later.
 NEVER_RUNS_JOBS = ("down", "drain", "drained", "draining", "fail", "failing", "future", "inval", "unknown")
-PARTITION_NODES_FORMAT = "%N|%P|%T|%f|%G|%c"
+PARTITION_NODES_FORMAT = "%N|%P|%T|%f|%G|%c|%m"
 
 
 def node_runs_jobs(state: str) -> bool:
@@ -109,17 +109,30 @@ def node_runs_jobs(state: str) -> bool:
 
 @dataclass(frozen=True)
 class NodeNeeds:
-    """What one node must offer to hold one node of a job: its features (``--constraint``), GPUs and CPUs
-    (0: any). A requeue or a submit that counts nodes without them counts nodes the job can never start on."""
+    """What one node must offer to hold one node of a job: its features (``--constraint``), GPUs, CPUs and
+    memory (0: any). ``jobscript.parameters.node_needs`` makes it from a spec. The one count of "nodes that fit"
+    (``hpctrain doctor``'s, a requeue's room, a submit's bad-node ledger trim): counted without it, a node the
+    job can never start on would pass for room."""
 
     features: tuple[str, ...] = ()
     gpus: int = 0  # --gpus-per-node / --gres=gpu:N: the node's GRES gpu count
-    cpus: int = 0  # tasks per node x CPUs per task: the node's CPUs (sinfo %c)
+    cpus: int = 0  # tasks per node x CPUs per task
+    mem_mb: float = 0  # --mem
+
+    def admits(self, *, features: set[str] | None, gpus: int | None, cpus: int | None, mem_mb: float | None) -> bool:
+        """Whether a node offering these holds one node of the job; None: not known (never held against it)."""
+        return (
+            (features is None or all(feature in features for feature in self.features))
+            and (gpus is None or gpus >= self.gpus)
+            and (cpus is None or cpus >= self.cpus)
+            and (mem_mb is None or mem_mb >= self.mem_mb)
+        )
 
 
 def gres_gpus(gres: str) -> int | None:
-    """``sinfo -o %G`` -> the node's GPUs: ``gpu:v100:4(S:0-1)`` 4, ``gpu:a:2,gpu:b:2`` 4, ``gpu`` 1,
-    ``(null)`` or no gpu 0; None when a gpu entry's count cannot be read (then nothing is judged). Pure."""
+    """A node's GRES (``sinfo -o %G``, ``scontrol show node``'s ``Gres=``) -> its GPUs: ``gpu:v100:4(S:0-1)``
+    4, ``gpu:a:2,gpu:b:2`` 4, ``gpu`` 1, ``(null)`` or no gpu 0; None when a gpu entry's count cannot be read
+    (then nothing is judged on it). Pure."""
     text = re.sub(r"\([^)]*\)", "", gres.strip())  # socket/index annotations: (S:0-1), (IDX:0,2)
     total = 0
     for item in text.split(","):
@@ -139,32 +152,37 @@ def gres_gpus(gres: str) -> int | None:
     return total
 
 
-def node_fits(needs: NodeNeeds, offered: str, gres: str, cpus: str) -> bool:
-    """Whether a node with these ``sinfo`` fields (``%f``, ``%G``, ``%c``) offers what ``needs`` asks. A field
-    sinfo printed in a shape we do not read counts as fitting: never fewer nodes than before it was asked."""
-    has = {word.strip() for word in offered.split(",")}
-    if not all(feature in has for feature in needs.features):
-        return False
-    if needs.gpus:
-        gpus = gres_gpus(gres)
-        if gpus is not None and gpus < needs.gpus:
-            return False
-    return not (needs.cpus and cpus.strip().isdigit() and int(cpus) < needs.cpus)
+def count_field(text: str) -> float | None:
+    """A node's CPU or memory count as Slurm prints it (``4``, ``191000``); None for another shape (``4+``)."""
+    text = text.strip()
+    return float(text) if text.isdigit() else None
+
+
+def node_fits(needs: NodeNeeds, offered: str, gres: str, cpus: str, mem_mb: str) -> bool:
+    """Whether a node with these ``sinfo`` fields (``%f``, ``%G``, ``%c``, ``%m``) holds one node of the job.
+    A field in a shape we do not read counts as fitting: never fewer nodes than before it was asked."""
+    cpu_count = count_field(cpus)
+    return needs.admits(
+        features={word.strip() for word in offered.split(",")},
+        gpus=gres_gpus(gres),
+        cpus=None if cpu_count is None else int(cpu_count),
+        mem_mb=count_field(mem_mb),
+    )
 
 
 def parse_partition_nodes(output: str, needs: NodeNeeds | Sequence[str] = ()) -> dict[str, list[str]]:
-    """``sinfo -h -N -o "%N|%P|%T|%f|%G|%c"`` -> {partition: its nodes that may run a job and offer what one
-    node of the job ``needs`` (a sequence: only those features)}; the default partition's trailing ``*``
+    """``sinfo -h -N -o "%N|%P|%T|%f|%G|%c|%m"`` -> {partition: its nodes that may run a job and hold one node
+    of the job (``needs``; a sequence: only those features)}; the default partition's trailing ``*``
     dropped, lines of another shape skipped. Pure."""
     if not isinstance(needs, NodeNeeds):
         needs = NodeNeeds(features=tuple(needs))
     found: dict[str, list[str]] = {}
     for line in output.splitlines():
         parts = line.strip().split("|")
-        if len(parts) != 6 or not parts[0] or not parts[1]:
+        if len(parts) != 7 or not parts[0] or not parts[1]:
             continue
-        node, partition, state, offered, gres, cpus = parts
-        if node_runs_jobs(state) and node_fits(needs, offered, gres, cpus):
+        node, partition, state, offered, gres, cpus, mem_mb = parts
+        if node_runs_jobs(state) and node_fits(needs, offered, gres, cpus, mem_mb):
             nodes = found.setdefault(partition.rstrip("*"), [])
             if node not in nodes:
                 nodes.append(node)

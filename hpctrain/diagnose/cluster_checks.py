@@ -15,16 +15,22 @@ pure function over what it answered:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from functools import cached_property
 from typing import TypeVar
 
 from hpctrain.contract.slurm import Slurm
-from hpctrain.contract.slurm_answers import expedited_requeue_support, node_runs_jobs
+from hpctrain.contract.slurm_answers import (
+    NodeNeeds,
+    count_field,
+    expedited_requeue_support,
+    gres_gpus,
+    node_runs_jobs,
+)
 from hpctrain.diagnose.findings import Finding
 from hpctrain.diagnose.preflight import check_partition
 from hpctrain.errors import ClusterError
+from hpctrain.jobscript.parameters import node_needs
 from hpctrain.jobspec.lead_time import STOP_OVERHEAD_S, estimated_save_s, lead_time_warning
 from hpctrain.jobspec.load import LoadedJob
 
@@ -129,14 +135,21 @@ def check_slurm(view: ClusterView) -> list[Finding]:
     return checks
 
 
-def _gpus_of(gres: str) -> int:
-    """GPUs in a node's ``Gres=gpu:v100:4(S:0-1),gpu:a100:2`` field."""
-    total = 0
-    for item in gres.split(","):
-        parts = re.sub(r"\(.*?\)", "", item).split(":")
-        if parts[0] == "gpu" and parts[-1].isdigit():
-            total += int(parts[-1])
-    return total
+def _gpus_of(node: dict[str, str]) -> int | None:
+    """GPUs in a node's ``Gres=gpu:v100:4(S:0-1),gpu:a100:2`` field (None: a count it cannot read)."""
+    return gres_gpus(node.get("Gres", ""))
+
+
+def _node_fits(needs: NodeNeeds, node: dict[str, str]) -> bool:
+    """``scontrol show node``'s record judged as sinfo's answers are (``NodeNeeds.admits``: one count)."""
+    features = node.get("AvailableFeatures") or node.get("Features")
+    cpus, mem_mb = count_field(node.get("CPUTot", "")), count_field(node.get("RealMemory", ""))
+    return needs.admits(
+        features=None if features is None else {word.strip() for word in features.split(",")},
+        gpus=_gpus_of(node),
+        cpus=None if cpus is None else int(cpus),
+        mem_mb=mem_mb,
+    )
 
 
 def _partition_name(job: LoadedJob, partitions: dict[str, dict[str, str]]) -> str | None:
@@ -171,19 +184,11 @@ def check_nodes(job: LoadedJob, partition: str, nodes: list[dict[str, str]]) -> 
     members = [n for n in nodes if partition in n.get("Partitions", "").split(",")]
     if not members:
         return []  # scontrol show node did not answer: sbatch decides
-    gpus, cpus = res.gpus_per_node or 0, job.spec.tasks_per_node * (res.cpus_per_task or 1)
-    mem_mb = res.mem_gb * 1024 if res.mem_gb else 0
-
-    def fits(node: dict[str, str]) -> bool:
-        return (
-            _gpus_of(node.get("Gres", "")) >= gpus
-            and int(node.get("CPUTot", "0") or 0) >= cpus
-            and float(node.get("RealMemory", "0") or 0) >= mem_mb
-        )
-
-    fitting = [n for n in members if fits(n)]
-    most_gpus = max(_gpus_of(n.get("Gres", "")) for n in members)
-    most_cpus = max(int(n.get("CPUTot", "0") or 0) for n in members)
+    needs = node_needs(job.spec)
+    gpus, cpus = needs.gpus, needs.cpus
+    fitting = [n for n in members if _node_fits(needs, n)]
+    most_gpus = max(_gpus_of(n) or 0 for n in members)
+    most_cpus = max(int(count_field(n.get("CPUTot", "")) or 0) for n in members)
     if len(fitting) >= res.nodes:
         found = [
             Finding("ok", "resources", f"{len(fitting)} of {len(members)} nodes in {partition} fit one node's share")

@@ -93,13 +93,15 @@ def slurm_parameters(
 
 def node_needs(spec: JobSpec) -> NodeNeeds:
     """What one node of the job must offer, as ``slurm_parameters`` asks it: the ``--constraint``'s plain
-    features (none for an expression ``plain_features`` does not read), its GPUs and its tasks' CPUs. A count of
-    "usable nodes" (a requeue's room, a submit trimming the bad-node ledger) counts only such nodes. Pure."""
+    features (none for an expression ``plain_features`` does not read), its GPUs, its tasks' CPUs and its
+    ``--mem``. A count of nodes that fit (``hpctrain doctor``'s, a requeue's room, a submit trimming the
+    bad-node ledger) counts only such nodes. Pure."""
     res = spec.resources
     return NodeNeeds(
         features=plain_features(res.constraint) or (),
         gpus=res.gpus_per_node or 0,
         cpus=spec.tasks_per_node * (res.cpus_per_task or 1),
+        mem_mb=res.mem_gb * 1024 if res.mem_gb else 0,
     )
 
 

@@ -277,9 +277,9 @@ def test_a_partitions_usable_nodes_are_read_per_partition_with_their_features() 
     from hpctrain.contract.slurm_answers import parse_partition_nodes
 
     text = (
-        "l1|debug*|idle|(null)|(null)|4\nl2|debug*|drained|(null)|(null)|4\nl3|debug*|mixed|gpu,ib|(null)|4\n"
-        "l3|big|mixed|gpu,ib|(null)|4\nl4|big|down*|gpu|(null)|4\nl5|big|allocated|gpu|(null)|4\n"
-        "nonsense line\n|debug|idle|x|(null)|4\nl6|debug|idle|(null)\n"
+        "l1|debug*|idle|(null)|(null)|4|8000\nl2|debug*|drained|(null)|(null)|4|8000\nl3|debug*|mixed|gpu,ib|(null)|4|8000\n"
+        "l3|big|mixed|gpu,ib|(null)|4|8000\nl4|big|down*|gpu|(null)|4|8000\nl5|big|allocated|gpu|(null)|4|8000\n"
+        "nonsense line\n|debug|idle|x|(null)|4|8000\nl6|debug|idle|(null)\n"
     )
     assert parse_partition_nodes(text) == {"debug": ["l1", "l3"], "big": ["l3", "l5"]}
     assert parse_partition_nodes(text, ("gpu", "ib")) == {"debug": ["l3"], "big": ["l3"]}
@@ -292,12 +292,12 @@ def test_a_node_without_the_jobs_gpus_or_cpus_is_not_counted() -> None:
     from hpctrain.contract.slurm_answers import NodeNeeds, parse_partition_nodes
 
     text = (
-        "h1|gpu*|idle|v100|gpu:v100:4(S:0-1)|160\n"
-        "h2|gpu*|mixed|v100|gpu:v100:2(S:0)|160\n"
-        "h3|gpu*|idle|(null)|(null)|160\n"
-        "h4|gpu*|idle|a100|gpu:a100:2(S:0),gpu:v100:2(S:1)|160\n"
-        "h5|gpu*|idle|v100|gpu:v100:4(S:0-1)|32\n"
-        "h6|gpu*|idle|v100|gpu:v100:4,mps:400|160\n"
+        "h1|gpu*|idle|v100|gpu:v100:4(S:0-1)|160|191000\n"
+        "h2|gpu*|mixed|v100|gpu:v100:2(S:0)|160|191000\n"
+        "h3|gpu*|idle|(null)|(null)|160|191000\n"
+        "h4|gpu*|idle|a100|gpu:a100:2(S:0),gpu:v100:2(S:1)|160|191000\n"
+        "h5|gpu*|idle|v100|gpu:v100:4(S:0-1)|32|191000\n"
+        "h6|gpu*|idle|v100|gpu:v100:4,mps:400|160|191000\n"
     )
     four_gpus = NodeNeeds(gpus=4, cpus=40)
     assert parse_partition_nodes(text, four_gpus) == {"gpu": ["h1", "h4", "h6"]}
@@ -319,8 +319,8 @@ def test_gres_it_cannot_read_counts_the_node_as_before() -> None:
         4,
     ]
     assert gres_gpus("gpu:v100:4K") is None
-    text = "x1|p|idle|(null)|gpu:v100:4K|many\n"  # shapes sinfo never printed here: judged by state only
-    assert parse_partition_nodes(text, NodeNeeds(gpus=8, cpus=64)) == {"p": ["x1"]}
+    text = "x1|p|idle|(null)|gpu:v100:4K|4+|lots\n"  # shapes sinfo never printed here: judged by state only
+    assert parse_partition_nodes(text, NodeNeeds(gpus=8, cpus=64, mem_mb=512000)) == {"p": ["x1"]}
 
 
 def test_only_a_plain_constraint_filters_the_nodes_by_feature() -> None:
@@ -336,6 +336,6 @@ def test_the_client_asks_sinfo_for_the_partitions_nodes() -> None:
     assert client.usable_nodes("debug,big") == {"debug": ["l1", "l3"]}
     assert client.partition_nodes(None) == ["l1", "l3"]
     assert fake.commands == [
-        ["sinfo", "-h", "-N", "-o", "%N|%P|%T|%f|%G|%c", "-p", "debug,big"],
-        ["sinfo", "-h", "-N", "-o", "%N|%P|%T|%f|%G|%c"],
+        ["sinfo", "-h", "-N", "-o", "%N|%P|%T|%f|%G|%c|%m", "-p", "debug,big"],
+        ["sinfo", "-h", "-N", "-o", "%N|%P|%T|%f|%G|%c|%m"],
     ]

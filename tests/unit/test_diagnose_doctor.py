@@ -111,9 +111,9 @@ def test_too_many_cpus_and_nodes(tmp_path: Path) -> None:
 
 
 def test_gpu_count_is_read_from_gres() -> None:
-    assert cluster_checks._gpus_of("gpu:v100:4(S:0-1)") == 4
-    assert cluster_checks._gpus_of("gpu:a100:2,gpu:v100:2,mps:100") == 4
-    assert cluster_checks._gpus_of("(null)") == 0
+    assert cluster_checks._gpus_of({"Gres": "gpu:v100:4(S:0-1)"}) == 4
+    assert cluster_checks._gpus_of({"Gres": "gpu:a100:2,gpu:v100:2,mps:100"}) == 4
+    assert cluster_checks._gpus_of({"Gres": "(null)"}) == 0 == cluster_checks._gpus_of({})
 
 
 def test_account_and_qos_must_be_yours(tmp_path: Path) -> None:
@@ -269,3 +269,25 @@ def test_a_job_that_needs_every_usable_node_is_told_a_sick_one_cannot_be_left_ou
         )
     )
     assert "node health" not in off  # no burn-in and no healing: nothing is ever left out
+
+
+def test_doctor_counts_the_nodes_that_fit_as_a_requeue_does(tmp_path: Path) -> None:
+    """One count (slurm_answers.NodeNeeds): the features of a plain --constraint too, as sinfo's room does;
+    n2 lacks 'ib', so the 2-node job with constraint ib has no node to spare."""
+    three = (
+        "NodeName=n0 CPUTot=4 RealMemory=4000 Gres=(null) AvailableFeatures=ib,v100 Partitions=debug State=IDLE\n"
+        "NodeName=n1 CPUTot=4 RealMemory=4000 Gres=(null) AvailableFeatures=ib Partitions=debug State=IDLE\n"
+        "NodeName=n2 CPUTot=4 RealMemory=4000 Gres=(null) AvailableFeatures=(null) Partitions=debug State=IDLE\n"
+    )
+    view = fake_slurm(**{"scontrol --oneliner show node": (0, three)})
+    plain = by_name(cluster_checks.check_spec_on_cluster(job(tmp_path, "resources.nodes=2"), view))
+    assert "up to 1 sick or lost node" in plain["node health"].detail
+    ib = by_name(
+        cluster_checks.check_spec_on_cluster(job(tmp_path, "resources.nodes=2", "resources.constraint=ib"), view)
+    )
+    assert ib["resources"].level == "ok" and "2 of 3 nodes in debug fit" in ib["resources"].detail
+    assert ib["node health"].level == "warning" and "all 2 usable nodes of debug" in ib["node health"].detail
+    both = cluster_checks.check_spec_on_cluster(
+        job(tmp_path, "resources.nodes=2", "resources.constraint=ib&v100"), view
+    )
+    assert by_name(both)["resources"].level == "error"

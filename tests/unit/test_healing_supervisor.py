@@ -74,10 +74,10 @@ _SLURMS: dict[Path, FakeSlurm] = {}  # tmp_path -> the Slurm its supervisor asks
 def slurm_answers() -> FakeSlurm:
     """The job runs (``scontrol show job``); ``sinfo`` says what ``FAKE_SINFO`` holds of the nodes' states, and
     its partition has ``FAKE_PARTITION``'s nodes (``n1|debug*|idle|(null)`` lines; by default n1..n6, idle)."""
-    six = "".join(f"n{i}|debug*|idle|(null)|(null)|4\n" for i in range(1, 7))
+    six = "".join(f"n{i}|debug*|idle|(null)|(null)|4|3900\n" for i in range(1, 7))
 
     def sinfo(argv: list[str]) -> tuple[int, str]:
-        if "%N|%P|%T|%f|%G|%c" in argv:
+        if "%N|%P|%T|%f|%G|%c|%m" in argv:
             return 0, os.environ.get("FAKE_PARTITION", six)
         return 0, os.environ.get("FAKE_SINFO", "") + "\n"
 
@@ -499,8 +499,8 @@ def test_a_flagged_node_without_a_spare_requeues_the_job_without_it(fake: Path) 
 
 def partition(*nodes: str) -> str:
     """``FAKE_PARTITION``: these nodes usable in partition debug, l9 drained."""
-    usable = "".join(f"{node}|debug*|allocated|(null)|(null)|4\n" for node in nodes)
-    return usable + "l9|debug*|drained|(null)|(null)|4\n"
+    usable = "".join(f"{node}|debug*|allocated|(null)|(null)|4|3900\n" for node in nodes)
+    return usable + "l9|debug*|drained|(null)|(null)|4|3900\n"
 
 
 def test_a_flagged_node_the_partition_cannot_spare_is_kept_not_requeued_away_from(
@@ -524,7 +524,7 @@ def test_nodes_too_small_for_one_of_the_jobs_nodes_are_not_counted_as_room(
 ) -> None:
     """n5 and n6 are usable but have one CPU and no GPU: the job's 2 tasks x 1 CPU (and, the second time,
     its 4 GPUs a node) never start there, so they are no room to requeue into."""
-    small = "n5|debug*|idle|(null)|(null)|1\nn6|debug*|idle|(null)|(null)|1\n"
+    small = "n5|debug*|idle|(null)|(null)|1|3900\nn6|debug*|idle|(null)|(null)|1|3900\n"
     monkeypatch.setenv("FAKE_PARTITION", partition("n1", "n2", "n3", "n4") + small)
     rc, calls = run(fake, ["flag n2", "ok"], {"nodes": 3, "spare_nodes": 1})
     assert rc == 0 and len(calls) == 2 and "requeue" not in slurm_log(fake)
@@ -535,7 +535,7 @@ def test_nodes_too_small_for_one_of_the_jobs_nodes_are_not_counted_as_room(
 def test_nodes_without_the_jobs_gpus_are_not_counted_as_room(
     fake: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    gpus = "".join(f"n{i}|debug*|idle|(null)|gpu:v100:{4 if i < 5 else 2}(S:0-1)|160\n" for i in range(1, 7))
+    gpus = "".join(f"n{i}|debug*|idle|(null)|gpu:v100:{4 if i < 5 else 2}(S:0-1)|160|191000\n" for i in range(1, 7))
     monkeypatch.setenv("FAKE_PARTITION", gpus)  # n5 and n6 have 2 GPUs: a node of 4 GPUs fits n1..n4 only
     rc, calls = run(fake, ["flag n2", "ok"], {"nodes": 3, "spare_nodes": 1, "gpus_per_node": 4, "tasks_per_node": 4})
     assert rc == 0 and len(calls) == 2 and "requeue" not in slurm_log(fake)
