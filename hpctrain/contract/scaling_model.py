@@ -45,7 +45,7 @@ from typing import Any, Protocol, TypeVar
 
 from hpctrain.contract.step_split import COMPUTE, LABELS, PARTS, parts_of
 
-PER_STEP = ("checkpoint", "comm")  # seconds per step whatever the per-rank batch; the other parts are per image
+PER_STEP = ("checkpoint", "log", "comm")  # seconds per step whatever the per-rank batch; the other parts are per image
 
 
 class _Measured(Protocol):

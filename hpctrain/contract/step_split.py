@@ -9,13 +9,16 @@ them into one ``step_split`` record of ``metrics.jsonl`` with :func:`split_recor
 A rank cannot see why it waited in a collective: the time after its backward
 until the all-reduce completes (``comm``) and in the step's other collectives
 (``sync``: the stop agreement; DDP's buffer broadcast before the module's
-forward; rank 0's writes after a window's gather, which the others wait for)
-is either transfer or waiting for a slower rank.
+forward) is either transfer or waiting for a slower rank.
 The ranks' sums tell them apart: the *typical* rank is the median of the ranks
 other than the slowest one (the one with the most local work); whatever the
 slowest rank's local work exceeds it by is **straggler** wait, everyone's; the
-rest of the wall time beyond the typical local work and the checkpoint stall
-is **exposed communication**. The record's parts (``<part>_s``, seconds per
+rest of the wall time beyond the typical local work, the checkpoint stall and
+the **log** writes is **exposed communication**. Like a checkpoint stall,
+rank 0's writes of a window's records after its gather (``metrics.jsonl``,
+TensorBoard, the tracker's queue, the log line: ``log``) hold up every rank,
+which waits for them in its next collective: the record counts the longest
+rank's as every rank's, never as communication. The record's parts (``<part>_s``, seconds per
 step) therefore add up to the window's mean step time (``step_s``) by
 construction; that they agree with the step time measured independently (the
 ``train_step`` record's ``step_s``) is what the tests check.
@@ -29,10 +32,22 @@ from typing import Any
 
 # What a rank laps its clock into, in the order a step meets them.
 # ``unsplit``: a strategy with a step of its own (pipeline, ps) is timed whole, its communication inside it.
-MEASURED = ("data", "h2d", "forward", "backward", "comm", "optimizer", "unsplit", "checkpoint", "sync", "other")
+MEASURED = ("data", "h2d", "forward", "backward", "comm", "optimizer", "unsplit", "checkpoint", "sync", "other", "log")
 LOCAL = ("data", "h2d", "forward", "backward", "optimizer", "unsplit", "other")  # the rank's own work
 # The parts of a step_split record (its ``<part>_s`` fields), in the order a waterfall shows them.
-PARTS = ("data", "h2d", "forward", "backward", "optimizer", "unsplit", "other", "checkpoint", "comm", "straggler")
+PARTS = (
+    "data",
+    "h2d",
+    "forward",
+    "backward",
+    "optimizer",
+    "unsplit",
+    "other",
+    "log",
+    "checkpoint",
+    "comm",
+    "straggler",
+)
 COMPUTE = ("h2d", "forward", "backward", "optimizer", "unsplit")  # what a perfectly scaled step would still take
 # A rank's own compute in a step, without any wait for a peer (the backward ends at its last gradient bucket's
 # hand-over): what slow-node eviction compares (``healing/eviction.py``). Not ``data`` (a shared file system's
@@ -45,7 +60,8 @@ LABELS = {
     "backward": "backward compute",
     "optimizer": "optimizer",
     "unsplit": "step (not split: the strategy's own)",
-    "other": "other (loop, logging)",
+    "other": "other (the loop, callbacks)",
+    "log": "log writes (rank 0's records)",
     "checkpoint": "checkpoint stall",
     "comm": "exposed communication",
     "straggler": "straggler wait",
@@ -76,8 +92,9 @@ def split_record(
     typical = {p: _typical([s.get(p, 0.0) for s in rank_sums], slowest) / n for p in LOCAL}
     wall = statistics.fmean(walls) / n
     checkpoint = max(s.get("checkpoint", 0.0) for s in rank_sums) / n  # a stall on one rank holds up all
+    log = max(s.get("log", 0.0) for s in rank_sums) / n  # rank 0's writes: the others wait for them
     straggler = max(0.0, local[slowest] / n - sum(typical.values())) if len(rank_sums) > 1 else 0.0
-    comm = wall - sum(typical.values()) - checkpoint - straggler
+    comm = wall - sum(typical.values()) - checkpoint - log - straggler
     if len(rank_sums) == 1:  # no collective to wait in: the stop check's and the loop's own time
         typical["other"] += max(0.0, comm)
         comm = min(0.0, comm)
@@ -85,7 +102,7 @@ def split_record(
         straggler, comm = max(0.0, straggler + comm), 0.0
     record: dict[str, Any] = {"kind": KIND, "epoch": epoch, "global_step": global_step}
     record.update({f"{p}_s": typical[p] for p in LOCAL})
-    record.update({"checkpoint_s": checkpoint, "comm_s": comm, "straggler_s": straggler, "step_s": wall})
+    record.update({"log_s": log, "checkpoint_s": checkpoint, "comm_s": comm, "straggler_s": straggler, "step_s": wall})
     record.update({"ranks": len(rank_sums), "steps": steps, "slowest_rank": slowest})
     slow = rank_sums[slowest]
     record.update({f"slowest_{p}_s": max(0.0, slow.get(p, 0.0) / n - typical[p]) for p in LOCAL})
@@ -93,7 +110,7 @@ def split_record(
 
 
 SHORT = {"data": "data", "h2d": "copy", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "other": "loop"}
-SHORT["unsplit"] = "step"
+SHORT |= {"unsplit": "step", "log": "log"}
 SHORT |= {"checkpoint": "ckpt", "comm": "comm", "straggler": "straggler"}
 
 

@@ -272,8 +272,8 @@ class StepTimer(StepClock):
 
         self.lap("other")
         record = self.window(global_step=step, epoch=epoch)
-        self.restart()  # every rank's next window starts as the gather ends; rank 0's write is in it as sync
+        self.restart()  # every rank's next window starts as the gather ends; rank 0's write is in it as log
         if record is not None:
             append_record(record)
-            self.lap("sync")
+            self.lap("log")
         return record

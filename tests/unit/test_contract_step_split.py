@@ -60,6 +60,18 @@ def test_a_checkpoint_on_rank_0_stalls_every_rank() -> None:
     assert record["checkpoint_s"] == pytest.approx(1.5) and record["comm_s"] == pytest.approx(0.0, abs=1e-9)
 
 
+def test_rank_0s_log_writes_are_their_own_part_not_communication() -> None:
+    """Rank 0 writes the window's records (2 s over the window, TensorBoard on a slow file system); the other
+    three ranks wait for it in their next collective (sync), beside 0.5 s of real exposed communication."""
+    ranks = [sums(forward=4.0, comm=0.5, log=2.0)] + [sums(forward=4.0, comm=0.5, sync=2.0) for _ in range(3)]
+    record = split_record(ranks, [6.5] * 4, 10, global_step=10, epoch=0)
+    assert record["log_s"] == pytest.approx(0.2) and record["comm_s"] == pytest.approx(0.05)
+    assert record["straggler_s"] == 0 and record["slowest_rank"] in range(4)
+    assert sum(parts_of(record).values()) == pytest.approx(record["step_s"]) == pytest.approx(0.65)
+    assert "log 31%" in (brief(record) or "")
+    assert parts_of({"forward_s": 0.5})["log"] == 0.0  # a record written before the part existed
+
+
 def test_parts_of_reads_damaged_fields_as_zero() -> None:
     parts = parts_of({"data_s": None, "comm_s": -1, "forward_s": 0.2})
     assert set(parts) == set(PARTS) and parts["forward"] == 0.2 and parts["data"] == 0 and parts["comm"] == 0

@@ -94,6 +94,16 @@ def test_a_single_run_is_measured_against_its_own_compute() -> None:
     assert predict([split]) == []  # one scale: no growth to extrapolate
 
 
+def test_slow_log_writes_are_named_as_logging_not_communication() -> None:
+    """Rank 0's writes of each log line (0.5 s every 5 steps: TensorBoard on a slow file system) are the log part,
+    named with the run's trainer.log_every_steps; exposed communication stays what the all-reduce costs."""
+    split = split_of(8, [window(s, log=0.100, comm=0.004) for s in range(10, 60, 10)], log_every=5)
+    found = causes(waterfall([split]), [split])
+    assert [c.part for c in found] == ["log"]
+    assert "log writes (rank 0's records) 100.0 ms per step at 8 GPUs (49 % of the step)" in found[0].evidence
+    assert "trainer.log_every_steps (now every 5 steps)" in found[0].hint
+
+
 def test_a_clean_study_names_no_cause() -> None:
     splits = [split_of(d, [window(s, comm=0.003 + d / 10000) for s in range(10, 60, 10)]) for d in (8, 16, 32)]
     bars = waterfall(splits)

@@ -90,8 +90,14 @@ def _hint(part: str, split: Split, scales: list[Split]) -> str | None:
         return (
             "checkpoints stall the steps: set checkpoint.async_save: true, or save less often (checkpoint.every_steps)"
         )
+    if part == "log":
+        every = f" (now every {split.log_every} steps)" if split.log_every else ""
+        return (
+            "rank 0's writes of each log line (metrics.jsonl, TensorBoard, a tracker's queue) hold up every rank: "
+            f"log less often (trainer.log_every_steps{every}), or write output_dir to a faster file system"
+        )
     if part == "other":
-        return "the loop itself (logging, callbacks) takes this long: log less often (trainer.log_every_steps)"
+        return "the loop itself (callbacks, your own code between the steps) takes this long"
     if part == "compute":
         return (
             "each rank's own compute per image grew with the scale: look for synchronised BatchNorm, a smaller "

@@ -58,6 +58,12 @@ def _workers(run: RunData) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _log_every(run: RunData) -> int | None:
+    trainer = run.spec.get("trainer")
+    value = trainer.get("log_every_steps") if isinstance(trainer, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def explain(runs: list[RunData], rows: list[Row]) -> Explanation:
     splits = []
     links: dict[str, LinkEvidence] = {}
@@ -70,6 +76,7 @@ def explain(runs: list[RunData], rows: list[Row]) -> Explanation:
             global_batch=row.global_batch,
             nodes_of_ranks=run.nodes,
             data_workers=_workers(run),
+            log_every=_log_every(run),
         )
         if split is not None:
             splits.append(split)

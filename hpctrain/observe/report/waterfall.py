@@ -46,6 +46,7 @@ class Split:
     slowest_excess: dict[str, float] = field(default_factory=dict)  # its mean excess per local part (s per step)
     slowest_node: str | None = None
     data_workers: int | None = None
+    log_every: int | None = None  # trainer.log_every_steps, when the run's spec says it
 
     @property
     def per_image(self) -> float:
@@ -97,6 +98,7 @@ def run_split(
     global_batch: int | None = None,
     nodes_of_ranks: dict[int, str] | None = None,
     data_workers: int | None = None,
+    log_every: int | None = None,
 ) -> Split | None:
     """A run's steady split from its step_split records; None without any."""
     steady = usable(records)
@@ -114,6 +116,7 @@ def run_split(
         step_s=sum(parts.values()),
         windows=len(steady),
         data_workers=data_workers,
+        log_every=log_every,
     )
     slowest = Counter(r.get("slowest_rank") for r in steady if isinstance(r.get("slowest_rank"), int))
     if ranks > 1 and slowest:
