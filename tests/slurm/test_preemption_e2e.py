@@ -22,6 +22,7 @@ from .hpctrain_cli import hpctrain, task_logs
 from .setup_hold import BATCH_HOLD_SCRIPT, HOLD_VAR
 from .stop_entrypoints import ENTRYPOINT_MODULE
 from .stop_helpers import (
+    BURN_IN,
     EPOCHS,
     SMOKE_SPEC,
     STEPS_PER_EPOCH,
@@ -80,7 +81,7 @@ def test_requeue_then_preemption_resumes_bit_identically(
     slurm_cluster: SlurmCluster, workspace: Workspace, reference_weights: str, tmp_path: Path
 ) -> None:
     started = time.monotonic()
-    run = submit(workspace, "name=requeued_and_preempted")
+    run = submit(workspace, "name=requeued_and_preempted", BURN_IN)  # each start's burn-in changes no weight
 
     # 1. The time-limit signal, as Slurm sends it: the job checkpoints and requeues itself.
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
@@ -247,6 +248,7 @@ def test_stops_in_the_first_seconds_train_nothing_and_a_completed_run_never_star
     run = submit(
         workspace,
         "name=first_seconds",
+        BURN_IN,  # every start as a user's: the burn-in's seconds before the set-up the signals come in
         f"entrypoint={HOLD_ENTRYPOINT}",
         "entrypoint_args.hold_after_start=2",
         f"env.{HOLD_VAR}={holds}",
