@@ -85,17 +85,37 @@ class Cluster:
         raise TimeoutError(f"job {job_id} still {self.state(job_id)} after {timeout} s")
 
 
-def kill_node(node: str) -> float:
-    """SIGKILL everything in the node's network namespace; the wall time of the kill."""
+def node_processes(node: str) -> list[int]:
     netns = os.stat(f"/run/netns/hpctrain-{node}")
-    killed_at = time.time()
+    found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             ns = os.stat(entry / "ns" / "net")
-            if (ns.st_dev, ns.st_ino) == (netns.st_dev, netns.st_ino):
-                os.kill(int(entry.name), signal.SIGKILL)
+        except OSError:
+            continue
+        if (ns.st_dev, ns.st_ino) == (netns.st_dev, netns.st_ino):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_node(node: str) -> float:
+    """A power loss: everything in the node's network namespace stopped at once (SIGSTOP), then SIGKILLed, so
+    no process of it acts on another's death (tests/slurm/test_node_loss_e2e.py); the wall time of the kill."""
+    killed_at = time.time()
+    for _ in range(5):
+        stopped = node_processes(node)
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                pass
+        if set(node_processes(node)) <= set(stopped):
+            break
+    for pid in node_processes(node):
+        try:
+            os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
     return killed_at

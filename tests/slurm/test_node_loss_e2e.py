@@ -35,6 +35,7 @@ from .entrypoints import ENTRYPOINT_MODULE
 from .hpctrain_cli import hpctrain, task_logs, task_output
 from .script_helpers import env_report, make_script_workspace, requeue_then_preempt_script, starts, steps_trained
 from .stop_helpers import (
+    BURN_IN,
     EPOCHS,
     STEPS_PER_EPOCH,
     Run,
@@ -103,10 +104,10 @@ def workspace(three_nodes: SlurmCluster, tmp_path_factory: pytest.TempPathFactor
     return make_workspace(three_nodes, tmp_path_factory.mktemp("node-loss"))
 
 
-def kill_node(node: str) -> list[int]:
-    """SIGKILL every process in ``node``'s network namespace (slurmd, slurmstepd, the ranks): a power loss."""
+def node_processes(node: str) -> list[int]:
+    """Every process in ``node``'s network namespace (slurmd, slurmstepd, srun clients, the ranks)."""
     netns = os.stat(f"/run/netns/hpctrain-{node}")
-    killed = []
+    found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -115,11 +116,32 @@ def kill_node(node: str) -> list[int]:
         except OSError:
             continue
         if (ns.st_dev, ns.st_ino) == (netns.st_dev, netns.st_ino):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_node(node: str) -> list[int]:
+    """A power loss of ``node``: every process in its network namespace stops at once (SIGSTOP, until none is
+    left running), then all are SIGKILLed. Killed one by one in pid order, the later ones could act on the
+    earlier ones' deaths: once in rehearsal 24 (and CI #52), the guardian's srun client on the batch node,
+    which a power loss never lets run again, cancelled the guardian's step on the other node as its parent
+    (the supervisor) died, and nothing requeued the job."""
+    for _ in range(5):  # a process forked while the others were being stopped is stopped in the next round
+        stopped = node_processes(node)
+        for pid in stopped:
             try:
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
+                os.kill(pid, signal.SIGSTOP)
             except ProcessLookupError:
                 pass
+        if set(node_processes(node)) <= set(stopped):
+            break
+    killed = []
+    for pid in node_processes(node):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:
+            pass
     assert killed, f"nothing ran in {node}'s namespace"
     return killed
 
@@ -495,7 +517,7 @@ def test_a_torchrun_jobs_burn_in_requeues_it_without_a_slow_node(cluster: SlurmC
     try:
         run = submit(
             workspace, "name=torchrun_burn_in", "launcher=torchrun", "resources.tasks_per_node=1",
-            "trainer.epochs=1", "health.burn_in.budget_s=10",
+            "trainer.epochs=1", BURN_IN, "health.burn_in.budget_s=10",  # TRAIN_SETS turn it off
         )  # fmt: skip
         wait_requeued(cluster, run.job_id, restarts=1, timeout=RUN_TIMEOUT_S)
     finally:
