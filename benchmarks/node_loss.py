@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from tests.slurm.stop_helpers import (  # noqa: E402 (the checkout's tests packa
     submit,
     wait_for,
 )
+from tests.slurm.stop_helpers import kill_node as power_off  # noqa: E402
 
 SCRIPT = REPO / "tests" / "cluster" / "slurm-cluster"
 STATE_DIR = Path(os.environ.get("HPCTRAIN_SLURM_STATE", "/tmp/hpctrain-slurm"))
@@ -85,39 +85,10 @@ class Cluster:
         raise TimeoutError(f"job {job_id} still {self.state(job_id)} after {timeout} s")
 
 
-def node_processes(node: str) -> list[int]:
-    netns = os.stat(f"/run/netns/hpctrain-{node}")
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ns = os.stat(entry / "ns" / "net")
-        except OSError:
-            continue
-        if (ns.st_dev, ns.st_ino) == (netns.st_dev, netns.st_ino):
-            found.append(int(entry.name))
-    return found
-
-
 def kill_node(node: str) -> float:
-    """A power loss: everything in the node's network namespace stopped at once (SIGSTOP), then SIGKILLed, so
-    no process of it acts on another's death (tests/slurm/test_node_loss_e2e.py); the wall time of the kill."""
+    """A power loss of ``node`` (``stop_helpers.kill_node``); the wall time of the kill."""
     killed_at = time.time()
-    for _ in range(5):
-        stopped = node_processes(node)
-        for pid in stopped:
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except OSError:
-                pass
-        if set(node_processes(node)) <= set(stopped):
-            break
-    for pid in node_processes(node):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    power_off(node)
     return killed_at
 
 

@@ -8,6 +8,8 @@ can be compared bit for bit with an uninterrupted one. Every wait is bounded.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -339,3 +341,45 @@ def stop_lines(run: Run) -> list[str]:
     """Rank 0's 'stopping (...)' lines, every start's, in order."""
     out = (run.run_dir / "submitit" / f"{run.job_id}_0_log.out").read_text()
     return [line for line in out.splitlines() if line.startswith("stopping (")]
+
+
+def node_processes(node: str) -> list[int]:
+    """Every process in ``node``'s network namespace (slurmd, slurmstepd, srun clients, the ranks)."""
+    netns = os.stat(f"/run/netns/hpctrain-{node}")
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ns = os.stat(entry / "ns" / "net")
+        except OSError:
+            continue
+        if (ns.st_dev, ns.st_ino) == (netns.st_dev, netns.st_ino):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_node(node: str) -> list[int]:
+    """A power loss of ``node``: every process in its network namespace stops at once (SIGSTOP, until none is
+    left running), then all are SIGKILLed. Killed one by one in pid order, the later ones could act on the
+    earlier ones' deaths: once in rehearsal 24 (and CI #52), the guardian's srun client on the batch node,
+    which a power loss never lets run again, cancelled the guardian's step on the other node as its parent
+    (the supervisor) died, and nothing requeued the job."""
+    for _ in range(5):  # a process forked while the others were being stopped is stopped in the next round
+        stopped = node_processes(node)
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        if set(node_processes(node)) <= set(stopped):
+            break
+    killed = []
+    for pid in node_processes(node):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:
+            pass
+    assert killed, f"nothing ran in {node}'s namespace"
+    return killed

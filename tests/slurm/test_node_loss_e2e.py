@@ -34,13 +34,14 @@ from tests.tracking_helpers import mlflow_server, wait_serving
 from .entrypoints import ENTRYPOINT_MODULE
 from .hpctrain_cli import hpctrain, task_logs, task_output
 from .script_helpers import env_report, make_script_workspace, requeue_then_preempt_script, starts, steps_trained
-from .stop_helpers import (
+from .stop_helpers import (  # kill_node: test_task_api_e2e.py and test_tracking_e2e.py import it from here
     BURN_IN,
     EPOCHS,
     STEPS_PER_EPOCH,
     Run,
     Workspace,
     job_record,
+    kill_node,
     latest_step,
     make_workspace,
     rank_pid,
@@ -102,48 +103,6 @@ def cluster(three_nodes: SlurmCluster) -> SlurmCluster:
 @pytest.fixture(scope="module")
 def workspace(three_nodes: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Workspace:
     return make_workspace(three_nodes, tmp_path_factory.mktemp("node-loss"))
-
-
-def node_processes(node: str) -> list[int]:
-    """Every process in ``node``'s network namespace (slurmd, slurmstepd, srun clients, the ranks)."""
-    netns = os.stat(f"/run/netns/hpctrain-{node}")
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ns = os.stat(entry / "ns" / "net")
-        except OSError:
-            continue
-        if (ns.st_dev, ns.st_ino) == (netns.st_dev, netns.st_ino):
-            found.append(int(entry.name))
-    return found
-
-
-def kill_node(node: str) -> list[int]:
-    """A power loss of ``node``: every process in its network namespace stops at once (SIGSTOP, until none is
-    left running), then all are SIGKILLed. Killed one by one in pid order, the later ones could act on the
-    earlier ones' deaths: once in rehearsal 24 (and CI #52), the guardian's srun client on the batch node,
-    which a power loss never lets run again, cancelled the guardian's step on the other node as its parent
-    (the supervisor) died, and nothing requeued the job."""
-    for _ in range(5):  # a process forked while the others were being stopped is stopped in the next round
-        stopped = node_processes(node)
-        for pid in stopped:
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except ProcessLookupError:
-                pass
-        if set(node_processes(node)) <= set(stopped):
-            break
-    killed = []
-    for pid in node_processes(node):
-        try:
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-        except ProcessLookupError:
-            pass
-    assert killed, f"nothing ran in {node}'s namespace"
-    return killed
 
 
 def batch_log(run_dir: Path) -> str:
