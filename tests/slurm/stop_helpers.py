@@ -362,9 +362,10 @@ def node_processes(node: str) -> list[int]:
 def kill_node(node: str) -> list[int]:
     """A power loss of ``node``: every process in its network namespace stops at once (SIGSTOP, until none is
     left running), then all are SIGKILLed. Killed one by one in pid order, the later ones could act on the
-    earlier ones' deaths: once in rehearsal 24 (and CI #52), the guardian's srun client on the batch node,
-    which a power loss never lets run again, cancelled the guardian's step on the other node as its parent
-    (the supervisor) died, and nothing requeued the job."""
+    earlier ones' deaths: once in rehearsal 24 (and likely CI #52) the guardian's step on the other node was
+    cancelled in the second the batch node was killed, 41 s before slurmctld knew of it, so by a process of the
+    killed node (the guardian's srun client, once its parent, the supervisor, had died); nothing requeued the
+    job. A power loss lets no process of the node run again."""
     for _ in range(5):  # a process forked while the others were being stopped is stopped in the next round
         stopped = node_processes(node)
         for pid in stopped:
