@@ -31,6 +31,7 @@ from torch import nn
 from torch.distributed import rpc
 
 from hpctrain.errors import DistributedSetupError, TrainingConfigError
+from hpctrain.runtime.master import second_port
 from hpctrain.trainer.optim import build_optimizer, build_scheduler
 from hpctrain.trainer.strategies import ps_server
 from hpctrain.trainer.strategies.base import EpochHost, Strategy
@@ -44,9 +45,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def rpc_port(master_port: int) -> int:
-    """The RPC rendezvous port: the one after the process group's (before it, for 65535)."""
-    return master_port + 1 if master_port < 65535 else master_port - 1
+def rpc_port(master_port: int, *, chosen: bool = False) -> int:
+    """The RPC rendezvous port (``runtime/master.second_port``): the one after the process group's when the
+    spec chose ``distributed.master_port``, else half the derived range away (never the next job's)."""
+    return second_port(master_port, chosen=chosen)
 
 
 class ParameterServer(Strategy):
@@ -172,7 +174,8 @@ class ParameterServer(Strategy):
         if env is None:
             raise RuntimeError("ParameterServer.check(env, device) must run before attach()")
         name = f"server-{self.rank}" if self.is_server else f"worker-{self.worker_index}"
-        port = rpc_port(env.master_port)
+        chosen = self.spec.distributed.master_port is not None
+        port = rpc_port(env.master_port, chosen=chosen)
         options = rpc.TensorPipeRpcBackendOptions(
             init_method=f"tcp://{env.master_addr}:{port}",
             rpc_timeout=self.timeout_s,
@@ -184,8 +187,8 @@ class ParameterServer(Strategy):
         except RuntimeError as exc:
             raise DistributedSetupError(
                 f"{name} could not join the parameter-server RPC group at {env.master_addr}:{port}: {exc}",
-                hint=f"port {port} (distributed.master_port + 1) must be free on "
-                "rank 0's node and reachable from every node",
+                hint=f"port {port} ({'distributed.master_port + 1' if chosen else 'derived from the master port'}) "
+                "must be free on rank 0's node and reachable from every node; distributed.master_port chooses both",
             ) from exc
         self._rpc_up = True
 
