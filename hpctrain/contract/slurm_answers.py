@@ -11,7 +11,7 @@ what ``sbatch``'s refusals mean for the spec. Nothing here runs anything.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -119,7 +119,7 @@ class NodeNeeds:
     cpus: int = 0  # tasks per node x CPUs per task
     mem_mb: float = 0  # --mem
 
-    def admits(self, *, features: set[str] | None, gpus: int | None, cpus: int | None, mem_mb: float | None) -> bool:
+    def admits(self, *, features: set[str] | None, gpus: int | None, cpus: float | None, mem_mb: float | None) -> bool:
         """Whether a node offering these holds one node of the job; None: not known (never held against it)."""
         return (
             (features is None or all(feature in features for feature in self.features))
@@ -158,24 +158,21 @@ def count_field(text: str) -> float | None:
     return float(text) if text.isdigit() else None
 
 
-def node_fits(needs: NodeNeeds, offered: str, gres: str, cpus: str, mem_mb: str) -> bool:
-    """Whether a node with these ``sinfo`` fields (``%f``, ``%G``, ``%c``, ``%m``) holds one node of the job.
-    A field in a shape we do not read counts as fitting: never fewer nodes than before it was asked."""
-    cpu_count = count_field(cpus)
+def node_fits(needs: NodeNeeds, offered: str | None, gres: str, cpus: str, mem_mb: str) -> bool:
+    """Whether a node with these fields holds one node of the job: ``sinfo``'s ``%f``, ``%G``, ``%c``, ``%m``,
+    or ``scontrol show node``'s ``AvailableFeatures``, ``Gres``, ``CPUTot``, ``RealMemory`` (``offered`` None:
+    features not listed). A field in a shape we do not read counts as fitting: never fewer nodes than before."""
     return needs.admits(
-        features={word.strip() for word in offered.split(",")},
+        features=None if offered is None else {word.strip() for word in offered.split(",")},
         gpus=gres_gpus(gres),
-        cpus=None if cpu_count is None else int(cpu_count),
+        cpus=count_field(cpus),
         mem_mb=count_field(mem_mb),
     )
 
 
-def parse_partition_nodes(output: str, needs: NodeNeeds | Sequence[str] = ()) -> dict[str, list[str]]:
+def parse_partition_nodes(output: str, needs: NodeNeeds = NodeNeeds()) -> dict[str, list[str]]:
     """``sinfo -h -N -o "%N|%P|%T|%f|%G|%c|%m"`` -> {partition: its nodes that may run a job and hold one node
-    of the job (``needs``; a sequence: only those features)}; the default partition's trailing ``*``
-    dropped, lines of another shape skipped. Pure."""
-    if not isinstance(needs, NodeNeeds):
-        needs = NodeNeeds(features=tuple(needs))
+    of the job (``needs``)}; the default partition's trailing ``*`` dropped, lines of another shape skipped. Pure."""
     found: dict[str, list[str]] = {}
     for line in output.splitlines():
         parts = line.strip().split("|")

@@ -25,6 +25,7 @@ from hpctrain.contract.slurm_answers import (
     count_field,
     expedited_requeue_support,
     gres_gpus,
+    node_fits,
     node_runs_jobs,
 )
 from hpctrain.diagnose.findings import Finding
@@ -141,15 +142,9 @@ def _gpus_of(node: dict[str, str]) -> int | None:
 
 
 def _node_fits(needs: NodeNeeds, node: dict[str, str]) -> bool:
-    """``scontrol show node``'s record judged as sinfo's answers are (``NodeNeeds.admits``: one count)."""
+    """``scontrol show node``'s record judged as sinfo's answers are (``slurm_answers.node_fits``: one count)."""
     features = node.get("AvailableFeatures") or node.get("Features")
-    cpus, mem_mb = count_field(node.get("CPUTot", "")), count_field(node.get("RealMemory", ""))
-    return needs.admits(
-        features=None if features is None else {word.strip() for word in features.split(",")},
-        gpus=_gpus_of(node),
-        cpus=None if cpus is None else int(cpus),
-        mem_mb=mem_mb,
-    )
+    return node_fits(needs, features, node.get("Gres", ""), node.get("CPUTot", ""), node.get("RealMemory", ""))
 
 
 def _partition_name(job: LoadedJob, partitions: dict[str, dict[str, str]]) -> str | None:

@@ -274,7 +274,7 @@ def test_node_states_that_can_never_run_a_job_are_told_apart() -> None:
 
 
 def test_a_partitions_usable_nodes_are_read_per_partition_with_their_features() -> None:
-    from hpctrain.contract.slurm_answers import parse_partition_nodes
+    from hpctrain.contract.slurm_answers import NodeNeeds, parse_partition_nodes
 
     text = (
         "l1|debug*|idle|(null)|(null)|4|8000\nl2|debug*|drained|(null)|(null)|4|8000\nl3|debug*|mixed|gpu,ib|(null)|4|8000\n"
@@ -282,7 +282,7 @@ def test_a_partitions_usable_nodes_are_read_per_partition_with_their_features() 
         "nonsense line\n|debug|idle|x|(null)|4|8000\nl6|debug|idle|(null)\n"
     )
     assert parse_partition_nodes(text) == {"debug": ["l1", "l3"], "big": ["l3", "l5"]}
-    assert parse_partition_nodes(text, ("gpu", "ib")) == {"debug": ["l3"], "big": ["l3"]}
+    assert parse_partition_nodes(text, NodeNeeds(features=("gpu", "ib"))) == {"debug": ["l3"], "big": ["l3"]}
     assert parse_partition_nodes("") == {}
 
 

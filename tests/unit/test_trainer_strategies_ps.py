@@ -164,15 +164,13 @@ def test_a_server_waiting_for_pushes_gives_up_with_the_timeout() -> None:
 
 
 def test_the_rpc_rendezvous_port_is_never_a_nearby_jobs_master_port() -> None:
-    from hpctrain.trainer.strategies.ps import rpc_port
+    from hpctrain.runtime.master import PORT_RANGE_END, PORT_RANGE_START, derive_master_port, second_port
 
-    assert rpc_port(29400, chosen=True) == 29401 and rpc_port(65535, chosen=True) == 65534
-    assert rpc_port(40000) == 40001  # a MASTER_PORT outside the derived range: the one after it
+    assert second_port(29400, chosen=True) == 29401 and second_port(65535, chosen=True) == 65534
+    assert second_port(40000, chosen=False) == 40001  # a MASTER_PORT outside the derived range: the one after it
     # A derived master port's RPC group is half the range away: never the next job id's master port (which a
     # job submitted just after it derives, and often on the same first node: rehearsal 25's collision).
-    from hpctrain.runtime.master import PORT_RANGE_END, PORT_RANGE_START, derive_master_port
-
     for job in (2303, 14499, 9_999_999):
-        port = rpc_port(derive_master_port(str(job)))
+        port = second_port(derive_master_port(str(job)), chosen=False)
         assert PORT_RANGE_START <= port < PORT_RANGE_END
         assert port not in {derive_master_port(str(job + d)) for d in range(-1000, 1001)}

@@ -45,12 +45,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def rpc_port(master_port: int, *, chosen: bool = False) -> int:
-    """The RPC rendezvous port (``runtime/master.second_port``): the one after the process group's when the
-    spec chose ``distributed.master_port``, else half the derived range away (never the next job's)."""
-    return second_port(master_port, chosen=chosen)
-
-
 class ParameterServer(Strategy):
     name = "ps"
 
@@ -175,7 +169,7 @@ class ParameterServer(Strategy):
             raise RuntimeError("ParameterServer.check(env, device) must run before attach()")
         name = f"server-{self.rank}" if self.is_server else f"worker-{self.worker_index}"
         chosen = self.spec.distributed.master_port is not None
-        port = rpc_port(env.master_port, chosen=chosen)
+        port = second_port(env.master_port, chosen=chosen)  # the RPC group's: never a nearby job's master port
         options = rpc.TensorPipeRpcBackendOptions(
             init_method=f"tcp://{env.master_addr}:{port}",
             rpc_timeout=self.timeout_s,
