@@ -361,11 +361,17 @@ def node_processes(node: str) -> list[int]:
 
 def kill_node(node: str) -> list[int]:
     """A power loss of ``node``: every process in its network namespace stops at once (SIGSTOP, until none is
-    left running), then all are SIGKILLed. Killed one by one in pid order, the later ones could act on the
-    earlier ones' deaths: once in rehearsal 24 (and likely CI #52) the guardian's step on the other node was
-    cancelled in the second the batch node was killed, 41 s before slurmctld knew of it, so by a process of the
-    killed node (the guardian's srun client, once its parent, the supervisor, had died); nothing requeued the
-    job. A power loss lets no process of the node run again."""
+    left running), then all are SIGKILLed, every process before its parent.
+
+    Killed one by one in pid order while running, the later ones could act on the earlier ones' deaths (once in
+    rehearsal 24 and likely CI #52, the guardian's step on the other node was cancelled in the second the batch
+    node was killed, 41 s before slurmctld knew of it). Stopped first, but still killed in pid order, they woke
+    again: the batch step's slurmstepd died first, which orphaned the process group of the batch script (the
+    supervisor and its srun clients), all stopped, and the kernel sends such a group SIGHUP and SIGCONT (POSIX's
+    orphaned process group rule; seen in a signal trace: ``sig=1 code=128`` from the dying slurmstepd). srun
+    answers SIGHUP with "forcing job termination", a SIGKILL to its step's tasks: the guardian on the other
+    node died with them, and nothing requeued the job (CI #55: "srun: forcing job termination", "srun: got
+    SIGCONT" in the batch log). Children first, no stopped process is left in a group that loses its link."""
     for _ in range(5):  # a process forked while the others were being stopped is stopped in the next round
         stopped = node_processes(node)
         for pid in stopped:
@@ -376,7 +382,7 @@ def kill_node(node: str) -> list[int]:
         if set(node_processes(node)) <= set(stopped):
             break
     killed = []
-    for pid in node_processes(node):
+    for pid in sorted(node_processes(node), key=process_depth, reverse=True):  # the deepest first
         try:
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
@@ -384,3 +390,16 @@ def kill_node(node: str) -> list[int]:
             pass
     assert killed, f"nothing ran in {node}'s namespace"
     return killed
+
+
+def process_depth(pid: int) -> int:
+    """How many ancestors ``pid`` has (0 for one already gone): a child is always deeper than its parent."""
+    depth = 0
+    while pid > 1 and depth < 1000:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+        depth += 1
+    return depth
