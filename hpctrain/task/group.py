@@ -7,6 +7,11 @@ when the checkpointer is built (every rank builds them, like any process group):
   fails within ``timeout_s`` -- :meth:`SideGroup.arrive`'s monitored barrier
   names the ranks that did not come -- instead of hanging until the training
   group's timeout (or forever);
+* making the groups is collective too, but it is not a point where the ranks
+  are together (rank 0 may still be writing a dataset index when rank 1 builds
+  its checkpointer): they are made with a wait of at least ``BUILD_WAIT_S``, and
+  the configured timeout is set once every rank is in (with a short
+  ``timeout_s`` the ranks' skew alone failed the build: CI #56);
 * they are gloo, on the CPU, whatever the training group is (NCCL): DCP's
   planning collectives, and an async save's collectives in its background
   thread (on a second group, apart from the checkpointer's own), never mix
@@ -43,6 +48,7 @@ DCP_ERRORS = (Exception, CheckpointException)
 _SEE_RANK_0 = "see rank 0's log"
 _LOWEST = -(2**62)  # what a rank other than 0 offers in arrive(): below any offer of rank 0's
 _MISSING = re.compile(r"Ranks? ([\d, ]+?) failed to pass monitoredBarrier")
+BUILD_WAIT_S = 300.0  # how long making the groups waits for every rank to make them
 
 
 class SideGroup:
@@ -64,11 +70,22 @@ class SideGroup:
 
     def _ensure(self) -> Any:
         if not self._made and self.distributed:
-            self._group = dist.new_group(backend="gloo", timeout=self.timeout)
-            self._dcp_group = dist.new_group(backend="gloo", timeout=self.timeout)
-            local = torch.tensor([session().info.local_rank], dtype=torch.int64)
-            gathered = [torch.zeros_like(local) for _ in range(dist.get_world_size())]
-            dist.all_gather(gathered, local, group=self._group)
+            build = max(self.timeout, timedelta(seconds=BUILD_WAIT_S))
+            try:
+                self._group = dist.new_group(backend="gloo", timeout=build)
+                self._dcp_group = dist.new_group(backend="gloo", timeout=build)
+                local = torch.tensor([session().info.local_rank], dtype=torch.int64)
+                gathered = [torch.zeros_like(local) for _ in range(dist.get_world_size())]
+                dist.all_gather(gathered, local, group=self._group)
+            except RuntimeError as exc:
+                raise CheckpointError(
+                    f"Checkpointer on rank {dist.get_rank()}: not every rank built one within "
+                    f"{build.total_seconds():g} s ({first_line(exc)})",
+                    hint="every rank must build the Checkpointer (it is collective); an `if rank == 0:` "
+                    "around it is the usual cause",
+                ) from exc
+            for group in (self._group, self._dcp_group):
+                shorten(group, self.timeout)
             self._writers = tuple(rank for rank, value in enumerate(gathered) if int(value) == 0)
             self._made = True
         return self._group
@@ -173,3 +190,12 @@ def first_line(exc: BaseException) -> str:
         return f"rank {rank}: {first_line(cause)}"
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def shorten(group: Any, timeout: timedelta) -> None:
+    """Set ``group``'s timeout for what follows (made with a longer one): ``dist.set_timeout`` (newer torch),
+    the private ``_set_pg_timeout`` before it; a torch with neither keeps the longer wait for the
+    collectives after a save's barrier, whose own wait is ``timeout`` whatever the group's is."""
+    setter = getattr(dist, "set_timeout", None) or getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    if setter is not None:
+        setter(timeout, group)

@@ -214,6 +214,8 @@ def bad_saves(out: Path, args: dict[str, Any]) -> dict[str, Any]:
     from hpctrain import task
     from hpctrain.errors import CheckpointError
 
+    if dist.get_rank() == 1:
+        time.sleep(args.get("late_s", 0))  # builds its checkpointer later than rank 0, by more than timeout_s
     ckpt = task.Checkpointer(args["directory"], timeout_s=args["timeout_s"], model=nn.Linear(3, 2))
     result: dict[str, Any] = {}
     try:
