@@ -18,12 +18,17 @@ def repeat_burn_in(ctx: Any, repeats: int = 10) -> dict[str, Any]:
     import copy
 
     from hpctrain.healing.burn_in import probe
+    from hpctrain.healing.probes import TorchGroup, TorchKit
 
     ctx = copy.copy(ctx)
     ctx.spec = ctx.spec.model_copy(update={"entrypoint": None})
     flagged = 0
     for _ in range(repeats):
-        record = probe(ctx)
+        kit = TorchKit(ctx)
+        try:
+            record = probe(ctx, TorchGroup(), kit)
+        finally:
+            kit.close()
         flagged += bool(record.flagged)
         if ctx.env.is_main:
             with open(ctx.run_dir / "bench-burn-in.jsonl", "a") as out:

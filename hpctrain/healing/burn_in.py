@@ -17,7 +17,12 @@ record into ``summary.json`` and tells every rank the verdict. Then:
   records it and the ledger entry, requeues with ``ExcNodeList`` and every
   rank leaves without a result (``runtime/requeue.py``'s exit protocol).
 
-Task side (torch, through the probes); the trainer never imports it.
+The probes run with a group and a kit: torch's (``probes.TorchGroup`` and
+``probes.TorchKit``: the default process group, the run's model, NCCL or
+gloo), or, for a CPU script's burn-in, ``plain_group.PlainGroup`` and
+``plain_probes.PlainKit`` (TCP and a hash workload: no torch in that child).
+Task side; torch-free at import (the torch kit is imported when used); the
+trainer never imports it.
 """
 
 from __future__ import annotations
@@ -29,14 +34,13 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import torch
-import torch.distributed as dist
+from typing import Any, Protocol
 
 from hpctrain.contract.node_records import BURN_IN_KEY, BurnIn, NodeScore, appended
 from hpctrain.contract.summary import read_summary, write_summary
-from hpctrain.healing import decide, probes, scores
+from hpctrain.healing import decide, plain_probes, scores
+from hpctrain.healing.plain_group import BUCKET_MB, PlainGroup
+from hpctrain.healing.plain_probes import Rounds
 from hpctrain.jobspec.node_health import BURN_IN_EXIT, BURN_IN_VAR, STEP_ID_VAR
 from hpctrain.runtime import heartbeat
 from hpctrain.runtime.context import TaskContext
@@ -48,42 +52,49 @@ SHARES = (0.4, 0.15, 0.25)
 PASSES = 2  # a flagged node is measured again: its better pass counts, compute and rates alike (pairs alone)
 
 
+class Group(Protocol):
+    """The collectives the burn-in makes (``probes.TorchGroup``, ``plain_group.PlainGroup``)."""
+
+    rank: int
+
+    def all_gather(self, value: Any) -> list[Any]: ...
+    def broadcast(self, value: Any) -> Any: ...
+    def barrier(self) -> None: ...
+
+
+class Kit(Protocol):
+    """The probes the prober runs (``probes.TorchKit``, ``plain_probes.PlainKit``); collective where the
+    probe is."""
+
+    def setup(self) -> None: ...
+    def gpu_problems(self, first_on_node: bool) -> list[str]: ...
+    def compute(self, deadline: float) -> list[float]: ...
+    def ring(self, deadline: float) -> float | None: ...
+    def pairs(
+        self, leaders: Sequence[int], rounds: Rounds, deadline: float, *, one_at_a_time: bool
+    ) -> dict[int, float]: ...
+    def close(self) -> None: ...
+
+
 class Prober:
     """This rank's probes: the workload built once (:meth:`setup`), measured once or twice (:meth:`measure`)."""
 
-    def __init__(self, ctx: TaskContext, node_index: int, nodes: int, leaders: Sequence[int]) -> None:
-        self.ctx, self.node_index, self.nodes, self.leaders = ctx, node_index, nodes, leaders
+    def __init__(self, ctx: TaskContext, kit: Kit, node_index: int, nodes: int, leaders: Sequence[int]) -> None:
+        self.ctx, self.kit, self.node_index, self.nodes, self.leaders = ctx, kit, node_index, nodes, leaders
         self.first = ctx.env.global_rank == leaders[node_index]  # the node's first rank: pairs and reads
         self.phases: dict[str, float] = {}
-        self.work: Callable[[int], None] | None = None
-        self.devices: list[torch.device] = [ctx.device]
-        self.max_batch = 2
 
     def setup(self) -> None:
-        """Build the compute workload (the run's model: imports torchvision, which the trainer pays anyway),
-        on every GPU of the node when this is its only process (a torchrun node task, a ``per: node`` task)."""
         started = time.perf_counter()
-        device = self.ctx.device
-        count = torch.cuda.device_count() if device.type == "cuda" else 1
-        self.devices = probes.node_devices(device, self.ctx.env.local_world_size, count)
-        built = [probes.compute_workload(self.ctx.spec, one) for one in self.devices]
-        self.work = probes.on_every_device([work for work, _ in built], self.devices)
-        self.max_batch = min(largest for _, largest in built)
+        self.kit.setup()
         self.phases["setup"] = round(time.perf_counter() - started, 3)
 
     def measure(self, deadline: float, *, confirming: bool = False) -> dict[str, Any]:
         """This rank's numbers, within ``deadline``; the pairwise and read numbers on a node's first rank.
         ``confirming``: the second pass, whose pairs run one at a time."""
-        spec, device = self.ctx.spec, self.ctx.device
+        spec = self.ctx.spec
         budget = deadline - time.perf_counter()
-        mine: dict[str, Any] = {
-            "rank": self.ctx.env.global_rank,
-            "gpu_problems": [
-                problem
-                for number, one in enumerate(self.devices)
-                for problem in probes.gpu_problems(one, spec.resources.gpus_per_node or 0, self.first and number == 0)
-            ],
-        }
+        mine: dict[str, Any] = {"rank": self.ctx.env.global_rank, "gpu_problems": self.kit.gpu_problems(self.first)}
         mark = time.perf_counter()
 
         def lap(name: str) -> None:
@@ -91,27 +102,24 @@ class Prober:
             now = time.perf_counter()
             self.phases[name], mark = round(self.phases.get(name, 0.0) + now - mark, 3), now
 
-        assert self.work is not None
-        rounds_ms = probes.compute_probe(self.work, device, mark + SHARES[0] * budget, self.max_batch)
+        rounds_ms = self.kit.compute(mark + SHARES[0] * budget)
         mine["compute_rounds_ms"] = rounds_ms
         mine["compute_ms"] = round(statistics.median(rounds_ms), 3) if rounds_ms else None
         lap("compute")
-        tensor = probes.bucket(device)
         if spec.script is None:  # the bus bandwidth is recorded for our trainer's all-reduces; a script's are its own
-            mine["ring_mb_s"] = probes.ring_allreduce(tensor, time.perf_counter() + SHARES[1] * budget)
+            mine["ring_mb_s"] = self.kit.ring(time.perf_counter() + SHARES[1] * budget)
             lap("ring")
         rounds = scores.pair_rounds(self.nodes)
         until = time.perf_counter() + SHARES[2] * budget
-        pairs = probes.pairwise_allreduce(tensor, self.leaders, rounds, until, one_at_a_time=confirming)
+        pairs = self.kit.pairs(self.leaders, rounds, until, one_at_a_time=confirming)
         lap("pairwise")
-        del tensor
         if self.first:
             mine["allreduce_mb_s"] = pairs.get(self.node_index)
             if spec.data.root:
                 root = Path(spec.data.root).expanduser()
-                targets = probes.read_targets(root, spec.data.train_dir, self.node_index, self.nodes)
-                read_until = max(deadline, time.perf_counter() + probes.MIN_READ_S)
-                mine["read_mb_s"] = probes.read_probe(targets, self.node_index, read_until)
+                targets = plain_probes.read_targets(root, spec.data.train_dir, self.node_index, self.nodes)
+                read_until = max(deadline, time.perf_counter() + plain_probes.MIN_READ_S)
+                mine["read_mb_s"] = plain_probes.read_probe(targets, self.node_index, read_until)
             lap("read")
         return mine
 
@@ -161,7 +169,7 @@ def assess(
     return BurnIn(
         nodes=nodes,
         ring_mb_s=min(ring) if ring else None,
-        bucket_mb=probes.BUCKET_MB,
+        bucket_mb=BUCKET_MB,
         scores=[
             NodeScore(
                 node=node,
@@ -178,15 +186,30 @@ def assess(
     )
 
 
-def run_burn_in(ctx: TaskContext, *, exit_process: Callable[[int], object]) -> BurnIn | None:
-    """Probe, score, and act (module docstring); returns the verdict when training may start."""
-    if os.environ.get(BURN_IN_VAR) == "off" or not dist.is_initialized():
+def run_burn_in(
+    ctx: TaskContext, *, exit_process: Callable[[int], object], plain: PlainGroup | None = None
+) -> BurnIn | None:
+    """Probe, score, and act (module docstring); returns the verdict when training may start. ``plain``: a
+    CPU script's group (no torch); else the default process group (none: no burn-in)."""
+    if os.environ.get(BURN_IN_VAR) == "off":
         return None
+    if plain is not None:
+        group: Group = plain
+        kit: Kit = plain_probes.PlainKit(ctx, plain)
+    else:
+        import torch.distributed as dist
+
+        from hpctrain.healing.probes import TorchGroup, TorchKit
+
+        if not dist.is_initialized():
+            return None
+        group, kit = TorchGroup(), TorchKit(ctx)
     env = ctx.env
     heartbeat.set_phase("burn-in")
-    record = probe(ctx)
-    if ctx.device.type == "cuda":
-        torch.cuda.empty_cache()  # the probe's model copy and buckets: the trainer's memory now
+    try:
+        record = probe(ctx, group, kit)
+    finally:
+        kit.close()
     heartbeat.set_phase("setup")
     _say(env.is_main, record)
     if not record.flagged:
@@ -197,48 +220,40 @@ def run_burn_in(ctx: TaskContext, *, exit_process: Callable[[int], object]) -> B
         if env.is_main:
             record.action = "supervisor decides"
             _write(ctx, record)
-        dist.barrier()  # the record is written before any rank exits (srun then ends the step at once)
+        group.barrier()  # the record is written before any rank exits (srun then ends the step at once)
         _leave(exit_process, BURN_IN_EXIT)
         return None
-    outcome: list[Any] = [None]
-    if env.is_main:
-        outcome[0] = decide_here(ctx, record)
-    dist.broadcast_object_list(outcome, src=0)
-    if outcome[0] == "requeue":
+    action = decide_here(ctx, record) if env.is_main else None
+    if group.broadcast(action) == "requeue":
         _leave(exit_process, 0)  # no result: the job comes back without the node
         return None
     return record
 
 
-def probe(ctx: TaskContext) -> BurnIn:
+def probe(ctx: TaskContext, group: Group, kit: Kit) -> BurnIn:
     """Every rank probes, rank 0 scores; every rank gets the verdict (collective: all ranks call it)."""
     env, settings = ctx.env, ctx.spec.health.burn_in
     started = time.perf_counter()
-    layout: list[Any] = [None] * env.world_size
-    dist.all_gather_object(layout, (env.global_rank, env.node_rank, env.node_name or env.hostname))
+    layout = group.all_gather([env.global_rank, env.node_rank, env.node_name or env.hostname])
     names = {rank: name for rank, _, name in layout}
     node_ranks = sorted({node_rank for _, node_rank, _ in layout})
     leaders = [min(rank for rank, nr, _ in layout if nr == k) for k in node_ranks]
-    prober = Prober(ctx, node_ranks.index(env.node_rank), len(node_ranks), leaders)
+    prober = Prober(ctx, kit, node_ranks.index(env.node_rank), len(node_ranks), leaders)
     prober.setup()
     passes: list[dict[str, Any]] = []
-    verdict: list[Any] = [None]
+    verdict: Any = None
     for number in range(PASSES):
         passes.append(prober.measure(time.perf_counter() + settings.budget_s / PASSES, confirming=number > 0))
-        gathered: list[Any] = [None] * env.world_size
-        dist.all_gather_object(gathered, best_of(passes))
+        gathered = group.all_gather(best_of(passes))
         if env.is_main:
             record = assess(gathered, names, settings.margin, settings.mad_k, settings.network_margin)
             record.job_id, record.step_id, record.passes = env.job_id, os.environ.get(STEP_ID_VAR), number + 1
             record.seconds, record.time = round(time.perf_counter() - started, 2), round(time.time(), 3)
             record.phases_s = dict(prober.phases)
-            verdict[0] = record.model_dump(mode="json")
-        again = [bool(env.is_main and verdict[0]["flagged"])]
-        dist.broadcast_object_list(again, src=0)  # every rank measures again, or none
-        if not again[0]:
+            verdict = record.model_dump(mode="json")
+        if not group.broadcast(bool(env.is_main and verdict["flagged"])):  # every rank measures again, or none
             break
-    dist.broadcast_object_list(verdict, src=0)
-    return BurnIn.model_validate(verdict[0])
+    return BurnIn.model_validate(group.broadcast(verdict))
 
 
 def decide_here(ctx: TaskContext, record: BurnIn) -> str:
@@ -288,6 +303,7 @@ def _leave(exit_process: Callable[[int], object], status: int) -> None:
             stream.flush()
         except Exception:
             pass
-    if torch.cuda.is_available():
+    torch = sys.modules.get("torch")  # a torch kit's queued work is done before the process ends
+    if torch is not None and torch.cuda.is_available():
         torch.cuda.synchronize()
     exit_process(status)

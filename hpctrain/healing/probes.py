@@ -1,17 +1,13 @@
 """The burn-in's probes, run by every rank of a training step before it trains (``healing/burn_in.py``).
 
 * :func:`compute_probe`: forward+backward passes of the run's own model on
-  synthetic data (a matrix product for an entry point or a script), at a batch every rank
-  agrees on, each pass long enough (>= :data:`MIN_PASS_S` on the fastest
-  rank) that a CPU quota or a throttled GPU shows, in rounds every rank starts
-  together; the median round counts, so a passing hiccup (or a lucky round)
-  does not.
+  synthetic data (a matrix product for an entry point or a script), in
+  ``plain_probes.compute_probe``'s rounds, over torch's all-reduce.
 * :func:`ring_allreduce` and :func:`pairwise_allreduce`: the DDP bucket size
   (25 MB) all-reduced over every rank, then between the first ranks of pairs
   of nodes (``scores.pair_rounds``), on the run's backend.
-* :func:`read_probe`: one rank per node reads the dataset (or its packed
-  image) for a bounded time, different files on each node, dropping them from
-  the page cache first where the kernel allows.
+* ``plain_probes.read_probe``: one rank per node reads the dataset (or its
+  packed image) for a bounded time (no torch: a CPU script's burn-in runs it too).
 * :func:`gpu_problems`: NVML's word on this rank's GPU (ECC, retired or
   remapped memory, clocks held down) and, on a node's first rank, the GPU count.
 
@@ -20,8 +16,11 @@ A burn-in with one process per node (a torchrun job's node task, a script's
 the compute workload runs on each of them at once (:func:`on_every_device`:
 a pass ends when the slowest GPU's has), and NVML looks at each.
 
-Every probe stops at its deadline; collectives agree on their repeat counts
-first (all-reduce MIN), so no rank waits for one that gave up. Task side: torch.
+:class:`TorchGroup` and :class:`TorchKit` are what ``healing/burn_in.py``
+runs these with (``plain_group.PlainGroup`` and ``plain_probes.PlainKit``
+without torch). Every probe stops at its deadline; collectives agree on their
+repeat counts first (all-reduce MIN), so no rank waits for one that gave up.
+Task side: torch.
 """
 
 from __future__ import annotations
@@ -30,28 +29,21 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from hpctrain.healing import plain_probes
+from hpctrain.healing.plain_group import BUCKET_MB
+from hpctrain.healing.plain_probes import Rounds
 from hpctrain.jobspec.models import JobSpec
+from hpctrain.runtime.context import TaskContext
 
 log = logging.getLogger(__name__)
 
-BUCKET_MB = 25.0  # DistributedDataParallel's default bucket_cap_mb: what each all-reduce of a step moves
-MIN_PASS_S = 0.3  # CFS quotas act per 100 ms period: a shorter pass could slip between throttles
-CALIBRATION_GROWTH = 4  # the batch's factor from one calibration pass to the next (pass_batch)
 ROUNDS = 3  # all-reduce repeats
-COMPUTE_ROUNDS = 8  # compute passes at most, as many as the deadline allows
-STEADY_ROUNDS = 4  # ... and fewer once every rank's first rounds agree within STEADY_SPREAD (steady_enough)
-STEADY_SPREAD = 1.3
 PAIR_REPEATS = 5
-READ_CHUNK = 4 << 20
-READ_MAX_BYTES = 256 << 20
-MIN_READ_S = 0.5  # the read probe gets at least this long, even when the others used up the budget
-MIN_READ_BYTES = 4 << 20  # less than this says more about opening files than about reading them: no number
 MODEL_STRATEGIES = ("ddp", "single", "dp")  # others: the matrix-product probe
 
 
@@ -132,53 +124,15 @@ def on_every_device(works: Sequence[Callable[[int], None]], devices: Sequence[to
 
 
 def compute_probe(work: Callable[[int], None], device: torch.device, deadline: float, max_batch: int) -> list[float]:
-    """Milliseconds of each pass of ``work`` at the agreed batch: up to :data:`COMPUTE_ROUNDS` rounds, each
-    started on every rank together, so that they share the machine alike (collective: every rank calls it),
-    :data:`STEADY_ROUNDS` when every rank's agree (:func:`steady_enough`). Their median is the node's number:
-    a lucky or unlucky round moves it little."""
-    # the fastest rank's pass must last MIN_PASS_S: a slow rank's own choice would make everyone's passes short
-    batch = int(agree_min(float(pass_batch(work, device, max_batch)), device, op="MAX"))
-    times: list[float] = []
-    while True:  # every round starts on every rank at once (the all-reduce)
-        more = len(times) < COMPUTE_ROUNDS and (not times or time.perf_counter() + max(times) / 1000 < deadline)
-        if not agree_min(1.0 if more else 0.0, device):
-            break
-        if len(times) >= STEADY_ROUNDS and not agree_min(0.0 if steady_enough(times) else 1.0, device, op="MAX"):
-            break  # every rank measured the same pass again and again: more rounds would say it again
-        started = time.perf_counter()
-        work(batch)
-        _sync(device)
-        times.append(round((time.perf_counter() - started) * 1000, 3))
-    return times
+    """``plain_probes.compute_probe`` on ``device``, its rounds agreed over the default group."""
+    return plain_probes.compute_probe(
+        work, deadline, max_batch, agree=lambda value, op: agree_min(value, device, op), sync=lambda: _sync(device)
+    )
 
 
 def pass_batch(work: Callable[[int], None], device: torch.device, max_batch: int) -> int:
-    """The batch at which a pass of ``work`` lasts :data:`MIN_PASS_S` here (at most ``max_batch``), measured at
-    a batch that grows :data:`CALIBRATION_GROWTH`-fold until a pass lasts half of that: a pass of two samples
-    is mostly fixed costs (the call, autograd's graph, waking threads), and a loaded machine stretches those
-    most. Scaled from it, CI #53's matrix-product passes came out at 3-8 ms, where one time slice given to
-    another process doubled a pass and a healthy node of two was flagged at 2.9x. Every pass after the first
-    (allocations, kernels, the first autograd graph) is timed; the last one counts."""
-    largest = max(2, max_batch)
-    work(2)  # the warm-up; batch norm wants two samples
-    _sync(device)
-    batch = 2
-    while True:
-        started = time.perf_counter()
-        work(batch)
-        _sync(device)
-        seconds = max(time.perf_counter() - started, 1e-6)
-        if seconds >= MIN_PASS_S / 2 or batch >= largest:
-            break
-        batch = min(largest, batch * CALIBRATION_GROWTH)
-    return max(2, min(largest, round(batch * MIN_PASS_S / seconds)))
-
-
-def steady_enough(rounds_ms: Sequence[float]) -> bool:
-    """Whether a rank's rounds agree (slowest / fastest within :data:`STEADY_SPREAD`): its median would not move
-    with more. A CPU quota is steady too (every round slowed alike), so a slow node is flagged as before; a
-    machine whose load comes and goes runs every round the deadline allows. Pure."""
-    return len(rounds_ms) >= STEADY_ROUNDS and max(rounds_ms) <= STEADY_SPREAD * max(min(rounds_ms), 1e-6)
+    """``plain_probes.pass_batch`` on ``device``."""
+    return plain_probes.pass_batch(work, max_batch, sync=lambda: _sync(device))
 
 
 # -------------------------------------------------------------------------------------------- all-reduce
@@ -251,67 +205,6 @@ def pairwise_allreduce(
     return mine
 
 
-# -------------------------------------------------------------------------------------------- read
-
-
-def _drop_cache(fd: int, length: int) -> None:
-    try:
-        os.posix_fadvise(fd, 0, length, os.POSIX_FADV_DONTNEED)
-    except (AttributeError, OSError):
-        pass
-
-
-def read_targets(root: Path, train_dir: str, node_index: int, nodes: int, limit: int = 4096) -> list[Path]:
-    """Files this node reads: the packed image itself, or every ``nodes``-th file of the train split from
-    ``node_index`` on, class folder by class folder (at most ``limit`` names listed)."""
-    if root.is_file():
-        return [root]
-    split = root / train_dir
-    if not split.is_dir():
-        return []
-    found: list[Path] = []
-    with os.scandir(split) as classes:
-        folders = sorted(entry.path for entry in classes if entry.is_dir(follow_symlinks=False))
-    for folder in folders:
-        with os.scandir(folder) as files:
-            found += sorted(Path(e.path) for e in files if e.is_file(follow_symlinks=False))
-        if len(found) >= limit:
-            break
-    return found[node_index::nodes]
-
-
-def read_probe(targets: Sequence[Path], node_index: int, deadline: float) -> float | None:
-    """MB/s reading ``targets`` until the deadline (a packed image: chunks from this node's own offset)."""
-    done, started = 0, time.perf_counter()
-    for path in targets:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            size = os.fstat(fd).st_size
-            offset = 0 if len(targets) > 1 else (node_index * 37 * READ_CHUNK) % max(size, 1)
-            _drop_cache(fd, size)
-            os.lseek(fd, offset, os.SEEK_SET)
-            while done < READ_MAX_BYTES and time.perf_counter() < deadline:
-                block = os.read(fd, READ_CHUNK)
-                if not block:
-                    if len(targets) > 1 or offset == 0:
-                        break
-                    os.lseek(fd, 0, os.SEEK_SET)  # wrapped around the image
-                    offset = 0
-                    continue
-                done += len(block)
-        finally:
-            os.close(fd)
-        if done >= READ_MAX_BYTES or time.perf_counter() >= deadline:
-            break
-    elapsed = time.perf_counter() - started
-    if done < MIN_READ_BYTES or elapsed <= 0:
-        return None
-    return round(done / (1 << 20) / elapsed, 1)
-
-
 # -------------------------------------------------------------------------------------------- GPU
 
 
@@ -380,3 +273,72 @@ def _throttle_names(nvml: Any, mask: int) -> list[str]:
         "nvmlClocksThrottleReasonHwPowerBrakeSlowdown": "power brake",
     }
     return [label for attribute, label in names.items() if mask & int(getattr(nvml, attribute, 0))]
+
+
+# -------------------------------------------------------------------------------------------- the kit
+
+
+class TorchGroup:
+    """The burn-in's collectives over the default process group (``plain_group.PlainGroup``'s, with torch)."""
+
+    def __init__(self) -> None:
+        self.rank = dist.get_rank()
+
+    def all_gather(self, value: Any) -> list[Any]:
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, value)
+        return gathered
+
+    def broadcast(self, value: Any) -> Any:
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+
+class TorchKit:
+    """What ``healing/burn_in.py``'s prober runs with torch: the run's model (or a matrix product) on this
+    rank's device, or on every GPU of the node when this is its only process (a torchrun node task, a
+    ``per: node`` task); the all-reduces on the run's backend; NVML."""
+
+    def __init__(self, ctx: TaskContext) -> None:
+        self.ctx = ctx
+        self.devices: list[torch.device] = [ctx.device]
+        self.work: Callable[[int], None] | None = None
+        self.max_batch = 2
+
+    def setup(self) -> None:
+        """Build the workload (the run's model: imports torchvision, which the trainer pays anyway)."""
+        device = self.ctx.device
+        count = torch.cuda.device_count() if device.type == "cuda" else 1
+        self.devices = node_devices(device, self.ctx.env.local_world_size, count)
+        built = [compute_workload(self.ctx.spec, one) for one in self.devices]
+        self.work = on_every_device([work for work, _ in built], self.devices)
+        self.max_batch = min(largest for _, largest in built)
+
+    def gpu_problems(self, first_on_node: bool) -> list[str]:
+        expected = self.ctx.spec.resources.gpus_per_node or 0
+        return [
+            problem
+            for number, one in enumerate(self.devices)
+            for problem in gpu_problems(one, expected, first_on_node and number == 0)
+        ]
+
+    def compute(self, deadline: float) -> list[float]:
+        assert self.work is not None
+        return compute_probe(self.work, self.ctx.device, deadline, self.max_batch)
+
+    def ring(self, deadline: float) -> float | None:
+        return ring_allreduce(bucket(self.ctx.device), deadline)
+
+    def pairs(
+        self, leaders: Sequence[int], rounds: Rounds, deadline: float, *, one_at_a_time: bool
+    ) -> dict[int, float]:
+        return pairwise_allreduce(bucket(self.ctx.device), leaders, rounds, deadline, one_at_a_time=one_at_a_time)
+
+    def close(self) -> None:
+        self.work = None
+        if self.ctx.device.type == "cuda":
+            torch.cuda.empty_cache()  # the probe's model copy and buckets: the trainer's memory now

@@ -177,10 +177,9 @@ def test_a_kept_node_lets_every_rank_train_and_a_requeue_ends_them(tmp_path, mon
 
     monkeypatch.delenv("HPCTRAIN_STEP_ID", raising=False)
     monkeypatch.delenv("HPCTRAIN_BURN_IN", raising=False)
-    fake_dist = SimpleNamespace(is_initialized=lambda: True, barrier=lambda: None)
-    fake_dist.broadcast_object_list = lambda objects, src: None  # one process: rank 0's answer is everyone's
-    monkeypatch.setattr(burn_in, "dist", fake_dist)
-    monkeypatch.setattr(burn_in, "probe", lambda ctx: flagged_record())
+    # one process: rank 0's answer is everyone's
+    group = SimpleNamespace(rank=0, barrier=lambda: None, broadcast=lambda value: value)
+    monkeypatch.setattr(burn_in, "probe", lambda ctx, group, kit: flagged_record())
     for usable, expected in (({"n1": "mixed", "n2": "mixed", "n3": "mixed"}, "keep"), ({"n4": "idle"}, "requeue")):
         folder = tmp_path / expected
         folder.mkdir()
@@ -189,7 +188,7 @@ def test_a_kept_node_lets_every_rank_train_and_a_requeue_ends_them(tmp_path, mon
         )
         ctx.device = SimpleNamespace(type="cpu")
         exits: list[int] = []
-        record = burn_in.run_burn_in(ctx, exit_process=exits.append)
+        record = burn_in.run_burn_in(ctx, exit_process=exits.append, plain=group)
         if expected == "keep":
             assert record is not None and record.action == "keep" and exits == []
         else:
@@ -203,7 +202,8 @@ def test_compute_rounds_end_early_only_when_every_round_agrees() -> None:
 
     import torch
 
-    from hpctrain.healing.probes import COMPUTE_ROUNDS, STEADY_ROUNDS, compute_probe, steady_enough
+    from hpctrain.healing.plain_probes import COMPUTE_ROUNDS, STEADY_ROUNDS, steady_enough
+    from hpctrain.healing.probes import compute_probe
 
     assert steady_enough([100.0, 110.0, 125.0, 104.0])
     assert not steady_enough([100.0, 100.0, 100.0])  # too few to tell
@@ -230,7 +230,8 @@ def test_the_pass_batch_is_measured_where_the_fixed_costs_no_longer_dominate() -
 
     import torch
 
-    from hpctrain.healing.probes import MIN_PASS_S, pass_batch
+    from hpctrain.healing.plain_probes import MIN_PASS_S
+    from hpctrain.healing.probes import pass_batch
 
     def work(batch: int) -> None:
         time.sleep(0.005 + batch * 1e-4)

@@ -151,13 +151,17 @@ def test_a_burn_in_still_running_after_a_stop_is_ended(monkeypatch: pytest.Monke
     assert said[-1] == "the burn-in did not end in time after the stop: ended"
 
 
-def test_without_torch_there_is_no_burn_in_and_one_line_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_torch_a_gpu_script_has_no_burn_in_and_a_cpu_script_has_its_plain_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(script_burn_in.importlib.util, "find_spec", lambda name: None)
     child = FakeChild(0)
-    found, exits, said = run(child, monkeypatch)
+    found, exits, said = run(child, monkeypatch, resources={"nodes": 3, "tasks_per_node": 2, "gpus_per_node": 2})
     assert (found, exits, child.argv) == (None, [], [])
     [line] = said
     assert line.startswith("no burn-in: torch is not installed in ") and "the script starts without one" in line
+    child = FakeChild(0)
+    assert run(child, monkeypatch)[0] == "train" and script_burn_in.MODULE in child.argv
 
 
 def test_turned_off_it_starts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
