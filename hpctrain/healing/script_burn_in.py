@@ -16,7 +16,7 @@ verdict; its end frees what the probes held (a CUDA context lives as long as
 its process, so none is left to the script). On CPUs (:func:`plain`) the
 child imports no torch: its group is plain TCP (``plain_group.py``), its
 compute probe a hash workload and its link probe a pair's exchange
-(``plain_probes.py``); it starts ~2.5 s sooner, and a wrapper without torch
+(``plain_probes.py``): no torch import (2.2-2.7 s of a start), and a wrapper without torch
 gets a burn-in too.
 
 A CPU job with several wrapper tasks on a node runs one child per node
