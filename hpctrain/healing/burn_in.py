@@ -195,7 +195,7 @@ def run_burn_in(
         return None
     if plain is not None:
         group: Group = plain
-        kit: Kit = plain_probes.PlainKit(ctx, plain)
+        kit: Kit = plain_probes.PlainKit(plain)
     else:
         import torch.distributed as dist
 

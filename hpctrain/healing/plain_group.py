@@ -98,13 +98,10 @@ class PlainGroup:
 
     def _admit(self, conn: socket.socket) -> None:
         """Keep ``conn`` when it says it is one of this start's members not yet joined; else close it."""
-        conn.settimeout(HELLO_S)
-        try:
-            hello = receive(conn)
-        except (OSError, ValueError):
-            conn.close()
+        hello = _hello(conn)
+        if hello is None:
             return
-        rank = hello.get("rank") if isinstance(hello, dict) else None
+        rank = hello.get("rank")
         fits = isinstance(rank, int) and not isinstance(rank, bool) and 0 < rank < self.world
         if not fits or hello.get("key") != self.key or hello.get("world") != self.world or rank in self._peers:
             conn.close()
@@ -113,18 +110,12 @@ class PlainGroup:
         self._peers[rank] = conn
 
     def _join(self, address: str, port: int, deadline: float) -> None:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise DistributedSetupError(
-                    f"the burn-in's rank {self.rank} on {socket.gethostname()} could not reach rank 0 at "
-                    f"{address}:{port} within {self.timeout_s:g} s"
-                )
-            try:
-                conn = socket.create_connection((address, port), timeout=min(left, 2.0))
-                break
-            except OSError:
-                time.sleep(RETRY_S)
+        conn = _dial(address, port, deadline)
+        if conn is None:
+            raise DistributedSetupError(
+                f"the burn-in's rank {self.rank} on {socket.gethostname()} could not reach rank 0 at "
+                f"{address}:{port} within {self.timeout_s:g} s"
+            )
         conn.settimeout(self.timeout_s)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._control = conn
@@ -219,16 +210,11 @@ class PlainGroup:
         until = time.monotonic() + max(0.0, deadline - time.perf_counter()) + self.timeout_s
         if self.rank < peer:
             address, port, token = self._pairs[peer]
-            while time.monotonic() < until:
-                try:
-                    conn = socket.create_connection((address, int(port)), timeout=2.0)
-                except OSError:
-                    time.sleep(RETRY_S)
-                    continue
+            conn = _dial(address, int(port), until)
+            if conn is not None:
                 conn.settimeout(self.timeout_s)
                 self._call(send, conn, {"token": token, "from": self.rank})
-                return conn
-            return None
+            return conn
         assert self._listener is not None
         while (left := until - time.monotonic()) > 0:
             self._listener.settimeout(left)
@@ -238,13 +224,8 @@ class PlainGroup:
                 break
             except OSError:
                 continue
-            conn.settimeout(HELLO_S)
-            try:
-                hello = receive(conn)
-            except (OSError, ValueError):
-                conn.close()
-                continue
-            if isinstance(hello, dict) and hello.get("token") == self._token and hello.get("from") == peer:
+            hello = _hello(conn)
+            if hello is not None and hello.get("token") == self._token and hello.get("from") == peer:
                 return conn
             conn.close()
         return None
@@ -255,6 +236,31 @@ class PlainGroup:
                 with contextlib.suppress(OSError):
                     conn.close()
         self._peers.clear()
+
+
+def _dial(address: str, port: int, until: float) -> socket.socket | None:
+    """A connection to ``address:port``, tried again every :data:`RETRY_S` until ``until`` (monotonic);
+    None when nothing answered by then (the listener may not be up yet: its process is still starting)."""
+    while (left := until - time.monotonic()) > 0:
+        try:
+            return socket.create_connection((address, port), timeout=min(left, 2.0))
+        except OSError:
+            time.sleep(RETRY_S)
+    return None
+
+
+def _hello(conn: socket.socket) -> dict[str, Any] | None:
+    """The first message of a connection just accepted, when it is a JSON object sent within :data:`HELLO_S`;
+    else None, and ``conn`` is closed (a stranger, or a member that went silent)."""
+    conn.settimeout(HELLO_S)
+    try:
+        hello = receive(conn)
+    except (OSError, ValueError):
+        hello = None
+    if not isinstance(hello, dict):
+        conn.close()
+        return None
+    return hello
 
 
 def _send_all(conn: socket.socket, data: bytes, failure: list[BaseException]) -> None:

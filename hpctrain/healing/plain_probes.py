@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from hpctrain.healing.plain_group import PAIR_BYTES, PlainGroup
 
@@ -246,7 +245,7 @@ class PlainKit:
     :func:`compute_probe`'s rounds and :func:`pair_rates` over the :class:`PlainGroup`; no ring
     all-reduce (a script's collectives are its own) and no GPU. The torch kit: ``probes.TorchKit``."""
 
-    def __init__(self, ctx: Any, group: PlainGroup) -> None:
+    def __init__(self, group: PlainGroup) -> None:
         self.group = group
         self.work: HashWork | None = None
 

@@ -128,6 +128,12 @@ def plain(spec: JobSpec) -> bool:
     return spec.script is not None and not spec.uses_gpus
 
 
+def attempt_key(env: TaskEnv, environ: Mapping[str, str]) -> str:
+    """This start of the step, the same on every task: the supervisor's step id, else the job id and restart
+    count. Its burn-in port and verdict files are derived from it, and a plain group's members say it. Pure."""
+    return environ.get(STEP_ID_VAR) or f"{env.job_id}.{env.restart_count}"
+
+
 def node_prober(spec: JobSpec, env: TaskEnv) -> bool:
     """Whether one child per node probes for every wrapper task of the node: a CPU job with several tasks on a
     node (``per: rank``). Its first task's child joins a group of one member per node and its verdict goes to
@@ -158,7 +164,7 @@ def before_script(
     if not plain(spec) and importlib.util.find_spec("torch") is None:
         say(f"no burn-in: torch is not installed in {sys.executable}; {starts} starts without one")
         return None
-    attempt = os.environ.get(STEP_ID_VAR) or f"{env.job_id}.{env.restart_count}"
+    attempt = attempt_key(env, os.environ)
     verdict = burn_in_verdict_path(run_dir, attempt, env.node_rank) if node_prober(spec, env) else None
     if verdict is not None and env.local_rank != 0:
         found, code = follow(verdict, spec, stop, say=say, after_stop=after_stop), None
@@ -289,8 +295,7 @@ def main(argv: list[str]) -> int:
         if plain(spec):
             from hpctrain.healing.plain_group import CPU, joined
 
-            key = f"{env.job_id}.{env.restart_count}.{os.environ.get(STEP_ID_VAR, '')}"
-            with joined(env, port, key, spec.distributed.timeout_s) as group:
+            with joined(env, port, attempt_key(env, os.environ), spec.distributed.timeout_s) as group:
                 laps.append(time.time())
                 ctx = TaskContext(env=env, spec=spec, run_dir=run_dir, device=CPU, stop=StopRequest())  # type: ignore[arg-type]
                 run_burn_in(ctx, exit_process=_leave, plain=group)
