@@ -117,6 +117,8 @@ def main() -> int:
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)  # a folder named on the command line need not exist yet
     with tempfile.TemporaryDirectory(prefix="hpctrain-task-ckpt-", dir=args.dir) as tmp:
         root = Path(tmp)
         port = str(free_port())
