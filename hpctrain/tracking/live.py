@@ -46,9 +46,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import NoReturn
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from hpctrain.contract.rundir import tracking_dir, write_json_atomic
 from hpctrain.errors import HpctrainError
