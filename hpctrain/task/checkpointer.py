@@ -173,14 +173,14 @@ class Checkpointer:
                 error = self._writer.write(dcp_io.by_part(share) if shared else share, tmp, step, facts, started)
                 self._settle(step, tmp, error)  # every rank returns once rank 0 put the folder in place
             else:
-                staged, error = None, None
+                staged: dict[str, Any] = {}
+                error: BaseException | None = None
                 try:
                     staged = self._staging.stage(share, flat=shared)
-                except DCP_ERRORS as exc:  # every rank learns of it in _settle, then raises
+                except DCP_ERRORS as exc:  # its write fails every rank's (writing.py); wait() raises it on all
                     error = exc
-                self._settle(step, tmp, error)
                 self._pending_tmp = tmp
-                self._writer.start(staged, tmp, step, facts, started)  # last: the writer thread wants the GIL
+                self._writer.start(staged, tmp, step, facts, started, failed=error)  # last: it wants the GIL
         self.step = step
         self.last_stall_s = time.perf_counter() - started
         if current.summary is not None:
@@ -359,7 +359,7 @@ class Checkpointer:
     # -- helpers ----------------------------------------------------------------------------------------------------
     def _replicated(self, state: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, int], int]:
         """(DCP's flat state, its replicated entries' sizes, their signature), when there are node writers."""
-        if not self._group.node_writers():
+        if not self._group.writers():
             return None, {}, 0  # one process: it writes everything
         flat = dcp_io.flat_keys(state)
         replicated = dcp_io.replicated_sizes(flat)
@@ -373,13 +373,14 @@ class Checkpointer:
         if flat is None or alike is None:
             return state
         if self._owners is None or self._owners[0] != alike:  # the same entries: the same assignment
-            self._owners = (alike, dcp_io.assign_replicated(replicated, self._group.node_writers()))
+            self._owners = (alike, dcp_io.assign_replicated(replicated, self._group.writers()))
         owner, rank = self._owners[1], self.info.rank
         return {key: value for key, value in flat.items() if owner.get(key, rank) == rank}
 
     def _failed(self, what: str, step: int | None, exc: BaseException) -> CheckpointError:
         return CheckpointError(
-            f"{what} of checkpoint step {step} under {self.directory} failed on rank {self.info.rank}: {exc}",
+            f"{what} of checkpoint step {step} under {self.directory} failed on rank {self.info.rank}: "
+            f"{first_line(exc)}",  # DCP's gathered failure prints every rank's traceback: its first rank's line
             hint="check free space and permissions of the checkpoint directory; the previous checkpoint is intact",
         )
 

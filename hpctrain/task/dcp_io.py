@@ -33,14 +33,17 @@ DCP writes a folder: one ``__R_0.distcp`` file per writing rank and a
   offsets and sizes -- is a non-negative int, the chunks fill the entry's
   size exactly, and their bytes are stored (:func:`check_storage`); a tensor
   is allocated at the shape the loop holds (``checkpoint_check.check_fits``).
-* **Replicated state is written once, by one rank per node.** A value every
-  rank holds alike (DDP's weights, a scheduler's state) is assigned to one of
-  the nodes' first ranks (:func:`assign_replicated`, balanced by size), and
-  only that rank hands it to DCP: the others neither copy it (an async save's
-  staging) nor plan it. The writes spread over the nodes (each node's disk or
-  network link carries its share), never all through rank 0. Should the ranks'
+* **Replicated state is written once, its entries dealt out over every rank.**
+  A value every rank holds alike (DDP's weights, a scheduler's state) is
+  assigned to one rank (:func:`assign_replicated`, balanced by size, each
+  node's first rank dealt to before any node's second), and only that rank
+  hands it to DCP: the others neither copy it (an async save's staging) nor
+  plan it. The copies and writes spread over the nodes (each node's disk or
+  network link carries its share) and over a node's ranks (each copies a
+  part: an async save's stall on 4 ranks of one node was rank 0 copying all
+  of it), never all through rank 0. Should the ranks'
   replicated entries differ, every rank hands DCP everything and
-  :class:`NodeWriterPlanner` dedups among the node writers. Sharded values
+  :class:`SharePlanner` dedups among the writers. Sharded values
   (FSDP2's DTensors) are written by the rank that holds each shard.
 """
 
@@ -52,7 +55,7 @@ import os
 import pickle
 import zlib
 from collections import OrderedDict, defaultdict
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -143,8 +146,8 @@ def load_metadata(path: Path, max_bytes: int = MAX_METADATA_BYTES) -> Metadata:
     return metadata
 
 
-class NodeWriterPlanner(DefaultSavePlanner):
-    """DCP's save planner; a value several ranks hold goes to one of ``writers`` (each node's first rank)."""
+class SharePlanner(DefaultSavePlanner):
+    """DCP's save planner; a value several ranks hold goes to one of ``writers`` (``SideGroup.writers``)."""
 
     def __init__(self, writers: Collection[int] = ()) -> None:
         super().__init__()
@@ -196,16 +199,18 @@ def signature(sizes: Mapping[str, int]) -> int:
     return zlib.crc32("\n".join(f"{key}:{size}" for key, size in sorted(sizes.items())).encode())
 
 
-def assign_replicated(sizes: Mapping[str, int], writers: Collection[int]) -> dict[str, int]:
-    """Each replicated entry -> the writer that saves it: largest first, to the writer with the least so far.
+def assign_replicated(sizes: Mapping[str, int], writers: Sequence[int]) -> dict[str, int]:
+    """Each replicated entry -> the writer that saves it: largest first, to the writer with the least so far
+    (of equals, the one listed first: ``SideGroup.writers`` lists each node's first rank before any second).
 
     A pure function of the entries and the writers, so every rank computes the same answer alone; each
     rank then hands DCP only its own share (the others' copies are neither staged nor planned).
     """
-    load = {writer: 0 for writer in sorted(writers)}
+    order = {writer: position for position, writer in enumerate(writers)}
+    load = dict.fromkeys(order, 0)
     owner = {}
     for key, size in sorted(sizes.items(), key=lambda item: (-item[1], item[0])):
-        writer = min(load, key=lambda w: (load[w], w))
+        writer = min(load, key=lambda w: (load[w], order[w]))
         owner[key] = writer
         load[writer] += size
     return owner

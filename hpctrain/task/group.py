@@ -4,7 +4,7 @@ Every collective a checkpoint makes goes through groups of its own, made once
 when the checkpointer is built (every rank builds them, like any process group):
 
 * its timeout bounds every wait: a save or load that some ranks never join
-  fails within ``timeout_s`` -- :meth:`SideGroup.arrive`'s monitored barrier
+  fails within ``timeout_s`` -- :meth:`SideGroup.arrive` (every rank's word to rank 0, its answer back)
   names the ranks that did not come -- instead of hanging until the training
   group's timeout (or forever);
 * making the groups is collective too, but it is not a point where the ranks
@@ -16,8 +16,8 @@ when the checkpointer is built (every rank builds them, like any process group):
   planning collectives, and an async save's collectives in its background
   thread (on a second group, apart from the checkpointer's own), never mix
   with the training loop's collectives or with each other;
-* it knows each node's first rank (:meth:`SideGroup.node_writers`), where
-  replicated state is written (``dcp_io.NodeWriterPlanner``).
+* it knows each rank's local rank (:meth:`SideGroup.writers`), which orders
+  who writes what of the replicated state (``dcp_io.assign_replicated``).
 
 Without a process group (one process) every method is a no-op.
 """
@@ -25,7 +25,7 @@ Without a process group (one process) every method is a no-op.
 from __future__ import annotations
 
 import contextlib
-import re
+import time
 import warnings
 from collections.abc import Iterator
 from datetime import timedelta
@@ -44,11 +44,14 @@ from hpctrain.task.session import session
 # the error one rank raised alone.
 DCP_ERRORS = (Exception, CheckpointException)
 
-# gloo's monitored barrier on rank 0: "Ranks 1, 3 failed to pass monitoredBarrier in 5000 ms"
 _SEE_RANK_0 = "see rank 0's log"
 _LOWEST = -(2**62)  # what a rank other than 0 offers in arrive(): below any offer of rank 0's
-_MISSING = re.compile(r"Ranks? ([\d, ]+?) failed to pass monitoredBarrier")
+_ARRIVE_TAG = 0x6870  # the tag of arrive()'s messages ("hp")
 BUILD_WAIT_S = 300.0  # how long making the groups waits for every rank to make them
+
+
+class _Missing(Exception):
+    """A rank that did not come to :meth:`SideGroup.arrive` within the timeout (the message names it)."""
 
 
 class SideGroup:
@@ -86,12 +89,15 @@ class SideGroup:
                 ) from exc
             for group in (self._group, self._dcp_group):
                 shorten(group, self.timeout)
-            self._writers = tuple(rank for rank, value in enumerate(gathered) if int(value) == 0)
+            # every rank, by local rank: each node's first rank, then each node's second one, ...
+            self._writers = tuple(sorted(range(len(gathered)), key=lambda rank: (int(gathered[rank]), rank)))
             self._made = True
         return self._group
 
-    def node_writers(self) -> tuple[int, ...]:
-        """The first rank of each node (where local rank is 0)."""
+    def writers(self) -> tuple[int, ...]:
+        """Every rank, the first rank of each node first, then the second of each, ...: the order in which
+        replicated entries are dealt out (``dcp_io.assign_replicated``), so that the nodes share them evenly
+        and so do the ranks of a node."""
         self._ensure()
         return self._writers or ()
 
@@ -110,28 +116,26 @@ class SideGroup:
     def arrive(self, what: str, step: int, *, alike: int = 0, offer: int = 0) -> tuple[bool, int]:
         """Every rank is at ``what`` (within the timeout), and at the same ``step``; else a clear error.
 
-        In the same collective: whether every rank passed the same ``alike`` (a signature), and rank 0's
-        ``offer`` (what the others pass is ignored) -- a save agrees on both at once, not in one collective
-        each (every collective is a wait for the slowest rank while the loop is blocked).
+        In the same exchange: whether every rank passed the same ``alike`` (a signature), and rank 0's
+        ``offer`` (what the others pass is ignored) -- a save agrees on all of it at once, in one exchange
+        (:meth:`_gather_max`), not in a barrier and a reduction: every message round is a wait for the
+        slowest rank while the loop is blocked.
         """
         group = self._ensure()
         if group is None:
             return True, offer
         rank = dist.get_rank()
+        offered = offer if rank == 0 else _LOWEST
+        mine = torch.tensor([step, -step, alike, -alike, offered], dtype=torch.int64)
         try:
-            dist.monitored_barrier(group=group, timeout=self.timeout, wait_all_ranks=True)
-        except RuntimeError as exc:
-            missing = _MISSING.search(str(exc))
-            who = f"rank{'s' if ',' in missing[1] else ''} {missing[1]} did not" if missing else first_line(exc)
+            bounds = self._gather_max(group, mine)
+        except _Missing as exc:
             raise CheckpointError(
                 f"checkpoint {what} on rank {rank}: not every rank called it within "
-                f"{self.timeout.total_seconds():g} s ({who})",
+                f"{self.timeout.total_seconds():g} s ({exc})",
                 hint="every rank must call save()/load() at the same step; an `if rank == 0:` around "
                 "save() is the usual cause (Checkpointer(timeout_s=...) sets the wait)",
             ) from exc
-        offered = offer if rank == 0 else _LOWEST
-        bounds = torch.tensor([step, -step, alike, -alike, offered], dtype=torch.int64)
-        dist.all_reduce(bounds, op=dist.ReduceOp.MAX, group=group)
         high, low = int(bounds[0]), -int(bounds[1])
         if high != low:
             raise CheckpointError(
@@ -139,6 +143,40 @@ class SideGroup:
                 hint="call save() on every rank with the same step number",
             )
         return int(bounds[2]) == -int(bounds[3]), int(bounds[4])
+
+    def _gather_max(self, group: Any, mine: torch.Tensor) -> torch.Tensor:
+        """The element-wise largest of every rank's ``mine``, on every rank: each rank sends its own to rank 0,
+        which waits for all of them within the timeout and answers with the largest -- gloo's monitored
+        barrier's two message rounds, carrying the values, so that one exchange both names the ranks that did
+        not come and agrees (it was a monitored barrier, then an all-reduce with rounds of its own)."""
+        deadline = time.monotonic() + self.timeout.total_seconds()
+
+        def left() -> timedelta:
+            return timedelta(seconds=max(0.001, deadline - time.monotonic()))
+
+        if dist.get_rank() != 0:
+            answer = torch.empty_like(mine)
+            try:
+                dist.isend(mine, dst=0, group=group, tag=_ARRIVE_TAG).wait(left())
+                dist.irecv(answer, src=0, group=group, tag=_ARRIVE_TAG).wait(left())
+            except RuntimeError as exc:
+                raise _Missing(f"rank 0 did not answer: {_SEE_RANK_0}") from exc
+            return answer
+        received = {peer: torch.empty_like(mine) for peer in range(1, dist.get_world_size())}
+        pending = {peer: dist.irecv(value, src=peer, group=group, tag=_ARRIVE_TAG) for peer, value in received.items()}
+        missing = []
+        for peer, work in pending.items():
+            try:
+                work.wait(left())
+            except RuntimeError:
+                missing.append(peer)
+        if missing:
+            names = ", ".join(map(str, missing))
+            raise _Missing(f"rank{'s' if len(missing) > 1 else ''} {names} did not")
+        answer = torch.stack([mine, *received.values()]).amax(dim=0)
+        for work in [dist.isend(answer, dst=peer, group=group, tag=_ARRIVE_TAG) for peer in received]:
+            work.wait(left())
+        return answer
 
     def begin_temp(self, folders: StepFolders, step: int, is_main: bool) -> tuple[int, str]:
         """Rank 0 begins ``step``'s temp folder: (its token as a number, to offer in :meth:`arrive`; -1 and

@@ -151,9 +151,24 @@ class SaveWriter:
             return exc
         return None
 
-    def start(self, staged: dict[str, Any], tmp: Path, step: int, facts: dict[str, Any], started: float) -> None:
-        """Write and commit ``staged`` (a copy nothing else changes) in the background."""
-        self._writing = self._background().submit(self._write, staged, tmp, step, facts, started, prune_later=False)
+    def start(
+        self,
+        staged: dict[str, Any],
+        tmp: Path,
+        step: int,
+        facts: dict[str, Any],
+        started: float,
+        *,
+        failed: BaseException | None = None,
+    ) -> None:
+        """Write and commit ``staged`` (a copy nothing else changes) in the background.
+
+        ``failed``: this rank's copy failed. Its write still joins the others' ``dcp.save``, and fails in its
+        planning step, which DCP gathers: every rank's write fails and rank 0 commits nothing; :meth:`wait`
+        returns the error (an async save's agreement on how it went is the next ``wait``'s, not the stall's)."""
+        self._writing = self._background().submit(
+            self._write, staged, tmp, step, facts, started, prune_later=False, failed=failed
+        )
 
     def wait(self) -> tuple[bool, BaseException | None]:
         """Wait for the background write and pruning: (whether a write was pending, its error)."""
@@ -182,10 +197,18 @@ class SaveWriter:
         return self._thread
 
     def _write(
-        self, state: dict[str, Any], tmp: Path, step: int, facts: dict[str, Any], started: float, *, prune_later: bool
+        self,
+        state: dict[str, Any],
+        tmp: Path,
+        step: int,
+        facts: dict[str, Any],
+        started: float,
+        *,
+        prune_later: bool,
+        failed: BaseException | None = None,
     ) -> None:
         writer = FileWriter(tmp)
-        planner = dcp_io.NodeWriterPlanner(self.group.node_writers())
+        planner = dcp_io.SharePlanner(self.group.writers()) if failed is None else _Failed(failed)
         with self.group.quiet():
             metadata = dcp.save(state, storage_writer=writer, planner=planner, **self.group.dcp_args())
         if not self.is_main:
@@ -204,6 +227,17 @@ class SaveWriter:
         size, digest = file_digest(tmp / dcp_io.METADATA_FILE)
         files[dcp_io.METADATA_FILE] = {"size": size, "sha256": digest}
         self.folders.commit(tmp, step, files=files, info=facts)
+
+
+class _Failed(dcp_io.SharePlanner):
+    """The planner of a rank whose copy failed: its planning step raises that error, which DCP hands every rank."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self.error = error
+
+    def create_local_plan(self) -> SavePlan:
+        raise self.error
 
 
 class FileWriter(FileSystemWriter):

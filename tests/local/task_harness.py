@@ -206,6 +206,38 @@ def async_saves(out: Path, args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def async_copy_fails(out: Path, args: dict[str, Any]) -> dict[str, Any]:
+    """Rank 1's copy to memory fails in the second of three async saves (out of memory, say); what each rank's
+    calls say, and which folders there are."""
+    import torch
+    from torch import nn
+
+    from hpctrain import task
+    from hpctrain.errors import CheckpointError
+
+    torch.manual_seed(0)
+    model = task.ddp(nn.Linear(6, 3))
+    ckpt = task.Checkpointer(args["directory"], async_save=True, keep_last=3, model=model)
+    stage, rank = ckpt._staging.stage, task.context().rank
+
+    def stage_fails_once(*a: Any, **k: Any) -> Any:
+        ckpt._staging.stage = stage
+        raise RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 23461216 bytes.")
+
+    result: dict[str, Any] = {"errors": []}
+    for step in (2, 4, 6):
+        if step == 4 and rank == 1:
+            ckpt._staging.stage = stage_fails_once
+        try:
+            ckpt.save(step)  # step 6's save waits for step 4's write first: that is where step 4 fails
+        except CheckpointError as exc:
+            result["errors"].append(str(exc))
+            ckpt.save(step)  # the failure is behind it: the same save again works
+    ckpt.wait()
+    result["folders"] = sorted(p.name for p in Path(args["directory"]).iterdir())
+    return result
+
+
 def bad_saves(out: Path, args: dict[str, Any]) -> dict[str, Any]:
     """Two mistakes in turn: the ranks save different steps; then only rank 0 saves (`if rank == 0:`)."""
     import torch.distributed as dist
@@ -285,6 +317,7 @@ SCENARIOS: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
     "save_sharded": save_sharded,
     "load_sharded": load_sharded,
     "bad_saves": bad_saves,
+    "async_copy_fails": async_copy_fails,
     "async_saves": async_saves,
 }
 

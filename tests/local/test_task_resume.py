@@ -117,6 +117,19 @@ def test_a_save_not_every_rank_joins_fails_fast_and_names_the_ranks(tmp_path: Pa
     assert results[0]["folders"] == []  # nothing half-written is left
 
 
+def test_an_async_copy_that_fails_on_one_rank_fails_that_save_on_every_rank_and_commits_nothing(tmp_path: Path) -> None:
+    """The copy's failure is not agreed on in the save's stall: rank 1's write fails inside DCP's planning, which
+    fails every rank's write, and the next call that waits for it (here the next save) raises on every rank."""
+    directory = checkpoints_dir(tmp_path)
+    results = run_ranks("async_copy_fails", 2, tmp_path / "out", directory=str(directory))
+    for rank, result in enumerate(results):
+        [error] = result["errors"]
+        assert f"save of checkpoint step 4 under {directory} failed on rank {rank}" in error
+        assert f"failed on rank {rank}: rank 1: DefaultCPUAllocator: not enough memory" in error  # who and why
+        assert "Traceback" not in error  # one line per rank, not DCP's gathered tracebacks
+        assert result["folders"] == ["step-00000002", "step-00000006"]  # no step 4, nothing half-written
+
+
 def test_async_saves_hold_the_state_of_their_step_while_training_goes_on(tmp_path: Path) -> None:
     """Two DDP ranks train between async saves (their collectives run in the background, beside the loop's)."""
     directory = checkpoints_dir(tmp_path)

@@ -77,6 +77,10 @@ def test_replicated_entries_are_shared_among_the_writers_by_size() -> None:
     flat = {"m.a": torch.zeros(100), "m.b": torch.zeros(60), "m.c": torch.zeros(50), "lr": 0.1, "rng/rank-00003": 1}
     sizes = replicated_sizes(flat)
     assert sizes == {"m.a": 400, "m.b": 240, "m.c": 200, "lr": 1}  # a rank's own entry is not replicated
-    assert assign_replicated(sizes, [2, 0]) == {"m.a": 0, "m.b": 2, "m.c": 2, "lr": 0}
+    assert assign_replicated(sizes, [2, 0]) == {"m.a": 2, "m.b": 0, "m.c": 0, "lr": 2}  # equals: the first listed
+    # 2 nodes x 2 ranks, as SideGroup.writers lists them (each node's first rank, then each node's second): the
+    # two largest go to the two nodes, and every rank writes a share
+    four = {"m.a": 400, "m.b": 390, "m.c": 380, "m.d": 370}
+    assert assign_replicated(four, [0, 2, 1, 3]) == {"m.a": 0, "m.b": 2, "m.c": 1, "m.d": 3}
     assert signature(sizes) == signature(dict(reversed(sizes.items())))
     assert signature(sizes) != signature({**sizes, "m.c": 201})
