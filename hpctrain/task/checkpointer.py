@@ -358,7 +358,7 @@ class Checkpointer:
 
     # -- helpers ----------------------------------------------------------------------------------------------------
     def _replicated(self, state: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, int], int]:
-        """(DCP's flat state, its replicated entries' sizes, their signature), when there are node writers."""
+        """(DCP's flat state, its replicated entries' sizes, their signature), when there are several ranks."""
         if not self._group.writers():
             return None, {}, 0  # one process: it writes everything
         flat = dcp_io.flat_keys(state)

@@ -43,13 +43,12 @@ DCP writes a folder: one ``__R_0.distcp`` file per writing rank and a
   part: an async save's stall on 4 ranks of one node was rank 0 copying all
   of it), never all through rank 0. Should the ranks'
   replicated entries differ, every rank hands DCP everything and
-  :class:`SharePlanner` dedups among the writers. Sharded values
+  :class:`LookupPlanner` (DCP's own dedup) spreads them over the ranks. Sharded values
   (FSDP2's DTensors) are written by the rank that holds each shard.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 import pickle
@@ -60,11 +59,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
-from torch.distributed.checkpoint.planner import SavePlan
 from torch.distributed.tensor import DTensor
 
 from hpctrain.contract.runfiles import RunFileError, open_regular
@@ -146,15 +143,9 @@ def load_metadata(path: Path, max_bytes: int = MAX_METADATA_BYTES) -> Metadata:
     return metadata
 
 
-class SharePlanner(DefaultSavePlanner):
-    """DCP's save planner; a value several ranks hold goes to one of ``writers`` (``SideGroup.writers``)."""
-
-    def __init__(self, writers: Collection[int] = ()) -> None:
-        super().__init__()
-        self.writers = frozenset(writers)
-
-    def _dedup_save_plans(self, all_plans: list[SavePlan]) -> list[SavePlan]:
-        return dedup_save_plans(prefer_writers(all_plans, self.writers), save_to_lowest_rank=False)
+class LookupPlanner(DefaultSavePlanner):
+    """DCP's save planner (its dedup of values several ranks hold spreads them over the ranks, as
+    :func:`assign_replicated` does), with a quicker lookup of a whole plain tensor."""
 
     def lookup_object(self, index: MetadataIndex) -> Any:
         """A whole plain tensor as DCP's lookup finds it, without its type checks per value (a runtime
@@ -163,25 +154,6 @@ class SharePlanner(DefaultSavePlanner):
         if type(found) is torch.Tensor and (index.offset is None or not any(index.offset)):
             return found
         return super().lookup_object(index)
-
-
-def prefer_writers(plans: list[SavePlan], writers: Collection[int]) -> list[SavePlan]:
-    """``plans`` (one per rank) without the replicated items of ranks outside ``writers`` where a writer has them."""
-    holders: dict[Any, set[int]] = defaultdict(set)
-    for rank, plan in enumerate(plans):
-        for item in plan.items:
-            holders[item.index].add(rank)
-    drop: dict[int, set[Any]] = defaultdict(set)
-    for index, ranks in holders.items():
-        if len(ranks) > 1 and ranks & set(writers):
-            for rank in ranks - set(writers):
-                drop[rank].add(index)
-    return [
-        dataclasses.replace(plan, items=[item for item in plan.items if item.index not in drop[rank]])
-        if drop[rank]
-        else plan
-        for rank, plan in enumerate(plans)
-    ]
 
 
 def replicated_sizes(flat: Mapping[str, Any]) -> dict[str, int]:

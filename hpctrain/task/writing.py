@@ -208,7 +208,7 @@ class SaveWriter:
         failed: BaseException | None = None,
     ) -> None:
         writer = FileWriter(tmp)
-        planner = dcp_io.SharePlanner(self.group.writers()) if failed is None else _Failed(failed)
+        planner = dcp_io.LookupPlanner() if failed is None else _Failed(failed)
         with self.group.quiet():
             metadata = dcp.save(state, storage_writer=writer, planner=planner, **self.group.dcp_args())
         if not self.is_main:
@@ -229,7 +229,7 @@ class SaveWriter:
         self.folders.commit(tmp, step, files=files, info=facts)
 
 
-class _Failed(dcp_io.SharePlanner):
+class _Failed(dcp_io.LookupPlanner):
     """The planner of a rank whose copy failed: its planning step raises that error, which DCP hands every rank."""
 
     def __init__(self, error: BaseException) -> None:

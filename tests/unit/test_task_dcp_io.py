@@ -1,4 +1,4 @@
-"""dcp_io: replicated state written once per node, metadata unpickled through an allowlist, plain blobs."""
+"""dcp_io: replicated state dealt over the ranks, metadata unpickled through an allowlist, plain blobs."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.distributed.checkpoint.metadata import MetadataIndex
-from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
 
 from hpctrain.errors import CheckpointError
 from hpctrain.task.dcp_io import (
@@ -18,28 +16,10 @@ from hpctrain.task.dcp_io import (
     UnsafeCheckpoint,
     assign_replicated,
     from_blob,
-    prefer_writers,
     replicated_sizes,
     signature,
     to_blob,
 )
-
-
-def plan(*names: str) -> SavePlan:
-    return SavePlan([WriteItem(index=MetadataIndex(name), type=WriteItemType.BYTE_IO) for name in names])
-
-
-def names(found: SavePlan) -> list[str]:
-    return [item.index.fqn for item in found.items]
-
-
-def test_replicated_items_go_to_the_node_writers_and_shards_stay() -> None:
-    # 2 nodes x 2 ranks: ranks 0 and 2 are the nodes' first; "w" is replicated, "s<r>" each rank's shard
-    plans = [plan("w", "s0"), plan("w", "s1"), plan("w", "s2"), plan("w", "s3")]
-    kept = prefer_writers(plans, [0, 2])
-    assert [names(p) for p in kept] == [["w", "s0"], ["s1"], ["w", "s2"], ["s3"]]
-    only_others = [plan("a"), plan("x"), plan("x")]  # no writer holds "x": its holders keep it
-    assert [names(p) for p in prefer_writers(only_others, [0])] == [["a"], ["x"], ["x"]]
 
 
 def test_the_metadata_unpickler_builds_dcp_classes_and_nothing_else(tmp_path: Path) -> None:
