@@ -64,6 +64,8 @@ _NODE_FAILURE = re.compile(
 )
 # sinfo %T states in which a node should get no more work; a trailing '*' means it does not respond.
 _BAD_NODE_STATES = ("down", "drain", "drained", "draining", "fail", "failing", "unknown")
+# Of those, the ones Slurm or an administrator decided: the node is out whether its slurmd answers or not.
+BAD_BY_DECISION = ("down", "drain", "drained", "draining", "fail", "failing")
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,16 @@ from pathlib import Path
 
 from hpctrain.contract.heartbeat_files import read_heartbeats
 from hpctrain.contract.rundir import hang_claim_path
-from hpctrain.contract.slurm import Slurm, SlurmCommandError
+from hpctrain.contract.slurm import DEFAULT_SLURMD_PORT, Slurm, SlurmCommandError
+from hpctrain.contract.slurm_answers import config_number
 from hpctrain.contract.srun_report import task_failures
 from hpctrain.contract.summary import read_summary
+from hpctrain.errors import ClusterError
+from hpctrain.healing import decide
 from hpctrain.healing.decide import HungRank
 
 PROBE_TIMEOUT_S = 3.0
+CONFIG_TIMEOUT_S = 10.0  # scontrol show config, once, for slurmd's port; the watch loop waits on it
 SILENT_BEATS = 3  # heartbeat intervals without a beat before a node is a suspect
 
 
@@ -76,20 +80,41 @@ class NodeProbe:
         self._slurmd_port: int | None = None
 
     def lost_reason(self, node: str) -> str | None:
-        """Why ``node`` is gone, or None while its slurmd answers (or its name does not resolve: cannot tell)."""
+        """Why ``node`` is gone, or None while its slurmd answers, or when that cannot be told: its name does not
+        resolve, or Slurm does not say which port slurmd listens on (a guessed port is no proof of a loss)."""
         try:
             address = socket.gethostbyname(node)
         except OSError:
             return None
+        port = self.slurmd_port()
+        if port is None:
+            return None
         try:
-            with socket.create_connection((address, self.slurmd_port()), timeout=PROBE_TIMEOUT_S):
+            with socket.create_connection((address, port), timeout=PROBE_TIMEOUT_S):
                 return None
         except OSError:
             return "its slurmd does not answer"
 
-    def slurmd_port(self) -> int:
+    def lost_by_state(self, node: str, state: str) -> bool:
+        """Whether sinfo's ``state`` of ``node`` means the node is lost. DOWN, DRAIN or FAIL do (Slurm or an
+        administrator decided); a node that only does not respond to the controller's ping (``*``) or whose
+        state Slurm does not know (UNKNOWN, as after a controller restart) is lost only when its slurmd does
+        not answer either: a loaded node answers its ping late and still trains."""
+        if not decide.bad_node_state(state):
+            return False
+        base = state.strip().lower().rstrip("*~#$@%!^-")
+        if base in decide.BAD_BY_DECISION:
+            return True
+        return self.lost_reason(node) is not None
+
+    def slurmd_port(self) -> int | None:
+        """slurmd's port from the controller's config (learnt once); None while the controller does not answer."""
         if self._slurmd_port is None:
-            self._slurmd_port = self.slurm.slurmd_port()
+            try:
+                config = self.slurm.config(timeout_s=CONFIG_TIMEOUT_S)
+            except ClusterError:
+                return None
+            self._slurmd_port = config_number(config, "SlurmdPort") or DEFAULT_SLURMD_PORT
         return self._slurmd_port
 
     def node_states(self, nodes: Sequence[str]) -> dict[str, str]:

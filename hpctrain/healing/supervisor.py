@@ -306,7 +306,11 @@ class Supervisor:
                 continue
             if reported_at is None and first_task_failure(step.srun_text) is not None:
                 reported_at = time.monotonic()
-            suspects = set(self.silent_nodes(step))
+            # A hang claim of this step: the ranks' heartbeat threads are in the hang watchdog (runtime/hang.py:
+            # its grace and report wait, 5-90 s without a beat), so a silent node is no suspect then; one that
+            # dies meanwhile is still one once srun reports the others and not it (CI #58 probed n1 then).
+            hang = hang_claim_path(self.run_dir, self.job_id).exists()
+            suspects = set() if hang else set(self.silent_nodes(step))
             if reported_at is not None and time.monotonic() - reported_at >= SETTLE_S:
                 suspects |= set(step.nodes) - evidence.reported_nodes(step.srun_text)
             suspects |= set(decide.node_failures_in(step.srun_text))
@@ -340,8 +344,8 @@ class Supervisor:
         for node in decide.node_failures_in(text):
             lost.setdefault(node, "srun reports a node failure")
         for node, state in self.probe.node_states(step.nodes).items():
-            if node in step.nodes and decide.bad_node_state(state):
-                lost.setdefault(node, f"Slurm marks it {state}")
+            if node in step.nodes and node not in lost and self.probe.lost_by_state(node, state):
+                lost[node] = f"Slurm marks it {state}"
         return decide.StepOutcome(
             nodes=step.nodes,
             exit_code=None if ended_by_us else step.process.returncode,

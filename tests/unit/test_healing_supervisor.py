@@ -55,6 +55,22 @@ if plan[0] == "slow":  # every rank's heartbeat: the node plan[1] computes 4x sl
         (beats / f"rank-{{index:05d}}.json").write_text(json.dumps(beat))
     time.sleep(60)
     sys.exit(0)
+if plan[0] == "hang-quiet":  # as "hang", as the real watchdog does it: every rank's heartbeat thread is in
+    import time               # the watchdog (silent) for a while before the ranks exit
+    run = here / "run"
+    (run / "stacks").mkdir(exist_ok=True)
+    (run / "heartbeats").mkdir(exist_ok=True)
+    for index, node in enumerate(nodes * 2):
+        beat = dict(rank=index, node=node, time=time.time(), step=5, phase="forward_backward")
+        (run / "heartbeats" / f"rank-{{index:05d}}.json").write_text(json.dumps(beat))
+    (run / "stacks" / ".hang-reported-7").write_text("1\\n")
+    time.sleep(1.0)  # the watch loop polls every 50 ms: every node has been silent all this second
+    report = dict(status="failed", hung_rank=int(plan[2]), hung_node=plan[1], hung_phase="forward_backward")
+    report.update(hung_step=5, hung_frozen_s=21.4, hang_job_id="7")
+    (run / "summary.json").write_text(json.dumps(report))
+    for node in nodes:
+        print(f"srun: error: {{node}}: task 0: Exited with exit code 87", file=sys.stderr, flush=True)
+    sys.exit(87)
 if plan[0] == "hang":
     run = here / "run"
     (run / "stacks").mkdir(exist_ok=True)
@@ -175,6 +191,31 @@ def test_a_hung_rank_moves_the_run_off_its_node_naming_its_phase(fake: Path) -> 
     assert (failure["node"], failure["action"]) == ("n2", "swap")
     expected = "rank 2 hung in phase forward_backward at step 5 (its process froze: heartbeat silent 21 s)"
     assert failure["reason"] == expected
+
+
+def test_nodes_silent_while_the_hang_watchdog_reports_are_not_probed_as_lost(
+    fake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watchdog runs in each rank's heartbeat thread: while it waits for the report every node goes silent.
+    A probe then that failed on the batch node (CI #58: the run requeued without a reason to) must not be asked;
+    the hung rank's node is the one blamed."""
+    from hpctrain.healing import evidence
+
+    probed: list[str] = []
+
+    def lost_reason(self: NodeProbe, node: str) -> str:
+        probed.append(node)
+        return "its slurmd does not answer"
+
+    monkeypatch.setattr(evidence, "SILENT_BEATS", 0.01)  # silent after 0.1 s of the 10 s heartbeat interval
+    monkeypatch.setattr(NodeProbe, "lost_reason", lost_reason)
+    rc, calls = run(fake, ["hang-quiet n2 2", "ok"], {"spare_nodes": 1})
+    assert probed == []
+    assert rc == 0 and len(calls) == 2 and "--nodelist=n1,n3" in calls[1]["argv"]
+    summary = read_summary(fake / "run")
+    assert summary is not None and summary.excluded_nodes == ["n2"]
+    [failure] = summary.node_failures or []
+    assert (failure["node"], failure["action"]) == ("n2", "swap")
 
 
 def test_a_hang_report_of_an_earlier_start_blames_nothing(fake: Path) -> None:
