@@ -125,8 +125,12 @@ def run_evidence(run: Run) -> str:
         f"===== {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[:60])
         for path in sorted(stacks_dir(run.run_dir).glob("*.txt"))
     ]
+    guardians = [
+        f"===== {path.name}\n{path.read_text(errors='replace')[-3000:]}"
+        for path in sorted(submitit_dir(run.run_dir).glob("*_guardian_log.err"))
+    ]
     return "\n".join(
-        ["===== job log", batch_log(run.run_dir)[-6000:], task_logs(run.run_dir, lines=25)]
+        ["===== job log", batch_log(run.run_dir)[-6000:], task_logs(run.run_dir, lines=25), *guardians]
         + [f"===== summary.json (failure and node fields): {json.dumps(picked)}", *stacks]
     )
 
@@ -149,12 +153,14 @@ def assert_healed_onto_the_spare(cluster: SlurmCluster, ws: Workspace, run: Run)
     in summary.json, the job log and ``status``; nothing is left running. Its node failure, and what status said."""
     state = wait_ended(cluster, run)
     logs = batch_log(run.run_dir)
-    assert state == "COMPLETED", f"{logs}\n{task_logs(run.run_dir)}"
+    assert state == "COMPLETED", run_evidence(run)
     summary = run.summary()
-    assert (summary["status"], summary["global_step"]) == ("completed", TOTAL_STEPS), summary
-    assert summary["excluded_nodes"] == ["n2"] and summary["hostnames"] == ["n1", "n3"]
+    # every failure below carries the run's own account (job log, guardian log, node fields): CI #58's did not
+    assert (summary["status"], summary["global_step"]) == ("completed", TOTAL_STEPS), run_evidence(run)
+    assert summary["excluded_nodes"] == ["n2"] and summary["hostnames"] == ["n1", "n3"], run_evidence(run)
+    assert len(summary["node_failures"]) == 1, run_evidence(run)
     [failure] = summary["node_failures"]
-    assert (failure["node"], failure["action"], failure["nodes"]) == ("n2", "swap", ["n1", "n3"]), failure
+    assert (failure["node"], failure["action"], failure["nodes"]) == ("n2", "swap", ["n1", "n3"]), run_evidence(run)
     assert f"node n2 lost at step {failure['step']} ({failure['reason']})" in logs
     assert f"continuing on n1,n3 from step {failure['checkpoint_step']}" in logs
     requeues = cluster.run("sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", run.job_id)
