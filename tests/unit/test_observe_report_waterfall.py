@@ -10,7 +10,7 @@ import pytest
 from hpctrain.contract.scaling_model import steady_records
 from hpctrain.contract.step_split import LOCAL, PARTS
 from hpctrain.observe.report.causes import MIN_LOSS, causes, predict
-from hpctrain.observe.report.waterfall import run_split, waterfall
+from hpctrain.observe.report.waterfall import chance_of_persistence, run_split, waterfall
 
 COMPUTE = {"h2d": 0.004, "forward": 0.030, "backward": 0.060, "optimizer": 0.006}
 
@@ -80,6 +80,43 @@ def test_a_small_excess_on_one_rank_is_not_a_straggler() -> None:
     split = split_of(8, records)
     assert split.slowest_rank == 2
     assert all(c.part != "straggler" for c in causes(waterfall([split]), [split]))
+
+
+def test_the_chance_of_a_persistent_slowest_rank_with_no_slow_rank() -> None:
+    assert chance_of_persistence(3, 2, 2) == pytest.approx(1 / 3)  # some rank the slowest in both of 2 windows
+    assert chance_of_persistence(3, 4, 4) == pytest.approx(1 / 27)
+    assert chance_of_persistence(2, 5, 5) == pytest.approx(1 / 16)  # 2 ranks, 5 of 5: still not 1 in 20
+    assert chance_of_persistence(2, 6, 6) == pytest.approx(1 / 32)
+    assert chance_of_persistence(4, 6, 4) == pytest.approx(4 * (15 * 9 / 4096 + 6 * 3 / 4096 + 1 / 4096))
+    assert chance_of_persistence(64, 10, 9) < 1e-12
+    assert chance_of_persistence(1, 5, 5) == 1.0 and chance_of_persistence(8, 0, 0) == 1.0
+    assert chance_of_persistence(3, 1, 1) == 1.0  # one window: always some rank
+
+
+def test_a_moderate_excess_on_few_windows_is_not_told_from_chance() -> None:
+    """Six ranks, two steady windows (the first of three left out), the same rank the slowest in both by +50 %
+    of the typical rank's own work: chance gives that one time in six; unnamed. At +150 % (two and a half times
+    the typical rank's time) it is named."""
+    moderate = [window(s, slowest=4, excess={"backward": 0.050}, straggler=0.045) for s in (10, 20, 30)]
+    split = split_of(6, moderate, nodes_of_ranks={4: "cn5"})
+    assert split.slowest_rank == 4 and split.slowest_chance == pytest.approx(1 / 6)
+    assert all(c.part != "straggler" for c in causes(waterfall([split]), [split]))
+    strong = [window(s, slowest=4, excess={"backward": 0.150}, straggler=0.140) for s in (10, 20, 30)]
+    split = split_of(6, strong, nodes_of_ranks={4: "cn5"})
+    found = causes(waterfall([split]), [split])
+    assert found[0].part == "straggler" and found[0].nodes == ["cn5"]
+
+
+def test_a_moderate_excess_over_many_windows_is_named() -> None:
+    """The same +50 % on the same rank in 8 of 11 steady windows: chance gives that far less than one time in 20."""
+    records = [
+        window(s, slowest=4 if s % 40 else s // 40 % 6, excess={"backward": 0.050}, straggler=0.045)
+        for s in range(10, 130, 10)
+    ]
+    split = split_of(6, records, nodes_of_ranks={4: "cn5"})
+    assert split.slowest_windows == 8 and split.slowest_chance < 1e-3
+    found = causes(waterfall([split]), [split])
+    assert found[0].part == "straggler" and "rank 4 was the slowest in 8 of 11 windows" in found[0].evidence
 
 
 def test_a_single_run_is_measured_against_its_own_compute() -> None:

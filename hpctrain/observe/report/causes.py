@@ -10,7 +10,13 @@ ran, and names no node.
 A straggler is named only when one rank was the slowest in most steady windows
 (``waterfall.PERSISTENT``) and by at least :data:`MIN_STRAGGLER_EXCESS` of the
 typical rank's own work; random jitter between ranks moves from rank to rank
-and stays a part of the wait, unnamed.
+and stays a part of the wait, unnamed. And only when that persistence is
+evidence: chance alone would give it at most :data:`CHANCE` of the time
+(``waterfall.chance_of_persistence``: the run's own number of ranks and
+windows), or the rank's own work took at least :data:`STRONG_STRAGGLER_EXCESS`
+more than the typical rank's (twice the time: no jitter between ranks of one
+run does that). A short run on uneven shared cores (3 ranks, 2 windows: the
+same rank the slowest in both one time in three) names no straggler at +30-45 %.
 
 What-if (:func:`predict`): the step at 2x and 4x the largest measured scale
 from the one model ``hpctrain plan`` uses too (``contract/scaling_model.py``:
@@ -32,6 +38,8 @@ from hpctrain.observe.report.waterfall import Bar, Split, by_scale, count_text
 
 MIN_LOSS = 0.10  # a part must cost at least this share of the step to be named a cause
 MIN_STRAGGLER_EXCESS = 0.30  # the slowest rank's extra local work, as a share of the typical rank's
+CHANCE = 0.05  # a straggler's persistence must be at most this likely by chance (the usual significance level)...
+STRONG_STRAGGLER_EXCESS = 1.0  # ...unless its own work took this much more than the typical rank's (twice)
 FACTORS = (2, 4)  # what-if scales: these times the largest measured
 
 
@@ -113,6 +121,8 @@ def _straggler(split: Split, loss: float, where: str) -> Cause | None:
     excess = sum(split.slowest_excess.values())
     if typical <= 0 or excess < MIN_STRAGGLER_EXCESS * typical:
         return None
+    if split.slowest_chance > CHANCE and excess < STRONG_STRAGGLER_EXCESS * typical:
+        return None  # as persistent as chance makes jitter, and not slow beyond any jitter
     worst = max(split.slowest_excess, key=split.slowest_excess.__getitem__)
     node = split.slowest_node or "its node"
     evidence = (

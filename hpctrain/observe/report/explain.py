@@ -43,6 +43,8 @@ class Explanation:
                     "windows": s.windows,
                     "slowest_rank": s.slowest_rank,
                     "slowest_node": s.slowest_node,
+                    "slowest_windows": s.slowest_windows,
+                    "slowest_chance": round(s.slowest_chance, 6),
                 }
                 for s in self.splits
             ],
