@@ -1,8 +1,5 @@
 """A packed dataset image on the real cluster: each node mounts it once, nothing stays mounted.
 
-NOT RUN YET: written while another engineer held the Slurm test cluster
-(issue 21); run it with the rest of the Slurm tier before relying on it.
-
 The test cluster's nodes share this machine's disk, so the stage dir names
 the node (``{node}``): each node mounts under its own folder, as on a real
 cluster where ``$SLURM_TMPDIR`` is a node's local disk. /proc/mounts is read
@@ -13,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,6 +31,7 @@ pytestmark = pytest.mark.slurm_shared
 
 SMOKE_SPEC = "jobs/smoke_2x2_cpu.yaml"
 UNMOUNT_BUDGET_S = 60  # after the job ended (or was cancelled), its mounts are gone this much later
+CANCEL_TRIES = 3  # cancels whose tasks Slurm killed before they could act prove nothing: another one (below)
 
 
 def _mount_lines() -> set[str]:
@@ -61,11 +61,23 @@ def _mounts_under(folder: Path) -> list[str]:
     return sorted(line for line in _mount_lines() if str(folder) in line)
 
 
-def _wait_no_mounts(folder: Path) -> None:
+def _wait_no_mounts(folder: Path, ignore: Collection[str] = ()) -> list[str]:
+    """Wait (bounded) until nothing but ``ignore`` is mounted under ``folder``; what is left."""
     deadline = time.monotonic() + UNMOUNT_BUDGET_S
-    while _mounts_under(folder) and time.monotonic() < deadline:
+    while (left := [m for m in _mounts_under(folder) if m not in ignore]) and time.monotonic() < deadline:
         time.sleep(1)
-    assert not _mounts_under(folder), _mounts_under(folder)
+    return left
+
+
+def _unfinished_nodes(run_dir: Path) -> set[str]:
+    """The nodes where some task of the run never reached its own end (submitit's last line): Slurm killed it."""
+    nodes = set()
+    for log in run_dir.rglob("*_log.out"):
+        text = log.read_text(errors="replace")
+        host = re.search(r"JobEnvironment\(job_id=\S+, hostname=([^,\s]+)", text)
+        if host is not None and "Exiting after successful completion" not in text:
+            nodes.add(host.group(1))
+    return nodes
 
 
 def test_two_nodes_train_on_a_packed_image_and_leave_nothing_mounted(
@@ -94,17 +106,32 @@ def test_two_nodes_train_on_a_packed_image_and_leave_nothing_mounted(
     output = task_output(run)
     assert output.count("hpctrain: data: mounted") == 2, output  # once per node, by its first task
     assert output.count("reading the image") == 4, output  # every rank reads the mount
-    assert sorted(p.name for p in stage.iterdir()) == ["n1", "n2"]
-    _wait_no_mounts(stage)
+    assert sorted(p.name for p in stage.iterdir()) == sorted(slurm_cluster.nodes)
+    assert _wait_no_mounts(stage) == []
     # each node's last task unmounted before it exited (the step's end kills squashfuse with the rest)
     assert output.count("(the node's last task to end)") == 2, output
 
-    # Cancelled while training: the mounts are gone on both nodes too.
-    long_run = submit("--set", "trainer.epochs=50", "--set", "trainer.max_steps_per_epoch=1000", wait=False)
-    deadline = time.monotonic() + 180
-    while task_output(long_run).count("hpctrain: data: mounted") < 2 and time.monotonic() < deadline:
-        time.sleep(1)
-    assert len(_mounts_under(stage)) == 2, task_output(long_run)
-    cancelled = hpctrain(env, "cancel", str(long_run), timeout=120)
-    assert cancelled.returncode == 0, cancelled
-    _wait_no_mounts(stage)
+    # Cancelled while training: the mounts are gone on both nodes too, once the tasks stopped. Slurm SIGKILLs
+    # a task KillWait after the cancel's SIGTERM (5 s on the test cluster; 30 s is Slurm's default), and
+    # proctrack/cgroup kills the detached watcher and squashfuse with it: a node whose task was still
+    # finishing its step then (3-4 s a step beside CI's other legs: rehearsal 30) keeps a dead mount until a
+    # later start on it (docs/data.md). Such a cancel proves nothing either way: another one, at most
+    # CANCEL_TRIES. A mount left on a node whose every task ended is a failure at once.
+    stale: list[str] = []
+    for _ in range(CANCEL_TRIES):
+        long_run = submit("--set", "trainer.epochs=50", "--set", "trainer.max_steps_per_epoch=1000", wait=False)
+        deadline = time.monotonic() + 180
+        while task_output(long_run).count("hpctrain: data: mounted") < 2 and time.monotonic() < deadline:
+            time.sleep(1)
+        assert len([m for m in _mounts_under(stage) if m not in stale]) == 2, task_output(long_run)
+        cancelled = hpctrain(env, "cancel", str(long_run), timeout=120)
+        assert cancelled.returncode == 0, cancelled
+        left = _wait_no_mounts(stage, ignore=stale)
+        if not left:
+            break
+        killed = _unfinished_nodes(long_run)
+        on_finished = [m for m in left if not any(f"/{node}/" in m for node in killed)]
+        assert not on_finished, f"mounts left on nodes whose tasks all ended: {on_finished}\n{task_output(long_run)}"
+        stale += left
+    else:
+        pytest.fail(f"Slurm killed a node's tasks before they stopped in all {CANCEL_TRIES} cancels: {stale}")
