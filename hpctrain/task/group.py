@@ -148,17 +148,24 @@ class SideGroup:
         """The element-wise largest of every rank's ``mine``, on every rank: each rank sends its own to rank 0,
         which waits for all of them within the timeout and answers with the largest -- gloo's monitored
         barrier's two message rounds, carrying the values, so that one exchange both names the ranks that did
-        not come and agrees (it was a monitored barrier, then an all-reduce with rounds of its own)."""
-        deadline = time.monotonic() + self.timeout.total_seconds()
+        not come and agrees (it was a monitored barrier, then an all-reduce with rounds of its own).
 
-        def left() -> timedelta:
-            return timedelta(seconds=max(0.001, deadline - time.monotonic()))
+        A wait that times out closes every pair of gloo's context, so rank 0 cannot tell the ranks that came
+        that one did not: it raises, and they hear that it did not answer. The answer round has a timeout of
+        its own (the ranks it goes to are already waiting: a peer that came at the last moment must not make
+        it a raw gloo error on rank 0), and a rank waits for the answer for up to twice the timeout (rank 0 may
+        have come up to one timeout after it, and then waits up to one for the others)."""
+        timeout = self.timeout.total_seconds()
+        deadline = time.monotonic() + timeout
+
+        def left(until: float) -> timedelta:
+            return timedelta(seconds=max(0.001, until - time.monotonic()))
 
         if dist.get_rank() != 0:
             answer = torch.empty_like(mine)
             try:
-                dist.isend(mine, dst=0, group=group, tag=_ARRIVE_TAG).wait(left())
-                dist.irecv(answer, src=0, group=group, tag=_ARRIVE_TAG).wait(left())
+                dist.isend(mine, dst=0, group=group, tag=_ARRIVE_TAG).wait(left(deadline))
+                dist.irecv(answer, src=0, group=group, tag=_ARRIVE_TAG).wait(left(deadline + timeout))
             except RuntimeError as exc:
                 raise _Missing(f"rank 0 did not answer: {_SEE_RANK_0}") from exc
             return answer
@@ -167,15 +174,19 @@ class SideGroup:
         missing = []
         for peer, work in pending.items():
             try:
-                work.wait(left())
+                work.wait(left(deadline))
             except RuntimeError:
                 missing.append(peer)
         if missing:
             names = ", ".join(map(str, missing))
             raise _Missing(f"rank{'s' if len(missing) > 1 else ''} {names} did not")
         answer = torch.stack([mine, *received.values()]).amax(dim=0)
-        for work in [dist.isend(answer, dst=peer, group=group, tag=_ARRIVE_TAG) for peer in received]:
-            work.wait(left())
+        answered = time.monotonic() + timeout
+        try:
+            for work in [dist.isend(answer, dst=peer, group=group, tag=_ARRIVE_TAG) for peer in received]:
+                work.wait(left(answered))
+        except RuntimeError as exc:
+            raise _Missing(f"a rank that came did not take the answer ({exc})") from exc
         return answer
 
     def begin_temp(self, folders: StepFolders, step: int, is_main: bool) -> tuple[int, str]:
