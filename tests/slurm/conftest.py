@@ -385,6 +385,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = sorted(items, key=_shape_rank)  # stable: a file's tests keep their order
 
 
+def current_cluster() -> SlurmCluster | None:
+    """This session's cluster while it is up (helpers that have no fixture: ``stop_helpers.wait_for``)."""
+    return _cluster
+
+
 @pytest.fixture(scope="session", autouse=True)
 def slurm_cluster() -> Iterator[SlurmCluster]:
     global _cluster
