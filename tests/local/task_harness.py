@@ -90,7 +90,9 @@ def logs(log_dir: Path) -> str:
 def run_ranks(scenario: str, world: int, out: Path, **kwargs: Any) -> list[dict[str, Any]]:
     """Run ``scenario`` on ``world`` forked ranks; every rank's result (raises with a failed rank's traceback)."""
     out.mkdir(parents=True, exist_ok=True)
-    fork_ranks(_forked_rank, (world, str(free_port()), scenario, out, json.dumps(kwargs)), world, timeout_s=240)
+    # a hang guard, not a speed bound: 6 ranks loading a checkpoint on CI's 2 busy cores outran 240 s in rehearsal 31
+    # (a machine ~4x slower than usual: the unit and local tiers took 5441 s against 1218 s)
+    fork_ranks(_forked_rank, (world, str(free_port()), scenario, out, json.dumps(kwargs)), world, timeout_s=360)
     return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(world)]
 
 
