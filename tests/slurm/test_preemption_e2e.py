@@ -56,7 +56,9 @@ if TYPE_CHECKING:
 TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
 START_TIMEOUT_S = 90  # submit -> first checkpoint: 4 ranks importing torch on 2 cores
 RUN_TIMEOUT_S = 150
-QUEUED_BEHIND_S = RUN_TIMEOUT_S  # how long a job may wait behind another test file's run on the shared cluster
+# A shared test's `resume --wait`: the resumed job may wait in the queue behind the other test file's job for up to
+# that job's own run (116 s in rehearsal 31, on a slow machine), then runs its own.
+RESUME_WAIT_S = 2 * RUN_TIMEOUT_S + 30  # the other job's run, then its own
 # A dead rank must end the whole job this fast, not after a collective timeout.
 FAILURE_BUDGET_S = 120
 # The test cluster's GraceTime of the preemptible partition (slurm-cluster up --grace-time): a preempted job
@@ -143,11 +145,7 @@ def test_cancel_settles_before_it_returns_and_an_immediate_resume_continues_exac
     assert latest_step(run.run_dir) == summary["global_step"]
     assert temp_checkpoint_dirs(run.run_dir) == []
 
-    # Two test files share the cluster (two at a time): the resumed job may wait in the queue behind the other
-    # file's job for up to that job's own run (116 s in rehearsal 31, on a slow machine), then runs its own.
-    resumed = hpctrain(
-        workspace.env, "resume", str(run.run_dir), "--wait", "--json", timeout=QUEUED_BEHIND_S + RUN_TIMEOUT_S + 30
-    )
+    resumed = hpctrain(workspace.env, "resume", str(run.run_dir), "--wait", "--json", timeout=RESUME_WAIT_S)
     assert resumed.returncode == 0, f"{resumed}\n{task_logs(run.run_dir)}"
     final = run.summary()
     assert (final["status"], final["global_step"], final["restarts"]) == ("completed", TOTAL_STEPS, 1), final
@@ -199,11 +197,7 @@ def test_rank0_killed_mid_checkpoint_resumes_from_previous(
     report_timing("kill -9 of rank 0 mid-checkpoint -> job ended", time.monotonic() - killed)
     assert [p.name for p in temp_checkpoint_dirs(run.run_dir)] == [temp[0].name], "the partial write stays behind"
 
-    # Two test files share the cluster (two at a time): the resumed job may wait in the queue behind the other
-    # file's job for up to that job's own run (116 s in rehearsal 31, on a slow machine), then runs its own.
-    resumed = hpctrain(
-        workspace.env, "resume", str(run.run_dir), "--wait", "--json", timeout=QUEUED_BEHIND_S + RUN_TIMEOUT_S + 30
-    )
+    resumed = hpctrain(workspace.env, "resume", str(run.run_dir), "--wait", "--json", timeout=RESUME_WAIT_S)
     assert resumed.returncode == 0, f"{resumed}\n{task_logs(run.run_dir)}"
     new_job = resumed.json()["job_id"]
     assert new_job != run.job_id

@@ -75,9 +75,7 @@ def test_cuda_events_are_read_once_at_the_windows_end() -> None:
 
 
 @pytest.mark.usefixtures("task_local")
-def test_your_own_loop_logs_its_split_for_the_report(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, task_local: None
-) -> None:
+def test_your_own_loop_logs_its_split_for_the_report(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """task.StepTimer in a script's loop: one step_split record per log(), which the report explains."""
     from hpctrain import task
     from hpctrain.contract import script_env
@@ -328,8 +326,9 @@ def test_a_strategys_collective_before_the_forward_is_sync_not_forward(monkeypat
     assert {part: round(s * 1000, 6) for part, s in zip(MEASURED, sums) if s} == {"sync": 50}
 
 
+@pytest.mark.usefixtures("task_local")
 def test_rank_0s_write_of_a_window_is_in_the_next_window_as_a_wait(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, task_local: None
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Every rank's next window starts as the gather ends, so the time rank 0 spends writing the record (which
     the other ranks wait for in their next collective) is in its next window too, as log (its own part, never
