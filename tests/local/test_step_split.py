@@ -29,16 +29,37 @@ pytestmark = pytest.mark.local_dist
 CASES = ("clean", "slow_rank", "slow_data")
 
 
+class Runs:
+    """The cases' runs, each made when a test first asks for it: a test's timeout covers its own case's run,
+    not all three (CI's load once made the three together outlast one test's 600 s)."""
+
+    def __init__(self, base: Path) -> None:
+        self.base, self.data = base, base / "data"
+        self.made: dict[str, str] = {}  # case -> "" (made) or why its run failed (not made twice)
+        make_dataset(self.data, classes=4, per_class=64, image_size=32)  # 12 steps of 8 images per rank
+
+    def __truediv__(self, name: str) -> Path:
+        """``runs / case`` (the case's run directory, its run made first) or ``runs / "out-case"``."""
+        case = name.removeprefix("out-")
+        if case in CASES and case not in self.made:
+            self.made[case] = f"the {case} run failed in an earlier test"
+            run_ranks(
+                split_harness.scenario_split,
+                2,
+                self.base / f"out-{case}",
+                data_root=str(self.data),
+                base_dir=str(self.base),
+                case=case,
+            )
+            self.made[case] = ""
+        if self.made.get(case):
+            pytest.fail(self.made[case])
+        return self.base / name
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("split")
-    data = base / "data"
-    make_dataset(data, classes=4, per_class=64, image_size=32)  # 12 steps of 8 images per rank
-    for case in CASES:
-        run_ranks(
-            split_harness.scenario_split, 2, base / f"out-{case}", data_root=str(data), base_dir=str(base), case=case
-        )
-    return base
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return Runs(tmp_path_factory.mktemp("split"))
 
 
 def records(run_dir: Path, kind: str) -> list[dict[str, Any]]:
@@ -46,12 +67,12 @@ def records(run_dir: Path, kind: str) -> list[dict[str, Any]]:
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
-def explained(runs: Path, case: str) -> dict[str, Any]:
-    return report([runs / case], out=runs / f"report-{case}").as_json()["waterfall"]
+def explained(runs: Runs, case: str) -> dict[str, Any]:
+    return report([runs / case], out=runs.base / f"report-{case}").as_json()["waterfall"]
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_the_parts_add_up_to_the_measured_step_time(runs: Path, case: str) -> None:
+def test_the_parts_add_up_to_the_measured_step_time(runs: Runs, case: str) -> None:
     splits = {r["global_step"]: r for r in records(runs / case, "step_split")}
     steps = {r["global_step"]: r for r in records(runs / case, "train_step")}
     assert sorted(splits) == sorted(steps) == [2, 4, 6, 8, 10, 12]
@@ -61,7 +82,7 @@ def test_the_parts_add_up_to_the_measured_step_time(runs: Path, case: str) -> No
     assert parts == pytest.approx(measured, rel=0.05)
 
 
-def test_a_slow_rank_is_named_as_the_largest_loss(runs: Path) -> None:
+def test_a_slow_rank_is_named_as_the_largest_loss(runs: Runs) -> None:
     ex = explained(runs, "slow_rank")
     assert ex["causes"][0]["part"] == "straggler"
     assert (
@@ -69,17 +90,17 @@ def test_a_slow_rank_is_named_as_the_largest_loss(runs: Path) -> None:
     )
     assert ex["bars"][0]["losses"][0]["part"] == "straggler"
     for name in ("report.md", "report.html"):  # the same waterfall line in both
-        text = (runs / "report-slow_rank" / name).read_text()
+        text = (runs.base / "report-slow_rank" / name).read_text()
         assert "Where the step time goes" in text and "2 processes: " in text and "straggler rank 1 " in text
 
 
-def test_a_slow_loader_is_named_as_the_largest_loss(runs: Path) -> None:
+def test_a_slow_loader_is_named_as_the_largest_loss(runs: Runs) -> None:
     ex = explained(runs, "slow_data")
     assert ex["causes"][0]["part"] == "data" and "bench-data" in ex["causes"][0]["hint"]
     assert ex["bars"][0]["losses"][0]["part"] == "data"
 
 
-def test_the_wait_for_a_late_batch_is_straggler_wait_not_the_early_rank_s_forward(runs: Path) -> None:
+def test_the_wait_for_a_late_batch_is_straggler_wait_not_the_early_rank_s_forward(runs: Runs) -> None:
     """Rank 1's batch comes later (its reads are slower); rank 0 waits for it in DDP's buffer broadcast at the
     start of its forward. That wait is not rank 0's own compute (its heartbeat's step compute, forward in it,
     is about rank 1's; counted as forward before issue 41, it was longer by the whole delay), and the split
@@ -103,7 +124,7 @@ def seconds_of(ex: dict[str, Any], part: str) -> float:
     return max((c["loss"] * step_s for c in ex["causes"] if c["part"] == part), default=0.0)
 
 
-def test_a_clean_run_names_no_straggler_and_no_data_wait_of_an_injected_size(runs: Path) -> None:
+def test_a_clean_run_names_no_straggler_and_no_data_wait_of_an_injected_size(runs: Runs) -> None:
     """Nothing injected, nothing of an injected cause's size named. Not "nothing at all": CI runs this tier
     beside the Slurm tier's jobs under `nice`, and two ranks sharing two busy cores really are uneven (a
     clean run once named rank 1 a straggler there). Compared in seconds per step, not in shares of the

@@ -195,16 +195,21 @@ def test_the_live_sender_feeds_the_server_as_the_run_goes_and_ends_once_it_has_a
         wait_for(
             lambda: (
                 (run / ".hpctrain" / "tracking" / "mlflow.json").exists() and read_cursor(run, "mlflow").sent_step == 6
-            )
+            ),
+            timeout_s=240,
         )
         assert sender.poll() is None  # the run goes on: so does the sender
         write_summary(run, "completed", stop_reason="finished")
-        assert sender.wait(timeout=180) == 0  # everything is in the tracker: it ends by itself
+        assert sender.wait(timeout=240) == 0  # everything is in the tracker: it ends by itself
     finally:
         sender.kill()
     client, tracked = tracked_run(server, "live")
     assert steps_of(client, tracked, "train/loss") == [(step, last_loss(step)) for step in range(1, 16)]
-    assert live_state(run)["failed_syncs"] == 0 and live_state(run)["through"] == {"mlflow": 15}
+    # Each step once, whatever the load. Not "no sync failed": the sender's requests have 10 s each (QUICK_CLIENT),
+    # and beside CI's Slurm legs, at nice 10 on both sides, a server's answer can take longer; that sync counts as
+    # failed and a later one sends its steps (stop 53's CI).
+    state = live_state(run)
+    assert state["through"] == {"mlflow": 15} and state["sent_steps"] == 15, state
 
 
 def test_the_live_sender_survives_a_server_that_is_down_and_ends_when_the_task_does(tmp_path: Path) -> None:
