@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from hpctrain.contract.rundir import checkpoints_dir, metrics_path, summary_path
+from hpctrain.contract.rundir import checkpoints_dir, metrics_path, submitit_dir, summary_path
 
 from .hpctrain_cli import cli_env, hpctrain, make_dataset, task_logs
 from .reference_store import reference_key, stored_weights
@@ -100,30 +100,54 @@ def submit(ws: Workspace, *extra_sets: str, timeout: float = 60) -> Run:
 # behind one in rehearsal 31, on a slow machine). At most this much queue time is added to a wait.
 QUEUE_ALLOWANCE_S = 300.0
 QUEUE_CHECK_S = 5.0  # how often a wait asks squeue whether the run's job is pending
+# Nor the time its tasks are visibly working (their logs or the run's metrics grew since the last look): a wait
+# bounds a hang, not the machine's speed. On a machine 2-4x slower than usual, busy to 100 % with CI's three
+# streams, a resumed job's start-up (imports, burn-in, DDP) and two steps took more than a 90 s wait while every
+# rank was logging (rehearsal 32). A hung run writes nothing, and fails after `timeout` as before.
+PROGRESS_ALLOWANCE_S = 300.0
+
+
+def run_output_size(run_dir: Path) -> int:
+    """How much the run's tasks have written: their submitit logs and the run's metrics, in bytes."""
+    paths = [*submitit_dir(run_dir).glob("*_log.*"), metrics_path(run_dir)]
+    total = 0
+    for path in paths:
+        try:
+            total += path.stat().st_size
+        except OSError:
+            continue
+    return total
 
 
 def wait_for(
     probe: Callable[[], T | None], what: str, timeout: float, run: Run | None = None, poll_s: float = 0.1
 ) -> T:
     """Poll ``probe`` until it returns something truthy; return that. Fail after ``timeout`` seconds, not
-    counting (with ``run``) the time its job was seen pending, up to ``QUEUE_ALLOWANCE_S``."""
+    counting (with ``run``) the time its job was seen pending, up to ``QUEUE_ALLOWANCE_S``, nor the time its
+    tasks were seen writing, up to ``PROGRESS_ALLOWANCE_S``."""
     deadline = time.monotonic() + timeout
-    checked, queued = time.monotonic(), 0.0
+    checked, queued, working = time.monotonic(), 0.0, 0.0
+    written = run_output_size(run.run_dir) if run is not None else 0
     while True:
         value = probe()
         if value:
             return value
         now = time.monotonic()
         if run is not None and now - checked >= QUEUE_CHECK_S:
+            interval = now - checked
             if queued < QUEUE_ALLOWANCE_S and job_pending(run.job_id):
-                extra = min(now - checked, QUEUE_ALLOWANCE_S - queued)
+                extra = min(interval, QUEUE_ALLOWANCE_S - queued)
                 queued, deadline = queued + extra, deadline + extra
-            checked = now
+            elif working < PROGRESS_ALLOWANCE_S and run_output_size(run.run_dir) != written:
+                extra = min(interval, PROGRESS_ALLOWANCE_S - working)
+                working, deadline = working + extra, deadline + extra
+            written, checked = run_output_size(run.run_dir), now
         if now >= deadline:
             break
         time.sleep(poll_s)
     logs = task_logs(run.run_dir) if run is not None else ""
     waited = f" (and {queued:.0f} s while its job was pending)" if queued else ""
+    waited += f" (and {working:.0f} s while its tasks were writing)" if working else ""
     raise AssertionError(f"timed out after {timeout:.0f} s{waited} waiting for {what}\n{logs}")
 
 
