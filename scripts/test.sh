@@ -33,7 +33,7 @@ bash scripts/install-testbed.sh  # the test bed's system packages (as root on De
 # The checkout's bytecode, once (a second run only checks): every process of the tests (each CLI call, each
 # task of each Slurm job, the helpers) imports hpctrain and the test helpers from the checkout, and where
 # PYTHONDONTWRITEBYTECODE is set (as on CI's machines) Python never writes that bytecode itself, so each
-# process compiled every module it imported anew (docs/testing.md, "CPU").
+# process compiled every module it imported anew (docs/testing.md, "Where CI's CPU goes").
 .venv/bin/python -m compileall -q hpctrain tests benchmarks >/dev/null
 if [ $# -gt 0 ] || [ -n "${one_run:-}" ]; then
     exec .venv/bin/python -m pytest "$@"
