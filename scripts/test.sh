@@ -34,7 +34,8 @@ bash scripts/install-testbed.sh  # the test bed's system packages (as root on De
 # task of each Slurm job, the helpers) imports hpctrain and the test helpers from the checkout, and where
 # PYTHONDONTWRITEBYTECODE is set (as on CI's machines) Python never writes that bytecode itself, so each
 # process compiled every module it imported anew (docs/testing.md, "Where CI's CPU goes").
-.venv/bin/python -m compileall -q hpctrain tests benchmarks >/dev/null
+.venv/bin/python -m compileall -q hpctrain tests benchmarks >/dev/null ||
+    echo "scripts/test.sh: some file did not compile to bytecode (python -m compileall hpctrain tests benchmarks says which); going on"
 if [ $# -gt 0 ] || [ -n "${one_run:-}" ]; then
     exec .venv/bin/python -m pytest "$@"
 fi
