@@ -134,14 +134,14 @@ def wait_for(
             return value
         now = time.monotonic()
         if run is not None and now - checked >= QUEUE_CHECK_S:
-            interval = now - checked
+            interval, size = now - checked, run_output_size(run.run_dir)
             if queued < QUEUE_ALLOWANCE_S and job_pending(run.job_id):
                 extra = min(interval, QUEUE_ALLOWANCE_S - queued)
                 queued, deadline = queued + extra, deadline + extra
-            elif working < PROGRESS_ALLOWANCE_S and run_output_size(run.run_dir) != written:
+            elif working < PROGRESS_ALLOWANCE_S and size != written:
                 extra = min(interval, PROGRESS_ALLOWANCE_S - working)
                 working, deadline = working + extra, deadline + extra
-            written, checked = run_output_size(run.run_dir), now
+            written, checked = size, now
         if now >= deadline:
             break
         time.sleep(poll_s)
