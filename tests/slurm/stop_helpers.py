@@ -1,8 +1,9 @@
 """Helpers for the stop/resume/clean-up tests: a small deterministic training run and ways to poke it.
 
-The run is the 2 x 2 CPU smoke job made long enough to interrupt (3 epochs of
-6 steps, a checkpoint every 2 steps) and deterministic, so an interrupted run
-can be compared bit for bit with an uninterrupted one. Every wait is bounded.
+The run is the CPU smoke job on 2 nodes x 1 task (a rank on each node; ``TWO_PER_NODE`` for a test about
+two ranks sharing a node), made long enough to interrupt (3 epochs of 6 steps, a checkpoint every 2 steps)
+and deterministic, so an interrupted run can be compared bit for bit with an uninterrupted one. Every wait
+is bounded.
 """
 
 from __future__ import annotations
@@ -28,11 +29,20 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 SMOKE_SPEC = "jobs/smoke_2x2_cpu.yaml"
-WORLD_SIZE = 4
+# One task per node: what these tests check (a stop, a requeue, a resume, a kill, a lost node, nothing left
+# behind) happens per node and per rank, and a second rank on each node doubled every start's CPU (a task's
+# imports are ~6.5 CPU-s, more than this job's training; CI's matrix is CPU-bound: docs/testing.md, "Where
+# CI's CPU goes"). A test about two ranks sharing a node adds TWO_PER_NODE (torchrun's, the uneven heal's).
+NODES = 2
+TASKS_PER_NODE = 1
+WORLD_SIZE = NODES * TASKS_PER_NODE
+LAST_RANK = WORLD_SIZE - 1  # on the second node
+TWO_PER_NODE = "resources.tasks_per_node=2"
 STEPS_PER_EPOCH = 6
 EPOCHS = 3
-# 64 train images / (4 ranks x batch 2) = 8 batches per epoch, 6 of them used.
+# 64 train images / (2 ranks x batch 2) = 16 batches per epoch, 6 of them used.
 TRAIN_SETS = (
+    f"resources.tasks_per_node={TASKS_PER_NODE}",
     "trainer.deterministic=true",
     f"trainer.epochs={EPOCHS}",
     f"trainer.max_steps_per_epoch={STEPS_PER_EPOCH}",
@@ -264,14 +274,15 @@ def requeue_then_preempt(cluster: SlurmCluster, run: Run, tmp: Path, start_timeo
     return first_stop, second_stop
 
 
-def uninterrupted_weights(cluster: SlurmCluster, ws: Workspace, run_timeout: float) -> str:
-    """``weights_sha256`` of the 2 x 2 run trained without interruption, launched by srun: trained once per
-    code version and read from the store by every session and module after (tests/slurm/reference_store.py).
-    The torchrun tests compare with it too: torchrun's ranks are srun's, and the launcher changes no arithmetic."""
+def uninterrupted_weights(cluster: SlurmCluster, ws: Workspace, run_timeout: float, *shape: str) -> str:
+    """``weights_sha256`` of the run trained without interruption, launched by srun (``shape``: sets that change
+    what is trained, e.g. TWO_PER_NODE): trained once per code version and read from the store by every
+    session and module after (tests/slurm/reference_store.py). The torchrun tests compare with the 2 x 2 one:
+    torchrun's ranks are srun's, and the launcher changes no arithmetic."""
 
     def train() -> str:
         started = time.monotonic()
-        run = submit(ws, "name=uninterrupted")
+        run = submit(ws, "name=uninterrupted", *shape)
         state = cluster.wait_state(run.job_id, timeout=run_timeout)
         assert state == "COMPLETED", task_logs(run.run_dir)
         summary = run.summary()
@@ -280,7 +291,7 @@ def uninterrupted_weights(cluster: SlurmCluster, ws: Workspace, run_timeout: flo
         report_timing("uninterrupted reference run", time.monotonic() - started)
         return str(summary["weights_sha256"])
 
-    return stored_weights(reference_key(SMOKE_SPEC, ws.set_items(), ws.data), train)
+    return stored_weights(reference_key(SMOKE_SPEC, ws.set_items(*shape), ws.data), train)
 
 
 def assert_completed_exactly(run: Run, restarts: int, reference_weights: str) -> dict[str, Any]:

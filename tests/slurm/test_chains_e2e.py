@@ -1,7 +1,7 @@
 """Chains (``after:``, docs/chains.md) on the two-node cluster: three runs that follow their first run.
 
 One chain per test, each run as small as it can be: the first is the trainer's
-2 x 2 smoke run (it writes real checkpoints), the second and third are one-task
+smoke run on 2 nodes x 1 task (it writes real checkpoints), the second and third are one-task
 scripts (``scripts/ddp_env.py``) that report the arguments they got, so
 ``{after.checkpoint}`` and ``{after.run_dir}`` are read back as the script saw
 them. The first run is requeued by the time-limit signal (same job id: the
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 # Safe beside other tests on the one cluster (conftest.py: slurm_shared; scripts/test.sh runs these two at a time).
 pytestmark = pytest.mark.slurm_shared
 
-START_TIMEOUT_S = 120  # submit -> first checkpoint: 4 ranks importing torch on 2 cores
+START_TIMEOUT_S = 120  # submit -> first checkpoint: the ranks importing torch on 2 cores
 RUN_TIMEOUT_S = 240
 ONE_TASK = {"nodes": 1, "tasks_per_node": 1}
 

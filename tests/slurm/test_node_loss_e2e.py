@@ -1,7 +1,7 @@
 """A node lost inside the allocation, on a three-node cluster: the run heals or requeues without it.
 
-The training run is the stop tests' small deterministic job (2 nodes x 2
-gloo ranks, 3 epochs x 6 steps, a checkpoint every 2 steps) with
+The training run is the stop tests' small deterministic job (2 nodes x 1
+gloo rank, 3 epochs x 6 steps, a checkpoint every 2 steps) with
 ``resources.spare_nodes`` / ``min_nodes``. A node is killed the way a power
 loss would end it: every process in its network namespace, slurmd and
 slurmstepd included. Each test checks how the run ends, what summary.json
@@ -38,6 +38,8 @@ from .stop_helpers import (  # kill_node: test_task_api_e2e.py and test_tracking
     BURN_IN,
     EPOCHS,
     STEPS_PER_EPOCH,
+    TASKS_PER_NODE,
+    TWO_PER_NODE,
     Run,
     Workspace,
     job_record,
@@ -58,7 +60,8 @@ if TYPE_CHECKING:
     from .conftest import SlurmCluster
 
 TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
-START_TIMEOUT_S = 120  # submit -> first checkpoint: 4 ranks importing torch on 2 cores
+START_TIMEOUT_S = 120  # submit -> first checkpoint: the ranks importing torch on 2 cores
+N2_RANK = TASKS_PER_NODE  # the first rank on n2 (Slurm's block distribution)
 RUN_TIMEOUT_S = 240
 # A lost node that still held processes of the job (the batch node; the last node lost before a requeue)
 # keeps the requeued job COMPLETING until Slurm marks it DOWN: SlurmdTimeout (30 s on the test cluster)
@@ -76,6 +79,7 @@ BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 THREE_NODE_STEPS = 3
 THREE_NODES = (
     "resources.nodes=3",
+    TWO_PER_NODE,  # 6 micro-batches healed onto 4 ranks: whole ones and pieces
     "trainer.batch_size=4",
     f"trainer.max_steps_per_epoch={THREE_NODE_STEPS}",
     "trainer.lr=0.01",
@@ -190,15 +194,16 @@ def test_a_hung_rank_is_blamed_on_its_node_and_the_run_goes_on_without_it(
         "distributed.heartbeat_interval_s=2",
     )
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
-    pid = wait_for(lambda: rank_pid(cluster, run.job_id, 2), "rank 2's process", 30, run)
-    os.kill(pid, signal.SIGSTOP)  # rank 2 (on n2) stops making progress; its heartbeat thread stops with it
+    pid = wait_for(lambda: rank_pid(cluster, run.job_id, N2_RANK), f"rank {N2_RANK}'s process", 30, run)
+    os.kill(pid, signal.SIGSTOP)  # the rank on n2 stops making progress; its heartbeat thread stops with it
     time.sleep(1)  # a heartbeat write in flight lands
-    [last] = [beat for beat in read_heartbeats(run.run_dir) if beat.rank == 2]
+    [last] = [beat for beat in read_heartbeats(run.run_dir) if beat.rank == N2_RANK]
     failure, status = assert_healed_onto_the_spare(cluster, workspace, run)
     # the phase the rank was in when it stopped, as its own heartbeat recorded it (issue 20: not "setup")
-    assert failure["reason"].startswith(f"rank 2 hung in phase {last.phase} at step {last.step} "), (failure, last)
+    hung = f"rank {N2_RANK} hung"
+    assert failure["reason"].startswith(f"{hung} in phase {last.phase} at step {last.step} "), (failure, last)
     assert "its process froze" in failure["reason"], failure
-    assert failure["checkpoint_step"] >= 2 and "rank 2 hung" in status
+    assert failure["checkpoint_step"] >= 2 and hung in status
 
 
 def test_rank_zero_killed_requeues_without_its_node(cluster: SlurmCluster, workspace: Workspace) -> None:
@@ -255,7 +260,7 @@ def test_a_crash_loop_stops_the_run_and_lists_the_attempts(cluster: SlurmCluster
         workspace,
         "name=crashloop",
         f"entrypoint={ENTRYPOINT_MODULE}:kill_rank",
-        "entrypoint_args.rank=2",
+        f"entrypoint_args.rank={N2_RANK}",  # on n2, then on the spare n3 that took its place
         "resources.min_nodes=1",
         "resources.spare_nodes=1",
         "signals.crash_loop_attempts=2",
@@ -293,8 +298,9 @@ def running_statistics(run_dir: Path) -> dict[str, Any]:
 def test_three_nodes_without_a_spare_heal_onto_two_with_the_undisturbed_weights(
     cluster: SlurmCluster, workspace: Workspace
 ) -> None:
-    # 3 x 2 = 6 micro-batches; on 2 nodes' 4 ranks each computes one whole and half of one of the other two
-    # (BatchNorm statistics shared in pairs): min_nodes 2 was refused at validate before issue 29
+    # 3 x 2 = 6 micro-batches (THREE_NODES: two per node); on 2 nodes' 4 ranks each computes one whole and
+    # half of one of the other two (BatchNorm statistics shared in pairs): min_nodes 2 was refused at validate
+    # before issue 29
     undisturbed = submit(workspace, "name=three", *THREE_NODES)
     state = cluster.wait_state(undisturbed.job_id, timeout=RUN_TIMEOUT_S)
     assert state == "COMPLETED", task_logs(undisturbed.run_dir)

@@ -1,6 +1,6 @@
 """Time limits, preemption, failures and resume of a real training run on the two-node cluster.
 
-All tests train the same small deterministic job (4 gloo ranks on 2 nodes,
+All tests train the same small deterministic job (2 gloo ranks, one on each of 2 nodes,
 3 epochs x 6 steps, a checkpoint every 2 steps; see stop_helpers.py). One
 uninterrupted run of it, shared by the module, gives the weights that every
 interrupted-and-resumed run must end with, bit for bit.
@@ -24,6 +24,7 @@ from .stop_entrypoints import ENTRYPOINT_MODULE
 from .stop_helpers import (
     BURN_IN,
     EPOCHS,
+    LAST_RANK,
     SMOKE_SPEC,
     STEPS_PER_EPOCH,
     WORLD_SIZE,
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
     from .conftest import SlurmCluster
 
 TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
-START_TIMEOUT_S = 90  # submit -> first checkpoint: 4 ranks importing torch on 2 cores
+START_TIMEOUT_S = 90  # submit -> first checkpoint: the ranks importing torch on 2 cores
 RUN_TIMEOUT_S = 150
 # A shared test's `resume --wait`: the resumed job may wait in the queue behind the other test file's job for up to
 # that job's own run (116 s in rehearsal 31, on a slow machine), then runs its own.
@@ -158,20 +159,21 @@ def test_cancel_settles_before_it_returns_and_an_immediate_resume_continues_exac
 def test_killed_rank_fails_the_job_and_is_named(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
     run = submit(workspace, "name=killed_rank")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
-    pid = wait_for(lambda: rank_pid(slurm_cluster, run.job_id, 3), "rank 3's process", 10, run)
+    # the last rank, on the second node: not the batch step's, nor rank 0 (its own test: mid-checkpoint)
+    pid = wait_for(lambda: rank_pid(slurm_cluster, run.job_id, LAST_RANK), f"rank {LAST_RANK}'s process", 10, run)
 
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)  # as the OOM killer would
     state = slurm_cluster.wait_state(run.job_id, timeout=FAILURE_BUDGET_S)
     ended_s = time.monotonic() - killed
-    report_timing("kill -9 of rank 3 -> job ended", ended_s)
+    report_timing(f"kill -9 of rank {LAST_RANK} -> job ended", ended_s)
 
     assert state == "FAILED", task_logs(run.run_dir)
     exit_code = slurm_cluster.run("sacct", "-X", "-n", "-P", "-o", "ExitCode", "-j", run.job_id).stdout.strip()
     assert exit_code != "0:0", exit_code
     summary = run.summary()
     failed = {key: summary.get(key) for key in ("status", "failed_rank", "failed_node")}
-    named = {"status": "failed", "failed_rank": 3, "failed_node": slurm_cluster.nodes[1]}
+    named = {"status": "failed", "failed_rank": LAST_RANK, "failed_node": slurm_cluster.nodes[1]}
     assert failed == named, f"{summary}\n{task_logs(run.run_dir)}"
     leftovers, _ = wait_no_processes(slurm_cluster, run.job_id, timeout=30)
     assert leftovers == [], "processes of the failed job outlived it"

@@ -25,6 +25,8 @@ from hpctrain.contract.rundir import checkpoints_dir
 
 from .hpctrain_cli import task_logs, task_output
 from .stop_helpers import (
+    STEPS_PER_EPOCH,
+    TASKS_PER_NODE,
     Run,
     Workspace,
     assert_completed_exactly,
@@ -112,8 +114,9 @@ def test_samples_cross_the_network_and_only_the_leader_scans(
     train = shared.data / "train"
     for node in slurm_cluster.nodes:
         read = server.opened(node, train, "READ")
-        # Two ranks per node, 6 steps of 2 distinct samples per epoch: at least 24 files each node read itself.
-        assert len(read) >= 24 and all(p.endswith(".jpg") for p in read), (node, sorted(read))
+        # Its ranks' steps of an epoch take distinct samples (batch 2): at least that many files each node read.
+        least = TASKS_PER_NODE * STEPS_PER_EPOCH * 2
+        assert len(read) >= least and all(p.endswith(".jpg") for p in read), (node, least, sorted(read))
     listed = {node: {p for op, p, _ in server.lines(node) if op == "opendir" and p.startswith(str(train))}
               for node in slurm_cluster.nodes}  # fmt: skip
     classes = {str(p) for p in train.iterdir()}

@@ -1,8 +1,8 @@
 """A user's own loop, written against hpctrain.task, resumes exactly on the real cluster (issue 28).
 
 The loop is the example of docs/your-own-loop.md (``hpctrain/examples/own_loop.py``:
-plain PyTorch DDP over gloo on a generated ImageFolder; 4 ranks on 2 nodes,
-18 steps in 3 epochs, a checkpoint every 2 steps), run as an ``entrypoint:``
+plain PyTorch DDP over gloo on a generated ImageFolder; here one rank on each of 2 nodes
+(stop_helpers.TASKS_PER_NODE: CI's CPU), 18 steps, a checkpoint every 2 steps), run as an ``entrypoint:``
 job with each step held 0.5 s (``task_entrypoints.held_own_loop``) so that a
 test can signal it between checkpoints. One uninterrupted run, shared by the
 module, gives the reference:
@@ -11,7 +11,7 @@ module, gives the reference:
   high-priority partition, it ends with the reference's ``weights_sha256`` bit
   for bit, every step logged once, and ``status`` and ``report`` show it;
 * with ``resources.min_nodes: 1``, a node killed mid-run leaves the loop on
-  the other node's 2 ranks (each computing 2 micro-batches per step): it ends
+  the other node's rank (computing both micro-batches of each step): it ends
   with weights within 1e-3 (relative) of the reference's.
 """
 
@@ -29,6 +29,8 @@ from hpctrain.contract.rundir import checkpoints_dir
 
 from .hpctrain_cli import hpctrain, task_logs
 from .stop_helpers import (
+    TASKS_PER_NODE,
+    WORLD_SIZE,
     Run,
     Workspace,
     latest_step,
@@ -45,8 +47,8 @@ if TYPE_CHECKING:
     from .conftest import SlurmCluster
 
 SPEC = "jobs/own_loop_cpu.yaml"
-EPOCHS, TOTAL_STEPS = 3, 18  # 64 images / (4 ranks x 2) = 8 steps per epoch; 18 steps end in epoch 3
-START_TIMEOUT_S = 120  # submit -> first checkpoint: 4 ranks importing torch and torchvision on 2 cores
+EPOCHS, TOTAL_STEPS = 3, 18  # 64 images / (2 ranks x 2) = 16 steps per epoch; 18 steps end in epoch 2
+START_TIMEOUT_S = 120  # submit -> first checkpoint: the ranks importing torch and torchvision on 2 cores
 RUN_TIMEOUT_S = 240
 # A node killed mid-run: srun notices at node-failure detection (SlurmdTimeout: 75-78 s with 60 s, now 30 s), then
 # the supervisor continues on the survivors. A hang guard, not a timing.
@@ -67,6 +69,7 @@ def submit_loop(ws: Workspace, *extra_sets: str) -> Run:
         "entrypoint_args.batch_size=2",
         f"entrypoint_args.max_steps={TOTAL_STEPS}",
         "health.ledger_days=0",  # the node this module kills must not be excluded from later tests' jobs
+        f"resources.tasks_per_node={TASKS_PER_NODE}",
         *extra_sets,
     ]
     args = [item for value in sets for item in ("--set", value)]
@@ -77,7 +80,7 @@ def submit_loop(ws: Workspace, *extra_sets: str) -> Run:
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    """The model of the run's newest checkpoint, loaded here in one process (written by 4 or 2 ranks)."""
+    """The model of the run's newest checkpoint, loaded here in one process (written by 2 ranks or 1)."""
     from hpctrain import task
     from hpctrain.examples.own_loop import tiny_cnn
 
@@ -148,7 +151,8 @@ def test_a_lost_node_leaves_the_loop_on_the_survivors_within_tolerance(
         # n2 comes back for the tests after this one: the cluster restarts, which also removes the test
         # user's home (both runs' folders), so everything is read before
         slurm_cluster.resize(len(slurm_cluster.nodes))
-    assert (summary["status"], summary["global_step"], summary["world_size"]) == ("completed", TOTAL_STEPS, 2)
+    survivors = WORLD_SIZE - TASKS_PER_NODE
+    assert (summary["status"], summary["global_step"], summary["world_size"]) == ("completed", TOTAL_STEPS, survivors)
     [failure] = summary["node_failures"]
     assert (failure["node"], failure["action"], failure["nodes"]) == ("n2", "drop", ["n1"]), failure
     assert ours.keys() == theirs.keys()

@@ -1,8 +1,8 @@
 """``launcher: torchrun`` on the two-node cluster: one Slurm task per node runs torchrun, which starts 2 ranks.
 
-The same 2 x 2 gloo jobs as the srun tests (stop_helpers.py), submitted with
-``--set launcher=torchrun``: the ranks come out where srun would put them, a
-time-limit requeue and a preemption resume bit-identically, ``hpctrain
+The stop tests' gloo job (stop_helpers.py) on 2 nodes x 2 ranks (``TWO_PER_NODE``: torchrun's point
+is the ranks it starts beside each other), submitted with ``--set launcher=torchrun``: the ranks come
+out where srun would put them, a time-limit requeue and a preemption resume bit-identically, ``hpctrain
 cancel`` leaves no process on either node, and a killed rank is named.
 
 The requeued and preempted run also carries ``tracking.mlflow`` with
@@ -33,6 +33,7 @@ from .hpctrain_cli import task_logs
 from .stop_helpers import (
     EPOCHS,
     STEPS_PER_EPOCH,
+    TWO_PER_NODE,
     UNTIL_CANCELLED,
     Workspace,
     assert_completed_exactly,
@@ -60,7 +61,7 @@ from .tracker_checks import (
 if TYPE_CHECKING:
     from .conftest import SlurmCluster
 
-TORCHRUN = "launcher=torchrun"
+TORCHRUN = ("launcher=torchrun", TWO_PER_NODE)
 # The tests here leave the burn-in out (CI time: each start would pay a torch import more); a torchrun job's
 # burn-in, flagging a slow node and then nobody: test_node_loss_e2e.py.
 NO_BURN_IN = "health.burn_in.enabled=false"
@@ -78,9 +79,10 @@ def workspace(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFact
 @pytest.fixture(scope="module")
 def reference_weights(slurm_cluster: SlurmCluster, workspace: Workspace) -> str:
     """``weights_sha256`` of the srun-launched run trained without interruption (stop_helpers'
-    ``uninterrupted_weights``, from the store when an earlier session trained it): a torchrun run, interrupted or
-    not, must end with it, since its ranks are srun's and the launcher changes no arithmetic."""
-    return uninterrupted_weights(slurm_cluster, workspace, RUN_TIMEOUT_S)
+    ``uninterrupted_weights`` of the 2 x 2 shape, from the store when an earlier session trained it): a
+    torchrun run, interrupted or not, must end with it, since its ranks are srun's and the launcher changes
+    no arithmetic."""
+    return uninterrupted_weights(slurm_cluster, workspace, RUN_TIMEOUT_S, TWO_PER_NODE)
 
 
 def worker_pid(cluster: SlurmCluster, job_id: str, rank: int) -> int | None:
@@ -98,7 +100,9 @@ def worker_pid(cluster: SlurmCluster, job_id: str, rank: int) -> int | None:
 @pytest.mark.slurm_contract
 @pytest.mark.slurm_shared  # the preemption test is not: it preempts through `urgent`
 def test_ranks_0_to_3_run_two_per_node(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
-    run = submit(workspace, TORCHRUN, NO_BURN_IN, "name=torchrun_layout", f"entrypoint={ENTRYPOINT_MODULE}:rank_layout")
+    run = submit(
+        workspace, *TORCHRUN, NO_BURN_IN, "name=torchrun_layout", f"entrypoint={ENTRYPOINT_MODULE}:rank_layout"
+    )
     assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "COMPLETED", task_logs(run.run_dir)
     layout = []
     for node_task in (0, 1):  # one Slurm task per node, each returning its node's ranks
@@ -124,7 +128,7 @@ def test_timeout_requeue_and_preemption_resume_bit_identically(
     pytest.importorskip("mlflow")
     started = time.monotonic()
     with mlflow_server(tmp_path / "mlflow", host=HOST_ADDR, wait=False) as uri:  # it starts while the job does
-        run = submit(workspace, TORCHRUN, NO_BURN_IN, "name=torchrun_requeued", *live_mlflow_sets(uri, "torchrun"))
+        run = submit(workspace, *TORCHRUN, NO_BURN_IN, "name=torchrun_requeued", *live_mlflow_sets(uri, "torchrun"))
 
         # The time-limit signal reaches every process of the step; the ranks checkpoint, rank 0 requeues.
         # Then a preemption: SIGTERM to everything, which neither the node task nor torchrun may act on.
@@ -155,13 +159,13 @@ def test_timeout_requeue_and_preemption_resume_bit_identically(
 @pytest.mark.slurm_shared
 def test_hpctrain_cancel_leaves_no_process_on_either_node(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
     # training when the cancel lands
-    run = submit(workspace, TORCHRUN, NO_BURN_IN, "name=torchrun_cancelled", UNTIL_CANCELLED)
+    run = submit(workspace, *TORCHRUN, NO_BURN_IN, "name=torchrun_cancelled", UNTIL_CANCELLED)
     cancel_leaves_nothing(slurm_cluster, workspace, run, "torchrun", START_TIMEOUT_S)
 
 
 @pytest.mark.slurm_shared
 def test_killed_rank_fails_the_job_and_is_named(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
-    run = submit(workspace, TORCHRUN, NO_BURN_IN, "name=torchrun_killed_rank")
+    run = submit(workspace, *TORCHRUN, NO_BURN_IN, "name=torchrun_killed_rank")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
     pid = wait_for(lambda: worker_pid(slurm_cluster, run.job_id, 3), "rank 3's process", 10, run)
     os.kill(pid, signal.SIGKILL)  # as the OOM killer would

@@ -7,7 +7,7 @@ The MLflow server runs on this machine, as on a login node, at its address on th
 nodes have network namespaces of their own); with ``tracking.live`` global rank 0's node also runs the
 sender beside the trainer: the senders of the starts and the login side's syncs together send each step
 once.
-The training run is the stop tests' small job (2 nodes x 2 gloo ranks, 3 epochs x 6 steps, a
+The training run is the stop tests' small job (2 nodes x 1 gloo rank, 3 epochs x 6 steps, a
 checkpoint every 2 steps) with ``resources.spare_nodes: 1`` on the three-node cluster.
 """
 
