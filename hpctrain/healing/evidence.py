@@ -15,7 +15,8 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from hpctrain.contract.heartbeat_files import read_heartbeats
-from hpctrain.contract.rundir import hang_claim_path
+from hpctrain.contract.rundir import hang_claim_path, torchrun_failures_path
+from hpctrain.contract.runfiles import RunFileError, open_regular
 from hpctrain.contract.slurm import DEFAULT_SLURMD_PORT, Slurm, SlurmCommandError
 from hpctrain.contract.slurm_answers import config_number
 from hpctrain.contract.srun_report import task_failures
@@ -27,11 +28,42 @@ from hpctrain.healing.decide import HungRank
 PROBE_TIMEOUT_S = 3.0
 CONFIG_TIMEOUT_S = 10.0  # scontrol show config, once, for slurmd's port; the watch loop waits on it
 SILENT_BEATS = 3  # heartbeat intervals without a beat before a node is a suspect
+# Of torchrun-failures.log, a step's part is read up to this much: one line per failed rank, ~60 bytes each.
+MAX_LAUNCHER_REPORT_BYTES = 256 * 1024
 
 
 def reported_nodes(srun_text: str) -> set[str]:
     """The nodes srun reported a failed task on."""
     return {failure.node for failure in task_failures(srun_text)}
+
+
+def launcher_report_size(run_dir: Path) -> int:
+    """How long the torchrun launcher's report of failed ranks is now (0 when there is none): a step's own
+    lines are those after it (:func:`launcher_report`)."""
+    try:
+        with open_regular(torchrun_failures_path(run_dir)) as handle:
+            return handle.seek(0, 2)
+    except (OSError, RunFileError):
+        return 0
+
+
+def launcher_report(run_dir: Path, since: int) -> str:
+    """The torchrun launcher's report of the ranks that failed in a step (``torchrun: error: n2: task 3:
+    Killed``, srun's words: programs/torchrun_node.py), the lines written after offset ``since``.
+
+    Under ``launcher: torchrun`` srun's own report names the node tasks, which end with a status of their own
+    when one of their ranks died; the ranks' failures are in this file. A regular file only, at most
+    :data:`MAX_LAUNCHER_REPORT_BYTES` of it, and nothing when it is not one (another user's run directory
+    is untrusted)."""
+    try:
+        with open_regular(torchrun_failures_path(run_dir)) as handle:
+            size = handle.seek(0, 2)
+            handle.seek(since if 0 <= since <= size else 0)
+            data = handle.read(MAX_LAUNCHER_REPORT_BYTES)
+    except (OSError, RunFileError):
+        return ""
+    text = data.decode(errors="replace")
+    return text[: text.rfind("\n") + 1]  # whole lines: one still being written is read next time
 
 
 def silent_nodes(run_dir: Path, nodes: Collection[str], *, since: float, limit_s: float, now: float) -> list[str]:

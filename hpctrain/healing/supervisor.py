@@ -7,7 +7,9 @@ so Slurm keeps the allocation when a node fails). It starts the srun line on
 ``resources.nodes`` nodes of the allocation with ``--overlap`` and an
 explicit ``--nodelist``, and watches:
 
-* srun's own reports (tee'd on to the batch log, where rank 0 reads them);
+* srun's own reports (tee'd on to the batch log, where rank 0 reads them); under ``launcher: torchrun``
+  srun's tasks are the node tasks, and the ranks' own failures are the node tasks' report in the same
+  words (``torchrun-failures.log``, the step's part of it: ``evidence.launcher_report``);
 * heartbeats: a node whose every rank went silent is a suspect;
 * after srun reported a failed task, the nodes it said nothing about;
 * a suspect's slurmd: a TCP connect to its port; no answer means lost;
@@ -81,6 +83,7 @@ class RunningStep:
     process: subprocess.Popen[bytes]
     nodes: tuple[str, ...]
     started: float
+    launcher_report_from: int = 0  # torchrun-failures.log's size when the step started: its lines come after
     text: list[str] = field(default_factory=list)
     evidence: dict[str, dict[str, object]] = field(default_factory=dict)  # node -> numbers behind a blame
     sick: tuple[decide.Blame, ...] = ()  # a slow node the supervisor ended the step for
@@ -283,8 +286,9 @@ class Supervisor:
             env["MASTER_PORT"] = str(derive_master_port(f"{self.job_id}.{self.record.restart}.{attempt}"))
         # A hang in this step reports again, also after a requeue (same job id); a claim after the step is this one's.
         hang_claim_path(self.run_dir, self.job_id).unlink(missing_ok=True)
+        report_from = evidence.launcher_report_size(self.run_dir) if self.spec.launcher == "torchrun" else 0
         process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        step = RunningStep(process, nodes, time.time())
+        step = RunningStep(process, nodes, time.time(), report_from)
         step.start_tee()
         return step
 
@@ -340,6 +344,8 @@ class Supervisor:
     def outcome(self, step: RunningStep, lost: dict[str, str]) -> decide.StepOutcome:
         ended_by_us = bool(lost) or bool(step.sick)
         text = step.srun_text
+        if self.spec.launcher == "torchrun":  # the ranks' own failures first: srun's report names the node tasks
+            text = evidence.launcher_report(self.run_dir, step.launcher_report_from) + text
         sick, numbers = (step.sick, step.evidence) if step.sick else self.burn_in_flags(self.step_id)
         for node in decide.node_failures_in(text):
             lost.setdefault(node, "srun reports a node failure")

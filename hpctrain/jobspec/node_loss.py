@@ -53,8 +53,6 @@ def node_loss_problems(spec: JobSpec) -> list[SpecProblem]:
     key = "resources.min_nodes" if res.fewest_nodes < res.nodes else "resources.spare_nodes"
     if spec.sweep:
         problems.append(SpecProblem(key, "a sweep's array tasks cannot heal from a lost node yet; remove it"))
-    if spec.launcher == "torchrun":
-        problems.append(SpecProblem(key, "launcher: torchrun cannot heal from a lost node yet; use launcher: srun"))
     if res.fewest_nodes < res.nodes and spec.runs_trainer:
         problems += _shrink_problems(spec, res.fewest_nodes)
     return problems

@@ -49,11 +49,13 @@ from .stop_helpers import (  # kill_node: test_task_api_e2e.py and test_tracking
     rank_pid,
     report_timing,
     submit,
+    uninterrupted_weights,
     wait_for,
     wait_no_processes,
     wait_requeued,
 )
 from .test_node_health_e2e import SLOW_PCT, slow
+from .test_torchrun_e2e import worker_pid
 from .tracker_checks import assert_one_mlflow_run_each_step_once
 
 if TYPE_CHECKING:
@@ -62,6 +64,7 @@ if TYPE_CHECKING:
 TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
 START_TIMEOUT_S = 120  # submit -> first checkpoint: the ranks importing torch on 2 cores
 N2_RANK = TASKS_PER_NODE  # the first rank on n2 (Slurm's block distribution)
+WORLD_SIZE_TWO_PER_NODE = 4
 RUN_TIMEOUT_S = 240
 # A lost node that still held processes of the job (the batch node; the last node lost before a requeue)
 # keeps the requeued job COMPLETING until Slurm marks it DOWN: SlurmdTimeout (30 s on the test cluster)
@@ -479,7 +482,7 @@ def test_a_script_jobs_burn_in_keeps_a_slow_node_out_before_the_script_starts(
 def test_a_torchrun_jobs_burn_in_requeues_it_without_a_slow_node(cluster: SlurmCluster, workspace: Workspace) -> None:
     """``launcher: torchrun``, 2 nodes x 1 rank, the second node Slurm gives it slowed to 10 % of a core before it
     starts: the node tasks probe their nodes before torchrun (its rendezvous is not theirs), node task 0 flags the
-    slow node and requeues the job without it (no supervisor: torchrun jobs do not heal), and the requeued start
+    slow node and requeues the job without it (no supervisor: no spare, no min_nodes), and the requeued start
     (a healthy burn-in) runs torchrun and trains to the end on the other two nodes. One start of each kind, in
     one job (CI time)."""
     began = time.monotonic()
@@ -516,6 +519,39 @@ def test_a_torchrun_jobs_burn_in_requeues_it_without_a_slow_node(cluster: SlurmC
     report_timing("torchrun burn-in, 2 healthy nodes", healthy["seconds"])
     assert_nothing_left(cluster, run.job_id)
     report_timing("torchrun burn-in test", time.monotonic() - began)
+
+
+@pytest.mark.slurm_side  # names its nodes from the fixture; CI runs it on 26.05's cluster, off 24.11's critical path
+def test_a_torchrun_jobs_killed_worker_is_blamed_on_its_node_and_the_spare_takes_it_with_the_same_weights(
+    cluster: SlurmCluster, workspace: Workspace
+) -> None:
+    """``launcher: torchrun`` heals (issue 42): 2 nodes x 2 ranks and a spare; rank 3, a worker torchrun started on
+    the second node, is killed (as the OOM killer would). srun's report names only that node's node task (exit
+    1: no node to blame by itself); the node task's report of its worker, in srun's words, is the evidence. The
+    supervisor swaps the node for the spare, the next step's torchruns meet at a new port, and the run ends with
+    the weights of the same shape trained without interruption."""
+    reference = uninterrupted_weights(cluster, workspace, RUN_TIMEOUT_S, TWO_PER_NODE)
+    first, second, spare = cluster.nodes
+    run = submit(workspace, "name=torchrun_heal", "launcher=torchrun", TWO_PER_NODE, "resources.spare_nodes=1")
+    wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
+    last = WORLD_SIZE_TWO_PER_NODE - 1
+    pid = wait_for(lambda: worker_pid(cluster, run.job_id, last), f"rank {last}'s process", 30, run)
+    killed = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    state = wait_ended(cluster, run)
+    assert state == "COMPLETED", run_evidence(run)
+    report_timing("torchrun: a worker killed -> run completed on the spare", time.monotonic() - killed)
+    summary = run.summary()
+    assert (summary["status"], summary["global_step"]) == ("completed", TOTAL_STEPS), run_evidence(run)
+    assert summary["hostnames"] == [first, spare] and summary["excluded_nodes"] == [second], run_evidence(run)
+    [failure] = summary["node_failures"]
+    expected = (second, "swap", f"rank {last} killed", [first, spare])
+    assert (failure["node"], failure["action"], failure["reason"], failure["nodes"]) == expected, run_evidence(run)
+    assert f"continuing on {first},{spare} from step {failure['checkpoint_step']}" in batch_log(run.run_dir)
+    requeues = cluster.run("sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", run.job_id)
+    assert "REQUEUED" not in requeues.stdout  # healed inside the allocation
+    assert summary["weights_sha256"] == reference, run_evidence(run)
+    assert_nothing_left(cluster, run.job_id)
 
 
 SCRIPT_STEPS = 24  # 0.5 s each: requeued, preempted, then n2 dies, each a few steps after the last

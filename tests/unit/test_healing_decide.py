@@ -112,6 +112,16 @@ def test_spares_fit_any_strategy_shape(tmp_path: Path) -> None:
     assert spec.resources.heals and spec.resources.allocated_nodes == 4
 
 
+def test_a_torchrun_job_may_heal_and_its_supervisor_starts_one_node_task_per_node(tmp_path: Path) -> None:
+    """Refused before issue 42 ("launcher: torchrun cannot heal from a lost node yet"); the supervisor's srun
+    line for it has one Slurm task per node (torchrun's node task), the ranks' failures in its report."""
+    path = tmp_path / "job.yaml"
+    path.write_text(SPEC.format(resources="spare_nodes: 1, min_nodes: 2", strategy="ddp") + "launcher: torchrun\n")
+    job = load_job(path)
+    assert job.spec.resources.heals and job.spec.slurm_tasks_per_node == 1
+    assert "hpctrain.healing.supervisor" in render_script(job, Path("/runs/X"))
+
+
 # -- the sbatch script -------------------------------------------------------------------------------------------
 def test_a_healing_job_asks_for_the_spares_with_no_kill_and_runs_the_supervisor(tmp_path: Path) -> None:
     job = load(tmp_path, "min_nodes: 1, spare_nodes: 1")

@@ -80,6 +80,14 @@ if plan[0] == "hang":
     (run / "summary.json").write_text(json.dumps(report))
     print("srun: error: n1: task 0: Exited with exit code 87", file=sys.stderr, flush=True)
     sys.exit(87)
+if plan[0] in ("torchrun-kill", "torchrun-raise"):  # launcher: torchrun: a worker (global rank plan[2]) on
+    control = here / "run" / ".hpctrain"                 # plan[1] died; its node task reports it, then exits 1
+    control.mkdir(exist_ok=True)
+    reason = "Killed" if plan[0] == "torchrun-kill" else "Exited with exit code 1"
+    with open(control / "torchrun-failures.log", "a") as log:
+        log.write(f"torchrun: error: {{plan[1]}}: task {{plan[2]}}: {{reason}}\\n")
+    print(f"srun: error: {{plan[1]}}: task {{nodes.index(plan[1])}}: Exited with exit code 1", file=sys.stderr)
+    sys.exit(1)
 reason = "Exited with exit code 1" if plan[0] == "raise" else "Killed"
 print(f"srun: error: {{plan[1]}}: task {{plan[2]}}: {{reason}}", file=sys.stderr, flush=True)
 sys.exit(1)
@@ -119,7 +127,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def run(
-    tmp: Path, plan: list[str], resources: dict[str, Any], restart: int = 0, **signals: Any
+    tmp: Path, plan: list[str], resources: dict[str, Any], restart: int = 0, launcher: str = "srun", **signals: Any
 ) -> tuple[int, list[dict[str, Any]]]:
     (tmp / "plan.txt").write_text("\n".join(plan) + "\n")
     run_dir = tmp / "run"
@@ -127,6 +135,7 @@ def run(
     spec = {
         "name": "heal",
         "entrypoint": "x.y:z",
+        "launcher": launcher,
         "resources": {"nodes": 2, "tasks_per_node": 2, **resources},
         "signals": signals,
     }
@@ -236,6 +245,49 @@ def test_a_rank_that_raised_ends_the_job_as_without_healing(fake: Path) -> None:
     summary = read_summary(fake / "run")
     assert summary is None or not summary.node_failures
     assert "scontrol update JobId=7 Requeue=0" in slurm_log(fake)  # expedite: ended, not held (REQUEUE_HOLD)
+
+
+def test_under_torchrun_a_killed_worker_moves_the_run_to_the_spare(fake: Path) -> None:
+    """srun's report names the node task (``Exited with exit code 1``: no node to blame); the node task's own
+    report, in srun's words, names the worker it saw killed. A line from before the step blames nothing."""
+    control = fake / "run" / ".hpctrain"
+    control.mkdir(parents=True)
+    (control / "torchrun-failures.log").write_text("torchrun: error: n1: task 0: Killed\n")  # an earlier start's
+    rc, calls = run(fake, ["torchrun-kill n2 3", "ok"], {"spare_nodes": 1}, launcher="torchrun")
+    assert rc == 0 and len(calls) == 2
+    assert calls[0]["argv"][:5] == ["--overlap", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n2"]
+    assert "--nodelist=n1,n3" in calls[1]["argv"] and calls[1]["env"]["MASTER_PORT"].isdigit()
+    summary = read_summary(fake / "run")
+    assert summary is not None and summary.excluded_nodes == ["n2"]
+    [failure] = summary.node_failures or []
+    assert (failure["node"], failure["reason"], failure["action"]) == ("n2", "rank 3 killed", "swap"), failure
+
+
+def test_under_torchrun_a_worker_that_raised_ends_the_job_as_without_healing(fake: Path) -> None:
+    rc, calls = run(fake, ["torchrun-raise n2 3", "ok"], {"spare_nodes": 1}, launcher="torchrun")
+    assert rc == 1 and len(calls) == 1
+    summary = read_summary(fake / "run")
+    assert summary is None or not summary.node_failures
+
+
+def test_the_launchers_report_is_read_from_the_steps_offset_in_whole_lines_and_only_from_a_regular_file(
+    tmp_path: Path,
+) -> None:
+    from hpctrain.healing import evidence
+
+    control = tmp_path / ".hpctrain"
+    control.mkdir()
+    log = control / "torchrun-failures.log"
+    assert evidence.launcher_report_size(tmp_path) == 0 and evidence.launcher_report(tmp_path, 0) == ""
+    log.write_text("torchrun: error: n1: task 0: Killed\n")
+    since = evidence.launcher_report_size(tmp_path)
+    with log.open("a") as handle:
+        handle.write("torchrun: error: n2: task 3: Killed\ntorchrun: error: n2: ta")  # the last line half written
+    assert evidence.launcher_report(tmp_path, since) == "torchrun: error: n2: task 3: Killed\n"
+    assert evidence.launcher_report(tmp_path, 10**9) == evidence.launcher_report(tmp_path, 0)  # truncated: all
+    log.unlink()
+    os.mkfifo(log)  # another user's run directory: never blocks, never read
+    assert evidence.launcher_report_size(tmp_path) == 0 and evidence.launcher_report(tmp_path, 0) == ""
 
 
 def test_the_batch_nodes_rank_killed_requeues_without_it(fake: Path) -> None:
