@@ -545,8 +545,9 @@ def test_a_torchrun_jobs_killed_worker_is_blamed_on_its_node_and_the_spare_takes
     assert (summary["status"], summary["global_step"]) == ("completed", TOTAL_STEPS), run_evidence(run)
     assert summary["hostnames"] == [first, spare] and summary["excluded_nodes"] == [second], run_evidence(run)
     [failure] = summary["node_failures"]
-    expected = (second, "swap", f"rank {last} killed", [first, spare])
-    assert (failure["node"], failure["action"], failure["reason"], failure["nodes"]) == expected, run_evidence(run)
+    assert (failure["node"], failure["action"], failure["nodes"]) == (second, "swap", [first, spare]), run_evidence(run)
+    # the node task's words: "rank 3 killed (ended without a result or an error)"
+    assert failure["reason"].startswith(f"rank {last} killed"), run_evidence(run)
     assert f"continuing on {first},{spare} from step {failure['checkpoint_step']}" in batch_log(run.run_dir)
     requeues = cluster.run("sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", run.job_id)
     assert "REQUEUED" not in requeues.stdout  # healed inside the allocation
