@@ -3,13 +3,13 @@
 # Slurm test cluster (needs root; brought up and down by the tests themselves).
 # GPU tests run only where CUDA is available.
 #
-#   bash scripts/test.sh              # the CI matrix: the unit and local tiers in the background
-#                                     # while, in the foreground, the Slurm test bed is made ready
-#                                     # (slurm-cluster prepare: root filesystems, cached), the Slurm
-#                                     # tier runs on 24.11, and beside its second
-#                                     # half the Slurm contract subset on 22.05 and on 26.05 (a
-#                                     # second test cluster); then the scale smoke job (16 x 2
-#                                     # ranks) on 24.11, alone
+#   bash scripts/test.sh              # the CI matrix: the unit and local tiers in the background,
+#                                     # then there the scale smoke job (16 x 2 ranks, 24.11, a third
+#                                     # test cluster, at idle priority), while, in the foreground,
+#                                     # the Slurm test bed is made ready (slurm-cluster prepare: root
+#                                     # filesystems, cached), the Slurm tier runs on 24.11, and beside
+#                                     # its second half the Slurm contract subset on 22.05 and on
+#                                     # 26.05 (a second test cluster)
 #   bash scripts/test.sh tests/unit   # any pytest arguments: one pytest run (Slurm 22.05 unless
 #                                     # HPCTRAIN_TEST_SLURM says otherwise)
 #   bash scripts/test.sh --slurm 24.11 tests/slurm -m slurm_contract
@@ -53,9 +53,9 @@ fi
 # which runs every other test but those marked slurm_side (alone tests with nothing release-specific:
 # 26.05's alone half runs them, off 24.11's critical path). Priorities: 24.11 (the longest stream) first, the side
 # releases at nice 5 (their daemons and jobs inherit it), the tiers without a cluster at nice 10. The
-# scale smoke job (~14 GiB) runs after 24.11's legs and the unit and local tiers, beside the side stream's
-# last tests, at SCHED_IDLE. Each half prints its 25 slowest tests (--durations),
-# so CI's log says what to trim.
+# scale smoke job (~14 GiB) follows the unit and local tiers in the background stream, on a cluster of its
+# own (instance 2), at SCHED_IDLE: beside the Slurm legs' last tests, which wait on Slurm and leave a third
+# of the CPU idle. Each half prints its 25 slowest tests (--durations), so CI's log says what to trim.
 main_legs=( # version | what | the shared half's tests | the alone half's tests (pytest -m)
     "24.11|the Slurm tier|slurm_shared and not slurm_contract|not slurm_shared and not slurm_contract and not slurm_side"
 )
@@ -64,6 +64,7 @@ side_legs=( # slurm_side: alone tests with nothing release-specific, moved off 2
     "26.05|Slurm contract subset + slurm_side|slurm_contract and slurm_shared|(slurm_contract or slurm_side) and not slurm_shared"
 )
 SIDE_INSTANCE=1
+SCALE_INSTANCE=2
 summary=()
 failed=0
 matrix_started=$(date +%s)
@@ -101,10 +102,26 @@ leg_down() { # the xdist half leaves the cluster up; the next leg starts clean
     python3 tests/cluster/slurm-cluster down >/dev/null || true
 }
 
+# HAL's scale: 16 nodes x 2 ranks = 32 gloo ranks, ~1.5 min and ~14 GiB of the 24 GiB machine, so it waits
+# for the unit and local tiers (two workers' tests): it follows them in the background stream, on cluster
+# instance 2 (nodes l1..), beside the two Slurm streams' last tests (one small job each at a time). It runs at
+# SCHED_IDLE (its cluster's daemons and ranks inherit it): it takes only the CPU they leave, which is a
+# third of it there (they wait on Slurm: requeues, signals' grace, KillWait; CPU sampled in rehearsal 33).
+# At nice 0, its 32 ranks' imports starved a side test's 4 ranks through their cancel's KillWait
+# (rehearsal 21; docs/testing.md). 16 x 3 = 48 also completes (~20 GiB) but leaves CI too thin a margin;
+# run it by hand. It needs root, as the Slurm tier does.
+idle=(nice -n 19)
+if chrt --idle 0 true 2>/dev/null; then
+    idle=(chrt --idle 0 nice -n 19)
+fi
+
 # The background stream: unit and local tiers in one pytest session (no cluster; the Slurm
-# version only names the leg). Its output goes to a log that is printed whole when it ends.
+# version only names the leg), then the scale smoke job. Their output goes to logs that are printed
+# whole when the stream ends.
 cpu_log=$(mktemp -t hpctrain-cpu-tiers.XXXXXX)
 cpu_result=$(mktemp -t hpctrain-cpu-result.XXXXXX)
+scale_log=$(mktemp -t hpctrain-scale-smoke.XXXXXX)
+scale_result=$(mktemp -t hpctrain-scale-result.XXXXXX)
 side_log=$(mktemp -t hpctrain-side-legs.XXXXXX)
 side_result=$(mktemp -t hpctrain-side-result.XXXXXX)
 echo "===== scripts/test.sh: unit and local tiers, in the background (log printed when they end)"
@@ -120,6 +137,16 @@ echo "===== scripts/test.sh: unit and local tiers, in the background (log printe
         result="FAILED ($?)"
     fi
     leg_line "unit and local tiers" "-" "$result" "$(($(date +%s) - started))" >"$cpu_result"
+    if [ "$(id -u)" = 0 ]; then
+        started=$(date +%s)
+        if HPCTRAIN_SLURM_INSTANCE=$SCALE_INSTANCE HPCTRAIN_TEST_SLURM=24.11 "${idle[@]}" \
+            tests/cluster/scale-smoke 16 2 >"$scale_log" 2>&1; then
+            result=passed
+        else
+            result="FAILED ($?)"
+        fi
+        leg_line "scale smoke, 16 x 2 ranks" 24.11 "$result" "$(($(date +%s) - started))" >"$scale_result"
+    fi
 ) &
 cpu_pid=$!
 side_pid=
@@ -177,19 +204,16 @@ echo "===== scripts/test.sh: unit and local tiers (the background stream's log)"
 cat "$cpu_log"
 summary+=("$(cat "$cpu_result")")
 case "$(cat "$cpu_result")" in *passed*) ;; *) failed=1 ;; esac
-
-# HAL's scale: 16 nodes x 2 ranks = 32 gloo ranks, ~1.5 min and ~14 GiB of the 24 GiB machine, so it waits
-# for the unit and local tiers (two workers' tests) and 24.11's legs; the side stream's last tests (one job
-# of a few ranks at a time, at nice 5) may still run beside it, so the smoke runs at SCHED_IDLE (its cluster's
-# daemons and ranks inherit it): it takes only the CPU they leave. At nice 0, its 32 ranks' imports starved
-# a side test's 4 ranks through their cancel's KillWait (rehearsal 21; docs/testing.md). 16 x 3 = 48 also
-# completes (~20 GiB) but leaves CI too thin a margin; run it by hand. It needs root, as the Slurm tier does.
-idle=(nice -n 19)
-if chrt --idle 0 true 2>/dev/null; then
-    idle=(chrt --idle 0 nice -n 19)
-fi
 if [ "$(id -u)" = 0 ]; then
-    run_leg "scale smoke, 16 x 2 ranks" 24.11 "${idle[@]}" tests/cluster/scale-smoke 16 2
+    echo "===== scripts/test.sh: scale smoke, 16 x 2 ranks on Slurm 24.11, cluster instance $SCALE_INSTANCE (the background stream's log)"
+    cat "$scale_log"
+    if [ -s "$scale_result" ]; then
+        summary+=("$(cat "$scale_result")")
+        case "$(cat "$scale_result")" in *passed*) ;; *) failed=1 ;; esac
+    else
+        summary+=("scale smoke: FAILED (ended without a result)")
+        failed=1
+    fi
 elif [ -n "${CI:-}" ]; then
     summary+=("scale smoke: FAILED (needs root)")
     failed=1
@@ -207,7 +231,7 @@ else
     summary+=("the side releases' contract subsets: FAILED (ended without a result)")
     failed=1
 fi
-rm -f "$cpu_log" "$cpu_result" "$side_log" "$side_result"
+rm -f "$cpu_log" "$cpu_result" "$scale_log" "$scale_result" "$side_log" "$side_result"
 echo "===== scripts/test.sh: the matrix ($(($(date +%s) - matrix_started))s in all)"
 printf '  %s\n' "${summary[@]}"
 exit "$failed"

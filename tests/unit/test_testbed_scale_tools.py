@@ -36,6 +36,22 @@ def test_sixty_four_ranks_on_sixteen_nodes_pass() -> None:
     assert check_ranks.problems(16, 4, status_of(hal_layout()), report_of(16, 64)) == []
 
 
+def test_another_instances_nodes_are_checked_by_its_prefix(tmp_path: Path) -> None:
+    """CI runs the scale smoke on cluster instance 2 (nodes l1..): ``slurm-cluster client-env`` exports the
+    prefix, and the command takes it from there."""
+    layout = {f"l{node + 1}": [2 * node, 2 * node + 1] for node in range(16)}
+    assert check_ranks.problems(16, 2, status_of(layout), report_of(16, 32), prefix="l") == []
+    assert any(
+        p.startswith("ranks per node") for p in check_ranks.problems(16, 2, status_of(layout), report_of(16, 32))
+    )
+    status, report = tmp_path / "status.json", tmp_path / "report.json"
+    status.write_text(json.dumps(status_of(layout)))
+    report.write_text(json.dumps(report_of(16, 32)))
+    command = [sys.executable, str(CLUSTER_DIR / "check-ranks"), "16", "2", str(status), str(report)]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HPCTRAIN_TEST_NODE_PREFIX": "l"})
+    assert (done.returncode, done.stdout.strip()) == (0, "ok"), done
+
+
 def test_a_missing_rank_and_its_node_are_named() -> None:
     layout = hal_layout()
     layout["n16"].remove(63)
