@@ -521,7 +521,6 @@ def test_a_torchrun_jobs_burn_in_requeues_it_without_a_slow_node(cluster: SlurmC
     report_timing("torchrun burn-in test", time.monotonic() - began)
 
 
-@pytest.mark.slurm_side  # names its nodes from the fixture; CI runs it on 26.05's cluster, off 24.11's critical path
 def test_a_torchrun_jobs_killed_worker_is_blamed_on_its_node_and_the_spare_takes_it_with_the_same_weights(
     cluster: SlurmCluster, workspace: Workspace
 ) -> None:

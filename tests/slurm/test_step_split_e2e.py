@@ -1,6 +1,6 @@
 """One slow node on the two-node test cluster: the report names it as the largest loss of the step.
 
-A 2-node ddp job (one gloo rank per node) trains 10 steps with its second node (n2) held at
+A 2-node ddp job (one gloo rank per node) trains 12 steps with its second node (n2) held at
 10 % of a core (``slurm-cluster slow``, the quota the node-health tests use).
 Its step_split records must add up to the step time the trainer measured on
 its own (5 %), and ``hpctrain report --json`` must name a straggler on n2, most
@@ -33,13 +33,20 @@ if TYPE_CHECKING:
 # half (docs/testing.md, `slurm_side`)
 pytestmark = pytest.mark.slurm_side
 
-SLOW_PCT, STEPS = 10, 10
+# 12 steps (the data set's epoch: 192 images, 2 ranks x 8), a step_split record after every step: the report
+# keeps 11 steady windows (the epoch's first left out). With 2 ranks, one rank the slowest in 10 or more of 11
+# happens by chance about 1 time in 85, under the report's 1 in 20 (docs/scaling.md), so the slow node is named
+# on that persistence alone, one window off allowed, even when the machine's load leaves its own work under
+# twice the other rank's. With a record every 2 steps (5 windows, chance 1 in 16) only that margin could name
+# it, and in rehearsal 35 (26.05, beside the unit tier and the scale smoke's start) it was 12 % of the step
+# and not named.
+SLOW_PCT, STEPS = 10, 12
 SETS = (
     "resources.nodes=2",
     "resources.tasks_per_node=1",
     "trainer.epochs=1",
     f"trainer.max_steps_per_epoch={STEPS}",
-    "trainer.log_every_steps=2",
+    "trainer.log_every_steps=1",
     "health.burn_in.enabled=false",  # it would flag n2 before training (tests/slurm/test_node_health_e2e.py)
 )
 
