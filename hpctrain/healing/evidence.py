@@ -41,7 +41,7 @@ def launcher_report_size(run_dir: Path) -> int:
     """How long the torchrun launcher's report of failed ranks is now (0 when there is none): a step's own
     lines are those after it (:func:`launcher_report`)."""
     try:
-        with open_regular(torchrun_failures_path(run_dir)) as handle:
+        with open_regular(torchrun_failures_path(run_dir), within=run_dir) as handle:
             return handle.seek(0, 2)
     except (OSError, RunFileError):
         return 0
@@ -53,16 +53,17 @@ def launcher_report(run_dir: Path, since: int) -> str:
 
     Under ``launcher: torchrun`` srun's own report names the node tasks, which end with a status of their own
     when one of their ranks died; the ranks' failures are in this file. A regular file only, at most
-    :data:`MAX_LAUNCHER_REPORT_BYTES` of it, and nothing when it is not one (another user's run directory
-    is untrusted)."""
+    :data:`MAX_LAUNCHER_REPORT_BYTES` of it, inside the run directory (a symlink out of it is not followed),
+    control characters replaced, and nothing when it is not one (another user's run directory is untrusted)."""
     try:
-        with open_regular(torchrun_failures_path(run_dir)) as handle:
+        with open_regular(torchrun_failures_path(run_dir), within=run_dir) as handle:
             size = handle.seek(0, 2)
             handle.seek(since if 0 <= since <= size else 0)
             data = handle.read(MAX_LAUNCHER_REPORT_BYTES)
     except (OSError, RunFileError):
         return ""
     text = data.decode(errors="replace")
+    text = "".join(c if c.isprintable() or c == "\n" else "?" for c in text)  # a reason goes into logs and status
     return text[: text.rfind("\n") + 1]  # whole lines: one still being written is read next time
 
 
