@@ -3,6 +3,8 @@ run on the Slurm test cluster, tests/slurm/test_node_health_e2e.py)."""
 
 from __future__ import annotations
 
+import pytest
+
 from hpctrain.healing.burn_in import assess, best_of
 from tests.fake_slurm import FakeSlurm
 
@@ -195,15 +197,22 @@ def test_a_kept_node_lets_every_rank_train_and_a_requeue_ends_them(tmp_path, mon
             assert record is None and exits == [0]
 
 
-def test_compute_rounds_end_early_only_when_every_round_agrees() -> None:
+def test_compute_rounds_end_early_only_when_every_round_agrees(monkeypatch: pytest.MonkeyPatch) -> None:
     """Four rounds within 1.3x say what eight would; a machine whose load comes and goes gets all eight."""
     import itertools
     import time
+    import types
 
     import torch
 
+    from hpctrain.healing import plain_probes
     from hpctrain.healing.plain_probes import COMPUTE_ROUNDS, STEADY_ROUNDS, steady_enough
     from hpctrain.healing.probes import compute_probe
+
+    # The probe's clock is a fake one that the work advances: real sleeps of 200 ms woke up to 172 ms late
+    # beside CI's Slurm legs (rehearsal 36: a round of 372 ms among 200s), which made the steady case noisy.
+    now = [time.perf_counter()]
+    monkeypatch.setattr(plain_probes, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
 
     assert steady_enough([100.0, 110.0, 125.0, 104.0])
     assert not steady_enough([100.0, 100.0, 100.0])  # too few to tell
@@ -211,11 +220,12 @@ def test_compute_rounds_end_early_only_when_every_round_agrees() -> None:
     assert steady_enough([900.0, 1000.0, 950.0, 980.0])  # a CPU quota slows every round alike: still counted
 
     def work(pauses: itertools.cycle) -> object:
-        return lambda batch: time.sleep(next(pauses))
+        def one_pass(batch: int) -> None:
+            now[0] += next(pauses)
 
-    # rounds of 200 ms: at nice 10 on a loaded machine a sleep's wake-up comes tens of ms late (rehearsal 21:
-    # rounds of 20 ms measured 20-31 ms, not steady), and 60 ms late is still within 1.3x of 200
-    cpu, far = torch.device("cpu"), time.perf_counter() + 60
+        return one_pass
+
+    cpu, far = torch.device("cpu"), now[0] + 60
     steady = compute_probe(work(itertools.cycle([0.2])), cpu, far, max_batch=2)  # type: ignore[arg-type]
     assert len(steady) == STEADY_ROUNDS, steady
     noisy = compute_probe(work(itertools.cycle([0.2, 0.6])), cpu, far, max_batch=2)  # type: ignore[arg-type]
