@@ -10,18 +10,19 @@ Torch-free.
 
 from __future__ import annotations
 
+import io
 import socket
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from hpctrain.contract.heartbeat_files import read_heartbeats
 from hpctrain.contract.rundir import hang_claim_path, torchrun_failures_path
-from hpctrain.contract.runfiles import RunFileError, open_regular
+from hpctrain.contract.runfiles import RunFileError, copy_out, open_regular
 from hpctrain.contract.slurm import DEFAULT_SLURMD_PORT, Slurm, SlurmCommandError
 from hpctrain.contract.slurm_answers import config_number
 from hpctrain.contract.srun_report import task_failures
 from hpctrain.contract.summary import read_summary
-from hpctrain.errors import ClusterError
+from hpctrain.errors import ClusterError, printable
 from hpctrain.healing import decide
 from hpctrain.healing.decide import HungRank
 
@@ -54,16 +55,14 @@ def launcher_report(run_dir: Path, since: int) -> str:
     Under ``launcher: torchrun`` srun's own report names the node tasks, which end with a status of their own
     when one of their ranks died; the ranks' failures are in this file. A regular file only, at most
     :data:`MAX_LAUNCHER_REPORT_BYTES` of it, inside the run directory (a symlink out of it is not followed),
-    control characters replaced, and nothing when it is not one (another user's run directory is untrusted)."""
+    control characters escaped (``errors.printable``), and nothing when it is not one (another user's run
+    directory is untrusted)."""
+    out = io.StringIO()
     try:
-        with open_regular(torchrun_failures_path(run_dir), within=run_dir) as handle:
-            size = handle.seek(0, 2)
-            handle.seek(since if 0 <= since <= size else 0)
-            data = handle.read(MAX_LAUNCHER_REPORT_BYTES)
+        copy_out(torchrun_failures_path(run_dir), since, out, MAX_LAUNCHER_REPORT_BYTES, within=run_dir)
     except (OSError, RunFileError):
         return ""
-    text = data.decode(errors="replace")
-    text = "".join(c if c.isprintable() or c == "\n" else "?" for c in text)  # a reason goes into logs and status
+    text = printable(out.getvalue(), keep="\n")  # a reason goes into the job log and status
     return text[: text.rfind("\n") + 1]  # whole lines: one still being written is read next time
 
 
