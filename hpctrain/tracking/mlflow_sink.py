@@ -2,7 +2,7 @@
 
 Only this module imports ``mlflow`` (its client; ``pip install 'hpctrain[mlflow]'``),
 and only when a sync sends there. Each batch is one ``log_batch`` with explicit
-steps and the record's own time as the timestamp, plus the tag
+steps and each value's own line's time as the timestamp (``StepValues.time_of``), plus the tag
 ``hpctrain.synced_through`` (the last step it holds): MLflow keeps a metric once
 per (key, step, time, value), so a batch sent again after a sync was killed
 between the server's answer and the cursor's write adds nothing, and a cursor
@@ -107,7 +107,7 @@ class MlflowSink:
         from mlflow.entities import Metric, RunTag
 
         metrics = [
-            Metric(key, value, int(entry.time * 1000), entry.step)
+            Metric(key, value, int(entry.time_of(key) * 1000), entry.step)
             for entry in steps
             for key, value in entry.values.items()
         ]

@@ -48,11 +48,23 @@ EVICTION_METRIC = "hpctrain/eviction"
 
 @dataclass
 class StepValues:
-    """One step's metrics as a tracker gets them: ``train/loss``, ``val/top1``, ``hpctrain/restart``..."""
+    """One step's metrics as a tracker gets them: ``train/loss``, ``val/top1``, ``hpctrain/restart``...
+
+    ``time``: the step's own time, its ``train_step`` line's (the first line a step gets; a step without
+    one: its first line's). ``times``: each value's own line's time. Neither changes when another line of
+    the step is appended later (its ``step_split``, ``val``...), so a batch sent again after a sync was killed
+    before its cursor's write carries the same (key, step, time, value) as the first and MLflow keeps it once.
+    """
 
     step: int
     time: float
     values: dict[str, float] = field(default_factory=dict)
+    times: dict[str, float] = field(default_factory=dict)
+    anchored: bool = False  # ``time`` is the train_step line's
+
+    def time_of(self, key: str) -> float:
+        """The time a tracker records for ``key``'s value at this step."""
+        return self.times.get(key, self.time)
 
 
 @dataclass(frozen=True)
@@ -111,8 +123,20 @@ def read_history(lines: Iterable[bytes], *, after_step: int = -1, sent_bytes: in
             continue
         entry = steps.setdefault(step, StepValues(step, 0.0))
         entry.values.update(values)  # a later line of the same step wins
-        entry.time = record["time"] if isinstance(record.get("time"), (int, float)) else entry.time
+        when = record.get("time")
+        if isinstance(when, (int, float)) and not isinstance(when, bool):
+            entry.times.update(dict.fromkeys(values, float(when)))
+            if record["kind"] == "train_step" or not (entry.anchored or entry.time):
+                entry.time, entry.anchored = float(when), entry.anchored or record["kind"] == "train_step"
     return History(steps, restarts, max_step, offset, sorted(late))
+
+
+def step_times(lines: Iterable[bytes], steps: Iterable[int]) -> dict[int, float]:
+    """Each of ``steps``' own time (:class:`StepValues`' ``time``) as the whole of ``lines`` has it: for
+    an event at a step a sync sent before (its time must not depend on when it is sent)."""
+    wanted = set(steps)
+    history = read_history(lines) if wanted else None
+    return {s: history.steps[s].time for s in wanted if history is not None and s in history.steps}
 
 
 def settled_step(history: History, checkpoint_step: int | None, final: bool) -> int | None:
@@ -131,6 +155,7 @@ class Event:
     metric: str
     value: float
     text: str
+    time: float | None = None  # its record's own time; None: its step's time
 
 
 def restart_steps(starts: Iterable[Start]) -> list[tuple[int, int]] | None:
@@ -172,7 +197,9 @@ def run_events(history: History, summary: Summary | None, starts: Iterable[Start
             step = record.get("step") if isinstance(record, Mapping) else None
             if isinstance(step, int) and not isinstance(step, bool):
                 node = str(record.get("node") or record.get("nodes") or "?")
-                events.append(Event(f"{name}-{index}", step, metric, 1.0, f"{name} {node} at step {step}"))
+                when = record.get("time")
+                when = float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else None
+                events.append(Event(f"{name}-{index}", step, metric, 1.0, f"{name} {node} at step {step}", when))
     return events
 
 
@@ -199,8 +226,9 @@ def plan_batch(
     chosen = {s: history.steps[s] for s in sorted(history.steps) if after_step < s <= settled}
     fresh = [event for event in events if event.key not in done and after_step < event.step <= settled]
     for event in fresh:
-        entry = chosen.setdefault(event.step, StepValues(event.step, 0.0))
+        entry = chosen.setdefault(event.step, StepValues(event.step, event.time or 0.0))
         entry.values[event.metric] = event.value
+        entry.times[event.metric] = event.time if event.time is not None else entry.time
     return Batch([chosen[s] for s in sorted(chosen)], fresh, settled)
 
 

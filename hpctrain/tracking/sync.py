@@ -62,6 +62,7 @@ from hpctrain.tracking.plan import (
     run_events,
     run_tags,
     settled_step,
+    step_times,
 )
 
 REPORT_FILES = ("*.png", "*.svg", "*.html", "*.md")
@@ -227,9 +228,10 @@ def _sync_locked(run: _Run, tracker: str, sink: Any) -> Synced:
         if sink.acks_each_batch:
             write_cursor(run.run_dir, work)
 
-    if plan.stray:
-        now = time.time()
-        sink.send_steps([StepValues(e.step, now, {e.metric: e.value}) for e in plan.stray], through=work.sent_step)
+    if plan.stray:  # at their steps' own times (or their records'): a resend after a kill is the same data
+        known = step_times(_lines(run.run_dir), {e.step for e in plan.stray if e.time is None})
+        stray = [StepValues(e.step, e.time or known.get(e.step, 0.0), {e.metric: e.value}) for e in plan.stray]
+        sink.send_steps(stray, through=work.sent_step)
         work.events += [e.key for e in plan.stray]
         acknowledged()
     batch = plan.batch

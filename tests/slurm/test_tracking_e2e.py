@@ -77,7 +77,7 @@ def test_a_requeued_run_that_loses_a_node_is_one_mlflow_run_with_each_step_once(
         info = json.loads((run.run_dir / "run.json").read_text())
         wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
         cluster.run("scancel", "--signal=USR2", run.job_id)
-        wait_requeued(cluster, run.job_id, restarts=1)
+        wait_requeued(cluster, run.job_id, restarts=1, run=run)
         first_stop = latest_step(run.run_dir)
         cluster.release(run.job_id)
 
@@ -90,7 +90,7 @@ def test_a_requeued_run_that_loses_a_node_is_one_mlflow_run_with_each_step_once(
             lambda: latest_step(run.run_dir) > first_stop, "a checkpoint of the second start", START_TIMEOUT_S, run
         )
         preemptor = preempt(cluster, tmp_path)  # the urgent partition's job takes two of the three nodes
-        wait_requeued(cluster, run.job_id, restarts=2, timeout=90)
+        wait_requeued(cluster, run.job_id, restarts=2, timeout=90, run=run)
         second_stop = latest_step(run.run_dir)
         cluster.release(run.job_id)
         assert cluster.wait_state(preemptor, timeout=60) == "COMPLETED"
@@ -131,7 +131,9 @@ def test_a_requeued_run_that_loses_a_node_is_one_mlflow_run_with_each_step_once(
         logged = Counter(record["global_step"] for record in map(json.loads, metrics_path(run.run_dir).open())
                          if record.get("kind") == "train_step")  # fmt: skip
         assert sorted(expected) == list(range(1, TOTAL_STEPS + 1))
-        assert Counter(m.step for m in history) == dict.fromkeys(expected, 1), "each optimizer step exactly once"
+        twice = sorted(step for step, count in Counter(m.step for m in history).items() if count > 1)
+        assert not twice, sent_twice(run.run_dir, history, twice)
+        assert sorted(m.step for m in history) == sorted(expected), "each optimizer step exactly once"
         assert {m.step: m.value for m in history} == expected, "the value of the start that kept the step"
         tags = tracked.data.tags
         assert tags["hpctrain.lost_nodes"] == lost and tags["hpctrain.status"] == "completed", tags
@@ -147,3 +149,16 @@ def test_a_requeued_run_that_loses_a_node_is_one_mlflow_run_with_each_step_once(
         marked = client.get_metric_history(tracked.info.run_id, "hpctrain/redone_steps")
         assert sum(m.value for m in marked) == len(redone), (marked, logged)  # each redo marked at its step
         assert tracked.info.status == "FINISHED" and tracked.data.params["resources.spare_nodes"] == "1"
+
+
+def sent_twice(run_dir: Path, history: list, steps: list[int]) -> str:
+    """What a failure of "each step once" needs: the tracker's values and times of those steps, the metric
+    lines that logged them, the starts and the sender's log."""
+    lines = [line for line in metrics_path(run_dir).read_text().splitlines()
+             if json.loads(line).get("kind") == "train_step" and json.loads(line)["global_step"] in steps]  # fmt: skip
+    held = [(m.step, m.value, m.timestamp) for m in history if m.step in steps]
+    parts = [f"steps sent twice: {steps}", f"in MLflow (step, value, ms): {held}", "metrics.jsonl:", *lines]
+    for name in (".hpctrain/starts.jsonl", ".hpctrain/tracking/live.log", ".hpctrain/tracking/mlflow.json"):
+        path = run_dir / name
+        parts.append(f"===== {name}\n" + (path.read_text(errors="replace")[-6000:] if path.is_file() else "(none)"))
+    return "\n".join(parts) + "\n" + task_logs(run_dir)

@@ -34,6 +34,9 @@ def test_the_last_value_of_each_step_counts_and_restarts_are_found() -> None:
     assert sorted(history.steps) == list(range(1, 16))
     assert {s: e.values["train/loss"] for s, e in history.steps.items()} == {s: last_loss(s) for s in range(1, 16)}
     assert history.steps[8].time == 2008.0  # the time of the line that counts
+    later = read_history([*restarted(), metric_line(8, 0.25, 2099.0, kind="step_split").encode()])
+    assert later.steps[8].time == 2008.0, "a later line of the step leaves the step's own time"
+    assert (later.steps[8].time_of("train/loss"), later.steps[8].time_of("split/loss")) == (2008.0, 2099.0)
     assert [(r.number, r.step, r.redone) for r in history.restarts] == [(1, 7, 4)]
     assert history.max_step == 15
 

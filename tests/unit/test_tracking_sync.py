@@ -42,7 +42,7 @@ class FakeMlflow:
         self.batches += 1
         if self.batches == self.fail_on_batch:
             raise TrackerError("server went away")
-        self.run["metrics"] |= {(k, e.step, e.time, v) for e in steps for k, v in e.values.items()}
+        self.run["metrics"] |= {(k, e.step, e.time_of(k), v) for e in steps for k, v in e.values.items()}
         self.run["tags"]["hpctrain.synced_through"] = str(through)
 
     def send_params(self, params: dict[str, str]) -> None:
@@ -126,6 +126,39 @@ def test_a_sync_killed_halfway_and_run_again_sends_nothing_twice(
     assert sent["train/loss", 4] == 1
     assert history() == [(step, last_loss(step)) for step in range(1, 41)]
     assert len(FakeMlflow.runs[TRACKING_ID]["metrics"]) == 40 + 1 + 3  # losses, val, restart/redone/node_lost
+
+
+def test_a_batch_sent_again_after_a_kill_is_the_same_data_though_its_steps_got_more_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI's stop 54: a sender killed after MLflow stored its batch and before its cursor's write; meanwhile a step of
+    that batch got another line (its step_split, written just after the checkpoint that settled it) and a lost node
+    was recorded at a step already sent. The next sync sends the batch again: each value keeps its own time (and the
+    late event its record's), so MLflow, which keeps a (key, step, time, value) once, holds each step once."""
+    run = craft_run(tmp_path / "run", MLFLOW)
+    (run / "summary.json").write_text(json.dumps({"status": "running", "restarts": 1}))  # no lost node yet
+    assert sync_once(run).through == 6
+    write_checkpoint(run, 12)
+    real_write = sync_module.write_cursor
+    monkeypatch.setattr(sync_module, "write_cursor", lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):  # 7..12 stored, the cursor still says 6
+        sync_once(run)
+    monkeypatch.setattr(sync_module, "write_cursor", real_write)
+    with (run / "metrics.jsonl").open("a") as handle:
+        handle.write(metric_line(12, 0.5, 2012.7, kind="step_split"))
+    assert sync_once(run).through == 12
+    write_summary(run, "running", node_failures=[{"node": "c2", "kind": "lost", "step": 9, "time": 2009.5}])
+    monkeypatch.setattr(sync_module, "write_cursor", lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):  # the late event stored, not recorded
+        sync_once(run)
+    monkeypatch.setattr(sync_module, "write_cursor", real_write)
+    sync_once(run)
+    held = Counter((key, step) for key, step, _, _ in FakeMlflow.runs[TRACKING_ID]["metrics"])
+    assert [k for k, count in held.items() if count > 1] == [], held
+    assert held["train/loss", 12] == held["split/loss", 12] == held["hpctrain/node_lost", 9] == 1
+    times = {(k, step): t for k, step, t, _ in FakeMlflow.runs[TRACKING_ID]["metrics"]}
+    assert times["train/loss", 12] == 2012.0 and times["split/loss", 12] == 2012.7  # each line's own time
+    assert times["hpctrain/node_lost", 9] == 2009.5 and times["hpctrain/restart", 7] == 2007.0  # the step's
 
 
 def test_a_lost_cursor_continues_after_the_step_the_tracker_says(tmp_path: Path) -> None:
