@@ -107,12 +107,12 @@ def requeue_then_preempt_script(cluster: SlurmCluster, run: Run, tmp: Path, star
     the first and the second start stopped (the script's twin of ``stop_helpers.requeue_then_preempt``)."""
     wait_for(lambda: has_checkpoint(run.run_dir), "the script's first checkpoint", start_timeout, run)
     cluster.run("scancel", "--signal=USR2", run.job_id)
-    wait_requeued(cluster, run.job_id, restarts=1)
+    wait_requeued(cluster, run.job_id, restarts=1, run=run)
     first_stop = len(steps_trained(run.run_dir))
     cluster.release(run.job_id)
     wait_for(lambda: len(steps_trained(run.run_dir)) > first_stop + 1, "steps of the second start", start_timeout, run)
     preemptor = preempt(cluster, tmp)  # two nodes, exclusive: one of the job's among them
-    wait_requeued(cluster, run.job_id, restarts=2, timeout=90)
+    wait_requeued(cluster, run.job_id, restarts=2, timeout=90, run=run)
     second_stop = len(steps_trained(run.run_dir))
     cluster.release(run.job_id)
     assert cluster.wait_state(preemptor, timeout=60) == "COMPLETED"

@@ -242,11 +242,15 @@ def wait_requeued(
 ) -> float:
     """Wait until the job is PENDING again after its ``restarts``-th requeue; return the seconds waited.
 
-    ``run``: its logs (the tasks', the supervisor's and the guardian's) go into the failure message."""
+    ``run``: its logs (the tasks', the supervisor's and the guardian's) go into the failure message. A job
+    that ended instead (COMPLETED, CANCELLED: never requeued now) fails it at once, with its logs."""
     started = time.monotonic()
 
     def requeued() -> bool:
         record = job_record(cluster, job_id)
+        if record.get("JobState") in ("COMPLETED", "CANCELLED"):
+            logs = task_logs(run.run_dir) if run is not None else ""
+            raise AssertionError(f"job {job_id} ended {record['JobState']} instead of its requeue {restarts}\n{logs}")
         return record.get("JobState") == "PENDING" and int(record.get("Restarts", "0")) >= restarts
 
     wait_for(requeued, f"job {job_id} to be requeued (restart {restarts})", timeout, run, poll_s=0.2)
@@ -261,13 +265,13 @@ def requeue_then_preempt(cluster: SlurmCluster, run: Run, tmp: Path, start_timeo
     """
     wait_for(lambda: latest_step(run.run_dir) >= 2 or None, "the first checkpoint", start_timeout, run)
     cluster.run("scancel", "--signal=USR2", run.job_id)
-    wait_requeued(cluster, run.job_id, restarts=1)
+    wait_requeued(cluster, run.job_id, restarts=1, run=run)
     first_stop = latest_step(run.run_dir)
     cluster.release(run.job_id)
 
     wait_for(lambda: latest_step(run.run_dir) > first_stop or None, "a checkpoint of attempt 2", start_timeout, run)
     preemptor = preempt(cluster, tmp)
-    wait_requeued(cluster, run.job_id, restarts=2, timeout=90)
+    wait_requeued(cluster, run.job_id, restarts=2, timeout=90, run=run)
     second_stop = latest_step(run.run_dir)
     cluster.release(run.job_id)
     assert cluster.wait_state(preemptor, timeout=60) == "COMPLETED"

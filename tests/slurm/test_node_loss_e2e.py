@@ -493,7 +493,7 @@ def test_a_torchrun_jobs_burn_in_requeues_it_without_a_slow_node(cluster: SlurmC
             workspace, "name=torchrun_burn_in", "launcher=torchrun", "resources.tasks_per_node=1",
             "trainer.epochs=1", BURN_IN, "health.burn_in.budget_s=10",  # TRAIN_SETS turn it off
         )  # fmt: skip
-        wait_requeued(cluster, run.job_id, restarts=1, timeout=RUN_TIMEOUT_S)
+        wait_requeued(cluster, run.job_id, restarts=1, timeout=RUN_TIMEOUT_S, run=run)
     finally:
         slow(sick, None)
     logs = batch_log(run.run_dir)
