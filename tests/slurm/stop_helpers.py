@@ -38,6 +38,7 @@ TASKS_PER_NODE = 1
 WORLD_SIZE = NODES * TASKS_PER_NODE
 LAST_RANK = WORLD_SIZE - 1  # on the second node
 TWO_PER_NODE = "resources.tasks_per_node=2"
+WORLD_SIZE_TWO_PER_NODE = NODES * 2  # the world of a run submitted with TWO_PER_NODE
 STEPS_PER_EPOCH = 6
 EPOCHS = 3
 # 64 train images / (2 ranks x batch 2) = 16 batches per epoch, 6 of them used.

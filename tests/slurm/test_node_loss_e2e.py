@@ -40,6 +40,7 @@ from .stop_helpers import (  # kill_node: test_task_api_e2e.py and test_tracking
     STEPS_PER_EPOCH,
     TASKS_PER_NODE,
     TWO_PER_NODE,
+    WORLD_SIZE_TWO_PER_NODE,
     Run,
     Workspace,
     job_record,
@@ -64,7 +65,6 @@ if TYPE_CHECKING:
 TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
 START_TIMEOUT_S = 120  # submit -> first checkpoint: the ranks importing torch on 2 cores
 N2_RANK = TASKS_PER_NODE  # the first rank on n2 (Slurm's block distribution)
-WORLD_SIZE_TWO_PER_NODE = 4
 RUN_TIMEOUT_S = 240
 # A lost node that still held processes of the job (the batch node; the last node lost before a requeue)
 # keeps the requeued job COMPLETING until Slurm marks it DOWN: SlurmdTimeout (30 s on the test cluster)

@@ -35,6 +35,7 @@ from .stop_helpers import (
     STEPS_PER_EPOCH,
     TWO_PER_NODE,
     UNTIL_CANCELLED,
+    WORLD_SIZE_TWO_PER_NODE,
     Workspace,
     assert_completed_exactly,
     cancel_leaves_nothing,
@@ -167,12 +168,13 @@ def test_hpctrain_cancel_leaves_no_process_on_either_node(slurm_cluster: SlurmCl
 def test_killed_rank_fails_the_job_and_is_named(slurm_cluster: SlurmCluster, workspace: Workspace) -> None:
     run = submit(workspace, *TORCHRUN, NO_BURN_IN, "name=torchrun_killed_rank")
     wait_for(lambda: latest_step(run.run_dir) >= 2, "the first checkpoint", START_TIMEOUT_S, run)
-    pid = wait_for(lambda: worker_pid(slurm_cluster, run.job_id, 3), "rank 3's process", 10, run)
+    last = WORLD_SIZE_TWO_PER_NODE - 1  # on the second node
+    pid = wait_for(lambda: worker_pid(slurm_cluster, run.job_id, last), f"rank {last}'s process", 10, run)
     os.kill(pid, signal.SIGKILL)  # as the OOM killer would
     assert slurm_cluster.wait_state(run.job_id, timeout=RUN_TIMEOUT_S) == "FAILED", task_logs(run.run_dir)
     summary = run.summary()
     failed = {key: summary.get(key) for key in ("status", "failed_rank", "failed_node")}
-    named = {"status": "failed", "failed_rank": 3, "failed_node": slurm_cluster.nodes[1]}
+    named = {"status": "failed", "failed_rank": last, "failed_node": slurm_cluster.nodes[1]}
     assert failed == named, f"{summary}\n{task_logs(run.run_dir)}"
     left, _ = wait_no_processes(slurm_cluster, run.job_id, timeout=LEFTOVER_BUDGET_S)
     assert left == [], f"processes of the failed job outlived it:\n{describe(left)}"
