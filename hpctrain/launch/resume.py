@@ -4,7 +4,8 @@ new job in the same run directory; training resumes from its latest valid checkp
 Two attempts must never write one run directory at once. So resume refuses
 while the previous attempt may still be writing: its Slurm job has not
 ended, or it has ended but Slurm still has processes of it (COMPLETING: the
-ranks are saving the stop checkpoint, at most KillWait long); for a local
+ranks are saving the stop checkpoint, at most KillWait long; resume waits
+for that, up to :data:`STOPPING_WAIT_S`, then refuses); for a local
 run, while its submitit controller is alive. Slurm's own view of the job's
 processes is the lock: it needs no file that a killed attempt could leave
 behind, and no lock that a shared file system may not honour across nodes.
@@ -15,7 +16,8 @@ behind, and no lock that a shared file system may not honour across nodes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,17 +36,37 @@ from hpctrain.launch.cancel import run_activity
 from hpctrain.launch.submission import SubmittedRun, resubmit
 from hpctrain.launch.submit import Steps, Submission, finish, forecast_of
 
+STOPPING_WAIT_S = 60.0  # a Slurm job that ended while its tasks stop (COMPLETING): KillWait (30 s by default) and more
+STOPPING_POLL_S = 1.0
 
-def refuse_while_writing(run_dir: Path, info: dict[str, Any], *, slurm: Slurm | None = None) -> None:
+
+def refuse_while_writing(
+    run_dir: Path,
+    info: dict[str, Any],
+    *,
+    slurm: Slurm | None = None,
+    wait_s: float = STOPPING_WAIT_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
     """Raise UsageError while the run's previous attempt may still write into ``run_dir`` (the question
-    ``hpctrain cancel`` asks too: ``launch/cancel.py``'s :func:`~hpctrain.launch.cancel.run_activity`)."""
-    activity = run_activity(run_dir, info, slurm or Slurm())
+    ``hpctrain cancel`` asks too: ``launch/cancel.py``'s :func:`~hpctrain.launch.cancel.run_activity`).
+
+    A Slurm job that has ended while Slurm still has processes of it (its tasks stopping, COMPLETING) is
+    waited for, up to ``wait_s``: a resume typed right after a job failed or was cancelled goes ahead as
+    soon as Slurm says the tasks are gone (seconds), instead of asking the user to try again."""
+    slurm = slurm or Slurm()
+    activity = run_activity(run_dir, info, slurm)
+    deadline = clock() + wait_s
+    while activity.state == "stopping" and info.get("backend") != "local" and clock() < deadline:
+        sleep(STOPPING_POLL_S)
+        activity = run_activity(run_dir, info, slurm)
     if activity.state == "running" and info.get("backend") != "local":
         hint = f"it resumes by itself; cancel it first with 'hpctrain cancel {run_dir}'"
     elif activity.state in ("running", "stopping") and info.get("backend") == "local":
         hint = f"wait for it, or stop it first with 'hpctrain cancel {run_dir}'"
-    elif activity.state == "stopping":
-        hint = f"try again in a few seconds ('hpctrain cancel {run_dir}' waits for this by itself)"
+    elif activity.state == "stopping":  # still, after wait_s
+        hint = f"its tasks did not stop within {wait_s:.0f} s; 'hpctrain cancel {run_dir}' ends them, then resume"
     else:
         return  # ended; or unknown: submitted from elsewhere, and resubmitting needs Slurm, which will say so
     raise UsageError(activity.why, hint=hint)
