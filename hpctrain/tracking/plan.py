@@ -60,7 +60,6 @@ class StepValues:
     time: float
     values: dict[str, float] = field(default_factory=dict)
     times: dict[str, float] = field(default_factory=dict)
-    anchored: bool = False  # ``time`` is the train_step line's
 
     def time_of(self, key: str) -> float:
         """The time a tracker records for ``key``'s value at this step."""
@@ -126,8 +125,8 @@ def read_history(lines: Iterable[bytes], *, after_step: int = -1, sent_bytes: in
         when = record.get("time")
         if isinstance(when, (int, float)) and not isinstance(when, bool):
             entry.times.update(dict.fromkeys(values, float(when)))
-            if record["kind"] == "train_step" or not (entry.anchored or entry.time):
-                entry.time, entry.anchored = float(when), entry.anchored or record["kind"] == "train_step"
+            if record["kind"] == "train_step" or not entry.time:  # else the step has its time already
+                entry.time = float(when)
     return History(steps, restarts, max_step, offset, sorted(late))
 
 

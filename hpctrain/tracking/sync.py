@@ -230,7 +230,10 @@ def _sync_locked(run: _Run, tracker: str, sink: Any) -> Synced:
 
     if plan.stray:  # at their steps' own times (or their records'): a resend after a kill is the same data
         known = step_times(_lines(run.run_dir), {e.step for e in plan.stray if e.time is None})
-        stray = [StepValues(e.step, e.time or known.get(e.step, 0.0), {e.metric: e.value}) for e in plan.stray]
+        stray = [
+            StepValues(e.step, e.time if e.time is not None else known.get(e.step, 0.0), {e.metric: e.value})
+            for e in plan.stray
+        ]
         sink.send_steps(stray, through=work.sent_step)
         work.events += [e.key for e in plan.stray]
         acknowledged()
